@@ -1,0 +1,87 @@
+"""`gpucluster plan`: the real program under the mock engine, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pytest
+from typer.testing import CliRunner
+
+from components.cli import app
+from components.planner import run_plan, run_program, stack_file, stack_name
+from components.spec import parse_stack_config
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_plan_shipped_stacks_exit_0(stack: str) -> None:
+    result = runner.invoke(app, ["plan", stack])
+    assert result.exit_code == 0, result.output
+    assert f"stack {stack} " in result.output
+    assert "gpucluster:cluster:GpuCluster" in result.output
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_plan_json_has_the_contract_keys(stack: str) -> None:
+    result = runner.invoke(app, ["plan", stack, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["stack"] == stack
+    assert {"stack", "resources", "outputs"} <= set(doc)
+    assert doc["resources"], "a plan lists at least the cluster component"
+    for resource in doc["resources"]:
+        assert {"type", "name", "parent", "inputs"} <= set(resource)
+    cluster = next(r for r in doc["resources"] if r["type"] == "gpucluster:cluster:GpuCluster")
+    assert cluster["parent"].endswith("pulumi:pulumi:Stack::gpucluster-" + stack)
+
+
+def test_plan_outputs_come_from_the_program() -> None:
+    plan = run_plan("prod")
+    assert plan.outputs["cluster_name"] == "gpu-prod"
+    assert plan.outputs["node_groups"]["h100-train"]["efa"] is True
+
+
+def test_plan_accepts_a_path(base_config: dict[str, Any], write_stack: Callable[..., Path]) -> None:
+    path = write_stack(base_config, name="mine")
+    result = runner.invoke(app, ["plan", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["stack"] == "mine"
+
+
+def test_plan_of_a_missing_stack_exits_2_listing_stacks() -> None:
+    result = runner.invoke(app, ["plan", "qa"])
+    assert result.exit_code == 2
+    assert "no such stack file" in result.output and "dev, prod, staging" in result.output
+
+
+def test_plan_of_broken_yaml_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "Pulumi.bad.yaml"
+    bad.write_text("config: [unclosed")
+    result = runner.invoke(app, ["plan", str(bad)])
+    assert result.exit_code == 2 and "not valid YAML" in result.output
+
+
+def test_stack_file_names() -> None:
+    assert stack_file("dev").name == "Pulumi.dev.yaml"
+    assert stack_name(Path("x/Pulumi.team-a.yaml")) == "team-a"
+    assert stack_file("x/mine.yaml") == Path("x/mine.yaml")
+
+
+def test_program_rejects_bad_config_with_run_error(base_config: dict[str, Any]) -> None:
+    """Under `pulumi up` bad config is a RunError (message, no traceback) before any resource."""
+    spec = parse_stack_config(base_config, stack="t")
+    base_config["gpucluster:node_groups"][0]["max_nodes"] = 0
+    with pytest.raises(pulumi.RunError, match=r"node_groups\[0\]\.max_nodes: must be 1..2000, got 0"):
+        run_program("t", base_config, spec)
+
+
+def test_plans_in_one_process_do_not_leak_into_each_other() -> None:
+    first = run_plan("dev")
+    second = run_plan("prod")
+    assert {r.name for r in second.resources}.isdisjoint({"gpu-dev"})
+    assert len(first.resources) == len(run_plan("dev").resources)

@@ -9,6 +9,7 @@ ignore_changes). It never talks to AWS or the Pulumi CLI.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,13 +191,23 @@ def run_program(name: str, config: dict[str, Any], spec: StackSpec) -> Plan:
     from components import program  # imported late: loading it pulls in pulumi_aws modules
 
     set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()})
-    mocks = PlanMocks(spec.region)
+    resources, outputs = record_resources(program.run, stack=name, region=spec.region)
+    return Plan(stack=name, spec=spec, resources=resources, outputs=outputs)
+
+
+def record_resources(build: Callable[[], Any], stack: str = "test",
+                     region: str = "us-east-1") -> tuple[list[PlannedResource], dict[str, Any]]:
+    """Run `build` (a program, or a test constructing one component) under recording mocks.
+
+    Returns every registered resource and the stack's exported outputs, resolved.
+    """
+    mocks = PlanMocks(region)
     monitor = RecordingMonitor(mocks)
-    pulumi_settings.ROOT.set(None)  # a fresh root Stack for every plan in this process
-    pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=name, preview=False, monitor=monitor)
+    pulumi_settings.ROOT.set(None)  # a fresh root Stack for every run in this process
+    pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     pulumi_settings.SETTINGS.rpc_manager.clear()
-    _sync_await(run_pulumi_func(program.run))
+    _sync_await(run_pulumi_func(build))
     root = pulumi_settings.get_root_resource()
     exported = getattr(root, "outputs", {})
     outputs = _sync_await(pulumi.Output.from_input(exported).future()) or {}
-    return Plan(stack=name, spec=spec, resources=list(monitor.registered), outputs=_plain(outputs))
+    return list(monitor.registered), _plain(outputs)

@@ -8,6 +8,7 @@ ignore_changes). It never talks to AWS or the Pulumi CLI.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,7 +130,8 @@ class PlanMocks(pulumi.runtime.Mocks):
         arn = f"arn:aws:{service}:{self.region}:{MOCK_ACCOUNT}:{args.name}"
         state = {"arn": arn, "name": args.name, **args.inputs}
         state.setdefault("id", f"{args.name}-id")
-        return f"{args.name}-id", state
+        state.update(_provider_computed(args.typ, args.name, args.inputs, self.region))
+        return state["id"], state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
         token = args.token
@@ -144,6 +146,20 @@ class PlanMocks(pulumi.runtime.Mocks):
         if token == "aws:index/getPartition:getPartition":
             return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}
         return dict(args.args)
+
+
+def _provider_computed(typ: str, name: str, inputs: dict[str, Any], region: str) -> dict[str, Any]:
+    """Values AWS computes that plans show as outputs: bucket names and ARNs, FSx DNS/mount names."""
+    digest = hashlib.sha256(name.encode()).hexdigest()
+    if typ == "aws:s3/bucket:Bucket":
+        # S3 bucket id == its name; a bucket_prefix gets a 26-character unique suffix.
+        bucket = inputs.get("bucket") or inputs.get("bucketPrefix", "") + str(int(digest, 16))[:26]
+        return {"id": bucket, "bucket": bucket, "arn": f"arn:aws:s3:::{bucket}"}
+    if typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
+        fs_id = f"fs-{digest[:17]}"
+        return {"id": fs_id, "dnsName": f"{fs_id}.fsx.{region}.amazonaws.com", "mountName": digest[17:25],
+                "arn": f"arn:aws:fsx:{region}:{MOCK_ACCOUNT}:file-system/{fs_id}"}
+    return {}
 
 
 class RecordingMonitor(pulumi_mocks.MockMonitor):

@@ -114,6 +114,11 @@ def _check_prefix(value: str) -> str:
     return value
 
 
+# S3 user guide, "General purpose bucket naming rules": reserved prefixes and suffixes.
+BUCKET_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+BUCKET_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+
+
 def _check_bucket_name(value: str) -> str:
     """S3 general purpose bucket naming rules (S3 user guide, "Bucket naming rules")."""
     problems = []
@@ -126,13 +131,22 @@ def _check_bucket_name(value: str) -> str:
         problems.append("no adjacent periods or period-hyphen pairs")
     if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", value):
         problems.append("not formatted as an IP address")
-    if value.startswith(("xn--", "sthree-", "amzn-s3-demo-")):
-        problems.append("not starting with xn--, sthree- or amzn-s3-demo-")
-    if value.endswith(("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")):
-        problems.append("not ending with a reserved suffix (-s3alias, --ol-s3, .mrap, --x-s3)")
+    if value.startswith(BUCKET_RESERVED_PREFIXES):
+        problems.append("not starting with " + ", ".join(BUCKET_RESERVED_PREFIXES))
+    if value.endswith(BUCKET_RESERVED_SUFFIXES):
+        problems.append("not ending with a reserved suffix (" + ", ".join(BUCKET_RESERVED_SUFFIXES) + ")")
     if problems:
         raise ValueError(f"not a valid S3 bucket name ({'; '.join(problems)}), got {value!r}")
     return value
+
+
+# pulumi-aws s3.Bucket `bucket_prefix`: at most 37 characters; the provider appends a unique suffix.
+BUCKET_PREFIX_MAX = 37
+
+
+def generated_bucket_prefix(cluster_name: str, dataset_name: str) -> str:
+    """The `bucket_prefix` of a created bucket without a bucket_name: `<cluster>-<dataset>-`."""
+    return f"{cluster_name}-{dataset_name}"[:BUCKET_PREFIX_MAX - 1] + "-"
 
 
 _CRON_FIELDS: list[tuple[str, int, int, dict[str, int]]] = [
@@ -373,7 +387,7 @@ class NodeGroupConfig(StrictModel):
 
 class FsxConfig(StrictModel):
     deployment_type: Literal["SCRATCH_2", "PERSISTENT_2"] = "SCRATCH_2"
-    """SCRATCH_2 for short jobs; PERSISTENT_2 keeps data through failures."""
+    """SCRATCH_2 for short jobs; PERSISTENT_2 keeps data through failures (both Lustre 2.15)."""
     storage_capacity_gib: Annotated[int, _in_range(1200, 1_200_000)] = 1200
     """1200, or a multiple of 2400 (FSx for Lustre SCRATCH_2 / PERSISTENT_2 rule)."""
     throughput_per_unit_mib: Literal[125, 250, 500, 1000] | None = None
@@ -381,7 +395,7 @@ class FsxConfig(StrictModel):
     availability_zone: AvailabilityZone | None = None
     """Default: the zone of the first node group; must be a zone a node group runs in."""
     mount_path: Annotated[str, AfterValidator(_check_absolute_path)] = "/fsx"
-    """Where the node bootstrap mounts the file system."""
+    """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
 
 
 class DatasetConfig(StrictModel):
@@ -394,7 +408,7 @@ class DatasetConfig(StrictModel):
     prefix: Annotated[str, AfterValidator(_check_prefix)] = ""
     """The data the nodes read."""
     checkpoint_prefix: Annotated[str, AfterValidator(_check_prefix)] | None = None
-    """Where nodes write checkpoints (write access is granted to this prefix only)."""
+    """Where nodes write checkpoints, e.g. `checkpoints/` (the only prefix nodes may write)."""
     access: Literal["copy_to_scratch", "mount", "fsx"] = "mount"
     """How the data reaches the GPUs: copy to NVMe at boot, Mountpoint for S3, or FSx for Lustre."""
     mount_path: Annotated[str, AfterValidator(_check_absolute_path)] | None = None
@@ -402,7 +416,7 @@ class DatasetConfig(StrictModel):
     fsx: FsxConfig | None = None
     """FSx for Lustre linked to the bucket (with access: fsx)."""
     noncurrent_version_expiration_days: Annotated[int, _in_range(1, 3650)] = 30
-    """Old versions under the checkpoint prefix expire after this; current ones never do."""
+    """Created buckets: old versions under checkpoint_prefix expire after this; current ones never do."""
 
 
 class BudgetConfig(StrictModel):
@@ -643,22 +657,46 @@ def datasets(spec: StackSpec) -> Iterable[Finding]:
             buckets.add(d.bucket_name)
         if d.existing and not d.bucket_name:
             yield Finding(f"{path}.bucket_name", "required for an existing bucket")
+        if not d.existing and not d.bucket_name:
+            generated = generated_bucket_prefix(spec.cluster.name, d.name)
+            if generated.startswith(BUCKET_RESERVED_PREFIXES):
+                yield Finding(f"{path}.bucket_name", f"the generated bucket name would start with "
+                              f"{generated!r}, a prefix S3 reserves; set a bucket_name")
         if d.access == "fsx" and d.fsx is None:
             yield Finding(f"{path}.fsx", "required when access is fsx")
         if d.fsx is not None:
             if d.access != "fsx":
                 yield Finding(f"{path}.fsx", f"only used with access: fsx, got access: {d.access}")
-            yield from _fsx_rules(spec, d.fsx, f"{path}.fsx")
+            yield from _fsx_rules(spec, d, path)
         if d.mount_path and d.access != "mount":
             yield Finding(f"{path}.mount_path", f"only used with access: mount, got {d.access}")
-        if d.checkpoint_prefix is not None and d.prefix and (
-                d.checkpoint_prefix.startswith(d.prefix) or d.prefix.startswith(d.checkpoint_prefix)):
-            yield Finding(f"{path}.checkpoint_prefix", "must not overlap the read-only data "
-                          f"prefix {d.prefix!r}, got {d.checkpoint_prefix!r}")
+        yield from _checkpoint_rules(d, path)
 
 
-def _fsx_rules(spec: StackSpec, fsx: FsxConfig, path: str) -> Iterable[Finding]:
+def _checkpoint_rules(d: DatasetConfig, path: str) -> Iterable[Finding]:
+    if d.checkpoint_prefix == "":
+        yield Finding(f"{path}.checkpoint_prefix", "must be a folder-like prefix such as "
+                      "'checkpoints/', not the whole bucket (nodes get write access to it)")
+    elif d.checkpoint_prefix is not None and d.prefix and (
+            d.checkpoint_prefix.startswith(d.prefix) or d.prefix.startswith(d.checkpoint_prefix)):
+        yield Finding(f"{path}.checkpoint_prefix", "must not overlap the read-only data "
+                      f"prefix {d.prefix!r}, got {d.checkpoint_prefix!r}")
+    if "noncurrent_version_expiration_days" in d.model_fields_set:
+        if d.existing:
+            yield Finding(f"{path}.noncurrent_version_expiration_days", "only applies to buckets "
+                          "this stack creates; an existing bucket's lifecycle is never changed")
+        elif d.checkpoint_prefix is None:
+            yield Finding(f"{path}.noncurrent_version_expiration_days",
+                          "only used with a checkpoint_prefix (the lifecycle rule covers it alone)")
+
+
+def _fsx_rules(spec: StackSpec, d: DatasetConfig, dataset: str) -> Iterable[Finding]:
+    fsx, path = d.fsx, f"{dataset}.fsx"
+    if fsx is None:
+        return
     size = fsx.storage_capacity_gib
+    # FSx API reference, CreateFileSystem StorageCapacity: SCRATCH_2 and PERSISTENT_2 (SSD)
+    # take 1200 GiB, 2400 GiB and increments of 2400 GiB.
     if size != 1200 and size % 2400:
         yield Finding(f"{path}.storage_capacity_gib",
                       f"FSx for Lustre takes 1200 or a multiple of 2400 GiB, got {size}")
@@ -672,6 +710,50 @@ def _fsx_rules(spec: StackSpec, fsx: FsxConfig, path: str) -> Iterable[Finding]:
         yield Finding(f"{path}.availability_zone", f"no node group runs in "
                       f"{fsx.availability_zone!r} (node groups use "
                       f"{', '.join(sorted(spec.node_group_zones))})")
+    if d.checkpoint_prefix and not d.prefix:
+        # The data association would link the whole bucket, checkpoints included: what the
+        # checkpoint association exports would come back as a second copy under /data.
+        yield Finding(f"{dataset}.prefix",
+                      "an FSx dataset with a checkpoint_prefix needs a data prefix of its own "
+                      "(e.g. 'data/'), so the two data repository associations do not overlap")
+
+
+@check
+def dataset_paths(spec: StackSpec) -> Iterable[Finding]:
+    """Where datasets appear on a node: one place each, never inside the NVMe scratch mount."""
+    scratch = {g.scratch_mount.rstrip("/") for g in spec.node_groups}
+    seen: dict[str, str] = {}
+    for i, d in enumerate(spec.datasets):
+        key = {"mount": "mount_path", "fsx": "fsx.mount_path"}.get(d.access)
+        if key is None:
+            if len(scratch) > 1:
+                yield Finding(f"datasets[{i}].access", "copy_to_scratch needs one scratch_mount "
+                              f"for every node group, got {', '.join(sorted(scratch))}")
+            continue
+        where = dataset_path(spec, d)
+        for mount in sorted(scratch):
+            if _nested(where, mount):
+                yield Finding(f"datasets[{i}].{key}", f"{where} overlaps the NVMe scratch mount "
+                              f"{mount}, which is erased and reformatted at boot")
+        for other, other_path in seen.items():
+            if _nested(where, other_path):
+                yield Finding(f"datasets[{i}].{key}", f"{where} overlaps {other_path} of dataset "
+                              f"{other!r}")
+        seen[d.name] = where
+
+
+def _nested(a: str, b: str) -> bool:
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
+
+
+def dataset_path(spec: StackSpec, d: DatasetConfig) -> str:
+    """Where a dataset appears on every node (copy: under scratch; mount; FSx mount path)."""
+    if d.access == "fsx" and d.fsx is not None:
+        return d.fsx.mount_path
+    if d.access == "mount":
+        return d.mount_path or f"/data/{d.name}"
+    return f"{spec.node_groups[0].scratch_mount.rstrip('/')}/{d.name}"
 
 
 @check

@@ -114,6 +114,55 @@ INVALID: list[tuple[str, Any, str, str]] = [
      "datasets[0].fsx.availability_zone", "no node group runs in"),
     ("gpucluster:datasets", [{"name": "data", "prefix": "corpus/", "checkpoint_prefix": "corpus/ckpt/"}],
      "datasets[0].checkpoint_prefix", "must not overlap"),
+    ("gpucluster:datasets", [{"name": "data", "bucket_name": "ab"}], "datasets[0].bucket_name",
+     "3-63 characters"),
+    ("gpucluster:datasets", [{"name": "data", "bucket_name": "my..bucket"}], "datasets[0].bucket_name",
+     "adjacent periods"),
+    ("gpucluster:datasets", [{"name": "data", "bucket_name": "xn--bucket"}], "datasets[0].bucket_name",
+     "not starting with xn--"),
+    ("gpucluster:datasets", [{"name": "data", "bucket_name": "corpus-s3alias"}], "datasets[0].bucket_name",
+     "reserved suffix"),
+    ("gpucluster:datasets", [{"name": "data", "bucket_name": "corpus-a"}, {"name": "more",
+                             "bucket_name": "corpus-a", "existing": True}],
+     "datasets[1].bucket_name", "used twice"),
+    ("gpucluster:datasets", [{"name": "data"}, {"name": "data"}], "datasets[1].name", "duplicate dataset"),
+    ("gpucluster:datasets", [{"name": "data", "access": "rsync"}], "datasets[0].access", "must be one of"),
+    ("gpucluster:datasets", [{"name": "data", "checkpoint_prefix": ""}], "datasets[0].checkpoint_prefix",
+     "not the whole bucket"),
+    ("gpucluster:datasets", [{"name": "data", "checkpoint_prefix": "ckpt"}], "datasets[0].checkpoint_prefix",
+     "must end with '/'"),
+    ("gpucluster:datasets", [{"name": "data", "bucket_name": "corpus-a", "existing": True,
+                              "noncurrent_version_expiration_days": 7}],
+     "datasets[0].noncurrent_version_expiration_days", "existing bucket's lifecycle is never changed"),
+    ("gpucluster:datasets", [{"name": "data", "noncurrent_version_expiration_days": 7}],
+     "datasets[0].noncurrent_version_expiration_days", "only used with a checkpoint_prefix"),
+    ("gpucluster:datasets", [{"name": "data", "checkpoint_prefix": "ckpt/",
+                              "noncurrent_version_expiration_days": 0}],
+     "datasets[0].noncurrent_version_expiration_days", "must be 1..3650, got 0"),
+    ("gpucluster:datasets", [{"name": "data", "access": "fsx", "fsx": {"storage_capacity_gib": 600}}],
+     "datasets[0].fsx.storage_capacity_gib", "must be 1200..1200000, got 600"),
+    ("gpucluster:datasets", [{"name": "data", "access": "fsx", "fsx": {"storage_capacity_gib": 4800,
+                                                                     "throughput_per_unit_mib": 200}}],
+     "datasets[0].fsx.throughput_per_unit_mib", "must be one of"),
+    ("gpucluster:datasets", [{"name": "data", "access": "fsx", "fsx": {"throughput_per_unit_mib": 250}}],
+     "datasets[0].fsx.throughput_per_unit_mib", "SCRATCH_2 has a fixed throughput"),
+    ("gpucluster:datasets", [{"name": "data", "access": "fsx", "fsx": {"deployment_type": "SCRATCH_1"}}],
+     "datasets[0].fsx.deployment_type", "must be one of"),
+    ("gpucluster:datasets", [{"name": "data", "access": "fsx", "fsx": {"availability_zone": "use1-az1"}}],
+     "datasets[0].fsx.availability_zone", "availability zone name"),
+    ("gpucluster:datasets", [{"name": "data", "access": "fsx", "fsx": {}, "checkpoint_prefix": "ckpt/"}],
+     "datasets[0].prefix", "data repository associations do not overlap"),
+    ("gpucluster:datasets", [{"name": "data", "access": "mount", "fsx": {}}], "datasets[0].fsx",
+     "only used with access: fsx"),
+    ("gpucluster:datasets", [{"name": "data", "access": "fsx", "fsx": {}, "mount_path": "/data/x"}],
+     "datasets[0].mount_path", "only used with access: mount"),
+    ("gpucluster:datasets", [{"name": "data", "mount_path": "/scratch/data"}], "datasets[0].mount_path",
+     "overlaps the NVMe scratch mount"),
+    ("gpucluster:datasets", [{"name": "data", "access": "fsx", "fsx": {}},
+                             {"name": "more", "access": "fsx", "fsx": {}}],
+     "datasets[1].fsx.mount_path", "overlaps /fsx of dataset 'data'"),
+    ("gpucluster:datasets", [{"name": "data", "mount_path": "/data"}, {"name": "more"}],
+     "datasets[1].mount_path", "overlaps /data of dataset 'data'"),
     ("gpucluster:budget", {"monthly_limit_usd": 0}, "budget.monthly_limit_usd", "must be 1..10000000"),
     ("gpucluster:budget", {"monthly_limit_usd": 100, "alert_thresholds_percent": [80, 50]},
      "budget.alert_thresholds_percent", "strictly ascending"),
@@ -284,3 +333,48 @@ def test_dev_stack_is_spot_single_gpu() -> None:
     group = spec.node_groups[0]
     assert group.capacity.spot_percent == 100 and all(t.gpus == 1 for t in group.types)
     assert spec.autostop.enabled and spec.autostop.idle_minutes <= 30
+
+
+def test_generated_bucket_name_with_reserved_prefix_needs_a_name(base_config: dict[str, Any]) -> None:
+    mutate(base_config, "gpucluster:cluster.name", "sthree-lab")
+    mutate(base_config, "gpucluster:datasets", [{"name": "data"}])
+    with pytest.raises(SpecError, match=r"datasets\[0\]\.bucket_name: the generated bucket name would "
+                                        r"start with 'sthree-lab-data-'"):
+        parse_stack_config(base_config, stack="t")
+    mutate(base_config, "gpucluster:datasets", [{"name": "data", "bucket_name": "lab-data-1"}])
+    assert parse_stack_config(base_config, stack="t").datasets[0].bucket_name == "lab-data-1"
+
+
+def test_copy_to_scratch_needs_one_scratch_mount(base_config: dict[str, Any]) -> None:
+    group = {"instance_types": ["g5.xlarge"], "max_nodes": 1}
+    mutate(base_config, "gpucluster:node_groups", [{"name": "ga", **group},
+                                                   {"name": "gb", "scratch_mount": "/nvme", **group}])
+    mutate(base_config, "gpucluster:datasets", [{"name": "data", "access": "copy_to_scratch"}])
+    with pytest.raises(SpecError, match=r"datasets\[0\]\.access: copy_to_scratch needs one "
+                                        r"scratch_mount for every node group, got /nvme, /scratch"):
+        parse_stack_config(base_config, stack="t")
+    mutate(base_config, "gpucluster:datasets", [{"name": "data", "access": "mount"}])
+    assert parse_stack_config(base_config, stack="t").datasets[0].access == "mount"
+
+
+def test_fsx_zone_must_host_a_node_group_even_when_the_network_has_it(base_config: dict[str, Any]) -> None:
+    """us-east-1b is a network zone, but the only node group runs in us-east-1a."""
+    mutate(base_config, f"{NG}.availability_zones", ["us-east-1a"])
+    mutate(base_config, "gpucluster:datasets", [{"name": "data", "access": "fsx",
+                                                 "fsx": {"availability_zone": "us-east-1b"}}])
+    with pytest.raises(SpecError, match=r"datasets\[0\]\.fsx\.availability_zone: no node group runs "
+                                        r"in 'us-east-1b' \(node groups use us-east-1a\)"):
+        parse_stack_config(base_config, stack="t")
+
+
+@pytest.mark.parametrize(("size", "ok"), [(1200, True), (2400, True), (4800, True), (9600, True),
+                                          (3600, False), (1800, False), (2500, False)])
+def test_fsx_storage_capacity_steps(base_config: dict[str, Any], size: int, ok: bool) -> None:
+    """FSx API CreateFileSystem: SCRATCH_2/PERSISTENT_2 take 1200, 2400 and steps of 2400 GiB."""
+    mutate(base_config, "gpucluster:datasets", [{"name": "data", "access": "fsx", "fsx": {
+        "deployment_type": "PERSISTENT_2", "throughput_per_unit_mib": 250, "storage_capacity_gib": size}}])
+    if ok:
+        assert parse_stack_config(base_config, stack="t").datasets[0].fsx.storage_capacity_gib == size
+    else:
+        with pytest.raises(SpecError, match="1200 or a multiple of 2400"):
+            parse_stack_config(base_config, stack="t")

@@ -13,7 +13,6 @@ it is handed their names and ARNs (`GroupTarget`).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -453,14 +452,10 @@ class Notifications(pulumi.ComponentResource):
             opts=child)
         emails = list(spec.budget.emails) if spec.budget else []
         self.subscriptions = [
-            aws.sns.TopicSubscription(f"{name}-email-{_slug(email)}", topic=self.topic.arn,
+            aws.sns.TopicSubscription(f"{name}-email-{email}", topic=self.topic.arn,
                                       protocol="email", endpoint=email, opts=child)
             for email in emails]
         self.register_outputs({"topic_arn": self.topic.arn, "key_arn": self.key.arn})
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 class Budget(pulumi.ComponentResource):

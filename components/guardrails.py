@@ -575,7 +575,7 @@ class AutoStop(pulumi.ComponentResource):
                 "detail": {"state": {"value": ["ALARM"]}},
             }),
             tags=ctx.tags, opts=child)
-        _rule_invokes(self, f"{name}-idle", self.idle_rule, fn, child)
+        _rule_invokes(f"{name}-idle", self.idle_rule, fn, child)
 
         self.schedules: dict[str, aws.scheduler.Schedule] = {}
         expressions = {"stop": a.stop_schedule, "start": a.start_schedule,
@@ -617,7 +617,7 @@ class AutoStop(pulumi.ComponentResource):
         })
 
 
-def _rule_invokes(parent: pulumi.Resource, name: str, rule: aws.cloudwatch.EventRule,
+def _rule_invokes(name: str, rule: aws.cloudwatch.EventRule,
                   fn: aws.lambda_.Function, child: pulumi.ResourceOptions) -> None:
     """Target a rule at a Lambda and let exactly that rule invoke it."""
     aws.lambda_.Permission(f"{name}-permission", action="lambda:InvokeFunction", function=fn.name,
@@ -660,7 +660,7 @@ class SpotInterruption(pulumi.ComponentResource):
                 description=f"gpucluster {spec.stack}: {detail_type} -> interruption hook",
                 event_pattern=json.dumps({"source": ["aws.ec2"], "detail-type": [detail_type]}),
                 tags=ctx.tags, opts=child)
-            _rule_invokes(self, f"{name}-{kind}", rule, self.function.function, child)
+            _rule_invokes(f"{name}-{kind}", rule, self.function.function, child)
             self.rules[kind] = rule
         self.register_outputs({"function_name": self.function.function_name,
                                "rule_names": {k: r.name for k, r in self.rules.items()}})

@@ -27,6 +27,7 @@ from components import catalog
 
 PROJECT = "gpucluster"
 REGION_KEY = "aws:region"
+MAX_BUDGET_NOTIFICATIONS = 10
 
 # --------------------------------------------------------------------------- errors
 
@@ -262,8 +263,10 @@ InstanceTypeName = Annotated[str, AfterValidator(_check_instance_type)]
 Cron = Annotated[str, AfterValidator(_check_cron)]
 AvailabilityZone = Annotated[str, _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d[a-z]",
                                            "must be an availability zone name like us-east-1a")]
-ShellCommand = Annotated[str, _matches(r"(?s)\S.{0,4095}",
-                                       "must be a non-empty shell command (at most 4096 chars)")]
+# At most 2048 characters: the command travels in a Lambda environment, which holds 4 KB in all
+# (Lambda developer guide, "Working with Lambda environment variables").
+ShellCommand = Annotated[str, _matches(r"(?s)\S.{0,2047}",
+                                       "must be a non-empty shell command (at most 2048 chars)")]
 
 
 class StrictModel(BaseModel):
@@ -437,7 +440,7 @@ class AutoStopConfig(StrictModel):
     idle_minutes: Annotated[int, _in_range(5, 1440)] = 60
     """GPU utilisation must stay below the threshold this long before a group is stopped."""
     gpu_utilization_threshold_percent: Annotated[float, _in_range(1, 100)] = 5
-    """Average GPU utilisation below this counts as idle."""
+    """Idle when even the group's busiest GPU stays below this (CloudWatch Maximum)."""
     stop_schedule: Cron | None = None
     """EventBridge cron, e.g. cron(0 20 ? * MON-FRI *): scale every group to zero."""
     start_schedule: Cron | None = None
@@ -765,6 +768,14 @@ def budget_rules(spec: StackSpec) -> Iterable[Finding]:
     if any(later <= earlier for earlier, later in pairwise(t)):
         yield Finding("budget.alert_thresholds_percent",
                       f"must be strictly ascending, got {', '.join(_num(x) for x in t)}")
+    # One ACTUAL notification per distinct threshold plus the FORECASTED one at 100 %;
+    # a budget holds at most 10 notifications (Budgets API reference, "Notification").
+    actual = set(t) | ({b.action_threshold_percent} if b.action_threshold_percent else set())
+    if len(actual) + 1 > MAX_BUDGET_NOTIFICATIONS:
+        yield Finding("budget.alert_thresholds_percent",
+                      f"AWS Budgets allows {MAX_BUDGET_NOTIFICATIONS} notifications per budget: "
+                      f"{len(actual)} actual-spend thresholds (with action_threshold_percent) and the "
+                      f"forecast alert make {len(actual) + 1}")
 
 
 @check

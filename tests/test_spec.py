@@ -189,6 +189,11 @@ INVALID: list[tuple[str, Any, str, str]] = [
     ("gpucluster:spot", {"interruption_timeout_seconds": 300}, "spot.interruption_timeout_seconds",
      "5..110"),
     ("gpucluster:spot", {"interruption_command": ""}, "spot.interruption_command", "non-empty"),
+    ("gpucluster:autostop", {"pre_stop_command": "x" * 2049}, "autostop.pre_stop_command",
+     "at most 2048 chars"),
+    ("gpucluster:budget", {"monthly_limit_usd": 100, "alert_thresholds_percent": list(range(10, 100, 10)),
+                           "action_threshold_percent": 120},
+     "budget.alert_thresholds_percent", "10 notifications per budget: 10 actual-spend thresholds"),
 ]
 
 

@@ -1,0 +1,577 @@
+"""Guardrails under the mock engine: budget, alarms, schedules, rules, Lambdas and their roles.
+
+Each shipped stack is built once (module fixtures) and its recorded inputs are
+checked value by value: thresholds and subscribers, alarm windows, the missing-
+data rule, schedule expressions and inputs, event patterns, Lambda settings,
+and every statement of every role policy.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from components import guardrails as g
+from components.guardrails import GroupTarget, Guardrails
+from components.planner import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources
+from components.spec import StackSpec, parse_stack_config
+
+ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+BUDGET = "aws:budgets/budget:Budget"
+FUNCTION = "aws:lambda/function:Function"
+INVOKE_CONFIG = "aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig"
+KEY = "aws:kms/key:Key"
+LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
+PERMISSION = "aws:lambda/permission:Permission"
+ROLE = "aws:iam/role:Role"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+RULE = "aws:cloudwatch/eventRule:EventRule"
+SCHEDULE = "aws:scheduler/schedule:Schedule"
+SUBSCRIPTION = "aws:sns/topicSubscription:TopicSubscription"
+TARGET = "aws:cloudwatch/eventTarget:EventTarget"
+TOPIC = "aws:sns/topic:Topic"
+TOPIC_POLICY = "aws:sns/topicPolicy:TopicPolicy"
+
+# Actions that AWS authorises only on Resource "*" (Service Authorization Reference).
+DESCRIBE_ONLY = {"autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
+                 "ec2:DescribeInstances", "ssm:GetCommandInvocation"}
+
+
+def asg_name(spec: StackSpec, group: str) -> str:
+    return f"{spec.cluster.name}-{group}-asg"
+
+
+def asg_arn(spec: StackSpec, group: str) -> str:
+    return (f"arn:aws:autoscaling:{spec.region}:{MOCK_ACCOUNT}:autoScalingGroup:uuid:"
+            f"autoScalingGroupName/{asg_name(spec, group)}")
+
+
+def targets(spec: StackSpec) -> dict[str, GroupTarget]:
+    return {grp.name: GroupTarget(asg_name(spec, grp.name), asg_arn(spec, grp.name))
+            for grp in spec.node_groups}
+
+
+class Built:
+    """The resources one Guardrails registered, with lookups by type and name."""
+
+    def __init__(self, spec: StackSpec, resources: list[PlannedResource]) -> None:
+        self.spec = spec
+        self.resources = resources
+
+    def all(self, type_: str) -> list[PlannedResource]:
+        return [r for r in self.resources if r.type == type_]
+
+    def one(self, type_: str, name_part: str = "") -> PlannedResource:
+        found = [r for r in self.all(type_) if name_part in r.name]
+        assert len(found) == 1, f"{type_} {name_part!r}: {[r.name for r in found]}"
+        return found[0]
+
+    def arn(self, type_: str, name_part: str = "") -> str:
+        """The ARN PlanMocks gives a resource: arn:aws:<service>:<region>:<account>:<resource name>."""
+        service = type_.split(":")[1].split("/")[0]
+        return f"arn:aws:{service}:{self.spec.region}:{MOCK_ACCOUNT}:{self.one(type_, name_part).name}"
+
+    def function(self, module: str) -> PlannedResource:
+        return next(r for r in self.all(FUNCTION) if r.inputs["handler"] == g.HANDLERS[module])
+
+    def policy(self, function_name: str) -> list[dict[str, Any]]:
+        """Statements of the role policy of the Lambda named `function_name`."""
+        fn = next(r for r in self.all(FUNCTION) if r.inputs["name"] == function_name)
+        base = fn.name.removesuffix("-function")
+        return json.loads(self.one(ROLE_POLICY, f"{base}-policy").inputs["policy"])["Statement"]
+
+    @property
+    def notify_topic(self) -> str:
+        return self.arn(TOPIC, "notify-topic")
+
+
+def build(spec: StackSpec, groups: dict[str, GroupTarget] | None = None) -> Built:
+    resources, _ = record_resources(
+        lambda: Guardrails(f"{spec.cluster.name}-guardrails", spec, groups or targets(spec)),
+        stack=spec.stack, region=spec.region)
+    return Built(spec, resources)
+
+
+def spec_of(config: dict[str, Any], **sections: Any) -> StackSpec:
+    """base_config plus `gpucluster:<section>` values."""
+    return parse_stack_config({**config, **{f"gpucluster:{k}": v for k, v in sections.items()}},
+                              stack="case")
+
+
+@pytest.fixture(scope="module")
+def dev() -> Built:
+    return build(load_stack("dev")[2])
+
+
+@pytest.fixture(scope="module")
+def prod() -> Built:
+    return build(load_stack("prod")[2])
+
+
+@pytest.fixture(scope="module")
+def staging() -> Built:
+    return build(load_stack("staging")[2])
+
+
+def resources_of(statements: list[dict[str, Any]]) -> list[str]:
+    out: list[str] = []
+    for s in statements:
+        out += s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]]
+    return out
+
+
+def actions_of(statements: list[dict[str, Any]], resource: str | None = None) -> set[str]:
+    return {a for s in statements for a in s["Action"]
+            if resource is None or resource in (s["Resource"] if isinstance(s["Resource"], list)
+                                                else [s["Resource"]])}
+
+
+# ------------------------------------------------------------------ pure logic
+
+
+@pytest.mark.parametrize(("idle", "period", "evaluations"), [
+    (5, 60, 5), (14, 60, 14), (15, 300, 3), (30, 300, 6), (33, 60, 33), (120, 300, 24), (1440, 300, 288)])
+def test_idle_window(idle: int, period: int, evaluations: int) -> None:
+    assert g.idle_window(idle) == (period, evaluations)
+
+
+def test_idle_window_covers_every_allowed_idle_time_exactly_within_a_day() -> None:
+    for idle in range(5, 1441):
+        period, evaluations = g.idle_window(idle)
+        assert period * evaluations == idle * 60
+        assert period * evaluations <= 86_400  # CloudWatch: evaluation range at most one day
+
+
+@pytest.mark.parametrize(("amount", "text"), [(500, "500"), (400000, "400000"), (2.5, "2.50"),
+                                               (10_000_000, "10000000")])
+def test_usd(amount: float, text: str) -> None:
+    assert g.usd(amount) == text
+
+
+@pytest.mark.parametrize(("capacity", "max_nodes", "spot"), [
+    ({"spot_percent": 100}, 2, True),
+    ({"spot_percent": 0}, 2, False),
+    ({"on_demand_base": 2, "spot_percent": 100}, 2, False),  # no room above the base
+    ({"on_demand_base": 1, "spot_percent": 70}, 6, True),
+])
+def test_can_run_spot(base_config: dict[str, Any], capacity: dict[str, Any], max_nodes: int,
+                      spot: bool) -> None:
+    group = {**base_config["gpucluster:node_groups"][0], "capacity": capacity, "max_nodes": max_nodes}
+    spec = spec_of(base_config, node_groups=[group])
+    assert g.can_run_spot(spec.node_groups[0]) is spot
+    assert g.stack_uses_spot(spec) is spot
+
+
+def test_timeouts_cover_the_hooks_and_stay_within_lambdas_limit(base_config: dict[str, Any]) -> None:
+    longest = spec_of(base_config, autostop={"pre_stop_command": "/hook", "pre_stop_timeout_seconds": 840},
+                      spot={"interruption_command": "/hook", "interruption_timeout_seconds": 110})
+    assert g.autostop_timeout(longest) == 900
+    assert g.spot_timeout(longest) == 140
+    bare = spec_of(base_config, autostop={"enabled": True})
+    assert g.autostop_timeout(bare) == 120
+    assert g.spot_timeout(bare) == 60
+
+
+def test_a_budget_may_hold_ten_notifications_when_the_action_shares_a_threshold(
+        base_config: dict[str, Any]) -> None:
+    nine = list(range(10, 100, 10))
+    spec = spec_of(base_config, budget={"monthly_limit_usd": 100, "alert_thresholds_percent": nine,
+                                        "action_threshold_percent": 90})
+    assert spec.budget is not None
+    notes = g.budget_notifications(spec.budget, "notify", "action")
+    assert len(notes) == 10
+    assert [n["subscriber_sns_topic_arns"] for n in notes if n["threshold"] == 90] == [["action"]]
+
+
+# ---------------------------------------------------------------- dev (mocked)
+
+
+def test_dev_budget_filters_on_the_stack_tag_and_merges_the_action_into_the_100_percent_alert(
+        dev: Built) -> None:
+    budget = dev.one(BUDGET).inputs
+    assert (budget["name"], budget["budgetType"], budget["timeUnit"]) == (
+        "gpu-dev-monthly", "COST", "MONTHLY")
+    assert (budget["limitAmount"], budget["limitUnit"]) == ("500", "USD")
+    assert budget["costFilters"] == [{"name": "TagKeyValue", "values": ["user:gpucluster:stack$dev"]}]
+    action_topic = dev.arn(TOPIC, "action-topic")
+    got = [(n["notificationType"], n["threshold"], n["comparisonOperator"], n["thresholdType"],
+            n["subscriberSnsTopicArns"], n["subscriberEmailAddresses"]) for n in budget["notifications"]]
+    emails = ["ml-platform@example.com"]
+    assert got == [
+        ("ACTUAL", 50, "GREATER_THAN", "PERCENTAGE", [dev.notify_topic], emails),
+        ("ACTUAL", 80, "GREATER_THAN", "PERCENTAGE", [dev.notify_topic], emails),
+        ("ACTUAL", 100, "GREATER_THAN", "PERCENTAGE", [action_topic], emails),  # action threshold
+        ("FORECASTED", 100, "GREATER_THAN", "PERCENTAGE", [dev.notify_topic], emails),
+    ]
+
+
+def test_only_the_budget_lambda_listens_to_the_action_topic(dev: Built) -> None:
+    action_topic = dev.arn(TOPIC, "action-topic")
+    subscriptions = [s.inputs for s in dev.all(SUBSCRIPTION) if s.inputs["topic"] == action_topic]
+    budget_fn = dev.function("budget_action")
+    assert subscriptions == [{"topic": action_topic, "protocol": "lambda",
+                              "endpoint": dev.arn(FUNCTION, budget_fn.name)}]
+    permission = dev.one(PERMISSION, "budget-action-permission").inputs
+    assert permission == {"action": "lambda:InvokeFunction", "function": "gpu-dev-budget-action",
+                          "principal": "sns.amazonaws.com", "sourceArn": action_topic}
+    assert budget_fn.inputs["environment"]["variables"] == {
+        "GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic}
+
+
+def test_topics_are_encrypted_with_a_key_budgets_and_cloudwatch_may_use(dev: Built) -> None:
+    key = dev.one(KEY).inputs
+    assert key["enableKeyRotation"] is True
+    statements = json.loads(key["policy"])["Statement"]
+    services = next(s for s in statements if s["Sid"] == "ServicesPublishToEncryptedTopics")
+    assert services["Principal"]["Service"] == ["budgets.amazonaws.com", "cloudwatch.amazonaws.com"]
+    assert services["Action"] == ["kms:GenerateDataKey*", "kms:Decrypt"]
+    root = next(s for s in statements if s["Sid"] == "AccountAdministersThroughIam")
+    assert root["Principal"] == {"AWS": f"arn:aws:iam::{MOCK_ACCOUNT}:root"}
+    for topic in dev.all(TOPIC):
+        assert topic.inputs["kmsMasterKeyId"] == dev.arn(KEY)  # never alias/aws/sns
+
+
+def test_topic_policies_let_budgets_publish_for_this_account_only(dev: Built) -> None:
+    notify = json.loads(dev.one(TOPIC_POLICY, "notify-topic-policy").inputs["policy"])["Statement"]
+    action = json.loads(dev.one(TOPIC_POLICY, "action-topic-policy").inputs["policy"])["Statement"]
+    budgets = {"Sid": "AWSBudgetsPublish", "Effect": "Allow",
+               "Principal": {"Service": "budgets.amazonaws.com"}, "Action": "SNS:Publish",
+               "Condition": {"StringEquals": {"aws:SourceAccount": MOCK_ACCOUNT},
+                             "ArnLike": {"aws:SourceArn": f"arn:aws:budgets::{MOCK_ACCOUNT}:*"}}}
+    assert action == [{**budgets, "Resource": dev.arn(TOPIC, "action-topic")}]
+    assert notify[0] == {**budgets, "Resource": dev.notify_topic}
+    assert notify[1]["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+    assert notify[1]["Condition"]["ArnLike"] == {
+        "aws:SourceArn": f"arn:aws:cloudwatch:us-east-1:{MOCK_ACCOUNT}:alarm:*"}
+
+
+def test_budget_emails_subscribe_to_the_notify_topic(dev: Built) -> None:
+    emails = [s.inputs for s in dev.all(SUBSCRIPTION) if s.inputs["protocol"] == "email"]
+    assert emails == [{"topic": dev.notify_topic, "protocol": "email", "endpoint": "ml-platform@example.com"}]
+
+
+def test_dev_idle_alarm_stops_after_30_minutes_and_missing_data_only_notifies(dev: Built) -> None:
+    alarm = dev.one(ALARM).inputs
+    assert (alarm["namespace"], alarm["metricName"], alarm["statistic"]) == (
+        "CWAgent", "nvidia_smi_utilization_gpu", "Maximum")
+    assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-dev-dev-a10-asg"}
+    assert alarm["name"] == "gpu-dev-dev-a10-asg-idle"  # the autostop handler's fallback convention
+    assert (alarm["comparisonOperator"], alarm["threshold"]) == ("LessThanThreshold", 5)
+    assert alarm["period"] * alarm["evaluationPeriods"] == 30 * 60
+    assert alarm["datapointsToAlarm"] == alarm["evaluationPeriods"]
+    assert alarm["treatMissingData"] == "missing"  # not "breaching": no data is never idle
+    assert alarm["insufficientDataActions"] == [dev.notify_topic]
+    assert not alarm.get("alarmActions")  # stopping goes through the EventBridge rule
+
+
+def test_idle_rule_passes_only_alarm_states_of_this_stacks_alarms_to_autostop(dev: Built) -> None:
+    rule = dev.one(RULE, "idle-rule")
+    pattern = json.loads(rule.inputs["eventPattern"])
+    assert pattern == {"source": ["aws.cloudwatch"], "detail-type": ["CloudWatch Alarm State Change"],
+                       "resources": [dev.arn(ALARM)], "detail": {"state": {"value": ["ALARM"]}}}
+    autostop = dev.function("autostop")
+    assert dev.one(TARGET, "idle-target").inputs == {"rule": "gpu-dev-idle",
+                                                       "arn": dev.arn(FUNCTION, autostop.name)}
+    assert dev.one(PERMISSION, "idle-permission").inputs == {
+        "action": "lambda:InvokeFunction", "function": "gpu-dev-autostop",
+        "principal": "events.amazonaws.com", "sourceArn": dev.arn(RULE, "idle-rule")}
+
+
+def test_dev_schedules_run_in_berlin_time_and_name_their_purpose(dev: Built) -> None:
+    autostop_arn = dev.arn(FUNCTION, dev.function("autostop").name)
+    role_arn = dev.arn(ROLE, "scheduler-role")
+    got = {}
+    for schedule in dev.all(SCHEDULE):
+        s = schedule.inputs
+        event = json.loads(s["target"]["input"])
+        assert (s["target"]["arn"], s["target"]["roleArn"]) == (autostop_arn, role_arn)
+        assert s["flexibleTimeWindow"] == {"mode": "OFF"} and s["state"] == "ENABLED"
+        assert (event["detail-type"], event["source"], event["detail"]) == (
+            "Scheduled Event", "aws.events", {})
+        assert event["resources"] == ["<aws.scheduler.schedule-arn>",
+                                      f"arn:aws:events:us-east-1:{MOCK_ACCOUNT}:rule/{s['name']}"]
+        got[s["name"]] = (s["scheduleExpression"], s.get("scheduleExpressionTimezone"))
+    assert got == {"gpu-dev-stop": ("cron(0 19 ? * * *)", "Europe/Berlin"),
+                   "gpu-dev-start": ("cron(0 8 ? * MON-FRI *)", "Europe/Berlin"),
+                   "gpu-dev-lifetime": ("rate(15 minutes)", None)}
+
+
+def test_scheduler_role_may_only_invoke_autostop(dev: Built) -> None:
+    role = dev.one(ROLE, "scheduler-role").inputs
+    trust = json.loads(role["assumeRolePolicy"])["Statement"]
+    assert trust == [{"Effect": "Allow", "Principal": {"Service": "scheduler.amazonaws.com"},
+                      "Action": "sts:AssumeRole",
+                      "Condition": {"StringEquals": {"aws:SourceAccount": MOCK_ACCOUNT}}}]
+    policy = json.loads(dev.one(ROLE_POLICY, "scheduler-policy").inputs["policy"])["Statement"]
+    assert [(s["Action"], s["Resource"]) for s in policy] == [
+        (["lambda:InvokeFunction"], [dev.arn(FUNCTION, dev.function("autostop").name)])]
+
+
+def test_dev_lambdas_settings_and_environment(dev: Built) -> None:
+    expected_env = {
+        "budget_action": {"GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic},
+        "autostop": {"GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic,
+                     "PRE_STOP_COMMAND": "/opt/gpucluster/hooks/checkpoint.sh",
+                     "PRE_STOP_TIMEOUT_SECONDS": "120", "MAX_LIFETIME_HOURS": "12"},
+        "spot_interruption": {"GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic,
+                              "INTERRUPTION_COMMAND": "/opt/gpucluster/hooks/checkpoint.sh",
+                              "INTERRUPTION_TIMEOUT_SECONDS": "90"},
+    }
+    timeouts = {"budget_action": 120, "autostop": 120 + 60, "spot_interruption": 90 + 30}
+    for module, env in expected_env.items():
+        fn = dev.function(module).inputs
+        assert fn["environment"]["variables"] == env
+        assert (fn["runtime"], fn["architectures"], fn["memorySize"]) == ("python3.13", ["arm64"], 256)
+        assert fn["timeout"] == timeouts[module]
+        assert fn["loggingConfig"]["logGroup"] == f"/aws/lambda/{fn['name']}"
+        log_group = next(r.inputs for r in dev.all(LOG_GROUP)
+                         if r.inputs["name"] == f"/aws/lambda/{fn['name']}")
+        assert log_group["retentionInDays"] == 30
+
+
+def test_lambda_code_is_the_handlers_directory_as_package_lambdas() -> None:
+    archive = g.lambda_code()
+    assert list(archive.assets) == ["lambdas"]
+    assert archive.assets["lambdas"].path == str(g.LAMBDA_DIR)
+    assert g.LAMBDA_DIR.parts[-2:] == ("components", "lambdas")
+
+
+def test_failed_invocations_notify_and_spot_retries_stay_within_the_warning(dev: Built) -> None:
+    configs = {c.inputs["functionName"]: c.inputs for c in dev.all(INVOKE_CONFIG)}
+    assert set(configs) == {"gpu-dev-budget-action", "gpu-dev-autostop", "gpu-dev-spot-interruption"}
+    for config in configs.values():
+        assert config["destinationConfig"] == {"onFailure": {"destination": dev.notify_topic}}
+    spot = configs["gpu-dev-spot-interruption"]
+    assert (spot["maximumEventAgeInSeconds"], spot["maximumRetryAttempts"]) == (120, 1)
+
+
+def test_spot_rules_catch_warnings_and_rebalance_advice_for_the_spot_lambda(dev: Built) -> None:
+    spot_fn = dev.arn(FUNCTION, dev.function("spot_interruption").name)
+    patterns = {}
+    for kind, detail_type in (("interruption", "EC2 Spot Instance Interruption Warning"),
+                              ("rebalance", "EC2 Instance Rebalance Recommendation")):
+        rule = dev.one(RULE, f"spot-{kind}-rule")
+        patterns[kind] = json.loads(rule.inputs["eventPattern"])
+        assert patterns[kind] == {"source": ["aws.ec2"], "detail-type": [detail_type]}
+        assert dev.one(TARGET, f"spot-{kind}-target").inputs == {"rule": rule.inputs["name"], "arn": spot_fn}
+        permission = dev.one(PERMISSION, f"spot-{kind}-permission").inputs
+        assert (permission["principal"], permission["sourceArn"]) == (
+            "events.amazonaws.com", dev.arn(RULE, f"spot-{kind}-rule"))
+
+
+# ------------------------------------------------------------- role policies
+
+
+def check_policy(built: Built, function_name: str, *, scales: bool, runs_hooks: bool) -> list[dict[str, Any]]:
+    """Every statement names this stack's resources; "*" only for describe-only actions."""
+    statements = built.policy(function_name)
+    spec = built.spec
+    stars = [s for s in statements if s["Resource"] == "*" or "*" in s["Resource"]]
+    assert [s["Sid"] for s in stars] == ["DescribeOnlyStar"]
+    assert set(stars[0]["Action"]) <= DESCRIBE_ONLY
+    for s in statements:
+        assert s["Effect"] == "Allow"
+        assert not any(a.endswith("*") and a != "kms:GenerateDataKey*" for a in s["Action"]), s
+        # Never a delete, except removing the stop-state tags on resume.
+        assert not [a for a in s["Action"] if "Delete" in a and a != "autoscaling:DeleteTags"]
+    region, account = spec.region, MOCK_ACCOUNT
+    logs = next(s for s in statements if s["Sid"] == "WriteOwnLogs")
+    assert logs["Resource"] == [f"arn:aws:logs:{region}:{account}:log-group:/aws/lambda/{function_name}:*"]
+    assert logs["Action"] == ["logs:CreateLogStream", "logs:PutLogEvents"]
+    publish = next(s for s in statements if s["Sid"] == "Notify")
+    assert (publish["Action"], publish["Resource"]) == (["sns:Publish"], [built.notify_topic])
+    kms = next(s for s in statements if s["Sid"] == "EncryptForTopic")
+    assert kms["Resource"] == [built.arn(KEY)]
+    asg_arns = sorted(asg_arn(spec, grp.name) for grp in spec.node_groups)
+    scaling = [s for s in statements if s["Action"][0].startswith("autoscaling:") and s["Resource"] != "*"]
+    if scales:
+        assert [s["Sid"] for s in scaling] == ["ScaleThisStacksGroups", "TagStopState"]
+        for s in scaling:
+            assert sorted(s["Resource"]) == asg_arns
+            assert s["Condition"]["StringEquals"] == {"autoscaling:ResourceTag/gpucluster:stack": spec.stack}
+        assert scaling[1]["Condition"]["ForAllValues:StringEquals"] == {"aws:TagKeys": list(g.STATE_TAG_KEYS)}
+    else:
+        assert scaling == []
+    send = [s for s in statements if "ssm:SendCommand" in s["Action"]]
+    if runs_hooks:
+        assert [(s["Resource"], s.get("Condition")) for s in send] == [
+            ([f"arn:aws:ssm:{region}::document/AWS-RunShellScript"], None),
+            ([f"arn:aws:ec2:{region}:{account}:instance/*"],
+             {"StringEquals": {"ssm:resourceTag/gpucluster:stack": spec.stack}})]
+        assert "ssm:GetCommandInvocation" in stars[0]["Action"]
+    else:
+        assert send == [] and "ssm:GetCommandInvocation" not in stars[0]["Action"]
+    return statements
+
+
+def test_dev_roles_name_only_this_stacks_resources(dev: Built) -> None:
+    budget = check_policy(dev, "gpu-dev-budget-action", scales=True, runs_hooks=False)
+    assert actions_of(budget, "*") == {"autoscaling:DescribeAutoScalingGroups"}
+    autostop = check_policy(dev, "gpu-dev-autostop", scales=True, runs_hooks=True)
+    # DeleteTags to undo a schedule stop (start_schedule); DescribeInstances for the lifetime check.
+    assert "autoscaling:DeleteTags" in actions_of(autostop)
+    assert "ec2:DescribeInstances" in actions_of(autostop, "*")
+    spot = check_policy(dev, "gpu-dev-spot-interruption", scales=False, runs_hooks=True)
+    assert actions_of(spot, "*") == {"autoscaling:DescribeAutoScalingGroups",
+                                     "autoscaling:DescribeAutoScalingInstances", "ssm:GetCommandInvocation"}
+
+
+def test_lambda_roles_trust_lambda_only(dev: Built) -> None:
+    for role in dev.all(ROLE):
+        if "scheduler" in role.name:
+            continue
+        trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+        assert trust == [{"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"},
+                          "Action": "sts:AssumeRole"}]
+
+
+# ---------------------------------------------------------- prod and staging
+
+
+def test_prod_budget_action_at_110_percent_goes_to_the_action_topic_only(prod: Built) -> None:
+    notes = prod.one(BUDGET).inputs["notifications"]
+    action_topic = prod.arn(TOPIC, "action-topic")
+    assert [(n["notificationType"], n["threshold"], n["subscriberSnsTopicArns"]) for n in notes] == [
+        ("ACTUAL", 50, [prod.notify_topic]), ("ACTUAL", 75, [prod.notify_topic]),
+        ("ACTUAL", 90, [prod.notify_topic]), ("ACTUAL", 100, [prod.notify_topic]),
+        ("ACTUAL", 110, [action_topic]), ("FORECASTED", 100, [prod.notify_topic])]
+    for n in notes:
+        assert n["subscriberEmailAddresses"] == ["ml-training@example.com", "finops@example.com"]
+    assert prod.one(BUDGET).inputs["limitAmount"] == "400000"
+
+
+def test_prod_is_patient_and_runs_its_hooks(prod: Built) -> None:
+    alarm = prod.one(ALARM).inputs
+    assert (alarm["period"], alarm["evaluationPeriods"], alarm["threshold"]) == (300, 24, 3)
+    assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-prod-h100-train-asg"}
+    assert prod.all(SCHEDULE) == [] and not [r for r in prod.all(ROLE) if "scheduler" in r.name]
+    autostop = prod.function("autostop").inputs
+    assert autostop["timeout"] == 600 + 60
+    assert autostop["environment"]["variables"]["PRE_STOP_TIMEOUT_SECONDS"] == "600"
+    assert "MAX_LIFETIME_HOURS" not in autostop["environment"]["variables"]
+    statements = check_policy(prod, "gpu-prod-autostop", scales=True, runs_hooks=True)
+    assert "autoscaling:DeleteTags" not in actions_of(statements)  # no start schedule to undo a stop
+    assert "ec2:DescribeInstances" not in actions_of(statements)  # no lifetime check
+    spot = prod.function("spot_interruption").inputs
+    assert spot["timeout"] == 100 + 30
+    assert spot["environment"]["variables"]["INTERRUPTION_TIMEOUT_SECONDS"] == "100"
+    assert {r.inputs["name"] for r in prod.all(RULE)} == {
+        "gpu-prod-idle", "gpu-prod-spot-interruption", "gpu-prod-spot-rebalance"}
+    check_policy(prod, "gpu-prod-budget-action", scales=True, runs_hooks=False)
+    check_policy(prod, "gpu-prod-spot-interruption", scales=False, runs_hooks=True)
+
+
+def test_staging_stops_at_night_in_its_region(staging: Built) -> None:
+    schedules = {s.inputs["name"]: s.inputs for s in staging.all(SCHEDULE)}
+    assert list(schedules) == ["gpu-staging-stop"]
+    stop = schedules["gpu-staging-stop"]
+    assert (stop["scheduleExpression"], stop["scheduleExpressionTimezone"]) == (
+        "cron(0 22 ? * * *)", "America/Los_Angeles")
+    assert json.loads(stop["target"]["input"])["resources"][1] == (
+        f"arn:aws:events:us-west-2:{MOCK_ACCOUNT}:rule/gpu-staging-stop")
+    assert staging.one(ALARM).inputs["period"] * staging.one(ALARM).inputs["evaluationPeriods"] == 3600
+    for fn in ("gpu-staging-budget-action", "gpu-staging-autostop", "gpu-staging-spot-interruption"):
+        check_policy(staging, fn, scales=fn != "gpu-staging-spot-interruption",
+                     runs_hooks=fn != "gpu-staging-budget-action")
+
+
+# ------------------------------------------------------------------ variants
+
+
+def test_nothing_is_built_without_budget_autostop_or_spot(base_config: dict[str, Any]) -> None:
+    group = {**base_config["gpucluster:node_groups"][0], "capacity": {"spot_percent": 0}}
+    built = build(spec_of(base_config, node_groups=[group]))
+    assert [r.type for r in built.resources] == ["gpucluster:guardrails:Guardrails"]
+
+
+def test_budget_without_action_or_emails_only_alerts_the_topic(base_config: dict[str, Any]) -> None:
+    group = {**base_config["gpucluster:node_groups"][0], "capacity": {"spot_percent": 0}}
+    built = build(spec_of(base_config, node_groups=[group], budget={"monthly_limit_usd": 2.5}))
+    notes = built.one(BUDGET).inputs["notifications"]
+    assert [(n["notificationType"], n["threshold"]) for n in notes] == [
+        ("ACTUAL", 50), ("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)]
+    assert all(n["subscriberSnsTopicArns"] == [built.notify_topic] for n in notes)
+    assert all("subscriberEmailAddresses" not in n for n in notes)
+    assert built.one(BUDGET).inputs["limitAmount"] == "2.50"
+    assert built.all(FUNCTION) == [] and built.all(SUBSCRIPTION) == [] and len(built.all(TOPIC)) == 1
+
+
+def test_spot_without_a_hook_only_notifies_on_warnings(base_config: dict[str, Any]) -> None:
+    built = build(spec_of(base_config))  # spot_percent 100, no spot section
+    assert [r.inputs["name"] for r in built.all(RULE)] == ["test-spot-interruption"]
+    fn = built.function("spot_interruption").inputs
+    assert fn["environment"]["variables"] == {"GPUCLUSTER_STACK": "case",
+                                              "NOTIFY_TOPIC_ARN": built.notify_topic}
+    assert fn["timeout"] == 60
+    check_policy(built, "test-spot-interruption", scales=False, runs_hooks=False)
+
+
+def test_every_group_gets_an_alarm_and_every_role_names_every_group(base_config: dict[str, Any]) -> None:
+    groups = [{**base_config["gpucluster:node_groups"][0], "name": name} for name in ("small", "big")]
+    spec = spec_of(base_config, node_groups=groups, autostop={"enabled": True, "idle_minutes": 7},
+                   budget={"monthly_limit_usd": 100, "action_threshold_percent": 100})
+    built = build(spec)
+    alarms = {a.inputs["dimensions"]["AutoScalingGroupName"]: a.inputs for a in built.all(ALARM)}
+    assert set(alarms) == {"test-small-asg", "test-big-asg"}
+    for alarm in alarms.values():
+        assert (alarm["period"], alarm["evaluationPeriods"]) == (60, 7)
+    pattern = json.loads(built.one(RULE, "idle-rule").inputs["eventPattern"])
+    assert sorted(pattern["resources"]) == sorted(built.arn(ALARM, f"idle-{n}") for n in ("small", "big"))
+    check_policy(built, "test-budget-action", scales=True, runs_hooks=False)
+    check_policy(built, "test-autostop", scales=True, runs_hooks=False)
+    assert built.function("autostop").inputs["timeout"] == 120
+
+
+def test_each_node_group_needs_its_target(base_config: dict[str, Any]) -> None:
+    spec = spec_of(base_config)
+    with pytest.raises(ValueError, match=r"missing \['gpu'\], unknown \['other'\]"):
+        Guardrails("g", spec, {"other": GroupTarget("a", "b")})
+
+
+# ------------------------------------------------- contract with the handlers
+
+
+@pytest.fixture(scope="module")
+def lambdas() -> Any:
+    """The handler package (built on another branch); these checks run once both are merged."""
+    return pytest.importorskip("components.lambdas.scaling")
+
+
+def test_handlers_and_state_tags_match_the_lambda_package(lambdas: Any) -> None:
+    assert lambdas.HANDLERS == g.HANDLERS
+    assert lambdas.STATE_TAGS == g.STATE_TAG_KEYS
+    assert lambdas.STACK_TAG == g.STACK_TAG
+    for handler in g.HANDLERS.values():
+        assert (g.LAMBDA_DIR / f"{handler.split('.')[1]}.py").is_file()
+
+
+def test_environment_and_iam_cover_what_each_handler_reads_and_calls(
+        lambdas: Any, base_config: dict[str, Any]) -> None:
+    everything = spec_of(
+        base_config, budget={"monthly_limit_usd": 100, "action_threshold_percent": 100},
+        autostop={"enabled": True, "stop_schedule": "cron(0 19 ? * * *)",
+                  "start_schedule": "cron(0 8 ? * MON-FRI *)", "max_lifetime_hours": 12,
+                  "pre_stop_command": "/hook"},
+        spot={"interruption_command": "/hook"})
+    built = build(everything)
+    for module, names in lambdas.ENVIRONMENT.items():
+        fn = built.function(module).inputs
+        assert set(fn["environment"]["variables"]) == set(names), module
+        assert actions_of(built.policy(fn["name"])) >= set(lambdas.IAM_ACTIONS[module]), module
+
+
+def test_the_autostop_handler_reads_schedule_and_alarm_events_as_wired(
+        lambdas: Any, dev: Built) -> None:
+    autostop = pytest.importorskip("components.lambdas.autostop")
+    for schedule in dev.all(SCHEDULE):
+        event = json.loads(schedule.inputs["target"]["input"])
+        assert autostop.schedule_rule_name(event) == schedule.inputs["name"]
+    assert autostop.IDLE_ALARM_SUFFIX == g.IDLE_ALARM_SUFFIX
+    alarm = dev.one(ALARM).inputs
+    detail = {"alarmName": alarm["name"], "state": {"value": "ALARM"}, "configuration": {"metrics": [
+        {"metricStat": {"metric": {"namespace": alarm["namespace"], "name": alarm["metricName"],
+                                   "dimensions": alarm["dimensions"]}}}]}}
+    assert autostop.alarm_group_names(detail) == ["gpu-dev-dev-a10-asg"]
+

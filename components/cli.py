@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
@@ -20,7 +21,11 @@ from components import pricing
 from components.planner import Plan, PlannedResource, StackFileError, load_stack, run_plan
 from components.spec import SpecError, StackSpec
 
+if TYPE_CHECKING:
+    from components.sizing import Fit, MemoryEstimate, Workload
+
 EXIT_OK, EXIT_BLOCKED, EXIT_INVALID = 0, 1, 2
+T = TypeVar("T")
 
 app = typer.Typer(
     add_completion=False,
@@ -48,28 +53,27 @@ def fail_invalid(stack: str, lines: list[str]) -> None:
     raise typer.Exit(EXIT_INVALID)
 
 
-def build_plan(stack: str) -> Plan:
+def _valid(stack: str, load: Callable[[str], T]) -> T:
+    """`load(stack)`, or every config problem on its own line and exit 2."""
     try:
-        return run_plan(stack)
+        return load(stack)
     except SpecError as err:
         fail_invalid(stack, [str(f) for f in err.findings])
     except StackFileError as err:
         fail_invalid(stack, [str(err)])
     raise AssertionError("unreachable")
+
+
+def build_plan(stack: str) -> Plan:
+    return _valid(stack, run_plan)
 
 
 def build_spec(stack: str) -> StackSpec:
     """The validated spec of a stack, without running the program (exit 2 when invalid)."""
-    try:
-        return load_stack(stack)[2]
-    except SpecError as err:
-        fail_invalid(stack, [str(f) for f in err.findings])
-    except StackFileError as err:
-        fail_invalid(stack, [str(err)])
-    raise AssertionError("unreachable")
+    return _valid(stack, lambda name: load_stack(name)[2])
 
 
-def fail_usage(command: str, message: str) -> None:
+def fail_usage(command: str, message: str) -> NoReturn:
     """One line naming what is wrong with the command's arguments, exit 2."""
     typer.echo(f"{command}: {message}", err=True)
     raise typer.Exit(EXIT_INVALID)
@@ -253,7 +257,6 @@ def cost(
         raise typer.Exit(EXIT_OK)
     if stack is None:
         fail_usage("cost", "give a STACK (or --diff BASE.json HEAD.json)")
-        return
     if dataset_gib < 0 or nat_gb < 0:
         fail_usage("cost", "--dataset-gib and --nat-gb must be >= 0")
     spec = build_spec(stack)
@@ -262,7 +265,6 @@ def cost(
         result = pricing.price_stack(spec, pricing.Assumptions(dataset_gib, nat_gb), spot_rates)
     except pricing.PricingError as err:
         fail_usage("cost", f"cannot price stack {spec.stack}: {err}")
-        return
     if chart is not None:
         from components.chart import ChartUnavailable, draw_chart
 
@@ -324,17 +326,14 @@ def recommend(
         fail_usage("recommend", "--mode is required (train, finetune or inference)")
     if top < 1:
         fail_usage("recommend", f"--top: must be >= 1, got {top}")
-    assert params is not None and mode is not None
     try:
         workload = sizing.make_workload(params, mode, precision, seq_len, batch, max_nodes, layers,
                                         hidden, heads, kv_heads)
         fits = sizing.recommend(workload, region)
     except sizing.SizingError as err:
         fail_usage("recommend", str(err))
-        return
     except pricing.PricingError as err:
         fail_usage("recommend", f"--region: {err}")
-        return
     memory = sizing.estimate_memory(workload)
     snippet = sizing.node_group_snippet(fits[0], workload) if fits else None
     if as_json:
@@ -352,7 +351,9 @@ def recommend(
         raise typer.Exit(EXIT_BLOCKED)
 
 
-def render_recommendation(workload: Any, memory: Any, fits: list[Any], snippet: str | None) -> list[str]:
+def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list[Fit],
+                          snippet: str | None) -> list[str]:
+    """The human output of `gpucluster recommend`."""
     from components.sizing import GIB, USABLE_FRACTION
 
     w = workload
@@ -398,7 +399,6 @@ def doctor(stack: StackArg) -> None:
         findings = run_checks(spec)
     except DoctorError as err:
         fail_usage("doctor", str(err))
-        return
     typer.echo(f"stack {spec.stack} ({spec.region}): pre-flight checks against the AWS account")
     for line in render_table(["level", "check", "subject", "finding"],
                              [[f.level, f.check, f.subject, f.message] for f in findings]):

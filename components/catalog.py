@@ -98,6 +98,13 @@ def load_catalog(path: Path = DATA_FILE) -> dict[str, InstanceType]:
     }
 
 
+@cache
+def price_sources(path: Path = DATA_FILE) -> dict[str, str]:
+    """Where the catalog's price figures come from, and when they were read (`as_of`)."""
+    raw = yaml.safe_load(path.read_text())
+    return {key: str(value) for key, value in raw["price_sources"].items()}
+
+
 def get(instance_type: str) -> InstanceType | None:
     """The record for `instance_type`, or None when we do not carry it."""
     return load_catalog().get(instance_type)

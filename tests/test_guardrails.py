@@ -193,7 +193,7 @@ def test_dev_budget_filters_on_the_stack_tag_and_merges_the_action_into_the_100_
     budget = dev.one(BUDGET).inputs
     assert (budget["name"], budget["budgetType"], budget["timeUnit"]) == (
         "gpu-dev-monthly", "COST", "MONTHLY")
-    assert (budget["limitAmount"], budget["limitUnit"]) == ("500", "USD")
+    assert (budget["limitAmount"], budget["limitUnit"]) == ("700", "USD")
     assert budget["costFilters"] == [{"name": "TagKeyValue", "values": ["user:gpucluster:stack$dev"]}]
     action_topic = dev.arn(TOPIC, "action-topic")
     got = [(n["notificationType"], n["threshold"], n["comparisonOperator"], n["thresholdType"],

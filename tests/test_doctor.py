@@ -1,0 +1,310 @@
+"""`doctor`: offerings and EFA limits from moto, reservations, quotas and tags through Stubber.
+
+moto 5.2 implements DescribeInstanceTypeOfferings and DescribeInstanceTypes but not
+DescribeCapacityReservations, EC2 service quotas or ListCostAllocationTags, so those
+answers are stubbed with botocore's Stubber (which checks them against the API model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from moto import mock_aws
+
+from components.doctor import (
+    Clients,
+    DoctorError,
+    check_cost_tags,
+    check_efa,
+    check_quotas,
+    check_reservations,
+    fetch_spot_prices,
+    has_blocker,
+    run_checks,
+    vcpus_needed,
+)
+from components.planner import load_stack
+from components.spec import StackSpec, parse_stack_config
+
+NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+CR = "cr-0123456789abcdef0"
+
+
+def training_stack(base_config: dict[str, Any], instance_type: str = "p5.48xlarge", zone: str = "us-east-1a",
+                   **capacity: Any) -> StackSpec:
+    """One p5-like EFA group: 4-node base, 100 % spot above, desired 8, max 16."""
+    base_config["gpucluster:network"]["availability_zones"] = [zone]
+    base_config["gpucluster:node_groups"] = [{
+        "name": "train", "instance_types": [instance_type], "min_nodes": 0, "desired_nodes": 8,
+        "max_nodes": 16, "capacity": {"on_demand_base": 4, "spot_percent": 100, **capacity}}]
+    return parse_stack_config(base_config, stack="t")
+
+
+def quota(code: str, value: float) -> dict[str, Any]:
+    return {"Quota": {"ServiceCode": "ec2", "QuotaCode": code, "Value": value}}
+
+
+def tags(**status: str) -> dict[str, Any]:
+    return {"CostAllocationTags": [{"TagKey": k.replace("__", ":"), "Type": "UserDefined", "Status": s}
+                                   for k, s in status.items()]}
+
+
+@pytest.fixture(scope="module")
+def moto_ec2() -> Iterator[Any]:
+    """One moto EC2 for the module: the checks only read, and moto's first request is slow."""
+    with mock_aws():
+        yield boto3.client("ec2", region_name="us-east-1")
+
+
+@pytest.fixture
+def stubbed() -> Iterator[tuple[Stubber, Stubber, Stubber]]:
+    """Stubbers for ec2, service-quotas and ce clients, asserted empty at the end."""
+    clients = [boto3.client(s, region_name="us-east-1") for s in ("ec2", "service-quotas", "ce")]
+    stubbers = [Stubber(c) for c in clients]
+    for s in stubbers:
+        s.activate()
+    yield tuple(stubbers)  # type: ignore[misc]
+    for s in stubbers:
+        s.assert_no_pending_responses()
+
+
+def clients_of(ec2: Any, stubbed: tuple[Stubber, Stubber, Stubber]) -> Clients:
+    return Clients(ec2=ec2, quotas=stubbed[1].client, ce=stubbed[2].client)
+
+
+def stub_p_quotas(quotas: Stubber, on_demand: float = 768, spot: float = 2304) -> None:
+    # checks run in sorted (class, market) order: P on-demand, then P spot
+    quotas.add_response("get_service_quota", quota("L-417A185B", on_demand),
+                        {"ServiceCode": "ec2", "QuotaCode": "L-417A185B"})
+    quotas.add_response("get_service_quota", quota("L-7212CCBC", spot),
+                        {"ServiceCode": "ec2", "QuotaCode": "L-7212CCBC"})
+
+
+def healthy_quotas_and_tags(stubbed: tuple[Stubber, Stubber, Stubber]) -> None:
+    stub_p_quotas(stubbed[1])
+    stubbed[2].add_response("list_cost_allocation_tags",
+                            tags(gpucluster__stack="Active", cost_center="Active"),
+                            {"TagKeys": ["gpucluster:stack", "cost_center"], "Type": "UserDefined"})
+
+
+def test_healthy_account(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber],
+                         moto_ec2: Any) -> None:
+    spec = training_stack(base_config)
+    healthy_quotas_and_tags(stubbed)
+    findings = run_checks(spec, clients_of(moto_ec2, stubbed))
+    assert [(f.level, f.check, f.subject) for f in findings] == [
+        ("ok", "offering", "train us-east-1a"),
+        ("ok", "efa", "p5.48xlarge"),
+        ("ok", "quota", "Running On-Demand P instances (L-417A185B)"),
+        ("ok", "quota", "All P Spot Instance Requests (L-7212CCBC)"),
+        ("ok", "cost tag", "gpucluster:stack"),
+        ("ok", "cost tag", "cost_center"),
+    ]
+    assert not has_blocker(findings)
+
+
+def test_missing_offering_blocks(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber],
+                                 moto_ec2: Any) -> None:
+    spec = training_stack(base_config, instance_type="p4de.24xlarge")  # moto: us-east-1b/1c only
+    healthy_quotas_and_tags(stubbed)  # p4de has 96 vCPUs: 384 on-demand, 1152 spot needed
+    findings = run_checks(spec, clients_of(moto_ec2, stubbed))
+    blockers = [f for f in findings if f.level == "blocker"]
+    assert [(f.check, f.subject) for f in blockers] == [("offering", "train us-east-1a")]
+    assert "p4de.24xlarge not offered in us-east-1a" in blockers[0].message
+    assert has_blocker(findings)
+
+
+def test_missing_fallback_offering_only_warns(base_config: dict[str, Any], moto_ec2: Any) -> None:
+    from components.doctor import check_offerings
+
+    training_stack(base_config)  # fills base_config; then add a fallback moto does not offer there
+    base_config["gpucluster:node_groups"][0]["instance_types"] = ["p5.48xlarge", "p5e.48xlarge"]
+    spec = parse_stack_config(base_config, stack="t")
+    findings = list(check_offerings(spec, moto_ec2))
+    assert [(f.level, f.message) for f in findings] == [
+        ("warning", "fallback p5e.48xlarge not offered in us-east-1a; the group launches the other "
+                    "types only")]
+
+
+def reservation(**fields: Any) -> dict[str, Any]:
+    cr = {"CapacityReservationId": CR, "InstanceType": "p5.48xlarge", "AvailabilityZone": "us-east-1a",
+          "State": "active", "TotalInstanceCount": 4, "AvailableInstanceCount": 4,
+          "StartDate": NOW - timedelta(days=30), "EndDate": NOW + timedelta(days=60),
+          "ReservationType": "default", **fields}
+    return {"CapacityReservations": [{k: v for k, v in cr.items() if v is not None}]}
+
+
+@pytest.mark.parametrize(("fields", "capacity", "expected"), [
+    ({}, {}, [("ok", "active, p5.48xlarge x 4 in us-east-1a, until 2027-01-20")]),
+    ({"EndDate": NOW - timedelta(hours=1), "State": "expired"}, {},
+     [("blocker", "expired at 2026-11-21 11:00 UTC")]),
+    ({"EndDate": NOW - timedelta(hours=1)}, {}, [("blocker", "expired at 2026-11-21 11:00 UTC")]),
+    ({"State": "cancelled"}, {}, [("blocker", "state is cancelled, not active")]),
+    ({"EndDate": NOW + timedelta(days=2)}, {}, [("warning", "ends at 2026-11-23 12:00 UTC, within 7 days")]),
+    ({"EndDate": None}, {}, [("ok", "active, p5.48xlarge x 4 in us-east-1a")]),
+    ({"AvailabilityZone": "us-east-1b", "InstanceType": "p5e.48xlarge"}, {}, [
+        ("blocker", "is in us-east-1b, the group runs in us-east-1a"),
+        ("blocker", "is for p5e.48xlarge, the group launches p5.48xlarge")]),
+    ({"TotalInstanceCount": 2}, {}, [("warning", "holds 2 instances, the group wants 4 from it")]),
+    ({"ReservationType": "capacity-block"}, {},
+     [("blocker", "is a capacity block, but capacity.market is mixed")]),
+    ({"ReservationType": "capacity-block", "State": "scheduled", "StartDate": NOW + timedelta(days=3),
+      "TotalInstanceCount": 16}, {"market": "capacity_block", "on_demand_base": 0, "spot_percent": 0},
+     [("warning", "a capacity block that starts at 2026-11-24 12:00 UTC; nodes launch from then")]),
+])
+def test_reservation_findings(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber],
+                              fields: dict[str, Any], capacity: dict[str, Any],
+                              expected: list[tuple[str, str]]) -> None:
+    spec = training_stack(base_config, capacity_reservation_id=CR, **capacity)
+    ec2 = stubbed[0]
+    ec2.add_response("describe_capacity_reservations", reservation(**fields),
+                     {"CapacityReservationIds": [CR]})
+    findings = list(check_reservations(spec, ec2.client, now=NOW))
+    assert [(f.level, f.message) for f in findings] == expected
+    assert {f.subject for f in findings} == {f"train {CR}"}
+
+
+def test_unknown_reservation_blocks(base_config: dict[str, Any],
+                                    stubbed: tuple[Stubber, Stubber, Stubber]) -> None:
+    spec = training_stack(base_config, capacity_reservation_id=CR)
+    stubbed[0].add_client_error("describe_capacity_reservations", "InvalidCapacityReservationId.NotFound",
+                                f"The capacity reservation ID '{CR}' does not exist")
+    findings = list(check_reservations(spec, stubbed[0].client, now=NOW))
+    assert [(f.level, f.message) for f in findings] == [
+        ("blocker", "no such capacity reservation in us-east-1 for this account")]
+
+
+def test_expired_reservation_through_run_checks(base_config: dict[str, Any],
+                                                stubbed: tuple[Stubber, Stubber, Stubber],
+                                                moto_ec2: Any) -> None:
+    """The whole doctor with EC2 answered by moto's real data, replayed through a Stubber."""
+    spec = training_stack(base_config, capacity_reservation_id=CR)
+    offerings = moto_ec2.describe_instance_type_offerings(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": ["p5.48xlarge"]},
+                 {"Name": "location", "Values": ["us-east-1a"]}])
+    described = moto_ec2.describe_instance_types(InstanceTypes=["p5.48xlarge"])
+    ec2 = stubbed[0]
+    for answer in (offerings, described):
+        answer.pop("ResponseMetadata")
+    ec2.add_response("describe_instance_type_offerings", offerings)
+    ec2.add_response("describe_instance_types", described)
+    ec2.add_response("describe_capacity_reservations",
+                     reservation(State="expired", EndDate=NOW - timedelta(days=1)))
+    healthy_quotas_and_tags(stubbed)
+    findings = run_checks(spec, clients_of(ec2.client, stubbed), now=NOW)
+    assert [(f.level, f.check) for f in findings if f.level != "ok"] == [("blocker", "reservation")]
+    assert has_blocker(findings)
+
+
+def test_short_quota_blocks(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber]) -> None:
+    spec = training_stack(base_config)
+    # max 16 = 4 on-demand + 12 spot p5.48xlarge (192 vCPUs): 768 and 2304 vCPUs
+    assert vcpus_needed(spec) == {("P", "on-demand"): 768, ("P", "spot"): 2304}
+    stub_p_quotas(stubbed[1], spot=1152)
+    findings = list(check_quotas(spec, stubbed[1].client))
+    assert [(f.level, f.subject, f.message) for f in findings] == [
+        ("ok", "Running On-Demand P instances (L-417A185B)", "768 vCPUs cover the 768 max nodes need"),
+        ("blocker", "All P Spot Instance Requests (L-7212CCBC)",
+         "1152 vCPUs, max nodes need 2304; request an increase in Service Quotas before deploying"),
+    ]
+
+
+def test_quota_falls_back_to_the_aws_default(base_config: dict[str, Any],
+                                             stubbed: tuple[Stubber, Stubber, Stubber]) -> None:
+    base_config["gpucluster:node_groups"][0]["capacity"] = {"on_demand_base": 2}   # 2 x g5.xlarge on-demand
+    spec = parse_stack_config(base_config, stack="t")
+    assert vcpus_needed(spec) == {("G", "on-demand"): 2 * 4}
+    quotas = stubbed[1]
+    quotas.add_client_error("get_service_quota", "NoSuchResourceException", "not applied")
+    quotas.add_response("get_aws_default_service_quota", quota("L-DB2E81BA", 0),
+                        {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA"})
+    findings = list(check_quotas(spec, quotas.client))
+    assert [(f.level, f.message) for f in findings] == [
+        ("blocker", "0 vCPUs, max nodes need 8; request an increase in Service Quotas before deploying")]
+
+
+def test_capacity_blocks_are_left_out_of_quotas(base_config: dict[str, Any]) -> None:
+    spec = training_stack(base_config, market="capacity_block", on_demand_base=0, spot_percent=0,
+                          capacity_reservation_id=CR)
+    assert vcpus_needed(spec) == {}
+
+
+def test_vcpus_needed_for_the_shipped_stacks() -> None:
+    assert vcpus_needed(load_stack("prod")[2]) == {("P", "on-demand"): 768, ("P", "spot"): 2304}
+    # staging max 6 = 1 base + 2 on-demand + 3 spot, 48-vCPU types
+    assert vcpus_needed(load_stack("staging")[2]) == {("G", "on-demand"): 144, ("G", "spot"): 144}
+
+
+@pytest.mark.parametrize(("status", "levels"), [
+    ({"gpucluster__stack": "Active", "cost_center": "Active"}, ["ok", "ok"]),
+    ({"gpucluster__stack": "Inactive", "cost_center": "Active"}, ["warning", "ok"]),
+    ({}, ["warning", "warning"]),
+])
+def test_cost_tags(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber],
+                   status: dict[str, str], levels: list[str]) -> None:
+    stubbed[2].add_response("list_cost_allocation_tags", tags(**status))
+    findings = list(check_cost_tags(parse_stack_config(base_config, stack="t"), stubbed[2].client))
+    assert [(f.subject, f.level) for f in findings] == list(zip(["gpucluster:stack", "cost_center"], levels,
+                                                                strict=True))
+
+
+def test_efa_mismatch_blocks_an_efa_group(base_config: dict[str, Any],
+                                          stubbed: tuple[Stubber, Stubber, Stubber]) -> None:
+    spec = training_stack(base_config)
+    stubbed[0].add_response("describe_instance_types", {"InstanceTypes": [{
+        "InstanceType": "p5.48xlarge",
+        "NetworkInfo": {"EfaSupported": True, "MaximumNetworkCards": 16,
+                        "EfaInfo": {"MaximumEfaInterfaces": 16}}}]})
+    findings = list(check_efa(spec, stubbed[0].client))
+    assert [(f.level, f.message) for f in findings] == [
+        ("blocker", "AWS reports 16 EFA interfaces / 16 network cards, the catalog 32 / 32; update "
+                    "components/data/instance_types.yaml")]
+
+
+def test_access_denied_is_a_warning_not_a_crash(base_config: dict[str, Any],
+                                               stubbed: tuple[Stubber, Stubber, Stubber]) -> None:
+    stubbed[2].add_client_error("list_cost_allocation_tags", "AccessDeniedException", "not allowed")
+    findings = list(check_cost_tags(parse_stack_config(base_config, stack="t"), stubbed[2].client))
+    assert [(f.level, f.message) for f in findings] == [
+        ("warning", "could not check (AccessDeniedException: not allowed)")]
+
+
+def test_no_credentials_is_a_doctor_error(base_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                          tmp_path: Any) -> None:
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never the real AWS, should it try
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # a session from an earlier test caches keys
+    with pytest.raises(DoctorError, match="no AWS credentials found"):
+        run_checks(parse_stack_config(base_config, stack="t"))
+
+
+def test_fetch_spot_prices_takes_the_latest_per_zone(stubbed: tuple[Stubber, Stubber, Stubber]) -> None:
+    spec = load_stack("staging")[2]    # g6e.12xlarge over us-west-2a/b/c
+    ec2 = boto3.client("ec2", region_name="us-west-2")
+    with Stubber(ec2) as stub:
+        stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [
+            {"AvailabilityZone": "us-west-2a", "InstanceType": "g6e.12xlarge", "SpotPrice": "4.10",
+             "Timestamp": NOW - timedelta(hours=1)},
+            {"AvailabilityZone": "us-west-2a", "InstanceType": "g6e.12xlarge", "SpotPrice": "9.99",
+             "Timestamp": NOW - timedelta(days=2)},
+            {"AvailabilityZone": "us-west-2b", "InstanceType": "g6e.12xlarge", "SpotPrice": "4.50",
+             "Timestamp": NOW - timedelta(hours=3)},
+        ]}, {"InstanceTypes": ["g6e.12xlarge"], "ProductDescriptions": ["Linux/UNIX"], "StartTime": NOW,
+             "Filters": [{"Name": "availability-zone",
+                          "Values": ["us-west-2a", "us-west-2b", "us-west-2c"]}]})
+        rates = fetch_spot_prices(spec, ec2, now=NOW)
+    rate = rates["l40s-4x"]
+    assert rate.usd_per_hour == pytest.approx((4.10 + 4.50) / 2)
+    assert rate.basis == "spot, live: mean of the latest price in us-west-2a, us-west-2b"
+    assert rate.as_of == "2026-11-21 11:00 UTC"

@@ -10,6 +10,16 @@ from botocore.exceptions import ClientError
 from components.lambdas import scaling
 
 
+def test_handler_table_points_at_real_handlers() -> None:
+    import importlib
+
+    assert set(scaling.HANDLERS) == set(scaling.IAM_ACTIONS) == set(scaling.ENVIRONMENT)
+    for name, target in scaling.HANDLERS.items():
+        package, module, function = target.split(".")
+        assert (package, module, function) == ("lambdas", name, "handler")
+        assert callable(getattr(importlib.import_module(f"components.lambdas.{module}"), function))
+
+
 def test_no_pulumi_import_in_the_lambda_package() -> None:
     import ast
     from pathlib import Path

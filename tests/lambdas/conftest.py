@@ -79,6 +79,9 @@ class FakeClock:
         assert seconds >= 0
         self.sleeps.append(seconds)
         self.now += seconds
+        # A wait loop that ignores its deadline fails here instead of hanging the suite.
+        assert self.now - 1000.0 < 3600, "waited over an hour of fake time"
+        assert len(self.sleeps) < 1000, "the wait loop keeps polling"
 
 
 _CLIENTS: dict[str, Any] = {}

@@ -1,0 +1,224 @@
+"""Auto-stop handler: idle alarms and schedules stop GPU groups; a schedule may start them again.
+
+Two EventBridge event kinds arrive here, passed through raw (no target `input`):
+
+* ``CloudWatch Alarm State Change`` (source aws.cloudwatch). Acts only when
+  ``detail.state.value`` is ``ALARM``. The group comes from the alarm's metric
+  dimension ``AutoScalingGroupName`` in
+  ``detail.configuration.metrics[].metricStat.metric.dimensions`` (a name->value
+  map, as in the CloudWatch user guide, "Alarm events and EventBridge"); every
+  metric of a metric-math alarm is read. Fallback when no metric carries that
+  dimension (composite alarms, math over instances): an alarm named
+  ``<group-name>-idle`` names its group. Only groups tagged with this stack are
+  stopped, with stopped-by=idle.
+* ``Scheduled Event`` (source aws.events). The purpose is the suffix of the rule
+  name, taken from the rule ARN in ``resources``
+  (``arn:aws:events:<region>:<account>:rule/[<bus>/]<name>``):
+  ``-stop`` stops every group of the stack (stopped-by=schedule);
+  ``-start`` resumes only groups whose stopped-by is ``schedule`` (never a budget,
+  idle or lifetime stop); ``-lifetime`` stops groups whose oldest InService
+  instance is older than MAX_LIFETIME_HOURS (stopped-by=lifetime).
+
+Before a stop, PRE_STOP_COMMAND (if set) runs through SSM on the InService
+instances of the groups about to stop, with GPUCLUSTER_STOP_REASON exported,
+and is awaited at most PRE_STOP_TIMEOUT_SECONDS (default 300; give the Lambda a
+timeout of that plus a minute). A failed or timed-out hook is logged and the
+stop proceeds. Anything else is logged and ignored. Never deletes anything.
+
+Environment: GPUCLUSTER_STACK (required), PRE_STOP_COMMAND,
+PRE_STOP_TIMEOUT_SECONDS, MAX_LIFETIME_HOURS, NOTIFY_TOPIC_ARN (optional).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from .scaling import (
+    IDLE,
+    LIFETIME,
+    RUNTIME,
+    SCHEDULE,
+    STACK_TAG,
+    bounded_timeout,
+    describe_groups,
+    env_number,
+    env_text,
+    group_tags,
+    ignored,
+    in_service_instance_ids,
+    log_event,
+    notify_from_env,
+    raise_if_failed,
+    resume_group,
+    stack_from_env,
+    stack_groups,
+    stop_groups,
+)
+
+ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
+SCHEDULE_DETAIL_TYPE = "Scheduled Event"
+GROUP_DIMENSION = "AutoScalingGroupName"
+# Fallback convention: the Pulumi side names an idle alarm after its group plus this suffix.
+IDLE_ALARM_SUFFIX = "-idle"
+# Schedule purposes, from the rule name's suffix.
+STOP_SUFFIX, START_SUFFIX, LIFETIME_SUFFIX = "-stop", "-start", "-lifetime"
+DEFAULT_PRE_STOP_TIMEOUT_SECONDS = 300.0
+
+
+def alarm_group_names(detail: dict[str, Any]) -> list[str]:
+    """Group names an alarm event refers to: metric dimensions first, then the name convention."""
+    names: list[str] = []
+    configuration = detail.get("configuration")
+    metrics = configuration.get("metrics") if isinstance(configuration, dict) else None
+    for metric in metrics if isinstance(metrics, list) else []:
+        stat = metric.get("metricStat") if isinstance(metric, dict) else None
+        inner = stat.get("metric") if isinstance(stat, dict) else None
+        dimensions = inner.get("dimensions") if isinstance(inner, dict) else None
+        value = dimensions.get(GROUP_DIMENSION) if isinstance(dimensions, dict) else None
+        if isinstance(value, str) and value and value not in names:
+            names.append(value)
+    alarm_name = detail.get("alarmName")
+    if not names and isinstance(alarm_name, str) and alarm_name.endswith(IDLE_ALARM_SUFFIX):
+        base = alarm_name[: -len(IDLE_ALARM_SUFFIX)]
+        if base:
+            names.append(base)
+    return names
+
+
+def schedule_rule_name(event: dict[str, Any]) -> str | None:
+    """The name of the EventBridge rule that fired, from the rule ARN in `resources`."""
+    resources = event.get("resources")
+    for arn in resources if isinstance(resources, list) else []:
+        if not isinstance(arn, str) or not arn.startswith("arn:"):
+            continue
+        parts = arn.split(":", 5)
+        if len(parts) == 6 and parts[2] == "events" and parts[5].startswith("rule/"):
+            return parts[5].rsplit("/", 1)[-1] or None
+    return None
+
+
+def _stop(stack: str, groups: list[dict[str, Any]], reason: str, context: Any) -> dict[str, Any]:
+    """Hook then scale to zero, notify, and fail the invocation only on AWS errors."""
+    autoscaling = RUNTIME.client("autoscaling")
+    command = env_text("PRE_STOP_COMMAND")
+    report = stop_groups(
+        autoscaling,
+        groups,
+        reason,
+        ssm=RUNTIME.client("ssm") if command else None,
+        pre_stop_command=command,
+        hook_timeout_seconds=bounded_timeout(
+            env_number("PRE_STOP_TIMEOUT_SECONDS", DEFAULT_PRE_STOP_TIMEOUT_SECONDS), context
+        ),
+    )
+    summary = {"stack": stack, **report.summary(reason)}
+    if report.changed or report.errors:
+        notify_from_env(
+            f"gpucluster {stack}: {reason} stop of {len(report.changed)} group(s)", summary
+        )
+    log_event("autostop done", **summary)
+    raise_if_failed(report, stack)
+    return summary
+
+
+def on_alarm(stack: str, event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """An idle alarm went to ALARM: stop the group(s) it watches, if they are ours."""
+    if event.get("source") != "aws.cloudwatch":
+        return ignored("alarm event not from aws.cloudwatch", source=event.get("source"))
+    detail = event.get("detail")
+    if not isinstance(detail, dict):
+        return ignored("alarm event without detail", stack=stack)
+    state = detail.get("state")
+    value = state.get("value") if isinstance(state, dict) else None
+    if value != "ALARM":
+        return ignored(f"alarm state is {value!r}, not 'ALARM'", alarm=detail.get("alarmName"))
+    names = alarm_group_names(detail)
+    if not names:
+        return ignored("alarm names no Auto Scaling group", alarm=detail.get("alarmName"))
+    autoscaling = RUNTIME.client("autoscaling")
+    groups = [
+        g for g in describe_groups(autoscaling, names) if group_tags(g).get(STACK_TAG) == stack
+    ]
+    if not groups:
+        return ignored("alarm's groups are not in this stack", stack=stack, groups=names)
+    return _stop(stack, groups, IDLE, context)
+
+
+def _older_than(groups: list[dict[str, Any]], max_age: timedelta) -> list[dict[str, Any]]:
+    """Groups whose oldest InService instance has run longer than max_age."""
+    by_instance = {i: g["AutoScalingGroupName"] for g in groups for i in in_service_instance_ids(g)}
+    if not by_instance:
+        return []
+    ec2 = RUNTIME.client("ec2")
+    oldest: dict[str, Any] = {}
+    ids = sorted(by_instance)
+    # DescribeInstances accepts up to 1000 ids per call; pages cover the rest.
+    for start in range(0, len(ids), 1000):
+        paginator = ec2.get_paginator("describe_instances")
+        for page in paginator.paginate(InstanceIds=ids[start : start + 1000]):
+            for reservation in page["Reservations"]:
+                for instance in reservation["Instances"]:
+                    group = by_instance.get(instance["InstanceId"])
+                    launched = instance.get("LaunchTime")
+                    if group and launched and (group not in oldest or launched < oldest[group]):
+                        oldest[group] = launched
+    cutoff = RUNTIME.now() - max_age
+    return [
+        g
+        for g in groups
+        if g["AutoScalingGroupName"] in oldest and oldest[g["AutoScalingGroupName"]] < cutoff
+    ]
+
+
+def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """A scheduled rule fired: its name suffix says stop, start or enforce the lifetime."""
+    if event.get("source") != "aws.events":
+        return ignored("scheduled event not from aws.events", source=event.get("source"))
+    rule = schedule_rule_name(event)
+    if rule is None:
+        return ignored("scheduled event without a rule ARN", resources=event.get("resources"))
+    autoscaling = RUNTIME.client("autoscaling")
+    if rule.endswith(STOP_SUFFIX):
+        return _stop(stack, stack_groups(autoscaling, stack), SCHEDULE, context)
+    if rule.endswith(START_SUFFIX):
+        results = [
+            resume_group(autoscaling, g, only_stopped_by={SCHEDULE})
+            for g in stack_groups(autoscaling, stack)
+        ]
+        resumed = [r.group for r in results if r.action == "resumed"]
+        summary = {
+            "action": "started" if resumed else "unchanged",
+            "stack": stack,
+            "groups": resumed,
+            "skipped": {r.group: r.reason for r in results if r.action != "resumed"},
+        }
+        if resumed:
+            notify_from_env(
+                f"gpucluster {stack}: schedule started {len(resumed)} group(s)", summary
+            )
+        log_event("autostop done", **summary)
+        return summary
+    if rule.endswith(LIFETIME_SUFFIX):
+        hours = env_number("MAX_LIFETIME_HOURS", 0.0)
+        if hours <= 0:
+            return ignored("lifetime rule but MAX_LIFETIME_HOURS is not set", rule=rule)
+        expired = _older_than(stack_groups(autoscaling, stack), timedelta(hours=hours))
+        if not expired:
+            log_event("no group over its lifetime", stack=stack, max_hours=hours)
+            return {"action": "unchanged", "stack": stack, "groups": []}
+        return _stop(stack, expired, LIFETIME, context)
+    return ignored("rule name has no -stop/-start/-lifetime suffix", rule=rule)
+
+
+def handler(event: Any, context: Any) -> dict[str, Any]:
+    """Lambda entry point for the idle alarm rule and the schedule rules."""
+    stack = stack_from_env()
+    if not isinstance(event, dict):
+        return ignored("event is not an object", stack=stack)
+    detail_type = event.get("detail-type")
+    if detail_type == ALARM_DETAIL_TYPE:
+        return on_alarm(stack, event, context)
+    if detail_type == SCHEDULE_DETAIL_TYPE:
+        return on_schedule(stack, event, context)
+    return ignored("unexpected detail-type", detail_type=detail_type, stack=stack)

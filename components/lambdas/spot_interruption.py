@@ -1,0 +1,109 @@
+"""Spot interruption handler: run the checkpoint hook on the one instance AWS is reclaiming.
+
+EventBridge delivers ``EC2 Spot Instance Interruption Warning`` (two minutes
+before the instance is reclaimed; detail ``instance-id``, ``instance-action``)
+and ``EC2 Instance Rebalance Recommendation`` (earlier; detail ``instance-id``),
+both from source aws.ec2 (EC2 user guide, "Spot Instance interruption notices"
+and "EC2 instance rebalance recommendations"). The handler acts only if the
+instance belongs to an Auto Scaling group tagged with this stack: it runs
+INTERRUPTION_COMMAND on exactly that instance through SSM, exporting
+GPUCLUSTER_EVENT (``spot-interruption-warning`` or ``rebalance-recommendation``)
+and GPUCLUSTER_INSTANCE_ACTION, waits at most INTERRUPTION_TIMEOUT_SECONDS
+(default 90, inside the two-minute warning), then notifies SNS. It never
+scales or deletes anything; the Auto Scaling group replaces the instance itself.
+
+Environment: GPUCLUSTER_STACK (required), INTERRUPTION_COMMAND,
+INTERRUPTION_TIMEOUT_SECONDS, NOTIFY_TOPIC_ARN (optional).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .scaling import (
+    RUNTIME,
+    STACK_TAG,
+    bounded_timeout,
+    describe_groups,
+    env_number,
+    env_text,
+    group_tags,
+    ignored,
+    log_event,
+    notify_from_env,
+    run_command,
+    stack_from_env,
+)
+
+EVENT_KINDS = {
+    "EC2 Spot Instance Interruption Warning": "spot-interruption-warning",
+    "EC2 Instance Rebalance Recommendation": "rebalance-recommendation",
+}
+DEFAULT_INTERRUPTION_TIMEOUT_SECONDS = 90.0
+INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
+
+
+def instance_group(autoscaling: Any, instance_id: str, stack: str) -> str | None:
+    """The name of the instance's Auto Scaling group, if that group belongs to the stack."""
+    found = autoscaling.describe_auto_scaling_instances(InstanceIds=[instance_id])
+    names = [i["AutoScalingGroupName"] for i in found.get("AutoScalingInstances", [])]
+    for group in describe_groups(autoscaling, names):
+        if group_tags(group).get(STACK_TAG) == stack:
+            return group["AutoScalingGroupName"]
+    return None
+
+
+def handler(event: Any, context: Any) -> dict[str, Any]:
+    """Lambda entry point for the spot warning and rebalance rules."""
+    stack = stack_from_env()
+    if not isinstance(event, dict):
+        return ignored("event is not an object", stack=stack)
+    detail_type = event.get("detail-type")
+    kind = EVENT_KINDS.get(detail_type) if isinstance(detail_type, str) else None
+    if kind is None or event.get("source") != "aws.ec2":
+        return ignored(
+            "not a spot interruption or rebalance event",
+            detail_type=detail_type,
+            source=event.get("source"),
+        )
+    detail = event.get("detail")
+    instance_id = detail.get("instance-id") if isinstance(detail, dict) else None
+    if not isinstance(instance_id, str) or not INSTANCE_ID.match(instance_id):
+        return ignored("event has no valid instance-id", kind=kind, instance=instance_id)
+    action = detail.get("instance-action") if isinstance(detail, dict) else None
+    group = instance_group(RUNTIME.client("autoscaling"), instance_id, stack)
+    if group is None:
+        return ignored(
+            "instance is not in a group of this stack", instance=instance_id, stack=stack
+        )
+    summary: dict[str, Any] = {
+        "action": "notified",
+        "stack": stack,
+        "event": kind,
+        "instance": instance_id,
+        "instance_action": action,
+        "group": group,
+    }
+    command = env_text("INTERRUPTION_COMMAND")
+    if command:
+        result = run_command(
+            RUNTIME.client("ssm"),
+            [instance_id],
+            command,
+            timeout_seconds=bounded_timeout(
+                env_number("INTERRUPTION_TIMEOUT_SECONDS", DEFAULT_INTERRUPTION_TIMEOUT_SECONDS),
+                context,
+                reserve_seconds=5.0,
+            ),
+            environment={"GPUCLUSTER_EVENT": kind, "GPUCLUSTER_INSTANCE_ACTION": str(action or "")},
+            comment=f"gpucluster {kind} hook",
+            poll_seconds=2.0,
+        )
+        summary.update(
+            action="hook-run",
+            hook={"ok": result.ok, "timed_out": result.timed_out, "statuses": result.statuses},
+        )
+    notify_from_env(f"gpucluster {stack}: {kind} for {instance_id} ({group})", summary)
+    log_event("spot event handled", **summary)
+    return summary

@@ -23,22 +23,12 @@ os.environ.setdefault("AWS_SECURITY_TOKEN", "testing")
 os.environ.setdefault("AWS_SESSION_TOKEN", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
+from base_config import BASE_CONFIG
+
 from components.planner import PlanMocks
 
 pulumi.runtime.set_mocks(PlanMocks("us-east-1"), project="gpucluster", stack="test", preview=False)
 
-BASE_CONFIG: dict[str, Any] = {
-    "aws:region": "us-east-1",
-    "gpucluster:cluster": {
-        "name": "test",
-        "tags": {"owner": "ml", "cost_center": "cc-1", "environment": "dev"},
-    },
-    "gpucluster:network": {"availability_zones": ["us-east-1a", "us-east-1b"], "vpc_cidr": "10.0.0.0/16"},
-    "gpucluster:node_groups": [
-        {"name": "gpu", "instance_types": ["g5.xlarge", "g6.xlarge"], "min_nodes": 0,
-         "desired_nodes": 1, "max_nodes": 2, "capacity": {"spot_percent": 100}},
-    ],
-}
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Any
 
 import pulumi
 import pytest
-from conftest import BASE_CONFIG  # tests/ is on sys.path for its conftest (pytest rootdir import)
+from base_config import BASE_CONFIG  # tests/ is on sys.path (pytest rootdir conftest import)
 
 from components.datasets import (
     DatasetStore,

@@ -1,0 +1,18 @@
+"""The minimal valid stack config the tests start from (fixture `base_config` copies it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+BASE_CONFIG: dict[str, Any] = {
+    "aws:region": "us-east-1",
+    "gpucluster:cluster": {
+        "name": "test",
+        "tags": {"owner": "ml", "cost_center": "cc-1", "environment": "dev"},
+    },
+    "gpucluster:network": {"availability_zones": ["us-east-1a", "us-east-1b"], "vpc_cidr": "10.0.0.0/16"},
+    "gpucluster:node_groups": [
+        {"name": "gpu", "instance_types": ["g5.xlarge", "g6.xlarge"], "min_nodes": 0,
+         "desired_nodes": 1, "max_nodes": 2, "capacity": {"spot_percent": 100}},
+    ],
+}

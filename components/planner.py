@@ -129,6 +129,8 @@ class PlanMocks(pulumi.runtime.Mocks):
         arn = f"arn:aws:{service}:{self.region}:{MOCK_ACCOUNT}:{args.name}"
         state = {"arn": arn, "name": args.name, **args.inputs}
         state.setdefault("id", f"{args.name}-id")
+        if args.typ == "aws:ec2/vpcEndpoint:VpcEndpoint" and args.inputs.get("vpcEndpointType") == "Gateway":
+            state.setdefault("prefixListId", "pl-63a5400a")  # the shape of a real S3 prefix list id
         return f"{args.name}-id", state
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:

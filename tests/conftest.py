@@ -23,7 +23,8 @@ os.environ.setdefault("AWS_SECURITY_TOKEN", "testing")
 os.environ.setdefault("AWS_SESSION_TOKEN", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
-from components.planner import PlanMocks
+from components.planner import Plan, PlanMocks, run_program
+from components.spec import parse_stack_config
 
 pulumi.runtime.set_mocks(PlanMocks("us-east-1"), project="gpucluster", stack="test", preview=False)
 
@@ -57,3 +58,13 @@ def write_stack(tmp_path: Path) -> Callable[[dict[str, Any], str], Path]:
         return path
 
     return write
+
+
+def plan_config(config: dict[str, Any], stack: str = "t") -> Plan:
+    """Validate `config` and run the program on it under the mock engine."""
+    return run_program(stack, config, parse_stack_config(config, stack=stack))
+
+
+def base() -> dict[str, Any]:
+    """A fresh copy of the minimal valid config, for module-level (cached) plans."""
+    return copy.deepcopy(BASE_CONFIG)

@@ -138,6 +138,8 @@ class ClusterNetwork(pulumi.ComponentResource):
         spec, child = self._spec, self._child
         name = f"{self._name}-{group.name}"
         label = f"{spec.cluster.name}-{group.name}"
+        # Declared without inline rules: the provider removes AWS's default allow-all egress
+        # (pulumi-aws ec2.SecurityGroup docs), so only the rule resources below apply.
         sg = aws.ec2.SecurityGroup(f"{name}-nodes", vpc_id=self.vpc_id,
                                    description=f"gpucluster {label} GPU nodes (no inbound from outside "
                                                "the group; access through SSM)",

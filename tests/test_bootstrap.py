@@ -116,6 +116,15 @@ def test_user_data_writes_every_file_verbatim(tmp_path: Path) -> None:
         assert oct(written.stat().st_mode & 0o777) == oct(int(f.mode, 8)), f.path
 
 
+def test_watcher_and_metrics_start_before_disks_and_data() -> None:
+    """A node whose disks or datasets fail must still honour spot notices and be seen idle."""
+    text = render_user_data(settings())
+    order = [text.index(step) for step in (
+        "enable --now gpucluster-spot-watcher.service", "\"$CWA_CTL\" -a fetch-config",
+        "enable --now gpucluster-scratch.service", "start --no-block gpucluster-data.service")]
+    assert order == sorted(order)
+
+
 # ----------------------------------------------------------------- rendered values
 
 

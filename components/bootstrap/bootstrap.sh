@@ -1,8 +1,8 @@
 #!/bin/bash
 # gpucluster node bootstrap (EC2 user data, rendered by components/bootstrap for @@LABEL@@).
 # Runs once at first boot: writes the node's settings and helper scripts, then starts the
-# spot-interruption watcher, the NVMe scratch volume, the CloudWatch agent (GPU utilisation,
-# which auto-stop alarms on) and the dataset mounts. The scratch and data units run again
+# spot-interruption watcher, the CloudWatch agent (GPU utilisation, which auto-stop alarms
+# on), the NVMe scratch volume and the dataset mounts. The scratch and data units run again
 # at every boot, since instance-store disks come back empty after a stop.
 set -euo pipefail
 exec > >(tee -a /var/log/gpucluster-bootstrap.log) 2>&1
@@ -21,9 +21,8 @@ if [ "$GPUCLUSTER_WATCH_SPOT" = "true" ]; then
   systemctl enable --now gpucluster-spot-watcher.service
 fi
 
-systemctl enable --now gpucluster-scratch.service
-
-# CloudWatch agent: publishes nvidia_smi_utilization_gpu per Auto Scaling group.
+# CloudWatch agent first: auto-stop can only stop an idle node it hears from.
+# It publishes nvidia_smi_utilization_gpu per Auto Scaling group.
 # Installed from the regional bucket when the AMI lacks it, so it also works through
 # the VPC's S3 gateway endpoint without internet egress (CloudWatch agent user guide,
 # "Download and install the CloudWatch agent using the command line").
@@ -36,6 +35,9 @@ if [ ! -x "$CWA_CTL" ]; then
   rm -f "$deb"
 fi
 "$CWA_CTL" -a fetch-config -m ec2 -s -c file:/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json
+
+# After the agent, so a node whose disks fail to assemble is still seen (and stopped) when idle.
+systemctl enable --now gpucluster-scratch.service
 
 # Datasets can take long to copy: start them without holding up cloud-init.
 systemctl enable gpucluster-data.service

@@ -159,6 +159,8 @@ def _provider_computed(typ: str, name: str, inputs: dict[str, Any], region: str)
         fs_id = f"fs-{digest[:17]}"
         return {"id": fs_id, "dnsName": f"{fs_id}.fsx.{region}.amazonaws.com", "mountName": digest[17:25],
                 "arn": f"arn:aws:fsx:{region}:{MOCK_ACCOUNT}:file-system/{fs_id}"}
+    if typ == "aws:ec2/vpcEndpoint:VpcEndpoint" and inputs.get("vpcEndpointType") == "Gateway":
+        return {"prefixListId": "pl-63a5400a"}  # the shape of a real S3 prefix list id
     return {}
 
 

@@ -627,7 +627,11 @@ def capacity_rules(spec: StackSpec) -> Iterable[Finding]:
                 if not t.family.capacity_blocks:
                     yield Finding(f"node_groups[{i}].instance_types[{j}]",
                                   f"{t.name} cannot be bought as a Capacity Block for ML")
-        elif cap.capacity_reservation_id and cap.on_demand_base == 0 and cap.spot_percent == 100:
+        elif not float(cap.spot_percent).is_integer():
+            yield Finding(f"{path}.spot_percent", "Auto Scaling splits on-demand and spot in whole "
+                          f"percent; use a whole number, got {_num(cap.spot_percent)}")
+        if cap.market == "mixed" and cap.capacity_reservation_id and cap.on_demand_base == 0 \
+                and cap.spot_percent == 100:
             yield Finding(f"{path}.capacity_reservation_id", "a capacity reservation serves "
                           "on-demand nodes, but on_demand_base is 0 and spot_percent is 100")
         if cap.capacity_reservation_id and len(spec.azs_of(g)) != 1:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
+
+from components.planner import Plan, run_program
+from components.spec import parse_stack_config
 
 BASE_CONFIG: dict[str, Any] = {
     "aws:region": "us-east-1",
@@ -16,3 +20,13 @@ BASE_CONFIG: dict[str, Any] = {
          "desired_nodes": 1, "max_nodes": 2, "capacity": {"spot_percent": 100}},
     ],
 }
+
+
+def plan_config(config: dict[str, Any], stack: str = "t") -> Plan:
+    """Validate `config` and run the program on it under the mock engine."""
+    return run_program(stack, config, parse_stack_config(config, stack=stack))
+
+
+def base() -> dict[str, Any]:
+    """A fresh copy of the minimal valid config, for module-level (cached) plans."""
+    return copy.deepcopy(BASE_CONFIG)

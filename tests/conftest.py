@@ -47,3 +47,5 @@ def write_stack(tmp_path: Path) -> Callable[[dict[str, Any], str], Path]:
         return path
 
     return write
+
+

@@ -48,7 +48,7 @@ def p5_config(base_config: dict[str, Any], **capacity: Any) -> dict[str, Any]:
     ("mixed", 1, 70, 6, (1, 2, 3)),       # 30 % of 5 = 1.5 on-demand -> 2
     ("mixed", 1, 70, 2, (1, 1, 0)),       # 30 % of 1 = 0.3 -> 1: no spot at all
     ("mixed", 0, 50, 5, (0, 3, 2)),
-    ("mixed", 0, 33.3, 10, (0, 7, 3)),    # 66.7 % of 10 = 6.67 -> 7, exactly (no float fuzz)
+    ("mixed", 0, 33, 10, (0, 7, 3)),      # 67 % of 10 = 6.7 -> 7, exactly (no float fuzz)
     ("mixed", 0, 0, 3, (0, 3, 0)),
     ("capacity_block", 0, 0, 4, (4, 0, 0)),
 ])

@@ -73,6 +73,8 @@ INVALID: list[tuple[str, Any, str, str]] = [
     (f"{NG}.max_nodes", DELETE, "node_groups[0].max_nodes", "required"),
     (f"{NG}.capacity.spot_percent", 140, "node_groups[0].capacity.spot_percent", "must be 0..100, got 140"),
     (f"{NG}.capacity.spot_percent", -1, "node_groups[0].capacity.spot_percent", "must be 0..100, got -1"),
+    (f"{NG}.capacity.spot_percent", 33.5, "node_groups[0].capacity.spot_percent",
+     "whole percent; use a whole number, got 33.5"),
     (f"{NG}.capacity.on_demand_base", 5, "node_groups[0].capacity.on_demand_base", "<= max_nodes"),
     (f"{NG}.capacity.spot_allocation_strategy", "cheapest",
      "node_groups[0].capacity.spot_allocation_strategy", "must be one of"),

@@ -1,0 +1,368 @@
+"""Node bootstrap: rendered user data lints clean, and its scripts do the right thing.
+
+The scripts run here for real under bash, with the system commands they drive
+(lsblk, mdadm, mkfs, mount, curl, aws ...) replaced by stubs on PATH that log
+their arguments, so RAID0, the IMDS watcher and the hook are checked by behaviour.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from components import bootstrap
+from components.bootstrap import (
+    GPU_METRIC_DIMENSION,
+    GPU_METRIC_NAMESPACE,
+    GPU_UTILIZATION_METRIC,
+    NodeBootstrap,
+    cloudwatch_agent_config,
+    data_mounts_table,
+    efa_environment,
+    encode_user_data,
+    node_bootstrap,
+    node_env,
+    node_files,
+    render_user_data,
+    script,
+)
+from components.parts import DataMount
+from components.planner import load_stack
+from components.spec import parse_stack_config
+
+SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
+SCRIPTS = ["bootstrap.sh", "scratch.sh", "data.sh", "spot-watcher.sh", "interruption-hook.sh"]
+MOUNTS = (
+    DataMount(name="corpus", access="copy_to_scratch", bucket_name="acme-corpus", prefix="v3/", path=""),
+    DataMount(name="models", access="mount", bucket_name="acme-models", prefix="", path="/data/models"),
+    DataMount(name="train", access="fsx", bucket_name="acme-train", prefix="", path="/fsx",
+              fsx_dns_name="fs-0123.fsx.us-east-1.amazonaws.com", fsx_mount_name="abcdefgh"),
+)
+TYPES = {"p5.48xlarge": "on", "p4d.24xlarge": "on", "g6e.48xlarge": "on", "g5.xlarge": "off"}
+
+
+def lint(path: Path) -> None:
+    """`bash -n` and shellcheck (all severities) must both pass."""
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    check = subprocess.run([SHELLCHECK, "-s", "bash", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
+def settings(**changes: Any) -> NodeBootstrap:
+    base = NodeBootstrap(stack="t", cluster="c", node_group="g", region="us-east-1", scratch_mount="/scratch",
+                         efa=True, gpudirect_rdma=True, watch_spot=True, interruption_command="echo hi",
+                         interruption_timeout_seconds=90, handle_rebalance=True, data_mounts=MOUNTS)
+    return NodeBootstrap(**{**base.__dict__, **changes})
+
+
+def group_config(base: dict[str, Any], instance_type: str, efa: str) -> dict[str, Any]:
+    base["gpucluster:node_groups"] = [{"name": "gpus", "instance_types": [instance_type], "max_nodes": 4,
+                                       "efa": efa, "capacity": {"spot_percent": 50}}]
+    base["gpucluster:spot"] = {"interruption_command": "/opt/hooks/ckpt.sh --reason \"$REASON\" 'x'"}
+    return base
+
+
+# ------------------------------------------------------------------------- lint
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_shipped_scripts_lint_clean(name: str) -> None:
+    lint(Path(bootstrap.__file__).parent / name)
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_rendered_user_data_lints_for_every_stack(stack: str, tmp_path: Path) -> None:
+    _, _, spec = load_stack(stack)
+    for group in spec.node_groups:
+        path = tmp_path / f"{group.name}.sh"
+        path.write_text(render_user_data(node_bootstrap(spec, group, MOUNTS)))
+        lint(path)
+
+
+@pytest.mark.parametrize(("instance_type", "efa"), TYPES.items())
+def test_rendered_user_data_lints_for_every_type(instance_type: str, efa: str, base_config: dict[str, Any],
+                                                 tmp_path: Path) -> None:
+    spec = parse_stack_config(group_config(base_config, instance_type, efa), stack="t")
+    path = tmp_path / "user-data.sh"
+    text = render_user_data(node_bootstrap(spec, spec.node_groups[0], MOUNTS))
+    path.write_text(text)
+    lint(path)
+    assert ("/etc/gpucluster/efa.env" in text) == (efa == "on")
+
+
+def test_user_data_writes_every_file_verbatim(tmp_path: Path) -> None:
+    """Run the file-writing part of the user data with paths moved under tmp_path."""
+    b = settings()
+    text = render_user_data(b)
+    files_part = text.split("/opt/aws/amazon-cloudwatch-agent/etc\n", 1)[1].split(
+        "# shellcheck source=/dev/null\n. /etc/gpucluster/node.env\n")[0]
+    files_part = re.sub(r"^(cat > |chmod \d+ )/", rf"\g<1>{tmp_path}/", files_part, flags=re.M)
+    for f in node_files(b):
+        (tmp_path / f.path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["bash", "-euc", files_part], check=True)
+    for f in node_files(b):
+        written = tmp_path / f.path.lstrip("/")
+        assert written.read_text() == f.content, f.path
+        assert oct(written.stat().st_mode & 0o777) == oct(int(f.mode, 8)), f.path
+
+
+def test_watcher_and_metrics_start_before_disks_and_data() -> None:
+    """A node whose disks or datasets fail must still honour spot notices and be seen idle."""
+    text = render_user_data(settings())
+    order = [text.index(step) for step in (
+        "enable --now gpucluster-spot-watcher.service", "\"$CWA_CTL\" -a fetch-config",
+        "enable --now gpucluster-scratch.service", "start --no-block gpucluster-data.service")]
+    assert order == sorted(order)
+
+
+# ----------------------------------------------------------------- rendered values
+
+
+def test_node_env_round_trips_through_bash(tmp_path: Path) -> None:
+    command = "/opt/hooks/ckpt.sh --reason \"$REASON\" 'a b' ; echo $(date) `id` \\ done"
+    env_file = tmp_path / "node.env"
+    env_file.write_text(node_env(settings(interruption_command=command, scratch_mount="/mnt/fast")))
+    out = subprocess.run(["bash", "-c", f'. {env_file}; printf "%s\\n%s\\n%s" '
+                          '"$GPUCLUSTER_INTERRUPTION_COMMAND" "$GPUCLUSTER_SCRATCH_MOUNT" '
+                          '"$GPUCLUSTER_INTERRUPTION_TIMEOUT_SECONDS"'],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split("\n") == [command, "/mnt/fast", "90"]
+
+
+def test_settings_follow_the_spec(base_config: dict[str, Any]) -> None:
+    spec = parse_stack_config(group_config(base_config, "p5.48xlarge", "on"), stack="t")
+    b = node_bootstrap(spec, spec.node_groups[0])
+    assert (b.efa, b.gpudirect_rdma, b.watch_spot, b.interruption_timeout_seconds) == (True, True, True, 90)
+    base_config["gpucluster:node_groups"][0]["capacity"] = {"spot_percent": 0}
+    spec = parse_stack_config(base_config, stack="t")
+    assert not node_bootstrap(spec, spec.node_groups[0]).watch_spot  # no spot nodes, no watcher
+
+
+def test_efa_environment_only_for_efa_groups_and_rdma_only_where_supported() -> None:
+    assert efa_environment(settings(efa=False)) == {}
+    env = efa_environment(settings(gpudirect_rdma=True))
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert "FI_EFA_USE_DEVICE_RDMA" not in efa_environment(settings(gpudirect_rdma=False))
+
+
+def test_g6e_gets_efa_without_gpudirect_rdma(base_config: dict[str, Any]) -> None:
+    spec = parse_stack_config(group_config(base_config, "g6e.48xlarge", "on"), stack="t")
+    b = node_bootstrap(spec, spec.node_groups[0])
+    assert b.efa and not b.gpudirect_rdma
+
+
+def test_user_data_is_gzip_base64_within_the_ec2_limit() -> None:
+    text = render_user_data(settings())
+    packed = base64.b64decode(encode_user_data(text))
+    assert packed[:2] == b"\x1f\x8b" and len(packed) <= bootstrap.MAX_USER_DATA_BYTES
+    assert gzip.decompress(packed).decode() == text
+    assert encode_user_data(text) == encode_user_data(text)  # stable bytes: no spurious diffs
+
+
+def test_cloudwatch_agent_publishes_gpu_utilisation_per_auto_scaling_group() -> None:
+    config = cloudwatch_agent_config()
+    metrics: Any = config["metrics"]
+    assert metrics["namespace"] == GPU_METRIC_NAMESPACE == "CWAgent"
+    assert "utilization_gpu" in metrics["metrics_collected"]["nvidia_gpu"]["measurement"]
+    assert GPU_UTILIZATION_METRIC == "nvidia_smi_utilization_gpu"
+    assert metrics["append_dimensions"][GPU_METRIC_DIMENSION] == "${aws:AutoScalingGroupName}"
+    assert [GPU_METRIC_DIMENSION] in metrics["aggregation_dimensions"]
+    written = next(f for f in node_files(settings()) if f.path.endswith("gpucluster.json"))
+    assert json.loads(written.content) == config
+
+
+def test_data_mounts_table_rows() -> None:
+    rows = [line.split("\t") for line in data_mounts_table(settings()).splitlines()]
+    assert rows == [
+        ["copy_to_scratch", "corpus", "acme-corpus", "v3/", "-", "-", "-"],
+        ["mount", "models", "acme-models", "-", "/data/models", "-", "-"],
+        ["fsx", "train", "acme-train", "-", "/fsx", "fs-0123.fsx.us-east-1.amazonaws.com", "abcdefgh"],
+    ]
+    assert data_mounts_table(settings(data_mounts=())) == ""
+
+
+def test_unresolved_or_broken_mounts_are_refused() -> None:
+    with pytest.raises(TypeError, match="resolve Outputs"):
+        data_mounts_table(settings(data_mounts=(DataMount("x", "mount", object(), "", "/d"),)))
+    with pytest.raises(ValueError, match="fsx needs the DNS and mount name"):
+        data_mounts_table(settings(data_mounts=(DataMount("x", "fsx", "b", "", "/fsx"),)))
+
+
+# ------------------------------------------------------------- scripts, for real
+
+
+class Sandbox:
+    """A PATH of stub commands that log their arguments, and a node.env to source."""
+
+    STUBS: ClassVar[dict[str, str]] = {
+        "lsblk": """case "$*" in
+  *NAME,MODEL*) [ -n "${FAKE_DISKS:-}" ] && printf '%s Amazon EC2 NVMe Instance Storage\\n' $FAKE_DISKS
+                printf '/dev/nvme0n1 Amazon Elastic Block Store\\n' ;;
+  *MOUNTPOINT*) [ -n "${FAKE_MOUNTED:-}" ] && echo "$FAKE_MOUNTED"; echo "" ;;
+  *NAME,TYPE*)  for d in $FAKE_DISKS; do echo "$d disk"; done
+                [ -n "${FAKE_RAID:-}" ] && echo "$FAKE_RAID raid0" ;;
+esac; true""",
+        "blkid": '[ -n "${FAKE_FS:-}" ] && echo "$FAKE_FS"',
+        "mountpoint": "exit 1",
+        "df": "printf 'Size\\n 30T\\n'",
+        "logger": "true",
+        "modinfo": "true",
+        "curl": 'exec "$FAKE_CURL" "$@"',
+    }
+
+    def __init__(self, root: Path, **env: str) -> None:
+        self.root, self.bin, self.log = root, root / "bin", root / "calls.log"
+        self.bin.mkdir(parents=True)
+        for name in ("mdadm", "mkfs.xfs", "mount", "aws", "mount-s3", "apt-get", *self.STUBS):
+            body = self.STUBS.get(name, "true")
+            stub = self.bin / name
+            stub.write_text(f'#!/bin/bash\necho "{name} $*" >> {self.log}\n{body}\n')
+            stub.chmod(0o755)
+        self.node_env = root / "node.env"
+        self.node_env.write_text(node_env(settings(scratch_mount=str(root / "scratch"))))
+        self.env = {"PATH": f"{self.bin}:{os.environ['PATH']}", "GPUCLUSTER_NODE_ENV": str(self.node_env),
+                    "GPUCLUSTER_STATE_DIR": str(root / "run"), **env}
+
+    def run(self, name: str, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
+        path = self.root / name
+        path.write_text(script(name))
+        return subprocess.run(["bash", str(path), *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def calls(self, command: str) -> list[str]:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        return [line.split(" ", 1)[1] if " " in line else "" for line in lines
+                if line.split(" ", 1)[0] == command]
+
+
+P5_DISKS = " ".join(f"/dev/nvme{i}n1" for i in range(1, 9))
+
+
+def test_scratch_builds_raid0_of_all_instance_store_disks(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path, FAKE_DISKS=P5_DISKS)
+    result = box.run("scratch.sh")
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert box.calls("mdadm") == [f"--create /dev/md0 --level=0 --raid-devices=8 --run --force {P5_DISKS}"]
+    assert box.calls("mkfs.xfs") == ["-f -K /dev/md0"]
+    assert box.calls("mount") == [f"-o noatime /dev/md0 {tmp_path / 'scratch'}"]
+    assert "/dev/nvme0n1" not in " ".join(box.calls("mdadm"))  # the EBS root volume is never touched
+
+
+def test_scratch_formats_a_single_disk_directly(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path, FAKE_DISKS="/dev/nvme1n1")
+    assert box.run("scratch.sh").returncode == 0
+    assert box.calls("mdadm") == []
+    assert box.calls("mkfs.xfs") == ["-f -K /dev/nvme1n1"]
+
+
+def test_scratch_without_instance_store_is_a_clean_no_op(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path, FAKE_DISKS="")
+    result = box.run("scratch.sh")
+    assert result.returncode == 0 and "no NVMe instance store" in result.stdout
+    assert box.calls("mdadm") == box.calls("mkfs.xfs") == box.calls("mount") == []
+    assert (tmp_path / "scratch").is_dir()
+
+
+def test_scratch_reuses_an_array_after_reboot(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path, FAKE_DISKS=P5_DISKS, FAKE_RAID="/dev/md127", FAKE_FS="xfs")
+    assert box.run("scratch.sh").returncode == 0
+    assert box.calls("mdadm") == box.calls("mkfs.xfs") == []  # keeps the data of a reboot
+    assert box.calls("mount") == [f"-o noatime /dev/md127 {tmp_path / 'scratch'}"]
+
+
+def test_scratch_binds_instance_store_the_ami_already_mounted(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path, FAKE_DISKS=P5_DISKS, FAKE_MOUNTED="/opt/dlami/nvme")
+    assert box.run("scratch.sh").returncode == 0
+    assert box.calls("mount") == [f"--bind /opt/dlami/nvme {tmp_path / 'scratch'}"]
+    assert box.calls("mdadm") == []
+
+
+def test_data_copies_mounts_and_attaches_fsx(tmp_path: Path) -> None:
+    mounts = (MOUNTS[0], DataMount("models", "mount", "acme-models", "m/", str(tmp_path / "models")),
+              DataMount("train", "fsx", "acme-train", "", str(tmp_path / "fsx"), "fs-1.fsx.aws", "mnt1"))
+    table = tmp_path / "mounts.tsv"
+    table.write_text(data_mounts_table(settings(data_mounts=mounts)))
+    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table))
+    result = box.run("data.sh")
+    assert result.returncode == 0, result.stderr + result.stdout
+    scratch = tmp_path / "scratch"
+    assert box.calls("aws") == [
+        f"s3 sync --only-show-errors --region us-east-1 s3://acme-corpus/v3/ {scratch}/corpus"]
+    assert box.calls("mount-s3") == [
+        f"--read-only --allow-other --region us-east-1 --prefix m/ acme-models {tmp_path}/models"]
+    assert box.calls("mount") == [f"-t lustre -o relatime,flock fs-1.fsx.aws@tcp:/mnt1 {tmp_path}/fsx"]
+
+
+def imds(tmp_path: Path, action_after: int, rebalance: bool) -> Path:
+    """A fake curl answering IMDSv2: token, then 404 for instance-action `action_after` times."""
+    count = tmp_path / "polls"
+    rebalance_answer = "echo '{\"noticeTime\":\"2026-11-21T11:50:00Z\"}'" if rebalance else "exit 22"
+    fake = tmp_path / "fake-curl"
+    fake.write_text(f"""#!/bin/bash
+case "$*" in
+  *"-X PUT"*api/token*) echo token-123 ;;
+  *token-123*spot/instance-action*)
+    n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo "$n" > {count}
+    [ "$n" -gt {action_after} ] || exit 22
+    echo '{{"action":"terminate","time":"2026-11-21T12:00:00Z"}}' ;;
+  *token-123*recommendations/rebalance*) {rebalance_answer} ;;
+  *) exit 22 ;;
+esac
+""")
+    fake.chmod(0o755)
+    return fake
+
+
+def hook_recorder(tmp_path: Path) -> Path:
+    hook = tmp_path / "hook"
+    hook.write_text(f'#!/bin/bash\necho "$*" >> {tmp_path}/hook.log\n')
+    hook.chmod(0o755)
+    return hook
+
+
+def test_spot_watcher_runs_the_hook_on_the_interruption_notice(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path, FAKE_CURL=str(imds(tmp_path, action_after=2, rebalance=False)),
+                  GPUCLUSTER_INTERRUPTION_HOOK=str(hook_recorder(tmp_path)),
+                  GPUCLUSTER_SPOT_POLL_SECONDS="0.05")
+    result = box.run("spot-watcher.sh")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "polls").read_text().strip() == "3"  # two 404s, then the notice
+    assert (tmp_path / "hook.log").read_text() == (
+        'spot interruption notice: {"action":"terminate","time":"2026-11-21T12:00:00Z"}\n')
+
+
+def test_spot_watcher_acts_on_rebalance_only_when_asked(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path, FAKE_CURL=str(imds(tmp_path, action_after=1, rebalance=True)),
+                  GPUCLUSTER_INTERRUPTION_HOOK=str(hook_recorder(tmp_path)),
+                  GPUCLUSTER_SPOT_POLL_SECONDS="0.05")
+    box.run("spot-watcher.sh")
+    assert (tmp_path / "hook.log").read_text().startswith("rebalance recommendation: ")
+    (tmp_path / "hook.log").unlink()
+    (tmp_path / "polls").unlink()
+    box.node_env.write_text(node_env(settings(handle_rebalance=False)))
+    box.run("spot-watcher.sh")
+    assert (tmp_path / "hook.log").read_text().startswith("spot interruption notice: ")
+
+
+def test_interruption_hook_runs_once_and_is_bounded(tmp_path: Path) -> None:
+    out = tmp_path / "ran"
+    box = Sandbox(tmp_path)
+    box.node_env.write_text(node_env(settings(interruption_command=f"echo \"$0 ran\" >> {out}")))
+    first, second = box.run("interruption-hook.sh", "spot"), box.run("interruption-hook.sh", "ssm")
+    assert first.returncode == second.returncode == 0
+    assert out.read_text().count("ran") == 1 and "already ran" in second.stdout
+    box.env["GPUCLUSTER_STATE_DIR"] = str(tmp_path / "run2")
+    env = node_env(settings(interruption_command="sleep 30", interruption_timeout_seconds=1))
+    box.node_env.write_text(env.replace("TIMEOUT_SECONDS=1\n", "TIMEOUT_SECONDS=0.2\n"))  # keep it quick
+    slow = box.run("interruption-hook.sh", "spot", timeout=15)
+    assert slow.returncode == 124  # timeout(1) stopped the hook

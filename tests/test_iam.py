@@ -1,0 +1,87 @@
+"""Node identity: SSM and CloudWatch agent policies, S3 scoped to the stack's buckets and prefixes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from base_config import base, plan_config
+
+from components.cluster import existing_dataset_grants, existing_dataset_mounts
+from components.iam import s3_policy_document
+from components.parts import S3Grant
+from components.planner import Plan, load_stack, run_plan
+
+POLICY = "aws:iam/rolePolicy:RolePolicy"
+ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+
+
+def statements(plan: Plan) -> list[dict[str, Any]]:
+    [policy] = plan.of_type(POLICY)
+    return json.loads(policy.inputs["policy"])["Statement"]
+
+
+def resources_of(statement: dict[str, Any]) -> list[str]:
+    value = statement["Resource"]
+    return value if isinstance(value, list) else [value]
+
+
+def test_prod_nodes_may_read_only_the_stacks_existing_bucket_prefix() -> None:
+    found = statements(run_plan("prod"))
+    assert found == [
+        {"Sid": "List0", "Effect": "Allow", "Action": "s3:ListBucket",
+         "Resource": "arn:aws:s3:::acme-ml-eval-sets",
+         "Condition": {"StringLike": {"s3:prefix": ["eval/*"]}}},
+        {"Sid": "Read0", "Effect": "Allow", "Action": ["s3:GetObject"],
+         "Resource": "arn:aws:s3:::acme-ml-eval-sets/eval/*"},
+    ]
+
+
+def test_write_only_under_the_checkpoint_prefix() -> None:
+    config = base()
+    config["gpucluster:datasets"] = [{"name": "corpus", "bucket_name": "team-corpus", "existing": True,
+                                      "prefix": "data/", "checkpoint_prefix": "ckpt/"}]
+    found = statements(plan_config(config))
+    writes = [s for s in found if "s3:PutObject" in s["Action"]]
+    assert writes == [{"Sid": "Write1", "Effect": "Allow",
+                       "Action": ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload",
+                                  "s3:ListMultipartUploadParts"],
+                       "Resource": "arn:aws:s3:::team-corpus/ckpt/*"}]
+    for statement in found:
+        for resource in resources_of(statement):
+            assert resource.startswith("arn:aws:s3:::team-corpus"), resource
+            assert resource != "*"
+        assert not any("Delete" in action for action in statement["Action"])
+
+
+def test_managed_policies_and_instance_profile() -> None:
+    plan = run_plan("dev")
+    arns = sorted(r.inputs["policyArn"] for r in plan.of_type(ATTACHMENT))
+    assert arns == ["arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+                    "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"]
+    assert plan.of_type(POLICY) == []  # dev's only dataset is a bucket the datasets part creates
+    [role] = plan.of_type("aws:iam/role:Role")
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    assert trust == [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+                      "Action": "sts:AssumeRole"}]
+    [profile] = plan.of_type("aws:iam/instanceProfile:InstanceProfile")
+    [lt] = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    assert lt.inputs["iamInstanceProfile"]["arn"].endswith(profile.name)
+
+
+def test_policy_document_is_pure_and_refuses_wildcards() -> None:
+    doc = s3_policy_document([("b", "", False)], partition="aws-cn")
+    assert doc["Statement"][0] == {"Sid": "List0", "Effect": "Allow", "Action": "s3:ListBucket",
+                                   "Resource": "arn:aws-cn:s3:::b"}  # whole bucket: no prefix condition
+    assert doc["Statement"][1]["Resource"] == "arn:aws-cn:s3:::b/*"
+    with pytest.raises(ValueError, match="concrete bucket"):
+        s3_policy_document([("*", "", False)])
+
+
+def test_grants_and_mounts_from_existing_datasets() -> None:
+    _, _, spec = load_stack("prod")
+    assert existing_dataset_grants(spec) == [S3Grant("acme-ml-eval-sets", "eval/")]
+    [mount] = existing_dataset_mounts(spec)
+    assert (mount.name, mount.access, mount.bucket_name, mount.prefix) == (
+        "eval-sets", "copy_to_scratch", "acme-ml-eval-sets", "eval/")

@@ -1,0 +1,100 @@
+"""ClusterNetwork under the mock engine: created VPC with or without NAT, or an existing VPC."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from base_config import base, plan_config
+
+from components.planner import Plan, PlannedResource, run_plan
+
+ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
+EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+ASG = "aws:autoscaling/group:Group"
+NAT_TYPES = ("aws:ec2/natGateway:NatGateway", "aws:ec2/internetGateway:InternetGateway", "aws:ec2/eip:Eip")
+
+
+def endpoints(plan: Plan) -> dict[str, dict[str, Any]]:
+    return {r.inputs["serviceName"].rsplit(".", 1)[1]: r.inputs for r in plan.of_type(ENDPOINT)}
+
+
+def node_egress(plan: Plan) -> list[dict[str, Any]]:
+    return [r.inputs for r in plan.of_type(EGRESS) if not r.inputs.get("referencedSecurityGroupId")]
+
+
+def one(plan: Plan, type_token: str) -> PlannedResource:
+    [found] = plan.of_type(type_token)
+    return found
+
+
+def test_created_vpc_has_private_subnets_endpoints_and_nat() -> None:
+    plan = run_plan("staging")
+    vpc = one(plan, "aws:ec2/vpc:Vpc").inputs
+    assert vpc["cidrBlock"] == "10.30.0.0/16" and vpc["enableDnsHostnames"] and vpc["enableDnsSupport"]
+    private = {r.inputs["availabilityZone"]: r.inputs["cidrBlock"]
+               for r in plan.of_type("aws:ec2/subnet:Subnet") if "-private-" in r.name}
+    assert private == {"us-west-2a": "10.30.0.0/19", "us-west-2b": "10.30.32.0/19",
+                       "us-west-2c": "10.30.64.0/19"}
+    found = endpoints(plan)
+    assert set(found) == {"s3", "ssm", "ssmmessages", "ec2messages"}
+    assert found["s3"]["vpcEndpointType"] == "Gateway"
+    assert found["s3"]["routeTableIds"] == ["gpu-staging-network-private-rt-id"]
+    for service in ("ssm", "ssmmessages", "ec2messages"):
+        assert found[service]["vpcEndpointType"] == "Interface" and found[service]["privateDnsEnabled"]
+        assert len(found[service]["subnetIds"]) == 3
+    for token in NAT_TYPES:
+        assert len(plan.of_type(token)) == 1, token
+    routes = {r.name: r.inputs for r in plan.of_type("aws:ec2/route:Route")}
+    assert routes["gpu-staging-network-private-default"]["natGatewayId"] == "gpu-staging-network-nat-id"
+    assert routes["gpu-staging-network-public-default"]["gatewayId"] == "gpu-staging-network-igw-id"
+    assert {(e["fromPort"], e["cidrIpv4"]) for e in node_egress(plan)} == {
+        (443, "0.0.0.0/0"), (80, "0.0.0.0/0")}
+    assert one(plan, "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup").inputs.get("ingress") is None
+
+
+def test_without_nat_there_is_no_internet_path() -> None:
+    config = base()
+    config["gpucluster:network"]["nat_gateway"] = False
+    plan = plan_config(config)
+    for token in NAT_TYPES:
+        assert plan.of_type(token) == [], token
+    assert plan.of_type("aws:ec2/route:Route") == []
+    assert set(endpoints(plan)) == {"s3", "ssm", "ssmmessages", "ec2messages", "monitoring", "ec2"}
+    egress = node_egress(plan)
+    assert all(e.get("cidrIpv4") != "0.0.0.0/0" for e in egress)
+    assert {(e["fromPort"], e.get("cidrIpv4"), e.get("prefixListId")) for e in egress} == {
+        (443, "10.0.0.0/16", None), (443, None, "pl-63a5400a")}
+
+
+def test_existing_vpc_is_used_as_is() -> None:
+    config = base()
+    config["gpucluster:network"] = {
+        "availability_zones": ["us-east-1a", "us-east-1b"], "existing_vpc_id": "vpc-0123456789abcdef0",
+        "existing_subnets": {"us-east-1a": "subnet-0aaaaaaaaaaaaaaaa",
+                             "us-east-1b": "subnet-0bbbbbbbbbbbbbbbb"}}
+    plan = plan_config(config)
+    created = {r.type for r in plan.resources}
+    assert not created & {"aws:ec2/vpc:Vpc", "aws:ec2/subnet:Subnet", ENDPOINT, *NAT_TYPES}
+    assert one(plan, "aws:ec2/securityGroup:SecurityGroup").inputs["vpcId"] == "vpc-0123456789abcdef0"
+    assert one(plan, ASG).inputs["vpcZoneIdentifiers"] == [
+        "subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"]
+    assert plan.outputs["vpc_id"] == "vpc-0123456789abcdef0"
+    assert plan.outputs["subnet_ids"] == {"us-east-1a": "subnet-0aaaaaaaaaaaaaaaa",
+                                          "us-east-1b": "subnet-0bbbbbbbbbbbbbbbb"}
+
+
+def test_each_group_gets_its_own_security_group() -> None:
+    config = base()
+    config["gpucluster:node_groups"] = [
+        {"name": "train", "instance_types": ["p4d.24xlarge"], "max_nodes": 4},
+        {"name": "serve", "instance_types": ["g5.xlarge"], "max_nodes": 2}]
+    plan = plan_config(config)
+    groups = {r.name: r for r in plan.of_type("aws:ec2/securityGroup:SecurityGroup")
+              if r.name.endswith("-nodes")}
+    assert set(groups) == {"test-network-train-nodes", "test-network-serve-nodes"}
+    self_rules = [r.inputs for r in plan.resources if r.inputs.get("referencedSecurityGroupId")]
+    assert {r["securityGroupId"] for r in self_rules} == {"test-network-train-nodes-id"}  # EFA group only
+    asgs = {r.name: r.inputs for r in plan.of_type(ASG)}
+    assert asgs["test-train-asg"]["vpcZoneIdentifiers"] == ["test-network-private-us-east-1a-id"]
+    assert len(asgs["test-serve-asg"]["vpcZoneIdentifiers"]) == 2
+    assert len(plan.of_type("aws:ec2/placementGroup:PlacementGroup")) == 1

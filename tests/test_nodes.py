@@ -1,0 +1,343 @@
+"""GPU node groups under the mock engine: NICs, security and placement groups, capacity, safety."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from functools import cache
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pytest
+from base_config import base, plan_config
+from typer.testing import CliRunner
+
+from components.cli import app
+from components.cluster import GpuCluster
+from components.nodes import DEFAULT_AMI_PARAMETER, instance_overrides, instances_distribution
+from components.planner import (
+    MOCK_AMI,
+    Plan,
+    PlanMocks,
+    PlannedResource,
+    load_stack,
+    record_resources,
+    run_plan,
+)
+
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+ASG = "aws:autoscaling/group:Group"
+SG = "aws:ec2/securityGroup:SecurityGroup"
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
+PG = "aws:ec2/placementGroup:PlacementGroup"
+SUBNET = "aws:ec2/subnet:Subnet"
+
+# type -> (efa setting, expected interfaces: (card, device, type))
+TYPES: dict[str, tuple[str, list[tuple[int, int, str]]]] = {
+    "p5.48xlarge": ("on", [(0, 0, "efa")] + [(c, 0, "efa-only") for c in range(1, 32)]),
+    "p4d.24xlarge": ("on", [(0, 0, "efa"), (1, 0, "efa-only"), (2, 0, "efa-only"), (3, 0, "efa-only")]),
+    "g6e.48xlarge": ("on", [(0, 0, "efa"), (1, 0, "efa-only"), (2, 0, "efa-only"), (3, 0, "efa-only")]),
+    "g5.xlarge": ("off", [(0, 0, "interface")]),
+}
+
+
+def one(plan: Plan, type_token: str) -> PlannedResource:
+    found = plan.of_type(type_token)
+    assert len(found) == 1, [r.name for r in found]
+    return found[0]
+
+
+def group_config(instance_type: str, **group: Any) -> dict[str, Any]:
+    config = base()
+    efa = TYPES.get(instance_type, ("auto", []))[0]
+    config["gpucluster:node_groups"] = [{"name": "train", "instance_types": [instance_type], "min_nodes": 0,
+                                         "desired_nodes": 2, "max_nodes": 4, "efa": efa,
+                                         "capacity": {"spot_percent": 50}, **group}]
+    return config
+
+
+@cache
+def type_plan(instance_type: str) -> Plan:
+    return plan_config(group_config(instance_type))
+
+
+@cache
+def stack_plan(stack: str) -> Plan:
+    return run_plan(stack)
+
+
+def id_of(resource: PlannedResource) -> str:
+    return f"{resource.name}-id"  # what PlanMocks gives every resource
+
+
+# ------------------------------------------------------------ NICs, SGs, placement
+
+
+@pytest.mark.parametrize("instance_type", TYPES)
+def test_launch_template_interfaces(instance_type: str) -> None:
+    plan = type_plan(instance_type)
+    nics = one(plan, LT).inputs["networkInterfaces"]
+    expected = TYPES[instance_type][1]
+    assert [(n["networkCardIndex"], n["deviceIndex"], n["interfaceType"]) for n in nics] == expected
+    nodes_sg = next(r for r in plan.of_type(SG) if r.name.endswith("-train-nodes"))
+    for nic in nics:
+        assert nic["associatePublicIpAddress"] == "false"
+        assert nic["securityGroups"] == [id_of(nodes_sg)]
+        assert "subnetId" not in nic  # the ASG picks the subnet
+
+
+@pytest.mark.parametrize("instance_type", TYPES)
+def test_efa_self_rules_in_both_directions_only_when_efa_is_on(instance_type: str) -> None:
+    plan = type_plan(instance_type)
+    nodes_sg = id_of(next(r for r in plan.of_type(SG) if r.name.endswith("-train-nodes")))
+    self_rules = {
+        kind: [r.inputs for r in plan.of_type(token) if r.inputs.get("referencedSecurityGroupId")]
+        for kind, token in (("in", INGRESS), ("out", EGRESS))
+    }
+    if TYPES[instance_type][0] == "on":
+        for kind in ("in", "out"):
+            assert len(self_rules[kind]) == 1, kind
+            rule = self_rules[kind][0]
+            assert rule["securityGroupId"] == rule["referencedSecurityGroupId"] == nodes_sg
+            assert rule["ipProtocol"] == "-1"
+    else:
+        assert self_rules == {"in": [], "out": []}
+
+
+@pytest.mark.parametrize("instance_type", TYPES)
+def test_efa_groups_get_one_subnet_and_a_cluster_placement_group(instance_type: str) -> None:
+    plan = type_plan(instance_type)
+    asg = one(plan, ASG).inputs
+    subnets = {r.inputs["availabilityZone"]: id_of(r) for r in plan.of_type(SUBNET)
+               if r.name.endswith(("-us-east-1a", "-us-east-1b"))}
+    if TYPES[instance_type][0] == "on":
+        assert asg["vpcZoneIdentifiers"] == [subnets["us-east-1a"]]
+        pg = one(plan, PG)
+        assert pg.inputs["strategy"] == "cluster"
+        assert asg["placementGroup"] == pg.name
+        assert plan.outputs["node_groups"]["train"]["placement_group_name"] == pg.name
+    else:
+        assert asg["vpcZoneIdentifiers"] == [subnets["us-east-1a"], subnets["us-east-1b"]]
+        assert plan.of_type(PG) == [] and "placementGroup" not in asg
+        assert plan.outputs["node_groups"]["train"]["placement_group_name"] is None
+
+
+@pytest.mark.parametrize("plan_name", ["dev", "staging", "prod", *TYPES])
+def test_no_ingress_from_anywhere(plan_name: str) -> None:
+    plan = stack_plan(plan_name) if plan_name in ("dev", "staging", "prod") else type_plan(plan_name)
+    for rule in plan.of_type(INGRESS):
+        assert rule.inputs.get("cidrIpv4") != "0.0.0.0/0", rule.name
+        assert "cidrIpv6" not in rule.inputs
+    for sg in plan.of_type(SG):
+        assert not sg.inputs.get("ingress"), sg.name  # no inline rules either
+
+
+# -------------------------------------------------------------------------- capacity
+
+
+def test_staging_capacity_split() -> None:
+    asg = one(stack_plan("staging"), ASG).inputs
+    policy = asg["mixedInstancesPolicy"]
+    assert policy["instancesDistribution"] == {
+        "onDemandBaseCapacity": 1, "onDemandPercentageAboveBaseCapacity": 30,
+        "spotAllocationStrategy": "price-capacity-optimized", "onDemandAllocationStrategy": "prioritized"}
+    assert [o["instanceType"] for o in policy["launchTemplate"]["overrides"]] == [
+        "g6e.12xlarge", "g5.12xlarge", "g6.12xlarge"]
+    assert policy["launchTemplate"]["launchTemplateSpecification"]["launchTemplateId"] == id_of(
+        one(stack_plan("staging"), LT))
+    assert (asg["minSize"], asg["maxSize"], asg["desiredCapacity"]) == (1, 6, 2)
+    assert "capacityReservationSpecification" not in asg
+
+
+def test_prod_capacity_split() -> None:
+    asg = one(stack_plan("prod"), ASG).inputs
+    policy = asg["mixedInstancesPolicy"]
+    assert policy["instancesDistribution"] == {
+        "onDemandBaseCapacity": 4, "onDemandPercentageAboveBaseCapacity": 0,
+        "spotAllocationStrategy": "capacity-optimized-prioritized",
+        "onDemandAllocationStrategy": "prioritized"}
+    overrides = policy["launchTemplate"]["overrides"]
+    assert [o["instanceType"] for o in overrides] == ["p5.48xlarge", "p5e.48xlarge"]
+    assert asg["capacityRebalance"] is True  # spot above the base, and the stack handles rebalance
+
+
+def test_pure_capacity_mapping_matches_the_spec() -> None:
+    _, _, spec = load_stack("staging")
+    group = spec.node_groups[0]
+    assert instances_distribution(group.capacity)["on_demand_percentage_above_base_capacity"] == 30
+    assert instance_overrides(group) == [{"instance_type": t} for t in group.instance_types]
+
+
+def test_capacity_block_uses_market_options_and_no_mixed_policy() -> None:
+    plan = plan_config(group_config("p5.48xlarge", min_nodes=0, capacity={
+        "market": "capacity_block", "capacity_reservation_id": "cr-0123456789abcdef0"}))
+    lt, asg = one(plan, LT).inputs, one(plan, ASG).inputs
+    assert lt["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert lt["capacityReservationSpecification"] == {
+        "capacityReservationTarget": {"capacityReservationId": "cr-0123456789abcdef0"}}
+    assert lt["instanceType"] == "p5.48xlarge"
+    assert "mixedInstancesPolicy" not in asg
+    assert asg["launchTemplate"] == {"id": id_of(one(plan, LT)), "version": "$Latest"}
+    assert asg["capacityRebalance"] is False
+
+
+def test_on_demand_reservation_is_targeted_by_the_group_not_the_template() -> None:
+    plan = plan_config(group_config("p4d.24xlarge", capacity={
+        "on_demand_base": 2, "spot_percent": 50, "capacity_reservation_id": "cr-0aaaabbbbccccdddd"}))
+    lt, asg = one(plan, LT).inputs, one(plan, ASG).inputs
+    assert asg["capacityReservationSpecification"] == {
+        "capacityReservationPreference": "capacity-reservations-first",
+        "capacityReservationTarget": {"capacityReservationIds": ["cr-0aaaabbbbccccdddd"]}}
+    assert "capacityReservationSpecification" not in lt and "instanceMarketOptions" not in lt
+    assert asg["mixedInstancesPolicy"]["instancesDistribution"]["onDemandBaseCapacity"] == 2
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_desired_capacity_is_set_once_then_left_to_guardrails(stack: str) -> None:
+    asg = one(stack_plan(stack), ASG)
+    assert asg.ignore_changes == ("desiredCapacity",)
+    assert asg.inputs["desiredCapacity"] == stack_plan(stack).spec.node_groups[0].desired_nodes
+    assert asg.inputs["waitForCapacityTimeout"] == "0"
+
+
+def test_resource_count_does_not_grow_with_nodes() -> None:
+    name, config, _ = load_stack("prod")
+    counts = {}
+    for nodes in (2, 512):
+        scaled = json.loads(json.dumps(config))
+        group = scaled["gpucluster:node_groups"][0]
+        group.update(min_nodes=2, desired_nodes=nodes, max_nodes=nodes)
+        group["capacity"]["on_demand_base"] = 2
+        plan = plan_config(scaled, stack=name)
+        assert one(plan, ASG).inputs["maxSize"] == nodes
+        counts[nodes] = len(plan.resources)
+    assert counts[2] == counts[512] == len(stack_plan("prod").resources)
+
+
+# ---------------------------------------------------------------------------- safety
+
+
+@pytest.mark.parametrize("plan_name", ["dev", "staging", "prod", *TYPES])
+def test_imdsv2_no_public_ips_encrypted_volumes(plan_name: str) -> None:
+    plan = stack_plan(plan_name) if plan_name in ("dev", "staging", "prod") else type_plan(plan_name)
+    lt = one(plan, LT).inputs
+    assert lt["metadataOptions"] == {"httpEndpoint": "enabled", "httpTokens": "required",
+                                     "httpPutResponseHopLimit": 2, "instanceMetadataTags": "disabled"}
+    assert all(n["associatePublicIpAddress"] == "false" for n in lt["networkInterfaces"])
+    assert "vpcSecurityGroupIds" not in lt  # groups live on each interface
+    for mapping in lt["blockDeviceMappings"]:
+        assert mapping["ebs"]["encrypted"] == "true" and mapping["ebs"]["volumeType"] == "gp3"
+    assert lt["blockDeviceMappings"][0]["ebs"]["volumeSize"] == plan.spec.node_groups[0].root_volume_size_gib
+    for subnet in plan.of_type(SUBNET):
+        assert subnet.inputs["mapPublicIpOnLaunch"] is False, subnet.name
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_tags_on_everything_propagated_to_instances_and_volumes(stack: str) -> None:
+    plan = stack_plan(stack)
+    group = plan.spec.node_groups[0]
+    expected = {**plan.spec.tags, "gpucluster:node-group": group.name}
+    assert expected["gpucluster:stack"] == stack and "cost_center" in expected
+    asg = one(plan, ASG).inputs
+    asg_tags = {t["key"]: t["value"] for t in asg["tags"]}
+    assert expected.items() <= asg_tags.items()
+    assert all(t["propagateAtLaunch"] is True for t in asg["tags"])
+    lt = one(plan, LT).inputs
+    assert {s["resourceType"] for s in lt["tagSpecifications"]} == {"instance", "volume", "network-interface"}
+    for spec in lt["tagSpecifications"]:
+        assert expected.items() <= spec["tags"].items()
+    for r in plan.resources:
+        if r.custom and r.type not in ("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+                                       "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule",
+                                       "aws:iam/rolePolicy:RolePolicy",
+                                       "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
+                                       "aws:ec2/route:Route",
+                                       "aws:ec2/routeTableAssociation:RouteTableAssociation",
+                                       "aws:autoscaling/group:Group"):
+            assert plan.spec.tags.items() <= r.inputs.get("tags", {}).items(), r.name
+
+
+def test_user_data_is_the_rendered_bootstrap_of_the_group() -> None:
+    lt = one(stack_plan("prod"), LT).inputs
+    script = gzip.decompress(base64.b64decode(lt["userData"])).decode()
+    assert script.startswith("#!/bin/bash\n")
+    assert "GPUCLUSTER_NODE_GROUP=h100-train" in script
+    assert "GPUCLUSTER_INTERRUPTION_TIMEOUT_SECONDS=100" in script
+    assert "copy_to_scratch\teval-sets\tacme-ml-eval-sets\teval/" in script  # the existing bucket
+    assert "FI_EFA_USE_DEVICE_RDMA=1" in script
+
+
+# ------------------------------------------------------------------------------ AMI
+
+
+def record_ami_lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+    original = PlanMocks.call
+
+    def call(self: PlanMocks, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        if args.token == "aws:ssm/getParameter:getParameter":
+            seen.append(args.args["name"])
+        return original(self, args)
+
+    monkeypatch.setattr(PlanMocks, "call", call)
+    return seen
+
+
+def test_default_ami_is_the_deep_learning_base_ami(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = record_ami_lookups(monkeypatch)
+    plan = plan_config(group_config("g5.xlarge"))
+    assert seen == [DEFAULT_AMI_PARAMETER]
+    assert DEFAULT_AMI_PARAMETER == (
+        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
+    assert one(plan, LT).inputs["imageId"] == MOCK_AMI
+
+
+def test_ami_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = record_ami_lookups(monkeypatch)
+    plan = plan_config(group_config("g5.xlarge", ami_ssm_parameter="/my/golden/ami"))
+    assert seen == ["/my/golden/ami"]
+    seen.clear()
+    plan = plan_config(group_config("g5.xlarge", ami_id="ami-0fedcba9876543210"))
+    assert seen == [] and one(plan, LT).inputs["imageId"] == "ami-0fedcba9876543210"
+
+
+# -------------------------------------------------------------------------- outputs
+
+
+def test_outputs_per_group_and_network() -> None:
+    plan = stack_plan("prod")
+    out = plan.outputs
+    assert out["vpc_id"] == id_of(one(plan, "aws:ec2/vpc:Vpc"))
+    assert out["subnet_ids"] == {"us-east-1d": "gpu-prod-network-private-us-east-1d-id"}
+    group = out["node_groups"]["h100-train"]
+    assert group["asg_name"] == one(plan, ASG).name
+    assert group["launch_template_id"] == id_of(one(plan, LT))
+    assert group["security_group_id"] == "gpu-prod-network-h100-train-nodes-id"
+    assert group["placement_group_name"] == one(plan, PG).name
+    assert group["efa"] is True and group["instance_types"] == ["p5.48xlarge", "p5e.48xlarge"]
+
+
+def test_cluster_exposes_node_groups_with_their_asg() -> None:
+    _, _, spec = load_stack("staging")
+    built: dict[str, GpuCluster] = {}
+    record_resources(lambda: built.setdefault("c", GpuCluster("c", spec)), stack="staging",
+                     region=spec.region)
+    group = built["c"].node_groups["l40s-4x"]
+    assert isinstance(group.asg, aws.autoscaling.Group)
+    assert isinstance(group.launch_template, aws.ec2.LaunchTemplate)
+
+
+def test_plan_prod_shows_the_whole_tree() -> None:
+    result = CliRunner().invoke(app, ["plan", "prod"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    for needle in ("  gpucluster:network:ClusterNetwork  gpu-prod-network",
+                   "  gpucluster:iam:NodeIdentity  gpu-prod-node-identity",
+                   "  gpucluster:nodes:GpuNodeGroup  gpu-prod-h100-train",
+                   "    aws:ec2/launchTemplate:LaunchTemplate  gpu-prod-h100-train-lt",
+                   "    aws:autoscaling/group:Group  gpu-prod-h100-train-asg",
+                   "    aws:ec2/placementGroup:PlacementGroup  gpu-prod-network-h100-train-placement"):
+        assert needle in lines, needle

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 
 from components import pricing
+from components.lambdas.scaling import STOP_REASONS
+from components.operations import GroupStatus, resume_stack, stack_status
 from components.planner import Plan, PlannedResource, StackFileError, load_stack, run_plan
 from components.spec import SpecError, StackSpec
 
@@ -406,6 +408,77 @@ def doctor(stack: StackArg) -> None:
     counts = Counter(f.level for f in findings)
     typer.echo(f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['blocker']} blocker(s)")
     raise typer.Exit(EXIT_BLOCKED if has_blocker(findings) else EXIT_OK)
+
+
+# -------------------------------------------------------------- resume / status
+
+
+def _autoscaling(spec: StackSpec) -> Any:
+    """An Auto Scaling client in the stack's region (honours AWS_ENDPOINT_URL)."""
+    import boto3
+
+    return boto3.client("autoscaling", region_name=spec.region)
+
+
+def _aws_call(command: str, call: Callable[[], T]) -> T:
+    """Run an AWS call; missing credentials or an AWS error become one line and exit 2."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return call()
+    except (BotoCoreError, ClientError) as err:
+        fail_usage(command, f"AWS said: {err}")
+
+
+def render_status(rows: list[GroupStatus]) -> list[str]:
+    return render_table(
+        ["group", "min", "desired", "max", "in service", "stopped by", "previous desired"],
+        [[r.name, str(r.min_size), str(r.desired_capacity), str(r.max_size), str(r.in_service),
+          r.stopped_by or "-", "-" if r.previous_desired is None else str(r.previous_desired)]
+         for r in rows])
+
+
+@app.command()
+def status(stack: StackArg) -> None:
+    """List the stack's node groups: capacity, nodes in service, and which guardrail stopped them."""
+    spec = build_spec(stack)
+    rows = _aws_call("status", lambda: stack_status(spec.stack, autoscaling_client=_autoscaling(spec)))
+    if not rows:
+        typer.echo(f"stack {spec.stack} ({spec.region}): no Auto Scaling groups tagged "
+                   f"gpucluster:stack={spec.stack} (not deployed, or another account/region)")
+        raise typer.Exit(EXIT_OK)
+    typer.echo(f"stack {spec.stack} ({spec.region}):")
+    for line in render_status(rows):
+        typer.echo(line)
+
+
+@app.command()
+def resume(
+    stack: StackArg,
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", help="Resume only groups stopped for this reason (budget, idle, schedule, "
+                       "lifetime); repeatable.")] = None,
+) -> None:
+    """Restore every group a guardrail stopped to its recorded min/desired capacity, and clear the tags."""
+    spec = build_spec(stack)
+    unknown = sorted(set(only or []) - set(STOP_REASONS))
+    if unknown:
+        fail_usage("resume", f"--only: unknown reason {', '.join(unknown)} "
+                             f"(one of {', '.join(STOP_REASONS)})")
+    client = _autoscaling(spec)
+    results = _aws_call("resume", lambda: resume_stack(spec.stack, autoscaling_client=client,
+                                                       only_stopped_by=only or None))
+    for r in results:
+        if r.action == "resumed":
+            typer.echo(f"resumed {r.group} (stopped by {r.stopped_by}): min {r.min_size}, "
+                       f"desired {r.desired_capacity}")
+        else:
+            typer.echo(f"skipped {r.group}: {r.reason}")
+    if not results:
+        typer.echo(f"stack {spec.stack}: no Auto Scaling groups tagged gpucluster:stack={spec.stack}")
+    rows = _aws_call("resume", lambda: stack_status(spec.stack, autoscaling_client=client))
+    for line in render_status(rows):
+        typer.echo(line)
 
 
 def main() -> None:

@@ -5,8 +5,10 @@ It owns the order in which parts are built and what each part is handed
 guardrails), and the stack's outputs. It must not build resources itself:
 each part is a ComponentResource of its own module, parented to this one.
 
-Order: network, then the S3 grants and data mounts the nodes need, then the
-node identity (IAM), then one GpuNodeGroup per node group.
+Order: network, then the datasets (buckets, FSx in a node group's subnet,
+and the S3 grants and data mounts the nodes need), then the node identity
+(IAM), then one GpuNodeGroup per node group, then the guardrails that act on
+those groups' Auto Scaling groups.
 """
 
 from __future__ import annotations
@@ -15,36 +17,12 @@ from typing import Any
 
 import pulumi
 
+from components.datasets import DatasetStore
+from components.guardrails import GroupTarget, Guardrails
 from components.iam import NodeIdentity
 from components.network import ClusterNetwork
 from components.nodes import GpuNodeGroup
-from components.parts import DataMount, S3Grant
 from components.spec import StackSpec
-
-
-def existing_dataset_grants(spec: StackSpec) -> list[S3Grant]:
-    """S3 access to the datasets in buckets that already exist (names known from config).
-
-    Read the data prefix; write only the checkpoint prefix, when one is set.
-    """
-    grants = []
-    for d in spec.datasets:
-        if d.existing and d.bucket_name:
-            grants.append(S3Grant(bucket_name=d.bucket_name, prefix=d.prefix))
-            if d.checkpoint_prefix is not None:
-                grants.append(S3Grant(bucket_name=d.bucket_name, prefix=d.checkpoint_prefix, write=True))
-    return grants
-
-
-def existing_dataset_mounts(spec: StackSpec) -> list[DataMount]:
-    """Data mounts of existing-bucket datasets that need no created resource (not FSx)."""
-    mounts = []
-    for d in spec.datasets:
-        if d.existing and d.bucket_name and d.access != "fsx":
-            path = "" if d.access == "copy_to_scratch" else (d.mount_path or f"/data/{d.name}")
-            mounts.append(DataMount(name=d.name, access=d.access, bucket_name=d.bucket_name,
-                                    prefix=d.prefix, path=path))
-    return mounts
 
 
 class GpuCluster(pulumi.ComponentResource):
@@ -52,6 +30,7 @@ class GpuCluster(pulumi.ComponentResource):
 
     outputs: dict[str, Any]
     network: ClusterNetwork
+    datasets: DatasetStore
     identity: NodeIdentity
     node_groups: dict[str, GpuNodeGroup]
     """Group name -> its component; `.asg` is the Auto Scaling group the guardrails act on."""
@@ -61,16 +40,23 @@ class GpuCluster(pulumi.ComponentResource):
         self.spec = spec
         child = pulumi.ResourceOptions(parent=self)
         self.network = ClusterNetwork(f"{name}-network", spec, opts=child)
-        self.grants: list[S3Grant] = existing_dataset_grants(spec)
-        self.mounts: list[DataMount] = existing_dataset_mounts(spec)
-        self.identity = NodeIdentity(f"{name}-node-identity", grants=self.grants, tags=spec.tags, opts=child)
+        self.datasets = DatasetStore(
+            f"{name}-datasets", spec, vpc_id=self.network.vpc_id, subnet_ids_by_az=self.network.subnet_ids,
+            node_security_groups={g: n.security_group.id for g, n in self.network.groups.items()},
+            opts=child)
+        self.identity = NodeIdentity(f"{name}-node-identity", grants=self.datasets.grants, tags=spec.tags,
+                                     opts=child)
         self.node_groups = {
             group.name: GpuNodeGroup(f"{name}-{group.name}", spec=spec, group=group,
                                      network=self.network.groups[group.name],
                                      instance_profile_arn=self.identity.instance_profile.arn,
-                                     data_mounts=self.mounts, opts=child)
+                                     data_mounts=self.datasets.mounts, opts=child)
             for group in spec.node_groups
         }
+        self.guardrails = Guardrails(
+            f"{name}-guardrails", spec,
+            {g: GroupTarget(asg_name=n.asg.name, asg_arn=n.asg.arn) for g, n in self.node_groups.items()},
+            opts=child)
         placement = {g: n.placement_group for g, n in self.network.groups.items()}
         self.outputs = {
             "cluster_name": spec.cluster.name,
@@ -89,5 +75,7 @@ class GpuCluster(pulumi.ComponentResource):
                 }
                 for group in spec.node_groups
             },
+            "datasets": self.datasets.outputs,
+            **self.guardrails.outputs,
         }
         self.register_outputs(self.outputs)

@@ -99,11 +99,13 @@ def lifecycle_rules(dataset: DatasetConfig) -> list[dict[str, Any]]:
 
 
 def grants_for(dataset: DatasetConfig, bucket_name: Any) -> list[S3Grant]:
-    """Read the data prefix; read and write the checkpoint prefix; nothing else in the bucket."""
+    """Read the data prefix; read and write the checkpoint prefix; nothing else in the bucket.
+
+    A write grant includes listing and reading its prefix (components/iam.py), so the
+    checkpoint prefix needs no read grant of its own.
+    """
     grants = [S3Grant(bucket_name, dataset.prefix, write=False)]
     if dataset.checkpoint_prefix:
-        if dataset.prefix:  # an empty data prefix already reads the whole bucket
-            grants.append(S3Grant(bucket_name, dataset.checkpoint_prefix, write=False))
         grants.append(S3Grant(bucket_name, dataset.checkpoint_prefix, write=True))
     return grants
 
@@ -187,7 +189,7 @@ class LustreFileSystem(pulumi.ComponentResource):
 
     def __init__(self, name: str, *, dataset: DatasetConfig, bucket: DatasetBucket,
                  subnet_id: pulumi.Input[str], vpc_id: pulumi.Input[str],
-                 node_security_group_id: pulumi.Input[str], tags: Mapping[str, str],
+                 node_security_groups: Mapping[str, pulumi.Input[str]], tags: Mapping[str, str],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("gpucluster:datasets:LustreFileSystem", name, None, opts)
         if dataset.fsx is None:
@@ -199,7 +201,7 @@ class LustreFileSystem(pulumi.ComponentResource):
             f"{name}-sg", vpc_id=vpc_id,
             description=f"FSx for Lustre of dataset {dataset.name}: Lustre traffic with the GPU nodes",
             tags={**tags, "Name": f"{name}-sg"}, opts=child)
-        self._lustre_rules(name, group.id, node_security_group_id)
+        self._lustre_rules(name, group.id, node_security_groups)
         persistent = fsx.deployment_type == "PERSISTENT_2"
         file_system = aws.fsx.LustreFileSystem(
             f"{name}-fs",
@@ -249,10 +251,11 @@ class LustreFileSystem(pulumi.ComponentResource):
         self.register_outputs({"file_system_id": self.file_system_id, "dns_name": self.dns_name,
                                "mount_name": self.mount_name, "security_group_id": self.security_group_id})
 
-    def _lustre_rules(self, name: str, fsx_group: pulumi.Input[str], node_group: pulumi.Input[str]) -> None:
-        """Lustre ports between file servers, and both ways between file servers and nodes.
+    def _lustre_rules(self, name: str, fsx_group: pulumi.Input[str],
+                      node_groups: Mapping[str, pulumi.Input[str]]) -> None:
+        """Lustre ports between file servers, and both ways between file servers and each node group.
 
-        Standalone rule resources, so the node security group must not use inline rules.
+        Standalone rule resources, so the node security groups must not use inline rules.
         """
         child = pulumi.ResourceOptions(parent=self)
         for low, high in LUSTRE_PORTS:
@@ -260,11 +263,18 @@ class LustreFileSystem(pulumi.ComponentResource):
             rules = [
                 ("in-self", aws.vpc.SecurityGroupIngressRule, fsx_group, fsx_group, "between file servers"),
                 ("out-self", aws.vpc.SecurityGroupEgressRule, fsx_group, fsx_group, "between file servers"),
-                ("in-nodes", aws.vpc.SecurityGroupIngressRule, fsx_group, node_group, "from the GPU nodes"),
-                ("out-nodes", aws.vpc.SecurityGroupEgressRule, fsx_group, node_group, "to the GPU nodes"),
-                ("node-in", aws.vpc.SecurityGroupIngressRule, node_group, fsx_group, "from FSx for Lustre"),
-                ("node-out", aws.vpc.SecurityGroupEgressRule, node_group, fsx_group, "to FSx for Lustre"),
             ]
+            for group_name, node_group in node_groups.items():
+                rules += [
+                    (f"in-{group_name}", aws.vpc.SecurityGroupIngressRule, fsx_group, node_group,
+                     f"from GPU node group {group_name}"),
+                    (f"out-{group_name}", aws.vpc.SecurityGroupEgressRule, fsx_group, node_group,
+                     f"to GPU node group {group_name}"),
+                    (f"{group_name}-in", aws.vpc.SecurityGroupIngressRule, node_group, fsx_group,
+                     "from FSx for Lustre"),
+                    (f"{group_name}-out", aws.vpc.SecurityGroupEgressRule, node_group, fsx_group,
+                     "to FSx for Lustre"),
+                ]
             for part, rule, group_id, peer, why in rules:
                 rule(f"{name}-{part}-{ports}", security_group_id=group_id, referenced_security_group_id=peer,
                      ip_protocol="tcp", from_port=low, to_port=high,
@@ -284,8 +294,9 @@ class DatasetStore(pulumi.ComponentResource):
 
     def __init__(self, name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
                  subnet_ids_by_az: Mapping[str, pulumi.Input[str]],
-                 node_security_group_id: pulumi.Input[str],
+                 node_security_groups: Mapping[str, pulumi.Input[str]],
                  opts: pulumi.ResourceOptions | None = None) -> None:
+        """`node_security_groups`: node group name -> its security group id (FSx admits each)."""
         super().__init__("gpucluster:datasets:DatasetStore", name, None, opts)
         self.grants, self.mounts, self.outputs = [], [], {}
         child = pulumi.ResourceOptions(parent=self)
@@ -306,7 +317,7 @@ class DatasetStore(pulumi.ComponentResource):
                 lustre = LustreFileSystem(
                     f"{name}-{dataset.name}-fsx", dataset=dataset, bucket=bucket,
                     subnet_id=subnet_ids_by_az[zone], vpc_id=vpc_id,
-                    node_security_group_id=node_security_group_id, tags=spec.tags, opts=child)
+                    node_security_groups=node_security_groups, tags=spec.tags, opts=child)
                 entry |= {"fsx_file_system_id": lustre.file_system_id, "fsx_dns_name": lustre.dns_name,
                           "fsx_mount_name": lustre.mount_name, "fsx_availability_zone": zone}
                 mount = DataMount(name=dataset.name, access="fsx", bucket_name=bucket.bucket_name,

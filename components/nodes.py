@@ -147,7 +147,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
             capacity_rebalance=can_hold_spot(group) and spec.spot.handle_rebalance,
             wait_for_capacity_timeout="0",  # GPU capacity may take hours: never block `pulumi up`
             tags=[{"key": key, "value": value, "propagate_at_launch": True} for key, value in tags.items()],
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity"]),
+            # The guardrail Lambdas set min and desired to 0 when they stop a group (DESIGN.md): if
+            # Pulumi owned these fields, the next `pulumi up` would silently restart what they stopped.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity", "minSize"]),
             **self._capacity(group),
         )
         self.register_outputs({

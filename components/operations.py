@@ -8,7 +8,7 @@ Resuming only restores capacity recorded by a guardrail; nothing is ever deleted
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from components.lambdas.scaling import (
     stack_groups,
 )
 
-__all__ = ["GroupStatus", "ResumeResult", "format_status_table", "resume_stack", "stack_status"]
+__all__ = ["GroupStatus", "ResumeResult", "resume_stack", "stack_status"]
 
 
 @dataclass(frozen=True)
@@ -77,27 +77,3 @@ def stack_status(stack: str, *, autoscaling_client: Any = None) -> list[GroupSta
             )
         )
     return rows
-
-
-def format_status_table(rows: Sequence[GroupStatus]) -> str:
-    """Plain-text table of `stack_status` rows, for terminals and CI logs alike."""
-    header = ("GROUP", "MIN", "DESIRED", "MAX", "IN SERVICE", "STOPPED BY", "PREVIOUS")
-    body = [
-        (
-            r.name,
-            str(r.min_size),
-            str(r.desired_capacity),
-            str(r.max_size),
-            str(r.in_service),
-            r.stopped_by or "-",
-            "-" if r.previous_desired is None else str(r.previous_desired),
-        )
-        for r in rows
-    ]
-    if not body:
-        return "no Auto Scaling groups found for this stack"
-    widths = [max(len(line[i]) for line in (header, *body)) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in (header, *body)
-    )

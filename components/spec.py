@@ -347,7 +347,7 @@ class NodeGroupConfig(StrictModel):
                               _unique("instance types")]
     """Preference order: the first is tried first; the rest are fallbacks."""
     min_nodes: Annotated[int, _in_range(0, 2000)] = 0
-    """The Auto Scaling group minimum."""
+    """The Auto Scaling group minimum, set at creation; afterwards the guardrails own it (see Guardrails)."""
     desired_nodes: Annotated[int, _in_range(0, 2000)] = 0
     """Nodes at creation; later changed by guardrails and users, not by Pulumi."""
     max_nodes: Annotated[int, _in_range(1, 2000)]

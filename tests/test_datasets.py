@@ -57,7 +57,7 @@ def run_store(spec: StackSpec, subnets: dict[str, str] | None = None) -> Run:
 
     def build() -> None:
         store = DatasetStore("ds", spec, vpc_id="vpc-1", subnet_ids_by_az=subnets or SUBNETS,
-                             node_security_group_id=NODE_SG)
+                             node_security_groups={"gpu": NODE_SG})
         pulumi.export("grants", [{"bucket": g.bucket_name, "prefix": g.prefix, "write": g.write}
                                  for g in store.grants])
         pulumi.export("mounts", [{"name": m.name, "access": m.access, "bucket": m.bucket_name,
@@ -138,7 +138,6 @@ def test_created_bucket_and_its_configuration_are_protected_and_retained(created
 def test_created_bucket_grants_read_data_and_write_checkpoints_only(created: Run) -> None:
     assert created.exported["grants"] == [
         {"bucket": "acme-corpus", "prefix": "data/", "write": False},
-        {"bucket": "acme-corpus", "prefix": "ckpt/", "write": False},
         {"bucket": "acme-corpus", "prefix": "ckpt/", "write": True},
     ]
     assert created.exported["mounts"] == [{"name": "corpus", "access": "mount", "bucket": "acme-corpus",
@@ -288,7 +287,7 @@ def test_prod_main_dataset_goes_through_persistent_fsx() -> None:
     assert corpus["access"] == "fsx" and corpus["fsx_dns_name"].endswith(".fsx.us-east-1.amazonaws.com")
     name = corpus["bucket_name"]
     assert {(g["bucket"], g["prefix"], g["write"]) for g in run.exported["grants"]} == {
-        (name, "corpus/v3/", False), (name, "checkpoints/", False), (name, "checkpoints/", True),
+        (name, "corpus/v3/", False), (name, "checkpoints/", True),
         ("acme-ml-eval-sets", "eval/", False)}
     assert run.exported["datasets"]["eval-sets"]["path"] == "/scratch/eval-sets"
 

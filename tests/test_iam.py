@@ -8,17 +8,16 @@ from typing import Any
 import pytest
 from base_config import base, plan_config
 
-from components.cluster import existing_dataset_grants, existing_dataset_mounts
 from components.iam import s3_policy_document
-from components.parts import S3Grant
-from components.planner import Plan, load_stack, run_plan
+from components.planner import Plan, run_plan
 
 POLICY = "aws:iam/rolePolicy:RolePolicy"
 ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
 
 
 def statements(plan: Plan) -> list[dict[str, Any]]:
-    [policy] = plan.of_type(POLICY)
+    """The node role's S3 statements (the guardrail Lambdas have role policies of their own)."""
+    [policy] = [r for r in plan.of_type(POLICY) if r.name.endswith("-node-identity-s3")]
     return json.loads(policy.inputs["policy"])["Statement"]
 
 
@@ -27,13 +26,25 @@ def resources_of(statement: dict[str, Any]) -> list[str]:
     return value if isinstance(value, list) else [value]
 
 
-def test_prod_nodes_may_read_only_the_stacks_existing_bucket_prefix() -> None:
-    found = statements(run_plan("prod"))
+def test_prod_nodes_get_exactly_the_stacks_buckets_and_prefixes() -> None:
+    plan = run_plan("prod")
+    corpus = plan.outputs["datasets"]["pretrain-corpus"]["bucket_name"]
+    assert corpus.startswith("gpu-prod-pretrain-corpus-")  # created: Pulumi adds a unique suffix
+    found = statements(plan)
     assert found == [
-        {"Sid": "List0", "Effect": "Allow", "Action": "s3:ListBucket",
+        {"Sid": "List0", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{corpus}",
+         "Condition": {"StringLike": {"s3:prefix": ["corpus/v3/*"]}}},
+        {"Sid": "Read0", "Effect": "Allow", "Action": ["s3:GetObject"],
+         "Resource": f"arn:aws:s3:::{corpus}/corpus/v3/*"},
+        {"Sid": "List1", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{corpus}",
+         "Condition": {"StringLike": {"s3:prefix": ["checkpoints/*"]}}},
+        {"Sid": "Write1", "Effect": "Allow",
+         "Action": ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+         "Resource": f"arn:aws:s3:::{corpus}/checkpoints/*"},
+        {"Sid": "List2", "Effect": "Allow", "Action": "s3:ListBucket",
          "Resource": "arn:aws:s3:::acme-ml-eval-sets",
          "Condition": {"StringLike": {"s3:prefix": ["eval/*"]}}},
-        {"Sid": "Read0", "Effect": "Allow", "Action": ["s3:GetObject"],
+        {"Sid": "Read2", "Effect": "Allow", "Action": ["s3:GetObject"],
          "Resource": "arn:aws:s3:::acme-ml-eval-sets/eval/*"},
     ]
 
@@ -57,11 +68,14 @@ def test_write_only_under_the_checkpoint_prefix() -> None:
 
 def test_managed_policies_and_instance_profile() -> None:
     plan = run_plan("dev")
-    arns = sorted(r.inputs["policyArn"] for r in plan.of_type(ATTACHMENT))
+    node = [r for r in plan.resources if "-node-identity" in r.name]
+    arns = sorted(r.inputs["policyArn"] for r in node if r.type == ATTACHMENT)
     assert arns == ["arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
                     "arn:aws:iam::aws:policy/CloudWatchAgentServerPolicy"]
-    assert plan.of_type(POLICY) == []  # dev's only dataset is a bucket the datasets part creates
-    [role] = plan.of_type("aws:iam/role:Role")
+    bucket = plan.outputs["datasets"]["dev-data"]["bucket_name"]
+    assert {r for s in statements(plan) for r in resources_of(s)} == {
+        f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/datasets/*", f"arn:aws:s3:::{bucket}/checkpoints/*"}
+    [role] = [r for r in node if r.type == "aws:iam/role:Role"]
     trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
     assert trust == [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
                       "Action": "sts:AssumeRole"}]
@@ -77,11 +91,3 @@ def test_policy_document_is_pure_and_refuses_wildcards() -> None:
     assert doc["Statement"][1]["Resource"] == "arn:aws-cn:s3:::b/*"
     with pytest.raises(ValueError, match="concrete bucket"):
         s3_policy_document([("*", "", False)])
-
-
-def test_grants_and_mounts_from_existing_datasets() -> None:
-    _, _, spec = load_stack("prod")
-    assert existing_dataset_grants(spec) == [S3Grant("acme-ml-eval-sets", "eval/")]
-    [mount] = existing_dataset_mounts(spec)
-    assert (mount.name, mount.access, mount.bucket_name, mount.prefix) == (
-        "eval-sets", "copy_to_scratch", "acme-ml-eval-sets", "eval/")

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
 from moto import mock_aws
+from typer.testing import CliRunner
 
+from components.cli import app
 from components.lambdas import scaling
-from components.operations import (
-    GroupStatus,
-    format_status_table,
-    resume_stack,
-    stack_status,
-)
+from components.operations import GroupStatus, resume_stack, stack_status
+
+runner = CliRunner()
 
 # name -> (stack, min, desired, max)
 GROUPS = {
@@ -132,17 +130,41 @@ def test_status_of_unknown_stack_is_empty(autoscaling) -> None:
     assert stack_status("staging", autoscaling_client=autoscaling) == []
 
 
-def test_status_table_lines_up() -> None:
-    rows = [
-        GroupStatus("dev-train", 0, 0, 4, 0, "budget", 2),
-        GroupStatus("dev-infer-long-name", 0, 1, 2, 1, None, None),
-    ]
+def test_cli_status_and_resume_of_a_stack(autoscaling: Any) -> None:
+    """`gpucluster status dev` / `resume dev`: the stack file gives the region, the tag the groups."""
+    _stop(autoscaling, "dev-train", "budget")
+    result = runner.invoke(app, ["status", "dev"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split() for line in result.output.splitlines()[2:]}
+    assert rows["dev-train"] == ["dev-train", "0", "0", "4", "0", "budget", "2"]
+    assert rows["dev-infer"][5:] == ["-", "-"]
+    assert "prod-train" not in rows
 
-    lines = format_status_table(rows).splitlines()
+    result = runner.invoke(app, ["resume", "dev", "--only", "idle"])
+    assert result.exit_code == 0, result.output
+    assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 0  # a budget stop is not an idle one
 
-    header = ["GROUP", "MIN", "DESIRED", "MAX", "IN SERVICE", "STOPPED BY", "PREVIOUS"]
-    assert re.split(r"\s{2,}", lines[0]) == header
-    assert lines[1].split() == ["dev-train", "0", "0", "4", "0", "budget", "2"]
-    assert lines[2].split() == ["dev-infer-long-name", "0", "1", "2", "1", "-", "-"]
-    assert lines[1].index("budget") == lines[0].index("STOPPED BY")
-    assert "no Auto Scaling groups" in format_status_table([])
+    result = runner.invoke(app, ["resume", "dev"])
+    assert result.exit_code == 0, result.output
+    assert "resumed dev-train (stopped by budget): min 1, desired 2" in result.output
+    group = _group(autoscaling, "dev-train")
+    assert (group["MinSize"], group["DesiredCapacity"]) == (1, 2)
+    assert scaling.STOPPED_BY_TAG not in scaling.group_tags(group)
+
+
+def test_cli_resume_rejects_unknown_reason() -> None:
+    result = runner.invoke(app, ["resume", "dev", "--only", "bored"])
+    assert result.exit_code == 2
+    assert "--only: unknown reason bored" in result.output
+
+
+def test_cli_status_without_credentials_is_one_line_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never reach real AWS
+    result = runner.invoke(app, ["status", "dev"])
+    assert result.exit_code == 2
+    assert result.output.startswith("status: AWS said:") and "Traceback" not in result.output

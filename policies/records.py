@@ -162,6 +162,8 @@ def effective_tags(resource: Resource) -> Mapping[str, Any] | Any:
     elif isinstance(tags, Sequence) and not isinstance(tags, str):
         for tag in tags:
             key = dig(tag, "key")
+            if key is UNKNOWN or tag is UNKNOWN:
+                return UNKNOWN  # an unknown key could be any of the required ones
             if isinstance(key, str):
                 merged[key] = dig(tag, "value")
     return merged

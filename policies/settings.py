@@ -125,8 +125,9 @@ def validate(schema: Mapping[str, Any], value: Any, where: str) -> list[str]:
                 problems += validate(properties[key], item, f"{where}.{key}")
             elif extra is False:
                 hint = difflib.get_close_matches(key, list(properties), n=1, cutoff=0.6)
+                known = f" (known: {', '.join(properties)})" if properties else " (none are taken here)"
                 problems.append(f"{where}.{key}: unknown property" + (
-                    f"; did you mean {hint[0]!r}?" if hint else f" (known: {', '.join(properties)})"))
+                    f"; did you mean {hint[0]!r}?" if hint else known))
             elif isinstance(extra, Mapping):
                 problems += validate(extra, item, f"{where}.{key}")
     return problems

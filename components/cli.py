@@ -95,9 +95,9 @@ def check_policies(result: Plan, config_file: Path | None) -> list[Violation]:
 
 def render_violations(violations: list[Violation]) -> list[str]:
     """One line per violation: level, policy, resource type and name (or `stack`), message."""
-    mandatory = sum(v.mandatory for v in violations)
     if not violations:
         return ["policies: no violations"]
+    mandatory = sum(v.mandatory for v in violations)
     lines = [f"policies: {len(violations)} violation(s), {mandatory} mandatory"]
     for v in violations:
         where = f"{v.resource_type} {v.resource_name}" if v.resource_type else "stack"

@@ -122,8 +122,11 @@ TAGGABLE: frozenset[str] = frozenset({
 })
 
 OPEN_IPV4, OPEN_IPV6 = "0.0.0.0/0", "::/0"
+# EC2 API, IpPermission.IpProtocol: "-1" means all protocols (the provider also accepts "all").
 ALL_TRAFFIC = ("-1", "all")
+# S3 API, ServerSideEncryptionByDefault.SSEAlgorithm: the values S3 accepts.
 SSE_ALGORITHMS = ("aws:kms", "aws:kms:dsse", "AES256")
+# S3 user guide, "Canned ACL": the ones that grant access outside the account.
 PUBLIC_ACLS = ("public-read", "public-read-write", "authenticated-read")
 ADMIN_POLICY = re.compile(r"arn:aws[\w-]*:iam::aws:policy/AdministratorAccess")
 
@@ -140,7 +143,7 @@ class Rule:
     name: str
     description: str
     kind: Literal["resource", "stack"]
-    check: Callable[..., Iterable[Any]]
+    check: ResourceCheck | StackCheck
     level: str = "mandatory"
     schema: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """JSON-schema `properties` of the policy's config (Pulumi's `configSchema`)."""
@@ -193,13 +196,13 @@ def evaluate(resources: Iterable[Resource], levels: Mapping[str, str] | None = N
         config = r.settings(settings.get(r.name))
         if r.kind == "resource":
             for resource in stack.resources:
-                found.extend(Violation(r.name, level, message, resource.type, resource.name, resource.urn)
-                             for message in r.check(resource, config))
+                found.extend(Violation(r.name, level, message, resource.type, resource.name,
+                                       resource.urn or None) for message in r.check(resource, config))
         else:
             for resource, message in r.check(stack, config):
                 found.append(Violation(r.name, level, message, resource.type if resource else None,
                                        resource.name if resource else None,
-                                       resource.urn if resource else None))
+                                       (resource.urn or None) if resource else None))
     return found
 
 
@@ -287,6 +290,7 @@ def required_cost_tags(resource: Resource, config: Mapping[str, Any]) -> Iterabl
       "Instances and launch templates require IMDSv2 (metadataOptions.httpTokens = required).",
       "resource")
 def imdsv2_required(resource: Resource, config: Mapping[str, Any]) -> Iterable[str]:
+    # EC2 user guide, "Configure the instance metadata options": httpTokens required = IMDSv2 only.
     if resource.type not in (LAUNCH_TEMPLATE, INSTANCE):
         return
     tokens = dig(resource.props, "metadataOptions", "httpTokens")
@@ -552,7 +556,7 @@ def environment_limits(stack: Stack, config: Mapping[str, Any]) -> Iterable[tupl
     max_gpus = limits.get("max_gpus")
     if max_gpus is not None and total > max_gpus:
         yield None, (f"at maximum size the stack runs {total} GPUs ({', '.join(parts)}), over the "
-                     f"{env} limit of {max_gpus}")
+                     f"{env} limit of {max_gpus:g}")
 
 
 @rule("gpu-budget-with-action",
@@ -885,6 +889,7 @@ def s3_tls_only(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple[Resou
 
 
 def _denies_plain_http(statement: Mapping[str, Any]) -> bool:
+    # S3 user guide, "Enforce encryption in transit": Deny s3:* when aws:SecureTransport is false.
     if statement.get("Effect") != "Deny" or not _wildcard(statement.get("Action"), "s3:*", "*"):
         return False
     secure = dig(statement, "Condition", "Bool", "aws:SecureTransport")

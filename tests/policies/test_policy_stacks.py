@@ -100,7 +100,7 @@ def test_plan_json_lists_violations_and_exits_1(base_config: dict[str, Any],
     assert document["stack"] == "dev-p5" and document["resources"]
     first = document["violations"][0]
     assert first == {"policy": "environment-limits", "level": "mandatory",
-                     "resource_type": "gpucluster:spec:NodeGroup", "resource_name": "h100", "urn": "",
+                     "resource_type": "gpucluster:spec:NodeGroup", "resource_name": "h100", "urn": None,
                      "message": "p5.48xlarge is not allowed in dev (allowed: g4dn.*, g5.*, g6.*, g6e.*; "
                                 "see the environment-limits policy config)"}
 

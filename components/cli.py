@@ -26,6 +26,9 @@ from components.spec import SpecError, StackSpec
 if TYPE_CHECKING:
     from components.sizing import Fit, MemoryEstimate, Workload
 
+if TYPE_CHECKING:
+    from policies.records import Violation
+
 EXIT_OK, EXIT_BLOCKED, EXIT_INVALID = 0, 1, 2
 T = TypeVar("T")
 
@@ -114,19 +117,51 @@ def render_tree(resources: list[PlannedResource]) -> list[str]:
     return lines
 
 
+def check_policies(result: Plan, config_file: Path | None) -> list[Violation]:
+    """The policy pack over the plan (exit 2 on a bad policy config file)."""
+    from policies.offline import check_plan  # imported late: only `plan` needs the rules
+    from policies.settings import PolicyConfigError
+
+    try:
+        return check_plan(result, config_file)
+    except PolicyConfigError as err:
+        typer.echo("invalid policy config", err=True)
+        for line in err.problems:
+            typer.echo(line, err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+
+
+def render_violations(violations: list[Violation]) -> list[str]:
+    """One line per violation: level, policy, resource type and name (or `stack`), message."""
+    if not violations:
+        return ["policies: no violations"]
+    mandatory = sum(v.mandatory for v in violations)
+    lines = [f"policies: {len(violations)} violation(s), {mandatory} mandatory"]
+    for v in violations:
+        where = f"{v.resource_type} {v.resource_name}" if v.resource_type else "stack"
+        lines.append(f"  {v.level:<9}  {v.policy}  {where}: {v.message}")
+    return lines
+
+
 @app.command()
 def plan(
     stack: StackArg,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead.")] = False,
+    policy_config: Annotated[Path | None, typer.Option(
+        "--policy-config", help="Policy pack config JSON (Pulumi's --policy-pack-config format); "
+        "default: policies/config/<stack>.json when it exists.")] = None,
 ) -> None:
-    """Show offline what a stack would create (no AWS account or Pulumi CLI needed)."""
+    """Show offline what a stack would create and which policies it breaks (no AWS or Pulumi CLI)."""
     result = build_plan(stack)
     cost = plan_cost(result.spec)
+    violations = check_policies(result, policy_config)
+    blocked = EXIT_BLOCKED if any(v.mandatory for v in violations) else EXIT_OK
     if as_json:
-        doc = result.as_json()
-        doc["cost"] = cost.as_json() if isinstance(cost, pricing.StackCost) else {"error": cost}
-        typer.echo(json.dumps(doc, indent=2, sort_keys=False))
-        raise typer.Exit(EXIT_OK)
+        document = result.as_json()
+        document["cost"] = cost.as_json() if isinstance(cost, pricing.StackCost) else {"error": cost}
+        document["violations"] = [v.as_json() for v in violations]
+        typer.echo(json.dumps(document, indent=2, sort_keys=False))
+        raise typer.Exit(blocked)
     custom = [r for r in result.resources if r.custom]
     typer.echo(f"stack {result.stack} ({result.spec.region}): {len(custom)} resources in "
                f"{len(result.resources) - len(custom)} components")
@@ -143,6 +178,9 @@ def plan(
         typer.echo(f"  {key}: {json.dumps(value)}")
     typer.echo("")
     typer.echo(cost_summary(result.stack, cost))
+    for line in render_violations(violations):
+        typer.echo(line)
+    raise typer.Exit(blocked)
 
 
 # -------------------------------------------------------------------------- cost

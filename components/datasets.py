@@ -201,7 +201,7 @@ class LustreFileSystem(pulumi.ComponentResource):
             f"{name}-sg", vpc_id=vpc_id,
             description=f"FSx for Lustre of dataset {dataset.name}: Lustre traffic with the GPU nodes",
             tags={**tags, "Name": f"{name}-sg"}, opts=child)
-        self._lustre_rules(name, group.id, node_security_groups)
+        self._lustre_rules(name, group.id, node_security_groups, tags)
         persistent = fsx.deployment_type == "PERSISTENT_2"
         file_system = aws.fsx.LustreFileSystem(
             f"{name}-fs",
@@ -252,7 +252,7 @@ class LustreFileSystem(pulumi.ComponentResource):
                                "mount_name": self.mount_name, "security_group_id": self.security_group_id})
 
     def _lustre_rules(self, name: str, fsx_group: pulumi.Input[str],
-                      node_groups: Mapping[str, pulumi.Input[str]]) -> None:
+                      node_groups: Mapping[str, pulumi.Input[str]], tags: Mapping[str, str]) -> None:
         """Lustre ports between file servers, and both ways between file servers and each node group.
 
         Standalone rule resources, so the node security groups must not use inline rules.
@@ -278,7 +278,8 @@ class LustreFileSystem(pulumi.ComponentResource):
             for part, rule, group_id, peer, why in rules:
                 rule(f"{name}-{part}-{ports}", security_group_id=group_id, referenced_security_group_id=peer,
                      ip_protocol="tcp", from_port=low, to_port=high,
-                     description=f"Lustre TCP {ports} {why}", opts=child)
+                     description=f"Lustre TCP {ports} {why}",
+                     tags={**tags, "Name": f"{name}-{part}-{ports}"}, opts=child)
 
 
 class DatasetStore(pulumi.ComponentResource):

@@ -102,7 +102,8 @@ class ClusterNetwork(pulumi.ComponentResource):
                                             tags=self._tags(f"{label}-endpoints"), opts=child)
         aws.vpc.SecurityGroupIngressRule(f"{name}-endpoints-https", security_group_id=endpoint_sg.id,
                                          description="HTTPS from inside the VPC", cidr_ipv4=cidr,
-                                         ip_protocol="tcp", from_port=443, to_port=443, opts=child)
+                                         ip_protocol="tcp", from_port=443, to_port=443,
+                                         tags=self._tags(f"{label}-endpoints-https"), opts=child)
         services = SSM_ENDPOINTS + (() if self.internet_egress else NO_NAT_ENDPOINTS)
         for service in services:
             aws.ec2.VpcEndpoint(f"{name}-{service}", vpc_id=vpc.id,
@@ -149,15 +150,16 @@ class ClusterNetwork(pulumi.ComponentResource):
             aws.vpc.SecurityGroupIngressRule(f"{name}-efa-in", security_group_id=sg.id,
                                              referenced_security_group_id=sg.id, ip_protocol="-1",
                                              description="EFA: all traffic from the group itself",
-                                             opts=child)
+                                             tags=self._tags(f"{label}-efa-in"), opts=child)
             aws.vpc.SecurityGroupEgressRule(f"{name}-efa-out", security_group_id=sg.id,
                                             referenced_security_group_id=sg.id, ip_protocol="-1",
                                             description="EFA: all traffic to the group itself",
-                                            opts=child)
+                                            tags=self._tags(f"{label}-efa-out"), opts=child)
         for rule, target, port, why in self._egress_targets():
             aws.vpc.SecurityGroupEgressRule(f"{name}-egress-{rule}", security_group_id=sg.id,
                                             ip_protocol="tcp", from_port=port, to_port=port,
-                                            description=why, opts=child, **target)
+                                            description=why, tags=self._tags(f"{label}-egress-{rule}"),
+                                            opts=child, **target)
         placement = None
         if group.uses_placement_group:
             placement = aws.ec2.PlacementGroup(f"{name}-placement", strategy="cluster",

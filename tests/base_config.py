@@ -30,3 +30,10 @@ def plan_config(config: dict[str, Any], stack: str = "t") -> Plan:
 def base() -> dict[str, Any]:
     """A fresh copy of the minimal valid config, for module-level (cached) plans."""
     return copy.deepcopy(BASE_CONFIG)
+
+
+def policy_clean(config: dict[str, Any]) -> dict[str, Any]:
+    """Add what the policy pack requires of a dev stack (a budget with an action, auto-stop)."""
+    config["gpucluster:budget"] = {"monthly_limit_usd": 1000, "action_threshold_percent": 100}
+    config["gpucluster:autostop"] = {"idle_minutes": 30}
+    return config

@@ -9,6 +9,7 @@ from typing import Any
 
 import pulumi
 import pytest
+from base_config import policy_clean
 from typer.testing import CliRunner
 
 from components.cli import app
@@ -47,7 +48,7 @@ def test_plan_outputs_come_from_the_program() -> None:
 
 
 def test_plan_accepts_a_path(base_config: dict[str, Any], write_stack: Callable[..., Path]) -> None:
-    path = write_stack(base_config, name="mine")
+    path = write_stack(policy_clean(base_config), name="mine")
     result = runner.invoke(app, ["plan", str(path), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["stack"] == "mine"

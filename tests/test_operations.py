@@ -8,6 +8,7 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
+from moto_groups import create_stack_groups
 from typer.testing import CliRunner
 
 from components.cli import app
@@ -43,24 +44,7 @@ def autoscaling(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"},
         )
         client = boto3.client("autoscaling")
-        for name, (stack, min_size, desired, max_size) in GROUPS.items():
-            client.create_auto_scaling_group(
-                AutoScalingGroupName=name,
-                LaunchTemplate={"LaunchTemplateName": "ops-nodes", "Version": "$Latest"},
-                MinSize=min_size,
-                DesiredCapacity=desired,
-                MaxSize=max_size,
-                AvailabilityZones=["us-east-1a"],
-                Tags=[
-                    {
-                        "ResourceId": name,
-                        "ResourceType": "auto-scaling-group",
-                        "Key": scaling.STACK_TAG,
-                        "Value": stack,
-                        "PropagateAtLaunch": True,
-                    }
-                ],
-            )
+        create_stack_groups(client, GROUPS, launch_template="ops-nodes")
         yield client
 
 

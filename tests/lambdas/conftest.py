@@ -14,6 +14,7 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
+from moto_groups import create_stack_groups
 
 from components.lambdas import scaling
 
@@ -188,24 +189,7 @@ def moto_account() -> Iterator[str]:
 def cluster(moto_account: str) -> Iterator[Cluster]:
     """Two stacks: `dev` (two groups) and `prod` (one, never touched), created per test."""
     autoscaling = shared_client("autoscaling")
-    for name, (stack, min_size, desired, max_size) in GROUPS.items():
-        autoscaling.create_auto_scaling_group(
-            AutoScalingGroupName=name,
-            LaunchTemplate={"LaunchTemplateName": "gpu-nodes", "Version": "$Latest"},
-            MinSize=min_size,
-            DesiredCapacity=desired,
-            MaxSize=max_size,
-            AvailabilityZones=["us-east-1a"],
-            Tags=[
-                {
-                    "ResourceId": name,
-                    "ResourceType": "auto-scaling-group",
-                    "Key": scaling.STACK_TAG,
-                    "Value": stack,
-                    "PropagateAtLaunch": True,
-                }
-            ],
-        )
+    create_stack_groups(autoscaling, GROUPS, launch_template="gpu-nodes")
     yield Cluster(autoscaling=autoscaling, topic_arn=moto_account)
     # Test cleanup in the fake account only; the guardrails themselves never delete.
     for name in GROUPS:

@@ -21,6 +21,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from components.bootstrap import GPU_METRIC_DIMENSION, GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
 from components.spec import BudgetConfig, NodeGroupConfig, StackSpec
 
 # ------------------------------------------------------------------- contracts
@@ -58,11 +59,8 @@ SCHEDULE_MAX_RETRIES = 3
 LIFETIME_CHECK_EXPRESSION = "rate(15 minutes)"
 
 # GPU utilisation from the CloudWatch agent's nvidia_gpu plugin (CloudWatch user guide, "Collect
-# NVIDIA GPU metrics"), aggregated per Auto Scaling group by the node bootstrap's agent config
-# (append_dimensions AutoScalingGroupName, aggregation_dimensions [["AutoScalingGroupName"]]).
-GPU_METRIC_NAMESPACE = "CWAgent"
-GPU_METRIC_NAME = "nvidia_smi_utilization_gpu"
-GROUP_DIMENSION = "AutoScalingGroupName"
+# NVIDIA GPU metrics"), aggregated per Auto Scaling group by the node bootstrap's agent config:
+# the alarms watch exactly the series components/bootstrap publishes (its constants, imported).
 # Maximum, not Average: a group is idle only when even its busiest GPU is. An 8-GPU node
 # training on one GPU at 30 % averages 3.75 % and would be stopped mid-job by an average.
 GPU_STATISTIC = "Maximum"
@@ -559,8 +557,8 @@ class AutoStop(pulumi.ComponentResource):
                     f"gpucluster {spec.stack}/{group.name}: busiest GPU under "
                     f"{a.gpu_utilization_threshold_percent:g}% for {a.idle_minutes} min -> scale to zero "
                     "(missing data notifies, never stops)"),
-                namespace=GPU_METRIC_NAMESPACE, metric_name=GPU_METRIC_NAME,
-                dimensions={GROUP_DIMENSION: target.asg_name}, statistic=GPU_STATISTIC,
+                namespace=GPU_METRIC_NAMESPACE, metric_name=GPU_UTILIZATION_METRIC,
+                dimensions={GPU_METRIC_DIMENSION: target.asg_name}, statistic=GPU_STATISTIC,
                 comparison_operator="LessThanThreshold", threshold=a.gpu_utilization_threshold_percent,
                 period=period, evaluation_periods=evaluations, datapoints_to_alarm=evaluations,
                 treat_missing_data="missing", insufficient_data_actions=[ctx.notify_topic_arn],

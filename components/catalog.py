@@ -55,10 +55,6 @@ class InstanceType:
         return self.nvme_disks * self.nvme_disk_gb
 
     @property
-    def gpu_memory_total_gib(self) -> float:
-        return self.gpus * self.gpu_memory_mib / 1024
-
-    @property
     def efa_interface_count(self) -> int:
         """EFA interfaces a launch template gets: one per network card, up to the EFA max."""
         return min(self.network_cards, self.max_efa_interfaces)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from components.spec import StackConfig
+from components.spec import StackConfig, model_in
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 
@@ -36,15 +36,6 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in get_args(annotation):
-        if (found := _model_of(arg)) is not None:
-            return found
-    return None
-
-
 def _default(field: Any) -> str:
     if field.is_required():
         return "**required**"
@@ -61,7 +52,7 @@ def _default(field: Any) -> str:
 def _rows(model: type[BaseModel], prefix: str, out: list[str], nested: list[tuple[str, type]]) -> None:
     for name, field in model.model_fields.items():
         path = f"{prefix}.{name}" if prefix else name
-        sub = _model_of(field.annotation)
+        sub = model_in(field.annotation)
         doc = (field.description or "").replace("\n", " ").replace("|", "\\|")
         out.append(f"| `{path}` | {_type_name(field.annotation)} | {_default(field)} | {doc} |")
         if sub is not None:
@@ -82,7 +73,7 @@ def render_config_reference() -> str:
     for name, field in StackConfig.model_fields.items():
         doc = (field.description or "").replace("|", "\\|")
         lines.append(f"| `gpucluster:{name}` | {_type_name(field.annotation)} | {_default(field)} | {doc} |")
-        sub = _model_of(field.annotation)
+        sub = model_in(field.annotation)
         if sub is not None:
             queue.append((name + ("[]" if get_origin(_strip(field.annotation)) is list else ""), sub))
     while queue:

@@ -802,15 +802,16 @@ def _describe(model: type[BaseModel] | None, loc: tuple[str | int, ...]) -> list
         field = model.model_fields.get(str(part))
         if field is None:
             return []
-        model = _model_in(field.annotation)
+        model = model_in(field.annotation)
     return list(model.model_fields) if model else []
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
+def model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (`X`, `X | None`, `list[X]`, `Annotated[X, ...]`)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in get_args(annotation):
-        found = _model_in(arg)
+        found = model_in(arg)
         if found:
             return found
     return None

@@ -98,10 +98,6 @@ class Violation:
 # ------------------------------------------------------------------- value helpers
 
 
-def is_unknown(value: Any) -> bool:
-    return value is UNKNOWN
-
-
 def dig(value: Any, *path: str | int) -> Any:
     """`value[path[0]][path[1]]...`; None where a key is missing, UNKNOWN where a step is unknown."""
     for key in path:

@@ -1,5 +1,5 @@
-"""Pulumi entry point (`pulumi up -s <env>`): the program lives in components/program.py."""
+"""Pulumi entry point (`pulumi up -s <env>`): the program lives in gpucluster/program.py."""
 
-from components.program import run
+from gpucluster.program import run
 
 run()

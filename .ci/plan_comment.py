@@ -27,7 +27,7 @@ def stacks() -> list[str]:
 
 def plan(stack: str) -> tuple[int, dict[str, Any] | None, str]:
     """(exit code, the --json document when there is one, stderr) of `gpucluster plan STACK --json`."""
-    done = subprocess.run([sys.executable, "-m", "components.cli", "plan", stack, "--json"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "gpucluster.cli", "plan", stack, "--json"], cwd=REPO,
                           capture_output=True, text=True, timeout=600, check=False)
     try:
         document = json.loads(done.stdout) if done.stdout.strip() else None

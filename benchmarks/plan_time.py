@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-GPUCLUSTER = [sys.executable, "-m", "components.cli"]
+GPUCLUSTER = [sys.executable, "-m", "gpucluster.cli"]
 
 
 def time_plan(stack: str, runs: int) -> tuple[float, int]:

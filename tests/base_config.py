@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from components.planner import Plan, run_program
-from components.spec import parse_stack_config
+from gpucluster.plan import Plan, run_program
+from gpucluster.spec import parse_stack_config
 
 BASE_CONFIG: dict[str, Any] = {
     "aws:region": "us-east-1",

@@ -1,7 +1,7 @@
 """Test setup: fake AWS credentials and Pulumi mocks before any program import.
 
 Pulumi's mock engine must be configured before a module that declares
-resources is imported (Pulumi unit-testing docs); `components.planner`
+resources is imported (Pulumi unit-testing docs); `gpucluster.plan`
 re-installs fresh mocks for every plan it runs.
 """
 
@@ -24,8 +24,7 @@ os.environ.setdefault("AWS_SESSION_TOKEN", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 from base_config import BASE_CONFIG
-
-from components.planner import PlanMocks
+from gpucluster.plan import PlanMocks
 
 pulumi.runtime.set_mocks(PlanMocks("us-east-1"), project="gpucluster", stack="test", preview=False)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from components.lambdas import scaling
+from gpucluster.lambdas import scaling
 
 
 def create_stack_groups(autoscaling: Any, groups: Mapping[str, tuple[str, int, int, int]],

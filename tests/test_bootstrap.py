@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-
-from components import bootstrap
-from components.bootstrap import (
+from gpucluster.node import userdata as bootstrap
+from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,
     GPU_METRIC_NAMESPACE,
     GPU_UTILIZATION_METRIC,
@@ -35,9 +34,9 @@ from components.bootstrap import (
     render_user_data,
     script,
 )
-from components.parts import DataMount
-from components.planner import load_stack
-from components.spec import parse_stack_config
+from gpucluster.parts import DataMount
+from gpucluster.plan import load_stack
+from gpucluster.spec import parse_stack_config
 
 SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
 SCRIPTS = ["bootstrap.sh", "scratch.sh", "data.sh", "spot-watcher.sh", "interruption-hook.sh"]

@@ -18,14 +18,15 @@ import pytest
 import yaml
 from base_config import policy_clean
 from botocore.stub import Stubber
+from gpucluster.chart import chart_series, draw_chart
+from gpucluster.cli import app
+from gpucluster.plan import load_stack
+from gpucluster.pricing import STRATEGIES, price_stack
+from gpucluster.spec import parse_stack_config
 from moto.server import ThreadedMotoServer
 from typer.testing import CliRunner
 
-from components.chart import chart_series, draw_chart
-from components.cli import app
-from components.planner import REPO_ROOT, load_stack
-from components.pricing import STRATEGIES, price_stack
-from components.spec import parse_stack_config
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 runner = CliRunner()
 
@@ -183,7 +184,7 @@ def test_chart_without_matplotlib_says_how_to_install(tmp_path: Path,
 
 
 def test_matplotlib_is_not_imported_by_plan() -> None:
-    code = ("import sys; from typer.testing import CliRunner; from components.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from gpucluster.cli import app; "
             "r = CliRunner().invoke(app, ['plan', 'dev']); assert r.exit_code == 0, r.output; "
             "print('matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -209,7 +210,7 @@ def test_cost_live_prices_spot_from_describe_spot_price_history(monkeypatch: pyt
         made.append((service, region_name))
         return ec2
 
-    monkeypatch.setattr("components.doctor.boto3.client", client)
+    monkeypatch.setattr("gpucluster.ops.doctor.boto3.client", client)
     result = runner.invoke(app, ["cost", "prod", "--live", "--json"])
     assert result.exit_code == 0, result.output
     assert made == [("ec2", "us-east-1")]
@@ -226,7 +227,7 @@ def test_cost_live_without_aws_falls_back_to_the_catalog(monkeypatch: pytest.Mon
     stub = Stubber(ec2)
     stub.add_client_error("describe_spot_price_history", "UnauthorizedOperation", "not allowed")
     stub.activate()
-    monkeypatch.setattr("components.doctor.boto3.client", lambda service, region_name: ec2)
+    monkeypatch.setattr("gpucluster.ops.doctor.boto3.client", lambda service, region_name: ec2)
     result = runner.invoke(app, ["cost", "prod", "--live"])
     assert result.exit_code == 0
     assert "cost --live: no live spot prices" in result.output
@@ -281,7 +282,7 @@ def moto_endpoint() -> Iterator[str]:
 def run_doctor(stack: str, endpoint: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1"}
-    return subprocess.run([sys.executable, "-m", "components.cli", "doctor", stack], cwd=REPO_ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "gpucluster.cli", "doctor", stack], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
 
 

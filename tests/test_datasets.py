@@ -10,16 +10,15 @@ from typing import Any
 import pulumi
 import pytest
 from base_config import BASE_CONFIG  # tests/ is on sys.path (pytest rootdir conftest import)
-
-from components.datasets import (
+from gpucluster.aws.datasets import (
     DatasetStore,
     bucket_arn,
     partition_of,
     s3_url,
     tls_only_policy,
 )
-from components.planner import PlannedResource, load_stack, record_resources
-from components.spec import StackSpec, parse_stack_config
+from gpucluster.plan import PlannedResource, load_stack, record_resources
+from gpucluster.spec import StackSpec, parse_stack_config
 
 BUCKET = "aws:s3/bucket:Bucket"
 S3_CONFIG = {

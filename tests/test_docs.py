@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from components.reference import BEGIN, END, render_config_reference
-from components.spec import StackConfig
+from gpucluster.reference import BEGIN, END, render_config_reference
+from gpucluster.spec import StackConfig
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -14,7 +14,7 @@ README = (REPO / "README.md").read_text()
 def test_readme_config_reference_matches_the_models() -> None:
     start, end = README.index(BEGIN), README.index(END) + len(END)
     assert README[start:end] == render_config_reference(), (
-        "README config reference is stale: regenerate with `python -m components.reference`")
+        "README config reference is stale: regenerate with `python -m gpucluster.reference`")
 
 
 def test_every_config_field_is_documented() -> None:

@@ -14,9 +14,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from moto import mock_aws
-
-from components.doctor import (
+from gpucluster.ops.doctor import (
     Clients,
     DoctorError,
     check_cost_tags,
@@ -28,8 +26,9 @@ from components.doctor import (
     run_checks,
     vcpus_needed,
 )
-from components.planner import load_stack
-from components.spec import StackSpec, parse_stack_config
+from gpucluster.plan import load_stack
+from gpucluster.spec import StackSpec, parse_stack_config
+from moto import mock_aws
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 CR = "cr-0123456789abcdef0"
@@ -120,7 +119,7 @@ def test_missing_offering_blocks(base_config: dict[str, Any], stubbed: tuple[Stu
 
 
 def test_missing_fallback_offering_only_warns(base_config: dict[str, Any], moto_ec2: Any) -> None:
-    from components.doctor import check_offerings
+    from gpucluster.ops.doctor import check_offerings
 
     training_stack(base_config)  # fills base_config; then add a fallback moto does not offer there
     base_config["gpucluster:node_groups"][0]["instance_types"] = ["p5.48xlarge", "p5e.48xlarge"]
@@ -264,7 +263,7 @@ def test_efa_mismatch_blocks_an_efa_group(base_config: dict[str, Any],
     findings = list(check_efa(spec, stubbed[0].client))
     assert [(f.level, f.message) for f in findings] == [
         ("blocker", "AWS reports 16 EFA interfaces / 16 network cards, the catalog 32 / 32; update "
-                    "components/data/instance_types.yaml")]
+                    "components/gpucluster/catalog/data/instance_types.yaml")]
 
 
 def test_access_denied_is_a_warning_not_a_crash(base_config: dict[str, Any],

@@ -12,11 +12,10 @@ import json
 from typing import Any
 
 import pytest
-
-from components import guardrails as g
-from components.guardrails import GroupTarget, Guardrails
-from components.planner import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources
-from components.spec import StackSpec, parse_stack_config
+from gpucluster.aws import guardrails as g
+from gpucluster.aws.guardrails import GroupTarget, Guardrails
+from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources
+from gpucluster.spec import StackSpec, parse_stack_config
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 BUDGET = "aws:budgets/budget:Budget"
@@ -335,7 +334,7 @@ def test_lambda_code_is_the_handlers_directory_as_package_lambdas() -> None:
     archive = g.lambda_code()
     assert list(archive.assets) == ["lambdas"]
     assert archive.assets["lambdas"].path == str(g.LAMBDA_DIR)
-    assert g.LAMBDA_DIR.parts[-2:] == ("components", "lambdas")
+    assert g.LAMBDA_DIR.parts[-3:] == ("components", "gpucluster", "lambdas")
 
 
 def test_failed_invocations_notify_and_spot_retries_stay_within_the_warning(dev: Built) -> None:
@@ -536,7 +535,7 @@ def test_each_node_group_needs_its_target(base_config: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def lambdas() -> Any:
     """The handler package (built on another branch); these checks run once both are merged."""
-    return pytest.importorskip("components.lambdas.scaling")
+    return pytest.importorskip("gpucluster.lambdas.scaling")
 
 
 def test_handlers_and_state_tags_match_the_lambda_package(lambdas: Any) -> None:
@@ -564,7 +563,7 @@ def test_environment_and_iam_cover_what_each_handler_reads_and_calls(
 
 def test_the_autostop_handler_reads_schedule_and_alarm_events_as_wired(
         lambdas: Any, dev: Built) -> None:
-    autostop = pytest.importorskip("components.lambdas.autostop")
+    autostop = pytest.importorskip("gpucluster.lambdas.autostop")
     for schedule in dev.all(SCHEDULE):
         event = json.loads(schedule.inputs["target"]["input"])
         assert autostop.schedule_rule_name(event) == schedule.inputs["name"]

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 from base_config import base, plan_config
-
-from components.iam import s3_policy_document
-from components.planner import Plan, run_plan
+from gpucluster.aws.iam import s3_policy_document
+from gpucluster.plan import Plan, run_plan
 
 POLICY = "aws:iam/rolePolicy:RolePolicy"
 ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from base_config import base, plan_config
-
-from components.planner import Plan, PlannedResource, run_plan
+from gpucluster.plan import Plan, PlannedResource, run_plan
 
 ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from components import catalog
-from components.nics import Nic, network_interfaces
+from gpucluster import catalog
+from gpucluster.aws.nics import Nic, network_interfaces
 
 
 def layout(name: str, efa: bool) -> list[tuple[int, int, str]]:

@@ -12,12 +12,10 @@ import pulumi
 import pulumi_aws as aws
 import pytest
 from base_config import base, plan_config
-from typer.testing import CliRunner
-
-from components.cli import app
-from components.cluster import GpuCluster
-from components.nodes import DEFAULT_AMI_PARAMETER, instance_overrides, instances_distribution
-from components.planner import (
+from gpucluster.aws.cluster import GpuCluster
+from gpucluster.aws.nodes import DEFAULT_AMI_PARAMETER, instance_overrides, instances_distribution
+from gpucluster.cli import app
+from gpucluster.plan import (
     MOCK_AMI,
     Plan,
     PlanMocks,
@@ -26,6 +24,7 @@ from components.planner import (
     record_resources,
     run_plan,
 )
+from typer.testing import CliRunner
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"

@@ -7,13 +7,12 @@ from typing import Any
 
 import boto3
 import pytest
+from gpucluster.cli import app
+from gpucluster.lambdas import scaling
+from gpucluster.ops.status import GroupStatus, resume_stack, stack_status
 from moto import mock_aws
 from moto_groups import create_stack_groups
 from typer.testing import CliRunner
-
-from components.cli import app
-from components.lambdas import scaling
-from components.operations import GroupStatus, resume_stack, stack_status
 
 runner = CliRunner()
 

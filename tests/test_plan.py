@@ -10,11 +10,10 @@ from typing import Any
 import pulumi
 import pytest
 from base_config import policy_clean
+from gpucluster.cli import app
+from gpucluster.plan import run_plan, run_program, stack_file, stack_name
+from gpucluster.spec import parse_stack_config
 from typer.testing import CliRunner
-
-from components.cli import app
-from components.planner import run_plan, run_program, stack_file, stack_name
-from components.spec import parse_stack_config
 
 runner = CliRunner()
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from components import catalog
-from components.planner import load_stack
-from components.pricing import (
+from gpucluster import catalog
+from gpucluster.plan import load_stack
+from gpucluster.pricing import (
     HOURS_PER_MONTH,
     Assumptions,
     PricingError,
@@ -19,7 +18,7 @@ from components.pricing import (
     service_prices,
     split_nodes,
 )
-from components.spec import parse_stack_config
+from gpucluster.spec import parse_stack_config
 
 # Catalog and price-file figures the hand computations below use.
 P5_ON_DEMAND = 55.04          # p5.48xlarge, us-east-1

@@ -6,9 +6,8 @@ from typing import Any
 
 import pytest
 import yaml
-
-from components import catalog
-from components.sizing import (
+from gpucluster import catalog
+from gpucluster.sizing import (
     GIB,
     Fit,
     SizingError,
@@ -20,7 +19,7 @@ from components.sizing import (
     parse_params,
     recommend,
 )
-from components.spec import parse_stack_config
+from gpucluster.spec import parse_stack_config
 
 
 def usable(instance_type: str) -> float:

@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpucluster.cli import app
+from gpucluster.plan import load_stack
+from gpucluster.spec import SpecError, parse_stack_config
 from typer.testing import CliRunner
-
-from components.cli import app
-from components.planner import load_stack
-from components.spec import SpecError, parse_stack_config
 
 runner = CliRunner()
 DELETE = object()

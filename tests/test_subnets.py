@@ -5,8 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
-
-from components.subnets import plan_subnets
+from gpucluster.subnets import plan_subnets
 
 
 def test_three_zones_in_a_16() -> None:

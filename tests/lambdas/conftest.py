@@ -13,10 +13,9 @@ from typing import Any
 
 import boto3
 import pytest
+from gpucluster.lambdas import scaling
 from moto import mock_aws
 from moto_groups import create_stack_groups
-
-from components.lambdas import scaling
 
 STACK = "dev"
 OTHER_STACK = "prod"

@@ -8,8 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-
-from components.lambdas import autostop, scaling
+from gpucluster.lambdas import autostop, scaling
 
 HOOK = "/opt/gpucluster/checkpoint.sh --reason stop"
 

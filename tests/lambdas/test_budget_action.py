@@ -6,8 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-
-from components.lambdas import budget_action, scaling
+from gpucluster.lambdas import budget_action, scaling
 
 BUDGET_MESSAGE = """AWS Budget Notification November 21, 2026
 AWS Account 123456789012

@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-
-from components.lambdas import scaling
+from gpucluster.lambdas import scaling
 
 
 def test_handler_table_points_at_real_handlers() -> None:
@@ -17,7 +16,7 @@ def test_handler_table_points_at_real_handlers() -> None:
     for name, target in scaling.HANDLERS.items():
         package, module, function = target.split(".")
         assert (package, module, function) == ("lambdas", name, "handler")
-        assert callable(getattr(importlib.import_module(f"components.lambdas.{module}"), function))
+        assert callable(getattr(importlib.import_module(f"gpucluster.lambdas.{module}"), function))
 
 
 def test_no_pulumi_import_in_the_lambda_package() -> None:

@@ -13,10 +13,9 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
-
-from components.planner import PlanMocks, record_resources
-from policies.offline import record_of
-from policies.records import Resource
+from gpucluster.plan import PlanMocks, record_resources
+from gpucluster.policy.offline import record_of
+from gpucluster.policy.records import Resource
 
 OWNER, COST_CENTER = "ml-platform", "research-1234"
 

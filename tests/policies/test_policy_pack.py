@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
+from gpucluster.policy.pack import build_policies
+from gpucluster.policy.records import Resource
+from gpucluster.policy.rules import RULES, TAGGABLE, evaluate
 from policy_stacks import broken_stack, good_stack
 from pulumi_policy import (
     EnforcementLevel,
@@ -31,10 +34,6 @@ from pulumi_policy import (
 )
 from pulumi_policy.policy import PolicyCustomTimeouts
 from pulumi_policy.proxy import UNKNOWN_OBJECT_VALUE, UNKNOWN_STRING_VALUE, unknown_checking_proxy
-
-from policies.pack import build_policies
-from policies.records import Resource
-from policies.rules import RULES, TAGGABLE, evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -178,7 +177,7 @@ def test_main_builds_the_pack_when_pulumi_runs_it_from_the_policies_directory() 
         "seen = {}\n"
         "pulumi_policy.PolicyPack = lambda **kw: seen.update(kw)\n"
         "runpy.run_path('.', run_name='__main__')\n"
-        "import components.catalog as c\n"
+        "import gpucluster.catalog as c\n"
         "print(seen['name'], seen['enforcement_level'].value, len(seen['policies']), c.__file__)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO / "policies", capture_output=True,
@@ -186,7 +185,7 @@ def test_main_builds_the_pack_when_pulumi_runs_it_from_the_policies_directory() 
     assert done.returncode == 0, done.stderr
     name, level, count, catalog_file = done.stdout.split()
     assert (name, level, int(count)) == ("gpucluster", "mandatory", len(RULES))
-    assert Path(catalog_file).resolve() == REPO / "components" / "catalog.py"
+    assert Path(catalog_file).resolve() == REPO / "components" / "gpucluster" / "catalog" / "__init__.py"
 
 
 def test_pulumi_policy_yaml_uses_the_project_venv() -> None:

@@ -6,9 +6,8 @@ import json
 from typing import Any
 
 import pytest
-
-from policies.records import UNKNOWN, Resource, Stack
-from policies.rules import rules_by_name
+from gpucluster.policy.records import UNKNOWN, Resource, Stack
+from gpucluster.policy.rules import rules_by_name
 
 RULES = rules_by_name()
 FULL = {"owner": "ml", "cost_center": "cc-1", "environment": "dev"}
@@ -194,7 +193,7 @@ def test_required_tag_keys_come_from_config() -> None:
 
 def group(name: str, types: list[str], max_size: float, base: float = 0, on_demand_pct: float = 0,
           env: str | None = "dev", market: str | None = None) -> list[Resource]:
-    """A node group as components/nodes.py builds it: a launch template and its Auto Scaling group.
+    """A node group as aws/nodes.py builds it: a launch template and its Auto Scaling group.
 
     Mixed market: instance types as overrides and the split in instancesDistribution; a capacity
     block: one type and `capacity-block` market options on the template, no mixed policy.

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from policies import settings
-from policies.rules import RULES, rules_by_name
-from policies.settings import PolicyConfigError, load, resolve
+from gpucluster.policy import settings
+from gpucluster.policy.rules import RULES, rules_by_name
+from gpucluster.policy.settings import PolicyConfigError, load, resolve
 
 
 def test_levels_and_properties() -> None:
@@ -73,7 +72,7 @@ def test_load_prefixes_the_file(tmp_path: Path) -> None:
 
 
 def test_shipped_stack_configs_are_valid() -> None:
-    shipped = sorted(settings.CONFIG_DIR.glob("*.json"))
+    shipped = sorted(settings.policy_config_dir().glob("*.json"))
     assert [p.name for p in shipped] == ["prod.json"]
     for path in shipped:
         levels, given = load(path)
@@ -83,5 +82,6 @@ def test_shipped_stack_configs_are_valid() -> None:
 
 
 def test_stack_config_path() -> None:
-    assert settings.stack_config_path("prod") == settings.CONFIG_DIR / "prod.json"
+    assert settings.stack_config_path("prod") == settings.policy_config_dir() / "prod.json"
+    assert settings.policy_config_dir() == Path(__file__).resolve().parents[2] / "policies" / "config"
     assert settings.stack_config_path("dev") is None

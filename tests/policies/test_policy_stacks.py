@@ -8,17 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpucluster.cli import app
+from gpucluster.cli import commands as cli
+from gpucluster.plan import Plan, PlannedResource, run_plan, run_program
+from gpucluster.policy import settings
+from gpucluster.policy.offline import check_plan, plan_records
+from gpucluster.policy.records import Resource
+from gpucluster.policy.rules import RULES, evaluate
+from gpucluster.spec import parse_stack_config
 from policy_stacks import broken_stack, good_stack
 from typer.testing import CliRunner
-
-from components import cli
-from components.cli import app
-from components.planner import Plan, PlannedResource, run_plan, run_program
-from components.spec import parse_stack_config
-from policies import settings
-from policies.offline import check_plan, plan_records
-from policies.records import Resource
-from policies.rules import RULES, evaluate
 
 runner = CliRunner()
 # pulumi_aws warns about its own deprecated resources when the s3 and lambda modules load
@@ -151,7 +150,7 @@ def test_a_stacks_own_config_file_is_used(base_config: dict[str, Any], write_sta
                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_stack(dev_with_on_demand_p5(base_config), name="dev-p5")
     (tmp_path / "dev-p5.json").write_text(json.dumps({"all": "disabled"}))
-    monkeypatch.setattr(settings, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(settings, "policy_config_dir", lambda: tmp_path)
     result = runner.invoke(app, ["plan", str(path)])
     assert result.exit_code == 0 and "policies: no violations" in result.output
 

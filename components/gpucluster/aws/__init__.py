@@ -1,0 +1,1 @@
+"""The Pulumi ComponentResources of a GPU cluster, each with its own typed *Args."""

@@ -1,0 +1,90 @@
+"""Node identity: the IAM role and instance profile every GPU node of a cluster runs as.
+
+It owns what nodes may do in AWS: be managed through SSM (no SSH), publish
+CloudWatch agent metrics, read the stack's dataset buckets and write only under
+their checkpoint prefixes. S3 access is built from `S3Grant` records (from
+spec-known buckets now, from the datasets part for created ones), always naming
+the bucket and prefix; there is never a `*` resource and never a delete action.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+from gpucluster.parts import S3Grant
+
+# AWS managed policies: Systems Manager user guide ("Configure instance permissions"),
+# CloudWatch user guide ("Create IAM roles to use with the CloudWatch agent").
+MANAGED_POLICIES = {
+    "ssm": "AmazonSSMManagedInstanceCore",
+    "cloudwatch-agent": "CloudWatchAgentServerPolicy",
+}
+READ_ACTIONS = ["s3:GetObject"]
+WRITE_ACTIONS = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+
+
+def assume_role_policy() -> str:
+    """Trust policy: only EC2 instances may take the role."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+                       "Action": "sts:AssumeRole"}],
+    })
+
+
+def s3_policy_document(grants: Sequence[tuple[str, str, bool]], partition: str = "aws") -> dict[str, Any]:
+    """Least-privilege S3 statements for resolved grants `(bucket, prefix, write)`.
+
+    Listing is limited to the prefix (`s3:prefix` condition), reads to objects
+    under it, writes (put and multipart) to the write prefixes only.
+    """
+    statements: list[dict[str, Any]] = []
+    for i, (bucket, prefix, write) in enumerate(grants):
+        if not bucket or "*" in bucket or "*" in prefix:
+            raise ValueError(f"S3 grant {i} needs a concrete bucket and prefix, got {bucket!r}/{prefix!r}")
+        bucket_arn = f"arn:{partition}:s3:::{bucket}"
+        listing: dict[str, Any] = {"Sid": f"List{i}", "Effect": "Allow", "Action": "s3:ListBucket",
+                                   "Resource": bucket_arn}
+        if prefix:
+            listing["Condition"] = {"StringLike": {"s3:prefix": [f"{prefix}*"]}}
+        statements.append(listing)
+        actions = READ_ACTIONS + (WRITE_ACTIONS if write else [])
+        statements.append({"Sid": f"{'Write' if write else 'Read'}{i}", "Effect": "Allow",
+                           "Action": actions, "Resource": f"{bucket_arn}/{prefix}*"})
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+class NodeIdentity(pulumi.ComponentResource):
+    """The node role, its managed and S3 policies, and the instance profile launch templates use."""
+
+    role: aws.iam.Role
+    instance_profile: aws.iam.InstanceProfile
+    s3_policy: aws.iam.RolePolicy | None
+
+    def __init__(self, name: str, grants: Sequence[S3Grant], tags: Mapping[str, str],
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("gpucluster:iam:NodeIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
+        self.role = aws.iam.Role(f"{name}-role", assume_role_policy=assume_role_policy(),
+                                 description="gpucluster GPU nodes: SSM, CloudWatch agent, dataset S3 access",
+                                 tags=dict(tags), opts=child)
+        for part, policy in MANAGED_POLICIES.items():
+            aws.iam.RolePolicyAttachment(
+                f"{name}-{part}", role=self.role.name,
+                policy_arn=partition.apply(lambda p, policy=policy: f"arn:{p}:iam::aws:policy/{policy}"),
+                opts=child)
+        self.s3_policy = None
+        if grants:
+            document = pulumi.Output.all(partition, *[g.bucket_name for g in grants]).apply(
+                lambda values: json.dumps(s3_policy_document(
+                    [(bucket, g.prefix, g.write) for bucket, g in zip(values[1:], grants, strict=True)],
+                    partition=values[0])))
+            self.s3_policy = aws.iam.RolePolicy(f"{name}-s3", role=self.role.id, policy=document, opts=child)
+        self.instance_profile = aws.iam.InstanceProfile(f"{name}-profile", role=self.role.name,
+                                                        tags=dict(tags), opts=child)
+        self.register_outputs({"role_arn": self.role.arn, "instance_profile_arn": self.instance_profile.arn})

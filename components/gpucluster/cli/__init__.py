@@ -1,0 +1,5 @@
+"""The `gpucluster` command (typer): `app` and the console-script entry `main`."""
+
+from gpucluster.cli.commands import app, main
+
+__all__ = ["app", "main"]

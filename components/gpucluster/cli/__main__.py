@@ -1,0 +1,5 @@
+"""`python -m gpucluster.cli`: the same command as the `gpucluster` console script."""
+
+from gpucluster.cli.commands import main
+
+main()

@@ -1,0 +1,530 @@
+"""The `gpucluster` command: offline plans and the day-two operations of a stack.
+
+It owns argument parsing, output formatting and exit codes (0 fine, 1 a
+finding that blocks — a mandatory policy violation —, 2 invalid input). The
+work itself lives in the modules it calls; config problems print one line
+each, naming the key path, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+
+import typer
+from gpucluster import pricing
+from gpucluster.plan import Plan, PlannedResource, StackFileError, load_stack, run_plan
+from gpucluster.spec import SpecError, StackSpec
+
+if TYPE_CHECKING:
+    from gpucluster.ops.status import GroupStatus
+    from gpucluster.sizing import Fit, MemoryEstimate, Workload
+
+if TYPE_CHECKING:
+    from gpucluster.policy.records import Violation
+
+EXIT_OK, EXIT_BLOCKED, EXIT_INVALID = 0, 1, 2
+T = TypeVar("T")
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Plan, price and operate GPU clusters on AWS built with Pulumi.",
+    pretty_exceptions_enable=False,
+)
+
+
+
+@app.callback()
+def root() -> None:
+    """Plan, price and operate GPU clusters on AWS built with Pulumi."""
+
+
+StackArg = Annotated[str, typer.Argument(
+    help="Stack name (stacks/Pulumi.<name>.yaml) or a path to a stack file.")]
+
+
+def fail_invalid(stack: str, lines: list[str]) -> None:
+    """Print every problem on its own line and exit 2."""
+    typer.echo(f"invalid stack config: {stack}", err=True)
+    for line in lines:
+        typer.echo(line, err=True)
+    raise typer.Exit(EXIT_INVALID)
+
+
+def _valid(stack: str, load: Callable[[str], T]) -> T:
+    """`load(stack)`, or every config problem on its own line and exit 2."""
+    try:
+        return load(stack)
+    except SpecError as err:
+        fail_invalid(stack, [str(f) for f in err.findings])
+    except StackFileError as err:
+        fail_invalid(stack, [str(err)])
+    raise AssertionError("unreachable")
+
+
+def build_plan(stack: str) -> Plan:
+    return _valid(stack, run_plan)
+
+
+def build_spec(stack: str) -> StackSpec:
+    """The validated spec of a stack, without running the program (exit 2 when invalid)."""
+    return _valid(stack, lambda name: load_stack(name)[2])
+
+
+def fail_usage(command: str, message: str) -> NoReturn:
+    """One line naming what is wrong with the command's arguments, exit 2."""
+    typer.echo(f"{command}: {message}", err=True)
+    raise typer.Exit(EXIT_INVALID)
+
+
+def render_table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    """Columns padded to their widest cell; cells that look like numbers are right-aligned."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+
+    def numeric(cell: str) -> bool:
+        return cell.lstrip("$+-").replace(",", "").replace(".", "", 1).replace(" %", "").isdigit()
+
+    def line(cells: list[str]) -> str:
+        return indent + "  ".join(c.rjust(w) if numeric(c) else c.ljust(w)
+                                  for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return [line(headers), *(line(r) for r in rows)]
+
+
+def render_tree(resources: list[PlannedResource]) -> list[str]:
+    """Indented tree of `type  name`, children under their parent, in creation order."""
+    children: dict[str | None, list[PlannedResource]] = defaultdict(list)
+    urns = {r.urn for r in resources}
+    for r in resources:
+        children[r.parent if r.parent in urns else None].append(r)
+    lines: list[str] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for r in children.get(parent, []):
+            flags = "".join(f" [{f}]" for f, on in (("protect", r.protect),
+                                                   ("retain", r.retain_on_delete)) if on)
+            lines.append(f"{'  ' * depth}{r.type}  {r.name}{flags}")
+            walk(r.urn, depth + 1)
+
+    walk(None, 0)
+    return lines
+
+
+def check_policies(result: Plan, config_file: Path | None) -> list[Violation]:
+    """The policy pack over the plan (exit 2 on a bad policy config file)."""
+    from gpucluster.policy.offline import check_plan  # imported late: only `plan` needs the rules
+    from gpucluster.policy.settings import PolicyConfigError
+
+    try:
+        return check_plan(result, config_file)
+    except PolicyConfigError as err:
+        typer.echo("invalid policy config", err=True)
+        for line in err.problems:
+            typer.echo(line, err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+
+
+def render_violations(violations: list[Violation]) -> list[str]:
+    """One line per violation: level, policy, resource type and name (or `stack`), message."""
+    if not violations:
+        return ["policies: no violations"]
+    mandatory = sum(v.mandatory for v in violations)
+    lines = [f"policies: {len(violations)} violation(s), {mandatory} mandatory"]
+    for v in violations:
+        where = f"{v.resource_type} {v.resource_name}" if v.resource_type else "stack"
+        lines.append(f"  {v.level:<9}  {v.policy}  {where}: {v.message}")
+    return lines
+
+
+@app.command()
+def plan(
+    stack: StackArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead.")] = False,
+    policy_config: Annotated[Path | None, typer.Option(
+        "--policy-config", help="Policy pack config JSON (Pulumi's --policy-pack-config format); "
+        "default: policies/config/<stack>.json when it exists.")] = None,
+) -> None:
+    """Show offline what a stack would create and which policies it breaks (no AWS or Pulumi CLI)."""
+    result = build_plan(stack)
+    cost = plan_cost(result.spec)
+    violations = check_policies(result, policy_config)
+    blocked = EXIT_BLOCKED if any(v.mandatory for v in violations) else EXIT_OK
+    if as_json:
+        document = result.as_json()
+        document["cost"] = cost.as_json() if isinstance(cost, pricing.StackCost) else {"error": cost}
+        document["violations"] = [v.as_json() for v in violations]
+        typer.echo(json.dumps(document, indent=2, sort_keys=False))
+        raise typer.Exit(blocked)
+    custom = [r for r in result.resources if r.custom]
+    typer.echo(f"stack {result.stack} ({result.spec.region}): {len(custom)} resources in "
+               f"{len(result.resources) - len(custom)} components")
+    typer.echo("")
+    for line in render_tree(result.resources):
+        typer.echo(line)
+    typer.echo("")
+    typer.echo("resources by type:")
+    for token, count in sorted(Counter(r.type for r in custom).items()):
+        typer.echo(f"  {count:4d}  {token}")
+    typer.echo("")
+    typer.echo("outputs:")
+    for key, value in result.outputs.items():
+        typer.echo(f"  {key}: {json.dumps(value)}")
+    typer.echo("")
+    typer.echo(cost_summary(result.stack, cost))
+    for line in render_violations(violations):
+        typer.echo(line)
+    raise typer.Exit(blocked)
+
+
+# -------------------------------------------------------------------------- cost
+
+
+def plan_cost(spec: StackSpec) -> pricing.StackCost | str:
+    """The stack's cost, or why it cannot be priced (the plan itself still stands)."""
+    try:
+        return pricing.price_stack(spec)
+    except pricing.PricingError as err:
+        return str(err)
+
+
+def cost_summary(stack: str, cost: pricing.StackCost | str) -> str:
+    """The one cost line of `gpucluster plan`."""
+    if isinstance(cost, str):
+        return f"cost: not priced ({cost})"
+    line = (f"cost: ${cost.usd_per_month('desired'):,.0f}/month at desired nodes, "
+            f"${cost.usd_per_month('max'):,.0f} at max ({cost.saving_percent('desired'):.1f} % / "
+            f"{cost.saving_percent('max'):.1f} % below all on-demand)")
+    if cost.warnings:
+        line += f"; {len(cost.warnings)} warning(s)"
+    return line + f"; `gpucluster cost {stack}` for the breakdown"
+
+
+def _usd(value: float) -> str:
+    return f"{value:,.2f}"
+
+
+def render_cost(cost: pricing.StackCost) -> list[str]:
+    """The human breakdown of `gpucluster cost STACK`."""
+    hours = pricing.HOURS_PER_MONTH
+    out = [f"stack {cost.stack} ({cost.region}): cost in USD, a month is {hours} hours", ""]
+    for g in cost.groups:
+        out.append(f"node group {g.name}: {g.note}")
+        for label, rate in (("on-demand", g.on_demand), ("base", g.base), ("spot", g.spot)):
+            price = f"{rate.usd_per_hour:,.5f}".rstrip("0").rstrip(".")
+            out.append(f"  {label} ${price}/node-hour: {rate.basis} [{rate.source}, {rate.as_of}]")
+        rows = []
+        for at in pricing.AT:
+            s, parts = g.split(at), g.parts(at)
+            rows.append([at, str(s.nodes), str(s.base), str(s.on_demand), str(s.spot), _usd(parts["base"]),
+                         _usd(parts["on_demand"]), _usd(parts["spot"]), _usd(g.usd_per_hour(at)),
+                         _usd(g.usd_per_hour(at, "all_on_demand"))])
+        out += render_table(["at", "nodes", "base", "on-demand", "spot", "base $/h", "on-demand $/h",
+                             "spot $/h", "mix $/h", "all on-demand $/h"], rows)
+        out.append("")
+    if cost.other:
+        out.append("other costs")
+        out += render_table(["item", "desired $/month", "max $/month", "basis"],
+                            [[o.name, _usd(o.desired_usd_per_month), _usd(o.max_usd_per_month), o.basis]
+                             for o in cost.other])
+        out.append("")
+    out.append("total")
+    out += render_table(["strategy", "desired $/h", "desired $/month", "max $/h", "max $/month"],
+                        [[pricing.STRATEGY_LABELS[s], *[_usd(f(at, s)) for at in pricing.AT
+                                                         for f in (cost.usd_per_hour, cost.usd_per_month)]]
+                         for s in pricing.STRATEGIES])
+    out.append("")
+    saved = {at: cost.usd_per_month(at, "all_on_demand") - cost.usd_per_month(at) for at in pricing.AT}
+    out.append(f"the stack's mix is {cost.saving_percent('desired'):.1f} % below the same capacity all "
+               f"on-demand at desired nodes (${saved['desired']:,.0f}/month less) and "
+               f"{cost.saving_percent('max'):.1f} % at max nodes (${saved['max']:,.0f}/month less)")
+    if cost.budget_usd_per_month is not None:
+        share = 100 * cost.usd_per_month("max") / cost.budget_usd_per_month
+        out.append(f"budget ${cost.budget_usd_per_month:,.0f}/month: the mix at max nodes is "
+                   f"{share:.0f} % of it")
+    out += [f"warning: {w}" for w in cost.warnings]
+    out += ["", "assumptions:", *[f"  - {a}" for a in cost.assumptions], "", "sources:"]
+    seen: dict[str, str] = {}
+    for g in cost.groups:
+        for rate in (g.on_demand, g.base, g.spot):
+            seen.setdefault(rate.source, rate.as_of)
+    for o in cost.other:
+        seen.setdefault(o.source, o.as_of)
+    out += [f"  - {source} ({as_of})" for source, as_of in seen.items()]
+    return out
+
+
+def _read_cost_json(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+        pricing.cost_document(doc)
+    except OSError as err:
+        fail_usage("cost --diff", f"cannot read {path}: {err.strerror}")
+    except json.JSONDecodeError as err:
+        fail_usage("cost --diff", f"{path} is not JSON ({err.msg}, line {err.lineno})")
+    except pricing.PricingError as err:
+        fail_usage("cost --diff", f"{path}: {err}")
+    return doc
+
+
+@app.command()
+def cost(
+    stack: Annotated[str | None, typer.Argument(
+        help="Stack name (stacks/Pulumi.<name>.yaml) or a path to a stack file.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead.")] = False,
+    diff: Annotated[tuple[Path, Path] | None, typer.Option(
+        "--diff", metavar="BASE.json HEAD.json",
+        help="Print the Markdown cost difference of two `cost --json` or `plan --json` files.")] = None,
+    chart: Annotated[Path | None, typer.Option(
+        "--chart", metavar="FILE.png", help="Also draw monthly cost by strategy and component.")] = None,
+    live: Annotated[bool, typer.Option(
+        "--live", help="Price spot at live prices (needs AWS credentials).")] = False,
+    dataset_gib: Annotated[float, typer.Option(
+        help="Assumed S3 size of a created dataset bucket without FSx, GiB.")] = 1024,
+    nat_gb: Annotated[float, typer.Option(help="Assumed data through the NAT gateway, GB/month.")] = 100,
+) -> None:
+    """Price a stack: node groups (base, on-demand, spot), storage and network, per hour and month."""
+    if diff is not None:
+        if stack is not None:
+            fail_usage("cost", "give a STACK or --diff BASE.json HEAD.json, not both")
+        typer.echo(pricing.cost_diff_markdown(_read_cost_json(diff[0]), _read_cost_json(diff[1])), nl=False)
+        raise typer.Exit(EXIT_OK)
+    if stack is None:
+        fail_usage("cost", "give a STACK (or --diff BASE.json HEAD.json)")
+    if dataset_gib < 0 or nat_gb < 0:
+        fail_usage("cost", "--dataset-gib and --nat-gb must be >= 0")
+    spec = build_spec(stack)
+    spot_rates = _live_spot_rates(spec) if live else None
+    try:
+        result = pricing.price_stack(spec, pricing.Assumptions(dataset_gib, nat_gb), spot_rates)
+    except pricing.PricingError as err:
+        fail_usage("cost", f"cannot price stack {spec.stack}: {err}")
+    if chart is not None:
+        from gpucluster.chart import ChartUnavailable, draw_chart
+
+        try:
+            draw_chart(result, chart)
+        except ChartUnavailable as err:
+            fail_usage("cost", str(err))
+    if as_json:
+        typer.echo(json.dumps(result.as_json(), indent=2))
+    else:
+        for line in render_cost(result):
+            typer.echo(line)
+        if chart is not None:
+            typer.echo(f"chart: {chart}")
+
+
+def _live_spot_rates(spec: StackSpec) -> dict[str, pricing.Rate]:
+    """Live spot prices; on failure the catalog's typical discount, said on stderr."""
+    from botocore.exceptions import BotoCoreError, ClientError
+    from gpucluster.ops.doctor import fetch_spot_prices
+
+    try:
+        return fetch_spot_prices(spec)
+    except (BotoCoreError, ClientError) as err:
+        typer.echo(f"cost --live: no live spot prices ({err}); using the catalog's typical discount",
+                   err=True)
+        return {}
+
+
+# --------------------------------------------------------------------- recommend
+
+
+@app.command()
+def recommend(
+    params: Annotated[str | None, typer.Option(help="Model size in parameters: 7, 70b, 1.5t.")] = None,
+    mode: Annotated[str | None, typer.Option(help="train, finetune (full) or inference.")] = None,
+    precision: Annotated[str, typer.Option(
+        help="bf16, fp16, fp32; inference also fp8, int8, int4.")] = "bf16",
+    seq_len: Annotated[int | None, typer.Option(help="Sequence length (default 4096).")] = None,
+    batch: Annotated[int, typer.Option(
+        help="Training: micro-batch per GPU; inference: concurrent sequences.")] = 1,
+    max_nodes: Annotated[int | None, typer.Option(
+        help="Most nodes to use (default 64 for training, 1 for inference).")] = None,
+    layers: Annotated[int | None, typer.Option(help="Model layers (else a known shape by size).")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Model hidden size.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Attention heads (default hidden / 128).")] = None,
+    kv_heads: Annotated[int | None, typer.Option(help="KV heads for GQA (default: heads).")] = None,
+    region: Annotated[str, typer.Option(help="Region to price in.")] = "us-east-1",
+    top: Annotated[int, typer.Option(help="How many fits to list.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead.")] = False,
+) -> None:
+    """Size a workload: the instance types and node counts that fit it, cheapest first."""
+    from gpucluster import sizing
+
+    if params is None:
+        fail_usage("recommend", "--params is required (model size, e.g. 7 or 70b)")
+    if mode is None:
+        fail_usage("recommend", "--mode is required (train, finetune or inference)")
+    if top < 1:
+        fail_usage("recommend", f"--top: must be >= 1, got {top}")
+    try:
+        workload = sizing.make_workload(params, mode, precision, seq_len, batch, max_nodes, layers,
+                                        hidden, heads, kv_heads)
+        fits = sizing.recommend(workload, region)
+    except sizing.SizingError as err:
+        fail_usage("recommend", str(err))
+    except pricing.PricingError as err:
+        fail_usage("recommend", f"--region: {err}")
+    memory = sizing.estimate_memory(workload)
+    snippet = sizing.node_group_snippet(fits[0], workload) if fits else None
+    if as_json:
+        typer.echo(json.dumps({
+            "workload": {"params_billion": workload.params_b, "mode": workload.mode,
+                         "precision": workload.precision, "seq_len": workload.seq_len,
+                         "batch": workload.batch, "max_nodes": workload.max_nodes,
+                         "shape": vars(workload.shape)},
+            "memory_gib": {k: round(v / sizing.GIB, 3) for k, v in vars(memory).items()},
+            "fits": [vars(f) for f in fits[:top]], "snippet": snippet}, indent=2))
+    else:
+        for line in render_recommendation(workload, memory, fits[:top], snippet):
+            typer.echo(line)
+    if not fits:
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list[Fit],
+                          snippet: str | None) -> list[str]:
+    """The human output of `gpucluster recommend`."""
+    from gpucluster.sizing import GIB, USABLE_FRACTION
+
+    w = workload
+    out = [f"{w.params_b:g}B {w.mode}, {w.precision}, sequence {w.seq_len}, batch {w.batch}, "
+           f"at most {w.max_nodes} node(s); shape: {w.shape.layers} layers, hidden {w.shape.hidden}, "
+           f"{w.shape.heads} heads, {w.shape.kv_heads} KV heads ({w.shape.source})"]
+    parts = [(label, getattr(memory, key) / GIB) for key, label in (
+        ("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer states"),
+        ("overhead", "runtime overhead"), ("kv_cache", "KV cache")) if getattr(memory, key)]
+    out.append("memory: " + " + ".join(f"{label} {gib:,.1f}" for label, gib in parts)
+               + f" = {memory.sharded / GIB:,.1f} GiB spread over all GPUs"
+               + (" (ZeRO-3 / FSDP)" if w.training else " (tensor parallel)"))
+    if w.training:
+        out.append(f"  + per GPU: activations {memory.activations / GIB:,.2f} GiB (full checkpointing) + "
+                   f"one gathered layer {memory.gather_buffers / GIB:,.2f} GiB")
+    out.append(f"  {USABLE_FRACTION * 100:.0f} % of each GPU's memory counted as usable; more than one "
+               "node needs EFA on several network cards")
+    if not fits:
+        out.append("nothing in the catalog fits: raise --max-nodes, or lower --precision, --seq-len "
+                   "or --batch")
+        return out
+    out.append("")
+    out += render_table(
+        ["#", "instance type", "nodes", "GPUs", "need GiB/GPU", "usable", "on-demand $/h", "spot $/h", "EFA"],
+        [[str(i), f.instance_type, str(f.nodes), f"{f.gpus} x {f.gpu_model}", f"{f.need_gib_per_gpu:.1f}",
+          f"{f.usable_gib_per_gpu:.1f}", _usd(f.usd_per_hour), _usd(f.spot_usd_per_hour),
+          "yes" if f.efa else "no"] for i, f in enumerate(fits, 1)])
+    out += ["", "node group for the cheapest fit (paste under `config:` in stacks/Pulumi.<env>.yaml):", ""]
+    out += [f"  {line}" for line in (snippet or "").splitlines()]
+    return out
+
+
+# ------------------------------------------------------------------------ doctor
+
+
+@app.command()
+def doctor(stack: StackArg) -> None:
+    """Check a stack against the AWS account (read-only): offerings, EFA, reservations, quotas, tags."""
+    from gpucluster.ops.doctor import DoctorError, has_blocker, run_checks
+
+    spec = build_spec(stack)
+    try:
+        findings = run_checks(spec)
+    except DoctorError as err:
+        fail_usage("doctor", str(err))
+    typer.echo(f"stack {spec.stack} ({spec.region}): pre-flight checks against the AWS account")
+    for line in render_table(["level", "check", "subject", "finding"],
+                             [[f.level, f.check, f.subject, f.message] for f in findings]):
+        typer.echo(line)
+    counts = Counter(f.level for f in findings)
+    typer.echo(f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['blocker']} blocker(s)")
+    raise typer.Exit(EXIT_BLOCKED if has_blocker(findings) else EXIT_OK)
+
+
+# -------------------------------------------------------------- resume / status
+
+
+def _autoscaling(spec: StackSpec) -> Any:
+    """An Auto Scaling client in the stack's region (honours AWS_ENDPOINT_URL)."""
+    import boto3
+
+    return boto3.client("autoscaling", region_name=spec.region)
+
+
+def _aws_call(command: str, call: Callable[[], T]) -> T:
+    """Run an AWS call; missing credentials or an AWS error become one line and exit 2."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return call()
+    except (BotoCoreError, ClientError) as err:
+        fail_usage(command, f"AWS said: {err}")
+
+
+def render_status(rows: list[GroupStatus]) -> list[str]:
+    return render_table(
+        ["group", "min", "desired", "max", "in service", "stopped by", "previous desired"],
+        [[r.name, str(r.min_size), str(r.desired_capacity), str(r.max_size), str(r.in_service),
+          r.stopped_by or "-", "-" if r.previous_desired is None else str(r.previous_desired)]
+         for r in rows])
+
+
+@app.command()
+def status(stack: StackArg) -> None:
+    """List the stack's node groups: capacity, nodes in service, and which guardrail stopped them."""
+    from gpucluster.ops.status import stack_status  # boto3: only the AWS commands pay for it
+
+    spec = build_spec(stack)
+    rows = _aws_call("status", lambda: stack_status(spec.stack, autoscaling_client=_autoscaling(spec)))
+    if not rows:
+        typer.echo(f"stack {spec.stack} ({spec.region}): no Auto Scaling groups tagged "
+                   f"gpucluster:stack={spec.stack} (not deployed, or another account/region)")
+        raise typer.Exit(EXIT_OK)
+    typer.echo(f"stack {spec.stack} ({spec.region}):")
+    for line in render_status(rows):
+        typer.echo(line)
+
+
+@app.command()
+def resume(
+    stack: StackArg,
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", help="Resume only groups stopped for this reason (budget, idle, schedule, "
+                       "lifetime); repeatable.")] = None,
+) -> None:
+    """Restore every group a guardrail stopped to its recorded min/desired capacity, and clear the tags."""
+    from gpucluster.lambdas.scaling import STOP_REASONS
+    from gpucluster.ops.status import resume_stack, stack_status
+
+    spec = build_spec(stack)
+    unknown = sorted(set(only or []) - set(STOP_REASONS))
+    if unknown:
+        fail_usage("resume", f"--only: unknown reason {', '.join(unknown)} "
+                             f"(one of {', '.join(STOP_REASONS)})")
+    client = _autoscaling(spec)
+    results = _aws_call("resume", lambda: resume_stack(spec.stack, autoscaling_client=client,
+                                                       only_stopped_by=only or None))
+    for r in results:
+        if r.action == "resumed":
+            typer.echo(f"resumed {r.group} (stopped by {r.stopped_by}): min {r.min_size}, "
+                       f"desired {r.desired_capacity}")
+        else:
+            typer.echo(f"skipped {r.group}: {r.reason}")
+    if not results:
+        typer.echo(f"stack {spec.stack}: no Auto Scaling groups tagged gpucluster:stack={spec.stack}")
+    rows = _aws_call("resume", lambda: stack_status(spec.stack, autoscaling_client=client))
+    for line in render_status(rows):
+        typer.echo(line)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""Node bootstrap: the user data every GPU node boots with, rendered per node group.
+
+It owns what runs on a node: the NVMe RAID0 scratch volume, the EFA/NCCL
+environment, the CloudWatch agent publishing GPU utilisation (auto-stop alarms
+on it), the spot-interruption watcher and hook, and the dataset mounts. The
+shell lives in the `*.sh` files next to this module; this module only renders
+settings into them (values shell-quoted) and packs them into one script. It is
+pure: no Pulumi import and no AWS call, so the output can be linted (`bash -n`,
+shellcheck) and inspected offline. Values that are Pulumi Outputs (bucket or
+FSx names of created resources) must be resolved by the caller first.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+
+from gpucluster.catalog import family_of
+from gpucluster.parts import DataMount
+from gpucluster.spec import NodeGroupConfig, StackSpec
+
+# --- the contract with auto-stop (guardrails): where GPU utilisation is published.
+# CloudWatch user guide, "Collect NVIDIA GPU metrics": the agent's nvidia_gpu plugin
+# publishes `nvidia_smi_<measurement>` in the agent's namespace (default CWAgent).
+GPU_METRIC_NAMESPACE = "CWAgent"
+GPU_UTILIZATION_METRIC = "nvidia_smi_utilization_gpu"
+GPU_METRIC_DIMENSION = "AutoScalingGroupName"
+"""The agent also publishes an aggregate carrying only this dimension (one series per group)."""
+GPU_METRIC_PERIOD_SECONDS = 60
+
+# --- the contract with the spot-interruption guardrail: run the hook through this, once.
+INTERRUPTION_HOOK = "/usr/local/sbin/gpucluster-interruption-hook"
+NODE_ENV = "/etc/gpucluster/node.env"
+
+MAX_USER_DATA_BYTES = 16384
+"""EC2 limit on user data before base64 (EC2 user guide, "Run commands at launch").
+
+The script is gzipped (cloud-init unpacks gzip user data: cloud-init docs, "User data
+formats"), so this bounds the compressed size."""
+
+# EFA supports RDMA (GPUDirect) on these families (EC2 user guide, "Elastic Fabric
+# Adapter", supported instance types: RDMA read/write).
+RDMA_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200"})
+
+_SBIN = "/usr/local/sbin"
+_UNITS = "/etc/systemd/system"
+_EOF = "GPUCLUSTER_FILE_EOF"
+
+
+@dataclass(frozen=True)
+class NodeFile:
+    """One file the bootstrap writes on the node."""
+
+    path: str
+    content: str
+    mode: str = "0644"
+
+
+@dataclass(frozen=True)
+class NodeBootstrap:
+    """Everything a node group's user data depends on (plain values only)."""
+
+    stack: str
+    cluster: str
+    node_group: str
+    region: str
+    scratch_mount: str
+    efa: bool
+    gpudirect_rdma: bool
+    watch_spot: bool
+    """Run the IMDS watcher: the group can hold spot nodes and a hook is configured."""
+    interruption_command: str | None
+    interruption_timeout_seconds: int
+    handle_rebalance: bool
+    data_mounts: tuple[DataMount, ...] = field(default=())
+    """Resolved: bucket and FSx names are strings here, never Outputs."""
+
+
+def node_bootstrap(spec: StackSpec, group: NodeGroupConfig,
+                   data_mounts: Sequence[DataMount] = ()) -> NodeBootstrap:
+    """The bootstrap settings of `group` in `spec`, with already-resolved data mounts."""
+    cap = group.capacity
+    can_be_spot = cap.market == "mixed" and cap.spot_percent > 0
+    return NodeBootstrap(
+        stack=spec.stack, cluster=spec.cluster.name, node_group=group.name, region=spec.region,
+        scratch_mount=group.scratch_mount, efa=group.efa_enabled,
+        gpudirect_rdma=group.efa_enabled and all(family_of(t) in RDMA_FAMILIES
+                                                 for t in group.instance_types),
+        watch_spot=can_be_spot and spec.spot.interruption_command is not None,
+        interruption_command=spec.spot.interruption_command,
+        interruption_timeout_seconds=spec.spot.interruption_timeout_seconds,
+        handle_rebalance=spec.spot.handle_rebalance,
+        data_mounts=tuple(data_mounts),
+    )
+
+
+# ------------------------------------------------------------------ rendered parts
+
+
+def node_env(b: NodeBootstrap) -> str:
+    """/etc/gpucluster/node.env: shell assignments every gpucluster-* script sources."""
+    values = {
+        "GPUCLUSTER_STACK": b.stack,
+        "GPUCLUSTER_CLUSTER": b.cluster,
+        "GPUCLUSTER_NODE_GROUP": b.node_group,
+        "GPUCLUSTER_REGION": b.region,
+        "GPUCLUSTER_SCRATCH_MOUNT": b.scratch_mount,
+        "GPUCLUSTER_WATCH_SPOT": _bool(b.watch_spot),
+        "GPUCLUSTER_HANDLE_REBALANCE": _bool(b.handle_rebalance),
+        "GPUCLUSTER_INTERRUPTION_COMMAND": b.interruption_command or "",
+        "GPUCLUSTER_INTERRUPTION_TIMEOUT_SECONDS": str(b.interruption_timeout_seconds),
+    }
+    lines = ["# gpucluster node settings (rendered; sourced by the gpucluster-* scripts)"]
+    lines += [f"{key}={shlex.quote(value)}" for key, value in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def efa_environment(b: NodeBootstrap) -> dict[str, str]:
+    """Libfabric/NCCL settings for jobs on EFA nodes (empty for non-EFA groups).
+
+    EC2 user guide, "Get started with EFA and NCCL for ML workloads"; the aws-ofi-nccl
+    plugin on the Deep Learning AMI picks the EFA provider up from these.
+    """
+    if not b.efa:
+        return {}
+    env = {
+        "FI_PROVIDER": "efa",
+        "FI_EFA_FORK_SAFE": "1",  # data loaders fork after libfabric registered memory
+        "NCCL_SOCKET_IFNAME": "^docker,lo,veth",  # NCCL bootstrap over the ENA interface only
+    }
+    if b.gpudirect_rdma:
+        env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return env
+
+
+def cloudwatch_agent_config() -> dict[str, object]:
+    """CloudWatch agent config: GPU metrics per instance, aggregated per Auto Scaling group.
+
+    `append_dimensions` adds the group name from the instance's aws:autoscaling:groupName
+    tag; `aggregation_dimensions` makes the one-dimension series auto-stop alarms on.
+    """
+    return {
+        "agent": {"metrics_collection_interval": GPU_METRIC_PERIOD_SECONDS, "run_as_user": "root"},
+        "metrics": {
+            "namespace": GPU_METRIC_NAMESPACE,
+            "append_dimensions": {
+                "AutoScalingGroupName": "${aws:AutoScalingGroupName}",
+                "InstanceId": "${aws:InstanceId}",
+                "InstanceType": "${aws:InstanceType}",
+            },
+            "aggregation_dimensions": [[GPU_METRIC_DIMENSION]],
+            "metrics_collected": {
+                "nvidia_gpu": {
+                    "measurement": ["utilization_gpu", "utilization_memory", "memory_used",
+                                    "memory_total"],
+                    "metrics_collection_interval": GPU_METRIC_PERIOD_SECONDS,
+                },
+            },
+        },
+    }
+
+
+def data_mounts_table(b: NodeBootstrap) -> str:
+    """/etc/gpucluster/data-mounts.tsv, one dataset a line, as gpucluster-data reads it."""
+    rows = []
+    for m in b.data_mounts:
+        fields = [m.access, m.name, m.bucket_name, m.prefix, m.path, m.fsx_dns_name, m.fsx_mount_name]
+        for value in fields:
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"data mount {m.name!r}: resolve Outputs before rendering, got "
+                                f"{type(value).__name__}")
+            if value and any(c in value for c in "\t\n"):
+                raise ValueError(f"data mount {m.name!r}: tabs or newlines in {value!r}")
+        if m.access == "fsx" and not (m.fsx_dns_name and m.fsx_mount_name):
+            raise ValueError(f"data mount {m.name!r}: fsx needs the DNS and mount name")
+        rows.append("\t".join(value or "-" for value in fields))
+    return "".join(row + "\n" for row in rows)
+
+
+def _unit(description: str, body: str, after: str = "local-fs.target", extra: str = "") -> str:
+    return (f"[Unit]\nDescription=gpucluster: {description}\nAfter={after}\n{extra}"
+            f"\n[Service]\n{body}\n\n[Install]\nWantedBy=multi-user.target\n")
+
+
+def node_files(b: NodeBootstrap) -> list[NodeFile]:
+    """Every file the bootstrap writes, in the order it writes them."""
+    files = [
+        NodeFile(NODE_ENV, node_env(b)),
+        NodeFile("/etc/gpucluster/data-mounts.tsv", data_mounts_table(b)),
+        NodeFile(f"{_SBIN}/gpucluster-scratch", script("scratch.sh"), "0755"),
+        NodeFile(f"{_SBIN}/gpucluster-data", script("data.sh"), "0755"),
+        NodeFile(INTERRUPTION_HOOK, script("interruption-hook.sh"), "0755"),
+        NodeFile(f"{_SBIN}/gpucluster-spot-watcher", script("spot-watcher.sh"), "0755"),
+        NodeFile(f"{_UNITS}/gpucluster-scratch.service", _unit(
+            "NVMe instance-store scratch (RAID0)",
+            f"Type=oneshot\nRemainAfterExit=yes\nExecStart={_SBIN}/gpucluster-scratch",
+            extra="Before=gpucluster-data.service\n")),
+        NodeFile(f"{_UNITS}/gpucluster-data.service", _unit(
+            "datasets (copy to scratch, Mountpoint for S3, FSx for Lustre)",
+            f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={_SBIN}/gpucluster-data",
+            after="gpucluster-scratch.service network-online.target",
+            extra="Wants=network-online.target\nRequires=gpucluster-scratch.service\n")),
+        NodeFile(f"{_UNITS}/gpucluster-spot-watcher.service", _unit(
+            "spot interruption watcher (IMDSv2)",
+            f"Type=simple\nRestart=on-failure\nRestartSec=5\nExecStart={_SBIN}/gpucluster-spot-watcher",
+            after="network-online.target", extra="Wants=network-online.target\n")),
+        NodeFile("/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json",
+                 json.dumps(cloudwatch_agent_config(), indent=2) + "\n"),
+    ]
+    env = efa_environment(b)
+    if env:
+        files.append(NodeFile("/etc/profile.d/gpucluster-efa.sh",
+                              "# EFA/NCCL settings for jobs (gpucluster)\n"
+                              + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())))
+        files.append(NodeFile("/etc/gpucluster/efa.env",  # for `docker run --env-file`, systemd
+                              "".join(f"{k}={v}\n" for k, v in env.items())))
+    return files
+
+
+def script(name: str) -> str:
+    """The text of one shell file shipped next to this module."""
+    return resources.files(__package__).joinpath(name).read_text()
+
+
+def _write(f: NodeFile) -> str:
+    lines = f.content.splitlines()
+    if _EOF in lines:
+        raise ValueError(f"{f.path}: content holds the heredoc delimiter {_EOF}")
+    body = f.content if f.content.endswith("\n") or not f.content else f.content + "\n"
+    return (f"cat > {f.path} <<'{_EOF}'\n{body}{_EOF}\n"
+            f"chmod {f.mode} {f.path}\n")
+
+
+def render_user_data(b: NodeBootstrap) -> str:
+    """The node's user data: one bash script that writes every file and starts the units."""
+    text = script("bootstrap.sh")
+    text = text.replace("@@LABEL@@", f"{b.cluster}/{b.node_group} (stack {b.stack})")
+    text = text.replace("@@FILES@@\n", "".join(_write(f) for f in node_files(b)))
+    if "@@" in text:
+        raise ValueError("bootstrap.sh has a placeholder left after rendering")
+    return text
+
+
+def encode_user_data(text: str) -> str:
+    """Gzip (mtime 0, so the same script always gives the same bytes), then base64.
+
+    Raises ValueError past EC2's 16 KiB user-data limit.
+    """
+    packed = gzip.compress(text.encode(), mtime=0)
+    if len(packed) > MAX_USER_DATA_BYTES:
+        raise ValueError(f"user data is {len(packed)} bytes gzipped; EC2 allows {MAX_USER_DATA_BYTES}")
+    return base64.b64encode(packed).decode()
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"

@@ -1,0 +1,339 @@
+"""Pre-flight checks of a stack against the AWS account it will be deployed to, read-only.
+
+It owns the questions a deploy would otherwise answer by failing half-way: is each instance
+type offered in the group's zones, do the EFA limits match the catalog the launch templates
+are built from, are the capacity reservations there, active, unexpired and of the right zone
+and type, do the account's vCPU quotas cover max nodes, and are the cost-allocation tags the
+budget filters on active. It also fetches live spot prices for `gpucluster cost --live`.
+Every check returns findings with a level (ok, warning, blocker) and reports all it finds.
+It only calls Describe/Get/List APIs, never creates or changes anything, and builds its
+clients with plain `boto3.client(service, region_name=...)` so `AWS_ENDPOINT_URL` works.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from gpucluster import catalog
+from gpucluster.pricing import Rate, split_nodes
+from gpucluster.spec import NodeGroupConfig, StackSpec
+
+Level = Literal["ok", "warning", "blocker"]
+
+# EC2 vCPU quotas by instance class (Service Quotas, service code `ec2`).
+QUOTAS: dict[tuple[str, str], tuple[str, str]] = {
+    ("P", "on-demand"): ("L-417A185B", "Running On-Demand P instances"),
+    ("G", "on-demand"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    ("P", "spot"): ("L-7212CCBC", "All P Spot Instance Requests"),
+    ("G", "spot"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+}
+# The tags the budget can filter on: the stack identity and the cost centre (spec.tags).
+COST_TAGS = ("gpucluster:stack", "cost_center")
+RESERVATION_SOON = timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class DoctorFinding:
+    level: Level
+    check: str
+    subject: str
+    message: str
+
+
+class DoctorError(RuntimeError):
+    """AWS cannot be asked at all (no credentials, no endpoint): nothing was checked."""
+
+
+@dataclass
+class Clients:
+    ec2: Any
+    quotas: Any
+    ce: Any
+
+    @classmethod
+    def for_region(cls, region: str) -> Clients:
+        return cls(ec2=boto3.client("ec2", region_name=region),
+                   quotas=boto3.client("service-quotas", region_name=region),
+                   ce=boto3.client("ce", region_name=region))
+
+
+def _error_code(err: ClientError) -> str:
+    return str(err.response.get("Error", {}).get("Code", "error"))
+
+
+def _not_checked(check: str, subject: str, err: ClientError) -> DoctorFinding:
+    message = str(err.response.get("Error", {}).get("Message", "")).strip()
+    if message.startswith("<"):
+        message = ""  # an HTML error page (a proxy or a fake endpoint), not an AWS message
+    message = message.splitlines()[0][:160] if message else ""
+    detail = f"{_error_code(err)}: {message}" if message else _error_code(err)
+    return DoctorFinding("warning", check, subject, f"could not check ({detail})")
+
+
+# ----------------------------------------------------------------------- checks
+
+
+def check_offerings(spec: StackSpec, ec2: Any) -> Iterable[DoctorFinding]:
+    """Each type offered in each of its group's zones; a zone with no offered type blocks."""
+    for group in spec.node_groups:
+        zones = spec.azs_of(group)
+        try:
+            pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+                LocationType="availability-zone",
+                Filters=[{"Name": "instance-type", "Values": list(group.instance_types)},
+                         {"Name": "location", "Values": zones}])
+            offered = {(o["InstanceType"], o["Location"]) for page in pages
+                       for o in page["InstanceTypeOfferings"]}
+        except ClientError as err:
+            yield _not_checked("offering", group.name, err)
+            continue
+        for az in zones:
+            missing = [t for t in group.instance_types if (t, az) not in offered]
+            if len(missing) == len(group.instance_types):
+                yield DoctorFinding("blocker", "offering", f"{group.name} {az}",
+                                    f"{', '.join(missing)} not offered in {az}: the group cannot "
+                                    "launch there; pick another zone or type")
+            elif missing:
+                yield DoctorFinding("warning", "offering", f"{group.name} {az}",
+                                    f"fallback {', '.join(missing)} not offered in {az}; the group "
+                                    "launches the other types only")
+            else:
+                yield DoctorFinding("ok", "offering", f"{group.name} {az}",
+                                    f"{', '.join(group.instance_types)} offered")
+
+
+def check_efa(spec: StackSpec, ec2: Any) -> Iterable[DoctorFinding]:
+    """EFA and network-card limits as AWS reports them against the catalog (NIC layout)."""
+    names = sorted({t for g in spec.node_groups for t in g.instance_types})
+    efa_types = {t for g in spec.node_groups if g.efa_enabled for t in g.instance_types}
+    try:
+        pages = ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=names)
+        reported = {t["InstanceType"]: t for page in pages for t in page["InstanceTypes"]}
+    except ClientError as err:
+        yield _not_checked("efa", ", ".join(names), err)
+        return
+    for name in names:
+        entry, aws = catalog.get(name), reported.get(name)
+        assert entry is not None
+        if aws is None:
+            yield DoctorFinding("warning", "efa", name, "not described by DescribeInstanceTypes")
+            continue
+        net = aws.get("NetworkInfo", {})
+        efa = net.get("EfaInfo", {}).get("MaximumEfaInterfaces", 0) if net.get("EfaSupported") else 0
+        cards = net.get("MaximumNetworkCards", 1)
+        if (efa, cards) == (entry.max_efa_interfaces, entry.network_cards):
+            yield DoctorFinding("ok", "efa", name, f"{efa} EFA interfaces, {cards} network cards, as the "
+                                "catalog says")
+            continue
+        # Fewer than the catalog: launch templates ask for NICs the instance lacks.
+        level: Level = "blocker" if name in efa_types and (efa < entry.efa_interface_count
+                                                          or cards < entry.network_cards) else "warning"
+        yield DoctorFinding(level, "efa", name, f"AWS reports {efa} EFA interfaces / {cards} network "
+                            f"cards, the catalog {entry.max_efa_interfaces} / {entry.network_cards}; "
+                            "update components/gpucluster/catalog/data/instance_types.yaml")
+
+
+def check_reservations(spec: StackSpec, ec2: Any, now: datetime | None = None) -> Iterable[DoctorFinding]:
+    """Each capacity reservation exists, is active, unexpired, and of the group's zone and type."""
+    now = now or datetime.now(UTC)
+    for group in spec.node_groups:
+        cr_id = group.capacity.capacity_reservation_id
+        if cr_id is None:
+            continue
+        subject = f"{group.name} {cr_id}"
+        try:
+            found = ec2.describe_capacity_reservations(CapacityReservationIds=[cr_id])["CapacityReservations"]
+        except ClientError as err:
+            if _error_code(err).startswith("InvalidCapacityReservationId"):
+                found = []
+            else:
+                yield _not_checked("reservation", subject, err)
+                continue
+        if not found:
+            yield DoctorFinding("blocker", "reservation", subject, "no such capacity reservation in "
+                                f"{spec.region} for this account")
+            continue
+        yield from _reservation_findings(spec, group, found[0], subject, now)
+
+
+def _reservation_findings(spec: StackSpec, group: NodeGroupConfig, cr: dict[str, Any], subject: str,
+                          now: datetime) -> Iterable[DoctorFinding]:
+    problems: list[tuple[Level, str]] = []
+    state, end = cr.get("State", "unknown"), cr.get("EndDate")
+    block = cr.get("ReservationType") == "capacity-block"
+    if end is not None and end <= now:
+        problems.append(("blocker", f"expired at {end:%Y-%m-%d %H:%M} UTC"))
+    elif state == "scheduled" and block:
+        problems.append(("warning", f"a capacity block that starts at {cr.get('StartDate'):%Y-%m-%d %H:%M} "
+                         "UTC; nodes launch from then"))
+    elif state != "active":
+        problems.append(("blocker", f"state is {state}, not active"))
+    elif end is not None and end - now < RESERVATION_SOON:
+        problems.append(("warning", f"ends at {end:%Y-%m-%d %H:%M} UTC, within "
+                         f"{RESERVATION_SOON.days} days"))
+    zones = spec.azs_of(group)
+    if cr.get("AvailabilityZone") not in zones:
+        problems.append(("blocker", f"is in {cr.get('AvailabilityZone')}, the group runs in "
+                         f"{', '.join(zones)}"))
+    if cr.get("InstanceType") not in group.instance_types:
+        problems.append(("blocker", f"is for {cr.get('InstanceType')}, the group launches "
+                         f"{', '.join(group.instance_types)}"))
+    market = group.capacity.market
+    if block != (market == "capacity_block"):
+        kind = "a capacity block" if block else "an on-demand capacity reservation"
+        problems.append(("blocker", f"is {kind}, but capacity.market is {market}"))
+    needed = group.max_nodes if market == "capacity_block" else group.capacity.on_demand_base
+    total = cr.get("TotalInstanceCount", 0)
+    if total < needed:
+        problems.append(("warning", f"holds {total} instances, the group wants {needed} from it"))
+    if not problems:
+        yield DoctorFinding("ok", "reservation", subject, f"{state}, {cr.get('InstanceType')} x {total} in "
+                            f"{cr.get('AvailabilityZone')}" + (f", until {end:%Y-%m-%d}" if end else ""))
+    for level, message in problems:
+        yield DoctorFinding(level, "reservation", subject, message)
+
+
+def quota_class(instance_type: str) -> str | None:
+    """`P` or `G` (the EC2 vCPU quota class of the GPU families we carry), else None."""
+    first = catalog.family_of(instance_type)[0]
+    return first.upper() if first in "pg" else None
+
+
+def vcpus_needed(spec: StackSpec) -> dict[tuple[str, str], int]:
+    """vCPUs at max nodes per (class, on-demand|spot), each group at its largest type.
+
+    Capacity-block groups are left out: their count is what the block holds (checked there).
+    """
+    need: dict[tuple[str, str], int] = defaultdict(int)
+    for group in spec.node_groups:
+        if group.capacity.market == "capacity_block":
+            continue
+        split = split_nodes(group, group.max_nodes)
+        vcpus = max(t.vcpus for t in group.types)
+        klass = quota_class(group.instance_types[0])
+        if klass is None:
+            continue
+        need[(klass, "on-demand")] += (split.base + split.on_demand) * vcpus
+        need[(klass, "spot")] += split.spot * vcpus
+    return {k: v for k, v in need.items() if v}
+
+
+def check_quotas(spec: StackSpec, quotas: Any) -> Iterable[DoctorFinding]:
+    """The account's vCPU quotas against what max nodes would run."""
+    for key, needed in sorted(vcpus_needed(spec).items()):
+        code, name = QUOTAS[key]
+        subject = f"{name} ({code})"
+        try:
+            value = _quota_value(quotas, code)
+        except ClientError as err:
+            yield _not_checked("quota", subject, err)
+            continue
+        if value < needed:
+            yield DoctorFinding("blocker", "quota", subject, f"{value:g} vCPUs, max nodes need {needed}; "
+                                "request an increase in Service Quotas before deploying")
+        else:
+            yield DoctorFinding("ok", "quota", subject, f"{value:g} vCPUs cover the {needed} max nodes need")
+
+
+def _quota_value(quotas: Any, code: str) -> float:
+    """The applied quota, or AWS's default where the account never changed it."""
+    try:
+        return float(quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+    except ClientError as err:
+        if _error_code(err) != "NoSuchResourceException":
+            raise
+        default = quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)
+        return float(default["Quota"]["Value"])
+
+
+def check_cost_tags(spec: StackSpec, ce: Any) -> Iterable[DoctorFinding]:
+    """`gpucluster:stack` and `cost_center` active as cost-allocation tags (budgets filter on them).
+
+    Not active is a warning, not a blocker: AWS lists a tag key only after resources carry
+    it, so a first deploy must come before the activation.
+    """
+    try:
+        listed = ce.list_cost_allocation_tags(TagKeys=list(COST_TAGS), Type="UserDefined")
+    except ClientError as err:
+        yield _not_checked("cost tag", ", ".join(COST_TAGS), err)
+        return
+    status = {t["TagKey"]: t.get("Status") for t in listed.get("CostAllocationTags", [])}
+    for key in COST_TAGS:
+        value = spec.tags[key]
+        if status.get(key) == "Active":
+            yield DoctorFinding("ok", "cost tag", key, f"active (this stack: {key}={value})")
+        elif key in status:
+            yield DoctorFinding("warning", "cost tag", key, "inactive: budgets filtering on it see no "
+                                "spend; activate it under Billing > Cost allocation tags")
+        else:
+            yield DoctorFinding("warning", "cost tag", key, "not seen yet (AWS lists a tag after resources "
+                                "carry it); activate it after the first deploy or budgets see no spend")
+
+
+def run_checks(spec: StackSpec, clients: Clients | None = None,
+               now: datetime | None = None) -> list[DoctorFinding]:
+    """Every check, in order; DoctorError when AWS cannot be reached or no credentials exist."""
+    clients = clients or Clients.for_region(spec.region)
+    checks: list[Callable[[], Iterable[DoctorFinding]]] = [
+        lambda: check_offerings(spec, clients.ec2),
+        lambda: check_efa(spec, clients.ec2),
+        lambda: check_reservations(spec, clients.ec2, now),
+        lambda: check_quotas(spec, clients.quotas),
+        lambda: check_cost_tags(spec, clients.ce),
+    ]
+    findings: list[DoctorFinding] = []
+    try:
+        for run in checks:
+            findings.extend(run())
+    except NoCredentialsError:
+        raise DoctorError("no AWS credentials found (aws configure, AWS_PROFILE or environment "
+                          "variables)") from None
+    except BotoCoreError as err:
+        raise DoctorError(f"cannot reach AWS: {err}") from None
+    return findings
+
+
+def has_blocker(findings: Iterable[DoctorFinding]) -> bool:
+    return any(f.level == "blocker" for f in findings)
+
+
+# ------------------------------------------------------------------ spot prices
+
+
+def fetch_spot_prices(spec: StackSpec, ec2: Any = None, now: datetime | None = None) -> dict[str, Rate]:
+    """Live spot price per node group: the mean of the latest Linux price in each of its zones.
+
+    Capacity-block groups and groups AWS returns no price for are left out (the cost model
+    then uses the catalog's typical discount for them).
+    """
+    ec2 = ec2 or boto3.client("ec2", region_name=spec.region)
+    now = now or datetime.now(UTC)
+    rates: dict[str, Rate] = {}
+    for group in spec.node_groups:
+        if group.capacity.market == "capacity_block":
+            continue
+        zones = spec.azs_of(group)
+        first = group.instance_types[0]
+        history = ec2.describe_spot_price_history(
+            InstanceTypes=[first], ProductDescriptions=["Linux/UNIX"], StartTime=now,
+            Filters=[{"Name": "availability-zone", "Values": zones}])["SpotPriceHistory"]
+        latest: dict[str, dict[str, Any]] = {}
+        for entry in history:
+            zone = entry["AvailabilityZone"]
+            if zone in zones and (zone not in latest or entry["Timestamp"] > latest[zone]["Timestamp"]):
+                latest[zone] = entry
+        if not latest:
+            continue
+        price = statistics.fmean(float(e["SpotPrice"]) for e in latest.values())
+        stamp = max(e["Timestamp"] for e in latest.values())
+        zones_seen = ", ".join(sorted(latest))
+        rates[group.name] = Rate(price, f"spot, live: mean of the latest price in {zones_seen}",
+                                 "EC2 DescribeSpotPriceHistory (Linux/UNIX)", f"{stamp:%Y-%m-%d %H:%M} UTC")
+    return rates

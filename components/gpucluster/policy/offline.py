@@ -1,0 +1,46 @@
+"""The policy pack offline: the same rules over the resources `gpucluster plan` recorded.
+
+It maps each PlannedResource onto a `Resource` record (with the id and ARN the
+mock engine gave it, so references between resources resolve as they do in a
+deployed stack) and evaluates every rule with the stack's policy config. It
+never prints and never exits: components/gpucluster/cli/commands.py does that.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpucluster.plan import Plan, PlanMocks, PlannedResource
+from gpucluster.policy import settings
+from gpucluster.policy.records import Resource, Violation
+from gpucluster.policy.rules import evaluate
+from pulumi.runtime import MockResourceArgs
+
+
+def record_of(planned: PlannedResource, mocks: PlanMocks) -> Resource:
+    """A planned resource as a rule record; its ids are what the mock engine answered for it."""
+    ids: list[str] = []
+    if planned.custom:
+        resource_id, state = mocks.new_resource(MockResourceArgs(
+            typ=planned.type, name=planned.name, inputs=dict(planned.inputs), custom=True))
+        ids = [v for v in (resource_id, state.get("arn"), state.get("name"), state.get("bucket"))
+               if isinstance(v, str)]
+    return Resource(type=planned.type, name=planned.name, props=planned.inputs, urn=planned.urn,
+                    parent=planned.parent, protect=planned.protect,
+                    retain_on_delete=planned.retain_on_delete, ids=tuple(dict.fromkeys(ids)))
+
+
+def plan_records(plan: Plan) -> list[Resource]:
+    """Every planned resource as a record the rules read."""
+    mocks = PlanMocks(plan.spec.region)
+    return [record_of(r, mocks) for r in plan.resources]
+
+
+def check_plan(plan: Plan, config_file: Path | None = None) -> list[Violation]:
+    """Run the policy pack over a plan with the given config file, else the stack's own, else defaults.
+
+    Raises settings.PolicyConfigError for an unreadable or invalid config file.
+    """
+    path = config_file or settings.stack_config_path(plan.stack)
+    levels, given = settings.load(path) if path else ({}, {})
+    return evaluate(plan_records(plan), levels, given)

@@ -1,0 +1,440 @@
+"""The cost model: what a stack costs per hour and per month, and how its capacity mix compares.
+
+It owns pricing a validated StackSpec: per node group the on-demand base (at the Savings
+Plan rate when the base is committed, at the Capacity Block rate for capacity blocks), the
+on-demand nodes above the base and the spot nodes, at desired and at max nodes, next to the
+same capacity all on-demand and all spot; the stack's other costs (EBS root volumes, the NAT
+gateway, FSx for Lustre, S3 storage); the budget warning; and the Markdown difference
+between two priced stacks. GPU figures come from gpucluster.catalog, the rest from
+data/service_prices.yaml, each rate carrying its source and date. It is pure: no Pulumi, no
+AWS calls (live spot prices are fetched by gpucluster.ops.doctor and handed in as rates), and it
+never guesses a price for a region it has no figures for: that is a PricingError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from gpucluster import catalog
+from gpucluster.spec import NodeGroupConfig, StackSpec
+
+PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "service_prices.yaml"
+HOURS_PER_MONTH = 730  # the month of the AWS Pricing Calculator and the EC2 pricing pages
+
+At = Literal["desired", "max"]
+Strategy = Literal["mix", "all_on_demand", "all_spot"]
+AT: tuple[At, ...] = ("desired", "max")
+STRATEGIES: tuple[Strategy, ...] = ("all_on_demand", "mix", "all_spot")
+STRATEGY_LABELS: dict[Strategy, str] = {
+    "all_on_demand": "all on-demand", "mix": "stack's mix", "all_spot": "all spot"}
+
+
+class PricingError(ValueError):
+    """The stack cannot be priced, e.g. its region has no figures in the catalog."""
+
+
+# ------------------------------------------------------------------------ rates
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A price per node-hour with where it comes from."""
+
+    usd_per_hour: float
+    basis: str
+    """How the figure is derived, e.g. "on-demand less the 30 % Savings Plan discount"."""
+    source: str
+    as_of: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"usd_per_hour": round(self.usd_per_hour, 5), "basis": self.basis,
+                "source": self.source, "as_of": self.as_of}
+
+
+@dataclass(frozen=True)
+class ServicePrices:
+    """The non-GPU unit prices of one region (data/service_prices.yaml)."""
+
+    region: str
+    ebs_gp3_usd_per_gb_month: float
+    nat_gateway_usd_per_hour: float
+    nat_gateway_usd_per_gb: float
+    s3_standard_usd_per_gb_month: float
+    fsx_lustre_usd_per_gb_month: dict[str, float]
+    sources: dict[str, str]
+    as_of: str
+
+
+@cache
+def _service_price_file(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
+def service_prices(region: str, path: Path = PRICES_FILE) -> ServicePrices:
+    """The region's EBS, NAT, FSx and S3 prices; PricingError names the regions we carry."""
+    raw = _service_price_file(path)
+    rates = raw["regions"].get(region)
+    if rates is None:
+        known = ", ".join(sorted(raw["regions"]))
+        raise PricingError(f"no EBS/NAT/FSx/S3 prices for region {region} (have: {known})")
+    return ServicePrices(region=region, sources=dict(raw["sources"]), as_of=str(raw["as_of"]),
+                         fsx_lustre_usd_per_gb_month=dict(rates["fsx_lustre_usd_per_gb_month"]),
+                         **{k: float(v) for k, v in rates.items() if k != "fsx_lustre_usd_per_gb_month"})
+
+
+def on_demand_rate(instance: catalog.InstanceType, region: str) -> Rate:
+    try:
+        price = instance.on_demand_price(region)
+    except KeyError as err:
+        raise PricingError(str(err.args[0])) from None
+    src = catalog.price_sources()
+    return Rate(price, "on-demand", src["on_demand"], src["as_of"])
+
+
+def savings_plan_rate(instance: catalog.InstanceType, region: str) -> Rate:
+    od, src = on_demand_rate(instance, region), catalog.price_sources()
+    discount = instance.family.savings_plan_discount_percent
+    return Rate(od.usd_per_hour * (1 - discount / 100),
+                f"on-demand less the {discount:g} % Savings Plan discount of {instance.family.name}",
+                src["savings_plan"], src["as_of"])
+
+
+def typical_spot_rate(instance: catalog.InstanceType, region: str) -> Rate:
+    od, src = on_demand_rate(instance, region), catalog.price_sources()
+    discount = instance.family.spot_discount_percent
+    return Rate(od.usd_per_hour * (1 - discount / 100),
+                f"on-demand less the typical {discount:g} % spot discount of {instance.family.name}",
+                src["spot"], src["as_of"])
+
+
+def capacity_block_rate(instance: catalog.InstanceType) -> Rate:
+    price = instance.family.capacity_block_usd_per_hour
+    if price is None:
+        raise PricingError(f"{instance.name} cannot be bought as a Capacity Block (no block price)")
+    src = catalog.price_sources()
+    return Rate(float(price), "Capacity Block for ML", src["capacity_block"], src["as_of"])
+
+
+# ------------------------------------------------------------------ node groups
+
+
+@dataclass(frozen=True)
+class NodeSplit:
+    """How many of a group's nodes are base, on-demand above the base, and spot."""
+
+    nodes: int
+    base: int
+    on_demand: int
+    spot: int
+
+
+def split_nodes(group: NodeGroupConfig, nodes: int) -> NodeSplit:
+    """The ASG's split of `nodes`: the base first, then spot_percent of the rest as spot.
+
+    A fractional on-demand share is rounded up (Auto Scaling rounds in favour of on-demand,
+    and it is the dearer, so the budget-safe, reading). A capacity block is all base.
+    """
+    cap = group.capacity
+    if cap.market == "capacity_block":
+        return NodeSplit(nodes, nodes, 0, 0)
+    base = min(nodes, cap.on_demand_base)
+    above = nodes - base
+    on_demand = math.ceil(above * (100 - Fraction(str(cap.spot_percent))) / 100)
+    return NodeSplit(nodes, base, on_demand, above - on_demand)
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    """One node group priced at desired and at max nodes."""
+
+    name: str
+    instance_type: str
+    note: str
+    """Which type is priced and why (the first of several is priced; fallbacks differ)."""
+    on_demand: Rate
+    base: Rate
+    spot: Rate
+    desired: NodeSplit
+    max: NodeSplit
+
+    def split(self, at: At) -> NodeSplit:
+        return self.desired if at == "desired" else self.max
+
+    def parts(self, at: At) -> dict[str, float]:
+        """USD/hour of the base, the on-demand nodes above it and the spot nodes."""
+        s = self.split(at)
+        return {"base": s.base * self.base.usd_per_hour,
+                "on_demand": s.on_demand * self.on_demand.usd_per_hour,
+                "spot": s.spot * self.spot.usd_per_hour}
+
+    def usd_per_hour(self, at: At, strategy: Strategy = "mix") -> float:
+        nodes = self.split(at).nodes
+        if strategy == "all_on_demand":
+            return nodes * self.on_demand.usd_per_hour
+        if strategy == "all_spot":
+            return nodes * self.spot.usd_per_hour
+        return sum(self.parts(at).values())
+
+    def as_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "name": self.name, "instance_type": self.instance_type, "note": self.note,
+            "rates": {"on_demand": self.on_demand.as_json(), "base": self.base.as_json(),
+                      "spot": self.spot.as_json()},
+        }
+        for at in AT:
+            s = self.split(at)
+            doc[at] = {"nodes": s.nodes, "base": s.base, "on_demand": s.on_demand, "spot": s.spot,
+                       "usd_per_hour": {**{k: round(v, 4) for k, v in self.parts(at).items()},
+                                        **{k: round(self.usd_per_hour(at, k), 4) for k in STRATEGIES}}}
+        return doc
+
+
+def price_group(spec: StackSpec, group: NodeGroupConfig, spot: Rate | None = None) -> GroupCost:
+    """Price `group` as its first (preferred) instance type; `spot` overrides the catalog figure."""
+    first = group.types[0]
+    od = on_demand_rate(first, spec.region)
+    cap = group.capacity
+    if cap.market == "capacity_block":
+        base = capacity_block_rate(first)
+    elif cap.base_commitment == "savings_plan":
+        base = savings_plan_rate(first, spec.region)
+    elif cap.base_commitment == "reserved_instances":
+        sp = savings_plan_rate(first, spec.region)
+        # We carry no separate RI figure; a 1-year standard RI is at least this cheap.
+        base = Rate(sp.usd_per_hour, f"reserved instances, priced at the Savings Plan rate ({sp.basis})",
+                    sp.source, sp.as_of)
+    else:
+        base = od
+    note = f"priced as {first.name}"
+    others = group.types[1:]
+    if others:
+        listed = ", ".join(f"{t.name} ${on_demand_rate(t, spec.region).usd_per_hour:,.2f}/h" for t in others)
+        note += (f", the first of {len(group.types)} instance types; fallbacks cost differently "
+                 f"(on-demand: {listed})")
+    return GroupCost(name=group.name, instance_type=first.name, note=note, on_demand=od, base=base,
+                     spot=spot or typical_spot_rate(first, spec.region),
+                     desired=split_nodes(group, group.desired_nodes),
+                     max=split_nodes(group, group.max_nodes))
+
+
+# ------------------------------------------------------------------------ stacks
+
+
+@dataclass(frozen=True)
+class OtherCost:
+    """A non-GPU cost of the stack, per month at desired and at max nodes."""
+
+    name: str
+    kind: Literal["ebs", "nat", "fsx", "s3"]
+    desired_usd_per_month: float
+    max_usd_per_month: float
+    basis: str
+    source: str
+    as_of: str
+
+    def usd_per_month(self, at: At) -> float:
+        return self.desired_usd_per_month if at == "desired" else self.max_usd_per_month
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """Figures the stack file does not say but the cost depends on."""
+
+    dataset_gib: float = 1024
+    """S3 size of a created bucket that has no FSx file system to size it by."""
+    nat_gb_per_month: float = 100
+    """Data through the NAT gateway (package and image downloads; S3 goes through its endpoint)."""
+
+
+@dataclass(frozen=True)
+class StackCost:
+    """A priced stack: node groups, other costs, totals per strategy, budget check."""
+
+    stack: str
+    region: str
+    groups: tuple[GroupCost, ...]
+    other: tuple[OtherCost, ...]
+    budget_usd_per_month: float | None
+    assumptions: tuple[str, ...] = field(default=())
+
+    def compute_usd_per_hour(self, at: At, strategy: Strategy = "mix") -> float:
+        return sum(g.usd_per_hour(at, strategy) for g in self.groups)
+
+    def other_usd_per_month(self, at: At) -> float:
+        return sum(o.usd_per_month(at) for o in self.other)
+
+    def usd_per_month(self, at: At, strategy: Strategy = "mix") -> float:
+        return self.compute_usd_per_hour(at, strategy) * HOURS_PER_MONTH + self.other_usd_per_month(at)
+
+    def usd_per_hour(self, at: At, strategy: Strategy = "mix") -> float:
+        return self.usd_per_month(at, strategy) / HOURS_PER_MONTH
+
+    def saving_percent(self, at: At) -> float:
+        """How far the stack's mix is below the same capacity all on-demand (whole stack)."""
+        on_demand = self.usd_per_month(at, "all_on_demand")
+        return 100 * (1 - self.usd_per_month(at, "mix") / on_demand) if on_demand else 0.0
+
+    def components(self, at: At, strategy: Strategy = "mix") -> list[tuple[str, float]]:
+        """(component, USD/month): each node group, then each other cost."""
+        return ([(f"node group {g.name}", g.usd_per_hour(at, strategy) * HOURS_PER_MONTH)
+                 for g in self.groups] + [(o.name, o.usd_per_month(at)) for o in self.other])
+
+    @property
+    def warnings(self) -> list[str]:
+        budget = self.budget_usd_per_month
+        if budget is None:
+            return ["no budget (gpucluster:budget): nothing alerts on or caps this stack's spend"]
+        out = []
+        for at in AT:
+            cost = self.usd_per_month(at)
+            if cost > budget:
+                out.append(f"at {at} nodes the stack's mix costs ${cost:,.0f}/month, "
+                           f"{100 * (cost / budget - 1):.0f} % over the ${budget:,.0f} budget "
+                           "(budget.monthly_limit_usd)")
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        parts = {at: dict(self.components(at)) for at in AT}
+        return {
+            "stack": self.stack, "region": self.region, "currency": "USD",
+            "hours_per_month": HOURS_PER_MONTH,
+            "node_groups": [g.as_json() for g in self.groups],
+            "other": [{"name": o.name, "kind": o.kind, "basis": o.basis, "source": o.source,
+                       "as_of": o.as_of, "usd_per_month": {at: round(o.usd_per_month(at), 2) for at in AT}}
+                      for o in self.other],
+            "components": [{"name": name, "usd_per_month": {at: round(parts[at][name], 2) for at in AT}}
+                           for name in parts["desired"]],
+            "totals": {at: {s: {"usd_per_hour": round(self.usd_per_hour(at, s), 2),
+                                "usd_per_month": round(self.usd_per_month(at, s), 2)}
+                            for s in STRATEGIES} for at in AT},
+            "saving_vs_on_demand_percent": {at: round(self.saving_percent(at), 1) for at in AT},
+            "budget_usd_per_month": self.budget_usd_per_month,
+            "warnings": self.warnings,
+            "assumptions": list(self.assumptions),
+        }
+
+
+def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> Iterable[OtherCost]:
+    src, as_of = prices.sources, prices.as_of
+    gp3 = prices.ebs_gp3_usd_per_gb_month
+    for g in spec.node_groups:
+        size = g.root_volume_size_gib
+        yield OtherCost(f"EBS root volumes {g.name}", "ebs", g.desired_nodes * size * gp3,
+                        g.max_nodes * size * gp3, f"nodes x {size} GiB gp3 x ${gp3}/GB-month",
+                        src["ebs"], as_of)
+    if spec.network.vpc_cidr is not None and spec.network.nat_gateway:
+        nat = (prices.nat_gateway_usd_per_hour * HOURS_PER_MONTH
+               + prices.nat_gateway_usd_per_gb * assume.nat_gb_per_month)
+        yield OtherCost("NAT gateway", "nat", nat, nat,
+                        f"1 x ${prices.nat_gateway_usd_per_hour}/h + {assume.nat_gb_per_month:g} GB x "
+                        f"${prices.nat_gateway_usd_per_gb}/GB", src["nat"], as_of)
+    s3 = prices.s3_standard_usd_per_gb_month
+    for d in spec.datasets:
+        if d.fsx is not None:
+            key = d.fsx.deployment_type + (f"_{d.fsx.throughput_per_unit_mib}"
+                                           if d.fsx.deployment_type == "PERSISTENT_2" else "")
+            rate = prices.fsx_lustre_usd_per_gb_month[key]
+            fsx = d.fsx.storage_capacity_gib * rate
+            yield OtherCost(f"FSx for Lustre {d.name}", "fsx", fsx, fsx,
+                            f"{d.fsx.storage_capacity_gib} GiB {key} x ${rate}/GB-month", src["fsx"], as_of)
+        if d.existing:
+            continue  # an existing bucket is paid for already; the stack adds nothing to it
+        gib = d.fsx.storage_capacity_gib if d.fsx is not None else assume.dataset_gib
+        why = "the FSx capacity" if d.fsx is not None else "assumed, --dataset-gib"
+        yield OtherCost(f"S3 {d.name}", "s3", gib * s3, gib * s3,
+                        f"{gib:g} GiB ({why}) x ${s3}/GB-month", src["s3"], as_of)
+
+
+def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
+                spot_rates: Mapping[str, Rate] | None = None) -> StackCost:
+    """Price every node group and the other costs of `spec`.
+
+    `spot_rates` (node group name -> Rate) replaces the catalog's typical spot discount,
+    e.g. with live prices. Raises PricingError when the region has no figures.
+    """
+    assume = assumptions or Assumptions()
+    spot_rates = spot_rates or {}
+    groups = tuple(price_group(spec, g, spot_rates.get(g.name)) for g in spec.node_groups)
+    other = tuple(_other_costs(spec, service_prices(spec.region), assume))
+    notes = (
+        f"a month is {HOURS_PER_MONTH} hours, every node running all month",
+        "on-demand nodes above the base and spot nodes follow spot_percent; a fractional "
+        "on-demand share is rounded up",
+        "a committed base (savings_plan or reserved_instances) is priced at the family's Savings "
+        "Plan rate; nodes above the base at on-demand",
+        "a capacity block is priced at its block rate for the whole month",
+        f"S3 holds the FSx capacity for FSx datasets, else {assume.dataset_gib:g} GiB per created "
+        "bucket; existing buckets are not counted",
+        f"{assume.nat_gb_per_month:g} GB/month through the NAT gateway; S3 traffic uses the free "
+        "gateway endpoint",
+        "not counted: data transfer out, requests, CloudWatch, Lambda, snapshots (small next to GPUs)",
+    )
+    budget = spec.budget.monthly_limit_usd if spec.budget else None
+    return StackCost(spec.stack, spec.region, groups, other, budget, notes)
+
+
+# -------------------------------------------------------------------------- diff
+
+
+def cost_document(doc: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The cost part of a `plan --json` (its `cost` key) or `cost --json` document."""
+    cost = doc.get("cost", doc)
+    if not isinstance(cost, Mapping) or "totals" not in cost:
+        reason = cost.get("error") if isinstance(cost, Mapping) else None
+        raise PricingError(reason or "not a cost document (expected `gpucluster cost --json` or "
+                           "`gpucluster plan --json` output)")
+    return cost
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def _change(base: float | None, head: float | None) -> str:
+    if base is None:
+        return "new"
+    if head is None:
+        return "removed"
+    delta = head - base
+    if abs(delta) < 0.005:
+        return "no change"
+    pct = f" ({100 * delta / base:+.1f} %)" if base else ""
+    return f"{'+' if delta > 0 else '-'}${abs(delta):,.2f}{pct}"
+
+
+def cost_diff_markdown(base_doc: Mapping[str, Any], head_doc: Mapping[str, Any]) -> str:
+    """A Markdown cost difference for a pull-request comment (monthly, USD)."""
+    base, head = cost_document(base_doc), cost_document(head_doc)
+    title = base["stack"] if base["stack"] == head["stack"] else f"{base['stack']} -> {head['stack']}"
+    lines = [f"### gpucluster cost: {title}", "",
+             f"Monthly cost in USD ({head['hours_per_month']} hours a month), base -> head.", "",
+             "| | base | head | change |", "|---|---:|---:|---:|"]
+    for at in AT:
+        b, h = base["totals"][at]["mix"]["usd_per_month"], head["totals"][at]["mix"]["usd_per_month"]
+        lines.append(f"| **total at {at} nodes** | {_money(b)} | {_money(h)} | **{_change(b, h)}** |")
+    for at in AT:
+        b, h = (base["totals"][at]["all_on_demand"]["usd_per_month"],
+                head["totals"][at]["all_on_demand"]["usd_per_month"])
+        lines.append(f"| same capacity all on-demand, {at} | {_money(b)} | {_money(h)} | {_change(b, h)} |")
+    before = {c["name"]: c["usd_per_month"] for c in base["components"]}
+    after = {c["name"]: c["usd_per_month"] for c in head["components"]}
+    names = list(before) + [n for n in after if n not in before]
+    for at in AT:
+        for name in names:
+            b = before[name][at] if name in before else None
+            h = after[name][at] if name in after else None
+            if b is None or h is None or abs(h - b) >= 0.005:
+                lines.append(f"| {name}, {at} | {_money(b)} | {_money(h)} | {_change(b, h)} |")
+    saving_b, saving_h = base["saving_vs_on_demand_percent"], head["saving_vs_on_demand_percent"]
+    lines += ["", "Saving against all on-demand: " + ", ".join(
+        f"{at} {saving_b[at]:.1f} % -> {saving_h[at]:.1f} %" for at in AT) + "."]
+    if head["warnings"]:
+        lines += ["", *[f"> warning: {w}" for w in head["warnings"]]]
+    return "\n".join(lines) + "\n"

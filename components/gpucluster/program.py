@@ -1,0 +1,40 @@
+"""The Pulumi program: stack config -> StackSpec -> GpuCluster -> stack outputs.
+
+`__main__.py` calls `run()` under `pulumi up`; `gpucluster plan` calls the same
+`run()` under Pulumi's mock engine. Config is validated in full before the
+first resource is declared, so bad input never creates anything half-way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+from gpucluster.aws.cluster import GpuCluster
+from gpucluster.spec import SpecError, StackSpec, parse_stack_config
+from pulumi.runtime import config as runtime_config
+
+
+def read_config_map() -> dict[str, Any]:
+    """Every config value of this stack (`namespace:key` -> value), as the engine passed it.
+
+    Pulumi's SDK reads single keys only; unknown-key detection needs them all,
+    so this merges the process-wide `PULUMI_CONFIG` bag with explicitly set values.
+    """
+    return {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+
+
+def load_spec() -> StackSpec:
+    """Validate the stack's config; a one-line-per-problem RunError (no traceback) if bad."""
+    try:
+        return parse_stack_config(read_config_map(), stack=pulumi.get_stack())
+    except SpecError as err:
+        raise pulumi.RunError(f"invalid stack config for {pulumi.get_stack()}:\n{err}") from None
+
+
+def run() -> GpuCluster:
+    spec = load_spec()
+    cluster = GpuCluster(spec.cluster.name, spec)
+    for key, value in cluster.outputs.items():
+        pulumi.export(key, value)
+    return cluster

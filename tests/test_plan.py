@@ -23,7 +23,7 @@ def test_plan_shipped_stacks_exit_0(stack: str) -> None:
     result = runner.invoke(app, ["plan", stack])
     assert result.exit_code == 0, result.output
     assert f"stack {stack} " in result.output
-    assert "gpucluster:cluster:GpuCluster" in result.output
+    assert "gpucluster:index:GpuCluster" in result.output
 
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
@@ -36,7 +36,7 @@ def test_plan_json_has_the_contract_keys(stack: str) -> None:
     assert doc["resources"], "a plan lists at least the cluster component"
     for resource in doc["resources"]:
         assert {"type", "name", "parent", "inputs"} <= set(resource)
-    cluster = next(r for r in doc["resources"] if r["type"] == "gpucluster:cluster:GpuCluster")
+    cluster = next(r for r in doc["resources"] if r["type"] == "gpucluster:index:GpuCluster")
     assert cluster["parent"].endswith("pulumi:pulumi:Stack::gpucluster-" + stack)
 
 

@@ -13,6 +13,8 @@ and the S3 grants and data mounts the nodes need), then the node identity
 those groups' Auto Scaling groups.
 """
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
 
 import pulumi
@@ -111,6 +113,50 @@ class DatasetSummary(TypedDict):
     """access fsx: its zone."""
 
 
+@dataclass
+class Datasets:
+    """A cluster's datasets: their components, and what they hand the node IAM, bootstrap and stack."""
+
+    store: DatasetStore
+    buckets: dict[str, DatasetBucket] = field(default_factory=dict)
+    file_systems: dict[str, LustreFileSystem] = field(default_factory=dict)
+    grants: list[S3Grant] = field(default_factory=list)
+    mounts: list[NodeDataMount] = field(default_factory=list)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def build_datasets(name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
+                   subnet_ids_by_zone: Mapping[str, pulumi.Input[str]],
+                   node_security_group_ids: Mapping[str, pulumi.Input[str]],
+                   opts: pulumi.ResourceOptions | None = None) -> Datasets:
+    """Every dataset's bucket (and FSx, in its zone's subnet) under one DatasetStore named `name`."""
+    parts = Datasets(store=DatasetStore(name, opts=opts))
+    child = pulumi.ResourceOptions(parent=parts.store)
+    for dataset in spec.datasets:
+        bucket = parts.buckets[dataset.name] = DatasetBucket(
+            f"{name}-{dataset.name}", stack.dataset_bucket_args(spec, dataset), opts=child)
+        mount = stack.data_mount(spec, dataset, bucket.bucket_name)
+        entry: dict[str, Any] = {"bucket_name": bucket.bucket_name, "bucket_arn": bucket.bucket_arn,
+                                 "existing": dataset.existing, "access": dataset.access,
+                                 "prefix": dataset.prefix, "checkpoint_prefix": dataset.checkpoint_prefix,
+                                 "path": mount["path"]}
+        if dataset.access == "fsx" and dataset.fsx is not None:
+            lustre = parts.file_systems[dataset.name] = LustreFileSystem(
+                f"{name}-{dataset.name}-fsx", stack.lustre_args(
+                    spec, dataset, bucket_name=bucket.bucket_name, vpc_id=vpc_id,
+                    subnet_ids_by_zone=subnet_ids_by_zone, node_security_group_ids=node_security_group_ids),
+                opts=child)
+            entry |= {"fsx_file_system_id": lustre.file_system_id, "fsx_dns_name": lustre.dns_name,
+                      "fsx_mount_name": lustre.mount_name,
+                      "fsx_availability_zone": stack.fsx_zone(spec, dataset.fsx)}
+            mount = stack.data_mount(spec, dataset, bucket.bucket_name, lustre.dns_name, lustre.mount_name)
+        parts.grants.extend(bucket.grants)
+        parts.mounts.append(mount)
+        parts.outputs[dataset.name] = entry
+    parts.store.finish(parts.outputs)
+    return parts
+
+
 def cluster_spec(name: str, args: Any) -> StackSpec:
     """GpuClusterArgs checked as a stack file is: every model and named check, or ArgsError."""
     values = dict(args) if isinstance(args, dict) else args
@@ -159,9 +205,14 @@ class GpuCluster(pulumi.ComponentResource):
         super().__init__(type_token("GpuCluster"), name, None, component_options(opts, OLD_TYPE))
         child = pulumi.ResourceOptions(parent=self)
         self.network = ClusterNetwork(f"{name}-network", stack.network_args(spec), opts=child)
-        grants, mounts, datasets = self._datasets(f"{name}-datasets", spec)
-        self.node_identity = NodeIdentity(f"{name}-node-identity", stack.node_identity_args(spec, grants),
-                                          opts=child)
+        parts = build_datasets(
+            f"{name}-datasets", spec, vpc_id=self.network.vpc_id, subnet_ids_by_zone=self.network.subnets,
+            node_security_group_ids={g: n.security_group.id for g, n in self.network.groups.items()},
+            opts=child)
+        self.dataset_store, self.buckets, self.file_systems = parts.store, parts.buckets, parts.file_systems
+        mounts, datasets = parts.mounts, parts.outputs
+        self.node_identity = NodeIdentity(f"{name}-node-identity",
+                                          stack.node_identity_args(spec, parts.grants), opts=child)
         self.groups: dict[str, GpuNodeGroup] = {}
         for group in spec.node_groups:
             network = self.network.groups[group.name]
@@ -205,40 +256,3 @@ class GpuCluster(pulumi.ComponentResource):
         self.idle_alarm_names = self.guardrails.idle_alarm_names
         self.schedule_names = self.guardrails.schedule_names
         self.register_outputs(self.outputs)
-
-    def _datasets(self, name: str, spec: StackSpec) -> tuple[list[S3Grant], list[NodeDataMount],
-                                                             dict[str, dict[str, Any]]]:
-        """Buckets and FSx under one DatasetStore parent: the grants, mounts and outputs they hand on."""
-        store = self.dataset_store = DatasetStore(name, opts=pulumi.ResourceOptions(parent=self))
-        child = pulumi.ResourceOptions(parent=store)
-        node_security_groups = {g: n.security_group.id for g, n in self.network.groups.items()}
-        self.buckets: dict[str, DatasetBucket] = {}
-        self.file_systems: dict[str, LustreFileSystem] = {}
-        grants: list[S3Grant] = []
-        mounts: list[NodeDataMount] = []
-        outputs: dict[str, dict[str, Any]] = {}
-        for dataset in spec.datasets:
-            bucket = self.buckets[dataset.name] = DatasetBucket(
-                f"{name}-{dataset.name}", stack.dataset_bucket_args(spec, dataset), opts=child)
-            mount = stack.data_mount(spec, dataset, bucket.bucket_name)
-            entry: dict[str, Any] = {"bucket_name": bucket.bucket_name, "bucket_arn": bucket.bucket_arn,
-                                     "existing": dataset.existing, "access": dataset.access,
-                                     "prefix": dataset.prefix, "checkpoint_prefix": dataset.checkpoint_prefix,
-                                     "path": mount["path"]}
-            if dataset.access == "fsx" and dataset.fsx is not None:
-                lustre = self.file_systems[dataset.name] = LustreFileSystem(
-                    f"{name}-{dataset.name}-fsx", stack.lustre_args(
-                        spec, dataset, bucket_name=bucket.bucket_name, vpc_id=self.network.vpc_id,
-                        subnet_ids_by_zone=self.network.subnets,
-                        node_security_group_ids=node_security_groups),
-                    opts=child)
-                entry |= {"fsx_file_system_id": lustre.file_system_id, "fsx_dns_name": lustre.dns_name,
-                          "fsx_mount_name": lustre.mount_name,
-                          "fsx_availability_zone": stack.fsx_zone(spec, dataset.fsx)}
-                mount = stack.data_mount(spec, dataset, bucket.bucket_name, lustre.dns_name,
-                                         lustre.mount_name)
-            grants.extend(bucket.grants)
-            mounts.append(mount)
-            outputs[dataset.name] = entry
-        store.finish(outputs)
-        return grants, mounts, outputs

@@ -260,8 +260,8 @@ def component_options(opts: pulumi.ResourceOptions | None, old_type: str) -> pul
 
     Without it, a new type token is a new URN for the component and every resource under it, and
     `pulumi up` would replace them all (protected buckets block that). Children need no alias of
-    their own: they inherit their parent's (pulumi SDK `runtime/resource.py` `all_aliases`; the
-    engine does the same for alias specs).
+    their own: the engine re-parents a child's URN under the old URN its parent matched
+    (pulumi/pulumi pkg/resource/deploy/step_generator.go, `generateAliases`), level by level.
     """
     return pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(type_=old_type)]))
 
@@ -416,7 +416,7 @@ class GpuNodeGroupModel(StrictModel):
     subnet_ids: input_of(Annotated[list[input_of(SubnetId)], Field(min_length=1)])
     security_group_ids: input_of(
         Annotated[list[input_of(SecurityGroupId)], Field(min_length=1, max_length=5)])
-    placement_group_name: input_of(NonEmpty) = None
+    placement_group_name: input_of(NonEmpty | None) = None
     instance_profile_arn: input_of(Arn)
     tags: Tags = Field(default_factory=dict)
     spot: SpotConfig = SpotConfig()

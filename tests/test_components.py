@@ -197,6 +197,21 @@ def test_bad_cluster_args_fail_like_the_stack_file() -> None:
                                "got 80, 50")
 
 
+def test_cluster_from_a_programs_own_args_takes_the_current_stack_as_identity() -> None:
+    """GpuClusterArgs written in a program (no stack file): `stack` defaults to the Pulumi stack."""
+    args = {"cluster": {"name": "lab", "tags": {"owner": "ml", "cost_center": "cc-1", "environment": "dev"}},
+            "network": {"availability_zones": ["us-east-1a"], "vpc_cidr": "10.8.0.0/16",
+                        "nat_gateway": False},
+            "node_groups": [{"name": "gpu", "instance_types": ["g5.xlarge"], "max_nodes": 1}],
+            "region": "us-east-1"}
+    resources, outputs = build(lambda: GpuCluster("lab", args),  # type: ignore[arg-type]
+                               lambda c: {"groups": c.node_groups, "vpc": c.vpc_id})
+    asg_tags = {t["key"]: t["value"] for t in one(resources, ASG).inputs["tags"]}
+    assert asg_tags["gpucluster:stack"] == "ext" and asg_tags["gpucluster:cluster"] == "lab"
+    assert outputs["groups"]["gpu"]["asg_name"] == "lab-gpu-asg" and outputs["vpc"] == "lab-network-vpc-id"
+    assert [r for r in resources if r.type == "aws:ec2/natGateway:NatGateway"] == []
+
+
 def test_guardrails_args_are_checked_with_the_stack_files_rules() -> None:
     with pytest.raises(ArgsError) as info:
         Guardrails("g", external_guardrails_args(
@@ -508,3 +523,23 @@ def test_every_component_aliases_its_old_token_so_existing_urns_still_match(
     assert bucket.protect and matched[bucket.urn] == urn(
         "gpucluster:cluster:GpuCluster$gpucluster:datasets:DatasetStore$gpucluster:datasets:DatasetBucket"
         "$aws:s3/bucket:Bucket", bucket.name)
+
+
+# ------------------------------------------------------------------------- public API
+
+
+def test_components_and_their_args_are_exported_lazily() -> None:
+    """`import gpucluster.spec` (and the stack mapping) must not load Pulumi or pulumi_aws."""
+    import subprocess
+    import sys
+    code = ("import sys, gpucluster, gpucluster.spec, gpucluster.stack\n"
+            "assert 'pulumi_aws' not in sys.modules and 'pulumi' not in sys.modules, 'eager import'\n"
+            "from gpucluster import GpuNodeGroup, GpuNodeGroupArgs, Guardrails, GuardrailsArgs, ArgsError\n"
+            "from gpucluster import NodeGroupSettings, GpuCluster, GpuClusterArgs\n"
+            "assert GpuNodeGroupArgs.__required_keys__ >= {'subnet_ids', 'instance_profile_arn'}\n"
+            "assert 'pulumi_aws' in sys.modules\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    import gpucluster
+    for name in COMPONENTS:
+        assert {name, f"{name}Args"} <= set(gpucluster.__all__), name

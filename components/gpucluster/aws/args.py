@@ -8,10 +8,12 @@ analyzer turns them into package types). And `validate` checks a component's
 args with the stack file's own models and named checks, raising `ArgsError`
 whose lines read `<Component> <name>: <key path>: <message>`.
 
-It must never add a rule of its own that the stack file does not have for the
-same value: the rules live in `gpucluster.spec`; what is here only composes
-them for one component. No `from __future__ import annotations` here or in the
-component modules: the schema analyzer reads these annotations at runtime.
+It must never hold a rule of its own for a value the stack file also has: those
+rules live in `gpucluster.spec`, and what is here only composes them for one
+component. Values only components take (subnet, security group and VPC ids,
+ASG ARNs) get a format check when they are plain, and pass through when they
+are Outputs. No `from __future__ import annotations` here or in the component
+modules: the schema analyzer reads these annotations at runtime.
 """
 
 import inspect
@@ -256,7 +258,7 @@ def type_token(component: str) -> str:
 
 
 def component_options(opts: pulumi.ResourceOptions | None, old_type: str) -> pulumi.ResourceOptions:
-    """`opts` plus an alias from the component's type token before 0.2 (`gpucluster:<module>:<Type>`).
+    """`opts` plus an alias from the type token a component had before (`gpucluster:<module>:<Type>`).
 
     Without it, a new type token is a new URN for the component and every resource under it, and
     `pulumi up` would replace them all (protected buckets block that). Children need no alias of

@@ -17,7 +17,7 @@ from typing import Any
 
 import pulumi
 import yaml
-from gpucluster.project import stacks_dir
+from gpucluster.project import missing_stack_message, stacks_dir
 from gpucluster.spec import PROJECT, StackSpec, parse_stack_config
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import settings as pulumi_settings
@@ -95,8 +95,7 @@ def read_stack_config(path: Path) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        known = ", ".join(sorted(stack_name(p) for p in stacks_dir().glob("Pulumi.*.yaml"))) or "none"
-        raise StackFileError(f"{path}: no such stack file (stacks here: {known})") from None
+        raise StackFileError(missing_stack_message(path, by_name=path.parent == stacks_dir())) from None
     except yaml.YAMLError as err:
         raise StackFileError(f"{path}: not valid YAML ({err})") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("config"), dict):

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from gpucluster import pricing
+
+from gpucluster import pricing, project
 from gpucluster.plan import Plan, PlannedResource, StackFileError, load_stack, run_plan
 from gpucluster.spec import SpecError, StackSpec
 
@@ -38,14 +39,34 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    """`--version`: the installed distribution's version (its metadata, not a constant in the code)."""
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"gpucluster {version('gpucluster')}")
+        raise typer.Exit(EXIT_OK)
+
 
 @app.callback()
-def root() -> None:
+def root(
+    stacks_dir: Annotated[Path | None, typer.Option(
+        "--stacks-dir", metavar="DIR",
+        help="Read stack files (Pulumi.<name>.yaml) from DIR instead of the stackConfigDir of the "
+             "Pulumi.yaml found from the current directory upward.")] = None,
+    _version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print the installed gpucluster's version and exit.")] = False,
+) -> None:
     """Plan, price and operate GPU clusters on AWS built with Pulumi."""
+    if stacks_dir is not None and not stacks_dir.is_dir():
+        fail_usage("--stacks-dir", f"{stacks_dir} is not a directory")
+    project.use_stacks_dir(stacks_dir)
 
 
 StackArg = Annotated[str, typer.Argument(
-    help="Stack name (stacks/Pulumi.<name>.yaml) or a path to a stack file.")]
+    help="Stack name (Pulumi.<name>.yaml in the project's stack directory, see --stacks-dir) "
+         "or a path to a stack file.")]
 
 
 def fail_invalid(stack: str, lines: list[str]) -> None:
@@ -274,7 +295,8 @@ def _read_cost_json(path: Path) -> dict[str, Any]:
 @app.command()
 def cost(
     stack: Annotated[str | None, typer.Argument(
-        help="Stack name (stacks/Pulumi.<name>.yaml) or a path to a stack file.")] = None,
+        help="Stack name (Pulumi.<name>.yaml in the project's stack directory) or a path to a "
+             "stack file.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead.")] = False,
     diff: Annotated[tuple[Path, Path] | None, typer.Option(
         "--diff", metavar="BASE.json HEAD.json",
@@ -322,6 +344,7 @@ def cost(
 def _live_spot_rates(spec: StackSpec) -> dict[str, pricing.Rate]:
     """Live spot prices; on failure the catalog's typical discount, said on stderr."""
     from botocore.exceptions import BotoCoreError, ClientError
+
     from gpucluster.ops.doctor import fetch_spot_prices
 
     try:
@@ -519,6 +542,30 @@ def resume(
     rows = _aws_call("resume", lambda: stack_status(spec.stack, autoscaling_client=client))
     for line in render_status(rows):
         typer.echo(line)
+
+
+# -------------------------------------------------------------------------- init
+
+
+@app.command()
+def init(
+    directory: Annotated[Path, typer.Argument(
+        help="Where to create the project: a new or empty directory.")] = Path("."),
+) -> None:
+    """Create a Pulumi project that uses gpucluster: Pulumi.yaml, __main__.py, a dev stack, policies."""
+    from gpucluster.scaffold import ScaffoldError, create_project
+
+    try:
+        written = create_project(directory)
+    except ScaffoldError as err:
+        fail_usage("init", str(err))
+    typer.echo(f"created a gpucluster project in {directory}:")
+    for path in written:
+        typer.echo(f"  {path.relative_to(directory)}")
+    here = directory.resolve() == Path.cwd().resolve()
+    typer.echo("")
+    typer.echo(f"next: {'' if here else f'cd {directory} && '}gpucluster plan dev   "
+               "(README.md has the steps to deploy)")
 
 
 def main() -> None:

@@ -44,12 +44,23 @@ class PlannedResource:
     protect: bool = False
     retain_on_delete: bool = False
     ignore_changes: tuple[str, ...] = ()
+    dependency_urns: tuple[str, ...] = ()
+    """Every resource the engine must create first: `depends_on` and those its inputs come from."""
+    property_dependencies: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Input name -> URNs of the resources that input's value comes from (the engine's view)."""
+
+    @property
+    def dependencies(self) -> list[str]:
+        """Names of the resources this one depends on, sorted (URN tail after the last `::`)."""
+        return sorted({urn.rsplit("::", 1)[-1] for urn in self.dependency_urns})
 
     def as_json(self) -> dict[str, Any]:
         return {
             "urn": self.urn, "type": self.type, "name": self.name, "parent": self.parent,
             "custom": self.custom, "inputs": self.inputs, "protect": self.protect,
             "retain_on_delete": self.retain_on_delete, "ignore_changes": list(self.ignore_changes),
+            "dependencies": self.dependencies,
+            "dependency_urns": sorted(self.dependency_urns),
         }
 
 
@@ -62,6 +73,20 @@ class Plan:
 
     def of_type(self, type_token: str) -> list[PlannedResource]:
         return [r for r in self.resources if r.type == type_token]
+
+    def depends_on(self, resource: PlannedResource, other: PlannedResource) -> bool:
+        """True when the engine creates `other` before `resource` (directly or through others)."""
+        by_urn = {r.urn: r for r in self.resources}
+        seen: set[str] = set()
+        todo = list(resource.dependency_urns)
+        while todo:
+            urn = todo.pop()
+            if urn == other.urn:
+                return True
+            if urn not in seen and urn in by_urn:
+                seen.add(urn)
+                todo.extend(by_urn[urn].dependency_urns)
+        return False
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -178,6 +203,12 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 inputs=_plain(inputs), protect=bool(request.protect),
                 retain_on_delete=bool(request.retainOnDelete),
                 ignore_changes=tuple(request.ignoreChanges),
+                dependency_urns=tuple(dict.fromkeys(
+                    [*request.dependencies,
+                     *(u for deps in request.propertyDependencies.values() for u in deps.urns)])),
+                property_dependencies={key: tuple(deps.urns)
+                                       for key, deps in sorted(request.propertyDependencies.items())
+                                       if deps.urns},
             ))
         return response
 

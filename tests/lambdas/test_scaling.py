@@ -275,3 +275,30 @@ def test_a_batch_error_that_is_not_about_instances_is_not_retried_per_instance(r
 
     assert len(ssm.sent) == 1
     assert set(result.errors) == {"i-0000000000000000a", "i-0000000000000000b"}
+
+
+def test_resume_keeps_the_tags_of_a_stop_that_landed_after_its_write(cluster, recorded) -> None:
+    """Restored, then stopped again (same reason) before the tags were cleared: keep them."""
+    scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "idle")
+    real = cluster.autoscaling
+
+    class StopAfterUpdate:
+        def __init__(self) -> None:
+            self.updates = 0
+
+        def update_auto_scaling_group(self, **kwargs: Any) -> Any:
+            self.updates += 1
+            answer = real.update_auto_scaling_group(**kwargs)
+            if self.updates == 1:  # another idle stop sees the group running and stops it
+                scaling.scale_to_zero(real, cluster.group("dev-train"), "idle")
+            return answer
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    result = scaling.resume_group(StopAfterUpdate(), cluster.group("dev-train"))
+
+    assert result.action == "skipped" and "while resuming" in result.reason
+    assert cluster.capacity("dev-train") == (0, 0)
+    tags = cluster.tags("dev-train")
+    assert (tags[scaling.STOPPED_BY_TAG], tags[scaling.PREVIOUS_DESIRED_TAG]) == ("idle", "2")

@@ -395,7 +395,10 @@ def resume_group(
     )
     now = describe_groups(autoscaling, [name])
     label = group_tags(now[0]).get(STOPPED_BY_TAG) if now else None
-    if label is not None and label != decision.stopped_by:
+    # Relabelled (a budget stop escalated it), or stopped again after our update (back at zero):
+    # either way another stop's tags are on the group now, and they must stay.
+    zeroed = bool(now) and int(now[0]["DesiredCapacity"]) == 0 < (decision.desired_capacity or 0)
+    if label is not None and (label != decision.stopped_by or zeroed):
         autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=0, DesiredCapacity=0)
         log_event("resume undone: stopped again meanwhile", logging.WARNING, group=name,
                   resumed=decision.stopped_by, stopped_by=label)

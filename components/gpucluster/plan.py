@@ -17,13 +17,14 @@ from typing import Any
 
 import pulumi
 import yaml
-from gpucluster.project import missing_stack_message, stacks_dir
-from gpucluster.spec import PROJECT, StackSpec, parse_stack_config
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
+
+from gpucluster.project import missing_stack_message, stacks_dir
+from gpucluster.spec import PROJECT, StackSpec, parse_stack_config
 
 MOCK_ACCOUNT = "123456789012"
 MOCK_AMI = "ami-0123456789abcdef0"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
+
 from gpucluster.lambdas.scaling import (
     PREVIOUS_DESIRED_TAG,
     STOPPED_BY_TAG,

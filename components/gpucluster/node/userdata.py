@@ -201,6 +201,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         NodeFile("/etc/gpucluster/data-mounts.tsv", data_mounts_table(b)),
         NodeFile(f"{_SBIN}/gpucluster-scratch", script("scratch.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-data", script("data.sh"), "0755"),
+        NodeFile(f"{_SBIN}/gpucluster-install", script("install.sh"), "0755"),
         NodeFile(INTERRUPTION_HOOK, script("interruption-hook.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-spot-watcher", script("spot-watcher.sh"), "0755"),
         NodeFile(f"{_UNITS}/gpucluster-scratch.service", _unit(

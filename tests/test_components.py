@@ -179,6 +179,8 @@ def test_node_group_args_checks_list_every_problem_by_key_path(override: dict[st
         GpuNodeGroup("team-a-train", node_group_args(**override))
     expected = sorted(f"GpuNodeGroup team-a-train: {line}" for line in lines)
     assert sorted(str(info.value).splitlines()) == expected
+    # Under `pulumi up` a RunError stops the program with its message and no Python traceback.
+    assert isinstance(info.value, pulumi.RunError)
 
 
 def test_bad_cluster_args_fail_like_the_stack_file() -> None:

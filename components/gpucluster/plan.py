@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import runpy
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -242,8 +243,21 @@ def run_program(name: str, config: dict[str, Any], spec: StackSpec) -> Plan:
     return Plan(stack=name, spec=spec, resources=resources, outputs=outputs)
 
 
-def record_resources(build: Callable[[], Any], stack: str = "test",
+def run_program_file(path: Path, config: Mapping[str, Any], *, project: str, stack: str = "dev",
                      region: str = "us-east-1") -> tuple[list[PlannedResource], dict[str, Any]]:
+    """Plan any Pulumi Python program (a `__main__.py` that imports gpucluster) offline.
+
+    `config` is the stack file's `config:` map (`namespace:key` -> value), as `pulumi up` would
+    hand it to the program; keys without a namespace belong to `project`.
+    """
+    values = {(k if ":" in k else f"{project}:{k}"): v for k, v in config.items()}
+    set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()})
+    return record_resources(lambda: runpy.run_path(str(path), run_name="__main__"), stack=stack,
+                            region=region, project=project)
+
+
+def record_resources(build: Callable[[], Any], stack: str = "test", region: str = "us-east-1",
+                     project: str = PROJECT) -> tuple[list[PlannedResource], dict[str, Any]]:
     """Run `build` (a program, or a test constructing one component) under recording mocks.
 
     Returns every registered resource and the stack's exported outputs, resolved.
@@ -251,7 +265,7 @@ def record_resources(build: Callable[[], Any], stack: str = "test",
     mocks = PlanMocks(region)
     monitor = RecordingMonitor(mocks)
     pulumi_settings.ROOT.set(None)  # a fresh root Stack for every run in this process
-    pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    pulumi_mocks.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
     pulumi_settings.SETTINGS.rpc_manager.clear()
     _sync_await(run_pulumi_func(build))
     root = pulumi_settings.get_root_resource()

@@ -276,8 +276,12 @@ def owned_tags(tags: Mapping[str, str], identity: str, cluster_name: str) -> dic
 # ------------------------------------------------------------------------- checking
 
 
-class ArgsError(SpecError):
-    """Invalid component args: every problem, one line each, `<Component> <name>: <key path>: <message>`."""
+class ArgsError(SpecError, pulumi.RunError):
+    """Invalid component args: every problem, one line each, `<Component> <name>: <key path>: <message>`.
+
+    A `pulumi.RunError` too: under `pulumi up` a user's program stops with these lines and
+    no Python traceback (Pulumi's Python runtime prints a RunError's message only).
+    """
 
     def __init__(self, component: str, name: str, findings: list[Finding]) -> None:
         super().__init__(findings)

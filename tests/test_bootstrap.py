@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+
 from gpucluster.node import userdata as bootstrap
 from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,

@@ -12,6 +12,9 @@ from typing import Any, get_type_hints, is_typeddict
 import boto3
 import pulumi
 import pytest
+from moto import mock_aws
+from pulumi.provider.experimental.analyzer import Analyzer, PropertyType
+
 from base_config import BASE_CONFIG
 from gpucluster import COMPONENTS
 from gpucluster.aws import args as component_args
@@ -23,8 +26,6 @@ from gpucluster.lambdas import budget_action, scaling
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, RecordingMonitor, record_resources, run_plan
 from gpucluster.spec import CapacityConfig, CostTags, FsxConfig, SpecError, parse_stack_config
 from gpucluster.stack import cluster_args
-from moto import mock_aws
-from pulumi.provider.experimental.analyzer import Analyzer, PropertyType
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"

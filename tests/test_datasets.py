@@ -9,6 +9,7 @@ from typing import Any
 
 import pulumi
 import pytest
+
 from base_config import BASE_CONFIG  # tests/ is on sys.path (pytest rootdir conftest import)
 from gpucluster.aws.cluster import build_datasets
 from gpucluster.aws.datasets import (

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from wheel_venv import REPO, Venv, clean_env
 
 EXAMPLES = REPO / "examples"
@@ -101,8 +102,9 @@ def _yaml_program() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def schema_inputs() -> dict[str, Any]:
-    import gpucluster
     from pulumi.provider.experimental.analyzer import Analyzer
+
+    import gpucluster
 
     result = Analyzer("gpucluster").analyze([gpucluster.Guardrails])
     return {"component": result["component_definitions"]["Guardrails"],

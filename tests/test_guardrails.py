@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import pytest
+
 from gpucluster.aws import guardrails as g
 from gpucluster.aws.guardrails import Guardrails
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+
 from base_config import base, plan_config
 from gpucluster.aws.iam import s3_policy_document
 from gpucluster.plan import Plan, run_plan

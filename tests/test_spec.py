@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
+
 from gpucluster.cli import app
 from gpucluster.plan import load_stack
 from gpucluster.spec import SpecError, parse_stack_config
-from typer.testing import CliRunner
 
 runner = CliRunner()
 DELETE = object()

@@ -9,6 +9,7 @@ that do not publish it the alarm notifies instead of stopping.
 """
 
 import pulumi
+
 from gpucluster import Guardrails
 
 config = pulumi.Config()

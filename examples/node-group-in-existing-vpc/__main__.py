@@ -9,6 +9,7 @@ fixed; EFA requires it), and outbound 443 for SSM, S3 and CloudWatch.
 """
 
 import pulumi
+
 from gpucluster import GpuNodeGroup, NodeIdentity
 
 config = pulumi.Config()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
+
 from gpucluster.plan import PlanMocks, record_resources
 from gpucluster.policy.offline import record_of
 from gpucluster.policy.records import Resource

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+
 from gpucluster.policy.records import UNKNOWN, Resource, Stack
 from gpucluster.policy.rules import rules_by_name
 

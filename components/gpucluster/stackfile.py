@@ -106,10 +106,10 @@ class _Bounded(Composer):
         return node
 
     def compose_scalar_node(self, anchor: str | None) -> ScalarNode:
-        event = self.peek_event()
+        explicit = self.peek_event().tag not in (None, "!")
         node = super().compose_scalar_node(anchor)
-        resolved = self.resolve(ScalarNode, node.value, (True, False))
-        if event.tag not in (None, "!") and node.tag != f"{_CORE}str" and node.tag != resolved:
+        if explicit and node.tag != f"{_CORE}str" and node.tag != self.resolve(ScalarNode, node.value,
+                                                                               (True, False)):
             raise _Refused(f"{shown(node.value)} is not a valid !!{node.tag.removeprefix(_CORE)}", node)
         if node.tag in _NUMBERS and len(node.value) > MAX_NUMBER_CHARS:
             raise _Refused(f"a number of {len(node.value)} characters; at most {MAX_NUMBER_CHARS}", node)

@@ -130,7 +130,8 @@ def run_files_part(text: str, root: Path) -> None:
 # of its own (and the next one the renderer would pick), quotes and expansions, CR/LF.
 HOSTILE_COMMANDS = {
     "placeholders": "echo @@FILES@@ @@LABEL@@ @@ @@X@@",
-    "delimiter": "echo a\nGPUCLUSTER_FILE_EOF\ntouch {marker}-1\nGPUCLUSTER_FILE_EOF_1\ntouch {marker}-2\necho b",
+    "delimiter": ("echo a\nGPUCLUSTER_FILE_EOF\ntouch {marker}-1\nGPUCLUSTER_FILE_EOF_1\n"
+                  "touch {marker}-2\necho b"),
     "quotes": "echo 'a' \"b\" `touch {marker}-3` $(touch {marker}-4) ${{HOME}} \\ '\"'\"' ; exit 3",
     "newlines": "\n\n  touch {marker}-5\r\n\t\nEOF\n'",
     "unicode": "echo ünïcødé ✓ \u202e \u2028 \u0085 done",
@@ -160,7 +161,8 @@ def test_hook_commands_are_stored_byte_for_byte_and_never_run(name: str, tmp_pat
 
 def test_heredoc_delimiter_never_matches_a_line_of_the_content() -> None:
     assert bootstrap.heredoc_delimiter("echo\n") == "GPUCLUSTER_FILE_EOF"
-    assert bootstrap.heredoc_delimiter("GPUCLUSTER_FILE_EOF\nGPUCLUSTER_FILE_EOF_1\n") == "GPUCLUSTER_FILE_EOF_2"
+    taken = "GPUCLUSTER_FILE_EOF\nGPUCLUSTER_FILE_EOF_1\n"
+    assert bootstrap.heredoc_delimiter(taken) == "GPUCLUSTER_FILE_EOF_2"
     assert bootstrap.heredoc_delimiter("x GPUCLUSTER_FILE_EOF\n") == "GPUCLUSTER_FILE_EOF"  # only whole lines
 
 

@@ -204,7 +204,7 @@ def test_text_no_node_can_hold_exits_2(tmp_path: Path, text: str, fragment: str)
 def test_files_that_are_not_stack_files_exit_2(tmp_path: Path) -> None:
     (tmp_path / "Pulumi.dir.yaml").mkdir()
     assert "not a regular file" in refused(
-        runner.invoke(app, ["plan", str(tmp_path / "Pulumi.dir.yaml")]), str(tmp_path / "Pulumi.dir.yaml"), "")
+        runner.invoke(app, ["plan", str(tmp_path / "Pulumi.dir.yaml")]), str(tmp_path), "")
     fifo = tmp_path / "Pulumi.fifo.yaml"
     os.mkfifo(fifo)  # reading it would block for ever
     refused(runner.invoke(app, ["plan", str(fifo)]), str(fifo), "not a regular file")
@@ -265,7 +265,7 @@ def test_program_under_pulumi_up_refuses_hostile_config_with_a_short_run_error()
     assert "spot: duplicate key 'interruption_command' in a mapping" in lines
     assert "aws:defaultTags: nested more than 32 deep" in lines
     (name,) = [line for line in lines if line.startswith("cluster.name: ")]
-    assert name.endswith("got '" + "x" * (SHOWN_CHARS - 2) + "…")
+    assert name.endswith("got '" + "x" * SHOWN_CHARS + "…")
 
 
 def test_python_values_that_are_not_plain_are_findings_not_crashes() -> None:
@@ -335,7 +335,8 @@ HOSTILE_COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("command", HOSTILE_COMMANDS, ids=["at-signs", "delimiter", "quotes", "crlf", "unicode"])
+@pytest.mark.parametrize("command", HOSTILE_COMMANDS,
+                         ids=["at-signs", "delimiter", "quotes", "crlf", "unicode"])
 def test_hook_commands_reach_lambda_and_user_data_byte_for_byte(command: str) -> None:
     config = dict(BASE_CONFIG) | {
         "gpucluster:autostop": {"pre_stop_command": command},
@@ -352,8 +353,9 @@ def test_hook_commands_reach_lambda_and_user_data_byte_for_byte(command: str) ->
     # What the node sources: cut the node.env heredoc out, let bash read it, compare.
     env_file = re.search(r"cat > /etc/gpucluster/node.env <<'(\w+)'\n(.*?)\n\1\n", user_data, re.S)
     assert env_file is not None
-    stored = subprocess.run(["bash", "-c", f'{env_file.group(2)}\nprintf %s "$GPUCLUSTER_INTERRUPTION_COMMAND"'],
-                            capture_output=True, check=True).stdout
+    show = 'printf %s "$GPUCLUSTER_INTERRUPTION_COMMAND"'
+    stored = subprocess.run(["bash", "-c", f"{env_file.group(2)}\n{show}"], capture_output=True,
+                            check=True).stdout
     assert stored == command.encode()
     assert not Path("/tmp/gpucluster-pwned").exists()
 
@@ -374,8 +376,10 @@ SYSTEM_DIRS = ["/etc/cron.d", "/usr/local/sbin", "/root/.ssh", "/etc", "/bin", "
                "/mnt/./x", "/scratch/..", "//etc", "/datasets", "/scratch2", "/fsx/a b", "relative/x",
                "/mnt/" + "x" * 300]
 MOUNT_KEYS = {
-    "scratch_mount": ("      scratch_mount: /scratch", "      scratch_mount: %s", "node_groups[0].scratch_mount"),
-    "mount_path": ("      access: mount", "      access: mount\n      mount_path: %s", "datasets[0].mount_path"),
+    "scratch_mount": ("      scratch_mount: /scratch", "      scratch_mount: %s",
+                      "node_groups[0].scratch_mount"),
+    "mount_path": ("      access: mount", "      access: mount\n      mount_path: %s",
+                   "datasets[0].mount_path"),
 }
 
 

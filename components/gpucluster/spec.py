@@ -62,8 +62,8 @@ def shown(value: Any) -> str:
     """A value as an error message echoes it: its repr, cut to SHOWN_CHARS characters."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
         return f"<a {value.bit_length()}-bit number>"  # repr() refuses ints past 4300 digits
-    if isinstance(value, str):
-        return clip(repr(value[:SHOWN_CHARS + 1]), SHOWN_CHARS)
+    if isinstance(value, str):  # the quotes do not count
+        return clip(repr(value[:SHOWN_CHARS + 1]), SHOWN_CHARS + 2)
     return clip(_SHORT_REPR.repr(value), SHOWN_CHARS)
 
 
@@ -969,7 +969,7 @@ def _findings_from(exc: ValidationError, root: type[BaseModel],
     return findings
 
 
-class _Refused(Exception):
+class _JsonRefused(Exception):
     """JSON text that parses but is not a bounded plain value (see `_decode`)."""
 
 
@@ -977,7 +977,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for key, value in pairs:
         if key in seen:
-            raise _Refused(f"duplicate key {shown(key)} in a mapping")
+            raise _JsonRefused(f"duplicate key {shown(key)} in a mapping")
         seen[key] = value
     return seen
 
@@ -985,7 +985,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _number(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     def bounded(text: str) -> Any:
         if len(text) > MAX_NUMBER_CHARS:
-            raise _Refused(f"a number of {len(text)} characters; at most {MAX_NUMBER_CHARS}")
+            raise _JsonRefused(f"a number of {len(text)} characters; at most {MAX_NUMBER_CHARS}")
         return parse(text)
 
     return bounded
@@ -1003,7 +1003,7 @@ def _decode(value: Any) -> tuple[Any, str | None]:
     try:
         return json.loads(value, object_pairs_hook=_unique_keys, parse_int=_number(int),
                           parse_float=_number(float)), None
-    except _Refused as refused:
+    except _JsonRefused as refused:
         return value, str(refused)
     except RecursionError:
         return value, f"nested more than {MAX_NESTING} deep"

@@ -396,12 +396,64 @@ def test_spot_watcher_acts_on_rebalance_only_when_asked(tmp_path: Path) -> None:
                   GPUCLUSTER_INTERRUPTION_HOOK=str(hook_recorder(tmp_path)),
                   GPUCLUSTER_SPOT_POLL_SECONDS="0.05")
     box.run("spot-watcher.sh")
-    assert (tmp_path / "hook.log").read_text().startswith("rebalance recommendation: ")
+    lines = sorted((tmp_path / "hook.log").read_text().splitlines())
+    assert [line.split(":")[0] for line in lines] == ["rebalance recommendation", "spot interruption notice"]
     (tmp_path / "hook.log").unlink()
     (tmp_path / "polls").unlink()
     box.node_env.write_text(node_env(settings(handle_rebalance=False)))
     box.run("spot-watcher.sh")
     assert (tmp_path / "hook.log").read_text().startswith("spot interruption notice: ")
+    assert "rebalance" not in (tmp_path / "hook.log").read_text()
+
+
+def wrapper(box: Sandbox) -> Path:
+    """The shipped once-per-boot wrapper, installed in the sandbox."""
+    path = box.root / "gpucluster-interruption-hook"
+    path.write_text(script("interruption-hook.sh"))
+    path.chmod(0o755)
+    return path
+
+
+def test_spot_watcher_keeps_watching_after_a_rebalance_and_the_hook_runs_once(tmp_path: Path) -> None:
+    """Rebalance first, the two-minute notice three polls later: both seen, one checkpoint."""
+    ran = tmp_path / "ran.log"
+    box = Sandbox(tmp_path, FAKE_CURL=str(imds(tmp_path, action_after=3, rebalance=True)),
+                  GPUCLUSTER_SPOT_POLL_SECONDS="0.05")
+    box.env["GPUCLUSTER_INTERRUPTION_HOOK"] = str(wrapper(box))
+    box.node_env.write_text(node_env(settings(
+        handle_rebalance=True, interruption_command=f'echo "$GPUCLUSTER_EVENT" >> {ran}')))
+
+    result = box.run("spot-watcher.sh")
+
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "polls").read_text().strip() == "4"  # still watching after the rebalance
+    out = result.stdout
+    assert 'spot interruption notice: {"action":"terminate","time":"2026-11-21T12:00:00Z"}' in out
+    assert ran.read_text() == "rebalance-recommendation\n"  # one checkpoint, from the rebalance
+    assert out.count("running the interruption hook for: rebalance recommendation") == 1
+    assert "already ran on this boot (exit 0); ignoring (spot interruption notice: " in out
+    assert "interruption hook for the notice exited with 0" in out
+
+
+def test_spot_watcher_passes_the_event_to_the_hook(tmp_path: Path) -> None:
+    hook = tmp_path / "hook"
+    hook.write_text('#!/bin/bash\n'
+                    f'echo "$GPUCLUSTER_EVENT/$GPUCLUSTER_INSTANCE_ACTION" >> {tmp_path}/hook.log\n')
+    hook.chmod(0o755)
+    box = Sandbox(tmp_path, FAKE_CURL=str(imds(tmp_path, action_after=0, rebalance=False)),
+                  GPUCLUSTER_INTERRUPTION_HOOK=str(hook), GPUCLUSTER_SPOT_POLL_SECONDS="0.05")
+    assert box.run("spot-watcher.sh").returncode == 0
+    assert (tmp_path / "hook.log").read_text() == "spot-interruption-warning/terminate\n"
+
+
+def test_watcher_and_lambda_call_the_wrapper_the_bootstrap_installs() -> None:
+    from gpucluster.lambdas import spot_interruption
+
+    assert spot_interruption.INTERRUPTION_HOOK == bootstrap.INTERRUPTION_HOOK
+    assert f'"${{GPUCLUSTER_INTERRUPTION_HOOK:-{bootstrap.INTERRUPTION_HOOK}}}"' in script("spot-watcher.sh")
+    installed = {f.path: f for f in node_files(settings())}
+    assert installed[bootstrap.INTERRUPTION_HOOK].content == script("interruption-hook.sh")
+    assert installed[bootstrap.INTERRUPTION_HOOK].mode == "0755"
 
 
 def test_interruption_hook_runs_once_and_is_bounded(tmp_path: Path) -> None:
@@ -416,3 +468,32 @@ def test_interruption_hook_runs_once_and_is_bounded(tmp_path: Path) -> None:
     box.node_env.write_text(env.replace("TIMEOUT_SECONDS=1\n", "TIMEOUT_SECONDS=0.2\n"))  # keep it quick
     slow = box.run("interruption-hook.sh", "spot", timeout=15)
     assert slow.returncode == 124  # timeout(1) stopped the hook
+
+
+def test_a_second_caller_waits_for_the_run_and_reports_its_status(tmp_path: Path) -> None:
+    """The SSM path arriving while the watcher's hook runs: it waits, then exits as that run did."""
+    out = tmp_path / "ran"
+    box = Sandbox(tmp_path)
+    box.node_env.write_text(node_env(settings(
+        interruption_command=f"echo ran >> {out}; sleep 0.5; exit 3")))
+    hook = wrapper(box)
+    first = subprocess.Popen(["bash", str(hook), "watcher"], env=box.env, stdout=subprocess.PIPE, text=True)
+    for _ in range(100):  # until the first run holds the lock and has started the command
+        if out.exists():
+            break
+        subprocess.run(["sleep", "0.02"], check=True)
+    second = subprocess.run(["bash", str(hook), "ssm"], env=box.env, capture_output=True, text=True,
+                            timeout=10)
+    assert first.wait(timeout=10) == 3
+    assert second.returncode == 3
+    assert "already ran on this boot (exit 3); ignoring (ssm)" in second.stdout
+    assert out.read_text() == "ran\n"
+
+
+def test_a_run_that_never_finished_is_not_repeated_and_reports_failure(tmp_path: Path) -> None:
+    box = Sandbox(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "interruption-hook.done").write_text("started\n")  # killed mid-run
+    result = box.run("interruption-hook.sh", "ssm")
+    assert result.returncode == 1
+    assert "did not finish; not running again" in result.stdout

@@ -1,4 +1,5 @@
-"""infra/bootstrap-state: the state bucket, KMS key and GitHub OIDC roles, made against moto."""
+"""infra/bootstrap-state: state bucket, KMS key, boundaries and GitHub OIDC roles, made against moto,
+read back, and evaluated (tests/iam_eval.py) for the escalation paths of issue 12."""
 
 from __future__ import annotations
 
@@ -7,15 +8,25 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import boto3
 import pytest
+from iam_eval import allowed
 from moto import mock_aws
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "infra" / "bootstrap-state" / "bootstrap_state.py"
 ACCOUNT = "123456789012"
-# moto knows AWS managed policies (ReadOnlyAccess, PowerUserAccess) only when asked to load them
+IAM = f"arn:aws:iam::{ACCOUNT}"
+WORKLOAD = f"{IAM}:policy/gpucluster-workload-boundary"
+DEPLOY = f"{IAM}:policy/gpucluster-deploy-boundary"
+BREAK_GLASS = f"{IAM}:role/acme-break-glass"
+ADMIN = "arn:aws:iam::aws:policy/AdministratorAccess"
+SSM_CORE = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+BUCKET = "acme-gpucluster-state"
+STATE = f"arn:aws:s3:::{BUCKET}"
+# moto knows AWS managed policies only when asked to load them
 MANAGED = {"iam": {"load_aws_managed_policies": True}}
 
 
@@ -32,8 +43,37 @@ bootstrap_state = _module()
 
 
 def run(session: Any) -> Any:
-    return bootstrap_state.bootstrap(session, "acme-gpucluster-state", "us-west-2", "acme/gpucluster",
-                                     ["dev", "prod"])
+    return bootstrap_state.bootstrap(session, BUCKET, "us-west-2", "acme/gpucluster", ["dev", "prod"],
+                                     "acme-break-glass")
+
+
+def _json(document: Any) -> dict[str, Any]:
+    return json.loads(unquote(document)) if isinstance(document, str) else document
+
+
+class Role:
+    """A role as IAM holds it: its identity policies and its boundary, read back from the account."""
+
+    def __init__(self, iam: Any, name: str) -> None:
+        role = iam.get_role(RoleName=name)["Role"]
+        self.arn = role["Arn"]
+        self.trust = _json(role["AssumeRolePolicyDocument"])
+        boundary = role.get("PermissionsBoundary", {}).get("PermissionsBoundaryArn")
+        self.boundary = managed_document(iam, boundary) if boundary else None
+        self.boundary_arn = boundary
+        self.inline = {n: _json(iam.get_role_policy(RoleName=name, PolicyName=n)["PolicyDocument"])
+                       for n in iam.list_role_policies(RoleName=name)["PolicyNames"]}
+        attached = iam.list_attached_role_policies(RoleName=name)["AttachedPolicies"]
+        self.attached = [p["PolicyArn"] for p in attached]
+        self.identity = list(self.inline.values()) + [managed_document(iam, a) for a in self.attached]
+
+    def can(self, action: str, resource: str = "*", **context: Any) -> bool:
+        return allowed(self.identity, self.boundary, action, resource, **context)
+
+
+def managed_document(iam: Any, arn: str) -> dict[str, Any]:
+    version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
+    return _json(iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"])
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +84,25 @@ def made() -> Any:
         yield session, run(session)
 
 
+@pytest.fixture(scope="module")
+def roles(made: Any) -> dict[str, Role]:
+    iam = made[0].client("iam")
+    return {name: Role(iam, f"gpucluster-{name}") for name in ("preview", "deploy-dev", "deploy-prod")}
+
+
 def test_state_bucket_is_versioned_encrypted_blocked_and_tls_only(made: Any) -> None:
     aws, result = made
     s3 = aws.client("s3")
-    bucket = "acme-gpucluster-state"
-    assert s3.get_bucket_location(Bucket=bucket)["LocationConstraint"] == "us-west-2"
-    assert s3.get_bucket_versioning(Bucket=bucket)["Status"] == "Enabled"
-    rule = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"][0]
+    assert s3.get_bucket_location(Bucket=BUCKET)["LocationConstraint"] == "us-west-2"
+    assert s3.get_bucket_versioning(Bucket=BUCKET)["Status"] == "Enabled"
+    rule = s3.get_bucket_encryption(Bucket=BUCKET)["ServerSideEncryptionConfiguration"]["Rules"][0]
     assert rule["ApplyServerSideEncryptionByDefault"] == {"SSEAlgorithm": "aws:kms",
                                                           "KMSMasterKeyID": result.key_arn}
-    assert all(s3.get_public_access_block(Bucket=bucket)["PublicAccessBlockConfiguration"].values())
-    statement = json.loads(s3.get_bucket_policy(Bucket=bucket)["Policy"])["Statement"][0]
+    assert all(s3.get_public_access_block(Bucket=BUCKET)["PublicAccessBlockConfiguration"].values())
+    statement = json.loads(s3.get_bucket_policy(Bucket=BUCKET)["Policy"])["Statement"][0]
     assert statement["Effect"] == "Deny"
     assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
-    assert statement["Resource"] == [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]
+    assert statement["Resource"] == [STATE, f"{STATE}/*"]
 
 
 def test_kms_key_rotates_and_is_the_secrets_provider(made: Any) -> None:
@@ -70,63 +115,348 @@ def test_kms_key_rotates_and_is_the_secrets_provider(made: Any) -> None:
     assert result.backend_url == "s3://acme-gpucluster-state?region=us-west-2&awssdk=v2"
 
 
-def test_roles_trust_only_their_github_subject(made: Any) -> None:
-    aws, result = made
-    iam = aws.client("iam")
-    provider = f"arn:aws:iam::{ACCOUNT}:oidc-provider/token.actions.githubusercontent.com"
-    assert result.oidc_provider_arn == provider
-    assert iam.get_open_id_connect_provider(OpenIDConnectProviderArn=provider)["ClientIDList"] == [
-        "sts.amazonaws.com"]
-    expected = {"gpucluster-preview": "repo:acme/gpucluster:pull_request",
-                "gpucluster-deploy-dev": "repo:acme/gpucluster:environment:dev",
-                "gpucluster-deploy-prod": "repo:acme/gpucluster:environment:prod"}
-    for name, subject in expected.items():
-        trust = iam.get_role(RoleName=name)["Role"]["AssumeRolePolicyDocument"]
-        trust = json.loads(trust) if isinstance(trust, str) else trust
-        statement = trust["Statement"][0]
-        assert statement["Principal"] == {"Federated": provider}
-        assert statement["Condition"]["StringEquals"] == {
+# ------------------------------------------------------------------ who may assume (item 2)
+
+
+def test_deploy_roles_trust_only_main_s_deploy_workflow_in_their_environment(made: Any,
+                                                                           roles: dict[str, Role]) -> None:
+    provider = f"{IAM}:oidc-provider/token.actions.githubusercontent.com"
+    assert made[1].oidc_provider_arn == provider
+    assert made[0].client("iam").get_open_id_connect_provider(OpenIDConnectProviderArn=provider)[
+        "ClientIDList"] == ["sts.amazonaws.com"]
+    prod = roles["deploy-prod"].trust
+    main_prod = ("repo:acme/gpucluster:environment:prod:ref:refs/heads/main:job_workflow_ref:"
+                 "acme/gpucluster/.github/workflows/deploy-stack.yml@refs/heads/main")
+    assert prod["Statement"] == [{
+        "Effect": "Allow", "Principal": {"Federated": provider}, "Action": "sts:AssumeRoleWithWebIdentity",
+        "Condition": {"StringEquals": {"token.actions.githubusercontent.com:aud": "sts.amazonaws.com",
+                                       "token.actions.githubusercontent.com:sub": main_prod}}}]
+
+    def assumable(role: str, subject: str) -> bool:
+        return allowed([roles[role].trust], None, "sts:AssumeRoleWithWebIdentity", "*", **{
             "token.actions.githubusercontent.com:aud": "sts.amazonaws.com",
-            "token.actions.githubusercontent.com:sub": subject}
-    assert result.deploy_role_arns == {env: f"arn:aws:iam::{ACCOUNT}:role/gpucluster-deploy-{env}"
-                                       for env in ("dev", "prod")}
+            "token.actions.githubusercontent.com:sub": subject})
+
+    assert assumable("deploy-prod", main_prod)
+    pushed_branch = main_prod.replace("ref:refs/heads/main:", "ref:refs/heads/evil:")
+    remote_call = pushed_branch  # a branch calling main's workflow remotely: job_workflow_ref @main, ref evil
+    assert not assumable("deploy-prod", pushed_branch) and not assumable("deploy-prod", remote_call)
+    assert not assumable("deploy-prod", main_prod.replace("deploy-stack.yml", "other.yml"))
+    assert not assumable("deploy-prod", "repo:acme/gpucluster:environment:prod")  # the default subject
+    assert not assumable("deploy-dev", main_prod)  # prod's token is not dev's
+    assert not assumable("deploy-prod", main_prod.replace("acme/gpucluster", "evil/gpucluster"))
 
 
-def test_role_permissions(made: Any) -> None:
-    aws, result = made
-    iam = aws.client("iam")
-    attached = {p["PolicyArn"] for p in iam.list_attached_role_policies(RoleName="gpucluster-preview")[
-        "AttachedPolicies"]}
-    assert attached == {"arn:aws:iam::aws:policy/ReadOnlyAccess"}
-    deploy = {p["PolicyArn"] for p in iam.list_attached_role_policies(RoleName="gpucluster-deploy-prod")[
-        "AttachedPolicies"]}
-    assert deploy == {"arn:aws:iam::aws:policy/PowerUserAccess"}
-    assert sorted(iam.list_role_policies(RoleName="gpucluster-deploy-prod")["PolicyNames"]) == [
-        "cluster-iam", "pulumi-state"]
-    state = iam.get_role_policy(RoleName="gpucluster-preview", PolicyName="pulumi-state")["PolicyDocument"]
-    state = json.loads(state) if isinstance(state, str) else state
-    assert state["Statement"][2] == {"Effect": "Allow", "Resource": result.key_arn, "Action": [
-        "kms:Encrypt", "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"]}
-    cluster = bootstrap_state.cluster_iam_policy(ACCOUNT, "gpu-")
-    assert cluster["Statement"][0]["Resource"] == [f"arn:aws:iam::{ACCOUNT}:role/gpu-*",
-                                                   f"arn:aws:iam::{ACCOUNT}:policy/gpu-*",
-                                                   f"arn:aws:iam::{ACCOUNT}:instance-profile/gpu-*"]
-    assert all(s["Resource"] != "*" for s in cluster["Statement"] + state["Statement"])
+def test_the_preview_role_trusts_only_pull_requests_of_pr_yml_in_the_preview_environment(
+        roles: dict[str, Role]) -> None:
+    trust = roles["preview"].trust
+
+    def assumable(subject: str) -> bool:
+        return allowed([trust], None, "sts:AssumeRoleWithWebIdentity", "*", **{
+            "token.actions.githubusercontent.com:aud": "sts.amazonaws.com",
+            "token.actions.githubusercontent.com:sub": subject})
+
+    pr = ("repo:acme/gpucluster:environment:preview:ref:refs/pull/42/merge:job_workflow_ref:"
+          "acme/gpucluster/.github/workflows/pr.yml@refs/pull/42/merge")
+    assert assumable(pr)
+    assert not assumable(pr.replace("refs/pull/42/merge", "refs/heads/feature"))
+    assert not assumable(pr.replace("environment:preview", "environment:prod"))
+    assert not assumable("repo:acme/gpucluster:pull_request")
 
 
-def test_running_twice_reuses_everything(made: Any) -> None:
+def test_instructions_name_the_github_settings_and_the_boundary(made: Any) -> None:
+    text = made[1].instructions()
+    assert ("gh api -X PUT repos/acme/gpucluster/actions/oidc/customization/sub -F use_default=false "
+            "-f 'include_claim_keys[]=repo' -f 'include_claim_keys[]=context' -f 'include_claim_keys[]=ref' "
+            "-f 'include_claim_keys[]=job_workflow_ref'") in text
+    assert f"  {WORKLOAD}" in text
+    assert "GitHub environment 'preview'" in text and "deployment branches: main only" in text
+
+
+# ------------------------------------------------------------------ no escalation (item 1)
+
+
+def test_deploy_roles_carry_the_deploy_boundary_and_no_aws_managed_policy(roles: dict[str, Role]) -> None:
+    for name in ("deploy-dev", "deploy-prod"):
+        role = roles[name]
+        assert role.boundary_arn == DEPLOY
+        assert sorted(role.attached) == [f"{IAM}:policy/gpucluster-deploy-iam",
+                                         f"{IAM}:policy/gpucluster-deploy-resources-1",
+                                         f"{IAM}:policy/gpucluster-deploy-resources-2"]
+        assert list(role.inline) == ["pulumi-state"]
+    assert roles["preview"].attached == [] and sorted(roles["preview"].inline) == ["preview", "pulumi-state"]
+
+
+@pytest.mark.parametrize("name", ["deploy-dev", "deploy-prod"])
+def test_a_deploy_role_cannot_make_itself_an_administrator(roles: dict[str, Role], name: str) -> None:
+    deploy = roles[name]
+    new_role = f"{IAM}:role/gpu-prod-node-identity-role-abc1234"
+    bounded = {"iam:PermissionsBoundary": WORKLOAD}
+    # what the program does stays possible
+    assert deploy.can("iam:CreateRole", new_role, **bounded)
+    assert deploy.can("iam:PutRolePolicy", new_role, **bounded)
+    assert deploy.can("iam:AttachRolePolicy", new_role, **bounded, **{"iam:PolicyARN": SSM_CORE})
+    for service in ("ec2.amazonaws.com", "lambda.amazonaws.com", "scheduler.amazonaws.com"):
+        assert deploy.can("iam:PassRole", new_role, **{"iam:PassedToService": service})
+    # AdministratorAccess on a new role, or any managed policy the program does not use
+    assert not deploy.can("iam:AttachRolePolicy", new_role, **bounded, **{"iam:PolicyARN": ADMIN})
+    assert not deploy.can("iam:AttachRolePolicy", new_role, **bounded,
+                          **{"iam:PolicyARN": "arn:aws:iam::aws:policy/IAMFullAccess"})
+    # a role without the boundary, or with another one
+    for context in ({}, {"iam:PermissionsBoundary": DEPLOY}, {"iam:PermissionsBoundary": f"{IAM}:policy/x"}):
+        assert not deploy.can("iam:CreateRole", new_role, **context)
+        assert not deploy.can("iam:PutRolePolicy", new_role, **context)
+        assert not deploy.can("iam:AttachRolePolicy", new_role, **context, **{"iam:PolicyARN": SSM_CORE})
+    # roles outside the prefix, the CI roles themselves
+    for other in (f"{IAM}:role/admin", f"{IAM}:role/gpucluster-deploy-prod"):
+        assert not deploy.can("iam:CreateRole", other, **bounded)
+        assert not deploy.can("iam:PutRolePolicy", other, **bounded)
+        assert not deploy.can("iam:UpdateAssumeRolePolicy", other)
+        assert not deploy.can("iam:PassRole", other, **{"iam:PassedToService": "lambda.amazonaws.com"})
+    # passing a stack role to a service that would run it with other code paths
+    for service in ("cloudformation.amazonaws.com", "codebuild.amazonaws.com", "glue.amazonaws.com"):
+        assert not deploy.can("iam:PassRole", new_role, **{"iam:PassedToService": service})
+    assert not deploy.can("iam:PassRole", new_role)
+    # the boundaries cannot be changed, removed or replaced
+    for boundary in (WORKLOAD, DEPLOY):
+        for action in ("iam:CreatePolicyVersion", "iam:DeletePolicy", "iam:SetDefaultPolicyVersion",
+                       "iam:DeletePolicyVersion"):
+            assert not deploy.can(action, boundary)
+    assert not deploy.can("iam:DeleteRolePermissionsBoundary", new_role, **bounded)
+    assert not deploy.can("iam:PutRolePermissionsBoundary", new_role, **{"iam:PermissionsBoundary": DEPLOY})
+    assert not deploy.can("iam:DeleteRolePermissionsBoundary", deploy.arn,
+                          **{"iam:PermissionsBoundary": DEPLOY})
+    # no new principals, policies or direct role assumption
+    for action in ("iam:CreatePolicy", "iam:CreateUser", "iam:CreateAccessKey", "sts:AssumeRole"):
+        assert not deploy.can(action, "*") and not deploy.can(action, new_role)
+
+
+def test_whatever_a_deploy_role_creates_is_capped_by_the_workload_boundary(made: Any) -> None:
+    """Worst case: a role made with the boundary and an inline `*:*`: what it could still do."""
+    iam = made[0].client("iam")
+    boundary = managed_document(iam, WORKLOAD)
+    anything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+
+    def can(action: str, resource: str = "*", **context: Any) -> bool:
+        return allowed([anything], boundary, action, resource, **context)
+
+    for action in ("iam:CreateRole", "iam:PassRole", "iam:AttachRolePolicy", "iam:PutRolePolicy",
+                   "sts:AssumeRole", "kms:ScheduleKeyDeletion", "kms:PutKeyPolicy", "s3:PutBucketPolicy",
+                   "ec2:RunInstances", "lambda:UpdateFunctionCode", "ssm:PutParameter",
+                   "organizations:LeaveOrganization"):
+        assert not can(action), action
+    assert not can("s3:DeleteObjectVersion", "arn:aws:s3:::gpu-prod-data/x")
+    assert not can("fsx:DeleteFileSystem", "arn:aws:fsx:us-east-1:123456789012:file-system/fs-1")
+    # Run Command: only the shell document, only on instances tagged with a stack
+    instance = "arn:aws:ec2:us-east-1:123456789012:instance/i-1"
+    assert can("ssm:SendCommand", "arn:aws:ssm:us-east-1::document/AWS-RunShellScript")
+    assert can("ssm:SendCommand", instance, **{"ssm:resourceTag/gpucluster:stack": "prod"})
+    assert not can("ssm:SendCommand", instance)
+    assert not can("ssm:SendCommand", "arn:aws:ssm:us-east-1:123456789012:document/Evil")
+
+
+def test_data_deletion_needs_the_break_glass_role(roles: dict[str, Role], made: Any) -> None:
+    deploy = roles["deploy-prod"]
+    bucket = "arn:aws:s3:::gpu-prod-pretrain-corpus-4170"
+    fs = "arn:aws:fsx:us-east-1:123456789012:file-system/fs-0123"
+    assert deploy.can("s3:PutLifecycleConfiguration", bucket)  # Pulumi's lifecycle stays deployable
+    assert deploy.can("s3:PutBucketVersioning", bucket)
+    assert deploy.can("fsx:UpdateFileSystem", fs)
+    assert not deploy.can("s3:DeleteObjectVersion", f"{bucket}/corpus/v3/shard-0")
+    assert not deploy.can("s3:DeleteBucket", bucket)
+    assert not deploy.can("fsx:DeleteFileSystem", fs)
+    assert not deploy.can("fsx:DeleteBackup", "arn:aws:fsx:us-east-1:123456789012:backup/b-1")
+    # the boundary's deny exempts exactly the break-glass role (were it to carry the boundary)
+    iam = made[0].client("iam")
+    boundary = managed_document(iam, DEPLOY)
+    deleter = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:DeleteBucket",
+                                                       "Resource": "*"}]}
+    assert allowed([deleter], boundary, "s3:DeleteBucket", bucket, **{"aws:PrincipalArn": BREAK_GLASS})
+    assert not allowed([deleter], boundary, "s3:DeleteBucket", bucket, **{"aws:PrincipalArn": deploy.arn})
+
+
+def test_deploy_roles_leave_the_state_bucket_key_and_foreign_keys_alone(roles: dict[str, Role],
+                                                                       made: Any) -> None:
+    deploy, key = roles["deploy-prod"], made[1].key_arn
+    for action in ("kms:ScheduleKeyDeletion", "kms:PutKeyPolicy", "kms:TagResource"):
+        assert not deploy.can(action, key)
+        assert not deploy.can(action, f"arn:aws:kms:us-west-2:{ACCOUNT}:key/foreign")  # untagged
+        assert deploy.can(action, f"arn:aws:kms:us-west-2:{ACCOUNT}:key/stack-key",
+                          **{"aws:ResourceTag/gpucluster:stack": "prod"})
+    for action in ("s3:PutBucketPolicy", "s3:DeleteBucketPolicy", "s3:PutLifecycleConfiguration"):
+        assert not deploy.can(action, STATE)
+    assert not deploy.can("ec2:CreateTags", "arn:aws:ec2:us-east-1:123456789012:instance/i-foreign")
+    assert deploy.can("ec2:CreateTags", "arn:aws:ec2:us-east-1:123456789012:vpc/vpc-1")
+
+
+def test_each_deploy_role_writes_only_its_own_stack_s_state(roles: dict[str, Role], made: Any) -> None:
+    dev, key = roles["deploy-dev"], made[1].key_arn
+    assert dev.can("s3:PutObject", f"{STATE}/.pulumi/stacks/gpucluster/dev.json")
+    assert dev.can("s3:PutObject", f"{STATE}/.pulumi/history/gpucluster/dev/dev-1.history.json")
+    assert dev.can("s3:DeleteObject", f"{STATE}/.pulumi/locks/organization/gpucluster/dev/l.json")
+    assert not dev.can("s3:PutObject", f"{STATE}/.pulumi/stacks/gpucluster/prod.json")
+    assert not dev.can("s3:GetObject", f"{STATE}/.pulumi/stacks/gpucluster/prod.json")
+    assert not dev.can("s3:DeleteObjectVersion", f"{STATE}/.pulumi/stacks/gpucluster/dev.json")
+    assert dev.can("kms:Decrypt", key) and dev.can("kms:Encrypt", key)
+    assert dev.can("kms:GenerateDataKey", key, **{"kms:ViaService": "s3.us-west-2.amazonaws.com"})
+    assert not dev.can("kms:GenerateDataKey", key)
+
+
+# ------------------------------------------------------------------ previews (item 3)
+
+
+def test_the_preview_role_reads_state_writes_only_locks_and_reads_nothing_else(roles: dict[str, Role],
+                                                                              made: Any) -> None:
+    preview, key = roles["preview"], made[1].key_arn
+    for stack in ("dev", "prod"):
+        assert preview.can("s3:GetObject", f"{STATE}/.pulumi/stacks/gpucluster/{stack}.json")
+        assert preview.can("s3:PutObject", f"{STATE}/.pulumi/locks/organization/gpucluster/{stack}/l.json")
+        assert preview.can("s3:DeleteObject", f"{STATE}/.pulumi/locks/organization/gpucluster/{stack}/l.json")
+        assert not preview.can("s3:PutObject", f"{STATE}/.pulumi/stacks/gpucluster/{stack}.json")
+        assert not preview.can("s3:PutObject", f"{STATE}/.pulumi/history/gpucluster/{stack}/h.json")
+        assert not preview.can("s3:DeleteObject", f"{STATE}/.pulumi/stacks/gpucluster/{stack}.json")
+    assert preview.can("s3:ListBucket", STATE, **{"s3:prefix": ".pulumi/stacks/gpucluster/"})
+    assert not preview.can("s3:ListBucket", STATE, **{"s3:prefix": "other/"})
+    assert preview.can("kms:Decrypt", key)
+    assert preview.can("kms:GenerateDataKey", key, **{"kms:ViaService": "s3.us-west-2.amazonaws.com"})
+    assert not preview.can("kms:Encrypt", key) and not preview.can("kms:GenerateDataKey", key)
+    assert not preview.can("kms:Decrypt", f"arn:aws:kms:us-west-2:{ACCOUNT}:key/other")
+    assert preview.can("ssm:GetParameter", "arn:aws:ssm:us-west-2::parameter/aws/service/deeplearning/ami/x")
+    # what ReadOnlyAccess handed out before
+    assert not preview.can("s3:GetObject", "arn:aws:s3:::gpu-prod-pretrain-corpus-4170/corpus/x")
+    assert not preview.can("ssm:GetParameter", f"arn:aws:ssm:us-west-2:{ACCOUNT}:parameter/db-password")
+    assert not preview.can("secretsmanager:GetSecretValue", "*")
+    assert not preview.can("ec2:DescribeInstances", "*")
+
+
+# ------------------------------------------------------------------ the program fits the roles
+
+
+@pytest.fixture(scope="module")
+def plans() -> list[Any]:
+    from gpucluster.plan import run_plan
+    return [run_plan(stack) for stack in ("dev", "staging", "prod")]
+
+
+def test_every_resource_type_the_program_creates_is_granted(plans: list[Any], roles: dict[str, Role]) -> None:
+    types = {r.type for plan in plans for r in plan.resources if r.custom}
+    assert types - set(bootstrap_state.DEPLOY_ACTIONS) == set(), "add the new type to DEPLOY_ACTIONS"
+    deploy = roles["deploy-prod"]
+    scope = bootstrap_state.scopes("aws", ACCOUNT, "gpu-", [])
+    context = {"iam:PermissionsBoundary": WORKLOAD, "iam:PolicyARN": SSM_CORE,
+               "iam:PassedToService": "ec2.amazonaws.com", "aws:ResourceTag/gpucluster:stack": "prod"}
+    samples = {**{s: r[0].replace("*", "x") for s, r in scope.items()},
+               "iam": f"{IAM}:role/gpu-prod-x", "kms": f"arn:aws:kms:us-east-1:{ACCOUNT}:key/k"}
+    for token, actions in bootstrap_state.DEPLOY_ACTIONS.items():
+        for action in actions:
+            service = action.split(":")[0]
+            resource = samples[service] if service != "iam" or "InstanceProfile" not in action else (
+                f"{IAM}:instance-profile/gpu-prod-x")
+            if action == "s3:PutObject":
+                resource += "/x"
+            assert deploy.can(action, resource, **context), (token, action, resource)
+
+
+def test_managed_policies_the_program_attaches_are_the_allowed_ones(plans: list[Any]) -> None:
+    from gpucluster.aws.iam import MANAGED_POLICIES
+    attached = {r.inputs["policyArn"] for plan in plans
+                for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")}
+    allowed_arns = {f"arn:aws:iam::aws:policy/{n}" for n in bootstrap_state.MANAGED_POLICIES}
+    assert attached <= allowed_arns
+    assert set(MANAGED_POLICIES.values()) <= set(bootstrap_state.MANAGED_POLICIES)
+
+
+def test_the_workload_boundary_keeps_what_the_program_s_roles_are_granted(plans: list[Any],
+                                                                          made: Any) -> None:
+    """Every action of the program's inline policies and attached managed policies, on its own
+    resources, passes the boundary: the boundary caps, it never breaks a cluster."""
+    iam = made[0].client("iam")
+    boundary = managed_document(iam, WORKLOAD)
+    documents = [json.loads(r.inputs["policy"]) for plan in plans
+                 for r in plan.of_type("aws:iam/rolePolicy:RolePolicy")]
+    documents += [managed_document(iam,
+                                   f"arn:aws:iam::aws:policy/{n}") for n in bootstrap_state.MANAGED_POLICIES]
+    checked = 0
+    for document in documents:
+        for statement in document["Statement"]:
+            if statement["Effect"] != "Allow":
+                continue
+            resources = statement.get("Resource", "*")
+            for action in statement["Action"] if isinstance(statement["Action"],
+                                                            list) else [statement["Action"]]:
+                for resource in resources if isinstance(resources, list) else [resources]:
+                    context = {"ssm:resourceTag/gpucluster:stack": "prod"}
+                    everything = {"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+                    assert allowed([everything], boundary, action, resource, **context), (action, resource)
+                    checked += 1
+    assert checked > 60
+
+
+def test_policy_sizes_fit_iam_limits(made: Any) -> None:
+    """Managed policies hold at most 6,144 characters, a role's inline policies 10,240 together
+    (IAM user guide, "IAM and AWS STS quotas"; whitespace is not counted)."""
+    iam = made[0].client("iam")
+    for name in ("workload-boundary", "deploy-boundary", "deploy-iam", "deploy-resources-1",
+                 "deploy-resources-2"):
+        text = json.dumps(managed_document(iam, f"{IAM}:policy/gpucluster-{name}"), separators=(",", ":"))
+        assert len(text) <= 6144, (name, len(text))
+    for role in ("gpucluster-preview", "gpucluster-deploy-prod"):
+        total = sum(len(json.dumps(_json(iam.get_role_policy(RoleName=role, PolicyName=n)["PolicyDocument"]),
+                                   separators=(",", ":")))
+                    for n in iam.list_role_policies(RoleName=role)["PolicyNames"])
+        assert total <= 10240
+
+
+# ------------------------------------------------------------------ idempotence and the command
+
+
+def test_running_twice_reuses_everything_and_drops_old_grants(made: Any) -> None:
     aws, first = made
+    iam = aws.client("iam")
+    iam.attach_role_policy(RoleName="gpucluster-deploy-dev",
+                           PolicyArn="arn:aws:iam::aws:policy/PowerUserAccess")
+    iam.put_role_policy(RoleName="gpucluster-deploy-dev", PolicyName="cluster-iam",
+                        PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [
+                            {"Effect": "Allow", "Action": "iam:*", "Resource": "*"}]}))
     assert run(aws) == first
     assert len(aws.client("kms").list_keys()["Keys"]) == 1
+    dev = Role(iam, "gpucluster-deploy-dev")
+    assert "arn:aws:iam::aws:policy/PowerUserAccess" not in dev.attached and "cluster-iam" not in dev.inline
+    assert len(iam.list_policy_versions(PolicyArn=WORKLOAD)["Versions"]) == 1  # unchanged: no new version
+
+
+def test_a_changed_policy_gets_a_new_default_version_and_old_ones_are_pruned(made: Any) -> None:
+    iam = made[0].client("iam")
+    arn = f"{IAM}:policy/gpucluster-test-versions"
+    for i in range(7):
+        document = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": f"s3:Get{i}",
+                                                            "Resource": "*"}]}
+        bootstrap_state.ensure_managed_policy(iam, arn, "gpucluster-test-versions", document, "test")
+    assert len(iam.list_policy_versions(PolicyArn=arn)["Versions"]) == 5
+    assert managed_document(iam, arn)["Statement"][0]["Action"] == "s3:Get6"
 
 
 def test_main_prints_what_github_and_pulumi_need(capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     with mock_aws(config=MANAGED):
-        assert bootstrap_state.main(["--bucket", "acme-state", "--github-repo", "acme/gpucluster"]) == 0
+        assert bootstrap_state.main(["--bucket", "acme-state", "--github-repo", "acme/gpucluster",
+                                     "--break-glass-role", "acme-break-glass"]) == 0
     out = capsys.readouterr().out
     assert "PULUMI_BACKEND_URL   = s3://acme-state?region=us-east-1&awssdk=v2" in out
     assert f"staging  AWS_ROLE_ARN = arn:aws:iam::{ACCOUNT}:role/gpucluster-deploy-staging" in out
     assert ("pulumi stack init prod --secrets-provider 'awskms://alias/gpucluster-state?region=us-east-1'"
             in out)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--iam-prefix", "gpu"], "--iam-prefix: 'gpu' would cover the CI roles"),
+    (["--break-glass-role", "bad name!"], "--break-glass-role: 'bad name!' is not a valid name"),
+])
+def test_main_rejects_bad_arguments_in_one_line(argv: list[str], message: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--bucket", "b", "--github-repo", "acme/gpucluster", "--break-glass-role", "bg"]
+    with pytest.raises(SystemExit) as exit_:
+        bootstrap_state.main(base + argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""DatasetStore under the mock engine: what a bucket, an FSx file system and the node grants look like."""
+"""Datasets under the mock engine: what a bucket, an FSx file system and the node grants look like."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pulumi
 import pytest
 from base_config import BASE_CONFIG  # tests/ is on sys.path (pytest rootdir conftest import)
+from gpucluster.aws.cluster import build_datasets
 from gpucluster.aws.datasets import (
-    DatasetStore,
     bucket_arn,
     partition_of,
     s3_url,
@@ -33,8 +33,11 @@ FS = "aws:fsx/lustreFileSystem:LustreFileSystem"
 DRA = "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
-SUBNETS = {"us-east-1a": "subnet-a", "us-east-1b": "subnet-b"}
-NODE_SG = "sg-nodes"
+SUBNET_A, SUBNET_B, SUBNET_D = ("subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb",
+                                "subnet-0dddddddddddddddd")
+SUBNETS = {"us-east-1a": SUBNET_A, "us-east-1b": SUBNET_B}
+NODE_SG = "sg-0123456789abcdef0"
+VPC = "vpc-0123456789abcdef0"
 
 
 @dataclass
@@ -52,16 +55,16 @@ class Run:
 
 
 def run_store(spec: StackSpec, subnets: dict[str, str] | None = None) -> Run:
-    """Build a DatasetStore under recording mocks and export what it hands on, resolved."""
+    """Build a stack's datasets (as GpuCluster does) under recording mocks; export what they hand on."""
 
     def build() -> None:
-        store = DatasetStore("ds", spec, vpc_id="vpc-1", subnet_ids_by_az=subnets or SUBNETS,
-                             node_security_groups={"gpu": NODE_SG})
+        store = build_datasets("ds", spec, vpc_id=VPC, subnet_ids_by_zone=subnets or SUBNETS,
+                               node_security_group_ids={"gpu": NODE_SG})
         pulumi.export("grants", [{"bucket": g.bucket_name, "prefix": g.prefix, "write": g.write}
                                  for g in store.grants])
-        pulumi.export("mounts", [{"name": m.name, "access": m.access, "bucket": m.bucket_name,
-                                  "prefix": m.prefix, "path": m.path, "dns": m.fsx_dns_name,
-                                  "mount_name": m.fsx_mount_name} for m in store.mounts])
+        pulumi.export("mounts", [{"name": m["name"], "access": m["access"], "bucket": m["bucket_name"],
+                                  "prefix": m["prefix"], "path": m["path"], "dns": m.get("fsx_dns_name"),
+                                  "mount_name": m.get("fsx_mount_name")} for m in store.mounts])
         pulumi.export("datasets", store.outputs)
 
     resources, exported = record_resources(build, stack=spec.stack, region=spec.region)
@@ -192,11 +195,11 @@ def test_fsx_is_lustre_2_15_scratch_in_the_zone_subnet(lustre: Run) -> None:
     assert fs.inputs["deploymentType"] == "SCRATCH_2"
     assert fs.inputs["storageCapacity"] == 1200
     assert fs.inputs["fileSystemTypeVersion"] == "2.15"  # 2.10 (SCRATCH_2's default) has no DRAs
-    assert fs.inputs["subnetIds"] == "subnet-b"
+    assert fs.inputs["subnetIds"] == SUBNET_B
     assert "perUnitStorageThroughput" not in fs.inputs and "skipFinalBackup" not in fs.inputs
     sg = lustre.one("aws:ec2/securityGroup:SecurityGroup")
     assert fs.inputs["securityGroupIds"] == [f"{sg.name}-id"]
-    assert sg.inputs["vpcId"] == "vpc-1" and "ingress" not in sg.inputs and "egress" not in sg.inputs
+    assert sg.inputs["vpcId"] == VPC and "ingress" not in sg.inputs and "egress" not in sg.inputs
 
 
 def test_fsx_associations_import_data_and_export_checkpoints(lustre: Run) -> None:
@@ -248,7 +251,7 @@ def test_fsx_zone_defaults_to_the_first_node_group_zone(base_config: dict[str, A
     run = run_store(spec_with(base_config, {"name": "corpus", "prefix": "data/", "access": "fsx", "fsx": fsx},
                               availability_zones=["us-east-1b", "us-east-1a"]))
     fs = run.one(FS)
-    assert fs.inputs["subnetIds"] == "subnet-b"
+    assert fs.inputs["subnetIds"] == SUBNET_B
     assert (fs.inputs["deploymentType"], fs.inputs["storageCapacity"],
             fs.inputs["perUnitStorageThroughput"]) == ("PERSISTENT_2", 4800, 250)
     assert fs.inputs["skipFinalBackup"] is False, "a persistent file system leaves a final backup"
@@ -269,7 +272,7 @@ def test_fsx_on_an_existing_bucket_leaves_its_notifications_alone(base_config: d
 def test_missing_subnet_for_the_fsx_zone_is_a_clear_error(base_config: dict[str, Any]) -> None:
     spec = spec_with(base_config, {"name": "corpus", "access": "fsx", "fsx": {}})
     with pytest.raises(Exception, match=r"no subnet for FSx zone 'us-east-1a' of dataset 'corpus'"):
-        run_store(spec, subnets={"us-east-1b": "subnet-b"})
+        run_store(spec, subnets={"us-east-1b": SUBNET_B})
 
 
 # ----------------------------------------------------------------------- shipped stacks
@@ -277,11 +280,11 @@ def test_missing_subnet_for_the_fsx_zone_is_a_clear_error(base_config: dict[str,
 
 def test_prod_main_dataset_goes_through_persistent_fsx() -> None:
     _, _, spec = load_stack("prod")
-    run = run_store(spec, subnets={"us-east-1d": "subnet-d"})
+    run = run_store(spec, subnets={"us-east-1d": SUBNET_D})
     fs = run.one(FS)
     assert (fs.inputs["deploymentType"], fs.inputs["storageCapacity"],
             fs.inputs["perUnitStorageThroughput"], fs.inputs["subnetIds"]) == ("PERSISTENT_2", 9600, 500,
-                                                                               "subnet-d")
+                                                                               SUBNET_D)
     corpus = run.exported["datasets"]["pretrain-corpus"]
     assert corpus["access"] == "fsx" and corpus["fsx_dns_name"].endswith(".fsx.us-east-1.amazonaws.com")
     name = corpus["bucket_name"]

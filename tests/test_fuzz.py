@@ -42,8 +42,8 @@ DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 Tree = Any
 Path_ = tuple[str | int, ...]
 
-UNICODE = ["\u202eevil", "💥🔥", "e\u0301", "\u2028line", "\ufeffbom", "\uff46\uff55\uff4c\uff4c", "İı", "\u0085nel",
-           "\t tab", "a\u200bb", "ß" * 30, "日本語のテキスト", "\x7fdel"]
+UNICODE = ["\u202eevil", "💥🔥", "e\u0301", "\u2028line", "\ufeffbom", "\uff46\uff55\uff4c\uff4c", "İı",
+           "\u0085nel", "\t tab", "a\u200bb", "ß" * 30, "日本語のテキスト", "\x7fdel"]
 SWAPS: list[Any] = [0, -1, 1.5, 1e308, float("inf"), float("nan"), True, False, None, "", "x", "on", [],
                     {}, ["a"], {"k": "v"}, [[]], "0x1F", "1_000", "2024-01-01", "12:30:00", "~"]
 TAGS = ["!!binary aGk=", "!!set {a}", "!!omap [a: 1]", "!!python/tuple [1]", "!custom x", "!!int nope",

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 from gpucluster.aws import guardrails as g
-from gpucluster.aws.guardrails import GroupTarget, Guardrails
+from gpucluster.aws.guardrails import Guardrails
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources
 from gpucluster.spec import StackSpec, parse_stack_config
+from gpucluster.stack import can_run_spot, guardrails_args
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 BUDGET = "aws:budgets/budget:Budget"
@@ -47,9 +48,8 @@ def asg_arn(spec: StackSpec, group: str) -> str:
             f"autoScalingGroupName/{asg_name(spec, group)}")
 
 
-def targets(spec: StackSpec) -> dict[str, GroupTarget]:
-    return {grp.name: GroupTarget(asg_name(spec, grp.name), asg_arn(spec, grp.name))
-            for grp in spec.node_groups}
+def targets(spec: StackSpec) -> dict[str, tuple[str, str]]:
+    return {grp.name: (asg_name(spec, grp.name), asg_arn(spec, grp.name)) for grp in spec.node_groups}
 
 
 class Built:
@@ -86,9 +86,10 @@ class Built:
         return self.arn(TOPIC, "notify-topic")
 
 
-def build(spec: StackSpec, groups: dict[str, GroupTarget] | None = None) -> Built:
+def build(spec: StackSpec) -> Built:
+    """The stack's Guardrails, with args from the one spec -> args mapping (as GpuCluster builds them)."""
     resources, _ = record_resources(
-        lambda: Guardrails(f"{spec.cluster.name}-guardrails", spec, groups or targets(spec)),
+        lambda: Guardrails(f"{spec.cluster.name}-guardrails", guardrails_args(spec, targets(spec))),
         stack=spec.stack, region=spec.region)
     return Built(spec, resources)
 
@@ -159,18 +160,18 @@ def test_can_run_spot(base_config: dict[str, Any], capacity: dict[str, Any], max
                       spot: bool) -> None:
     group = {**base_config["gpucluster:node_groups"][0], "capacity": capacity, "max_nodes": max_nodes}
     spec = spec_of(base_config, node_groups=[group])
-    assert g.can_run_spot(spec.node_groups[0]) is spot
-    assert g.stack_uses_spot(spec) is spot
+    assert can_run_spot(spec.node_groups[0]) is spot
+    assert guardrails_args(spec, targets(spec))["groups"][0]["can_run_spot"] is spot
 
 
 def test_timeouts_cover_the_hooks_and_stay_within_lambdas_limit(base_config: dict[str, Any]) -> None:
     longest = spec_of(base_config, autostop={"pre_stop_command": "/hook", "pre_stop_timeout_seconds": 840},
                       spot={"interruption_command": "/hook", "interruption_timeout_seconds": 110})
-    assert g.autostop_timeout(longest) == 900
-    assert g.spot_timeout(longest) == 140
+    assert g.autostop_timeout(longest.autostop) == 900
+    assert g.spot_timeout(longest.spot) == 140
     bare = spec_of(base_config, autostop={"enabled": True})
-    assert g.autostop_timeout(bare) == 120
-    assert g.spot_timeout(bare) == 60
+    assert g.autostop_timeout(bare.autostop) == 120
+    assert g.spot_timeout(bare.spot) == 60
 
 
 def test_a_budget_may_hold_ten_notifications_when_the_action_shares_a_threshold(
@@ -482,7 +483,7 @@ def test_staging_stops_at_night_in_its_region(staging: Built) -> None:
 def test_nothing_is_built_without_budget_autostop_or_spot(base_config: dict[str, Any]) -> None:
     group = {**base_config["gpucluster:node_groups"][0], "capacity": {"spot_percent": 0}}
     built = build(spec_of(base_config, node_groups=[group]))
-    assert [r.type for r in built.resources] == ["gpucluster:guardrails:Guardrails"]
+    assert [r.type for r in built.resources] == ["gpucluster:index:Guardrails"]
 
 
 def test_budget_without_action_or_emails_only_alerts_the_topic(base_config: dict[str, Any]) -> None:
@@ -525,8 +526,8 @@ def test_every_group_gets_an_alarm_and_every_role_names_every_group(base_config:
 
 def test_each_node_group_needs_its_target(base_config: dict[str, Any]) -> None:
     spec = spec_of(base_config)
-    with pytest.raises(ValueError, match=r"missing \['gpu'\], unknown \['other'\]"):
-        Guardrails("g", spec, {"other": GroupTarget("a", "b")})
+    with pytest.raises(KeyError, match="gpu"):
+        guardrails_args(spec, {"other": ("a", "b")})
 
 
 # ------------------------------------------------- contract with the handlers

@@ -299,7 +299,7 @@ def test_values_echoed_in_errors_are_cut(tmp_path: Path, line: str, where: str) 
     key, value = (line % huge).split(": ", 1)
     text = "config:\n" + "".join(f"  {k}: {json.dumps(v)}\n" for k, v in BASE_CONFIG.items() if k != key)
     hit = refused(plan(tmp_path, f"{text}  {key}: {value}\n"), where, "")
-    assert "Z" * SHOWN_CHARS not in hit and "…" in hit
+    assert "Z" * (SHOWN_CHARS + 1) not in hit and "…" in hit
     assert len(hit) <= MAX_LINE_CHARS
 
 

@@ -24,6 +24,7 @@ from gpucluster.plan import (
     record_resources,
     run_plan,
 )
+from gpucluster.stack import cluster_args
 from typer.testing import CliRunner
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -336,9 +337,9 @@ def test_outputs_per_group_and_network() -> None:
 def test_cluster_exposes_node_groups_with_their_asg() -> None:
     _, _, spec = load_stack("staging")
     built: dict[str, GpuCluster] = {}
-    record_resources(lambda: built.setdefault("c", GpuCluster("c", spec)), stack="staging",
+    record_resources(lambda: built.setdefault("c", GpuCluster("c", cluster_args(spec))), stack="staging",
                      region=spec.region)
-    group = built["c"].node_groups["l40s-4x"]
+    group = built["c"].groups["l40s-4x"]
     assert isinstance(group.asg, aws.autoscaling.Group)
     assert isinstance(group.launch_template, aws.ec2.LaunchTemplate)
 
@@ -347,9 +348,9 @@ def test_plan_prod_shows_the_whole_tree() -> None:
     result = CliRunner().invoke(app, ["plan", "prod"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    for needle in ("  gpucluster:network:ClusterNetwork  gpu-prod-network",
-                   "  gpucluster:iam:NodeIdentity  gpu-prod-node-identity",
-                   "  gpucluster:nodes:GpuNodeGroup  gpu-prod-h100-train",
+    for needle in ("  gpucluster:index:ClusterNetwork  gpu-prod-network",
+                   "  gpucluster:index:NodeIdentity  gpu-prod-node-identity",
+                   "  gpucluster:index:GpuNodeGroup  gpu-prod-h100-train",
                    "    aws:ec2/launchTemplate:LaunchTemplate  gpu-prod-h100-train-lt",
                    "    aws:autoscaling/group:Group  gpu-prod-h100-train-asg",
                    "    aws:ec2/placementGroup:PlacementGroup  gpu-prod-network-h100-train-placement"):

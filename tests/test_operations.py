@@ -127,9 +127,10 @@ def test_cli_status_and_resume_of_a_stack(autoscaling: Any) -> None:
     assert result.exit_code == 0, result.output
     assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 0  # a budget stop is not an idle one
 
-    result = runner.invoke(app, ["resume", "dev"])
+    result = runner.invoke(app, ["resume", "dev", "--yes"])
     assert result.exit_code == 0, result.output
-    assert "resumed dev-train (stopped by budget): min 1, desired 2" in result.output
+    assert "resumed dev-train (stopped by budget): 0 -> 2 node(s), min 1" in result.output
+    assert "[y/N]" not in result.output
     group = _group(autoscaling, "dev-train")
     assert (group["MinSize"], group["DesiredCapacity"]) == (1, 2)
     assert scaling.STOPPED_BY_TAG not in scaling.group_tags(group)
@@ -151,3 +152,159 @@ def test_cli_status_without_credentials_is_one_line_exit_2(monkeypatch: pytest.M
     result = runner.invoke(app, ["status", "dev"])
     assert result.exit_code == 2
     assert result.output.startswith("status: AWS said:") and "Traceback" not in result.output
+
+
+# ------------------------------------------------------------- resume is deliberate
+
+
+def _g5_xlarge_per_hour() -> float:
+    from gpucluster import catalog, pricing
+
+    return pricing.on_demand_rate(catalog.get("g5.xlarge"), "us-east-1").usd_per_hour
+
+
+def _tag_node_group(client: Any, name: str, node_group: str) -> None:
+    client.create_or_update_tags(Tags=[{"ResourceId": name, "ResourceType": "auto-scaling-group",
+                                        "Key": "gpucluster:node-group", "Value": node_group,
+                                        "PropagateAtLaunch": True}])
+
+
+def test_node_group_tag_matches_the_one_the_nodes_carry() -> None:
+    from gpucluster.aws.nodes import NODE_GROUP_TAG
+    from gpucluster.ops import status
+
+    assert status.NODE_GROUP_TAG == NODE_GROUP_TAG
+
+
+def test_cli_resume_shows_what_and_what_it_costs_then_asks(autoscaling: Any) -> None:
+    _tag_node_group(autoscaling, "dev-train", "dev-a10")  # the dev stack's node group: g5.xlarge first
+    _stop(autoscaling, "dev-train", "budget")
+    _stop(autoscaling, "dev-infer", "idle")
+
+    result = runner.invoke(app, ["resume", "dev"], input="n\n")
+
+    assert result.exit_code == 1, result.output
+    out = result.output
+    assert "resume restarts 2 group(s), 3 node(s):" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  dev-")}
+    train_cost = 2 * _g5_xlarge_per_hour()
+    assert rows["dev-train"] == ["dev-train", "dev-a10", "budget", "0", "2", "1", "g5.xlarge",
+                                 f"{train_cost:,.2f}"]
+    assert rows["dev-infer"] == ["dev-infer", "?", "idle", "0", "1", "0", "?", "?"]
+    assert f"cost: at least ${train_cost:,.2f}/hour (${train_cost * 24:,.2f}/day) at on-demand" in out
+    assert "not priced: dev-infer" in out
+    assert "warning: dev-train was stopped by the budget action ($700/month)" in out
+    assert "does not fire again this month" in out
+    assert "Restart 2 group(s)? [y/N]:" in out
+    assert "resume cancelled: nothing changed" in out
+    assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 0
+    assert _group(autoscaling, "dev-infer")["DesiredCapacity"] == 0
+
+
+def test_cli_resume_restarts_after_yes(autoscaling: Any) -> None:
+    _stop(autoscaling, "dev-infer", "idle")
+
+    result = runner.invoke(app, ["resume", "dev"], input="y\n")
+
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.output  # no budget stop undone
+    assert "resumed dev-infer (stopped by idle): 0 -> 1 node(s), min 0" in result.output
+    assert _group(autoscaling, "dev-infer")["DesiredCapacity"] == 1
+
+
+def test_cli_resume_dry_run_changes_nothing_and_does_not_ask(autoscaling: Any) -> None:
+    _stop(autoscaling, "dev-train", "schedule")
+
+    result = runner.invoke(app, ["resume", "dev", "--dry-run"])
+
+    assert result.exit_code == 0, result.output
+    assert "dev-train" in result.output and "dry run: nothing changed" in result.output
+    assert "[y/N]" not in result.output
+    assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 0
+
+
+def test_cli_resume_without_an_answer_changes_nothing(autoscaling: Any) -> None:
+    _stop(autoscaling, "dev-train", "idle")
+
+    result = runner.invoke(app, ["resume", "dev"], input="")
+
+    assert result.exit_code == 1
+    assert "pass --yes" in result.output and "Traceback" not in result.output
+    assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 0
+
+
+def test_cli_resume_skips_a_group_whose_stop_changed_after_it_was_shown(
+    autoscaling: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator agreed to undo an idle stop; a budget stop landed while they read the table."""
+    import typer
+
+    _stop(autoscaling, "dev-infer", "idle")
+
+    def budget_lands_then_yes(*args: Any, **kwargs: Any) -> bool:
+        scaling.scale_to_zero(autoscaling, _group(autoscaling, "dev-infer"), "budget")
+        return True
+
+    monkeypatch.setattr(typer, "confirm", budget_lands_then_yes)
+
+    result = runner.invoke(app, ["resume", "dev"])
+
+    assert result.exit_code == 0, result.output
+    assert "not resumed dev-infer: changed since shown: now stopped by budget" in result.output
+    group = _group(autoscaling, "dev-infer")
+    assert group["DesiredCapacity"] == 0
+    assert scaling.group_tags(group)[scaling.STOPPED_BY_TAG] == "budget"
+
+
+def test_cli_resume_with_nothing_stopped_says_so(autoscaling: Any) -> None:
+    result = runner.invoke(app, ["resume", "dev"])
+
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        "nothing to resume in stack dev (us-east-1):",
+        "  dev-infer: running (1 desired), not stopped by a guardrail",
+        "  dev-spare: at 0 nodes by its own settings, not stopped by a guardrail; to start nodes: aws "
+        "autoscaling set-desired-capacity --auto-scaling-group-name dev-spare --desired-capacity N",
+        "  dev-train: running (2 desired), not stopped by a guardrail",
+    ]
+
+
+def test_cli_resume_explains_a_stop_left_out_by_only(autoscaling: Any) -> None:
+    _stop(autoscaling, "dev-train", "budget")
+
+    result = runner.invoke(app, ["resume", "dev", "--only", "idle"])
+
+    assert result.exit_code == 0, result.output
+    assert ("  dev-train: stopped by budget, which --only idle leaves alone; to restart it: "
+            "gpucluster resume dev --only budget") in result.output.splitlines()
+
+
+def test_cli_resume_without_recorded_capacity_explains_without_log_lines(autoscaling: Any) -> None:
+    scaling._set_tags(autoscaling, "dev-train", {scaling.STOPPED_BY_TAG: "idle"})
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName="dev-train", MinSize=0, DesiredCapacity=0)
+
+    result = runner.invoke(app, ["resume", "dev"])
+
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("  dev-train:"))
+    assert "stopped by idle, but the capacity to restore (tag gpucluster:previous-desired)" in line
+    assert "update-auto-scaling-group --auto-scaling-group-name dev-train" in line
+    assert '{"' not in result.output  # no raw JSON log line
+
+
+def test_cli_resume_of_an_undeployed_stack_says_why(autoscaling: Any) -> None:
+    result = runner.invoke(app, ["resume", "staging"])
+
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("nothing to resume: no Auto Scaling group is tagged "
+                                    "gpucluster:stack=staging")
+    assert "pulumi up -s staging" in result.output
+
+
+def test_resume_never_prints_guardrail_log_lines(autoscaling: Any, capsys) -> None:
+    """The guardrail logger has its own handler: no JSON through logging's last resort."""
+    import logging
+
+    assert any(isinstance(h, logging.NullHandler) for h in scaling.LOG.handlers)
+    scaling.log_event("cannot resume: no previous capacity", logging.WARNING, group="x")
+    assert capsys.readouterr().err == ""

@@ -23,7 +23,7 @@ def test_plan_shipped_stacks_exit_0(stack: str) -> None:
     result = runner.invoke(app, ["plan", stack])
     assert result.exit_code == 0, result.output
     assert f"stack {stack} " in result.output
-    assert "gpucluster:cluster:GpuCluster" in result.output
+    assert "gpucluster:index:GpuCluster" in result.output
 
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
@@ -36,7 +36,7 @@ def test_plan_json_has_the_contract_keys(stack: str) -> None:
     assert doc["resources"], "a plan lists at least the cluster component"
     for resource in doc["resources"]:
         assert {"type", "name", "parent", "inputs"} <= set(resource)
-    cluster = next(r for r in doc["resources"] if r["type"] == "gpucluster:cluster:GpuCluster")
+    cluster = next(r for r in doc["resources"] if r["type"] == "gpucluster:index:GpuCluster")
     assert cluster["parent"].endswith("pulumi:pulumi:Stack::gpucluster-" + stack)
 
 
@@ -85,3 +85,30 @@ def test_plans_in_one_process_do_not_leak_into_each_other() -> None:
     second = run_plan("prod")
     assert {r.name for r in second.resources}.isdisjoint({"gpu-dev"})
     assert len(first.resources) == len(run_plan("dev").resources)
+
+
+def test_plan_json_lists_each_resources_dependencies() -> None:
+    """Users read creation order from `dependencies`: explicit depends_on and input references alike."""
+    result = runner.invoke(app, ["plan", "prod", "--json"])
+    assert result.exit_code == 0, result.output
+    resources = json.loads(result.output)["resources"]
+    asg = next(r for r in resources if r["name"] == "gpu-prod-h100-train-asg")
+    # Through inputs: the launch template id and the placement group name.
+    assert {"gpu-prod-h100-train-lt", "gpu-prod-network-h100-train-placement"} <= set(asg["dependencies"])
+    assert all(urn.endswith(tuple(asg["dependencies"])) for urn in asg["dependency_urns"])
+    # Explicit depends_on: the NAT gateway waits for the internet gateway it has no input from.
+    nat = next(r for r in resources if r["type"] == "aws:ec2/natGateway:NatGateway")
+    assert "gpu-prod-network-igw" in nat["dependencies"]
+    assert "internetGatewayId" not in json.dumps(nat["inputs"]), "the order comes from depends_on alone"
+
+
+def test_plan_depends_on_follows_the_chain() -> None:
+    plan = run_plan("prod")
+    asg = plan.of_type("aws:autoscaling/group:Group")[0]
+    template = next(r for r in plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+                    if r.name == asg.name.removesuffix("-asg") + "-lt")
+    subnet = next(r for r in plan.of_type("aws:ec2/subnet:Subnet") if r.name.endswith("us-east-1d"))
+    vpc = plan.of_type("aws:ec2/vpc:Vpc")[0]
+    assert plan.depends_on(asg, template) and plan.depends_on(asg, subnet)
+    assert plan.depends_on(asg, vpc), "transitively, through the subnet"
+    assert not plan.depends_on(template, asg)

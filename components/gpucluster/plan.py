@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-from gpucluster.project import stacks_dir
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import settings as pulumi_settings
+from pulumi.runtime.config import set_all_config
+from pulumi.runtime.stack import run_pulumi_func
+from pulumi.runtime.sync_await import _sync_await
+
+from gpucluster.project import missing_stack_message, stacks_dir
 from gpucluster.spec import (
     MAX_INPUT_BYTES,
     PROJECT,
@@ -27,11 +33,6 @@ from gpucluster.spec import (
     parse_stack_config,
 )
 from gpucluster.stackfile import load_yaml
-from pulumi.runtime import mocks as pulumi_mocks
-from pulumi.runtime import settings as pulumi_settings
-from pulumi.runtime.config import set_all_config
-from pulumi.runtime.stack import run_pulumi_func
-from pulumi.runtime.sync_await import _sync_await
 
 MOCK_ACCOUNT = "123456789012"
 MOCK_AMI = "ami-0123456789abcdef0"
@@ -52,12 +53,23 @@ class PlannedResource:
     protect: bool = False
     retain_on_delete: bool = False
     ignore_changes: tuple[str, ...] = ()
+    dependency_urns: tuple[str, ...] = ()
+    """Every resource the engine must create first: `depends_on` and those its inputs come from."""
+    property_dependencies: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Input name -> URNs of the resources that input's value comes from (the engine's view)."""
+
+    @property
+    def dependencies(self) -> list[str]:
+        """Names of the resources this one depends on, sorted (URN tail after the last `::`)."""
+        return sorted({urn.rsplit("::", 1)[-1] for urn in self.dependency_urns})
 
     def as_json(self) -> dict[str, Any]:
         return {
             "urn": self.urn, "type": self.type, "name": self.name, "parent": self.parent,
             "custom": self.custom, "inputs": self.inputs, "protect": self.protect,
             "retain_on_delete": self.retain_on_delete, "ignore_changes": list(self.ignore_changes),
+            "dependencies": self.dependencies,
+            "dependency_urns": sorted(self.dependency_urns),
         }
 
 
@@ -70,6 +82,20 @@ class Plan:
 
     def of_type(self, type_token: str) -> list[PlannedResource]:
         return [r for r in self.resources if r.type == type_token]
+
+    def depends_on(self, resource: PlannedResource, other: PlannedResource) -> bool:
+        """True when the engine creates `other` before `resource` (directly or through others)."""
+        by_urn = {r.urn: r for r in self.resources}
+        seen: set[str] = set()
+        todo = list(resource.dependency_urns)
+        while todo:
+            urn = todo.pop()
+            if urn == other.urn:
+                return True
+            if urn not in seen and urn in by_urn:
+                seen.add(urn)
+                todo.extend(by_urn[urn].dependency_urns)
+        return False
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -107,8 +133,7 @@ def read_stack_config(path: Path) -> dict[str, Any]:
     where = clip(str(path), 120)
     try:
         if not path.exists():
-            known = ", ".join(sorted(stack_name(p) for p in stacks_dir().glob("Pulumi.*.yaml"))) or "none"
-            raise StackFileError(f"{where}: no such stack file (stacks here: {known})")
+            raise StackFileError(missing_stack_message(path, by_name=path.parent == stacks_dir()))
         if not path.is_file():  # a directory, FIFO or device would fail late or never end
             raise StackFileError(f"{where}: not a regular file")
         with path.open("rb") as stream:
@@ -208,6 +233,12 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 inputs=_plain(inputs), protect=bool(request.protect),
                 retain_on_delete=bool(request.retainOnDelete),
                 ignore_changes=tuple(request.ignoreChanges),
+                dependency_urns=tuple(dict.fromkeys(
+                    [*request.dependencies,
+                     *(u for deps in request.propertyDependencies.values() for u in deps.urns)])),
+                property_dependencies={key: tuple(deps.urns)
+                                       for key, deps in sorted(request.propertyDependencies.items())
+                                       if deps.urns},
             ))
         return response
 

@@ -1,4 +1,4 @@
-"""The Pulumi program: stack config -> StackSpec -> GpuCluster -> stack outputs.
+"""The Pulumi program: stack config -> StackSpec -> GpuClusterArgs -> GpuCluster -> stack outputs.
 
 `__main__.py` calls `run()` under `pulumi up`; `gpucluster plan` calls the same
 `run()` under Pulumi's mock engine. Config is validated in full before the
@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import pulumi
+from pulumi.runtime import config as runtime_config
+
 from gpucluster.aws.cluster import GpuCluster
 from gpucluster.spec import SpecError, StackSpec, parse_stack_config
-from pulumi.runtime import config as runtime_config
+from gpucluster.stack import cluster_args
 
 
 def read_config_map() -> dict[str, Any]:
@@ -34,7 +36,10 @@ def load_spec() -> StackSpec:
 
 def run() -> GpuCluster:
     spec = load_spec()
-    cluster = GpuCluster(spec.cluster.name, spec)
+    try:
+        cluster = GpuCluster(spec.cluster.name, cluster_args(spec))
+    except SpecError as err:  # a component's args check: still bad input, not a crash
+        raise pulumi.RunError(f"invalid stack config for {pulumi.get_stack()}:\n{err}") from None
     for key, value in cluster.outputs.items():
         pulumi.export(key, value)
     return cluster

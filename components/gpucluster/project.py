@@ -4,11 +4,13 @@ The CLI works where the user is, as Pulumi does: it looks for `Pulumi.yaml`
 from the current directory upward, reads the stack files from the project's
 `stackConfigDir` (Pulumi project file reference) and the per-stack policy
 config from `policies/config/` beside it. `--stacks-dir` overrides the stack
-directory. Pure: no Pulumi import, no AWS call.
+directory. Every "not found" message says which directory was searched, why
+that one, and which stacks it holds. Pure: no Pulumi import, no AWS call.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpucluster.spec import SpecError
@@ -20,8 +22,16 @@ POLICY_CONFIG_DIR = Path("policies") / "config"
 _stacks_dir_override: Path | None = None
 
 
+@dataclass(frozen=True)
+class StacksLocation:
+    """The directory stack files are read from, and why that one (for messages)."""
+
+    path: Path
+    reason: str
+
+
 def use_stacks_dir(path: Path | None) -> None:
-    """Read stack files from `path` instead of the project's (the CLI's `--stacks-dir`)."""
+    """Read stack files from `path` instead of the project's (the CLI's `--stacks-dir`); None resets."""
     global _stacks_dir_override
     _stacks_dir_override = path
 
@@ -45,15 +55,48 @@ def stack_config_dir(root: Path) -> Path:
     return root / configured if isinstance(configured, str) and configured else root
 
 
-def stacks_dir(start: Path | None = None) -> Path:
-    """Where stack files are read: `--stacks-dir`, else the project's, else `./stacks` or `.`."""
+def locate_stacks(start: Path | None = None) -> StacksLocation:
+    """`--stacks-dir`, else the enclosing project's stack directory, else `./stacks`, else `.`."""
     if _stacks_dir_override is not None:
-        return _stacks_dir_override
+        return StacksLocation(_stacks_dir_override, "given by --stacks-dir")
     root = find_project_root(start)
     if root is not None:
-        return stack_config_dir(root)
+        return StacksLocation(stack_config_dir(root), f"stack directory of {root / PROJECT_FILE}")
     here = start or Path.cwd()
-    return here / "stacks" if (here / "stacks").is_dir() else here
+    if (here / "stacks").is_dir():
+        return StacksLocation(here / "stacks", f"no {PROJECT_FILE} in {here.resolve()} or above")
+    return StacksLocation(here, f"no {PROJECT_FILE} in {here.resolve()} or above, and no ./stacks")
+
+
+def stacks_dir(start: Path | None = None) -> Path:
+    """Where stack files are read (see `locate_stacks`)."""
+    return locate_stacks(start).path
+
+
+def stack_names(directory: Path) -> list[str]:
+    """The stacks whose `Pulumi.<name>.yaml` files are in `directory`, sorted."""
+    if not directory.is_dir():
+        return []
+    return sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml")
+                  for p in directory.glob("Pulumi.*.yaml") if p.is_file())
+
+
+def missing_stack_message(path: Path, by_name: bool) -> str:
+    """One line for a stack file that does not exist: what was searched, why there, what is there.
+
+    `by_name`: the user gave a stack name (so the stacks directory was searched),
+    not a path to a file.
+    """
+    if not by_name:
+        return f"{path}: no such stack file"
+    where = locate_stacks()
+    directory = where.path.resolve()
+    if not directory.is_dir():
+        return (f"{path}: no such stack file; searched {directory} ({where.reason}), "
+                "which is not a directory (--stacks-dir DIR to choose another)")
+    known = ", ".join(stack_names(directory)) or "none"
+    return (f"{path}: no such stack file; searched {directory} ({where.reason}); "
+            f"stacks there: {known}")
 
 
 def policy_config_dir(start: Path | None = None) -> Path:

@@ -17,14 +17,15 @@ import json
 import math
 import re
 import reprlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Annotated, Any, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from gpucluster import catalog
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from gpucluster import catalog
 
 PROJECT = "gpucluster"
 REGION_KEY = "aws:region"
@@ -370,6 +371,11 @@ ShellCommand = Annotated[str, AfterValidator(_check_shell_command)]
 StackName = Annotated[str, _matches(r"[A-Za-z0-9._-]{1,100}",
                                     "a stack name (Pulumi.<stack>.yaml) is 1-100 letters, digits, "
                                     "'-', '_' or '.'")]
+# The field rules of the models below, by name, for component Args that take one value alone.
+AbsolutePath = Annotated[str, AfterValidator(_check_mount_path)]  # under DATA_ROOTS
+S3Prefix = Annotated[str, AfterValidator(_check_prefix)]
+BucketName = Annotated[str, AfterValidator(_check_bucket_name)]
+Region = Annotated[str, _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d", "must be a region like us-east-1")]
 
 
 class StrictModel(BaseModel):
@@ -591,7 +597,7 @@ class StackSpec(StackConfig):
 
     stack: StackName
     project: str = PROJECT
-    region: Annotated[str, _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d", "must be a region like us-east-1")]
+    region: Region
 
     def azs_of(self, group: NodeGroupConfig) -> list[str]:
         """The zones a node group runs in (one for EFA groups unless set otherwise)."""
@@ -631,125 +637,198 @@ def check(fn: Check) -> Check:
 
 @check
 def zones_in_region(spec: StackSpec) -> Iterable[Finding]:
-    for i, az in enumerate(spec.network.availability_zones):
-        if not az.startswith(spec.region) or len(az) != len(spec.region) + 1:
-            yield Finding(f"network.availability_zones[{i}]",
-                          f"{az!r} is not a zone of region {spec.region!r} (aws:region)")
+    yield from zone_region_findings(spec.network.availability_zones, spec.region)
+
+
+def zone_region_findings(zones: Sequence[str], region: str, path: str = "network.availability_zones",
+                         region_key: str = REGION_KEY) -> Iterable[Finding]:
+    """Every zone lies in the region."""
+    for i, az in enumerate(zones):
+        if not az.startswith(region) or len(az) != len(region) + 1:
+            yield Finding(f"{path}[{i}]", f"{az!r} is not a zone of region {region!r} ({region_key})")
 
 
 @check
 def network_source(spec: StackSpec) -> Iterable[Finding]:
-    net = spec.network
+    yield from network_findings(spec.network)
+
+
+def network_findings(net: NetworkConfig, path: str = "network",
+                     subnets_key: str = "existing_subnets") -> Iterable[Finding]:
+    """A created or an existing VPC, and for an existing one a subnet in each zone, no more."""
+    subnets = join_path(path, subnets_key)
+    zones = join_path(path, "availability_zones")
     if (net.vpc_cidr is None) == (net.existing_vpc_id is None):
-        yield Finding("network", "set exactly one of vpc_cidr (create a VPC) or existing_vpc_id")
+        yield Finding(path or "existing_vpc_id",
+                      "set exactly one of vpc_cidr (create a VPC) or existing_vpc_id")
     if net.existing_vpc_id:
         for az in net.availability_zones:
             if az not in net.existing_subnets:
-                yield Finding("network.existing_subnets",
-                              f"no subnet given for availability zone {az!r}")
+                yield Finding(subnets, f"no subnet given for availability zone {az!r}")
         for az in net.existing_subnets:
             if az not in net.availability_zones:
-                yield Finding(f"network.existing_subnets.{az}",
-                              "zone is not listed in network.availability_zones")
+                yield Finding(f"{subnets}.{az}", f"zone is not listed in {zones}")
     elif net.existing_subnets:
-        yield Finding("network.existing_subnets", "only used with existing_vpc_id")
+        yield Finding(subnets, "only used with existing_vpc_id")
+
+
+def join_path(prefix: str, key: str) -> str:
+    """`network` + `vpc_cidr` -> `network.vpc_cidr`; an empty prefix gives the key alone."""
+    return f"{prefix}.{key}" if prefix else key
 
 
 @check
 def node_group_names_unique(spec: StackSpec) -> Iterable[Finding]:
+    yield from unique_name_findings([g.name for g in spec.node_groups], "node_groups", "node group")
+
+
+def unique_name_findings(names: Sequence[str], path: str, what: str) -> Iterable[Finding]:
     seen: set[str] = set()
-    for i, group in enumerate(spec.node_groups):
-        if group.name in seen:
-            yield Finding(f"node_groups[{i}].name", f"duplicate node group name {group.name!r}")
-        seen.add(group.name)
+    for i, name in enumerate(names):
+        if name in seen:
+            yield Finding(f"{path}[{i}].name", f"duplicate {what} name {name!r}")
+        seen.add(name)
+
+
+# Per-group rules: each takes one group, the zones it runs in (None where they are not known,
+# e.g. a GpuNodeGroup handed subnet ids that are Outputs) and the key path of the group.
+GroupCheck = Callable[[NodeGroupConfig, "Sequence[str] | None", str], Iterable[Finding]]
+GROUP_CHECKS: list[GroupCheck] = []
+
+
+def group_check(fn: GroupCheck) -> GroupCheck:
+    """Register a per-group rule; the stack checks below run it on every node group."""
+    GROUP_CHECKS.append(fn)
+    return fn
+
+
+def node_group_findings(group: NodeGroupConfig, zones: Sequence[str] | None,
+                        path: str = "node_group") -> list[Finding]:
+    """Every per-group rule on one group alone (a GpuNodeGroup's own args)."""
+    return [f for rule in GROUP_CHECKS for f in rule(group, zones, path)]
+
+
+def _each_group(spec: StackSpec, rule: GroupCheck) -> Iterable[Finding]:
+    for i, g in enumerate(spec.node_groups):
+        yield from rule(g, spec.azs_of(g), f"node_groups[{i}]")
+
+
+@group_check
+def group_counts(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    if not g.min_nodes <= g.desired_nodes <= g.max_nodes:
+        yield Finding(path, f"need min_nodes <= desired_nodes <= max_nodes, got "
+                      f"{g.min_nodes} <= {g.desired_nodes} <= {g.max_nodes}")
+    if g.capacity.on_demand_base > g.max_nodes:
+        yield Finding(f"{path}.capacity.on_demand_base",
+                      f"must be <= max_nodes ({g.max_nodes}), got {g.capacity.on_demand_base}")
 
 
 @check
 def node_counts(spec: StackSpec) -> Iterable[Finding]:
-    for i, g in enumerate(spec.node_groups):
-        if not g.min_nodes <= g.desired_nodes <= g.max_nodes:
-            yield Finding(f"node_groups[{i}]", f"need min_nodes <= desired_nodes <= max_nodes, got "
-                          f"{g.min_nodes} <= {g.desired_nodes} <= {g.max_nodes}")
-        if g.capacity.on_demand_base > g.max_nodes:
-            yield Finding(f"node_groups[{i}].capacity.on_demand_base",
-                          f"must be <= max_nodes ({g.max_nodes}), got {g.capacity.on_demand_base}")
+    yield from _each_group(spec, group_counts)
 
 
 @check
 def node_group_zones(spec: StackSpec) -> Iterable[Finding]:
     for i, g in enumerate(spec.node_groups):
-        for j, az in enumerate(g.availability_zones or []):
-            if az not in spec.network.availability_zones:
-                yield Finding(f"node_groups[{i}].availability_zones[{j}]",
-                              f"{az!r} is not in network.availability_zones")
+        yield from group_zone_findings(g.availability_zones or [], spec.network.availability_zones,
+                                       f"node_groups[{i}]")
+
+
+def group_zone_findings(group_zones: Sequence[str], network_zones: Sequence[str], path: str,
+                        network_key: str = "network.availability_zones") -> Iterable[Finding]:
+    """A group runs only in zones the network has."""
+    for j, az in enumerate(group_zones):
+        if az not in network_zones:
+            yield Finding(f"{path}.availability_zones[{j}]", f"{az!r} is not in {network_key}")
+
+
+@group_check
+def group_efa(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    """EFA on: every type supports it, all share one NIC layout, one zone, one subnet."""
+    if g.efa == "on":
+        for j, t in enumerate(g.types):
+            if not t.supports_efa:
+                yield Finding(f"{path}.instance_types[{j}]",
+                              f"{t.name} does not support EFA (efa: on); use efa: off or an "
+                              "EFA-capable type")
+    if g.efa_enabled:
+        layouts = {(t.network_cards, t.efa_interface_count) for t in g.types}
+        if len(layouts) > 1:
+            yield Finding(f"{path}.instance_types",
+                          "EFA groups share one launch template, so every type needs the same "
+                          "network cards and EFA interfaces; got " + ", ".join(
+                              f"{t.name}={t.efa_interface_count}" for t in g.types))
+    yield from single_zone_findings(g.efa_enabled, bool(g.placement_group), zones, path)
+
+
+def single_zone_findings(efa: bool, placement_group: bool, zones: Sequence[str] | None,
+                         path: str) -> Iterable[Finding]:
+    """EFA and cluster placement groups live in one availability zone (and one subnet)."""
+    if zones is None:
+        return
+    if efa and len(zones) != 1:
+        yield Finding(f"{path}.availability_zones",
+                      "EFA needs exactly one availability zone and subnet (cluster "
+                      f"placement group); got {len(zones)}")
+    if placement_group and len(zones) != 1:
+        yield Finding(f"{path}.placement_group",
+                      "a cluster placement group lives in one availability zone; "
+                      f"the group has {len(zones)}")
 
 
 @check
 def efa_support(spec: StackSpec) -> Iterable[Finding]:
-    """EFA on: every type supports it, all share one NIC layout, one zone, one subnet."""
-    for i, g in enumerate(spec.node_groups):
-        if g.efa == "on":
-            for j, t in enumerate(g.types):
-                if not t.supports_efa:
-                    yield Finding(f"node_groups[{i}].instance_types[{j}]",
-                                  f"{t.name} does not support EFA (efa: on); use efa: off or an "
-                                  "EFA-capable type")
-        if g.efa_enabled:
-            layouts = {(t.network_cards, t.efa_interface_count) for t in g.types}
-            if len(layouts) > 1:
-                yield Finding(f"node_groups[{i}].instance_types",
-                              "EFA groups share one launch template, so every type needs the same "
-                              "network cards and EFA interfaces; got " + ", ".join(
-                                  f"{t.name}={t.efa_interface_count}" for t in g.types))
-            if len(spec.azs_of(g)) != 1:
-                yield Finding(f"node_groups[{i}].availability_zones",
-                              "EFA needs exactly one availability zone and subnet (cluster "
-                              f"placement group); got {len(spec.azs_of(g))}")
-        if g.placement_group and len(spec.azs_of(g)) != 1:
-            yield Finding(f"node_groups[{i}].placement_group",
-                          "a cluster placement group lives in one availability zone; "
-                          f"the group has {len(spec.azs_of(g))}")
+    yield from _each_group(spec, group_efa)
+
+
+@group_check
+def group_capacity(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    cap, cap_path = g.capacity, f"{path}.capacity"
+    if cap.market == "capacity_block":
+        if cap.capacity_reservation_id is None:
+            yield Finding(f"{cap_path}.capacity_reservation_id",
+                          "a capacity block needs its reservation id (cr-...)")
+        if cap.spot_percent:
+            yield Finding(f"{cap_path}.spot_percent",
+                          f"capacity blocks have no spot share; must be 0, got {_num(cap.spot_percent)}")
+        if len(g.instance_types) != 1:
+            yield Finding(f"{path}.instance_types",
+                          "a capacity block is for exactly one instance type, got "
+                          f"{len(g.instance_types)}")
+        for j, t in enumerate(g.types):
+            if not t.family.capacity_blocks:
+                yield Finding(f"{path}.instance_types[{j}]",
+                              f"{t.name} cannot be bought as a Capacity Block for ML")
+    elif not float(cap.spot_percent).is_integer():
+        yield Finding(f"{cap_path}.spot_percent", "Auto Scaling splits on-demand and spot in whole "
+                      f"percent; use a whole number, got {_num(cap.spot_percent)}")
+    if cap.market == "mixed" and cap.capacity_reservation_id and cap.on_demand_base == 0 \
+            and cap.spot_percent == 100:
+        yield Finding(f"{cap_path}.capacity_reservation_id", "a capacity reservation serves "
+                      "on-demand nodes, but on_demand_base is 0 and spot_percent is 100")
+    if cap.capacity_reservation_id and zones is not None and len(zones) != 1:
+        yield Finding(f"{path}.availability_zones", "a capacity reservation lives in "
+                      "one availability zone; give the group exactly one (the reservation's)")
+    if cap.base_commitment != "none" and cap.on_demand_base == 0:
+        yield Finding(f"{cap_path}.base_commitment",
+                      f"{cap.base_commitment} covers the on-demand base, but on_demand_base is 0")
 
 
 @check
 def capacity_rules(spec: StackSpec) -> Iterable[Finding]:
-    for i, g in enumerate(spec.node_groups):
-        cap, path = g.capacity, f"node_groups[{i}].capacity"
-        if cap.market == "capacity_block":
-            if cap.capacity_reservation_id is None:
-                yield Finding(f"{path}.capacity_reservation_id",
-                              "a capacity block needs its reservation id (cr-...)")
-            if cap.spot_percent:
-                yield Finding(f"{path}.spot_percent",
-                              f"capacity blocks have no spot share; must be 0, got {_num(cap.spot_percent)}")
-            if len(g.instance_types) != 1:
-                yield Finding(f"node_groups[{i}].instance_types",
-                              "a capacity block is for exactly one instance type, got "
-                              f"{len(g.instance_types)}")
-            for j, t in enumerate(g.types):
-                if not t.family.capacity_blocks:
-                    yield Finding(f"node_groups[{i}].instance_types[{j}]",
-                                  f"{t.name} cannot be bought as a Capacity Block for ML")
-        elif not float(cap.spot_percent).is_integer():
-            yield Finding(f"{path}.spot_percent", "Auto Scaling splits on-demand and spot in whole "
-                          f"percent; use a whole number, got {_num(cap.spot_percent)}")
-        if cap.market == "mixed" and cap.capacity_reservation_id and cap.on_demand_base == 0 \
-                and cap.spot_percent == 100:
-            yield Finding(f"{path}.capacity_reservation_id", "a capacity reservation serves "
-                          "on-demand nodes, but on_demand_base is 0 and spot_percent is 100")
-        if cap.capacity_reservation_id and len(spec.azs_of(g)) != 1:
-            yield Finding(f"node_groups[{i}].availability_zones", "a capacity reservation lives in "
-                          "one availability zone; give the group exactly one (the reservation's)")
-        if cap.base_commitment != "none" and cap.on_demand_base == 0:
-            yield Finding(f"{path}.base_commitment",
-                          f"{cap.base_commitment} covers the on-demand base, but on_demand_base is 0")
+    yield from _each_group(spec, group_capacity)
+
+
+@group_check
+def group_ami(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    if g.ami_id and g.ami_ssm_parameter:
+        yield Finding(f"{path}.ami_id", "set ami_id or ami_ssm_parameter, not both")
 
 
 @check
 def ami_override(spec: StackSpec) -> Iterable[Finding]:
-    for i, g in enumerate(spec.node_groups):
-        if g.ami_id and g.ami_ssm_parameter:
-            yield Finding(f"node_groups[{i}].ami_id", "set ami_id or ami_ssm_parameter, not both")
+    yield from _each_group(spec, group_ami)
 
 
 @check
@@ -765,22 +844,28 @@ def datasets(spec: StackSpec) -> Iterable[Finding]:
             if d.bucket_name in buckets:
                 yield Finding(f"{path}.bucket_name", f"bucket {d.bucket_name!r} is used twice")
             buckets.add(d.bucket_name)
-        if d.existing and not d.bucket_name:
-            yield Finding(f"{path}.bucket_name", "required for an existing bucket")
-        if not d.existing and not d.bucket_name:
-            generated = generated_bucket_prefix(spec.cluster.name, d.name)
-            if generated.startswith(BUCKET_RESERVED_PREFIXES):
-                yield Finding(f"{path}.bucket_name", f"the generated bucket name would start with "
-                              f"{generated!r}, a prefix S3 reserves; set a bucket_name")
-        if d.access == "fsx" and d.fsx is None:
-            yield Finding(f"{path}.fsx", "required when access is fsx")
-        if d.fsx is not None:
-            if d.access != "fsx":
-                yield Finding(f"{path}.fsx", f"only used with access: fsx, got access: {d.access}")
-            yield from _fsx_rules(spec, d, path)
-        if d.mount_path and d.access != "mount":
-            yield Finding(f"{path}.mount_path", f"only used with access: mount, got {d.access}")
-        yield from _checkpoint_rules(d, path)
+        yield from dataset_findings(d, spec.cluster.name, spec.node_group_zones, path)
+
+
+def dataset_findings(d: DatasetConfig, cluster_name: str, node_group_zones: set[str] | None,
+                     path: str = "dataset") -> Iterable[Finding]:
+    """Every rule on one dataset alone; `node_group_zones` None where the node groups are not known."""
+    if d.existing and not d.bucket_name:
+        yield Finding(f"{path}.bucket_name", "required for an existing bucket")
+    if not d.existing and not d.bucket_name:
+        generated = generated_bucket_prefix(cluster_name, d.name)
+        if generated.startswith(BUCKET_RESERVED_PREFIXES):
+            yield Finding(f"{path}.bucket_name", f"the generated bucket name would start with "
+                          f"{generated!r}, a prefix S3 reserves; set a bucket_name")
+    if d.access == "fsx" and d.fsx is None:
+        yield Finding(f"{path}.fsx", "required when access is fsx")
+    if d.fsx is not None:
+        if d.access != "fsx":
+            yield Finding(f"{path}.fsx", f"only used with access: fsx, got access: {d.access}")
+        yield from _fsx_rules(d, node_group_zones, path)
+    if d.mount_path and d.access != "mount":
+        yield Finding(f"{path}.mount_path", f"only used with access: mount, got {d.access}")
+    yield from _checkpoint_rules(d, path)
 
 
 def _checkpoint_rules(d: DatasetConfig, path: str) -> Iterable[Finding]:
@@ -800,7 +885,7 @@ def _checkpoint_rules(d: DatasetConfig, path: str) -> Iterable[Finding]:
                           "only used with a checkpoint_prefix (the lifecycle rule covers it alone)")
 
 
-def _fsx_rules(spec: StackSpec, d: DatasetConfig, dataset: str) -> Iterable[Finding]:
+def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str) -> Iterable[Finding]:
     fsx, path = d.fsx, f"{dataset}.fsx"
     if fsx is None:
         return
@@ -816,10 +901,11 @@ def _fsx_rules(spec: StackSpec, d: DatasetConfig, dataset: str) -> Iterable[Find
     if fsx.deployment_type == "SCRATCH_2" and fsx.throughput_per_unit_mib is not None:
         yield Finding(f"{path}.throughput_per_unit_mib",
                       "SCRATCH_2 has a fixed throughput; only PERSISTENT_2 takes this")
-    if fsx.availability_zone and fsx.availability_zone not in spec.node_group_zones:
+    if fsx.availability_zone and node_group_zones is not None \
+            and fsx.availability_zone not in node_group_zones:
         yield Finding(f"{path}.availability_zone", f"no node group runs in "
                       f"{fsx.availability_zone!r} (node groups use "
-                      f"{', '.join(sorted(spec.node_group_zones))})")
+                      f"{', '.join(sorted(node_group_zones))})")
     if d.checkpoint_prefix and not d.prefix:
         # The data association would link the whole bucket, checkpoints included: what the
         # checkpoint association exports would come back as a second copy under /data.
@@ -841,15 +927,20 @@ def dataset_paths(spec: StackSpec) -> Iterable[Finding]:
                               f"for every node group, got {', '.join(sorted(scratch))}")
             continue
         where = dataset_path(spec, d)
-        for mount in sorted(scratch):
-            if _nested(where, mount):
-                yield Finding(f"datasets[{i}].{key}", f"{where} overlaps the NVMe scratch mount "
-                              f"{mount}, which is erased and reformatted at boot")
-        for other, other_path in seen.items():
-            if _nested(where, other_path):
-                yield Finding(f"datasets[{i}].{key}", f"{where} overlaps {other_path} of dataset "
-                              f"{other!r}")
+        yield from data_path_findings(where, f"datasets[{i}].{key}", scratch, seen)
         seen[d.name] = where
+
+
+def data_path_findings(where: str, path: str, scratch_mounts: Iterable[str],
+                       others: Mapping[str, str]) -> Iterable[Finding]:
+    """A dataset's place on the node overlaps neither NVMe scratch nor another dataset (name -> path)."""
+    for mount in sorted(scratch_mounts):
+        if _nested(where, mount):
+            yield Finding(path, f"{where} overlaps the NVMe scratch mount "
+                          f"{mount}, which is erased and reformatted at boot")
+    for other, other_path in others.items():
+        if _nested(where, other_path):
+            yield Finding(path, f"{where} overlaps {other_path} of dataset {other!r}")
 
 
 def _nested(a: str, b: str) -> bool:
@@ -868,18 +959,20 @@ def dataset_path(spec: StackSpec, d: DatasetConfig) -> str:
 
 @check
 def budget_rules(spec: StackSpec) -> Iterable[Finding]:
-    b = spec.budget
-    if b is None:
-        return
+    if spec.budget is not None:
+        yield from budget_findings(spec.budget)
+
+
+def budget_findings(b: BudgetConfig, path: str = "budget") -> Iterable[Finding]:
     t = b.alert_thresholds_percent
     if any(later <= earlier for earlier, later in pairwise(t)):
-        yield Finding("budget.alert_thresholds_percent",
+        yield Finding(f"{path}.alert_thresholds_percent",
                       f"must be strictly ascending, got {', '.join(_num(x) for x in t)}")
     # One ACTUAL notification per distinct threshold plus the FORECASTED one at 100 %;
     # a budget holds at most 10 notifications (Budgets API reference, "Notification").
     actual = set(t) | ({b.action_threshold_percent} if b.action_threshold_percent else set())
     if len(actual) + 1 > MAX_BUDGET_NOTIFICATIONS:
-        yield Finding("budget.alert_thresholds_percent",
+        yield Finding(f"{path}.alert_thresholds_percent",
                       f"AWS Budgets allows {MAX_BUDGET_NOTIFICATIONS} notifications per budget: "
                       f"{len(actual)} actual-spend thresholds (with action_threshold_percent) and the "
                       f"forecast alert make {len(actual) + 1}")
@@ -887,11 +980,14 @@ def budget_rules(spec: StackSpec) -> Iterable[Finding]:
 
 @check
 def autostop_rules(spec: StackSpec) -> Iterable[Finding]:
-    a = spec.autostop
+    yield from autostop_findings(spec.autostop)
+
+
+def autostop_findings(a: AutoStopConfig, path: str = "autostop") -> Iterable[Finding]:
     if a.start_schedule and not a.stop_schedule:
-        yield Finding("autostop.start_schedule", "needs a stop_schedule to undo")
+        yield Finding(f"{path}.start_schedule", "needs a stop_schedule to undo")
     if a.start_schedule and a.start_schedule == a.stop_schedule:
-        yield Finding("autostop.start_schedule", "is the same as stop_schedule")
+        yield Finding(f"{path}.start_schedule", "is the same as stop_schedule")
 
 
 # ----------------------------------------------------------------------- parsing
@@ -967,6 +1063,12 @@ def _findings_from(exc: ValidationError, root: type[BaseModel],
         loc = tuple(p for p in error["loc"] if p != "[key]")
         findings.append(Finding(format_path(prefix + loc), _message(error, root, loc)))
     return findings
+
+
+def validation_findings(exc: ValidationError, root: type[BaseModel] | None = None,
+                        prefix: tuple[str | int, ...] = ()) -> list[Finding]:
+    """A pydantic error as findings worded like the stack file's (component Args are checked with it)."""
+    return _findings_from(exc, root, prefix)  # type: ignore[arg-type]
 
 
 class _JsonRefused(Exception):

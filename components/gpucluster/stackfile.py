@@ -17,6 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.events import AliasEvent, MappingEndEvent, SequenceEndEvent
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.resolver import Resolver
+
 from gpucluster.spec import (
     MAX_INPUT_BYTES,
     MAX_NESTING,
@@ -30,11 +36,6 @@ from gpucluster.spec import (
     plain_value_problem,
     shown,
 )
-from yaml.composer import Composer
-from yaml.constructor import SafeConstructor
-from yaml.events import AliasEvent, MappingEndEvent, SequenceEndEvent
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
-from yaml.resolver import Resolver
 
 _CORE = "tag:yaml.org,2002:"
 PLAIN_TAGS = {f"{_CORE}{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map")}

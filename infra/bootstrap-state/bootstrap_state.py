@@ -4,34 +4,240 @@ In one AWS account it makes sure there are:
 - a KMS key (yearly rotation) with an alias: Pulumi's secrets provider, `awskms://alias/...`;
 - the state bucket: versioned, SSE-KMS with that key, all public access blocked, a TLS-only
   policy, ACLs off (bucket owner enforced);
-- GitHub's OIDC identity provider, and roles it may assume: one deploy role per environment,
-  trusted only by jobs running in that GitHub environment, and one read-only preview role,
-  trusted only by pull requests. No long-lived keys anywhere.
+- two permissions boundaries: the *workload* boundary every role a deploy role creates must
+  carry (the cluster's node, Lambda and Scheduler roles: no IAM, no data deletion), and the
+  *deploy* boundary on the deploy roles themselves (no data deletion, no boundary tampering,
+  no role without the workload boundary, no change to the CI roles or the state key and bucket);
+- GitHub's OIDC identity provider and the roles it may assume: one deploy role per
+  environment, assumable only by `.github/workflows/deploy-stack.yml` on `main` in that
+  GitHub environment, and one preview role, assumable only by pull-request jobs of `pr.yml` in
+  the `preview` environment. Both need the repository's customised OIDC subject (printed).
+  No long-lived keys anywhere.
+What a deploy role may do is enumerated per resource type the program creates
+(`DEPLOY_ACTIONS`, checked against `gpucluster plan --json` by tests/test_bootstrap_state.py).
 It prints what to set in GitHub and the `pulumi login` / `pulumi stack init` commands. It never
-deletes or loosens anything that exists. Usage (with admin credentials, once per account):
+deletes or loosens anything else that exists. Usage (with admin credentials, once per account):
 
     python infra/bootstrap-state/bootstrap_state.py --bucket acme-gpucluster-state \\
-        --github-repo acme/gpucluster --region us-east-1
+        --github-repo acme/gpucluster --region us-east-1 --break-glass-role acme-break-glass
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 GITHUB_OIDC_URL = "https://token.actions.githubusercontent.com"
 GITHUB_OIDC_HOST = "token.actions.githubusercontent.com"
-# GitHub docs, "Configuring OpenID Connect in Amazon Web Services": audience sts.amazonaws.com,
-# subject `repo:OWNER/REPO:environment:NAME` for jobs in an environment, `...:pull_request` for PRs.
 AUDIENCE = "sts.amazonaws.com"
+# GitHub docs, "OpenID Connect reference" > "Customizing the subject claims": with these keys the
+# subject reads `repo:O/R:environment:E:ref:REF:job_workflow_ref:O/R/PATH@REF`, so a trust policy
+# can pin the environment, the branch that ran and the workflow file that asked for the token.
+SUBJECT_CLAIM_KEYS = ["repo", "context", "ref", "job_workflow_ref"]
+DEPLOY_WORKFLOW = ".github/workflows/deploy-stack.yml"
+PREVIEW_WORKFLOW = ".github/workflows/pr.yml"
+DEPLOY_BRANCH = "main"
+PREVIEW_ENVIRONMENT = "preview"
 SERVICE_LINKED = ["autoscaling.amazonaws.com", "spot.amazonaws.com", "fsx.amazonaws.com",
                   "s3.data-source.lustre.fsx.amazonaws.com"]
+# The services the stacks' roles are passed to: EC2 (node instance profile), Lambda (guardrail
+# functions), EventBridge Scheduler (the autostop schedules' role).
+PASSED_TO = ["ec2.amazonaws.com", "lambda.amazonaws.com", "scheduler.amazonaws.com"]
+# The AWS managed policies the program attaches (components/gpucluster/aws/iam.py MANAGED_POLICIES);
+# attaching any other managed policy is refused (`iam:PolicyARN`).
+MANAGED_POLICIES = ["AmazonSSMManagedInstanceCore", "CloudWatchAgentServerPolicy"]
+# Public SSM parameters the program reads (the Deep Learning AMI id, nodes.py DEFAULT_AMI_PARAMETER).
+PUBLIC_PARAMETERS = "parameter/aws/service/*"
+STACK_TAG = "gpucluster:stack"
+
+# Data deletion that needs the break-glass role (issue 12, item 4): old object versions and whole
+# buckets (a plain DeleteObject on a versioned bucket only adds a delete marker), FSx file systems
+# and their backups.
+DATA_DELETION = ["s3:DeleteObjectVersion", "s3:DeleteBucket", "fsx:DeleteFileSystem", "fsx:DeleteBackup"]
+
+# What the stacks' own roles may ever do (the workload boundary's allow list): the union of the
+# node role (SSM agent, CloudWatch agent, dataset reads and checkpoint writes) and the guardrail
+# Lambda and Scheduler roles (components/gpucluster/aws/guardrails.py). Sources: the AWS managed
+# policies AmazonSSMManagedInstanceCore and CloudWatchAgentServerPolicy (tests compare them).
+WORKLOAD_ACTIONS = [
+    "autoscaling:Describe*", "autoscaling:UpdateAutoScalingGroup", "autoscaling:CreateOrUpdateTags",
+    "autoscaling:DeleteTags", "autoscaling:CompleteLifecycleAction",
+    "autoscaling:RecordLifecycleActionHeartbeat",
+    "ec2:DescribeInstances", "ec2:DescribeTags", "ec2:DescribeVolumes",
+    "cloudwatch:PutMetricData",
+    "logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams",
+    "logs:DescribeLogGroups", "logs:PutRetentionPolicy",
+    "ssm:GetCommandInvocation", "ssm:DescribeAssociation", "ssm:GetDeployablePatchSnapshotForInstance",
+    "ssm:GetDocument", "ssm:DescribeDocument", "ssm:GetManifest", "ssm:GetParameter", "ssm:GetParameters",
+    "ssm:ListAssociations", "ssm:ListInstanceAssociations", "ssm:PutInventory", "ssm:PutComplianceItems",
+    "ssm:PutConfigurePackageResult", "ssm:UpdateAssociationStatus", "ssm:UpdateInstanceAssociationStatus",
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel", "ssmmessages:CreateDataChannel", "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+    "ec2messages:AcknowledgeMessage", "ec2messages:DeleteMessage", "ec2messages:FailMessage",
+    "ec2messages:GetEndpoint", "ec2messages:GetMessages", "ec2messages:SendReply",
+    "xray:PutTraceSegments", "xray:PutTelemetryRecords", "xray:GetSamplingRules", "xray:GetSamplingTargets",
+    "xray:GetSamplingStatisticSummaries",
+    "sns:Publish", "kms:GenerateDataKey*", "kms:Decrypt", "lambda:InvokeFunction",
+    "s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation", "s3:PutObject", "s3:AbortMultipartUpload",
+    "s3:ListMultipartUploadParts",
+]
+
+# What each resource type the program creates needs from the deploy role (create, read, update,
+# delete, tag), by Pulumi type token. IAM types are granted by `iam_statements` with their
+# conditions; the rest by `deploy_statements`, each on the resources `SCOPES` names.
+DEPLOY_ACTIONS: dict[str, list[str]] = {
+    "aws:ec2/vpc:Vpc": ["ec2:CreateVpc", "ec2:DeleteVpc", "ec2:ModifyVpcAttribute"],
+    "aws:ec2/subnet:Subnet": ["ec2:CreateSubnet", "ec2:DeleteSubnet", "ec2:ModifySubnetAttribute"],
+    "aws:ec2/internetGateway:InternetGateway": ["ec2:CreateInternetGateway", "ec2:DeleteInternetGateway",
+                                                "ec2:AttachInternetGateway", "ec2:DetachInternetGateway"],
+    "aws:ec2/eip:Eip": ["ec2:AllocateAddress", "ec2:ReleaseAddress", "ec2:DisassociateAddress"],
+    "aws:ec2/natGateway:NatGateway": ["ec2:CreateNatGateway", "ec2:DeleteNatGateway"],
+    "aws:ec2/routeTable:RouteTable": ["ec2:CreateRouteTable", "ec2:DeleteRouteTable"],
+    "aws:ec2/route:Route": ["ec2:CreateRoute", "ec2:ReplaceRoute", "ec2:DeleteRoute"],
+    "aws:ec2/routeTableAssociation:RouteTableAssociation": [
+        "ec2:AssociateRouteTable", "ec2:DisassociateRouteTable", "ec2:ReplaceRouteTableAssociation"],
+    "aws:ec2/securityGroup:SecurityGroup": [
+        "ec2:CreateSecurityGroup", "ec2:DeleteSecurityGroup", "ec2:AuthorizeSecurityGroupIngress",
+        "ec2:RevokeSecurityGroupIngress", "ec2:AuthorizeSecurityGroupEgress",
+        "ec2:RevokeSecurityGroupEgress"],
+    "aws:ec2/defaultSecurityGroup:DefaultSecurityGroup": [
+        "ec2:RevokeSecurityGroupIngress", "ec2:RevokeSecurityGroupEgress"],
+    "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule": [
+        "ec2:AuthorizeSecurityGroupIngress", "ec2:RevokeSecurityGroupIngress",
+        "ec2:ModifySecurityGroupRules"],
+    "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule": [
+        "ec2:AuthorizeSecurityGroupEgress", "ec2:RevokeSecurityGroupEgress", "ec2:ModifySecurityGroupRules"],
+    # Interface endpoints with private DNS associate a private hosted zone (Service Authorization
+    # Reference, "Amazon EC2": CreateVpcEndpoint's dependent action).
+    "aws:ec2/vpcEndpoint:VpcEndpoint": ["ec2:CreateVpcEndpoint", "ec2:ModifyVpcEndpoint",
+                                        "ec2:DeleteVpcEndpoints", "route53:AssociateVPCWithHostedZone"],
+    "aws:ec2/placementGroup:PlacementGroup": ["ec2:CreatePlacementGroup", "ec2:DeletePlacementGroup"],
+    "aws:ec2/launchTemplate:LaunchTemplate": [
+        "ec2:CreateLaunchTemplate", "ec2:CreateLaunchTemplateVersion", "ec2:ModifyLaunchTemplate",
+        "ec2:DeleteLaunchTemplate", "ec2:DeleteLaunchTemplateVersions"],
+    # A group with a launch template needs the caller to be allowed ec2:RunInstances on it (EC2 Auto
+    # Scaling user guide, "Permissions to use launch templates"); instances start with the role's
+    # instance profile, hence iam:PassRole to ec2.amazonaws.com.
+    "aws:autoscaling/group:Group": [
+        "autoscaling:CreateAutoScalingGroup", "autoscaling:UpdateAutoScalingGroup",
+        "autoscaling:DeleteAutoScalingGroup", "autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags",
+        "autoscaling:PutLifecycleHook", "autoscaling:DeleteLifecycleHook", "autoscaling:SuspendProcesses",
+        "autoscaling:ResumeProcesses", "autoscaling:EnableMetricsCollection",
+        "autoscaling:DisableMetricsCollection", "autoscaling:SetInstanceProtection", "ec2:RunInstances"],
+    "aws:iam/role:Role": [
+        "iam:CreateRole", "iam:DeleteRole", "iam:GetRole", "iam:UpdateRole", "iam:UpdateRoleDescription",
+        "iam:UpdateAssumeRolePolicy", "iam:TagRole", "iam:UntagRole", "iam:ListRoleTags",
+        "iam:ListRolePolicies", "iam:ListAttachedRolePolicies", "iam:ListInstanceProfilesForRole",
+        "iam:PutRolePermissionsBoundary", "iam:PassRole"],
+    "aws:iam/rolePolicy:RolePolicy": ["iam:PutRolePolicy", "iam:GetRolePolicy", "iam:DeleteRolePolicy"],
+    "aws:iam/rolePolicyAttachment:RolePolicyAttachment": [
+        "iam:AttachRolePolicy", "iam:DetachRolePolicy", "iam:ListAttachedRolePolicies"],
+    "aws:iam/instanceProfile:InstanceProfile": [
+        "iam:CreateInstanceProfile", "iam:DeleteInstanceProfile", "iam:GetInstanceProfile",
+        "iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile", "iam:TagInstanceProfile",
+        "iam:UntagInstanceProfile", "iam:ListInstanceProfileTags"],
+    "aws:s3/bucket:Bucket": ["s3:CreateBucket", "s3:ListBucket", "s3:GetBucket*",
+                             "s3:GetAccelerateConfiguration",
+                             "s3:GetReplicationConfiguration", "s3:PutBucketTagging"],
+    "aws:s3/bucketVersioning:BucketVersioning": ["s3:PutBucketVersioning", "s3:GetBucketVersioning"],
+    "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration": [
+        "s3:PutLifecycleConfiguration", "s3:GetLifecycleConfiguration"],
+    "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration": [
+        "s3:PutEncryptionConfiguration", "s3:GetEncryptionConfiguration"],
+    "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock": [
+        "s3:PutBucketPublicAccessBlock", "s3:GetBucketPublicAccessBlock"],
+    "aws:s3/bucketOwnershipControls:BucketOwnershipControls": [
+        "s3:PutBucketOwnershipControls", "s3:GetBucketOwnershipControls"],
+    "aws:s3/bucketPolicy:BucketPolicy": ["s3:PutBucketPolicy", "s3:GetBucketPolicy", "s3:DeleteBucketPolicy"],
+    "aws:fsx/lustreFileSystem:LustreFileSystem": [
+        "fsx:CreateFileSystem", "fsx:UpdateFileSystem", "fsx:TagResource", "fsx:UntagResource",
+        "fsx:ListTagsForResource"],
+    # Linking a file system to S3 (FSx for Lustre user guide, "Adding permissions to use data
+    # repositories in Amazon S3"): the caller also needs s3:Get*/List*/PutObject on the bucket and
+    # may have FSx create its S3-access service-linked role (`iam_statements`).
+    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation": [
+        "fsx:CreateDataRepositoryAssociation", "fsx:UpdateDataRepositoryAssociation",
+        "fsx:DeleteDataRepositoryAssociation", "fsx:TagResource", "s3:PutObject"],
+    "aws:kms/key:Key": [
+        "kms:DescribeKey", "kms:GetKeyPolicy", "kms:GetKeyRotationStatus", "kms:ListResourceTags",
+        "kms:PutKeyPolicy", "kms:EnableKeyRotation", "kms:TagResource", "kms:UntagResource",
+        "kms:UpdateKeyDescription", "kms:ScheduleKeyDeletion"],
+    "aws:kms/alias:Alias": ["kms:CreateAlias", "kms:DeleteAlias", "kms:UpdateAlias"],
+    "aws:sns/topic:Topic": ["sns:CreateTopic", "sns:DeleteTopic", "sns:GetTopicAttributes",
+                            "sns:SetTopicAttributes", "sns:TagResource", "sns:UntagResource",
+                            "sns:ListTagsForResource"],
+    "aws:sns/topicPolicy:TopicPolicy": ["sns:SetTopicAttributes", "sns:GetTopicAttributes"],
+    "aws:sns/topicSubscription:TopicSubscription": [
+        "sns:Subscribe", "sns:Unsubscribe", "sns:GetSubscriptionAttributes", "sns:SetSubscriptionAttributes",
+        "sns:ListSubscriptionsByTopic"],
+    "aws:cloudwatch/logGroup:LogGroup": [
+        "logs:CreateLogGroup", "logs:DeleteLogGroup", "logs:PutRetentionPolicy", "logs:DeleteRetentionPolicy",
+        "logs:TagResource", "logs:UntagResource", "logs:ListTagsForResource", "logs:TagLogGroup",
+        "logs:ListTagsLogGroup"],
+    "aws:cloudwatch/metricAlarm:MetricAlarm": [
+        "cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms", "cloudwatch:TagResource",
+        "cloudwatch:UntagResource", "cloudwatch:ListTagsForResource"],
+    "aws:cloudwatch/eventRule:EventRule": [
+        "events:PutRule", "events:DeleteRule", "events:DescribeRule", "events:EnableRule",
+        "events:DisableRule",
+        "events:TagResource", "events:UntagResource", "events:ListTagsForResource"],
+    "aws:cloudwatch/eventTarget:EventTarget": ["events:PutTargets", "events:RemoveTargets",
+                                               "events:ListTargetsByRule"],
+    "aws:scheduler/schedule:Schedule": ["scheduler:CreateSchedule", "scheduler:UpdateSchedule",
+                                        "scheduler:DeleteSchedule", "scheduler:GetSchedule"],
+    "aws:lambda/function:Function": [
+        "lambda:CreateFunction", "lambda:DeleteFunction", "lambda:GetFunction",
+        "lambda:GetFunctionConfiguration",
+        "lambda:UpdateFunctionCode", "lambda:UpdateFunctionConfiguration", "lambda:ListVersionsByFunction",
+        "lambda:GetFunctionCodeSigningConfig", "lambda:GetRuntimeManagementConfig",
+        "lambda:GetFunctionConcurrency", "lambda:PutFunctionConcurrency", "lambda:DeleteFunctionConcurrency",
+        "lambda:TagResource", "lambda:UntagResource", "lambda:ListTags"],
+    "aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig": [
+        "lambda:PutFunctionEventInvokeConfig", "lambda:UpdateFunctionEventInvokeConfig",
+        "lambda:GetFunctionEventInvokeConfig", "lambda:DeleteFunctionEventInvokeConfig"],
+    "aws:lambda/permission:Permission": ["lambda:AddPermission", "lambda:RemovePermission",
+                                         "lambda:GetPolicy"],
+    "aws:budgets/budget:Budget": ["budgets:ModifyBudget", "budgets:ViewBudget", "budgets:TagResource",
+                                  "budgets:UntagResource", "budgets:ListTagsForResource"],
+}
+# Actions with no resource-level permissions (the Service Authorization Reference lists no resource
+# type for them), granted on "*". Tags on a new KMS key need kms:TagResource not restricted to
+# particular keys (KMS developer guide, "Controlling access to tags"); the deploy boundary denies
+# every key action on a key without the stack tag, so no existing key can be tagged or taken over.
+UNSCOPED_ACTIONS = ["ec2:Describe*", "autoscaling:Describe*", "fsx:Describe*", "kms:ListAliases",
+                    "logs:DescribeLogGroups", "cloudwatch:DescribeAlarms", "kms:CreateKey", "kms:TagResource"]
+KEY_ADMIN = ["kms:PutKeyPolicy", "kms:ScheduleKeyDeletion", "kms:DisableKey", "kms:CreateGrant",
+             "kms:TagResource", "kms:UntagResource", "kms:UpdateKeyDescription", "kms:EnableKeyRotation",
+             "kms:DisableKeyRotation", "kms:CreateAlias", "kms:UpdateAlias", "kms:DeleteAlias"]
+
+
+def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) -> dict[str, list[str]]:
+    """The resources a service's deploy actions may touch: named with the stacks' prefix where the
+    API allows (EC2 and FSx ids are generated by AWS, so those services get "*")."""
+    p, a = partition, account
+    bucket_arns = [f"arn:{p}:s3:::{prefix}*"] + [f"arn:{p}:s3:::{b}" for b in buckets]
+    return {
+        "ec2": ["*"], "route53": ["*"], "fsx": ["*"],
+        "autoscaling": [f"arn:{p}:autoscaling:*:{a}:autoScalingGroup:*:autoScalingGroupName/{prefix}*"],
+        "s3": bucket_arns,
+        "kms": [f"arn:{p}:kms:*:{a}:alias/{prefix}*", f"arn:{p}:kms:*:{a}:key/*"],
+        "sns": [f"arn:{p}:sns:*:{a}:{prefix}*"],
+        "logs": [f"arn:{p}:logs:*:{a}:log-group:/aws/lambda/{prefix}*"],
+        "cloudwatch": [f"arn:{p}:cloudwatch:*:{a}:alarm:{prefix}*"],
+        "events": [f"arn:{p}:events:*:{a}:rule/{prefix}*"],
+        "scheduler": [f"arn:{p}:scheduler:*:{a}:schedule/default/{prefix}*"],
+        "lambda": [f"arn:{p}:lambda:*:{a}:function:{prefix}*"],
+        "budgets": [f"arn:{p}:budgets::{a}:budget/{prefix}*"],
+    }
 
 
 @dataclass
@@ -44,7 +250,11 @@ class Bootstrap:
     key_alias: str
     oidc_provider_arn: str
     preview_role_arn: str
+    github_repo: str
+    workload_boundary_arn: str
+    deploy_boundary_arn: str
     deploy_role_arns: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def backend_url(self) -> str:
@@ -55,21 +265,34 @@ class Bootstrap:
         return f"awskms://{self.key_alias}?region={self.region}"
 
     def instructions(self) -> str:
-        lines = ["GitHub repository variables:",
+        keys = " ".join(f"-f 'include_claim_keys[]={k}'" for k in SUBJECT_CLAIM_KEYS)
+        lines = ["GitHub: customise the repository's OIDC subject (the roles trust nothing else):",
+                 f"  gh api -X PUT repos/{self.github_repo}/actions/oidc/customization/sub "
+                 f"-F use_default=false {keys}",
+                 "GitHub repository variables:",
                  f"  PULUMI_BACKEND_URL   = {self.backend_url}",
                  f"  AWS_REGION           = {self.region}",
+                 f"GitHub environment '{PREVIEW_ENVIRONMENT}' (pull-request previews), variable:",
                  f"  AWS_PREVIEW_ROLE_ARN = {self.preview_role_arn}",
-                 "GitHub environments (add required reviewers to staging and prod), variable AWS_ROLE_ARN:"]
+                 "GitHub environments (deployment branches: main only; required reviewers on staging "
+                 "and prod), variable AWS_ROLE_ARN:"]
         lines += [f"  {env:<8} AWS_ROLE_ARN = {arn}" for env, arn in self.deploy_role_arns.items()]
-        lines += ["Then, once per stack, from the repository root:",
+        lines += ["Every IAM role a stack creates must carry the permissions boundary:",
+                  f"  {self.workload_boundary_arn}",
+                  "Then, once per stack, from the repository root:",
                   f"  pulumi login '{self.backend_url}'"]
         lines += [f"  pulumi stack init {env} --secrets-provider '{self.secrets_provider}'"
                   for env in self.deploy_role_arns]
+        lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
 
 def _missing(err: ClientError, *codes: str) -> bool:
     return err.response.get("Error", {}).get("Code") in codes
+
+
+def _document(statements: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    return {"Version": "2012-10-17", "Statement": list(statements)}
 
 
 def ensure_kms_key(kms: Any, alias: str) -> str:
@@ -89,9 +312,9 @@ def ensure_kms_key(kms: Any, alias: str) -> str:
 
 def tls_only_policy(bucket: str) -> dict[str, Any]:
     arn = f"arn:aws:s3:::{bucket}"
-    return {"Version": "2012-10-17", "Statement": [{
+    return _document([{
         "Sid": "DenyPlainHttp", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
-        "Resource": [arn, f"{arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}
+        "Resource": [arn, f"{arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}])
 
 
 def ensure_state_bucket(s3: Any, bucket: str, region: str, key_arn: str) -> None:
@@ -116,8 +339,8 @@ def ensure_state_bucket(s3: Any, bucket: str, region: str, key_arn: str) -> None
     s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(tls_only_policy(bucket)))
 
 
-def ensure_github_oidc(iam: Any, account: str) -> str:
-    arn = f"arn:aws:iam::{account}:oidc-provider/{GITHUB_OIDC_HOST}"
+def ensure_github_oidc(iam: Any, partition: str, account: str) -> str:
+    arn = f"arn:{partition}:iam::{account}:oidc-provider/{GITHUB_OIDC_HOST}"
     try:
         iam.get_open_id_connect_provider(OpenIDConnectProviderArn=arn)
         return arn
@@ -128,103 +351,356 @@ def ensure_github_oidc(iam: Any, account: str) -> str:
         "OpenIDConnectProviderArn"])
 
 
+def deploy_subject(repo: str, environment: str) -> str:
+    """The customised subject of a deploy-stack.yml job on main in `environment`, and nothing else.
+
+    `ref` is the branch that ran (a branch calling main's workflow remotely still shows its own ref),
+    `job_workflow_ref` the reusable workflow that asked for the token, at that same ref.
+    """
+    ref = f"refs/heads/{DEPLOY_BRANCH}"
+    return f"repo:{repo}:environment:{environment}:ref:{ref}:job_workflow_ref:{repo}/{DEPLOY_WORKFLOW}@{ref}"
+
+
+def preview_subject(repo: str) -> str:
+    """pr.yml on a pull request's merge ref, in the preview environment (a StringLike pattern)."""
+    ref = "refs/pull/*/merge"
+    return (f"repo:{repo}:environment:{PREVIEW_ENVIRONMENT}:ref:{ref}:"
+            f"job_workflow_ref:{repo}/{PREVIEW_WORKFLOW}@{ref}")
+
+
 def trust_policy(provider_arn: str, subject: str) -> dict[str, Any]:
-    """Only GitHub tokens for this audience and this exact subject may assume the role."""
-    return {"Version": "2012-10-17", "Statement": [{
+    """Only GitHub tokens for this audience and this subject (`*` only in `refs/pull/*`) may assume."""
+    condition: dict[str, dict[str, str]] = {"StringEquals": {f"{GITHUB_OIDC_HOST}:aud": AUDIENCE}}
+    condition.setdefault("StringLike" if "*" in subject else "StringEquals", {})[
+        f"{GITHUB_OIDC_HOST}:sub"] = subject
+    return _document([{
         "Effect": "Allow", "Principal": {"Federated": provider_arn},
-        "Action": "sts:AssumeRoleWithWebIdentity",
-        "Condition": {"StringEquals": {f"{GITHUB_OIDC_HOST}:aud": AUDIENCE,
-                                       f"{GITHUB_OIDC_HOST}:sub": subject}}}]}
+        "Action": "sts:AssumeRoleWithWebIdentity", "Condition": condition}])
 
 
-def state_access_policy(bucket: str, key_arn: str) -> dict[str, Any]:
-    """Read and write the Pulumi state (and its locks) and use the secrets key; nothing else."""
-    arn = f"arn:aws:s3:::{bucket}"
-    return {"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation", "s3:GetBucketVersioning"],
-         "Resource": arn},
-        {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-         "Resource": f"{arn}/*"},
-        {"Effect": "Allow", "Resource": key_arn,
-         "Action": ["kms:Encrypt", "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"]},
-    ]}
+def _state_paths(project: str, stack: str) -> dict[str, str]:
+    """Where Pulumi's S3 backend keeps a stack (project layout: pkg/backend/diy, `StackBasePath`,
+    `HistoryDir`, `BackupDir`, `stackLockDir` with the stack's `organization/<project>/<stack>` name)."""
+    return {"stack": f".pulumi/stacks/{project}/{stack}.json*",
+            "history": f".pulumi/history/{project}/{stack}/*",
+            "backups": f".pulumi/backups/{project}/{stack}/*",
+            "locks": f".pulumi/locks/organization/{project}/{stack}/*"}
 
 
-def cluster_iam_policy(account: str, prefix: str) -> dict[str, Any]:
-    """IAM for the roles, policies and instance profiles a stack creates (named `<prefix>...`)."""
-    names = [f"arn:aws:iam::{account}:{kind}/{prefix}*" for kind in ("role", "policy", "instance-profile")]
-    return {"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Resource": names, "Action": [
-            "iam:CreateRole", "iam:DeleteRole", "iam:GetRole", "iam:TagRole", "iam:UntagRole",
-            "iam:UpdateRole", "iam:UpdateAssumeRolePolicy", "iam:PassRole", "iam:ListRoleTags",
-            "iam:PutRolePolicy", "iam:GetRolePolicy", "iam:DeleteRolePolicy", "iam:ListRolePolicies",
-            "iam:AttachRolePolicy", "iam:DetachRolePolicy", "iam:ListAttachedRolePolicies",
-            "iam:ListInstanceProfilesForRole", "iam:CreateInstanceProfile", "iam:DeleteInstanceProfile",
-            "iam:GetInstanceProfile", "iam:TagInstanceProfile", "iam:AddRoleToInstanceProfile",
-            "iam:RemoveRoleFromInstanceProfile", "iam:CreatePolicy", "iam:DeletePolicy", "iam:GetPolicy",
-            "iam:TagPolicy", "iam:GetPolicyVersion", "iam:ListPolicyVersions", "iam:CreatePolicyVersion",
-            "iam:DeletePolicyVersion"]},
-        {"Effect": "Allow", "Action": "iam:CreateServiceLinkedRole",
-         "Resource": f"arn:aws:iam::{account}:role/aws-service-role/*",
+def state_access_policy(bucket: str, key_arn: str, region: str, project: str, stacks: Sequence[str],
+                        *, write: bool, partition: str = "aws") -> dict[str, Any]:
+    """The Pulumi state of these stacks only: a preview (`write=False`) reads it and writes its lock;
+    a deploy also writes the stack's checkpoint, history and backups. Objects are SSE-KMS, so writes
+    need the state key's data keys, through S3 only."""
+    arn = f"arn:{partition}:s3:::{bucket}"
+    paths = [_state_paths(project, s) for s in stacks]
+    reads = [f"{arn}/.pulumi/meta.yaml"] + [f"{arn}/{p[k]}" for p in paths for k in p
+                                            if write or k in ("stack", "locks")]
+    writes = [f"{arn}/{p[k]}" for p in paths for k in p if write or k == "locks"]
+    kms_direct = ["kms:Decrypt", "kms:DescribeKey"] + (["kms:Encrypt"] if write else [])
+    return _document([
+        {"Sid": "ListState", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn,
+         "Condition": {"StringLike": {"s3:prefix": [".pulumi/*"]}}},
+        {"Sid": "ReadState", "Effect": "Allow", "Action": "s3:GetObject", "Resource": reads},
+        {"Sid": "WriteOwnStateOrLock", "Effect": "Allow", "Action": ["s3:PutObject", "s3:DeleteObject"],
+         "Resource": writes},
+        {"Sid": "StackSecrets", "Effect": "Allow", "Action": kms_direct, "Resource": key_arn},
+        {"Sid": "StateObjectKeysThroughS3", "Effect": "Allow", "Action": "kms:GenerateDataKey",
+         "Resource": key_arn,
+         "Condition": {"StringEquals": {"kms:ViaService": f"s3.{region}.amazonaws.com"}}},
+    ])
+
+
+def data_deletion_deny(partition: str, break_glass_role: str, account: str) -> dict[str, Any]:
+    """Old object versions, buckets and file systems: only the break-glass role deletes them."""
+    return {"Sid": "DataDeletionNeedsBreakGlass", "Effect": "Deny", "Action": DATA_DELETION, "Resource": "*",
+            "Condition": {"ArnNotEquals": {
+                "aws:PrincipalArn": f"arn:{partition}:iam::{account}:role/{break_glass_role}"}}}
+
+
+def workload_boundary(partition: str, account: str, break_glass_role: str) -> dict[str, Any]:
+    """The most any role a deploy role creates can ever do: no IAM, no STS, no data deletion; Run
+    Command only with AWS-RunShellScript on instances tagged with a stack (deploy roles cannot tag
+    instances, so they cannot aim it elsewhere)."""
+    return _document([
+        {"Sid": "ClusterWorkloads", "Effect": "Allow", "Action": WORKLOAD_ACTIONS, "Resource": "*"},
+        {"Sid": "RunShellDocument", "Effect": "Allow", "Action": "ssm:SendCommand",
+         "Resource": f"arn:{partition}:ssm:*::document/AWS-RunShellScript"},
+        {"Sid": "OnStackInstances", "Effect": "Allow", "Action": "ssm:SendCommand",
+         "Resource": f"arn:{partition}:ec2:*:{account}:instance/*",
+         "Condition": {"Null": {f"ssm:resourceTag/{STACK_TAG}": "false"}}},
+        data_deletion_deny(partition, break_glass_role, account),
+    ])
+
+
+def deploy_boundary(partition: str, account: str, break_glass_role: str, role_prefix: str,
+                    boundary_arns: Sequence[str], workload_arn: str, bucket: str,
+                    key_arn: str) -> dict[str, Any]:
+    """The deploy roles' own boundary: whatever is attached to them later, these denies hold."""
+    iam = f"arn:{partition}:iam::{account}"
+    return _document([
+        # a cap, not a grant: what a deploy role can do is its identity policies (deploy_statements)
+        {"Sid": "CapOnly", "Effect": "Allow", "Action": "*", "Resource": "*"},
+        data_deletion_deny(partition, break_glass_role, account),
+        {"Sid": "BoundariesAreFixed", "Effect": "Deny", "Resource": list(boundary_arns), "Action": [
+            "iam:CreatePolicyVersion", "iam:DeletePolicy", "iam:DeletePolicyVersion",
+            "iam:SetDefaultPolicyVersion", "iam:TagPolicy", "iam:UntagPolicy"]},
+        {"Sid": "NoRoleWithoutTheWorkloadBoundary", "Effect": "Deny",
+         "Action": ["iam:CreateRole", "iam:PutRolePolicy", "iam:AttachRolePolicy",
+                    "iam:PutRolePermissionsBoundary"],
+         "NotResource": f"{iam}:role/aws-service-role/*",
+         "Condition": {"StringNotEquals": {"iam:PermissionsBoundary": workload_arn}}},
+        {"Sid": "BoundariesStay", "Effect": "Deny", "Resource": "*",
+         "Action": ["iam:DeleteRolePermissionsBoundary", "iam:DeleteUserPermissionsBoundary"]},
+        {"Sid": "CiRolesAreTheAdminsJob", "Effect": "Deny", "Resource": f"{iam}:role/{role_prefix}-*",
+         "NotAction": ["iam:GetRole", "iam:ListRoleTags"]},
+        {"Sid": "NoNewPrincipalsOrPolicies", "Effect": "Deny", "Resource": "*", "Action": [
+            "iam:CreateUser", "iam:CreateAccessKey", "iam:CreateLoginProfile", "iam:CreateGroup",
+            "iam:CreatePolicy", "iam:CreateOpenIDConnectProvider", "iam:CreateSAMLProvider",
+            "iam:UpdateOpenIDConnectProviderThumbprint", "sts:AssumeRole"]},
+        {"Sid": "StateBucketIsTheAdminsJob", "Effect": "Deny", "Resource": f"arn:{partition}:s3:::{bucket}",
+         "Action": ["s3:PutBucket*", "s3:DeleteBucket*", "s3:PutLifecycleConfiguration",
+                    "s3:PutEncryptionConfiguration", "s3:PutReplicationConfiguration"]},
+        {"Sid": "StateKeyIsTheAdminsJob", "Effect": "Deny", "Resource": key_arn, "Action": KEY_ADMIN},
+        {"Sid": "OnlyKeysOfAStack", "Effect": "Deny", "Action": KEY_ADMIN,
+         "Resource": f"arn:{partition}:kms:*:{account}:key/*",
+         "Condition": {"Null": {f"aws:ResourceTag/{STACK_TAG}": "true"}}},
+    ])
+
+
+def iam_statements(partition: str, account: str, prefix: str, workload_arn: str) -> list[dict[str, Any]]:
+    """IAM for the stacks' roles and instance profiles (named `<prefix>...`). Creating a role or
+    changing its policies needs the workload boundary on it (`iam:PermissionsBoundary`), managed
+    policies are the program's AWS managed ones (`iam:PolicyARN`), and roles are passed only to the
+    services that run them (`iam:PassedToService`)."""
+    iam = f"arn:{partition}:iam::{account}"
+    role, profile = f"{iam}:role/{prefix}*", f"{iam}:instance-profile/{prefix}*"
+    bounded = {"StringEquals": {"iam:PermissionsBoundary": workload_arn}}
+    managed = [f"arn:{partition}:iam::aws:policy/{name}" for name in MANAGED_POLICIES]
+    conditioned = {"iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy", "iam:AttachRolePolicy",
+                   "iam:DetachRolePolicy", "iam:PutRolePermissionsBoundary", "iam:PassRole"}
+    plain = sorted({a for t, actions in DEPLOY_ACTIONS.items() if t.startswith("aws:iam/")
+                    for a in actions} - conditioned)
+    fsx_s3_role = f"{iam}:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/*"
+    return [
+        {"Sid": "StackRolesAndProfiles", "Effect": "Allow", "Action": plain, "Resource": [role, profile]},
+        {"Sid": "RolesOnlyWithTheBoundary", "Effect": "Allow", "Resource": role, "Condition": bounded,
+         "Action": ["iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy",
+                    "iam:PutRolePermissionsBoundary", "iam:DetachRolePolicy"]},
+        {"Sid": "OnlyTheProgramsManagedPolicies", "Effect": "Allow", "Action": "iam:AttachRolePolicy",
+         "Resource": role, "Condition": {**bounded, "ArnEquals": {"iam:PolicyARN": managed}}},
+        {"Sid": "PassOnlyToTheServicesThatRunThem", "Effect": "Allow", "Action": "iam:PassRole",
+         "Resource": role, "Condition": {"StringEquals": {"iam:PassedToService": PASSED_TO}}},
+        {"Sid": "ServiceLinkedRoles", "Effect": "Allow", "Action": "iam:CreateServiceLinkedRole",
+         "Resource": f"{iam}:role/aws-service-role/*",
          "Condition": {"StringEquals": {"iam:AWSServiceName": SERVICE_LINKED}}},
-    ]}
+        # FSx sets up its own S3-access service-linked role when a file system links to S3; only the
+        # FSx service can assume it (FSx for Lustre user guide, "Adding permissions to use data
+        # repositories in Amazon S3").
+        {"Sid": "FsxS3AccessServiceLinkedRole", "Effect": "Allow",
+         "Action": ["iam:AttachRolePolicy", "iam:PutRolePolicy"], "Resource": fsx_s3_role},
+    ]
 
 
-def ensure_role(iam: Any, name: str, trust: dict[str, Any], managed: list[str],
-                inline: dict[str, dict[str, Any]]) -> str:
-    """Create or update a role to exactly this trust, these managed and these inline policies."""
+def deploy_statements(partition: str, account: str, prefix: str,
+                      buckets: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Everything else the program creates, one statement per service, on that service's scope."""
+    by_service: dict[str, set[str]] = {}
+    for token, actions in DEPLOY_ACTIONS.items():
+        if token.startswith("aws:iam/"):
+            continue
+        for action in actions:
+            by_service.setdefault(action.split(":")[0], set()).add(action)
+    scope = scopes(partition, account, prefix, buckets)
+    statements = [{"Sid": f"Stack{service.capitalize()}", "Effect": "Allow", "Action": sorted(actions),
+                   "Resource": scope[service]} for service, actions in sorted(by_service.items())]
+    bucket_objects = [f"{b}/*" for b in scope["s3"]]
+    statements += [
+        {"Sid": "ReadsWithoutResourceScope", "Effect": "Allow", "Action": UNSCOPED_ACTIONS, "Resource": "*"},
+        {"Sid": "FsxLinksReadTheBucket", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
+         "Resource": bucket_objects},
+        public_parameters(partition),
+        # Tags on what the program creates; never on an existing instance, so a deploy role cannot
+        # re-tag one into a stack (the workload boundary scopes Run Command by that tag).
+        {"Sid": "TagNetworkAndTemplates", "Effect": "Allow", "Action": ["ec2:CreateTags", "ec2:DeleteTags"],
+         "NotResource": f"arn:{partition}:ec2:*:*:instance/*"},
+    ]
+    return statements
+
+
+def packed(statements: Sequence[dict[str, Any]], limit: int = 6144) -> list[dict[str, Any]]:
+    """Statements in order, packed into as few policy documents as fit IAM's managed-policy size
+    (6,144 characters without whitespace: IAM user guide, "IAM and AWS STS quotas")."""
+    documents: list[dict[str, Any]] = []
+    for statement in statements:
+        if documents and _size(_document([*documents[-1]["Statement"], statement])) <= limit:
+            documents[-1]["Statement"].append(statement)
+        else:
+            documents.append(_document([statement]))
+    return documents
+
+
+def _size(document: dict[str, Any]) -> int:
+    return len(json.dumps(document, separators=(",", ":")))
+
+
+def public_parameters(partition: str) -> dict[str, Any]:
+    """The program's one cloud read in a preview: the public AMI parameter (an invoke)."""
+    return {"Sid": "PublicAmiParameters", "Effect": "Allow",
+            "Action": ["ssm:GetParameter", "ssm:GetParameters"],
+            "Resource": f"arn:{partition}:ssm:*::{PUBLIC_PARAMETERS}"}
+
+
+def ensure_managed_policy(iam: Any, arn: str, name: str, document: dict[str, Any], description: str) -> str:
+    """Create the customer managed policy, or make `document` its default version (oldest pruned)."""
+    text = json.dumps(document)
+    try:
+        versions = iam.list_policy_versions(PolicyArn=arn)["Versions"]
+    except ClientError as err:
+        if not _missing(err, "NoSuchEntity"):
+            raise
+        return str(iam.create_policy(PolicyName=name, PolicyDocument=text, Description=description,
+                                     Tags=[{"Key": "gpucluster:purpose", "Value": "ci"}])["Policy"]["Arn"])
+    default = next(v for v in versions if v["IsDefaultVersion"])
+    current = iam.get_policy_version(PolicyArn=arn,
+                                     VersionId=default["VersionId"])["PolicyVersion"]["Document"]
+    if (json.loads(current) if isinstance(current, str) else current) == document:
+        return arn
+    old = sorted((v for v in versions if not v["IsDefaultVersion"]), key=lambda v: v["CreateDate"])
+    if len(versions) >= 5:  # IAM keeps at most five versions of a managed policy
+        iam.delete_policy_version(PolicyArn=arn, VersionId=old[0]["VersionId"])
+    iam.create_policy_version(PolicyArn=arn, PolicyDocument=text, SetAsDefault=True)
+    return arn
+
+
+def ensure_role(iam: Any, name: str, trust: dict[str, Any], inline: dict[str, dict[str, Any]],
+                managed: Sequence[str] = (), boundary: str | None = None) -> str:
+    """Create or update a role to this trust, boundary, these managed and exactly these inline policies."""
     try:
         arn = iam.get_role(RoleName=name)["Role"]["Arn"]
         iam.update_assume_role_policy(RoleName=name, PolicyDocument=json.dumps(trust))
     except ClientError as err:
         if not _missing(err, "NoSuchEntity"):
             raise
+        extra = {"PermissionsBoundary": boundary} if boundary else {}
         arn = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust),
                               MaxSessionDuration=3600 * 2,
                               Description="gpucluster CI (GitHub OIDC); made by bootstrap_state.py",
-                              Tags=[{"Key": "gpucluster:purpose", "Value": "ci"}])["Role"]["Arn"]
+                              Tags=[{"Key": "gpucluster:purpose", "Value": "ci"}], **extra)["Role"]["Arn"]
+    if boundary:
+        iam.put_role_permissions_boundary(RoleName=name, PermissionsBoundary=boundary)
+    attached = {p["PolicyArn"] for p in iam.list_attached_role_policies(RoleName=name)["AttachedPolicies"]}
+    for policy_arn in attached - set(managed):  # e.g. the PowerUserAccess of earlier versions
+        iam.detach_role_policy(RoleName=name, PolicyArn=policy_arn)
     for policy_arn in managed:
         iam.attach_role_policy(RoleName=name, PolicyArn=policy_arn)
+    for stale in set(iam.list_role_policies(RoleName=name)["PolicyNames"]) - set(inline):
+        iam.delete_role_policy(RoleName=name, PolicyName=stale)
     for policy_name, document in inline.items():
         iam.put_role_policy(RoleName=name, PolicyName=policy_name, PolicyDocument=json.dumps(document))
     return str(arn)
 
 
+def unbounded_prefix_roles(iam: Any, prefix: str, workload_arn: str) -> list[str]:
+    """Existing roles under the stacks' prefix without the workload boundary: a deploy role may pass
+    them to EC2, Lambda or Scheduler, so they should not exist (or carry the boundary)."""
+    found = []
+    for page in iam.get_paginator("list_roles").paginate():
+        for role in page["Roles"]:
+            if role["RoleName"].startswith(prefix):
+                detail = iam.get_role(RoleName=role["RoleName"])["Role"]
+                if detail.get("PermissionsBoundary", {}).get("PermissionsBoundaryArn") != workload_arn:
+                    found.append(role["RoleName"])
+    return found
+
+
 def bootstrap(session: Any, bucket: str, region: str, github_repo: str, environments: list[str],
-              key_alias: str = "alias/gpucluster-state", role_prefix: str = "gpucluster",
-              iam_prefix: str = "gpu-") -> Bootstrap:
-    account = session.client("sts", region_name=region).get_caller_identity()["Account"]
+              break_glass_role: str, key_alias: str = "alias/gpucluster-state",
+                  role_prefix: str = "gpucluster",
+              iam_prefix: str = "gpu-", pulumi_project: str = "gpucluster",
+              dataset_buckets: Sequence[str] = ()) -> Bootstrap:
+    identity = session.client("sts", region_name=region).get_caller_identity()
+    account, partition = identity["Account"], identity["Arn"].split(":")[1]
     iam = session.client("iam", region_name=region)
     key_arn = ensure_kms_key(session.client("kms", region_name=region), key_alias)
     ensure_state_bucket(session.client("s3", region_name=region), bucket, region, key_arn)
-    provider = ensure_github_oidc(iam, account)
-    state = {"pulumi-state": state_access_policy(bucket, key_arn)}
-    preview = ensure_role(iam, f"{role_prefix}-preview",
-                          trust_policy(provider, f"repo:{github_repo}:pull_request"),
-                          ["arn:aws:iam::aws:policy/ReadOnlyAccess"], state)
-    result = Bootstrap(bucket, region, key_arn, key_alias, provider, preview)
+    provider = ensure_github_oidc(iam, partition, account)
+    policy = f"arn:{partition}:iam::{account}:policy"
+    resources = packed(deploy_statements(partition, account, iam_prefix, dataset_buckets))
+    names = {"workload": f"{role_prefix}-workload-boundary", "deploy": f"{role_prefix}-deploy-boundary",
+             "deploy-iam": f"{role_prefix}-deploy-iam"}
+    names |= {f"deploy-resources-{i}": f"{role_prefix}-deploy-resources-{i}"
+              for i in range(1, len(resources) + 1)}
+    arns = {part: f"{policy}/{name}" for part, name in names.items()}
+    ensure_managed_policy(iam, arns["workload"], names["workload"],
+                          workload_boundary(partition, account, break_glass_role),
+                          "gpucluster: permissions boundary of every role a stack creates")
+    ensure_managed_policy(iam, arns["deploy"], names["deploy"], deploy_boundary(
+        partition, account, break_glass_role, role_prefix, list(arns.values()), arns["workload"], bucket,
+        key_arn), "gpucluster: permissions boundary of the CI deploy roles")
+    ensure_managed_policy(iam, arns["deploy-iam"], names["deploy-iam"], _document(
+        iam_statements(partition, account, iam_prefix, arns["workload"])), "gpucluster deploy: stack IAM")
+    for i, document in enumerate(resources, 1):
+        part = f"deploy-resources-{i}"
+        ensure_managed_policy(iam, arns[part], names[part], document, "gpucluster deploy: stack resources")
+
+    preview = ensure_role(iam, f"{role_prefix}-preview", trust_policy(provider,
+                                                                      preview_subject(github_repo)), {
+        "pulumi-state": state_access_policy(bucket, key_arn, region, pulumi_project, environments,
+                                            write=False,
+                                            partition=partition),
+        "preview": _document([public_parameters(partition)])})
+    result = Bootstrap(bucket, region, key_arn, key_alias, provider, preview, github_repo,
+                       arns["workload"], arns["deploy"])
     for env in environments:
         result.deploy_role_arns[env] = ensure_role(
-            iam, f"{role_prefix}-deploy-{env}",
-            trust_policy(provider, f"repo:{github_repo}:environment:{env}"),
-            ["arn:aws:iam::aws:policy/PowerUserAccess"],
-            {**state, "cluster-iam": cluster_iam_policy(account, iam_prefix)})
+            iam, f"{role_prefix}-deploy-{env}", trust_policy(provider, deploy_subject(github_repo, env)),
+            {"pulumi-state": state_access_policy(bucket, key_arn, region, pulumi_project, [env], write=True,
+                                                 partition=partition)},
+            managed=[arn for part, arn in arns.items() if part.startswith("deploy-")],
+                boundary=arns["deploy"])
+    unbounded = unbounded_prefix_roles(iam, iam_prefix, arns["workload"])
+    if unbounded:
+        result.warnings.append(f"roles named {iam_prefix}* without the workload boundary (a deploy role "
+                               f"could pass them): {', '.join(unbounded)}")
     return result
+
+
+def _name(value: str, what: str, pattern: str = r"[\w+=,.@-]{1,64}") -> str:
+    if not re.fullmatch(pattern, value):
+        raise argparse.ArgumentTypeError(f"{what}: {value[:80]!r} is not a valid name")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bucket", required=True, help="State bucket name (globally unique).")
-    parser.add_argument("--github-repo", required=True, help="owner/name of the repository CI runs in.")
+    parser.add_argument("--github-repo", required=True, help="owner/name of the repository CI runs in.",
+                        type=lambda v: _name(v, "--github-repo", r"[\w.-]+/[\w.-]+"))
+    parser.add_argument("--break-glass-role", required=True, type=lambda v: _name(v, "--break-glass-role"),
+                        help="Name of the (existing, human-assumed) role that alone may delete dataset "
+                             "object versions, buckets and FSx file systems.")
     parser.add_argument("--region", default="us-east-1")
     parser.add_argument("--environments", nargs="+", default=["dev", "staging", "prod"],
                         help="GitHub environments (one per stack) that get a deploy role.")
     parser.add_argument("--key-alias", default="alias/gpucluster-state")
     parser.add_argument("--iam-prefix", default="gpu-",
-                        help="Name prefix of the IAM roles the stacks create (their cluster.name).")
+                        help="Name prefix of everything the stacks create (their cluster.name).")
+    parser.add_argument("--pulumi-project", default="gpucluster", help="`name:` in Pulumi.yaml.")
+    parser.add_argument("--dataset-bucket", action="append", default=[], dest="dataset_buckets",
+                        help="An existing bucket (not named with the prefix) a stack links FSx to; "
+                             "repeatable.")
     args = parser.parse_args(argv)
-    result = bootstrap(boto3.session.Session(), args.bucket, args.region, args.github_repo,
-                       args.environments, key_alias=args.key_alias, iam_prefix=args.iam_prefix)
+    if "gpucluster-".startswith(args.iam_prefix) or args.iam_prefix.startswith("gpucluster-"):
+        parser.error(f"--iam-prefix: {args.iam_prefix!r} would cover the CI roles (gpucluster-*)")
+    try:
+        result = bootstrap(boto3.session.Session(), args.bucket, args.region, args.github_repo,
+                           args.environments, args.break_glass_role, key_alias=args.key_alias,
+                           iam_prefix=args.iam_prefix, pulumi_project=args.pulumi_project,
+                           dataset_buckets=args.dataset_buckets)
+    except (ClientError, BotoCoreError) as err:
+        print(f"bootstrap-state: {str(err)[:300]}", file=sys.stderr)
+        return 2
     print(result.instructions())
     return 0
 

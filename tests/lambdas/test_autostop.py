@@ -213,13 +213,18 @@ def test_stuck_hook_is_abandoned_at_the_timeout_and_the_stop_proceeds(
 ) -> None:
     monkeypatch.setenv("PRE_STOP_COMMAND", HOOK)
     monkeypatch.setenv("PRE_STOP_TIMEOUT_SECONDS", "40")
+    instances = cluster.instances("dev-train")
     start = recorded.clock.now
 
     result = autostop.handler(alarm_event(), None)
 
     waited = recorded.clock.now - start
     assert 40 <= waited <= 40 + 5
-    assert result["hook"] == {"ok": False, "timed_out": True}
+    assert result["hook"] == {
+        "ok": False,
+        "timed_out": True,
+        "failed": dict.fromkeys(instances, "InProgress"),
+    }
     assert cluster.capacity("dev-train") == (0, 0)
     assert len(stuck_ssm.sent) == 1
 
@@ -384,3 +389,55 @@ def test_malformed_or_foreign_events_are_ignored(cluster, recorded, event) -> No
     assert cluster.capacity("dev-train") == (1, 2)
     assert cluster.capacity("dev-infer") == (0, 1)
     assert recorded.of("autoscaling", "update_auto_scaling_group") == []
+
+
+class UnregisteredNode:
+    """The moto SSM client, except that one instance is not a managed node.
+
+    Like SendCommand in AWS, a call naming that instance fails as a whole with
+    InvalidInstanceId (moto does not model SSM registration).
+    """
+
+    def __init__(self, real: Any, bad: str) -> None:
+        self.real, self.bad = real, bad
+
+    def send_command(self, **kwargs: Any) -> dict[str, Any]:
+        if self.bad in kwargs["InstanceIds"]:
+            from botocore.exceptions import ClientError
+
+            message = f"Instances [[{self.bad}]] not in a valid state for account 123456789012"
+            raise ClientError({"Error": {"Code": "InvalidInstanceId", "Message": message}},
+                              "SendCommand")
+        return self.real.send_command(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_one_unreachable_node_does_not_cancel_the_others_checkpoint(
+    cluster, recorded, monkeypatch
+) -> None:
+    import boto3
+
+    monkeypatch.setenv("PRE_STOP_COMMAND", HOOK)
+    monkeypatch.setenv("NOTIFY_TOPIC_ARN", cluster.topic_arn)
+    train = cluster.instances("dev-train")
+    infer = cluster.instances("dev-infer")
+    bad = infer[0]
+    recorded.fakes["ssm"] = UnregisteredNode(boto3.client("ssm", region_name="us-east-1"), bad)
+
+    result = autostop.handler(schedule_event("gpucluster-dev-stop"), None)
+
+    sent = [sorted(c["InstanceIds"]) for c in recorded.of("ssm", "send_command")]
+    assert sent[0] == sorted(train + infer)  # the batch, refused for the one bad node
+    assert sorted(sent[1:]) == sorted([i] for i in train + infer)  # then each node alone
+    polled = {c["InstanceId"] for c in recorded.of("ssm", "get_command_invocation")}
+    assert polled == set(train)
+    assert result["hook"]["ok"] is False
+    assert list(result["hook"]["not_sent"]) == [bad]
+    assert result["hook"]["failed"] == {bad: "NotSent"}
+    assert result["groups"] == ["dev-infer", "dev-train"]  # the stop itself went on
+    published = recorded.of("sns", "publish")
+    assert len(published) == 1
+    assert "pre-stop hook failed on 1 node(s)" in published[0]["Subject"]
+    assert bad in published[0]["Message"] and "InvalidInstanceId" in published[0]["Message"]

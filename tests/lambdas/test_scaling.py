@@ -228,3 +228,77 @@ def test_bounded_timeout_keeps_a_reserve() -> None:
     assert scaling.bounded_timeout(300, Context()) == 5.0
     assert scaling.bounded_timeout(300, None) == 300
     assert scaling.bounded_timeout(3, Context()) == 3
+
+
+def test_one_unregistered_instance_does_not_cancel_the_batch(recorded) -> None:
+    """SendCommand refuses the whole batch for one bad node: the others still get the hook."""
+    import boto3
+    from botocore.stub import ANY, Stubber
+
+    good, bad, other = "i-0000000000000000a", "i-0000000000000000b", "i-0000000000000000c"
+    cmd_good, cmd_other = "11111111-2222-3333-4444-555555555555", "66666666-7777-8888-9999-000000000000"
+    ssm = boto3.client("ssm", region_name="us-east-1")
+    rest = {"DocumentName": ANY, "Comment": ANY, "TimeoutSeconds": ANY, "Parameters": ANY}
+    not_managed = "Instances [[i-0000000000000000b]] not in a valid state for account 123456789012"
+    with Stubber(ssm) as stub:
+        stub.add_client_error("send_command", "InvalidInstanceId", not_managed,
+                              expected_params={"InstanceIds": [good, bad, other], **rest})
+        stub.add_response("send_command", {"Command": {"CommandId": cmd_good}},
+                          {"InstanceIds": [good], **rest})
+        stub.add_client_error("send_command", "InvalidInstanceId", not_managed,
+                              expected_params={"InstanceIds": [bad], **rest})
+        stub.add_response("send_command", {"Command": {"CommandId": cmd_other}},
+                          {"InstanceIds": [other], **rest})
+        stub.add_response("get_command_invocation", {"Status": "Success"},
+                          {"CommandId": cmd_good, "InstanceId": good})
+        stub.add_response("get_command_invocation", {"Status": "Success"},
+                          {"CommandId": cmd_other, "InstanceId": other})
+
+        result = _run(ssm, [good, bad, other], 60, recorded.clock)
+
+        stub.assert_no_pending_responses()
+    assert result.statuses == {good: "Success", bad: "NotSent", other: "Success"}
+    assert not result.ok
+    assert result.failed == {bad: "NotSent"}
+    assert list(result.errors) == [bad] and "InvalidInstanceId" in result.errors[bad]
+    assert result.summary()["not_sent"] == result.errors
+
+
+def test_a_batch_error_that_is_not_about_instances_is_not_retried_per_instance(recorded) -> None:
+    class Throttled(ScriptedSSM):
+        def send_command(self, **kwargs: Any) -> dict[str, Any]:
+            self.sent.append(kwargs)
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "slow"}}, "Send")
+
+    ssm = Throttled(["Success"])
+    result = _run(ssm, ["i-0000000000000000a", "i-0000000000000000b"], 60, recorded.clock)
+
+    assert len(ssm.sent) == 1
+    assert set(result.errors) == {"i-0000000000000000a", "i-0000000000000000b"}
+
+
+def test_resume_keeps_the_tags_of_a_stop_that_landed_after_its_write(cluster, recorded) -> None:
+    """Restored, then stopped again (same reason) before the tags were cleared: keep them."""
+    scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "idle")
+    real = cluster.autoscaling
+
+    class StopAfterUpdate:
+        def __init__(self) -> None:
+            self.updates = 0
+
+        def update_auto_scaling_group(self, **kwargs: Any) -> Any:
+            self.updates += 1
+            answer = real.update_auto_scaling_group(**kwargs)
+            if self.updates == 1:  # another idle stop sees the group running and stops it
+                scaling.scale_to_zero(real, cluster.group("dev-train"), "idle")
+            return answer
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    result = scaling.resume_group(StopAfterUpdate(), cluster.group("dev-train"))
+
+    assert result.action == "skipped" and "while resuming" in result.reason
+    assert cluster.capacity("dev-train") == (0, 0)
+    tags = cluster.tags("dev-train")
+    assert (tags[scaling.STOPPED_BY_TAG], tags[scaling.PREVIOUS_DESIRED_TAG]) == ("idle", "2")

@@ -54,7 +54,12 @@ def test_warning_runs_the_hook_on_exactly_that_instance(cluster, recorded, monke
     assert sent[0]["InstanceIds"] == [target]
     assert other not in sent[0]["InstanceIds"]
     commands = sent[0]["Parameters"]["commands"]
-    assert commands[-1] == HOOK
+    # The node's once-per-boot wrapper, never the raw command (which the node watcher may run too).
+    assert commands[-1] == (
+        "/usr/local/sbin/gpucluster-interruption-hook "
+        "'spot-interruption-warning via EventBridge and SSM (instance-action terminate)'"
+    )
+    assert HOOK not in " ".join(commands)
     assert "export GPUCLUSTER_EVENT=spot-interruption-warning" in commands
     assert "export GPUCLUSTER_INSTANCE_ACTION=terminate" in commands
     assert sent[0]["Parameters"]["executionTimeout"] == ["90"]
@@ -157,3 +162,40 @@ def test_malformed_events_are_ignored(cluster, recorded, monkeypatch, event) -> 
 
     assert result["action"] == "ignored"
     assert "ssm" not in recorded.calls
+
+
+def test_the_command_sent_is_a_no_op_after_the_node_watcher_ran_the_hook(
+    cluster, recorded, monkeypatch, tmp_path
+) -> None:
+    """The watcher saw the notice first; the Lambda's SSM command must not checkpoint again."""
+    import subprocess
+
+    from gpucluster.node.userdata import NodeBootstrap, node_env, script
+
+    ran = tmp_path / "ran.log"
+    settings = NodeBootstrap(
+        stack="dev", cluster="c", node_group="g", region="us-east-1", scratch_mount="/scratch",
+        efa=False, gpudirect_rdma=False, watch_spot=True, handle_rebalance=False,
+        interruption_command=f'echo "$GPUCLUSTER_EVENT" >> {ran}', interruption_timeout_seconds=30,
+    )
+    (tmp_path / "node.env").write_text(node_env(settings))
+    hook = tmp_path / "gpucluster-interruption-hook"
+    hook.write_text(script("interruption-hook.sh"))
+    env = {"PATH": "/usr/bin:/bin", "GPUCLUSTER_NODE_ENV": str(tmp_path / "node.env"),
+           "GPUCLUSTER_STATE_DIR": str(tmp_path / "run"),
+           "GPUCLUSTER_EVENT": "spot-interruption-warning"}
+    watcher_run = subprocess.run(["bash", str(hook), "spot interruption notice"], env=env,
+                                 capture_output=True, text=True, timeout=10)
+    assert watcher_run.returncode == 0, watcher_run.stderr
+    monkeypatch.setenv("INTERRUPTION_COMMAND", "/opt/gpucluster/checkpoint.sh")
+
+    spot_interruption.handler(interruption_event(cluster.instances("dev-train")[0]), None)
+
+    commands = recorded.of("ssm", "send_command")[0]["Parameters"]["commands"]
+    shell = "\n".join(commands).replace(spot_interruption.INTERRUPTION_HOOK, f"bash {hook}")
+    ssm_run = subprocess.run(["bash", "-c", shell], env={k: v for k, v in env.items()
+                                                         if k != "GPUCLUSTER_EVENT"},
+                             capture_output=True, text=True, timeout=10)
+    assert ssm_run.returncode == 0, ssm_run.stdout + ssm_run.stderr
+    assert "already ran on this boot (exit 0)" in ssm_run.stdout
+    assert ran.read_text() == "spot-interruption-warning\n"  # one checkpoint on the node

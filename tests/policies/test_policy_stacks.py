@@ -105,7 +105,7 @@ def test_plan_json_lists_violations_and_exits_1(base_config: dict[str, Any],
     assert first == {"policy": "environment-limits", "level": "mandatory",
                      "resource_type": "aws:autoscaling/group:Group", "resource_name": "test-h100-asg",
                      # the mock engine's URNs name only the parent's type, not the whole chain
-                     "urn": "urn:pulumi:dev-p5::gpucluster::gpucluster:nodes:GpuNodeGroup$"
+                     "urn": "urn:pulumi:dev-p5::gpucluster::gpucluster:index:GpuNodeGroup$"
                             "aws:autoscaling/group:Group::test-h100-asg",
                      "message": "p5.48xlarge is not allowed in dev (allowed: g4dn.*, g5.*, g6.*, g6e.*; "
                                 "see the environment-limits policy config)"}

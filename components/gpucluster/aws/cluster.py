@@ -1,9 +1,11 @@
-"""GpuCluster: the one component a stack builds, composing every part of a cluster.
+"""GpuCluster: a whole GPU cluster from a stack file's sections, composing every other component.
 
 It owns the order in which parts are built and what each part is handed
-(network ids to node groups, bucket ARNs to node IAM, ASG names to the
-guardrails), and the stack's outputs. It must not build resources itself:
-each part is a ComponentResource of its own module, parented to this one.
+(network ids to node groups, bucket names to node IAM, ASG names to the
+guardrails), and the stack's outputs. Its args are the stack file's sections;
+it checks them with the stack file's rules, then derives every child's args
+through `gpucluster.stack` (the one spec -> args mapping). It must not build
+resources itself: each part is a component of its own module, parented here.
 
 Order: network, then the datasets (buckets, FSx in a node group's subnet,
 and the S3 grants and data mounts the nodes need), then the node identity
@@ -11,70 +13,246 @@ and the S3 grants and data mounts the nodes need), then the node identity
 those groups' Auto Scaling groups.
 """
 
-from __future__ import annotations
-
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NotRequired, TypedDict
 
 import pulumi
-from gpucluster.aws.datasets import DatasetStore
-from gpucluster.aws.guardrails import GroupTarget, Guardrails
+
+from gpucluster import stack
+from gpucluster.aws.args import (
+    AutoStopSettings,
+    BudgetSettings,
+    ClusterSettings,
+    DatasetSettings,
+    NetworkSettings,
+    NodeGroupSettings,
+    SpotSettings,
+    component_options,
+    stack_checks,
+    type_token,
+    validate,
+)
+from gpucluster.aws.datasets import DatasetBucket, DatasetStore, LustreFileSystem
+from gpucluster.aws.guardrails import Guardrails
 from gpucluster.aws.iam import NodeIdentity
 from gpucluster.aws.network import ClusterNetwork
-from gpucluster.aws.nodes import GpuNodeGroup
+from gpucluster.aws.nodes import GpuNodeGroup, NodeDataMount
+from gpucluster.parts import S3Grant
 from gpucluster.spec import StackSpec
+
+OLD_TYPE = "gpucluster:cluster:GpuCluster"
+
+
+class GpuClusterArgs(TypedDict):
+    """A whole cluster as a stack file writes it: the `gpucluster:` sections, the stack and the region."""
+
+    cluster: ClusterSettings
+    """Name and tags."""
+    network: NetworkSettings
+    """A new VPC or an existing one, and the availability zones."""
+    node_groups: list[NodeGroupSettings]
+    """GPU node groups, each an Auto Scaling group."""
+    datasets: NotRequired[list[DatasetSettings]]
+    """S3 datasets and how they reach the GPUs."""
+    budget: NotRequired[BudgetSettings]
+    """Monthly budget, alerts and the scale-to-zero action."""
+    autostop: NotRequired[AutoStopSettings]
+    """Idle stop, schedules, maximum lifetime and the pre-stop hook (off when absent)."""
+    spot: NotRequired[SpotSettings]
+    """The spot-interruption hook."""
+    region: str
+    """AWS region, e.g. us-east-1 (the stack file's aws:region)."""
+    stack: NotRequired[str]
+    """Stack name in the identity tag gpucluster:stack (default: the current Pulumi stack)."""
+
+
+class NodeGroupSummary(TypedDict):
+    """One node group as the cluster reports it."""
+
+    instance_types: list[str]
+    """Instance types in preference order."""
+    efa: bool
+    """EFA is on."""
+    availability_zones: list[str]
+    """Zones the group runs in."""
+    asg_name: str
+    """Its Auto Scaling group."""
+    launch_template_id: str
+    """Its launch template."""
+    security_group_id: str
+    """Its nodes' security group."""
+    placement_group_name: NotRequired[str]
+    """Its cluster placement group, if it has one."""
+
+
+class DatasetSummary(TypedDict):
+    """One dataset as the cluster reports it."""
+
+    bucket_name: str
+    """The bucket."""
+    bucket_arn: str
+    """The bucket's ARN."""
+    existing: bool
+    """The bucket existed before (never changed by gpucluster)."""
+    access: str
+    """copy_to_scratch, mount or fsx."""
+    prefix: str
+    """The data prefix nodes read."""
+    checkpoint_prefix: NotRequired[str]
+    """The prefix nodes write checkpoints to."""
+    path: str
+    """Where the data appears on every node."""
+    fsx_file_system_id: NotRequired[str]
+    """access fsx: the file system."""
+    fsx_dns_name: NotRequired[str]
+    """access fsx: its DNS name."""
+    fsx_mount_name: NotRequired[str]
+    """access fsx: its Lustre mount name."""
+    fsx_availability_zone: NotRequired[str]
+    """access fsx: its zone."""
+
+
+@dataclass
+class Datasets:
+    """A cluster's datasets: their components, and what they hand the node IAM, bootstrap and stack."""
+
+    store: DatasetStore
+    buckets: dict[str, DatasetBucket] = field(default_factory=dict)
+    file_systems: dict[str, LustreFileSystem] = field(default_factory=dict)
+    grants: list[S3Grant] = field(default_factory=list)
+    mounts: list[NodeDataMount] = field(default_factory=list)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def build_datasets(name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
+                   subnet_ids_by_zone: Mapping[str, pulumi.Input[str]],
+                   node_security_group_ids: Mapping[str, pulumi.Input[str]],
+                   opts: pulumi.ResourceOptions | None = None) -> Datasets:
+    """Every dataset's bucket (and FSx, in its zone's subnet) under one DatasetStore named `name`."""
+    parts = Datasets(store=DatasetStore(name, opts=opts))
+    child = pulumi.ResourceOptions(parent=parts.store)
+    for dataset in spec.datasets:
+        bucket = parts.buckets[dataset.name] = DatasetBucket(
+            f"{name}-{dataset.name}", stack.dataset_bucket_args(spec, dataset), opts=child)
+        mount = stack.data_mount(spec, dataset, bucket.bucket_name)
+        entry: dict[str, Any] = {"bucket_name": bucket.bucket_name, "bucket_arn": bucket.bucket_arn,
+                                 "existing": dataset.existing, "access": dataset.access,
+                                 "prefix": dataset.prefix, "checkpoint_prefix": dataset.checkpoint_prefix,
+                                 "path": mount["path"]}
+        if dataset.access == "fsx" and dataset.fsx is not None:
+            lustre = parts.file_systems[dataset.name] = LustreFileSystem(
+                f"{name}-{dataset.name}-fsx", stack.lustre_args(
+                    spec, dataset, bucket_name=bucket.bucket_name, vpc_id=vpc_id,
+                    subnet_ids_by_zone=subnet_ids_by_zone, node_security_group_ids=node_security_group_ids),
+                opts=child)
+            entry |= {"fsx_file_system_id": lustre.file_system_id, "fsx_dns_name": lustre.dns_name,
+                      "fsx_mount_name": lustre.mount_name,
+                      "fsx_availability_zone": stack.fsx_zone(spec, dataset.fsx)}
+            mount = stack.data_mount(spec, dataset, bucket.bucket_name, lustre.dns_name, lustre.mount_name)
+        parts.grants.extend(bucket.grants)
+        parts.mounts.append(mount)
+        parts.outputs[dataset.name] = entry
+    parts.store.finish(parts.outputs)
+    return parts
+
+
+def cluster_spec(name: str, args: Any) -> StackSpec:
+    """GpuClusterArgs checked as a stack file is: every model and named check, or ArgsError."""
+    values = dict(args) if isinstance(args, dict) else args
+    if isinstance(values, dict) and "stack" not in values:
+        values["stack"] = pulumi.get_stack()
+    return validate("GpuCluster", name, StackSpec, values, stack_checks)
 
 
 class GpuCluster(pulumi.ComponentResource):
-    """A GPU cluster described by a validated StackSpec."""
+    """A GPU cluster: network, datasets, node identity, node groups and guardrails.
 
-    outputs: dict[str, Any]
-    network: ClusterNetwork
-    datasets: DatasetStore
-    identity: NodeIdentity
-    node_groups: dict[str, GpuNodeGroup]
-    """Group name -> its component; `.asg` is the Auto Scaling group the guardrails act on."""
+    Python users also get the parts: `network` (ClusterNetwork), `buckets` and `file_systems`
+    (dataset name -> DatasetBucket / LustreFileSystem), `node_identity` (NodeIdentity), `groups`
+    (node group name -> GpuNodeGroup, whose `.asg` the guardrails act on), `guardrails`, `spec`
+    (the checked StackSpec) and `outputs` (what the stack exports).
+    """
 
-    def __init__(self, name: str, spec: StackSpec, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:cluster:GpuCluster", name, None, opts)
-        self.spec = spec
+    cluster_name: pulumi.Output[str]
+    """The cluster's name."""
+    region: pulumi.Output[str]
+    """The AWS region."""
+    vpc_id: pulumi.Output[str]
+    """The VPC the nodes run in."""
+    subnet_ids: pulumi.Output[dict[str, str]]
+    """Private subnet per availability zone."""
+    node_groups: pulumi.Output[dict[str, NodeGroupSummary]]
+    """Node group name -> its instance types, zones, ASG, launch template, security and placement group."""
+    datasets: pulumi.Output[dict[str, DatasetSummary]]
+    """Dataset name -> its bucket, access, path on the nodes and FSx names."""
+    notify_topic_arn: pulumi.Output[str] | None
+    """The guardrail topic (when any guardrail is on)."""
+    budget_name: pulumi.Output[str] | None
+    """The AWS Budgets budget (with budget)."""
+    budget_action_topic_arn: pulumi.Output[str] | None
+    """The budget's scale-to-zero topic (with budget.action_threshold_percent)."""
+    function_names: pulumi.Output[dict[str, str]] | None
+    """Guardrail Lambda function names (when any guardrail is on)."""
+    idle_alarm_names: pulumi.Output[dict[str, str]] | None
+    """Node group name -> its idle alarm (with autostop)."""
+    schedule_names: pulumi.Output[dict[str, str]] | None
+    """stop / start / lifetime -> its schedule (with autostop schedules)."""
+
+    def __init__(self, name: str, args: GpuClusterArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        spec = self.spec = cluster_spec(name, args)
+        super().__init__(type_token("GpuCluster"), name, None, component_options(opts, OLD_TYPE))
         child = pulumi.ResourceOptions(parent=self)
-        self.network = ClusterNetwork(f"{name}-network", spec, opts=child)
-        self.datasets = DatasetStore(
-            f"{name}-datasets", spec, vpc_id=self.network.vpc_id, subnet_ids_by_az=self.network.subnet_ids,
-            node_security_groups={g: n.security_group.id for g, n in self.network.groups.items()},
+        self.network = ClusterNetwork(f"{name}-network", stack.network_args(spec), opts=child)
+        parts = build_datasets(
+            f"{name}-datasets", spec, vpc_id=self.network.vpc_id, subnet_ids_by_zone=self.network.subnets,
+            node_security_group_ids={g: n.security_group.id for g, n in self.network.groups.items()},
             opts=child)
-        self.identity = NodeIdentity(f"{name}-node-identity", grants=self.datasets.grants, tags=spec.tags,
-                                     opts=child)
-        self.node_groups = {
-            group.name: GpuNodeGroup(f"{name}-{group.name}", spec=spec, group=group,
-                                     network=self.network.groups[group.name],
-                                     instance_profile_arn=self.identity.instance_profile.arn,
-                                     data_mounts=self.datasets.mounts, opts=child)
+        self.dataset_store, self.buckets, self.file_systems = parts.store, parts.buckets, parts.file_systems
+        mounts, datasets = parts.mounts, parts.outputs
+        self.node_identity = NodeIdentity(f"{name}-node-identity",
+                                          stack.node_identity_args(spec, parts.grants), opts=child)
+        self.groups: dict[str, GpuNodeGroup] = {}
+        for group in spec.node_groups:
+            network = self.network.groups[group.name]
+            self.groups[group.name] = GpuNodeGroup(f"{name}-{group.name}", stack.node_group_args(
+                spec, group, subnet_ids=network.subnet_ids, security_group_ids=[network.security_group.id],
+                placement_group_name=network.placement_group.name if network.placement_group else None,
+                instance_profile_arn=self.node_identity.instance_profile_arn, data_mounts=mounts), opts=child)
+        self.guardrails = Guardrails(f"{name}-guardrails", stack.guardrails_args(
+            spec, {g: (n.asg_name, n.asg_arn) for g, n in self.groups.items()}), opts=child)
+        node_groups = {
+            group.name: {
+                "instance_types": list(group.instance_types),
+                "efa": group.efa_enabled,
+                "availability_zones": spec.azs_of(group),
+                "asg_name": self.groups[group.name].asg_name,
+                "launch_template_id": self.groups[group.name].launch_template_id,
+                "security_group_id": (network := self.network.groups[group.name]).security_group.id,
+                "placement_group_name": pg.name if (pg := network.placement_group) else None,
+            }
             for group in spec.node_groups
         }
-        self.guardrails = Guardrails(
-            f"{name}-guardrails", spec,
-            {g: GroupTarget(asg_name=n.asg.name, asg_arn=n.asg.arn) for g, n in self.node_groups.items()},
-            opts=child)
-        placement = {g: n.placement_group for g, n in self.network.groups.items()}
-        self.outputs = {
+        self.outputs: dict[str, Any] = {
             "cluster_name": spec.cluster.name,
             "region": spec.region,
             "vpc_id": self.network.vpc_id,
             "subnet_ids": self.network.subnet_ids,
-            "node_groups": {
-                group.name: {
-                    "instance_types": list(group.instance_types),
-                    "efa": group.efa_enabled,
-                    "availability_zones": spec.azs_of(group),
-                    "asg_name": self.node_groups[group.name].asg.name,
-                    "launch_template_id": self.node_groups[group.name].launch_template.id,
-                    "security_group_id": self.network.groups[group.name].security_group.id,
-                    "placement_group_name": pg.name if (pg := placement[group.name]) else None,
-                }
-                for group in spec.node_groups
-            },
-            "datasets": self.datasets.outputs,
+            "node_groups": node_groups,
+            "datasets": datasets,
             **self.guardrails.outputs,
         }
+        self.cluster_name = pulumi.Output.from_input(spec.cluster.name)
+        self.region = pulumi.Output.from_input(spec.region)
+        self.vpc_id = self.network.vpc_id
+        self.subnet_ids = self.network.subnet_ids
+        self.node_groups = pulumi.Output.from_input(node_groups)
+        self.datasets = pulumi.Output.from_input(datasets)
+        self.notify_topic_arn = self.guardrails.notify_topic_arn
+        self.budget_name = self.guardrails.budget_name
+        self.budget_action_topic_arn = self.guardrails.budget_action_topic_arn
+        self.function_names = self.guardrails.function_names
+        self.idle_alarm_names = self.guardrails.idle_alarm_names
+        self.schedule_names = self.guardrails.schedule_names
         self.register_outputs(self.outputs)

@@ -1,25 +1,34 @@
-"""S3 datasets and how they reach the GPUs: buckets, FSx for Lustre, node grants and data mounts.
+"""S3 datasets and how they reach the GPUs: buckets, FSx for Lustre, and the grants nodes need.
 
 It owns the buckets a stack creates (encrypted, versioned, private, TLS-only,
 with lifecycle rules that only expire *old versions* under the checkpoint
 prefix and abandoned multipart uploads), references to existing buckets, the
-FSx for Lustre file systems linked to them, and the records handed on to the
-node IAM (`S3Grant`) and the node bootstrap (`DataMount`). It must never delete
+FSx for Lustre file systems linked to them, and the S3 grants a bucket hands
+the node IAM (`S3Grant`: read the data prefix, write the checkpoints). It must never delete
 or rewrite data: a created bucket and every resource configuring it are
 protected and retained on delete, an existing bucket is never created,
 imported or reconfigured, and no deletion on a file system is exported to S3.
 """
 
-from __future__ import annotations
-
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import pulumi
 import pulumi_aws as aws
-from gpucluster.parts import DataMount, S3Grant
-from gpucluster.spec import DatasetConfig, FsxConfig, StackSpec, dataset_path, generated_bucket_prefix
+
+from gpucluster.aws.args import (
+    DatasetBucketModel,
+    DatasetSettings,
+    LustreFileSystemModel,
+    bucket_checks,
+    component_options,
+    lustre_checks,
+    type_token,
+    validate,
+)
+from gpucluster.parts import S3Grant
+from gpucluster.spec import DatasetConfig, generated_bucket_prefix
 
 # FSx for Lustre user guide, "File system access control with Amazon VPC": Lustre uses TCP 988
 # and 1018-1023, between file servers and clients in both directions and among the file servers.
@@ -39,6 +48,10 @@ ABORT_MULTIPART_DAYS = 7
 # policy admits every principal of the account through S3, so it adds no access control, while
 # every GET of a dataset would cost a KMS request counted against the account's KMS rate quota.
 SSE_ALGORITHM = "AES256"
+DATASET_TAG = "gpucluster:dataset"
+OLD_BUCKET_TYPE = "gpucluster:datasets:DatasetBucket"
+OLD_LUSTRE_TYPE = "gpucluster:datasets:LustreFileSystem"
+OLD_STORE_TYPE = "gpucluster:datasets:DatasetStore"
 
 
 def partition_of(region: str) -> str:
@@ -109,29 +122,43 @@ def grants_for(dataset: DatasetConfig, bucket_name: Any) -> list[S3Grant]:
     return grants
 
 
-def fsx_zone(spec: StackSpec, fsx: FsxConfig) -> str:
-    """fsx.availability_zone, or the first zone of the first node group."""
-    return fsx.availability_zone or spec.azs_of(spec.node_groups[0])[0]
+class DatasetBucketArgs(TypedDict):
+    """One dataset's S3 bucket: created encrypted, versioned, private and protected, or an existing one."""
+
+    dataset: DatasetSettings
+    """The dataset as a stack file's datasets entry spells it."""
+    cluster_name: str
+    """Short name; an unnamed created bucket is named `<cluster_name>-<dataset>-<suffix>`."""
+    region: str
+    """AWS region, e.g. us-east-1 (the ARN partition of an existing bucket)."""
+    tags: NotRequired[dict[str, str]]
+    """Tags of the created bucket (the dataset's name is added as gpucluster:dataset)."""
 
 
 class DatasetBucket(pulumi.ComponentResource):
-    """One dataset's bucket: created and locked down, or an existing bucket referenced by name."""
+    """One dataset's bucket: created and locked down, or an existing bucket referenced by name.
+
+    Python users also get `grants` (the `parts.S3Grant`s nodes need: read the data prefix,
+    write the checkpoint prefix) and `dataset` (the validated settings).
+    """
 
     bucket_name: pulumi.Output[str]
+    """The bucket's name, known once the bucket is fully configured (encryption, policy, versioning)."""
     bucket_arn: pulumi.Output[str]
-    grants: list[S3Grant]
+    """The bucket's ARN."""
 
-    def __init__(self, name: str, dataset: DatasetConfig, spec: StackSpec,
+    def __init__(self, name: str, args: DatasetBucketArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:datasets:DatasetBucket", name, None, opts)
-        self.dataset = dataset
+        m = validate("DatasetBucket", name, DatasetBucketModel, args, bucket_checks)
+        super().__init__(type_token("DatasetBucket"), name, None, component_options(opts, OLD_BUCKET_TYPE))
+        dataset = self.dataset = m.dataset
         if dataset.existing:
-            if dataset.bucket_name is None:  # spec validation guarantees it; keep mypy honest
+            if dataset.bucket_name is None:  # the args' checks guarantee it; keep mypy honest
                 raise ValueError(f"datasets: existing dataset {dataset.name!r} has no bucket_name")
             self.bucket_name = pulumi.Output.from_input(dataset.bucket_name)
-            self.bucket_arn = pulumi.Output.from_input(bucket_arn(dataset.bucket_name, spec.region))
+            self.bucket_arn = pulumi.Output.from_input(bucket_arn(dataset.bucket_name, m.region))
         else:
-            self._create(name, dataset, spec)
+            self._create(name, m)
         self.grants = grants_for(dataset, self.bucket_name)
         self.register_outputs({"bucket_name": self.bucket_name, "bucket_arn": self.bucket_arn})
 
@@ -140,38 +167,59 @@ class DatasetBucket(pulumi.ComponentResource):
         return pulumi.ResourceOptions(parent=self, protect=True, retain_on_delete=True,
                                       depends_on=list(depends_on))
 
-    def _create(self, name: str, dataset: DatasetConfig, spec: StackSpec) -> None:
+    def _create(self, name: str, m: DatasetBucketModel) -> None:
+        dataset = m.dataset
         bucket = aws.s3.Bucket(
             f"{name}-bucket",
             bucket=dataset.bucket_name,
             bucket_prefix=None if dataset.bucket_name else generated_bucket_prefix(
-                spec.cluster.name, dataset.name),
+                m.cluster_name, dataset.name),
             force_destroy=False,
-            tags={**spec.tags, "gpucluster:dataset": dataset.name},
+            tags={**m.tags, DATASET_TAG: dataset.name},
             opts=self._protected())
-        self.bucket_name = bucket.bucket
-        self.bucket_arn = bucket.arn
-        aws.s3.BucketOwnershipControls(
+        ownership = aws.s3.BucketOwnershipControls(
             f"{name}-ownership", bucket=bucket.id,
             rule={"object_ownership": "BucketOwnerEnforced"},  # ACLs off: IAM and policy decide
             opts=self._protected())
         public_access = aws.s3.BucketPublicAccessBlock(
             f"{name}-public-access", bucket=bucket.id, block_public_acls=True, block_public_policy=True,
             ignore_public_acls=True, restrict_public_buckets=True, opts=self._protected())
-        aws.s3.BucketServerSideEncryptionConfiguration(
+        encryption = aws.s3.BucketServerSideEncryptionConfiguration(
             f"{name}-encryption", bucket=bucket.id,
             rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": SSE_ALGORITHM}}],
             opts=self._protected())
         versioning = aws.s3.BucketVersioning(
             f"{name}-versioning", bucket=bucket.id, versioning_configuration={"status": "Enabled"},
             opts=self._protected())
-        aws.s3.BucketPolicy(
+        policy = aws.s3.BucketPolicy(
             f"{name}-tls-only", bucket=bucket.id, policy=bucket.arn.apply(tls_only_policy),
             opts=self._protected(public_access))
         # Noncurrent-version rules act on a versioned bucket (pulumi-aws BucketLifecycleConfiguration docs).
-        aws.s3.BucketLifecycleConfiguration(
+        lifecycle = aws.s3.BucketLifecycleConfiguration(
             f"{name}-lifecycle", bucket=bucket.id, rules=lifecycle_rules(dataset),
             opts=self._protected(versioning))
+        # Whatever uses the name (node IAM, FSx associations) waits for the whole configuration,
+        # as a dependency on this component did before these were Outputs.
+        configured = [r.id for r in (ownership, public_access, encryption, versioning, policy, lifecycle)]
+        self.bucket_name = pulumi.Output.all(bucket.bucket, *configured).apply(lambda v: v[0])
+        self.bucket_arn = pulumi.Output.all(bucket.arn, *configured).apply(lambda v: v[0])
+
+
+class LustreFileSystemArgs(TypedDict):
+    """FSx for Lustre in one subnet, linked to a dataset's bucket, reachable from the given node groups."""
+
+    dataset: DatasetSettings
+    """The dataset as a stack file's datasets entry spells it, with its fsx settings."""
+    bucket_name: pulumi.Input[str]
+    """The dataset's bucket (data repository associations link its prefixes)."""
+    vpc_id: pulumi.Input[str]
+    """The VPC of the file system's security group."""
+    subnet_id: pulumi.Input[str]
+    """The one subnet the file system lives in (put it in the zone of the nodes that use it)."""
+    node_security_group_ids: NotRequired[dict[str, pulumi.Input[str]]]
+    """Node group name -> its nodes' security group: Lustre traffic is allowed both ways with each."""
+    tags: NotRequired[dict[str, str]]
+    """Tags of every resource (the dataset's name is added as gpucluster:dataset)."""
 
 
 class LustreFileSystem(pulumi.ComponentResource):
@@ -182,25 +230,27 @@ class LustreFileSystem(pulumi.ComponentResource):
     """
 
     file_system_id: pulumi.Output[str]
+    """The file system's id."""
     dns_name: pulumi.Output[str]
+    """The DNS name nodes mount."""
     mount_name: pulumi.Output[str]
+    """The Lustre mount name (mount <dns_name>@tcp:/<mount_name>)."""
     security_group_id: pulumi.Output[str]
+    """The file system's own security group."""
 
-    def __init__(self, name: str, *, dataset: DatasetConfig, bucket: DatasetBucket,
-                 subnet_id: pulumi.Input[str], vpc_id: pulumi.Input[str],
-                 node_security_groups: Mapping[str, pulumi.Input[str]], tags: Mapping[str, str],
+    def __init__(self, name: str, args: LustreFileSystemArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:datasets:LustreFileSystem", name, None, opts)
-        if dataset.fsx is None:
-            raise ValueError(f"datasets: dataset {dataset.name!r} has no fsx settings")
-        fsx = dataset.fsx
+        m = validate("LustreFileSystem", name, LustreFileSystemModel, args, lustre_checks)
+        super().__init__(type_token("LustreFileSystem"), name, None, component_options(opts, OLD_LUSTRE_TYPE))
+        dataset, fsx = m.dataset, m.dataset.fsx
+        assert fsx is not None  # lustre_checks require it
         child = pulumi.ResourceOptions(parent=self)
-        tags = {**tags, "gpucluster:dataset": dataset.name}
+        tags = {**m.tags, DATASET_TAG: dataset.name}
         group = aws.ec2.SecurityGroup(
-            f"{name}-sg", vpc_id=vpc_id,
+            f"{name}-sg", vpc_id=m.vpc_id,
             description=f"FSx for Lustre of dataset {dataset.name}: Lustre traffic with the GPU nodes",
             tags={**tags, "Name": f"{name}-sg"}, opts=child)
-        self._lustre_rules(name, group.id, node_security_groups, tags)
+        self._lustre_rules(name, group.id, m.node_security_group_ids, tags)
         persistent = fsx.deployment_type == "PERSISTENT_2"
         file_system = aws.fsx.LustreFileSystem(
             f"{name}-fs",
@@ -208,25 +258,26 @@ class LustreFileSystem(pulumi.ComponentResource):
             storage_capacity=fsx.storage_capacity_gib,
             per_unit_storage_throughput=fsx.throughput_per_unit_mib if persistent else None,
             file_system_type_version=LUSTRE_VERSION,
-            subnet_ids=subnet_id,
+            subnet_ids=m.subnet_id,
             security_group_ids=[group.id],
             # Scratch file systems have no backups; a persistent one leaves a final backup on delete.
             skip_final_backup=False if persistent else None,
             copy_tags_to_backups=True if persistent else None,
             tags={**tags, "Name": f"{name}-fs"},
             opts=child)
+        bucket_name = pulumi.Output.from_input(m.bucket_name)
         existing = dataset.existing
         data = aws.fsx.DataRepositoryAssociation(
             f"{name}-data",
             file_system_id=file_system.id,
             file_system_path=FSX_DATA_DIR,
-            data_repository_path=bucket.bucket_name.apply(lambda b: s3_url(b, dataset.prefix)),
+            data_repository_path=bucket_name.apply(lambda b: s3_url(b, dataset.prefix)),
             batch_import_meta_data_on_create=True,
             delete_data_in_filesystem=False,
             # Auto-import makes FSx add an event notification to the bucket: only to ours.
             s3=None if existing else {"auto_import_policy": {"events": IMPORT_EVENTS}},
             tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[bucket]))
+            opts=child)
         if dataset.checkpoint_prefix:
             checkpoint_prefix = dataset.checkpoint_prefix
             s3: dict[str, Any] = {"auto_export_policy": {"events": EXPORT_EVENTS}}
@@ -236,13 +287,13 @@ class LustreFileSystem(pulumi.ComponentResource):
                 f"{name}-checkpoints",
                 file_system_id=file_system.id,
                 file_system_path=FSX_CHECKPOINT_DIR,
-                data_repository_path=bucket.bucket_name.apply(lambda b: s3_url(b, checkpoint_prefix)),
+                data_repository_path=bucket_name.apply(lambda b: s3_url(b, checkpoint_prefix)),
                 batch_import_meta_data_on_create=True,  # resume from checkpoints already in S3
                 delete_data_in_filesystem=False,
                 s3=s3,
                 tags=tags,
                 # FSx works one association request at a time per file system.
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[bucket, data]))
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[data]))
         self.file_system_id = file_system.id
         self.dns_name = file_system.dns_name
         self.mount_name = file_system.mount_name
@@ -282,48 +333,15 @@ class LustreFileSystem(pulumi.ComponentResource):
 
 
 class DatasetStore(pulumi.ComponentResource):
-    """Every dataset of a stack: buckets, FSx file systems, and what nodes get from them.
+    """The parent of a GpuCluster's DatasetBuckets and LustreFileSystems (not part of the package).
 
-    `grants` go to the node IAM (exactly these buckets and prefixes), `mounts` to the node
-    bootstrap, `outputs` (per dataset: bucket name and ARN, access, path, FSx names) to the stack.
+    It holds no resources of its own: it keeps the URNs of the buckets (protected and retained)
+    where they have always been, under `<cluster>-datasets`. GpuCluster builds the datasets under
+    it and then calls `finish` with what they hand on.
     """
 
-    grants: list[S3Grant]
-    mounts: list[DataMount]
-    outputs: dict[str, dict[str, Any]]
+    def __init__(self, name: str, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(type_token("DatasetStore"), name, None, component_options(opts, OLD_STORE_TYPE))
 
-    def __init__(self, name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
-                 subnet_ids_by_az: Mapping[str, pulumi.Input[str]],
-                 node_security_groups: Mapping[str, pulumi.Input[str]],
-                 opts: pulumi.ResourceOptions | None = None) -> None:
-        """`node_security_groups`: node group name -> its security group id (FSx admits each)."""
-        super().__init__("gpucluster:datasets:DatasetStore", name, None, opts)
-        self.grants, self.mounts, self.outputs = [], [], {}
-        child = pulumi.ResourceOptions(parent=self)
-        for dataset in spec.datasets:
-            bucket = DatasetBucket(f"{name}-{dataset.name}", dataset, spec, opts=child)
-            path = dataset_path(spec, dataset)
-            entry: dict[str, Any] = {"bucket_name": bucket.bucket_name, "bucket_arn": bucket.bucket_arn,
-                                     "existing": dataset.existing, "access": dataset.access,
-                                     "prefix": dataset.prefix, "checkpoint_prefix": dataset.checkpoint_prefix,
-                                     "path": path}
-            mount = DataMount(name=dataset.name, access=dataset.access, bucket_name=bucket.bucket_name,
-                              prefix=dataset.prefix, path=path)
-            if dataset.access == "fsx" and dataset.fsx is not None:
-                zone = fsx_zone(spec, dataset.fsx)
-                if zone not in subnet_ids_by_az:
-                    raise ValueError(f"datasets: no subnet for FSx zone {zone!r} of dataset "
-                                     f"{dataset.name!r}; subnets: {', '.join(sorted(subnet_ids_by_az))}")
-                lustre = LustreFileSystem(
-                    f"{name}-{dataset.name}-fsx", dataset=dataset, bucket=bucket,
-                    subnet_id=subnet_ids_by_az[zone], vpc_id=vpc_id,
-                    node_security_groups=node_security_groups, tags=spec.tags, opts=child)
-                entry |= {"fsx_file_system_id": lustre.file_system_id, "fsx_dns_name": lustre.dns_name,
-                          "fsx_mount_name": lustre.mount_name, "fsx_availability_zone": zone}
-                mount = DataMount(name=dataset.name, access="fsx", bucket_name=bucket.bucket_name,
-                                  prefix=dataset.prefix, path=path, fsx_dns_name=lustre.dns_name,
-                                  fsx_mount_name=lustre.mount_name)
-            self.grants.extend(bucket.grants)
-            self.mounts.append(mount)
-            self.outputs[dataset.name] = entry
-        self.register_outputs({"datasets": self.outputs})
+    def finish(self, outputs: Mapping[str, Any]) -> None:
+        self.register_outputs({"datasets": dict(outputs)})

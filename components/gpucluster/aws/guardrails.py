@@ -6,26 +6,41 @@ alarm per node group, the EventBridge rules and Scheduler schedules that invoke
 the Lambdas, the Lambdas themselves (packaged from `components/gpucluster/lambdas`) and one
 least-privilege role per Lambda. It must never delete anything and never grant
 a delete: every action it wires scales Auto Scaling groups of this stack to
-zero, and data is never touched. It must not build or edit the node groups;
-it is handed their names and ARNs (`GroupTarget`).
+zero, and data is never touched. It must not build or change the node groups:
+it is handed their names and ARNs (`GuardedGroup`), and may be handed Auto
+Scaling groups gpucluster did not create (an EKS managed node group's, say);
+for those it only adds the `gpucluster:stack` tag (`tag_groups`), which the
+Lambdas' lookups and IAM conditions select groups and instances by.
 """
-
-from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import pulumi
 import pulumi_aws as aws
+
+from gpucluster.aws.args import (
+    STACK_TAG,
+    AutoStopSettings,
+    BudgetSettings,
+    GuardedGroupModel,
+    GuardrailsModel,
+    SpotSettings,
+    component_options,
+    guardrails_checks,
+    owned_tags,
+    type_token,
+    validate,
+)
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
-from gpucluster.spec import BudgetConfig, NodeGroupConfig, StackSpec
+from gpucluster.spec import AutoStopConfig, BudgetConfig, NodeGroupConfig, SpotConfig
 
 # ------------------------------------------------------------------- contracts
 
-STACK_TAG = "gpucluster:stack"
+__all__ = ["STACK_TAG", "GuardedGroup", "Guardrails", "GuardrailsArgs"]
 # Tags the Lambdas write on a group they stop (components/gpucluster/lambdas/scaling.py STATE_TAGS).
 STATE_TAG_KEYS = ("gpucluster:stopped-by", "gpucluster:previous-desired", "gpucluster:previous-min")
 
@@ -74,12 +89,9 @@ ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
 RUN_SHELL_DOCUMENT = "AWS-RunShellScript"
 
 
-@dataclass(frozen=True)
-class GroupTarget:
-    """The Auto Scaling group of one node group, as guardrails address it (str or Output[str])."""
-
-    asg_name: pulumi.Input[str]
-    asg_arn: pulumi.Input[str]
+def _old(component: str) -> str:
+    """A guardrail component's type token before 0.2 (aliased, so existing stacks keep their URNs)."""
+    return f"gpucluster:guardrails:{component}"
 
 
 # ------------------------------------------------------------------ pure logic
@@ -101,22 +113,20 @@ def can_run_spot(group: NodeGroupConfig) -> bool:
     return cap.market == "mixed" and cap.spot_percent > 0 and group.max_nodes > cap.on_demand_base
 
 
-def stack_uses_spot(spec: StackSpec) -> bool:
+def uses_spot(groups: Sequence[GuardedGroupModel]) -> bool:
     """Spot handling is built only where a spot interruption can happen at all."""
-    return any(can_run_spot(g) for g in spec.node_groups)
+    return any(g.can_run_spot for g in groups)
 
 
-def autostop_timeout(spec: StackSpec) -> int:
+def autostop_timeout(a: AutoStopConfig) -> int:
     """Lambda timeout that covers the pre-stop hook's bounded wait plus the stop itself."""
-    a = spec.autostop
     if not a.pre_stop_command:
         return BASE_TIMEOUT_SECONDS
     return min(a.pre_stop_timeout_seconds + AUTOSTOP_MARGIN_SECONDS, LAMBDA_MAX_TIMEOUT_SECONDS)
 
 
-def spot_timeout(spec: StackSpec) -> int:
+def spot_timeout(s: SpotConfig) -> int:
     """Lambda timeout that covers the interruption hook's bounded wait plus notifying."""
-    s = spec.spot
     return s.interruption_timeout_seconds + SPOT_MARGIN_SECONDS if s.interruption_command \
         else SPOT_NO_HOOK_TIMEOUT_SECONDS
 
@@ -330,27 +340,34 @@ def lambda_code() -> pulumi.AssetArchive:
 
 @dataclass(frozen=True)
 class _Context:
-    """What every guardrail part needs: names, identity and the notify topic."""
+    """What every guardrail part needs: the checked args, names, identity and the notify topic."""
 
-    spec: StackSpec
+    args: GuardrailsModel
     prefix: str
     partition: pulumi.Output[str]
     account: pulumi.Output[str]
-    groups: Mapping[str, GroupTarget]
     notify_topic_arn: pulumi.Output[str]
     key_arn: pulumi.Output[str]
 
     @property
+    def identity(self) -> str:
+        return self.args.identity
+
+    @property
+    def region(self) -> str:
+        return self.args.region
+
+    @property
     def asg_arns(self) -> list[pulumi.Input[str]]:
-        return [self.groups[g.name].asg_arn for g in self.spec.node_groups]
+        return [g.asg_arn for g in self.args.groups]
 
     @property
     def tags(self) -> dict[str, str]:
-        return dict(self.spec.tags)
+        return owned_tags(self.args.tags, self.args.identity, self.args.cluster_name)
 
     def environment(self) -> dict[str, pulumi.Input[str]]:
-        """What every handler reads: its stack (required) and where to report."""
-        return {"GPUCLUSTER_STACK": self.spec.stack, "NOTIFY_TOPIC_ARN": self.notify_topic_arn}
+        """What every handler reads: its stack identity (required) and where to report."""
+        return {"GPUCLUSTER_STACK": self.identity, "NOTIFY_TOPIC_ARN": self.notify_topic_arn}
 
 
 def _hook(ctx: _Context, environment: dict[str, pulumi.Input[str]], describe: list[str], var: str,
@@ -361,7 +378,7 @@ def _hook(ctx: _Context, environment: dict[str, pulumi.Input[str]], describe: li
     environment[f"{var}_COMMAND"] = command
     environment[f"{var}_TIMEOUT_SECONDS"] = str(timeout_seconds)
     describe.append("ssm:GetCommandInvocation")
-    return run_command_statements(ctx.partition, ctx.spec.region, ctx.account, ctx.spec.stack)
+    return run_command_statements(ctx.partition, ctx.region, ctx.account, ctx.identity)
 
 
 # ------------------------------------------------------------------ components
@@ -381,7 +398,8 @@ class GuardrailFunction(pulumi.ComponentResource):
                  environment: Mapping[str, pulumi.Input[str]], statements: Sequence[Mapping[str, Any]],
                  max_event_age_seconds: int | None = None, retries: int | None = None,
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:guardrails:GuardrailFunction", name, None, opts)
+        super().__init__(type_token("GuardrailFunction"), name, None,
+                         component_options(opts, _old("GuardrailFunction")))
         if timeout > LAMBDA_MAX_TIMEOUT_SECONDS:
             raise ValueError(f"{function_name}: timeout {timeout}s exceeds Lambda's 900 s")
         child = pulumi.ResourceOptions(parent=self)
@@ -392,11 +410,11 @@ class GuardrailFunction(pulumi.ComponentResource):
             tags=ctx.tags, opts=child)
         self.role = aws.iam.Role(
             f"{name}-role", assume_role_policy=service_trust("lambda.amazonaws.com"),
-            description=f"{function_name}: gpucluster guardrail for stack {ctx.spec.stack}",
+            description=f"{function_name}: gpucluster guardrail for stack {ctx.identity}",
             tags=ctx.tags, opts=child)
         self.role_policy = aws.iam.RolePolicy(
             f"{name}-policy", role=self.role.id,
-            policy=_policy([*logs_statements(ctx.partition, ctx.spec.region, ctx.account, log_group_name),
+            policy=_policy([*logs_statements(ctx.partition, ctx.region, ctx.account, log_group_name),
                             *statements]),
             opts=child)
         self.function = aws.lambda_.Function(
@@ -428,26 +446,28 @@ class Notifications(pulumi.ComponentResource):
     data here, and budget alerts below the action threshold arrive here.
     """
 
-    def __init__(self, name: str, spec: StackSpec, prefix: str, partition: pulumi.Output[str],
+    def __init__(self, name: str, args: GuardrailsModel, prefix: str, partition: pulumi.Output[str],
                  account: pulumi.Output[str], opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:guardrails:Notifications", name, None, opts)
+        super().__init__(type_token("Notifications"), name, None,
+                         component_options(opts, _old("Notifications")))
         child = pulumi.ResourceOptions(parent=self)
+        tags = owned_tags(args.tags, args.identity, args.cluster_name)
         self.key = aws.kms.Key(
-            f"{name}-key", description=f"gpucluster {spec.stack}: guardrail SNS topics",
+            f"{name}-key", description=f"gpucluster {args.identity}: guardrail SNS topics",
             enable_key_rotation=True, deletion_window_in_days=30,
             policy=pulumi.Output.all(partition, account).apply(lambda v: topic_key_policy(*v)),
-            tags=spec.tags, opts=child)
+            tags=tags, opts=child)
         self.key_alias = aws.kms.Alias(
             f"{name}-key-alias", name=f"alias/{prefix}-guardrails", target_key_id=self.key.key_id, opts=child)
         self.topic = aws.sns.Topic(
             f"{name}-topic", name=f"{prefix}-guardrails", kms_master_key_id=self.key.arn,
-            tags=spec.tags, opts=child)
+            tags=tags, opts=child)
         self.topic_policy = aws.sns.TopicPolicy(
             f"{name}-topic-policy", arn=self.topic.arn,
             policy=pulumi.Output.all(self.topic.arn, partition, account).apply(
-                lambda v: topic_policy(v[0], v[1], spec.region, v[2], alarms=True)),
+                lambda v: topic_policy(v[0], v[1], args.region, v[2], alarms=True)),
             opts=child)
-        emails = list(spec.budget.emails) if spec.budget else []
+        emails = list(args.budget.emails) if args.budget else []
         self.subscriptions = [
             aws.sns.TopicSubscription(f"{name}-email-{email}", topic=self.topic.arn,
                                       protocol="email", endpoint=email, opts=child)
@@ -465,10 +485,10 @@ class Budget(pulumi.ComponentResource):
 
     def __init__(self, name: str, ctx: _Context, depends_on: Sequence[pulumi.Resource],
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:guardrails:Budget", name, None, opts)
-        spec, budget = ctx.spec, ctx.spec.budget
+        super().__init__(type_token("Budget"), name, None, component_options(opts, _old("Budget")))
+        budget = ctx.args.budget
         if budget is None:
-            raise ValueError(f"stack {spec.stack} has no budget config")
+            raise ValueError(f"guardrails of {ctx.identity} have no budget settings")
         child = pulumi.ResourceOptions(parent=self)
         self.action_topic: aws.sns.Topic | None = None
         self.function: GuardrailFunction | None = None
@@ -480,7 +500,7 @@ class Budget(pulumi.ComponentResource):
             action_policy = aws.sns.TopicPolicy(
                 f"{name}-action-topic-policy", arn=self.action_topic.arn,
                 policy=pulumi.Output.all(self.action_topic.arn, ctx.partition, ctx.account).apply(
-                    lambda v: topic_policy(v[0], v[1], spec.region, v[2], alarms=False)),
+                    lambda v: topic_policy(v[0], v[1], ctx.region, v[2], alarms=False)),
                 opts=child)
             ready.append(action_policy)
             self.function = GuardrailFunction(
@@ -489,7 +509,7 @@ class Budget(pulumi.ComponentResource):
                 environment=ctx.environment(),
                 statements=[
                     describe_statement(["autoscaling:DescribeAutoScalingGroups"]),
-                    *scaling_statements(ctx.asg_arns, spec.stack, delete_tags=False),
+                    *scaling_statements(ctx.asg_arns, ctx.identity, delete_tags=False),
                     *publish_statements(ctx.notify_topic_arn, ctx.key_arn),
                 ],
                 opts=child)
@@ -506,7 +526,7 @@ class Budget(pulumi.ComponentResource):
         self.budget = aws.budgets.Budget(
             f"{name}-monthly", name=self.budget_name, budget_type="COST", time_unit="MONTHLY",
             limit_amount=usd(budget.monthly_limit_usd), limit_unit="USD",
-            cost_filters=[tag_cost_filter(spec.stack)],
+            cost_filters=[tag_cost_filter(ctx.identity)],
             notifications=budget_notifications(
                 budget, ctx.notify_topic_arn, self.action_topic.arn if self.action_topic else None),
             tags=ctx.tags, opts=pulumi.ResourceOptions(parent=self, depends_on=ready))
@@ -527,8 +547,8 @@ class AutoStop(pulumi.ComponentResource):
     """
 
     def __init__(self, name: str, ctx: _Context, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:guardrails:AutoStop", name, None, opts)
-        spec, a = ctx.spec, ctx.spec.autostop
+        super().__init__(type_token("AutoStop"), name, None, component_options(opts, _old("AutoStop")))
+        a = ctx.args.autostop
         child = pulumi.ResourceOptions(parent=self)
         environment = ctx.environment()
         describe = ["autoscaling:DescribeAutoScalingGroups"]
@@ -538,26 +558,25 @@ class AutoStop(pulumi.ComponentResource):
             environment["MAX_LIFETIME_HOURS"] = str(a.max_lifetime_hours)
             describe.append("ec2:DescribeInstances")  # instance launch times
         statements = [describe_statement(describe),
-                      *scaling_statements(ctx.asg_arns, spec.stack, delete_tags=bool(a.start_schedule)),
+                      *scaling_statements(ctx.asg_arns, ctx.identity, delete_tags=bool(a.start_schedule)),
                       *statements, *publish_statements(ctx.notify_topic_arn, ctx.key_arn)]
         self.function = GuardrailFunction(
             f"{name}-handler", ctx, module="autostop", function_name=f"{ctx.prefix}-autostop",
-            timeout=autostop_timeout(spec), environment=environment, statements=statements, opts=child)
+            timeout=autostop_timeout(a), environment=environment, statements=statements, opts=child)
         fn = self.function.function
 
         period, evaluations = idle_window(a.idle_minutes)
         self.alarms: dict[str, aws.cloudwatch.MetricAlarm] = {}
-        for group in spec.node_groups:
-            target = ctx.groups[group.name]
+        for group in ctx.args.groups:
             self.alarms[group.name] = aws.cloudwatch.MetricAlarm(
                 f"{name}-idle-{group.name}",
-                name=pulumi.Output.concat(target.asg_name, IDLE_ALARM_SUFFIX),
+                name=pulumi.Output.concat(group.asg_name, IDLE_ALARM_SUFFIX),
                 alarm_description=(
-                    f"gpucluster {spec.stack}/{group.name}: busiest GPU under "
+                    f"gpucluster {ctx.identity}/{group.name}: busiest GPU under "
                     f"{a.gpu_utilization_threshold_percent:g}% for {a.idle_minutes} min -> scale to zero "
                     "(missing data notifies, never stops)"),
                 namespace=GPU_METRIC_NAMESPACE, metric_name=GPU_UTILIZATION_METRIC,
-                dimensions={GPU_METRIC_DIMENSION: target.asg_name}, statistic=GPU_STATISTIC,
+                dimensions={GPU_METRIC_DIMENSION: group.asg_name}, statistic=GPU_STATISTIC,
                 comparison_operator="LessThanThreshold", threshold=a.gpu_utilization_threshold_percent,
                 period=period, evaluation_periods=evaluations, datapoints_to_alarm=evaluations,
                 treat_missing_data="missing", insufficient_data_actions=[ctx.notify_topic_arn],
@@ -565,7 +584,7 @@ class AutoStop(pulumi.ComponentResource):
         # CloudWatch sends every alarm state change to EventBridge; the rule passes ALARM only.
         self.idle_rule = aws.cloudwatch.EventRule(
             f"{name}-idle-rule", name=f"{ctx.prefix}-idle",
-            description=f"gpucluster {spec.stack}: idle alarms -> autostop",
+            description=f"gpucluster {ctx.identity}: idle alarms -> autostop",
             event_pattern=_json({
                 "source": ["aws.cloudwatch"], "detail-type": [ALARM_STATE_CHANGE],
                 "resources": [alarm.arn for alarm in self.alarms.values()],
@@ -597,12 +616,12 @@ class AutoStop(pulumi.ComponentResource):
                     args["schedule_expression_timezone"] = a.schedule_timezone
                 self.schedules[purpose] = aws.scheduler.Schedule(
                     f"{name}-{purpose}-schedule", name=schedule_name, group_name="default",
-                    description=f"gpucluster {spec.stack}: {purpose} -> autostop",
+                    description=f"gpucluster {ctx.identity}: {purpose} -> autostop",
                     schedule_expression=expression, flexible_time_window={"mode": "OFF"}, state="ENABLED",
                     target={
                         "arn": fn.arn, "role_arn": self.scheduler_role.arn,
                         "input": pulumi.Output.all(ctx.partition, ctx.account).apply(
-                            lambda v, n=schedule_name: scheduled_event_input(n, v[0], spec.region, v[1])),
+                            lambda v, n=schedule_name: scheduled_event_input(n, v[0], ctx.region, v[1])),
                         "retry_policy": {"maximum_event_age_in_seconds": SCHEDULE_MAX_EVENT_AGE_SECONDS,
                                          "maximum_retry_attempts": SCHEDULE_MAX_RETRIES},
                     },
@@ -633,8 +652,9 @@ class SpotInterruption(pulumi.ComponentResource):
     """
 
     def __init__(self, name: str, ctx: _Context, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:guardrails:SpotInterruption", name, None, opts)
-        spec, s = ctx.spec, ctx.spec.spot
+        super().__init__(type_token("SpotInterruption"), name, None,
+                         component_options(opts, _old("SpotInterruption")))
+        s = ctx.args.spot
         child = pulumi.ResourceOptions(parent=self)
         environment = ctx.environment()
         describe = ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances"]
@@ -643,7 +663,7 @@ class SpotInterruption(pulumi.ComponentResource):
         self.function = GuardrailFunction(
             f"{name}-handler", ctx, module="spot_interruption",
             function_name=f"{ctx.prefix}-spot-interruption",
-            timeout=spot_timeout(spec), environment=environment,
+            timeout=spot_timeout(s), environment=environment,
             statements=[describe_statement(describe), *statements,
                         *publish_statements(ctx.notify_topic_arn, ctx.key_arn)],
             max_event_age_seconds=SPOT_MAX_EVENT_AGE_SECONDS, retries=1, opts=child)
@@ -654,7 +674,7 @@ class SpotInterruption(pulumi.ComponentResource):
         for kind, detail_type in kinds.items():
             rule = aws.cloudwatch.EventRule(
                 f"{name}-{kind}-rule", name=f"{ctx.prefix}-spot-{kind}",
-                description=f"gpucluster {spec.stack}: {detail_type} -> interruption hook",
+                description=f"gpucluster {ctx.identity}: {detail_type} -> interruption hook",
                 event_pattern=json.dumps({"source": ["aws.ec2"], "detail-type": [detail_type]}),
                 tags=ctx.tags, opts=child)
             _rule_invokes(f"{name}-{kind}", rule, self.function.function, child)
@@ -663,58 +683,125 @@ class SpotInterruption(pulumi.ComponentResource):
                                "rule_names": {k: r.name for k, r in self.rules.items()}})
 
 
-class Guardrails(pulumi.ComponentResource):
-    """Every spend guardrail of a stack: budget, auto-stop, spot interruption, and their topic.
+class GuardedGroup(TypedDict):
+    """An Auto Scaling group the guardrails stop, start and watch (any group, gpucluster's or not)."""
 
-    `groups` maps each node group's name to its Auto Scaling group; guardrail
-    roles may change only these groups. Parts the spec does not ask for are not
-    built: no budget without `budget`, no auto-stop unless `autostop.enabled`,
-    no spot handling unless a group can hold spot nodes.
+    name: str
+    """Label in resource names and alarm texts (2-24 characters a-z, 0-9, '-'); unique."""
+    asg_name: pulumi.Input[str]
+    """The Auto Scaling group's name."""
+    asg_arn: pulumi.Input[str]
+    """The Auto Scaling group's ARN: the guardrail roles may change only the groups listed."""
+    can_run_spot: bool
+    """The group may hold spot instances: the spot-interruption hook is built for it."""
+
+
+class GuardrailsArgs(TypedDict):
+    """Budget, idle auto-stop, schedules and spot hooks for Auto Scaling groups of GPU nodes."""
+
+    groups: list[GuardedGroup]
+    """The groups to guard (1-20)."""
+    cluster_name: str
+    """Prefix of every name (Lambdas, topics, rules, schedules, the budget): 2-24 characters."""
+    identity: str
+    """The gpucluster:stack tag value: the budget counts costs, the Lambdas act on groups, carrying it."""
+    region: str
+    """AWS region of the groups, e.g. us-east-1."""
+    tags: NotRequired[dict[str, str]]
+    """Tags of every resource."""
+    budget: NotRequired[BudgetSettings]
+    """Monthly budget, alerts and the scale-to-zero action, as a stack file's budget section."""
+    autostop: NotRequired[AutoStopSettings]
+    """Idle stop, schedules, maximum lifetime and the pre-stop hook, as a stack file's autostop section."""
+    spot: NotRequired[SpotSettings]
+    """The spot-interruption hook, as a stack file's spot section."""
+    tag_groups: NotRequired[bool]
+    """Give each group the gpucluster:stack tag (for groups gpucluster did not create; default false)."""
+
+
+class Guardrails(pulumi.ComponentResource):
+    """Every spend guardrail of a set of Auto Scaling groups: budget, auto-stop, spot hooks, their topic.
+
+    Guardrail roles may change only the listed groups, and only while they carry the
+    `gpucluster:stack` tag with `identity`. Parts not asked for are not built: no budget
+    without `budget`, no auto-stop unless `autostop.enabled`, no spot handling unless a
+    group can run spot.
+
+    Groups gpucluster did not create (an EKS managed node group's ASG): set `tag_groups`, so an
+    `aws.autoscaling.Tag` gives each the identity tag (the Lambdas' lookups and IAM conditions
+    need it; instances launched from then on carry it, which the pre-stop and spot hooks' SSM
+    permission needs). Idle auto-stop watches the GPU metric the gpucluster node bootstrap
+    publishes (CWAgent `nvidia_smi_utilization_gpu` by `AutoScalingGroupName`): on nodes that do
+    not publish it the alarm only notifies (missing data never stops). Python users also get
+    `outputs` (what a stack exports) and the parts (`budget`, `autostop`, `spot`, `notifications`,
+    `group_tags`).
     """
 
-    outputs: dict[str, Any]
+    notify_topic_arn: pulumi.Output[str] | None
+    """The guardrail topic: what the guardrails did, budget alerts, missing GPU metrics."""
+    budget_name: pulumi.Output[str] | None
+    """The AWS Budgets budget (with budget)."""
+    budget_action_topic_arn: pulumi.Output[str] | None
+    """The topic the budget's scale-to-zero notification goes to (with budget.action_threshold_percent)."""
+    function_names: pulumi.Output[dict[str, str]] | None
+    """Guardrail Lambda function names: budget_action, autostop, spot_interruption (those built)."""
+    idle_alarm_names: pulumi.Output[dict[str, str]] | None
+    """Group label -> its idle alarm (with autostop)."""
+    schedule_names: pulumi.Output[dict[str, str]] | None
+    """stop / start / lifetime -> its EventBridge Scheduler schedule (those configured)."""
 
-    def __init__(self, name: str, spec: StackSpec, groups: Mapping[str, GroupTarget],
-                 opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:guardrails:Guardrails", name, None, opts)
-        names = [g.name for g in spec.node_groups]
-        missing, unknown = sorted(set(names) - set(groups)), sorted(set(groups) - set(names))
-        if missing or unknown:
-            raise ValueError(f"guardrails need one GroupTarget per node group: missing {missing}, "
-                             f"unknown {unknown}")
+    def __init__(self, name: str, args: GuardrailsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        m = validate("Guardrails", name, GuardrailsModel, args, guardrails_checks)
+        super().__init__(type_token("Guardrails"), name, None, component_options(opts, _old("Guardrails")))
         child = pulumi.ResourceOptions(parent=self)
         self.budget: Budget | None = None
         self.autostop: AutoStop | None = None
         self.spot: SpotInterruption | None = None
         self.notifications: Notifications | None = None
-        self.outputs = {}
-        wanted = spec.budget is not None or spec.autostop.enabled or stack_uses_spot(spec)
+        self.notify_topic_arn = self.budget_name = self.budget_action_topic_arn = None
+        self.function_names = self.idle_alarm_names = self.schedule_names = None
+        self.group_tags: dict[str, aws.autoscaling.Tag] = {}
+        if m.tag_groups:
+            # pulumi-aws autoscaling.Tag docs: tags an ASG managed elsewhere (their example is an EKS
+            # managed node group's). Do not use it on a group whose own program sets its tags.
+            self.group_tags = {
+                g.name: aws.autoscaling.Tag(
+                    f"{name}-tag-{g.name}", autoscaling_group_name=g.asg_name,
+                    tag={"key": STACK_TAG, "value": m.identity, "propagate_at_launch": True}, opts=child)
+                for g in m.groups}
+        self.outputs: dict[str, Any] = {}
+        wanted = m.budget is not None or m.autostop.enabled or uses_spot(m.groups)
         if not wanted:
             self.register_outputs(self.outputs)
             return
         invoke = pulumi.InvokeOutputOptions(parent=self)
         account = aws.get_caller_identity_output(opts=invoke).account_id
         partition = aws.get_partition_output(opts=invoke).partition
-        prefix = spec.cluster.name
-        self.notifications = Notifications(f"{name}-notify", spec, prefix, partition, account, opts=child)
-        ctx = _Context(spec=spec, prefix=prefix, partition=partition, account=account, groups=groups,
+        prefix = m.cluster_name
+        self.notifications = Notifications(f"{name}-notify", m, prefix, partition, account, opts=child)
+        ctx = _Context(args=m, prefix=prefix, partition=partition, account=account,
                        notify_topic_arn=self.notifications.topic.arn, key_arn=self.notifications.key.arn)
-        self.outputs["notify_topic_arn"] = ctx.notify_topic_arn
+        self.outputs["notify_topic_arn"] = self.notify_topic_arn = ctx.notify_topic_arn
         functions: dict[str, str] = {}
-        if spec.budget is not None:
+        if m.budget is not None:
             self.budget = Budget(f"{name}-budget", ctx, depends_on=[self.notifications.topic_policy],
                                  opts=child)
+            self.budget_name = pulumi.Output.from_input(self.budget.budget_name)
             self.outputs["budget_name"] = self.budget.budget_name
             if self.budget.action_topic is not None and self.budget.function is not None:
-                self.outputs["budget_action_topic_arn"] = self.budget.action_topic.arn
+                self.outputs["budget_action_topic_arn"] = self.budget_action_topic_arn = \
+                    self.budget.action_topic.arn
                 functions["budget_action"] = self.budget.function.function_name
-        if spec.autostop.enabled:
+        if m.autostop.enabled:
             self.autostop = AutoStop(f"{name}-autostop", ctx, opts=child)
             functions["autostop"] = self.autostop.function.function_name
             self.outputs["idle_alarm_names"] = {g: a.name for g, a in self.autostop.alarms.items()}
             self.outputs["schedule_names"] = {p: s.name for p, s in self.autostop.schedules.items()}
-        if stack_uses_spot(spec):
+            self.idle_alarm_names = pulumi.Output.from_input(self.outputs["idle_alarm_names"])
+            self.schedule_names = pulumi.Output.from_input(self.outputs["schedule_names"])
+        if uses_spot(m.groups):
             self.spot = SpotInterruption(f"{name}-spot", ctx, opts=child)
             functions["spot_interruption"] = self.spot.function.function_name
         self.outputs["function_names"] = functions
+        self.function_names = pulumi.Output.from_input(functions)
         self.register_outputs(self.outputs)

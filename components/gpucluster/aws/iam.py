@@ -2,20 +2,19 @@
 
 It owns what nodes may do in AWS: be managed through SSM (no SSH), publish
 CloudWatch agent metrics, read the stack's dataset buckets and write only under
-their checkpoint prefixes. S3 access is built from `S3Grant` records (from
-spec-known buckets now, from the datasets part for created ones), always naming
-the bucket and prefix; there is never a `*` resource and never a delete action.
+their checkpoint prefixes. S3 access is built from `BucketGrant`s (a bucket name,
+plain or an Output, and a prefix), always naming the bucket and prefix; there is
+never a `*` resource and never a delete action.
 """
 
-from __future__ import annotations
-
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NotRequired, TypedDict
 
 import pulumi
 import pulumi_aws as aws
-from gpucluster.parts import S3Grant
+
+from gpucluster.aws.args import NodeIdentityModel, component_options, identity_checks, type_token, validate
 
 # AWS managed policies: Systems Manager user guide ("Configure instance permissions"),
 # CloudWatch user guide ("Create IAM roles to use with the CloudWatch agent").
@@ -23,6 +22,7 @@ MANAGED_POLICIES = {
     "ssm": "AmazonSSMManagedInstanceCore",
     "cloudwatch-agent": "CloudWatchAgentServerPolicy",
 }
+OLD_TYPE = "gpucluster:iam:NodeIdentity"
 READ_ACTIONS = ["s3:GetObject"]
 WRITE_ACTIONS = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
 
@@ -58,16 +58,47 @@ def s3_policy_document(grants: Sequence[tuple[str, str, bool]], partition: str =
     return {"Version": "2012-10-17", "Statement": statements}
 
 
+class BucketGrant(TypedDict):
+    """Node access to one bucket: read under `prefix`, and with `write` also write there."""
+
+    bucket_name: pulumi.Input[str]
+    """The bucket."""
+    prefix: NotRequired[str]
+    """Folder-like prefix ending in '/'; empty (the default) means the whole bucket, read-only."""
+    write: NotRequired[bool]
+    """Also put objects (and multipart uploads) under the prefix; never delete."""
+
+
+class NodeIdentityArgs(TypedDict):
+    """The IAM role and instance profile of GPU nodes, with S3 access to exactly the given prefixes."""
+
+    s3_grants: NotRequired[list[BucketGrant]]
+    """Buckets and prefixes nodes may read (and write, where `write` is set)."""
+    tags: NotRequired[dict[str, str]]
+    """Tags of the role and the instance profile."""
+
+
 class NodeIdentity(pulumi.ComponentResource):
-    """The node role, its managed and S3 policies, and the instance profile launch templates use."""
+    """The node role, its managed and S3 policies, and the instance profile launch templates use.
 
-    role: aws.iam.Role
-    instance_profile: aws.iam.InstanceProfile
-    s3_policy: aws.iam.RolePolicy | None
+    Python users also get `role` (`aws.iam.Role`), `instance_profile` (`aws.iam.InstanceProfile`)
+    and `s3_policy` (`aws.iam.RolePolicy`, None without grants).
+    """
 
-    def __init__(self, name: str, grants: Sequence[S3Grant], tags: Mapping[str, str],
+    role_name: pulumi.Output[str]
+    """The node role's name (attach more policies to it)."""
+    role_arn: pulumi.Output[str]
+    """The node role's ARN."""
+    instance_profile_name: pulumi.Output[str]
+    """The instance profile's name."""
+    instance_profile_arn: pulumi.Output[str]
+    """The instance profile's ARN (what GpuNodeGroupArgs.instance_profile_arn takes)."""
+
+    def __init__(self, name: str, args: NodeIdentityArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:iam:NodeIdentity", name, None, opts)
+        m = validate("NodeIdentity", name, NodeIdentityModel, args, identity_checks)
+        super().__init__(type_token("NodeIdentity"), name, None, component_options(opts, OLD_TYPE))
+        grants, tags = m.s3_grants, m.tags
         child = pulumi.ResourceOptions(parent=self)
         partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
         self.role = aws.iam.Role(f"{name}-role", assume_role_policy=assume_role_policy(),
@@ -78,7 +109,7 @@ class NodeIdentity(pulumi.ComponentResource):
                 f"{name}-{part}", role=self.role.name,
                 policy_arn=partition.apply(lambda p, policy=policy: f"arn:{p}:iam::aws:policy/{policy}"),
                 opts=child)
-        self.s3_policy = None
+        self.s3_policy: aws.iam.RolePolicy | None = None
         if grants:
             document = pulumi.Output.all(partition, *[g.bucket_name for g in grants]).apply(
                 lambda values: json.dumps(s3_policy_document(
@@ -87,4 +118,10 @@ class NodeIdentity(pulumi.ComponentResource):
             self.s3_policy = aws.iam.RolePolicy(f"{name}-s3", role=self.role.id, policy=document, opts=child)
         self.instance_profile = aws.iam.InstanceProfile(f"{name}-profile", role=self.role.name,
                                                         tags=dict(tags), opts=child)
-        self.register_outputs({"role_arn": self.role.arn, "instance_profile_arn": self.instance_profile.arn})
+        self.role_name = self.role.name
+        self.role_arn = self.role.arn
+        self.instance_profile_name = self.instance_profile.name
+        self.instance_profile_arn = self.instance_profile.arn
+        self.register_outputs({"role_name": self.role_name, "role_arn": self.role_arn,
+                               "instance_profile_name": self.instance_profile_name,
+                               "instance_profile_arn": self.instance_profile_arn})

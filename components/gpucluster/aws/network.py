@@ -2,8 +2,8 @@
 
 It owns the VPC side of a cluster: either a created VPC (private subnets, one
 per zone, an S3 gateway endpoint, the interface endpoints SSM needs, and
-internet egress through one NAT gateway unless the stack turns it off) or an
-existing VPC and its subnets from config; and per node group the node security
+internet egress through one NAT gateway unless turned off) or an existing VPC
+and its subnets (ids, plain or Outputs); and per node group the node security
 group and, where asked for, the cluster placement group. It never gives a GPU
 node a public address or opens ingress from anywhere but the group itself.
 
@@ -12,14 +12,21 @@ rules then cover exactly the nodes of one EFA group, and a non-EFA group (say,
 inference next to training) gets no such rules at all.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
 import pulumi
 import pulumi_aws as aws
-from gpucluster.spec import NodeGroupConfig, StackSpec
+
+from gpucluster.aws.args import (
+    ClusterNetworkModel,
+    GroupNetworkModel,
+    component_options,
+    network_checks,
+    type_token,
+    validate,
+)
 from gpucluster.subnets import plan_subnets
 
 # Systems Manager user guide, "Improve the security of EC2 instances by using VPC endpoints
@@ -29,6 +36,43 @@ SSM_ENDPOINTS = ("ssm", "ssmmessages", "ec2messages")
 # (DescribeTags, for the AutoScalingGroupName dimension).
 NO_NAT_ENDPOINTS = ("monitoring", "ec2")
 ANYWHERE = "0.0.0.0/0"
+OLD_TYPE = "gpucluster:network:ClusterNetwork"
+
+
+class NodeGroupNetwork(TypedDict):
+    """What the network provides one node group: subnets in its zones, a security group, a placement group."""
+
+    name: str
+    """The node group's name; names its security group and placement group."""
+    availability_zones: list[str]
+    """Zones the group runs in, from the network's zones; exactly one with EFA or a placement group."""
+    efa: NotRequired[bool]
+    """EFA: the group's security group allows all traffic within the group, in and out."""
+    placement_group: NotRequired[bool]
+    """Create a cluster placement group for the group."""
+
+
+class ClusterNetworkArgs(TypedDict):
+    """A new VPC (or an existing one) for GPU nodes, and each node group's security and placement group."""
+
+    cluster_name: str
+    """Short name in every resource's Name tag (2-24 characters a-z, 0-9, '-')."""
+    region: str
+    """AWS region, e.g. us-east-1 (the VPC endpoints' service names)."""
+    availability_zones: list[str]
+    """Zones the network spans: a private subnet each (created VPC) or an existing subnet each."""
+    vpc_cidr: NotRequired[str]
+    """Create a VPC with this CIDR (private subnets, NAT, S3/SSM endpoints)."""
+    nat_gateway: NotRequired[bool]
+    """Internet egress for nodes through one NAT gateway (created VPCs only; default true)."""
+    existing_vpc_id: NotRequired[pulumi.Input[str]]
+    """Use this VPC instead of creating one (then existing_subnet_ids is required)."""
+    existing_subnet_ids: NotRequired[dict[str, pulumi.Input[str]]]
+    """With existing_vpc_id: the private subnet to use in each availability zone."""
+    tags: NotRequired[dict[str, str]]
+    """Tags for every resource (keys not under aws:)."""
+    node_groups: NotRequired[list[NodeGroupNetwork]]
+    """The node groups to give a security group (and placement group) each."""
 
 
 @dataclass(frozen=True)
@@ -41,58 +85,76 @@ class GroupNetwork:
 
 
 class ClusterNetwork(pulumi.ComponentResource):
-    """A created or existing VPC, plus each node group's security and placement groups."""
+    """A created or existing VPC, plus each node group's security and placement groups.
 
-    vpc_id: pulumi.Input[str]
-    subnet_ids: dict[str, pulumi.Input[str]]
-    """Private subnet per availability zone, in network.availability_zones order."""
-    groups: dict[str, GroupNetwork]
-    internet_egress: bool
+    Python users also get `groups` (node group name -> `GroupNetwork`: subnet ids, the
+    `aws.ec2.SecurityGroup`, the `aws.ec2.PlacementGroup` or None), `subnets` (zone -> subnet
+    id, as Inputs) and `internet_egress` (whether nodes reach the internet through a NAT).
+    """
 
-    def __init__(self, name: str, spec: StackSpec, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:network:ClusterNetwork", name, None, opts)
-        self._name, self._spec = name, spec
+    vpc_id: pulumi.Output[str]
+    """The VPC the nodes run in (created or existing)."""
+    subnet_ids: pulumi.Output[dict[str, str]]
+    """Private subnet per availability zone."""
+    security_group_ids: pulumi.Output[dict[str, str]]
+    """Node group name -> the security group of its nodes."""
+    placement_group_names: pulumi.Output[dict[str, str]]
+    """Node group name -> its cluster placement group (only groups that have one)."""
+
+    def __init__(self, name: str, args: ClusterNetworkArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        m = validate("ClusterNetwork", name, ClusterNetworkModel, args, network_checks)
+        super().__init__(type_token("ClusterNetwork"), name, None, component_options(opts, OLD_TYPE))
+        self._name, self._args = name, m
         self._child = pulumi.ResourceOptions(parent=self)
-        net = spec.network
         self.s3_prefix_list_id: pulumi.Input[str] | None = None
-        if net.existing_vpc_id:
-            self.vpc_id = net.existing_vpc_id
-            self.subnet_ids = {az: net.existing_subnets[az] for az in net.availability_zones}
+        vpc_id: pulumi.Input[str]
+        if m.existing_vpc_id is not None:
+            vpc_id = m.existing_vpc_id
+            self.subnets = {az: m.existing_subnet_ids[az] for az in m.availability_zones}
             self.internet_egress = True  # the VPC's own routing decides; we cannot see it
         else:
-            self.internet_egress = net.nat_gateway
-            self._create_vpc()
-        self.groups = {group.name: self._group_network(group) for group in spec.node_groups}
-        self.register_outputs({"vpc_id": self.vpc_id, "subnet_ids": self.subnet_ids})
+            self.internet_egress = m.nat_gateway
+            vpc_id = self._create_vpc()
+        self._vpc_id = vpc_id
+        self.groups = {group.name: self._group_network(group) for group in m.node_groups}
+        self.vpc_id = pulumi.Output.from_input(vpc_id)
+        self.subnet_ids = pulumi.Output.from_input(self.subnets)
+        self.security_group_ids = pulumi.Output.from_input(
+            {g: n.security_group.id for g, n in self.groups.items()})
+        self.placement_group_names = pulumi.Output.from_input(
+            {g: n.placement_group.name for g, n in self.groups.items() if n.placement_group})
+        self.register_outputs({"vpc_id": self.vpc_id, "subnet_ids": self.subnet_ids,
+                               "security_group_ids": self.security_group_ids,
+                               "placement_group_names": self.placement_group_names})
 
     def _tags(self, name: str) -> dict[str, str]:
-        return {**self._spec.tags, "Name": name}
+        return {**self._args.tags, "Name": name}
 
-    def _create_vpc(self) -> None:
-        spec, name, child = self._spec, self._name, self._child
-        cidr = spec.network.vpc_cidr
-        assert cidr is not None  # the spec requires vpc_cidr or existing_vpc_id
-        zones = spec.network.availability_zones
+    def _create_vpc(self) -> pulumi.Output[str]:
+        m, name, child = self._args, self._name, self._child
+        cidr = m.vpc_cidr
+        assert cidr is not None  # the args require vpc_cidr or existing_vpc_id
+        zones = m.availability_zones
         plan = plan_subnets(cidr, zones)
-        label = spec.cluster.name
+        label = m.cluster_name
         vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=cidr, enable_dns_support=True,
                           enable_dns_hostnames=True,  # interface endpoints' private DNS needs both
                           tags=self._tags(label), opts=child)
-        self.vpc_id = vpc.id
         # Take over the VPC's default security group with no rules, so nothing can use it.
         aws.ec2.DefaultSecurityGroup(f"{name}-default-sg", vpc_id=vpc.id,
                                      tags=self._tags(f"{label}-default-unused"), opts=child)
         private_rt = aws.ec2.RouteTable(f"{name}-private-rt", vpc_id=vpc.id,
                                         tags=self._tags(f"{label}-private"), opts=child)
-        self.subnet_ids = {}
+        self.subnets: dict[str, pulumi.Input[str]] = {}
         for az, block in plan.private.items():
             subnet = aws.ec2.Subnet(f"{name}-private-{az}", vpc_id=vpc.id, cidr_block=block,
                                     availability_zone=az, map_public_ip_on_launch=False,
                                     tags=self._tags(f"{label}-private-{az}"), opts=child)
             aws.ec2.RouteTableAssociation(f"{name}-private-{az}", subnet_id=subnet.id,
                                           route_table_id=private_rt.id, opts=child)
-            self.subnet_ids[az] = subnet.id
-        s3 = aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{spec.region}.s3",
+            self.subnets[az] = subnet.id
+        s3 = aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{m.region}.s3",
                                  vpc_endpoint_type="Gateway", route_table_ids=[private_rt.id],
                                  tags=self._tags(f"{label}-s3"), opts=child)
         self.s3_prefix_list_id = s3.prefix_list_id
@@ -106,17 +168,18 @@ class ClusterNetwork(pulumi.ComponentResource):
         services = SSM_ENDPOINTS + (() if self.internet_egress else NO_NAT_ENDPOINTS)
         for service in services:
             aws.ec2.VpcEndpoint(f"{name}-{service}", vpc_id=vpc.id,
-                                service_name=f"com.amazonaws.{spec.region}.{service}",
+                                service_name=f"com.amazonaws.{m.region}.{service}",
                                 vpc_endpoint_type="Interface", private_dns_enabled=True,
-                                subnet_ids=list(self.subnet_ids.values()),
+                                subnet_ids=list(self.subnets.values()),
                                 security_group_ids=[endpoint_sg.id],
                                 tags=self._tags(f"{label}-{service}"), opts=child)
         if self.internet_egress:
             self._create_nat(vpc, plan.public, zones[0], private_rt)
+        return vpc.id
 
     def _create_nat(self, vpc: aws.ec2.Vpc, public_cidr: str, zone: str,
                     private_rt: aws.ec2.RouteTable) -> None:
-        name, child, label = self._name, self._child, self._spec.cluster.name
+        name, child, label = self._name, self._child, self._args.cluster_name
         igw = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, tags=self._tags(label), opts=child)
         public = aws.ec2.Subnet(f"{name}-public", vpc_id=vpc.id, cidr_block=public_cidr,
                                 availability_zone=zone, map_public_ip_on_launch=False,
@@ -134,17 +197,17 @@ class ClusterNetwork(pulumi.ComponentResource):
         aws.ec2.Route(f"{name}-private-default", route_table_id=private_rt.id,
                       destination_cidr_block=ANYWHERE, nat_gateway_id=nat.id, opts=child)
 
-    def _group_network(self, group: NodeGroupConfig) -> GroupNetwork:
-        spec, child = self._spec, self._child
+    def _group_network(self, group: GroupNetworkModel) -> GroupNetwork:
+        child = self._child
         name = f"{self._name}-{group.name}"
-        label = f"{spec.cluster.name}-{group.name}"
+        label = f"{self._args.cluster_name}-{group.name}"
         # Declared without inline rules: the provider removes AWS's default allow-all egress
         # (pulumi-aws ec2.SecurityGroup docs), so only the rule resources below apply.
-        sg = aws.ec2.SecurityGroup(f"{name}-nodes", vpc_id=self.vpc_id,
+        sg = aws.ec2.SecurityGroup(f"{name}-nodes", vpc_id=self._vpc_id,
                                    description=f"gpucluster {label} GPU nodes (no inbound from outside "
                                                "the group; access through SSM)",
                                    tags=self._tags(f"{label}-nodes"), opts=child)
-        if group.efa_enabled:
+        if group.efa:
             # EC2 user guide, "Get started with EFA": all traffic in AND out to the group itself.
             aws.vpc.SecurityGroupIngressRule(f"{name}-efa-in", security_group_id=sg.id,
                                              referenced_security_group_id=sg.id, ip_protocol="-1",
@@ -160,10 +223,10 @@ class ClusterNetwork(pulumi.ComponentResource):
                                             description=why, tags=self._tags(f"{label}-egress-{rule}"),
                                             opts=child, **target)
         placement = None
-        if group.uses_placement_group:
+        if group.placement_group:
             placement = aws.ec2.PlacementGroup(f"{name}-placement", strategy="cluster",
                                                tags=self._tags(f"{label}-cluster"), opts=child)
-        subnets = [self.subnet_ids[az] for az in spec.azs_of(group)]
+        subnets = [self.subnets[az] for az in group.availability_zones]
         return GroupNetwork(subnet_ids=subnets, security_group=sg, placement_group=placement)
 
     def _egress_targets(self) -> list[tuple[str, Mapping[str, pulumi.Input[str]], int, str]]:
@@ -175,7 +238,7 @@ class ClusterNetwork(pulumi.ComponentResource):
         if self.internet_egress:
             return [("https", {"cidr_ipv4": ANYWHERE}, 443, "HTTPS: SSM, S3, CloudWatch, package installs"),
                     ("http", {"cidr_ipv4": ANYWHERE}, 80, "HTTP: Ubuntu package mirrors (signed packages)")]
-        cidr = self._spec.network.vpc_cidr
+        cidr = self._args.vpc_cidr
         assert cidr is not None and self.s3_prefix_list_id is not None
         return [("endpoints", {"cidr_ipv4": cidr}, 443, "HTTPS to the VPC interface endpoints"),
                 ("s3", {"prefix_list_id": self.s3_prefix_list_id}, 443, "HTTPS to S3 (gateway endpoint)")]

@@ -1,4 +1,4 @@
-"""GpuNodeGroup: one node group of the spec as a launch template and an Auto Scaling group.
+"""GpuNodeGroup: one GPU node group as a launch template and an Auto Scaling group, in any VPC.
 
 It owns how GPU nodes are launched: the AMI (the AWS Deep Learning AMI's public
 SSM parameter unless overridden), IMDSv2 only, an encrypted gp3 root volume,
@@ -7,22 +7,32 @@ capacity mix: on-demand base, spot above it, instance-type fallbacks, on-demand
 capacity reservations and Capacity Blocks. Nodes are ASG capacity, never
 resources of their own, so a plan's size does not depend on node counts.
 Pulumi sets the desired capacity only at creation: after that it belongs to
-the guardrails and to users. It never gives a node a public address.
+the guardrails and to users. It never gives a node a public address. It takes
+its subnets, security groups, placement group and instance profile as ids, so
+it drops into a VPC gpucluster did not build.
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import pulumi
 import pulumi_aws as aws
-from gpucluster.aws.network import GroupNetwork
+
+from gpucluster.aws.args import (
+    GpuNodeGroupModel,
+    NodeGroupSettings,
+    SpotSettings,
+    component_options,
+    node_group_checks,
+    owned_tags,
+    type_token,
+    validate,
+)
 from gpucluster.aws.nics import network_interfaces
-from gpucluster.node.userdata import encode_user_data, node_bootstrap, render_user_data
+from gpucluster.node.userdata import encode_user_data, group_bootstrap, render_user_data
 from gpucluster.parts import DataMount
-from gpucluster.spec import CapacityConfig, NodeGroupConfig, StackSpec
+from gpucluster.spec import CapacityConfig, NodeGroupConfig
 
 # AWS Deep Learning AMI developer guide, release notes of "AWS Deep Learning Base OSS Nvidia
 # Driver GPU AMI (Ubuntu 22.04)" ("Query AMI-ID with SSM Parameter"); x86_64, all our GPU types.
@@ -31,8 +41,8 @@ DEFAULT_AMI_PARAMETER = (
 ROOT_DEVICE = "/dev/sda1"  # the root device name of Ubuntu AMIs, the DLAMI included
 IMDS_HOP_LIMIT = 2  # one hop more than the host, so containers reach IMDSv2 (EC2 user guide, IMDS)
 NODE_GROUP_TAG = "gpucluster:node-group"
-STACK_TAG = "gpucluster:stack"  # the guardrail Lambdas find groups by this tag (spec.tags sets it)
 LATEST = "$Latest"
+OLD_TYPE = "gpucluster:nodes:GpuNodeGroup"
 
 
 # ------------------------------------------------------------ pure capacity mapping
@@ -85,9 +95,10 @@ def capacity_block_options(capacity: CapacityConfig) -> dict[str, Any]:
                 "capacity_reservation_target": {"capacity_reservation_id": capacity.capacity_reservation_id}}}
 
 
-def node_tags(spec: StackSpec, group: NodeGroupConfig) -> dict[str, str]:
-    """Tags of everything a node group creates: stack, cluster, cost tags and the group."""
-    return {**spec.tags, NODE_GROUP_TAG: group.name, "Name": f"{spec.cluster.name}-{group.name}"}
+def node_tags(tags: Mapping[str, str], identity: str, cluster_name: str, group: str) -> dict[str, str]:
+    """Tags of everything a node group creates: the caller's, the identity tags and the group."""
+    return {**owned_tags(tags, identity, cluster_name), NODE_GROUP_TAG: group,
+            "Name": f"{cluster_name}-{group}"}
 
 
 def can_hold_spot(group: NodeGroupConfig) -> bool:
@@ -97,27 +108,83 @@ def can_hold_spot(group: NodeGroupConfig) -> bool:
 # ------------------------------------------------------------------------ component
 
 
+class NodeDataMount(TypedDict):
+    """One dataset as the node bootstrap brings it to the GPUs."""
+
+    name: str
+    """Dataset name (2-24 characters a-z, 0-9, '-'); the node's systemd units carry it."""
+    access: str
+    """copy_to_scratch (to NVMe at boot), mount (Mountpoint for S3) or fsx (FSx for Lustre)."""
+    bucket_name: pulumi.Input[str]
+    """The bucket the data is in."""
+    prefix: NotRequired[str]
+    """The data's prefix in the bucket (folder-like, ending in '/'; default: the whole bucket)."""
+    path: str
+    """Where the data appears on the node (scratch sub-folder, mount point, or FSx mount path)."""
+    fsx_dns_name: NotRequired[pulumi.Input[str]]
+    """access fsx: the file system's DNS name."""
+    fsx_mount_name: NotRequired[pulumi.Input[str]]
+    """access fsx: the file system's Lustre mount name."""
+
+
+class GpuNodeGroupArgs(TypedDict):
+    """A GPU node group in any VPC: subnets, security groups, an instance profile, and its settings."""
+
+    node_group: NodeGroupSettings
+    """The group as a stack file's node_groups entry spells it (availability_zones: checks only)."""
+    cluster_name: str
+    """Short name in the nodes' Name tag and in descriptions (2-24 characters a-z, 0-9, '-')."""
+    region: str
+    """AWS region the nodes run in, e.g. us-east-1 (the node bootstrap uses it)."""
+    identity: str
+    """The gpucluster:stack tag value: the guardrails and the CLI find the group and its nodes by it."""
+    subnet_ids: pulumi.Input[list[pulumi.Input[str]]]
+    """Private subnets the group launches into (one with EFA); the ASG spreads nodes over them."""
+    security_group_ids: pulumi.Input[list[pulumi.Input[str]]]
+    """Security groups of every network interface (EFA: one allowing all traffic within itself)."""
+    placement_group_name: NotRequired[pulumi.Input[str]]
+    """A cluster placement group to launch into (EFA groups; not with Capacity Blocks)."""
+    instance_profile_arn: pulumi.Input[str]
+    """The instance profile the nodes run as (SSM and CloudWatch agent permissions at least)."""
+    tags: NotRequired[dict[str, str]]
+    """Tags for the launch template, the ASG and (propagated) every node, volume and interface."""
+    spot: NotRequired[SpotSettings]
+    """The spot-interruption hook the nodes' watcher runs, as a stack file's spot section."""
+    data_mounts: NotRequired[list[NodeDataMount]]
+    """Datasets the node bootstrap brings to the GPUs."""
+
+
 class GpuNodeGroup(pulumi.ComponentResource):
-    """A node group: its launch template and its Auto Scaling group (`.asg`)."""
+    """A GPU node group: a launch template and an Auto Scaling group, dropped into any VPC.
 
-    launch_template: aws.ec2.LaunchTemplate
-    asg: aws.autoscaling.Group
-    network: GroupNetwork
+    Python users also get `asg` (the `aws.autoscaling.Group`) and `launch_template` (the
+    `aws.ec2.LaunchTemplate`).
+    """
 
-    def __init__(self, name: str, spec: StackSpec, group: NodeGroupConfig, network: GroupNetwork,
-                 instance_profile_arn: pulumi.Input[str], data_mounts: Sequence[DataMount] = (),
+    asg_name: pulumi.Output[str]
+    """The Auto Scaling group's name."""
+    asg_arn: pulumi.Output[str]
+    """The Auto Scaling group's ARN (what guardrails scope their IAM to)."""
+    launch_template_id: pulumi.Output[str]
+    """The launch template's id."""
+
+    def __init__(self, name: str, args: GpuNodeGroupArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("gpucluster:nodes:GpuNodeGroup", name, None, opts)
-        self.network = network
+        m = validate("GpuNodeGroup", name, GpuNodeGroupModel, args, node_group_checks)
+        super().__init__(type_token("GpuNodeGroup"), name, None, component_options(opts, OLD_TYPE))
+        group = m.node_group
         child = pulumi.ResourceOptions(parent=self)
-        tags = node_tags(spec, group)
+        tags = node_tags(m.tags, m.identity, m.cluster_name, group.name)
+        mounts = [DataMount(name=d.name, access=d.access, bucket_name=d.bucket_name, prefix=d.prefix,
+                            path=d.path, fsx_dns_name=d.fsx_dns_name, fsx_mount_name=d.fsx_mount_name)
+                  for d in m.data_mounts]
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
-            description=f"gpucluster {spec.cluster.name}/{group.name} GPU nodes",
+            description=f"gpucluster {m.cluster_name}/{group.name} GPU nodes",
             image_id=self._image_id(group),
             instance_type=group.instance_types[0] if group.capacity.market == "capacity_block" else None,
-            iam_instance_profile={"arn": instance_profile_arn},
-            user_data=self._user_data(spec, group, data_mounts),
+            iam_instance_profile={"arn": m.instance_profile_arn},
+            user_data=self._user_data(m, mounts),
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
                               "http_put_response_hop_limit": IMDS_HOP_LIMIT,
                               "instance_metadata_tags": "disabled"},
@@ -127,7 +194,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             network_interfaces=[{
                 "network_card_index": nic.network_card_index, "device_index": nic.device_index,
                 "interface_type": nic.interface_type, "associate_public_ip_address": "false",
-                "delete_on_termination": "true", "security_groups": [network.security_group.id],
+                "delete_on_termination": "true", "security_groups": m.security_group_ids,
             } for nic in network_interfaces(group.types[0], group.efa_enabled)],
             tag_specifications=[{"resource_type": kind, "tags": tags}
                                 for kind in ("instance", "volume", "network-interface")],
@@ -141,9 +208,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
             min_size=group.min_nodes,
             max_size=group.max_nodes,
             desired_capacity=group.desired_nodes,
-            vpc_zone_identifiers=network.subnet_ids,
-            placement_group=network.placement_group.name if network.placement_group else None,
-            capacity_rebalance=can_hold_spot(group) and spec.spot.handle_rebalance,
+            vpc_zone_identifiers=m.subnet_ids,
+            placement_group=m.placement_group_name,
+            capacity_rebalance=can_hold_spot(group) and m.spot.handle_rebalance,
             wait_for_capacity_timeout="0",  # GPU capacity may take hours: never block `pulumi up`
             tags=[{"key": key, "value": value, "propagate_at_launch": True} for key, value in tags.items()],
             # The guardrail Lambdas set min and desired to 0 when they stop a group (DESIGN.md): if
@@ -151,12 +218,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity", "minSize"]),
             **self._capacity(group),
         )
-        self.register_outputs({
-            "asg_name": self.asg.name,
-            "launch_template_id": self.launch_template.id,
-            "security_group_id": network.security_group.id,
-            "placement_group_name": network.placement_group.name if network.placement_group else None,
-        })
+        self.asg_name = self.asg.name
+        self.asg_arn = self.asg.arn
+        self.launch_template_id = self.launch_template.id
+        self.register_outputs({"asg_name": self.asg_name, "asg_arn": self.asg_arn,
+                               "launch_template_id": self.launch_template_id})
 
     def _image_id(self, group: NodeGroupConfig) -> pulumi.Input[str]:
         if group.ami_id:
@@ -165,15 +231,16 @@ class GpuNodeGroup(pulumi.ComponentResource):
         return aws.ssm.get_parameter_output(name=parameter, opts=pulumi.InvokeOptions(parent=self)).value
 
     @staticmethod
-    def _user_data(spec: StackSpec, group: NodeGroupConfig,
-                   data_mounts: Sequence[DataMount]) -> pulumi.Output[str]:
+    def _user_data(m: GpuNodeGroupModel, data_mounts: Sequence[DataMount]) -> pulumi.Output[str]:
         """Render once every bucket/FSx name a mount depends on is known."""
-        values = [v for m in data_mounts for v in (m.bucket_name, m.fsx_dns_name, m.fsx_mount_name)]
+        values = [v for d in data_mounts for v in (d.bucket_name, d.fsx_dns_name, d.fsx_mount_name)]
 
         def render(resolved: list[Any]) -> str:
-            mounts = [replace(m, bucket_name=resolved[3 * i], fsx_dns_name=resolved[3 * i + 1],
-                              fsx_mount_name=resolved[3 * i + 2]) for i, m in enumerate(data_mounts)]
-            return encode_user_data(render_user_data(node_bootstrap(spec, group, mounts)))
+            mounts = [replace(d, bucket_name=resolved[3 * i], fsx_dns_name=resolved[3 * i + 1],
+                              fsx_mount_name=resolved[3 * i + 2]) for i, d in enumerate(data_mounts)]
+            return encode_user_data(render_user_data(group_bootstrap(
+                m.node_group, stack=m.identity, cluster=m.cluster_name, region=m.region, spot=m.spot,
+                data_mounts=mounts)))
 
         return pulumi.Output.all(*values).apply(render)
 

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from gpucluster import pricing
+
+from gpucluster import pricing, project
 from gpucluster.plan import Plan, PlannedResource, StackFileError, load_stack, run_plan
 from gpucluster.spec import SpecError, StackSpec
 
 if TYPE_CHECKING:
-    from gpucluster.ops.status import GroupStatus
+    from gpucluster.ops.status import GroupStatus, ResumeCandidate
     from gpucluster.sizing import Fit, MemoryEstimate, Workload
 
 if TYPE_CHECKING:
@@ -38,14 +39,34 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    """`--version`: the installed distribution's version (its metadata, not a constant in the code)."""
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"gpucluster {version('gpucluster')}")
+        raise typer.Exit(EXIT_OK)
+
 
 @app.callback()
-def root() -> None:
+def root(
+    stacks_dir: Annotated[Path | None, typer.Option(
+        "--stacks-dir", metavar="DIR",
+        help="Read stack files (Pulumi.<name>.yaml) from DIR instead of the stackConfigDir of the "
+             "Pulumi.yaml found from the current directory upward.")] = None,
+    _version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print the installed gpucluster's version and exit.")] = False,
+) -> None:
     """Plan, price and operate GPU clusters on AWS built with Pulumi."""
+    if stacks_dir is not None and not stacks_dir.is_dir():
+        fail_usage("--stacks-dir", f"{stacks_dir} is not a directory")
+    project.use_stacks_dir(stacks_dir)
 
 
 StackArg = Annotated[str, typer.Argument(
-    help="Stack name (stacks/Pulumi.<name>.yaml) or a path to a stack file.")]
+    help="Stack name (Pulumi.<name>.yaml in the project's stack directory, see --stacks-dir) "
+         "or a path to a stack file.")]
 
 
 def fail_invalid(stack: str, lines: list[str]) -> None:
@@ -274,7 +295,8 @@ def _read_cost_json(path: Path) -> dict[str, Any]:
 @app.command()
 def cost(
     stack: Annotated[str | None, typer.Argument(
-        help="Stack name (stacks/Pulumi.<name>.yaml) or a path to a stack file.")] = None,
+        help="Stack name (Pulumi.<name>.yaml in the project's stack directory) or a path to a "
+             "stack file.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead.")] = False,
     diff: Annotated[tuple[Path, Path] | None, typer.Option(
         "--diff", metavar="BASE.json HEAD.json",
@@ -322,6 +344,7 @@ def cost(
 def _live_spot_rates(spec: StackSpec) -> dict[str, pricing.Rate]:
     """Live spot prices; on failure the catalog's typical discount, said on stderr."""
     from botocore.exceptions import BotoCoreError, ClientError
+
     from gpucluster.ops.doctor import fetch_spot_prices
 
     try:
@@ -489,16 +512,104 @@ def status(stack: StackArg) -> None:
         typer.echo(line)
 
 
+def _resume_price(spec: StackSpec, candidate: ResumeCandidate) -> tuple[str, float | None]:
+    """(instance type, on-demand USD per node-hour) of the node group a group belongs to.
+
+    The node group's first instance type, as `gpucluster cost` prices it; None when
+    the group carries no node-group tag, the stack file no longer has that node
+    group, or the region has no price.
+    """
+    group = next((g for g in spec.node_groups if g.name == candidate.node_group), None)
+    if group is None or not group.types:
+        return "?", None
+    first = group.types[0]
+    try:
+        return first.name, pricing.on_demand_rate(first, spec.region).usd_per_hour
+    except pricing.PricingError:
+        return first.name, None
+
+
+def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate]) -> list[str]:
+    """What `resume` will restart, what it costs per hour, and the warning for budget stops."""
+    rows, total, unpriced = [], 0.0, []
+    for c in todo:
+        d = c.decision
+        instance_type, rate = _resume_price(spec, c)
+        cost = None if rate is None else rate * c.added_nodes
+        if cost is None:
+            unpriced.append(c.group)
+        else:
+            total += cost
+        rows.append([c.group, c.node_group or "?", d.stopped_by or "-", str(c.desired_now),
+                     str(d.desired_capacity), str(d.min_size), instance_type,
+                     "?" if cost is None else _usd(cost)])
+    added = sum(c.added_nodes for c in todo)
+    out = [f"stack {spec.stack} ({spec.region}): resume restarts {len(todo)} group(s), "
+           f"{added} node(s):"]
+    out += render_table(["group", "node group", "stopped by", "nodes now", "nodes after", "min after",
+                         "instance type", "on-demand $/h"], rows)
+    bound = "at least " if unpriced else ""
+    out.append(f"cost: {bound}${_usd(total)}/hour (${_usd(total * 24)}/day) at on-demand rates of "
+               f"the first instance type; spot nodes cost less")
+    if unpriced:
+        out.append(f"  not priced: {', '.join(unpriced)} (no gpucluster:node-group tag, a node group "
+                   f"no longer in the stack file, or no price for {spec.region})")
+    budget_stopped = [c.group for c in todo if c.decision.stopped_by == "budget"]
+    if budget_stopped:
+        limit = f" (${spec.budget.monthly_limit_usd:,.0f}/month)" if spec.budget else ""
+        out += [f"warning: {', '.join(budget_stopped)} {'was' if len(budget_stopped) == 1 else 'were'} "
+                f"stopped by the budget action{limit}. Resuming undoes it, and the budget",
+                "  action does not fire again this month (AWS Budgets alerts once per threshold per "
+                "month):",
+                "  until the month ends only idle, schedule and lifetime stops still apply. To keep the",
+                "  budget stop, resume with --only idle/schedule/lifetime; or raise "
+                "budget.monthly_limit_usd first."]
+    return out
+
+
+def explain_nothing_to_resume(stack: str, spec: StackSpec, candidates: list[ResumeCandidate],
+                              only: list[str]) -> list[str]:
+    """Why `resume` has nothing to do, per group, and what to do instead."""
+    from gpucluster.lambdas.scaling import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
+
+    if not candidates:
+        return [f"nothing to resume: no Auto Scaling group is tagged gpucluster:stack={spec.stack} "
+                f"in {spec.region}.",
+                f"  Not deployed yet (pulumi up -s {spec.stack}), or your AWS credentials point at "
+                f"another account (check AWS_PROFILE)."]
+    out = [f"nothing to resume in stack {spec.stack} ({spec.region}):"]
+    for c in candidates:
+        d = c.decision
+        if d.stopped_by is None and c.desired_now:
+            out.append(f"  {d.group}: running ({c.desired_now} desired), not stopped by a guardrail")
+        elif d.stopped_by is None:
+            out.append(f"  {d.group}: at 0 nodes by its own settings, not stopped by a guardrail; to "
+                       f"start nodes: aws autoscaling set-desired-capacity --auto-scaling-group-name "
+                       f"{d.group} --desired-capacity N")
+        elif only and d.stopped_by not in only:
+            out.append(f"  {d.group}: stopped by {d.stopped_by}, which --only {','.join(only)} leaves "
+                       f"alone; to restart it: gpucluster resume {stack} --only {d.stopped_by}")
+        else:
+            out.append(f"  {d.group}: stopped by {d.stopped_by}, but the capacity to restore (tag "
+                       f"{PREVIOUS_DESIRED_TAG}) is missing or invalid; restore it by hand: aws "
+                       f"autoscaling update-auto-scaling-group --auto-scaling-group-name {d.group} "
+                       f"--min-size N --desired-capacity N, then delete its {STOPPED_BY_TAG} tag")
+    return out
+
+
 @app.command()
 def resume(
     stack: StackArg,
     only: Annotated[list[str] | None, typer.Option(
         "--only", help="Resume only groups stopped for this reason (budget, idle, schedule, "
                        "lifetime); repeatable.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (scripts).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would restart and its cost.")]
+    = False,
 ) -> None:
-    """Restore every group a guardrail stopped to its recorded min/desired capacity, and clear the tags."""
+    """Restart the groups a guardrail stopped: shows them and their cost per hour, asks, then restores."""
     from gpucluster.lambdas.scaling import STOP_REASONS
-    from gpucluster.ops.status import resume_stack, stack_status
+    from gpucluster.ops.status import plan_resume, resume_stack, stack_status
 
     spec = build_spec(stack)
     unknown = sorted(set(only or []) - set(STOP_REASONS))
@@ -506,19 +617,64 @@ def resume(
         fail_usage("resume", f"--only: unknown reason {', '.join(unknown)} "
                              f"(one of {', '.join(STOP_REASONS)})")
     client = _autoscaling(spec)
-    results = _aws_call("resume", lambda: resume_stack(spec.stack, autoscaling_client=client,
-                                                       only_stopped_by=only or None))
+    candidates = _aws_call("resume", lambda: plan_resume(spec.stack, autoscaling_client=client,
+                                                         only_stopped_by=only or None))
+    todo = [c for c in candidates if c.decision.action == "resume"]
+    if not todo:
+        for line in explain_nothing_to_resume(stack, spec, candidates, only or []):
+            typer.echo(line)
+        raise typer.Exit(EXIT_OK)
+    for line in render_resume_plan(spec, todo):
+        typer.echo(line)
+    if dry_run:
+        typer.echo("dry run: nothing changed")
+        raise typer.Exit(EXIT_OK)
+    if not yes:
+        try:
+            agreed = typer.confirm(f"Restart {len(todo)} group(s)?", default=False)
+        except typer.Abort:  # no answer (stdin closed)
+            typer.echo("\nno answer: pass --yes to resume without asking")
+            agreed = False
+        if not agreed:
+            typer.echo("resume cancelled: nothing changed")
+            raise typer.Exit(EXIT_BLOCKED)
+    shown = {c.group: c.decision.stopped_by for c in todo}
+    results = _aws_call("resume", lambda: resume_stack(
+        spec.stack, autoscaling_client=client, only_stopped_by=only or None, shown=shown))
+    before = {c.group: c.desired_now for c in todo}
     for r in results:
         if r.action == "resumed":
-            typer.echo(f"resumed {r.group} (stopped by {r.stopped_by}): min {r.min_size}, "
-                       f"desired {r.desired_capacity}")
+            typer.echo(f"resumed {r.group} (stopped by {r.stopped_by}): {before.get(r.group, 0)} -> "
+                       f"{r.desired_capacity} node(s), min {r.min_size}")
         else:
-            typer.echo(f"skipped {r.group}: {r.reason}")
-    if not results:
-        typer.echo(f"stack {spec.stack}: no Auto Scaling groups tagged gpucluster:stack={spec.stack}")
+            typer.echo(f"not resumed {r.group}: {r.reason}")
     rows = _aws_call("resume", lambda: stack_status(spec.stack, autoscaling_client=client))
     for line in render_status(rows):
         typer.echo(line)
+
+
+# -------------------------------------------------------------------------- init
+
+
+@app.command()
+def init(
+    directory: Annotated[Path, typer.Argument(
+        help="Where to create the project: a new or empty directory.")] = Path("."),
+) -> None:
+    """Create a Pulumi project that uses gpucluster: Pulumi.yaml, __main__.py, a dev stack, policies."""
+    from gpucluster.scaffold import ScaffoldError, create_project
+
+    try:
+        written = create_project(directory)
+    except ScaffoldError as err:
+        fail_usage("init", str(err))
+    typer.echo(f"created a gpucluster project in {directory}:")
+    for path in written:
+        typer.echo(f"  {path.relative_to(directory)}")
+    here = directory.resolve() == Path.cwd().resolve()
+    typer.echo("")
+    typer.echo(f"next: {'' if here else f'cd {directory} && '}gpucluster plan dev   "
+               "(README.md has the steps to deploy)")
 
 
 def main() -> None:

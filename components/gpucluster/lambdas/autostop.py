@@ -16,14 +16,18 @@ Two EventBridge event kinds arrive here, passed through raw (no target `input`):
   (``arn:aws:events:<region>:<account>:rule/[<bus>/]<name>``):
   ``-stop`` stops every group of the stack (stopped-by=schedule);
   ``-start`` resumes only groups whose stopped-by is ``schedule`` (never a budget,
-  idle or lifetime stop); ``-lifetime`` stops groups whose oldest InService
-  instance is older than MAX_LIFETIME_HOURS (stopped-by=lifetime).
+  idle or lifetime stop, even one that lands while the start runs); ``-lifetime``
+  stops groups whose oldest InService instance is older than MAX_LIFETIME_HOURS
+  (stopped-by=lifetime).
 
 Before a stop, PRE_STOP_COMMAND (if set) runs through SSM on the InService
 instances of the groups about to stop, with GPUCLUSTER_STOP_REASON exported,
 and is awaited at most PRE_STOP_TIMEOUT_SECONDS (default 300; give the Lambda a
-timeout of that plus a minute). A failed or timed-out hook is logged and the
-stop proceeds. Anything else is logged and ignored. Never deletes anything.
+timeout of that plus a minute). A failed or timed-out hook, or a node SSM
+cannot reach, is logged and notified, and the stop proceeds on the others. The
+groups are described again after the hook and every write is decided on that
+fresh state, so a budget stop that landed during the wait is never relabelled.
+Anything else is logged and ignored. Never deletes anything.
 
 Environment: GPUCLUSTER_STACK (required), PRE_STOP_COMMAND,
 PRE_STOP_TIMEOUT_SECONDS, MAX_LIFETIME_HOURS, NOTIFY_TOPIC_ARN (optional).
@@ -113,10 +117,12 @@ def _stop(stack: str, groups: list[dict[str, Any]], reason: str, context: Any) -
         ),
     )
     summary = {"stack": stack, **report.summary(reason)}
-    if report.changed or report.errors:
-        notify_from_env(
-            f"gpucluster {stack}: {reason} stop of {len(report.changed)} group(s)", summary
-        )
+    hook_failed = report.hook is not None and not report.hook.ok
+    if report.changed or report.errors or hook_failed:
+        subject = f"gpucluster {stack}: {reason} stop of {len(report.changed)} group(s)"
+        if hook_failed and report.hook is not None:
+            subject += f"; pre-stop hook failed on {len(report.hook.failed)} node(s)"
+        notify_from_env(subject, summary)
     log_event("autostop done", **summary)
     raise_if_failed(report, stack)
     return summary
@@ -182,9 +188,13 @@ def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, An
     if rule.endswith(STOP_SUFFIX):
         return _stop(stack, stack_groups(autoscaling, stack), SCHEDULE, context)
     if rule.endswith(START_SUFFIX):
+        # Each group is described again right before its write: an earlier resume in this loop
+        # takes time, and a budget stop may land meanwhile.
+        names = [g["AutoScalingGroupName"] for g in stack_groups(autoscaling, stack)]
         results = [
             resume_group(autoscaling, g, only_stopped_by={SCHEDULE})
-            for g in stack_groups(autoscaling, stack)
+            for name in names
+            for g in describe_groups(autoscaling, [name])
         ]
         resumed = [r.group for r in results if r.action == "resumed"]
         summary = {

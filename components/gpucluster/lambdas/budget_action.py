@@ -4,7 +4,10 @@ Subscribed (by the Pulumi side) only to the SNS topic of the budget's action
 threshold, so any SNS notification record is a breach. AWS Budgets publishes
 plain text, not JSON: the message is logged and forwarded, never parsed for a
 decision. Malformed events are logged and ignored. No pre-stop hook runs here:
-a breach stops spending at once. Never deletes anything; data in S3 is untouched.
+a breach stops spending at once. A budget stop always wins: after a short
+settle time the handler reads its groups again and undoes whatever a
+concurrent schedule start or stop wrote over it (`scaling.confirm_budget_stops`).
+Never deletes anything; data in S3 is untouched.
 
 Environment: GPUCLUSTER_STACK (required), NOTIFY_TOPIC_ARN (optional).
 """
@@ -16,6 +19,7 @@ from typing import Any
 from .scaling import (
     BUDGET,
     RUNTIME,
+    confirm_budget_stops,
     ignored,
     log_event,
     notify_from_env,
@@ -24,6 +28,10 @@ from .scaling import (
     stack_groups,
     stop_groups,
 )
+
+# Long enough for a schedule start or stop that read a group just before our write to land its
+# own write (a describe and two updates, well under a second), short next to the Lambda timeout.
+SETTLE_SECONDS = 5.0
 
 
 def breach_records(event: Any) -> list[dict[str, Any]]:
@@ -59,6 +67,9 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     )
     autoscaling = RUNTIME.client("autoscaling")
     report = stop_groups(autoscaling, stack_groups(autoscaling, stack), BUDGET)
+    if report.changed:
+        RUNTIME.sleep(SETTLE_SECONDS)
+        confirm_budget_stops(autoscaling, report)
     summary = {"stack": stack, **report.summary(BUDGET)}
     if report.changed or report.errors:
         notify_from_env(

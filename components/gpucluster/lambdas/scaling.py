@@ -4,9 +4,14 @@ Every guardrail (budget, idle, schedule, lifetime) stops compute the same way:
 MinSize and DesiredCapacity go to 0 and the group carries tags saying who
 stopped it and what to restore (`STOPPED_BY_TAG`, `PREVIOUS_DESIRED_TAG`,
 `PREVIOUS_MIN_TAG`). Stopping is idempotent and a budget stop outranks the
-others, so a schedule "start" never undoes a budget breach. This module must
-never delete anything in AWS and must never import Pulumi: it is zipped with
-the handlers as the package ``lambdas`` (see `HANDLERS`).
+others, so a schedule "start" never undoes a budget breach. The Auto Scaling
+API has no compare-and-set, and the handlers run concurrently: every write is
+decided on a group described right before it (never on a snapshot taken before
+a hook wait), a resume checks after its write that no budget stop landed
+meanwhile, and the budget handler checks its own stops once more after a short
+settle time (`confirm_budget_stops`). This module must never delete anything in
+AWS and must never import Pulumi: it is zipped with the handlers as the package
+``lambdas`` (see `HANDLERS`).
 """
 
 from __future__ import annotations
@@ -94,12 +99,23 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
 TERMINAL_STATUSES = frozenset({"Success", "Cancelled", "TimedOut", "Failed"})
 # SendCommand accepts at most 50 instance ids per call (API reference, InstanceIds).
 MAX_INSTANCES_PER_COMMAND = 50
+# SendCommand refuses the whole call when one instance cannot take it: InvalidInstanceId covers
+# "not a managed node, SSM Agent not running or not registered, no permission on the node, or
+# shutting down" (SSM API reference, SendCommand errors). The batch is then sent again one
+# instance at a time, so every node that can run the hook still runs it.
+PER_INSTANCE_RETRY_ERRORS = frozenset(
+    {"InvalidInstanceId", "AccessDeniedException", "UnsupportedPlatformType"}
+)
+NOT_SENT = "NotSent"
 RUN_SHELL_DOCUMENT = "AWS-RunShellScript"
 
 AWS_ERRORS = (ClientError, BotoCoreError)
 
 LOG = logging.getLogger("gpucluster.guardrails")
 LOG.setLevel(logging.INFO)
+# Lambda's root handler still receives every line; a CLI reusing these functions never prints
+# raw JSON through logging's last-resort handler.
+LOG.addHandler(logging.NullHandler())
 
 
 class ConfigError(RuntimeError):
@@ -239,6 +255,13 @@ def _set_tags(autoscaling: Any, group_name: str, tags: Mapping[str, str]) -> Non
     )
 
 
+def error_code(exc: BaseException) -> str:
+    """The AWS error code of a ClientError ("" for other errors)."""
+    response = getattr(exc, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    return str(error.get("Code", "")) if isinstance(error, dict) else ""
+
+
 def _parse_count(value: str | None) -> int | None:
     try:
         count = int(value) if value is not None else None
@@ -263,10 +286,12 @@ def needs_stop(group: Mapping[str, Any]) -> bool:
 def scale_to_zero(autoscaling: Any, group: Mapping[str, Any], reason: str) -> str:
     """Set MinSize and DesiredCapacity to 0 and record why and what to restore.
 
-    Idempotent: a group already at zero is left alone, so previous-desired is
-    never overwritten with 0. The one exception is escalation: a budget stop
-    relabels a group that another guardrail stopped, so the morning schedule
-    cannot restart what the budget shut down.
+    `group` must have been described right before the call: the decision is
+    only as fresh as it is. Idempotent: a group already at zero is left alone,
+    so previous-desired is never overwritten with 0. The one exception is
+    escalation: a budget stop relabels a group that another guardrail stopped,
+    so the morning schedule cannot restart what the budget shut down. No other
+    reason ever replaces a budget label.
     """
     if reason not in STOP_REASONS:
         raise ValueError(f"unknown stop reason {reason!r}; expected one of {STOP_REASONS}")
@@ -319,17 +344,12 @@ class ResumeResult:
     reason: str = ""
 
 
-def resume_group(
-    autoscaling: Any,
-    group: Mapping[str, Any],
-    *,
-    only_stopped_by: Collection[str] | None = None,
+def resume_decision(
+    group: Mapping[str, Any], only_stopped_by: Collection[str] | None = None
 ) -> ResumeResult:
-    """Restore min/desired recorded by `scale_to_zero` and remove our state tags.
+    """What resuming `group` would do, without doing it: action "resume" or "skipped".
 
-    `only_stopped_by` limits which stops may be undone (the schedule start only
-    undoes schedule stops). Desired never goes below what the group runs now nor
-    above MaxSize.
+    Desired never goes below what the group runs now nor above MaxSize.
     """
     name = group["AutoScalingGroupName"]
     tags = group_tags(group)
@@ -340,25 +360,69 @@ def resume_group(
         return ResumeResult(name, "skipped", stopped_by, reason=f"stopped by {stopped_by}")
     previous_desired = _parse_count(tags.get(PREVIOUS_DESIRED_TAG))
     if previous_desired is None:
-        log_event("cannot resume: no previous capacity", logging.WARNING, group=name)
         return ResumeResult(
             name, "skipped", stopped_by, reason=f"tag {PREVIOUS_DESIRED_TAG} missing or invalid"
         )
     previous_min = _parse_count(tags.get(PREVIOUS_MIN_TAG)) or 0
     desired = min(max(previous_desired, int(group["DesiredCapacity"])), int(group["MaxSize"]))
-    min_size = min(previous_min, desired)
+    return ResumeResult(name, "resume", stopped_by, min(previous_min, desired), desired)
+
+
+def resume_group(
+    autoscaling: Any,
+    group: Mapping[str, Any],
+    *,
+    only_stopped_by: Collection[str] | None = None,
+) -> ResumeResult:
+    """Restore min/desired recorded by `scale_to_zero` and remove our state tags.
+
+    `group` must have been described right before the call. `only_stopped_by`
+    limits which stops may be undone (the schedule start only undoes schedule
+    stops). After restoring capacity the group is read again: if another stop
+    (a budget breach) relabelled it meanwhile, capacity goes back to zero and
+    that stop's tags stay, so a start never undoes a stop it did not see.
+    """
+    decision = resume_decision(group, only_stopped_by)
+    name = decision.group
+    if decision.action != "resume":
+        if decision.stopped_by is not None and PREVIOUS_DESIRED_TAG in decision.reason:
+            log_event("cannot resume: no previous capacity", logging.WARNING, group=name)
+        return decision
     autoscaling.update_auto_scaling_group(
-        AutoScalingGroupName=name, MinSize=min_size, DesiredCapacity=desired
+        AutoScalingGroupName=name,
+        MinSize=decision.min_size,
+        DesiredCapacity=decision.desired_capacity,
     )
+    now = describe_groups(autoscaling, [name])
+    label = group_tags(now[0]).get(STOPPED_BY_TAG) if now else None
+    # Relabelled (a budget stop escalated it), or stopped again after our update (back at zero):
+    # either way another stop's tags are on the group now, and they must stay.
+    zeroed = bool(now) and int(now[0]["DesiredCapacity"]) == 0 < (decision.desired_capacity or 0)
+    if label is not None and (label != decision.stopped_by or zeroed):
+        autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=0, DesiredCapacity=0)
+        log_event("resume undone: stopped again meanwhile", logging.WARNING, group=name,
+                  resumed=decision.stopped_by, stopped_by=label)
+        return ResumeResult(name, "skipped", label,
+                            reason=f"stopped by {label} while resuming; left stopped")
+    tags = group_tags(now[0]) if now else {}
     present = [key for key in STATE_TAGS if key in tags]
-    autoscaling.delete_tags(
-        Tags=[
-            {"ResourceId": name, "ResourceType": "auto-scaling-group", "Key": key}
-            for key in present
-        ]
+    if present:
+        autoscaling.delete_tags(
+            Tags=[
+                {"ResourceId": name, "ResourceType": "auto-scaling-group", "Key": key}
+                for key in present
+            ]
+        )
+    log_event(
+        "group resumed",
+        group=name,
+        stopped_by=decision.stopped_by,
+        min=decision.min_size,
+        desired=decision.desired_capacity,
     )
-    log_event("group resumed", group=name, stopped_by=stopped_by, min=min_size, desired=desired)
-    return ResumeResult(name, "resumed", stopped_by, min_size, desired)
+    return ResumeResult(
+        name, "resumed", decision.stopped_by, decision.min_size, decision.desired_capacity
+    )
 
 
 # --- hooks through SSM Run Command ----------------------------------------------------------
@@ -366,14 +430,32 @@ def resume_group(
 
 @dataclass
 class CommandResult:
-    """Last seen SSM status per instance; `timed_out` when we stopped waiting."""
+    """Last seen SSM status per instance; `timed_out` when we stopped waiting.
+
+    `errors` holds why the command could not be sent to an instance (status NotSent).
+    """
 
     statuses: dict[str, str] = field(default_factory=dict)
     timed_out: bool = False
+    errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not self.timed_out and all(s == "Success" for s in self.statuses.values())
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Instances whose hook did not succeed (or was not sent), with their last status."""
+        return {i: s for i, s in sorted(self.statuses.items()) if s != "Success"}
+
+    def summary(self) -> dict[str, Any]:
+        """For the handler's result and its notification: what did not run, and why."""
+        doc: dict[str, Any] = {"ok": self.ok, "timed_out": self.timed_out}
+        if self.failed:
+            doc["failed"] = self.failed
+        if self.errors:
+            doc["not_sent"] = dict(sorted(self.errors.items()))
+        return doc
 
 
 def run_command(
@@ -391,7 +473,10 @@ def run_command(
     """Run a shell command on instances with AWS-RunShellScript and wait, at most timeout_seconds.
 
     Never raises for AWS errors and never waits past the deadline: a hook that
-    fails or hangs must not keep a guardrail from acting.
+    fails or hangs must not keep a guardrail from acting. One instance that SSM
+    cannot reach does not cancel the others: a batch refused for it is sent
+    again instance by instance, and the unreachable ones are reported in
+    `CommandResult.errors`.
     """
     sleep = sleep or RUNTIME.sleep
     clock = clock or RUNTIME.clock
@@ -407,11 +492,12 @@ def run_command(
     }
     pending: dict[str, str] = {}
     ids = list(dict.fromkeys(instance_ids))
-    for start in range(0, len(ids), MAX_INSTANCES_PER_COMMAND):
-        chunk = ids[start : start + MAX_INSTANCES_PER_COMMAND]
+    batches = [ids[i : i + MAX_INSTANCES_PER_COMMAND] for i in range(0, len(ids), MAX_INSTANCES_PER_COMMAND)]
+    while batches:
+        batch = batches.pop(0)
         try:
             response = ssm.send_command(
-                InstanceIds=chunk,
+                InstanceIds=batch,
                 DocumentName=RUN_SHELL_DOCUMENT,
                 Comment=comment[:100],
                 # Delivery timeout: minimum 30 s (API reference, SendCommand.TimeoutSeconds).
@@ -419,12 +505,18 @@ def run_command(
                 Parameters=parameters,
             )
         except AWS_ERRORS as exc:
-            log_event("hook not sent", logging.WARNING, instances=chunk, error=str(exc))
-            result.statuses.update(dict.fromkeys(chunk, "NotSent"))
+            if len(batch) > 1 and error_code(exc) in PER_INSTANCE_RETRY_ERRORS:
+                log_event("hook refused for the batch, sending per instance", logging.WARNING,
+                          instances=batch, error=str(exc))
+                batches[:0] = [[instance] for instance in batch]
+                continue
+            log_event("hook not sent", logging.WARNING, instances=batch, error=str(exc))
+            result.statuses.update(dict.fromkeys(batch, NOT_SENT))
+            result.errors.update(dict.fromkeys(batch, str(exc)))
             continue
         command_id = response["Command"]["CommandId"]
-        log_event("hook sent", command_id=command_id, instances=chunk)
-        pending.update(dict.fromkeys(chunk, command_id))
+        log_event("hook sent", command_id=command_id, instances=batch)
+        pending.update(dict.fromkeys(batch, command_id))
     while pending:
         for instance_id, command_id in list(pending.items()):
             try:
@@ -450,14 +542,22 @@ def run_command(
 
 # --- stopping several groups -----------------------------------------------------------------
 
+GONE = "gone"  # the group disappeared while the hook ran: nothing to stop
+
 
 @dataclass
 class StopReport:
-    """Outcome per group, errors per group, and the pre-stop hook's result."""
+    """Outcome per group, errors per group, the pre-stop hook's result, and budget corrections.
+
+    `recorded` holds, per group this stop changed, the previous-capacity tags
+    as they stood after the stop (what a later correction restores).
+    """
 
     outcomes: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     hook: CommandResult | None = None
+    recorded: dict[str, dict[str, str]] = field(default_factory=dict)
+    corrections: dict[str, str] = field(default_factory=dict)
 
     @property
     def changed(self) -> list[str]:
@@ -474,8 +574,21 @@ class StopReport:
         if self.errors:
             summary["errors"] = self.errors
         if self.hook is not None:
-            summary["hook"] = {"ok": self.hook.ok, "timed_out": self.hook.timed_out}
+            summary["hook"] = self.hook.summary()
+        if self.corrections:
+            summary["corrections"] = self.corrections
         return summary
+
+
+def _previous_tags(group: Mapping[str, Any]) -> dict[str, str]:
+    """The previous-capacity tags a stop of `group` (as described now) leaves on it."""
+    if needs_stop(group):
+        return {
+            PREVIOUS_DESIRED_TAG: str(int(group["DesiredCapacity"])),
+            PREVIOUS_MIN_TAG: str(int(group["MinSize"])),
+        }
+    tags = group_tags(group)
+    return {key: tags[key] for key in (PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG) if key in tags}
 
 
 def stop_groups(
@@ -491,7 +604,10 @@ def stop_groups(
 
     One SSM command with one deadline for all groups keeps the total wait bounded
     by the timeout, whatever the number of groups. A failed or timed-out hook is
-    logged and the stop goes on. AWS errors on one group do not spare the others.
+    logged and the stop goes on. The hook can take minutes, during which a budget
+    stop or a person may act: the groups are described again after it, and each
+    write is decided on that fresh state. AWS errors on one group do not spare
+    the others.
     """
     report = StopReport()
     to_stop = [g for g in groups if needs_stop(g)]
@@ -505,14 +621,71 @@ def stop_groups(
             environment={"GPUCLUSTER_STOP_REASON": reason},
             comment=f"gpucluster pre-stop hook ({reason})",
         )
+        names = [g["AutoScalingGroupName"] for g in groups]
+        try:
+            fresh = {g["AutoScalingGroupName"]: g for g in describe_groups(autoscaling, names)}
+        except AWS_ERRORS as exc:
+            log_event("cannot read groups after the hook", logging.ERROR, error=str(exc))
+            report.errors.update(dict.fromkeys(names, f"not described after the hook: {exc}"))
+            return report
+        for name in names:
+            if name not in fresh:
+                log_event("group gone while the hook ran", logging.WARNING, group=name)
+                report.outcomes[name] = GONE
+        groups = list(fresh.values())
     for group in groups:
         name = group["AutoScalingGroupName"]
         try:
+            previous = _previous_tags(group)
             report.outcomes[name] = scale_to_zero(autoscaling, group, reason)
         except AWS_ERRORS as exc:
             log_event("stop failed", logging.ERROR, group=name, error=str(exc))
             report.errors[name] = str(exc)
+            continue
+        if report.outcomes[name] in CHANGED:
+            report.recorded[name] = previous
     return report
+
+
+def confirm_budget_stops(autoscaling: Any, report: StopReport) -> dict[str, str]:
+    """Read the groups a budget stop changed once more and put back what a concurrent write undid.
+
+    The Auto Scaling API has no compare-and-set: a schedule start or another
+    stop that read a group just before the budget wrote it can write just
+    after. Run after a short settle time, this makes the budget's state the
+    last word: a group running again is stopped again (its capacity now
+    recorded), a relabelled one gets the budget label back, and previous-capacity
+    tags deleted meanwhile are restored from `report.recorded`. Returns the
+    corrections made (also kept in `report.corrections`); AWS errors go to
+    `report.errors`.
+    """
+    names = report.changed
+    if not names:
+        return {}
+    try:
+        groups = describe_groups(autoscaling, names)
+    except AWS_ERRORS as exc:
+        report.errors.update(dict.fromkeys(names, f"budget stop not confirmed: {exc}"))
+        return {}
+    for group in groups:
+        name = group["AutoScalingGroupName"]
+        tags = group_tags(group)
+        try:
+            if needs_stop(group):
+                scale_to_zero(autoscaling, group, BUDGET)
+                fix = f"running again ({group['DesiredCapacity']} desired): stopped again"
+            elif tags.get(STOPPED_BY_TAG) != BUDGET:
+                missing = {k: v for k, v in report.recorded.get(name, {}).items() if k not in tags}
+                _set_tags(autoscaling, name, {STOPPED_BY_TAG: BUDGET, **missing})
+                fix = f"label {tags.get(STOPPED_BY_TAG) or 'removed'}: set back to budget"
+            else:
+                continue
+        except AWS_ERRORS as exc:
+            report.errors[name] = f"budget stop not confirmed: {exc}"
+            continue
+        log_event("budget stop restored", logging.WARNING, group=name, correction=fix)
+        report.corrections[name] = fix
+    return report.corrections
 
 
 # --- notifications ---------------------------------------------------------------------------

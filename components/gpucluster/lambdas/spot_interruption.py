@@ -5,12 +5,19 @@ before the instance is reclaimed; detail ``instance-id``, ``instance-action``)
 and ``EC2 Instance Rebalance Recommendation`` (earlier; detail ``instance-id``),
 both from source aws.ec2 (EC2 user guide, "Spot Instance interruption notices"
 and "EC2 instance rebalance recommendations"). The handler acts only if the
-instance belongs to an Auto Scaling group tagged with this stack: it runs
-INTERRUPTION_COMMAND on exactly that instance through SSM, exporting
-GPUCLUSTER_EVENT (``spot-interruption-warning`` or ``rebalance-recommendation``)
-and GPUCLUSTER_INSTANCE_ACTION, waits at most INTERRUPTION_TIMEOUT_SECONDS
-(default 90, inside the two-minute warning), then notifies SNS. It never
-scales or deletes anything; the Auto Scaling group replaces the instance itself.
+instance belongs to an Auto Scaling group tagged with this stack.
+
+The node's own IMDS watcher may see the same notice and run the same hook, so
+this handler never sends the checkpoint command itself: it runs the node's
+once-per-boot wrapper (`INTERRUPTION_HOOK`, written by the node bootstrap),
+which runs the stack's spot.interruption_command from the node's env file at
+most once per boot and reports the one run's exit status to every caller. It
+exports GPUCLUSTER_EVENT (``spot-interruption-warning`` or
+``rebalance-recommendation``) and GPUCLUSTER_INSTANCE_ACTION, waits at most
+INTERRUPTION_TIMEOUT_SECONDS (default 90, inside the two-minute warning), then
+notifies SNS with the hook's outcome. INTERRUPTION_COMMAND only says that a
+hook is configured. It never scales or deletes anything; the Auto Scaling
+group replaces the instance itself.
 
 Environment: GPUCLUSTER_STACK (required), INTERRUPTION_COMMAND,
 INTERRUPTION_TIMEOUT_SECONDS, NOTIFY_TOPIC_ARN (optional).
@@ -19,6 +26,7 @@ INTERRUPTION_TIMEOUT_SECONDS, NOTIFY_TOPIC_ARN (optional).
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 from .scaling import (
@@ -42,6 +50,15 @@ EVENT_KINDS = {
 }
 DEFAULT_INTERRUPTION_TIMEOUT_SECONDS = 90.0
 INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
+# The node's once-per-boot wrapper around spot.interruption_command; the same path as
+# gpucluster.node.userdata.INTERRUPTION_HOOK (this package cannot import it: it ships alone).
+INTERRUPTION_HOOK = "/usr/local/sbin/gpucluster-interruption-hook"
+
+
+def hook_command(kind: str, action: object) -> str:
+    """The shell line sent to the node: the wrapper, with a reason for its log."""
+    reason = f"{kind} via EventBridge and SSM (instance-action {action or 'none'})"
+    return f"{INTERRUPTION_HOOK} {shlex.quote(reason)}"
 
 
 def instance_group(autoscaling: Any, instance_id: str, stack: str) -> str | None:
@@ -85,12 +102,11 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
         "instance_action": action,
         "group": group,
     }
-    command = env_text("INTERRUPTION_COMMAND")
-    if command:
+    if env_text("INTERRUPTION_COMMAND"):
         result = run_command(
             RUNTIME.client("ssm"),
             [instance_id],
-            command,
+            hook_command(kind, action),
             timeout_seconds=bounded_timeout(
                 env_number("INTERRUPTION_TIMEOUT_SECONDS", DEFAULT_INTERRUPTION_TIMEOUT_SECONDS),
                 context,
@@ -101,9 +117,11 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
             poll_seconds=2.0,
         )
         summary.update(
-            action="hook-run",
-            hook={"ok": result.ok, "timed_out": result.timed_out, "statuses": result.statuses},
+            action="hook-run", hook={**result.summary(), "statuses": result.statuses}
         )
-    notify_from_env(f"gpucluster {stack}: {kind} for {instance_id} ({group})", summary)
+    subject = f"gpucluster {stack}: {kind} for {instance_id} ({group})"
+    if "hook" in summary and not summary["hook"]["ok"]:
+        subject += ": hook failed"
+    notify_from_env(subject, summary)
     log_event("spot event handled", **summary)
     return summary

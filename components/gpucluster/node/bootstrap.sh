@@ -23,16 +23,11 @@ fi
 
 # CloudWatch agent first: auto-stop can only stop an idle node it hears from.
 # It publishes nvidia_smi_utilization_gpu per Auto Scaling group.
-# Installed from the regional bucket when the AMI lacks it, so it also works through
-# the VPC's S3 gateway endpoint without internet egress (CloudWatch agent user guide,
-# "Download and install the CloudWatch agent using the command line").
+# Installed when the AMI lacks it: a pinned version from the regional bucket (so it also works
+# through the VPC's S3 gateway endpoint), its signature checked first (gpucluster-install).
 CWA_CTL=/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl
 if [ ! -x "$CWA_CTL" ]; then
-  deb=$(mktemp --suffix=.deb)
-  curl -fsSL --retry 5 -o "$deb" \
-    "https://amazoncloudwatch-agent-${GPUCLUSTER_REGION}.s3.${GPUCLUSTER_REGION}.amazonaws.com/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb"
-  dpkg -i -E "$deb"
-  rm -f "$deb"
+  /usr/local/sbin/gpucluster-install cloudwatch-agent
 fi
 "$CWA_CTL" -a fetch-config -m ec2 -s -c file:/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json
 

@@ -9,6 +9,7 @@ set -euo pipefail
 # shellcheck source=/dev/null
 . "${GPUCLUSTER_NODE_ENV:-/etc/gpucluster/node.env}"
 MOUNTS="${GPUCLUSTER_DATA_MOUNTS:-/etc/gpucluster/data-mounts.tsv}"
+INSTALL="${GPUCLUSTER_INSTALL:-/usr/local/sbin/gpucluster-install}"
 
 log() { echo "gpucluster-data: $*"; logger -t gpucluster-data -- "$*" || true; }
 
@@ -17,29 +18,13 @@ if [ ! -s "$MOUNTS" ]; then
   exit 0
 fi
 
+# Pinned versions, signatures checked before installing: gpucluster-install (install.sh).
 ensure_mount_s3() {
-  command -v mount-s3 >/dev/null 2>&1 && return 0
-  # Mountpoint for Amazon S3 user guide, "Installing Mountpoint"
-  local tmp
-  tmp=$(mktemp -d)
-  curl -fsSL --retry 5 -o "$tmp/mount-s3.deb" \
-    https://s3.amazonaws.com/mountpoint-s3-release/latest/x86_64/mount-s3.deb
-  DEBIAN_FRONTEND=noninteractive apt-get install -y "$tmp/mount-s3.deb"
-  rm -rf "$tmp"
+  command -v mount-s3 >/dev/null 2>&1 || "$INSTALL" mount-s3
 }
 
 ensure_lustre_client() {
-  modinfo lustre >/dev/null 2>&1 && return 0
-  # FSx for Lustre user guide, "Installing the Lustre client" (Ubuntu)
-  local codename
-  # shellcheck source=/dev/null
-  codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
-  curl -fsSL https://fsx-lustre-client-repo-public-keys.s3.amazonaws.com/fsx-ubuntu-public-key.asc \
-    | gpg --dearmor --yes -o /usr/share/keyrings/fsx-ubuntu-public-key.gpg
-  echo "deb [signed-by=/usr/share/keyrings/fsx-ubuntu-public-key.gpg] https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu $codename main" \
-    > /etc/apt/sources.list.d/fsxlustreclientrepo.list
-  apt-get update
-  DEBIAN_FRONTEND=noninteractive apt-get install -y "lustre-client-modules-$(uname -r)"
+  modinfo lustre >/dev/null 2>&1 || "$INSTALL" lustre-client
 }
 
 # fd 3, so that commands in the loop (aws, apt-get) cannot eat the list from stdin

@@ -23,7 +23,7 @@ from importlib import resources
 
 from gpucluster.catalog import family_of
 from gpucluster.parts import DataMount
-from gpucluster.spec import NodeGroupConfig, StackSpec
+from gpucluster.spec import NodeGroupConfig, SpotConfig, StackSpec
 
 # --- the contract with auto-stop (guardrails): where GPU utilisation is published.
 # CloudWatch user guide, "Collect NVIDIA GPU metrics": the agent's nvidia_gpu plugin
@@ -85,17 +85,24 @@ class NodeBootstrap:
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig,
                    data_mounts: Sequence[DataMount] = ()) -> NodeBootstrap:
     """The bootstrap settings of `group` in `spec`, with already-resolved data mounts."""
+    return group_bootstrap(group, stack=spec.stack, cluster=spec.cluster.name, region=spec.region,
+                           spot=spec.spot, data_mounts=data_mounts)
+
+
+def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region: str, spot: SpotConfig,
+                    data_mounts: Sequence[DataMount] = ()) -> NodeBootstrap:
+    """The bootstrap settings of one group outside any stack spec (a GpuNodeGroup's own args)."""
     cap = group.capacity
     can_be_spot = cap.market == "mixed" and cap.spot_percent > 0
     return NodeBootstrap(
-        stack=spec.stack, cluster=spec.cluster.name, node_group=group.name, region=spec.region,
+        stack=stack, cluster=cluster, node_group=group.name, region=region,
         scratch_mount=group.scratch_mount, efa=group.efa_enabled,
         gpudirect_rdma=group.efa_enabled and all(family_of(t) in RDMA_FAMILIES
                                                  for t in group.instance_types),
-        watch_spot=can_be_spot and spec.spot.interruption_command is not None,
-        interruption_command=spec.spot.interruption_command,
-        interruption_timeout_seconds=spec.spot.interruption_timeout_seconds,
-        handle_rebalance=spec.spot.handle_rebalance,
+        watch_spot=can_be_spot and spot.interruption_command is not None,
+        interruption_command=spot.interruption_command,
+        interruption_timeout_seconds=spot.interruption_timeout_seconds,
+        handle_rebalance=spot.handle_rebalance,
         data_mounts=tuple(data_mounts),
     )
 
@@ -198,6 +205,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         NodeFile("/etc/gpucluster/data-mounts.tsv", data_mounts_table(b)),
         NodeFile(f"{_SBIN}/gpucluster-scratch", script("scratch.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-data", script("data.sh"), "0755"),
+        NodeFile(f"{_SBIN}/gpucluster-install", script("install.sh"), "0755"),
         NodeFile(INTERRUPTION_HOOK, script("interruption-hook.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-spot-watcher", script("spot-watcher.sh"), "0755"),
         NodeFile(f"{_UNITS}/gpucluster-scratch.service", _unit(

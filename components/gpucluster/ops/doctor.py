@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
 from gpucluster import catalog
 from gpucluster.pricing import Rate, split_nodes
 from gpucluster.spec import NodeGroupConfig, StackSpec

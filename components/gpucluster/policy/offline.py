@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pulumi.runtime import MockResourceArgs
+
 from gpucluster.plan import Plan, PlanMocks, PlannedResource
 from gpucluster.policy import settings
 from gpucluster.policy.records import Resource, Violation
 from gpucluster.policy.rules import evaluate
-from pulumi.runtime import MockResourceArgs
 
 
 def record_of(planned: PlannedResource, mocks: PlanMocks) -> Resource:

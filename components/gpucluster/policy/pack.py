@@ -14,8 +14,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpucluster.policy.records import UNKNOWN, Resource, Stack, dig
-from gpucluster.policy.rules import RULES, Rule
 from pulumi_policy import (
     EnforcementLevel,
     Policy,
@@ -28,6 +26,9 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 from pulumi_policy import proxy as policy_proxy
+
+from gpucluster.policy.records import UNKNOWN, Resource, Stack, dig
+from gpucluster.policy.rules import RULES, Rule
 
 PACK_NAME = "gpucluster"
 PACK_DESCRIPTION = ("gpucluster guardrails: cost tags, IMDSv2, private encrypted GPU nodes, closed "

@@ -1,0 +1,527 @@
+"""Component Args: the stack file's sections as typed dicts, and how any component's args are checked.
+
+It owns two things. The settings types (`NodeGroupSettings`, `BudgetSettings`, ...)
+spell each stack-file section as a `TypedDict`, key for key and with the same
+docstrings as the pydantic models of `gpucluster.spec`, so a component takes a
+node group or a budget exactly as a stack file writes it (and Pulumi's schema
+analyzer turns them into package types). And `validate` checks a component's
+args with the stack file's own models and named checks, raising `ArgsError`
+whose lines read `<Component> <name>: <key path>: <message>`.
+
+It must never hold a rule of its own for a value the stack file also has: those
+rules live in `gpucluster.spec`, and what is here only composes them for one
+component. Values only components take (subnet, security group and VPC ids,
+ASG ARNs) get a format check when they are plain, and pass through when they
+are Outputs. No `from __future__ import annotations` here or in the component
+modules: the schema analyzer reads these annotations at runtime.
+"""
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Annotated, Any, NotRequired, TypedDict, TypeVar, get_args
+
+import pulumi
+from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError
+
+from gpucluster.spec import (
+    CHECKS,
+    AbsolutePath,
+    AutoStopConfig,
+    AvailabilityZone,
+    BucketName,
+    BudgetConfig,
+    ClusterConfig,
+    DatasetConfig,
+    Finding,
+    Name,
+    NetworkConfig,
+    NodeGroupConfig,
+    Region,
+    S3Prefix,
+    SpecError,
+    SpotConfig,
+    StackSpec,
+    StrictModel,
+    TagValue,
+    _matches,
+    autostop_findings,
+    budget_findings,
+    data_path_findings,
+    dataset_findings,
+    group_zone_findings,
+    network_findings,
+    node_group_findings,
+    single_zone_findings,
+    unique_name_findings,
+    validation_findings,
+    zone_region_findings,
+)
+
+# ------------------------------------------------------------------ the stack file's sections
+
+
+class CostTagSettings(TypedDict):
+    """The cost-allocation tags every resource carries (and the budget filters on)."""
+
+    owner: str
+    """Team or person accountable for the cluster (tag `owner`)."""
+    cost_center: str
+    """Cost-allocation tag the budget filters on (tag `cost_center`)."""
+    environment: str
+    """`prod` gets the production policies; anything else is non-prod."""
+
+
+class ClusterSettings(TypedDict):
+    """The stack file's `cluster` section: name and tags."""
+
+    name: str
+    """Short name used in every resource name; the stack name is added to tags."""
+    tags: CostTagSettings
+    """Required cost tags: owner, cost_center, environment."""
+    extra_tags: NotRequired[dict[str, str]]
+    """More tags for every resource (team, project, ...)."""
+
+
+class NetworkSettings(TypedDict):
+    """The stack file's `network` section: a new VPC or an existing one, and the zones."""
+
+    availability_zones: list[str]
+    """Zones the cluster may use; EFA groups use exactly one of them."""
+    vpc_cidr: NotRequired[str]
+    """Create a VPC with this CIDR (private subnets, NAT, S3/SSM endpoints)."""
+    nat_gateway: NotRequired[bool]
+    """Internet egress for nodes through one NAT gateway (created VPCs only)."""
+    existing_vpc_id: NotRequired[str]
+    """Use this VPC instead of creating one."""
+    existing_subnets: NotRequired[dict[str, str]]
+    """With existing_vpc_id: the private subnet to use in each availability zone."""
+
+
+class CapacitySettings(TypedDict):
+    """A node group's `capacity`: the on-demand / spot / reservation mix."""
+
+    market: NotRequired[str]
+    """`mixed`: on-demand base + spot above it; `capacity_block`: a purchased Capacity Block."""
+    on_demand_base: NotRequired[int]
+    """Nodes always bought on-demand (or from a reservation) before any spot."""
+    spot_percent: NotRequired[float]
+    """Share of nodes above the base that are spot, 0..100."""
+    spot_allocation_strategy: NotRequired[str]
+    """How the ASG picks spot pools (AWS Auto Scaling allocation strategies)."""
+    on_demand_allocation_strategy: NotRequired[str]
+    """`prioritized` follows instance_types order for on-demand nodes."""
+    base_commitment: NotRequired[str]
+    """How the on-demand base is paid for; used by the cost model."""
+    capacity_reservation_id: NotRequired[str]
+    """Targeted on-demand capacity reservation, or the Capacity Block's reservation id."""
+
+
+class NodeGroupSettings(TypedDict):
+    """One entry of the stack file's `node_groups`: instance types, sizes, capacity, EFA, disks, AMI."""
+
+    name: str
+    """Unique within the stack; used in resource names and the ASG tag."""
+    instance_types: list[str]
+    """Preference order: the first is tried first; the rest are fallbacks."""
+    min_nodes: NotRequired[int]
+    """The Auto Scaling group minimum, set at creation; afterwards the guardrails own it (see Guardrails)."""
+    desired_nodes: NotRequired[int]
+    """Nodes at creation; later changed by guardrails and users, not by Pulumi."""
+    max_nodes: int
+    """The Auto Scaling group maximum (and what the cost model prices at worst)."""
+    availability_zones: NotRequired[list[str]]
+    """Default: the network's first zone for EFA groups, all its zones otherwise."""
+    capacity: NotRequired[CapacitySettings]
+    """The on-demand / spot / reservation mix."""
+    efa: NotRequired[str]
+    """auto: on when every type supports EFA and the group can have more than one node."""
+    placement_group: NotRequired[bool]
+    """A cluster placement group; default on for EFA groups, off otherwise."""
+    scratch_mount: NotRequired[str]
+    """Where the RAID0 of the NVMe instance-store disks is mounted."""
+    root_volume_size_gib: NotRequired[int]
+    """Encrypted gp3 root volume size."""
+    ami_id: NotRequired[str]
+    """Override the default AWS Deep Learning AMI."""
+    ami_ssm_parameter: NotRequired[str]
+    """Override the public SSM parameter the AMI is read from."""
+
+
+class FsxSettings(TypedDict):
+    """A dataset's `fsx`: FSx for Lustre linked to its bucket."""
+
+    deployment_type: NotRequired[str]
+    """SCRATCH_2 for short jobs; PERSISTENT_2 keeps data through failures (both Lustre 2.15)."""
+    storage_capacity_gib: NotRequired[int]
+    """1200, or a multiple of 2400 (FSx for Lustre SCRATCH_2 / PERSISTENT_2 rule)."""
+    throughput_per_unit_mib: NotRequired[int]
+    """PERSISTENT_2 only: MB/s per TiB of storage."""
+    availability_zone: NotRequired[str]
+    """Default: the zone of the first node group; must be a zone a node group runs in."""
+    mount_path: NotRequired[str]
+    """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
+
+
+class DatasetSettings(TypedDict):
+    """One entry of the stack file's `datasets`: an S3 bucket and how its data reaches the GPUs."""
+
+    name: str
+    """Unique within the stack; used in resource names."""
+    bucket_name: NotRequired[str]
+    """Created buckets: optional (Pulumi adds a unique suffix); existing: required."""
+    existing: NotRequired[bool]
+    """Use an existing bucket; read-only unless checkpoint_prefix is set."""
+    prefix: NotRequired[str]
+    """The data the nodes read."""
+    checkpoint_prefix: NotRequired[str]
+    """Where nodes write checkpoints, e.g. `checkpoints/` (the only prefix nodes may write)."""
+    access: NotRequired[str]
+    """How the data reaches the GPUs: copy to NVMe at boot, Mountpoint for S3, or FSx for Lustre."""
+    mount_path: NotRequired[str]
+    """Where `mount` mounts the bucket (default /data/<name>)."""
+    fsx: NotRequired[FsxSettings]
+    """FSx for Lustre linked to the bucket (with access: fsx)."""
+    noncurrent_version_expiration_days: NotRequired[int]
+    """Created buckets: old versions under checkpoint_prefix expire after this; current ones never do."""
+
+
+class BudgetSettings(TypedDict):
+    """The stack file's `budget`: monthly limit, alerts and the scale-to-zero action."""
+
+    monthly_limit_usd: float
+    """Monthly cost budget for resources tagged with this stack."""
+    alert_thresholds_percent: NotRequired[list[float]]
+    """Actual-spend alerts, ascending; a forecast alert at 100 % is always added."""
+    emails: NotRequired[list[str]]
+    """AWS Budgets allows at most 10 e-mail subscribers per notification."""
+    action_threshold_percent: NotRequired[float]
+    """At this share of the limit every node group is scaled to zero (never deleted)."""
+
+
+class AutoStopSettings(TypedDict):
+    """The stack file's `autostop`: idle stop, schedules, maximum lifetime and the pre-stop hook."""
+
+    enabled: NotRequired[bool]
+    """Create the idle alarms, schedules and the auto-stop Lambda."""
+    idle_minutes: NotRequired[int]
+    """GPU utilisation must stay below the threshold this long before a group is stopped."""
+    gpu_utilization_threshold_percent: NotRequired[float]
+    """Idle when even the group's busiest GPU stays below this (CloudWatch Maximum)."""
+    stop_schedule: NotRequired[str]
+    """EventBridge cron, e.g. cron(0 20 ? * MON-FRI *): scale every group to zero."""
+    start_schedule: NotRequired[str]
+    """EventBridge cron: restore groups the stop schedule stopped."""
+    schedule_timezone: NotRequired[str]
+    """IANA time zone the schedules are read in."""
+    max_lifetime_hours: NotRequired[int]
+    """Stop a group whose oldest node has run this long."""
+    pre_stop_command: NotRequired[str]
+    """Run on every node (through SSM) before a stop, e.g. to checkpoint."""
+    pre_stop_timeout_seconds: NotRequired[int]
+    """Bounded wait for the pre-stop hook; the auto-stop Lambda has 15 minutes in all."""
+
+
+class SpotSettings(TypedDict):
+    """The stack file's `spot`: the spot-interruption hook."""
+
+    interruption_command: NotRequired[str]
+    """Run on a node when AWS warns it of a spot interruption (2 minutes' notice)."""
+    interruption_timeout_seconds: NotRequired[int]
+    """Bounded wait for the hook; the warning comes 2 minutes ahead."""
+    handle_rebalance: NotRequired[bool]
+    """Also run the hook on the earlier EC2 Instance Rebalance Recommendation."""
+
+
+# The pydantic model each settings type is checked with (a test keeps their keys in step).
+SETTINGS_MODELS: dict[type, type[BaseModel]] = {
+    ClusterSettings: ClusterConfig,
+    NetworkSettings: NetworkConfig,
+    NodeGroupSettings: NodeGroupConfig,
+    DatasetSettings: DatasetConfig,
+    BudgetSettings: BudgetConfig,
+    AutoStopSettings: AutoStopConfig,
+    SpotSettings: SpotConfig,
+}
+
+# ----------------------------------------------------------------------- component plumbing
+
+PACKAGE = "gpucluster"
+STACK_TAG = "gpucluster:stack"
+"""The identity tag: the guardrail Lambdas, their IAM conditions and the CLI select resources by it."""
+CLUSTER_TAG = "gpucluster:cluster"
+
+
+def type_token(component: str) -> str:
+    """`gpucluster:index:<Type>`: the token Pulumi's component packages use (one module, index)."""
+    return f"{PACKAGE}:index:{component}"
+
+
+def component_options(opts: pulumi.ResourceOptions | None, old_type: str) -> pulumi.ResourceOptions:
+    """`opts` plus an alias from the type token a component had before (`gpucluster:<module>:<Type>`).
+
+    Without it, a new type token is a new URN for the component and every resource under it, and
+    `pulumi up` would replace them all (protected buckets block that). Children need no alias of
+    their own: the engine re-parents a child's URN under the old URN its parent matched
+    (pulumi/pulumi pkg/resource/deploy/step_generator.go, `generateAliases`), level by level.
+    """
+    return pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(aliases=[pulumi.Alias(type_=old_type)]))
+
+
+def owned_tags(tags: Mapping[str, str], identity: str, cluster_name: str) -> dict[str, str]:
+    """`tags` plus the identity tags a component sets itself (they win over the caller's)."""
+    return {**tags, STACK_TAG: identity, CLUSTER_TAG: cluster_name}
+
+
+# ------------------------------------------------------------------------- checking
+
+
+class ArgsError(SpecError):
+    """Invalid component args: every problem, one line each, `<Component> <name>: <key path>: <message>`."""
+
+    def __init__(self, component: str, name: str, findings: list[Finding]) -> None:
+        super().__init__(findings)
+        self.component, self.resource_name = component, name
+        self.args = ("\n".join(f"{component} {name}: {f}" for f in findings),)
+
+
+def field_rule(model: type[BaseModel], field: str) -> Any:
+    """The type of one field of a stack-file model with all its validators (to check a value alone)."""
+    info = model.model_fields[field]
+    return Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+
+
+def is_plain(value: Any) -> bool:
+    """False for an Output or other awaitable: its value is only known at deploy time."""
+    return not isinstance(value, pulumi.Output) and not inspect.isawaitable(value)
+
+
+def input_of(rule: Any) -> Any:
+    """A `pulumi.Input` field: checked by `rule` when it is a plain value, taken as is when an Output."""
+    adapter: TypeAdapter[Any] = TypeAdapter(rule)
+
+    def check(value: Any) -> Any:
+        if not is_plain(value):
+            return value
+        try:
+            return adapter.validate_python(value)
+        except ValidationError as exc:
+            raise ValueError(validation_findings(exc)[0].message) from None
+
+    return Annotated[Any, AfterValidator(check)]
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate(component: str, name: str, model: type[M], args: Any,
+             *checks: Callable[[M], Iterable[Finding]]) -> M:
+    """`args` checked by `model` and then `checks`, or ArgsError listing every problem.
+
+    Called first thing in a component's `__init__`, so bad args declare no resource at all.
+    """
+    if not isinstance(args, Mapping):
+        raise ArgsError(component, name, [Finding("args", f"must be a mapping of keys, got "
+                                                          f"{type(args).__name__}")])
+    try:
+        value = model.model_validate(dict(args))
+    except ValidationError as exc:
+        raise ArgsError(component, name, validation_findings(exc, model)) from None
+    findings = [f for check in checks for f in check(value) if f.level == "error"]
+    if findings:
+        raise ArgsError(component, name, findings)
+    return value
+
+
+# Tags take the stack file's rule for extra tags (keys not under aws:, values 1-256 safe characters).
+Tags = field_rule(ClusterConfig, "extra_tags")
+SubnetId = get_args(field_rule(NetworkConfig, "existing_subnets"))[1]
+VpcId = field_rule(NetworkConfig, "existing_vpc_id")
+# Values only components take (the stack file names none of them): format checks, nothing more.
+SecurityGroupId = Annotated[str, _matches(r"sg-[0-9a-f]{8,17}",
+                                          "must be a security group id like sg-0abc12345def67890")]
+AsgName = Annotated[str, _matches(r"[^:]{1,255}", "must be an Auto Scaling group name (1-255 "
+                                                  "characters, no ':')")]
+AsgArn = Annotated[str, _matches(
+    r"arn:aws[a-z-]*:autoscaling:[a-z0-9-]+:\d{12}:autoScalingGroup:[^:]+:autoScalingGroupName/[^:]{1,255}",
+    "must be an Auto Scaling group ARN (arn:aws:autoscaling:<region>:<account>:autoScalingGroup:"
+    "<id>:autoScalingGroupName/<name>)")]
+Arn = Annotated[str, _matches(r"arn:aws[a-z-]*:[a-z0-9-]+:[^\s]*", "must be an ARN (arn:aws:...)")]
+NonEmpty = Annotated[str, _matches(r"\S.*", "must be a non-empty string")]
+Identity = TagValue
+"""The `gpucluster:stack` tag value: what every guardrail and CLI operation selects resources by."""
+
+
+class GroupNetworkModel(StrictModel):
+    """What the network must provide one node group (ClusterNetworkArgs.node_groups)."""
+
+    name: Name
+    availability_zones: Annotated[list[AvailabilityZone], Field(min_length=1)]
+    efa: bool = False
+    placement_group: bool = False
+
+
+class DataMountModel(StrictModel):
+    """One dataset as the node bootstrap brings it (GpuNodeGroupArgs.data_mounts)."""
+
+    name: Name
+    access: field_rule(DatasetConfig, "access")
+    bucket_name: input_of(BucketName)
+    prefix: S3Prefix = ""
+    path: AbsolutePath
+    fsx_dns_name: Any = None
+    fsx_mount_name: Any = None
+
+
+class BucketGrantModel(StrictModel):
+    """Node access to one bucket (NodeIdentityArgs.s3_grants)."""
+
+    bucket_name: input_of(BucketName)
+    prefix: S3Prefix = ""
+    write: bool = False
+
+
+class ClusterNetworkModel(StrictModel):
+    """ClusterNetworkArgs, checked: the stack file's network rules plus each group's network needs."""
+
+    cluster_name: Name
+    region: Region
+    availability_zones: field_rule(NetworkConfig, "availability_zones")
+    vpc_cidr: field_rule(NetworkConfig, "vpc_cidr") = None
+    nat_gateway: bool = True
+    existing_vpc_id: input_of(VpcId) = None
+    existing_subnet_ids: dict[AvailabilityZone, input_of(SubnetId)] = Field(default_factory=dict)
+    tags: Tags = Field(default_factory=dict)
+    node_groups: list[GroupNetworkModel] = Field(default_factory=list)
+
+
+def network_checks(m: ClusterNetworkModel) -> Iterable[Finding]:
+    yield from zone_region_findings(m.availability_zones, m.region, "availability_zones", "region")
+    net = NetworkConfig.model_construct(availability_zones=m.availability_zones, vpc_cidr=m.vpc_cidr,
+                                        existing_vpc_id=m.existing_vpc_id,
+                                        existing_subnets=m.existing_subnet_ids)
+    yield from network_findings(net, path="", subnets_key="existing_subnet_ids")
+    yield from unique_name_findings([g.name for g in m.node_groups], "node_groups", "node group")
+    for i, g in enumerate(m.node_groups):
+        yield from group_zone_findings(g.availability_zones, m.availability_zones, f"node_groups[{i}]",
+                                       network_key="availability_zones")
+        yield from single_zone_findings(g.efa, g.placement_group, g.availability_zones, f"node_groups[{i}]")
+
+
+class GpuNodeGroupModel(StrictModel):
+    """GpuNodeGroupArgs, checked: the node group as the stack file checks it, plus where it runs."""
+
+    node_group: NodeGroupConfig
+    cluster_name: Name
+    region: Region
+    identity: Identity
+    subnet_ids: input_of(Annotated[list[input_of(SubnetId)], Field(min_length=1)])
+    security_group_ids: input_of(
+        Annotated[list[input_of(SecurityGroupId)], Field(min_length=1, max_length=5)])
+    placement_group_name: input_of(NonEmpty | None) = None
+    instance_profile_arn: input_of(Arn)
+    tags: Tags = Field(default_factory=dict)
+    spot: SpotConfig = SpotConfig()
+    data_mounts: list[DataMountModel] = Field(default_factory=list)
+
+
+def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
+    """Every per-group rule of the stack file; zones counted from the subnets when not listed."""
+    g = m.node_group
+    if g.availability_zones:
+        yield from node_group_findings(g, g.availability_zones, "node_group")
+    else:
+        subnets = m.subnet_ids if is_plain(m.subnet_ids) else None
+        for f in node_group_findings(g, subnets, "node_group"):
+            yield replace(f, path="subnet_ids") if f.path == "node_group.availability_zones" else f
+    yield from unique_name_findings([d.name for d in m.data_mounts], "data_mounts", "data mount")
+    placed: dict[str, str] = {}
+    for i, d in enumerate(m.data_mounts):
+        if d.access == "fsx" and (d.fsx_dns_name is None or d.fsx_mount_name is None):
+            yield Finding(f"data_mounts[{i}]", "access fsx needs fsx_dns_name and fsx_mount_name")
+        if d.access != "copy_to_scratch":
+            yield from data_path_findings(d.path, f"data_mounts[{i}].path", [g.scratch_mount], placed)
+            placed[d.name] = d.path
+
+
+class NodeIdentityModel(StrictModel):
+    """NodeIdentityArgs, checked."""
+
+    s3_grants: list[BucketGrantModel] = Field(default_factory=list)
+    tags: Tags = Field(default_factory=dict)
+
+
+def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
+    for i, grant in enumerate(m.s3_grants):
+        if grant.write and not grant.prefix:
+            # The stack file's checkpoint_prefix rule: writes go under a prefix, never the whole bucket.
+            yield Finding(f"s3_grants[{i}].prefix", "must be a folder-like prefix such as "
+                          "'checkpoints/', not the whole bucket (nodes get write access to it)")
+
+
+class DatasetBucketModel(StrictModel):
+    """DatasetBucketArgs, checked: the dataset as the stack file checks it."""
+
+    dataset: DatasetConfig
+    cluster_name: Name
+    region: Region
+    tags: Tags = Field(default_factory=dict)
+
+
+def bucket_checks(m: DatasetBucketModel) -> Iterable[Finding]:
+    yield from dataset_findings(m.dataset, m.cluster_name, None, "dataset")
+
+
+class LustreFileSystemModel(StrictModel):
+    """LustreFileSystemArgs, checked: the dataset (with its fsx settings) as the stack file checks it."""
+
+    dataset: DatasetConfig
+    bucket_name: input_of(BucketName)
+    vpc_id: input_of(VpcId)
+    subnet_id: input_of(SubnetId)
+    node_security_group_ids: dict[Name, input_of(SecurityGroupId)] = Field(default_factory=dict)
+    tags: Tags = Field(default_factory=dict)
+
+
+def lustre_checks(m: LustreFileSystemModel) -> Iterable[Finding]:
+    d = m.dataset
+    if d.fsx is None and d.access != "fsx":
+        yield Finding("dataset.fsx", "required: the file system's settings (with access: fsx)")
+    # The bucket is named by bucket_name here, so the bucket-naming rules do not apply.
+    yield from (f for f in dataset_findings(d, "", None, "dataset") if f.path != "dataset.bucket_name")
+
+
+class GuardedGroupModel(StrictModel):
+    """One Auto Scaling group the guardrails act on (GuardrailsArgs.groups)."""
+
+    name: Name
+    asg_name: input_of(AsgName)
+    asg_arn: input_of(AsgArn)
+    can_run_spot: bool
+
+
+class GuardrailsModel(StrictModel):
+    """GuardrailsArgs, checked: budget, autostop and spot as the stack file checks them."""
+
+    groups: Annotated[list[GuardedGroupModel], Field(min_length=1, max_length=20)]
+    cluster_name: Name
+    identity: Identity
+    region: Region
+    tags: Tags = Field(default_factory=dict)
+    budget: BudgetConfig | None = None
+    autostop: AutoStopConfig = AutoStopConfig(enabled=False)
+    spot: SpotConfig = SpotConfig()
+    tag_groups: bool = False
+
+
+def guardrails_checks(m: GuardrailsModel) -> Iterable[Finding]:
+    yield from unique_name_findings([g.name for g in m.groups], "groups", "group")
+    if m.budget is not None:
+        yield from budget_findings(m.budget)
+    yield from autostop_findings(m.autostop)
+
+
+def stack_checks(spec: StackSpec) -> Iterable[Finding]:
+    """GpuClusterArgs: every named check of the stack file, in the stack file's order."""
+    for rule in CHECKS:
+        yield from rule(spec)

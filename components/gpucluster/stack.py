@@ -1,0 +1,144 @@
+"""The one mapping from a stack file (`StackSpec`) to each component's Args.
+
+Pure functions, no resources and no Pulumi import: `GpuCluster` calls them to
+derive its children's args from its own, and `program.run` to build the
+GpuCluster's args from the stack file. Nothing else maps a spec to args. What
+another component produces (subnet ids, ARNs, bucket names) comes in as a
+parameter, a plain value or an Output, and goes out untouched.
+
+Settings sections are handed on as the stack file wrote them (`model_dump`
+with `exclude_unset`), so each component re-checks exactly what the user set,
+with the stack file's own rules; tags are the stack's tags, identity tags
+included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpucluster.parts import S3Grant
+from gpucluster.spec import DatasetConfig, FsxConfig, NodeGroupConfig, StackSpec, dataset_path
+
+if TYPE_CHECKING:
+    from gpucluster.aws.cluster import GpuClusterArgs
+    from gpucluster.aws.datasets import DatasetBucketArgs, LustreFileSystemArgs
+    from gpucluster.aws.guardrails import GuardrailsArgs
+    from gpucluster.aws.iam import NodeIdentityArgs
+    from gpucluster.aws.network import ClusterNetworkArgs
+    from gpucluster.aws.nodes import GpuNodeGroupArgs, NodeDataMount
+
+STACK_TAG = "gpucluster:stack"  # gpucluster.aws.args.STACK_TAG (not imported: that module loads pulumi)
+
+
+def settings(section: Any) -> Any:
+    """A validated section back in the stack file's words: only the keys the user set."""
+    return section.model_dump(exclude_unset=True)
+
+
+def identity(spec: StackSpec) -> str:
+    """The stack's identity: the `gpucluster:stack` tag value every guardrail selects by."""
+    return spec.tags[STACK_TAG]
+
+
+def cluster_args(spec: StackSpec) -> GpuClusterArgs:
+    """The stack file as GpuClusterArgs: its sections as written, the stack name and region."""
+    args = {k: v for k, v in spec.model_dump(exclude_unset=True).items() if k != "project"}
+    return args  # type: ignore[return-value]
+
+
+def network_args(spec: StackSpec) -> ClusterNetworkArgs:
+    """The network section, plus what each node group needs: its zones, EFA, a placement group."""
+    net = spec.network
+    args: dict[str, Any] = {
+        "cluster_name": spec.cluster.name, "region": spec.region,
+        "availability_zones": list(net.availability_zones), "nat_gateway": net.nat_gateway,
+        "tags": spec.tags,
+        "node_groups": [{"name": g.name, "availability_zones": spec.azs_of(g), "efa": g.efa_enabled,
+                         "placement_group": g.uses_placement_group} for g in spec.node_groups],
+    }
+    if net.vpc_cidr is not None:
+        args["vpc_cidr"] = net.vpc_cidr
+    if net.existing_vpc_id is not None:
+        args["existing_vpc_id"] = net.existing_vpc_id
+        args["existing_subnet_ids"] = dict(net.existing_subnets)
+    return args  # type: ignore[return-value]
+
+
+def dataset_bucket_args(spec: StackSpec, dataset: DatasetConfig) -> DatasetBucketArgs:
+    return {"dataset": settings(dataset), "cluster_name": spec.cluster.name, "region": spec.region,
+            "tags": spec.tags}
+
+
+def fsx_zone(spec: StackSpec, fsx: FsxConfig) -> str:
+    """fsx.availability_zone, or the first zone of the first node group."""
+    return fsx.availability_zone or spec.azs_of(spec.node_groups[0])[0]
+
+
+def lustre_args(spec: StackSpec, dataset: DatasetConfig, *, bucket_name: Any, vpc_id: Any,
+                subnet_ids_by_zone: Mapping[str, Any],
+                node_security_group_ids: Mapping[str, Any]) -> LustreFileSystemArgs:
+    """FSx of an `access: fsx` dataset: in its zone's subnet, open to every node group."""
+    if dataset.fsx is None:
+        raise ValueError(f"datasets: dataset {dataset.name!r} has no fsx settings")
+    zone = fsx_zone(spec, dataset.fsx)
+    if zone not in subnet_ids_by_zone:
+        raise ValueError(f"datasets: no subnet for FSx zone {zone!r} of dataset {dataset.name!r}; "
+                         f"subnets: {', '.join(sorted(subnet_ids_by_zone))}")
+    return {"dataset": settings(dataset), "bucket_name": bucket_name, "vpc_id": vpc_id,
+            "subnet_id": subnet_ids_by_zone[zone], "node_security_group_ids": dict(node_security_group_ids),
+            "tags": spec.tags}
+
+
+def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any,
+               fsx_dns_name: Any = None, fsx_mount_name: Any = None) -> NodeDataMount:
+    """How the node bootstrap brings one dataset: where it appears on the node, and from where."""
+    mount: dict[str, Any] = {"name": dataset.name, "access": dataset.access, "bucket_name": bucket_name,
+                             "prefix": dataset.prefix, "path": dataset_path(spec, dataset)}
+    if dataset.access == "fsx":
+        mount |= {"fsx_dns_name": fsx_dns_name, "fsx_mount_name": fsx_mount_name}
+    return mount  # type: ignore[return-value]
+
+
+def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant]) -> NodeIdentityArgs:
+    return {"s3_grants": [{"bucket_name": g.bucket_name, "prefix": g.prefix, "write": g.write}
+                          for g in grants],
+            "tags": spec.tags}
+
+
+def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequence[Any],
+                    security_group_ids: Sequence[Any], placement_group_name: Any,
+                    instance_profile_arn: Any, data_mounts: Sequence[NodeDataMount]) -> GpuNodeGroupArgs:
+    """One node group in the network's subnets for its zones, with every dataset mounted."""
+    args: dict[str, Any] = {
+        "node_group": settings(group), "cluster_name": spec.cluster.name, "region": spec.region,
+        "identity": identity(spec), "subnet_ids": list(subnet_ids),
+        "security_group_ids": list(security_group_ids), "instance_profile_arn": instance_profile_arn,
+        "tags": spec.tags, "spot": settings(spec.spot), "data_mounts": list(data_mounts),
+    }
+    if placement_group_name is not None:
+        args["placement_group_name"] = placement_group_name
+    return args  # type: ignore[return-value]
+
+
+def can_run_spot(group: NodeGroupConfig) -> bool:
+    """True when the group may hold spot nodes: a spot share and room above the on-demand base."""
+    cap = group.capacity
+    return cap.market == "mixed" and cap.spot_percent > 0 and group.max_nodes > cap.on_demand_base
+
+
+def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> GuardrailsArgs:
+    """Guardrails of every node group (`asgs`: group name -> (ASG name, ASG ARN)), in spec order.
+
+    The groups are the stack's own and already carry the identity tag: no `tag_groups`.
+    """
+    args: dict[str, Any] = {
+        "groups": [{"name": g.name, "asg_name": asgs[g.name][0], "asg_arn": asgs[g.name][1],
+                    "can_run_spot": can_run_spot(g)} for g in spec.node_groups],
+        "cluster_name": spec.cluster.name, "identity": identity(spec), "region": spec.region,
+        "tags": spec.tags, "autostop": settings(spec.autostop), "spot": settings(spec.spot),
+        "tag_groups": False,
+    }
+    if spec.budget is not None:
+        args["budget"] = settings(spec.budget)
+    return args  # type: ignore[return-value]

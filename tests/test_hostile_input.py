@@ -13,6 +13,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -405,3 +406,27 @@ def test_mount_paths_under_the_data_roots_are_accepted(path: str) -> None:
                                          "scratch_mount": "/mnt/scratch" if path.startswith("/scratch")
                                          else "/scratch"}]
     assert parse_stack_config(config, stack="t").datasets[0].mount_path == path
+
+
+def test_without_libyaml_the_pure_python_parser_keeps_the_same_bounds() -> None:
+    """PyYAML built without libyaml: the loader falls back to its Python parser, same answers."""
+    probe = """
+import sys
+sys.modules["yaml.cyaml"] = None  # as if PyYAML had no libyaml
+from gpucluster import stackfile
+from gpucluster.spec import SpecError
+assert stackfile._Parser.__module__ == "gpucluster.stackfile"
+for text in ["a: !!binary x", "a: &a [*a]", "a: 1\\na: 2", "a: " + "[" * 100000, "a: \\x01",
+             "a: 9" + "9" * 5000]:
+    try:
+        stackfile.load_yaml(text)
+        print("accepted", text[:20])
+    except SpecError as err:
+        print(err)
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         timeout=60).stdout.splitlines()
+    wheres = [line.split(": ", 1)[0] for line in out]
+    assert wheres == ["a", "a[0]", "a", "a" + "[0]" * 31, "(stack file)", "a"]
+    assert "is not allowed" in out[0] and "duplicate key 'a'" in out[2] and "nested more than 32" in out[3]
+    assert "special characters" in out[4] and "a number of 5001 characters" in out[5]

@@ -170,25 +170,23 @@ _Constructor.add_constructor(f"{_CORE}value", SafeConstructor.construct_yaml_str
 for _tag in ("binary", "set", "omap", "pairs"):  # unreachable past the composer; never built
     _Constructor.yaml_constructors.pop(f"{_CORE}{_tag}", None)
 
-try:  # libyaml's scanner and parser are ~10x faster; composing and building stay in Python
+try:  # libyaml's scanner and parser are ~4x faster; composing and building stay in Python
     from yaml.cyaml import CParser as _Parser
 
     def _init_parser(loader: Any, text: str) -> None:
         _Parser.__init__(loader, text)
-except ImportError:  # pragma: no cover - PyYAML without libyaml
-    from yaml.parser import Parser as _Parser
+except ImportError:  # PyYAML without libyaml: its own reader, scanner and parser
+    from yaml.parser import Parser
     from yaml.reader import Reader
     from yaml.scanner import Scanner
 
-    class _PureParser(Reader, Scanner, _Parser):  # type: ignore[no-redef]
-        pass
-
-    _Parser = _PureParser  # type: ignore[misc]
+    class _Parser(Reader, Scanner, Parser):  # type: ignore[no-redef]
+        """The pure-Python half of yaml.SafeLoader that turns text into events."""
 
     def _init_parser(loader: Any, text: str) -> None:
         Reader.__init__(loader, text)
         Scanner.__init__(loader)
-        _Parser.__init__(loader)
+        Parser.__init__(loader)
 
 
 class _Loader(_Bounded, _Constructor, Resolver, _Parser):  # type: ignore[misc, valid-type]
@@ -209,28 +207,35 @@ def key_path(where: list[str | int]) -> str:
     return format_path(where) or "(stack file)"
 
 
+def _describe(err: yaml.YAMLError, text: str) -> str:
+    """`line L, column C: problem`, one short line, from any PyYAML or libyaml error."""
+    mark = getattr(err, "mark", None) or getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or getattr(err, "reason", None) or str(err)
+    if mark is not None:
+        line = f"line {mark.line + 1}, column {mark.column + 1}: "
+    elif isinstance(err, yaml.reader.ReaderError):  # a character no YAML may hold, at an offset
+        line = f"line {text.count(chr(10), 0, err.position) + 1}: "
+    else:
+        line = ""
+    what = "" if isinstance(err, _Refused) else "not valid YAML: "
+    return f"{line}{what}{clip(str(problem), 120)}"
+
+
 def load_yaml(text: str) -> Any:
     """The one document in `text` as plain values; SpecError (one finding) if it is not one."""
     if len(text) > MAX_INPUT_BYTES:
         raise SpecError([Finding("(stack file)", f"{len(text)} characters; a stack file holds at most "
                                  f"{MAX_INPUT_BYTES}")])
-    loader = _Loader(text)
+    loader: _Loader | None = None
     try:
+        loader = _Loader(text)  # the pure-Python reader checks every character here
         value = loader.get_single_data()
     except yaml.YAMLError as err:
-        mark = getattr(err, "mark", None) or getattr(err, "problem_mark", None)
-        problem = getattr(err, "problem", None) or getattr(err, "reason", None) or str(err)
-        if mark is not None:
-            line = f"line {mark.line + 1}, column {mark.column + 1}: "
-        elif isinstance(err, yaml.reader.ReaderError):  # a character no YAML may hold, at an offset
-            line = f"line {text.count(chr(10), 0, err.position) + 1}: "
-        else:
-            line = ""
-        what = "" if isinstance(err, _Refused) else "not valid YAML: "
-        raise SpecError([Finding(key_path(loader.where), f"{line}{what}{clip(str(problem), 120)}")]) \
+        raise SpecError([Finding(key_path(loader.where if loader else []), _describe(err, text))]) \
             from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     problem = plain_value_problem(value)  # a second, independent check of what was built
     if problem is not None:
         raise SpecError([Finding(key_path(list(problem[0])), problem[1])])

@@ -116,6 +116,57 @@ def test_user_data_writes_every_file_verbatim(tmp_path: Path) -> None:
         assert oct(written.stat().st_mode & 0o777) == oct(int(f.mode, 8)), f.path
 
 
+def run_files_part(text: str, root: Path) -> None:
+    """Run the file-writing part of rendered user data with every path moved under `root`."""
+    files_part = text.split("/opt/aws/amazon-cloudwatch-agent/etc\n", 1)[1].split(
+        "# shellcheck source=/dev/null\n. /etc/gpucluster/node.env\n")[0]
+    files_part = re.sub(r"^(cat > |chmod \d+ )/", rf"\g<1>{root}/", files_part, flags=re.M)
+    for d in ("etc/gpucluster", "usr/local/sbin", "etc/systemd/system", "etc/profile.d",
+              "opt/aws/amazon-cloudwatch-agent/etc"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    subprocess.run(["bash", "-euc", files_part], check=True, cwd=root)
+
+
+# Commands that would break a naive renderer: placeholders, the heredoc delimiter on a line
+# of its own (and the next one the renderer would pick), quotes and expansions, CR/LF.
+HOSTILE_COMMANDS = {
+    "placeholders": "echo @@FILES@@ @@LABEL@@ @@ @@X@@",
+    "delimiter": ("echo a\nGPUCLUSTER_FILE_EOF\ntouch {marker}-1\nGPUCLUSTER_FILE_EOF_1\n"
+                  "touch {marker}-2\necho b"),
+    "quotes": "echo 'a' \"b\" `touch {marker}-3` $(touch {marker}-4) ${{HOME}} \\ '\"'\"' ; exit 3",
+    "newlines": "\n\n  touch {marker}-5\r\n\t\nEOF\n'",
+    "unicode": "echo ünïcødé ✓ \u202e \u2028 \u0085 done",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_COMMANDS)
+def test_hook_commands_are_stored_byte_for_byte_and_never_run(name: str, tmp_path: Path) -> None:
+    """The user data writes the command into node.env exactly; writing and sourcing runs none of it."""
+    marker = tmp_path / "ran"
+    command = HOSTILE_COMMANDS[name].format(marker=marker)
+    b = settings(interruption_command=command)
+    text = render_user_data(b)
+    script_path = tmp_path / "user-data.sh"
+    script_path.write_text(text)
+    lint(script_path)
+    root = tmp_path / "root"
+    run_files_part(text, root)
+    for f in node_files(b):
+        assert (root / f.path.lstrip("/")).read_bytes() == f.content.encode(), f.path
+    stored = subprocess.run(["bash", "-c", f'. {root}/etc/gpucluster/node.env; '
+                             'printf %s "$GPUCLUSTER_INTERRUPTION_COMMAND"'],
+                            capture_output=True, check=True).stdout
+    assert stored == command.encode()
+    assert not list(tmp_path.glob("ran*")), "rendering, writing or sourcing ran part of the command"
+
+
+def test_heredoc_delimiter_never_matches_a_line_of_the_content() -> None:
+    assert bootstrap.heredoc_delimiter("echo\n") == "GPUCLUSTER_FILE_EOF"
+    taken = "GPUCLUSTER_FILE_EOF\nGPUCLUSTER_FILE_EOF_1\n"
+    assert bootstrap.heredoc_delimiter(taken) == "GPUCLUSTER_FILE_EOF_2"
+    assert bootstrap.heredoc_delimiter("x GPUCLUSTER_FILE_EOF\n") == "GPUCLUSTER_FILE_EOF"  # only whole lines
+
+
 def test_watcher_and_metrics_start_before_disks_and_data() -> None:
     """A node whose disks or datasets fail must still honour spot notices and be seen idle."""
     text = render_user_data(settings())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -122,7 +123,10 @@ def node_env(b: NodeBootstrap) -> str:
         "GPUCLUSTER_INTERRUPTION_COMMAND": b.interruption_command or "",
         "GPUCLUSTER_INTERRUPTION_TIMEOUT_SECONDS": str(b.interruption_timeout_seconds),
     }
+    if any("\0" in value for value in values.values()):
+        raise ValueError("node settings cannot hold NUL characters (bash variables cannot)")
     lines = ["# gpucluster node settings (rendered; sourced by the gpucluster-* scripts)"]
+    # shlex.quote: one single-quoted word, newlines and all, exactly as given.
     lines += [f"{key}={shlex.quote(value)}" for key, value in values.items()]
     return "\n".join(lines) + "\n"
 
@@ -235,23 +239,40 @@ def script(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text()
 
 
+def heredoc_delimiter(content: str) -> str:
+    """GPUCLUSTER_FILE_EOF, or the first GPUCLUSTER_FILE_EOF_<n> that is no line of `content`.
+
+    Every file is written through a quoted heredoc (no expansion); only a line equal to
+    its delimiter could end it early, so a content's own lines never become the delimiter.
+    """
+    lines = set(content.splitlines())
+    delimiter, n = _EOF, 0
+    while delimiter in lines:
+        n += 1
+        delimiter = f"{_EOF}_{n}"
+    return delimiter
+
+
 def _write(f: NodeFile) -> str:
-    lines = f.content.splitlines()
-    if _EOF in lines:
-        raise ValueError(f"{f.path}: content holds the heredoc delimiter {_EOF}")
+    end = heredoc_delimiter(f.content)
     body = f.content if f.content.endswith("\n") or not f.content else f.content + "\n"
-    return (f"cat > {f.path} <<'{_EOF}'\n{body}{_EOF}\n"
+    return (f"cat > {f.path} <<'{end}'\n{body}{end}\n"
             f"chmod {f.mode} {f.path}\n")
 
 
 def render_user_data(b: NodeBootstrap) -> str:
-    """The node's user data: one bash script that writes every file and starts the units."""
-    text = script("bootstrap.sh")
-    text = text.replace("@@LABEL@@", f"{b.cluster}/{b.node_group} (stack {b.stack})")
-    text = text.replace("@@FILES@@\n", "".join(_write(f) for f in node_files(b)))
-    if "@@" in text:
-        raise ValueError("bootstrap.sh has a placeholder left after rendering")
-    return text
+    """The node's user data: one bash script that writes every file and starts the units.
+
+    The placeholders of bootstrap.sh are filled in one pass, so text inside the values
+    (a hook command holding `@@FILES@@`) is never read as a placeholder.
+    """
+    template = script("bootstrap.sh")
+    label = re.sub(r"[^\w./() -]", "?", f"{b.cluster}/{b.node_group} (stack {b.stack})")  # a comment
+    values = {"@@LABEL@@": label, "@@FILES@@\n": "".join(_write(f) for f in node_files(b))}
+    found = re.findall(r"@@\w+@@\n?", template)
+    if sorted(found) != sorted(values):
+        raise ValueError(f"bootstrap.sh has placeholders {found}, the renderer fills {list(values)}")
+    return re.sub("|".join(map(re.escape, values)), lambda m: values[m.group(0)], template)
 
 
 def encode_user_data(text: str) -> str:

@@ -24,11 +24,12 @@ from typing import Any
 
 import pytest
 import yaml
+from typer.testing import CliRunner
+
 from gpucluster.cli import app
 from gpucluster.plan import StackFileError, load_stack, read_stack_config
 from gpucluster.spec import MAX_FINDINGS, MAX_LINE_CHARS, SpecError, parse_stack_config
 from gpucluster.stackfile import load_yaml
-from typer.testing import CliRunner
 
 SEED = 12_0007
 CASES = 330

@@ -20,8 +20,11 @@ from typing import Any
 
 import pulumi
 import pytest
-from base_config import BASE_CONFIG, plan_config
 from click.testing import Result
+from pulumi.runtime.config import set_all_config
+from typer.testing import CliRunner
+
+from base_config import BASE_CONFIG, plan_config
 from gpucluster import program
 from gpucluster.cli import app
 from gpucluster.plan import load_stack, record_resources
@@ -32,8 +35,6 @@ from gpucluster.spec import (
     SpecError,
     parse_stack_config,
 )
-from pulumi.runtime.config import set_all_config
-from typer.testing import CliRunner
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent

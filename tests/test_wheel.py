@@ -23,7 +23,7 @@ def test_wheel_installs_only_gpucluster_with_its_data(wheel: Path) -> None:
                  "gpucluster/py.typed"):
         assert path in names
     entry_points = zipfile.ZipFile(wheel).read(f"{dist_info}/entry_points.txt").decode()
-    assert "gpucluster = gpucluster.cli.commands:main" in entry_points
+    assert "gpucluster = gpucluster.cli:main" in entry_points
 
 
 def test_only_the_wheels_gpucluster_is_importable(venv: Venv, tmp_path: Path) -> None:

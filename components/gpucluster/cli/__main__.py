@@ -1,5 +1,5 @@
 """`python -m gpucluster.cli`: the same command as the `gpucluster` console script."""
 
-from gpucluster.cli.commands import main
+from gpucluster.cli import main
 
 main()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -681,6 +682,7 @@ def _alarms_routed_by_eventbridge(stack: Stack) -> set[str] | Any:
       "stack")
 def efa_wiring(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple[Resource | None, str]]:
     groups = node_groups(stack)
+    verdicts = _SelfRules(stack)  # each security group judged once, however many interfaces name it
     for lt in stack.of_type(LAUNCH_TEMPLATE):
         nics = items(lt.props.get("networkInterfaces"))
         if nics is UNKNOWN:
@@ -694,7 +696,7 @@ def efa_wiring(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple[Resour
             types.add(lt.props["instanceType"])
         for message in _nic_layout(nics, efa, sorted(types)):
             yield lt, message
-        yield from ((lt, m) for m in _efa_security_groups(stack, lt, efa))
+        yield from ((lt, m) for m in _efa_security_groups(stack, lt, efa, verdicts))
         for g in users:
             yield from ((g.resource, m) for m in _efa_placement(stack, g.resource, lt))
 
@@ -728,7 +730,8 @@ def _nic_layout(nics: list[Any], efa: list[Any], types: list[str]) -> Iterable[s
                    f"{record.network_cards} network card(s)")
 
 
-def _efa_security_groups(stack: Stack, lt: Resource, efa: list[Any]) -> Iterable[str]:
+def _efa_security_groups(stack: Stack, lt: Resource, efa: list[Any],
+                         self_rules: _SelfRules) -> Iterable[str]:
     """At least one security group on the EFA interfaces allows all traffic to and from itself."""
     refs: list[tuple[str, Any]] = []
     for nic in efa:
@@ -739,14 +742,16 @@ def _efa_security_groups(stack: Stack, lt: Resource, efa: list[Any]) -> Iterable
             refs.extend(("networkInterfaces", g) for g in groups)
     extra = items(lt.props.get("vpcSecurityGroupIds"))
     refs.extend(("vpcSecurityGroupIds", g) for g in (extra if extra is not UNKNOWN else [UNKNOWN]))
-    resolved = [stack.resolve(lt, prop, ref, [SECURITY_GROUP]) for prop, ref in refs]
-    groups = [g for g in resolved if isinstance(g, Resource)]
+    # A p5 template names the same group on all 32 interfaces: resolve each distinct reference once.
+    distinct = list({(prop, ref if _hashable(ref) else id(ref)): (prop, ref) for prop, ref in refs}.values())
+    resolved = [stack.resolve(lt, prop, ref, [SECURITY_GROUP]) for prop, ref in distinct]
+    groups = list({id(g): g for g in resolved if isinstance(g, Resource)}.values())
     if not resolved or all(g is None for g in resolved):
         yield "the EFA interfaces have no security group"
         return
     if any(g is UNKNOWN or g is EXTERNAL for g in resolved) and not groups:
         return  # only security groups this stack cannot see: nothing to judge
-    verdicts = {g.name: (_self_rule(stack, g, "ingress"), _self_rule(stack, g, "egress")) for g in groups}
+    verdicts = {g.name: self_rules.verdict(g) for g in groups}
     if any(i is True and e is True for i, e in verdicts.values()):
         return
     if any(v is None for pair in verdicts.values() for v in pair) or any(
@@ -759,36 +764,71 @@ def _efa_security_groups(stack: Stack, lt: Resource, efa: list[Any]) -> Iterable
                        "both directions (EC2 user guide, EFA security group)")
 
 
-def _self_rule(stack: Stack, sg: Resource, direction: str) -> bool | None:
-    """True: `sg` has an all-traffic rule to/from itself in `direction`; None: cannot tell yet."""
-    candidates: list[tuple[bool | None, bool | None, bool | None]] = []  # (sg's, to itself, all traffic)
-    inline = items(sg.props.get(direction))
-    if inline is UNKNOWN:
-        candidates.append((True, None, None))
-    else:
-        candidates.extend((True, truthy(dig(r, "self")), _all_traffic(dig(r, "protocol"))) for r in inline)
-    standalone = SG_INGRESS_RULE if direction == "ingress" else SG_EGRESS_RULE
-    for r in stack.of_type(standalone, SG_RULE):
-        if r.type == SG_RULE and r.props.get("type") not in (direction, UNKNOWN):
-            continue
-        owner = _same(stack.resolve(r, "securityGroupId", r.props.get("securityGroupId"),
-                                    [SECURITY_GROUP]), sg)
-        if r.type == SG_RULE:
-            peer_key, protocol = "sourceSecurityGroupId", r.props.get("protocol")
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+class _SelfRules:
+    """Whether each security group allows all traffic to and from itself, inbound and outbound.
+
+    The standalone rules are resolved once per stack and filed under the group they belong to
+    (rules whose group is not known yet apply to every group), and each group's verdict is
+    kept: with one group per node group, the rule stays linear in the number of node groups.
+    """
+
+    def __init__(self, stack: Stack) -> None:
+        # direction -> owner (id of the group, or None: not known yet) -> (owner, peer, all traffic)
+        self._rules: dict[str, dict[int | None, list[tuple[Any, Any, bool | None]]]] = {
+            "ingress": defaultdict(list), "egress": defaultdict(list)}
+        for r in stack.of_type(SG_INGRESS_RULE, SG_EGRESS_RULE, SG_RULE):
+            if r.type == SG_RULE:
+                directions = [d for d in ("ingress", "egress") if r.props.get("type") in (d, UNKNOWN)]
+                peer_key, protocol = "sourceSecurityGroupId", r.props.get("protocol")
+            else:
+                directions = ["ingress" if r.type == SG_INGRESS_RULE else "egress"]
+                peer_key, protocol = "referencedSecurityGroupId", r.props.get("ipProtocol")
+            owner = stack.resolve(r, "securityGroupId", r.props.get("securityGroupId"), [SECURITY_GROUP])
+            if r.type == SG_RULE and truthy(r.props.get("self")):
+                peer: Any = _ITSELF
+            else:
+                value = r.props.get(peer_key)
+                peer = None if value is None else stack.resolve(r, peer_key, value, [SECURITY_GROUP])
+            key = None if owner is UNKNOWN else id(owner)
+            for direction in directions:
+                self._rules[direction][key].append((owner, peer, _all_traffic(protocol)))
+        self._verdicts: dict[int, tuple[bool | None, bool | None]] = {}
+
+    def verdict(self, sg: Resource) -> tuple[bool | None, bool | None]:
+        """(inbound, outbound): True has an all-traffic self rule, None cannot tell yet."""
+        if id(sg) not in self._verdicts:
+            self._verdicts[id(sg)] = (self._self_rule(sg, "ingress"), self._self_rule(sg, "egress"))
+        return self._verdicts[id(sg)]
+
+    def _self_rule(self, sg: Resource, direction: str) -> bool | None:
+        """True: `sg` has an all-traffic rule to/from itself in `direction`; None: cannot tell yet."""
+        candidates: list[tuple[bool | None, bool | None, bool | None]] = []  # (sg's, to itself, all)
+        inline = items(sg.props.get(direction))
+        if inline is UNKNOWN:
+            candidates.append((True, None, None))
         else:
-            peer_key, protocol = "referencedSecurityGroupId", r.props.get("ipProtocol")
-        if r.type == SG_RULE and truthy(r.props.get("self")):
-            to_itself: bool | None = True
-        else:
-            peer = r.props.get(peer_key)
-            to_itself = False if peer is None else _same(stack.resolve(r, peer_key, peer,
-                                                                       [SECURITY_GROUP]), sg)
-        candidates.append((owner, to_itself, _all_traffic(protocol)))
-    if any(all(v is True for v in c) for c in candidates):
-        return True
-    if any(False not in c and None in c for c in candidates):
-        return None
-    return False
+            candidates.extend((True, truthy(dig(r, "self")), _all_traffic(dig(r, "protocol")))
+                              for r in inline)
+        filed = self._rules[direction]
+        for owner, peer, all_traffic in (*filed.get(id(sg), ()), *filed.get(None, ())):
+            to_itself = True if peer is _ITSELF else (False if peer is None else _same(peer, sg))
+            candidates.append((_same(owner, sg), to_itself, all_traffic))
+        if any(all(v is True for v in c) for c in candidates):
+            return True
+        if any(False not in c and None in c for c in candidates):
+            return None
+        return False
+
+
+_ITSELF = object()  # an aws.ec2.SecurityGroupRule with self = true: its peer is its own group
 
 
 def _same(found: Any, sg: Resource) -> bool | None:

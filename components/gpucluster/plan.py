@@ -11,15 +11,18 @@ from __future__ import annotations
 import hashlib
 import json
 import runpy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import resource as pulumi_resource
 from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.config import set_all_config
+from pulumi.runtime.proto import source_pb2
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
@@ -245,16 +248,65 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
 
 
 def _plain(value: Any) -> Any:
-    """Engine values -> JSON-able Python (resource references become their URN)."""
+    """Engine values -> JSON-able Python, the same run after run (keys sorted, assets by content)."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(value[k]) for k in sorted(value)}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     if isinstance(value, str | int | float | bool) or value is None:
         return value
     if isinstance(value, pulumi.Resource):
         return f"<resource {type(value).__name__}>"
+    if isinstance(value, pulumi.Asset | pulumi.Archive):
+        return _asset(value)
     return str(value)
+
+
+def _asset(value: pulumi.Asset | pulumi.Archive) -> dict[str, Any]:
+    """An asset or archive as what it holds: kind, name and SHA-256 of the content, never an address.
+
+    A directory archive hashes each file's path and bytes, leaving out `__pycache__` (bytecode
+    caches differ from machine to machine; the handlers' sources are what changes a Lambda).
+    """
+    if isinstance(value, pulumi.AssetArchive):
+        parts = {name: _asset(part) for name, part in sorted(value.assets.items())}
+        digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        return {"archive": "assets", "sha256": digest, "assets": parts}
+    if isinstance(value, pulumi.StringAsset):
+        return {"asset": "string", "sha256": hashlib.sha256(value.text.encode()).hexdigest()}
+    if isinstance(value, pulumi.RemoteAsset | pulumi.RemoteArchive):
+        return {"asset" if isinstance(value, pulumi.Asset) else "archive": "remote", "uri": value.uri}
+    kind = "asset" if isinstance(value, pulumi.Asset) else "archive"
+    path = Path(str(getattr(value, "path", "")))
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        digest = hashlib.sha256()
+        for file in files:
+            digest.update(f"{file.relative_to(path).as_posix()}\0".encode())
+            digest.update(hashlib.sha256(file.read_bytes()).digest())
+        return {kind: "directory", "name": path.name, "files": len(files), "sha256": digest.hexdigest()}
+    if path.is_file():
+        return {kind: "file", "name": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {kind: type(value).__name__, "name": path.name, "sha256": None}  # missing: pulumi up says so
+
+
+def _tree_order(resources: list[PlannedResource]) -> list[PlannedResource]:
+    """Parents before children, siblings by type and name: one order however the engine interleaved them.
+
+    Under the mock engine resources register as their inputs resolve, which varies from run to
+    run; a plan must not (CI diffs two plans).
+    """
+    children: dict[str | None, list[PlannedResource]] = {}
+    urns = {r.urn for r in resources}
+    for r in resources:
+        children.setdefault(r.parent if r.parent in urns else None, []).append(r)
+    ordered: list[PlannedResource] = []
+    todo = sorted(children.get(None, []), key=lambda r: (r.type, r.name, r.urn), reverse=True)
+    while todo:
+        r = todo.pop()
+        ordered.append(r)
+        todo.extend(sorted(children.get(r.urn, []), key=lambda c: (c.type, c.name, c.urn), reverse=True))
+    return ordered
 
 
 def run_plan(stack: str) -> Plan:
@@ -296,8 +348,30 @@ def record_resources(build: Callable[[], Any], stack: str = "test", region: str 
     pulumi_settings.ROOT.set(None)  # a fresh root Stack for every run in this process
     pulumi_mocks.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
     pulumi_settings.SETTINGS.rpc_manager.clear()
-    _sync_await(run_pulumi_func(build))
-    root = pulumi_settings.get_root_resource()
-    exported = getattr(root, "outputs", {})
-    outputs = _sync_await(pulumi.Output.from_input(exported).future()) or {}
-    return list(monitor.registered), _plain(outputs)
+    with _no_source_positions():
+        _sync_await(run_pulumi_func(build))
+        root = pulumi_settings.get_root_resource()
+        exported = getattr(root, "outputs", {})
+        outputs = _sync_await(pulumi.Output.from_input(exported).future()) or {}
+    return _tree_order(monitor.registered), _plain(outputs)
+
+
+@contextmanager
+def _no_source_positions() -> Iterator[None]:
+    """Skip the Python stack trace Pulumi's SDK takes for every resource it registers.
+
+    The engine uses it only to point its diagnostics at the line that declared a resource
+    (`sourcePosition`, `stackTrace` of RegisterResourceRequest); the mock monitor and a plan
+    never read it, and walking the stack (source lines included) costs about a fifth of the
+    mock run. Restored afterwards; an SDK without the hook is left as it is.
+    """
+    hook = getattr(pulumi_resource, "_get_stack_trace", None)
+    if hook is None:  # another SDK version: keep its behaviour
+        yield
+        return
+    blank = source_pb2.StackTrace()
+    pulumi_resource._get_stack_trace = lambda: blank
+    try:
+        yield
+    finally:
+        pulumi_resource._get_stack_trace = hook

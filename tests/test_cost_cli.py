@@ -65,7 +65,7 @@ def test_cost_json_matches_the_model() -> None:
     assert doc["node_groups"][0]["rates"]["base"]["as_of"] == "2026-11-21"
 
 
-def test_plan_json_carries_the_cost() -> None:
+def test_plan_json_carries_the_cost(cli_plans_once: None) -> None:
     result = runner.invoke(app, ["plan", "prod", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
@@ -73,7 +73,7 @@ def test_plan_json_carries_the_cost() -> None:
     assert {"stack", "resources", "outputs", "cost"} <= set(doc)
 
 
-def test_plan_prints_one_cost_line() -> None:
+def test_plan_prints_one_cost_line(cli_plans_once: None) -> None:
     result = runner.invoke(app, ["plan", "dev"])
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("cost:")]
@@ -126,7 +126,7 @@ def test_invalid_stack_exits_2(base_config: dict[str, Any], write_stack: Callabl
 
 
 def test_cost_diff_prints_markdown(tmp_path: Path, base_config: dict[str, Any],
-                                   write_stack: Callable[..., Path]) -> None:
+                                   write_stack: Callable[..., Path], cli_plans_once: None) -> None:
     base_json, head_json = tmp_path / "base.json", tmp_path / "head.json"
     base_json.write_text(runner.invoke(app, ["plan", "prod", "--json"]).output)
     config = load_stack("prod")[1]

@@ -271,6 +271,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
     # Timed in CPU seconds of this thread, with the collector paused: other processes on a
     # busy machine and a full collection of the rest of the suite's objects are not the input's
     # doing, while a hang or a bomb still burns seconds of CPU here.
+    collecting = gc.isenabled()  # the suite runs with the collector off (conftest.py): leave it so
     gc.disable()
     try:
         for case in cases():
@@ -284,7 +285,8 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
                                            + "".join(traceback.format_tb(exc.__traceback__)[-3:]))
             out[case.name] = (path, Outcome(verdict, time.thread_time() - started, crash))
     finally:
-        gc.enable()
+        if collecting:
+            gc.enable()
     return out
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from base_config import base, plan_config
 from gpucluster.aws.iam import s3_policy_document
-from gpucluster.plan import Plan, run_plan
+from gpucluster.plan import Plan
+from shipped import shipped_plan
 
 POLICY = "aws:iam/rolePolicy:RolePolicy"
 ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
@@ -27,7 +28,7 @@ def resources_of(statement: dict[str, Any]) -> list[str]:
 
 
 def test_prod_nodes_get_exactly_the_stacks_buckets_and_prefixes() -> None:
-    plan = run_plan("prod")
+    plan = shipped_plan("prod")
     corpus = plan.outputs["datasets"]["pretrain-corpus"]["bucket_name"]
     assert corpus.startswith("gpu-prod-pretrain-corpus-")  # created: Pulumi adds a unique suffix
     found = statements(plan)
@@ -67,7 +68,7 @@ def test_write_only_under_the_checkpoint_prefix() -> None:
 
 
 def test_managed_policies_and_instance_profile() -> None:
-    plan = run_plan("dev")
+    plan = shipped_plan("dev")
     node = [r for r in plan.resources if "-node-identity" in r.name]
     arns = sorted(r.inputs["policyArn"] for r in node if r.type == ATTACHMENT)
     assert arns == ["arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",

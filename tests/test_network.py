@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from base_config import base, plan_config
-from gpucluster.plan import Plan, PlannedResource, run_plan
+from gpucluster.plan import Plan, PlannedResource
+from shipped import shipped_plan
 
 ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
@@ -27,7 +28,7 @@ def one(plan: Plan, type_token: str) -> PlannedResource:
 
 
 def test_created_vpc_has_private_subnets_endpoints_and_nat() -> None:
-    plan = run_plan("staging")
+    plan = shipped_plan("staging")
     vpc = one(plan, "aws:ec2/vpc:Vpc").inputs
     assert vpc["cidrBlock"] == "10.30.0.0/16" and vpc["enableDnsHostnames"] and vpc["enableDnsSupport"]
     private = {r.inputs["availabilityZone"]: r.inputs["cidrBlock"]

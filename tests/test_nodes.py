@@ -24,9 +24,9 @@ from gpucluster.plan import (
     PlannedResource,
     load_stack,
     record_resources,
-    run_plan,
 )
 from gpucluster.stack import cluster_args
+from shipped import shipped_plan
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"
@@ -67,7 +67,7 @@ def type_plan(instance_type: str) -> Plan:
 
 @cache
 def stack_plan(stack: str) -> Plan:
-    return run_plan(stack)
+    return shipped_plan(stack)
 
 
 def id_of(resource: PlannedResource) -> str:
@@ -345,7 +345,7 @@ def test_cluster_exposes_node_groups_with_their_asg() -> None:
     assert isinstance(group.launch_template, aws.ec2.LaunchTemplate)
 
 
-def test_plan_prod_shows_the_whole_tree() -> None:
+def test_plan_prod_shows_the_whole_tree(cli_plans_once: None) -> None:
     result = CliRunner().invoke(app, ["plan", "prod"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()

@@ -15,12 +15,13 @@ from base_config import policy_clean
 from gpucluster.cli import app
 from gpucluster.plan import run_plan, run_program, stack_file, stack_name
 from gpucluster.spec import parse_stack_config
+from shipped import shipped_plan
 
 runner = CliRunner()
 
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
-def test_plan_shipped_stacks_exit_0(stack: str) -> None:
+def test_plan_shipped_stacks_exit_0(stack: str, cli_plans_once: None) -> None:
     result = runner.invoke(app, ["plan", stack])
     assert result.exit_code == 0, result.output
     assert f"stack {stack} " in result.output
@@ -28,7 +29,7 @@ def test_plan_shipped_stacks_exit_0(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
-def test_plan_json_has_the_contract_keys(stack: str) -> None:
+def test_plan_json_has_the_contract_keys(stack: str, cli_plans_once: None) -> None:
     result = runner.invoke(app, ["plan", stack, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
@@ -42,7 +43,7 @@ def test_plan_json_has_the_contract_keys(stack: str) -> None:
 
 
 def test_plan_outputs_come_from_the_program() -> None:
-    plan = run_plan("prod")
+    plan = shipped_plan("prod")
     assert plan.outputs["cluster_name"] == "gpu-prod"
     assert plan.outputs["node_groups"]["h100-train"]["efa"] is True
 
@@ -88,7 +89,7 @@ def test_plans_in_one_process_do_not_leak_into_each_other() -> None:
     assert len(first.resources) == len(run_plan("dev").resources)
 
 
-def test_plan_json_lists_each_resources_dependencies() -> None:
+def test_plan_json_lists_each_resources_dependencies(cli_plans_once: None) -> None:
     """Users read creation order from `dependencies`: explicit depends_on and input references alike."""
     result = runner.invoke(app, ["plan", "prod", "--json"])
     assert result.exit_code == 0, result.output
@@ -104,7 +105,7 @@ def test_plan_json_lists_each_resources_dependencies() -> None:
 
 
 def test_plan_depends_on_follows_the_chain() -> None:
-    plan = run_plan("prod")
+    plan = shipped_plan("prod")
     asg = plan.of_type("aws:autoscaling/group:Group")[0]
     template = next(r for r in plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
                     if r.name == asg.name.removesuffix("-asg") + "-lt")

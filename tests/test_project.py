@@ -46,8 +46,8 @@ def one_line(output: str) -> str:
     return lines[-1]
 
 
-def test_plan_finds_the_stack_from_a_subdirectory_of_the_project(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_finds_the_stack_from_a_subdirectory_of_the_project(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli_plans_once: None) -> None:
     make_project(tmp_path / "proj", stack_config_dir="envs")
     deep = tmp_path / "proj" / "src" / "deep"
     deep.mkdir(parents=True)
@@ -59,8 +59,8 @@ def test_plan_finds_the_stack_from_a_subdirectory_of_the_project(tmp_path: Path,
     assert json.loads(result.output)["stack"] == "dev"
 
 
-def test_stack_config_dir_unset_means_the_project_root(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stack_config_dir_unset_means_the_project_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       cli_plans_once: None) -> None:
     make_project(tmp_path, stack_config_dir=None)
     monkeypatch.chdir(tmp_path)
     assert project.stacks_dir() == tmp_path.resolve()
@@ -76,7 +76,8 @@ def test_outside_a_project_stacks_come_from_dot_stacks(tmp_path: Path,
     assert project.stacks_dir() == tmp_path / "stacks"
 
 
-def test_stacks_dir_option_overrides_the_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stacks_dir_option_overrides_the_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  cli_plans_once: None) -> None:
     make_project(tmp_path / "proj")  # its envs/ has only dev
     monkeypatch.chdir(tmp_path / "proj")
     result = runner.invoke(app, ["--stacks-dir", str(REPO / "stacks"), "plan", "prod", "--json"])
@@ -132,7 +133,8 @@ def test_missing_stack_given_as_a_path_names_only_the_file(tmp_path: Path) -> No
     assert one_line(result.output) == f"{path}: no such stack file"
 
 
-def test_policy_config_is_read_from_the_project_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_policy_config_is_read_from_the_project_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     cli_plans_once: None) -> None:
     """From a subdirectory, plan applies the project's policies/config/<stack>.json (here: a stricter one)."""
     make_project(tmp_path)
     config = tmp_path / "policies" / "config"

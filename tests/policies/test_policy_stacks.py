@@ -13,12 +13,13 @@ from typer.testing import CliRunner
 
 from gpucluster.cli import app
 from gpucluster.cli import commands as cli
-from gpucluster.plan import Plan, PlannedResource, run_plan, run_program
+from gpucluster.plan import Plan, PlannedResource, run_program
 from gpucluster.policy import settings
 from gpucluster.policy.offline import check_plan, plan_records
 from gpucluster.policy.records import Resource
 from gpucluster.policy.rules import RULES, evaluate
 from gpucluster.spec import parse_stack_config
+from shipped import shipped_plan
 
 runner = CliRunner()
 # pulumi_aws warns about its own deprecated resources when the s3 and lambda modules load
@@ -50,11 +51,11 @@ def test_a_mistake_per_rule_triggers_every_rule(broken: list[Resource]) -> None:
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_shipped_stacks_have_no_mandatory_violation(stack: str) -> None:
-    assert [str(v) for v in check_plan(run_plan(stack)) if v.mandatory] == []
+    assert [str(v) for v in check_plan(shipped_plan(stack)) if v.mandatory] == []
 
 
 def test_plan_records_read_the_real_auto_scaling_group() -> None:
-    records = plan_records(run_plan("prod"))
+    records = plan_records(shipped_plan("prod"))
     [asg] = [r for r in records if r.type == "aws:autoscaling/group:Group"]
     assert asg.name == "gpu-prod-h100-train-asg"
     policy = asg.props["mixedInstancesPolicy"]
@@ -66,7 +67,7 @@ def test_plan_records_read_the_real_auto_scaling_group() -> None:
 def test_plan_records_carry_the_mock_engine_ids() -> None:
     planned = PlannedResource(urn="urn:x", type="aws:s3/bucket:Bucket", name="data", parent=None,
                               custom=True, inputs={"bucket": "acme-data"})
-    records = plan_records(Plan(stack="t", spec=run_plan("dev").spec, resources=[planned]))
+    records = plan_records(Plan(stack="t", spec=shipped_plan("dev").spec, resources=[planned]))
     # S3 answers a bucket's name as its id and ARN; references by any of them resolve
     assert records[0].ids == ("acme-data", "arn:aws:s3:::acme-data", "data")
 
@@ -113,13 +114,13 @@ def test_plan_json_lists_violations_and_exits_1(base_config: dict[str, Any],
 
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
-def test_plan_json_of_shipped_stacks_has_no_violations(stack: str) -> None:
+def test_plan_json_of_shipped_stacks_has_no_violations(stack: str, cli_plans_once: None) -> None:
     result = runner.invoke(app, ["plan", stack, "--json"])
     assert result.exit_code == 0
     assert json.loads(result.output)["violations"] == []
 
 
-def test_plan_text_of_a_clean_stack_says_so() -> None:
+def test_plan_text_of_a_clean_stack_says_so(cli_plans_once: None) -> None:
     result = runner.invoke(app, ["plan", "dev"])
     assert result.exit_code == 0 and result.output.rstrip().endswith("policies: no violations")
 
@@ -166,7 +167,7 @@ def test_shipped_prod_config_narrows_prod(base_config: dict[str, Any]) -> None:
                         "g6e.*; see the environment-limits policy config)"]
 
 
-def test_a_bad_policy_config_exits_2(tmp_path: Path) -> None:
+def test_a_bad_policy_config_exits_2(tmp_path: Path, cli_plans_once: None) -> None:
     config = tmp_path / "bad.json"
     config.write_text(json.dumps({"environment-limit": "mandatory",
                                   "efa-wiring": {"enforcementLevel": "blocking"}}))
@@ -179,7 +180,7 @@ def test_a_bad_policy_config_exits_2(tmp_path: Path) -> None:
 
 def test_plan_exits_1_on_the_broken_stack(broken: list[Resource], monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI path with every rule broken: the recorded broken stack stands in for a planned one."""
-    dev = run_plan("dev")
+    dev = shipped_plan("dev")
     planned = [PlannedResource(urn=r.urn, type=r.type, name=r.name, parent=r.parent, custom=True,
                                inputs=dict(r.props), protect=r.protect, retain_on_delete=r.retain_on_delete)
                for r in broken]

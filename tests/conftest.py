@@ -39,6 +39,11 @@ pulumi.runtime.set_mocks(PlanMocks("us-east-1"), project="gpucluster", stack="te
 pytest_plugins = ["wheel_venv"]  # the built wheel in a fresh venv: fixtures `wheel`, `venv`
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker per CPU this process may run on (xdist counts physical cores with psutil)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Collector off from here on, everything imported so far frozen out of its sight.
 

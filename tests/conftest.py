@@ -28,6 +28,9 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_SECURITY_TOKEN", "testing")
 os.environ.setdefault("AWS_SESSION_TOKEN", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+# moto builds ~1,000 public AMIs with random ids for every region at every mock start (a tenth of
+# the suite's time); no test reads them (launch templates name an AMI moto does not check).
+os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
 
 import shipped
 from base_config import BASE_CONFIG
@@ -51,13 +54,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     collections took a fifth of the suite's time (and re-walked every pulumi_aws class each
     time) to free almost nothing; a worker stays under 1 GB without them.
     """
-    gc.collect()
     gc.freeze()
     gc.disable()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     gc.disable()  # a test that turned it on for itself does not turn it on for the rest
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Freeze what the tests left: pytest's last full collection (unraisable-exception check) then
+    looks at nothing (it took seconds walking every object the session ever kept)."""
+    gc.freeze()
 
 
 @pytest.fixture

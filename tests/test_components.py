@@ -308,6 +308,7 @@ def test_budget_lambda_stops_the_external_group_once_the_tag_resource_is_applied
     breach = {"Records": [{"EventSource": "aws:sns", "Sns": {"Type": "Notification", "Message": "breach"}}]}
     with mock_aws():
         monkeypatch.setattr(scaling.RUNTIME, "client", lambda service: boto3.client(service))
+        monkeypatch.setattr(scaling.RUNTIME, "sleep", lambda seconds: None)  # moto settles at once
         autoscaling = boto3.client("autoscaling")
         boto3.client("ec2").create_launch_template(
             LaunchTemplateName="eks-gpu", LaunchTemplateData={"ImageId": "ami-12c6146b"})

@@ -10,6 +10,7 @@ that one, and which stacks it holds. Pure: no Pulumi import, no AWS call.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,9 +95,11 @@ def missing_stack_message(path: Path, by_name: bool) -> str:
     if not directory.is_dir():
         return (f"{path}: no such stack file; searched {directory} ({where.reason}), "
                 "which is not a directory (--stacks-dir DIR to choose another)")
-    known = ", ".join(stack_names(directory)) or "none"
-    return (f"{path}: no such stack file; searched {directory} ({where.reason}); "
-            f"stacks there: {known}")
+    names = stack_names(directory)
+    close = difflib.get_close_matches(path.name.removeprefix("Pulumi.").removesuffix(".yaml"), names, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return (f"{path}: no such stack file; {hint}searched {directory} ({where.reason}); "
+            f"stacks there: {', '.join(names) or 'none'}")
 
 
 def policy_config_dir(start: Path | None = None) -> Path:

@@ -1,24 +1,28 @@
 """The `gpucluster` command: offline plans and the day-two operations of a stack.
 
-It owns argument parsing, output formatting and exit codes (0 fine, 1 a
-finding that blocks — a mandatory policy violation —, 2 invalid input). The
-work itself lives in the modules it calls; config problems print one line
-each, naming the key path, never a traceback.
+It owns argument parsing and exit codes (0 fine, 1 a finding that blocks — a
+mandatory policy violation —, 2 invalid input); how things print (`--json`,
+colour, errors as JSON, 100 columns) is `gpucluster.cli.render`. The work
+itself lives in the modules it calls; config problems print one line each,
+naming the key path, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
 from gpucluster import pricing, project
-from gpucluster.plan import Plan, PlannedResource, StackFileError, load_stack, run_plan
+from gpucluster.cli import render
+from gpucluster.cli.render import table as render_table
+from gpucluster.plan import Plan, StackFileError, load_stack, run_plan
 from gpucluster.spec import SpecError, StackSpec
 
 if TYPE_CHECKING:
@@ -36,7 +40,11 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Plan, price and operate GPU clusters on AWS built with Pulumi.",
     pretty_exceptions_enable=False,
+    # Plain help: typer's rich help shows every flag as `--json <bool>`; this shows `--json`.
+    rich_markup_mode=None,
 )
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead (errors too).")]
 
 
 def _print_version(value: bool) -> None:
@@ -50,6 +58,7 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def root(
+    ctx: typer.Context,
     stacks_dir: Annotated[Path | None, typer.Option(
         "--stacks-dir", metavar="DIR",
         help="Read stack files (Pulumi.<name>.yaml) from DIR instead of the stackConfigDir of the "
@@ -59,6 +68,7 @@ def root(
         help="Print the installed gpucluster's version and exit.")] = False,
 ) -> None:
     """Plan, price and operate GPU clusters on AWS built with Pulumi."""
+    render.use_json("--json" in ctx.args)  # each command sets it again; this covers --stacks-dir
     if stacks_dir is not None and not stacks_dir.is_dir():
         fail_usage("--stacks-dir", f"{stacks_dir} is not a directory")
     project.use_stacks_dir(stacks_dir)
@@ -69,12 +79,9 @@ StackArg = Annotated[str, typer.Argument(
          "or a path to a stack file.")]
 
 
-def fail_invalid(stack: str, lines: list[str]) -> None:
-    """Print every problem on its own line and exit 2."""
-    typer.echo(f"invalid stack config: {stack}", err=True)
-    for line in lines:
-        typer.echo(line, err=True)
-    raise typer.Exit(EXIT_INVALID)
+def fail_invalid(stack: str, problems: list[tuple[str | None, str]]) -> NoReturn:
+    """Every problem on its own line (`path: message`), or as JSON with --json; exit 2."""
+    render.fail(problems, EXIT_INVALID, title=f"invalid stack config: {stack}")
 
 
 def _valid(stack: str, load: Callable[[str], T]) -> T:
@@ -82,10 +89,9 @@ def _valid(stack: str, load: Callable[[str], T]) -> T:
     try:
         return load(stack)
     except SpecError as err:
-        fail_invalid(stack, [str(f) for f in err.findings])
+        fail_invalid(stack, [(f.path, f.message) for f in err.findings])
     except StackFileError as err:
-        fail_invalid(stack, [str(err)])
-    raise AssertionError("unreachable")
+        fail_invalid(stack, [(None, str(err))])
 
 
 def build_plan(stack: str) -> Plan:
@@ -98,42 +104,8 @@ def build_spec(stack: str) -> StackSpec:
 
 
 def fail_usage(command: str, message: str) -> NoReturn:
-    """One line naming what is wrong with the command's arguments, exit 2."""
-    typer.echo(f"{command}: {message}", err=True)
-    raise typer.Exit(EXIT_INVALID)
-
-
-def render_table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
-    """Columns padded to their widest cell; cells that look like numbers are right-aligned."""
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-
-    def numeric(cell: str) -> bool:
-        return cell.lstrip("$+-").replace(",", "").replace(".", "", 1).replace(" %", "").isdigit()
-
-    def line(cells: list[str]) -> str:
-        return indent + "  ".join(c.rjust(w) if numeric(c) else c.ljust(w)
-                                  for c, w in zip(cells, widths, strict=True)).rstrip()
-
-    return [line(headers), *(line(r) for r in rows)]
-
-
-def render_tree(resources: list[PlannedResource]) -> list[str]:
-    """Indented tree of `type  name`, children under their parent, in creation order."""
-    children: dict[str | None, list[PlannedResource]] = defaultdict(list)
-    urns = {r.urn for r in resources}
-    for r in resources:
-        children[r.parent if r.parent in urns else None].append(r)
-    lines: list[str] = []
-
-    def walk(parent: str | None, depth: int) -> None:
-        for r in children.get(parent, []):
-            flags = "".join(f" [{f}]" for f, on in (("protect", r.protect),
-                                                   ("retain", r.retain_on_delete)) if on)
-            lines.append(f"{'  ' * depth}{r.type}  {r.name}{flags}")
-            walk(r.urn, depth + 1)
-
-    walk(None, 0)
-    return lines
+    """One line naming what is wrong with the command's arguments (or JSON with --json), exit 2."""
+    render.fail([(command, message)], EXIT_INVALID)
 
 
 def check_policies(result: Plan, config_file: Path | None) -> list[Violation]:
@@ -144,33 +116,26 @@ def check_policies(result: Plan, config_file: Path | None) -> list[Violation]:
     try:
         return check_plan(result, config_file)
     except PolicyConfigError as err:
-        typer.echo("invalid policy config", err=True)
-        for line in err.problems:
-            typer.echo(line, err=True)
-        raise typer.Exit(EXIT_INVALID) from None
-
-
-def render_violations(violations: list[Violation]) -> list[str]:
-    """One line per violation: level, policy, resource type and name (or `stack`), message."""
-    if not violations:
-        return ["policies: no violations"]
-    mandatory = sum(v.mandatory for v in violations)
-    lines = [f"policies: {len(violations)} violation(s), {mandatory} mandatory"]
-    for v in violations:
-        where = f"{v.resource_type} {v.resource_name}" if v.resource_type else "stack"
-        lines.append(f"  {v.level:<9}  {v.policy}  {where}: {v.message}")
-    return lines
+        render.fail([render.split_problem(line) for line in err.problems], EXIT_INVALID,
+                    title="invalid policy config")
 
 
 @app.command()
 def plan(
     stack: StackArg,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead.")] = False,
+    as_json: JsonOption = False,
+    tree: Annotated[bool, typer.Option(
+        "--tree", "-v", "--verbose", help="Also show the resource tree and the stack outputs.")] = False,
     policy_config: Annotated[Path | None, typer.Option(
         "--policy-config", help="Policy pack config JSON (Pulumi's --policy-pack-config format); "
         "default: policies/config/<stack>.json when it exists.")] = None,
 ) -> None:
-    """Show offline what a stack would create and which policies it breaks (no AWS or Pulumi CLI)."""
+    """Show offline what a stack would create, what it costs and which policies it breaks.
+
+    No AWS account or Pulumi CLI needed: the real program runs under Pulumi's mock engine.
+    The verdict comes first; --tree adds the resource tree and the outputs.
+    """
+    render.use_json(as_json)
     result = build_plan(stack)
     cost = plan_cost(result.spec)
     violations = check_policies(result, policy_config)
@@ -179,26 +144,10 @@ def plan(
         document = result.as_json()
         document["cost"] = cost.as_json() if isinstance(cost, pricing.StackCost) else {"error": cost}
         document["violations"] = [v.as_json() for v in violations]
-        typer.echo(json.dumps(document, indent=2, sort_keys=False))
+        render.emit(document)
         raise typer.Exit(blocked)
-    custom = [r for r in result.resources if r.custom]
-    typer.echo(f"stack {result.stack} ({result.spec.region}): {len(custom)} resources in "
-               f"{len(result.resources) - len(custom)} components")
-    typer.echo("")
-    for line in render_tree(result.resources):
-        typer.echo(line)
-    typer.echo("")
-    typer.echo("resources by type:")
-    for token, count in sorted(Counter(r.type for r in custom).items()):
-        typer.echo(f"  {count:4d}  {token}")
-    typer.echo("")
-    typer.echo("outputs:")
-    for key, value in result.outputs.items():
-        typer.echo(f"  {key}: {json.dumps(value)}")
-    typer.echo("")
-    typer.echo(cost_summary(result.stack, cost))
-    for line in render_violations(violations):
-        typer.echo(line)
+    for line in render.plan_lines(result, cost, violations, tree):
+        render.echo(line)
     raise typer.Exit(blocked)
 
 
@@ -211,18 +160,6 @@ def plan_cost(spec: StackSpec) -> pricing.StackCost | str:
         return pricing.price_stack(spec)
     except pricing.PricingError as err:
         return str(err)
-
-
-def cost_summary(stack: str, cost: pricing.StackCost | str) -> str:
-    """The one cost line of `gpucluster plan`."""
-    if isinstance(cost, str):
-        return f"cost: not priced ({cost})"
-    line = (f"cost: ${cost.usd_per_month('desired'):,.0f}/month at desired nodes, "
-            f"${cost.usd_per_month('max'):,.0f} at max ({cost.saving_percent('desired'):.1f} % / "
-            f"{cost.saving_percent('max'):.1f} % below all on-demand)")
-    if cost.warnings:
-        line += f"; {len(cost.warnings)} warning(s)"
-    return line + f"; `gpucluster cost {stack}` for the breakdown"
 
 
 def _usd(value: float) -> str:
@@ -297,7 +234,7 @@ def cost(
     stack: Annotated[str | None, typer.Argument(
         help="Stack name (Pulumi.<name>.yaml in the project's stack directory) or a path to a "
              "stack file.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead.")] = False,
+    as_json: JsonOption = False,
     diff: Annotated[tuple[Path, Path] | None, typer.Option(
         "--diff", metavar="BASE.json HEAD.json",
         help="Print the Markdown cost difference of two `cost --json` or `plan --json` files.")] = None,
@@ -310,10 +247,15 @@ def cost(
     nat_gb: Annotated[float, typer.Option(help="Assumed data through the NAT gateway, GB/month.")] = 100,
 ) -> None:
     """Price a stack: node groups (base, on-demand, spot), storage and network, per hour and month."""
+    render.use_json(as_json)
     if diff is not None:
         if stack is not None:
             fail_usage("cost", "give a STACK or --diff BASE.json HEAD.json, not both")
-        typer.echo(pricing.cost_diff_markdown(_read_cost_json(diff[0]), _read_cost_json(diff[1])), nl=False)
+        markdown = pricing.cost_diff_markdown(_read_cost_json(diff[0]), _read_cost_json(diff[1]))
+        if as_json:
+            render.emit({"markdown": markdown})
+        else:
+            typer.echo(markdown, nl=False)
         raise typer.Exit(EXIT_OK)
     if stack is None:
         fail_usage("cost", "give a STACK (or --diff BASE.json HEAD.json)")
@@ -333,10 +275,10 @@ def cost(
         except ChartUnavailable as err:
             fail_usage("cost", str(err))
     if as_json:
-        typer.echo(json.dumps(result.as_json(), indent=2))
+        render.emit(result.as_json())
     else:
         for line in render_cost(result):
-            typer.echo(line)
+            render.echo(line)
         if chart is not None:
             typer.echo(f"chart: {chart}")
 
@@ -375,11 +317,12 @@ def recommend(
     kv_heads: Annotated[int | None, typer.Option(help="KV heads for GQA (default: heads).")] = None,
     region: Annotated[str, typer.Option(help="Region to price in.")] = "us-east-1",
     top: Annotated[int, typer.Option(help="How many fits to list.")] = 10,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Size a workload: the instance types and node counts that fit it, cheapest first."""
     from gpucluster import sizing
 
+    render.use_json(as_json)
     if params is None:
         fail_usage("recommend", "--params is required (model size, e.g. 7 or 70b)")
     if mode is None:
@@ -397,13 +340,13 @@ def recommend(
     memory = sizing.estimate_memory(workload)
     snippet = sizing.node_group_snippet(fits[0], workload) if fits else None
     if as_json:
-        typer.echo(json.dumps({
+        render.emit({
             "workload": {"params_billion": workload.params_b, "mode": workload.mode,
                          "precision": workload.precision, "seq_len": workload.seq_len,
                          "batch": workload.batch, "max_nodes": workload.max_nodes,
                          "shape": vars(workload.shape)},
             "memory_gib": {k: round(v / sizing.GIB, 3) for k, v in vars(memory).items()},
-            "fits": [vars(f) for f in fits[:top]], "snippet": snippet}, indent=2))
+            "fits": [vars(f) for f in fits[:top]], "snippet": snippet})
     else:
         for line in render_recommendation(workload, memory, fits[:top], snippet):
             typer.echo(line)
@@ -450,22 +393,35 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
 
 
 @app.command()
-def doctor(stack: StackArg) -> None:
+def doctor(stack: StackArg, as_json: JsonOption = False) -> None:
     """Check a stack against the AWS account (read-only): offerings, EFA, reservations, quotas, tags."""
     from gpucluster.ops.doctor import DoctorError, has_blocker, run_checks
 
+    render.use_json(as_json)
     spec = build_spec(stack)
     try:
-        findings = run_checks(spec)
+        with render.progress(f"checking {spec.stack} against the AWS account ({spec.region})"):
+            findings = run_checks(spec)
     except DoctorError as err:
         fail_usage("doctor", str(err))
-    typer.echo(f"stack {spec.stack} ({spec.region}): pre-flight checks against the AWS account")
-    for line in render_table(["level", "check", "subject", "finding"],
-                             [[f.level, f.check, f.subject, f.message] for f in findings]):
-        typer.echo(line)
     counts = Counter(f.level for f in findings)
-    typer.echo(f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['blocker']} blocker(s)")
-    raise typer.Exit(EXIT_BLOCKED if has_blocker(findings) else EXIT_OK)
+    code = EXIT_BLOCKED if has_blocker(findings) else EXIT_OK
+    if as_json:
+        render.emit({"stack": spec.stack, "region": spec.region, "findings": [asdict(f) for f in findings],
+                     "counts": {level: counts[level] for level in ("ok", "warning", "blocker")},
+                     "blocked": code == EXIT_BLOCKED})
+        raise typer.Exit(code)
+    render.echo(f"stack {spec.stack} ({spec.region}): pre-flight checks against the AWS account")
+    styles = {"blocker": "bad", "warning": "warn"}
+    header, *lines = render_table(["level", "check", "subject", "finding"],
+                                  [[f.level, f.check, f.subject, f.message] for f in findings])
+    render.echo(header)
+    for line, f in zip(lines, findings, strict=True):
+        render.echo(line.replace(f.level, render.paint(f.level, styles[f.level]), 1)
+                    if f.level in styles else line)
+    summary = f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['blocker']} blocker(s)"
+    render.echo(render.paint(summary, "bad" if code == EXIT_BLOCKED else "good"))
+    raise typer.Exit(code)
 
 
 # -------------------------------------------------------------- resume / status
@@ -478,12 +434,13 @@ def _autoscaling(spec: StackSpec) -> Any:
     return boto3.client("autoscaling", region_name=spec.region)
 
 
-def _aws_call(command: str, call: Callable[[], T]) -> T:
-    """Run an AWS call; missing credentials or an AWS error become one line and exit 2."""
+def _aws_call(command: str, call: Callable[[], T], doing: str = "asking AWS") -> T:
+    """Run an AWS call (a spinner after a second); no credentials or an AWS error: one line, exit 2."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        return call()
+        with render.progress(doing):
+            return call()
     except (BotoCoreError, ClientError) as err:
         fail_usage(command, f"AWS said: {err}")
 
@@ -497,12 +454,17 @@ def render_status(rows: list[GroupStatus]) -> list[str]:
 
 
 @app.command()
-def status(stack: StackArg) -> None:
+def status(stack: StackArg, as_json: JsonOption = False) -> None:
     """List the stack's node groups: capacity, nodes in service, and which guardrail stopped them."""
     from gpucluster.ops.status import stack_status  # boto3: only the AWS commands pay for it
 
+    render.use_json(as_json)
     spec = build_spec(stack)
-    rows = _aws_call("status", lambda: stack_status(spec.stack, autoscaling_client=_autoscaling(spec)))
+    rows = _aws_call("status", lambda: stack_status(spec.stack, autoscaling_client=_autoscaling(spec)),
+                     f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    if as_json:
+        render.emit({"stack": spec.stack, "region": spec.region, "groups": [asdict(r) for r in rows]})
+        raise typer.Exit(EXIT_OK)
     if not rows:
         typer.echo(f"stack {spec.stack} ({spec.region}): no Auto Scaling groups tagged "
                    f"gpucluster:stack={spec.stack} (not deployed, or another account/region)")
@@ -527,6 +489,17 @@ def _resume_price(spec: StackSpec, candidate: ResumeCandidate) -> tuple[str, flo
         return first.name, pricing.on_demand_rate(first, spec.region).usd_per_hour
     except pricing.PricingError:
         return first.name, None
+
+
+def _resume_json(spec: StackSpec, candidate: ResumeCandidate) -> dict[str, Any]:
+    """One group in `resume --json`: what resume would do to it, and its cost per hour if it does."""
+    d = candidate.decision
+    instance_type, rate = _resume_price(spec, candidate)
+    return {"group": d.group, "node_group": candidate.node_group, "action": d.action,
+            "stopped_by": d.stopped_by, "reason": d.reason or None, "nodes_now": candidate.desired_now,
+            "nodes_after": d.desired_capacity, "min_after": d.min_size, "instance_type": instance_type,
+            "on_demand_usd_per_hour": None if rate is None or d.action != "resume"
+            else round(rate * candidate.added_nodes, 4)}
 
 
 def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate]) -> list[str]:
@@ -606,11 +579,18 @@ def resume(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (scripts).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would restart and its cost.")]
     = False,
+    as_json: JsonOption = False,
 ) -> None:
-    """Restart the groups a guardrail stopped: shows them and their cost per hour, asks, then restores."""
+    """Restart the groups a guardrail stopped: shows them and their cost per hour, asks, then restores.
+
+    With --json it cannot ask: give --yes (resume) or --dry-run (only show).
+    """
     from gpucluster.lambdas.scaling import STOP_REASONS
     from gpucluster.ops.status import plan_resume, resume_stack, stack_status
 
+    render.use_json(as_json)
+    if as_json and not (yes or dry_run):
+        fail_usage("resume", "--json cannot ask for confirmation: add --yes to resume, or --dry-run")
     spec = build_spec(stack)
     unknown = sorted(set(only or []) - set(STOP_REASONS))
     if unknown:
@@ -618,8 +598,20 @@ def resume(
                              f"(one of {', '.join(STOP_REASONS)})")
     client = _autoscaling(spec)
     candidates = _aws_call("resume", lambda: plan_resume(spec.stack, autoscaling_client=client,
-                                                         only_stopped_by=only or None))
+                                                         only_stopped_by=only or None),
+                           f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
     todo = [c for c in candidates if c.decision.action == "resume"]
+    if as_json:
+        document = {"stack": spec.stack, "region": spec.region, "dry_run": dry_run,
+                    "groups": [_resume_json(spec, c) for c in candidates], "resumed": [], "status": []}
+        if todo and not dry_run:
+            shown = {c.group: c.decision.stopped_by for c in todo}
+            document["resumed"] = [asdict(r) for r in _aws_call("resume", lambda: resume_stack(
+                spec.stack, autoscaling_client=client, only_stopped_by=only or None, shown=shown))]
+            document["status"] = [asdict(r) for r in _aws_call(
+                "resume", lambda: stack_status(spec.stack, autoscaling_client=client))]
+        render.emit(document)
+        raise typer.Exit(EXIT_OK)
     if not todo:
         for line in explain_nothing_to_resume(stack, spec, candidates, only or []):
             typer.echo(line)
@@ -640,7 +632,8 @@ def resume(
             raise typer.Exit(EXIT_BLOCKED)
     shown = {c.group: c.decision.stopped_by for c in todo}
     results = _aws_call("resume", lambda: resume_stack(
-        spec.stack, autoscaling_client=client, only_stopped_by=only or None, shown=shown))
+        spec.stack, autoscaling_client=client, only_stopped_by=only or None, shown=shown),
+        f"restarting {len(todo)} group(s)")
     before = {c.group: c.desired_now for c in todo}
     for r in results:
         if r.action == "resumed":
@@ -660,26 +653,46 @@ def resume(
 def init(
     directory: Annotated[Path, typer.Argument(
         help="Where to create the project: a new or empty directory.")] = Path("."),
+    as_json: JsonOption = False,
 ) -> None:
     """Create a Pulumi project that uses gpucluster: Pulumi.yaml, __main__.py, a dev stack, policies."""
     from gpucluster.scaffold import ScaffoldError, create_project
 
+    render.use_json(as_json)
     try:
         written = create_project(directory)
     except ScaffoldError as err:
         fail_usage("init", str(err))
+    here = directory.resolve() == Path.cwd().resolve()
+    next_step = f"{'' if here else f'cd {directory} && '}gpucluster plan dev"
+    if as_json:
+        render.emit({"directory": str(directory), "created": [str(p.relative_to(directory)) for p in written],
+                     "next": next_step})
+        raise typer.Exit(EXIT_OK)
     typer.echo(f"created a gpucluster project in {directory}:")
     for path in written:
         typer.echo(f"  {path.relative_to(directory)}")
-    here = directory.resolve() == Path.cwd().resolve()
     typer.echo("")
-    typer.echo(f"next: {'' if here else f'cd {directory} && '}gpucluster plan dev   "
-               "(README.md has the steps to deploy)")
+    typer.echo(f"next: {next_step}   (README.md has the steps to deploy)")
 
 
-def main() -> None:
-    """Console-script entry point."""
-    sys.exit(app())
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point; with --json, a usage error (a bad option) is JSON too."""
+    args = sys.argv[1:] if argv is None else argv
+    if "--json" not in args:
+        sys.exit(app(args))
+    try:
+        code = app(args, standalone_mode=False)
+    except typer.TyperException as err:  # usage errors: unknown option, missing argument, bad value
+        render.use_json(True)
+        message = err.format_message() if hasattr(err, "format_message") else str(err)
+        try:
+            render.fail([(None, message)], getattr(err, "exit_code", EXIT_INVALID))
+        except typer.Exit as exit_:
+            code = exit_.exit_code
+    except typer.Abort:
+        code = EXIT_BLOCKED
+    sys.exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,315 @@
+"""How every command prints: plain lines that fit 100 columns or one JSON document, errors alike.
+
+It owns the output conventions of the `gpucluster` command, so each command
+only decides *what* to say: `--json` mode (a command calls `use_json` first, and
+from then on a failure prints `{"errors": [{"path": ..., "message": ...}]}` on
+stdout instead of lines on stderr, with the same exit code), colour for what a
+reader must not miss (mandatory violations and blockers red, warnings yellow,
+savings and clean verdicts green; off when the stream is not a terminal, with
+`NO_COLOR`, or `TERM=dumb`; `FORCE_COLOR` turns it on), lines wrapped to
+`WIDTH`, tables, and a spinner on stderr for AWS calls that take more than a
+second. It never decides exit codes on its own and never imports boto3 or
+Pulumi (`rich` only for the spinner, when one is shown).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import IO, TYPE_CHECKING, Any, NoReturn
+
+import typer
+
+if TYPE_CHECKING:
+    from gpucluster.plan import Plan, PlannedResource
+    from gpucluster.policy.records import Violation
+    from gpucluster.pricing import StackCost
+
+WIDTH = 100
+"""Every human line fits a 100-column terminal."""
+
+_STYLES = {"bad": "1;31", "warn": "33", "good": "32", "dim": "2", "bold": "1"}
+_state = {"json": False}
+
+
+# --------------------------------------------------------------------- JSON mode
+
+
+def use_json(on: bool) -> None:
+    """Set by a command before it can fail: errors then come as one JSON document on stdout."""
+    _state["json"] = bool(on)
+
+
+def json_mode() -> bool:
+    return _state["json"]
+
+
+def emit(document: Any) -> None:
+    """One JSON document on stdout (what `--json` prints)."""
+    typer.echo(json.dumps(document, indent=2))
+
+
+def fail(problems: Sequence[tuple[str | None, str]], code: int, title: str | None = None) -> NoReturn:
+    """Every problem as `path: message` (or just the message), then exit with `code`.
+
+    In JSON mode: `{"errors": [{"path": ..., "message": ...}]}` on stdout, nothing else.
+    """
+    if json_mode():
+        emit({"errors": [{"path": path, "message": message} for path, message in problems]})
+    else:
+        if title:
+            typer.echo(title, err=True)
+        for path, message in problems:
+            typer.echo(f"{path}: {message}" if path else message, err=True)
+    raise typer.Exit(code)
+
+
+def split_problem(line: str) -> tuple[str | None, str]:
+    """`where: what` -> (where, what); a line without a location -> (None, line)."""
+    where, sep, what = line.partition(": ")
+    return (where, what) if sep and where and " " not in where.strip("`") else (None, line)
+
+
+# ----------------------------------------------------------------------- colour
+
+
+def colour_on(stream: IO[str] | None = None) -> bool:
+    """Colour for `stream` (stdout): a terminal, unless NO_COLOR or TERM=dumb; FORCE_COLOR forces it."""
+    if os.environ.get("NO_COLOR"):  # no-color.org: set and not empty
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    if os.environ.get("TERM") == "dumb":
+        return False
+    stream = stream or sys.stdout
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # closed or not a file
+        return False
+
+
+def paint(text: str, style: str, err: bool = False) -> str:
+    """`text` in one of the styles (bad, warn, good, dim, bold) when colour is on for that stream."""
+    if not text or not colour_on(sys.stderr if err else sys.stdout):
+        return text
+    return f"\033[{_STYLES[style]}m{text}\033[0m"
+
+
+def echo(line: str = "", err: bool = False) -> None:
+    """Print one line; ANSI styles pass through when colour is on (click strips them otherwise)."""
+    typer.echo(line, err=err, color=colour_on(sys.stderr if err else sys.stdout))
+
+
+# ----------------------------------------------------------------------- layout
+
+
+def wrap(text: str, indent: str = "", width: int = WIDTH, hang: str = "  ") -> list[str]:
+    """`text` as lines of at most `width` columns: the first indented by `indent`, the rest by more."""
+    return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent + hang,
+                         break_long_words=True, break_on_hyphens=False) or [indent]
+
+
+def clip(text: str, width: int = WIDTH) -> str:
+    """One line cut to `width` columns with an ellipsis."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    """Columns padded to their widest cell; cells that look like numbers are right-aligned."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+
+    def numeric(cell: str) -> bool:
+        return cell.lstrip("$+-").replace(",", "").replace(".", "", 1).replace(" %", "").isdigit()
+
+    def line(cells: list[str]) -> str:
+        return indent + "  ".join(c.rjust(w) if numeric(c) else c.ljust(w)
+                                  for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return [line(headers), *(line(r) for r in rows)]
+
+
+def grid(cells: Iterable[str], indent: str = "  ", width: int = WIDTH, gap: int = 3) -> list[str]:
+    """Short cells in as many columns as fit `width`, filled column by column (like `ls`)."""
+    items = list(cells)
+    for columns in range(len(items), 0, -1):
+        rows = -(-len(items) // columns)
+        table = [column for c in range(columns) if (column := items[c * rows:(c + 1) * rows])]
+        widths = [max(len(cell) for cell in column) for column in table]
+        if len(indent) + sum(widths) + gap * (len(widths) - 1) <= width or columns == 1:
+            pairs = list(zip(table, widths, strict=True))
+            return [indent + (" " * gap).join(column[r].ljust(w) for column, w in pairs if r < len(column))
+                    .rstrip() for r in range(rows)]
+    return []
+
+
+def summarise(value: Any, indent: str = "  ", width: int = WIDTH) -> list[str]:
+    """A nested JSON value as `key: value` lines, nested keys indented, wrapped at `width`."""
+    out: list[str] = []
+
+    def walk(key: str, item: Any, depth: int) -> None:
+        pad = indent + "  " * depth
+        if isinstance(item, dict) and item:
+            out.append(f"{pad}{key}:")
+            for k, v in item.items():
+                walk(str(k), v, depth + 1)
+            return
+        if isinstance(item, dict):
+            text = "-"
+        elif isinstance(item, list) and all(not isinstance(v, dict | list) for v in item):
+            text = ", ".join(_scalar(v) for v in item) or "-"
+        elif isinstance(item, list):
+            text = f"{len(item)} items"
+        else:
+            text = _scalar(item)
+        out.extend(wrap(f"{key}: {text}", indent=pad, width=width, hang="    "))
+
+    for key, item in (value.items() if isinstance(value, dict) else [("value", value)]):
+        walk(str(key), item, 0)
+    return out
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def kind(type_token: str) -> str:
+    """`aws:ec2/securityGroup:SecurityGroup` -> `ec2.SecurityGroup`; `gpucluster:index:GpuCluster` ->
+    `gpucluster.GpuCluster`."""
+    package, _, rest = type_token.partition(":")
+    module, _, name = rest.rpartition(":")
+    module = module.split("/")[0]
+    return f"{package if module in ('index', '') else module}.{name}"
+
+
+def plan_lines(result: Plan, cost: StackCost | str, violations: list[Violation], tree: bool) -> list[str]:
+    """`gpucluster plan`: the verdict first (what, what it costs, which policies it breaks), then the
+    details that ask for it (`--tree`: the resource tree and the stack outputs)."""
+    custom = [r for r in result.resources if r.custom]
+    out = [paint(f"stack {result.stack} ({result.spec.region}): {len(custom)} resources in "
+                 f"{len(result.resources) - len(custom)} components", "bold")]
+    counts: dict[str, int] = {}
+    for r in custom:
+        counts[kind(r.type)] = counts.get(kind(r.type), 0) + 1
+    out.append("resources by kind:")
+    out += grid(f"{n:3d} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    out += cost_lines(result.stack, cost)
+    out += violation_lines(violations)
+    if tree:
+        out += ["", "resource tree:"]
+        for line in tree_lines(result.resources):
+            depth = len(line) - len(line.lstrip())
+            out += wrap(line.lstrip(), indent=" " * (depth + 2), hang="    ")
+        out += ["", "outputs:", *summarise(result.outputs)]
+    else:
+        out.append(paint("(--tree: the resource tree and the stack outputs)", "dim"))
+    return out
+
+
+def cost_lines(stack: str, cost: StackCost | str) -> list[str]:
+    """The cost of a plan: monthly at desired and at max nodes, and the saving against on-demand."""
+    if isinstance(cost, str):
+        return wrap(f"cost: not priced ({cost})")
+    saving = (f"({cost.saving_percent('desired'):.1f} % / {cost.saving_percent('max'):.1f} % below all "
+              "on-demand)")
+    first = (f"cost: ${cost.usd_per_month('desired'):,.0f}/month at desired nodes, "
+             f"${cost.usd_per_month('max'):,.0f} at max")
+    lines = [f"{first} {paint(saving, 'good')}" if len(first) + len(saving) < WIDTH
+             else first, *([] if len(first) + len(saving) < WIDTH else [f"  {paint(saving, 'good')}"])]
+    more = f"`gpucluster cost {stack}` for the breakdown"
+    if cost.warnings:
+        more = paint(f"{len(cost.warnings)} warning(s)", "warn") + f"; {more}"
+    return [*lines, f"  {more}"]
+
+
+def violation_lines(violations: list[Violation]) -> list[str]:
+    """The policy verdict, then each violation: level, policy and resource, the message under it."""
+    if not violations:
+        return [paint("policies: no violations", "good")]
+    mandatory = sum(v.mandatory for v in violations)
+    verdict = f"policies: {len(violations)} violation(s), {mandatory} mandatory"
+    if mandatory:
+        verdict = paint(verdict + " (the policy pack stops `pulumi up`)", "bad")
+    out = [verdict]
+    for v in sorted(violations, key=lambda v: (not v.mandatory, v.policy, v.resource_name or "")):
+        where = f"{kind(v.resource_type)} {v.resource_name}" if v.resource_type else "stack"
+        head = clip(f"  {v.level:<9}  {v.policy}  {where}")
+        out.append(head.replace(v.level, paint(v.level, "bad" if v.mandatory else "warn"), 1))
+        out += wrap(v.message, indent="      ", hang="")
+    return out
+
+
+def tree_lines(resources: list[PlannedResource]) -> list[str]:
+    """Indented tree of `kind  name` (see `kind`), children under their parent (the plan's order)."""
+    children: dict[str | None, list[PlannedResource]] = {}
+    urns = {r.urn for r in resources}
+    for r in resources:
+        children.setdefault(r.parent if r.parent in urns else None, []).append(r)
+    lines: list[str] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for r in children.get(parent, []):
+            flags = "".join(f" [{f}]" for f, on in (("protect", r.protect),
+                                                   ("retain", r.retain_on_delete)) if on)
+            lines.append(f"{'  ' * depth}{kind(r.type)}  {r.name}{flags}")
+            walk(r.urn, depth + 1)
+
+    walk(None, 0)
+    return lines
+
+
+# ------------------------------------------------------------------------ spinner
+
+
+@contextmanager
+def progress(message: str, delay: float = 1.0) -> Iterator[None]:
+    """A spinner with `message` on stderr while the block runs, from `delay` seconds on.
+
+    Only on a terminal (never in JSON mode, a pipe or CI logs): AWS calls are usually quick,
+    and a spinner that flashes for 100 ms is noise.
+    """
+    if json_mode() or not _interactive(sys.stderr):
+        yield
+        return
+    lock = threading.Lock()
+    state: dict[str, Any] = {"done": False, "status": None}
+
+    def start() -> None:
+        from rich.console import Console  # only when a spinner is really shown
+
+        with lock:
+            if not state["done"]:
+                state["status"] = Console(stderr=True).status(message)
+                state["status"].start()
+
+    timer = threading.Timer(delay, start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            state["done"] = True  # a timer firing late shows nothing
+            if state["status"] is not None:
+                state["status"].stop()
+
+
+def _interactive(stream: IO[str]) -> bool:
+    if os.environ.get("TERM") == "dumb" or os.environ.get("CI"):
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -346,13 +346,13 @@ def test_cluster_exposes_node_groups_with_their_asg() -> None:
 
 
 def test_plan_prod_shows_the_whole_tree(cli_plans_once: None) -> None:
-    result = CliRunner().invoke(app, ["plan", "prod"])
+    result = CliRunner().invoke(app, ["plan", "prod", "--tree"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    for needle in ("  gpucluster:index:ClusterNetwork  gpu-prod-network",
-                   "  gpucluster:index:NodeIdentity  gpu-prod-node-identity",
-                   "  gpucluster:index:GpuNodeGroup  gpu-prod-h100-train",
-                   "    aws:ec2/launchTemplate:LaunchTemplate  gpu-prod-h100-train-lt",
-                   "    aws:autoscaling/group:Group  gpu-prod-h100-train-asg",
-                   "    aws:ec2/placementGroup:PlacementGroup  gpu-prod-network-h100-train-placement"):
+    for needle in ("    gpucluster.ClusterNetwork  gpu-prod-network",
+                   "    gpucluster.NodeIdentity  gpu-prod-node-identity",
+                   "    gpucluster.GpuNodeGroup  gpu-prod-h100-train",
+                   "      ec2.LaunchTemplate  gpu-prod-h100-train-lt",
+                   "      autoscaling.Group  gpu-prod-h100-train-asg",
+                   "      ec2.PlacementGroup  gpu-prod-network-h100-train-placement"):
         assert needle in lines, needle

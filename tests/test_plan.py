@@ -22,10 +22,20 @@ runner = CliRunner()
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_plan_shipped_stacks_exit_0(stack: str, cli_plans_once: None) -> None:
+    """The verdict first, in 100 columns: what, by kind; what it costs; which policies it breaks."""
     result = runner.invoke(app, ["plan", stack])
     assert result.exit_code == 0, result.output
-    assert f"stack {stack} " in result.output
-    assert "gpucluster:index:GpuCluster" in result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"stack {stack} (") and lines[1] == "resources by kind:"
+    headings = [i for i, line in enumerate(lines) if line.startswith(("cost: ", "policies: "))]
+    assert [lines[i].split(":")[0] for i in headings] == ["cost", "policies"]
+    assert lines[headings[1]] == "policies: no violations"
+    assert max(len(line) for line in lines) <= 100
+    assert len(lines) < 40 and "gpucluster.GpuCluster" not in result.output, "the tree only with --tree"
+    tree = runner.invoke(app, ["plan", stack, "-v"])
+    assert tree.exit_code == 0 and tree.output.startswith(result.output.rsplit("(--tree", 1)[0])
+    assert f"  gpucluster.GpuCluster  gpu-{stack}" in tree.output.splitlines()
+    assert max(len(line) for line in tree.output.splitlines()) <= 100
 
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])

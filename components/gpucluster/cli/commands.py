@@ -171,10 +171,11 @@ def render_cost(cost: pricing.StackCost) -> list[str]:
     hours = pricing.HOURS_PER_MONTH
     out = [f"stack {cost.stack} ({cost.region}): cost in USD, a month is {hours} hours", ""]
     for g in cost.groups:
-        out.append(f"node group {g.name}: {g.note}")
+        out += render.wrap(f"node group {g.name}: {g.note}")
         for label, rate in (("on-demand", g.on_demand), ("base", g.base), ("spot", g.spot)):
             price = f"{rate.usd_per_hour:,.5f}".rstrip("0").rstrip(".")
-            out.append(f"  {label} ${price}/node-hour: {rate.basis} [{rate.source}, {rate.as_of}]")
+            out += render.wrap(f"{label} ${price}/node-hour: {rate.basis} [{rate.source}, {rate.as_of}]",
+                               indent="  ")
         rows = []
         for at in pricing.AT:
             s, parts = g.split(at), g.parts(at)
@@ -197,22 +198,24 @@ def render_cost(cost: pricing.StackCost) -> list[str]:
                          for s in pricing.STRATEGIES])
     out.append("")
     saved = {at: cost.usd_per_month(at, "all_on_demand") - cost.usd_per_month(at) for at in pricing.AT}
-    out.append(f"the stack's mix is {cost.saving_percent('desired'):.1f} % below the same capacity all "
-               f"on-demand at desired nodes (${saved['desired']:,.0f}/month less) and "
-               f"{cost.saving_percent('max'):.1f} % at max nodes (${saved['max']:,.0f}/month less)")
+    out += [render.paint(line, "good") for line in render.wrap(
+        f"the stack's mix is {cost.saving_percent('desired'):.1f} % below the same capacity all "
+        f"on-demand at desired nodes (${saved['desired']:,.0f}/month less) and "
+        f"{cost.saving_percent('max'):.1f} % at max nodes (${saved['max']:,.0f}/month less)")]
     if cost.budget_usd_per_month is not None:
         share = 100 * cost.usd_per_month("max") / cost.budget_usd_per_month
         out.append(f"budget ${cost.budget_usd_per_month:,.0f}/month: the mix at max nodes is "
                    f"{share:.0f} % of it")
-    out += [f"warning: {w}" for w in cost.warnings]
-    out += ["", "assumptions:", *[f"  - {a}" for a in cost.assumptions], "", "sources:"]
+    out += [render.paint(f"warning: {w}", "warn") for w in cost.warnings]
+    out += ["", "assumptions:", *[line for a in cost.assumptions for line in render.wrap(f"- {a}", "  ")],
+            "", "sources:"]
     seen: dict[str, str] = {}
     for g in cost.groups:
         for rate in (g.on_demand, g.base, g.spot):
             seen.setdefault(rate.source, rate.as_of)
     for o in cost.other:
         seen.setdefault(o.source, o.as_of)
-    out += [f"  - {source} ({as_of})" for source, as_of in seen.items()]
+    out += [line for source, as_of in seen.items() for line in render.wrap(f"- {source} ({as_of})", "  ")]
     return out
 
 

@@ -1,0 +1,166 @@
+"""What keeps `gpucluster plan` fast, as behaviour (the timings themselves: benchmarks/plan_time.py)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpucluster import cli
+from gpucluster.policy import rules
+from gpucluster.policy.records import Resource
+
+REPO = Path(__file__).resolve().parent.parent
+SERVICES = ("ec2", "ssm", "lambda_")  # resources and input types, functions (+ _output), a trailing _
+
+# What every public name of a service package is, by the module that defines it.
+NAMES = """
+import importlib, json, sys, types
+def ident(v):
+    if isinstance(v, types.ModuleType): return "module " + v.__name__
+    if hasattr(v, "__qualname__") and hasattr(v, "__module__"): return v.__module__ + "." + v.__qualname__
+    return type(v).__name__ + " " + repr(v)[:60]
+"""
+EAGER = NAMES + """
+import pulumi_aws
+out = {}
+for s in sys.argv[1:]:
+    m = importlib.import_module("pulumi_aws." + s)
+    getattr(m, "__all__", None)  # the lazy package loads in full
+    out[s] = {n: ident(v) for n, v in vars(m).items() if not n.startswith("_") and n != "typing"}
+print(json.dumps(out))
+"""
+NARROW = NAMES + """
+import gpucluster.aws, pulumi_aws
+names, got, loaded_in_full = json.load(sys.stdin), {}, []
+for s in sys.argv[1:]:
+    m = getattr(pulumi_aws, s)
+    got[s] = {n: ident(getattr(m, n)) for n in names[s]}
+    if type(m).__name__ != "_ServicePackage":
+        loaded_in_full.append(s)
+print(json.dumps({"got": got, "loaded_in_full": loaded_in_full}))
+"""
+
+
+def python(code: str, *args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> str:
+    return subprocess.run([sys.executable, "-c", code, *args], input=stdin, capture_output=True, text=True,
+                          check=True, cwd=REPO, env=env).stdout
+
+
+def test_service_packages_load_by_name_and_mean_what_they_always_meant() -> None:
+    """Every public name of a service package is the same object as with pulumi_aws's own eager import,
+    and none of them needs the whole package loaded."""
+    eager = json.loads(python(EAGER, *SERVICES))
+    narrow = json.loads(python(NARROW, *SERVICES, stdin=json.dumps(eager)))
+    assert narrow["loaded_in_full"] == []
+    for service in SERVICES:
+        assert len(eager[service]) > 100
+        assert narrow["got"][service] == eager[service], service
+
+
+def test_a_plan_loads_the_modules_it_uses_not_every_module_of_a_service() -> None:
+    code = ("import sys; from gpucluster.plan import run_plan; run_plan('prod'); "
+            "loaded = [m for m in sys.modules if m.startswith('pulumi_aws.') and m.count('.') == 2]; "
+            "print(len(loaded), len([m for m in loaded if m.startswith('pulumi_aws.ec2.')]))")
+    total, ec2 = map(int, python(code).split())
+    assert ec2 < 25, "ec2 alone has 182 modules; the program uses 12 of its classes"
+    assert total < 120, "every service package in full is 468 modules"
+
+
+def test_untouched_names_still_load_the_whole_package() -> None:
+    code = ("import gpucluster.aws, pulumi_aws as aws; aws.ec2.LaunchTemplate; "
+            "print(type(aws.ec2).__name__, 'Vpc' in dir(aws.ec2), type(aws.ec2).__name__)")
+    assert python(code).split() == ["_ServicePackage", "True", "module"]
+
+
+# ---------------------------------------------------------------- plan --json
+
+
+def test_plan_json_is_byte_identical_from_run_to_run() -> None:
+    """Two processes, two hash seeds: the same bytes (resource order, archives by content hash)."""
+    runs = [subprocess.run([sys.executable, "-m", "gpucluster.cli", "plan", "prod", "--json"], cwd=REPO,
+                           capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}, check=False)
+            for seed in ("1", "2")]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout
+    doc = json.loads(runs[0].stdout)
+    code = next(r for r in doc["resources"] if r["type"] == "aws:lambda/function:Function")["inputs"]["code"]
+    assert code["archive"] == "assets" and len(code["sha256"]) == 64
+    assert code["assets"]["lambdas"]["archive"] == "directory" and code["assets"]["lambdas"]["files"] >= 4
+    assert b" object at 0x" not in runs[0].stdout
+
+
+# ------------------------------------------------------------ policies scale
+
+
+def efa_stack(groups: int) -> list[Resource]:
+    """`groups` EFA node groups as the program builds them: a security group with all-traffic self
+    rules, a launch template naming it on 32 EFA interfaces, an ASG in a cluster placement group."""
+    out: list[Resource] = []
+    for i in range(groups):
+        sg, lt, pg = f"sg-{i}", f"lt-{i}", f"pg-{i}"
+        out += [Resource(rules.SECURITY_GROUP, sg, {"vpcId": "vpc-1"}, urn=f"urn:{sg}", ids=(sg,)),
+                Resource(rules.PLACEMENT_GROUP, pg, {"strategy": "cluster"}, urn=f"urn:{pg}", ids=(pg,))]
+        for kind, name in ((rules.SG_INGRESS_RULE, "in"), (rules.SG_EGRESS_RULE, "out")):
+            out.append(Resource(kind, f"{sg}-{name}", {"securityGroupId": sg, "referencedSecurityGroupId": sg,
+                                                       "ipProtocol": "-1"}, urn=f"urn:{sg}-{name}"))
+        nics = [{"networkCardIndex": card, "deviceIndex": 0, "interfaceType": "efa-only" if card else "efa",
+                 "securityGroups": [sg], "subnetId": "subnet-1"} for card in range(32)]
+        lt_props = {"networkInterfaces": nics, "instanceType": "p5.48xlarge"}
+        out.append(Resource(rules.LAUNCH_TEMPLATE, lt, lt_props, urn=f"urn:{lt}", ids=(lt,)))
+        asg_props = {"launchTemplate": {"id": lt}, "maxSize": 2, "vpcZoneIdentifiers": ["subnet-1"],
+                     "placementGroup": pg}
+        out.append(Resource(rules.ASG, f"asg-{i}", asg_props, urn=f"urn:asg-{i}"))
+    return out
+
+
+def test_efa_wiring_is_linear_in_node_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each security group is resolved and judged once, not once per EFA interface per group."""
+    calls = {"n": 0}
+    resolve = rules.Stack.resolve
+
+    def counting(self: Any, *args: Any) -> Any:
+        calls["n"] += 1
+        return resolve(self, *args)
+
+    monkeypatch.setattr(rules.Stack, "resolve", counting)
+    counts = {}
+    for groups in (4, 8, 16):
+        calls["n"] = 0
+        assert rules.evaluate(efa_stack(groups), {r.name: "disabled" for r in rules.RULES
+                                                  if r.name != "efa-wiring"}) == []
+        counts[groups] = calls["n"]
+    assert counts[16] - counts[8] == 2 * (counts[8] - counts[4])  # a straight line
+    assert counts[16] <= 16 * 10
+
+
+def test_efa_wiring_still_finds_a_missing_self_rule() -> None:
+    stack = [r for r in efa_stack(3) if r.name != "sg-1-out"]
+    found = [v for v in rules.evaluate(stack) if v.policy == "efa-wiring"]
+    assert [(v.resource_name, v.message) for v in found] == [
+        ("lt-1", "security group sg-1 has no all-traffic rule outbound to itself; EFA needs both directions "
+                 "(EC2 user guide, EFA security group)")]
+
+
+# ------------------------------------------------------------------------- GC
+
+
+def test_the_command_runs_without_the_cyclic_collector_and_freezes_at_exit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr("gpucluster.cli.commands.main", lambda: seen.setdefault("enabled", gc.isenabled()))
+    monkeypatch.setattr(gc, "freeze", lambda: seen.setdefault("frozen", True))
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        cli.main()
+    finally:
+        if not was:
+            gc.disable()
+    assert seen == {"enabled": False, "frozen": True}

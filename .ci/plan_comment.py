@@ -16,13 +16,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from gpucluster.project import stack_names
+
 REPO = Path(__file__).resolve().parent.parent
 MARKER = "<!-- gpucluster-plan -->"
 
 
 def stacks() -> list[str]:
-    return sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml")
-                  for p in (REPO / "stacks").glob("Pulumi.*.yaml"))
+    """Every stack in stacks/ (the same list pr.yml previews: .ci/stacks.py)."""
+    return stack_names(REPO / "stacks")
 
 
 def plan(stack: str) -> tuple[int, dict[str, Any] | None, str]:
@@ -49,6 +51,8 @@ def render_stack(stack: str, code: int, document: dict[str, Any] | None, stderr:
     verdict = (f"blocked, {len(mandatory)} mandatory violation(s)" if mandatory else
                f"passes, {len(violations)} advisory violation(s)" if violations else "passes, no violations")
     lines = [f"### `{stack}` ({document.get('region', '?')}): {verdict}", ""]
+    lines += [f"> **Note:** {cell(note)}" for note in document.get("notes", [])]
+    lines += [""] if document.get("notes") else []
     if violations:
         lines += ["| level | policy | resource | message |", "|---|---|---|---|"]
         for v in violations:

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from gpucluster.cli import app, commands, render
 from gpucluster.lambdas import scaling
 from gpucluster.ops.doctor import DoctorFinding
+from gpucluster.project import stack_names
 from moto_groups import create_stack_groups
 
 REPO = Path(__file__).resolve().parent.parent
@@ -119,7 +120,7 @@ def test_missing_stack_says_did_you_mean() -> None:
     result = runner.invoke(app, ["plan", "prdo"])
     assert result.exit_code == 2
     assert "no such stack file; did you mean prod? searched" in result.output
-    assert "stacks there: dev, prod, staging" in result.output
+    assert f"stacks there: {', '.join(stack_names(REPO / 'stacks'))}" in result.output
     [error] = json.loads(runner.invoke(app, ["plan", "prdo", "--json"]).stdout)["errors"]
     assert "did you mean prod?" in error["message"]
 
@@ -226,3 +227,39 @@ def test_grid_and_wrap_fit_the_width() -> None:
     assert max(len(line) for line in lines) <= 80 and len(lines) < 25
     assert all(sum(c in line for line in lines) == 1 for c in cells)
     assert all(len(line) <= 40 for line in render.wrap("word " * 50, indent="  ", width=40))
+
+
+# ------------------------------------------------------------------ a new stack
+
+
+def test_a_new_environment_is_told_which_limits_it_fell_back_to(tmp_path: Path) -> None:
+    dev = (REPO / "stacks" / "Pulumi.dev.yaml").read_text()
+    qa = tmp_path / "Pulumi.fourth.yaml"
+    qa.write_text(dev.replace("environment: dev", "environment: fourth"))
+    result = runner.invoke(app, ["plan", str(qa)])
+    assert result.exit_code == 0, result.output
+    note = " ".join(result.output.split("note: ", 1)[1].split("(--tree")[0].split())
+    assert note == ("environment fourth has no limits in the environment-limits policy config, so the "
+                    "dev limits apply: allowed instance types g4dn.*, g5.*, g6.*, g6e.*; at most 8 GPUs; "
+                    "spot only. Add \"fourth\" under environments in policies/config/<stack>.json to set "
+                    "its own.")
+    assert json.loads(runner.invoke(app, ["plan", str(qa), "--json"]).stdout)["notes"] == [note]
+    # its own policy config: its own limits, no note
+    config = tmp_path / "qa.json"
+    config.write_text(json.dumps({"environment-limits": {"environments": {"fourth": {
+        "allowed_instance_types": ["g*"], "max_gpus": 1, "spot_only": True}}}}))
+    own = runner.invoke(app, ["plan", str(qa), "--json", "--policy-config", str(config)])
+    doc = json.loads(own.stdout)
+    assert doc["notes"] == [] and own.exit_code == 1
+    [violation] = doc["violations"]
+    assert violation["message"].endswith("over the fourth limit of 1")
+
+
+def test_a_violation_in_a_fallen_back_environment_says_whose_limits(tmp_path: Path) -> None:
+    dev = (REPO / "stacks" / "Pulumi.prod.yaml").read_text()
+    qa = tmp_path / "Pulumi.fourth.yaml"
+    qa.write_text(dev.replace("environment: prod", "environment: fourth"))  # p5 nodes, dev's limits
+    doc = json.loads(runner.invoke(app, ["plan", str(qa), "--json"]).stdout)
+    assert "p5.48xlarge is not allowed in fourth (no limits of its own in the policy config: dev's apply) " \
+        "(allowed: g4dn.*, g5.*, g6.*, g6e.*; see the environment-limits policy config)" in [
+            v["message"] for v in doc["violations"]]

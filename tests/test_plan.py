@@ -14,9 +14,11 @@ from typer.testing import CliRunner
 from base_config import policy_clean
 from gpucluster.cli import app
 from gpucluster.plan import run_plan, run_program, stack_file, stack_name
+from gpucluster.project import stack_names
 from gpucluster.spec import parse_stack_config
 from shipped import shipped_plan
 
+REPO = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 
 
@@ -66,9 +68,10 @@ def test_plan_accepts_a_path(base_config: dict[str, Any], write_stack: Callable[
 
 
 def test_plan_of_a_missing_stack_exits_2_listing_stacks() -> None:
-    result = runner.invoke(app, ["plan", "qa"])
+    result = runner.invoke(app, ["plan", "no-such-stack"])
     assert result.exit_code == 2
-    assert "no such stack file" in result.output and "dev, prod, staging" in result.output
+    assert "no such stack file" in result.output
+    assert f"stacks there: {', '.join(stack_names(REPO / 'stacks'))}" in result.output
 
 
 def test_plan_of_broken_yaml_exits_2(tmp_path: Path) -> None:

@@ -93,7 +93,8 @@ def _commands() -> list[tuple[str, str]]:
 
 def test_every_install_checks_hashes_then_installs_the_project_without_dependencies() -> None:
     commands = _commands()
-    assert {where for where, _ in commands} == {"README.md", ".ci/run", "pr.yml", "deploy-stack.yml"}
+    assert {where for where, _ in commands} == {"README.md", ".ci/run", "pr.yml", "deploy.yml",
+                                                "deploy-stack.yml"}
     for where, command in commands:
         installs = [part.strip() for part in command.split("&&") if "pip install" in part]
         assert installs, (where, command)

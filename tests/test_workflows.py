@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpucluster.project import stack_names
+
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / ".github" / "workflows"
 
@@ -57,6 +59,9 @@ def test_pull_requests_test_plan_and_preview() -> None:
     jobs = pr["jobs"]
     assert steps(jobs["test"])[-1]["run"] == "bash .ci/run"
     plan = jobs["plan"]
+    stacks_step = next(s for s in steps(plan) if s.get("id") == "stacks")
+    assert stacks_step["run"] == '.venv/bin/python .ci/stacks.py --github-output >> "$GITHUB_OUTPUT"'
+    assert plan["outputs"] == {"stacks": "${{ steps.stacks.outputs.all }}"}
     plan_step = next(s for s in steps(plan) if s.get("id") == "plan")
     assert ".ci/plan_comment.py > plan-comment.md" in plan_step["run"]
     comment = next(s for s in steps(plan) if "gh pr comment" in s.get("run", ""))
@@ -65,7 +70,7 @@ def test_pull_requests_test_plan_and_preview() -> None:
     preview = jobs["preview"]
     assert preview["needs"] == ["test", "plan"]
     assert preview["environment"] == "preview"  # its role ARN and secrets are the environment's
-    assert preview["strategy"]["matrix"]["stack"] == ["dev", "staging", "prod"]
+    assert preview["strategy"]["matrix"]["stack"] == "${{ fromJSON(needs.plan.outputs.stacks) }}"
     assert step_using(preview, "aws-actions/configure-aws-credentials")["with"]["role-to-assume"] == (
         "${{ vars.AWS_PREVIEW_ROLE_ARN }}")
     pulumi = step_using(preview, "pulumi/actions")["with"]
@@ -74,13 +79,23 @@ def test_pull_requests_test_plan_and_preview() -> None:
     assert pulumi["policyPackConfigs"] == "${{ steps.policy.outputs.config }}"
 
 
-def test_main_deploys_dev_then_staging_then_prod() -> None:
+def test_main_deploys_every_stack_in_waves_dev_then_staging_then_prod() -> None:
     deploy = load("deploy.yml")
     assert deploy["on"] == {"push": {"branches": ["main"]}}
     jobs = deploy["jobs"]
-    assert [(name, job.get("needs"), job["with"]["stack"]) for name, job in jobs.items()] == [
-        ("dev", None, "dev"), ("staging", ["dev"], "staging"), ("prod", ["staging"], "prod")]
+    discover = jobs.pop("stacks")
+    assert discover["outputs"] == {wave: f"${{{{ steps.stacks.outputs.{wave} }}}}"
+                                   for wave in ("first", "staging", "prod")}
+    assert steps(discover)[-1]["run"] == '.venv/bin/python .ci/stacks.py --github-output >> "$GITHUB_OUTPUT"'
+    assert [(name, job["needs"], job["strategy"]["matrix"]["stack"]) for name, job in jobs.items()] == [
+        ("dev", ["stacks"], "${{ fromJSON(needs.stacks.outputs.first) }}"),
+        ("staging", ["stacks", "dev"], "${{ fromJSON(needs.stacks.outputs.staging) }}"),
+        ("prod", ["stacks", "dev", "staging"], "${{ fromJSON(needs.stacks.outputs.prod) }}")]
+    # an empty wave is skipped (an empty matrix is an error), a failed one stops the later waves
+    assert jobs["dev"]["if"] == "${{ needs.stacks.outputs.first != '[]' }}"
+    assert jobs["prod"]["if"] == "${{ !failure() && !cancelled() && needs.stacks.outputs.prod != '[]' }}"
     for job in jobs.values():
+        assert job["with"] == {"stack": "${{ matrix.stack }}"}
         assert job["uses"] == "./.github/workflows/deploy-stack.yml"
         assert job["permissions"] == {"contents": "read", "id-token": "write"}
         assert job["secrets"] == {"PULUMI_ACCESS_TOKEN": "${{ secrets.PULUMI_ACCESS_TOKEN }}"}
@@ -131,7 +146,10 @@ def test_plan_comment_renders_violations_and_resources() -> None:
     assert "| 1 | `aws:s3/bucket:Bucket` |" in lines
     invalid = module.render_stack("qa", 2, None, "invalid stack config: qa\nnetwork: required key is missing")
     assert invalid[0] == "### `qa`: invalid (exit 2)" and "network: required key is missing" in invalid[3]
-    assert module.stacks() == ["dev", "prod", "staging"]
+    assert module.stacks() == stack_names(REPO / "stacks")
+    clean = {**document, "violations": [], "notes": ["the dev limits apply"]}
+    noted = module.render_stack("qa", 0, clean, "")
+    assert "> **Note:** the dev limits apply" in noted
 
 
 def test_the_jobs_that_assume_aws_roles_are_the_ones_the_roles_trust() -> None:
@@ -152,3 +170,30 @@ def test_the_jobs_that_assume_aws_roles_are_the_ones_the_roles_trust() -> None:
                 assert (name, job_name) in {("pr.yml", "preview"), ("deploy-stack.yml", "up"),
                                             ("deploy.yml", "dev"), ("deploy.yml", "staging"),
                                             ("deploy.yml", "prod")}
+
+
+def _stacks_script() -> Any:
+    spec = importlib.util.spec_from_file_location("ci_stacks", REPO / ".ci" / "stacks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_new_stack_is_a_file_the_workflows_pick_up(tmp_path: Path) -> None:
+    """A fourth stack (and a fifth) next to the shipped ones: previewed, and deployed in its wave."""
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    for path in (REPO / "stacks").glob("Pulumi.*.yaml"):
+        (stacks / path.name).write_text(path.read_text())
+    dev = (REPO / "stacks" / "Pulumi.dev.yaml").read_text()
+    (stacks / "Pulumi.qa.yaml").write_text(dev.replace("environment: dev", "environment: qa"))
+    (stacks / "Pulumi.eu-prod.yaml").write_text(dev.replace("environment: dev", "environment: prod"))
+    (stacks / "Pulumi.broken.yaml").write_text("config: [")
+    waves = _stacks_script().waves(stacks)
+    assert waves["all"] == sorted(["broken", "dev", "eu-prod", "prod", "qa", "staging"])
+    assert waves == {"all": waves["all"], "first": ["broken", "dev", "qa"], "staging": ["staging"],
+                     "prod": ["eu-prod", "prod"]}
+    shipped = _stacks_script().waves()
+    assert shipped["all"] == stack_names(REPO / "stacks")
+    assert sorted(shipped["first"] + shipped["staging"] + shipped["prod"]) == shipped["all"]

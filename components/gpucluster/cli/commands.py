@@ -108,13 +108,13 @@ def fail_usage(command: str, message: str) -> NoReturn:
     render.fail([(command, message)], EXIT_INVALID)
 
 
-def check_policies(result: Plan, config_file: Path | None) -> list[Violation]:
-    """The policy pack over the plan (exit 2 on a bad policy config file)."""
-    from gpucluster.policy.offline import check_plan  # imported late: only `plan` needs the rules
+def check_policies(result: Plan, config_file: Path | None) -> tuple[list[Violation], list[str]]:
+    """The policy pack over the plan, and its notes (exit 2 on a bad policy config file)."""
+    from gpucluster.policy.offline import check_plan, policy_notes  # only `plan` needs the rules
     from gpucluster.policy.settings import PolicyConfigError
 
     try:
-        return check_plan(result, config_file)
+        return check_plan(result, config_file), policy_notes(result, config_file)
     except PolicyConfigError as err:
         render.fail([render.split_problem(line) for line in err.problems], EXIT_INVALID,
                     title="invalid policy config")
@@ -138,15 +138,16 @@ def plan(
     render.use_json(as_json)
     result = build_plan(stack)
     cost = plan_cost(result.spec)
-    violations = check_policies(result, policy_config)
+    violations, notes = check_policies(result, policy_config)
     blocked = EXIT_BLOCKED if any(v.mandatory for v in violations) else EXIT_OK
     if as_json:
         document = result.as_json()
         document["cost"] = cost.as_json() if isinstance(cost, pricing.StackCost) else {"error": cost}
         document["violations"] = [v.as_json() for v in violations]
+        document["notes"] = notes
         render.emit(document)
         raise typer.Exit(blocked)
-    for line in render.plan_lines(result, cost, violations, tree):
+    for line in render.plan_lines(result, cost, violations, tree, notes):
         render.echo(line)
     raise typer.Exit(blocked)
 

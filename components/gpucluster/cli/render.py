@@ -193,7 +193,8 @@ def kind(type_token: str) -> str:
     return f"{package if module in ('index', '') else module}.{name}"
 
 
-def plan_lines(result: Plan, cost: StackCost | str, violations: list[Violation], tree: bool) -> list[str]:
+def plan_lines(result: Plan, cost: StackCost | str, violations: list[Violation], tree: bool,
+               notes: Sequence[str] = ()) -> list[str]:
     """`gpucluster plan`: the verdict first (what, what it costs, which policies it breaks), then the
     details that ask for it (`--tree`: the resource tree and the stack outputs)."""
     custom = [r for r in result.resources if r.custom]
@@ -206,6 +207,8 @@ def plan_lines(result: Plan, cost: StackCost | str, violations: list[Violation],
     out += grid(f"{n:3d} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
     out += cost_lines(result.stack, cost)
     out += violation_lines(violations)
+    for note in notes:
+        out += [paint(line, "warn") for line in wrap(f"note: {note}")]
     if tree:
         out += ["", "resource tree:"]
         for line in tree_lines(result.resources):

@@ -9,13 +9,14 @@ never prints and never exits: components/gpucluster/cli/commands.py does that.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pulumi.runtime import MockResourceArgs
 
 from gpucluster.plan import Plan, PlanMocks, PlannedResource
 from gpucluster.policy import settings
 from gpucluster.policy.records import Resource, Violation
-from gpucluster.policy.rules import evaluate
+from gpucluster.policy.rules import RULES, evaluate, fallback_note
 
 
 def record_of(planned: PlannedResource, mocks: PlanMocks) -> Resource:
@@ -42,6 +43,20 @@ def check_plan(plan: Plan, config_file: Path | None = None) -> list[Violation]:
 
     Raises settings.PolicyConfigError for an unreadable or invalid config file.
     """
-    path = config_file or settings.stack_config_path(plan.stack)
-    levels, given = settings.load(path) if path else ({}, {})
+    levels, given = _config(plan, config_file)
     return evaluate(plan_records(plan), levels, given)
+
+
+def policy_notes(plan: Plan, config_file: Path | None = None) -> list[str]:
+    """What a reader of the verdict should know that is no violation: limits a stack fell back to."""
+    levels, given = _config(plan, config_file)
+    if levels.get("environment-limits") == "disabled":
+        return []
+    rule = next(r for r in RULES if r.name == "environment-limits")
+    note = fallback_note(plan.spec.cluster.tags.environment, rule.settings(given.get(rule.name)))
+    return [note] if note else []
+
+
+def _config(plan: Plan, config_file: Path | None) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    path = config_file or settings.stack_config_path(plan.stack)
+    return settings.load(path) if path else ({}, {})

@@ -534,17 +534,17 @@ def environment_limits(stack: Stack, config: Mapping[str, Any]) -> Iterable[tupl
     env = stack.environment()
     if env is None:
         return  # no environment tag anywhere: required-cost-tags reports that
-    environments = config["environments"]
-    limits = environments.get(env) or environments.get(config["fallback_environment"]) or {}
+    whose, limits = limits_of(env, config)
     allowed = list(limits.get("allowed_instance_types", ["*"]))
+    where = env if whose == env else f"{env} (no limits of its own in the policy config: {whose}'s apply)"
     total, parts = 0, []
     for group in node_groups(stack):
         for t in group.instance_types:
             if not any(fnmatchcase(t, pattern) for pattern in allowed):
-                yield group.resource, (f"{t} is not allowed in {env} (allowed: {', '.join(allowed)}; "
+                yield group.resource, (f"{t} is not allowed in {where} (allowed: {', '.join(allowed)}; "
                                        "see the environment-limits policy config)")
         if limits.get("spot_only") and group.on_demand:
-            yield group.resource, f"{env} is spot-only, but {group.on_demand}"
+            yield group.resource, f"{where} is spot-only, but {group.on_demand}"
         gpus = max((_gpus(t) for t in group.instance_types), default=0)
         if group.max_nodes and gpus:
             total += int(group.max_nodes) * gpus
@@ -552,7 +552,30 @@ def environment_limits(stack: Stack, config: Mapping[str, Any]) -> Iterable[tupl
     max_gpus = limits.get("max_gpus")
     if max_gpus is not None and total > max_gpus:
         yield None, (f"at maximum size the stack runs {total} GPUs ({', '.join(parts)}), over the "
-                     f"{env} limit of {max_gpus:g}")
+                     f"{where} limit of {max_gpus:g}")
+
+
+def limits_of(env: str, config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    """(whose limits apply, the limits) for environment `env`: its own, else the fallback's."""
+    environments = config["environments"]
+    if env in environments:
+        return env, environments[env]
+    fallback = config["fallback_environment"]
+    return fallback, environments.get(fallback) or {}
+
+
+def fallback_note(env: str, config: Mapping[str, Any]) -> str | None:
+    """For an environment without limits of its own: which limits apply instead, spelled out."""
+    whose, limits = limits_of(env, config)
+    if whose == env:
+        return None
+    spelled = [f"allowed instance types {', '.join(limits.get('allowed_instance_types', ['*']))}"]
+    if limits.get("max_gpus") is not None:
+        spelled.append(f"at most {limits['max_gpus']:g} GPUs")
+    spelled.append("spot only" if limits.get("spot_only") else "on-demand allowed")
+    return (f"environment {env} has no limits in the environment-limits policy config, so the {whose} "
+            f"limits apply: {'; '.join(spelled)}. Add \"{env}\" under environments in "
+            f"policies/config/<stack>.json to set its own.")
 
 
 @rule("gpu-budget-with-action",

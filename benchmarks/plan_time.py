@@ -1,72 +1,145 @@
-"""Benchmark `gpucluster plan`: wall time per shipped stack and how plans scale with nodes.
+"""Benchmark `gpucluster plan`: wall time against a bare `import pulumi`, by node count and by node groups.
 
-Each figure is the median of several runs of the real command in a fresh
-process (import time included: that is what a user waits for). The scaling
-part plans one node group at 1, 8, 64 and 512 nodes and reports the resource
-count, which must not grow with the node count (nodes are an ASG's capacity,
-not resources).
+Every figure is the median of `--runs` fresh processes (import time included: that is what a
+user waits for), and every round runs each case once, interleaved, so a busy machine slows
+all of them alike; the ratios are what to read. `spread` is (max - min) / median of a case's
+runs: the noise of this machine while it ran.
 
-    .venv/bin/python benchmarks/plan_time.py [--runs 5]
+    .venv/bin/python benchmarks/plan_time.py [--runs 7] [--suite]
+
+Targets (issue 17): plan prod <= 1.2 s and <= 4x `import pulumi`; 2..512 nodes within 5 %;
+20 node groups within 2x one group; `--suite`: the README's test command under 30 s.
+Where the time goes inside one plan: benchmarks/plan_profile.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import copy
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-GPUCLUSTER = [sys.executable, "-m", "gpucluster.cli"]
+PYTHON = sys.executable
+NODES = (2, 8, 64, 512)
+GROUPS = (1, 4, 16, 20)
 
 
-def time_plan(stack: str, runs: int) -> tuple[float, int]:
-    """Median seconds of `gpucluster plan STACK --json`, and the resource count."""
-    times, count = [], 0
-    for _ in range(runs):
-        start = time.perf_counter()
-        done = subprocess.run([*GPUCLUSTER, "plan", stack, "--json"], cwd=REPO,
-                              capture_output=True, text=True)
-        times.append(time.perf_counter() - start)
-        if done.returncode not in (0, 1):  # 1: a mandatory policy violation, still a full plan
-            raise SystemExit(f"plan {stack} failed ({done.returncode}): {done.stderr.strip()}")
-        out = done.stdout
-        count = len(json.loads(out)["resources"])
-    return statistics.median(times), count
+def timed(command: list[str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    if done.returncode not in (0, 1):  # 1: a mandatory policy violation, still a whole plan
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    return seconds
 
 
-def scaled_stack(base: dict, nodes: int, directory: Path) -> Path:
-    config = json.loads(json.dumps(base))
-    group = config["config"]["gpucluster:node_groups"][0]
-    group.update(min_nodes=0, desired_nodes=nodes, max_nodes=nodes)
-    group["capacity"]["on_demand_base"] = min(group["capacity"].get("on_demand_base", 0), nodes)
-    path = directory / f"Pulumi.scale-{nodes}.yaml"
+def plan(stack: str | Path) -> list[str]:
+    return [PYTHON, "-m", "gpucluster.cli", "plan", str(stack), "--json"]
+
+
+def scaled(base: dict, directory: Path, name: str, edit: Callable[[dict], None]) -> Path:
+    config = copy.deepcopy(base)
+    edit(config["config"])
+    path = directory / f"Pulumi.{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 
+def with_nodes(nodes: int) -> Callable[[dict], None]:
+    def edit(config: dict) -> None:
+        group = config["gpucluster:node_groups"][0]
+        group.update(min_nodes=0, desired_nodes=nodes, max_nodes=nodes)
+        group["capacity"]["on_demand_base"] = min(group["capacity"].get("on_demand_base", 0), nodes)
+    return edit
+
+
+def with_groups(groups: int) -> Callable[[dict], None]:
+    def edit(config: dict) -> None:
+        first = config["gpucluster:node_groups"][0]
+        config["gpucluster:node_groups"] = [{**copy.deepcopy(first), "name": f"{first['name']}-{i}"}
+                                            for i in range(groups)]
+    return edit
+
+
+def summary(times: list[float]) -> tuple[float, float]:
+    median = statistics.median(times)
+    return median, (max(times) - min(times)) / median
+
+
+def run_suite() -> None:
+    """The README's test command (its pytest part), timed once: wall and CPU seconds."""
+    usage = os.times()
+    start = time.perf_counter()
+    done = subprocess.run([PYTHON, "-m", "pytest", "-q"], cwd=REPO, capture_output=True, text=True,
+                          check=False)
+    wall = time.perf_counter() - start
+    after = os.times()
+    cpu = (after.children_user - usage.children_user) + (after.children_system - usage.children_system)
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-200:]
+    print(f"test suite (python -m pytest, {os.cpu_count()} CPUs): {wall:.1f} s wall, {cpu:.1f} s CPU; "
+          f"{last}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--suite", action="store_true", help="also time the README's test command")
     args = parser.parse_args()
 
-    print(f"gpucluster plan, median of {args.runs} runs (fresh process each)")
-    for stack in ("dev", "staging", "prod"):
-        seconds, count = time_plan(stack, args.runs)
-        print(f"  {stack:8s} {seconds:6.2f} s  {count:4d} resources")
-
     base = yaml.safe_load((REPO / "stacks" / "Pulumi.prod.yaml").read_text())
-    print("one node group (prod's), by node count (512 nodes breaks prod's 256-GPU policy: exit 1):")
     with tempfile.TemporaryDirectory() as tmp:
-        for nodes in (1, 8, 64, 512):
-            seconds, count = time_plan(str(scaled_stack(base, nodes, Path(tmp))), args.runs)
-            print(f"  {nodes:4d} nodes {seconds:6.2f} s  {count:4d} resources")
+        cases: dict[str, list[str]] = {
+            "python -c pass": [PYTHON, "-c", "pass"],
+            "import pulumi": [PYTHON, "-c", "import pulumi"],
+            **{f"plan {s}": plan(s) for s in ("dev", "staging", "prod")},
+            **{f"nodes {n}": plan(scaled(base, Path(tmp), f"nodes-{n}", with_nodes(n))) for n in NODES},
+            **{f"groups {g}": plan(scaled(base, Path(tmp), f"groups-{g}", with_groups(g))) for g in GROUPS},
+        }
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        timed(cases["plan prod"])  # warm the file cache and the bytecode
+        for _ in range(args.runs):
+            for name, command in cases.items():
+                times[name].append(timed(command))
+
+    med = {name: summary(t) for name, t in times.items()}
+    pulumi = med["import pulumi"][0]
+    print(f"gpucluster plan, median of {args.runs} fresh processes each, interleaved "
+          f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end)")
+    for name in ("python -c pass", "import pulumi", "plan dev", "plan staging", "plan prod"):
+        seconds, spread = med[name]
+        print(f"  {name:16s} {seconds:6.3f} s  {seconds / pulumi:4.1f}x import pulumi  spread {spread:4.0%}")
+    prod = med["plan prod"][0]
+    print(f"  target: plan prod <= 1.2 s ({'met' if prod <= 1.2 else 'NOT met'}) and <= 4x import pulumi "
+          f"({'met' if prod <= 4 * pulumi else 'NOT met'}: {prod / pulumi:.1f}x)")
+
+    print("prod's node group by node count (capacity, not resources: the plan must not grow)")
+    node_times = [med[f"nodes {n}"][0] for n in NODES]
+    for n, seconds in zip(NODES, node_times, strict=True):
+        print(f"  {n:4d} nodes {seconds:6.3f} s  spread {med[f'nodes {n}'][1]:4.0%}")
+    flat = (max(node_times) - min(node_times)) / min(node_times)
+    print(f"  2..512 nodes within {flat:.1%} (target 5 %: {'met' if flat <= 0.05 else 'NOT met'})")
+
+    print("node groups (copies of prod's; 20 is the stack file's maximum)")
+    group_times = [med[f"groups {g}"][0] for g in GROUPS]
+    previous = None
+    for g, seconds in zip(GROUPS, group_times, strict=True):
+        step = "" if previous is None else \
+            f"  +{(seconds - previous[1]) / (g - previous[0]) * 1000:5.1f} ms per added group"
+        print(f"  {g:4d} groups {seconds:6.3f} s  spread {med[f'groups {g}'][1]:4.0%}{step}")
+        previous = (g, seconds)
+    ratio = group_times[-1] / group_times[0]
+    print(f"  20 groups = {ratio:.2f}x one group (target <= 2x: {'met' if ratio <= 2 else 'NOT met'})")
+    if args.suite:
+        run_suite()
 
 
 if __name__ == "__main__":

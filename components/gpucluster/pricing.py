@@ -17,11 +17,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import cache
 from pathlib import Path
 from typing import Any, Literal
-
-import yaml
 
 from gpucluster import catalog
 from gpucluster.spec import NodeGroupConfig, StackSpec
@@ -73,9 +70,8 @@ class ServicePrices:
     as_of: str
 
 
-@cache
 def _service_price_file(path: Path) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text())
+    return catalog.read_data_file(path)
 
 
 def service_prices(region: str, path: Path = PRICES_FILE) -> ServicePrices:

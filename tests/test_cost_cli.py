@@ -184,7 +184,7 @@ def test_chart_without_matplotlib_says_how_to_install(tmp_path: Path,
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     result = runner.invoke(app, ["cost", "prod", "--chart", str(tmp_path / "x.png")])
     assert result.exit_code == 2
-    assert result.output.strip() == "cost: --chart needs matplotlib: pip install -e .[chart]"
+    assert result.output.strip() == "cost: --chart needs matplotlib: pip install -e '.[chart]'"
 
 
 def test_matplotlib_is_not_imported_by_plan() -> None:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from gpucluster.reference import BEGIN, END, render_config_reference
 from gpucluster.spec import StackConfig
@@ -26,8 +32,8 @@ def test_every_config_field_is_documented() -> None:
 
 def test_ci_runs_the_readme_test_command() -> None:
     ci = (REPO / ".ci" / "run").read_text()
-    line = next(line for line in ci.splitlines() if line.startswith("readme_test_command="))
-    command = line.split("=", 1)[1].strip("'")
+    command = ci.split("readme_test_command=$(cat <<'README'\n", 1)[1].split("\nREADME\n)", 1)[0]
+    assert "\n" not in command and command.endswith("python -m pytest")
     assert f"```bash\n{command}\n```" in README
 
 
@@ -37,3 +43,35 @@ def test_readme_has_exactly_two_quick_start_commands() -> None:
     assert len(commands) == 2
     assert commands[0].endswith("gpucluster plan dev")
     assert commands[1].endswith("python -m pytest")
+
+
+def test_readme_shell_commands_work_in_zsh_too() -> None:
+    """zsh expands an unquoted `.[chart]` as a glob and stops ("no matches found"): extras are quoted."""
+    assert not re.search(r"(?<![\"'])\.\[\w+\]", README)
+    assert "pip install -e '.[chart]'" in README
+
+
+def test_an_older_python_stops_at_the_first_step_with_one_line() -> None:
+    guard = README.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split(" && ", 1)[0]
+    assert guard.startswith("python3 -c ")
+    older = _an_older_python()
+    if older is None:
+        pytest.skip("no Python older than 3.11 on this machine")
+    done = subprocess.run(["bash", "-c", guard.replace("python3", older, 1)], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 1 and done.stdout == ""
+    assert re.fullmatch(r"gpucluster needs Python 3\.11 or newer, not 3\.\d+\.\d+\n", done.stderr)
+    assert subprocess.run(["bash", "-c", guard.replace("python3", sys.executable, 1)],
+                          check=False).returncode == 0
+
+
+def _an_older_python() -> str | None:
+    """A Python 3.8-3.10 that runs here (PATH, or pyenv's installs), else None."""
+    candidates = [shutil.which(f"python3.{minor}") for minor in (10, 9, 8)]
+    candidates += sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.*/bin/python"))
+    for candidate in filter(None, candidates):
+        probe = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2] < (3, 11))"],
+                               capture_output=True, text=True, check=False)
+        if probe.returncode == 0 and probe.stdout.strip() == "True":
+            return candidate
+    return None

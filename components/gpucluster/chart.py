@@ -30,7 +30,7 @@ def draw_chart(cost: StackCost, path: Path) -> Series:
     try:
         import matplotlib
     except ImportError:
-        raise ChartUnavailable("--chart needs matplotlib: pip install -e .[chart]") from None
+        raise ChartUnavailable("--chart needs matplotlib: pip install -e '.[chart]'") from None
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 

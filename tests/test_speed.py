@@ -79,6 +79,16 @@ def test_untouched_names_still_load_the_whole_package() -> None:
     assert python(code).split() == ["_ServicePackage", "True", "module"]
 
 
+def test_commands_that_need_no_pulumi_do_not_import_it() -> None:
+    """`cost`, `recommend` and `--version` read stack files and the catalog only: no Pulumi, no boto3."""
+    code = ("import sys; from typer.testing import CliRunner; from gpucluster.cli import app; "
+            "r = CliRunner(); "
+            "codes = [r.invoke(app, a).exit_code for a in (['cost', 'prod'], ['recommend', '--params', '7b', "
+            "'--mode', 'inference'], ['--version'])]; "
+            "print(codes, sorted(m for m in ('pulumi', 'pulumi_aws', 'boto3') if m in sys.modules))")
+    assert python(code).strip() == "[0, 0, 0] []"
+
+
 # ---------------------------------------------------------------- plan --json
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from gpucluster.spec import SpecError
+from gpucluster.spec import MAX_INPUT_BYTES, PROJECT, Finding, SpecError, StackSpec, clip, parse_stack_config
 from gpucluster.stackfile import load_yaml
 
 PROJECT_FILE = "Pulumi.yaml"
@@ -106,3 +107,67 @@ def policy_config_dir(start: Path | None = None) -> Path:
     """`policies/config/` of the project (or of the current directory outside a project)."""
     root = find_project_root(start) or (start or Path.cwd())
     return root / POLICY_CONFIG_DIR
+
+
+# ------------------------------------------------------------------ stack files
+
+
+class StackFileError(ValueError):
+    """The stack file cannot be found or read (not a config problem inside it)."""
+
+
+def stack_file(stack: str) -> Path:
+    """`dev` -> <stacks dir>/Pulumi.dev.yaml (see `project.stacks_dir`); a / or .yaml makes it a path."""
+    if "/" in stack or stack.endswith((".yaml", ".yml")):
+        return Path(stack)
+    return stacks_dir() / f"Pulumi.{stack}.yaml"
+
+
+def stack_name(path: Path) -> str:
+    """Pulumi.<name>.yaml -> <name>; any other file -> its stem."""
+    name = path.name
+    for suffix in (".yaml", ".yml"):
+        name = name.removesuffix(suffix)
+    return name.removeprefix("Pulumi.")
+
+
+def read_stack_config(path: Path) -> dict[str, Any]:
+    """The `config:` map of a stack file, keys namespaced (`gpucluster:` by default).
+
+    StackFileError when the file cannot be read; SpecError (naming the key path and
+    line) when its YAML is not a plain, bounded stack file (see `gpucluster.stackfile`).
+    """
+    where = clip(str(path), 120)
+    try:
+        if not path.exists():
+            raise StackFileError(missing_stack_message(path, by_name=path.parent == stacks_dir()))
+        if not path.is_file():  # a directory, FIFO or device would fail late or never end
+            raise StackFileError(f"{where}: not a regular file")
+        with path.open("rb") as stream:
+            data = stream.read(MAX_INPUT_BYTES + 1)
+    except OSError as err:  # unreadable, or a name too long for the file system
+        raise StackFileError(f"{where}: cannot read it ({err.strerror or err})") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise StackFileError(f"{where}: larger than {MAX_INPUT_BYTES // 1024} KiB; not a stack file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise StackFileError(f"{where}: not UTF-8 text (byte {err.start})") from None
+    raw = load_yaml(text)
+    if not isinstance(raw, dict) or not isinstance(raw.get("config"), dict):
+        raise StackFileError(f"{where}: a stack file needs a top-level `config:` mapping")
+    config: dict[str, Any] = {}
+    for key, value in raw["config"].items():
+        full = key if ":" in key else f"{PROJECT}:{key}"
+        if full in config:  # `cluster` and `gpucluster:cluster` name one key
+            raise SpecError([Finding(full, f"set twice in config (as {key!r} too); Pulumi rejects it")])
+        config[full] = value
+    return config
+
+
+def load_stack(stack: str) -> tuple[str, dict[str, Any], StackSpec]:
+    """Read and validate a stack by name or path: (stack name, config map, spec)."""
+    path = stack_file(stack)
+    config = read_stack_config(path)
+    name = stack_name(path)
+    return name, config, parse_stack_config(config, stack=name)

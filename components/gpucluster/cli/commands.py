@@ -22,11 +22,12 @@ import typer
 from gpucluster import pricing, project
 from gpucluster.cli import render
 from gpucluster.cli.render import table as render_table
-from gpucluster.plan import Plan, StackFileError, load_stack, run_plan
+from gpucluster.project import StackFileError, load_stack
 from gpucluster.spec import SpecError, StackSpec
 
 if TYPE_CHECKING:
     from gpucluster.ops.status import GroupStatus, ResumeCandidate
+    from gpucluster.plan import Plan
     from gpucluster.sizing import Fit, MemoryEstimate, Workload
 
 if TYPE_CHECKING:
@@ -92,6 +93,13 @@ def _valid(stack: str, load: Callable[[str], T]) -> T:
         fail_invalid(stack, [(f.path, f.message) for f in err.findings])
     except StackFileError as err:
         fail_invalid(stack, [(None, str(err))])
+
+
+def run_plan(stack: str) -> Plan:
+    """The stack planned under the mock engine (imported here: only `plan` pays for Pulumi)."""
+    from gpucluster.plan import run_plan as plan_stack
+
+    return plan_stack(stack)
 
 
 def build_plan(stack: str) -> Plan:

@@ -125,7 +125,7 @@ def test_missing_stack_says_did_you_mean() -> None:
     assert "did you mean prod?" in error["message"]
 
 
-def test_bad_policy_config_as_json(tmp_path: Path) -> None:
+def test_bad_policy_config_as_json(tmp_path: Path, cli_plans_once: None) -> None:
     config = tmp_path / "policy.json"
     config.write_text(json.dumps({"no-such-policy": {"enforcementLevel": "mandatory"}}))
     result = runner.invoke(app, ["plan", "dev", "--json", "--policy-config", str(config)])
@@ -205,14 +205,14 @@ def test_spinner_only_for_slow_calls_on_a_terminal(monkeypatch: pytest.MonkeyPat
     with render.progress("asking AWS", delay=0.5):
         pass  # quick: nothing shown
     assert terminal.getvalue() == ""
-    with render.progress("asking AWS", delay=0.05):
-        time.sleep(0.5)
+    with render.progress("asking AWS", delay=0.02):
+        time.sleep(0.3)
     assert "asking AWS" in terminal.getvalue()
     render.use_json(True)
     try:
         shown = len(terminal.getvalue())
         with render.progress("asking AWS", delay=0.0):
-            time.sleep(0.2)
+            time.sleep(0.1)
         assert len(terminal.getvalue()) == shown, "no spinner in JSON mode"
     finally:
         render.use_json(False)

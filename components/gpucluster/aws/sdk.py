@@ -79,7 +79,8 @@ class _ServicePackage(types.ModuleType):
         if module is None:
             if importlib.util.find_spec(full) is None:
                 return None
-            module = importlib.import_module(full)
+            __import__(full)  # the import statement's path: -X importtime sees it, unlike import_module
+            module = sys.modules[full]
         if bind:
             for exported in getattr(module, "__all__", ()):
                 self.__dict__[exported] = getattr(module, exported)

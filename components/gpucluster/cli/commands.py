@@ -302,7 +302,8 @@ def _live_spot_rates(spec: StackSpec) -> dict[str, pricing.Rate]:
     from gpucluster.ops.doctor import fetch_spot_prices
 
     try:
-        return fetch_spot_prices(spec)
+        with render.progress(f"reading spot prices in {spec.region}"):
+            return fetch_spot_prices(spec)
     except (BotoCoreError, ClientError) as err:
         typer.echo(f"cost --live: no live spot prices ({err}); using the catalog's typical discount",
                    err=True)

@@ -67,9 +67,9 @@ def test_an_older_python_stops_at_the_first_step_with_one_line() -> None:
 
 def _an_older_python() -> str | None:
     """A Python 3.8-3.10 that runs here (PATH, or pyenv's installs), else None."""
-    candidates = [shutil.which(f"python3.{minor}") for minor in (10, 9, 8)]
-    candidates += sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.*/bin/python"))
-    for candidate in filter(None, candidates):
+    candidates = sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.*/bin/python"))
+    candidates += [shutil.which(f"python3.{minor}") for minor in (10, 9, 8)]
+    for candidate in (c for c in candidates if c and "/shims/" not in c):  # pyenv's shims are slow
         probe = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2] < (3, 11))"],
                                capture_output=True, text=True, check=False)
         if probe.returncode == 0 and probe.stdout.strip() == "True":

@@ -46,9 +46,14 @@ def test_readme_has_exactly_two_quick_start_commands() -> None:
 
 
 def test_readme_shell_commands_work_in_zsh_too() -> None:
-    """zsh expands an unquoted `.[chart]` as a glob and stops ("no matches found"): extras are quoted."""
+    """zsh expands an unquoted `.[chart]` (or any `[`, `*`, `?`) as a glob and stops ("no matches
+    found"): extras and patterns are quoted, in the command blocks and in the text alike."""
     assert not re.search(r"(?<![\"'])\.\[\w+\]", README)
     assert "pip install -e '.[chart]'" in README
+    for block in re.findall(r"```bash\n(.*?)```", README, re.DOTALL):
+        for line in block.splitlines():
+            bare = re.sub(r"'[^']*'|\"[^\"]*\"", "", line.split(" #", 1)[0])
+            assert not re.search(r"[\[\]*?]", bare), line
 
 
 def test_an_older_python_stops_at_the_first_step_with_one_line() -> None:

@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpucluster.plan import StackFileError, read_stack_config
-from gpucluster.project import stack_names
+from gpucluster.project import StackFileError, read_stack_config, stack_names
 from gpucluster.spec import SpecError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,7 +21,6 @@ import pytest
 from gpucluster.node import userdata as bootstrap
 from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,
-    GPU_METRIC_NAMESPACE,
     GPU_UTILIZATION_METRIC,
     NodeBootstrap,
     cloudwatch_agent_config,
@@ -169,9 +168,10 @@ def test_user_data_is_gzip_base64_within_the_ec2_limit() -> None:
 
 
 def test_cloudwatch_agent_publishes_gpu_utilisation_per_auto_scaling_group() -> None:
-    config = cloudwatch_agent_config()
+    config = cloudwatch_agent_config("c")
     metrics: Any = config["metrics"]
-    assert metrics["namespace"] == GPU_METRIC_NAMESPACE == "CWAgent"
+    assert metrics["namespace"] == "gpucluster/c"  # the cluster's own: its node role's only namespace
+    assert "logs" not in config  # the node role has no CloudWatch Logs grant
     assert "utilization_gpu" in metrics["metrics_collected"]["nvidia_gpu"]["measurement"]
     assert GPU_UTILIZATION_METRIC == "nvidia_smi_utilization_gpu"
     assert metrics["append_dimensions"][GPU_METRIC_DIMENSION] == "${aws:AutoScalingGroupName}"
@@ -181,11 +181,14 @@ def test_cloudwatch_agent_publishes_gpu_utilisation_per_auto_scaling_group() -> 
 
 
 def test_data_mounts_table_rows() -> None:
-    rows = [line.split("\t") for line in data_mounts_table(settings()).splitlines()]
+    mounts = (*MOUNTS, DataMount("shared", "mount", "team-data", "", "/data/shared",
+                                 expected_bucket_owner="210987654321"))
+    rows = [line.split("\t") for line in data_mounts_table(settings(data_mounts=mounts)).splitlines()]
     assert rows == [
-        ["copy_to_scratch", "corpus", "acme-corpus", "v3/", "-", "-", "-"],
-        ["mount", "models", "acme-models", "-", "/data/models", "-", "-"],
-        ["fsx", "train", "acme-train", "-", "/fsx", "fs-0123.fsx.us-east-1.amazonaws.com", "abcdefgh"],
+        ["copy_to_scratch", "corpus", "acme-corpus", "v3/", "-", "-", "-", "-"],
+        ["mount", "models", "acme-models", "-", "/data/models", "-", "-", "-"],
+        ["fsx", "train", "acme-train", "-", "/fsx", "fs-0123.fsx.us-east-1.amazonaws.com", "abcdefgh", "-"],
+        ["mount", "shared", "team-data", "-", "/data/shared", "-", "-", "210987654321"],
     ]
     assert data_mounts_table(settings(data_mounts=())) == ""
 
@@ -286,20 +289,55 @@ def test_scratch_binds_instance_store_the_ami_already_mounted(tmp_path: Path) ->
     assert box.calls("mdadm") == []
 
 
-def test_data_copies_mounts_and_attaches_fsx(tmp_path: Path) -> None:
+def identity_document(tmp_path: Path, account: str | None) -> Path:
+    """A fake curl answering IMDSv2's token and instance identity document (or failing)."""
+    fake = tmp_path / "fake-curl"
+    document = (f"echo '{{\"accountId\" : \"{account}\", \"region\" : \"us-east-1\"}}'" if account
+                else "exit 22")
+    fake.write_text(f"""#!/bin/bash
+case "$*" in
+  *"-X PUT"*api/token*) echo token-123 ;;
+  *token-123*dynamic/instance-identity/document*) {document} ;;
+  *) exit 22 ;;
+esac
+""")
+    fake.chmod(0o755)
+    return fake
+
+
+def test_data_copies_mounts_and_attaches_fsx_from_buckets_of_the_expected_owner(tmp_path: Path) -> None:
     mounts = (MOUNTS[0], DataMount("models", "mount", "acme-models", "m/", str(tmp_path / "models")),
+              DataMount("shared", "mount", "team-data", "", str(tmp_path / "shared"),
+                        expected_bucket_owner="210987654321"),
               DataMount("train", "fsx", "acme-train", "", str(tmp_path / "fsx"), "fs-1.fsx.aws", "mnt1"))
     table = tmp_path / "mounts.tsv"
     table.write_text(data_mounts_table(settings(data_mounts=mounts)))
-    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table))
+    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table),
+                  FAKE_CURL=str(identity_document(tmp_path, "123456789012")))
     result = box.run("data.sh")
     assert result.returncode == 0, result.stderr + result.stdout
     scratch = tmp_path / "scratch"
+    # the owner check comes first: `aws s3 sync` itself cannot name one
     assert box.calls("aws") == [
+        "s3api list-objects-v2 --region us-east-1 --bucket acme-corpus --prefix v3/ "
+        "--expected-bucket-owner 123456789012 --max-items 1",
         f"s3 sync --only-show-errors --region us-east-1 s3://acme-corpus/v3/ {scratch}/corpus"]
     assert box.calls("mount-s3") == [
-        f"--read-only --allow-other --region us-east-1 --prefix m/ acme-models {tmp_path}/models"]
+        "--read-only --allow-other --region us-east-1 --expected-bucket-owner 123456789012 --prefix m/ "
+        f"acme-models {tmp_path}/models",
+        f"--read-only --allow-other --region us-east-1 --expected-bucket-owner 210987654321 team-data "
+        f"{tmp_path}/shared"]
     assert box.calls("mount") == [f"-t lustre -o relatime,flock fs-1.fsx.aws@tcp:/mnt1 {tmp_path}/fsx"]
+
+
+def test_data_refuses_buckets_when_the_node_s_account_is_unknown(tmp_path: Path) -> None:
+    table = tmp_path / "mounts.tsv"
+    table.write_text(data_mounts_table(settings(data_mounts=MOUNTS[:1])))
+    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table), FAKE_CURL=str(identity_document(tmp_path, None)))
+    result = box.run("data.sh")
+    assert result.returncode != 0
+    assert "refusing to use buckets of unknown owner" in result.stderr
+    assert box.calls("aws") == []
 
 
 def imds(tmp_path: Path, action_after: int, rebalance: bool) -> Path:

@@ -125,6 +125,8 @@ class NodeDataMount(TypedDict):
     """access fsx: the file system's DNS name."""
     fsx_mount_name: NotRequired[pulumi.Input[str]]
     """access fsx: the file system's Lustre mount name."""
+    expected_bucket_owner: NotRequired[str]
+    """The 12-digit account that must own the bucket (default: the node's own account)."""
 
 
 class GpuNodeGroupArgs(TypedDict):
@@ -176,7 +178,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         tags = node_tags(m.tags, m.identity, m.cluster_name, group.name)
         mounts = [DataMount(name=d.name, access=d.access, bucket_name=d.bucket_name, prefix=d.prefix,
-                            path=d.path, fsx_dns_name=d.fsx_dns_name, fsx_mount_name=d.fsx_mount_name)
+                            path=d.path, fsx_dns_name=d.fsx_dns_name, fsx_mount_name=d.fsx_mount_name,
+                            expected_bucket_owner=d.expected_bucket_owner)
                   for d in m.data_mounts]
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt",

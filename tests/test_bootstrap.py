@@ -333,7 +333,8 @@ def test_data_copies_mounts_and_attaches_fsx_from_buckets_of_the_expected_owner(
 def test_data_refuses_buckets_when_the_node_s_account_is_unknown(tmp_path: Path) -> None:
     table = tmp_path / "mounts.tsv"
     table.write_text(data_mounts_table(settings(data_mounts=MOUNTS[:1])))
-    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table), FAKE_CURL=str(identity_document(tmp_path, None)))
+    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table),
+                  FAKE_CURL=str(identity_document(tmp_path, None)))
     result = box.run("data.sh")
     assert result.returncode != 0
     assert "refusing to use buckets of unknown owner" in result.stderr

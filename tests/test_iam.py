@@ -283,7 +283,7 @@ def test_the_most_datasets_the_spec_accepts_fit_the_node_role() -> None:
 
 
 def test_one_dataset_with_prefixes_too_long_for_iam_is_refused() -> None:
-    with pytest.raises(SpecError, match="^datasets: 1 datasets need node role policies of up to"):
+    with pytest.raises(SpecError, match=r"^datasets: the node role's policies for 1 dataset\(s\)"):
         parse_stack_config(datasets_config(1, prefix_chars=3000), stack="t")
 
 
@@ -307,6 +307,6 @@ def test_node_identity_args_are_sized_too() -> None:
     """A NodeIdentity built outside a stack file is held to the same limit (ArgsError, not a failed up)."""
     from gpucluster.aws.args import ArgsError, NodeIdentityModel, identity_checks, validate
     grants = [{"bucket_name": f"{i:x>63}", "prefix": "p" * 200 + "/", "write": False} for i in range(30)]
-    with pytest.raises(ArgsError, match="s3_grants: 30 grants need node role policies"):
+    with pytest.raises(ArgsError, match=r"s3_grants: the node role's policies for 30 grant\(s\)"):
         validate("NodeIdentity", "n", NodeIdentityModel, {"cluster_name": "cl", "s3_grants": grants},
                  identity_checks)

@@ -840,9 +840,9 @@ def node_role_size(spec: StackSpec) -> Iterable[Finding]:
                                       d.expected_bucket_owner)]
     chars = node_inline_policies_chars(spec.cluster.name, grants)
     if chars > ROLE_INLINE_POLICIES_MAX_CHARS:
-        yield Finding("datasets", f"{len(spec.datasets)} datasets need node role policies of up to "
-                      f"{chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role: use "
-                      "fewer datasets, shorter prefixes, or name the buckets (bucket_name)")
+        yield Finding("datasets", f"the node role's policies for {len(spec.datasets)} dataset(s) would "
+                      f"reach {chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role: use "
+                      "fewer datasets, shorter prefixes, or short bucket names (bucket_name)")
 
 
 @check

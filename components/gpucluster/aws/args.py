@@ -475,8 +475,8 @@ def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
     grants = [S3Grant(g.bucket_name, g.prefix, g.write, g.expected_bucket_owner) for g in m.s3_grants]
     chars = node_inline_policies_chars(m.cluster_name, grants)
     if chars > ROLE_INLINE_POLICIES_MAX_CHARS:  # the stack file's node_role_size rule, for grants
-        yield Finding("s3_grants", f"{len(grants)} grants need node role policies of up to {chars} "
-                      f"characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role")
+        yield Finding("s3_grants", f"the node role's policies for {len(grants)} grant(s) would reach "
+                      f"{chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role")
 
 
 class DatasetBucketModel(StrictModel):

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -289,31 +290,16 @@ def test_scratch_binds_instance_store_the_ami_already_mounted(tmp_path: Path) ->
     assert box.calls("mdadm") == []
 
 
-def identity_document(tmp_path: Path, account: str | None) -> Path:
-    """A fake curl answering IMDSv2's token and instance identity document (or failing)."""
-    fake = tmp_path / "fake-curl"
-    document = (f"echo '{{\"accountId\" : \"{account}\", \"region\" : \"us-east-1\"}}'" if account
-                else "exit 22")
-    fake.write_text(f"""#!/bin/bash
-case "$*" in
-  *"-X PUT"*api/token*) echo token-123 ;;
-  *token-123*dynamic/instance-identity/document*) {document} ;;
-  *) exit 22 ;;
-esac
-""")
-    fake.chmod(0o755)
-    return fake
-
-
 def test_data_copies_mounts_and_attaches_fsx_from_buckets_of_the_expected_owner(tmp_path: Path) -> None:
-    mounts = (MOUNTS[0], DataMount("models", "mount", "acme-models", "m/", str(tmp_path / "models")),
+    mounts = (replace(MOUNTS[0], expected_bucket_owner="123456789012"),
+              DataMount("models", "mount", "acme-models", "m/", str(tmp_path / "models"),
+                        expected_bucket_owner="123456789012"),
               DataMount("shared", "mount", "team-data", "", str(tmp_path / "shared"),
                         expected_bucket_owner="210987654321"),
               DataMount("train", "fsx", "acme-train", "", str(tmp_path / "fsx"), "fs-1.fsx.aws", "mnt1"))
     table = tmp_path / "mounts.tsv"
     table.write_text(data_mounts_table(settings(data_mounts=mounts)))
-    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table),
-                  FAKE_CURL=str(identity_document(tmp_path, "123456789012")))
+    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table))
     result = box.run("data.sh")
     assert result.returncode == 0, result.stderr + result.stdout
     scratch = tmp_path / "scratch"
@@ -330,15 +316,17 @@ def test_data_copies_mounts_and_attaches_fsx_from_buckets_of_the_expected_owner(
     assert box.calls("mount") == [f"-t lustre -o relatime,flock fs-1.fsx.aws@tcp:/mnt1 {tmp_path}/fsx"]
 
 
-def test_data_refuses_buckets_when_the_node_s_account_is_unknown(tmp_path: Path) -> None:
+def test_data_of_an_owner_mismatch_stops_before_copying(tmp_path: Path) -> None:
+    """S3 answers 403 to a request naming another owner: nothing is copied, the unit fails."""
     table = tmp_path / "mounts.tsv"
-    table.write_text(data_mounts_table(settings(data_mounts=MOUNTS[:1])))
-    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table),
-                  FAKE_CURL=str(identity_document(tmp_path, None)))
+    table.write_text(data_mounts_table(settings(data_mounts=(
+        replace(MOUNTS[0], expected_bucket_owner="123456789012"),))))
+    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table))
+    (box.bin / "aws").write_text(f'#!/bin/bash\necho "aws $*" >> {box.log}\n'
+                                 '[[ "$*" == *"--expected-bucket-owner"* ]] && exit 254\ntrue\n')
     result = box.run("data.sh")
     assert result.returncode != 0
-    assert "refusing to use buckets of unknown owner" in result.stderr
-    assert box.calls("aws") == []
+    assert [c.split()[0] for c in box.calls("aws")] == ["s3api"]  # no sync after the refusal
 
 
 def imds(tmp_path: Path, action_after: int, rebalance: bool) -> Path:

@@ -126,6 +126,13 @@ def test_a_bucket_of_the_same_name_in_another_account_is_neither_read_nor_writte
                        **{"s3:ResourceAccount": ACCOUNT})
 
 
+def test_nodes_name_the_deploying_account_as_owner_of_every_bucket_they_read(prod: Plan) -> None:
+    script = user_data(prod)
+    table = script.split("cat > /etc/gpucluster/data-mounts.tsv <<'GPUCLUSTER_FILE_EOF'\n", 1)[1]
+    rows = [line.split("\t") for line in table.split("GPUCLUSTER_FILE_EOF", 1)[0].splitlines()]
+    assert [(r[1], r[-1]) for r in rows] == [("pretrain-corpus", ACCOUNT), ("eval-sets", ACCOUNT)]
+
+
 def test_policy_document_is_pure_and_refuses_wildcards_and_unknown_owners() -> None:
     doc = s3_policy_document([("b", "", False, ACCOUNT)], partition="aws-cn")
     assert doc["Statement"][0] == {"Sid": "List0", "Effect": "Allow", "Action": "s3:ListBucket",

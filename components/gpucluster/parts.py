@@ -42,5 +42,5 @@ class DataMount:
     """access == "fsx": Output[str] of the file system's DNS name."""
     fsx_mount_name: Any = None
     """access == "fsx": Output[str] of the file system's Lustre mount name."""
-    expected_bucket_owner: str | None = None
-    """The account that must own the bucket (12 digits); None: the node's own account."""
+    expected_bucket_owner: Any = None
+    """str or Output[str]: the account that must own the bucket (12 digits); None: none named."""

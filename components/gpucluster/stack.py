@@ -93,15 +93,17 @@ def lustre_args(spec: StackSpec, dataset: DatasetConfig, *, bucket_name: Any, vp
             "tags": spec.tags}
 
 
-def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any,
-               fsx_dns_name: Any = None, fsx_mount_name: Any = None) -> NodeDataMount:
-    """How the node bootstrap brings one dataset: where it appears on the node, and from where."""
+def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any, fsx_dns_name: Any = None,
+               fsx_mount_name: Any = None, bucket_owner: Any = None) -> NodeDataMount:
+    """How the node bootstrap brings one dataset: where it appears on the node, from where, and the
+    account that must own the bucket (`bucket_owner`, else the dataset's expected_bucket_owner)."""
     mount: dict[str, Any] = {"name": dataset.name, "access": dataset.access, "bucket_name": bucket_name,
                              "prefix": dataset.prefix, "path": dataset_path(spec, dataset)}
     if dataset.access == "fsx":
         mount |= {"fsx_dns_name": fsx_dns_name, "fsx_mount_name": fsx_mount_name}
-    if dataset.expected_bucket_owner is not None:
-        mount["expected_bucket_owner"] = dataset.expected_bucket_owner
+    owner = bucket_owner if bucket_owner is not None else dataset.expected_bucket_owner
+    if owner is not None:
+        mount["expected_bucket_owner"] = owner
     return mount  # type: ignore[return-value]
 
 

@@ -382,7 +382,7 @@ class DataMountModel(StrictModel):
     path: AbsolutePath
     fsx_dns_name: Any = None
     fsx_mount_name: Any = None
-    expected_bucket_owner: AccountId | None = None
+    expected_bucket_owner: input_of(AccountId | None) = None
 
 
 class BucketGrantModel(StrictModel):

@@ -168,7 +168,8 @@ class DatasetBucket(pulumi.ComponentResource):
     """One dataset's bucket: created and locked down, or an existing bucket referenced by name.
 
     Python users also get `grants` (the `parts.S3Grant`s nodes need: read the data prefix,
-    write the checkpoint prefix) and `dataset` (the validated settings).
+    write the checkpoint prefix), `bucket_owner` (the account nodes expect to own the bucket: the
+    deploying one, or an existing bucket's `expected_bucket_owner`) and `dataset` (the settings).
     """
 
     bucket_name: pulumi.Output[str]
@@ -181,13 +182,16 @@ class DatasetBucket(pulumi.ComponentResource):
         m = validate("DatasetBucket", name, DatasetBucketModel, args, bucket_checks)
         super().__init__(type_token("DatasetBucket"), name, None, component_options(opts, OLD_BUCKET_TYPE))
         dataset = self.dataset = m.dataset
+        account = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(parent=self)).account_id
+        self.bucket_owner: pulumi.Output[str] = pulumi.Output.from_input(
+            dataset.expected_bucket_owner) if dataset.expected_bucket_owner else account
         if dataset.existing:
             if dataset.bucket_name is None:  # the args' checks guarantee it; keep mypy honest
                 raise ValueError(f"datasets: existing dataset {dataset.name!r} has no bucket_name")
             self.bucket_name = pulumi.Output.from_input(dataset.bucket_name)
             self.bucket_arn = pulumi.Output.from_input(bucket_arn(dataset.bucket_name, m.region))
         else:
-            self._create(name, m)
+            self._create(name, m, account)
         self.grants = grants_for(dataset, self.bucket_name)
         self.register_outputs({"bucket_name": self.bucket_name, "bucket_arn": self.bucket_arn})
 
@@ -196,7 +200,7 @@ class DatasetBucket(pulumi.ComponentResource):
         return pulumi.ResourceOptions(parent=self, protect=True, retain_on_delete=True,
                                       depends_on=list(depends_on))
 
-    def _create(self, name: str, m: DatasetBucketModel) -> None:
+    def _create(self, name: str, m: DatasetBucketModel, account: pulumi.Output[str]) -> None:
         dataset = m.dataset
         bucket = aws.s3.Bucket(
             f"{name}-bucket",
@@ -220,7 +224,6 @@ class DatasetBucket(pulumi.ComponentResource):
         versioning = aws.s3.BucketVersioning(
             f"{name}-versioning", bucket=bucket.id, versioning_configuration={"status": "Enabled"},
             opts=self._protected())
-        account = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(parent=self)).account_id
         role = m.break_glass_role
         # The resource keeps its first name (`-tls-only`): it is protected, and a new name would
         # replace it.

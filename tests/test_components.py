@@ -351,7 +351,7 @@ REQUIRED = {
     "ClusterNetwork": {"clusterName", "region", "availabilityZones"},
     "GpuNodeGroup": {"nodeGroup", "clusterName", "region", "identity", "subnetIds", "securityGroupIds",
                      "instanceProfileArn"},
-    "NodeIdentity": set(),
+    "NodeIdentity": {"clusterName"},
     "DatasetBucket": {"dataset", "clusterName", "region"},
     "LustreFileSystem": {"dataset", "bucketName", "vpcId", "subnetId"},
     "Guardrails": {"groups", "clusterName", "identity", "region"},

@@ -26,6 +26,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gpucluster import catalog
+from gpucluster.noderole import (
+    ROLE_INLINE_POLICIES_MAX_CHARS,
+    dataset_grants,
+    longest_bucket_name,
+    node_inline_policies_chars,
+)
 
 PROJECT = "gpucluster"
 REGION_KEY = "aws:region"
@@ -371,6 +377,12 @@ ShellCommand = Annotated[str, AfterValidator(_check_shell_command)]
 StackName = Annotated[str, _matches(r"[A-Za-z0-9._-]{1,100}",
                                     "a stack name (Pulumi.<stack>.yaml) is 1-100 letters, digits, "
                                     "'-', '_' or '.'")]
+# IAM user guide, "IAM identifiers" / CreatePolicy and CreateRole: name characters and lengths.
+PolicyName = Annotated[str, _matches(r"[\w+=,.@-]{1,128}", "must be an IAM policy name (1-128 "
+                                     "letters, digits and + = , . @ _ -)")]
+RoleName = Annotated[str, _matches(r"[\w+=,.@-]{1,64}", "must be an IAM role name (1-64 letters, "
+                                   "digits and + = , . @ _ -)")]
+AccountId = Annotated[str, _matches(r"\d{12}", "must be a 12-digit AWS account id")]
 # The field rules of the models below, by name, for component Args that take one value alone.
 AbsolutePath = Annotated[str, AfterValidator(_check_mount_path)]  # under DATA_ROOTS
 S3Prefix = Annotated[str, AfterValidator(_check_prefix)]
@@ -408,6 +420,10 @@ class ClusterConfig(StrictModel):
                                              "tag keys are 1-128 characters and do not start "
                                              "with aws:")], TagValue] = {}
     """More tags for every resource (team, project, ...)."""
+    permissions_boundary: PolicyName | None = None
+    """Policy name: the permissions boundary of every IAM role the stack creates (none by default)."""
+    break_glass_role: RoleName | None = None
+    """The only role that may delete versions in, or delete, the dataset buckets the stack creates."""
 
 
 class NetworkConfig(StrictModel):
@@ -529,6 +545,8 @@ class DatasetConfig(StrictModel):
     """FSx for Lustre linked to the bucket (with access: fsx)."""
     noncurrent_version_expiration_days: Annotated[int, _in_range(1, 3650)] = 30
     """Created buckets: old versions under checkpoint_prefix expire after this; current ones never do."""
+    expected_bucket_owner: AccountId | None = None
+    """Existing buckets: the account that must own it (default: the deploying account)."""
 
 
 class BudgetConfig(StrictModel):
@@ -865,6 +883,9 @@ def dataset_findings(d: DatasetConfig, cluster_name: str, node_group_zones: set[
         yield from _fsx_rules(d, node_group_zones, path)
     if d.mount_path and d.access != "mount":
         yield Finding(f"{path}.mount_path", f"only used with access: mount, got {d.access}")
+    if d.expected_bucket_owner and not d.existing:
+        yield Finding(f"{path}.expected_bucket_owner", "only used with existing: true (a bucket the "
+                      "stack creates belongs to the deploying account)")
     yield from _checkpoint_rules(d, path)
 
 
@@ -912,6 +933,20 @@ def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str
         yield Finding(f"{dataset}.prefix",
                       "an FSx dataset with a checkpoint_prefix needs a data prefix of its own "
                       "(e.g. 'data/'), so the two data repository associations do not overlap")
+
+
+@check
+def node_role_size(spec: StackSpec) -> Iterable[Finding]:
+    """The node role's inline policies fit IAM's limit with every dataset, at their longest names:
+    what validates must deploy (a bigger policy fails `pulumi up` half-way)."""
+    grants = [g for i, d in enumerate(spec.datasets)
+              for g in dataset_grants(d.bucket_name or longest_bucket_name(i), d.prefix, d.checkpoint_prefix,
+                                      d.expected_bucket_owner)]
+    chars = node_inline_policies_chars(spec.cluster.name, grants)
+    if chars > ROLE_INLINE_POLICIES_MAX_CHARS:
+        yield Finding("datasets", f"the node role's policies for {len(spec.datasets)} dataset(s) would "
+                      f"reach {chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role: use "
+                      "fewer datasets, shorter prefixes, or short bucket names (bucket_name)")
 
 
 @check

@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from gpucluster.catalog import family_of
+from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.parts import DataMount
 from gpucluster.spec import NodeGroupConfig, SpotConfig, StackSpec
 
 # --- the contract with auto-stop (guardrails): where GPU utilisation is published.
 # CloudWatch user guide, "Collect NVIDIA GPU metrics": the agent's nvidia_gpu plugin
-# publishes `nvidia_smi_<measurement>` in the agent's namespace (default CWAgent).
-GPU_METRIC_NAMESPACE = "CWAgent"
+# publishes `nvidia_smi_<measurement>` in the agent's namespace: the cluster's own
+# (`gpu_metric_namespace`), the only one the node role may publish into, so no node feeds
+# another cluster's idle alarms.
 GPU_UTILIZATION_METRIC = "nvidia_smi_utilization_gpu"
 GPU_METRIC_DIMENSION = "AutoScalingGroupName"
 """The agent also publishes an aggregate carrying only this dimension (one series per group)."""
@@ -149,7 +151,7 @@ def efa_environment(b: NodeBootstrap) -> dict[str, str]:
     return env
 
 
-def cloudwatch_agent_config() -> dict[str, object]:
+def cloudwatch_agent_config(cluster: str) -> dict[str, object]:
     """CloudWatch agent config: GPU metrics per instance, aggregated per Auto Scaling group.
 
     `append_dimensions` adds the group name from the instance's aws:autoscaling:groupName
@@ -158,7 +160,7 @@ def cloudwatch_agent_config() -> dict[str, object]:
     return {
         "agent": {"metrics_collection_interval": GPU_METRIC_PERIOD_SECONDS, "run_as_user": "root"},
         "metrics": {
-            "namespace": GPU_METRIC_NAMESPACE,
+            "namespace": gpu_metric_namespace(cluster),
             "append_dimensions": {
                 "AutoScalingGroupName": "${aws:AutoScalingGroupName}",
                 "InstanceId": "${aws:InstanceId}",
@@ -180,7 +182,8 @@ def data_mounts_table(b: NodeBootstrap) -> str:
     """/etc/gpucluster/data-mounts.tsv, one dataset a line, as gpucluster-data reads it."""
     rows = []
     for m in b.data_mounts:
-        fields = [m.access, m.name, m.bucket_name, m.prefix, m.path, m.fsx_dns_name, m.fsx_mount_name]
+        fields = [m.access, m.name, m.bucket_name, m.prefix, m.path, m.fsx_dns_name, m.fsx_mount_name,
+                  m.expected_bucket_owner]
         for value in fields:
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"data mount {m.name!r}: resolve Outputs before rendering, got "
@@ -222,7 +225,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
             f"Type=simple\nRestart=on-failure\nRestartSec=5\nExecStart={_SBIN}/gpucluster-spot-watcher",
             after="network-online.target", extra="Wants=network-online.target\n")),
         NodeFile("/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json",
-                 json.dumps(cloudwatch_agent_config(), indent=2) + "\n"),
+                 json.dumps(cloudwatch_agent_config(b.cluster), indent=2) + "\n"),
     ]
     env = efa_environment(b)
     if env:

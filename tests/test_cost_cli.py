@@ -155,7 +155,8 @@ def test_cost_diff_prints_markdown(tmp_path: Path, base_config: dict[str, Any],
     assert f"**-${delta:,.2f}" in result.output
     assert result.output.splitlines()[0] == "### gpucluster cost: prod"
     max_total = f"${prod_cost().usd_per_month('max'):,.2f}"
-    assert f"| **total at max nodes, as scheduled** | {max_total} | {max_total} | **no change** |" in result.output
+    row = f"| **total at max nodes, as scheduled** | {max_total} | {max_total} | **no change** |"
+    assert row in result.output
     assert "| node group h100-train, max |" not in result.output  # unchanged components are left out
 
 

@@ -181,6 +181,7 @@ class GroupCost:
     """Hours a month as scheduled; a Capacity Block is paid up front: its duration, whatever the schedule."""
     block_hours: int | None = None
     """A Capacity Block's duration (capacity.duration_hours); None: not a block, or not given."""
+    capacity_block: bool = False
 
     def hours(self, scheduled: bool = False) -> float:
         return self.scheduled_hours_per_month if scheduled else self.hours_per_month
@@ -260,7 +261,8 @@ def price_group(spec: StackSpec, group: NodeGroupConfig, spot: Rate | None = Non
                      spot=spot or typical_spot_rate(first, spec.region),
                      desired=split_nodes(group, group.desired_nodes),
                      max=split_nodes(group, group.max_nodes),
-                     hours_per_month=hours, scheduled_hours_per_month=scheduled, block_hours=block)
+                     hours_per_month=hours, scheduled_hours_per_month=scheduled, block_hours=block,
+                     capacity_block=cap.market == "capacity_block")
 
 
 # ------------------------------------------------------------------------ stacks

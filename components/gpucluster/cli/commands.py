@@ -250,7 +250,7 @@ def render_cost(cost: pricing.StackCost) -> list[str]:
                          _usd(g.usd_per_hour(at, "all_on_demand"))])
         out += render_table(["at", "nodes", "base", "on-demand", "spot", "base $/h", "on-demand $/h",
                              "spot $/h", "mix $/h", "all on-demand $/h"], rows)
-        if g.base.basis == "Capacity Block for ML":
+        if g.capacity_block:
             length = (f"{g.block_hours} h (capacity.duration_hours)" if g.block_hours
                       else "unknown (no capacity.duration_hours): priced as a whole month")
             out.append(f"  the block: {length}, paid up front whatever the schedule; "
@@ -686,6 +686,9 @@ def init(
     typer.echo("")
     typer.echo(f"next: {'' if here else f'cd {directory} && '}gpucluster plan dev   "
                "(README.md has the steps to deploy)")
+
+
+from gpucluster.cli import spend as _spend  # noqa: E402, F401  (registers `gpucluster spend`)
 
 
 def main() -> None:

@@ -146,8 +146,9 @@ def test_plan_comment_prices_each_stack_as_scheduled_and_diffs_it_against_the_ba
     cost = price_stack(load_stack("dev")[2]).as_json()
     scheduled = cost["scheduled_totals"]["desired"]["mix"]["usd_per_month"]
     [line, _] = module.cost_lines(cost)
+    always = cost["totals"]["desired"]["mix"]["usd_per_month"]
     assert line.startswith(f"Cost: **${scheduled:,.2f}/month as scheduled** at desired nodes "
-                           f"(238.99 of 730 hours), ${cost['totals']['desired']['mix']['usd_per_month']:,.2f} 24 x 7")
+                           f"(238.99 of 730 hours), ${always:,.2f} 24 x 7")
     assert module.cost_lines({"error": "no prices for eu-west-1"}) == [
         "Cost: not priced (no prices for eu-west-1).", ""]
     # the base branch started dev at 07:00 instead of 08:00: head runs an hour less each weekday

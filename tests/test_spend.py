@@ -395,3 +395,20 @@ def test_estimate_prices_the_same_days_with_pricing(account: dict[str, Any]) -> 
     assert est.node_hours == {"train": 2 * 50, "infer": 1 * 50}
     assert est.by_day[D[0]] == pytest.approx((SP_12XL + SPOT_12XL + SPOT_XL) * 10 + 3 * 200 * GP3 * 10 / 730
                                              + (NAT_MONTH + 3.65 + 43.8) * 24 / 730)
+
+
+def test_a_capacity_block_is_spread_over_the_days_whatever_the_schedule(base_config: dict[str, Any]) -> None:
+    base_config["gpucluster:network"]["availability_zones"] = ["us-east-1a"]
+    base_config["gpucluster:node_groups"] = [{
+        "name": "block", "instance_types": ["p5.48xlarge"], "desired_nodes": 2, "max_nodes": 2,
+        "root_volume_size_gib": 100,
+        "capacity": {"market": "capacity_block", "capacity_reservation_id": "cr-0123456789abcdef0",
+                     "duration_hours": 72}}]
+    base_config["gpucluster:autostop"] = {"stop_schedule": "cron(0 18 ? * * *)",
+                                          "start_schedule": "cron(0 8 ? * MON-FRI *)"}
+    spec = parse_stack_config(base_config, stack="block")
+    est = ops.estimate_window(pricing.price_stack(spec), spec, WINDOW)
+    # 2 nodes x $31.46 x 72 h and their volumes for 72 h, a month's worth spread over 730 hours
+    block_month = 2 * 31.46 * 72 + 2 * 100 * GP3 * 72 / 730
+    assert est.by_group["block"] == pytest.approx(block_month * 7 * 24 / 730)
+    assert est.by_day[D[0]] == pytest.approx(est.by_day[D[6]])   # the weekend too: it is paid for

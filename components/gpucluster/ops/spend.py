@@ -129,14 +129,16 @@ def estimate_window(cost: pricing.StackCost, spec: StackSpec, window: Window) ->
         volumes = ebs.get(f"EBS root volumes {g.name}")
         for day in window.days:
             if g.capacity_block:
-                # Paid up front for its duration: spread evenly over the month it is priced for.
-                usd = g.usd_per_month("desired") * 24 / pricing.HOURS_PER_MONTH
+                # Paid up front for its duration, on days the estimate cannot know: the month's
+                # figure (block and root volumes) spread evenly over the month.
                 running = 24.0
+                month = g.usd_per_month("desired") + (volumes.usd_per_month("desired") if volumes else 0.0)
+                usd = month * running / pricing.HOURS_PER_MONTH
             else:
                 running = hours[day]
                 usd = g.usd_per_hour("desired") * running
-            if volumes is not None:
-                usd += volumes.usd_per_month("desired") / g.hours_per_month * running
+                if volumes is not None:
+                    usd += volumes.usd_per_month("desired") / pricing.HOURS_PER_MONTH * running
             by_day[day] += usd
             by_group[g.name] += usd
         node_hours[g.name] = g.desired.nodes * sum(hours.values())

@@ -49,7 +49,9 @@ def test_cost_prod_says_how_much_the_mix_saves() -> None:
     row = "  desired      8     4          0     4    154.11           0.00     99.07   253.18"
     assert row in result.output
     assert "FSx for Lustre pretrain-corpus         3,264.00" in result.output
-    assert f"  stack's mix         258.45       {cost.usd_per_month('desired'):,.2f}" in result.output
+    total = f"{cost.usd_per_month('desired'):,.2f}"
+    # prod has no schedule: as scheduled is the 24 x 7 figure
+    assert f"  stack's mix         258.48       {total}    {total}" in result.output
     assert "EC2 Spot Instance Advisor, typical savings of the family (2026-11-21)" in result.output
 
 
@@ -79,8 +81,22 @@ def test_plan_prints_one_cost_line() -> None:
     lines = [line for line in result.output.splitlines() if line.startswith("cost:")]
     cost = price_stack(load_stack("dev")[2])
     assert lines == [f"cost: ${cost.usd_per_month('desired'):,.0f}/month at desired nodes, "
-                     f"${cost.usd_per_month('max'):,.0f} at max (58.8 % / 61.1 % below all on-demand); "
+                     f"${cost.usd_per_month('max'):,.0f} at max (55.6 % / 59.3 % below all on-demand); "
+                     "as scheduled (239 h/month) $198 at desired nodes; "
                      "`gpucluster cost dev` for the breakdown"]
+
+
+def test_cost_dev_shows_the_scheduled_hours_next_to_24x7() -> None:
+    result = runner.invoke(app, ["cost", "dev"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert ("hours a month: 730 24 x 7, 238.99 as scheduled (stop cron(0 19 ? * * *), start "
+            "cron(0 8 ? * MON-FRI *), max lifetime 12 h in Europe/Berlin: 2,860 of the 8,736 hours") in out
+    assert "total: 24 x 7 (730 h/month) and as scheduled (238.99 h/month)" in out
+    # the README's worked figure: 381.38 24 x 7 and 197.74 as scheduled at desired nodes
+    assert "  stack's mix           0.52           381.38        197.74" in out
+    assert "  NAT gateway public IPv4              3.65         3.65  1 Elastic IP x $0.005/h" in out
+    assert "VPC interface endpoints             43.80        43.80  3 endpoints" in out
 
 
 def eu_stack(base_config: dict[str, Any], write_stack: Callable[..., Path]) -> Path:
@@ -140,7 +156,8 @@ def test_cost_diff_prints_markdown(tmp_path: Path, base_config: dict[str, Any],
     assert f"**-${delta:,.2f}" in result.output
     assert result.output.splitlines()[0] == "### gpucluster cost: prod"
     max_total = f"${prod_cost().usd_per_month('max'):,.2f}"
-    assert f"| **total at max nodes** | {max_total} | {max_total} | **no change** |" in result.output
+    row = f"| **total at max nodes, as scheduled** | {max_total} | {max_total} | **no change** |"
+    assert row in result.output
     assert "| node group h100-train, max |" not in result.output  # unchanged components are left out
 
 
@@ -172,7 +189,8 @@ def test_chart_bars_are_the_cost_model() -> None:
             bars = series[at][strategy]  # type: ignore[index]
             assert sum(v for _, v in bars) == pytest.approx(cost.usd_per_month(at, strategy))  # type: ignore[arg-type]
             assert [n for n, _ in bars] == ["node group h100-train", "EBS root volumes h100-train",
-                                            "NAT gateway", "FSx for Lustre pretrain-corpus",
+                                            "NAT gateway", "NAT gateway public IPv4",
+                                            "VPC interface endpoints", "FSx for Lustre pretrain-corpus",
                                             "S3 pretrain-corpus"]
 
 

@@ -481,6 +481,34 @@ def test_staging_stops_at_night_in_its_region(staging: Built) -> None:
 # ------------------------------------------------------------------ variants
 
 
+@pytest.mark.parametrize(("period", "expression"), [("weekly", "cron(0 8 ? * MON *)"),
+                                                    ("monthly", "cron(0 8 L * ? *)")])
+def test_the_spend_report_reads_and_publishes_only(base_config: dict[str, Any], period: str,
+                                                    expression: str) -> None:
+    built = build(spec_of(base_config, budget={"monthly_limit_usd": 700, "report": period},
+                          autostop={"gpu_utilization_threshold_percent": 7.5}))
+    fn = built.function("report").inputs
+    assert fn["name"] == "test-spend-report"
+    assert fn["environment"]["variables"] == {
+        "GPUCLUSTER_STACK": "case", "NOTIFY_TOPIC_ARN": built.notify_topic, "REPORT_PERIOD": period,
+        "MONTHLY_LIMIT_USD": "700", "IDLE_THRESHOLD_PERCENT": "7.5",
+        "GPU_METRIC_NAMESPACE": "gpucluster/test"}
+    rule = built.one(RULE, "report-rule").inputs
+    assert (rule["name"], rule["scheduleExpression"]) == ("test-spend-report", expression)
+    target = built.one(TARGET, "report-target").inputs
+    assert target["arn"] == built.arn(FUNCTION, "report-handler-function")
+    permission = built.one(PERMISSION, "report-permission").inputs
+    assert (permission["principal"], permission["sourceArn"]) == ("events.amazonaws.com",
+                                                                  built.arn(RULE, "report-rule"))
+    statements = built.policy("test-spend-report")
+    assert [s["Sid"] for s in statements] == ["WriteOwnLogs", "DescribeOnlyStar", "Notify", "EncryptForTopic"]
+    assert actions_of(statements, "*") == {"autoscaling:DescribeAutoScalingGroups", "ce:GetCostAndUsage",
+                                           "ce:GetCostForecast", "cloudwatch:GetMetricData"}
+    # no report without the key: it is opt-in
+    plain = build(spec_of(base_config, budget={"monthly_limit_usd": 700}))
+    assert [r for r in plain.all(FUNCTION) if r.inputs["handler"] == g.HANDLERS["report"]] == []
+
+
 def test_nothing_is_built_without_budget_autostop_or_spot(base_config: dict[str, Any]) -> None:
     group = {**base_config["gpucluster:node_groups"][0], "capacity": {"spot_percent": 0}}
     built = build(spec_of(base_config, node_groups=[group]))
@@ -551,7 +579,7 @@ def test_handlers_and_state_tags_match_the_lambda_package(lambdas: Any) -> None:
 def test_environment_and_iam_cover_what_each_handler_reads_and_calls(
         lambdas: Any, base_config: dict[str, Any]) -> None:
     everything = spec_of(
-        base_config, budget={"monthly_limit_usd": 100, "action_threshold_percent": 100},
+        base_config, budget={"monthly_limit_usd": 100, "action_threshold_percent": 100, "report": "weekly"},
         autostop={"enabled": True, "stop_schedule": "cron(0 19 ? * * *)",
                   "start_schedule": "cron(0 8 ? * MON-FRI *)", "max_lifetime_hours": 12,
                   "pre_stop_command": "/hook"},

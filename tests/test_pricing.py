@@ -27,6 +27,7 @@ P5_SAVINGS_PLAN = 0.30        # p5 family Savings Plan discount
 P5_SPOT = 0.55                # p5 family typical spot discount
 P5_CAPACITY_BLOCK = 31.46
 GP3, S3, NAT_HOUR, NAT_GB, FSX_P2_500 = 0.08, 0.023, 0.045, 0.045, 0.34
+IPV4_HOUR, ENDPOINT_HOUR = 0.005, 0.01   # a public IPv4 address; an interface endpoint per zone
 
 
 def spec_of(config: dict[str, Any], stack: str = "t"):
@@ -80,8 +81,11 @@ def test_prod_against_hand_computed_figures() -> None:
     assert other["nat"].desired_usd_per_month == pytest.approx(NAT_HOUR * 730 + NAT_GB * 100)  # 37.35
     assert other["fsx"].desired_usd_per_month == pytest.approx(9600 * FSX_P2_500)        # 3264
     assert other["s3"].desired_usd_per_month == pytest.approx(9600 * S3)                 # 220.80
-    rest = 320 + 37.35 + 3264 + 220.8
-    assert cost.usd_per_month("desired") == pytest.approx(253.184 * 730 + rest)           # 188,666.47
+    assert other["ipv4"].desired_usd_per_month == pytest.approx(IPV4_HOUR * 730)          # 3.65
+    # ssm, ssmmessages, ec2messages in the one zone of prod's network
+    assert other["endpoints"].desired_usd_per_month == pytest.approx(3 * 1 * ENDPOINT_HOUR * 730)  # 21.90
+    rest = 320 + 37.35 + 3.65 + 21.9 + 3264 + 220.8
+    assert cost.usd_per_month("desired") == pytest.approx(253.184 * 730 + rest)           # 188,692.02
     assert cost.usd_per_month("desired", "all_on_demand") == pytest.approx(8 * 55.04 * 730 + rest)
     assert cost.usd_per_month("desired", "all_spot") == pytest.approx(8 * spot_rate * 730 + rest)
 
@@ -102,7 +106,8 @@ def test_budget_warning_when_max_nodes_exceed_it() -> None:
     dev = price_stack(shipped.model_copy(update={
         "budget": shipped.budget.model_copy(update={"monthly_limit_usd": 500})}))
     spot = 1.006 * (1 - 0.65)
-    expected_max = 2 * spot * 730 + 2 * 200 * GP3 + NAT_HOUR * 730 + NAT_GB * 100 + 1024 * S3
+    expected_max = (2 * spot * 730 + 2 * 200 * GP3 + NAT_HOUR * 730 + NAT_GB * 100 + 1024 * S3
+                    + IPV4_HOUR * 730 + 3 * 2 * ENDPOINT_HOUR * 730)
     assert dev.usd_per_month("max") == pytest.approx(expected_max)
     assert dev.warnings == [f"at max nodes the stack's mix costs ${expected_max:,.0f}/month, "
                             f"{100 * (expected_max / 500 - 1):.0f} % over the $500 budget "
@@ -146,7 +151,7 @@ def test_rates_carry_source_and_date() -> None:
     assert group.on_demand.source.startswith("EC2 On-Demand pricing page") and group.on_demand.as_of == as_of
     assert "Spot Instance Advisor" in group.spot.source
     assert "Savings Plans" in group.base.source
-    assert all(o.source.startswith("Amazon") and o.as_of == service_prices("us-east-1").as_of
+    assert all(o.source.startswith(("Amazon", "AWS")) and o.as_of == service_prices("us-east-1").as_of
                for o in cost.other)
 
 
@@ -180,10 +185,28 @@ def test_assumptions_change_s3_and_nat(base_config: dict[str, Any]) -> None:
     assert other["nat"].desired_usd_per_month == pytest.approx(NAT_HOUR * HOURS_PER_MONTH)
 
 
-def test_existing_buckets_and_no_nat_add_nothing(base_config: dict[str, Any]) -> None:
+def test_existing_buckets_and_no_nat_add_no_nat_but_more_endpoints(base_config: dict[str, Any]) -> None:
     base_config["gpucluster:network"]["nat_gateway"] = False
     base_config["gpucluster:datasets"] = [{"name": "old", "bucket_name": "team-data", "existing": True}]
+    other = {o.kind: o for o in price_stack(spec_of(base_config)).other}
+    assert set(other) == {"ebs", "endpoints"}
+    # without NAT the nodes also need the monitoring and ec2 endpoints: 5 x 2 zones
+    assert other["endpoints"].desired_usd_per_month == pytest.approx(5 * 2 * ENDPOINT_HOUR * 730)
+    assert "ssm, ssmmessages, ec2messages, monitoring, ec2" in other["endpoints"].basis
+
+
+def test_an_existing_vpc_adds_no_network_costs(base_config: dict[str, Any]) -> None:
+    base_config["gpucluster:network"] = {
+        "availability_zones": ["us-east-1a"], "existing_vpc_id": "vpc-0abc12345def67890",
+        "existing_subnets": {"us-east-1a": "subnet-0abc12345def67890"}}
     assert {o.kind for o in price_stack(spec_of(base_config)).other} == {"ebs"}
+
+
+def test_endpoint_list_is_the_networks() -> None:
+    from gpucluster.aws import network
+    from gpucluster.pricing import NO_NAT_ENDPOINTS, SSM_ENDPOINTS
+
+    assert (SSM_ENDPOINTS, NO_NAT_ENDPOINTS) == (network.SSM_ENDPOINTS, network.NO_NAT_ENDPOINTS)
 
 
 # ------------------------------------------------------------------------ diff
@@ -201,14 +224,38 @@ def test_cost_diff_markdown(base_config: dict[str, Any]) -> None:
     delta_max = 8 * 24.768 * 730 + 8 * 500 * GP3 + 1024 * S3
     pct = 100 * delta_max / base["totals"]["max"]["mix"]["usd_per_month"]
     assert md.startswith("### gpucluster cost: prod\n")
-    assert f"| **total at max nodes** | ${base['totals']['max']['mix']['usd_per_month']:,.2f} |" in md
+    # prod has no schedule: as scheduled is 24 x 7, and leads
+    total_max = base["totals"]["max"]["mix"]["usd_per_month"]
+    assert f"| **total at max nodes, as scheduled** | ${total_max:,.2f} |" in md
     assert f"**+${delta_max:,.2f} (+{pct:.1f} %)**" in md
-    assert f"| **total at desired nodes** | ${base['totals']['desired']['mix']['usd_per_month']:,.2f}" in md
-    assert f"| S3 extra, desired | - | ${1024 * S3:,.2f} | new |" in md
+    assert f"| total at max nodes, 24 x 7 | ${total_max:,.2f} |" in md
+    assert f"| S3 extra, desired, as scheduled | - | ${1024 * S3:,.2f} | new |" in md
     assert "node group h100-train, desired" not in md  # unchanged rows are left out
     assert "Saving against all on-demand: desired 42.0 % -> 42.0 %, max 48.4 % -> " in md
     removed = cost_diff_markdown(head, base)
-    assert "| S3 extra, desired | $23.55 | - | removed |" in removed
+    assert "| S3 extra, desired, as scheduled | $23.55 | - | removed |" in removed
+    # a document from before the scheduled figure: the 24 x 7 totals lead, as they did
+    old = {k: v for k, v in base.items() if k not in ("scheduled_totals", "scheduled_components")}
+    assert f"| **total at max nodes** | ${total_max:,.2f} |" in cost_diff_markdown(old, head)
+
+
+def test_cost_diff_leads_with_the_scheduled_figure() -> None:
+    _, config, spec = load_stack("dev")
+    base = price_stack(spec, Assumptions(schedule_year=2026)).as_json()
+    weekends = {**config, "gpucluster:autostop": {**config["gpucluster:autostop"],
+                                                  "start_schedule": "cron(0 8 ? * * *)"}}
+    head = price_stack(parse_stack_config(weekends, stack="dev"), Assumptions(schedule_year=2026)).as_json()
+    md = cost_diff_markdown(base, head)
+    # 11 h on 2 more days a week: 52 x 2 x 11 = 1144 more of 8736 hours, x 730 h, 1 spot g5.xlarge
+    spot = 1.006 * (1 - 0.65)
+    extra_hours = 1144 / 8736 * 730
+    delta = extra_hours * (spot + 200 * GP3 / 730)          # the node and its root volume
+    b = base["scheduled_totals"]["desired"]["mix"]["usd_per_month"]
+    row = f"| **total at desired nodes, as scheduled** | ${b:,.2f} | ${b + delta:,.2f} | **+${delta:,.2f}"
+    assert row in md
+    assert "| total at desired nodes, 24 x 7 |" in md and "no change" in md
+    assert "Schedule: stop cron(0 19 ? * * *), start cron(0 8 ? * MON-FRI *)" in md
+    assert "4,004 of the 8,736 hours" in md  # 11 h x 7 days x 52 weeks
 
 
 def test_cost_document_rejects_other_json() -> None:

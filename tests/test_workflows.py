@@ -58,7 +58,10 @@ def test_pull_requests_test_plan_and_preview() -> None:
     assert steps(jobs["test"])[-1]["run"] == "bash .ci/run"
     plan = jobs["plan"]
     plan_step = next(s for s in steps(plan) if s.get("id") == "plan")
-    assert ".ci/plan_comment.py > plan-comment.md" in plan_step["run"]
+    assert ".ci/plan_comment.py --base-stacks .base/stacks > plan-comment.md" in plan_step["run"]
+    base = [s for s in steps(plan) if s.get("uses", "").startswith("actions/checkout@")][1]["with"]
+    assert (base["ref"], base["path"], base["sparse-checkout"]) == (
+        "${{ github.base_ref }}", ".base", "stacks")
     comment = next(s for s in steps(plan) if "gh pr comment" in s.get("run", ""))
     assert "--body-file plan-comment.md --edit-last --create-if-none" in comment["run"]
     assert plan["permissions"] == {"contents": "read", "pull-requests": "write"}
@@ -132,6 +135,33 @@ def test_plan_comment_renders_violations_and_resources() -> None:
     invalid = module.render_stack("qa", 2, None, "invalid stack config: qa\nnetwork: required key is missing")
     assert invalid[0] == "### `qa`: invalid (exit 2)" and "network: required key is missing" in invalid[3]
     assert module.stacks() == ["dev", "prod", "staging"]
+
+
+def test_plan_comment_prices_each_stack_as_scheduled_and_diffs_it_against_the_base(tmp_path: Path) -> None:
+    import yaml
+
+    from gpucluster.plan import load_stack
+    from gpucluster.pricing import price_stack
+
+    module = _plan_comment()
+    cost = price_stack(load_stack("dev")[2]).as_json()
+    scheduled = cost["scheduled_totals"]["desired"]["mix"]["usd_per_month"]
+    [line, _] = module.cost_lines(cost)
+    always = cost["totals"]["desired"]["mix"]["usd_per_month"]
+    assert line.startswith(f"Cost: **${scheduled:,.2f}/month as scheduled** at desired nodes "
+                           f"(238.99 of 730 hours), ${always:,.2f} 24 x 7")
+    assert module.cost_lines({"error": "no prices for eu-west-1"}) == [
+        "Cost: not priced (no prices for eu-west-1).", ""]
+    # the base branch started dev at 07:00 instead of 08:00: head runs an hour less each weekday
+    text = (REPO / "stacks" / "Pulumi.dev.yaml").read_text()
+    earlier = text.replace("cron(0 8 ? * MON-FRI *)", "cron(0 7 ? * MON-FRI *)")
+    (tmp_path / "Pulumi.dev.yaml").write_text(earlier)
+    assert yaml.safe_load((tmp_path / "Pulumi.dev.yaml").read_text()) != yaml.safe_load(text)
+    diff = "\n".join(module.cost_diff("dev", cost, tmp_path))
+    assert "#### gpucluster cost: dev" in diff
+    assert "| **total at desired nodes, as scheduled** |" in diff and "**-$" in diff
+    assert "| total at desired nodes, 24 x 7 |" in diff
+    assert module.cost_diff("qa", cost, tmp_path) == ["_new stack: no base to compare_", ""]
 
 
 def test_the_jobs_that_assume_aws_roles_are_the_ones_the_roles_trust() -> None:

@@ -240,7 +240,7 @@ def generated_bucket_prefix(cluster_name: str, dataset_name: str) -> str:
     return f"{cluster_name}-{dataset_name}"[:BUCKET_PREFIX_MAX - 1] + "-"
 
 
-_CRON_FIELDS: list[tuple[str, int, int, dict[str, int]]] = [
+CRON_FIELDS: list[tuple[str, int, int, dict[str, int]]] = [
     ("minutes", 0, 59, {}),
     ("hours", 0, 23, {}),
     ("day-of-month", 1, 31, {}),
@@ -291,7 +291,7 @@ def _check_cron(value: str) -> str:
     if len(fields) != 6:
         raise ValueError(f"cron needs 6 fields (minutes hours day-of-month month day-of-week "
                          f"year), got {len(fields)} in {shown(value)}")
-    for text, (field, lo, hi, names) in zip(fields, _CRON_FIELDS, strict=True):
+    for text, (field, lo, hi, names) in zip(fields, CRON_FIELDS, strict=True):
         if text == "?":
             if field not in ("day-of-month", "day-of-week"):
                 raise ValueError(f"'?' is only allowed in day-of-month or day-of-week, in {shown(value)}")
@@ -463,6 +463,8 @@ class CapacityConfig(StrictModel):
     capacity_reservation_id: Annotated[str, _matches(
         r"cr-[0-9a-f]{8,17}", "must be a capacity reservation id like cr-0abc12345def67890")] | None = None
     """Targeted on-demand capacity reservation, or the Capacity Block's reservation id."""
+    duration_hours: Annotated[int, _in_range(24, 4368)] | None = None
+    """capacity_block only: the block's length in hours; the cost model prices the block for it."""
 
 
 class NodeGroupConfig(StrictModel):
@@ -559,6 +561,8 @@ class BudgetConfig(StrictModel):
     """AWS Budgets allows at most 10 e-mail subscribers per notification."""
     action_threshold_percent: Annotated[float, _in_range(1, 1000)] | None = None
     """At this share of the limit every node group is scaled to zero (never deleted)."""
+    report: Literal["weekly", "monthly"] | None = None
+    """Opt-in spend report to the guardrail topic: Mondays, or the month's last day (08:00 UTC)."""
 
 
 class AutoStopConfig(StrictModel):
@@ -821,6 +825,10 @@ def group_capacity(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -
     elif not float(cap.spot_percent).is_integer():
         yield Finding(f"{cap_path}.spot_percent", "Auto Scaling splits on-demand and spot in whole "
                       f"percent; use a whole number, got {_num(cap.spot_percent)}")
+    if cap.market != "capacity_block" and cap.duration_hours is not None:
+        yield Finding(f"{cap_path}.duration_hours", "only used with market: capacity_block")
+    elif cap.duration_hours is not None:
+        yield from _block_duration(cap.duration_hours, f"{cap_path}.duration_hours")
     if cap.market == "mixed" and cap.capacity_reservation_id and cap.on_demand_base == 0 \
             and cap.spot_percent == 100:
         yield Finding(f"{cap_path}.capacity_reservation_id", "a capacity reservation serves "
@@ -831,6 +839,14 @@ def group_capacity(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -
     if cap.base_commitment != "none" and cap.on_demand_base == 0:
         yield Finding(f"{cap_path}.base_commitment",
                       f"{cap.base_commitment} covers the on-demand base, but on_demand_base is 0")
+
+
+def _block_duration(hours: int, path: str) -> Iterable[Finding]:
+    """EC2 API reference, DescribeCapacityBlockOfferings CapacityDurationHours: whole days up to
+    14 days, then whole weeks up to 182 days."""
+    if hours % 24 or (hours > 14 * 24 and hours % (7 * 24)):
+        yield Finding(path, "a Capacity Block lasts whole days up to 14 days (336 h), then whole weeks "
+                      f"up to 182 days (4368 h), got {hours}")
 
 
 @check

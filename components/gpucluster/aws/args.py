@@ -124,6 +124,8 @@ class CapacitySettings(TypedDict):
     """How the on-demand base is paid for; used by the cost model."""
     capacity_reservation_id: NotRequired[str]
     """Targeted on-demand capacity reservation, or the Capacity Block's reservation id."""
+    duration_hours: NotRequired[int]
+    """capacity_block only: the block's length in hours; the cost model prices the block for it."""
 
 
 class NodeGroupSettings(TypedDict):
@@ -208,6 +210,8 @@ class BudgetSettings(TypedDict):
     """AWS Budgets allows at most 10 e-mail subscribers per notification."""
     action_threshold_percent: NotRequired[float]
     """At this share of the limit every node group is scaled to zero (never deleted)."""
+    report: NotRequired[str]
+    """Opt-in spend report to the guardrail topic: Mondays, or the month's last day (08:00 UTC)."""
 
 
 class AutoStopSettings(TypedDict):

@@ -53,6 +53,7 @@ HANDLERS = {
     "budget_action": "lambdas.budget_action.handler",
     "autostop": "lambdas.autostop.handler",
     "spot_interruption": "lambdas.spot_interruption.handler",
+    "report": "lambdas.report.handler",
 }
 # pulumi-aws 7 lambda Runtime enum; python3.13 runs on Amazon Linux 2023 and ships boto3.
 LAMBDA_RUNTIME = "python3.13"
@@ -73,6 +74,13 @@ SPOT_MAX_EVENT_AGE_SECONDS = 120
 SCHEDULE_MAX_EVENT_AGE_SECONDS = 900
 SCHEDULE_MAX_RETRIES = 3
 LIFETIME_CHECK_EXPRESSION = "rate(15 minutes)"
+# budget.report: Mondays, or the month's last day (EventBridge cron `L`), 08:00 UTC; the days
+# before are in Cost Explorer by then.
+REPORT_EXPRESSIONS = {"weekly": "cron(0 8 ? * MON *)", "monthly": "cron(0 8 L * ? *)"}
+# Cost Explorer's GetCostAndUsage / GetCostForecast and CloudWatch's GetMetricData list no
+# resource types (Service Authorization Reference): "*" only, like the describe calls.
+SPEND_READ_ACTIONS = ("ce:GetCostAndUsage", "ce:GetCostForecast", "cloudwatch:GetMetricData")
+REPORT_TIMEOUT_SECONDS = 300
 
 # GPU utilisation from the CloudWatch agent's nvidia_gpu plugin (CloudWatch user guide, "Collect
 # NVIDIA GPU metrics"), aggregated per Auto Scaling group by the node bootstrap's agent config:
@@ -229,9 +237,10 @@ def describe_statement(actions: Sequence[str]) -> dict[str, Any]:
     """Read-only calls that support no resource-level permissions and no condition keys.
 
     DescribeAutoScalingGroups / DescribeAutoScalingInstances (Service Authorization
-    Reference, "Amazon EC2 Auto Scaling"), ec2:DescribeInstances ("Amazon EC2") and
-    ssm:GetCommandInvocation ("AWS Systems Manager") list no resource types, so
-    Resource "*" is the only form AWS accepts. This is the one "*" a guardrail role holds.
+    Reference, "Amazon EC2 Auto Scaling"), ec2:DescribeInstances ("Amazon EC2"),
+    ssm:GetCommandInvocation ("AWS Systems Manager") and the spend report's reads
+    (SPEND_READ_ACTIONS) list no resource types, so Resource "*" is the only form AWS
+    accepts. This is the one "*" a guardrail role holds.
     """
     return {"Sid": "DescribeOnlyStar", "Effect": "Allow", "Action": sorted(actions), "Resource": "*"}
 
@@ -645,6 +654,38 @@ def _rule_invokes(name: str, rule: aws.cloudwatch.EventRule,
     aws.cloudwatch.EventTarget(f"{name}-target", rule=rule.name, arn=fn.arn, opts=child)
 
 
+class SpendReport(pulumi.ComponentResource):
+    """budget.report: a weekly or monthly rule invoking the read-only spend report Lambda.
+
+    The Lambda reads Cost Explorer (the stack's tag) and the GPU metrics, and publishes
+    spend so far, the forecast against the budget, idle waste and the top group to the
+    notify topic. Its role can read and publish, nothing else.
+    """
+
+    def __init__(self, name: str, ctx: _Context, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(type_token("SpendReport"), name, None, opts)
+        budget = ctx.args.budget
+        if budget is None or budget.report is None:
+            raise ValueError(f"guardrails of {ctx.identity} have no budget.report")
+        child = pulumi.ResourceOptions(parent=self)
+        environment = {**ctx.environment(), "REPORT_PERIOD": budget.report,
+                       "MONTHLY_LIMIT_USD": usd(budget.monthly_limit_usd),
+                       "IDLE_THRESHOLD_PERCENT": f"{ctx.args.autostop.gpu_utilization_threshold_percent:g}",
+                       "GPU_METRIC_NAMESPACE": gpu_metric_namespace(ctx.args.cluster_name)}
+        self.function = GuardrailFunction(
+            f"{name}-handler", ctx, module="report", function_name=f"{ctx.prefix}-spend-report",
+            timeout=REPORT_TIMEOUT_SECONDS, environment=environment,
+            statements=[describe_statement(["autoscaling:DescribeAutoScalingGroups", *SPEND_READ_ACTIONS]),
+                        *publish_statements(ctx.notify_topic_arn, ctx.key_arn)],
+            opts=child)
+        self.rule = aws.cloudwatch.EventRule(
+            f"{name}-rule", name=f"{ctx.prefix}-spend-report",
+            description=f"gpucluster {ctx.identity}: {budget.report} spend report",
+            schedule_expression=REPORT_EXPRESSIONS[budget.report], tags=ctx.tags, opts=child)
+        _rule_invokes(name, self.rule, self.function.function, child)
+        self.register_outputs({"function_name": self.function.function_name, "rule_name": self.rule.name})
+
+
 class SpotInterruption(pulumi.ComponentResource):
     """EventBridge rules for spot warnings (and rebalance advice) -> the interruption hook on that node.
 
@@ -764,6 +805,7 @@ class Guardrails(pulumi.ComponentResource):
         self.budget: Budget | None = None
         self.autostop: AutoStop | None = None
         self.spot: SpotInterruption | None = None
+        self.report: SpendReport | None = None
         self.notifications: Notifications | None = None
         self.notify_topic_arn = self.budget_name = self.budget_action_topic_arn = None
         self.function_names = self.idle_alarm_names = self.schedule_names = None
@@ -801,6 +843,9 @@ class Guardrails(pulumi.ComponentResource):
                 self.outputs["budget_action_topic_arn"] = self.budget_action_topic_arn = \
                     self.budget.action_topic.arn
                 functions["budget_action"] = self.budget.function.function_name
+        if m.budget is not None and m.budget.report is not None:
+            self.report = SpendReport(f"{name}-report", ctx, opts=child)
+            functions["report"] = self.report.function.function_name
         if m.autostop.enabled:
             self.autostop = AutoStop(f"{name}-autostop", ctx, opts=child)
             functions["autostop"] = self.autostop.function.function_name

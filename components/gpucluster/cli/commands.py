@@ -220,6 +220,9 @@ def cost_summary(stack: str, cost: pricing.StackCost | str) -> str:
     line = (f"cost: ${cost.usd_per_month('desired'):,.0f}/month at desired nodes, "
             f"${cost.usd_per_month('max'):,.0f} at max ({cost.saving_percent('desired'):.1f} % / "
             f"{cost.saving_percent('max'):.1f} % below all on-demand)")
+    if cost.schedule.scheduled:
+        line += (f"; as scheduled ({cost.schedule.hours_per_month:,.0f} h/month) "
+                 f"${cost.usd_per_month('desired', scheduled=True):,.0f} at desired nodes")
     if cost.warnings:
         line += f"; {len(cost.warnings)} warning(s)"
     return line + f"; `gpucluster cost {stack}` for the breakdown"
@@ -231,8 +234,9 @@ def _usd(value: float) -> str:
 
 def render_cost(cost: pricing.StackCost) -> list[str]:
     """The human breakdown of `gpucluster cost STACK`."""
-    hours = pricing.HOURS_PER_MONTH
-    out = [f"stack {cost.stack} ({cost.region}): cost in USD, a month is {hours} hours", ""]
+    hours, plan = pricing.HOURS_PER_MONTH, cost.schedule
+    out = [f"stack {cost.stack} ({cost.region}): cost in USD, a month is {hours} hours",
+           f"hours a month: {hours} 24 x 7, {plan.hours_per_month:,.2f} as scheduled ({plan.basis})", ""]
     for g in cost.groups:
         out.append(f"node group {g.name}: {g.note}")
         for label, rate in (("on-demand", g.on_demand), ("base", g.base), ("spot", g.spot)):
@@ -246,6 +250,11 @@ def render_cost(cost: pricing.StackCost) -> list[str]:
                          _usd(g.usd_per_hour(at, "all_on_demand"))])
         out += render_table(["at", "nodes", "base", "on-demand", "spot", "base $/h", "on-demand $/h",
                              "spot $/h", "mix $/h", "all on-demand $/h"], rows)
+        if g.capacity_block:
+            length = (f"{g.block_hours} h (capacity.duration_hours)" if g.block_hours
+                      else "unknown (no capacity.duration_hours): priced as a whole month")
+            out.append(f"  the block: {length}, paid up front whatever the schedule; "
+                       f"${g.usd_per_month('desired'):,.2f} at desired nodes in a month")
         out.append("")
     if cost.other:
         out.append("other costs")
@@ -253,10 +262,12 @@ def render_cost(cost: pricing.StackCost) -> list[str]:
                             [[o.name, _usd(o.desired_usd_per_month), _usd(o.max_usd_per_month), o.basis]
                              for o in cost.other])
         out.append("")
-    out.append("total")
-    out += render_table(["strategy", "desired $/h", "desired $/month", "max $/h", "max $/month"],
-                        [[pricing.STRATEGY_LABELS[s], *[_usd(f(at, s)) for at in pricing.AT
-                                                         for f in (cost.usd_per_hour, cost.usd_per_month)]]
+    out.append(f"total: 24 x 7 ({hours} h/month) and as scheduled ({plan.hours_per_month:,.2f} h/month)")
+    out += render_table(["strategy", "desired $/h", "desired $/month", "as scheduled", "max $/h",
+                         "max $/month", "as scheduled"],
+                        [[pricing.STRATEGY_LABELS[s], *[_usd(v) for at in pricing.AT for v in (
+                            cost.usd_per_hour(at, s), cost.usd_per_month(at, s),
+                            cost.usd_per_month(at, s, scheduled=True))]]
                          for s in pricing.STRATEGIES])
     out.append("")
     saved = {at: cost.usd_per_month(at, "all_on_demand") - cost.usd_per_month(at) for at in pricing.AT}
@@ -675,6 +686,9 @@ def init(
     typer.echo("")
     typer.echo(f"next: {'' if here else f'cd {directory} && '}gpucluster plan dev   "
                "(README.md has the steps to deploy)")
+
+
+from gpucluster.cli import spend as _spend  # noqa: E402, F401  (registers `gpucluster spend`)
 
 
 def main() -> None:

@@ -43,6 +43,7 @@ HANDLERS: dict[str, str] = {
     "budget_action": "lambdas.budget_action.handler",
     "autostop": "lambdas.autostop.handler",
     "spot_interruption": "lambdas.spot_interruption.handler",
+    "report": "lambdas.report.handler",
 }
 
 # Environment each handler reads (GPUCLUSTER_STACK is required, the rest optional).
@@ -60,6 +61,14 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
         "INTERRUPTION_COMMAND",
         "INTERRUPTION_TIMEOUT_SECONDS",
         "NOTIFY_TOPIC_ARN",
+    ),
+    "report": (
+        "GPUCLUSTER_STACK",
+        "NOTIFY_TOPIC_ARN",
+        "REPORT_PERIOD",
+        "MONTHLY_LIMIT_USD",
+        "IDLE_THRESHOLD_PERCENT",
+        "GPU_METRIC_NAMESPACE",
     ),
 }
 
@@ -91,6 +100,13 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "autoscaling:DescribeAutoScalingGroups",
         "ssm:SendCommand",
         "ssm:GetCommandInvocation",
+        "sns:Publish",
+    ),
+    "report": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "ce:GetCostAndUsage",
+        "ce:GetCostForecast",
+        "cloudwatch:GetMetricData",
         "sns:Publish",
     ),
 }

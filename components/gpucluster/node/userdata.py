@@ -84,7 +84,7 @@ class NodeBootstrap:
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig,
                    data_mounts: Sequence[DataMount] = ()) -> NodeBootstrap:
     """The bootstrap settings of `group` in `spec`, with already-resolved data mounts."""
-    return group_bootstrap(group, stack=spec.stack, cluster=spec.cluster.name, region=spec.region,
+    return group_bootstrap(group, stack=spec.identity, cluster=spec.cluster.name, region=spec.region,
                            spot=spec.spot, data_mounts=data_mounts)
 
 

@@ -15,6 +15,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 from gpucluster.ops.doctor import (
+    IAM_ACTIONS,
     Clients,
     DoctorError,
     check_cost_tags,
@@ -202,9 +203,16 @@ def test_expired_reservation_through_run_checks(base_config: dict[str, Any],
     ec2.add_response("describe_capacity_reservations",
                      reservation(State="expired", EndDate=NOW - timedelta(days=1)))
     healthy_quotas_and_tags(stubbed)
-    findings = run_checks(spec, clients_of(ec2.client, stubbed), now=NOW)
+    clients = clients_of(ec2.client, stubbed)
+    called: set[str] = set()
+    for client in vars(clients).values():  # every API call, as the IAM action it needs
+        prefix = client.meta.service_model.signing_name.replace("service-quotas", "servicequotas")
+        client.meta.events.register("before-parameter-build", lambda model, prefix=prefix, **_: called.add(
+            f"{prefix}:{model.name}"))
+    findings = run_checks(spec, clients, now=NOW)
     assert [(f.level, f.check) for f in findings if f.level != "ok"] == [("blocker", "reservation")]
     assert has_blocker(findings)
+    assert called <= set(IAM_ACTIONS) and len(called) == len(IAM_ACTIONS) - 1  # no default quota asked
 
 
 def test_short_quota_blocks(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber]) -> None:

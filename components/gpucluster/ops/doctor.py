@@ -43,6 +43,12 @@ QUOTAS: dict[tuple[str, str], tuple[str, str]] = {
 # The budget's own filter is the identity (aws/guardrails.py `tag_cost_filter`).
 COST_TAGS = (STACK_TAG, "cost_center")
 RESERVATION_SOON = timedelta(days=7)
+# Every API doctor calls, as IAM actions: read-only, none with resource-level permissions. The deploy
+# roles hold them (infra/bootstrap-state), so the deploy workflow's doctor gate can run.
+IAM_ACTIONS = ("ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
+               "ec2:DescribeCapacityReservations", "servicequotas:GetServiceQuota",
+               "servicequotas:GetAWSDefaultServiceQuota", "ce:ListCostAllocationTags",
+               "autoscaling:DescribeAutoScalingGroups")
 # The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
 NODE_GROUP_TAG = "gpucluster:node-group"
 ACTIVATE_TAG = ("activate it in the paying account (the Organization's management account): Billing > "

@@ -233,6 +233,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         NodeFile(f"{_UNITS}/gpucluster-scratch.service", _unit(
             "NVMe instance-store scratch (RAID0)",
             f"Type=oneshot\nRemainAfterExit=yes\nExecStart={_SBIN}/gpucluster-scratch\n"
+            f"ExecStartPost={_SBIN}/gpucluster-report scratch\n"
             f"ExecStopPost={_SBIN}/gpucluster-report scratch",
             extra="Before=gpucluster-data.service\n")),
         # Installs wait for the dpkg lock (up to 10 min, 3 attempts): room for all of it.

@@ -319,12 +319,12 @@ class StrictModel(BaseModel):
 
 
 class CostTags(StrictModel):
-    """The cost-allocation tags every resource carries (and the budget filters on)."""
+    """The cost tags every resource carries (activate them as cost-allocation tags to see costs by them)."""
 
     owner: TagValue
     """Team or person accountable for the cluster (tag `owner`)."""
     cost_center: TagValue
-    """Cost-allocation tag the budget filters on (tag `cost_center`)."""
+    """Cost centre for your bills (tag `cost_center`; the budget filters on `gpucluster:stack`)."""
     environment: Annotated[str, _matches(r"[a-z][a-z0-9-]{0,31}",
                                          "must be lowercase like dev, staging or prod")]
     """`prod` gets the production policies; anything else is non-prod."""

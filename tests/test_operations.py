@@ -158,6 +158,30 @@ def test_cli_status_and_resume_of_a_stack(autoscaling: Any) -> None:
     assert scaling.STOPPED_BY_TAG not in scaling.group_tags(group)
 
 
+@pytest.mark.parametrize(("answer", "error", "line"), [
+    ({"CostAllocationTags": [{"TagKey": "gpucluster:stack", "Type": "UserDefined", "Status": "Inactive"}]},
+     None, "warning: cost-allocation tag gpucluster:stack is inactive: the budget ($700/month) sees $0 of "
+           "this stack's spend and its scale-to-zero never fires; activate it in the paying account"),
+    (None, None, "warning: cost-allocation tag gpucluster:stack is not active (AWS does not list it yet): "
+                 "the budget ($700/month) sees $0"),
+    (None, "AccessDeniedException", "cost tag gpucluster:stack: could not check whether it is active "
+                                    "(An error occurred (AccessDeniedException)"),
+])
+def test_cli_status_says_when_the_budget_cannot_see_the_spend(
+        autoscaling: Any, monkeypatch: pytest.MonkeyPatch, answer: Any, error: str | None, line: str) -> None:
+    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(answer, error))
+    result = runner.invoke(app, ["status", "dev"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1].startswith(line)
+    assert "TagKey=gpucluster:stack,Status=Active" in result.output or error
+
+
+def test_cli_status_is_quiet_about_an_active_tag(autoscaling: Any) -> None:
+    result = runner.invoke(app, ["status", "dev"])
+    assert result.output.splitlines()[0] == "stack dev (us-east-1), gpucluster:stack=" + DEV + ":"
+    assert "cost-allocation" not in result.output and "cost tag" not in result.output
+
+
 def test_cli_resume_rejects_unknown_reason() -> None:
     result = runner.invoke(app, ["resume", "dev", "--only", "bored"])
     assert result.exit_code == 2

@@ -559,7 +559,8 @@ def status(stack: StackArg) -> None:
     rows = _aws_call("status", lambda: stack_status(spec.identity, autoscaling_client=_autoscaling(spec)))
     if not rows:
         typer.echo(f"stack {spec.stack} ({spec.region}): no Auto Scaling groups tagged "
-                   f"gpucluster:stack={spec.identity} (not deployed, or another account/region)")
+                   f"gpucluster:stack={spec.identity} (not deployed, another account or region, or "
+                   "deployed from another Pulumi organization or project)")
     else:
         typer.echo(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}:")
         for line in render_status(rows):
@@ -633,7 +634,8 @@ def explain_nothing_to_resume(stack: str, spec: StackSpec, candidates: list[Resu
         return [f"nothing to resume: no Auto Scaling group is tagged gpucluster:stack={spec.identity} "
                 f"in {spec.region}.",
                 f"  Not deployed yet (pulumi up -s {spec.stack}), or your AWS credentials point at "
-                f"another account (check AWS_PROFILE)."]
+                f"another account (check AWS_PROFILE), or it was deployed from another Pulumi "
+                f"organization or project (gpucluster:organization, the name in Pulumi.yaml)."]
     out = [f"nothing to resume in stack {spec.stack} ({spec.region}):"]
     for c in candidates:
         d = c.decision

@@ -456,3 +456,20 @@ def test_doctor_cli_rejects_unreadable_outputs(base_config: dict[str, Any], writ
     result = CliRunner().invoke(app, ["doctor", str(write_stack(base_config, "dev")), "--outputs", str(bad)])
     assert result.exit_code == 2
     assert result.output.strip() == f"doctor --outputs: {bad}: not a JSON object of stack outputs"
+
+
+@pytest.mark.parametrize(("own", "level"), [(set(), "warning"), ({"mine"}, "blocker")])
+def test_an_unlisted_budget_tag_blocks_once_the_stack_itself_is_deployed(
+        base_config: dict[str, Any], asgs: Any, moto_ec2: Any, own: set[str], level: str) -> None:
+    """A foreign group with this identity does not make this stack deployed: its outputs do."""
+    base_config["gpucluster:budget"] = {"monthly_limit_usd": 500, "action_threshold_percent": 100}
+    spec = parse_stack_config(base_config, stack="dev")
+    identity_group(asgs, "theirs", spec.identity)
+    quotas, ce = boto3.client("service-quotas", region_name="us-east-1"), boto3.client("ce")
+    with Stubber(quotas) as q, Stubber(ce) as c:
+        q.add_response("get_service_quota", quota("L-3819A6DF", 64))
+        c.add_response("list_cost_allocation_tags", tags(cost_center="Active"))  # gpucluster:stack unlisted
+        clients = Clients(ec2=moto_ec2, quotas=quotas, ce=ce, autoscaling=asgs)
+        findings = run_checks(spec, clients, own_groups=own)
+    [tag] = [f for f in findings if f.subject == "gpucluster:stack"]
+    assert tag.level == level

@@ -403,8 +403,9 @@ def run_checks(spec: StackSpec, clients: Clients | None = None, now: datetime | 
             return [_not_checked("identity", spec.identity, err)]
         return check_identity(spec, groups, own_groups)
 
-    def cost_tags() -> Iterable[DoctorFinding]:  # after identity(): deployed = its groups exist
-        return check_cost_tags(spec, clients.ce, deployed=bool(groups) or bool(own_groups))
+    def cost_tags() -> Iterable[DoctorFinding]:  # after identity(): deployed = its own groups exist
+        deployed = bool(own_groups) if own_groups is not None else bool(groups)
+        return check_cost_tags(spec, clients.ce, deployed=deployed)
 
     checks: list[Callable[[], Iterable[DoctorFinding]]] = [
         lambda: check_offerings(spec, clients.ec2),

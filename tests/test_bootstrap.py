@@ -40,7 +40,8 @@ from gpucluster.plan import load_stack
 from gpucluster.spec import parse_stack_config
 
 SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
-SCRIPTS = ["bootstrap.sh", "scratch.sh", "data.sh", "spot-watcher.sh", "interruption-hook.sh"]
+SCRIPTS = ["bootstrap.sh", "scratch.sh", "data.sh", "spot-watcher.sh", "interruption-hook.sh", "agent.sh",
+           "report.sh"]
 MOUNTS = (
     DataMount(name="corpus", access="copy_to_scratch", bucket_name="acme-corpus", prefix="v3/", path=""),
     DataMount(name="models", access="mount", bucket_name="acme-models", prefix="", path="/data/models"),
@@ -171,7 +172,7 @@ def test_watcher_and_metrics_start_before_disks_and_data() -> None:
     """A node whose disks or datasets fail must still honour spot notices and be seen idle."""
     text = render_user_data(settings())
     order = [text.index(step) for step in (
-        "enable --now gpucluster-spot-watcher.service", "\"$CWA_CTL\" -a fetch-config",
+        "enable --now gpucluster-spot-watcher.service", "start --no-block gpucluster-agent.service",
         "enable --now gpucluster-scratch.service", "start --no-block gpucluster-data.service")]
     assert order == sorted(order)
 
@@ -273,6 +274,9 @@ esac; true""",
         "logger": "true",
         "modinfo": "true",
         "curl": 'exec "$FAKE_CURL" "$@"',
+        # The dpkg lock is held for the first FAKE_LOCK_HELD checks ("forever": every check).
+        "fuser": """n=$(( $(cat "$0.count" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$0.count"
+[ "${FAKE_LOCK_HELD:-0}" = forever ] || [ "$n" -le "${FAKE_LOCK_HELD:-0}" ]""",
     }
 
     def __init__(self, root: Path, **env: str) -> None:

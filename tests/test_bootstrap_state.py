@@ -290,6 +290,16 @@ def test_deploy_roles_leave_the_state_bucket_key_and_foreign_keys_alone(roles: d
     assert deploy.can("ec2:CreateTags", "arn:aws:ec2:us-east-1:123456789012:vpc/vpc-1")
 
 
+def test_deploy_roles_can_run_the_doctor_gate(roles: dict[str, Role]) -> None:
+    """deploy-stack.yml runs `gpucluster doctor` with the deploy role: a denied read would only warn
+    ("could not check"), and the gate would let an inactive budget tag through."""
+    from gpucluster.ops.doctor import IAM_ACTIONS
+
+    for name in ("deploy-dev", "deploy-prod"):
+        assert [a for a in IAM_ACTIONS if not roles[name].can(a)] == [], name
+    assert not roles["deploy-dev"].can("ce:UpdateCostAllocationTagsStatus")  # reading, not activating
+
+
 def test_each_deploy_role_writes_only_its_own_stack_s_state(roles: dict[str, Role], made: Any) -> None:
     dev, key = roles["deploy-dev"], made[1].key_arn
     assert dev.can("s3:PutObject", f"{STATE}/.pulumi/stacks/gpucluster/dev.json")

@@ -24,7 +24,7 @@ from gpucluster.aws.guardrails import Guardrails, GuardrailsArgs
 from gpucluster.aws.nodes import GpuNodeGroup, GpuNodeGroupArgs
 from gpucluster.lambdas import budget_action, scaling
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, RecordingMonitor, record_resources, run_plan
-from gpucluster.spec import CapacityConfig, CostTags, FsxConfig, SpecError, parse_stack_config
+from gpucluster.spec import CapacityConfig, CostTags, FsxConfig, SpecError, StackSpec, parse_stack_config
 from gpucluster.stack import cluster_args
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -210,7 +210,9 @@ def test_cluster_from_a_programs_own_args_takes_the_current_stack_as_identity() 
     resources, outputs = build(lambda: GpuCluster("lab", args),  # type: ignore[arg-type]
                                lambda c: {"groups": c.node_groups, "vpc": c.vpc_id})
     asg_tags = {t["key"]: t["value"] for t in one(resources, ASG).inputs["tags"]}
-    assert asg_tags["gpucluster:stack"] == "ext" and asg_tags["gpucluster:cluster"] == "lab"
+    # the mock engine runs in no organization: a self-managed backend's name stands in
+    assert asg_tags["gpucluster:stack"] == "organization/gpucluster/ext/lab"
+    assert asg_tags["gpucluster:cluster"] == "lab"
     assert outputs["groups"]["gpu"]["asg_name"] == "lab-gpu-asg" and outputs["vpc"] == "lab-network-vpc-id"
     assert [r for r in resources if r.type == "aws:ec2/natGateway:NatGateway"] == []
 
@@ -431,8 +433,8 @@ def test_args_type_and_its_checking_model_have_the_same_keys(component: str) -> 
     assert is_typeddict(args_type)
     if component == "GpuCluster":  # checked as a stack file: the StackSpec model itself
         model_fields = {"cluster", "network", "node_groups", "datasets", "budget", "autostop", "spot",
-                        "stack", "region", "project"}
-        assert set(args_type.__annotations__) == model_fields - {"project"}
+                        "stack", "region", "project", "organization"}
+        assert set(args_type.__annotations__) == model_fields == set(StackSpec.model_fields)
         return
     model = getattr(component_args, f"{component}Model")
     assert set(args_type.__annotations__) == set(model.model_fields)

@@ -317,7 +317,8 @@ def test_doctor_against_a_moto_server(moto_endpoint: str, base_config: dict[str,
     # moto has no EC2 service quotas or cost allocation tags: reported as not checked, not a crash
     not_checked = "warning  quota     Running On-Demand P instances (L-417A185B)  could not check (500)"
     assert not_checked in prod.stdout
-    assert prod.stdout.splitlines()[-1] == "2 ok, 4 warning(s), 0 blocker(s)"
+    assert "ok       identity  organization/gpucluster/prod/gpu-prod" in prod.stdout  # no other group has it
+    assert prod.stdout.splitlines()[-1] == "3 ok, 4 warning(s), 0 blocker(s)"
 
     base_config["gpucluster:network"]["availability_zones"] = ["us-east-1a"]
     base_config["gpucluster:node_groups"][0]["instance_types"] = ["p4de.24xlarge"]

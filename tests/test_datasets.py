@@ -93,7 +93,7 @@ def test_created_bucket_is_named_encrypted_and_versioned(created: Run) -> None:
     assert bucket.inputs["bucket"] == "acme-corpus" and "bucketPrefix" not in bucket.inputs
     assert bucket.inputs["forceDestroy"] is False
     assert bucket.inputs["tags"]["gpucluster:dataset"] == "corpus"
-    assert bucket.inputs["tags"]["gpucluster:stack"] == "test"
+    assert bucket.inputs["tags"]["gpucluster:stack"] == "organization/gpucluster/test/test"
     sse = created.one(
         "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
     assert sse.inputs["bucket"] == "acme-corpus"

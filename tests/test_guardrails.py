@@ -87,6 +87,10 @@ class Built:
         return self.arn(TOPIC, "notify-topic")
 
 
+# stacks/Pulumi.dev.yaml's identity: <organization>/<project>/<stack>/<cluster>
+DEV_IDENTITY = "organization/gpucluster/dev/gpu-dev"
+
+
 def build(spec: StackSpec) -> Built:
     """The stack's Guardrails, with args from the one spec -> args mapping (as GpuCluster builds them)."""
     resources, _ = record_resources(
@@ -195,7 +199,8 @@ def test_dev_budget_filters_on_the_stack_tag_and_merges_the_action_into_the_100_
     assert (budget["name"], budget["budgetType"], budget["timeUnit"]) == (
         "gpu-dev-monthly", "COST", "MONTHLY")
     assert (budget["limitAmount"], budget["limitUnit"]) == ("700", "USD")
-    assert budget["costFilters"] == [{"name": "TagKeyValue", "values": ["user:gpucluster:stack$dev"]}]
+    assert budget["costFilters"] == [{"name": "TagKeyValue",
+                                      "values": [f"user:gpucluster:stack${DEV_IDENTITY}"]}]
     action_topic = dev.arn(TOPIC, "action-topic")
     got = [(n["notificationType"], n["threshold"], n["comparisonOperator"], n["thresholdType"],
             n["subscriberSnsTopicArns"], n["subscriberEmailAddresses"]) for n in budget["notifications"]]
@@ -218,7 +223,7 @@ def test_only_the_budget_lambda_listens_to_the_action_topic(dev: Built) -> None:
     assert permission == {"action": "lambda:InvokeFunction", "function": "gpu-dev-budget-action",
                           "principal": "sns.amazonaws.com", "sourceArn": action_topic}
     assert budget_fn.inputs["environment"]["variables"] == {
-        "GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic}
+        "GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic}
 
 
 def test_topics_are_encrypted_with_a_key_budgets_and_cloudwatch_may_use(dev: Built) -> None:
@@ -312,11 +317,11 @@ def test_scheduler_role_may_only_invoke_autostop(dev: Built) -> None:
 
 def test_dev_lambdas_settings_and_environment(dev: Built) -> None:
     expected_env = {
-        "budget_action": {"GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic},
-        "autostop": {"GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic,
+        "budget_action": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic},
+        "autostop": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic,
                      "PRE_STOP_COMMAND": "/opt/gpucluster/hooks/checkpoint.sh",
                      "PRE_STOP_TIMEOUT_SECONDS": "120", "MAX_LIFETIME_HOURS": "12"},
-        "spot_interruption": {"GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic,
+        "spot_interruption": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic,
                               "INTERRUPTION_COMMAND": "/opt/gpucluster/hooks/checkpoint.sh",
                               "INTERRUPTION_TIMEOUT_SECONDS": "90"},
     }
@@ -391,7 +396,8 @@ def check_policy(built: Built, function_name: str, *, scales: bool, runs_hooks: 
         assert [s["Sid"] for s in scaling] == ["ScaleThisStacksGroups", "TagStopState"]
         for s in scaling:
             assert sorted(s["Resource"]) == asg_arns
-            assert s["Condition"]["StringEquals"] == {"autoscaling:ResourceTag/gpucluster:stack": spec.stack}
+            assert s["Condition"]["StringEquals"] == {
+                "autoscaling:ResourceTag/gpucluster:stack": spec.identity}
         assert scaling[1]["Condition"]["ForAllValues:StringEquals"] == {"aws:TagKeys": list(g.STATE_TAG_KEYS)}
     else:
         assert scaling == []
@@ -400,7 +406,7 @@ def check_policy(built: Built, function_name: str, *, scales: bool, runs_hooks: 
         assert [(s["Resource"], s.get("Condition")) for s in send] == [
             ([f"arn:aws:ssm:{region}::document/AWS-RunShellScript"], None),
             ([f"arn:aws:ec2:{region}:{account}:instance/*"],
-             {"StringEquals": {"ssm:resourceTag/gpucluster:stack": spec.stack}})]
+             {"StringEquals": {"ssm:resourceTag/gpucluster:stack": spec.identity}})]
         assert "ssm:GetCommandInvocation" in stars[0]["Action"]
     else:
         assert send == [] and "ssm:GetCommandInvocation" not in stars[0]["Action"]
@@ -490,7 +496,7 @@ def test_the_spend_report_reads_and_publishes_only(base_config: dict[str, Any], 
     fn = built.function("report").inputs
     assert fn["name"] == "test-spend-report"
     assert fn["environment"]["variables"] == {
-        "GPUCLUSTER_STACK": "case", "NOTIFY_TOPIC_ARN": built.notify_topic, "REPORT_PERIOD": period,
+        "GPUCLUSTER_STACK": "organization/gpucluster/case/test", "NOTIFY_TOPIC_ARN": built.notify_topic, "REPORT_PERIOD": period,
         "MONTHLY_LIMIT_USD": "700", "IDLE_THRESHOLD_PERCENT": "7.5",
         "GPU_METRIC_NAMESPACE": "gpucluster/test"}
     rule = built.one(RULE, "report-rule").inputs
@@ -531,7 +537,7 @@ def test_spot_without_a_hook_only_notifies_on_warnings(base_config: dict[str, An
     built = build(spec_of(base_config))  # spot_percent 100, no spot section
     assert [r.inputs["name"] for r in built.all(RULE)] == ["test-spot-interruption"]
     fn = built.function("spot_interruption").inputs
-    assert fn["environment"]["variables"] == {"GPUCLUSTER_STACK": "case",
+    assert fn["environment"]["variables"] == {"GPUCLUSTER_STACK": "organization/gpucluster/case/test",
                                               "NOTIFY_TOPIC_ARN": built.notify_topic}
     assert fn["timeout"] == 60
     check_policy(built, "test-spot-interruption", scales=False, runs_hooks=False)

@@ -254,7 +254,8 @@ def test_tags_on_everything_propagated_to_instances_and_volumes(stack: str) -> N
     plan = stack_plan(stack)
     group = plan.spec.node_groups[0]
     expected = {**plan.spec.tags, "gpucluster:node-group": group.name}
-    assert expected["gpucluster:stack"] == stack and "cost_center" in expected
+    assert expected["gpucluster:stack"] == f"organization/gpucluster/{stack}/gpu-{stack}"
+    assert "cost_center" in expected
     asg = one(plan, ASG).inputs
     asg_tags = {t["key"]: t["value"] for t in asg["tags"]}
     assert expected.items() <= asg_tags.items()

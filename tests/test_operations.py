@@ -7,28 +7,50 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.stub import Stubber
 from moto import mock_aws
 from typer.testing import CliRunner
 
-from gpucluster.cli import app
+from gpucluster.cli import app, commands
 from gpucluster.lambdas import scaling
 from gpucluster.ops.status import GroupStatus, resume_stack, stack_status
 from moto_groups import create_stack_groups
 
 runner = CliRunner()
 
-# name -> (stack, min, desired, max)
+# The identities of stacks/Pulumi.dev.yaml and Pulumi.prod.yaml (self-managed backend, project gpucluster).
+DEV = "organization/gpucluster/dev/gpu-dev"
+PROD = "organization/gpucluster/prod/gpu-prod"
+# name -> (identity, min, desired, max)
 GROUPS = {
-    "dev-train": ("dev", 1, 2, 4),
-    "dev-infer": ("dev", 0, 1, 2),
-    "dev-spare": ("dev", 0, 0, 2),
-    "prod-train": ("prod", 1, 1, 2),
+    "dev-train": (DEV, 1, 2, 4),
+    "dev-infer": (DEV, 0, 1, 2),
+    "dev-spare": (DEV, 0, 0, 2),
+    "prod-train": (PROD, 1, 1, 2),
 }
+
+
+def cost_explorer(answer: dict[str, Any] | None = None, error: str | None = None) -> Any:
+    """A Cost Explorer client whose ListCostAllocationTags answers `answer` (or fails with `error`)."""
+    client = boto3.client("ce", region_name="us-east-1")
+    stub = Stubber(client)
+    if error:
+        stub.add_client_error("list_cost_allocation_tags", error, "not allowed")
+    else:
+        stub.add_response("list_cost_allocation_tags", answer or {"CostAllocationTags": []},
+                          {"TagKeys": ["gpucluster:stack"], "Type": "UserDefined"})
+    stub.activate()
+    return client
+
+
+ACTIVE = {"CostAllocationTags": [{"TagKey": "gpucluster:stack", "Type": "UserDefined", "Status": "Active"}]}
 
 
 @pytest.fixture
 def autoscaling(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A moto account with a `dev` stack (three groups) and a `prod` group."""
+    """A moto account with a `dev` stack (three groups) and a `prod` group; the cost tag is active
+    (moto has no ListCostAllocationTags: a Stubber answers it)."""
+    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in {
@@ -60,7 +82,7 @@ def test_resume_restores_previous_capacity_and_clears_tags(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "budget")
     _stop(autoscaling, "dev-infer", "idle")
 
-    results = resume_stack("dev", autoscaling_client=autoscaling)
+    results = resume_stack(DEV, autoscaling_client=autoscaling)
 
     by_group = {r.group: r for r in results}
     assert set(by_group) == {"dev-infer", "dev-spare", "dev-train"}
@@ -77,9 +99,9 @@ def test_resume_restores_previous_capacity_and_clears_tags(autoscaling) -> None:
 def test_resume_is_idempotent_and_leaves_other_stacks_alone(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "schedule")
     _stop(autoscaling, "prod-train", "budget")
-    resume_stack("dev", autoscaling_client=autoscaling)
+    resume_stack(DEV, autoscaling_client=autoscaling)
 
-    again = resume_stack("dev", autoscaling_client=autoscaling)
+    again = resume_stack(DEV, autoscaling_client=autoscaling)
 
     assert {r.action for r in again} == {"skipped"}
     assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 2
@@ -92,7 +114,7 @@ def test_resume_can_be_limited_to_some_guardrails(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "budget")
     _stop(autoscaling, "dev-infer", "idle")
 
-    results = resume_stack("dev", autoscaling_client=autoscaling, only_stopped_by={"idle"})
+    results = resume_stack(DEV, autoscaling_client=autoscaling, only_stopped_by={"idle"})
 
     assert [r.group for r in results if r.action == "resumed"] == ["dev-infer"]
     assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 0
@@ -101,7 +123,7 @@ def test_resume_can_be_limited_to_some_guardrails(autoscaling) -> None:
 def test_status_reports_capacity_and_who_stopped(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "budget")
 
-    rows = stack_status("dev")  # default client: plain boto3, inside the same moto account
+    rows = stack_status(DEV)  # default client: plain boto3, inside the same moto account
 
     assert [r.name for r in rows] == ["dev-infer", "dev-spare", "dev-train"]
     by_name = {r.name: r for r in rows}
@@ -135,6 +157,30 @@ def test_cli_status_and_resume_of_a_stack(autoscaling: Any) -> None:
     group = _group(autoscaling, "dev-train")
     assert (group["MinSize"], group["DesiredCapacity"]) == (1, 2)
     assert scaling.STOPPED_BY_TAG not in scaling.group_tags(group)
+
+
+@pytest.mark.parametrize(("answer", "error", "line"), [
+    ({"CostAllocationTags": [{"TagKey": "gpucluster:stack", "Type": "UserDefined", "Status": "Inactive"}]},
+     None, "warning: cost-allocation tag gpucluster:stack is inactive: the budget ($700/month) sees $0 of "
+           "this stack's spend and its scale-to-zero never fires; activate it in the paying account"),
+    (None, None, "warning: cost-allocation tag gpucluster:stack is not active (AWS does not list it yet): "
+                 "the budget ($700/month) sees $0"),
+    (None, "AccessDeniedException", "cost tag gpucluster:stack: could not check whether it is active "
+                                    "(An error occurred (AccessDeniedException)"),
+])
+def test_cli_status_says_when_the_budget_cannot_see_the_spend(
+        autoscaling: Any, monkeypatch: pytest.MonkeyPatch, answer: Any, error: str | None, line: str) -> None:
+    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(answer, error))
+    result = runner.invoke(app, ["status", "dev"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1].startswith(line)
+    assert "TagKey=gpucluster:stack,Status=Active" in result.output or error
+
+
+def test_cli_status_is_quiet_about_an_active_tag(autoscaling: Any) -> None:
+    result = runner.invoke(app, ["status", "dev"])
+    assert result.output.splitlines()[0] == "stack dev (us-east-1), gpucluster:stack=" + DEV + ":"
+    assert "cost-allocation" not in result.output and "cost tag" not in result.output
 
 
 def test_cli_resume_rejects_unknown_reason() -> None:
@@ -298,7 +344,7 @@ def test_cli_resume_of_an_undeployed_stack_says_why(autoscaling: Any) -> None:
 
     assert result.exit_code == 0, result.output
     assert result.output.startswith("nothing to resume: no Auto Scaling group is tagged "
-                                    "gpucluster:stack=staging")
+                                    "gpucluster:stack=organization/gpucluster/staging/gpu-staging")
     assert "pulumi up -s staging" in result.output
 
 

@@ -316,7 +316,7 @@ def test_other_namespaces_are_ignored(base_config: dict[str, Any]) -> None:
 def test_tags_carry_stack_identity(base_config: dict[str, Any]) -> None:
     base_config["gpucluster:cluster"]["extra_tags"] = {"team": "llm"}
     tags = parse_stack_config(base_config, stack="dev").tags
-    assert tags["gpucluster:stack"] == "dev"
+    assert tags["gpucluster:stack"] == "organization/gpucluster/dev/test"  # org/project/stack/cluster
     assert tags["cost_center"] == "cc-1"
     assert tags["team"] == "llm"
 

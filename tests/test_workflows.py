@@ -24,8 +24,10 @@ def steps(job: dict[str, Any]) -> list[dict[str, Any]]:
     return job.get("steps", [])
 
 
-def step_using(job: dict[str, Any], action: str) -> dict[str, Any]:
-    return next(s for s in steps(job) if s.get("uses", "").startswith(action + "@"))
+def step_using(job: dict[str, Any], action: str, command: str | None = None) -> dict[str, Any]:
+    """The first step of `job` using `action` (with `command`, for pulumi/actions)."""
+    return next(s for s in steps(job) if s.get("uses", "").startswith(action + "@")
+                and (command is None or s.get("with", {}).get("command") == command))
 
 
 def test_the_workflows_exist() -> None:
@@ -94,12 +96,30 @@ def test_one_stack_deploys_in_its_environment_one_at_a_time() -> None:
     assert up["environment"] == "${{ inputs.stack }}"
     assert up["concurrency"] == {"group": "deploy-${{ inputs.stack }}", "cancel-in-progress": False}
     gate = next(s for s in steps(up) if s.get("run", "").startswith(".venv/bin/gpucluster plan"))
-    assert steps(up).index(gate) < steps(up).index(step_using(up, "pulumi/actions"))
+    assert steps(up).index(gate) < steps(up).index(step_using(up, "pulumi/actions", "up"))
     assert step_using(up, "aws-actions/configure-aws-credentials")["with"]["role-to-assume"] == (
         "${{ vars.AWS_ROLE_ARN }}")
-    pulumi = step_using(up, "pulumi/actions")["with"]
+    pulumi = step_using(up, "pulumi/actions", "up")["with"]
     assert (pulumi["command"], pulumi["stack-name"], pulumi["policyPacks"]) == ("up", "${{ inputs.stack }}",
                                                                                "policies")
+
+
+def test_doctor_gates_every_deploy_with_the_stacks_own_groups() -> None:
+    """`gpucluster doctor` runs against the account after the role is assumed and before `up`: a
+    blocker (an inactive budget tag, another deployment's group with this identity) stops the deploy."""
+    up = load("deploy-stack.yml")["jobs"]["up"]
+    order = steps(up)
+    doctor = next(s for s in order if s.get("run", "").startswith(".venv/bin/gpucluster doctor"))
+    assert doctor["run"] == '.venv/bin/gpucluster doctor "$STACK" ${OUTPUTS:+--outputs "$OUTPUTS"}'
+    assert doctor["env"] == {"STACK": "${{ inputs.stack }}", "OUTPUTS": "${{ steps.outputs.outputs.file }}"}
+    assert "continue-on-error" not in doctor  # its exit 1 fails the job
+    outputs = next(s for s in order if s.get("id") == "outputs")
+    assert 'pulumi stack output --json --stack "$STACK" > "$RUNNER_TEMP/outputs.json"' in outputs["run"]
+    install = order[order.index(outputs) - 1]
+    assert install["uses"].startswith("pulumi/actions@") and "with" not in install  # the CLI only
+    credentials = step_using(up, "aws-actions/configure-aws-credentials")
+    assert order.index(credentials) < order.index(outputs) < order.index(doctor) < order.index(
+        step_using(up, "pulumi/actions", "up"))
 
 
 def test_ci_lints_the_workflows_offline() -> None:

@@ -23,7 +23,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
-from gpucluster.project import missing_stack_message, stacks_dir
+from gpucluster.project import missing_stack_message, project_name, stacks_dir
 from gpucluster.spec import (
     MAX_INPUT_BYTES,
     PROJECT,
@@ -160,11 +160,16 @@ def read_stack_config(path: Path) -> dict[str, Any]:
 
 
 def load_stack(stack: str) -> tuple[str, dict[str, Any], StackSpec]:
-    """Read and validate a stack by name or path: (stack name, config map, spec)."""
+    """Read and validate a stack by name or path: (stack name, config map, spec).
+
+    The spec's project is the enclosing Pulumi project's name (`project.project_name`, default
+    `gpucluster`), its organization the stack file's `gpucluster:organization` (default: a
+    self-managed backend's): with the stack name, the deployment's identity.
+    """
     path = stack_file(stack)
     config = read_stack_config(path)
     name = stack_name(path)
-    return name, config, parse_stack_config(config, stack=name)
+    return name, config, parse_stack_config(config, stack=name, project=project_name(path) or PROJECT)
 
 
 # ------------------------------------------------------------------------ mocks
@@ -268,7 +273,8 @@ def run_program(name: str, config: dict[str, Any], spec: StackSpec) -> Plan:
     from gpucluster import program  # imported late: loading it pulls in pulumi_aws modules
 
     set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()})
-    resources, outputs = record_resources(program.run, stack=name, region=spec.region)
+    resources, outputs = record_resources(program.run, stack=name, region=spec.region, project=spec.project,
+                                          organization=spec.organization)
     return Plan(stack=name, spec=spec, resources=resources, outputs=outputs)
 
 
@@ -286,15 +292,19 @@ def run_program_file(path: Path, config: Mapping[str, Any], *, project: str, sta
 
 
 def record_resources(build: Callable[[], Any], stack: str = "test", region: str = "us-east-1",
-                     project: str = PROJECT) -> tuple[list[PlannedResource], dict[str, Any]]:
+                     project: str = PROJECT,
+                     organization: str | None = None) -> tuple[list[PlannedResource], dict[str, Any]]:
     """Run `build` (a program, or a test constructing one component) under recording mocks.
 
-    Returns every registered resource and the stack's exported outputs, resolved.
+    `organization`, `project` and `stack` are what `pulumi.get_organization()` & co. return
+    (the deployment's identity is made of them). Returns every registered resource and the
+    stack's exported outputs, resolved.
     """
     mocks = PlanMocks(region)
     monitor = RecordingMonitor(mocks)
     pulumi_settings.ROOT.set(None)  # a fresh root Stack for every run in this process
-    pulumi_mocks.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
+    pulumi_mocks.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor,
+                           organization=organization)
     pulumi_settings.SETTINGS.rpc_manager.clear()
     _sync_await(run_pulumi_func(build))
     root = pulumi_settings.get_root_resource()

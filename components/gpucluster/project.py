@@ -45,6 +45,25 @@ def find_project_root(start: Path | None = None) -> Path | None:
     return None
 
 
+def project_name(stack_file: Path) -> str | None:
+    """The `name` of the Pulumi project a stack file belongs to: the Pulumi.yaml nearest above the
+    file, else the one above the current directory; None outside any project (or unreadable).
+
+    Part of the deployment's identity, so the CLI reads it where `pulumi up` would.
+    """
+    for start in (stack_file.resolve().parent, None):
+        root = find_project_root(start)
+        if root is None:
+            continue
+        try:
+            document = load_yaml((root / PROJECT_FILE).read_text())
+        except (OSError, UnicodeDecodeError, SpecError):
+            return None
+        name = document.get("name") if isinstance(document, dict) else None
+        return name if isinstance(name, str) else None
+    return None
+
+
 def stack_config_dir(root: Path) -> Path:
     """The project's `stackConfigDir` (Pulumi.yaml), or the project root when unset or unreadable."""
     try:

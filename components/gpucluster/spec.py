@@ -12,6 +12,7 @@ must never import Pulumi or call AWS, so the same checks run offline in
 from __future__ import annotations
 
 import difflib
+import hashlib
 import ipaddress
 import json
 import math
@@ -35,6 +36,7 @@ from gpucluster.noderole import (
 
 PROJECT = "gpucluster"
 REGION_KEY = "aws:region"
+ORGANIZATION_KEY = f"{PROJECT}:organization"
 MAX_BUDGET_NOTIFICATIONS = 10
 
 # --------------------------------------------------------------------------- errors
@@ -390,6 +392,39 @@ BucketName = Annotated[str, AfterValidator(_check_bucket_name)]
 Region = Annotated[str, _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d", "must be a region like us-east-1")]
 
 
+# ----------------------------------------------------------------------- identity
+
+STACK_TAG = "gpucluster:stack"
+"""The identity tag: every guardrail, IAM condition, the budget and the CLI select resources by its value."""
+DIY_ORGANIZATION = "organization"
+"""Pulumi's organization in a self-managed (DIY: file://, s3://, gs://, azblob://) backend: always this
+constant (pulumi/pulumi PR #20008, "DIY backends have a single constant organization")."""
+IDENTITY_MAX = 256
+"""AWS tag values hold at most 256 characters (Tagging AWS resources, "Tag naming limits and requirements");
+Budgets' TagKeyValue filter (`user:<key>$<value>`) and IAM `ResourceTag` conditions take the same value."""
+_IDENTITY_HASH = 16
+# Pulumi's own rule for project and stack names (alphanumerics, hyphens, underscores, periods; "Project
+# file reference", "Stacks"), and what Pulumi Cloud organization names use: every character is also
+# one AWS tags allow everywhere (letters, digits, spaces and + - = . _ : / @), so `/` can join them.
+PULUMI_NAME = r"[A-Za-z0-9_.-]{1,100}"
+
+
+def stack_identity(organization: str, project: str, stack: str, cluster: str) -> str:
+    """The one identity of a deployment: `<organization>/<project>/<stack>/<cluster>`.
+
+    Unique per deployment where the bare stack name is not: two teams' `dev` stacks in one account
+    differ in their Pulumi organization or project, and two clusters of one stack in their name.
+    Every guardrail, the budget's cost filter, the IAM conditions, the nodes and the CLI use this
+    value, and nothing else computes it. Past AWS's 256-character tag limit the tail gives way to a
+    hash of the whole (`+` and 16 hex digits), so it stays readable and unique.
+    """
+    full = "/".join((organization, project, stack, cluster))
+    if len(full) <= IDENTITY_MAX:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:_IDENTITY_HASH]
+    return f"{full[:IDENTITY_MAX - _IDENTITY_HASH - 1]}+{digest}"
+
+
 class StrictModel(BaseModel):
     """Unknown keys are errors; specs are immutable once validated."""
 
@@ -400,12 +435,12 @@ class StrictModel(BaseModel):
 
 
 class CostTags(StrictModel):
-    """The cost-allocation tags every resource carries (and the budget filters on)."""
+    """The cost tags every resource carries (activate them as cost-allocation tags to see costs by them)."""
 
     owner: TagValue
     """Team or person accountable for the cluster (tag `owner`)."""
     cost_center: TagValue
-    """Cost-allocation tag the budget filters on (tag `cost_center`)."""
+    """Cost centre for your bills (tag `cost_center`; the budget filters on `gpucluster:stack`)."""
     environment: Annotated[str, _matches(r"[a-z][a-z0-9-]{0,31}",
                                          "must be lowercase like dev, staging or prod")]
     """`prod` gets the production policies; anything else is non-prod."""
@@ -614,12 +649,23 @@ class StackConfig(StrictModel):
     """The spot-interruption hook."""
 
 
+PulumiName = Annotated[str, _matches(PULUMI_NAME, "must be 1-100 characters of letters, digits, "
+                                     "'-', '_' and '.' (a Pulumi name)")]
+
+
 class StackSpec(StackConfig):
-    """A validated stack: its config plus the stack name, project and region."""
+    """A validated stack: its config plus where it is deployed (organization, project, stack) and region."""
 
     stack: StackName
-    project: str = PROJECT
+    project: PulumiName = PROJECT
+    organization: PulumiName = DIY_ORGANIZATION
+    """The Pulumi organization (`gpucluster:organization`; a self-managed backend's is `organization`)."""
     region: Region
+
+    @property
+    def identity(self) -> str:
+        """This deployment's identity (`stack_identity`): the `gpucluster:stack` tag value."""
+        return stack_identity(self.organization, self.project, self.stack, self.cluster.name)
 
     def azs_of(self, group: NodeGroupConfig) -> list[str]:
         """The zones a node group runs in (one for EFA groups unless set otherwise)."""
@@ -634,13 +680,13 @@ class StackSpec(StackConfig):
 
     @property
     def tags(self) -> dict[str, str]:
-        """Tags for every resource: cost tags, extra tags and the stack identity."""
+        """Tags for every resource: cost tags, extra tags and the deployment's identity."""
         return {
             **self.cluster.extra_tags,
             "owner": self.cluster.tags.owner,
             "cost_center": self.cluster.tags.cost_center,
             "environment": self.cluster.tags.environment,
-            "gpucluster:stack": self.stack,
+            STACK_TAG: self.identity,
             "gpucluster:cluster": self.cluster.name,
         }
 
@@ -1216,15 +1262,22 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
-def parse_stack_config(config: Mapping[str, Any], stack: str) -> StackSpec:
+def parse_stack_config(config: Mapping[str, Any], stack: str, *, project: str = PROJECT,
+                       organization: str | None = None) -> StackSpec:
     """Validate a stack's config map (`project:key` -> value) into a StackSpec.
 
-    Raises SpecError with every problem found: unknown or missing keys, bad
-    values and all cross-field rules.
+    `project` is the Pulumi project's name (Pulumi.yaml `name`). `organization` is the Pulumi
+    organization the stack is being deployed in, known under `pulumi up` only; the stack file's
+    `gpucluster:organization` must then agree with it, or be absent in a self-managed backend, so
+    that the CLI, which reads only the stack file, computes the deployment's identity exactly.
+    Raises SpecError with every problem found: unknown or missing keys, bad values and all
+    cross-field rules.
     """
     findings: list[Finding] = []
     values: dict[str, Any] = {}
     known = list(StackConfig.model_fields)
+    unset = object()
+    organization_key: Any = unset
     for key, raw in config.items():
         if not isinstance(key, str):
             findings.append(Finding(shown(key), "config keys must be strings (namespace:key)"))
@@ -1240,27 +1293,50 @@ def parse_stack_config(config: Mapping[str, Any], stack: str) -> StackSpec:
             continue
         if not ours:
             continue
+        if key in (ORGANIZATION_KEY, "organization"):
+            organization_key = value
+            continue
         if name not in known:
-            hint = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = difflib.get_close_matches(name, [*known, "organization"], n=1, cutoff=0.6)
             tail = f"did you mean '{PROJECT}:{hint[0]}'?" if hint else f"known: {', '.join(known)}"
             findings.append(Finding(f"{PROJECT}:{name}", f"unknown key; {tail}"))
             continue
         values[name] = value
+    if organization_key is not unset:
+        values["organization"] = organization_key
+        findings.extend(_organization_findings(organization_key, organization))
+    elif organization is not None:
+        values["organization"] = organization
+        findings.extend(_organization_findings(None, organization))
     region = config.get(REGION_KEY)
     if region is None:
         findings.append(Finding(REGION_KEY, "required key is missing (e.g. us-east-1)"))
     elif any(f.path.startswith(REGION_KEY) for f in findings):
         region = None  # reported above; validate the rest with a stand-in
     try:
-        spec = StackSpec.model_validate({**values, "stack": stack,
+        spec = StackSpec.model_validate({**values, "stack": stack, "project": project,
                                          "region": "us-east-1" if region is None else region})
     except ValidationError as exc:
+        renamed = {"region": REGION_KEY, "organization": ORGANIZATION_KEY,
+                   "project": "project (Pulumi.yaml name)"}
         for finding in _findings_from(exc, StackSpec):
-            path = REGION_KEY if finding.path == "region" else finding.path
-            findings.append(Finding(path, finding.message))
+            findings.append(Finding(renamed.get(finding.path, finding.path), finding.message))
         raise SpecError(findings) from None
     for rule in CHECKS:
         findings.extend(f for f in rule(spec) if f.level == "error")
     if findings:
         raise SpecError(findings)
     return spec
+
+
+def _organization_findings(configured: Any, deployed: str | None) -> Iterable[Finding]:
+    """The stack file's organization against the one `pulumi up` deploys in (None: not deploying)."""
+    if deployed is None or configured == deployed:
+        return
+    if configured is None and deployed != DIY_ORGANIZATION:
+        yield Finding(ORGANIZATION_KEY, f"deploying in Pulumi organization {deployed!r}: add "
+                      f"`{ORGANIZATION_KEY}: {deployed}` to the stack file (status, resume and doctor "
+                      "compute the gpucluster:stack identity from it)")
+    elif configured is not None:
+        yield Finding(ORGANIZATION_KEY, f"is {configured!r}, but this stack deploys in Pulumi "
+                      f"organization {deployed!r}; set it to {deployed!r}")

@@ -28,22 +28,26 @@ if TYPE_CHECKING:
     from gpucluster.aws.network import ClusterNetworkArgs
     from gpucluster.aws.nodes import GpuNodeGroupArgs, NodeDataMount
 
-STACK_TAG = "gpucluster:stack"  # gpucluster.aws.args.STACK_TAG (not imported: that module loads pulumi)
-
-
 def settings(section: Any) -> Any:
     """A validated section back in the stack file's words: only the keys the user set."""
     return section.model_dump(exclude_unset=True)
 
 
 def identity(spec: StackSpec) -> str:
-    """The stack's identity: the `gpucluster:stack` tag value every guardrail selects by."""
-    return spec.tags[STACK_TAG]
+    """The deployment's identity (`spec.stack_identity` of its organization, project, stack and
+    cluster name): the `gpucluster:stack` tag value every guardrail, IAM condition, the budget filter
+    and the CLI select by."""
+    return spec.identity
 
 
 def cluster_args(spec: StackSpec) -> GpuClusterArgs:
-    """The stack file as GpuClusterArgs: its sections as written, the stack name and region."""
-    args = {k: v for k, v in spec.model_dump(exclude_unset=True).items() if k != "project"}
+    """The stack file as GpuClusterArgs: its sections as written, where it is deployed, the region.
+
+    Organization, project and stack are always passed on, so the GpuCluster's identity is the one
+    the stack file gives (the CLI computes it from the same three).
+    """
+    args = spec.model_dump(exclude_unset=True)
+    args |= {"organization": spec.organization, "project": spec.project, "stack": spec.stack}
     return args  # type: ignore[return-value]
 
 

@@ -67,12 +67,12 @@ from gpucluster.spec import (
 
 
 class CostTagSettings(TypedDict):
-    """The cost-allocation tags every resource carries (and the budget filters on)."""
+    """The cost tags every resource carries (activate them as cost-allocation tags to see costs by them)."""
 
     owner: str
     """Team or person accountable for the cluster (tag `owner`)."""
     cost_center: str
-    """Cost-allocation tag the budget filters on (tag `cost_center`)."""
+    """Cost centre for your bills (tag `cost_center`; the budget filters on `gpucluster:stack`)."""
     environment: str
     """`prod` gets the production policies; anything else is non-prod."""
 

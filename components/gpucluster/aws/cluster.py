@@ -39,7 +39,7 @@ from gpucluster.aws.iam import NodeIdentity
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, NodeDataMount
 from gpucluster.parts import S3Grant
-from gpucluster.spec import StackSpec
+from gpucluster.spec import DIY_ORGANIZATION, StackSpec
 
 OLD_TYPE = "gpucluster:cluster:GpuCluster"
 
@@ -65,6 +65,10 @@ class GpuClusterArgs(TypedDict):
     """AWS region, e.g. us-east-1 (the stack file's aws:region)."""
     stack: NotRequired[str]
     """Stack name in the identity tag gpucluster:stack (default: the current Pulumi stack)."""
+    project: NotRequired[str]
+    """Project name in the identity tag gpucluster:stack (default: the current Pulumi project)."""
+    organization: NotRequired[str]
+    """Pulumi organization in the identity tag gpucluster:stack (default: the current one)."""
 
 
 class NodeGroupSummary(TypedDict):
@@ -159,10 +163,17 @@ def build_datasets(name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
 
 
 def cluster_spec(name: str, args: Any) -> StackSpec:
-    """GpuClusterArgs checked as a stack file is: every model and named check, or ArgsError."""
+    """GpuClusterArgs checked as a stack file is: every model and named check, or ArgsError.
+
+    Where the args do not say where the cluster is deployed, the running deployment's Pulumi
+    organization, project and stack make its identity (`spec.stack_identity`).
+    """
     values = dict(args) if isinstance(args, dict) else args
-    if isinstance(values, dict) and "stack" not in values:
-        values["stack"] = pulumi.get_stack()
+    if isinstance(values, dict):
+        values.setdefault("stack", pulumi.get_stack())
+        values.setdefault("project", pulumi.get_project())
+        # None under a mock engine given no organization: Pulumi's self-managed backends' name then.
+        values.setdefault("organization", pulumi.get_organization() or DIY_ORGANIZATION)
     return validate("GpuCluster", name, StackSpec, values, stack_checks)
 
 

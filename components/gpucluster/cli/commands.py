@@ -460,17 +460,44 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
 # ------------------------------------------------------------------------ doctor
 
 
+def _read_outputs(path: Path) -> set[str]:
+    """The Auto Scaling groups a deployed stack owns, from `pulumi stack output --json` (exit 2 if bad)."""
+    from gpucluster.ops.doctor import own_group_names
+
+    try:
+        doc = json.loads(path.read_text())
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object of stack outputs")
+        return own_group_names(doc)
+    except OSError as err:
+        fail_usage("doctor --outputs", f"cannot read {path}: {err.strerror}")
+    except json.JSONDecodeError as err:
+        fail_usage("doctor --outputs", f"{path} is not JSON ({err.msg}, line {err.lineno})")
+    except ValueError as err:
+        fail_usage("doctor --outputs", f"{path}: {err}")
+
+
 @app.command()
-def doctor(stack: StackArg) -> None:
-    """Check a stack against the AWS account (read-only): offerings, EFA, reservations, quotas, tags."""
+def doctor(
+    stack: StackArg,
+    outputs: Annotated[Path | None, typer.Option(
+        "--outputs", metavar="FILE.json",
+        help="The stack's outputs (`pulumi stack output --json`; `{}` before its first deploy): "
+             "which Auto Scaling groups are its own. Without it, groups are told apart by their "
+             "node-group tag.")] = None,
+) -> None:
+    """Check a stack against the AWS account (read-only): offerings, EFA, reservations, quotas, the
+    identity and the budget's cost-allocation tag. Exit 1 on a blocker: run it before `pulumi up`."""
     from gpucluster.ops.doctor import DoctorError, has_blocker, run_checks
 
     spec = build_spec(stack)
+    own = _read_outputs(outputs) if outputs is not None else None
     try:
-        findings = run_checks(spec)
+        findings = run_checks(spec, own_groups=own)
     except DoctorError as err:
         fail_usage("doctor", str(err))
-    typer.echo(f"stack {spec.stack} ({spec.region}): pre-flight checks against the AWS account")
+    typer.echo(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}: pre-flight checks "
+               "against the AWS account")
     for line in render_table(["level", "check", "subject", "finding"],
                              [[f.level, f.check, f.subject, f.message] for f in findings]):
         typer.echo(line)
@@ -487,6 +514,33 @@ def _autoscaling(spec: StackSpec) -> Any:
     import boto3
 
     return boto3.client("autoscaling", region_name=spec.region)
+
+
+def _cost_explorer(spec: StackSpec) -> Any:
+    """A Cost Explorer client (its one endpoint serves every region; honours AWS_ENDPOINT_URL)."""
+    import boto3
+
+    return boto3.client("ce", region_name=spec.region)
+
+
+def cost_tag_line(spec: StackSpec) -> str | None:
+    """One line when the budget's cost-allocation tag is not active (the budget then sees $0)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from gpucluster.ops.doctor import ACTIVATE_TAG, cost_tag_status
+    from gpucluster.spec import STACK_TAG
+
+    try:
+        state = cost_tag_status(_cost_explorer(spec), [STACK_TAG])[STACK_TAG]
+    except (BotoCoreError, ClientError) as err:
+        return f"cost tag {STACK_TAG}: could not check whether it is active ({err})"
+    if state == "Active":
+        return None
+    what = "inactive" if state else "not active (AWS does not list it yet)"
+    effect = (f"the budget (${spec.budget.monthly_limit_usd:,.0f}/month) sees $0 of this stack's spend and "
+              "its scale-to-zero never fires" if spec.budget else "costs by this tag read $0")
+    activate = ACTIVATE_TAG.format(key=STACK_TAG)
+    return f"warning: cost-allocation tag {STACK_TAG} is {what}: {effect}; {activate}"
 
 
 def _aws_call(command: str, call: Callable[[], T]) -> T:
@@ -513,14 +567,18 @@ def status(stack: StackArg) -> None:
     from gpucluster.ops.status import stack_status  # boto3: only the AWS commands pay for it
 
     spec = build_spec(stack)
-    rows = _aws_call("status", lambda: stack_status(spec.stack, autoscaling_client=_autoscaling(spec)))
+    rows = _aws_call("status", lambda: stack_status(spec.identity, autoscaling_client=_autoscaling(spec)))
     if not rows:
         typer.echo(f"stack {spec.stack} ({spec.region}): no Auto Scaling groups tagged "
-                   f"gpucluster:stack={spec.stack} (not deployed, or another account/region)")
-        raise typer.Exit(EXIT_OK)
-    typer.echo(f"stack {spec.stack} ({spec.region}):")
-    for line in render_status(rows):
-        typer.echo(line)
+                   f"gpucluster:stack={spec.identity} (not deployed, another account or region, or "
+                   "deployed from another Pulumi organization or project)")
+    else:
+        typer.echo(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}:")
+        for line in render_status(rows):
+            typer.echo(line)
+    warning = cost_tag_line(spec)
+    if warning:
+        typer.echo(warning)
 
 
 def _resume_price(spec: StackSpec, candidate: ResumeCandidate) -> tuple[str, float | None]:
@@ -584,10 +642,11 @@ def explain_nothing_to_resume(stack: str, spec: StackSpec, candidates: list[Resu
     from gpucluster.lambdas.scaling import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
 
     if not candidates:
-        return [f"nothing to resume: no Auto Scaling group is tagged gpucluster:stack={spec.stack} "
+        return [f"nothing to resume: no Auto Scaling group is tagged gpucluster:stack={spec.identity} "
                 f"in {spec.region}.",
                 f"  Not deployed yet (pulumi up -s {spec.stack}), or your AWS credentials point at "
-                f"another account (check AWS_PROFILE)."]
+                f"another account (check AWS_PROFILE), or it was deployed from another Pulumi "
+                f"organization or project (gpucluster:organization, the name in Pulumi.yaml)."]
     out = [f"nothing to resume in stack {spec.stack} ({spec.region}):"]
     for c in candidates:
         d = c.decision
@@ -628,7 +687,7 @@ def resume(
         fail_usage("resume", f"--only: unknown reason {', '.join(unknown)} "
                              f"(one of {', '.join(STOP_REASONS)})")
     client = _autoscaling(spec)
-    candidates = _aws_call("resume", lambda: plan_resume(spec.stack, autoscaling_client=client,
+    candidates = _aws_call("resume", lambda: plan_resume(spec.identity, autoscaling_client=client,
                                                          only_stopped_by=only or None))
     todo = [c for c in candidates if c.decision.action == "resume"]
     if not todo:
@@ -651,7 +710,7 @@ def resume(
             raise typer.Exit(EXIT_BLOCKED)
     shown = {c.group: c.decision.stopped_by for c in todo}
     results = _aws_call("resume", lambda: resume_stack(
-        spec.stack, autoscaling_client=client, only_stopped_by=only or None, shown=shown))
+        spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown))
     before = {c.group: c.desired_now for c in todo}
     for r in results:
         if r.action == "resumed":
@@ -659,7 +718,7 @@ def resume(
                        f"{r.desired_capacity} node(s), min {r.min_size}")
         else:
             typer.echo(f"not resumed {r.group}: {r.reason}")
-    rows = _aws_call("resume", lambda: stack_status(spec.stack, autoscaling_client=client))
+    rows = _aws_call("resume", lambda: stack_status(spec.identity, autoscaling_client=client))
     for line in render_status(rows):
         typer.echo(line)
 

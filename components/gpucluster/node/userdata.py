@@ -87,7 +87,7 @@ class NodeBootstrap:
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig,
                    data_mounts: Sequence[DataMount] = ()) -> NodeBootstrap:
     """The bootstrap settings of `group` in `spec`, with already-resolved data mounts."""
-    return group_bootstrap(group, stack=spec.stack, cluster=spec.cluster.name, region=spec.region,
+    return group_bootstrap(group, stack=spec.identity, cluster=spec.cluster.name, region=spec.region,
                            spot=spec.spot, data_mounts=data_mounts)
 
 
@@ -117,6 +117,8 @@ def node_env(b: NodeBootstrap) -> str:
     values = {
         "GPUCLUSTER_STACK": b.stack,
         "GPUCLUSTER_CLUSTER": b.cluster,
+        # The one namespace the node role may publish into (noderole.gpu_metric_namespace).
+        "GPUCLUSTER_METRIC_NAMESPACE": gpu_metric_namespace(b.cluster),
         "GPUCLUSTER_NODE_GROUP": b.node_group,
         "GPUCLUSTER_REGION": b.region,
         "GPUCLUSTER_SCRATCH_MOUNT": b.scratch_mount,
@@ -201,6 +203,30 @@ def _unit(description: str, body: str, after: str = "local-fs.target", extra: st
             f"\n[Service]\n{body}\n\n[Install]\nWantedBy=multi-user.target\n")
 
 
+# A node step that fails is run again by systemd, a bounded number of times, and reported after
+# every run (gpucluster-report: the NodeStepFailed metric and the journal), never silently skipped.
+# Restart=on-failure is the one Restart= a Type=oneshot unit takes (systemd.service(5); systemd >= 244,
+# the Deep Learning AMI's Ubuntu 22.04 has 249). After STEP_BURST starts within STEP_INTERVAL the
+# unit stays failed (its last report says so) until the next boot.
+STEP_RESTART_SECONDS = 30
+STEP_BURST = 5
+STEP_INTERVAL = "2h"
+NODE_STEP_METRIC = "NodeStepFailed"
+"""1 after a failed run of a node step, 0 after a good one; by Stack, NodeGroup and Step, in the
+cluster's own namespace (GPUCLUSTER_METRIC_NAMESPACE: the only one the node role may publish into)."""
+
+
+def _step_unit(step: str, description: str, *, after: str, extra: str = "",
+               timeout: str = "infinity") -> str:
+    """A oneshot node step (gpucluster-<step>) that is retried on failure and reports every run."""
+    report = f"{_SBIN}/gpucluster-report {step}"
+    return _unit(description, (
+        f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec={timeout}\n"
+        f"ExecStart={_SBIN}/gpucluster-{step}\nExecStartPost={report}\nExecStopPost={report}\n"
+        f"Restart=on-failure\nRestartSec={STEP_RESTART_SECONDS}"),
+        after=after, extra=f"StartLimitIntervalSec={STEP_INTERVAL}\nStartLimitBurst={STEP_BURST}\n{extra}")
+
+
 def node_files(b: NodeBootstrap) -> list[NodeFile]:
     """Every file the bootstrap writes, in the order it writes them."""
     files = [
@@ -209,15 +235,22 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         NodeFile(f"{_SBIN}/gpucluster-scratch", script("scratch.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-data", script("data.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-install", script("install.sh"), "0755"),
+        NodeFile(f"{_SBIN}/gpucluster-agent", script("agent.sh"), "0755"),
+        NodeFile(f"{_SBIN}/gpucluster-report", script("report.sh"), "0755"),
         NodeFile(INTERRUPTION_HOOK, script("interruption-hook.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-spot-watcher", script("spot-watcher.sh"), "0755"),
         NodeFile(f"{_UNITS}/gpucluster-scratch.service", _unit(
             "NVMe instance-store scratch (RAID0)",
-            f"Type=oneshot\nRemainAfterExit=yes\nExecStart={_SBIN}/gpucluster-scratch",
+            f"Type=oneshot\nRemainAfterExit=yes\nExecStart={_SBIN}/gpucluster-scratch\n"
+            f"ExecStartPost={_SBIN}/gpucluster-report scratch\n"
+            f"ExecStopPost={_SBIN}/gpucluster-report scratch",
             extra="Before=gpucluster-data.service\n")),
-        NodeFile(f"{_UNITS}/gpucluster-data.service", _unit(
-            "datasets (copy to scratch, Mountpoint for S3, FSx for Lustre)",
-            f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={_SBIN}/gpucluster-data",
+        # Installs wait for the dpkg lock (up to 10 min, 3 attempts): room for all of it.
+        NodeFile(f"{_UNITS}/gpucluster-agent.service", _step_unit(
+            "agent", "CloudWatch agent (GPU utilisation for the idle stop)",
+            after="network-online.target", extra="Wants=network-online.target\n", timeout="40min")),
+        NodeFile(f"{_UNITS}/gpucluster-data.service", _step_unit(
+            "data", "datasets (copy to scratch, Mountpoint for S3, FSx for Lustre)",
             after="gpucluster-scratch.service network-online.target",
             extra="Wants=network-online.target\nRequires=gpucluster-scratch.service\n")),
         NodeFile(f"{_UNITS}/gpucluster-spot-watcher.service", _unit(

@@ -404,6 +404,8 @@ class FsxConfig(StrictModel):
     """Default: the zone of the first node group; must be a zone a node group runs in."""
     mount_path: Annotated[str, AfterValidator(_check_absolute_path)] = "/fsx"
     """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
+    automatic_backup_retention_days: Annotated[int, _in_range(0, 90)] = 7
+    """PERSISTENT_2 only: days of daily automatic backups kept (1-90; SCRATCH_2 has no backups)."""
 
 
 class DatasetConfig(StrictModel):
@@ -425,6 +427,8 @@ class DatasetConfig(StrictModel):
     """FSx for Lustre linked to the bucket (with access: fsx)."""
     noncurrent_version_expiration_days: Annotated[int, _in_range(1, 3650)] = 30
     """Created buckets: old versions under checkpoint_prefix expire after this; current ones never do."""
+    newer_noncurrent_versions: Annotated[int, _in_range(1, 100)] = 3
+    """Created buckets: this many newest old versions of each checkpoint are kept whatever their age."""
 
 
 class BudgetConfig(StrictModel):
@@ -772,12 +776,14 @@ def _checkpoint_rules(d: DatasetConfig, path: str) -> Iterable[Finding]:
             d.checkpoint_prefix.startswith(d.prefix) or d.prefix.startswith(d.checkpoint_prefix)):
         yield Finding(f"{path}.checkpoint_prefix", "must not overlap the read-only data "
                       f"prefix {d.prefix!r}, got {d.checkpoint_prefix!r}")
-    if "noncurrent_version_expiration_days" in d.model_fields_set:
+    for key in ("noncurrent_version_expiration_days", "newer_noncurrent_versions"):
+        if key not in d.model_fields_set:
+            continue
         if d.existing:
-            yield Finding(f"{path}.noncurrent_version_expiration_days", "only applies to buckets "
-                          "this stack creates; an existing bucket's lifecycle is never changed")
+            yield Finding(f"{path}.{key}", "only applies to buckets this stack creates; an existing "
+                          "bucket's lifecycle is never changed")
         elif d.checkpoint_prefix is None:
-            yield Finding(f"{path}.noncurrent_version_expiration_days",
+            yield Finding(f"{path}.{key}",
                           "only used with a checkpoint_prefix (the lifecycle rule covers it alone)")
 
 
@@ -797,6 +803,12 @@ def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str
     if fsx.deployment_type == "SCRATCH_2" and fsx.throughput_per_unit_mib is not None:
         yield Finding(f"{path}.throughput_per_unit_mib",
                       "SCRATCH_2 has a fixed throughput; only PERSISTENT_2 takes this")
+    if fsx.deployment_type == "SCRATCH_2" and "automatic_backup_retention_days" in fsx.model_fields_set:
+        yield Finding(f"{path}.automatic_backup_retention_days",
+                      "SCRATCH_2 file systems have no backups; only PERSISTENT_2 takes this")
+    if fsx.deployment_type == "PERSISTENT_2" and fsx.automatic_backup_retention_days == 0:
+        yield Finding(f"{path}.automatic_backup_retention_days",
+                      "a PERSISTENT_2 file system keeps automatic backups: 1-90 days, got 0")
     if fsx.availability_zone and node_group_zones is not None \
             and fsx.availability_zone not in node_group_zones:
         yield Finding(f"{path}.availability_zone", f"no node group runs in "

@@ -161,6 +161,8 @@ class FsxSettings(TypedDict):
     """Default: the zone of the first node group; must be a zone a node group runs in."""
     mount_path: NotRequired[str]
     """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
+    automatic_backup_retention_days: NotRequired[int]
+    """PERSISTENT_2 only: days of daily automatic backups kept (1-90; SCRATCH_2 has no backups)."""
 
 
 class DatasetSettings(TypedDict):
@@ -184,6 +186,8 @@ class DatasetSettings(TypedDict):
     """FSx for Lustre linked to the bucket (with access: fsx)."""
     noncurrent_version_expiration_days: NotRequired[int]
     """Created buckets: old versions under checkpoint_prefix expire after this; current ones never do."""
+    newer_noncurrent_versions: NotRequired[int]
+    """Created buckets: this many newest old versions of each checkpoint are kept whatever their age."""
 
 
 class BudgetSettings(TypedDict):

@@ -18,6 +18,7 @@ from gpucluster.aws import args as component_args
 from gpucluster.aws.args import SETTINGS_MODELS, ArgsError, CapacitySettings, CostTagSettings, FsxSettings
 from gpucluster.aws.cluster import GpuCluster
 from gpucluster.aws.guardrails import Guardrails, GuardrailsArgs
+from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, GpuNodeGroupArgs
 from gpucluster.lambdas import budget_action, scaling
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, RecordingMonitor, record_resources, run_plan
@@ -171,7 +172,12 @@ def test_bad_node_group_args_fail_with_the_stack_files_message_before_any_resour
     ({"security_group_ids": ["default"], "identity": "", "tags": {"aws:owner": "x"}},
      ["identity: must be 1-256 characters of letters, digits, spaces and _ . : / = + - @, got ''",
       "security_group_ids: must be a security group id like sg-0abc12345def67890, got 'default'",
-      "tags.aws:owner: tag keys are 1-128 characters and do not start with aws:, got 'aws:owner'"]),
+      "tags.aws:owner: tag key 'aws:owner' is reserved: keys under aws: and gpucluster: are set by AWS and "
+      "gpucluster only"]),
+    # A forged stop state would make the start schedule scale the group to whatever it says.
+    ({"tags": {"gpucluster:stopped-by": "schedule", "gpucluster:previous-desired": "2000"}},
+     [f"tags.gpucluster:{key}: tag key 'gpucluster:{key}' is reserved: keys under aws: and gpucluster: "
+      "are set by AWS and gpucluster only" for key in ("stopped-by", "previous-desired")]),
 ])
 def test_node_group_args_checks_list_every_problem_by_key_path(override: dict[str, Any],
                                                                 lines: list[str]) -> None:
@@ -226,6 +232,22 @@ def test_guardrails_args_are_checked_with_the_stack_files_rules() -> None:
     assert str(info.value).splitlines() == [
         "Guardrails g: groups[1].name: duplicate group name 'eks-gpu'",
         "Guardrails g: autostop.start_schedule: needs a stop_schedule to undo"]
+
+
+def test_component_tags_never_set_reserved_keys() -> None:
+    """Only the identity pair passes (how network, datasets and IAM receive it); owners override it."""
+    with pytest.raises(ArgsError) as info:
+        Guardrails("g", external_guardrails_args(tags={"gpucluster:previous-min": "4"}))
+    assert str(info.value).startswith("Guardrails g: tags.gpucluster:previous-min: tag key "
+                                      "'gpucluster:previous-min' is reserved")
+    with pytest.raises(ArgsError) as info:
+        ClusterNetwork("n", {"cluster_name": "lab", "region": "us-east-1", "availability_zones": ["us-east-1a"],
+                             "vpc_cidr": "10.8.0.0/16", "tags": {"gpucluster:node-group": "x"}})
+    assert "tags.gpucluster:node-group: tag key 'gpucluster:node-group' is reserved" in str(info.value)
+    resources, _ = build(lambda: GpuNodeGroup("team-a-train", node_group_args(
+        tags={"gpucluster:stack": "someone-else", "gpucluster:cluster": "x"})))
+    asg_tags = {t["key"]: t["value"] for t in one(resources, ASG).inputs["tags"]}
+    assert (asg_tags["gpucluster:stack"], asg_tags["gpucluster:cluster"]) == (IDENTITY, "research")
 
 
 # ------------------------------------------------------- Guardrails on an ASG not ours

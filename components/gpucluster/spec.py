@@ -251,6 +251,29 @@ def _unique(what: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+# Tag keys AWS (aws:) and gpucluster (gpucluster:) set themselves. A user tag under them could
+# forge what the guardrails read (a gpucluster:stopped-by with gpucluster:previous-desired makes the
+# start schedule scale a group up), so no user tag map may hold one.
+RESERVED_TAG_PREFIXES = ("aws:", "gpucluster:")
+# The identity tags: components that take no `identity` receive them in their tags (from GpuCluster).
+IDENTITY_TAG_KEYS = ("gpucluster:stack", "gpucluster:cluster")
+
+
+def tag_key(allowed: tuple[str, ...] = ()) -> AfterValidator:
+    """A user tag key: 1-128 safe characters, not under a reserved prefix (except `allowed` keys)."""
+
+    def check(value: str) -> str:
+        if not re.fullmatch(r"[\w .:/=+@-]{1,128}", value):
+            raise ValueError("tag keys are 1-128 characters of letters, digits, spaces and "
+                             f"_ . : / = + - @, got {value!r}")
+        if value.lower().startswith(RESERVED_TAG_PREFIXES) and value not in allowed:
+            raise ValueError(f"tag key {value!r} is reserved: keys under "
+                             f"{' and '.join(RESERVED_TAG_PREFIXES)} are set by AWS and gpucluster only")
+        return value
+
+    return AfterValidator(check)
+
+
 Percent = Annotated[float, _in_range(0, 100)]
 Name = Annotated[str, _matches(r"[a-z][a-z0-9-]{0,22}[a-z0-9]",
                                "must be 2-24 characters of a-z, 0-9 and '-', starting with a "
@@ -300,10 +323,8 @@ class ClusterConfig(StrictModel):
     """Short name used in every resource name; the stack name is added to tags."""
     tags: CostTags
     """Required cost tags: owner, cost_center, environment."""
-    extra_tags: dict[Annotated[str, _matches(r"(?!aws:)[\w .:/=+@-]{1,128}",
-                                             "tag keys are 1-128 characters and do not start "
-                                             "with aws:")], TagValue] = {}
-    """More tags for every resource (team, project, ...)."""
+    extra_tags: dict[Annotated[str, tag_key()], TagValue] = {}
+    """More tags for every resource (team, project, ...); keys under aws: and gpucluster: are reserved."""
 
 
 class NetworkConfig(StrictModel):
@@ -518,8 +539,8 @@ class StackSpec(StackConfig):
             "owner": self.cluster.tags.owner,
             "cost_center": self.cluster.tags.cost_center,
             "environment": self.cluster.tags.environment,
-            "gpucluster:stack": self.stack,
-            "gpucluster:cluster": self.cluster.name,
+            IDENTITY_TAG_KEYS[0]: self.stack,
+            IDENTITY_TAG_KEYS[1]: self.cluster.name,
         }
 
 

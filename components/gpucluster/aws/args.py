@@ -26,6 +26,7 @@ from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationEr
 
 from gpucluster.spec import (
     CHECKS,
+    IDENTITY_TAG_KEYS,
     AbsolutePath,
     AutoStopConfig,
     AvailabilityZone,
@@ -53,6 +54,7 @@ from gpucluster.spec import (
     network_findings,
     node_group_findings,
     single_zone_findings,
+    tag_key,
     unique_name_findings,
     validation_findings,
     zone_region_findings,
@@ -80,7 +82,7 @@ class ClusterSettings(TypedDict):
     tags: CostTagSettings
     """Required cost tags: owner, cost_center, environment."""
     extra_tags: NotRequired[dict[str, str]]
-    """More tags for every resource (team, project, ...)."""
+    """More tags for every resource (team, project, ...); keys under aws: and gpucluster: are reserved."""
 
 
 class NetworkSettings(TypedDict):
@@ -251,9 +253,9 @@ SETTINGS_MODELS: dict[type, type[BaseModel]] = {
 # ----------------------------------------------------------------------- component plumbing
 
 PACKAGE = "gpucluster"
-STACK_TAG = "gpucluster:stack"
-"""The identity tag: the guardrail Lambdas, their IAM conditions and the CLI select resources by it."""
-CLUSTER_TAG = "gpucluster:cluster"
+STACK_TAG, CLUSTER_TAG = IDENTITY_TAG_KEYS
+"""The identity tag (gpucluster:stack): the guardrail Lambdas, their IAM conditions and the CLI select
+resources by it; gpucluster:cluster names the cluster."""
 
 
 def type_token(component: str) -> str:
@@ -337,8 +339,11 @@ def validate(component: str, name: str, model: type[M], args: Any,
     return value
 
 
-# Tags take the stack file's rule for extra tags (keys not under aws:, values 1-256 safe characters).
-Tags = field_rule(ClusterConfig, "extra_tags")
+# Tags take the stack file's rule for extra tags (keys not under aws: or gpucluster:, values 1-256
+# safe characters), except that the two identity tags pass: components that take no `identity`
+# (network, datasets, node IAM) receive them this way from GpuCluster; those that take one
+# (GpuNodeGroup, Guardrails) set their own over them (`owned_tags`).
+Tags = dict[Annotated[str, tag_key(IDENTITY_TAG_KEYS)], TagValue]
 SubnetId = get_args(field_rule(NetworkConfig, "existing_subnets"))[1]
 VpcId = field_rule(NetworkConfig, "existing_vpc_id")
 # Values only components take (the stack file names none of them): format checks, nothing more.

@@ -241,8 +241,8 @@ def test_component_tags_never_set_reserved_keys() -> None:
     assert str(info.value).startswith("Guardrails g: tags.gpucluster:previous-min: tag key "
                                       "'gpucluster:previous-min' is reserved")
     with pytest.raises(ArgsError) as info:
-        ClusterNetwork("n", {"cluster_name": "lab", "region": "us-east-1", "availability_zones": ["us-east-1a"],
-                             "vpc_cidr": "10.8.0.0/16", "tags": {"gpucluster:node-group": "x"}})
+        ClusterNetwork("n", {"cluster_name": "lab", "region": "us-east-1", "vpc_cidr": "10.8.0.0/16",
+                             "availability_zones": ["us-east-1a"], "tags": {"gpucluster:node-group": "x"}})
     assert "tags.gpucluster:node-group: tag key 'gpucluster:node-group' is reserved" in str(info.value)
     resources, _ = build(lambda: GpuNodeGroup("team-a-train", node_group_args(
         tags={"gpucluster:stack": "someone-else", "gpucluster:cluster": "x"})))

@@ -12,8 +12,14 @@ import pulumi
 import pulumi_aws as aws
 import pytest
 from base_config import base, plan_config
+from gpucluster.aws.args import ArgsError
 from gpucluster.aws.cluster import GpuCluster
-from gpucluster.aws.nodes import DEFAULT_AMI_PARAMETER, instance_overrides, instances_distribution
+from gpucluster.aws.nodes import (
+    DEFAULT_AMI_PARAMETER,
+    GpuNodeGroup,
+    instance_overrides,
+    instances_distribution,
+)
 from gpucluster.cli import app
 from gpucluster.plan import (
     MOCK_AMI,
@@ -24,6 +30,8 @@ from gpucluster.plan import (
     record_resources,
     run_plan,
 )
+from gpucluster.policy.offline import check_plan
+from gpucluster.spec import SpecError
 from gpucluster.stack import cluster_args
 from typer.testing import CliRunner
 
@@ -123,6 +131,54 @@ def test_efa_groups_get_one_subnet_and_a_cluster_placement_group(instance_type: 
         assert asg["vpcZoneIdentifiers"] == [subnets["us-east-1a"], subnets["us-east-1b"]]
         assert plan.of_type(PG) == [] and "placementGroup" not in asg
         assert plan.outputs["node_groups"]["train"]["placement_group_name"] is None
+
+
+CAPACITY_BLOCK = {"market": "capacity_block", "capacity_reservation_id": "cr-0123456789abcdef0"}
+RESERVATION = {"on_demand_base": 4, "capacity_reservation_id": "cr-0aaaabbbbccccdddd"}
+
+
+@pytest.mark.parametrize(("capacity", "asked", "placed"), [
+    (CAPACITY_BLOCK, None, False),  # already placed in an UltraCluster
+    (RESERVATION, None, False),     # the reservation sits where it was made
+    (RESERVATION, True, True),      # unless the user asks for one
+])
+def test_reserved_efa_groups_get_a_placement_group_only_when_it_helps(
+        capacity: dict[str, Any], asked: bool | None, placed: bool) -> None:
+    group: dict[str, Any] = {"min_nodes": 0, "capacity": capacity}
+    if asked is not None:
+        group["placement_group"] = asked
+    plan = plan_config(group_config("p5.48xlarge", **group))
+    asg = one(plan, ASG).inputs
+    assert len(asg["vpcZoneIdentifiers"]) == 1  # EFA: one subnet all the same
+    assert (len(plan.of_type(PG)), "placementGroup" in asg) == ((1, True) if placed else (0, False))
+    violations = [v for v in check_plan(plan) if v.policy == "efa-wiring"]
+    assert violations == []
+
+
+def test_capacity_block_with_a_placement_group_is_a_config_error() -> None:
+    with pytest.raises(SpecError) as err:
+        plan_config(group_config("p5.48xlarge", min_nodes=0, capacity=CAPACITY_BLOCK, placement_group=True))
+    assert [(f.path, "already placed together in an EC2 UltraCluster" in f.message)
+            for f in err.value.findings] == [("node_groups[0].placement_group", True)]
+
+
+def test_capacity_block_node_group_args_take_no_placement_group() -> None:
+    with pytest.raises(ArgsError) as err:
+        GpuNodeGroup("cb", {
+            "node_group": {"name": "cb", "instance_types": ["p5.48xlarge"], "max_nodes": 2, "efa": "on",
+                           "capacity": CAPACITY_BLOCK},
+            "cluster_name": "lab", "region": "us-east-1", "identity": "lab",
+            "subnet_ids": ["subnet-0aaaaaaaa"],
+            "security_group_ids": ["sg-0123456789abcdef0"], "placement_group_name": "lab-pg",
+            "instance_profile_arn": "arn:aws:iam::123456789012:instance-profile/lab"})
+    assert str(err.value).startswith("GpuNodeGroup cb: placement_group_name: a Capacity Block's instances")
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_shipped_stacks_keep_their_placement(stack: str) -> None:
+    plan = stack_plan(stack)
+    assert len(plan.of_type(PG)) == (1 if stack == "prod" else 0)
+    assert [v for v in check_plan(plan) if v.policy == "efa-wiring"] == []
 
 
 @pytest.mark.parametrize("plan_name", ["dev", "staging", "prod", *TYPES])

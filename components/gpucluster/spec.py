@@ -386,7 +386,7 @@ class NodeGroupConfig(StrictModel):
     efa: Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)] = "auto"
     """auto: on when every type supports EFA and the group can have more than one node."""
     placement_group: bool | None = None
-    """A cluster placement group; default on for EFA groups, off otherwise."""
+    """A cluster placement group; default: on for EFA groups not using a reservation or Capacity Block."""
     scratch_mount: Annotated[str, AfterValidator(_check_absolute_path)] = "/scratch"
     """Where the RAID0 of the NVMe instance-store disks is mounted."""
     root_volume_size_gib: Annotated[int, _in_range(50, 16384)] = 200
@@ -411,7 +411,16 @@ class NodeGroupConfig(StrictModel):
 
     @property
     def uses_placement_group(self) -> bool:
-        return self.efa_enabled if self.placement_group is None else self.placement_group
+        """`placement_group`, or by default: EFA groups that launch neither into a reservation nor a block.
+
+        A reservation's instances sit where the reservation was made: a new placement group would
+        leave launches short of it (eksctl #7949, terraform-aws-eks #3730), so groups targeting
+        one get a placement group only when asked. A Capacity Block never gets one.
+        """
+        if self.placement_group is not None:
+            return self.placement_group
+        cap = self.capacity
+        return self.efa_enabled and cap.market != "capacity_block" and cap.capacity_reservation_id is None
 
 
 class FsxConfig(StrictModel):
@@ -736,6 +745,18 @@ def group_capacity(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -
                       f"{cap.base_commitment} covers the on-demand base, but on_demand_base is 0")
 
 
+# AWS ParallelCluster rejects a placement group with Capacity Blocks: their instances are already
+# placed in an EC2 UltraCluster (ParallelCluster user guide, "Using Amazon EC2 Capacity Blocks for ML").
+CAPACITY_BLOCK_PLACEMENT = ("a Capacity Block's instances are already placed together in an EC2 "
+                            "UltraCluster; it takes no placement group (AWS ParallelCluster rejects one too)")
+
+
+@group_check
+def group_placement(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    if g.capacity.market == "capacity_block" and g.placement_group:
+        yield Finding(f"{path}.placement_group", f"{CAPACITY_BLOCK_PLACEMENT}; remove placement_group")
+
+
 @check
 def capacity_rules(spec: StackSpec) -> Iterable[Finding]:
     yield from _each_group(spec, group_capacity)
@@ -745,6 +766,11 @@ def capacity_rules(spec: StackSpec) -> Iterable[Finding]:
 def group_ami(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
     if g.ami_id and g.ami_ssm_parameter:
         yield Finding(f"{path}.ami_id", "set ami_id or ami_ssm_parameter, not both")
+
+
+@check
+def placement_rules(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_placement)
 
 
 @check

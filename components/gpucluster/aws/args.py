@@ -25,6 +25,7 @@ import pulumi
 from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError
 
 from gpucluster.spec import (
+    CAPACITY_BLOCK_PLACEMENT,
     CHECKS,
     IDENTITY_TAG_KEYS,
     AbsolutePath,
@@ -139,7 +140,7 @@ class NodeGroupSettings(TypedDict):
     efa: NotRequired[str]
     """auto: on when every type supports EFA and the group can have more than one node."""
     placement_group: NotRequired[bool]
-    """A cluster placement group; default on for EFA groups, off otherwise."""
+    """A cluster placement group; default: on for EFA groups not using a reservation or Capacity Block."""
     scratch_mount: NotRequired[str]
     """Where the RAID0 of the NVMe instance-store disks is mounted."""
     root_volume_size_gib: NotRequired[int]
@@ -443,6 +444,8 @@ def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
         subnets = m.subnet_ids if is_plain(m.subnet_ids) else None
         for f in node_group_findings(g, subnets, "node_group"):
             yield replace(f, path="subnet_ids") if f.path == "node_group.availability_zones" else f
+    if g.capacity.market == "capacity_block" and m.placement_group_name is not None:
+        yield Finding("placement_group_name", f"{CAPACITY_BLOCK_PLACEMENT}; leave it out")
     yield from unique_name_findings([d.name for d in m.data_mounts], "data_mounts", "data mount")
     placed: dict[str, str] = {}
     for i, d in enumerate(m.data_mounts):

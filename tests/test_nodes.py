@@ -12,6 +12,7 @@ import pulumi
 import pulumi_aws as aws
 import pytest
 from base_config import base, plan_config
+from gpucluster import plan as plan_module
 from gpucluster.aws.args import ArgsError
 from gpucluster.aws.cluster import GpuCluster
 from gpucluster.aws.nodes import (
@@ -372,6 +373,47 @@ def test_ami_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     seen.clear()
     plan = plan_config(group_config("g5.xlarge", ami_id="ami-0fedcba9876543210"))
     assert seen == [] and one(plan, LT).inputs["imageId"] == "ami-0fedcba9876543210"
+
+
+def unignored_changes(before: Plan, after: Plan) -> dict[str, list[str]]:
+    """Resource name -> inputs a `pulumi up` from `before` to `after` would change (ignore_changes aside)."""
+    old = {r.urn: r for r in before.resources}
+    changed: dict[str, list[str]] = {}
+    for new in after.resources:
+        prior = old.get(new.urn)
+        if prior is None:
+            changed[new.name] = ["<created>"]
+            continue
+        keys = sorted(k for k in {*prior.inputs, *new.inputs} if prior.inputs.get(k) != new.inputs.get(k)
+                      and k not in new.ignore_changes)
+        if keys:
+            changed[new.name] = keys
+    return changed
+
+
+@pytest.mark.parametrize("group", [{}, {"ami_ssm_parameter": "/my/golden/ami"}])
+def test_a_new_ami_release_changes_nothing_on_the_next_up(monkeypatch: pytest.MonkeyPatch,
+                                                          group: dict[str, Any]) -> None:
+    config = group_config("p4d.24xlarge", **group)
+    before = plan_config(config)
+    monkeypatch.setattr(plan_module, "MOCK_AMI", "ami-0ffffffffffffffff")  # the parameter moved on
+    after = plan_config(config)
+    assert one(after, LT).inputs["imageId"] == "ami-0ffffffffffffffff"
+    assert one(after, LT).ignore_changes == ("imageId",)
+    assert unignored_changes(before, after) == {}
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_a_second_up_with_nothing_changed_changes_nothing(stack: str) -> None:
+    assert unignored_changes(stack_plan(stack), run_plan(stack)) == {}
+
+
+def test_setting_ami_id_is_the_deliberate_upgrade() -> None:
+    pinned = plan_config(group_config("p4d.24xlarge", ami_id="ami-0fedcba9876543210"))
+    upgraded = plan_config(group_config("p4d.24xlarge", ami_id="ami-0123456789abcdef1"))
+    lt = one(upgraded, LT)
+    assert lt.ignore_changes == () and lt.inputs["imageId"] == "ami-0123456789abcdef1"
+    assert unignored_changes(pinned, upgraded) == {lt.name: ["imageId"]}
 
 
 # -------------------------------------------------------------------------- outputs

@@ -214,8 +214,38 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return response
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _content(value: pulumi.Asset | pulumi.Archive) -> dict[str, Any]:
+    """An asset or archive by content: each file's SHA-256 and one over them all (what a diff sees).
+
+    A directory archive lists every file under it, build noise included, as the engine would zip it.
+    """
+    files: dict[str, str] = {}
+    if isinstance(value, pulumi.FileAsset):
+        return {"sha256": _sha256(Path(value.path).read_bytes())}
+    if isinstance(value, pulumi.StringAsset):
+        return {"sha256": _sha256(value.text.encode())}
+    if isinstance(value, pulumi.AssetArchive):
+        for name, part in sorted(value.assets.items()):
+            inner = _content(part)
+            files.update({f"{name}/{k}": v for k, v in inner.get("files", {}).items()} if "files" in inner
+                         else {name: inner["sha256"]})
+    elif isinstance(value, pulumi.FileArchive):
+        root = Path(value.path)
+        files = {str(p.relative_to(root)): _sha256(p.read_bytes())
+                 for p in sorted(root.rglob("*")) if p.is_file()}
+    else:
+        return {"sha256": None, "what": type(value).__name__}
+    return {"sha256": _sha256(json.dumps(files, sort_keys=True).encode()), "files": files}
+
+
 def _plain(value: Any) -> Any:
-    """Engine values -> JSON-able Python (resource references become their URN)."""
+    """Engine values -> JSON-able Python (resource references become their URN, assets their hashes)."""
+    if isinstance(value, pulumi.Asset | pulumi.Archive):
+        return _content(value)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

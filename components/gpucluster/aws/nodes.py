@@ -1,7 +1,8 @@
 """GpuNodeGroup: one GPU node group as a launch template and an Auto Scaling group, in any VPC.
 
 It owns how GPU nodes are launched: the AMI (the AWS Deep Learning AMI's public
-SSM parameter unless overridden), IMDSv2 only, an encrypted gp3 root volume,
+SSM parameter unless overridden, resolved once and kept until `ami_id` says
+otherwise), IMDSv2 only, an encrypted gp3 root volume,
 the EFA interface layout (`nics.py`), the user data (`bootstrap`), and the
 capacity mix: on-demand base, spot above it, instance-type fallbacks, on-demand
 capacity reservations and Capacity Blocks. Nodes are ASG capacity, never
@@ -101,6 +102,17 @@ def node_tags(tags: Mapping[str, str], identity: str, cluster_name: str, group: 
             "Name": f"{cluster_name}-{group}"}
 
 
+def ami_ignore_changes(group: NodeGroupConfig) -> list[str]:
+    """The AMI read from an SSM parameter is resolved once, at creation, and then kept.
+
+    The default parameter names the *latest* Deep Learning AMI: followed on every `pulumi up`,
+    each AMI release would make a new launch template version (and new nodes differ from the
+    running ones) without anyone asking. The AMI changes only when `ami_id` is set or changed,
+    which takes this away (README, "Upgrading the AMI").
+    """
+    return [] if group.ami_id else ["imageId"]
+
+
 def can_hold_spot(group: NodeGroupConfig) -> bool:
     return group.capacity.market == "mixed" and group.capacity.spot_percent > 0
 
@@ -173,7 +185,6 @@ class GpuNodeGroup(pulumi.ComponentResource):
         m = validate("GpuNodeGroup", name, GpuNodeGroupModel, args, node_group_checks)
         super().__init__(type_token("GpuNodeGroup"), name, None, component_options(opts, OLD_TYPE))
         group = m.node_group
-        child = pulumi.ResourceOptions(parent=self)
         tags = node_tags(m.tags, m.identity, m.cluster_name, group.name)
         mounts = [DataMount(name=d.name, access=d.access, bucket_name=d.bucket_name, prefix=d.prefix,
                             path=d.path, fsx_dns_name=d.fsx_dns_name, fsx_mount_name=d.fsx_mount_name)
@@ -200,7 +211,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                                 for kind in ("instance", "volume", "network-interface")],
             update_default_version=True,
             tags=tags,
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=ami_ignore_changes(group)),
             **capacity_block_options(group.capacity),
         )
         self.asg = aws.autoscaling.Group(

@@ -81,7 +81,8 @@ def existing_vpc_group() -> tuple[list[PlannedResource], dict[str, Any]]:
 
 def test_node_group_drops_into_an_existing_vpc_without_a_network(existing_vpc_group: Any) -> None:
     resources, outputs = existing_vpc_group
-    assert sorted(r.type for r in resources) == [ASG, LT, "gpucluster:index:GpuNodeGroup"]
+    assert sorted(r.type for r in resources) == [ASG, LT, "gpucluster:index:GpuNodeGroup",
+                                                 "pulumi:providers:aws"]  # the group's own (stop-state tags)
     asg = one(resources, ASG).inputs
     assert asg["vpcZoneIdentifiers"] == [SUBNET]
     assert asg["placementGroup"] == "team-a-train-pg"
@@ -168,7 +169,9 @@ def test_bad_node_group_args_fail_with_the_stack_files_message_before_any_resour
                      "capacity": {"market": "capacity_block", "spot_percent": 10}}},
      ["node_group: need min_nodes <= desired_nodes <= max_nodes, got 3 <= 0 <= 2",
       "node_group.capacity.capacity_reservation_id: a capacity block needs its reservation id (cr-...)",
-      "node_group.capacity.spot_percent: capacity blocks have no spot share; must be 0, got 10"]),
+      "node_group.capacity.spot_percent: capacity blocks have no spot share; must be 0, got 10",
+      "placement_group_name: a Capacity Block's instances are already placed together in an EC2 "
+      "UltraCluster; it takes no placement group (AWS ParallelCluster rejects one too); leave it out"]),
     ({"security_group_ids": ["default"], "identity": "", "tags": {"aws:owner": "x"}},
      ["identity: must be 1-256 characters of letters, digits, spaces and _ . : / = + - @, got ''",
       "security_group_ids: must be a security group id like sg-0abc12345def67890, got 'default'",

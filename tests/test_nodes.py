@@ -15,13 +15,16 @@ from base_config import base, plan_config
 from gpucluster import plan as plan_module
 from gpucluster.aws.args import ArgsError
 from gpucluster.aws.cluster import GpuCluster
+from gpucluster.aws.guardrails import STATE_TAG_KEYS
 from gpucluster.aws.nodes import (
     DEFAULT_AMI_PARAMETER,
+    STOP_STATE_TAG_PREFIXES,
     GpuNodeGroup,
     instance_overrides,
     instances_distribution,
 )
 from gpucluster.cli import app
+from gpucluster.lambdas import scaling
 from gpucluster.plan import (
     MOCK_AMI,
     Plan,
@@ -327,7 +330,7 @@ def test_tags_on_everything_propagated_to_instances_and_volumes(stack: str) -> N
                                        "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
                                        "aws:ec2/route:Route",
                                        "aws:ec2/routeTableAssociation:RouteTableAssociation",
-                                       "aws:autoscaling/group:Group"):
+                                       "aws:autoscaling/group:Group", PROVIDER):
             assert plan.spec.tags.items() <= r.inputs.get("tags", {}).items(), r.name
 
 
@@ -414,6 +417,67 @@ def test_setting_ami_id_is_the_deliberate_upgrade() -> None:
     lt = one(upgraded, LT)
     assert lt.ignore_changes == () and lt.inputs["imageId"] == "ami-0123456789abcdef1"
     assert unignored_changes(pinned, upgraded) == {lt.name: ["imageId"]}
+
+
+# ------------------------------------------------------------------- stop-state tags
+
+
+PROVIDER = "pulumi:providers:aws"
+
+
+def asg_provider(plan: Plan) -> PlannedResource:
+    asg = one(plan, ASG)
+    return next(r for r in plan.resources if r.urn == asg.provider)
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_the_groups_provider_never_takes_the_stop_state_tags_into_pulumis_state(stack: str) -> None:
+    """A `pulumi refresh` must not read the tags a stop wrote, or the next `up` deletes them."""
+    plan = stack_plan(stack)
+    provider = asg_provider(plan)
+    assert provider.type == PROVIDER and provider.inputs["region"] == plan.spec.region
+    ignored = json.loads(provider.inputs["ignoreTags"])
+    written = (scaling.STOPPED_BY_TAG, scaling.PREVIOUS_DESIRED_TAG, scaling.PREVIOUS_MIN_TAG,
+               *STATE_TAG_KEYS)
+    assert all(any(key.startswith(p) for p in ignored["keyPrefixes"]) for key in written)
+    # ... while every tag Pulumi sets stays Pulumi's to manage.
+    asg_tags = [t["key"] for t in one(plan, ASG).inputs["tags"]]
+    assert not [k for k in asg_tags if k.startswith(tuple(ignored["keyPrefixes"]))]
+    # Only the Auto Scaling group needs it: everything else stays on the stack's default provider.
+    assert [r.name for r in plan.resources if r.provider] == [one(plan, ASG).name]
+
+
+def test_the_groups_provider_acts_with_the_stacks_own_aws_settings() -> None:
+    """An explicit provider reads no stack config: the stack's aws:* settings are handed to it."""
+    config = group_config("g5.xlarge")
+    role = "arn:aws:iam::123456789012:role/deployer"
+    config |= {"aws:profile": "ml-prod", "aws:assumeRoles": [{"roleArn": role}],
+               "aws:allowedAccountIds": ["123456789012"], "aws:skipMetadataApiCheck": True,
+               "aws:ignoreTags": {"keys": ["team-owned"], "keyPrefixes": ["kubernetes.io/"]}}
+    provider = asg_provider(plan_config(config)).inputs
+    assert provider["profile"] == "ml-prod"
+    assert json.loads(provider["assumeRoles"]) == [{"roleArn": role}]
+    assert json.loads(provider["allowedAccountIds"]) == ["123456789012"]
+    assert provider["skipMetadataApiCheck"] == "true"
+    assert json.loads(provider["ignoreTags"]) == {
+        "keys": ["team-owned"], "keyPrefixes": ["kubernetes.io/", *STOP_STATE_TAG_PREFIXES]}
+
+
+def test_a_provider_given_to_the_group_is_used_as_it_is() -> None:
+    def program() -> None:
+        given = aws.Provider("mine", region="us-east-1", ignore_tags=aws.ProviderIgnoreTagsArgs(
+            key_prefixes=list(STOP_STATE_TAG_PREFIXES)))
+        GpuNodeGroup("cb", {
+            "node_group": {"name": "cb", "instance_types": ["g5.xlarge"], "max_nodes": 2},
+            "cluster_name": "lab", "region": "us-east-1", "identity": "lab",
+            "subnet_ids": ["subnet-0aaaaaaaa"], "security_group_ids": ["sg-0123456789abcdef0"],
+            "instance_profile_arn": "arn:aws:iam::123456789012:instance-profile/lab"},
+            opts=pulumi.ResourceOptions(providers={"aws": given}))
+
+    resources, _ = record_resources(program)
+    providers = [r for r in resources if r.type == PROVIDER]
+    assert [p.name for p in providers] == ["mine"]
+    assert next(r for r in resources if r.type == ASG).provider == providers[0].urn
 
 
 # -------------------------------------------------------------------------- outputs

@@ -49,6 +49,8 @@ class PlannedResource:
     """Every resource the engine must create first: `depends_on` and those its inputs come from."""
     property_dependencies: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Input name -> URNs of the resources that input's value comes from (the engine's view)."""
+    provider: str | None = None
+    """URN of the explicit provider the resource is created with (None: the stack's default)."""
 
     @property
     def dependencies(self) -> list[str]:
@@ -210,6 +212,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 property_dependencies={key: tuple(deps.urns)
                                        for key, deps in sorted(request.propertyDependencies.items())
                                        if deps.urns},
+                provider=request.provider.rsplit("::", 1)[0] if request.provider else None,  # urn::id
             ))
         return response
 

@@ -21,6 +21,7 @@ from gpucluster.aws.guardrails import Guardrails, GuardrailsArgs
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, GpuNodeGroupArgs
 from gpucluster.lambdas import budget_action, scaling
+from gpucluster.names import autoname
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, RecordingMonitor, record_resources, run_plan
 from gpucluster.spec import CapacityConfig, CostTags, FsxConfig, SpecError, parse_stack_config
 from gpucluster.stack import cluster_args
@@ -92,7 +93,7 @@ def test_node_group_drops_into_an_existing_vpc_without_a_network(existing_vpc_gr
     nics = lt["networkInterfaces"]
     assert [n["interfaceType"] for n in nics] == ["efa", "efa-only", "efa-only", "efa-only"]
     assert all(n["securityGroups"] == [NODES_SG] for n in nics)
-    assert outputs == {"asg_name": "team-a-train-asg",
+    assert outputs == {"asg_name": autoname("team-a-train-asg"),
                        "asg_arn": f"arn:aws:autoscaling:us-east-1:{MOCK_ACCOUNT}:team-a-train-asg",
                        "lt": "team-a-train-lt-id"}
 
@@ -217,7 +218,8 @@ def test_cluster_from_a_programs_own_args_takes_the_current_stack_as_identity() 
                                lambda c: {"groups": c.node_groups, "vpc": c.vpc_id})
     asg_tags = {t["key"]: t["value"] for t in one(resources, ASG).inputs["tags"]}
     assert asg_tags["gpucluster:stack"] == "ext" and asg_tags["gpucluster:cluster"] == "lab"
-    assert outputs["groups"]["gpu"]["asg_name"] == "lab-gpu-asg" and outputs["vpc"] == "lab-network-vpc-id"
+    assert outputs["groups"]["gpu"]["asg_name"] == autoname("lab-gpu-asg")
+    assert outputs["vpc"] == "lab-network-vpc-id"
     assert [r for r in resources if r.type == "aws:ec2/natGateway:NatGateway"] == []
 
 

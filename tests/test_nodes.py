@@ -25,6 +25,7 @@ from gpucluster.aws.nodes import (
 )
 from gpucluster.cli import app
 from gpucluster.lambdas import scaling
+from gpucluster.names import autoname
 from gpucluster.plan import (
     MOCK_AMI,
     Plan,
@@ -129,8 +130,8 @@ def test_efa_groups_get_one_subnet_and_a_cluster_placement_group(instance_type: 
         assert asg["vpcZoneIdentifiers"] == [subnets["us-east-1a"]]
         pg = one(plan, PG)
         assert pg.inputs["strategy"] == "cluster"
-        assert asg["placementGroup"] == pg.name
-        assert plan.outputs["node_groups"]["train"]["placement_group_name"] == pg.name
+        assert asg["placementGroup"] == autoname(pg.name)  # the name AWS gives it, as the mocks do
+        assert plan.outputs["node_groups"]["train"]["placement_group_name"] == autoname(pg.name)
     else:
         assert asg["vpcZoneIdentifiers"] == [subnets["us-east-1a"], subnets["us-east-1b"]]
         assert plan.of_type(PG) == [] and "placementGroup" not in asg
@@ -489,10 +490,10 @@ def test_outputs_per_group_and_network() -> None:
     assert out["vpc_id"] == id_of(one(plan, "aws:ec2/vpc:Vpc"))
     assert out["subnet_ids"] == {"us-east-1d": "gpu-prod-network-private-us-east-1d-id"}
     group = out["node_groups"]["h100-train"]
-    assert group["asg_name"] == one(plan, ASG).name
+    assert group["asg_name"] == autoname(one(plan, ASG).name)
     assert group["launch_template_id"] == id_of(one(plan, LT))
     assert group["security_group_id"] == "gpu-prod-network-h100-train-nodes-id"
-    assert group["placement_group_name"] == one(plan, PG).name
+    assert group["placement_group_name"] == autoname(one(plan, PG).name)
     assert group["efa"] is True and group["instance_types"] == ["p5.48xlarge", "p5e.48xlarge"]
 
 

@@ -23,6 +23,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from gpucluster import names
 from gpucluster.project import missing_stack_message, stacks_dir
 from gpucluster.spec import PROJECT, StackSpec, parse_stack_config
 
@@ -155,6 +156,9 @@ class PlanMocks(pulumi.runtime.Mocks):
         arn = f"arn:aws:{service}:{self.region}:{MOCK_ACCOUNT}:{args.name}"
         state = {"arn": arn, "name": args.name, **args.inputs}
         state.setdefault("id", f"{args.name}-id")
+        # Names the provider fills in (`<logical>-<7 hex>`), so names built from them (an alarm named
+        # after its Auto Scaling group) are as long in the plan as in AWS.
+        state.update(names.generated_state(args.typ, args.name, args.inputs))
         state.update(_provider_computed(args.typ, args.name, args.inputs, self.region))
         return state["id"], state
 
@@ -178,7 +182,8 @@ def _provider_computed(typ: str, name: str, inputs: dict[str, Any], region: str)
     digest = hashlib.sha256(name.encode()).hexdigest()
     if typ == "aws:s3/bucket:Bucket":
         # S3 bucket id == its name; a bucket_prefix gets a 26-character unique suffix.
-        bucket = inputs.get("bucket") or inputs.get("bucketPrefix", "") + str(int(digest, 16))[:26]
+        found = names.physical_name(typ, name, inputs)
+        bucket = found.name if found else name
         return {"id": bucket, "bucket": bucket, "arn": f"arn:aws:s3:::{bucket}"}
     if typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
         fs_id = f"fs-{digest[:17]}"

@@ -913,6 +913,14 @@ def dataset_path(spec: StackSpec, d: DatasetConfig) -> str:
 
 
 @check
+def resource_names(spec: StackSpec) -> Iterable[Finding]:
+    """Every physical name the program gives (Pulumi's auto-names included) fits AWS's limit for it."""
+    from gpucluster.names import name_findings  # it reads specs: imported here, after this module
+
+    yield from name_findings(spec)
+
+
+@check
 def budget_rules(spec: StackSpec) -> Iterable[Finding]:
     if spec.budget is not None:
         yield from budget_findings(spec.budget)

@@ -121,13 +121,20 @@ def test_one_character_more_is_rejected_and_would_not_deploy(longest: str,
     assert too_long(plan_config(config)) != []
 
 
-@pytest.mark.parametrize("case", ["dev", "staging", "prod", "full", "longest", "base"])
+EXISTING_VPC = {**copy.deepcopy(FULL), "gpucluster:network": {
+    "availability_zones": ["us-east-1a"], "existing_vpc_id": "vpc-0123456789abcdef0",
+    "existing_subnets": {"us-east-1a": "subnet-0123456789abcdef0"}}}
+EXISTING_VPC["gpucluster:node_groups"][2]["availability_zones"] = ["us-east-1a"]
+
+
+@pytest.mark.parametrize("case", ["dev", "staging", "prod", "full", "longest", "base", "existing-vpc"])
 def test_the_specs_names_are_the_programs(case: str, longest: str) -> None:
     """`expected_names` (what the spec checks) lists exactly the names a plan registers."""
     if case in ("dev", "staging", "prod"):
         plan = run_plan(case)
     else:
-        config = {"full": FULL, "base": BASE_CONFIG, "longest": with_names(longest, long_name)}[case]
+        config = {"full": FULL, "base": BASE_CONFIG, "longest": with_names(longest, long_name),
+                  "existing-vpc": EXISTING_VPC}[case]
         plan = plan_config(copy.deepcopy(config))
     assert sorted((e.physical.type, e.physical.name) for e in expected_names(plan.spec)) == planned(plan)
     assert too_long(plan) == []

@@ -393,10 +393,10 @@ class NodeGroupConfig(StrictModel):
     """Encrypted gp3 root volume size."""
     ami_id: Annotated[str, _matches(r"ami-[0-9a-f]{8,17}",
                                     "must be an AMI id like ami-0abc12345def67890")] | None = None
-    """Override the default AWS Deep Learning AMI."""
+    """Pin an AMI instead of the Deep Learning AMI; set or change it to upgrade a group's AMI."""
     ami_ssm_parameter: Annotated[str, _matches(r"/[\w./-]+", "must be an SSM parameter path "
                                                "starting with /")] | None = None
-    """Override the public SSM parameter the AMI is read from."""
+    """Another SSM parameter to read the AMI from; read once, when the group is created."""
 
     @property
     def types(self) -> list[catalog.InstanceType]:

@@ -146,9 +146,9 @@ class NodeGroupSettings(TypedDict):
     root_volume_size_gib: NotRequired[int]
     """Encrypted gp3 root volume size."""
     ami_id: NotRequired[str]
-    """Override the default AWS Deep Learning AMI."""
+    """Pin an AMI instead of the Deep Learning AMI; set or change it to upgrade a group's AMI."""
     ami_ssm_parameter: NotRequired[str]
-    """Override the public SSM parameter the AMI is read from."""
+    """Another SSM parameter to read the AMI from; read once, when the group is created."""
 
 
 class FsxSettings(TypedDict):

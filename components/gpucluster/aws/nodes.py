@@ -8,7 +8,8 @@ capacity mix: on-demand base, spot above it, instance-type fallbacks, on-demand
 capacity reservations and Capacity Blocks. Nodes are ASG capacity, never
 resources of their own, so a plan's size does not depend on node counts.
 Pulumi sets the desired capacity only at creation: after that it belongs to
-the guardrails and to users. It never gives a node a public address. It takes
+the guardrails and to users, and so are the stop-state tags they write (the
+group's own provider ignores them). It never gives a node a public address. It takes
 its subnets, security groups, placement group and instance profile as ids, so
 it drops into a VPC gpucluster did not build.
 """
@@ -222,6 +223,9 @@ class GpuNodeGroupArgs(TypedDict):
 class GpuNodeGroup(pulumi.ComponentResource):
     """A GPU node group: a launch template and an Auto Scaling group, dropped into any VPC.
 
+    The Auto Scaling group is managed through an aws provider of its own (the stack's `aws:*`
+    settings plus `ignore_tags` for the guardrails' stop-state tags), unless an aws provider is
+    passed in `opts`: that one must ignore the tag prefixes `STOP_STATE_TAG_PREFIXES` itself.
     Python users also get `asg` (the `aws.autoscaling.Group`) and `launch_template` (the
     `aws.ec2.LaunchTemplate`).
     """

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pulumi
 import pytest
 
 from gpucluster.aws import guardrails as g
 from gpucluster.aws.guardrails import Guardrails
-from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources
+from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources, run_plan
 from gpucluster.spec import StackSpec, parse_stack_config
 from gpucluster.stack import can_run_spot, guardrails_args
 
@@ -337,11 +338,34 @@ def test_dev_lambdas_settings_and_environment(dev: Built) -> None:
         assert log_group["retentionInDays"] == 30
 
 
-def test_lambda_code_is_the_handlers_directory_as_package_lambdas() -> None:
+def test_lambda_code_is_the_handler_modules_as_package_lambdas() -> None:
     archive = g.lambda_code()
-    assert list(archive.assets) == ["lambdas"]
-    assert archive.assets["lambdas"].path == str(g.LAMBDA_DIR)
+    modules = sorted(p.name for p in g.LAMBDA_DIR.glob("*.py"))
+    handlers = {h.split(".")[1] + ".py" for h in g.HANDLERS.values()}
+    assert {"__init__.py", "scaling.py", *handlers} <= set(modules)
+    assert sorted(archive.assets) == [f"lambdas/{m}" for m in modules]
+    assert all(isinstance(a, pulumi.FileAsset) for a in archive.assets.values())
     assert g.LAMBDA_DIR.parts[-3:] == ("components", "gpucluster", "lambdas")
+
+
+def test_lambda_archive_is_stable_across_runs_and_ignores_build_noise() -> None:
+    """A second plan after a local test run (bytecode in lambdas/) shows the same code hash."""
+    first = {f.inputs["name"]: f.inputs["code"] for f in run_plan("dev").of_type(FUNCTION)}
+    noise = [g.LAMBDA_DIR / "__pycache__" / "gpucluster-noise.cpython-313.pyc", g.LAMBDA_DIR / "stray.pyc",
+             g.LAMBDA_DIR / ".coverage"]
+    try:
+        for path in noise:
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(b"noise")
+        second = {f.inputs["name"]: f.inputs["code"] for f in run_plan("dev").of_type(FUNCTION)}
+    finally:
+        for path in noise:
+            path.unlink(missing_ok=True)
+    assert first == second
+    modules = {f"lambdas/{p.name}" for p in g.LAMBDA_DIR.glob("*.py")}
+    for code in second.values():
+        assert set(code["files"]) == modules, "only the handler modules, by content"
+        assert len(code["sha256"]) == 64
 
 
 def test_failed_invocations_notify_and_spot_retries_stay_within_the_warning(dev: Built) -> None:
@@ -496,7 +520,8 @@ def test_the_spend_report_reads_and_publishes_only(base_config: dict[str, Any], 
     fn = built.function("report").inputs
     assert fn["name"] == "test-spend-report"
     assert fn["environment"]["variables"] == {
-        "GPUCLUSTER_STACK": "organization/gpucluster/case/test", "NOTIFY_TOPIC_ARN": built.notify_topic, "REPORT_PERIOD": period,
+        "GPUCLUSTER_STACK": "organization/gpucluster/case/test", "NOTIFY_TOPIC_ARN": built.notify_topic,
+        "REPORT_PERIOD": period,
         "MONTHLY_LIMIT_USD": "700", "IDLE_THRESHOLD_PERCENT": "7.5",
         "GPU_METRIC_NAMESPACE": "gpucluster/test"}
     rule = built.one(RULE, "report-rule").inputs

@@ -14,9 +14,20 @@ import pytest
 from typer.testing import CliRunner
 
 from base_config import base, plan_config
+from gpucluster import plan as plan_module
+from gpucluster.aws.args import ArgsError
 from gpucluster.aws.cluster import GpuCluster
-from gpucluster.aws.nodes import DEFAULT_AMI_PARAMETER, instance_overrides, instances_distribution
+from gpucluster.aws.guardrails import STATE_TAG_KEYS
+from gpucluster.aws.nodes import (
+    DEFAULT_AMI_PARAMETER,
+    STOP_STATE_TAG_PREFIXES,
+    GpuNodeGroup,
+    instance_overrides,
+    instances_distribution,
+)
 from gpucluster.cli import app
+from gpucluster.lambdas import scaling
+from gpucluster.names import autoname
 from gpucluster.plan import (
     MOCK_AMI,
     Plan,
@@ -26,6 +37,8 @@ from gpucluster.plan import (
     record_resources,
     run_plan,
 )
+from gpucluster.policy.offline import check_plan
+from gpucluster.spec import SpecError
 from gpucluster.stack import cluster_args
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -118,12 +131,60 @@ def test_efa_groups_get_one_subnet_and_a_cluster_placement_group(instance_type: 
         assert asg["vpcZoneIdentifiers"] == [subnets["us-east-1a"]]
         pg = one(plan, PG)
         assert pg.inputs["strategy"] == "cluster"
-        assert asg["placementGroup"] == pg.name
-        assert plan.outputs["node_groups"]["train"]["placement_group_name"] == pg.name
+        assert asg["placementGroup"] == autoname(pg.name)  # the name AWS gives it, as the mocks do
+        assert plan.outputs["node_groups"]["train"]["placement_group_name"] == autoname(pg.name)
     else:
         assert asg["vpcZoneIdentifiers"] == [subnets["us-east-1a"], subnets["us-east-1b"]]
         assert plan.of_type(PG) == [] and "placementGroup" not in asg
         assert plan.outputs["node_groups"]["train"]["placement_group_name"] is None
+
+
+CAPACITY_BLOCK = {"market": "capacity_block", "capacity_reservation_id": "cr-0123456789abcdef0"}
+RESERVATION = {"on_demand_base": 4, "capacity_reservation_id": "cr-0aaaabbbbccccdddd"}
+
+
+@pytest.mark.parametrize(("capacity", "asked", "placed"), [
+    (CAPACITY_BLOCK, None, False),  # already placed in an UltraCluster
+    (RESERVATION, None, False),     # the reservation sits where it was made
+    (RESERVATION, True, True),      # unless the user asks for one
+])
+def test_reserved_efa_groups_get_a_placement_group_only_when_it_helps(
+        capacity: dict[str, Any], asked: bool | None, placed: bool) -> None:
+    group: dict[str, Any] = {"min_nodes": 0, "capacity": capacity}
+    if asked is not None:
+        group["placement_group"] = asked
+    plan = plan_config(group_config("p5.48xlarge", **group))
+    asg = one(plan, ASG).inputs
+    assert len(asg["vpcZoneIdentifiers"]) == 1  # EFA: one subnet all the same
+    assert (len(plan.of_type(PG)), "placementGroup" in asg) == ((1, True) if placed else (0, False))
+    violations = [v for v in check_plan(plan) if v.policy == "efa-wiring"]
+    assert violations == []
+
+
+def test_capacity_block_with_a_placement_group_is_a_config_error() -> None:
+    with pytest.raises(SpecError) as err:
+        plan_config(group_config("p5.48xlarge", min_nodes=0, capacity=CAPACITY_BLOCK, placement_group=True))
+    assert [(f.path, "already placed together in an EC2 UltraCluster" in f.message)
+            for f in err.value.findings] == [("node_groups[0].placement_group", True)]
+
+
+def test_capacity_block_node_group_args_take_no_placement_group() -> None:
+    with pytest.raises(ArgsError) as err:
+        GpuNodeGroup("cb", {
+            "node_group": {"name": "cb", "instance_types": ["p5.48xlarge"], "max_nodes": 2, "efa": "on",
+                           "capacity": CAPACITY_BLOCK},
+            "cluster_name": "lab", "region": "us-east-1", "identity": "lab",
+            "subnet_ids": ["subnet-0aaaaaaaa"],
+            "security_group_ids": ["sg-0123456789abcdef0"], "placement_group_name": "lab-pg",
+            "instance_profile_arn": "arn:aws:iam::123456789012:instance-profile/lab"})
+    assert str(err.value).startswith("GpuNodeGroup cb: placement_group_name: a Capacity Block's instances")
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_shipped_stacks_keep_their_placement(stack: str) -> None:
+    plan = stack_plan(stack)
+    assert len(plan.of_type(PG)) == (1 if stack == "prod" else 0)
+    assert [v for v in check_plan(plan) if v.policy == "efa-wiring"] == []
 
 
 @pytest.mark.parametrize("plan_name", ["dev", "staging", "prod", *TYPES])
@@ -272,7 +333,7 @@ def test_tags_on_everything_propagated_to_instances_and_volumes(stack: str) -> N
                                        "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
                                        "aws:ec2/route:Route",
                                        "aws:ec2/routeTableAssociation:RouteTableAssociation",
-                                       "aws:autoscaling/group:Group"):
+                                       "aws:autoscaling/group:Group", PROVIDER):
             assert plan.spec.tags.items() <= r.inputs.get("tags", {}).items(), r.name
 
 
@@ -320,6 +381,108 @@ def test_ami_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen == [] and one(plan, LT).inputs["imageId"] == "ami-0fedcba9876543210"
 
 
+def unignored_changes(before: Plan, after: Plan) -> dict[str, list[str]]:
+    """Resource name -> inputs a `pulumi up` from `before` to `after` would change (ignore_changes aside)."""
+    old = {r.urn: r for r in before.resources}
+    changed: dict[str, list[str]] = {}
+    for new in after.resources:
+        prior = old.get(new.urn)
+        if prior is None:
+            changed[new.name] = ["<created>"]
+            continue
+        keys = sorted(k for k in {*prior.inputs, *new.inputs} if prior.inputs.get(k) != new.inputs.get(k)
+                      and k not in new.ignore_changes)
+        if keys:
+            changed[new.name] = keys
+    return changed
+
+
+@pytest.mark.parametrize("group", [{}, {"ami_ssm_parameter": "/my/golden/ami"}])
+def test_a_new_ami_release_changes_nothing_on_the_next_up(monkeypatch: pytest.MonkeyPatch,
+                                                          group: dict[str, Any]) -> None:
+    config = group_config("p4d.24xlarge", **group)
+    before = plan_config(config)
+    monkeypatch.setattr(plan_module, "MOCK_AMI", "ami-0ffffffffffffffff")  # the parameter moved on
+    after = plan_config(config)
+    assert one(after, LT).inputs["imageId"] == "ami-0ffffffffffffffff"
+    assert one(after, LT).ignore_changes == ("imageId",)
+    assert unignored_changes(before, after) == {}
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_a_second_up_with_nothing_changed_changes_nothing(stack: str) -> None:
+    assert unignored_changes(stack_plan(stack), run_plan(stack)) == {}
+
+
+def test_setting_ami_id_is_the_deliberate_upgrade() -> None:
+    pinned = plan_config(group_config("p4d.24xlarge", ami_id="ami-0fedcba9876543210"))
+    upgraded = plan_config(group_config("p4d.24xlarge", ami_id="ami-0123456789abcdef1"))
+    lt = one(upgraded, LT)
+    assert lt.ignore_changes == () and lt.inputs["imageId"] == "ami-0123456789abcdef1"
+    assert unignored_changes(pinned, upgraded) == {lt.name: ["imageId"]}
+
+
+# ------------------------------------------------------------------- stop-state tags
+
+
+PROVIDER = "pulumi:providers:aws"
+
+
+def asg_provider(plan: Plan) -> PlannedResource:
+    asg = one(plan, ASG)
+    return next(r for r in plan.resources if r.urn == asg.provider)
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_the_groups_provider_never_takes_the_stop_state_tags_into_pulumis_state(stack: str) -> None:
+    """A `pulumi refresh` must not read the tags a stop wrote, or the next `up` deletes them."""
+    plan = stack_plan(stack)
+    provider = asg_provider(plan)
+    assert provider.type == PROVIDER and provider.inputs["region"] == plan.spec.region
+    ignored = json.loads(provider.inputs["ignoreTags"])
+    written = (scaling.STOPPED_BY_TAG, scaling.PREVIOUS_DESIRED_TAG, scaling.PREVIOUS_MIN_TAG,
+               *STATE_TAG_KEYS)
+    assert all(any(key.startswith(p) for p in ignored["keyPrefixes"]) for key in written)
+    # ... while every tag Pulumi sets stays Pulumi's to manage.
+    asg_tags = [t["key"] for t in one(plan, ASG).inputs["tags"]]
+    assert not [k for k in asg_tags if k.startswith(tuple(ignored["keyPrefixes"]))]
+    # Only the Auto Scaling group needs it: everything else stays on the stack's default provider.
+    assert [r.name for r in plan.resources if r.provider] == [one(plan, ASG).name]
+
+
+def test_the_groups_provider_acts_with_the_stacks_own_aws_settings() -> None:
+    """An explicit provider reads no stack config: the stack's aws:* settings are handed to it."""
+    config = group_config("g5.xlarge")
+    role = "arn:aws:iam::123456789012:role/deployer"
+    config |= {"aws:profile": "ml-prod", "aws:assumeRoles": [{"roleArn": role}],
+               "aws:allowedAccountIds": ["123456789012"], "aws:skipMetadataApiCheck": True,
+               "aws:ignoreTags": {"keys": ["team-owned"], "keyPrefixes": ["kubernetes.io/"]}}
+    provider = asg_provider(plan_config(config)).inputs
+    assert provider["profile"] == "ml-prod"
+    assert json.loads(provider["assumeRoles"]) == [{"roleArn": role}]
+    assert json.loads(provider["allowedAccountIds"]) == ["123456789012"]
+    assert provider["skipMetadataApiCheck"] == "true"
+    assert json.loads(provider["ignoreTags"]) == {
+        "keys": ["team-owned"], "keyPrefixes": ["kubernetes.io/", *STOP_STATE_TAG_PREFIXES]}
+
+
+def test_a_provider_given_to_the_group_is_used_as_it_is() -> None:
+    def program() -> None:
+        given = aws.Provider("mine", region="us-east-1", ignore_tags=aws.ProviderIgnoreTagsArgs(
+            key_prefixes=list(STOP_STATE_TAG_PREFIXES)))
+        GpuNodeGroup("cb", {
+            "node_group": {"name": "cb", "instance_types": ["g5.xlarge"], "max_nodes": 2},
+            "cluster_name": "lab", "region": "us-east-1", "identity": "lab",
+            "subnet_ids": ["subnet-0aaaaaaaa"], "security_group_ids": ["sg-0123456789abcdef0"],
+            "instance_profile_arn": "arn:aws:iam::123456789012:instance-profile/lab"},
+            opts=pulumi.ResourceOptions(providers={"aws": given}))
+
+    resources, _ = record_resources(program)
+    providers = [r for r in resources if r.type == PROVIDER]
+    assert [p.name for p in providers] == ["mine"]
+    assert next(r for r in resources if r.type == ASG).provider == providers[0].urn
+
+
 # -------------------------------------------------------------------------- outputs
 
 
@@ -329,10 +492,10 @@ def test_outputs_per_group_and_network() -> None:
     assert out["vpc_id"] == id_of(one(plan, "aws:ec2/vpc:Vpc"))
     assert out["subnet_ids"] == {"us-east-1d": "gpu-prod-network-private-us-east-1d-id"}
     group = out["node_groups"]["h100-train"]
-    assert group["asg_name"] == one(plan, ASG).name
+    assert group["asg_name"] == autoname(one(plan, ASG).name)
     assert group["launch_template_id"] == id_of(one(plan, LT))
     assert group["security_group_id"] == "gpu-prod-network-h100-train-nodes-id"
-    assert group["placement_group_name"] == one(plan, PG).name
+    assert group["placement_group_name"] == autoname(one(plan, PG).name)
     assert group["efa"] is True and group["instance_types"] == ["p5.48xlarge", "p5e.48xlarge"]
 
 

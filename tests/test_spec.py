@@ -48,6 +48,12 @@ INVALID: list[tuple[str, Any, str, str]] = [
     ("gpucluster:cluster.tags.environment", "Prod!", "cluster.tags.environment", "lowercase"),
     ("gpucluster:cluster.tags.costcenter", "x", "cluster.tags.costcenter", "did you mean 'cost_center'"),
     ("gpucluster:cluster.extra_tags", {"aws:team": "x"}, "cluster.extra_tags.aws:team", "aws:"),
+    ("gpucluster:cluster.extra_tags", {"AWS:team": "x"}, "cluster.extra_tags.AWS:team", "reserved"),
+    # The stop-state and identity tags are the guardrails' own: a user's would forge them.
+    ("gpucluster:cluster.extra_tags", {"gpucluster:stopped-by": "schedule"},
+     "cluster.extra_tags.gpucluster:stopped-by", "tag key 'gpucluster:stopped-by' is reserved"),
+    ("gpucluster:cluster.extra_tags", {"gpucluster:stack": "other-team"},
+     "cluster.extra_tags.gpucluster:stack", "reserved"),
     ("gpucluster:network.availability_zones", [], "network.availability_zones", "at least 1"),
     ("gpucluster:network.availability_zones", ["us-west-2a"], "network.availability_zones[0]",
      "not a zone of region"),

@@ -23,6 +23,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from gpucluster import names
 from gpucluster.project import missing_stack_message, project_name, stacks_dir
 from gpucluster.spec import (
     MAX_INPUT_BYTES,
@@ -58,6 +59,8 @@ class PlannedResource:
     """Every resource the engine must create first: `depends_on` and those its inputs come from."""
     property_dependencies: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Input name -> URNs of the resources that input's value comes from (the engine's view)."""
+    provider: str | None = None
+    """URN of the explicit provider the resource is created with (None: the stack's default)."""
 
     @property
     def dependencies(self) -> list[str]:
@@ -188,6 +191,9 @@ class PlanMocks(pulumi.runtime.Mocks):
         arn = f"arn:aws:{service}:{self.region}:{MOCK_ACCOUNT}:{args.name}"
         state = {"arn": arn, "name": args.name, **args.inputs}
         state.setdefault("id", f"{args.name}-id")
+        # Names the provider fills in (`<logical>-<7 hex>`), so names built from them (an alarm named
+        # after its Auto Scaling group) are as long in the plan as in AWS.
+        state.update(names.generated_state(args.typ, args.name, args.inputs))
         state.update(_provider_computed(args.typ, args.name, args.inputs, self.region))
         return state["id"], state
 
@@ -211,7 +217,8 @@ def _provider_computed(typ: str, name: str, inputs: dict[str, Any], region: str)
     digest = hashlib.sha256(name.encode()).hexdigest()
     if typ == "aws:s3/bucket:Bucket":
         # S3 bucket id == its name; a bucket_prefix gets a 26-character unique suffix.
-        bucket = inputs.get("bucket") or inputs.get("bucketPrefix", "") + str(int(digest, 16))[:26]
+        found = names.physical_name(typ, name, inputs)
+        bucket = found.name if found else name
         return {"id": bucket, "bucket": bucket, "arn": f"arn:aws:s3:::{bucket}"}
     if typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
         fs_id = f"fs-{digest[:17]}"
@@ -245,12 +252,43 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 property_dependencies={key: tuple(deps.urns)
                                        for key, deps in sorted(request.propertyDependencies.items())
                                        if deps.urns},
+                provider=request.provider.rsplit("::", 1)[0] if request.provider else None,  # urn::id
             ))
         return response
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _content(value: pulumi.Asset | pulumi.Archive) -> dict[str, Any]:
+    """An asset or archive by content: each file's SHA-256 and one over them all (what a diff sees).
+
+    A directory archive lists every file under it, build noise included, as the engine would zip it.
+    """
+    files: dict[str, str] = {}
+    if isinstance(value, pulumi.FileAsset):
+        return {"sha256": _sha256(Path(value.path).read_bytes())}
+    if isinstance(value, pulumi.StringAsset):
+        return {"sha256": _sha256(value.text.encode())}
+    if isinstance(value, pulumi.AssetArchive):
+        for name, part in sorted(value.assets.items()):
+            inner = _content(part)
+            files.update({f"{name}/{k}": v for k, v in inner.get("files", {}).items()} if "files" in inner
+                         else {name: inner["sha256"]})
+    elif isinstance(value, pulumi.FileArchive):
+        root = Path(value.path)
+        files = {str(p.relative_to(root)): _sha256(p.read_bytes())
+                 for p in sorted(root.rglob("*")) if p.is_file()}
+    else:
+        return {"sha256": None, "what": type(value).__name__}
+    return {"sha256": _sha256(json.dumps(files, sort_keys=True).encode()), "files": files}
+
+
 def _plain(value: Any) -> Any:
-    """Engine values -> JSON-able Python (resource references become their URN)."""
+    """Engine values -> JSON-able Python (resource references become their URN, assets their hashes)."""
+    if isinstance(value, pulumi.Asset | pulumi.Archive):
+        return _content(value)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -344,6 +344,29 @@ def _unique(what: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+# Tag keys AWS (aws:) and gpucluster (gpucluster:) set themselves. A user tag under them could
+# forge what the guardrails read (a gpucluster:stopped-by with gpucluster:previous-desired makes the
+# start schedule scale a group up), so no user tag map may hold one.
+RESERVED_TAG_PREFIXES = ("aws:", "gpucluster:")
+# The identity tags: components that take no `identity` receive them in their tags (from GpuCluster).
+IDENTITY_TAG_KEYS = ("gpucluster:stack", "gpucluster:cluster")
+
+
+def tag_key(allowed: tuple[str, ...] = ()) -> AfterValidator:
+    """A user tag key: 1-128 safe characters, not under a reserved prefix (except `allowed` keys)."""
+
+    def check(value: str) -> str:
+        if not re.fullmatch(r"[\w .:/=+@-]{1,128}", value):
+            raise ValueError("tag keys are 1-128 characters of letters, digits, spaces and "
+                             f"_ . : / = + - @, got {value!r}")
+        if value.lower().startswith(RESERVED_TAG_PREFIXES) and value not in allowed:
+            raise ValueError(f"tag key {value!r} is reserved: keys under "
+                             f"{' and '.join(RESERVED_TAG_PREFIXES)} are set by AWS and gpucluster only")
+        return value
+
+    return AfterValidator(check)
+
+
 Percent = Annotated[float, _in_range(0, 100)]
 Name = Annotated[str, _matches(r"[a-z][a-z0-9-]{0,22}[a-z0-9]",
                                "must be 2-24 characters of a-z, 0-9 and '-', starting with a "
@@ -451,10 +474,8 @@ class ClusterConfig(StrictModel):
     """Short name used in every resource name; the stack name is added to tags."""
     tags: CostTags
     """Required cost tags: owner, cost_center, environment."""
-    extra_tags: dict[Annotated[str, _matches(r"(?!aws:)[\w .:/=+@-]{1,128}",
-                                             "tag keys are 1-128 characters and do not start "
-                                             "with aws:")], TagValue] = {}
-    """More tags for every resource (team, project, ...)."""
+    extra_tags: dict[Annotated[str, tag_key()], TagValue] = {}
+    """More tags for every resource (team, project, ...); keys under aws: and gpucluster: are reserved."""
     permissions_boundary: PolicyName | None = None
     """Policy name: the permissions boundary of every IAM role the stack creates (none by default)."""
     break_glass_role: RoleName | None = None
@@ -522,17 +543,17 @@ class NodeGroupConfig(StrictModel):
     efa: Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)] = "auto"
     """auto: on when every type supports EFA and the group can have more than one node."""
     placement_group: bool | None = None
-    """A cluster placement group; default on for EFA groups, off otherwise."""
+    """A cluster placement group; default: on for EFA groups not using a reservation or Capacity Block."""
     scratch_mount: Annotated[str, AfterValidator(_check_mount_path)] = "/scratch"
     """Where the RAID0 of the NVMe instance-store disks is mounted."""
     root_volume_size_gib: Annotated[int, _in_range(50, 16384)] = 200
     """Encrypted gp3 root volume size."""
     ami_id: Annotated[str, _matches(r"ami-[0-9a-f]{8,17}",
                                     "must be an AMI id like ami-0abc12345def67890")] | None = None
-    """Override the default AWS Deep Learning AMI."""
+    """Pin an AMI instead of the Deep Learning AMI; set or change it to upgrade a group's AMI."""
     ami_ssm_parameter: Annotated[str, _matches(r"/[\w./-]+", "must be an SSM parameter path "
                                                "starting with /")] | None = None
-    """Override the public SSM parameter the AMI is read from."""
+    """Another SSM parameter to read the AMI from; read once, when the group is created."""
 
     @property
     def types(self) -> list[catalog.InstanceType]:
@@ -547,7 +568,16 @@ class NodeGroupConfig(StrictModel):
 
     @property
     def uses_placement_group(self) -> bool:
-        return self.efa_enabled if self.placement_group is None else self.placement_group
+        """`placement_group`, or by default: EFA groups that launch neither into a reservation nor a block.
+
+        A reservation's instances sit where the reservation was made: a new placement group would
+        leave launches short of it (eksctl #7949, terraform-aws-eks #3730), so groups targeting
+        one get a placement group only when asked. A Capacity Block never gets one.
+        """
+        if self.placement_group is not None:
+            return self.placement_group
+        cap = self.capacity
+        return self.efa_enabled and cap.market != "capacity_block" and cap.capacity_reservation_id is None
 
 
 class FsxConfig(StrictModel):
@@ -561,6 +591,8 @@ class FsxConfig(StrictModel):
     """Default: the zone of the first node group; must be a zone a node group runs in."""
     mount_path: Annotated[str, AfterValidator(_check_mount_path)] = "/fsx"
     """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
+    automatic_backup_retention_days: Annotated[int, _in_range(0, 90)] = 7
+    """PERSISTENT_2 only: days of daily automatic backups kept (1-90; SCRATCH_2 has no backups)."""
 
 
 class DatasetConfig(StrictModel):
@@ -584,6 +616,8 @@ class DatasetConfig(StrictModel):
     """Created buckets: old versions under checkpoint_prefix expire after this; current ones never do."""
     expected_bucket_owner: AccountId | None = None
     """Existing buckets: the account that must own it (default: the deploying account)."""
+    newer_noncurrent_versions: Annotated[int, _in_range(1, 100)] = 3
+    """Created buckets: this many newest old versions of each checkpoint are kept whatever their age."""
 
 
 class BudgetConfig(StrictModel):
@@ -686,8 +720,8 @@ class StackSpec(StackConfig):
             "owner": self.cluster.tags.owner,
             "cost_center": self.cluster.tags.cost_center,
             "environment": self.cluster.tags.environment,
-            STACK_TAG: self.identity,
-            "gpucluster:cluster": self.cluster.name,
+            IDENTITY_TAG_KEYS[0]: self.identity,
+            IDENTITY_TAG_KEYS[1]: self.cluster.name,
         }
 
 
@@ -895,6 +929,18 @@ def _block_duration(hours: int, path: str) -> Iterable[Finding]:
                       f"up to 182 days (4368 h), got {hours}")
 
 
+# AWS ParallelCluster rejects a placement group with Capacity Blocks: their instances are already
+# placed in an EC2 UltraCluster (ParallelCluster user guide, "Using Amazon EC2 Capacity Blocks for ML").
+CAPACITY_BLOCK_PLACEMENT = ("a Capacity Block's instances are already placed together in an EC2 "
+                            "UltraCluster; it takes no placement group (AWS ParallelCluster rejects one too)")
+
+
+@group_check
+def group_placement(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    if g.capacity.market == "capacity_block" and g.placement_group:
+        yield Finding(f"{path}.placement_group", f"{CAPACITY_BLOCK_PLACEMENT}; remove placement_group")
+
+
 @check
 def capacity_rules(spec: StackSpec) -> Iterable[Finding]:
     yield from _each_group(spec, group_capacity)
@@ -904,6 +950,11 @@ def capacity_rules(spec: StackSpec) -> Iterable[Finding]:
 def group_ami(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
     if g.ami_id and g.ami_ssm_parameter:
         yield Finding(f"{path}.ami_id", "set ami_id or ami_ssm_parameter, not both")
+
+
+@check
+def placement_rules(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_placement)
 
 
 @check
@@ -959,12 +1010,14 @@ def _checkpoint_rules(d: DatasetConfig, path: str) -> Iterable[Finding]:
             d.checkpoint_prefix.startswith(d.prefix) or d.prefix.startswith(d.checkpoint_prefix)):
         yield Finding(f"{path}.checkpoint_prefix", "must not overlap the read-only data "
                       f"prefix {d.prefix!r}, got {d.checkpoint_prefix!r}")
-    if "noncurrent_version_expiration_days" in d.model_fields_set:
+    for key in ("noncurrent_version_expiration_days", "newer_noncurrent_versions"):
+        if key not in d.model_fields_set:
+            continue
         if d.existing:
-            yield Finding(f"{path}.noncurrent_version_expiration_days", "only applies to buckets "
-                          "this stack creates; an existing bucket's lifecycle is never changed")
+            yield Finding(f"{path}.{key}", "only applies to buckets this stack creates; an existing "
+                          "bucket's lifecycle is never changed")
         elif d.checkpoint_prefix is None:
-            yield Finding(f"{path}.noncurrent_version_expiration_days",
+            yield Finding(f"{path}.{key}",
                           "only used with a checkpoint_prefix (the lifecycle rule covers it alone)")
 
 
@@ -984,6 +1037,12 @@ def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str
     if fsx.deployment_type == "SCRATCH_2" and fsx.throughput_per_unit_mib is not None:
         yield Finding(f"{path}.throughput_per_unit_mib",
                       "SCRATCH_2 has a fixed throughput; only PERSISTENT_2 takes this")
+    if fsx.deployment_type == "SCRATCH_2" and "automatic_backup_retention_days" in fsx.model_fields_set:
+        yield Finding(f"{path}.automatic_backup_retention_days",
+                      "SCRATCH_2 file systems have no backups; only PERSISTENT_2 takes this")
+    if fsx.deployment_type == "PERSISTENT_2" and fsx.automatic_backup_retention_days == 0:
+        yield Finding(f"{path}.automatic_backup_retention_days",
+                      "a PERSISTENT_2 file system keeps automatic backups: 1-90 days, got 0")
     if fsx.availability_zone and node_group_zones is not None \
             and fsx.availability_zone not in node_group_zones:
         yield Finding(f"{path}.availability_zone", f"no node group runs in "
@@ -1052,6 +1111,14 @@ def dataset_path(spec: StackSpec, d: DatasetConfig) -> str:
     if d.access == "mount":
         return d.mount_path or f"/data/{d.name}"
     return f"{spec.node_groups[0].scratch_mount.rstrip('/')}/{d.name}"
+
+
+@check
+def resource_names(spec: StackSpec) -> Iterable[Finding]:
+    """Every physical name the program gives (Pulumi's auto-names included) fits AWS's limit for it."""
+    from gpucluster.names import name_findings  # it reads specs: imported here, after this module
+
+    yield from name_findings(spec)
 
 
 @check

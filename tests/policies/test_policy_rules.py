@@ -394,7 +394,8 @@ EFA_NICS = [{"networkCardIndex": float(c), "deviceIndex": 0.0,
 def efa_stack(*, nics: list[dict[str, Any]] | None = None, types: tuple[str, ...] = ("p4d.24xlarge",),
               sg: Resource | None = None, rules: list[Resource] | None = None,
               subnets: list[str] | None = None, placement: str | None = "pg-id",
-              strategy: str = "cluster", lt_extra: dict[str, Any] | None = None) -> list[Resource]:
+              strategy: str = "cluster", lt_extra: dict[str, Any] | None = None,
+              asg_extra: dict[str, Any] | None = None) -> list[Resource]:
     """A p4d EFA group whose security group, rules and placement can each be swapped out."""
     security_group = sg or res(SG, "efa")
     if rules is None:
@@ -407,11 +408,18 @@ def efa_stack(*, nics: list[dict[str, Any]] | None = None, types: tuple[str, ...
             "overrides": [{"instanceType": t} for t in types]}}}
     if placement:
         asg_props["placementGroup"] = placement
+    asg_props.update(asg_extra or {})
     return [security_group, *rules, res(PG, "pg", strategy=strategy),
             res(LT, "lt", networkInterfaces=EFA_NICS if nics is None else nics, **(lt_extra or {})),
             res(ASG, "train", **asg_props)]
 
 
+CAPACITY_BLOCK_LT = {"instanceMarketOptions": {"marketType": "capacity-block"},
+                     "capacityReservationSpecification": {"capacityReservationTarget": {
+                         "capacityReservationId": "cr-0123456789abcdef0"}}}
+RESERVED_ASG = {"capacityReservationSpecification": {
+    "capacityReservationPreference": "capacity-reservations-first",
+    "capacityReservationTarget": {"capacityReservationIds": ["cr-0aaaabbbbccccdddd"]}}}
 SELF_OUT_MISSING = ("lt", "security group efa has no all-traffic rule outbound to itself; EFA needs both "
                           "directions (EC2 user guide, EFA security group)")
 EFA_CASES: list[tuple[str, list[Resource], list[tuple[str | None, str]]]] = [
@@ -463,6 +471,15 @@ EFA_CASES: list[tuple[str, list[Resource], list[tuple[str | None, str]]]] = [
     ("placement group from the launch template",
      efa_stack(placement=None, lt_extra={"placement": {"groupName": "pg"}}), []),
     ("placement group outside the stack", efa_stack(placement="existing-cluster-pg"), []),
+    ("capacity block needs none", efa_stack(placement=None, lt_extra=CAPACITY_BLOCK_LT), []),
+    ("capacity block must have none", efa_stack(lt_extra=CAPACITY_BLOCK_LT),
+     [("train", "a Capacity Block group must not use a placement group: its instances are already "
+                "placed together in an EC2 UltraCluster")]),
+    ("capacity reservation needs none", efa_stack(placement=None, asg_extra=RESERVED_ASG), []),
+    ("capacity reservation may have one", efa_stack(asg_extra=RESERVED_ASG), []),
+    ("capacity reservation not known yet", efa_stack(placement=None, asg_extra={
+        "capacityReservationSpecification": {"capacityReservationTarget": {
+            "capacityReservationIds": UNKNOWN}}}), []),
 ]
 
 

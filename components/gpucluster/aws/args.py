@@ -27,7 +27,9 @@ from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationEr
 from gpucluster.noderole import ROLE_INLINE_POLICIES_MAX_CHARS, node_inline_policies_chars
 from gpucluster.parts import S3Grant
 from gpucluster.spec import (
+    CAPACITY_BLOCK_PLACEMENT,
     CHECKS,
+    IDENTITY_TAG_KEYS,
     AbsolutePath,
     AccountId,
     AutoStopConfig,
@@ -58,6 +60,7 @@ from gpucluster.spec import (
     network_findings,
     node_group_findings,
     single_zone_findings,
+    tag_key,
     unique_name_findings,
     validation_findings,
     zone_region_findings,
@@ -85,7 +88,7 @@ class ClusterSettings(TypedDict):
     tags: CostTagSettings
     """Required cost tags: owner, cost_center, environment."""
     extra_tags: NotRequired[dict[str, str]]
-    """More tags for every resource (team, project, ...)."""
+    """More tags for every resource (team, project, ...); keys under aws: and gpucluster: are reserved."""
     permissions_boundary: NotRequired[str]
     """Policy name: the permissions boundary of every IAM role the stack creates (none by default)."""
     break_glass_role: NotRequired[str]
@@ -148,15 +151,15 @@ class NodeGroupSettings(TypedDict):
     efa: NotRequired[str]
     """auto: on when every type supports EFA and the group can have more than one node."""
     placement_group: NotRequired[bool]
-    """A cluster placement group; default on for EFA groups, off otherwise."""
+    """A cluster placement group; default: on for EFA groups not using a reservation or Capacity Block."""
     scratch_mount: NotRequired[str]
     """Where the RAID0 of the NVMe instance-store disks is mounted."""
     root_volume_size_gib: NotRequired[int]
     """Encrypted gp3 root volume size."""
     ami_id: NotRequired[str]
-    """Override the default AWS Deep Learning AMI."""
+    """Pin an AMI instead of the Deep Learning AMI; set or change it to upgrade a group's AMI."""
     ami_ssm_parameter: NotRequired[str]
-    """Override the public SSM parameter the AMI is read from."""
+    """Another SSM parameter to read the AMI from; read once, when the group is created."""
 
 
 class FsxSettings(TypedDict):
@@ -172,6 +175,8 @@ class FsxSettings(TypedDict):
     """Default: the zone of the first node group; must be a zone a node group runs in."""
     mount_path: NotRequired[str]
     """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
+    automatic_backup_retention_days: NotRequired[int]
+    """PERSISTENT_2 only: days of daily automatic backups kept (1-90; SCRATCH_2 has no backups)."""
 
 
 class DatasetSettings(TypedDict):
@@ -197,6 +202,8 @@ class DatasetSettings(TypedDict):
     """Created buckets: old versions under checkpoint_prefix expire after this; current ones never do."""
     expected_bucket_owner: NotRequired[str]
     """Existing buckets: the account that must own it (default: the deploying account)."""
+    newer_noncurrent_versions: NotRequired[int]
+    """Created buckets: this many newest old versions of each checkpoint are kept whatever their age."""
 
 
 class BudgetSettings(TypedDict):
@@ -262,9 +269,9 @@ SETTINGS_MODELS: dict[type, type[BaseModel]] = {
 # ----------------------------------------------------------------------- component plumbing
 
 PACKAGE = "gpucluster"
-STACK_TAG = "gpucluster:stack"
-"""The identity tag: the guardrail Lambdas, their IAM conditions and the CLI select resources by it."""
-CLUSTER_TAG = "gpucluster:cluster"
+STACK_TAG, CLUSTER_TAG = IDENTITY_TAG_KEYS
+"""The identity tag (gpucluster:stack): the guardrail Lambdas, their IAM conditions and the CLI select
+resources by it; gpucluster:cluster names the cluster."""
 
 
 def type_token(component: str) -> str:
@@ -352,8 +359,11 @@ def validate(component: str, name: str, model: type[M], args: Any,
     return value
 
 
-# Tags take the stack file's rule for extra tags (keys not under aws:, values 1-256 safe characters).
-Tags = field_rule(ClusterConfig, "extra_tags")
+# Tags take the stack file's rule for extra tags (keys not under aws: or gpucluster:, values 1-256
+# safe characters), except that the two identity tags pass: components that take no `identity`
+# (network, datasets, node IAM) receive them this way from GpuCluster; those that take one
+# (GpuNodeGroup, Guardrails) set their own over them (`owned_tags`).
+Tags = dict[Annotated[str, tag_key(IDENTITY_TAG_KEYS)], TagValue]
 SubnetId = get_args(field_rule(NetworkConfig, "existing_subnets"))[1]
 VpcId = field_rule(NetworkConfig, "existing_vpc_id")
 # Values only components take (the stack file names none of them): format checks, nothing more.
@@ -455,6 +465,8 @@ def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
         subnets = m.subnet_ids if is_plain(m.subnet_ids) else None
         for f in node_group_findings(g, subnets, "node_group"):
             yield replace(f, path="subnet_ids") if f.path == "node_group.availability_zones" else f
+    if g.capacity.market == "capacity_block" and m.placement_group_name is not None:
+        yield Finding("placement_group_name", f"{CAPACITY_BLOCK_PLACEMENT}; leave it out")
     yield from unique_name_findings([d.name for d in m.data_mounts], "data_mounts", "data mount")
     placed: dict[str, str] = {}
     for i, d in enumerate(m.data_mounts):

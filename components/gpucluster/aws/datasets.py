@@ -7,8 +7,9 @@ abandoned multipart uploads), references to existing buckets, the
 FSx for Lustre file systems linked to them, and the S3 grants a bucket hands
 the node IAM (`S3Grant`: read the data prefix, write the checkpoints). It must never delete
 or rewrite data: a created bucket and every resource configuring it are
-protected and retained on delete, an existing bucket is never created,
-imported or reconfigured, and no deletion on a file system is exported to S3.
+protected and retained on delete, so is a file system (a persistent one keeps
+automatic backups), an existing bucket is never created, imported or
+reconfigured, and no deletion on a file system is exported to S3.
 """
 
 import json
@@ -35,6 +36,8 @@ from gpucluster.spec import DatasetConfig, generated_bucket_prefix
 # FSx for Lustre user guide, "File system access control with Amazon VPC": Lustre uses TCP 988
 # and 1018-1023, between file servers and clients in both directions and among the file servers.
 LUSTRE_PORTS: tuple[tuple[int, int], ...] = ((988, 988), (1018, 1023))
+# The rules among the file servers themselves: kept with the (retained) file system.
+SERVER_RULES = ("in-self", "out-self")
 # FSx API reference, CreateDataRepositoryAssociation: DRAs work on every Lustre 2.12/2.15 file
 # system except SCRATCH_1 (the Pulumi docs' "PERSISTENT_2 only" note predates this). CreateFileSystem
 # FileSystemTypeVersion defaults SCRATCH_2 to 2.10, which has no DRAs, so the version is set.
@@ -132,8 +135,12 @@ def lifecycle_rules(dataset: DatasetConfig) -> list[dict[str, Any]]:
             "id": "expire-noncurrent-checkpoint-versions",
             "status": "Enabled",
             "filter": {"prefix": dataset.checkpoint_prefix},
+            # S3 keeps the newest `newer_noncurrent_versions` old versions whatever their age: a
+            # node that keeps overwriting a checkpoint cannot age the whole history out (S3 user
+            # guide, "Lifecycle configuration elements", NoncurrentVersionExpiration).
             "noncurrent_version_expiration": {
-                "noncurrent_days": dataset.noncurrent_version_expiration_days},
+                "noncurrent_days": dataset.noncurrent_version_expiration_days,
+                "newer_noncurrent_versions": dataset.newer_noncurrent_versions},
         })
     return rules
 
@@ -284,11 +291,14 @@ class LustreFileSystem(pulumi.ComponentResource):
         assert fsx is not None  # lustre_checks require it
         child = pulumi.ResourceOptions(parent=self)
         tags = {**m.tags, DATASET_TAG: dataset.name}
+        # The file system outlives `pulumi destroy` (it is retained), so its security group and the
+        # rules between its own file servers stay with it; only the rules naming node groups go.
         group = aws.ec2.SecurityGroup(
             f"{name}-sg", vpc_id=m.vpc_id,
             description=f"FSx for Lustre of dataset {dataset.name}: Lustre traffic with the GPU nodes",
-            tags={**tags, "Name": f"{name}-sg"}, opts=child)
-        self._lustre_rules(name, group.id, m.node_security_group_ids, tags)
+            tags={**tags, "Name": f"{name}-sg"},
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True))
+        rules = self._lustre_rules(name, group.id, m.node_security_group_ids, tags)
         persistent = fsx.deployment_type == "PERSISTENT_2"
         file_system = aws.fsx.LustreFileSystem(
             f"{name}-fs",
@@ -298,11 +308,18 @@ class LustreFileSystem(pulumi.ComponentResource):
             file_system_type_version=LUSTRE_VERSION,
             subnet_ids=m.subnet_id,
             security_group_ids=[group.id],
-            # Scratch file systems have no backups; a persistent one leaves a final backup on delete.
+            # Scratch file systems have no backups; a persistent one keeps daily automatic backups
+            # and leaves a final backup on delete.
+            automatic_backup_retention_days=fsx.automatic_backup_retention_days if persistent else None,
             skip_final_backup=False if persistent else None,
             copy_tags_to_backups=True if persistent else None,
             tags={**tags, "Name": f"{name}-fs"},
-            opts=child)
+            # CreateFileSystem checks synchronously that the security group admits Lustre (TCP 988,
+            # 1018-1023) and fails otherwise (FSx for Lustre user guide, "You can't create a file
+            # system because of a misconfigured security group"; aws-parallelcluster#6181): the
+            # rules come first. Protected and retained on delete like the buckets: data is never
+            # deleted by Pulumi.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=rules, protect=True, retain_on_delete=True))
         bucket_name = pulumi.Output.from_input(m.bucket_name)
         existing = dataset.existing
         data = aws.fsx.DataRepositoryAssociation(
@@ -340,12 +357,14 @@ class LustreFileSystem(pulumi.ComponentResource):
                                "mount_name": self.mount_name, "security_group_id": self.security_group_id})
 
     def _lustre_rules(self, name: str, fsx_group: pulumi.Input[str],
-                      node_groups: Mapping[str, pulumi.Input[str]], tags: Mapping[str, str]) -> None:
+                      node_groups: Mapping[str, pulumi.Input[str]],
+                      tags: Mapping[str, str]) -> list[pulumi.Resource]:
         """Lustre ports between file servers, and both ways between file servers and each node group.
 
-        Standalone rule resources, so the node security groups must not use inline rules.
+        Standalone rule resources, so the node security groups must not use inline rules. The
+        rules between file servers are retained on delete with the file system they serve.
         """
-        child = pulumi.ResourceOptions(parent=self)
+        created: list[pulumi.Resource] = []
         for low, high in LUSTRE_PORTS:
             ports = str(low) if low == high else f"{low}-{high}"
             rules = [
@@ -364,10 +383,12 @@ class LustreFileSystem(pulumi.ComponentResource):
                      "to FSx for Lustre"),
                 ]
             for part, rule, group_id, peer, why in rules:
-                rule(f"{name}-{part}-{ports}", security_group_id=group_id, referenced_security_group_id=peer,
-                     ip_protocol="tcp", from_port=low, to_port=high,
-                     description=f"Lustre TCP {ports} {why}",
-                     tags={**tags, "Name": f"{name}-{part}-{ports}"}, opts=child)
+                created.append(rule(
+                    f"{name}-{part}-{ports}", security_group_id=group_id, referenced_security_group_id=peer,
+                    ip_protocol="tcp", from_port=low, to_port=high, description=f"Lustre TCP {ports} {why}",
+                    tags={**tags, "Name": f"{name}-{part}-{ports}"},
+                    opts=pulumi.ResourceOptions(parent=self, retain_on_delete=part in SERVER_RULES)))
+        return created
 
 
 class DatasetStore(pulumi.ComponentResource):

@@ -341,9 +341,20 @@ def _policy(statements: Sequence[Mapping[str, Any]]) -> pulumi.Output[str]:
     return pulumi.Output.from_input(list(statements)).apply(policy_document)
 
 
+def lambda_sources() -> list[Path]:
+    """The handlers' modules: every `*.py` of the package, by name, and nothing else.
+
+    Listed file by file rather than zipping the directory, so `__pycache__`, `*.pyc` and other
+    build noise left by a local test run never change the archive: the same sources give the same
+    archive, and a second `pulumi up` with nothing changed updates no function.
+    """
+    return sorted(LAMBDA_DIR.glob("*.py"))
+
+
 def lambda_code() -> pulumi.AssetArchive:
-    """The handlers' directory zipped as the package `lambdas` (handler `lambdas.<module>.handler`)."""
-    return pulumi.AssetArchive({LAMBDA_PACKAGE: pulumi.FileArchive(str(LAMBDA_DIR))})
+    """The handlers zipped as the package `lambdas` (handler `lambdas.<module>.handler`)."""
+    return pulumi.AssetArchive({f"{LAMBDA_PACKAGE}/{path.name}": pulumi.FileAsset(str(path))
+                                for path in lambda_sources()})
 
 
 # --------------------------------------------------------------------- context

@@ -679,7 +679,8 @@ def _alarms_routed_by_eventbridge(stack: Stack) -> set[str] | Any:
 @rule("efa-wiring",
       "EFA launch templates: a primary interface on card 0, EFA interfaces within the instance "
       "type's limits, a security group allowing all traffic to and from itself in both "
-      "directions, one subnet and a cluster placement group.",
+      "directions, one subnet and a cluster placement group (none for a Capacity Block, optional "
+      "for a group targeting a capacity reservation).",
       "stack")
 def efa_wiring(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple[Resource | None, str]]:
     groups = node_groups(stack)
@@ -817,13 +818,39 @@ def _efa_placement(stack: Stack, asg: Resource, lt: Resource) -> Iterable[str]:
     source = asg
     if group is None:
         group, prop, source = dig(lt.props, "placement", "groupName"), "placement", lt
+    market = dig(lt.props, "instanceMarketOptions", "marketType")
+    if market is UNKNOWN:
+        return
+    if market == "capacity-block":
+        # Already placed in an EC2 UltraCluster; AWS ParallelCluster rejects a placement group here.
+        if group is not None:
+            yield ("a Capacity Block group must not use a placement group: its instances are already "
+                   "placed together in an EC2 UltraCluster")
+        return
     if group is None:
-        yield "an EFA group needs a cluster placement group (placementGroup is not set)"
+        reserved = _targets_reservation(asg, lt)
+        if reserved is False:
+            yield "an EFA group needs a cluster placement group (placementGroup is not set)"
         return
     found = stack.resolve(source, prop, group, [PLACEMENT_GROUP])
     if isinstance(found, Resource) and found.props.get("strategy") not in ("cluster", UNKNOWN):
         yield (f"placement group {found.name} has strategy {found.props.get('strategy')!r}; EFA "
                "needs 'cluster'")
+
+
+def _targets_reservation(asg: Resource, lt: Resource) -> bool | Any:
+    """Whether the group launches into a capacity reservation (UNKNOWN: cannot tell yet).
+
+    A reservation's instances sit where it was made: a placement group it was not made in
+    leaves launches short (eksctl #7949), so such a group needs none.
+    """
+    found = [dig(asg.props, "capacityReservationSpecification", "capacityReservationTarget",
+                 "capacityReservationIds"),
+             dig(lt.props, "capacityReservationSpecification", "capacityReservationTarget",
+                 "capacityReservationId")]
+    if any(f is UNKNOWN for f in found):
+        return UNKNOWN
+    return any(bool(f) for f in found)
 
 
 # -------------------------------------------------------------------------- S3

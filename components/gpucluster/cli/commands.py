@@ -606,7 +606,7 @@ def resume(
     stack: StackArg,
     only: Annotated[list[str] | None, typer.Option(
         "--only", help="Resume only groups stopped for this reason (budget, idle, schedule, "
-                       "lifetime); repeatable.")] = None,
+                       "lifetime, manual); repeatable.")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (scripts).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would restart and its cost.")]
     = False,

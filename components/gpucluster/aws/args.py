@@ -358,6 +358,7 @@ class GroupNetworkModel(StrictModel):
     name: Name
     availability_zones: Annotated[list[AvailabilityZone], Field(min_length=1)]
     efa: bool = False
+    multi_node: bool = False
     placement_group: bool = False
 
 

@@ -234,6 +234,7 @@ def test_cli_run_dry_run_gives_ranks_master_and_nnodes(aws: dict[str, Any],
     assert {r["NPROC_PER_NODE"] for r in ranks} == {"8"} and {r["WORLD_SIZE"] for r in ranks} == {"24"}
     assert {r["FI_PROVIDER"] for r in ranks} == {"efa"}  # prod's h100-train is an EFA group
     assert {r["FI_EFA_USE_DEVICE_RDMA"] for r in ranks} == {"1"}
+    assert {r["GPUCLUSTER_CONTAINER_IMAGE"] for r in ranks} == {"nvcr.io/nvidia/pytorch:24.12-py3"}
     assert "  exec bash -c 'torchrun --nnodes=$NNODES --node-rank=$NODE_RANK train.py'" in result.output
     assert result.output.rstrip().endswith("dry run: nothing sent")
 

@@ -134,14 +134,17 @@ def nodes(
 
 
 def group_environment(spec: StackSpec, node_group: str) -> dict[str, str]:
-    """The node group's EFA/NCCL settings, as its nodes' /etc/profile.d has them."""
+    """The node group's EFA/NCCL settings (as its nodes' /etc/profile.d has them) and its image."""
     from gpucluster.node.userdata import efa_environment, group_bootstrap
 
     config = next((g for g in spec.node_groups if g.name == node_group), None)
     if config is None:
         return {}
-    return efa_environment(group_bootstrap(config, stack=identity(spec), cluster=spec.cluster.name,
-                                           region=spec.region, spot=spec.spot))
+    env = efa_environment(group_bootstrap(config, stack=identity(spec), cluster=spec.cluster.name,
+                                          region=spec.region, spot=spec.spot))
+    if config.container_image:
+        env["GPUCLUSTER_CONTAINER_IMAGE"] = config.container_image  # pulled at boot
+    return env
 
 
 def render_dry_run(plan: JobPlan) -> list[str]:

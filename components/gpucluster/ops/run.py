@@ -34,8 +34,8 @@ DELIVERY_TIMEOUT_SECONDS = 120
 # CloudWatch Logs, whose streams SSM names <command id>/<instance id>/<plugin>/stdout|stderr.
 STDOUT_LIMIT, STDERR_LIMIT = 24000, 8000
 TAIL_LINES = 20
-# Checkpoint contract (see stacks/hooks/checkpoint.sh): the hook creates REQUEST, the job saves
-# a checkpoint and touches DONE.
+# The checkpoint contract (gpucluster.node checkpoint.sh, on every node as gpucluster-checkpoint):
+# the hook creates REQUEST, the job saves a checkpoint and touches DONE.
 CHECKPOINT_REQUEST = "/run/gpucluster/checkpoint-request"
 CHECKPOINT_DONE = "/run/gpucluster/checkpoint-done"
 

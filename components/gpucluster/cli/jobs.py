@@ -184,8 +184,15 @@ def run(
     group: RequiredGroup = "",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print each node's command and "
                                                             "environment; send nothing.")] = False,
-    timeout: Annotated[int, typer.Option("--timeout", help="Seconds the command may run on a node "
-                                                           "(SSM allows up to 172800).")] = 3600,
+    timeout: Annotated[int | None, typer.Option("--timeout", help="Seconds the command may run on a node "
+                                                                  "(default 3600; SSM allows up to 172800; "
+                                                                  "with --detach: no limit unless given).")]
+    = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Start the command as a systemd unit on each "
+                                                          "node and return; see jobs, logs, cancel.")]
+    = False,
+    name: Annotated[str | None, typer.Option("--name", help="With --detach: the job's name (default "
+                                                            "job-<UTC time>).")] = None,
     master_port: Annotated[int, typer.Option("--master-port", help="MASTER_PORT for the rendezvous.")]
     = 29500,
     workdir: Annotated[str | None, typer.Option("--workdir", help="Directory to run in on the nodes.")]
@@ -197,17 +204,28 @@ def run(
     NPROC_PER_NODE (its GPUs), WORLD_SIZE and the group's EFA/NCCL settings. Ranks follow
     launch time, then instance id. Exits 1 when any node fails.
     """
-    from gpucluster.ops.run import plan_job, run_log_group, send_job, wait_job
+    from gpucluster.ops.run import (
+        DEFAULT_TIMEOUT_SECONDS,
+        QUERY_TIMEOUT_SECONDS,
+        plan_job,
+        run_log_group,
+        send_job,
+        wait_job,
+    )
 
     if not group:
         fail_usage("run", "--group is required (the node group to run on)")
+    if name is not None and not detach:
+        fail_usage("run", "--name names a detached job: add --detach")
     spec = build_spec(stack)
     text = " ".join(command or [])
+    job_name = (name or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")) if detach else None
     found = _nodes(spec, "run", group)
     plan = _ops_call("run", lambda: plan_job(
-        found, text, timeout_seconds=timeout, master_port=master_port,
+        found, text, master_port=master_port,
+        timeout_seconds=QUERY_TIMEOUT_SECONDS if detach else timeout or DEFAULT_TIMEOUT_SECONDS,
         group_environment=group_environment(spec, group), log_group=run_log_group(identity(spec)),
-        workdir=workdir))
+        workdir=workdir, detach=job_name, job_timeout_seconds=timeout if detach else None))
     if dry_run:
         for line in render_dry_run(plan):
             typer.echo(line)
@@ -227,7 +245,7 @@ def run(
 
     try:
         # Delivery may take up to its own timeout before the execution clock starts.
-        job = _aws_call("run", lambda: wait_job(ssm, job, timeout_seconds=timeout + 180,
+        job = _aws_call("run", lambda: wait_job(ssm, job, timeout_seconds=plan.timeout_seconds + 180,
                                                 on_change=progress))
     except KeyboardInterrupt:
         from gpucluster.ops.run import cancel
@@ -242,6 +260,11 @@ def run(
         typer.echo(line)
     typer.echo(f"full output: CloudWatch Logs group {plan.log_group}, a stream per node "
                "(<command id>/<instance id>/...)")
+    if job.ok and plan.detach:
+        typer.echo(f"run: job {plan.detach} started on all {len(job.results)} node(s); follow it with "
+                   f"`gpucluster jobs {stack}`, `gpucluster logs {stack} {plan.detach}`, stop it with "
+                   f"`gpucluster cancel {stack} {plan.detach}`")
+        return
     if job.ok:
         typer.echo(f"run: all {len(job.results)} node(s) succeeded")
         return
@@ -441,4 +464,111 @@ def start(
         else:
             typer.echo(f"not started {r.group}: {r.reason}")
     if any(r.action != "resumed" for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+# ------------------------------------------------------------- jobs / logs / cancel
+
+
+def _on_nodes(spec: StackSpec, command: str, group: str | None, script: str,
+              node: str | None = None) -> tuple[JobPlan, list[NodeResult]]:
+    """Run a short gpucluster-job command on the in-service nodes (one, with --node) and wait."""
+    from gpucluster.ops.run import plan_on_nodes, run_log_group, send_job, wait_job
+
+    found = [n for n in _nodes(spec, command, group) if n.in_service]
+    if node is not None:
+        chosen = [n for i, n in enumerate(found) if node in (str(i), n.instance_id, n.private_ip)]
+        if not chosen:
+            fail_usage(command, f"--node: no in-service node {node!r} (a rank 0..{len(found) - 1}, an "
+                                "instance id or a private IP)")
+        found = chosen
+    plan = _ops_call(command, lambda: plan_on_nodes(found, script, log_group=run_log_group(identity(spec))))
+    ssm = _client(spec, "ssm")
+    job = _aws_call(command, lambda: send_job(ssm, plan, comment=f"gpucluster {command}"))
+    if not job.cancelled:
+        job = _aws_call(command, lambda: wait_job(ssm, job, timeout_seconds=plan.timeout_seconds + 60,
+                                                  poll_seconds=2.0))
+    return plan, job.results
+
+
+def _job_name(command: str, name: str) -> str:
+    from gpucluster.ops.run import RunError, check_job_name
+
+    try:
+        return check_job_name(name)
+    except RunError as err:
+        fail_usage(command, str(err))
+
+
+@app.command("jobs")
+def list_jobs(stack: StackArg, group: GroupOption = None) -> None:
+    """List the detached jobs (`run --detach`) on the stack's nodes, with their state per node."""
+    from gpucluster.ops.run import JOB_TOOL, parse_job_states
+
+    spec = build_spec(stack)
+    plan, results = _on_nodes(spec, "jobs", group, f"{JOB_TOOL} status")
+    rows, silent = [], []
+    for r in results:
+        node = plan.ranks[r.rank].node
+        if not r.ok:
+            silent.append(f"{r.instance_id} ({r.status}{f', {r.error}' if r.error else ''})")
+            continue
+        for state in parse_job_states(r.stdout):
+            rows.append([state.name, node.node_group, r.instance_id, node.private_ip or "-", state.state,
+                         "-" if state.exit_status is None else str(state.exit_status), state.started or "-"])
+    if rows:
+        for line in render_table(["job", "node group", "instance", "private IP", "state", "exit", "started"],
+                                 sorted(rows)):
+            typer.echo(line)
+    else:
+        typer.echo(f"no detached jobs on the {len(results) - len(silent)} node(s) that answered")
+    if silent:
+        typer.echo(f"no answer from: {', '.join(silent)}")
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+@app.command()
+def logs(
+    stack: StackArg,
+    job: Annotated[str, typer.Argument(help="The job's name (see `gpucluster jobs`).")],
+    group: GroupOption = None,
+    node: Annotated[str | None, typer.Option("--node", help="Only this node: its rank, instance id or "
+                                                            "private IP.")] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines of output per node.")] = 200,
+) -> None:
+    """Show a detached job's latest output on each node (its journal, through SSM)."""
+    from gpucluster.ops.run import JOB_TOOL
+
+    name = _job_name("logs", job)
+    if not 1 <= lines <= 5000:
+        fail_usage("logs", f"--lines: must be 1..5000, got {lines}")
+    spec = build_spec(stack)
+    plan, results = _on_nodes(spec, "logs", group, f"{JOB_TOOL} logs {name} {lines}", node)
+    for r in results:
+        typer.echo(f"== {r.instance_id} {plan.ranks[r.rank].node.private_ip}: {r.status}"
+                   + (f" ({r.error})" if r.error else ""))
+        for line in r.stdout.splitlines():
+            typer.echo(line)
+    if any(not r.ok for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+@app.command()
+def cancel(
+    stack: StackArg,
+    job: Annotated[str, typer.Argument(help="The job's name (see `gpucluster jobs`).")],
+    group: GroupOption = None,
+    yes: YesOption = False,
+) -> None:
+    """Stop a detached job on every node (SIGTERM, then SIGKILL after 90 s)."""
+    from gpucluster.ops.run import JOB_TOOL
+
+    name = _job_name("cancel", job)
+    spec = build_spec(stack)
+    _confirm("cancel", f"Stop job {name} on every node of {group or 'the stack'}?", yes)
+    _, results = _on_nodes(spec, "cancel", group, f"{JOB_TOOL} cancel {name}")
+    for r in results:
+        typer.echo(f"{r.instance_id}: {'cancelled' if r.ok else f'not cancelled ({r.status})'}"
+                   + "".join(f"\n  | {line}" for line in r.tail(3) if not r.ok))
+    if any(not r.ok for r in results):
         raise typer.Exit(EXIT_BLOCKED)

@@ -40,6 +40,7 @@ NODE_ENV = "/etc/gpucluster/node.env"
 # --- the node group's own setup (gpucluster-setup.service) and the checkpoint contract's hook.
 USER_SETUP = "/etc/gpucluster/user-setup.sh"
 CHECKPOINT_HOOK = "/usr/local/sbin/gpucluster-checkpoint"
+JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # `gpucluster run --detach`, `jobs`, `logs`, `cancel`
 
 MAX_USER_DATA_BYTES = 16384
 """EC2 limit on user data before base64 (EC2 user guide, "Run commands at launch").
@@ -252,6 +253,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         NodeFile("/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json",
                  json.dumps(cloudwatch_agent_config(), indent=2) + "\n"),
         NodeFile(CHECKPOINT_HOOK, script("checkpoint.sh"), "0755"),
+        NodeFile(JOB_TOOL, script("job.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-setup", script("setup.sh"), "0755"),
         NodeFile(f"{_UNITS}/gpucluster-setup.service", _unit(
             "node group setup (container image, the group's setup commands)",

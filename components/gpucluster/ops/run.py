@@ -71,14 +71,25 @@ class JobPlan:
     timeout_seconds: int
     log_group: str
     workdir: str | None = None
+    detach: str | None = None
+    """A job name: start the command as a systemd unit on each node (gpucluster-job) and return."""
+    job_timeout_seconds: int | None = None
+    """Detached jobs: stop the unit after this long (none: it runs until it ends or is cancelled)."""
 
     def script(self, rank: RankedNode) -> list[str]:
         """The AWS-RunShellScript `commands` of one node: exports, then the command under bash.
 
         The document runs its lines with /bin/sh; the command itself runs under bash
-        (`exec`, so its exit status is the node's), as `ssh host CMD` would.
+        (`exec`, so its exit status is the node's), as `ssh host CMD` would. A detached
+        job hands the command and the exported environment to gpucluster-job instead.
         """
         lines = [f"export {k}={shlex.quote(v)}" for k, v in rank.environment.items()]
+        if self.detach:
+            if self.job_timeout_seconds:
+                lines.append(f"export GPUCLUSTER_JOB_TIMEOUT_SECONDS={self.job_timeout_seconds}")
+            lines.append(f"exec {JOB_TOOL} start {self.detach} {shlex.quote(self.workdir or '/')} "
+                         f"{shlex.quote(self.command)}")
+            return lines
         if self.workdir:
             lines.append(f"cd {shlex.quote(self.workdir)}")
         lines.append(f"exec bash -c {shlex.quote(self.command)}")
@@ -87,13 +98,16 @@ class JobPlan:
 
 def plan_job(nodes: Sequence[Node], command: str, *, timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS,
              master_port: int = DEFAULT_MASTER_PORT, group_environment: Mapping[str, str] | None = None,
-             log_group: str, workdir: str | None = None) -> JobPlan:
+             log_group: str, workdir: str | None = None, detach: str | None = None,
+             job_timeout_seconds: int | None = None) -> JobPlan:
     """Ranks and environments for `command` on the in-service nodes (in the order given).
 
     NPROC_PER_NODE is each node's GPU count (the catalog's); WORLD_SIZE their sum.
     """
     if not command.strip():
         raise RunError("no command given (put it after --)")
+    if detach is not None:
+        check_job_name(detach)
     if not 1 <= timeout_seconds <= MAX_TIMEOUT_SECONDS:
         raise RunError(f"--timeout: must be 1..{MAX_TIMEOUT_SECONDS} seconds (SSM's limit), "
                        f"got {timeout_seconds}")
@@ -124,7 +138,55 @@ def plan_job(nodes: Sequence[Node], command: str, *, timeout_seconds: int = DEFA
     ranks = [RankedNode(rank, node, {**shared, "NODE_RANK": str(rank),
                                      "NPROC_PER_NODE": str(nproc)})
              for rank, (node, nproc) in enumerate(zip(ready, nprocs, strict=True))]
-    return JobPlan(command, ranks, timeout_seconds, log_group, workdir)
+    return JobPlan(command, ranks, timeout_seconds, log_group, workdir, detach, job_timeout_seconds)
+
+
+# ------------------------------------------------------------------- detached jobs
+
+JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # gpucluster.node.userdata.JOB_TOOL (node/job.sh)
+JOB_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+QUERY_TIMEOUT_SECONDS = 120
+
+
+def check_job_name(name: str) -> str:
+    """Job names become unit names (gpucluster-job-<name>): 1-40 characters of a-z, 0-9, '-'."""
+    if not JOB_NAME.fullmatch(name):
+        raise RunError(f"job names are 1-40 characters of a-z, 0-9 and '-' (not starting with '-'), "
+                       f"got {name!r}")
+    return name
+
+
+def plan_on_nodes(nodes: Sequence[Node], command: str, *, log_group: str) -> JobPlan:
+    """The same short command on every in-service node (no rank environment): jobs, logs, cancel."""
+    ready = [n for n in nodes if n.in_service]
+    if not ready:
+        raise RunError("no node in service; see `gpucluster nodes`")
+    return JobPlan(command, [RankedNode(rank, n, {}) for rank, n in enumerate(ready)],
+                   QUERY_TIMEOUT_SECONDS, log_group)
+
+
+@dataclass(frozen=True)
+class JobState:
+    """One detached job on one node, as `gpucluster-job status` prints it."""
+
+    name: str
+    state: str
+    """systemd's SubState: running, exited (done, exit 0), failed, ..."""
+    exit_status: int | None
+    started: str
+
+
+def parse_job_states(stdout: str) -> list[JobState]:
+    """`gpucluster-job status` lines: NAME STATE EXIT STARTED (started with '_' for spaces)."""
+    states = []
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) < 3 or not JOB_NAME.fullmatch(parts[0]):
+            continue
+        code = int(parts[2]) if parts[2].isdigit() else None
+        started = parts[3].replace("_", " ") if len(parts) > 3 else ""
+        states.append(JobState(parts[0], parts[1], code, started))
+    return states
 
 
 # ------------------------------------------------------------------------ running

@@ -235,6 +235,7 @@ def test_cli_run_dry_run_gives_ranks_master_and_nnodes(aws: dict[str, Any],
     assert {r["FI_PROVIDER"] for r in ranks} == {"efa"}  # prod's h100-train is an EFA group
     assert {r["FI_EFA_USE_DEVICE_RDMA"] for r in ranks} == {"1"}
     assert {r["GPUCLUSTER_CONTAINER_IMAGE"] for r in ranks} == {"nvcr.io/nvidia/pytorch:24.12-py3"}
+    assert {r["GPUCLUSTER_CHECKPOINT_URI"] for r in ranks} == {"/fsx/checkpoints/"}  # prod's FSx dataset
     assert "  exec bash -c 'torchrun --nnodes=$NNODES --node-rank=$NODE_RANK train.py'" in result.output
     assert result.output.rstrip().endswith("dry run: nothing sent")
 
@@ -377,3 +378,14 @@ def test_cli_hostfile_formats(aws: dict[str, Any], monkeypatch: pytest.MonkeyPat
         assert result.output.splitlines() == expected
     result = runner.invoke(app, ["hostfile", "prod", "--group", "h100-train", "--format", "slurm"])
     assert result.exit_code == 2 and "--format: must be mpi, deepspeed or plain" in result.output
+
+
+def test_checkpoint_uri_of_a_named_bucket_and_of_none(base_config: dict[str, Any]) -> None:
+    from gpucluster.spec import parse_stack_config
+
+    base_config["gpucluster:datasets"] = [
+        {"name": "data", "bucket_name": "acme-data", "existing": True, "prefix": "d/"},
+        {"name": "ckpt", "bucket_name": "acme-ckpt", "checkpoint_prefix": "runs/"}]
+    assert jobs.checkpoint_uri(parse_stack_config(base_config, stack="t")) == "s3://acme-ckpt/runs/"
+    base_config["gpucluster:datasets"] = [{"name": "ckpt", "checkpoint_prefix": "runs/"}]
+    assert jobs.checkpoint_uri(parse_stack_config(base_config, stack="t")) is None  # named at deploy

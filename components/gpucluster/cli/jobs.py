@@ -144,7 +144,28 @@ def group_environment(spec: StackSpec, node_group: str) -> dict[str, str]:
                                           region=spec.region, spot=spec.spot))
     if config.container_image:
         env["GPUCLUSTER_CONTAINER_IMAGE"] = config.container_image  # pulled at boot
+    uri = checkpoint_uri(spec)
+    if uri:
+        env["GPUCLUSTER_CHECKPOINT_URI"] = uri
     return env
+
+
+def checkpoint_uri(spec: StackSpec) -> str | None:
+    """Where jobs keep checkpoints: the first dataset with a checkpoint_prefix.
+
+    FSx datasets: the node path the file system links to that prefix (exported back
+    to S3, gpucluster.aws.datasets); others: s3://bucket/prefix when the bucket's name
+    is in the stack file (a created bucket without bucket_name gets its name at deploy
+    time: then none).
+    """
+    for d in spec.datasets:
+        if d.checkpoint_prefix is None:
+            continue
+        if d.access == "fsx" and d.fsx is not None:
+            return f"{d.fsx.mount_path.rstrip('/')}/checkpoints/"
+        if d.bucket_name:
+            return f"s3://{d.bucket_name}/{d.checkpoint_prefix}"
+    return None
 
 
 def render_dry_run(plan: JobPlan) -> list[str]:

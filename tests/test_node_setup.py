@@ -48,7 +48,7 @@ class Node:
         self.root, self.bin, self.log = root, root / "bin", root / "calls.log"
         self.bin.mkdir(parents=True)
         bodies = {"docker": "true", "aws": "echo token", "logger": "true", "nvidia-smi": "true",
-                  **(stubs or {})}
+                  "cloud-init": "true", "fuser": "exit 1", **(stubs or {})}
         for name, body in bodies.items():
             stub = self.bin / name
             stub.write_text(f'#!/bin/bash\necho "{name} $*" >> {self.log}\n{body}\n')
@@ -146,6 +146,22 @@ def test_a_failed_pull_is_retried_and_reported_but_setup_still_runs(tmp_path: Pa
     assert len([c for c in node.calls("docker") if c.startswith("pull")]) == 3
     assert "could not pull nvcr.io/nvidia/pytorch:24.12-py3" in result.stdout
     assert (tmp_path / "state" / "setup.done").exists()
+
+
+def test_setup_waits_for_cloud_init_and_the_dpkg_lock(tmp_path: Path) -> None:
+    count = tmp_path / "fuser-count"
+    # the lock is held on the first two looks, then free
+    node = Node(tmp_path, stubs={"fuser": f'echo x >> {count}; [ "$(wc -l < {count})" -le 2 ]'})
+    node.setup.write_text(f"#!/bin/bash\necho ran >> {tmp_path / 'ran'}\n")
+    node.setup.chmod(0o700)
+
+    result = node.run("setup.sh")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert node.calls("cloud-init") == ["status --wait"]
+    assert node.calls("fuser") == ["/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock"] * 3
+    assert result.stdout.count("dpkg is locked by another process") == 2
+    assert (tmp_path / "ran").read_text() == "ran\n"
 
 
 def test_setup_with_nothing_to_do_succeeds(tmp_path: Path) -> None:

@@ -55,12 +55,26 @@ if [ -n "${GPUCLUSTER_CONTAINER_IMAGE:-}" ]; then
   pull_image "$GPUCLUSTER_CONTAINER_IMAGE" || status=1
 fi
 
+# The Deep Learning AMI may hold the dpkg lock at first boot (cloud-init, unattended upgrades): a
+# setup that installs packages waits for cloud-init and for the lock, at most 60 tries.
+wait_for_dpkg() {
+  local try
+  cloud-init status --wait >/dev/null 2>&1 || true
+  for try in $(seq 60); do
+    fuser /var/lib/dpkg/lock-frontend /var/lib/dpkg/lock >/dev/null 2>&1 || return 0
+    log "dpkg is locked by another process; waiting ($try)"
+    sleep "$RETRY_SECONDS"
+  done
+  log "dpkg still locked; running the setup anyway"
+}
+
 mkdir -p "$STATE"
 if [ ! -e "$USER_SETUP" ]; then
   log "no setup for node group ${GPUCLUSTER_NODE_GROUP:-?}"
 elif [ -e "$STATE/setup.done" ]; then
   log "setup already done on this instance ($(cat "$STATE/setup.done"))"
 else
+  wait_for_dpkg
   log "running the node group's setup: start $(date -Is)"
   if head -c 2 "$USER_SETUP" | grep -q '^#!'; then
     "$USER_SETUP"

@@ -5,8 +5,9 @@ Pulumi runs this file from the `policies/` directory with the project's
 rules and the instance catalog are the installed package's.
 """
 
-from gpucluster.policy.pack import PACK_DESCRIPTION, PACK_NAME, build_policies
 from pulumi_policy import EnforcementLevel, PolicyPack
+
+from gpucluster.policy.pack import PACK_DESCRIPTION, PACK_NAME, build_policies
 
 PolicyPack(
     name=PACK_NAME,

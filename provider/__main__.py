@@ -11,6 +11,8 @@ type tokens (`gpucluster:index:<Type>`).
 
 from importlib.metadata import version
 
+from pulumi.provider.experimental import component_provider_host
+
 from gpucluster import (
     ClusterNetwork,
     DatasetBucket,
@@ -20,7 +22,6 @@ from gpucluster import (
     LustreFileSystem,
     NodeIdentity,
 )
-from pulumi.provider.experimental import component_provider_host
 
 COMPONENTS = [ClusterNetwork, GpuNodeGroup, NodeIdentity, DatasetBucket, LustreFileSystem, Guardrails,
               GpuCluster]

@@ -28,6 +28,8 @@ from gpucluster.plan import PlanMocks
 
 pulumi.runtime.set_mocks(PlanMocks("us-east-1"), project="gpucluster", stack="test", preview=False)
 
+pytest_plugins = ["wheel_venv"]  # the built wheel in a fresh venv: fixtures `wheel`, `venv`
+
 
 
 @pytest.fixture

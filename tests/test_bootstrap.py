@@ -14,14 +14,15 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+
 from gpucluster.node import userdata as bootstrap
 from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,
-    GPU_METRIC_NAMESPACE,
     GPU_UTILIZATION_METRIC,
     NodeBootstrap,
     cloudwatch_agent_config,
@@ -115,6 +116,57 @@ def test_user_data_writes_every_file_verbatim(tmp_path: Path) -> None:
         assert oct(written.stat().st_mode & 0o777) == oct(int(f.mode, 8)), f.path
 
 
+def run_files_part(text: str, root: Path) -> None:
+    """Run the file-writing part of rendered user data with every path moved under `root`."""
+    files_part = text.split("/opt/aws/amazon-cloudwatch-agent/etc\n", 1)[1].split(
+        "# shellcheck source=/dev/null\n. /etc/gpucluster/node.env\n")[0]
+    files_part = re.sub(r"^(cat > |chmod \d+ )/", rf"\g<1>{root}/", files_part, flags=re.M)
+    for d in ("etc/gpucluster", "usr/local/sbin", "etc/systemd/system", "etc/profile.d",
+              "opt/aws/amazon-cloudwatch-agent/etc"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    subprocess.run(["bash", "-euc", files_part], check=True, cwd=root)
+
+
+# Commands that would break a naive renderer: placeholders, the heredoc delimiter on a line
+# of its own (and the next one the renderer would pick), quotes and expansions, CR/LF.
+HOSTILE_COMMANDS = {
+    "placeholders": "echo @@FILES@@ @@LABEL@@ @@ @@X@@",
+    "delimiter": ("echo a\nGPUCLUSTER_FILE_EOF\ntouch {marker}-1\nGPUCLUSTER_FILE_EOF_1\n"
+                  "touch {marker}-2\necho b"),
+    "quotes": "echo 'a' \"b\" `touch {marker}-3` $(touch {marker}-4) ${{HOME}} \\ '\"'\"' ; exit 3",
+    "newlines": "\n\n  touch {marker}-5\r\n\t\nEOF\n'",
+    "unicode": "echo ünïcødé ✓ \u202e \u2028 \u0085 done",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_COMMANDS)
+def test_hook_commands_are_stored_byte_for_byte_and_never_run(name: str, tmp_path: Path) -> None:
+    """The user data writes the command into node.env exactly; writing and sourcing runs none of it."""
+    marker = tmp_path / "ran"
+    command = HOSTILE_COMMANDS[name].format(marker=marker)
+    b = settings(interruption_command=command)
+    text = render_user_data(b)
+    script_path = tmp_path / "user-data.sh"
+    script_path.write_text(text)
+    lint(script_path)
+    root = tmp_path / "root"
+    run_files_part(text, root)
+    for f in node_files(b):
+        assert (root / f.path.lstrip("/")).read_bytes() == f.content.encode(), f.path
+    stored = subprocess.run(["bash", "-c", f'. {root}/etc/gpucluster/node.env; '
+                             'printf %s "$GPUCLUSTER_INTERRUPTION_COMMAND"'],
+                            capture_output=True, check=True).stdout
+    assert stored == command.encode()
+    assert not list(tmp_path.glob("ran*")), "rendering, writing or sourcing ran part of the command"
+
+
+def test_heredoc_delimiter_never_matches_a_line_of_the_content() -> None:
+    assert bootstrap.heredoc_delimiter("echo\n") == "GPUCLUSTER_FILE_EOF"
+    taken = "GPUCLUSTER_FILE_EOF\nGPUCLUSTER_FILE_EOF_1\n"
+    assert bootstrap.heredoc_delimiter(taken) == "GPUCLUSTER_FILE_EOF_2"
+    assert bootstrap.heredoc_delimiter("x GPUCLUSTER_FILE_EOF\n") == "GPUCLUSTER_FILE_EOF"  # only whole lines
+
+
 def test_watcher_and_metrics_start_before_disks_and_data() -> None:
     """A node whose disks or datasets fail must still honour spot notices and be seen idle."""
     text = render_user_data(settings())
@@ -169,9 +221,10 @@ def test_user_data_is_gzip_base64_within_the_ec2_limit() -> None:
 
 
 def test_cloudwatch_agent_publishes_gpu_utilisation_per_auto_scaling_group() -> None:
-    config = cloudwatch_agent_config()
+    config = cloudwatch_agent_config("c")
     metrics: Any = config["metrics"]
-    assert metrics["namespace"] == GPU_METRIC_NAMESPACE == "CWAgent"
+    assert metrics["namespace"] == "gpucluster/c"  # the cluster's own: its node role's only namespace
+    assert "logs" not in config  # the node role has no CloudWatch Logs grant
     assert "utilization_gpu" in metrics["metrics_collected"]["nvidia_gpu"]["measurement"]
     assert GPU_UTILIZATION_METRIC == "nvidia_smi_utilization_gpu"
     assert metrics["append_dimensions"][GPU_METRIC_DIMENSION] == "${aws:AutoScalingGroupName}"
@@ -181,11 +234,14 @@ def test_cloudwatch_agent_publishes_gpu_utilisation_per_auto_scaling_group() -> 
 
 
 def test_data_mounts_table_rows() -> None:
-    rows = [line.split("\t") for line in data_mounts_table(settings()).splitlines()]
+    mounts = (*MOUNTS, DataMount("shared", "mount", "team-data", "", "/data/shared",
+                                 expected_bucket_owner="210987654321"))
+    rows = [line.split("\t") for line in data_mounts_table(settings(data_mounts=mounts)).splitlines()]
     assert rows == [
-        ["copy_to_scratch", "corpus", "acme-corpus", "v3/", "-", "-", "-"],
-        ["mount", "models", "acme-models", "-", "/data/models", "-", "-"],
-        ["fsx", "train", "acme-train", "-", "/fsx", "fs-0123.fsx.us-east-1.amazonaws.com", "abcdefgh"],
+        ["copy_to_scratch", "corpus", "acme-corpus", "v3/", "-", "-", "-", "-"],
+        ["mount", "models", "acme-models", "-", "/data/models", "-", "-", "-"],
+        ["fsx", "train", "acme-train", "-", "/fsx", "fs-0123.fsx.us-east-1.amazonaws.com", "abcdefgh", "-"],
+        ["mount", "shared", "team-data", "-", "/data/shared", "-", "-", "210987654321"],
     ]
     assert data_mounts_table(settings(data_mounts=())) == ""
 
@@ -286,8 +342,12 @@ def test_scratch_binds_instance_store_the_ami_already_mounted(tmp_path: Path) ->
     assert box.calls("mdadm") == []
 
 
-def test_data_copies_mounts_and_attaches_fsx(tmp_path: Path) -> None:
-    mounts = (MOUNTS[0], DataMount("models", "mount", "acme-models", "m/", str(tmp_path / "models")),
+def test_data_copies_mounts_and_attaches_fsx_from_buckets_of_the_expected_owner(tmp_path: Path) -> None:
+    mounts = (replace(MOUNTS[0], expected_bucket_owner="123456789012"),
+              DataMount("models", "mount", "acme-models", "m/", str(tmp_path / "models"),
+                        expected_bucket_owner="123456789012"),
+              DataMount("shared", "mount", "team-data", "", str(tmp_path / "shared"),
+                        expected_bucket_owner="210987654321"),
               DataMount("train", "fsx", "acme-train", "", str(tmp_path / "fsx"), "fs-1.fsx.aws", "mnt1"))
     table = tmp_path / "mounts.tsv"
     table.write_text(data_mounts_table(settings(data_mounts=mounts)))
@@ -295,11 +355,30 @@ def test_data_copies_mounts_and_attaches_fsx(tmp_path: Path) -> None:
     result = box.run("data.sh")
     assert result.returncode == 0, result.stderr + result.stdout
     scratch = tmp_path / "scratch"
+    # the owner check comes first: `aws s3 sync` itself cannot name one
     assert box.calls("aws") == [
+        "s3api list-objects-v2 --region us-east-1 --bucket acme-corpus --prefix v3/ "
+        "--expected-bucket-owner 123456789012 --max-items 1",
         f"s3 sync --only-show-errors --region us-east-1 s3://acme-corpus/v3/ {scratch}/corpus"]
     assert box.calls("mount-s3") == [
-        f"--read-only --allow-other --region us-east-1 --prefix m/ acme-models {tmp_path}/models"]
+        "--read-only --allow-other --region us-east-1 --expected-bucket-owner 123456789012 --prefix m/ "
+        f"acme-models {tmp_path}/models",
+        f"--read-only --allow-other --region us-east-1 --expected-bucket-owner 210987654321 team-data "
+        f"{tmp_path}/shared"]
     assert box.calls("mount") == [f"-t lustre -o relatime,flock fs-1.fsx.aws@tcp:/mnt1 {tmp_path}/fsx"]
+
+
+def test_data_of_an_owner_mismatch_stops_before_copying(tmp_path: Path) -> None:
+    """S3 answers 403 to a request naming another owner: nothing is copied, the unit fails."""
+    table = tmp_path / "mounts.tsv"
+    table.write_text(data_mounts_table(settings(data_mounts=(
+        replace(MOUNTS[0], expected_bucket_owner="123456789012"),))))
+    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table))
+    (box.bin / "aws").write_text(f'#!/bin/bash\necho "aws $*" >> {box.log}\n'
+                                 '[[ "$*" == *"--expected-bucket-owner"* ]] && exit 254\ntrue\n')
+    result = box.run("data.sh")
+    assert result.returncode != 0
+    assert [c.split()[0] for c in box.calls("aws")] == ["s3api"]  # no sync after the refusal
 
 
 def imds(tmp_path: Path, action_after: int, rebalance: bool) -> Path:

@@ -12,8 +12,9 @@ from urllib.parse import unquote
 
 import boto3
 import pytest
-from iam_eval import allowed
 from moto import mock_aws
+
+from iam_eval import allowed
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "infra" / "bootstrap-state" / "bootstrap_state.py"

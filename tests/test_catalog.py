@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from gpucluster import catalog
 from moto import mock_aws
+
+from gpucluster import catalog
 
 REQUIRED_FAMILIES = {"p6-b200", "p5", "p5e", "p5en", "p4d", "p4de", "g6e", "g6", "g5", "g4dn"}
 

@@ -12,6 +12,9 @@ from typing import Any, get_type_hints, is_typeddict
 import boto3
 import pulumi
 import pytest
+from moto import mock_aws
+from pulumi.provider.experimental.analyzer import Analyzer, PropertyType
+
 from base_config import BASE_CONFIG
 from gpucluster import COMPONENTS
 from gpucluster.aws import args as component_args
@@ -23,8 +26,6 @@ from gpucluster.lambdas import budget_action, scaling
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, RecordingMonitor, record_resources, run_plan
 from gpucluster.spec import CapacityConfig, CostTags, FsxConfig, SpecError, parse_stack_config
 from gpucluster.stack import cluster_args
-from moto import mock_aws
-from pulumi.provider.experimental.analyzer import Analyzer, PropertyType
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"
@@ -179,6 +180,8 @@ def test_node_group_args_checks_list_every_problem_by_key_path(override: dict[st
         GpuNodeGroup("team-a-train", node_group_args(**override))
     expected = sorted(f"GpuNodeGroup team-a-train: {line}" for line in lines)
     assert sorted(str(info.value).splitlines()) == expected
+    # Under `pulumi up` a RunError stops the program with its message and no Python traceback.
+    assert isinstance(info.value, pulumi.RunError)
 
 
 def test_bad_cluster_args_fail_like_the_stack_file() -> None:
@@ -348,7 +351,7 @@ REQUIRED = {
     "ClusterNetwork": {"clusterName", "region", "availabilityZones"},
     "GpuNodeGroup": {"nodeGroup", "clusterName", "region", "identity", "subnetIds", "securityGroupIds",
                      "instanceProfileArn"},
-    "NodeIdentity": set(),
+    "NodeIdentity": {"clusterName"},
     "DatasetBucket": {"dataset", "clusterName", "region"},
     "LustreFileSystem": {"dataset", "bucketName", "vpcId", "subnetId"},
     "Guardrails": {"groups", "clusterName", "identity", "region"},

@@ -16,15 +16,16 @@ from typing import Any
 import boto3
 import pytest
 import yaml
-from base_config import policy_clean
 from botocore.stub import Stubber
+from moto.server import ThreadedMotoServer
+from typer.testing import CliRunner
+
+from base_config import policy_clean
 from gpucluster.chart import chart_series, draw_chart
 from gpucluster.cli import app
 from gpucluster.plan import load_stack
 from gpucluster.pricing import STRATEGIES, price_stack
 from gpucluster.spec import parse_stack_config
-from moto.server import ThreadedMotoServer
-from typer.testing import CliRunner
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -11,13 +11,14 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import ANY, Stubber
+from typer.testing import CliRunner
+
 from gpucluster.cli import app, jobs
 from gpucluster.node import userdata
 from gpucluster.node.userdata import node_files, script
 from gpucluster.ops import run as ops_run
 from gpucluster.ops.run import parse_job_states
 from test_jobs import _dry_run_ranks, _invocation, _online, aws  # noqa: F401  (fixture)
-from typer.testing import CliRunner
 
 runner = CliRunner()
 SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")

@@ -14,6 +14,8 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
+from moto import mock_aws
+
 from gpucluster.ops.doctor import (
     Clients,
     DoctorError,
@@ -28,7 +30,6 @@ from gpucluster.ops.doctor import (
 )
 from gpucluster.plan import load_stack
 from gpucluster.spec import StackSpec, parse_stack_config
-from moto import mock_aws
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 CR = "cr-0123456789abcdef0"

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import pytest
+
 from gpucluster.aws import guardrails as g
 from gpucluster.aws.guardrails import Guardrails
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources
@@ -255,7 +256,7 @@ def test_budget_emails_subscribe_to_the_notify_topic(dev: Built) -> None:
 def test_dev_idle_alarm_stops_after_30_minutes_and_missing_data_only_notifies(dev: Built) -> None:
     alarm = dev.one(ALARM).inputs
     assert (alarm["namespace"], alarm["metricName"], alarm["statistic"]) == (
-        "CWAgent", "nvidia_smi_utilization_gpu", "Maximum")
+        "gpucluster/gpu-dev", "nvidia_smi_utilization_gpu", "Maximum")  # the cluster's own namespace
     assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-dev-dev-a10-asg"}
     assert alarm["name"] == "gpu-dev-dev-a10-asg-idle"  # the autostop handler's fallback convention
     assert (alarm["comparisonOperator"], alarm["threshold"]) == ("LessThanThreshold", 5)

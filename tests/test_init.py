@@ -6,13 +6,14 @@ import json
 from importlib import metadata
 from pathlib import Path
 
-import gpucluster
 import pytest
 import yaml
+from typer.testing import CliRunner
+
+import gpucluster
 from gpucluster import project, scaffold
 from gpucluster.cli import app
 from gpucluster.spec import parse_stack_config
-from typer.testing import CliRunner
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION = metadata.version("gpucluster")

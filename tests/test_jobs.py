@@ -15,15 +15,16 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import ANY, Stubber
+from moto import mock_aws
+from typer.testing import CliRunner
+
 from gpucluster.cli import app, jobs
 from gpucluster.ops import nodes as ops_nodes
 from gpucluster.ops.nodes import Node, ranked, ssm_ping, stack_nodes
 from gpucluster.ops.run import RunError, plan_job, run_log_group, send_job, wait_job
 from gpucluster.plan import load_stack
 from gpucluster.stack import identity
-from moto import mock_aws
 from moto_groups import create_stack_groups, tag_node_group
-from typer.testing import CliRunner
 
 runner = CliRunner()
 

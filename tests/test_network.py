@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from base_config import base, plan_config
 from gpucluster.plan import Plan, PlannedResource, run_plan
 

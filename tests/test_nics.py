@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpucluster import catalog
 from gpucluster.aws.nics import Nic, network_interfaces
 

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from gpucluster.node.userdata import node_files, render_user_data, script
 from test_bootstrap import Sandbox, lint, settings
 

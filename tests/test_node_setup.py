@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpucluster.node import userdata
 from gpucluster.node.userdata import (
     CHECKPOINT_HOOK,
@@ -282,8 +283,6 @@ def test_setup_script_is_read_from_the_project(base_config: dict[str, Any], tmp_
      "is where gpucluster's own node files go"),
     ({"files": [{"path": "/opt/a", "content": "x"}, {"path": "/opt/a", "content": "y"}]},
      "node_groups[0].files[1].path", "/opt/a is written twice"),
-    ({"files": [{"path": "/opt/a", "content": "a\nGPUCLUSTER_FILE_EOF\nb"}]}, "node_groups[0].files[0]",
-     "which the node bootstrap uses to end files"),
     ({"files": [{"path": "/opt/big", "content": os.urandom(6000).hex()}]}, "node_groups[0].files",
      "keep large files in S3"),
     ({"files": [{"path": "/opt/a", "content": "x", "mode": "rwx"}]}, "node_groups[0].files[0].mode",

@@ -11,6 +11,8 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 import pytest
+from typer.testing import CliRunner
+
 from base_config import base, plan_config
 from gpucluster.aws.cluster import GpuCluster
 from gpucluster.aws.nodes import DEFAULT_AMI_PARAMETER, instance_overrides, instances_distribution
@@ -25,7 +27,6 @@ from gpucluster.plan import (
     run_plan,
 )
 from gpucluster.stack import cluster_args
-from typer.testing import CliRunner
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"

@@ -7,12 +7,13 @@ from typing import Any
 
 import boto3
 import pytest
+from moto import mock_aws
+from typer.testing import CliRunner
+
 from gpucluster.cli import app
 from gpucluster.lambdas import scaling
 from gpucluster.ops.status import GroupStatus, resume_stack, stack_status
-from moto import mock_aws
 from moto_groups import create_stack_groups
-from typer.testing import CliRunner
 
 runner = CliRunner()
 

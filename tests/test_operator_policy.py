@@ -10,13 +10,14 @@ from typing import Any
 import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
+from moto import mock_aws
+from typer.testing import CliRunner
+
 from gpucluster.cli import app
 from gpucluster.ops.permissions import allowed_actions, operator_policy
 from gpucluster.plan import load_stack
 from gpucluster.stack import identity
-from moto import mock_aws
 from moto_groups import create_stack_groups, tag_node_group
-from typer.testing import CliRunner
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 runner = CliRunner()

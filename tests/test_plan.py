@@ -9,11 +9,12 @@ from typing import Any
 
 import pulumi
 import pytest
+from typer.testing import CliRunner
+
 from base_config import policy_clean
 from gpucluster.cli import app
 from gpucluster.plan import run_plan, run_program, stack_file, stack_name
 from gpucluster.spec import parse_stack_config
-from typer.testing import CliRunner
 
 runner = CliRunner()
 

@@ -15,11 +15,12 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-import gpucluster
 import pulumi
 import pytest
 import yaml
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
+
+import gpucluster
 
 REPO = Path(__file__).resolve().parent.parent
 PROVIDER = REPO / "provider"

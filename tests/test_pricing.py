@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from gpucluster import catalog
 from gpucluster.plan import load_stack
 from gpucluster.pricing import (

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
 from gpucluster import project
 from gpucluster.cli import app
-from typer.testing import CliRunner
 
 REPO = Path(__file__).resolve().parent.parent
 DEV_STACK = REPO / "stacks" / "Pulumi.dev.yaml"

@@ -7,16 +7,17 @@ from typing import Any
 
 import boto3
 import pytest
+from moto import mock_aws
+from typer.testing import CliRunner
+
 from gpucluster.cli import app, jobs
 from gpucluster.lambdas import autostop, scaling
 from gpucluster.ops.scale import plan_scale, plan_stop, stop_stack
 from gpucluster.ops.status import resume_stack
 from gpucluster.plan import load_stack
 from gpucluster.stack import identity
-from moto import mock_aws
 from moto_groups import create_stack_groups, tag_node_group
 from test_jobs import RecordingSsm
-from typer.testing import CliRunner
 
 runner = CliRunner()
 SPEC = load_stack("dev")[2]

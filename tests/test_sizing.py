@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from gpucluster import catalog
 from gpucluster.sizing import (
     GIB,

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
+
 from gpucluster.cli import app
 from gpucluster.plan import load_stack
 from gpucluster.spec import SpecError, parse_stack_config
-from typer.testing import CliRunner
 
 runner = CliRunner()
 DELETE = object()
@@ -87,7 +88,7 @@ INVALID: list[tuple[str, Any, str, str]] = [
     (f"{NG}.efa", "yes", "node_groups[0].efa", "must be one of"),
     (f"{NG}.efa", "on", "node_groups[0].instance_types[0]", "does not support EFA"),
     (f"{NG}.scratch_mount", "scratch", "node_groups[0].scratch_mount", "absolute path"),
-    (f"{NG}.scratch_mount", "/etc", "node_groups[0].scratch_mount", "absolute path of its own"),
+    (f"{NG}.scratch_mount", "/etc", "node_groups[0].scratch_mount", "data roots /data, /fsx, /scratch, /mnt"),
     (f"{NG}.root_volume_size_gib", 10, "node_groups[0].root_volume_size_gib", "50..16384"),
     (f"{NG}.ami_id", "ubuntu", "node_groups[0].ami_id", "AMI id"),
     (f"{NG}.availability_zones", ["us-east-1c"], "node_groups[0].availability_zones[0]",
@@ -191,7 +192,7 @@ INVALID: list[tuple[str, Any, str, str]] = [
      "5..110"),
     ("gpucluster:spot", {"interruption_command": ""}, "spot.interruption_command", "non-empty"),
     ("gpucluster:autostop", {"pre_stop_command": "x" * 2049}, "autostop.pre_stop_command",
-     "at most 2048 chars"),
+     "at most 2048 bytes"),
     ("gpucluster:budget", {"monthly_limit_usd": 100, "alert_thresholds_percent": list(range(10, 100, 10)),
                            "action_threshold_percent": 120},
      "budget.alert_thresholds_percent", "10 notifications per budget: 10 actual-spend thresholds"),
@@ -354,10 +355,10 @@ def test_generated_bucket_name_with_reserved_prefix_needs_a_name(base_config: di
 def test_copy_to_scratch_needs_one_scratch_mount(base_config: dict[str, Any]) -> None:
     group = {"instance_types": ["g5.xlarge"], "max_nodes": 1}
     mutate(base_config, "gpucluster:node_groups", [{"name": "ga", **group},
-                                                   {"name": "gb", "scratch_mount": "/nvme", **group}])
+                                                   {"name": "gb", "scratch_mount": "/mnt/nvme", **group}])
     mutate(base_config, "gpucluster:datasets", [{"name": "data", "access": "copy_to_scratch"}])
     with pytest.raises(SpecError, match=r"datasets\[0\]\.access: copy_to_scratch needs one "
-                                        r"scratch_mount for every node group, got /nvme, /scratch"):
+                                        r"scratch_mount for every node group, got /mnt/nvme, /scratch"):
         parse_stack_config(base_config, stack="t")
     mutate(base_config, "gpucluster:datasets", [{"name": "data", "access": "mount"}])
     assert parse_stack_config(base_config, stack="t").datasets[0].access == "mount"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+
 from gpucluster.subnets import plan_subnets
 
 

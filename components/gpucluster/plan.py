@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import runpy
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pulumi
-import yaml
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.config import set_all_config
@@ -24,7 +24,16 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 from gpucluster.project import missing_stack_message, stacks_dir
-from gpucluster.spec import PROJECT, StackSpec, parse_stack_config
+from gpucluster.spec import (
+    MAX_INPUT_BYTES,
+    PROJECT,
+    Finding,
+    SpecError,
+    StackSpec,
+    clip,
+    parse_stack_config,
+)
+from gpucluster.stackfile import load_yaml
 
 MOCK_ACCOUNT = "123456789012"
 MOCK_AMI = "ami-0123456789abcdef0"
@@ -117,16 +126,37 @@ def stack_name(path: Path) -> str:
 
 
 def read_stack_config(path: Path) -> dict[str, Any]:
-    """The `config:` map of a stack file, keys namespaced (`gpucluster:` by default)."""
+    """The `config:` map of a stack file, keys namespaced (`gpucluster:` by default).
+
+    StackFileError when the file cannot be read; SpecError (naming the key path and
+    line) when its YAML is not a plain, bounded stack file (see `gpucluster.stackfile`).
+    """
+    where = clip(str(path), 120)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise StackFileError(missing_stack_message(path, by_name=path.parent == stacks_dir())) from None
-    except yaml.YAMLError as err:
-        raise StackFileError(f"{path}: not valid YAML ({err})") from None
+        if not path.exists():
+            raise StackFileError(missing_stack_message(path, by_name=path.parent == stacks_dir()))
+        if not path.is_file():  # a directory, FIFO or device would fail late or never end
+            raise StackFileError(f"{where}: not a regular file")
+        with path.open("rb") as stream:
+            data = stream.read(MAX_INPUT_BYTES + 1)
+    except OSError as err:  # unreadable, or a name too long for the file system
+        raise StackFileError(f"{where}: cannot read it ({err.strerror or err})") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise StackFileError(f"{where}: larger than {MAX_INPUT_BYTES // 1024} KiB; not a stack file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise StackFileError(f"{where}: not UTF-8 text (byte {err.start})") from None
+    raw = load_yaml(text)
     if not isinstance(raw, dict) or not isinstance(raw.get("config"), dict):
-        raise StackFileError(f"{path}: a stack file needs a top-level `config:` mapping")
-    return {(k if ":" in k else f"{PROJECT}:{k}"): v for k, v in raw["config"].items()}
+        raise StackFileError(f"{where}: a stack file needs a top-level `config:` mapping")
+    config: dict[str, Any] = {}
+    for key, value in raw["config"].items():
+        full = key if ":" in key else f"{PROJECT}:{key}"
+        if full in config:  # `cluster` and `gpucluster:cluster` name one key
+            raise SpecError([Finding(full, f"set twice in config (as {key!r} too); Pulumi rejects it")])
+        config[full] = value
+    return config
 
 
 def load_stack(stack: str) -> tuple[str, dict[str, Any], StackSpec]:
@@ -242,8 +272,21 @@ def run_program(name: str, config: dict[str, Any], spec: StackSpec) -> Plan:
     return Plan(stack=name, spec=spec, resources=resources, outputs=outputs)
 
 
-def record_resources(build: Callable[[], Any], stack: str = "test",
+def run_program_file(path: Path, config: Mapping[str, Any], *, project: str, stack: str = "dev",
                      region: str = "us-east-1") -> tuple[list[PlannedResource], dict[str, Any]]:
+    """Plan any Pulumi Python program (a `__main__.py` that imports gpucluster) offline.
+
+    `config` is the stack file's `config:` map (`namespace:key` -> value), as `pulumi up` would
+    hand it to the program; keys without a namespace belong to `project`.
+    """
+    values = {(k if ":" in k else f"{project}:{k}"): v for k, v in config.items()}
+    set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()})
+    return record_resources(lambda: runpy.run_path(str(path), run_name="__main__"), stack=stack,
+                            region=region, project=project)
+
+
+def record_resources(build: Callable[[], Any], stack: str = "test", region: str = "us-east-1",
+                     project: str = PROJECT) -> tuple[list[PlannedResource], dict[str, Any]]:
     """Run `build` (a program, or a test constructing one component) under recording mocks.
 
     Returns every registered resource and the stack's exported outputs, resolved.
@@ -251,7 +294,7 @@ def record_resources(build: Callable[[], Any], stack: str = "test",
     mocks = PlanMocks(region)
     monitor = RecordingMonitor(mocks)
     pulumi_settings.ROOT.set(None)  # a fresh root Stack for every run in this process
-    pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    pulumi_mocks.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
     pulumi_settings.SETTINGS.rpc_manager.clear()
     _sync_await(run_pulumi_func(build))
     root = pulumi_settings.get_root_resource()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
 from gpucluster import catalog
 from gpucluster.spec import NodeGroupConfig, StackSpec
 

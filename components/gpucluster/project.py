@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from gpucluster.spec import SpecError
+from gpucluster.stackfile import load_yaml
 
 PROJECT_FILE = "Pulumi.yaml"
 POLICY_CONFIG_DIR = Path("policies") / "config"
@@ -47,8 +48,8 @@ def find_project_root(start: Path | None = None) -> Path | None:
 def stack_config_dir(root: Path) -> Path:
     """The project's `stackConfigDir` (Pulumi.yaml), or the project root when unset or unreadable."""
     try:
-        document = yaml.safe_load((root / PROJECT_FILE).read_text())
-    except (OSError, yaml.YAMLError):
+        document = load_yaml((root / PROJECT_FILE).read_text())
+    except (OSError, UnicodeDecodeError, SpecError):  # bounded like a stack file (gpucluster.stackfile)
         return root
     configured = document.get("stackConfigDir") if isinstance(document, dict) else None
     return root / configured if isinstance(configured, str) and configured else root

@@ -9,9 +9,10 @@ from __future__ import annotations
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from gpucluster.spec import StackConfig, model_in
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
+
+from gpucluster.spec import StackConfig, model_in
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import json
+import math
 import re
+import reprlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -24,6 +26,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gpucluster import catalog
+from gpucluster.noderole import (
+    ROLE_INLINE_POLICIES_MAX_CHARS,
+    dataset_grants,
+    longest_bucket_name,
+    node_inline_policies_chars,
+)
 
 PROJECT = "gpucluster"
 REGION_KEY = "aws:region"
@@ -31,23 +39,78 @@ MAX_BUDGET_NOTIFICATIONS = 10
 
 # --------------------------------------------------------------------------- errors
 
+# Bounds on any input, whatever its source (a stack file, PULUMI_CONFIG under `pulumi up`,
+# a caller's dict): a hostile file ends in a short error within a second, never a hang,
+# a traceback or megabytes of output.
+MAX_INPUT_BYTES = 256 * 1024
+"""A stack file (or one config value as JSON text); the shipped ones are about 3 KB."""
+MAX_NESTING = 32
+"""Mappings and lists inside each other; a stack file needs 7."""
+MAX_VALUES = 10_000
+"""Values in one stack's config, counted with every YAML alias expanded."""
+MAX_NUMBER_CHARS = 100
+"""Digits of one number (Python refuses to convert ints past 4300 digits)."""
+SHOWN_CHARS = 60
+"""A value echoed in an error is cut to this many characters."""
+MAX_PATH_CHARS = 100
+MAX_LINE_CHARS = 200
+MAX_FINDINGS = 50
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` on one printable line of at most `limit` characters (cut ones end in '…')."""
+    if len(text) > 4 * limit:
+        text = text[:4 * limit]
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def shown(value: Any) -> str:
+    """A value as an error message echoes it: its repr, cut to SHOWN_CHARS characters."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"<a {value.bit_length()}-bit number>"  # repr() refuses ints past 4300 digits
+    if isinstance(value, str):  # the quotes do not count
+        return clip(repr(value[:SHOWN_CHARS + 1]), SHOWN_CHARS + 2)
+    return clip(_SHORT_REPR.repr(value), SHOWN_CHARS)
+
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 3, SHOWN_CHARS, SHOWN_CHARS
+_SHORT_REPR.maxlong = 80
+
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem in a stack's config, at a key path such as `node_groups[0].max_nodes`."""
+    """One problem in a stack's config, at a key path such as `node_groups[0].max_nodes`.
+
+    Path and message are cut on creation, so every consumer (terminal, JSON) gets one
+    printable line of at most MAX_LINE_CHARS, however long the key or value was.
+    """
 
     path: str
     message: str
     level: Literal["error", "warning"] = "error"
+
+    def __post_init__(self) -> None:
+        path = clip(str(self.path), MAX_PATH_CHARS)
+        object.__setattr__(self, "path", path)
+        object.__setattr__(self, "message", clip(str(self.message), MAX_LINE_CHARS - len(path) - 2))
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
 
 
 class SpecError(ValueError):
-    """Invalid stack config; `findings` holds every error, one line each in `str()`."""
+    """Invalid stack config; `findings` holds the errors, one line each in `str()`.
+
+    At most MAX_FINDINGS are kept (the last one says how many more there were).
+    """
 
     def __init__(self, findings: list[Finding]) -> None:
+        if len(findings) > MAX_FINDINGS:
+            more = len(findings) - MAX_FINDINGS + 1
+            findings = [*findings[:MAX_FINDINGS - 1],
+                        Finding("…", f"{more} more problems not shown; fix the ones above first")]
         self.findings = findings
         super().__init__("\n".join(str(f) for f in findings))
 
@@ -56,8 +119,10 @@ class SpecError(ValueError):
 
 
 def _num(value: float) -> str:
-    """140.0 -> '140', 2.5 -> '2.5', 10000000 -> '10000000' (never exponent notation)."""
-    return str(int(value)) if float(value).is_integer() else str(value)
+    """140.0 -> '140', 2.5 -> '2.5', 10000000 -> '10000000' (never exponent notation); cut when huge."""
+    if isinstance(value, int):
+        return shown(value)
+    return shown(int(value)) if math.isfinite(value) and value.is_integer() else shown(value)
 
 
 def _in_range(lo: float, hi: float) -> AfterValidator:
@@ -74,7 +139,7 @@ def _matches(pattern: str, what: str) -> AfterValidator:
 
     def check(value: str) -> str:
         if not compiled.fullmatch(value):
-            raise ValueError(f"{what}, got {value!r}")
+            raise ValueError(f"{what}, got {shown(value)}")
         return value
 
     return AfterValidator(check)
@@ -82,7 +147,7 @@ def _matches(pattern: str, what: str) -> AfterValidator:
 
 def _check_email(value: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9._%+'-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}", value):
-        raise ValueError(f"not a valid e-mail address, got {value!r}")
+        raise ValueError(f"not a valid e-mail address, got {shown(value)}")
     return value
 
 
@@ -90,28 +155,63 @@ def _check_instance_type(value: str) -> str:
     if catalog.get(value) is None:
         hint = difflib.get_close_matches(value, catalog.names(), n=1, cutoff=0.6)
         suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-        raise ValueError(f"unknown instance type {value!r}{suggestion} (see `gpucluster recommend`"
-                         " or components/gpucluster/catalog/data/instance_types.yaml)")
+        raise ValueError(f"unknown instance type {shown(value)}{suggestion} (see `gpucluster "
+                         "recommend` or catalog/data/instance_types.yaml)")
     return value
 
 
-def _check_absolute_path(value: str) -> str:
-    if not value.startswith("/") or value.rstrip("/") in ("", "/etc", "/usr", "/var", "/home",
-                                                          "/boot", "/root", "/opt", "/tmp"):
-        raise ValueError(f"must be an absolute path of its own (e.g. /scratch), got {value!r}")
-    if not re.fullmatch(r"/[A-Za-z0-9._/-]+", value) or "//" in value or "/../" in value + "/":
-        raise ValueError(f"must be a plain absolute path, got {value!r}")
+DATA_ROOTS = ("/data", "/fsx", "/scratch", "/mnt")
+"""Where datasets and scratch may be mounted. A mount hides what lies below it and whoever
+writes the bucket writes the directory: under /etc/cron.d, /usr/local/sbin or /root/.ssh
+that would be root on every node."""
+MAX_MOUNT_PATH_CHARS = 200
+
+
+def _check_mount_path(value: str) -> str:
+    """An absolute path at or under one of DATA_ROOTS, of plain segments (no '.', '..', '//')."""
+    segments = value.removesuffix("/").split("/")
+    if not value.startswith("/") or not re.fullmatch(r"[A-Za-z0-9._/-]*", value) \
+            or any(part in ("", ".", "..") for part in segments[1:]) or len(value) > MAX_MOUNT_PATH_CHARS:
+        raise ValueError(f"must be a plain absolute path (letters, digits, . _ - and /, no '.' or '..' "
+                         f"segments, at most {MAX_MOUNT_PATH_CHARS} characters), got {shown(value)}")
+    if len(segments) < 2 or "/" + segments[1] not in DATA_ROOTS:
+        raise ValueError(f"must be at or under one of the data roots {', '.join(DATA_ROOTS)} (never "
+                         f"a system directory), got {shown(value)}")
     return value
+
+
+def _check_node_file_path(value: str) -> str:
+    """A file's absolute path on a node, of plain segments (no '.', '..', '//', no trailing '/')."""
+    segments = value.split("/")
+    if not value.startswith("/") or not re.fullmatch(r"[A-Za-z0-9._/-]*", value) or len(value) > 255 \
+            or any(part in ("", ".", "..") for part in segments[1:]):
+        raise ValueError(f"must be a plain absolute file path (letters, digits, . _ - and /, no '.' or "
+                         f"'..' segments, at most 255 characters), got {shown(value)}")
+    return value
+
+
+# S3 object keys hold 1024 bytes (S3 user guide, "Naming Amazon S3 objects"); leave room for names.
+MAX_PREFIX_CHARS = 512
 
 
 def _check_prefix(value: str) -> str:
+    """A folder-like S3 prefix of characters IAM and S3 read literally.
+
+    The prefix goes into IAM policy resources and `s3:prefix` conditions, where `*` and `?`
+    are wildcards and `${...}` a policy variable (IAM user guide, "IAM JSON policy elements:
+    Resource" and "Policy variables"), so those would grant more than the prefix.
+    """
     if value.startswith("/"):
-        raise ValueError(f"S3 prefixes do not start with '/', got {value!r}")
+        raise ValueError(f"S3 prefixes do not start with '/', got {shown(value)}")
     if value and not value.endswith("/"):
-        raise ValueError(f"must end with '/' (a folder-like prefix), got {value!r}")
-    if not re.fullmatch(r"[A-Za-z0-9!_.*'()/-]*", value) or "//" in value:
-        raise ValueError(f"must use S3 safe characters (letters, digits, ! - _ . * ' ( ) /), "
-                         f"got {value!r}")
+        raise ValueError(f"must end with '/' (a folder-like prefix), got {shown(value)}")
+    if not re.fullmatch(r"[A-Za-z0-9!_.'()/-]*", value):
+        raise ValueError("must use letters, digits and ! - _ . ' ( ) / only (no * ? $ { } "
+                         f"IAM would read as wildcards or variables), got {shown(value)}")
+    if value and any(part in ("", ".", "..") for part in value[:-1].split("/")):
+        raise ValueError(f"must be plain folder names (no '//', '.' or '..'), got {shown(value)}")
+    if len(value) > MAX_PREFIX_CHARS:
+        raise ValueError(f"must be at most {MAX_PREFIX_CHARS} characters, got {len(value)}")
     return value
 
 
@@ -137,7 +237,7 @@ def _check_bucket_name(value: str) -> str:
     if value.endswith(BUCKET_RESERVED_SUFFIXES):
         problems.append("not ending with a reserved suffix (" + ", ".join(BUCKET_RESERVED_SUFFIXES) + ")")
     if problems:
-        raise ValueError(f"not a valid S3 bucket name ({'; '.join(problems)}), got {value!r}")
+        raise ValueError(f"not a valid S3 bucket name ({'; '.join(problems)}), got {shown(value)}")
     return value
 
 
@@ -196,23 +296,24 @@ def _check_cron(value: str) -> str:
     match = re.fullmatch(r"cron\((.*)\)", value.strip())
     if not match:
         raise ValueError("must be an EventBridge cron expression like 'cron(0 20 ? * MON-FRI *)', "
-                         f"got {value!r}")
+                         f"got {shown(value)}")
     fields = match.group(1).split()
     if len(fields) != 6:
         raise ValueError(f"cron needs 6 fields (minutes hours day-of-month month day-of-week "
-                         f"year), got {len(fields)} in {value!r}")
+                         f"year), got {len(fields)} in {shown(value)}")
     for text, (field, lo, hi, names) in zip(fields, _CRON_FIELDS, strict=True):
         if text == "?":
             if field not in ("day-of-month", "day-of-week"):
-                raise ValueError(f"'?' is only allowed in day-of-month or day-of-week, in {value!r}")
+                raise ValueError(f"'?' is only allowed in day-of-month or day-of-week, in {shown(value)}")
             continue
         try:
             _check_cron_field(text, lo, hi, names, field)
         except ValueError as bad:
-            raise ValueError(f"invalid {field} field {text!r} ({bad}) in {value!r}") from None
+            raise ValueError(f"invalid {field} field {shown(text)} ({shown(str(bad))}) in "
+                             f"{shown(value)}") from None
     if (fields[2] == "?") == (fields[4] == "?"):
         raise ValueError("exactly one of day-of-month and day-of-week must be '?' "
-                         f"(EventBridge rule), in {value!r}")
+                         f"(EventBridge rule), in {shown(value)}")
     return value
 
 
@@ -220,19 +321,19 @@ def _check_timezone(value: str) -> str:
     try:
         ZoneInfo(value)
     except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"unknown IANA time zone, got {value!r} (e.g. UTC, Europe/Berlin)") from None
+        raise ValueError(f"unknown IANA time zone, got {shown(value)} (e.g. UTC, Europe/Berlin)") from None
     return value
 
 
 def _check_cidr(value: str) -> str:
     try:
         net = ipaddress.IPv4Network(value, strict=True)
-    except ValueError as bad:
-        raise ValueError(f"not an IPv4 CIDR block ({bad}), got {value!r}") from None
+    except ValueError:
+        raise ValueError(f"not an IPv4 CIDR block, got {shown(value)}") from None
     if not 16 <= net.prefixlen <= 22:
         raise ValueError(f"VPC CIDR must be /16../22 to fit the subnets, got /{net.prefixlen}")
     if not net.is_private:
-        raise ValueError(f"VPC CIDR should be a private range (RFC 1918), got {value!r}")
+        raise ValueError(f"VPC CIDR should be a private range (RFC 1918), got {shown(value)}")
     return value
 
 
@@ -263,12 +364,37 @@ InstanceTypeName = Annotated[str, AfterValidator(_check_instance_type)]
 Cron = Annotated[str, AfterValidator(_check_cron)]
 AvailabilityZone = Annotated[str, _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d[a-z]",
                                            "must be an availability zone name like us-east-1a")]
-# At most 2048 characters: the command travels in a Lambda environment, which holds 4 KB in all
-# (Lambda developer guide, "Working with Lambda environment variables").
-ShellCommand = Annotated[str, _matches(r"(?s)\S.{0,2047}",
-                                       "must be a non-empty shell command (at most 2048 chars)")]
+MAX_COMMAND_BYTES = 2048
+
+
+def _check_shell_command(value: str) -> str:
+    """A hook command: any text bash takes, at most 2048 bytes.
+
+    It travels in a Lambda environment, which holds 4 KB in all (Lambda developer guide,
+    "Working with Lambda environment variables"), and in the node's user data, shell-quoted.
+    """
+    size = len(value.encode())
+    if not value[:1].strip() or size > MAX_COMMAND_BYTES:
+        raise ValueError(f"must be a non-empty shell command of at most {MAX_COMMAND_BYTES} bytes, "
+                         f"starting with a non-space, got {size} bytes: {shown(value)}")
+    return value
+
+
+ShellCommand = Annotated[str, AfterValidator(_check_shell_command)]
+# Pulumi's rule for stack names ("stack names are limited to 100 characters and may only
+# contain alphanumeric, hyphens, underscores, or periods"): the name reaches tags, the
+# Lambdas' environment and the user data's first comment line.
+StackName = Annotated[str, _matches(r"[A-Za-z0-9._-]{1,100}",
+                                    "a stack name (Pulumi.<stack>.yaml) is 1-100 letters, digits, "
+                                    "'-', '_' or '.'")]
+# IAM user guide, "IAM identifiers" / CreatePolicy and CreateRole: name characters and lengths.
+PolicyName = Annotated[str, _matches(r"[\w+=,.@-]{1,128}", "must be an IAM policy name (1-128 "
+                                     "letters, digits and + = , . @ _ -)")]
+RoleName = Annotated[str, _matches(r"[\w+=,.@-]{1,64}", "must be an IAM role name (1-64 letters, "
+                                   "digits and + = , . @ _ -)")]
+AccountId = Annotated[str, _matches(r"\d{12}", "must be a 12-digit AWS account id")]
 # The field rules of the models below, by name, for component Args that take one value alone.
-AbsolutePath = Annotated[str, AfterValidator(_check_absolute_path)]
+AbsolutePath = Annotated[str, AfterValidator(_check_mount_path)]  # under DATA_ROOTS
 S3Prefix = Annotated[str, AfterValidator(_check_prefix)]
 BucketName = Annotated[str, AfterValidator(_check_bucket_name)]
 Region = Annotated[str, _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d", "must be a region like us-east-1")]
@@ -311,6 +437,10 @@ class ClusterConfig(StrictModel):
                                              "tag keys are 1-128 characters and do not start "
                                              "with aws:")], TagValue] = {}
     """More tags for every resource (team, project, ...)."""
+    permissions_boundary: PolicyName | None = None
+    """Policy name: the permissions boundary of every IAM role the stack creates (none by default)."""
+    break_glass_role: RoleName | None = None
+    """The only role that may delete versions in, or delete, the dataset buckets the stack creates."""
 
 
 class NetworkConfig(StrictModel):
@@ -353,7 +483,7 @@ class CapacityConfig(StrictModel):
 
 
 class NodeFileConfig(StrictModel):
-    path: Annotated[str, AfterValidator(_check_absolute_path)]
+    path: Annotated[str, AfterValidator(_check_node_file_path)]
     """Where the file goes on every node of the group, e.g. /opt/gpucluster/hooks/drain.sh."""
     content: str | None = None
     """The file's text, written as is."""
@@ -384,7 +514,7 @@ class NodeGroupConfig(StrictModel):
     """auto: on when every type supports EFA and the group can have more than one node."""
     placement_group: bool | None = None
     """A cluster placement group; default on for EFA groups, off otherwise."""
-    scratch_mount: Annotated[str, AfterValidator(_check_absolute_path)] = "/scratch"
+    scratch_mount: Annotated[str, AfterValidator(_check_mount_path)] = "/scratch"
     """Where the RAID0 of the NVMe instance-store disks is mounted."""
     root_volume_size_gib: Annotated[int, _in_range(50, 16384)] = 200
     """Encrypted gp3 root volume size."""
@@ -428,7 +558,7 @@ class FsxConfig(StrictModel):
     """PERSISTENT_2 only: MB/s per TiB of storage."""
     availability_zone: AvailabilityZone | None = None
     """Default: the zone of the first node group; must be a zone a node group runs in."""
-    mount_path: Annotated[str, AfterValidator(_check_absolute_path)] = "/fsx"
+    mount_path: Annotated[str, AfterValidator(_check_mount_path)] = "/fsx"
     """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
 
 
@@ -445,12 +575,14 @@ class DatasetConfig(StrictModel):
     """Where nodes write checkpoints, e.g. `checkpoints/` (the only prefix nodes may write)."""
     access: Literal["copy_to_scratch", "mount", "fsx"] = "mount"
     """How the data reaches the GPUs: copy to NVMe at boot, Mountpoint for S3, or FSx for Lustre."""
-    mount_path: Annotated[str, AfterValidator(_check_absolute_path)] | None = None
+    mount_path: Annotated[str, AfterValidator(_check_mount_path)] | None = None
     """Where `mount` mounts the bucket (default /data/<name>)."""
     fsx: FsxConfig | None = None
     """FSx for Lustre linked to the bucket (with access: fsx)."""
     noncurrent_version_expiration_days: Annotated[int, _in_range(1, 3650)] = 30
     """Created buckets: old versions under checkpoint_prefix expire after this; current ones never do."""
+    expected_bucket_owner: AccountId | None = None
+    """Existing buckets: the account that must own it (default: the deploying account)."""
 
 
 class BudgetConfig(StrictModel):
@@ -517,7 +649,7 @@ class StackConfig(StrictModel):
 class StackSpec(StackConfig):
     """A validated stack: its config plus the stack name, project and region."""
 
-    stack: str
+    stack: StackName
     project: str = PROJECT
     region: Region
 
@@ -759,7 +891,6 @@ RESERVED_NODE_PATHS = ("/etc/gpucluster/", "/usr/local/sbin/gpucluster-", "/etc/
 # EC2 user data is 16 KiB gzipped in all (EC2 user guide, "Run commands at launch"); the bootstrap
 # and its scripts take about 9 KiB of it, the group's own files and setup may take this much.
 NODE_SETUP_MAX_GZIP_BYTES = 5120
-HEREDOC_DELIMITER = "GPUCLUSTER_FILE_EOF"  # gpucluster.node.userdata writes files through this heredoc
 
 
 class ProjectFileError(ValueError):
@@ -814,9 +945,6 @@ def group_node_setup(g: NodeGroupConfig, zones: Sequence[str] | None, path: str)
             except ProjectFileError as err:
                 yield Finding(f"{where}.source", str(err))
         if text is not None:
-            if HEREDOC_DELIMITER in text.splitlines():
-                yield Finding(where, f"a line of the file is {HEREDOC_DELIMITER}, which the node bootstrap "
-                              "uses to end files")
             texts.append(text)
     import gzip
 
@@ -865,6 +993,9 @@ def dataset_findings(d: DatasetConfig, cluster_name: str, node_group_zones: set[
         yield from _fsx_rules(d, node_group_zones, path)
     if d.mount_path and d.access != "mount":
         yield Finding(f"{path}.mount_path", f"only used with access: mount, got {d.access}")
+    if d.expected_bucket_owner and not d.existing:
+        yield Finding(f"{path}.expected_bucket_owner", "only used with existing: true (a bucket the "
+                      "stack creates belongs to the deploying account)")
     yield from _checkpoint_rules(d, path)
 
 
@@ -912,6 +1043,20 @@ def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str
         yield Finding(f"{dataset}.prefix",
                       "an FSx dataset with a checkpoint_prefix needs a data prefix of its own "
                       "(e.g. 'data/'), so the two data repository associations do not overlap")
+
+
+@check
+def node_role_size(spec: StackSpec) -> Iterable[Finding]:
+    """The node role's inline policies fit IAM's limit with every dataset, at their longest names:
+    what validates must deploy (a bigger policy fails `pulumi up` half-way)."""
+    grants = [g for i, d in enumerate(spec.datasets)
+              for g in dataset_grants(d.bucket_name or longest_bucket_name(i), d.prefix, d.checkpoint_prefix,
+                                      d.expected_bucket_owner)]
+    chars = node_inline_policies_chars(spec.cluster.name, grants)
+    if chars > ROLE_INLINE_POLICIES_MAX_CHARS:
+        yield Finding("datasets", f"the node role's policies for {len(spec.datasets)} dataset(s) would "
+                      f"reach {chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role: use "
+                      "fewer datasets, shorter prefixes, or short bucket names (bucket_name)")
 
 
 @check
@@ -1035,15 +1180,15 @@ def _message(error: Mapping[str, Any], root: type[BaseModel], loc: tuple[str | i
     if kind == "value_error":
         return str(ctx.get("error", error["msg"]))
     if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')}, got {value!r}"
+        return f"must be one of {ctx.get('expected')}, got {shown(value)}"
     if kind in ("int_parsing", "int_type", "int_from_float"):
-        return f"must be a whole number, got {value!r}"
+        return f"must be a whole number, got {shown(value)}"
     if kind in ("float_parsing", "float_type"):
-        return f"must be a number, got {value!r}"
+        return f"must be a number, got {shown(value)}"
     if kind in ("bool_parsing", "bool_type"):
-        return f"must be true or false, got {value!r}"
+        return f"must be true or false, got {shown(value)}"
     if kind == "string_type":
-        return f"must be a string, got {value!r}"
+        return f"must be a string, got {shown(value)}"
     if kind == "list_type":
         return f"must be a list, got {type(value).__name__}"
     if kind in ("model_type", "dict_type", "model_attributes_type"):
@@ -1071,14 +1216,98 @@ def validation_findings(exc: ValidationError, root: type[BaseModel] | None = Non
     return _findings_from(exc, root, prefix)  # type: ignore[arg-type]
 
 
-def _decode(value: Any) -> Any:
-    """Pulumi hands structured config over as JSON text; plain YAML gives objects."""
-    if isinstance(value, str) and value[:1] in "[{":
+class _JsonRefused(Exception):
+    """JSON text that parses but is not a bounded plain value (see `_decode`)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _JsonRefused(f"duplicate key {shown(key)} in a mapping")
+        seen[key] = value
+    return seen
+
+
+def _number(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def bounded(text: str) -> Any:
+        if len(text) > MAX_NUMBER_CHARS:
+            raise _JsonRefused(f"a number of {len(text)} characters; at most {MAX_NUMBER_CHARS}")
+        return parse(text)
+
+    return bounded
+
+
+def _decode(value: Any) -> tuple[Any, str | None]:
+    """(value, problem): Pulumi hands structured config over as JSON text; YAML gives objects.
+
+    Under `pulumi up` every value arrives as a string in PULUMI_CONFIG, so the JSON of a
+    mapping or list is parsed here with the stack file's bounds: no duplicate keys, no
+    endless numbers, no unbounded nesting. Text that is not JSON stays the string it is.
+    """
+    if not isinstance(value, str) or value[:1] not in ("[", "{") or len(value) > MAX_INPUT_BYTES:
+        return value, None
+    try:
+        return json.loads(value, object_pairs_hook=_unique_keys, parse_int=_number(int),
+                          parse_float=_number(float)), None
+    except _JsonRefused as refused:
+        return value, str(refused)
+    except RecursionError:
+        return value, f"nested more than {MAX_NESTING} deep"
+    except ValueError:
+        return value, None
+
+
+def plain_value_problem(value: Any) -> tuple[tuple[str | int, ...], str] | None:
+    """(where inside `value`, problem) for the first part that is not a bounded plain value.
+
+    Plain: mappings with string keys, lists, strings (UTF-8, no NUL), whole numbers of at
+    most MAX_NUMBER_CHARS digits, finite or not floats, booleans and null; nested at most
+    MAX_NESTING deep and MAX_VALUES values in all. Iterative, so hostile objects (cycles,
+    deep nesting) end in a finding, never in a RecursionError.
+    """
+    count = 0
+    pending: list[tuple[Any, int, tuple[str | int, ...]]] = [(value, 0, ())]
+    while pending:
+        item, depth, loc = pending.pop()
+        count += 1
+        if count > MAX_VALUES:
+            return loc, f"more than {MAX_VALUES} values (YAML aliases count expanded)"
+        if depth > MAX_NESTING:
+            return loc, f"nested more than {MAX_NESTING} deep"
+        if isinstance(item, dict):
+            for key in reversed(list(item)[:MAX_VALUES]):
+                if not isinstance(key, str):
+                    return loc, f"mapping keys must be strings, got {shown(key)}"
+                pending.append((item[key], depth + 1, (*loc, key)))
+        elif isinstance(item, list | tuple):
+            pending.extend((v, depth + 1, (*loc, i)) for i, v in reversed(list(enumerate(item[:MAX_VALUES]))))
+        elif isinstance(item, str):
+            problem = _text_problem(item)
+            if problem:
+                return loc, problem
+        elif isinstance(item, bool | float) or item is None:
+            continue
+        elif isinstance(item, int):
+            if item.bit_length() > MAX_NUMBER_CHARS * 3.33:
+                return loc, f"a number of more than {MAX_NUMBER_CHARS} digits"
+        else:
+            return loc, (f"must be a string, number, boolean, list or mapping, got "
+                                      f"{type(item).__name__}")
+    return None
+
+
+def _text_problem(text: str) -> str | None:
+    if len(text) > MAX_INPUT_BYTES:
+        return f"a string of {len(text)} characters; at most {MAX_INPUT_BYTES}"
+    if "\0" in text:
+        return "NUL characters cannot reach a node or a Lambda environment"
+    if not text.isascii():
         try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
+            text.encode()
+        except UnicodeEncodeError:
+            return "not valid Unicode text (a lone surrogate escape such as \\ud800)"
+    return None
 
 
 def parse_stack_config(config: Mapping[str, Any], stack: str) -> StackSpec:
@@ -1090,21 +1319,35 @@ def parse_stack_config(config: Mapping[str, Any], stack: str) -> StackSpec:
     findings: list[Finding] = []
     values: dict[str, Any] = {}
     known = list(StackConfig.model_fields)
-    for key, value in config.items():
+    for key, raw in config.items():
+        if not isinstance(key, str):
+            findings.append(Finding(shown(key), "config keys must be strings (namespace:key)"))
+            continue
         namespace, _, name = key.rpartition(":")
-        if namespace not in ("", PROJECT):
+        ours = namespace in ("", PROJECT)
+        # Every value is bounded, also those of namespaces the program ignores (aws:*):
+        # they all travel to the engine as JSON.
+        value, problem = _decode(raw)
+        where = ((), problem) if problem else plain_value_problem(value)
+        if where is not None:
+            findings.append(Finding(format_path((name if ours else key, *where[0])), where[1]))
+            continue
+        if not ours:
             continue
         if name not in known:
             hint = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
             tail = f"did you mean '{PROJECT}:{hint[0]}'?" if hint else f"known: {', '.join(known)}"
             findings.append(Finding(f"{PROJECT}:{name}", f"unknown key; {tail}"))
             continue
-        values[name] = _decode(value)
+        values[name] = value
     region = config.get(REGION_KEY)
     if region is None:
         findings.append(Finding(REGION_KEY, "required key is missing (e.g. us-east-1)"))
+    elif any(f.path.startswith(REGION_KEY) for f in findings):
+        region = None  # reported above; validate the rest with a stand-in
     try:
-        spec = StackSpec.model_validate({**values, "stack": stack, "region": region or "us-east-1"})
+        spec = StackSpec.model_validate({**values, "stack": stack,
+                                         "region": "us-east-1" if region is None else region})
     except ValidationError as exc:
         for finding in _findings_from(exc, StackSpec):
             path = REGION_KEY if finding.path == "region" else finding.path

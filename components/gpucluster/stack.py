@@ -67,8 +67,11 @@ def network_args(spec: StackSpec) -> ClusterNetworkArgs:
 
 
 def dataset_bucket_args(spec: StackSpec, dataset: DatasetConfig) -> DatasetBucketArgs:
-    return {"dataset": settings(dataset), "cluster_name": spec.cluster.name, "region": spec.region,
-            "tags": spec.tags}
+    args: dict[str, Any] = {"dataset": settings(dataset), "cluster_name": spec.cluster.name,
+                            "region": spec.region, "tags": spec.tags}
+    if spec.cluster.break_glass_role is not None:
+        args["break_glass_role"] = spec.cluster.break_glass_role
+    return args  # type: ignore[return-value]
 
 
 def fsx_zone(spec: StackSpec, fsx: FsxConfig) -> str:
@@ -91,20 +94,41 @@ def lustre_args(spec: StackSpec, dataset: DatasetConfig, *, bucket_name: Any, vp
             "tags": spec.tags}
 
 
-def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any,
-               fsx_dns_name: Any = None, fsx_mount_name: Any = None) -> NodeDataMount:
-    """How the node bootstrap brings one dataset: where it appears on the node, and from where."""
+def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any, fsx_dns_name: Any = None,
+               fsx_mount_name: Any = None, bucket_owner: Any = None) -> NodeDataMount:
+    """How the node bootstrap brings one dataset: where it appears on the node, from where, and the
+    account that must own the bucket (`bucket_owner`, else the dataset's expected_bucket_owner)."""
     mount: dict[str, Any] = {"name": dataset.name, "access": dataset.access, "bucket_name": bucket_name,
                              "prefix": dataset.prefix, "path": dataset_path(spec, dataset)}
     if dataset.access == "fsx":
         mount |= {"fsx_dns_name": fsx_dns_name, "fsx_mount_name": fsx_mount_name}
+    owner = bucket_owner if bucket_owner is not None else dataset.expected_bucket_owner
+    if owner is not None:
+        mount["expected_bucket_owner"] = owner
     return mount  # type: ignore[return-value]
 
 
 def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant]) -> NodeIdentityArgs:
-    return {"s3_grants": [{"bucket_name": g.bucket_name, "prefix": g.prefix, "write": g.write}
-                          for g in grants],
-            "tags": spec.tags}
+    """The nodes' role: the datasets' grants (each pinned to its bucket's owner) and the boundary."""
+    args: dict[str, Any] = {
+        "cluster_name": spec.cluster.name,
+        "s3_grants": [grant_args(g) for g in grants],
+        "tags": spec.tags}
+    return with_boundary(spec, args)  # type: ignore[return-value]
+
+
+def grant_args(grant: S3Grant) -> dict[str, Any]:
+    args = {"bucket_name": grant.bucket_name, "prefix": grant.prefix, "write": grant.write}
+    if grant.expected_bucket_owner is not None:
+        args["expected_bucket_owner"] = grant.expected_bucket_owner
+    return args
+
+
+def with_boundary(spec: StackSpec, args: dict[str, Any]) -> dict[str, Any]:
+    """`args` plus the stack's permissions boundary, when it names one (every role the stack makes)."""
+    if spec.cluster.permissions_boundary is not None:
+        args["permissions_boundary"] = spec.cluster.permissions_boundary
+    return args
 
 
 def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequence[Any],
@@ -142,4 +166,4 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
     }
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)
-    return args  # type: ignore[return-value]
+    return with_boundary(spec, args)  # type: ignore[return-value]

@@ -13,8 +13,9 @@ from typing import Any
 
 import boto3
 import pytest
-from gpucluster.lambdas import scaling
 from moto import mock_aws
+
+from gpucluster.lambdas import scaling
 from moto_groups import create_stack_groups
 
 STACK = "dev"

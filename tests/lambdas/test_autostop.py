@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+
 from gpucluster.lambdas import autostop, scaling
 
 HOOK = "/opt/gpucluster/checkpoint.sh --reason stop"

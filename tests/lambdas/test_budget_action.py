@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+
 from gpucluster.lambdas import budget_action, scaling
 
 BUDGET_MESSAGE = """AWS Budget Notification November 21, 2026

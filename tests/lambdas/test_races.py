@@ -16,8 +16,9 @@ from typing import Any
 
 import boto3
 import pytest
-from gpucluster.lambdas import autostop, budget_action, scaling
 from test_autostop import alarm_event, schedule_event
+
+from gpucluster.lambdas import autostop, budget_action, scaling
 
 HOOK = "/opt/gpucluster/checkpoint.sh"
 BUDGET_EVENT = {

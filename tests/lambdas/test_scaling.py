@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
+
 from gpucluster.lambdas import scaling
 
 

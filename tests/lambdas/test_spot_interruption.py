@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from gpucluster.lambdas import scaling, spot_interruption
 
 HOOK = "/opt/gpucluster/checkpoint.sh"

@@ -13,6 +13,7 @@ from typing import Any
 
 import pulumi
 import pulumi_aws as aws
+
 from gpucluster.plan import PlanMocks, record_resources
 from gpucluster.policy.offline import record_of
 from gpucluster.policy.records import Resource
@@ -209,6 +210,13 @@ def broken_stack() -> list[Resource]:
         # s3-encryption, s3-tls-only (no SSE config, no policy); s3-data-buckets-protected:
         # unprotected and force-destroyed, unversioned
         data = aws.s3.Bucket("b-data", tags=t, force_destroy=True)
+        # s3-lifecycle-keeps-data: current objects expire, old versions the same day
+        aws.s3.BucketLifecycleConfiguration("b-data-lifecycle", bucket=data.id, rules=[
+            aws.s3.BucketLifecycleConfigurationRuleArgs(
+                id="purge", status="Enabled",
+                expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(days=30),
+                noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
+                    noncurrent_days=0))])
         # s3-public-access-blocked: public policies allowed
         aws.s3.BucketPublicAccessBlock("b-data-pab", bucket=data.id, block_public_acls=True,
                                        block_public_policy=False, ignore_public_acls=True,

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from policy_stacks import broken_stack
+
 from base_config import base, plan_config
 from gpucluster.plan import Plan, run_plan
 from gpucluster.policy.offline import check_plan
 from gpucluster.policy.rules import evaluate
-from policy_stacks import broken_stack
 
 POLICY = "intra-group-traffic"
 

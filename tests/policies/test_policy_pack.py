@@ -18,9 +18,6 @@ from typing import Any
 
 import pytest
 import yaml
-from gpucluster.policy.pack import build_policies
-from gpucluster.policy.records import Resource
-from gpucluster.policy.rules import RULES, TAGGABLE, evaluate
 from policy_stacks import broken_stack, good_stack
 from pulumi_policy import (
     EnforcementLevel,
@@ -34,6 +31,10 @@ from pulumi_policy import (
 )
 from pulumi_policy.policy import PolicyCustomTimeouts
 from pulumi_policy.proxy import UNKNOWN_OBJECT_VALUE, UNKNOWN_STRING_VALUE, unknown_checking_proxy
+
+from gpucluster.policy.pack import build_policies
+from gpucluster.policy.records import Resource
+from gpucluster.policy.rules import RULES, TAGGABLE, evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+
 from gpucluster.policy.records import UNKNOWN, Resource, Stack
 from gpucluster.policy.rules import rules_by_name
 
@@ -571,3 +572,46 @@ S3_CASES: list[tuple[str, list[Resource], dict[str, list[str]]]] = [
 def test_s3_rules(case: str, resources: list[Resource], expected: dict[str, list[str]]) -> None:
     for policy in S3_POLICIES:
         assert [m for _, m in stack_messages(policy, resources)] == expected.get(policy, []), policy
+
+
+LIFECYCLE = "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
+
+
+def lifecycle(*rules: dict[str, Any]) -> list[Resource]:
+    return [res(BUCKET, "d", protect=True, tags=FULL), res(LIFECYCLE, "lc", bucket="d-id", rules=list(rules))]
+
+
+OLD_CHECKPOINTS = {"id": "old", "status": "Enabled", "filter": {"prefix": "ckpt/"},
+                   "noncurrentVersionExpiration": {"noncurrentDays": 14}}
+LIFECYCLE_CASES: list[tuple[str, list[Resource], dict[str, Any] | None, list[str]]] = [
+    ("what datasets.py builds", lifecycle(
+        {"id": "abort", "status": "Enabled", "filter": {"prefix": ""},
+         "abortIncompleteMultipartUpload": {"daysAfterInitiation": 7}}, OLD_CHECKPOINTS), None, []),
+    ("current objects expire", lifecycle({"id": "purge", "status": "Enabled", "expiration": {"days": 30}}),
+     None, ["rule 'purge' expires current objects: only old versions may expire"]),
+    ("on a date, too", lifecycle({"id": "purge", "status": "Enabled", "expiration": {"date": "2030-01-01"}}),
+     None, ["rule 'purge' expires current objects: only old versions may expire"]),
+    ("removing expired delete markers only", lifecycle(
+        {"id": "markers", "status": "Enabled", "expiration": {"expiredObjectDeleteMarker": True}}), None, []),
+    ("a disabled rule", lifecycle({"id": "off", "status": "Disabled", "expiration": {"days": 1}}), None, []),
+    ("old versions too soon for this stack", lifecycle(OLD_CHECKPOINTS), {"min_noncurrent_days": 30},
+     ["rule 'old' expires old versions after 14 days, outside 30..3650 (min_noncurrent_days, "
+      "max_noncurrent_days)"]),
+    ("old versions kept too long", lifecycle({**OLD_CHECKPOINTS, "noncurrentVersionExpiration": {
+        "noncurrentDays": 4000}}), None,
+     ["rule 'old' expires old versions after 4000 days, outside 1..3650 (min_noncurrent_days, "
+      "max_noncurrent_days)"]),
+    ("the deprecated inline rules", [res(BUCKET, "d", protect=True, tags=FULL, lifecycleRules=[
+        {"enabled": True, "expiration": {"days": 5}, "noncurrentVersionExpiration": {"days": 0}}])], None,
+     ["lifecycleRules[0] expires current objects: only old versions may expire",
+      "lifecycleRules[0] expires old versions after 0 days, outside 1..3650 (min_noncurrent_days, "
+      "max_noncurrent_days)"]),
+    ("rules not known yet", [res(LIFECYCLE, "lc", bucket="d-id", rules=UNKNOWN)], None, []),
+]
+
+
+@pytest.mark.parametrize(("case", "resources", "config", "expected"), LIFECYCLE_CASES,
+                         ids=[c[0] for c in LIFECYCLE_CASES])
+def test_s3_lifecycle_keeps_data(case: str, resources: list[Resource], config: dict[str, Any] | None,
+                                 expected: list[str]) -> None:
+    assert [m for _, m in stack_messages("s3-lifecycle-keeps-data", resources, config)] == expected

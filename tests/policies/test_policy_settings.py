@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpucluster.policy import settings
 from gpucluster.policy.rules import RULES, rules_by_name
 from gpucluster.policy.settings import PolicyConfigError, load, resolve

@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from policy_stacks import broken_stack, good_stack
+from typer.testing import CliRunner
+
 from gpucluster.cli import app
 from gpucluster.cli import commands as cli
 from gpucluster.plan import Plan, PlannedResource, run_plan, run_program
@@ -16,8 +19,6 @@ from gpucluster.policy.offline import check_plan, plan_records
 from gpucluster.policy.records import Resource
 from gpucluster.policy.rules import RULES, evaluate
 from gpucluster.spec import parse_stack_config
-from policy_stacks import broken_stack, good_stack
-from typer.testing import CliRunner
 
 runner = CliRunner()
 # pulumi_aws warns about its own deprecated resources when the s3 and lambda modules load

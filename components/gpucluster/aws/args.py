@@ -24,9 +24,12 @@ from typing import Annotated, Any, NotRequired, TypedDict, TypeVar, get_args
 import pulumi
 from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError
 
+from gpucluster.noderole import ROLE_INLINE_POLICIES_MAX_CHARS, node_inline_policies_chars
+from gpucluster.parts import S3Grant
 from gpucluster.spec import (
     CHECKS,
     AbsolutePath,
+    AccountId,
     AutoStopConfig,
     AvailabilityZone,
     BucketName,
@@ -37,7 +40,9 @@ from gpucluster.spec import (
     Name,
     NetworkConfig,
     NodeGroupConfig,
+    PolicyName,
     Region,
+    RoleName,
     S3Prefix,
     SpecError,
     SpotConfig,
@@ -81,6 +86,10 @@ class ClusterSettings(TypedDict):
     """Required cost tags: owner, cost_center, environment."""
     extra_tags: NotRequired[dict[str, str]]
     """More tags for every resource (team, project, ...)."""
+    permissions_boundary: NotRequired[str]
+    """Policy name: the permissions boundary of every IAM role the stack creates (none by default)."""
+    break_glass_role: NotRequired[str]
+    """The only role that may delete versions in, or delete, the dataset buckets the stack creates."""
 
 
 class NetworkSettings(TypedDict):
@@ -205,6 +214,8 @@ class DatasetSettings(TypedDict):
     """FSx for Lustre linked to the bucket (with access: fsx)."""
     noncurrent_version_expiration_days: NotRequired[int]
     """Created buckets: old versions under checkpoint_prefix expire after this; current ones never do."""
+    expected_bucket_owner: NotRequired[str]
+    """Existing buckets: the account that must own it (default: the deploying account)."""
 
 
 class BudgetSettings(TypedDict):
@@ -297,8 +308,12 @@ def owned_tags(tags: Mapping[str, str], identity: str, cluster_name: str) -> dic
 # ------------------------------------------------------------------------- checking
 
 
-class ArgsError(SpecError):
-    """Invalid component args: every problem, one line each, `<Component> <name>: <key path>: <message>`."""
+class ArgsError(SpecError, pulumi.RunError):
+    """Invalid component args: every problem, one line each, `<Component> <name>: <key path>: <message>`.
+
+    A `pulumi.RunError` too: under `pulumi up` a user's program stops with these lines and
+    no Python traceback (Pulumi's Python runtime prints a RunError's message only).
+    """
 
     def __init__(self, component: str, name: str, findings: list[Finding]) -> None:
         super().__init__(findings)
@@ -393,6 +408,7 @@ class DataMountModel(StrictModel):
     path: AbsolutePath
     fsx_dns_name: Any = None
     fsx_mount_name: Any = None
+    expected_bucket_owner: input_of(AccountId | None) = None
 
 
 class BucketGrantModel(StrictModel):
@@ -401,6 +417,7 @@ class BucketGrantModel(StrictModel):
     bucket_name: input_of(BucketName)
     prefix: S3Prefix = ""
     write: bool = False
+    expected_bucket_owner: AccountId | None = None
 
 
 class ClusterNetworkModel(StrictModel):
@@ -469,8 +486,10 @@ def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
 class NodeIdentityModel(StrictModel):
     """NodeIdentityArgs, checked."""
 
+    cluster_name: Name
     s3_grants: list[BucketGrantModel] = Field(default_factory=list)
     tags: Tags = Field(default_factory=dict)
+    permissions_boundary: PolicyName | None = None
 
 
 def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
@@ -479,6 +498,11 @@ def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
             # The stack file's checkpoint_prefix rule: writes go under a prefix, never the whole bucket.
             yield Finding(f"s3_grants[{i}].prefix", "must be a folder-like prefix such as "
                           "'checkpoints/', not the whole bucket (nodes get write access to it)")
+    grants = [S3Grant(g.bucket_name, g.prefix, g.write, g.expected_bucket_owner) for g in m.s3_grants]
+    chars = node_inline_policies_chars(m.cluster_name, grants)
+    if chars > ROLE_INLINE_POLICIES_MAX_CHARS:  # the stack file's node_role_size rule, for grants
+        yield Finding("s3_grants", f"the node role's policies for {len(grants)} grant(s) would reach "
+                      f"{chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role")
 
 
 class DatasetBucketModel(StrictModel):
@@ -488,6 +512,7 @@ class DatasetBucketModel(StrictModel):
     cluster_name: Name
     region: Region
     tags: Tags = Field(default_factory=dict)
+    break_glass_role: RoleName | None = None
 
 
 def bucket_checks(m: DatasetBucketModel) -> Iterable[Finding]:
@@ -534,6 +559,7 @@ class GuardrailsModel(StrictModel):
     autostop: AutoStopConfig = AutoStopConfig(enabled=False)
     spot: SpotConfig = SpotConfig()
     tag_groups: bool = False
+    permissions_boundary: PolicyName | None = None
 
 
 def guardrails_checks(m: GuardrailsModel) -> Iterable[Finding]:

@@ -135,7 +135,7 @@ def build_datasets(name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
     for dataset in spec.datasets:
         bucket = parts.buckets[dataset.name] = DatasetBucket(
             f"{name}-{dataset.name}", stack.dataset_bucket_args(spec, dataset), opts=child)
-        mount = stack.data_mount(spec, dataset, bucket.bucket_name)
+        mount = stack.data_mount(spec, dataset, bucket.bucket_name, bucket_owner=bucket.bucket_owner)
         entry: dict[str, Any] = {"bucket_name": bucket.bucket_name, "bucket_arn": bucket.bucket_arn,
                                  "existing": dataset.existing, "access": dataset.access,
                                  "prefix": dataset.prefix, "checkpoint_prefix": dataset.checkpoint_prefix,
@@ -149,7 +149,8 @@ def build_datasets(name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
             entry |= {"fsx_file_system_id": lustre.file_system_id, "fsx_dns_name": lustre.dns_name,
                       "fsx_mount_name": lustre.mount_name,
                       "fsx_availability_zone": stack.fsx_zone(spec, dataset.fsx)}
-            mount = stack.data_mount(spec, dataset, bucket.bucket_name, lustre.dns_name, lustre.mount_name)
+            mount = stack.data_mount(spec, dataset, bucket.bucket_name, lustre.dns_name, lustre.mount_name,
+                                     bucket_owner=bucket.bucket_owner)
         parts.grants.extend(bucket.grants)
         parts.mounts.append(mount)
         parts.outputs[dataset.name] = entry

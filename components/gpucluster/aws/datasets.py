@@ -1,8 +1,9 @@
 """S3 datasets and how they reach the GPUs: buckets, FSx for Lustre, and the grants nodes need.
 
 It owns the buckets a stack creates (encrypted, versioned, private, TLS-only,
-with lifecycle rules that only expire *old versions* under the checkpoint
-prefix and abandoned multipart uploads), references to existing buckets, the
+with object versions and the bucket deletable only by a break-glass role, and
+lifecycle rules that only expire *old versions* under the checkpoint prefix and
+abandoned multipart uploads), references to existing buckets, the
 FSx for Lustre file systems linked to them, and the S3 grants a bucket hands
 the node IAM (`S3Grant`: read the data prefix, write the checkpoints). It must never delete
 or rewrite data: a created bucket and every resource configuring it are
@@ -27,6 +28,7 @@ from gpucluster.aws.args import (
     type_token,
     validate,
 )
+from gpucluster.noderole import dataset_grants
 from gpucluster.parts import S3Grant
 from gpucluster.spec import DatasetConfig, generated_bucket_prefix
 
@@ -52,6 +54,8 @@ DATASET_TAG = "gpucluster:dataset"
 OLD_BUCKET_TYPE = "gpucluster:datasets:DatasetBucket"
 OLD_LUSTRE_TYPE = "gpucluster:datasets:LustreFileSystem"
 OLD_STORE_TYPE = "gpucluster:datasets:DatasetStore"
+# What loses data for good on a versioned bucket (infra/bootstrap-state DATA_DELETION, S3 part).
+DATA_DELETION = ["s3:DeleteObjectVersion", "s3:DeleteBucket"]
 
 
 def partition_of(region: str) -> str:
@@ -75,17 +79,41 @@ def s3_url(bucket_name: str, prefix: str) -> str:
 
 def tls_only_policy(arn: str) -> str:
     """Bucket policy denying every request not made over TLS (S3 security best practices)."""
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{
-            "Sid": "DenyInsecureTransport",
-            "Effect": "Deny",
-            "Principal": "*",
-            "Action": "s3:*",
-            "Resource": [arn, f"{arn}/*"],
-            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-        }],
-    })
+    return bucket_policy(arn, deletion=False)
+
+
+def bucket_policy(arn: str, break_glass_role_arn: str | None = None, *, deletion: bool = True) -> str:
+    """The created bucket's policy: TLS only, and deleting data only by the break-glass role.
+
+    Deleting an object version or the bucket is denied to every principal but
+    `break_glass_role_arn` (to everyone without one), whatever their own policies
+    allow: a plain DeleteObject on a versioned bucket only adds a delete marker, so
+    data is lost only through these. What Pulumi manages stays deployable (versioning,
+    lifecycle, this policy), and lifecycle expiry of old checkpoint versions is done by
+    S3 itself, which a bucket policy does not stop (S3 API reference,
+    PutBucketLifecycleConfiguration: to stop deletion, deny s3:PutLifecycleConfiguration too).
+    """
+    statements: list[dict[str, Any]] = [{
+        "Sid": "DenyInsecureTransport",
+        "Effect": "Deny",
+        "Principal": "*",
+        "Action": "s3:*",
+        "Resource": [arn, f"{arn}/*"],
+        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+    }]
+    if deletion:
+        deny: dict[str, Any] = {"Sid": "DataDeletionNeedsBreakGlass", "Effect": "Deny", "Principal": "*",
+                                "Action": DATA_DELETION, "Resource": [arn, f"{arn}/*"]}
+        if break_glass_role_arn:
+            # aws:PrincipalArn of a role session is the role's ARN (IAM user guide, "AWS global
+            # condition context keys"), as in infra/bootstrap-state's boundaries.
+            deny["Condition"] = {"ArnNotEquals": {"aws:PrincipalArn": break_glass_role_arn}}
+        statements.append(deny)
+    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+def role_arn(region: str, account: str, role_name: str) -> str:
+    return f"arn:{partition_of(region)}:iam::{account}:role/{role_name}"
 
 
 def lifecycle_rules(dataset: DatasetConfig) -> list[dict[str, Any]]:
@@ -111,15 +139,14 @@ def lifecycle_rules(dataset: DatasetConfig) -> list[dict[str, Any]]:
 
 
 def grants_for(dataset: DatasetConfig, bucket_name: Any) -> list[S3Grant]:
-    """Read the data prefix; read and write the checkpoint prefix; nothing else in the bucket.
+    """Read the data prefix; read and write the checkpoint prefix; nothing else in the bucket; and
+    only while the bucket belongs to `expected_bucket_owner` (None: the deploying account).
 
-    A write grant includes listing and reading its prefix (components/gpucluster/aws/iam.py), so the
-    checkpoint prefix needs no read grant of its own.
+    A write grant includes listing and reading its prefix (components/gpucluster/noderole.py), so
+    the checkpoint prefix needs no read grant of its own.
     """
-    grants = [S3Grant(bucket_name, dataset.prefix, write=False)]
-    if dataset.checkpoint_prefix:
-        grants.append(S3Grant(bucket_name, dataset.checkpoint_prefix, write=True))
-    return grants
+    return dataset_grants(bucket_name, dataset.prefix, dataset.checkpoint_prefix,
+                          dataset.expected_bucket_owner)
 
 
 class DatasetBucketArgs(TypedDict):
@@ -133,13 +160,16 @@ class DatasetBucketArgs(TypedDict):
     """AWS region, e.g. us-east-1 (the ARN partition of an existing bucket)."""
     tags: NotRequired[dict[str, str]]
     """Tags of the created bucket (the dataset's name is added as gpucluster:dataset)."""
+    break_glass_role: NotRequired[str]
+    """Name of the only role that may delete object versions or the created bucket (default: none may)."""
 
 
 class DatasetBucket(pulumi.ComponentResource):
     """One dataset's bucket: created and locked down, or an existing bucket referenced by name.
 
     Python users also get `grants` (the `parts.S3Grant`s nodes need: read the data prefix,
-    write the checkpoint prefix) and `dataset` (the validated settings).
+    write the checkpoint prefix), `bucket_owner` (the account nodes expect to own the bucket: the
+    deploying one, or an existing bucket's `expected_bucket_owner`) and `dataset` (the settings).
     """
 
     bucket_name: pulumi.Output[str]
@@ -152,13 +182,16 @@ class DatasetBucket(pulumi.ComponentResource):
         m = validate("DatasetBucket", name, DatasetBucketModel, args, bucket_checks)
         super().__init__(type_token("DatasetBucket"), name, None, component_options(opts, OLD_BUCKET_TYPE))
         dataset = self.dataset = m.dataset
+        account = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(parent=self)).account_id
+        self.bucket_owner: pulumi.Output[str] = pulumi.Output.from_input(
+            dataset.expected_bucket_owner) if dataset.expected_bucket_owner else account
         if dataset.existing:
             if dataset.bucket_name is None:  # the args' checks guarantee it; keep mypy honest
                 raise ValueError(f"datasets: existing dataset {dataset.name!r} has no bucket_name")
             self.bucket_name = pulumi.Output.from_input(dataset.bucket_name)
             self.bucket_arn = pulumi.Output.from_input(bucket_arn(dataset.bucket_name, m.region))
         else:
-            self._create(name, m)
+            self._create(name, m, account)
         self.grants = grants_for(dataset, self.bucket_name)
         self.register_outputs({"bucket_name": self.bucket_name, "bucket_arn": self.bucket_arn})
 
@@ -167,7 +200,7 @@ class DatasetBucket(pulumi.ComponentResource):
         return pulumi.ResourceOptions(parent=self, protect=True, retain_on_delete=True,
                                       depends_on=list(depends_on))
 
-    def _create(self, name: str, m: DatasetBucketModel) -> None:
+    def _create(self, name: str, m: DatasetBucketModel, account: pulumi.Output[str]) -> None:
         dataset = m.dataset
         bucket = aws.s3.Bucket(
             f"{name}-bucket",
@@ -191,8 +224,13 @@ class DatasetBucket(pulumi.ComponentResource):
         versioning = aws.s3.BucketVersioning(
             f"{name}-versioning", bucket=bucket.id, versioning_configuration={"status": "Enabled"},
             opts=self._protected())
+        role = m.break_glass_role
+        # The resource keeps its first name (`-tls-only`): it is protected, and a new name would
+        # replace it.
         policy = aws.s3.BucketPolicy(
-            f"{name}-tls-only", bucket=bucket.id, policy=bucket.arn.apply(tls_only_policy),
+            f"{name}-tls-only", bucket=bucket.id,
+            policy=pulumi.Output.all(bucket.arn, account).apply(
+                lambda v: bucket_policy(v[0], role_arn(m.region, v[1], role) if role else None)),
             opts=self._protected(public_access))
         # Noncurrent-version rules act on a versioned bucket (pulumi-aws BucketLifecycleConfiguration docs).
         lifecycle = aws.s3.BucketLifecycleConfiguration(

@@ -35,7 +35,9 @@ from gpucluster.aws.args import (
     type_token,
     validate,
 )
-from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
+from gpucluster.aws.iam import boundary_arn
+from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
+from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.spec import AutoStopConfig, BudgetConfig, NodeGroupConfig, SpotConfig
 
 # ------------------------------------------------------------------- contracts
@@ -348,6 +350,8 @@ class _Context:
     account: pulumi.Output[str]
     notify_topic_arn: pulumi.Output[str]
     key_arn: pulumi.Output[str]
+    permissions_boundary: pulumi.Output[str] | None = None
+    """ARN of the boundary every guardrail role carries (GuardrailsArgs.permissions_boundary)."""
 
     @property
     def identity(self) -> str:
@@ -411,7 +415,7 @@ class GuardrailFunction(pulumi.ComponentResource):
         self.role = aws.iam.Role(
             f"{name}-role", assume_role_policy=service_trust("lambda.amazonaws.com"),
             description=f"{function_name}: gpucluster guardrail for stack {ctx.identity}",
-            tags=ctx.tags, opts=child)
+            permissions_boundary=ctx.permissions_boundary, tags=ctx.tags, opts=child)
         self.role_policy = aws.iam.RolePolicy(
             f"{name}-policy", role=self.role.id,
             policy=_policy([*logs_statements(ctx.partition, ctx.region, ctx.account, log_group_name),
@@ -575,7 +579,7 @@ class AutoStop(pulumi.ComponentResource):
                     f"gpucluster {ctx.identity}/{group.name}: busiest GPU under "
                     f"{a.gpu_utilization_threshold_percent:g}% for {a.idle_minutes} min -> scale to zero "
                     "(missing data notifies, never stops)"),
-                namespace=GPU_METRIC_NAMESPACE, metric_name=GPU_UTILIZATION_METRIC,
+                namespace=gpu_metric_namespace(ctx.args.cluster_name), metric_name=GPU_UTILIZATION_METRIC,
                 dimensions={GPU_METRIC_DIMENSION: group.asg_name}, statistic=GPU_STATISTIC,
                 comparison_operator="LessThanThreshold", threshold=a.gpu_utilization_threshold_percent,
                 period=period, evaluation_periods=evaluations, datapoints_to_alarm=evaluations,
@@ -601,7 +605,7 @@ class AutoStop(pulumi.ComponentResource):
                 f"{name}-scheduler-role",
                 assume_role_policy=service_trust("scheduler.amazonaws.com", ctx.account),
                 description=f"EventBridge Scheduler invokes {self.function.function_name} only",
-                tags=ctx.tags, opts=child)
+                permissions_boundary=ctx.permissions_boundary, tags=ctx.tags, opts=child)
             invoke_policy = aws.iam.RolePolicy(
                 f"{name}-scheduler-policy", role=self.scheduler_role.id,
                 policy=_policy([{"Sid": "InvokeAutostopOnly", "Effect": "Allow",
@@ -717,6 +721,8 @@ class GuardrailsArgs(TypedDict):
     """The spot-interruption hook, as a stack file's spot section."""
     tag_groups: NotRequired[bool]
     """Give each group the gpucluster:stack tag (for groups gpucluster did not create; default false)."""
+    permissions_boundary: NotRequired[str]
+    """Name of a customer managed policy every guardrail role (Lambdas, Scheduler) carries as its boundary."""
 
 
 class Guardrails(pulumi.ComponentResource):
@@ -731,7 +737,8 @@ class Guardrails(pulumi.ComponentResource):
     `aws.autoscaling.Tag` gives each the identity tag (the Lambdas' lookups and IAM conditions
     need it; instances launched from then on carry it, which the pre-stop and spot hooks' SSM
     permission needs). Idle auto-stop watches the GPU metric the gpucluster node bootstrap
-    publishes (CWAgent `nvidia_smi_utilization_gpu` by `AutoScalingGroupName`): on nodes that do
+    publishes (`nvidia_smi_utilization_gpu` by `AutoScalingGroupName` in the namespace
+    `gpucluster/<cluster_name>`, the only one the node role may publish into): on nodes that do
     not publish it the alarm only notifies (missing data never stops). Python users also get
     `outputs` (what a stack exports) and the parts (`budget`, `autostop`, `spot`, `notifications`,
     `group_tags`).
@@ -780,7 +787,9 @@ class Guardrails(pulumi.ComponentResource):
         prefix = m.cluster_name
         self.notifications = Notifications(f"{name}-notify", m, prefix, partition, account, opts=child)
         ctx = _Context(args=m, prefix=prefix, partition=partition, account=account,
-                       notify_topic_arn=self.notifications.topic.arn, key_arn=self.notifications.key.arn)
+                       notify_topic_arn=self.notifications.topic.arn, key_arn=self.notifications.key.arn,
+                       permissions_boundary=boundary_arn(partition, account, m.permissions_boundary)
+                       if m.permissions_boundary else None)
         self.outputs["notify_topic_arn"] = self.notify_topic_arn = ctx.notify_topic_arn
         functions: dict[str, str] = {}
         if m.budget is not None:

@@ -125,6 +125,8 @@ class NodeDataMount(TypedDict):
     """access fsx: the file system's DNS name."""
     fsx_mount_name: NotRequired[pulumi.Input[str]]
     """access fsx: the file system's Lustre mount name."""
+    expected_bucket_owner: NotRequired[pulumi.Input[str]]
+    """The 12-digit account that must own the bucket: the nodes' S3 calls name it (default: none named)."""
 
 
 class GpuNodeGroupArgs(TypedDict):
@@ -176,7 +178,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         tags = node_tags(m.tags, m.identity, m.cluster_name, group.name)
         mounts = [DataMount(name=d.name, access=d.access, bucket_name=d.bucket_name, prefix=d.prefix,
-                            path=d.path, fsx_dns_name=d.fsx_dns_name, fsx_mount_name=d.fsx_mount_name)
+                            path=d.path, fsx_dns_name=d.fsx_dns_name, fsx_mount_name=d.fsx_mount_name,
+                            expected_bucket_owner=d.expected_bucket_owner)
                   for d in m.data_mounts]
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
@@ -233,11 +236,13 @@ class GpuNodeGroup(pulumi.ComponentResource):
     @staticmethod
     def _user_data(m: GpuNodeGroupModel, data_mounts: Sequence[DataMount]) -> pulumi.Output[str]:
         """Render once every bucket/FSx name a mount depends on is known."""
-        values = [v for d in data_mounts for v in (d.bucket_name, d.fsx_dns_name, d.fsx_mount_name)]
+        values = [v for d in data_mounts
+                  for v in (d.bucket_name, d.fsx_dns_name, d.fsx_mount_name, d.expected_bucket_owner)]
 
         def render(resolved: list[Any]) -> str:
-            mounts = [replace(d, bucket_name=resolved[3 * i], fsx_dns_name=resolved[3 * i + 1],
-                              fsx_mount_name=resolved[3 * i + 2]) for i, d in enumerate(data_mounts)]
+            mounts = [replace(d, bucket_name=resolved[4 * i], fsx_dns_name=resolved[4 * i + 1],
+                              fsx_mount_name=resolved[4 * i + 2], expected_bucket_owner=resolved[4 * i + 3])
+                      for i, d in enumerate(data_mounts)]
             return encode_user_data(render_user_data(group_bootstrap(
                 m.node_group, stack=m.identity, cluster=m.cluster_name, region=m.region, spot=m.spot,
                 data_mounts=mounts)))

@@ -16,19 +16,22 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
 from gpucluster.catalog import family_of
+from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.parts import DataMount
-from gpucluster.spec import HEREDOC_DELIMITER, NodeGroupConfig, SpotConfig, StackSpec, read_project_file
+from gpucluster.spec import NodeGroupConfig, SpotConfig, StackSpec, read_project_file
 
 # --- the contract with auto-stop (guardrails): where GPU utilisation is published.
 # CloudWatch user guide, "Collect NVIDIA GPU metrics": the agent's nvidia_gpu plugin
-# publishes `nvidia_smi_<measurement>` in the agent's namespace (default CWAgent).
-GPU_METRIC_NAMESPACE = "CWAgent"
+# publishes `nvidia_smi_<measurement>` in the agent's namespace: the cluster's own
+# (`gpu_metric_namespace`), the only one the node role may publish into, so no node feeds
+# another cluster's idle alarms.
 GPU_UTILIZATION_METRIC = "nvidia_smi_utilization_gpu"
 GPU_METRIC_DIMENSION = "AutoScalingGroupName"
 """The agent also publishes an aggregate carrying only this dimension (one series per group)."""
@@ -54,7 +57,7 @@ RDMA_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200"})
 
 _SBIN = "/usr/local/sbin"
 _UNITS = "/etc/systemd/system"
-_EOF = HEREDOC_DELIMITER
+_EOF = "GPUCLUSTER_FILE_EOF"
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,10 @@ def node_env(b: NodeBootstrap) -> str:
         "GPUCLUSTER_INTERRUPTION_TIMEOUT_SECONDS": str(b.interruption_timeout_seconds),
         "GPUCLUSTER_CONTAINER_IMAGE": b.container_image or "",
     }
+    if any("\0" in value for value in values.values()):
+        raise ValueError("node settings cannot hold NUL characters (bash variables cannot)")
     lines = ["# gpucluster node settings (rendered; sourced by the gpucluster-* scripts)"]
+    # shlex.quote: one single-quoted word, newlines and all, exactly as given.
     lines += [f"{key}={shlex.quote(value)}" for key, value in values.items()]
     return "\n".join(lines) + "\n"
 
@@ -178,7 +184,7 @@ def efa_environment(b: NodeBootstrap) -> dict[str, str]:
     return env
 
 
-def cloudwatch_agent_config() -> dict[str, object]:
+def cloudwatch_agent_config(cluster: str) -> dict[str, object]:
     """CloudWatch agent config: GPU metrics per instance, aggregated per Auto Scaling group.
 
     `append_dimensions` adds the group name from the instance's aws:autoscaling:groupName
@@ -187,7 +193,7 @@ def cloudwatch_agent_config() -> dict[str, object]:
     return {
         "agent": {"metrics_collection_interval": GPU_METRIC_PERIOD_SECONDS, "run_as_user": "root"},
         "metrics": {
-            "namespace": GPU_METRIC_NAMESPACE,
+            "namespace": gpu_metric_namespace(cluster),
             "append_dimensions": {
                 "AutoScalingGroupName": "${aws:AutoScalingGroupName}",
                 "InstanceId": "${aws:InstanceId}",
@@ -209,7 +215,8 @@ def data_mounts_table(b: NodeBootstrap) -> str:
     """/etc/gpucluster/data-mounts.tsv, one dataset a line, as gpucluster-data reads it."""
     rows = []
     for m in b.data_mounts:
-        fields = [m.access, m.name, m.bucket_name, m.prefix, m.path, m.fsx_dns_name, m.fsx_mount_name]
+        fields = [m.access, m.name, m.bucket_name, m.prefix, m.path, m.fsx_dns_name, m.fsx_mount_name,
+                  m.expected_bucket_owner]
         for value in fields:
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"data mount {m.name!r}: resolve Outputs before rendering, got "
@@ -251,7 +258,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
             f"Type=simple\nRestart=on-failure\nRestartSec=5\nExecStart={_SBIN}/gpucluster-spot-watcher",
             after="network-online.target", extra="Wants=network-online.target\n")),
         NodeFile("/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json",
-                 json.dumps(cloudwatch_agent_config(), indent=2) + "\n"),
+                 json.dumps(cloudwatch_agent_config(b.cluster), indent=2) + "\n"),
         NodeFile(CHECKPOINT_HOOK, script("checkpoint.sh"), "0755"),
         NodeFile(JOB_TOOL, script("job.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-setup", script("setup.sh"), "0755"),
@@ -279,24 +286,41 @@ def script(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text()
 
 
+def heredoc_delimiter(content: str) -> str:
+    """GPUCLUSTER_FILE_EOF, or the first GPUCLUSTER_FILE_EOF_<n> that is no line of `content`.
+
+    Every file is written through a quoted heredoc (no expansion); only a line equal to
+    its delimiter could end it early, so a content's own lines never become the delimiter.
+    """
+    lines = set(content.splitlines())
+    delimiter, n = _EOF, 0
+    while delimiter in lines:
+        n += 1
+        delimiter = f"{_EOF}_{n}"
+    return delimiter
+
+
 def _write(f: NodeFile) -> str:
-    lines = f.content.splitlines()
-    if _EOF in lines:
-        raise ValueError(f"{f.path}: content holds the heredoc delimiter {_EOF}")
+    end = heredoc_delimiter(f.content)
     body = f.content if f.content.endswith("\n") or not f.content else f.content + "\n"
     parent = f"install -d -m 0755 {f.path.rsplit('/', 1)[0] or '/'}\n" if f.make_parent else ""
-    return (f"{parent}cat > {f.path} <<'{_EOF}'\n{body}{_EOF}\n"
+    return (f"{parent}cat > {f.path} <<'{end}'\n{body}{end}\n"
             f"chmod {f.mode} {f.path}\n")
 
 
 def render_user_data(b: NodeBootstrap) -> str:
-    """The node's user data: one bash script that writes every file and starts the units."""
-    text = script("bootstrap.sh")
-    text = text.replace("@@LABEL@@", f"{b.cluster}/{b.node_group} (stack {b.stack})")
-    text = text.replace("@@FILES@@\n", "".join(_write(f) for f in node_files(b)))
-    if "@@" in text:
-        raise ValueError("bootstrap.sh has a placeholder left after rendering")
-    return text
+    """The node's user data: one bash script that writes every file and starts the units.
+
+    The placeholders of bootstrap.sh are filled in one pass, so text inside the values
+    (a hook command holding `@@FILES@@`) is never read as a placeholder.
+    """
+    template = script("bootstrap.sh")
+    label = re.sub(r"[^\w./() -]", "?", f"{b.cluster}/{b.node_group} (stack {b.stack})")  # a comment
+    values = {"@@LABEL@@": label, "@@FILES@@\n": "".join(_write(f) for f in node_files(b))}
+    found = re.findall(r"@@\w+@@\n?", template)
+    if sorted(found) != sorted(values):
+        raise ValueError(f"bootstrap.sh has placeholders {found}, the renderer fills {list(values)}")
+    return re.sub("|".join(map(re.escape, values)), lambda m: values[m.group(0)], template)
 
 
 def encode_user_data(text: str) -> str:

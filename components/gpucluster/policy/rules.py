@@ -52,6 +52,8 @@ BUCKET_POLICY = ("aws:s3/bucketPolicy:BucketPolicy",)
 BUCKET_ACL = ("aws:s3/bucketAcl:BucketAcl", "aws:s3/bucketAclV2:BucketAclV2")
 BUCKET_VERSIONING = ("aws:s3/bucketVersioning:BucketVersioning",
                      "aws:s3/bucketVersioningV2:BucketVersioningV2")
+BUCKET_LIFECYCLE = ("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
+                    "aws:s3/bucketLifecycleConfigurationV2:BucketLifecycleConfigurationV2")
 BUDGET = "aws:budgets/budget:Budget"
 BUDGET_ACTION = "aws:budgets/budgetAction:BudgetAction"
 SNS_TOPIC = "aws:sns/topic:Topic"
@@ -1017,3 +1019,42 @@ def s3_data_buckets_protected(stack: Stack,
         if any(s in ("Enabled", UNKNOWN) for s in statuses) or (unsure and not parts):
             continue
         yield bucket, "versioning is not enabled (a BucketVersioning with status Enabled)"
+
+
+@rule("s3-lifecycle-keeps-data",
+      "S3 lifecycle rules never expire current objects, and expire old versions no sooner than "
+      "min_noncurrent_days and no later than max_noncurrent_days (config).",
+      "stack",
+      schema={"min_noncurrent_days": {"type": "integer", "minimum": 1,
+                                      "description": "Old versions stay at least this long (to restore)."},
+              "max_noncurrent_days": {"type": "integer", "minimum": 1,
+                                      "description": "Old versions go after this at the latest (cost)."}},
+      defaults={"min_noncurrent_days": 1, "max_noncurrent_days": 3650})
+def s3_lifecycle_keeps_data(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple[Resource | None, str]]:
+    """Versioning keeps what is overwritten or deleted; a lifecycle rule is the one way left to lose it
+    without deleting a version (S3 user guide, "Lifecycle configuration elements": an expiration on a
+    versioned bucket turns current objects into old versions, which noncurrent expiry then removes).
+    The defaults are the stack file's bounds (datasets[].noncurrent_version_expiration_days)."""
+    low, high = config["min_noncurrent_days"], config["max_noncurrent_days"]
+    found: list[tuple[Resource, Any, str]] = []
+    for lifecycle in stack.of_type(*BUCKET_LIFECYCLE):
+        rules = items(lifecycle.props.get("rules"))
+        for i, r in enumerate(rules if rules is not UNKNOWN else []):
+            if isinstance(r, Mapping) and r.get("status") != "Disabled":
+                found.append((lifecycle, r, f"rule {r.get('id') or i!r}"))
+    for bucket in stack.of_type(*BUCKETS):  # the deprecated inline form
+        rules = items(bucket.props.get("lifecycleRules"))
+        for i, r in enumerate(rules if rules is not UNKNOWN else []):
+            if isinstance(r, Mapping) and r.get("enabled") is not False:
+                inline = {**r, "noncurrentVersionExpiration": {
+                    "noncurrentDays": dig(r, "noncurrentVersionExpiration", "days")}}
+                found.append((bucket, inline, f"lifecycleRules[{i}]"))
+    for resource, r, where in found:
+        expiration = r.get("expiration")
+        if isinstance(expiration, Mapping) and any(expiration.get(k) not in (None, 0, "")
+                                                   for k in ("days", "date")):
+            yield resource, f"{where} expires current objects: only old versions may expire"
+        days = dig(r, "noncurrentVersionExpiration", "noncurrentDays")
+        if days is not None and days is not UNKNOWN and not low <= number(days, low) <= high:
+            yield resource, (f"{where} expires old versions after {number(days, low):g} days, outside "
+                             f"{low}..{high} (min_noncurrent_days, max_noncurrent_days)")

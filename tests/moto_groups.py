@@ -19,3 +19,10 @@ def create_stack_groups(autoscaling: Any, groups: Mapping[str, tuple[str, int, i
             Tags=[{"ResourceId": name, "ResourceType": "auto-scaling-group", "Key": scaling.STACK_TAG,
                    "Value": stack, "PropagateAtLaunch": True}],
         )
+
+
+def tag_node_group(autoscaling: Any, group: str, node_group: str) -> None:
+    """Tag a group with the node group it belongs to, as GpuNodeGroup tags its ASG."""
+    autoscaling.create_or_update_tags(Tags=[{
+        "ResourceId": group, "ResourceType": "auto-scaling-group", "Key": "gpucluster:node-group",
+        "Value": node_group, "PropagateAtLaunch": True}])

@@ -320,10 +320,10 @@ def test_dev_lambdas_settings_and_environment(dev: Built) -> None:
     expected_env = {
         "budget_action": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic},
         "autostop": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic,
-                     "PRE_STOP_COMMAND": "/opt/gpucluster/hooks/checkpoint.sh",
+                     "PRE_STOP_COMMAND": "/usr/local/sbin/gpucluster-checkpoint 100",
                      "PRE_STOP_TIMEOUT_SECONDS": "120", "MAX_LIFETIME_HOURS": "12"},
         "spot_interruption": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic,
-                              "INTERRUPTION_COMMAND": "/opt/gpucluster/hooks/checkpoint.sh",
+                              "INTERRUPTION_COMMAND": "/usr/local/sbin/gpucluster-checkpoint 80",
                               "INTERRUPTION_TIMEOUT_SECONDS": "90"},
     }
     timeouts = {"budget_action": 120, "autostop": 120 + 60, "spot_interruption": 90 + 30}

@@ -104,21 +104,19 @@ def test_launch_template_interfaces(instance_type: str) -> None:
 
 
 @pytest.mark.parametrize("instance_type", TYPES)
-def test_efa_self_rules_in_both_directions_only_when_efa_is_on(instance_type: str) -> None:
+def test_self_rules_in_both_directions_on_every_multi_node_group(instance_type: str) -> None:
+    """EFA needs them, and so does NCCL over plain ENA: every group of up to 4 nodes has them."""
     plan = type_plan(instance_type)
     nodes_sg = id_of(next(r for r in plan.of_type(SG) if r.name.endswith("-train-nodes")))
     self_rules = {
         kind: [r.inputs for r in plan.of_type(token) if r.inputs.get("referencedSecurityGroupId")]
         for kind, token in (("in", INGRESS), ("out", EGRESS))
     }
-    if TYPES[instance_type][0] == "on":
-        for kind in ("in", "out"):
-            assert len(self_rules[kind]) == 1, kind
-            rule = self_rules[kind][0]
-            assert rule["securityGroupId"] == rule["referencedSecurityGroupId"] == nodes_sg
-            assert rule["ipProtocol"] == "-1"
-    else:
-        assert self_rules == {"in": [], "out": []}
+    for kind in ("in", "out"):
+        assert len(self_rules[kind]) == 1, kind
+        rule = self_rules[kind][0]
+        assert rule["securityGroupId"] == rule["referencedSecurityGroupId"] == nodes_sg
+        assert rule["ipProtocol"] == "-1"
 
 
 @pytest.mark.parametrize("instance_type", TYPES)

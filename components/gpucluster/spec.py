@@ -182,6 +182,16 @@ def _check_mount_path(value: str) -> str:
     return value
 
 
+def _check_node_file_path(value: str) -> str:
+    """A file's absolute path on a node, of plain segments (no '.', '..', '//', no trailing '/')."""
+    segments = value.split("/")
+    if not value.startswith("/") or not re.fullmatch(r"[A-Za-z0-9._/-]*", value) or len(value) > 255 \
+            or any(part in ("", ".", "..") for part in segments[1:]):
+        raise ValueError(f"must be a plain absolute file path (letters, digits, . _ - and /, no '.' or "
+                         f"'..' segments, at most 255 characters), got {shown(value)}")
+    return value
+
+
 # S3 object keys hold 1024 bytes (S3 user guide, "Naming Amazon S3 objects"); leave room for names.
 MAX_PREFIX_CHARS = 512
 
@@ -413,6 +423,13 @@ AbsolutePath = Annotated[str, AfterValidator(_check_mount_path)]  # under DATA_R
 S3Prefix = Annotated[str, AfterValidator(_check_prefix)]
 BucketName = Annotated[str, AfterValidator(_check_bucket_name)]
 Region = Annotated[str, _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d", "must be a region like us-east-1")]
+# A file of the user's project, relative to the directory holding Pulumi.yaml (read at plan/up time).
+ProjectPath = Annotated[str, _matches(r"(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9._/-]{1,255}",
+                                      "must be a path relative to the project (the directory holding "
+                                      "Pulumi.yaml), without '..'")]
+# A container image reference: [registry[:port]/]repository[:tag][@digest] (no spaces or quotes).
+ContainerImage = Annotated[str, _matches(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}",
+                                         "must be an image reference like nvcr.io/nvidia/pytorch:24.12-py3")]
 
 
 # ----------------------------------------------------------------------- identity
@@ -523,6 +540,17 @@ class CapacityConfig(StrictModel):
     """capacity_block only: the block's length in hours; the cost model prices the block for it."""
 
 
+class NodeFileConfig(StrictModel):
+    path: Annotated[str, AfterValidator(_check_node_file_path)]
+    """Where the file goes on every node of the group, e.g. /opt/gpucluster/hooks/drain.sh."""
+    content: str | None = None
+    """The file's text, written as is."""
+    source: ProjectPath | None = None
+    """Instead of content: a file of the project (relative to the directory holding Pulumi.yaml)."""
+    mode: Annotated[str, _matches(r"0?[0-7]{3}", "must be octal permissions like 0644 or 0755")] = "0644"
+    """Permissions, e.g. 0755 for a script a hook command runs."""
+
+
 class NodeGroupConfig(StrictModel):
     name: Name
     """Unique within the stack; used in resource names and the ASG tag."""
@@ -554,6 +582,14 @@ class NodeGroupConfig(StrictModel):
     ami_ssm_parameter: Annotated[str, _matches(r"/[\w./-]+", "must be an SSM parameter path "
                                                "starting with /")] | None = None
     """Another SSM parameter to read the AMI from; read once, when the group is created."""
+    files: list[NodeFileConfig] = []
+    """Files written on every node at boot, before setup runs (e.g. the hook a pre_stop_command names)."""
+    setup: list[ShellCommand] = []
+    """Commands run once per node as root after the bootstrap, in order (unit gpucluster-setup)."""
+    setup_script: ProjectPath | None = None
+    """Instead of setup: a script of the project run the same way (relative to Pulumi.yaml's directory)."""
+    container_image: ContainerImage | None = None
+    """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
 
     @property
     def types(self) -> list[catalog.InstanceType]:
@@ -960,6 +996,80 @@ def placement_rules(spec: StackSpec) -> Iterable[Finding]:
 @check
 def ami_override(spec: StackSpec) -> Iterable[Finding]:
     yield from _each_group(spec, group_ami)
+
+
+# Paths the bootstrap owns: a user file there would be overwritten, or would overwrite ours.
+RESERVED_NODE_PATHS = ("/etc/gpucluster/", "/usr/local/sbin/gpucluster-", "/etc/systemd/system/gpucluster-",
+                       "/opt/aws/amazon-cloudwatch-agent/", "/etc/profile.d/gpucluster-")
+# EC2 user data is 16 KiB gzipped in all (EC2 user guide, "Run commands at launch"); the bootstrap
+# and its scripts take about 9 KiB of it, the group's own files and setup may take this much.
+NODE_SETUP_MAX_GZIP_BYTES = 5120
+
+
+class ProjectFileError(ValueError):
+    """A `source` or `setup_script` file of the project cannot be read."""
+
+
+def read_project_file(relative: str) -> str:
+    """The text of a file of the user's project: relative to the directory holding Pulumi.yaml.
+
+    Pulumi runs the program there; `gpucluster plan` finds it from the current directory up.
+    """
+    from pathlib import Path
+
+    from gpucluster.project import find_project_root
+
+    root = find_project_root() or Path.cwd()
+    path = root / relative
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProjectFileError(f"no such file {path}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ProjectFileError(f"cannot read {path} as UTF-8 text ({err})") from None
+
+
+@group_check
+def group_node_setup(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    """Setup and files: one source each, readable, not on the bootstrap's paths, within user data."""
+    if g.setup and g.setup_script:
+        yield Finding(f"{path}.setup_script", "set setup (commands) or setup_script (a file), not both")
+    texts: list[str] = list(g.setup)
+    if g.setup_script:
+        try:
+            texts.append(read_project_file(g.setup_script))
+        except ProjectFileError as err:
+            yield Finding(f"{path}.setup_script", str(err))
+    seen: set[str] = set()
+    for j, f in enumerate(g.files):
+        where = f"{path}.files[{j}]"
+        if (f.content is None) == (f.source is None):
+            yield Finding(where, "set exactly one of content or source")
+        if f.path in seen:
+            yield Finding(f"{where}.path", f"{f.path} is written twice")
+        seen.add(f.path)
+        if f.path.startswith(RESERVED_NODE_PATHS) or f.path.rstrip("/") + "/" in RESERVED_NODE_PATHS:
+            yield Finding(f"{where}.path", f"{f.path} is where gpucluster's own node files go; "
+                          "choose another path (e.g. under /opt)")
+        text = f.content
+        if f.source is not None:
+            try:
+                text = read_project_file(f.source)
+            except ProjectFileError as err:
+                yield Finding(f"{where}.source", str(err))
+        if text is not None:
+            texts.append(text)
+    import gzip
+
+    size = len(gzip.compress("\n".join(texts).encode(), mtime=0))
+    if size > NODE_SETUP_MAX_GZIP_BYTES:
+        yield Finding(f"{path}.files", f"files and setup take {size} bytes gzipped; EC2 user data leaves "
+                      f"them {NODE_SETUP_MAX_GZIP_BYTES}: keep large files in S3 and fetch them in setup")
+
+
+@check
+def node_setup(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_node_setup)
 
 
 @check

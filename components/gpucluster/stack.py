@@ -59,7 +59,8 @@ def network_args(spec: StackSpec) -> ClusterNetworkArgs:
         "availability_zones": list(net.availability_zones), "nat_gateway": net.nat_gateway,
         "tags": spec.tags,
         "node_groups": [{"name": g.name, "availability_zones": spec.azs_of(g), "efa": g.efa_enabled,
-                         "placement_group": g.uses_placement_group} for g in spec.node_groups],
+                         "multi_node": g.max_nodes > 1, "placement_group": g.uses_placement_group}
+                        for g in spec.node_groups],
     }
     if net.vpc_cidr is not None:
         args["vpc_cidr"] = net.vpc_cidr

@@ -34,7 +34,7 @@ from test_identity import deploy
 
 ASG = "aws:autoscaling/group:Group"
 LAMBDA = "aws:lambda/function:Function"
-HOOK = "/opt/gpucluster/hooks/checkpoint.sh"  # the dev stack's pre-stop and interruption command
+PRE_STOP_HOOK = "/usr/local/sbin/gpucluster-checkpoint 100"  # the dev stack's pre_stop_command
 
 
 @dataclass
@@ -139,7 +139,7 @@ def test_idle_stops_its_own_group_and_hooks_its_own_nodes(account, teams, record
                                                            moto_account) -> None:
     a, b = teams
     lambda_of(a, "autostop", monkeypatch, moto_account)
-    assert a.lambda_env["autostop"]["PRE_STOP_COMMAND"] == HOOK
+    assert a.lambda_env["autostop"]["PRE_STOP_COMMAND"] == PRE_STOP_HOOK
     a_nodes = instances(account, a.group)
 
     other = autostop.handler(alarm_event(alarm_name=f"{b.group}-idle",

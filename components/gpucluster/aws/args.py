@@ -131,6 +131,19 @@ class CapacitySettings(TypedDict):
     """capacity_block only: the block's length in hours; the cost model prices the block for it."""
 
 
+class NodeFileSettings(TypedDict):
+    """One of a node group's `files`: written on every node at boot."""
+
+    path: str
+    """Where the file goes on every node of the group, e.g. /opt/gpucluster/hooks/drain.sh."""
+    content: NotRequired[str]
+    """The file's text, written as is."""
+    source: NotRequired[str]
+    """Instead of content: a file of the project (relative to the directory holding Pulumi.yaml)."""
+    mode: NotRequired[str]
+    """Permissions, e.g. 0755 for a script a hook command runs."""
+
+
 class NodeGroupSettings(TypedDict):
     """One entry of the stack file's `node_groups`: instance types, sizes, capacity, EFA, disks, AMI."""
 
@@ -160,6 +173,14 @@ class NodeGroupSettings(TypedDict):
     """Pin an AMI instead of the Deep Learning AMI; set or change it to upgrade a group's AMI."""
     ami_ssm_parameter: NotRequired[str]
     """Another SSM parameter to read the AMI from; read once, when the group is created."""
+    files: NotRequired[list[NodeFileSettings]]
+    """Files written on every node at boot, before setup runs (e.g. the hook a pre_stop_command names)."""
+    setup: NotRequired[list[str]]
+    """Commands run once per node as root after the bootstrap, in order (unit gpucluster-setup)."""
+    setup_script: NotRequired[str]
+    """Instead of setup: a script of the project run the same way (relative to Pulumi.yaml's directory)."""
+    container_image: NotRequired[str]
+    """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
 
 
 class FsxSettings(TypedDict):
@@ -387,6 +408,7 @@ class GroupNetworkModel(StrictModel):
     name: Name
     availability_zones: Annotated[list[AvailabilityZone], Field(min_length=1)]
     efa: bool = False
+    multi_node: bool = False
     placement_group: bool = False
 
 

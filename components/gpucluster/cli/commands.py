@@ -582,13 +582,17 @@ def status(stack: StackArg) -> None:
 
 
 def _resume_price(spec: StackSpec, candidate: ResumeCandidate) -> tuple[str, float | None]:
-    """(instance type, on-demand USD per node-hour) of the node group a group belongs to.
+    return node_group_rate(spec, candidate.node_group)
+
+
+def node_group_rate(spec: StackSpec, node_group: str | None) -> tuple[str, float | None]:
+    """(instance type, on-demand USD per node-hour) of a node group, by name.
 
     The node group's first instance type, as `gpucluster cost` prices it; None when
     the group carries no node-group tag, the stack file no longer has that node
     group, or the region has no price.
     """
-    group = next((g for g in spec.node_groups if g.name == candidate.node_group), None)
+    group = next((g for g in spec.node_groups if g.name == node_group), None)
     if group is None or not group.types:
         return "?", None
     first = group.types[0]
@@ -598,7 +602,7 @@ def _resume_price(spec: StackSpec, candidate: ResumeCandidate) -> tuple[str, flo
         return first.name, None
 
 
-def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate]) -> list[str]:
+def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate], action: str = "resume") -> list[str]:
     """What `resume` will restart, what it costs per hour, and the warning for budget stops."""
     rows, total, unpriced = [], 0.0, []
     for c in todo:
@@ -613,7 +617,7 @@ def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate]) -> list[str
                      str(d.desired_capacity), str(d.min_size), instance_type,
                      "?" if cost is None else _usd(cost)])
     added = sum(c.added_nodes for c in todo)
-    out = [f"stack {spec.stack} ({spec.region}): resume restarts {len(todo)} group(s), "
+    out = [f"stack {spec.stack} ({spec.region}): {action} restarts {len(todo)} group(s), "
            f"{added} node(s):"]
     out += render_table(["group", "node group", "stopped by", "nodes now", "nodes after", "min after",
                          "instance type", "on-demand $/h"], rows)
@@ -672,7 +676,7 @@ def resume(
     stack: StackArg,
     only: Annotated[list[str] | None, typer.Option(
         "--only", help="Resume only groups stopped for this reason (budget, idle, schedule, "
-                       "lifetime); repeatable.")] = None,
+                       "lifetime, manual); repeatable.")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (scripts).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would restart and its cost.")]
     = False,
@@ -747,6 +751,7 @@ def init(
                "(README.md has the steps to deploy)")
 
 
+from gpucluster.cli import jobs as _jobs  # noqa: E402,F401  nodes, run, hostfile, scale, stop, start
 from gpucluster.cli import spend as _spend  # noqa: E402, F401  (registers `gpucluster spend`)
 
 

@@ -36,7 +36,8 @@ PREVIOUS_MIN_TAG = "gpucluster:previous-min"
 STATE_TAGS = (STOPPED_BY_TAG, PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG)
 
 BUDGET, IDLE, SCHEDULE, LIFETIME = "budget", "idle", "schedule", "lifetime"
-STOP_REASONS = (BUDGET, IDLE, SCHEDULE, LIFETIME)
+MANUAL = "manual"  # `gpucluster stop`: a person, through the same tags as every guardrail
+STOP_REASONS = (BUDGET, IDLE, SCHEDULE, LIFETIME, MANUAL)
 
 # Lambda handler strings: the deploy zips `components/gpucluster/lambdas` as package `lambdas`.
 HANDLERS: dict[str, str] = {

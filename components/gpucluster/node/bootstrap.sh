@@ -39,4 +39,5 @@ fi
 # Datasets can take long to copy: start them without holding up cloud-init.
 systemctl enable gpucluster-data.service
 systemctl start --no-block gpucluster-data.service
+systemctl enable gpucluster-setup.service && systemctl start --no-block gpucluster-setup.service
 echo "gpucluster bootstrap: done $(date -Is)"

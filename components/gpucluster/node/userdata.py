@@ -2,7 +2,8 @@
 
 It owns what runs on a node: the NVMe RAID0 scratch volume, the EFA/NCCL
 environment, the CloudWatch agent publishing GPU utilisation (auto-stop alarms
-on it), the spot-interruption watcher and hook, and the dataset mounts. The
+on it), the spot-interruption watcher and hook, the dataset mounts, the
+checkpoint hook, and the node group's own files, setup and container image. The
 shell lives in the `*.sh` files next to this module; this module only renders
 settings into them (values shell-quoted) and packs them into one script. It is
 pure: no Pulumi import and no AWS call, so the output can be linted (`bash -n`,
@@ -24,7 +25,7 @@ from importlib import resources
 from gpucluster.catalog import family_of
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.parts import DataMount
-from gpucluster.spec import NodeGroupConfig, SpotConfig, StackSpec
+from gpucluster.spec import NodeGroupConfig, SpotConfig, StackSpec, read_project_file
 
 # --- the contract with auto-stop (guardrails): where GPU utilisation is published.
 # CloudWatch user guide, "Collect NVIDIA GPU metrics": the agent's nvidia_gpu plugin
@@ -39,6 +40,10 @@ GPU_METRIC_PERIOD_SECONDS = 60
 # --- the contract with the spot-interruption guardrail: run the hook through this, once.
 INTERRUPTION_HOOK = "/usr/local/sbin/gpucluster-interruption-hook"
 NODE_ENV = "/etc/gpucluster/node.env"
+# --- the node group's own setup (gpucluster-setup.service) and the checkpoint contract's hook.
+USER_SETUP = "/etc/gpucluster/user-setup.sh"
+CHECKPOINT_HOOK = "/usr/local/sbin/gpucluster-checkpoint"
+JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # `gpucluster run --detach`, `jobs`, `logs`, `cancel`
 
 MAX_USER_DATA_BYTES = 16384
 """EC2 limit on user data before base64 (EC2 user guide, "Run commands at launch").
@@ -62,6 +67,8 @@ class NodeFile:
     path: str
     content: str
     mode: str = "0644"
+    make_parent: bool = False
+    """Create the file's directory first (the group's own files go anywhere)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,12 @@ class NodeBootstrap:
     handle_rebalance: bool
     data_mounts: tuple[DataMount, ...] = field(default=())
     """Resolved: bucket and FSx names are strings here, never Outputs."""
+    user_files: tuple[NodeFile, ...] = field(default=())
+    """The group's `files`, their `source`s read."""
+    user_setup: str | None = None
+    """The script gpucluster-setup runs: the group's `setup` commands, or its `setup_script`."""
+    container_image: str | None = None
+    """Pulled by gpucluster-setup at boot."""
 
 
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig,
@@ -106,7 +119,26 @@ def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region:
         interruption_timeout_seconds=spot.interruption_timeout_seconds,
         handle_rebalance=spot.handle_rebalance,
         data_mounts=tuple(data_mounts),
+        user_files=tuple(NodeFile(f.path, f.content if f.source is None else read_project_file(f.source),
+                                  f.mode, make_parent=True) for f in group.files),
+        user_setup=user_setup_script(group),
+        container_image=group.container_image,
     )
+
+
+def user_setup_script(group: NodeGroupConfig) -> str | None:
+    """The script gpucluster-setup runs: `setup_script`'s text, or the `setup` commands in order.
+
+    Commands run under `set -euo pipefail`: the first one that fails stops the setup
+    (and fails the unit, so `systemctl status gpucluster-setup` shows it).
+    """
+    if group.setup_script:
+        return read_project_file(group.setup_script)
+    if not group.setup:
+        return None
+    return ("#!/bin/bash\n"
+            f"# node group {group.name}: the stack file's setup commands, in order\n"
+            "set -euo pipefail\n" + "".join(f"{command}\n" for command in group.setup))
 
 
 # ------------------------------------------------------------------ rendered parts
@@ -126,6 +158,7 @@ def node_env(b: NodeBootstrap) -> str:
         "GPUCLUSTER_HANDLE_REBALANCE": _bool(b.handle_rebalance),
         "GPUCLUSTER_INTERRUPTION_COMMAND": b.interruption_command or "",
         "GPUCLUSTER_INTERRUPTION_TIMEOUT_SECONDS": str(b.interruption_timeout_seconds),
+        "GPUCLUSTER_CONTAINER_IMAGE": b.container_image or "",
     }
     if any("\0" in value for value in values.values()):
         raise ValueError("node settings cannot hold NUL characters (bash variables cannot)")
@@ -259,7 +292,18 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
             after="network-online.target", extra="Wants=network-online.target\n")),
         NodeFile("/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json",
                  json.dumps(cloudwatch_agent_config(b.cluster), indent=2) + "\n"),
+        NodeFile(CHECKPOINT_HOOK, script("checkpoint.sh"), "0755"),
+        NodeFile(JOB_TOOL, script("job.sh"), "0755"),
+        NodeFile(f"{_SBIN}/gpucluster-setup", script("setup.sh"), "0755"),
+        NodeFile(f"{_UNITS}/gpucluster-setup.service", _unit(
+            "node group setup (container image, the group's setup commands)",
+            f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={_SBIN}/gpucluster-setup",
+            after="gpucluster-scratch.service network-online.target docker.service",
+            extra="Wants=network-online.target\n")),
     ]
+    if b.user_setup is not None:
+        files.append(NodeFile(USER_SETUP, b.user_setup, "0700"))
+    files += b.user_files
     env = efa_environment(b)
     if env:
         files.append(NodeFile("/etc/profile.d/gpucluster-efa.sh",
@@ -292,7 +336,8 @@ def heredoc_delimiter(content: str) -> str:
 def _write(f: NodeFile) -> str:
     end = heredoc_delimiter(f.content)
     body = f.content if f.content.endswith("\n") or not f.content else f.content + "\n"
-    return (f"cat > {f.path} <<'{end}'\n{body}{end}\n"
+    parent = f"install -d -m 0755 {f.path.rsplit('/', 1)[0] or '/'}\n" if f.make_parent else ""
+    return (f"{parent}cat > {f.path} <<'{end}'\n{body}{end}\n"
             f"chmod {f.mode} {f.path}\n")
 
 

@@ -731,10 +731,10 @@ def _nic_layout(nics: list[Any], efa: list[Any], types: list[str]) -> Iterable[s
                    f"{record.network_cards} network card(s)")
 
 
-def _efa_security_groups(stack: Stack, lt: Resource, efa: list[Any]) -> Iterable[str]:
-    """At least one security group on the EFA interfaces allows all traffic to and from itself."""
+def _security_groups(stack: Stack, lt: Resource, nics: Sequence[Any]) -> list[Any]:
+    """The security groups of a launch template's interfaces (and vpcSecurityGroupIds), resolved."""
     refs: list[tuple[str, Any]] = []
-    for nic in efa:
+    for nic in nics:
         groups = items(dig(nic, "securityGroups"))
         if groups is UNKNOWN:
             refs.append(("networkInterfaces", UNKNOWN))
@@ -742,7 +742,12 @@ def _efa_security_groups(stack: Stack, lt: Resource, efa: list[Any]) -> Iterable
             refs.extend(("networkInterfaces", g) for g in groups)
     extra = items(lt.props.get("vpcSecurityGroupIds"))
     refs.extend(("vpcSecurityGroupIds", g) for g in (extra if extra is not UNKNOWN else [UNKNOWN]))
-    resolved = [stack.resolve(lt, prop, ref, [SECURITY_GROUP]) for prop, ref in refs]
+    return [stack.resolve(lt, prop, ref, [SECURITY_GROUP]) for prop, ref in refs]
+
+
+def _efa_security_groups(stack: Stack, lt: Resource, efa: list[Any]) -> Iterable[str]:
+    """At least one security group on the EFA interfaces allows all traffic to and from itself."""
+    resolved = _security_groups(stack, lt, efa)
     groups = [g for g in resolved if isinstance(g, Resource)]
     if not resolved or all(g is None for g in resolved):
         yield "the EFA interfaces have no security group"
@@ -800,6 +805,72 @@ def _same(found: Any, sg: Resource) -> bool | None:
 
 def _all_traffic(protocol: Any) -> bool | None:
     return None if protocol is UNKNOWN else protocol in ALL_TRAFFIC
+
+
+@rule("intra-group-traffic",
+      "Node groups that can hold more than one node: a security group allowing all traffic to and "
+      "from itself in both directions (NCCL picks its ports at run time), and no all-traffic "
+      "ingress from outside the group.",
+      "stack")
+def intra_group_traffic(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple[Resource | None, str]]:
+    for g in node_groups(stack):
+        lt = g.launch_template
+        if not isinstance(lt, Resource) or g.max_nodes is None:
+            continue
+        nics = items(lt.props.get("networkInterfaces"))
+        if nics is UNKNOWN:
+            continue
+        resolved = _security_groups(stack, lt, nics)
+        groups = [sg for sg in resolved if isinstance(sg, Resource)]
+        for sg in groups:
+            for message in _outside_all_traffic(stack, sg):
+                yield g.resource, message
+        efa = any(dig(n, "interfaceType") in ("efa", "efa-only") for n in nics)
+        if g.max_nodes <= 1 or efa:  # one node needs no peer; efa-wiring judges EFA groups
+            continue
+        if not groups or any(sg is UNKNOWN or sg is EXTERNAL for sg in resolved):
+            continue  # security groups this stack cannot see (or none: no-security-group is AWS's)
+        verdicts = [(_self_rule(stack, sg, "ingress"), _self_rule(stack, sg, "egress")) for sg in groups]
+        if any(i is True and e is True for i, e in verdicts) or any(
+                v is None for pair in verdicts for v in pair):
+            continue
+        yield g.resource, (f"up to {g.max_nodes:g} nodes, but no security group of its launch template "
+                           "allows all traffic to and from itself in both directions: its nodes "
+                           "cannot reach each other (NCCL, MPI)")
+
+
+def _outside_all_traffic(stack: Stack, sg: Resource) -> Iterable[str]:
+    """All-traffic ingress rules of `sg` whose source is anything but `sg` itself."""
+    inline = items(sg.props.get("ingress"))
+    for i, r in enumerate(inline if inline is not UNKNOWN else []):
+        if _all_traffic(dig(r, "protocol")) and (
+                _given(dig(r, "cidrBlocks")) or _given(dig(r, "ipv6CidrBlocks"))
+                or _given(dig(r, "securityGroups")) or _given(dig(r, "prefixListIds"))):
+            yield f"security group {sg.name} ingress[{i}] admits all traffic from outside the group"
+    for r in stack.of_type(SG_INGRESS_RULE, SG_RULE):
+        if r.type == SG_RULE and r.props.get("type") != "ingress":
+            continue
+        owner = stack.resolve(r, "securityGroupId", r.props.get("securityGroupId"), [SECURITY_GROUP])
+        protocol = r.props.get("protocol" if r.type == SG_RULE else "ipProtocol")
+        if owner is not sg or _all_traffic(protocol) is not True:
+            continue
+        peer_key = "sourceSecurityGroupId" if r.type == SG_RULE else "referencedSecurityGroupId"
+        if r.type == SG_RULE and truthy(r.props.get("self")):
+            continue
+        cidrs = [r.props.get(k) for k in ("cidrIpv4", "cidrIpv6", "prefixListId", "cidrBlocks",
+                                          "ipv6CidrBlocks", "prefixListIds")]
+        peer = r.props.get(peer_key)
+        other_group = peer is not None and _same(stack.resolve(r, peer_key, peer, [SECURITY_GROUP]), sg) \
+            is False
+        if any(_given(c) for c in cidrs) or other_group:
+            yield f"{r.name} admits all traffic into security group {sg.name} from outside the group"
+
+
+def _given(value: Any) -> bool:
+    """A peer is set: a non-empty string or list (UNKNOWN: cannot judge, so not counted)."""
+    if value is UNKNOWN or value is None:
+        return False
+    return any(v is UNKNOWN or (v is not None and str(v).strip()) for v in items(value))
 
 
 def _efa_placement(stack: Stack, asg: Resource, lt: Resource) -> Iterable[str]:

@@ -1,0 +1,595 @@
+"""Day-two commands on a deployed stack's nodes: nodes, run, hostfile, scale, stop, start.
+
+Registered on `gpucluster.cli.commands.app` (commands.py imports this module).
+It owns parsing, rendering and exit codes of these commands (0 fine, 1 a node
+or a change failed or was declined, 2 invalid input or an AWS error, 130
+interrupted); the work is in `gpucluster.ops.nodes`, `ops.run` and `ops.scale`.
+Every command finds the stack's resources by its identity tag
+(`gpucluster.stack.identity`), in the stack file's region.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpucluster.cli.commands import (
+    EXIT_BLOCKED,
+    EXIT_OK,
+    StackArg,
+    _aws_call,
+    _usd,
+    app,
+    build_spec,
+    fail_usage,
+    node_group_rate,
+    render_resume_plan,
+    render_status,
+    render_table,
+)
+from gpucluster.stack import identity
+
+if TYPE_CHECKING:
+    from gpucluster.ops.nodes import Node
+    from gpucluster.ops.run import JobPlan, NodeResult
+    from gpucluster.spec import StackSpec
+
+EXIT_INTERRUPTED = 130
+
+GroupOption = Annotated[str | None, typer.Option(
+    "--group", "-g", help="Node group name (as in the stack file), or an Auto Scaling group's name.")]
+RequiredGroup = Annotated[str, typer.Option(
+    "--group", "-g", help="Node group name (as in the stack file), or an Auto Scaling group's name.")]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (scripts).")]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Only show what would change.")]
+
+
+def _client(spec: StackSpec, service: str) -> Any:
+    """A boto3 client in the stack's region (honours AWS_ENDPOINT_URL)."""
+    import boto3
+
+    return boto3.client(service, region_name=spec.region)
+
+
+def _ops_call(command: str, call: Callable[[], Any]) -> Any:
+    """`_aws_call`, plus a request the stack cannot answer (unknown group...) as one line, exit 2."""
+    from gpucluster.ops.nodes import NodesError
+    from gpucluster.ops.run import RunError
+
+    try:
+        return _aws_call(command, call)
+    except (NodesError, RunError) as err:
+        fail_usage(command, str(err))
+
+
+def _nodes(spec: StackSpec, command: str, group: str | None) -> list[Node]:
+    from gpucluster.ops.nodes import stack_nodes
+
+    return _ops_call(command, lambda: stack_nodes(
+        identity(spec), node_group=group, autoscaling_client=_client(spec, "autoscaling"),
+        ec2_client=_client(spec, "ec2"), ssm_client=_client(spec, "ssm")))
+
+
+def _ago(when: datetime | None) -> str:
+    if when is None:
+        return "-"
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _confirm(command: str, question: str, yes: bool) -> None:
+    """Ask (unless --yes); no or no answer: nothing changes, exit 1."""
+    if yes:
+        return
+    try:
+        agreed = typer.confirm(question, default=False)
+    except typer.Abort:  # no answer (stdin closed)
+        typer.echo(f"\nno answer: pass --yes to {command} without asking")
+        agreed = False
+    if not agreed:
+        typer.echo(f"{command} cancelled: nothing changed")
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+# ------------------------------------------------------------------------- nodes
+
+
+def render_nodes(nodes: list[Node]) -> list[str]:
+    return render_table(
+        ["instance", "node group", "type", "GPUs", "zone", "private IP", "lifecycle", "state",
+         "health", "launched (UTC)", "SSM"],
+        [[n.instance_id, n.node_group, n.instance_type, str(n.gpus), n.zone, n.private_ip or "-",
+          n.lifecycle, f"{n.state}/{n.asg_state}", n.health, _ago(n.launch_time), n.ssm]
+         for n in nodes])
+
+
+@app.command()
+def nodes(
+    stack: StackArg,
+    group: GroupOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead.")] = False,
+) -> None:
+    """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM."""
+    spec = build_spec(stack)
+    found = _nodes(spec, "nodes", group)
+    if as_json:
+        typer.echo(json.dumps([n.as_json() for n in found], indent=2))
+        return
+    if not found:
+        typer.echo(f"stack {spec.stack} ({spec.region}): no nodes"
+                   + (f" in node group {group}" if group else "")
+                   + f" (groups tagged gpucluster:stack={identity(spec)} run none; "
+                     f"see `gpucluster status {stack}`)")
+        return
+    typer.echo(f"stack {spec.stack} ({spec.region}): {len(found)} node(s), "
+               f"{sum(n.in_service for n in found)} in service")
+    for line in render_nodes(found):
+        typer.echo(line)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def group_environment(spec: StackSpec, node_group: str) -> dict[str, str]:
+    """The node group's EFA/NCCL settings (as its nodes' /etc/profile.d has them) and its image."""
+    from gpucluster.node.userdata import efa_environment, group_bootstrap
+
+    config = next((g for g in spec.node_groups if g.name == node_group), None)
+    if config is None:
+        return {}
+    env = efa_environment(group_bootstrap(config, stack=identity(spec), cluster=spec.cluster.name,
+                                          region=spec.region, spot=spec.spot))
+    if config.container_image:
+        env["GPUCLUSTER_CONTAINER_IMAGE"] = config.container_image  # pulled at boot
+    uri = checkpoint_uri(spec)
+    if uri:
+        env["GPUCLUSTER_CHECKPOINT_URI"] = uri
+    return env
+
+
+def checkpoint_uri(spec: StackSpec) -> str | None:
+    """Where jobs keep checkpoints: the first dataset with a checkpoint_prefix.
+
+    FSx datasets: the node path the file system links to that prefix (exported back
+    to S3, gpucluster.aws.datasets); others: s3://bucket/prefix when the bucket's name
+    is in the stack file (a created bucket without bucket_name gets its name at deploy
+    time: then none).
+    """
+    for d in spec.datasets:
+        if d.checkpoint_prefix is None:
+            continue
+        if d.access == "fsx" and d.fsx is not None:
+            return f"{d.fsx.mount_path.rstrip('/')}/checkpoints/"
+        if d.bucket_name:
+            return f"s3://{d.bucket_name}/{d.checkpoint_prefix}"
+    return None
+
+
+def render_dry_run(plan: JobPlan) -> list[str]:
+    out = [f"dry run: {len(plan.ranks)} node(s); each would run (AWS-RunShellScript, timeout "
+           f"{plan.timeout_seconds} s, output to CloudWatch Logs {plan.log_group}):"]
+    for r in plan.ranks:
+        out.append(f"rank {r.rank}: {r.node.instance_id} {r.node.private_ip} ({r.node.instance_type})")
+        out += [f"  {line}" for line in plan.script(r)]
+    out.append("dry run: nothing sent")
+    return out
+
+
+def _label(plan: JobPlan, result: NodeResult) -> str:
+    node = plan.ranks[result.rank].node
+    return f"rank {result.rank} {result.instance_id} {node.private_ip}"
+
+
+def render_results(plan: JobPlan, results: list[NodeResult]) -> list[str]:
+    out = []
+    for r in results:
+        exit_text = "" if r.exit_code is None else f", exit {r.exit_code}"
+        extra = f" ({r.error})" if r.error else ""
+        out.append(f"{_label(plan, r)}: {r.status}{exit_text}{extra}")
+        out += [f"  | {line}" for line in r.tail()]
+        if r.truncated:
+            out.append(f"  | (SSM returns only the start of long output: the full output is in "
+                       f"CloudWatch Logs, streams {r.log_streams()})")
+    return out
+
+
+@app.command()
+def run(
+    stack: StackArg,
+    command: Annotated[list[str] | None, typer.Argument(
+        help="The command, after --; arguments are joined with spaces and run by bash on each node "
+             "(quote $VARS so your shell leaves them for the node).")] = None,
+    group: RequiredGroup = "",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print each node's command and "
+                                                            "environment; send nothing.")] = False,
+    timeout: Annotated[int | None, typer.Option("--timeout", help="Seconds the command may run on a node "
+                                                                  "(default 3600; SSM allows up to 172800; "
+                                                                  "with --detach: no limit unless given).")]
+    = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Start the command as a systemd unit on each "
+                                                          "node and return; see jobs, logs, cancel.")]
+    = False,
+    name: Annotated[str | None, typer.Option("--name", help="With --detach: the job's name (default "
+                                                            "job-<UTC time>).")] = None,
+    master_port: Annotated[int, typer.Option("--master-port", help="MASTER_PORT for the rendezvous.")]
+    = 29500,
+    workdir: Annotated[str | None, typer.Option("--workdir", help="Directory to run in on the nodes.")]
+    = None,
+) -> None:
+    """Run CMD on every in-service node of a group through SSM, with torchrun's rank environment.
+
+    Each node gets MASTER_ADDR (rank 0's private IP), MASTER_PORT, NNODES, NODE_RANK,
+    NPROC_PER_NODE (its GPUs), WORLD_SIZE and the group's EFA/NCCL settings. Ranks follow
+    launch time, then instance id. Exits 1 when any node fails.
+    """
+    from gpucluster.ops.run import (
+        DEFAULT_TIMEOUT_SECONDS,
+        QUERY_TIMEOUT_SECONDS,
+        plan_job,
+        run_log_group,
+        send_job,
+        wait_job,
+    )
+
+    if not group:
+        fail_usage("run", "--group is required (the node group to run on)")
+    if name is not None and not detach:
+        fail_usage("run", "--name names a detached job: add --detach")
+    spec = build_spec(stack)
+    text = " ".join(command or [])
+    job_name = (name or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")) if detach else None
+    found = _nodes(spec, "run", group)
+    plan = _ops_call("run", lambda: plan_job(
+        found, text, master_port=master_port,
+        timeout_seconds=QUERY_TIMEOUT_SECONDS if detach else timeout or DEFAULT_TIMEOUT_SECONDS,
+        group_environment=group_environment(spec, group), log_group=run_log_group(identity(spec)),
+        workdir=workdir, detach=job_name, job_timeout_seconds=timeout if detach else None))
+    if dry_run:
+        for line in render_dry_run(plan):
+            typer.echo(line)
+        return
+    ssm = _client(spec, "ssm")
+    typer.echo(f"run on {len(plan.ranks)} node(s) of {group}, MASTER_ADDR "
+               f"{plan.ranks[0].environment['MASTER_ADDR']}: {text}")
+    job = _aws_call("run", lambda: send_job(ssm, plan, comment=f"gpucluster run {group}"))
+    if job.cancelled:
+        for line in render_results(plan, job.results):
+            typer.echo(line)
+        typer.echo("run: not started on every node, so cancelled on all (nothing half-runs)")
+        raise typer.Exit(EXIT_BLOCKED)
+
+    def progress(result: NodeResult) -> None:
+        typer.echo(f"{_label(plan, result)}: {result.status}")
+
+    try:
+        # Delivery may take up to its own timeout before the execution clock starts.
+        job = _aws_call("run", lambda: wait_job(ssm, job, timeout_seconds=plan.timeout_seconds + 180,
+                                                on_change=progress))
+    except KeyboardInterrupt:
+        from gpucluster.ops.run import cancel
+
+        for result in job.results:
+            if result.command_id and not result.done:
+                cancel(ssm, result)
+        typer.echo("\ninterrupted: the command was cancelled on every node still running it")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    typer.echo("")
+    for line in render_results(plan, job.results):
+        typer.echo(line)
+    typer.echo(f"full output: CloudWatch Logs group {plan.log_group}, a stream per node "
+               "(<command id>/<instance id>/...)")
+    if job.ok and plan.detach:
+        typer.echo(f"run: job {plan.detach} started on all {len(job.results)} node(s); follow it with "
+                   f"`gpucluster jobs {stack}`, `gpucluster logs {stack} {plan.detach}`, stop it with "
+                   f"`gpucluster cancel {stack} {plan.detach}`")
+        return
+    if job.ok:
+        typer.echo(f"run: all {len(job.results)} node(s) succeeded")
+        return
+    typer.echo(f"run: {len(job.failed)} of {len(job.results)} node(s) failed (ranks "
+               f"{', '.join(str(r.rank) for r in job.failed)})")
+    raise typer.Exit(EXIT_BLOCKED)
+
+
+# ---------------------------------------------------------------------- hostfile
+
+HOSTFILE_FORMATS = ("mpi", "deepspeed", "plain")
+
+
+def render_hostfile(found: list[Node], fmt: str) -> list[str]:
+    """Open MPI and DeepSpeed both read `<host> slots=<n>` (Open MPI mpirun(1) "Specifying
+    Host Nodes"; DeepSpeed "Resource Configuration (multi-node)"); plain is one address a line."""
+    ready = [n for n in found if n.in_service and n.private_ip]
+    if fmt == "plain":
+        return [str(n.private_ip) for n in ready]
+    return [f"{n.private_ip} slots={max(1, n.gpus)}" for n in ready]
+
+
+@app.command()
+def hostfile(
+    stack: StackArg,
+    group: RequiredGroup = "",
+    fmt: Annotated[str, typer.Option("--format", help="mpi (Open MPI), deepspeed, or plain (one IP a "
+                                                      "line).")] = "mpi",
+) -> None:
+    """Print the group's in-service nodes as a host list, in rank order (GPUs as slots)."""
+    if not group:
+        fail_usage("hostfile", "--group is required")
+    if fmt not in HOSTFILE_FORMATS:
+        fail_usage("hostfile", f"--format: must be mpi, deepspeed or plain, got {fmt!r}")
+    spec = build_spec(stack)
+    lines = render_hostfile(_nodes(spec, "hostfile", group), fmt)
+    if not lines:
+        typer.echo(f"hostfile: no node of {group} is in service", err=True)
+        raise typer.Exit(EXIT_BLOCKED)
+    for line in lines:
+        typer.echo(line)
+
+
+# ------------------------------------------------------------------ scale / stop / start
+
+
+@app.command()
+def scale(
+    stack: StackArg,
+    group: RequiredGroup = "",
+    desired: Annotated[int | None, typer.Option("--desired", help="Nodes the group should run.")] = None,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
+) -> None:
+    """Set a node group's desired nodes (within its max_nodes); shows the cost per hour, asks first."""
+    from gpucluster.ops.scale import apply_scale, plan_scale
+
+    if not group:
+        fail_usage("scale", "--group is required")
+    if desired is None:
+        fail_usage("scale", "--desired is required")
+    spec = build_spec(stack)
+    client = _client(spec, "autoscaling")
+    changes = _ops_call("scale", lambda: plan_scale(identity(spec), group, desired,
+                                                    autoscaling_client=client))
+    rows, total = [], 0.0
+    for c in changes:
+        instance_type, rate = node_group_rate(spec, c.node_group)
+        cost = None if rate is None else rate * c.desired_after
+        total += cost or 0.0
+        rows.append([c.group, c.node_group, str(c.desired_now), str(c.desired_after),
+                     f"{c.min_now} -> {c.min_after}", instance_type, "?" if cost is None else _usd(cost)])
+    typer.echo(f"stack {spec.stack} ({spec.region}): scale {group} to {desired} node(s):")
+    for line in render_table(["group", "node group", "nodes now", "nodes after", "min",
+                              "instance type", "on-demand $/h after"], rows):
+        typer.echo(line)
+    added = sum(c.added_nodes for c in changes)
+    if added:
+        typer.echo(f"cost: ${_usd(total)}/hour (${_usd(total * 24)}/day) at on-demand rates of the "
+                   "first instance type; spot nodes cost less")
+    if all(c.desired_now == c.desired_after and c.min_now == c.min_after for c in changes):
+        typer.echo("nothing to change")
+        return
+    if dry_run:
+        typer.echo("dry run: nothing changed")
+        return
+    if added or desired < min(c.desired_now for c in changes):
+        _confirm("scale", f"Scale {group} to {desired} node(s)?", yes)
+    results = _aws_call("scale", lambda: apply_scale(changes, autoscaling_client=client))
+    for r in results:
+        typer.echo(f"scaled {r.group} to {desired} node(s)" if r.action == "scaled"
+                   else f"not scaled {r.group}: {r.reason}")
+    if any(r.action != "scaled" for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+@app.command()
+def stop(
+    stack: StackArg,
+    group: GroupOption = None,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
+) -> None:
+    """Stop node groups (all, or one): runs the pre-stop hook on their nodes, then scales to zero.
+
+    Recorded as stopped-by `manual`: `status` shows it, `start` or `resume` restore the
+    capacity, schedules leave it alone, and a budget stop still outranks it.
+    """
+    from gpucluster.ops.scale import plan_stop, stop_stack
+    from gpucluster.ops.status import stack_status
+
+    spec = build_spec(stack)
+    client = _client(spec, "autoscaling")
+    candidates = _ops_call("stop", lambda: plan_stop(identity(spec), group, autoscaling_client=client))
+    running = [c for c in candidates if c.running]
+    if not running:
+        typer.echo(f"nothing to stop in stack {spec.stack} ({spec.region})"
+                   + (f", node group {group}" if group else "") + ":")
+        for c in candidates:
+            why = f"stopped by {c.stopped_by}" if c.stopped_by else "at 0 nodes by its own settings"
+            typer.echo(f"  {c.group}: {why}")
+        if not candidates:
+            typer.echo(f"  no Auto Scaling group is tagged gpucluster:stack={identity(spec)}")
+        return
+    hook = spec.autostop.pre_stop_command
+    typer.echo(f"stack {spec.stack} ({spec.region}): stop {len(running)} group(s), "
+               f"{sum(c.desired_now for c in running)} node(s):")
+    for line in render_table(["group", "node group", "nodes now", "in service"],
+                             [[c.group, c.node_group, str(c.desired_now), str(c.in_service)]
+                              for c in running]):
+        typer.echo(line)
+    typer.echo(f"pre-stop hook first: {hook} (waits at most {spec.autostop.pre_stop_timeout_seconds} s)"
+               if hook else "no pre-stop hook (autostop.pre_stop_command): running jobs stop as they are")
+    typer.echo("instance-store scratch is erased; S3 and FSx data are untouched")
+    if dry_run:
+        typer.echo("dry run: nothing changed")
+        return
+    _confirm("stop", f"Stop {len(running)} group(s)?", yes)
+    report = _aws_call("stop", lambda: stop_stack(
+        running, autoscaling_client=client, ssm_client=_client(spec, "ssm") if hook else None,
+        pre_stop_command=hook, hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds))
+    if report.hook is not None:
+        failed = ", ".join(f"{i} ({s})" for i, s in report.hook.failed.items())
+        timed_out = " (timed out)" if report.hook.timed_out else ""
+        typer.echo("pre-stop hook: " + ("ok on every node" if report.hook.ok
+                                        else f"did not succeed on {failed}{timed_out}"))
+    for name, outcome in report.outcomes.items():
+        typer.echo(f"{name}: {outcome}")
+    for name, error in report.errors.items():
+        typer.echo(f"{name}: not stopped: {error}")
+    rows = _aws_call("stop", lambda: stack_status(identity(spec), autoscaling_client=client))
+    for line in render_status(rows):
+        typer.echo(line)
+    if report.errors:
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+@app.command()
+def start(
+    stack: StackArg,
+    group: GroupOption = None,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
+) -> None:
+    """Restart stopped node groups (all, or one) at their recorded capacity; never a budget stop."""
+    from gpucluster.lambdas.scaling import BUDGET
+    from gpucluster.ops.scale import plan_start, start_stack
+
+    spec = build_spec(stack)
+    client = _client(spec, "autoscaling")
+    candidates = _ops_call("start", lambda: plan_start(identity(spec), group, autoscaling_client=client))
+    todo = [c for c in candidates if c.decision.action == "resume"]
+    for c in candidates:
+        if c.decision.stopped_by == BUDGET:
+            typer.echo(f"{c.group}: stopped by the budget action; start leaves it stopped "
+                       f"(`gpucluster resume {stack} --only budget` undoes it, with its warning)")
+    if not todo:
+        typer.echo(f"nothing to start in stack {spec.stack} ({spec.region})"
+                   + (f", node group {group}" if group else "")
+                   + ": no group stopped by manual, idle, schedule or lifetime"
+                   + (f" (`gpucluster scale {stack} --group G --desired N` for a group at 0 by "
+                      "its own settings)" if candidates else ""))
+        raise typer.Exit(EXIT_OK)
+    for line in render_resume_plan(spec, todo, action="start"):
+        typer.echo(line)
+    if dry_run:
+        typer.echo("dry run: nothing changed")
+        return
+    _confirm("start", f"Restart {len(todo)} group(s)?", yes)
+    results = _aws_call("start", lambda: start_stack(
+        identity(spec), {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client))
+    before = {c.group: c.desired_now for c in todo}
+    for r in results:
+        if r.action == "resumed":
+            typer.echo(f"started {r.group} (stopped by {r.stopped_by}): {before.get(r.group, 0)} -> "
+                       f"{r.desired_capacity} node(s), min {r.min_size}")
+        else:
+            typer.echo(f"not started {r.group}: {r.reason}")
+    if any(r.action != "resumed" for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+# ------------------------------------------------------------- jobs / logs / cancel
+
+
+def _on_nodes(spec: StackSpec, command: str, group: str | None, script: str,
+              node: str | None = None) -> tuple[JobPlan, list[NodeResult]]:
+    """Run a short gpucluster-job command on the in-service nodes (one, with --node) and wait."""
+    from gpucluster.ops.run import plan_on_nodes, run_log_group, send_job, wait_job
+
+    found = [n for n in _nodes(spec, command, group) if n.in_service]
+    if node is not None:
+        chosen = [n for i, n in enumerate(found) if node in (str(i), n.instance_id, n.private_ip)]
+        if not chosen:
+            fail_usage(command, f"--node: no in-service node {node!r} (a rank 0..{len(found) - 1}, an "
+                                "instance id or a private IP)")
+        found = chosen
+    plan = _ops_call(command, lambda: plan_on_nodes(found, script, log_group=run_log_group(identity(spec))))
+    ssm = _client(spec, "ssm")
+    job = _aws_call(command, lambda: send_job(ssm, plan, comment=f"gpucluster {command}"))
+    if not job.cancelled:
+        job = _aws_call(command, lambda: wait_job(ssm, job, timeout_seconds=plan.timeout_seconds + 60,
+                                                  poll_seconds=2.0))
+    return plan, job.results
+
+
+def _job_name(command: str, name: str) -> str:
+    from gpucluster.ops.run import RunError, check_job_name
+
+    try:
+        return check_job_name(name)
+    except RunError as err:
+        fail_usage(command, str(err))
+
+
+@app.command("jobs")
+def list_jobs(stack: StackArg, group: GroupOption = None) -> None:
+    """List the detached jobs (`run --detach`) on the stack's nodes, with their state per node."""
+    from gpucluster.ops.run import JOB_TOOL, parse_job_states
+
+    spec = build_spec(stack)
+    plan, results = _on_nodes(spec, "jobs", group, f"{JOB_TOOL} status")
+    rows, silent = [], []
+    for r in results:
+        node = plan.ranks[r.rank].node
+        if not r.ok:
+            silent.append(f"{r.instance_id} ({r.status}{f', {r.error}' if r.error else ''})")
+            continue
+        for state in parse_job_states(r.stdout):
+            rows.append([state.name, node.node_group, r.instance_id, node.private_ip or "-", state.state,
+                         "-" if state.exit_status is None else str(state.exit_status), state.started or "-"])
+    if rows:
+        for line in render_table(["job", "node group", "instance", "private IP", "state", "exit", "started"],
+                                 sorted(rows)):
+            typer.echo(line)
+    else:
+        typer.echo(f"no detached jobs on the {len(results) - len(silent)} node(s) that answered")
+    if silent:
+        typer.echo(f"no answer from: {', '.join(silent)}")
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+@app.command()
+def logs(
+    stack: StackArg,
+    job: Annotated[str, typer.Argument(help="The job's name (see `gpucluster jobs`).")],
+    group: GroupOption = None,
+    node: Annotated[str | None, typer.Option("--node", help="Only this node: its rank, instance id or "
+                                                            "private IP.")] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines of output per node.")] = 200,
+) -> None:
+    """Show a detached job's latest output on each node (its journal, through SSM)."""
+    from gpucluster.ops.run import JOB_TOOL
+
+    name = _job_name("logs", job)
+    if not 1 <= lines <= 5000:
+        fail_usage("logs", f"--lines: must be 1..5000, got {lines}")
+    spec = build_spec(stack)
+    plan, results = _on_nodes(spec, "logs", group, f"{JOB_TOOL} logs {name} {lines}", node)
+    for r in results:
+        typer.echo(f"== {r.instance_id} {plan.ranks[r.rank].node.private_ip}: {r.status}"
+                   + (f" ({r.error})" if r.error else ""))
+        for line in r.stdout.splitlines():
+            typer.echo(line)
+    if any(not r.ok for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+@app.command()
+def cancel(
+    stack: StackArg,
+    job: Annotated[str, typer.Argument(help="The job's name (see `gpucluster jobs`).")],
+    group: GroupOption = None,
+    yes: YesOption = False,
+) -> None:
+    """Stop a detached job on every node (SIGTERM, then SIGKILL after 90 s)."""
+    from gpucluster.ops.run import JOB_TOOL
+
+    name = _job_name("cancel", job)
+    spec = build_spec(stack)
+    _confirm("cancel", f"Stop job {name} on every node of {group or 'the stack'}?", yes)
+    _, results = _on_nodes(spec, "cancel", group, f"{JOB_TOOL} cancel {name}")
+    for r in results:
+        typer.echo(f"{r.instance_id}: {'cancelled' if r.ok else f'not cancelled ({r.status})'}"
+                   + "".join(f"\n  | {line}" for line in r.tail(3) if not r.ok))
+    if any(not r.ok for r in results):
+        raise typer.Exit(EXIT_BLOCKED)

@@ -43,12 +43,14 @@ def test_cost_prod_says_how_much_the_mix_saves() -> None:
     assert result.exit_code == 0, result.output
     cost = prod_cost()
     saved = cost.usd_per_month("desired", "all_on_demand") - cost.usd_per_month("desired")
-    assert (f"the stack's mix is 42.0 % below the same capacity all on-demand at desired nodes "
-            f"(${saved:,.0f}/month less) and 48.4 % at max nodes") in result.output
-    row = "  desired      8     4          0     4    154.11           0.00     99.07   253.18"
+    assert (f"the stack's mix is 14.8 % below the same capacity all on-demand at desired nodes "
+            f"(${saved:,.0f}/month less) and 9.6 % at max nodes") in result.output
+    row = "  desired      8     4          4     0    154.11         220.16      0.00   374.27"  # no spot
     assert row in result.output
+    eval_max = "  max          4     0          0     4      0.00           0.00     18.89    18.89"
+    assert eval_max in result.output
     assert "FSx for Lustre pretrain-corpus         3,264.00" in result.output
-    assert f"  stack's mix         258.45       {cost.usd_per_month('desired'):,.2f}" in result.output
+    assert f"  stack's mix         379.54       {cost.usd_per_month('desired'):,.2f}" in result.output
     assert "EC2 Spot Instance Advisor, typical savings of the family (2026-11-21)" in result.output
 
 
@@ -60,7 +62,9 @@ def test_cost_json_matches_the_model() -> None:
         for strategy in STRATEGIES:
             assert doc["totals"][at][strategy]["usd_per_month"] == round(cost.usd_per_month(at, strategy), 2)
     assert doc["node_groups"][0]["max"] | {"usd_per_hour": None} == {
-        "nodes": 16, "base": 4, "on_demand": 0, "spot": 12, "usd_per_hour": None}
+        "nodes": 16, "base": 4, "on_demand": 12, "spot": 0, "usd_per_hour": None}
+    assert doc["node_groups"][1]["max"] | {"usd_per_hour": None} == {
+        "nodes": 4, "base": 0, "on_demand": 0, "spot": 4, "usd_per_hour": None}
     assert doc["node_groups"][0]["rates"]["base"]["as_of"] == "2026-11-21"
 
 
@@ -134,8 +138,8 @@ def test_cost_diff_prints_markdown(tmp_path: Path, base_config: dict[str, Any],
     head_json.write_text(head.output)
     result = runner.invoke(app, ["cost", "--diff", str(base_json), str(head_json)])
     assert result.exit_code == 0, result.output
-    # 2 fewer spot nodes at desired: 2 x 24.768 x 730 + 2 root volumes 500 GiB x 0.08
-    delta = 2 * 24.768 * 730 + 2 * 500 * 0.08
+    # 2 fewer on-demand nodes at desired: 2 x 55.04 x 730 + 2 root volumes 500 GiB x 0.08
+    delta = 2 * 55.04 * 730 + 2 * 500 * 0.08
     assert f"**-${delta:,.2f}" in result.output
     assert result.output.splitlines()[0] == "### gpucluster cost: prod"
     max_total = f"${prod_cost().usd_per_month('max'):,.2f}"
@@ -170,7 +174,8 @@ def test_chart_bars_are_the_cost_model() -> None:
         for strategy in STRATEGIES:
             bars = series[at][strategy]  # type: ignore[index]
             assert sum(v for _, v in bars) == pytest.approx(cost.usd_per_month(at, strategy))  # type: ignore[arg-type]
-            assert [n for n, _ in bars] == ["node group h100-train", "EBS root volumes h100-train",
+            assert [n for n, _ in bars] == ["node group h100-train", "node group eval",
+                                            "EBS root volumes h100-train", "EBS root volumes eval",
                                             "NAT gateway", "FSx for Lustre pretrain-corpus",
                                             "S3 pretrain-corpus"]
 
@@ -200,8 +205,11 @@ def test_draw_chart_returns_what_it_drew(tmp_path: Path) -> None:
 def test_cost_live_prices_spot_from_describe_spot_price_history(monkeypatch: pytest.MonkeyPatch) -> None:
     ec2 = boto3.client("ec2", region_name="us-east-1")
     stub = Stubber(ec2)
-    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [
+    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [   # h100-train
         {"AvailabilityZone": "us-east-1d", "InstanceType": "p5.48xlarge", "SpotPrice": "21.50",
+         "Timestamp": datetime(2026, 11, 21, 9, 30, tzinfo=UTC)}]})
+    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [   # eval
+        {"AvailabilityZone": "us-east-1d", "InstanceType": "g6e.12xlarge", "SpotPrice": "3.25",
          "Timestamp": datetime(2026, 11, 21, 9, 30, tzinfo=UTC)}]})
     stub.activate()
     made: list[tuple[str, str]] = []
@@ -214,11 +222,13 @@ def test_cost_live_prices_spot_from_describe_spot_price_history(monkeypatch: pyt
     result = runner.invoke(app, ["cost", "prod", "--live", "--json"])
     assert result.exit_code == 0, result.output
     assert made == [("ec2", "us-east-1")]
-    group = json.loads(result.output)["node_groups"][0]
-    assert group["rates"]["spot"] == {
+    train, evaluation = json.loads(result.output)["node_groups"]
+    assert train["rates"]["spot"] == {
         "usd_per_hour": 21.5, "basis": "spot, live: mean of the latest price in us-east-1d",
         "source": "EC2 DescribeSpotPriceHistory (Linux/UNIX)", "as_of": "2026-11-21 09:30 UTC"}
-    assert group["max"]["usd_per_hour"]["spot"] == 12 * 21.5
+    assert train["max"]["usd_per_hour"]["spot"] == 0  # on-demand only: a live spot price costs nothing
+    assert evaluation["rates"]["spot"]["usd_per_hour"] == 3.25
+    assert evaluation["max"]["usd_per_hour"]["spot"] == 4 * 3.25
     stub.assert_no_pending_responses()
 
 
@@ -290,19 +300,19 @@ def test_doctor_against_a_moto_server(moto_endpoint: str, base_config: dict[str,
                                       write_stack: Callable[..., Path]) -> None:
     prod = run_doctor("prod", moto_endpoint)
     assert prod.returncode == 0, prod.stdout + prod.stderr
-    table = [line.split(None, 2) for line in prod.stdout.splitlines()[2:-1]]
-    assert ["ok", "efa", "p5.48xlarge                                 32 EFA interfaces, 32 network cards, "
-            "as the catalog says"] in table
-    assert ("warning  offering  h100-train us-east-1d                       fallback p5e.48xlarge not "
-            "offered in us-east-1d") in prod.stdout
+    rows = [" ".join(line.split()) for line in prod.stdout.splitlines()[2:-1]]
+    assert "ok efa p5.48xlarge 32 EFA interfaces, 32 network cards, as the catalog says" in rows
+    assert "ok offering h100-train us-east-1d p5.48xlarge offered" in rows
+    assert "ok offering eval us-east-1d g6e.12xlarge offered" in rows
     # moto has no EC2 service quotas or cost allocation tags: reported as not checked, not a crash
-    not_checked = "warning  quota     Running On-Demand P instances (L-417A185B)  could not check (500)"
-    assert not_checked in prod.stdout
-    assert prod.stdout.splitlines()[-1] == "2 ok, 4 warning(s), 0 blocker(s)"
+    assert "warning quota Running On-Demand P instances (L-417A185B) could not check (500)" in rows
+    assert prod.stdout.splitlines()[-1] == "4 ok, 3 warning(s), 0 blocker(s)"
 
+    # A type the shipped offerings do not place in the zone is refused offline, before AWS is asked
+    # (doctor's own offering blocker, for an account whose zones differ, is in tests/test_doctor.py).
     base_config["gpucluster:network"]["availability_zones"] = ["us-east-1a"]
     base_config["gpucluster:node_groups"][0]["instance_types"] = ["p4de.24xlarge"]
-    blocked = run_doctor(str(write_stack(base_config, name="p4de")), moto_endpoint)
-    assert blocked.returncode == 1, blocked.stdout + blocked.stderr
-    assert "blocker  offering  gpu us-east-1a" in blocked.stdout
-    assert "p4de.24xlarge not offered in us-east-1a" in blocked.stdout
+    refused = run_doctor(str(write_stack(base_config, name="p4de")), moto_endpoint)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert ("node_groups[0].instance_types[0]: p4de.24xlarge is not offered in us-east-1a; in us-east-1 "
+            "it is offered in us-east-1b, us-east-1c") in refused.stderr

@@ -439,13 +439,14 @@ def test_prod_budget_action_at_110_percent_goes_to_the_action_topic_only(prod: B
         ("ACTUAL", 110, [action_topic]), ("FORECASTED", 100, [prod.notify_topic])]
     for n in notes:
         assert n["subscriberEmailAddresses"] == ["ml-training@example.com", "finops@example.com"]
-    assert prod.one(BUDGET).inputs["limitAmount"] == "400000"
+    assert prod.one(BUDGET).inputs["limitAmount"] == "650000"
 
 
 def test_prod_is_patient_and_runs_its_hooks(prod: Built) -> None:
-    alarm = prod.one(ALARM).inputs
+    alarm = prod.one(ALARM, "h100-train").inputs
     assert (alarm["period"], alarm["evaluationPeriods"], alarm["threshold"]) == (300, 24, 3)
     assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-prod-h100-train-asg"}
+    assert prod.one(ALARM, "eval").inputs["dimensions"] == {"AutoScalingGroupName": "gpu-prod-eval-asg"}
     assert prod.all(SCHEDULE) == [] and not [r for r in prod.all(ROLE) if "scheduler" in r.name]
     autostop = prod.function("autostop").inputs
     assert autostop["timeout"] == 600 + 60

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from gpucluster.cli import app
 from gpucluster.plan import load_stack
-from gpucluster.spec import SpecError, parse_stack_config
+from gpucluster.spec import SpecError, parse_stack_config, stack_warnings
 from typer.testing import CliRunner
 
 runner = CliRunner()
@@ -384,3 +384,66 @@ def test_fsx_storage_capacity_steps(base_config: dict[str, Any], size: int, ok: 
     else:
         with pytest.raises(SpecError, match="1200 or a multiple of 2400"):
             parse_stack_config(base_config, stack="t")
+
+
+# ---------------------------------------------------------------- offerings (issue 15)
+
+
+def test_primary_type_not_offered_in_its_zone_is_an_error_naming_where_it_is(
+        base_config: dict[str, Any]) -> None:
+    base_config["gpucluster:network"]["availability_zones"] = ["us-east-1d"]
+    efa_config(base_config, instance_types=["p5e.48xlarge"])
+    with pytest.raises(SpecError) as err:
+        parse_stack_config(base_config, stack="t")
+    [finding] = err.value.findings
+    assert finding.path == "node_groups[0].instance_types[0]"
+    assert finding.message.startswith("p5e.48xlarge is not offered in us-east-1d; no zone of us-east-1 "
+                                      "offers it (offered in: ")
+    for zone in ("us-east-2a", "us-east-2b", "us-east-2c", "us-west-2c"):  # moto's offering data
+        assert zone in finding.message
+    assert "as of 2026-10-27" in finding.message
+
+
+def test_not_offered_in_this_zone_names_the_zones_of_the_region_that_offer_it(
+        base_config: dict[str, Any]) -> None:
+    efa_config(base_config, instance_types=["p4de.24xlarge"])  # EFA: the network's first zone, 1a
+    with pytest.raises(SpecError, match=r"node_groups\[0\].instance_types\[0\]: p4de.24xlarge is not "
+                                        r"offered in us-east-1a; in us-east-1 it is offered in us-east-1b, "
+                                        r"us-east-1c"):
+        parse_stack_config(base_config, stack="t")
+    base_config["gpucluster:network"]["availability_zones"] = ["us-east-1b", "us-east-1a"]
+    assert parse_stack_config(base_config, stack="t").node_groups[0].instance_types == ["p4de.24xlarge"]
+
+
+def test_a_fallback_not_offered_is_only_a_warning(base_config: dict[str, Any]) -> None:
+    base_config["gpucluster:network"]["availability_zones"] = ["us-east-1d"]
+    efa_config(base_config, instance_types=["p5.48xlarge", "p5e.48xlarge"],
+               capacity={"on_demand_base": 2})
+    spec = parse_stack_config(base_config, stack="t")  # valid: the first type launches
+    assert [(w.path, w.message.split(";")[0]) for w in stack_warnings(spec)] == [
+        ("node_groups[0].instance_types[1]",
+         "fallback p5e.48xlarge is not offered in us-east-1d, so the group never launches it there")]
+
+
+def test_offerings_are_checked_per_zone_of_a_multi_zone_group(base_config: dict[str, Any]) -> None:
+    base_config["gpucluster:network"]["availability_zones"] = ["us-east-1a", "us-east-1e"]
+    base_config["gpucluster:node_groups"][0]["instance_types"] = ["g5.xlarge"]  # not in us-east-1e
+    with pytest.raises(SpecError, match=r"g5.xlarge is not offered in us-east-1e; in us-east-1 it is "
+                                        r"offered in us-east-1a, us-east-1b, us-east-1c, us-east-1d, "
+                                        r"us-east-1f"):
+        parse_stack_config(base_config, stack="t")
+
+
+def test_multi_node_efa_group_with_spot_is_a_warning(base_config: dict[str, Any]) -> None:
+    spec = parse_stack_config(efa_config(base_config, capacity={"on_demand_base": 1, "spot_percent": 50}),
+                              stack="t")
+    [warning] = stack_warnings(spec)
+    assert warning.path == "node_groups[0].capacity.spot_percent" and warning.level == "warning"
+    assert warning.message.startswith("a multi-node EFA group holds spot nodes (50 % above the base): one "
+                                      "reclaimed node stops the whole collective job")
+    for capacity in ({"on_demand_base": 4, "spot_percent": 100},   # max 4: no room above the base
+                     {"spot_percent": 0}):
+        spec = parse_stack_config(efa_config(base_config, capacity=capacity), stack="t")
+        assert stack_warnings(spec) == []
+    single = efa_config(base_config, efa="off", placement_group=False, capacity={"spot_percent": 100})
+    assert stack_warnings(parse_stack_config(single, stack="t")) == []

@@ -261,6 +261,8 @@ def recommend(w: Workload, region: str = "us-east-1") -> list[Fit]:
     for name in catalog.names():
         t = catalog.get(name)
         assert t is not None
+        if t.capacity_block_only or not catalog.is_offered(name, region):
+            continue
         if w.precision not in GPU_PRECISIONS.get(t.gpu_model, frozenset()):
             continue
         usable = usable_gib_per_gpu(t)

@@ -329,9 +329,13 @@ def test_shipped_stacks_are_valid(stack: str) -> None:
 
 def test_prod_stack_shape() -> None:
     _, _, spec = load_stack("prod")
-    group = spec.node_groups[0]
-    assert group.efa_enabled and group.capacity.on_demand_base >= 1 and group.capacity.spot_percent > 0
-    assert group.max_nodes > 1 and spec.budget is not None and spec.datasets
+    train, evaluation = spec.node_groups
+    # multi-node EFA training on-demand (a committed base + on-demand above); spot only for
+    # single-node work in a group of its own, as `recommend` advises: no warnings
+    assert train.efa_enabled and train.capacity.on_demand_base >= 1 and train.capacity.spot_percent == 0
+    assert not evaluation.efa_enabled and evaluation.capacity.spot_percent == 100
+    assert train.max_nodes > 1 and spec.budget is not None and spec.datasets
+    assert stack_warnings(spec) == []
 
 
 def test_dev_stack_is_spot_single_gpu() -> None:

@@ -107,13 +107,18 @@ def test_region_without_prices(base_config: dict[str, Any], write_stack: Callabl
 @pytest.mark.parametrize(("args", "message"), [
     (["cost"], "cost: give a STACK (or --diff BASE.json HEAD.json)"),
     (["cost", "prod", "--dataset-gib", "-1"], "cost: --dataset-gib and --nat-gb must be >= 0"),
-    (["recommend", "--mode", "train"], "recommend: --params is required (model size, e.g. 7 or 70b)"),
+    (["recommend", "--mode", "train"],
+     "recommend: --model or --params is required (e.g. --model llama-3.1-8b or --params 70b)"),
     (["recommend", "--params", "7"], "recommend: --mode is required (train, finetune or inference)"),
     (["recommend", "--params", "7", "--mode", "train", "--precision", "int4"],
      "recommend: --precision: train takes bf16, fp16, fp32, got 'int4'"),
     (["recommend", "--params", "7", "--mode", "inference", "--region", "eu-west-1"],
-     "recommend: --region: no on-demand price for p6-b200.48xlarge in eu-west-1 "
+     "recommend: --region: no on-demand price for p4d.24xlarge in eu-west-1 "
      "(have: us-east-1, us-west-2)"),
+    (["recommend", "--model", "llama-3.1-8b", "--mode", "train", "--zone", "us-west-2a"],
+     "recommend: --zone: 'us-west-2a' is not a zone of region 'us-east-1' (--region)"),
+    (["recommend", "--model", "llama-3.1-8b", "--mode", "train", "--mfu", "0"],
+     "recommend: --mfu: must be a fraction of the peak in (0, 1], e.g. 0.4, got 0"),
 ])
 def test_bad_arguments_one_line_exit_2(args: list[str], message: str) -> None:
     result = runner.invoke(app, args)
@@ -251,28 +256,45 @@ def test_recommend_prints_fits_and_a_pasteable_snippet(base_config: dict[str, An
     result = runner.invoke(app, ["recommend", "--params", "70b", "--mode", "train"])
     assert result.exit_code == 0, result.output
     rows = [line.split() for line in result.output.splitlines() if re.match(r"\s+\d+\s+[a-z0-9-]+\.", line)]
-    assert rows[0][:3] == ["1", "p4de.24xlarge", "3"]
-    prices = [float(r[8]) for r in rows]  # "#", type, nodes, "24 x A100", need, usable, on-demand
-    assert prices == sorted(prices)
+    assert rows[0][:3] == ["1", "p6-b200.48xlarge", "1"]
+    assert "llama-3.1-70b train" in result.output
+    assert "ranked by price per effective TFLOP-hour" in result.output
+    per_tflop = [float(r[-1]) for r in rows]
+    assert per_tflop == sorted(per_tflop)
+    assert all(r[1] != "p5e.48xlarge" for r in rows)  # not offered in us-east-1
     snippet = result.output.split("stacks/Pulumi.<env>.yaml):\n\n", 1)[1]
     pasted = yaml.safe_load(snippet)   # indented for a stack file's `config:` block
+    zones = pasted["gpucluster:node_groups"][0]["availability_zones"]
+    base_config["gpucluster:network"]["availability_zones"] = zones
     spec = parse_stack_config({**base_config, **pasted}, stack="t")
-    assert spec.node_groups[0].instance_types == ["p4de.24xlarge"] and spec.node_groups[0].efa_enabled
+    assert spec.node_groups[0].instance_types == ["p6-b200.48xlarge"] and zones == ["us-east-1c"]
+
+
+def test_recommend_with_tokens_shows_hours_and_job_cost() -> None:
+    result = runner.invoke(app, ["recommend", "--model", "llama-3.1-8b", "--mode", "finetune",
+                                 "--tokens", "1b"])
+    assert result.exit_code == 0, result.output
+    assert "job: 1,000,000,000 tokens x 6 x 8.03B parameters = 4.82e+19 FLOPs at 40 % of" in result.output
+    rows = {r.split()[1]: r.split() for r in result.output.splitlines() if re.match(r"\s+\d+\s+[a-z]", r)}
+    assert rows["p5.48xlarge"][-2:] == ["4.2", "232.76"]      # hours, job $ (tests/test_sizing.py)
+    assert rows["g6e.12xlarge"][-2:] == ["23.1", "242.42"]
 
 
 def test_recommend_json() -> None:
     result = runner.invoke(app, ["recommend", "--params", "7", "--mode", "inference", "--json", "--top", "2"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert [f["instance_type"] for f in doc["fits"]] == ["g6.xlarge", "g6.2xlarge"]
-    assert doc["memory_gib"]["kv_cache"] == 2.0
-    assert doc["snippet"].startswith("# 1 x g6.xlarge (1 x L4) for 7B inference (bf16)")
+    assert doc["workload"]["model"] == "mistral-7b" and doc["workload"]["concurrency"] == 8
+    assert [f["instance_type"] for f in doc["fits"]] == ["g6e.xlarge", "g6e.2xlarge"]
+    assert doc["memory_gib"]["kv_cache"] == 4.0   # 8 sequences x 4096 tokens x 0.5 GiB / 4096 tokens
+    assert doc["fits"][0]["usd_per_effective_tflop_hour"] == pytest.approx(1.861 / (362.05 * 0.4))
+    assert doc["snippet"].startswith("# 1 x g6e.xlarge (1 x L40S) for mistral-7b inference (bf16)")
 
 
 def test_recommend_nothing_fits_exits_1() -> None:
     result = runner.invoke(app, ["recommend", "--params", "405", "--mode", "train", "--max-nodes", "4"])
     assert result.exit_code == 1
-    assert "nothing in the catalog fits" in result.output
+    assert "nothing offered in us-east-1 fits: raise --max-nodes" in result.output
 
 
 # ---------------------------------------------------------------------- doctor

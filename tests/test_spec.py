@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -451,3 +452,20 @@ def test_multi_node_efa_group_with_spot_is_a_warning(base_config: dict[str, Any]
         assert stack_warnings(spec) == []
     single = efa_config(base_config, efa="off", placement_group=False, capacity={"spot_percent": 100})
     assert stack_warnings(parse_stack_config(single, stack="t")) == []
+
+
+def test_plan_prints_the_warnings(base_config: dict[str, Any],
+                                  write_stack: Callable[[dict[str, Any], str], Path]) -> None:
+    base_config["gpucluster:network"]["availability_zones"] = ["us-east-1d"]
+    efa_config(base_config, instance_types=["p5.48xlarge", "p5e.48xlarge"],
+               capacity={"on_demand_base": 2, "spot_percent": 100})
+    path = write_stack(base_config, "efa-spot")
+    result = CliRunner().invoke(app, ["plan", str(path)])
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning: ")]
+    assert [w.split(":")[1].strip() for w in warnings] == ["node_groups[0].instance_types[1]",
+                                                           "node_groups[0].capacity.spot_percent"]
+    assert "a multi-node EFA group holds spot nodes (100 % above the base)" in warnings[1]
+    doc = json.loads(CliRunner().invoke(app, ["plan", str(path), "--json"]).output)
+    assert [w["path"] for w in doc["warnings"]] == ["node_groups[0].instance_types[1]",
+                                                     "node_groups[0].capacity.spot_percent"]
+    assert json.loads(CliRunner().invoke(app, ["plan", "prod", "--json"]).output)["warnings"] == []

@@ -19,7 +19,7 @@ import typer
 
 from gpucluster import pricing, project
 from gpucluster.plan import Plan, PlannedResource, StackFileError, load_stack, run_plan
-from gpucluster.spec import SpecError, StackSpec
+from gpucluster.spec import SpecError, StackSpec, stack_warnings
 
 if TYPE_CHECKING:
     from gpucluster.ops.status import GroupStatus, ResumeCandidate
@@ -174,9 +174,11 @@ def plan(
     result = build_plan(stack)
     cost = plan_cost(result.spec)
     violations = check_policies(result, policy_config)
+    warnings = stack_warnings(result.spec)
     blocked = EXIT_BLOCKED if any(v.mandatory for v in violations) else EXIT_OK
     if as_json:
         document = result.as_json()
+        document["warnings"] = [{"path": w.path, "message": w.message} for w in warnings]
         document["cost"] = cost.as_json() if isinstance(cost, pricing.StackCost) else {"error": cost}
         document["violations"] = [v.as_json() for v in violations]
         typer.echo(json.dumps(document, indent=2, sort_keys=False))
@@ -196,6 +198,8 @@ def plan(
     for key, value in result.outputs.items():
         typer.echo(f"  {key}: {json.dumps(value)}")
     typer.echo("")
+    for w in warnings:  # valid, but against advice (e.g. spot in a multi-node EFA group)
+        typer.echo(f"warning: {w}")
     typer.echo(cost_summary(result.stack, cost))
     for line in render_violations(violations):
         typer.echo(line)

@@ -815,6 +815,8 @@ def _efa_placement(stack: Stack, asg: Resource, lt: Resource) -> Iterable[str]:
     source = asg
     if group is None:
         group, prop, source = dig(lt.props, "placement", "groupName"), "placement", lt
+    if group is None and dig(lt.props, "instanceMarketOptions", "marketType") == "capacity-block":
+        return  # a Capacity Block is already placed in an EC2 UltraCluster: no placement group (DESIGN.md)
     if group is None:
         yield "an EFA group needs a cluster placement group (placementGroup is not set)"
         return

@@ -150,6 +150,9 @@ def reservation(**fields: Any) -> dict[str, Any]:
     return {"CapacityReservations": [{k: v for k, v in cr.items() if v is not None}]}
 
 
+BLOCK = {"market": "capacity_block", "on_demand_base": 0, "spot_percent": 0}
+
+
 @pytest.mark.parametrize(("fields", "capacity", "expected"), [
     ({}, {}, [("ok", "active, p5.48xlarge x 4 in us-east-1a, until 2027-01-20")]),
     ({"EndDate": NOW - timedelta(hours=1), "State": "expired"}, {},
@@ -165,8 +168,26 @@ def reservation(**fields: Any) -> dict[str, Any]:
     ({"ReservationType": "capacity-block"}, {},
      [("blocker", "is a capacity block, but capacity.market is mixed")]),
     ({"ReservationType": "capacity-block", "State": "scheduled", "StartDate": NOW + timedelta(days=3),
-      "TotalInstanceCount": 16}, {"market": "capacity_block", "on_demand_base": 0, "spot_percent": 0},
-     [("warning", "a capacity block that starts at 2026-11-24 12:00 UTC; nodes launch from then")]),
+      "TotalInstanceCount": 16}, BLOCK,
+     [("warning", "a capacity block that has not started: it starts at 2026-11-24 12:00 UTC, in 3 days 0 h; "
+                  "nodes launch from then")]),
+    # issue 15: not started (just bought), ended, ends within the next day
+    ({"ReservationType": "capacity-block", "State": "payment-pending", "StartDate": NOW + timedelta(hours=5),
+      "TotalInstanceCount": 16}, BLOCK,
+     [("warning", "a capacity block that has not started (payment pending): it starts at 2026-11-21 17:00 "
+                  "UTC, in 5 h 0 min; nodes launch from then")]),
+    ({"ReservationType": "capacity-block", "State": "expired", "EndDate": NOW - timedelta(minutes=30),
+      "TotalInstanceCount": 16}, BLOCK, [("blocker", "expired at 2026-11-21 11:30 UTC")]),
+    ({"ReservationType": "capacity-block", "EndDate": NOW + timedelta(hours=20, minutes=15),
+      "TotalInstanceCount": 16}, BLOCK,
+     [("warning", "ends at 2026-11-22 08:15 UTC, in 20 h 15 min: the block-expiry guardrail runs the "
+                  "pre-stop hook and scales the group to zero 40 minutes before; EC2 terminates the "
+                  "instances from 30 minutes before")]),
+    ({"ReservationType": "capacity-block", "EndDate": NOW + timedelta(days=2), "TotalInstanceCount": 16},
+     BLOCK, [("ok", "active, p5.48xlarge x 16 in us-east-1a, until 2026-11-23")]),  # a block's 2 days: fine
+    ({"State": "scheduled", "StartDate": NOW + timedelta(days=10)}, {},
+     [("warning", "a reservation that has not started: it starts at 2026-12-01 12:00 UTC, in 10 days 0 h; "
+                  "nodes launch from then")]),
 ])
 def test_reservation_findings(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber],
                               fields: dict[str, Any], capacity: dict[str, Any],

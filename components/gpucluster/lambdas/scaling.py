@@ -36,13 +36,15 @@ PREVIOUS_MIN_TAG = "gpucluster:previous-min"
 STATE_TAGS = (STOPPED_BY_TAG, PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG)
 
 BUDGET, IDLE, SCHEDULE, LIFETIME = "budget", "idle", "schedule", "lifetime"
-STOP_REASONS = (BUDGET, IDLE, SCHEDULE, LIFETIME)
+CAPACITY_BLOCK = "capacity-block"  # the group's Capacity Block is about to end
+STOP_REASONS = (BUDGET, IDLE, SCHEDULE, LIFETIME, CAPACITY_BLOCK)
 
 # Lambda handler strings: the deploy zips `components/gpucluster/lambdas` as package `lambdas`.
 HANDLERS: dict[str, str] = {
     "budget_action": "lambdas.budget_action.handler",
     "autostop": "lambdas.autostop.handler",
     "spot_interruption": "lambdas.spot_interruption.handler",
+    "capacity_block": "lambdas.capacity_block.handler",
 }
 
 # Environment each handler reads (GPUCLUSTER_STACK is required, the rest optional).
@@ -59,6 +61,13 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
         "GPUCLUSTER_STACK",
         "INTERRUPTION_COMMAND",
         "INTERRUPTION_TIMEOUT_SECONDS",
+        "NOTIFY_TOPIC_ARN",
+    ),
+    "capacity_block": (
+        "GPUCLUSTER_STACK",
+        "CAPACITY_BLOCK_GROUPS",
+        "PRE_STOP_COMMAND",
+        "PRE_STOP_TIMEOUT_SECONDS",
         "NOTIFY_TOPIC_ARN",
     ),
 }
@@ -89,6 +98,14 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
     "spot_interruption": (
         "autoscaling:DescribeAutoScalingInstances",
         "autoscaling:DescribeAutoScalingGroups",
+        "ssm:SendCommand",
+        "ssm:GetCommandInvocation",
+        "sns:Publish",
+    ),
+    "capacity_block": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:UpdateAutoScalingGroup",
+        "autoscaling:CreateOrUpdateTags",
         "ssm:SendCommand",
         "ssm:GetCommandInvocation",
         "sns:Publish",

@@ -231,3 +231,13 @@ def test_the_bought_node_group_plans_without_a_blocking_policy() -> None:
         "capacityReservationTarget": {"capacityReservationId": CR}}
     assert not plan.of_type("aws:ec2/placementGroup:PlacementGroup")
     assert [str(v) for v in check_plan(plan) if v.mandatory] == []
+
+
+def test_no_region_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    result = runner.invoke(app, ["capacity", "search", "--type", "p5.48xlarge", "--count", "4",
+                                 "--days", "7"])
+    assert result.exit_code == 2
+    assert result.output.strip() == "capacity: no region: pass --region or set AWS_REGION"

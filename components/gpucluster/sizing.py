@@ -210,10 +210,6 @@ class Workload:
     mfu: float = DEFAULT_MFU
 
     @property
-    def shape(self) -> ModelShape:
-        return self.model
-
-    @property
     def params(self) -> float:
         return self.model.params
 

@@ -33,8 +33,12 @@ app.add_typer(capacity_app, name="capacity")
 def ec2_client(region: str | None) -> Any:
     """An EC2 client in `region` (default: the AWS configuration's); honours AWS_ENDPOINT_URL."""
     import boto3
+    from botocore.exceptions import NoRegionError
 
-    return boto3.client("ec2", region_name=region) if region else boto3.client("ec2")
+    try:
+        return boto3.client("ec2", region_name=region) if region else boto3.client("ec2")
+    except NoRegionError:
+        fail_usage("capacity", "no region: pass --region or set AWS_REGION")
 
 
 def _region_of(client: Any) -> str:

@@ -431,7 +431,8 @@ def test_schema_types_of_the_drop_in_components(schema: Any) -> None:
     types = schema["type_definitions"]
     assert {k: (p.type, p.optional) for k, p in types["GuardedGroup"].properties.items()} == {
         "name": (PropertyType.STRING, False), "asgName": (PropertyType.STRING, False),
-        "asgArn": (PropertyType.STRING, False), "canRunSpot": (PropertyType.BOOLEAN, False)}
+        "asgArn": (PropertyType.STRING, False), "canRunSpot": (PropertyType.BOOLEAN, False),
+        "capacityBlockReservationId": (PropertyType.STRING, True)}
 
 
 def camel(name: str) -> str:

@@ -247,7 +247,8 @@ def test_fsx_is_created_after_its_lustre_rules() -> None:
     plan = run_plan("prod")
     fs = next(r for r in plan.resources if r.type == FS)
     rules = [r for r in plan.resources if r.type in (INGRESS, EGRESS) and "-fsx-" in r.name]
-    assert len(rules) == 12  # 988 and 1018-1023, both ways, among servers and with the one node group
+    # 988 and 1018-1023, both ways: among the file servers (4), and with each of prod's 2 node groups (8 each)
+    assert len(rules) == 4 + 8 * len(plan.spec.node_groups) == 20
     missing = [r.name for r in rules if not plan.depends_on(fs, r)]
     assert not missing, f"FSx does not wait for {missing}"
     assert {f"gpu-prod-datasets-pretrain-corpus-fsx-in-self-{p}" for p in ("988", "1018-1023")} <= set(

@@ -115,9 +115,21 @@ def test_healthy_account(base_config: dict[str, Any], stubbed: tuple[Stubber, St
     assert not has_blocker(findings)
 
 
+def unchecked(config: dict[str, Any]) -> StackSpec:
+    """The spec without the cross-field checks: the offline offerings check would reject it first.
+
+    doctor asks the account, whose zone names may map to other physical zones than the shipped
+    offerings assume, so it must still find what the account does not offer.
+    """
+    values = {k.split(":", 1)[1]: v for k, v in config.items() if k.startswith("gpucluster:")}
+    return StackSpec.model_validate({**values, "stack": "t", "region": config["aws:region"]})
+
+
 def test_missing_offering_blocks(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber],
                                  moto_ec2: Any) -> None:
-    spec = training_stack(base_config, instance_type="p4de.24xlarge")  # moto: us-east-1b/1c only
+    training_stack(base_config)
+    base_config["gpucluster:node_groups"][0]["instance_types"] = ["p4de.24xlarge"]  # moto: us-east-1b/1c
+    spec = unchecked(base_config)
     healthy_quotas_and_tags(stubbed)  # p4de has 96 vCPUs: 384 on-demand, 1152 spot needed
     findings = run_checks(spec, clients_of(moto_ec2, stubbed))
     blockers = [f for f in findings if f.level == "blocker"]
@@ -146,6 +158,9 @@ def reservation(**fields: Any) -> dict[str, Any]:
     return {"CapacityReservations": [{k: v for k, v in cr.items() if v is not None}]}
 
 
+BLOCK = {"market": "capacity_block", "on_demand_base": 0, "spot_percent": 0}
+
+
 @pytest.mark.parametrize(("fields", "capacity", "expected"), [
     ({}, {}, [("ok", "active, p5.48xlarge x 4 in us-east-1a, until 2027-01-20")]),
     ({"EndDate": NOW - timedelta(hours=1), "State": "expired"}, {},
@@ -161,8 +176,26 @@ def reservation(**fields: Any) -> dict[str, Any]:
     ({"ReservationType": "capacity-block"}, {},
      [("blocker", "is a capacity block, but capacity.market is mixed")]),
     ({"ReservationType": "capacity-block", "State": "scheduled", "StartDate": NOW + timedelta(days=3),
-      "TotalInstanceCount": 16}, {"market": "capacity_block", "on_demand_base": 0, "spot_percent": 0},
-     [("warning", "a capacity block that starts at 2026-11-24 12:00 UTC; nodes launch from then")]),
+      "TotalInstanceCount": 16}, BLOCK,
+     [("warning", "a capacity block that has not started: it starts at 2026-11-24 12:00 UTC, in 3 days 0 h; "
+                  "nodes launch from then")]),
+    # issue 15: not started (just bought), ended, ends within the next day
+    ({"ReservationType": "capacity-block", "State": "payment-pending", "StartDate": NOW + timedelta(hours=5),
+      "TotalInstanceCount": 16}, BLOCK,
+     [("warning", "a capacity block that has not started (payment pending): it starts at 2026-11-21 17:00 "
+                  "UTC, in 5 h 0 min; nodes launch from then")]),
+    ({"ReservationType": "capacity-block", "State": "expired", "EndDate": NOW - timedelta(minutes=30),
+      "TotalInstanceCount": 16}, BLOCK, [("blocker", "expired at 2026-11-21 11:30 UTC")]),
+    ({"ReservationType": "capacity-block", "EndDate": NOW + timedelta(hours=20, minutes=15),
+      "TotalInstanceCount": 16}, BLOCK,
+     [("warning", "ends at 2026-11-22 08:15 UTC, in 20 h 15 min: the block-expiry guardrail runs the "
+                  "pre-stop hook and scales the group to zero 40 minutes before; EC2 terminates the "
+                  "instances from 30 minutes before")]),
+    ({"ReservationType": "capacity-block", "EndDate": NOW + timedelta(days=2), "TotalInstanceCount": 16},
+     BLOCK, [("ok", "active, p5.48xlarge x 16 in us-east-1a, until 2026-11-23")]),  # a block's 2 days: fine
+    ({"State": "scheduled", "StartDate": NOW + timedelta(days=10)}, {},
+     [("warning", "a reservation that has not started: it starts at 2026-12-01 12:00 UTC, in 10 days 0 h; "
+                  "nodes launch from then")]),
 ])
 def test_reservation_findings(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber],
                               fields: dict[str, Any], capacity: dict[str, Any],
@@ -250,7 +283,8 @@ def test_capacity_blocks_are_left_out_of_quotas(base_config: dict[str, Any]) -> 
 
 
 def test_vcpus_needed_for_the_shipped_stacks() -> None:
-    assert vcpus_needed(load_stack("prod")[2]) == {("P", "on-demand"): 768, ("P", "spot"): 2304}
+    # h100-train: 16 on-demand p5.48xlarge x 192 vCPUs; eval: 4 spot g6e.12xlarge x 48
+    assert vcpus_needed(load_stack("prod")[2]) == {("P", "on-demand"): 3072, ("G", "spot"): 192}
     # staging max 6 = 1 base + 2 on-demand + 3 spot, 48-vCPU types
     assert vcpus_needed(load_stack("staging")[2]) == {("G", "on-demand"): 144, ("G", "spot"): 144}
 

@@ -470,13 +470,14 @@ def test_prod_budget_action_at_110_percent_goes_to_the_action_topic_only(prod: B
         ("ACTUAL", 110, [action_topic]), ("FORECASTED", 100, [prod.notify_topic])]
     for n in notes:
         assert n["subscriberEmailAddresses"] == ["ml-training@example.com", "finops@example.com"]
-    assert prod.one(BUDGET).inputs["limitAmount"] == "400000"
+    assert prod.one(BUDGET).inputs["limitAmount"] == "650000"
 
 
 def test_prod_is_patient_and_runs_its_hooks(prod: Built) -> None:
-    alarm = prod.one(ALARM).inputs
+    alarm = prod.one(ALARM, "h100-train").inputs
     assert (alarm["period"], alarm["evaluationPeriods"], alarm["threshold"]) == (300, 24, 3)
     assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-prod-h100-train-asg"}
+    assert prod.one(ALARM, "eval").inputs["dimensions"] == {"AutoScalingGroupName": "gpu-prod-eval-asg"}
     assert prod.all(SCHEDULE) == [] and not [r for r in prod.all(ROLE) if "scheduler" in r.name]
     autostop = prod.function("autostop").inputs
     assert autostop["timeout"] == 600 + 60
@@ -614,7 +615,8 @@ def test_environment_and_iam_cover_what_each_handler_reads_and_calls(
         autostop={"enabled": True, "stop_schedule": "cron(0 19 ? * * *)",
                   "start_schedule": "cron(0 8 ? * MON-FRI *)", "max_lifetime_hours": 12,
                   "pre_stop_command": "/hook"},
-        spot={"interruption_command": "/hook"})
+        spot={"interruption_command": "/hook"},
+        node_groups=[*base_config["gpucluster:node_groups"], BLOCK_GROUP])
     built = build(everything)
     for module, names in lambdas.ENVIRONMENT.items():
         fn = built.function(module).inputs
@@ -635,3 +637,47 @@ def test_the_autostop_handler_reads_schedule_and_alarm_events_as_wired(
                                    "dimensions": alarm["dimensions"]}}}]}}
     assert autostop.alarm_group_names(detail) == ["gpu-dev-dev-a10-asg"]
 
+
+
+# ----------------------------------------------------------- Capacity Block expiry (issue 15)
+
+BLOCK = "cr-0123456789abcdef0"
+BLOCK_GROUP = {"name": "block", "instance_types": ["p5.48xlarge"], "min_nodes": 0, "desired_nodes": 2,
+               "max_nodes": 2, "availability_zones": ["us-east-1a"], "efa": "on", "placement_group": False,
+               "capacity": {"market": "capacity_block", "capacity_reservation_id": BLOCK}}
+
+
+def test_a_block_backed_group_is_stopped_before_its_block_ends(base_config: dict[str, Any]) -> None:
+    spec = spec_of(base_config, node_groups=[*base_config["gpucluster:node_groups"], BLOCK_GROUP],
+                   autostop={"enabled": False, "pre_stop_command": "/opt/ckpt",
+                             "pre_stop_timeout_seconds": 600})
+    built = build(spec)
+    rule = built.one(RULE, "blocks-rule").inputs
+    assert rule["name"] == "test-capacity-block-expiry"
+    # EC2 user guide, "Monitor Capacity Blocks using EventBridge"
+    assert json.loads(rule["eventPattern"]) == {
+        "source": ["aws.ec2"],
+        "detail-type": ["Capacity Block Reservation Expiration Warning", "Capacity Block Expiration Warning"],
+        "detail": {"capacity-reservation-id": [BLOCK]}}
+    fn = built.function("capacity_block").inputs
+    env = fn["environment"]["variables"]
+    assert json.loads(env["CAPACITY_BLOCK_GROUPS"]) == {BLOCK: [asg_name(spec, "block")]}
+    assert (env["PRE_STOP_COMMAND"], env["PRE_STOP_TIMEOUT_SECONDS"]) == ("/opt/ckpt", "480")  # 10 min budget
+    assert fn["timeout"] == 480 + 60
+    statements = built.policy(fn["name"])
+    scale = next(s for s in statements if s["Sid"] == "ScaleThisStacksGroups")
+    assert scale["Resource"] == [asg_arn(spec, "block")]             # only the block's group
+    assert "autoscaling:DeleteTags" not in actions_of(statements)
+    assert {"ssm:SendCommand", "sns:Publish"} <= actions_of(statements)
+    target = next(r for r in built.all("aws:cloudwatch/eventTarget:EventTarget")
+                  if "-blocks-" in r.name).inputs
+    assert target["rule"] == "test-capacity-block-expiry"
+    invoke = next(r for r in built.all("aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig")
+                  if "-blocks-" in r.name).inputs
+    assert invoke["maximumEventAgeInSeconds"] == 600
+
+
+def test_no_block_expiry_guardrail_without_a_block(dev: Built, prod: Built) -> None:
+    for built in (dev, prod):
+        assert not [r for r in built.all(RULE) if "-blocks-" in r.name or "capacity-block" in r.name]
+        assert not [r for r in built.all(FUNCTION) if r.inputs["handler"] == g.HANDLERS["capacity_block"]]

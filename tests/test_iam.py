@@ -173,8 +173,9 @@ def test_nodes_attach_only_the_ssm_core_policy_and_a_scoped_agent_policy(prod: P
     assert trust == [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
                       "Action": "sts:AssumeRole"}]
     [profile] = prod.of_type("aws:iam/instanceProfile:InstanceProfile")
-    [lt] = prod.of_type("aws:ec2/launchTemplate:LaunchTemplate")
-    assert lt.inputs["iamInstanceProfile"]["arn"].endswith(profile.name)
+    templates = prod.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    assert len(templates) == len(prod.spec.node_groups) == 2
+    assert all(lt.inputs["iamInstanceProfile"]["arn"].endswith(profile.name) for lt in templates)
 
 
 def test_a_node_cannot_fake_another_cluster_s_gpu_metric_or_touch_logs_or_parameters(

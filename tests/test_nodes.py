@@ -58,8 +58,9 @@ TYPES: dict[str, tuple[str, list[tuple[int, int, str]]]] = {
 }
 
 
-def one(plan: Plan, type_token: str) -> PlannedResource:
-    found = plan.of_type(type_token)
+def one(plan: Plan, type_token: str, group: str | None = None) -> PlannedResource:
+    """The one resource of a type (of node group `group`'s, in a stack with several groups)."""
+    found = [r for r in plan.of_type(type_token) if group is None or f"-{group}-" in r.name]
     assert len(found) == 1, [r.name for r in found]
     return found[0]
 
@@ -213,15 +214,20 @@ def test_staging_capacity_split() -> None:
 
 
 def test_prod_capacity_split() -> None:
-    asg = one(stack_plan("prod"), ASG).inputs
+    plan = stack_plan("prod")
+    asg = one(plan, ASG, "h100-train").inputs
     policy = asg["mixedInstancesPolicy"]
-    assert policy["instancesDistribution"] == {
-        "onDemandBaseCapacity": 4, "onDemandPercentageAboveBaseCapacity": 0,
-        "spotAllocationStrategy": "capacity-optimized-prioritized",
+    assert policy["instancesDistribution"] == {   # multi-node EFA training: on-demand only
+        "onDemandBaseCapacity": 4, "onDemandPercentageAboveBaseCapacity": 100,
+        "spotAllocationStrategy": "price-capacity-optimized",
         "onDemandAllocationStrategy": "prioritized"}
     overrides = policy["launchTemplate"]["overrides"]
-    assert [o["instanceType"] for o in overrides] == ["p5.48xlarge", "p5e.48xlarge"]
-    assert asg["capacityRebalance"] is True  # spot above the base, and the stack handles rebalance
+    assert [o["instanceType"] for o in overrides] == ["p5.48xlarge"]
+    assert asg["capacityRebalance"] is False
+    evaluation = one(plan, ASG, "eval").inputs   # single-node work is the spot group
+    distribution = evaluation["mixedInstancesPolicy"]["instancesDistribution"]
+    assert distribution["onDemandPercentageAboveBaseCapacity"] == 0
+    assert evaluation["capacityRebalance"] is True  # spot, and the stack handles rebalance
 
 
 def test_pure_capacity_mapping_matches_the_spec() -> None:
@@ -257,10 +263,12 @@ def test_on_demand_reservation_is_targeted_by_the_group_not_the_template() -> No
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_desired_capacity_is_set_once_then_left_to_guardrails(stack: str) -> None:
-    asg = one(stack_plan(stack), ASG)
-    assert asg.ignore_changes == ("desiredCapacity", "minSize")  # the guardrails set both to 0
-    assert asg.inputs["desiredCapacity"] == stack_plan(stack).spec.node_groups[0].desired_nodes
-    assert asg.inputs["waitForCapacityTimeout"] == "0"
+    plan = stack_plan(stack)
+    for group in plan.spec.node_groups:
+        asg = one(plan, ASG, group.name)
+        assert asg.ignore_changes == ("desiredCapacity", "minSize")  # the guardrails set both to 0
+        assert asg.inputs["desiredCapacity"] == group.desired_nodes
+        assert asg.inputs["waitForCapacityTimeout"] == "0"
 
 
 def test_resource_count_does_not_grow_with_nodes() -> None:
@@ -272,7 +280,7 @@ def test_resource_count_does_not_grow_with_nodes() -> None:
         group.update(min_nodes=1, desired_nodes=nodes, max_nodes=nodes)
         group["capacity"]["on_demand_base"] = 1  # spot above the base at every size: same guardrails
         plan = plan_config(scaled, stack=name)
-        assert one(plan, ASG).inputs["maxSize"] == nodes
+        assert one(plan, ASG, group["name"]).inputs["maxSize"] == nodes
         counts[nodes] = len(plan.resources)
     assert counts[2] == counts[512] == len(stack_plan("prod").resources)
 
@@ -283,14 +291,15 @@ def test_resource_count_does_not_grow_with_nodes() -> None:
 @pytest.mark.parametrize("plan_name", ["dev", "staging", "prod", *TYPES])
 def test_imdsv2_no_public_ips_encrypted_volumes(plan_name: str) -> None:
     plan = stack_plan(plan_name) if plan_name in ("dev", "staging", "prod") else type_plan(plan_name)
-    lt = one(plan, LT).inputs
-    assert lt["metadataOptions"] == {"httpEndpoint": "enabled", "httpTokens": "required",
-                                     "httpPutResponseHopLimit": 2, "instanceMetadataTags": "disabled"}
-    assert all(n["associatePublicIpAddress"] == "false" for n in lt["networkInterfaces"])
-    assert "vpcSecurityGroupIds" not in lt  # groups live on each interface
-    for mapping in lt["blockDeviceMappings"]:
-        assert mapping["ebs"]["encrypted"] == "true" and mapping["ebs"]["volumeType"] == "gp3"
-    assert lt["blockDeviceMappings"][0]["ebs"]["volumeSize"] == plan.spec.node_groups[0].root_volume_size_gib
+    for group in plan.spec.node_groups:
+        lt = one(plan, LT, group.name).inputs
+        assert lt["metadataOptions"] == {"httpEndpoint": "enabled", "httpTokens": "required",
+                                         "httpPutResponseHopLimit": 2, "instanceMetadataTags": "disabled"}
+        assert all(n["associatePublicIpAddress"] == "false" for n in lt["networkInterfaces"])
+        assert "vpcSecurityGroupIds" not in lt  # groups live on each interface
+        for mapping in lt["blockDeviceMappings"]:
+            assert mapping["ebs"]["encrypted"] == "true" and mapping["ebs"]["volumeType"] == "gp3"
+        assert lt["blockDeviceMappings"][0]["ebs"]["volumeSize"] == group.root_volume_size_gib
     for subnet in plan.of_type(SUBNET):
         assert subnet.inputs["mapPublicIpOnLaunch"] is False, subnet.name
 
@@ -311,18 +320,19 @@ UNTAGGED = {
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_tags_on_everything_propagated_to_instances_and_volumes(stack: str) -> None:
     plan = stack_plan(stack)
-    group = plan.spec.node_groups[0]
-    expected = {**plan.spec.tags, "gpucluster:node-group": group.name}
-    assert expected["gpucluster:stack"] == f"organization/gpucluster/{stack}/gpu-{stack}"
-    assert "cost_center" in expected
-    asg = one(plan, ASG).inputs
-    asg_tags = {t["key"]: t["value"] for t in asg["tags"]}
-    assert expected.items() <= asg_tags.items()
-    assert all(t["propagateAtLaunch"] is True for t in asg["tags"])
-    lt = one(plan, LT).inputs
-    assert {s["resourceType"] for s in lt["tagSpecifications"]} == {"instance", "volume", "network-interface"}
-    for spec in lt["tagSpecifications"]:
-        assert expected.items() <= spec["tags"].items()
+    for group in plan.spec.node_groups:
+        expected = {**plan.spec.tags, "gpucluster:node-group": group.name}
+        assert expected["gpucluster:stack"] == f"organization/gpucluster/{stack}/gpu-{stack}"
+        assert "cost_center" in expected
+        asg = one(plan, ASG, group.name).inputs
+        asg_tags = {t["key"]: t["value"] for t in asg["tags"]}
+        assert expected.items() <= asg_tags.items()
+        assert all(t["propagateAtLaunch"] is True for t in asg["tags"])
+        lt = one(plan, LT, group.name).inputs
+        assert {s["resourceType"] for s in lt["tagSpecifications"]} == {"instance", "volume",
+                                                                          "network-interface"}
+        for spec in lt["tagSpecifications"]:
+            assert expected.items() <= spec["tags"].items()
     for r in plan.resources:
         if r.custom and r.type not in UNTAGGED and r.type not in (
                                        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
@@ -336,7 +346,7 @@ def test_tags_on_everything_propagated_to_instances_and_volumes(stack: str) -> N
 
 
 def test_user_data_is_the_rendered_bootstrap_of_the_group() -> None:
-    lt = one(stack_plan("prod"), LT).inputs
+    lt = one(stack_plan("prod"), LT, "h100-train").inputs
     script = gzip.decompress(base64.b64decode(lt["userData"])).decode()
     assert script.startswith("#!/bin/bash\n")
     assert "GPUCLUSTER_NODE_GROUP=h100-train" in script
@@ -426,8 +436,8 @@ def test_setting_ami_id_is_the_deliberate_upgrade() -> None:
 PROVIDER = "pulumi:providers:aws"
 
 
-def asg_provider(plan: Plan) -> PlannedResource:
-    asg = one(plan, ASG)
+def asg_provider(plan: Plan, group: str | None = None) -> PlannedResource:
+    asg = one(plan, ASG, group)
     return next(r for r in plan.resources if r.urn == asg.provider)
 
 
@@ -435,17 +445,18 @@ def asg_provider(plan: Plan) -> PlannedResource:
 def test_the_groups_provider_never_takes_the_stop_state_tags_into_pulumis_state(stack: str) -> None:
     """A `pulumi refresh` must not read the tags a stop wrote, or the next `up` deletes them."""
     plan = stack_plan(stack)
-    provider = asg_provider(plan)
-    assert provider.type == PROVIDER and provider.inputs["region"] == plan.spec.region
-    ignored = json.loads(provider.inputs["ignoreTags"])
     written = (scaling.STOPPED_BY_TAG, scaling.PREVIOUS_DESIRED_TAG, scaling.PREVIOUS_MIN_TAG,
                *STATE_TAG_KEYS)
-    assert all(any(key.startswith(p) for p in ignored["keyPrefixes"]) for key in written)
-    # ... while every tag Pulumi sets stays Pulumi's to manage.
-    asg_tags = [t["key"] for t in one(plan, ASG).inputs["tags"]]
-    assert not [k for k in asg_tags if k.startswith(tuple(ignored["keyPrefixes"]))]
-    # Only the Auto Scaling group needs it: everything else stays on the stack's default provider.
-    assert [r.name for r in plan.resources if r.provider] == [one(plan, ASG).name]
+    for group in plan.spec.node_groups:
+        provider = asg_provider(plan, group.name)
+        assert provider.type == PROVIDER and provider.inputs["region"] == plan.spec.region
+        ignored = json.loads(provider.inputs["ignoreTags"])
+        assert all(any(key.startswith(p) for p in ignored["keyPrefixes"]) for key in written)
+        # ... while every tag Pulumi sets stays Pulumi's to manage.
+        asg_tags = [t["key"] for t in one(plan, ASG, group.name).inputs["tags"]]
+        assert not [k for k in asg_tags if k.startswith(tuple(ignored["keyPrefixes"]))]
+    # Only the Auto Scaling groups need it: everything else stays on the stack's default provider.
+    assert sorted(r.name for r in plan.resources if r.provider) == sorted(r.name for r in plan.of_type(ASG))
 
 
 def test_the_groups_provider_acts_with_the_stacks_own_aws_settings() -> None:
@@ -490,11 +501,13 @@ def test_outputs_per_group_and_network() -> None:
     assert out["vpc_id"] == id_of(one(plan, "aws:ec2/vpc:Vpc"))
     assert out["subnet_ids"] == {"us-east-1d": "gpu-prod-network-private-us-east-1d-id"}
     group = out["node_groups"]["h100-train"]
-    assert group["asg_name"] == autoname(one(plan, ASG).name)
-    assert group["launch_template_id"] == id_of(one(plan, LT))
+    assert group["asg_name"] == autoname(one(plan, ASG, "h100-train").name)
+    assert group["launch_template_id"] == id_of(one(plan, LT, "h100-train"))
     assert group["security_group_id"] == "gpu-prod-network-h100-train-nodes-id"
     assert group["placement_group_name"] == autoname(one(plan, PG).name)
-    assert group["efa"] is True and group["instance_types"] == ["p5.48xlarge", "p5e.48xlarge"]
+    assert group["efa"] is True and group["instance_types"] == ["p5.48xlarge"]
+    evaluation = out["node_groups"]["eval"]
+    assert evaluation["efa"] is False and evaluation["placement_group_name"] is None
 
 
 def test_cluster_exposes_node_groups_with_their_asg() -> None:

@@ -217,7 +217,8 @@ def _guardrail_names(spec: StackSpec, can_run_spot: Any) -> list[ExpectedName]:
     g = f"{c}-guardrails"
     spot = any(can_run_spot(group) for group in spec.node_groups)
     autostop, budget = spec.autostop, spec.budget
-    if budget is None and not autostop.enabled and not spot:
+    blocks = any(group.capacity.market == "capacity_block" for group in spec.node_groups)
+    if budget is None and not autostop.enabled and not spot and not blocks:
         return []
     out = [_entry(key, "aws:kms/alias:Alias", f"{g}-notify-key-alias", f"alias/{c}-guardrails"),
            _entry(key, "aws:sns/topic:Topic", f"{g}-notify-topic", f"{c}-guardrails")]
@@ -257,6 +258,9 @@ def _guardrail_names(spec: StackSpec, can_run_spot: Any) -> list[ExpectedName]:
                     _entry(key, "aws:iam/rolePolicy:RolePolicy", f"{g}-autostop-scheduler-policy")]
             out += [_entry(key, "aws:scheduler/schedule:Schedule", f"{g}-autostop-{purpose}-schedule",
                            f"{c}-{purpose}") for purpose, on in schedules.items() if on]
+    if blocks:
+        function(f"{g}-blocks-handler", f"{c}-capacity-block")
+        invoked_by_rule(f"{g}-blocks", f"{c}-capacity-block-expiry")
     if spot:
         function(f"{g}-spot-handler", f"{c}-spot-interruption")
         kinds = ["interruption"]

@@ -224,6 +224,12 @@ class GroupCost:
         return doc
 
 
+def _fallback_price(instance: catalog.InstanceType, region: str) -> str:
+    if instance.capacity_block_only:
+        return f"{instance.name} no on-demand price (Capacity Blocks only)"
+    return f"{instance.name} ${on_demand_rate(instance, region).usd_per_hour:,.2f}/h"
+
+
 def price_group(spec: StackSpec, group: NodeGroupConfig, spot: Rate | None = None,
                 scheduled_hours: float = HOURS_PER_MONTH) -> GroupCost:
     """Price `group` as its first (preferred) instance type; `spot` overrides the catalog figure.
@@ -233,8 +239,18 @@ def price_group(spec: StackSpec, group: NodeGroupConfig, spot: Rate | None = Non
     so it is priced for that, at most a month in a month, whatever the schedule.
     """
     first = group.types[0]
-    od = on_demand_rate(first, spec.region)
     cap = group.capacity
+    if first.capacity_block_only:
+        if cap.market != "capacity_block":
+            raise PricingError(f"node group {group.name}: {first.name} has no on-demand list price "
+                               "(AWS sells it as Capacity Blocks for ML only); buy a block "
+                               "(gpucluster capacity search) and set capacity.market: capacity_block")
+        block = capacity_block_rate(first)
+        block = Rate(block.usd_per_hour, f"{block.basis} (the type has no on-demand or spot price)",
+                     block.source, block.as_of)
+        od = block
+    else:
+        od = on_demand_rate(first, spec.region)
     if cap.market == "capacity_block":
         base = capacity_block_rate(first)
     elif cap.base_commitment == "savings_plan":
@@ -249,9 +265,11 @@ def price_group(spec: StackSpec, group: NodeGroupConfig, spot: Rate | None = Non
     note = f"priced as {first.name}"
     others = group.types[1:]
     if others:
-        listed = ", ".join(f"{t.name} ${on_demand_rate(t, spec.region).usd_per_hour:,.2f}/h" for t in others)
+        listed = ", ".join(_fallback_price(t, spec.region) for t in others)
         note += (f", the first of {len(group.types)} instance types; fallbacks cost differently "
                  f"(on-demand: {listed})")
+    if first.capacity_block_only:
+        spot = od
     block = cap.duration_hours if cap.market == "capacity_block" else None
     if cap.market == "capacity_block":
         hours = scheduled = float(min(block or HOURS_PER_MONTH, HOURS_PER_MONTH))

@@ -387,7 +387,8 @@ TagValue = Annotated[str, _matches(r"[\w .:/=+@-]{1,256}",
 Email = Annotated[str, AfterValidator(_check_email)]
 InstanceTypeName = Annotated[str, AfterValidator(_check_instance_type)]
 Cron = Annotated[str, AfterValidator(_check_cron)]
-AvailabilityZone = Annotated[str, _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d[a-z]",
+ZONE_NAME = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d[a-z]")
+AvailabilityZone = Annotated[str, _matches(ZONE_NAME.pattern,
                                            "must be an availability zone name like us-east-1a")]
 MAX_COMMAND_BYTES = 2048
 
@@ -918,6 +919,75 @@ def single_zone_findings(efa: bool, placement_group: bool, zones: Sequence[str] 
 @check
 def efa_support(spec: StackSpec) -> Iterable[Finding]:
     yield from _each_group(spec, group_efa)
+
+
+def _zones_text(zones: Sequence[str]) -> str:
+    return ", ".join(zones) if zones else "none"
+
+
+def _regions_text(region: str, offered: Mapping[str, Sequence[str]], shown_at_most: int = 2) -> str:
+    """Regions offering a type, those of `region`'s geography first (us-, eu-, ...), a few by name:
+    an error line stays readable (MAX_LINE_CHARS) however many regions there are."""
+    geography = region.split("-", 1)[0]
+    regions = sorted((r for r, zones in offered.items() if zones),
+                     key=lambda r: (r.split("-", 1)[0] != geography, r))
+    if not regions:
+        return "none"
+    more = len(regions) - shown_at_most
+    return ", ".join(regions[:shown_at_most]) + (f" and {more} more regions" if more > 0 else "")
+
+
+@group_check
+def group_offered(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    """The first type is offered in every zone of the group (error); each fallback too (warning).
+
+    From catalog/data/offerings.yaml (AWS DescribeInstanceTypeOfferings as moto ships it): an ASG
+    whose type is not offered in its zone never launches a node. A region the file does not
+    cover is not checked; `gpucluster doctor` asks the account itself.
+    """
+    if not zones:
+        return
+    _, as_of = catalog.offerings_source()
+    for j, name in enumerate(g.instance_types):
+        missing = {az: offered for az in zones if isinstance(az, str) and ZONE_NAME.fullmatch(az)
+                   and (offered := catalog.offered_zones(name, az[:-1])) is not None and az not in offered}
+        if not missing:
+            continue
+        region = next(iter(missing))[:-1]
+        offered = catalog.offered_zones(name, region) or []
+        where = (f"in {region} it is offered in {_zones_text(offered)}" if offered else
+                 f"no {region} zone offers it; {_regions_text(region, catalog.offered_anywhere(name))} do")
+        if j == 0:
+            yield Finding(f"{path}.instance_types[0]", f"{name} is not offered in {', '.join(missing)}; "
+                          f"{where} (offerings as of {as_of})")
+        else:
+            yield Finding(f"{path}.instance_types[{j}]", f"fallback {name} is not offered in "
+                          f"{', '.join(missing)}, so the group never launches it there; {where}",
+                          level="warning")
+
+
+@check
+def offered_in_zone(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_offered)
+
+
+@group_check
+def group_efa_spot(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    """A multi-node EFA group that can hold spot nodes: one interruption stalls every rank (warning)."""
+    cap = g.capacity
+    if g.efa_enabled and g.max_nodes > 1 and cap.market == "mixed" and cap.spot_percent > 0 \
+            and g.max_nodes > cap.on_demand_base:
+        yield Finding(f"{path}.capacity.spot_percent",
+                      f"a multi-node EFA group holds spot nodes ({_num(cap.spot_percent)} % above the "
+                      "base): one reclaimed node stops the whole collective job, and its replacement "
+                      "is not placed near the others; run multi-node EFA training on-demand or on a "
+                      "Capacity Block, and single-node work on spot in a group of its own",
+                      level="warning")
+
+
+@check
+def efa_spot(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_efa_spot)
 
 
 @group_check
@@ -1517,3 +1587,8 @@ def _organization_findings(configured: Any, deployed: str | None) -> Iterable[Fi
     elif configured is not None:
         yield Finding(ORGANIZATION_KEY, f"is {configured!r}, but this stack deploys in Pulumi "
                       f"organization {deployed!r}; set it to {deployed!r}")
+
+
+def stack_warnings(spec: StackSpec) -> list[Finding]:
+    """The warning-level findings of every check on a valid spec (what `plan` prints)."""
+    return [f for rule in CHECKS for f in rule(spec) if f.level == "warning"]

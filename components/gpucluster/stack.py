@@ -163,7 +163,10 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
     """
     args: dict[str, Any] = {
         "groups": [{"name": g.name, "asg_name": asgs[g.name][0], "asg_arn": asgs[g.name][1],
-                    "can_run_spot": can_run_spot(g)} for g in spec.node_groups],
+                    "can_run_spot": can_run_spot(g),
+                    **({"capacity_block_reservation_id": g.capacity.capacity_reservation_id}
+                       if g.capacity.market == "capacity_block" else {})}
+                   for g in spec.node_groups],
         "cluster_name": spec.cluster.name, "identity": identity(spec), "region": spec.region,
         "tags": spec.tags, "autostop": settings(spec.autostop), "spot": settings(spec.spot),
         "tag_groups": False,

@@ -36,6 +36,7 @@ from gpucluster.spec import (
     AvailabilityZone,
     BucketName,
     BudgetConfig,
+    CapacityConfig,
     ClusterConfig,
     DatasetConfig,
     Finding,
@@ -561,6 +562,7 @@ class GuardedGroupModel(StrictModel):
     asg_name: input_of(AsgName)
     asg_arn: input_of(AsgArn)
     can_run_spot: bool
+    capacity_block_reservation_id: field_rule(CapacityConfig, "capacity_reservation_id") = None
 
 
 class GuardrailsModel(StrictModel):

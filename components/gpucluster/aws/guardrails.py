@@ -54,6 +54,7 @@ HANDLERS = {
     "autostop": "lambdas.autostop.handler",
     "spot_interruption": "lambdas.spot_interruption.handler",
     "report": "lambdas.report.handler",
+    "capacity_block": "lambdas.capacity_block.handler",
 }
 # pulumi-aws 7 lambda Runtime enum; python3.13 runs on Amazon Linux 2023 and ships boto3.
 LAMBDA_RUNTIME = "python3.13"
@@ -93,6 +94,13 @@ IDLE_ALARM_SUFFIX = "-idle"
 # The autostop handler reads a schedule's purpose from the rule name's suffix.
 SCHEDULE_SUFFIXES = {"stop": "-stop", "start": "-start", "lifetime": "-lifetime"}
 
+# EC2 user guide, "Monitor Capacity Blocks using EventBridge": sent 40 minutes before a block ends;
+# its instances start terminating 10 minutes later. The guide's examples spell the detail-type
+# both ways, so the rule matches both.
+CAPACITY_BLOCK_WARNINGS = ("Capacity Block Reservation Expiration Warning",
+                           "Capacity Block Expiration Warning")
+CAPACITY_BLOCK_HOOK_SECONDS = 480  # of the 10 minutes: the hook's share (lambdas/capacity_block.py)
+CAPACITY_BLOCK_MAX_EVENT_AGE_SECONDS = 600  # past the first terminations a retry is moot
 SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
 REBALANCE_RECOMMENDATION = "EC2 Instance Rebalance Recommendation"
 ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
@@ -126,6 +134,22 @@ def can_run_spot(group: NodeGroupConfig) -> bool:
 def uses_spot(groups: Sequence[GuardedGroupModel]) -> bool:
     """Spot handling is built only where a spot interruption can happen at all."""
     return any(g.can_run_spot for g in groups)
+
+
+def capacity_block_groups(groups: Sequence[GuardedGroupModel]) -> dict[str, list[pulumi.Input[str]]]:
+    """Capacity Block reservation id -> the Auto Scaling groups that launch into it."""
+    blocks: dict[str, list[pulumi.Input[str]]] = {}
+    for g in groups:
+        if g.capacity_block_reservation_id:
+            blocks.setdefault(g.capacity_block_reservation_id, []).append(g.asg_name)
+    return blocks
+
+
+def capacity_block_timeout(a: AutoStopConfig) -> int:
+    """Lambda timeout: the pre-stop hook (capped to fit before the block's instances go) plus the stop."""
+    if not a.pre_stop_command:
+        return BASE_TIMEOUT_SECONDS
+    return min(a.pre_stop_timeout_seconds, CAPACITY_BLOCK_HOOK_SECONDS) + AUTOSTOP_MARGIN_SECONDS
 
 
 def autostop_timeout(a: AutoStopConfig) -> int:
@@ -739,6 +763,43 @@ class SpotInterruption(pulumi.ComponentResource):
                                "rule_names": {k: r.name for k, r in self.rules.items()}})
 
 
+class CapacityBlockExpiry(pulumi.ComponentResource):
+    """A Capacity Block's expiration warning -> the checkpoint hook, then its groups scaled to zero.
+
+    EC2 reclaims a block's instances when it ends; 40 minutes before, it sends an EventBridge
+    event. The rule passes only this stack's reservations; the Lambda runs
+    autostop.pre_stop_command on the block's nodes (at most 8 minutes), scales their groups to
+    zero (stopped-by capacity-block) and notifies. Built only when a group runs on a block.
+    """
+
+    def __init__(self, name: str, ctx: _Context, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(type_token("CapacityBlockExpiry"), name, None, opts)
+        a = ctx.args.autostop
+        child = pulumi.ResourceOptions(parent=self)
+        blocks = capacity_block_groups(ctx.args.groups)
+        environment = ctx.environment()
+        environment["CAPACITY_BLOCK_GROUPS"] = _json(blocks)
+        describe = ["autoscaling:DescribeAutoScalingGroups"]
+        hook = _hook(ctx, environment, describe, "PRE_STOP", a.pre_stop_command,
+                     min(a.pre_stop_timeout_seconds, CAPACITY_BLOCK_HOOK_SECONDS))
+        arns = [g.asg_arn for g in ctx.args.groups if g.capacity_block_reservation_id]
+        self.function = GuardrailFunction(
+            f"{name}-handler", ctx, module="capacity_block", function_name=f"{ctx.prefix}-capacity-block",
+            timeout=capacity_block_timeout(a), environment=environment,
+            statements=[describe_statement(describe),
+                        *scaling_statements(arns, ctx.identity, delete_tags=False), *hook,
+                        *publish_statements(ctx.notify_topic_arn, ctx.key_arn)],
+            max_event_age_seconds=CAPACITY_BLOCK_MAX_EVENT_AGE_SECONDS, retries=2, opts=child)
+        self.rule = aws.cloudwatch.EventRule(
+            f"{name}-rule", name=f"{ctx.prefix}-capacity-block-expiry",
+            description=f"gpucluster {ctx.identity}: Capacity Block expiration warning -> stop its groups",
+            event_pattern=json.dumps({"source": ["aws.ec2"], "detail-type": list(CAPACITY_BLOCK_WARNINGS),
+                                      "detail": {"capacity-reservation-id": sorted(blocks)}}),
+            tags=ctx.tags, opts=child)
+        _rule_invokes(name, self.rule, self.function.function, child)
+        self.register_outputs({"function_name": self.function.function_name, "rule_name": self.rule.name})
+
+
 class GuardedGroup(TypedDict):
     """An Auto Scaling group the guardrails stop, start and watch (any group, gpucluster's or not)."""
 
@@ -750,6 +811,8 @@ class GuardedGroup(TypedDict):
     """The Auto Scaling group's ARN: the guardrail roles may change only the groups listed."""
     can_run_spot: bool
     """The group may hold spot instances: the spot-interruption hook is built for it."""
+    capacity_block_reservation_id: NotRequired[str]
+    """The Capacity Block (cr-...) the group launches into: it is stopped before the block ends."""
 
 
 class GuardrailsArgs(TypedDict):
@@ -783,7 +846,7 @@ class Guardrails(pulumi.ComponentResource):
     Guardrail roles may change only the listed groups, and only while they carry the
     `gpucluster:stack` tag with `identity`. Parts not asked for are not built: no budget
     without `budget`, no auto-stop unless `autostop.enabled`, no spot handling unless a
-    group can run spot.
+    group can run spot, no block-expiry stop unless a group runs on a Capacity Block.
 
     Groups gpucluster did not create (an EKS managed node group's ASG): set `tag_groups`, so an
     `aws.autoscaling.Tag` gives each the identity tag (the Lambdas' lookups and IAM conditions
@@ -803,7 +866,8 @@ class Guardrails(pulumi.ComponentResource):
     budget_action_topic_arn: pulumi.Output[str] | None
     """The topic the budget's scale-to-zero notification goes to (with budget.action_threshold_percent)."""
     function_names: pulumi.Output[dict[str, str]] | None
-    """Guardrail Lambda function names: budget_action, autostop, spot_interruption (those built)."""
+    """Guardrail Lambda function names: budget_action, autostop, spot_interruption, capacity_block
+    (those built)."""
     idle_alarm_names: pulumi.Output[dict[str, str]] | None
     """Group label -> its idle alarm (with autostop)."""
     schedule_names: pulumi.Output[dict[str, str]] | None
@@ -817,6 +881,7 @@ class Guardrails(pulumi.ComponentResource):
         self.autostop: AutoStop | None = None
         self.spot: SpotInterruption | None = None
         self.report: SpendReport | None = None
+        self.capacity_block: CapacityBlockExpiry | None = None
         self.notifications: Notifications | None = None
         self.notify_topic_arn = self.budget_name = self.budget_action_topic_arn = None
         self.function_names = self.idle_alarm_names = self.schedule_names = None
@@ -830,7 +895,8 @@ class Guardrails(pulumi.ComponentResource):
                     tag={"key": STACK_TAG, "value": m.identity, "propagate_at_launch": True}, opts=child)
                 for g in m.groups}
         self.outputs: dict[str, Any] = {}
-        wanted = m.budget is not None or m.autostop.enabled or uses_spot(m.groups)
+        blocks = capacity_block_groups(m.groups)
+        wanted = m.budget is not None or m.autostop.enabled or uses_spot(m.groups) or bool(blocks)
         if not wanted:
             self.register_outputs(self.outputs)
             return
@@ -867,6 +933,10 @@ class Guardrails(pulumi.ComponentResource):
         if uses_spot(m.groups):
             self.spot = SpotInterruption(f"{name}-spot", ctx, opts=child)
             functions["spot_interruption"] = self.spot.function.function_name
+        if blocks:
+            # "-blocks": the handler role's auto-name fits IAM's 64 with the longest cluster name.
+            self.capacity_block = CapacityBlockExpiry(f"{name}-blocks", ctx, opts=child)
+            functions["capacity_block"] = self.capacity_block.function.function_name
         self.outputs["function_names"] = functions
         self.function_names = pulumi.Output.from_input(functions)
         self.register_outputs(self.outputs)

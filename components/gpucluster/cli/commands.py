@@ -19,7 +19,7 @@ import typer
 
 from gpucluster import pricing, project
 from gpucluster.plan import Plan, PlannedResource, StackFileError, load_stack, run_plan
-from gpucluster.spec import SpecError, StackSpec
+from gpucluster.spec import SpecError, StackSpec, stack_warnings
 
 if TYPE_CHECKING:
     from gpucluster.ops.status import GroupStatus, ResumeCandidate
@@ -174,9 +174,11 @@ def plan(
     result = build_plan(stack)
     cost = plan_cost(result.spec)
     violations = check_policies(result, policy_config)
+    warnings = stack_warnings(result.spec)
     blocked = EXIT_BLOCKED if any(v.mandatory for v in violations) else EXIT_OK
     if as_json:
         document = result.as_json()
+        document["warnings"] = [{"path": w.path, "message": w.message} for w in warnings]
         document["cost"] = cost.as_json() if isinstance(cost, pricing.StackCost) else {"error": cost}
         document["violations"] = [v.as_json() for v in violations]
         typer.echo(json.dumps(document, indent=2, sort_keys=False))
@@ -196,6 +198,8 @@ def plan(
     for key, value in result.outputs.items():
         typer.echo(f"  {key}: {json.dumps(value)}")
     typer.echo("")
+    for w in warnings:  # valid, but against advice (e.g. spot in a multi-node EFA group)
+        typer.echo(f"warning: {w}")
     typer.echo(cost_summary(result.stack, cost))
     for line in render_violations(violations):
         typer.echo(line)
@@ -371,88 +375,136 @@ def _live_spot_rates(spec: StackSpec) -> dict[str, pricing.Rate]:
 
 @app.command()
 def recommend(
-    params: Annotated[str | None, typer.Option(help="Model size in parameters: 7, 70b, 1.5t.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="A known model: llama-3.2-1b/3b, llama-3.1-8b/70b/405b, mistral-7b, mixtral-8x7b/8x22b, "
+             "qwen2.5-7b/72b.")] = None,
+    params: Annotated[str | None, typer.Option(
+        help="Model size in parameters (7, 70b, 1.5t): a known model of that size, or with --layers "
+             "and --hidden any model.")] = None,
     mode: Annotated[str | None, typer.Option(help="train, finetune (full) or inference.")] = None,
     precision: Annotated[str, typer.Option(
         help="bf16, fp16, fp32; inference also fp8, int8, int4.")] = "bf16",
     seq_len: Annotated[int | None, typer.Option(help="Sequence length (default 4096).")] = None,
-    batch: Annotated[int, typer.Option(
-        help="Training: micro-batch per GPU; inference: concurrent sequences.")] = 1,
+    batch: Annotated[int | None, typer.Option(help="Training: micro-batch per GPU (default 1).")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        help="Inference: sequences served at once, each with its KV cache (default 8).")] = None,
+    tokens: Annotated[str | None, typer.Option(
+        help="Tokens to train on (or to generate, for inference), e.g. 2t or 500b: rank by the job's "
+             "cost and show its hours.")] = None,
+    mfu: Annotated[float, typer.Option(
+        help="Model FLOPs utilisation: the share of the GPUs' dense peak the job achieves.")] = 0.4,
     max_nodes: Annotated[int | None, typer.Option(
         help="Most nodes to use (default 64 for training, 1 for inference).")] = None,
-    layers: Annotated[int | None, typer.Option(help="Model layers (else a known shape by size).")] = None,
+    layers: Annotated[int | None, typer.Option(help="Model layers (another model, with --params).")] = None,
     hidden: Annotated[int | None, typer.Option(help="Model hidden size.")] = None,
     heads: Annotated[int | None, typer.Option(help="Attention heads (default hidden / 128).")] = None,
     kv_heads: Annotated[int | None, typer.Option(help="KV heads for GQA (default: heads).")] = None,
-    region: Annotated[str, typer.Option(help="Region to price in.")] = "us-east-1",
+    vocab: Annotated[int | None, typer.Option(help="Vocabulary size (default 128256).")] = None,
+    region: Annotated[str, typer.Option(
+        help="Region: only types offered there, at its prices.")] = "us-east-1",
+    zone: Annotated[str | None, typer.Option(help="Only types offered in this availability zone.")] = None,
     top: Annotated[int, typer.Option(help="How many fits to list.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead.")] = False,
 ) -> None:
-    """Size a workload: the instance types and node counts that fit it, cheapest first."""
+    """Size a workload: the offered instance types and node counts that hold it, cheapest job first."""
     from gpucluster import sizing
 
-    if params is None:
-        fail_usage("recommend", "--params is required (model size, e.g. 7 or 70b)")
+    if model is None and params is None:
+        fail_usage("recommend", "--model or --params is required (e.g. --model llama-3.1-8b or --params 70b)")
     if mode is None:
         fail_usage("recommend", "--mode is required (train, finetune or inference)")
     if top < 1:
         fail_usage("recommend", f"--top: must be >= 1, got {top}")
     try:
-        workload = sizing.make_workload(params, mode, precision, seq_len, batch, max_nodes, layers,
-                                        hidden, heads, kv_heads)
-        fits = sizing.recommend(workload, region)
+        workload = sizing.make_workload(params, mode, precision, seq_len, batch, max_nodes, layers, hidden,
+                                        heads, kv_heads, model=model, concurrency=concurrency, vocab=vocab,
+                                        tokens=tokens, mfu=mfu)
+        fits = sizing.recommend(workload, region, zone)
     except sizing.SizingError as err:
         fail_usage("recommend", str(err))
     except pricing.PricingError as err:
         fail_usage("recommend", f"--region: {err}")
     memory = sizing.estimate_memory(workload)
-    snippet = sizing.node_group_snippet(fits[0], workload) if fits else None
+    snippet = sizing.node_group_snippet(fits[0], workload, region, zone) if fits else None
     if as_json:
+        m = workload.model
         typer.echo(json.dumps({
-            "workload": {"params_billion": workload.params_b, "mode": workload.mode,
-                         "precision": workload.precision, "seq_len": workload.seq_len,
-                         "batch": workload.batch, "max_nodes": workload.max_nodes,
-                         "shape": vars(workload.shape)},
+            "workload": {"model": m.name, "params": m.params, "active_params": m.active_params,
+                         "mode": workload.mode, "precision": workload.precision,
+                         "seq_len": workload.seq_len, "batch": workload.batch,
+                         "concurrency": workload.concurrency, "max_nodes": workload.max_nodes,
+                         "tokens": workload.tokens, "mfu": workload.mfu, "flops": workload.flops,
+                         "region": region, "zone": zone,
+                         "shape": {k: v for k, v in vars(m).items() if k != "given_params"}},
             "memory_gib": {k: round(v / sizing.GIB, 3) for k, v in vars(memory).items()},
-            "fits": [vars(f) for f in fits[:top]], "snippet": snippet}, indent=2))
+            "fits": [{**vars(f), "usd_per_effective_tflop_hour": f.usd_per_effective_tflop_hour}
+                     for f in fits[:top]],
+            "snippet": snippet}, indent=2))
     else:
-        for line in render_recommendation(workload, memory, fits[:top], snippet):
+        for line in render_recommendation(workload, memory, fits[:top], snippet, region, zone):
             typer.echo(line)
     if not fits:
         raise typer.Exit(EXIT_BLOCKED)
 
 
-def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list[Fit],
-                          snippet: str | None) -> list[str]:
-    """The human output of `gpucluster recommend`."""
-    from gpucluster.sizing import GIB, USABLE_FRACTION
+def _billions(value: float) -> str:
+    return f"{value / 1e9:,.2f}B"
 
-    w = workload
-    out = [f"{w.params_b:g}B {w.mode}, {w.precision}, sequence {w.seq_len}, batch {w.batch}, "
-           f"at most {w.max_nodes} node(s); shape: {w.shape.layers} layers, hidden {w.shape.hidden}, "
-           f"{w.shape.heads} heads, {w.shape.kv_heads} KV heads ({w.shape.source})"]
+
+def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list[Fit],
+                          snippet: str | None, region: str = "us-east-1",
+                          zone: str | None = None) -> list[str]:
+    """The human output of `gpucluster recommend`."""
+    from gpucluster.sizing import CUDA_CONTEXT_GIB, FRAGMENTATION, GIB
+
+    w, m = workload, workload.model
+    per = (f"micro-batch {w.batch}" if w.training else f"{w.concurrency} concurrent sequences")
+    active = f" ({_billions(m.active_params)} active per token)" if m.active_params != m.params else ""
+    out = [f"{m.name} {w.mode}, {w.precision}, sequence {w.seq_len}, {per}, at most {w.max_nodes} node(s); "
+           f"{_billions(m.params)} parameters{active}",
+           f"shape: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, {m.kv_heads} KV heads, vocabulary "
+           f"{m.vocab} ({m.source})"]
     parts = [(label, getattr(memory, key) / GIB) for key, label in (
         ("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer states"),
-        ("overhead", "runtime overhead"), ("kv_cache", "KV cache")) if getattr(memory, key)]
+        ("buffers", "ZeRO-3 buffers"), ("overhead", "runtime overhead"), ("kv_cache", "KV cache"))
+        if getattr(memory, key)]
     out.append("memory: " + " + ".join(f"{label} {gib:,.1f}" for label, gib in parts)
                + f" = {memory.sharded / GIB:,.1f} GiB spread over all GPUs"
-               + (" (ZeRO-3 / FSDP)" if w.training else " (tensor parallel)"))
+               + (" (ZeRO-3 / FSDP, as DeepSpeed's estimator counts)" if w.training
+                  else " (tensor parallel)"))
     if w.training:
-        out.append(f"  + per GPU: activations {memory.activations / GIB:,.2f} GiB (full checkpointing) + "
-                   f"one gathered layer {memory.gather_buffers / GIB:,.2f} GiB")
-    out.append(f"  {USABLE_FRACTION * 100:.0f} % of each GPU's memory counted as usable; more than one "
-               "node needs EFA on several network cards")
+        out.append(f"  + per GPU: largest module {memory.largest_module / GIB:,.2f} GiB + activations "
+                   f"{memory.activations / GIB:,.2f} GiB (full checkpointing) + logits "
+                   f"{memory.logits / GIB:,.2f} GiB")
+    out.append(f"  usable per GPU: its memory less {CUDA_CONTEXT_GIB:g} GiB CUDA context, less "
+               f"{FRAGMENTATION * 100:g} % fragmentation; more than one node needs EFA on several "
+               "network cards")
+    where = f"zone {zone}" if zone else region
+    if w.flops is not None:
+        out.append(f"job: {w.tokens:,.0f} tokens x {6 if w.training else 2} x {_billions(m.active_params)} "
+                   f"parameters = {w.flops:,.3g} FLOPs at {w.mfu * 100:g} % of the GPUs' dense peak (MFU)")
     if not fits:
-        out.append("nothing in the catalog fits: raise --max-nodes, or lower --precision, --seq-len "
-                   "or --batch")
+        out.append(f"nothing offered in {where} fits: raise --max-nodes, or lower --precision, --seq-len, "
+                   "--batch or --concurrency, or try another --region")
         return out
-    out.append("")
-    out += render_table(
-        ["#", "instance type", "nodes", "GPUs", "need GiB/GPU", "usable", "on-demand $/h", "spot $/h", "EFA"],
-        [[str(i), f.instance_type, str(f.nodes), f"{f.gpus} x {f.gpu_model}", f"{f.need_gib_per_gpu:.1f}",
-          f"{f.usable_gib_per_gpu:.1f}", _usd(f.usd_per_hour), _usd(f.spot_usd_per_hour),
-          "yes" if f.efa else "no"] for i, f in enumerate(fits, 1)])
-    out += ["", "node group for the cheapest fit (paste under `config:` in stacks/Pulumi.<env>.yaml):", ""]
+    out += ["", f"types offered in {where}, ranked by "
+            + ("the job's cost:" if w.flops is not None else "price per effective TFLOP-hour:")]
+    headers = ["#", "instance type", "nodes", "GPUs", "need GiB/GPU", "usable", "$/h", "price", "spot $/h",
+               "EFA", "eff. TFLOPS"]
+    headers += ["hours", "job $"] if w.flops is not None else ["$/eff. TFLOP-h"]
+    rows = []
+    for i, f in enumerate(fits, 1):
+        row = [str(i), f.instance_type, str(f.nodes), f"{f.gpus} x {f.gpu_model}",
+               f"{f.need_gib_per_gpu:.1f}", f"{f.usable_gib_per_gpu:.1f}", _usd(f.usd_per_hour),
+               f.price_basis, "-" if f.spot_usd_per_hour is None else _usd(f.spot_usd_per_hour),
+               "yes" if f.efa else "no", f"{f.effective_tflops:,.0f}"]
+        if f.hours is not None and f.job_usd is not None:
+            row += [f"{f.hours:,.1f}", _usd(f.job_usd)]
+        else:
+            row += [f"{f.usd_per_effective_tflop_hour:.5f}"]
+        rows.append(row)
+    out += render_table(headers, rows)
+    out += ["", "node group for the best fit (paste under `config:` in stacks/Pulumi.<env>.yaml):", ""]
     out += [f"  {line}" for line in (snippet or "").splitlines()]
     return out
 

@@ -37,7 +37,8 @@ STATE_TAGS = (STOPPED_BY_TAG, PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG)
 
 BUDGET, IDLE, SCHEDULE, LIFETIME = "budget", "idle", "schedule", "lifetime"
 MANUAL = "manual"  # `gpucluster stop`: a person, through the same tags as every guardrail
-STOP_REASONS = (BUDGET, IDLE, SCHEDULE, LIFETIME, MANUAL)
+CAPACITY_BLOCK = "capacity-block"  # the group's Capacity Block is about to end
+STOP_REASONS = (BUDGET, IDLE, SCHEDULE, LIFETIME, MANUAL, CAPACITY_BLOCK)
 
 # Lambda handler strings: the deploy zips `components/gpucluster/lambdas` as package `lambdas`.
 HANDLERS: dict[str, str] = {
@@ -45,6 +46,7 @@ HANDLERS: dict[str, str] = {
     "autostop": "lambdas.autostop.handler",
     "spot_interruption": "lambdas.spot_interruption.handler",
     "report": "lambdas.report.handler",
+    "capacity_block": "lambdas.capacity_block.handler",
 }
 
 # Environment each handler reads (GPUCLUSTER_STACK is required, the rest optional).
@@ -70,6 +72,13 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
         "MONTHLY_LIMIT_USD",
         "IDLE_THRESHOLD_PERCENT",
         "GPU_METRIC_NAMESPACE",
+    ),
+    "capacity_block": (
+        "GPUCLUSTER_STACK",
+        "CAPACITY_BLOCK_GROUPS",
+        "PRE_STOP_COMMAND",
+        "PRE_STOP_TIMEOUT_SECONDS",
+        "NOTIFY_TOPIC_ARN",
     ),
 }
 
@@ -108,6 +117,13 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "ce:GetCostAndUsage",
         "ce:GetCostForecast",
         "cloudwatch:GetMetricData",
+    ),
+    "capacity_block": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:UpdateAutoScalingGroup",
+        "autoscaling:CreateOrUpdateTags",
+        "ssm:SendCommand",
+        "ssm:GetCommandInvocation",
         "sns:Publish",
     ),
 }

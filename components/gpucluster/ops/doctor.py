@@ -27,6 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from gpucluster import catalog
 from gpucluster.lambdas.scaling import group_tags, stack_groups
+from gpucluster.ops.capacity import WARNING_BEFORE_END as BLOCK_WARNING_BEFORE_END
 from gpucluster.pricing import Rate, split_nodes
 from gpucluster.spec import STACK_TAG, NodeGroupConfig, StackSpec
 
@@ -54,6 +55,11 @@ NODE_GROUP_TAG = "gpucluster:node-group"
 ACTIVATE_TAG = ("activate it in the paying account (the Organization's management account): Billing > "
                 "Cost allocation tags, or `aws ce update-cost-allocation-tags-status "
                 "--cost-allocation-tags-status TagKey={key},Status=Active`")
+# A Capacity Block ends at a fixed time and takes its instances with it: a day's notice.
+BLOCK_ENDS_SOON = timedelta(days=1)
+# Reservation states before capacity is usable (EC2 API, CapacityReservation.State): a purchased
+# block is payment-pending, then scheduled until its start; a future-dated reservation is scheduled.
+NOT_STARTED = frozenset({"payment-pending", "scheduled", "assessing", "delayed"})
 
 
 @dataclass(frozen=True)
@@ -185,16 +191,24 @@ def check_reservations(spec: StackSpec, ec2: Any, now: datetime | None = None) -
 def _reservation_findings(spec: StackSpec, group: NodeGroupConfig, cr: dict[str, Any], subject: str,
                           now: datetime) -> Iterable[DoctorFinding]:
     problems: list[tuple[Level, str]] = []
-    state, end = cr.get("State", "unknown"), cr.get("EndDate")
+    state, start, end = cr.get("State", "unknown"), cr.get("StartDate"), cr.get("EndDate")
     block = cr.get("ReservationType") == "capacity-block"
     if end is not None and end <= now:
         problems.append(("blocker", f"expired at {end:%Y-%m-%d %H:%M} UTC"))
-    elif state == "scheduled" and block:
-        problems.append(("warning", f"a capacity block that starts at {cr.get('StartDate'):%Y-%m-%d %H:%M} "
-                         "UTC; nodes launch from then"))
+    elif state in NOT_STARTED or (start is not None and start > now and state != "active"):
+        kind = "a capacity block" if block else "a reservation"
+        when = f"starts at {start:%Y-%m-%d %H:%M} UTC" if start else "has no start date yet"
+        pending = " (payment pending)" if state == "payment-pending" else ""
+        problems.append(("warning", f"{kind} that has not started{pending}: it {when}, in "
+                         f"{_duration(start - now) if start else '?'}; nodes launch from then"))
     elif state != "active":
         problems.append(("blocker", f"state is {state}, not active"))
-    elif end is not None and end - now < RESERVATION_SOON:
+    elif block and end is not None and end - now < BLOCK_ENDS_SOON:
+        minutes = int(BLOCK_WARNING_BEFORE_END.total_seconds() // 60)
+        problems.append(("warning", f"ends at {end:%Y-%m-%d %H:%M} UTC, in {_duration(end - now)}: the "
+                         f"block-expiry guardrail runs the pre-stop hook and scales the group to zero "
+                         f"{minutes} minutes before; EC2 terminates the instances from 30 minutes before"))
+    elif not block and end is not None and end - now < RESERVATION_SOON:
         problems.append(("warning", f"ends at {end:%Y-%m-%d %H:%M} UTC, within "
                          f"{RESERVATION_SOON.days} days"))
     zones = spec.azs_of(group)
@@ -217,6 +231,16 @@ def _reservation_findings(spec: StackSpec, group: NodeGroupConfig, cr: dict[str,
                             f"{cr.get('AvailabilityZone')}" + (f", until {end:%Y-%m-%d}" if end else ""))
     for level, message in problems:
         yield DoctorFinding(level, "reservation", subject, message)
+
+
+def _duration(delta: timedelta) -> str:
+    """3 days 4 h, 5 h 20 min, 12 min."""
+    minutes = max(0, int(delta.total_seconds() // 60))
+    days, rest = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(rest, 60)
+    if days:
+        return f"{days} day{'s' if days > 1 else ''} {hours} h"
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min"
 
 
 def quota_class(instance_type: str) -> str | None:

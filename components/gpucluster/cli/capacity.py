@@ -1,0 +1,139 @@
+"""`gpucluster capacity`: find and buy EC2 Capacity Blocks for ML, and the node group that uses one.
+
+It owns the command-line side of gpucluster.ops.capacity: options, the offerings table, the
+confirmation that shows the total price before anything is bought (`--yes` for scripts), and
+the node-group snippet printed after a purchase. Exit codes as everywhere: 0 fine, 1 declined
+(nothing bought), 2 invalid input or an AWS error, one line each.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+
+from gpucluster.cli.commands import EXIT_BLOCKED, _aws_call, _usd, app, fail_usage, render_table
+from gpucluster.ops.capacity import (
+    MAX_INSTANCES,
+    WARNING_BEFORE_END,
+    CapacityError,
+    Offering,
+    OfferingCache,
+    node_group_snippet,
+    purchase,
+    search_offerings,
+)
+
+capacity_app = typer.Typer(no_args_is_help=True, help="Find and buy EC2 Capacity Blocks for ML.")
+app.add_typer(capacity_app, name="capacity")
+
+
+def ec2_client(region: str | None) -> Any:
+    """An EC2 client in `region` (default: the AWS configuration's); honours AWS_ENDPOINT_URL."""
+    import boto3
+    from botocore.exceptions import NoRegionError
+
+    try:
+        return boto3.client("ec2", region_name=region) if region else boto3.client("ec2")
+    except NoRegionError:
+        fail_usage("capacity", "no region: pass --region or set AWS_REGION")
+
+
+def _region_of(client: Any) -> str:
+    return str(client.meta.region_name)
+
+
+def _when(option: str, text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        fail_usage("capacity search",
+                   f"{option}: must be a date like 2026-12-01 or 2026-12-01T11:30, got {text!r}")
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _span(o: Offering) -> str:
+    return f"{o.start:%Y-%m-%d %H:%M} -> {o.end:%Y-%m-%d %H:%M} UTC"
+
+
+@capacity_app.command()
+def search(
+    instance_type: Annotated[str, typer.Option("--type", help="Instance type, e.g. p5.48xlarge.")],
+    count: Annotated[int, typer.Option(help=f"Instances in the block (1-{MAX_INSTANCES}).")],
+    days: Annotated[int, typer.Option(help="How long: 1-14 days, or whole weeks up to 182 days.")],
+    start: Annotated[str | None, typer.Option(help="Earliest start (UTC), e.g. 2026-12-01.")] = None,
+    end: Annotated[str | None, typer.Option(help="Latest end (UTC).")] = None,
+    region: Annotated[str | None, typer.Option(help="Region (default: your AWS configuration's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead.")] = False,
+) -> None:
+    """List Capacity Block offerings with their total and hourly price (read-only)."""
+    client = ec2_client(region)
+    try:
+        found = _aws_call("capacity search", lambda: search_offerings(
+            client, instance_type, count, days, _when("--start", start), _when("--end", end)))
+    except CapacityError as err:
+        fail_usage("capacity search", str(err))
+    where = _region_of(client)
+    OfferingCache().remember(found, where)
+    if as_json:
+        typer.echo(json.dumps({"region": where, "offerings": [o.as_json() for o in found]}, indent=2))
+        return
+    if not found:
+        typer.echo(f"no Capacity Block offering for {count} x {instance_type} for {days} day(s) in {where}; "
+                   "try other dates (--start), another count or another region")
+        return
+    typer.echo(f"Capacity Block offerings for {count} x {instance_type}, {days} day(s), in {where} "
+               "(paid up front, not refundable):")
+    rows = [[o.offering_id, o.availability_zone, _span(o), str(o.duration_hours), _usd(o.upfront_usd),
+             _usd(o.usd_per_hour), _usd(o.usd_per_instance_hour)] for o in found]
+    for line in render_table(["offering", "zone", "window", "hours", "total $", "$/h", "$/instance-h"], rows):
+        typer.echo(line)
+    typer.echo("")
+    typer.echo(f"buy one (asks first, showing the total): gpucluster capacity buy {found[0].offering_id}")
+
+
+@capacity_app.command()
+def buy(
+    offering_id: Annotated[str, typer.Argument(help="An offering id `capacity search` listed (cb-...).")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (scripts).")] = False,
+    name: Annotated[str | None, typer.Option(
+        help="Name of the node group in the printed snippet (default block-<family>).")] = None,
+) -> None:
+    """Buy a Capacity Block after a confirmation that shows its total price; print its node group."""
+    cache = OfferingCache()
+    cached = cache.get(offering_id)
+    if cached is None:
+        fail_usage("capacity buy", f"offering {offering_id} is not among those `gpucluster capacity search` "
+                   f"listed ({cache.path}); search first: AWS cannot describe an offering by id")
+    o = cached.offering
+    typer.echo(f"Capacity Block {o.offering_id}: {o.instance_count} x {o.instance_type} in "
+               f"{o.availability_zone} ({cached.region}), {_span(o)}, {o.duration_hours} hours")
+    typer.echo(f"total price: ${_usd(o.upfront_usd)} {o.currency}, paid up front and not refundable "
+               f"(${_usd(o.usd_per_hour)}/hour, ${_usd(o.usd_per_instance_hour)} per instance-hour; "
+               f"listed {cached.listed_at:%Y-%m-%d %H:%M} UTC)")
+    if not yes:
+        try:
+            agreed = typer.confirm(f"Buy it for ${_usd(o.upfront_usd)}?", default=False)
+        except typer.Abort:  # no answer (stdin closed)
+            typer.echo("\nno answer: pass --yes to buy without asking")
+            agreed = False
+        if not agreed:
+            typer.echo("nothing bought")
+            raise typer.Exit(EXIT_BLOCKED)
+    client = ec2_client(cached.region)
+    block = _aws_call("capacity buy", lambda: purchase(client, o))
+    typer.echo(f"bought Capacity Block {block.reservation_id} ({block.state}) for ${_usd(o.upfront_usd)}")
+    typer.echo("")
+    typer.echo("node group that uses it (paste under `config:` in stacks/Pulumi.<env>.yaml):")
+    typer.echo("")
+    for line in node_group_snippet(block, name).splitlines():
+        typer.echo(f"  {line}")
+    typer.echo("")
+    minutes = int(WARNING_BEFORE_END.total_seconds() // 60)
+    typer.echo(f"then: gpucluster plan <env>; gpucluster doctor <env> (the reservation's state and window); "
+               f"pulumi up. Nodes launch when the block starts; {minutes} minutes before it ends the "
+               "guardrail runs autostop.pre_stop_command and scales the group to zero.")

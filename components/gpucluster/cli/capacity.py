@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpucluster.cli.commands import EXIT_BLOCKED, _aws_call, _usd, app, fail_usage, render_table
+from gpucluster.cli.commands import _aws_call, _usd, app, confirm_or_exit, fail_usage, render_table
 from gpucluster.ops.capacity import (
     MAX_INSTANCES,
     WARNING_BEFORE_END,
@@ -115,15 +115,7 @@ def buy(
     typer.echo(f"total price: ${_usd(o.upfront_usd)} {o.currency}, paid up front and not refundable "
                f"(${_usd(o.usd_per_hour)}/hour, ${_usd(o.usd_per_instance_hour)} per instance-hour; "
                f"listed {cached.listed_at:%Y-%m-%d %H:%M} UTC)")
-    if not yes:
-        try:
-            agreed = typer.confirm(f"Buy it for ${_usd(o.upfront_usd)}?", default=False)
-        except typer.Abort:  # no answer (stdin closed)
-            typer.echo("\nno answer: pass --yes to buy without asking")
-            agreed = False
-        if not agreed:
-            typer.echo("nothing bought")
-            raise typer.Exit(EXIT_BLOCKED)
+    confirm_or_exit("buy", f"Buy it for ${_usd(o.upfront_usd)}?", yes, declined="nothing bought")
     client = ec2_client(cached.region)
     block = _aws_call("capacity buy", lambda: purchase(client, o))
     typer.echo(f"bought Capacity Block {block.reservation_id} ({block.state}) for ${_usd(o.upfront_usd)}")

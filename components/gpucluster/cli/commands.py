@@ -97,6 +97,21 @@ def build_spec(stack: str) -> StackSpec:
     return _valid(stack, lambda name: load_stack(name)[2])
 
 
+def confirm_or_exit(command: str, question: str, yes: bool, declined: str | None = None) -> None:
+    """Ask before anything that costs money or stops work (unless --yes); no, or no answer
+    (stdin closed), prints `declined` and exits 1 with nothing changed."""
+    if yes:
+        return
+    try:
+        agreed = typer.confirm(question, default=False)
+    except typer.Abort:
+        typer.echo(f"\nno answer: pass --yes to {command} without asking")
+        agreed = False
+    if not agreed:
+        typer.echo(declined or f"{command} cancelled: nothing changed")
+        raise typer.Exit(EXIT_BLOCKED)
+
+
 def fail_usage(command: str, message: str) -> NoReturn:
     """One line naming what is wrong with the command's arguments, exit 2."""
     typer.echo(f"{command}: {message}", err=True)
@@ -755,15 +770,7 @@ def resume(
     if dry_run:
         typer.echo("dry run: nothing changed")
         raise typer.Exit(EXIT_OK)
-    if not yes:
-        try:
-            agreed = typer.confirm(f"Restart {len(todo)} group(s)?", default=False)
-        except typer.Abort:  # no answer (stdin closed)
-            typer.echo("\nno answer: pass --yes to resume without asking")
-            agreed = False
-        if not agreed:
-            typer.echo("resume cancelled: nothing changed")
-            raise typer.Exit(EXIT_BLOCKED)
+    confirm_or_exit("resume", f"Restart {len(todo)} group(s)?", yes)
     shown = {c.group: c.decision.stopped_by for c in todo}
     results = _aws_call("resume", lambda: resume_stack(
         spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown))

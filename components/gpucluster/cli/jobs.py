@@ -25,6 +25,7 @@ from gpucluster.cli.commands import (
     _usd,
     app,
     build_spec,
+    confirm_or_exit,
     fail_usage,
     node_group_rate,
     render_resume_plan,
@@ -78,20 +79,6 @@ def _ago(when: datetime | None) -> str:
     if when is None:
         return "-"
     return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
-
-
-def _confirm(command: str, question: str, yes: bool) -> None:
-    """Ask (unless --yes); no or no answer: nothing changes, exit 1."""
-    if yes:
-        return
-    try:
-        agreed = typer.confirm(question, default=False)
-    except typer.Abort:  # no answer (stdin closed)
-        typer.echo(f"\nno answer: pass --yes to {command} without asking")
-        agreed = False
-    if not agreed:
-        typer.echo(f"{command} cancelled: nothing changed")
-        raise typer.Exit(EXIT_BLOCKED)
 
 
 # ------------------------------------------------------------------------- nodes
@@ -373,7 +360,7 @@ def scale(
         typer.echo("dry run: nothing changed")
         return
     if added or desired < min(c.desired_now for c in changes):
-        _confirm("scale", f"Scale {group} to {desired} node(s)?", yes)
+        confirm_or_exit("scale", f"Scale {group} to {desired} node(s)?", yes)
     results = _aws_call("scale", lambda: apply_scale(changes, autoscaling_client=client))
     for r in results:
         typer.echo(f"scaled {r.group} to {desired} node(s)" if r.action == "scaled"
@@ -423,7 +410,7 @@ def stop(
     if dry_run:
         typer.echo("dry run: nothing changed")
         return
-    _confirm("stop", f"Stop {len(running)} group(s)?", yes)
+    confirm_or_exit("stop", f"Stop {len(running)} group(s)?", yes)
     report = _aws_call("stop", lambda: stop_stack(
         running, autoscaling_client=client, ssm_client=_client(spec, "ssm") if hook else None,
         pre_stop_command=hook, hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds))
@@ -474,7 +461,7 @@ def start(
     if dry_run:
         typer.echo("dry run: nothing changed")
         return
-    _confirm("start", f"Restart {len(todo)} group(s)?", yes)
+    confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)
     results = _aws_call("start", lambda: start_stack(
         identity(spec), {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client))
     before = {c.group: c.desired_now for c in todo}
@@ -586,7 +573,7 @@ def cancel(
 
     name = _job_name("cancel", job)
     spec = build_spec(stack)
-    _confirm("cancel", f"Stop job {name} on every node of {group or 'the stack'}?", yes)
+    confirm_or_exit("cancel", f"Stop job {name} on every node of {group or 'the stack'}?", yes)
     _, results = _on_nodes(spec, "cancel", group, f"{JOB_TOOL} cancel {name}")
     for r in results:
         typer.echo(f"{r.instance_id}: {'cancelled' if r.ok else f'not cancelled ({r.status})'}"

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import boto3
+from botocore.stub import Stubber
+
 from gpucluster.lambdas import scaling
+
+# The identities of stacks/Pulumi.dev.yaml and Pulumi.prod.yaml (self-managed backend, project gpucluster).
+DEV = "organization/gpucluster/dev/gpu-dev"
+PROD = "organization/gpucluster/prod/gpu-prod"
 
 
 def create_stack_groups(autoscaling: Any, groups: Mapping[str, tuple[str, int, int, int]],
@@ -19,3 +26,26 @@ def create_stack_groups(autoscaling: Any, groups: Mapping[str, tuple[str, int, i
             Tags=[{"ResourceId": name, "ResourceType": "auto-scaling-group", "Key": scaling.STACK_TAG,
                    "Value": stack, "PropagateAtLaunch": True}],
         )
+
+
+def cost_explorer(answer: dict[str, Any] | None = None, error: str | None = None) -> Any:
+    """A Cost Explorer client whose ListCostAllocationTags answers `answer` (or fails with `error`)."""
+    client = boto3.client("ce", region_name="us-east-1")
+    stub = Stubber(client)
+    if error:
+        stub.add_client_error("list_cost_allocation_tags", error, "not allowed")
+    else:
+        stub.add_response("list_cost_allocation_tags", answer or {"CostAllocationTags": []},
+                          {"TagKeys": ["gpucluster:stack"], "Type": "UserDefined"})
+    stub.activate()
+    return client
+
+
+ACTIVE = {"CostAllocationTags": [{"TagKey": "gpucluster:stack", "Type": "UserDefined", "Status": "Active"}]}
+
+
+def tag_node_group(autoscaling: Any, group: str, node_group: str) -> None:
+    """Tag a group with the node group it belongs to, as GpuNodeGroup tags its ASG."""
+    autoscaling.create_or_update_tags(Tags=[{
+        "ResourceId": group, "ResourceType": "auto-scaling-group", "Key": "gpucluster:node-group",
+        "Value": node_group, "PropagateAtLaunch": True}])

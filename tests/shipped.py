@@ -13,6 +13,7 @@ import hashlib
 from pathlib import Path
 
 from gpucluster.plan import Plan, run_plan, stack_file, stack_name
+from gpucluster.project import project_name
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"
 _PLANS: dict[tuple[str, str], Plan] = {}
@@ -21,16 +22,18 @@ _PLANS: dict[tuple[str, str], Plan] = {}
 def shipped_stack(stack: str) -> str | None:
     """The shipped stack that `stack` (a name or path, as `gpucluster plan` reads it) is, else None.
 
-    A copy of a shipped stack file under the same name (a test's project) counts: a plan
-    depends on the stack's name and config only.
+    A copy of a shipped stack file under the same name in a project of the same name (a
+    test's project) counts: a plan depends on the stack's name, its config and the project's
+    name (the deployment's identity) only.
     """
     path = stack_file(stack)
     name = stack_name(path)
     shipped = STACKS / f"Pulumi.{name}.yaml"
     try:
-        return name if shipped.is_file() and path.read_bytes() == shipped.read_bytes() else None
+        same = shipped.is_file() and path.read_bytes() == shipped.read_bytes()
     except OSError:
         return None
+    return name if same and project_name(path) == project_name(shipped) else None
 
 
 def shipped_plan(stack: str) -> Plan:

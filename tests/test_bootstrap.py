@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,7 +23,6 @@ import pytest
 from gpucluster.node import userdata as bootstrap
 from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,
-    GPU_METRIC_NAMESPACE,
     GPU_UTILIZATION_METRIC,
     NodeBootstrap,
     cloudwatch_agent_config,
@@ -40,7 +40,8 @@ from gpucluster.plan import load_stack
 from gpucluster.spec import parse_stack_config
 
 SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
-SCRIPTS = ["bootstrap.sh", "scratch.sh", "data.sh", "spot-watcher.sh", "interruption-hook.sh"]
+SCRIPTS = ["bootstrap.sh", "scratch.sh", "data.sh", "spot-watcher.sh", "interruption-hook.sh", "agent.sh",
+           "report.sh"]
 MOUNTS = (
     DataMount(name="corpus", access="copy_to_scratch", bucket_name="acme-corpus", prefix="v3/", path=""),
     DataMount(name="models", access="mount", bucket_name="acme-models", prefix="", path="/data/models"),
@@ -171,7 +172,7 @@ def test_watcher_and_metrics_start_before_disks_and_data() -> None:
     """A node whose disks or datasets fail must still honour spot notices and be seen idle."""
     text = render_user_data(settings())
     order = [text.index(step) for step in (
-        "enable --now gpucluster-spot-watcher.service", "\"$CWA_CTL\" -a fetch-config",
+        "enable --now gpucluster-spot-watcher.service", "start --no-block gpucluster-agent.service",
         "enable --now gpucluster-scratch.service", "start --no-block gpucluster-data.service")]
     assert order == sorted(order)
 
@@ -221,9 +222,10 @@ def test_user_data_is_gzip_base64_within_the_ec2_limit() -> None:
 
 
 def test_cloudwatch_agent_publishes_gpu_utilisation_per_auto_scaling_group() -> None:
-    config = cloudwatch_agent_config()
+    config = cloudwatch_agent_config("c")
     metrics: Any = config["metrics"]
-    assert metrics["namespace"] == GPU_METRIC_NAMESPACE == "CWAgent"
+    assert metrics["namespace"] == "gpucluster/c"  # the cluster's own: its node role's only namespace
+    assert "logs" not in config  # the node role has no CloudWatch Logs grant
     assert "utilization_gpu" in metrics["metrics_collected"]["nvidia_gpu"]["measurement"]
     assert GPU_UTILIZATION_METRIC == "nvidia_smi_utilization_gpu"
     assert metrics["append_dimensions"][GPU_METRIC_DIMENSION] == "${aws:AutoScalingGroupName}"
@@ -233,11 +235,14 @@ def test_cloudwatch_agent_publishes_gpu_utilisation_per_auto_scaling_group() -> 
 
 
 def test_data_mounts_table_rows() -> None:
-    rows = [line.split("\t") for line in data_mounts_table(settings()).splitlines()]
+    mounts = (*MOUNTS, DataMount("shared", "mount", "team-data", "", "/data/shared",
+                                 expected_bucket_owner="210987654321"))
+    rows = [line.split("\t") for line in data_mounts_table(settings(data_mounts=mounts)).splitlines()]
     assert rows == [
-        ["copy_to_scratch", "corpus", "acme-corpus", "v3/", "-", "-", "-"],
-        ["mount", "models", "acme-models", "-", "/data/models", "-", "-"],
-        ["fsx", "train", "acme-train", "-", "/fsx", "fs-0123.fsx.us-east-1.amazonaws.com", "abcdefgh"],
+        ["copy_to_scratch", "corpus", "acme-corpus", "v3/", "-", "-", "-", "-"],
+        ["mount", "models", "acme-models", "-", "/data/models", "-", "-", "-"],
+        ["fsx", "train", "acme-train", "-", "/fsx", "fs-0123.fsx.us-east-1.amazonaws.com", "abcdefgh", "-"],
+        ["mount", "shared", "team-data", "-", "/data/shared", "-", "-", "210987654321"],
     ]
     assert data_mounts_table(settings(data_mounts=())) == ""
 
@@ -269,6 +274,9 @@ esac; true""",
         "logger": "true",
         "modinfo": "true",
         "curl": 'exec "$FAKE_CURL" "$@"',
+        # The dpkg lock is held for the first FAKE_LOCK_HELD checks ("forever": every check).
+        "fuser": """n=$(( $(cat "$0.count" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$0.count"
+[ "${FAKE_LOCK_HELD:-0}" = forever ] || [ "$n" -le "${FAKE_LOCK_HELD:-0}" ]""",
     }
 
     def __init__(self, root: Path, **env: str) -> None:
@@ -338,8 +346,12 @@ def test_scratch_binds_instance_store_the_ami_already_mounted(tmp_path: Path) ->
     assert box.calls("mdadm") == []
 
 
-def test_data_copies_mounts_and_attaches_fsx(tmp_path: Path) -> None:
-    mounts = (MOUNTS[0], DataMount("models", "mount", "acme-models", "m/", str(tmp_path / "models")),
+def test_data_copies_mounts_and_attaches_fsx_from_buckets_of_the_expected_owner(tmp_path: Path) -> None:
+    mounts = (replace(MOUNTS[0], expected_bucket_owner="123456789012"),
+              DataMount("models", "mount", "acme-models", "m/", str(tmp_path / "models"),
+                        expected_bucket_owner="123456789012"),
+              DataMount("shared", "mount", "team-data", "", str(tmp_path / "shared"),
+                        expected_bucket_owner="210987654321"),
               DataMount("train", "fsx", "acme-train", "", str(tmp_path / "fsx"), "fs-1.fsx.aws", "mnt1"))
     table = tmp_path / "mounts.tsv"
     table.write_text(data_mounts_table(settings(data_mounts=mounts)))
@@ -347,11 +359,30 @@ def test_data_copies_mounts_and_attaches_fsx(tmp_path: Path) -> None:
     result = box.run("data.sh")
     assert result.returncode == 0, result.stderr + result.stdout
     scratch = tmp_path / "scratch"
+    # the owner check comes first: `aws s3 sync` itself cannot name one
     assert box.calls("aws") == [
+        "s3api list-objects-v2 --region us-east-1 --bucket acme-corpus --prefix v3/ "
+        "--expected-bucket-owner 123456789012 --max-items 1",
         f"s3 sync --only-show-errors --region us-east-1 s3://acme-corpus/v3/ {scratch}/corpus"]
     assert box.calls("mount-s3") == [
-        f"--read-only --allow-other --region us-east-1 --prefix m/ acme-models {tmp_path}/models"]
+        "--read-only --allow-other --region us-east-1 --expected-bucket-owner 123456789012 --prefix m/ "
+        f"acme-models {tmp_path}/models",
+        f"--read-only --allow-other --region us-east-1 --expected-bucket-owner 210987654321 team-data "
+        f"{tmp_path}/shared"]
     assert box.calls("mount") == [f"-t lustre -o relatime,flock fs-1.fsx.aws@tcp:/mnt1 {tmp_path}/fsx"]
+
+
+def test_data_of_an_owner_mismatch_stops_before_copying(tmp_path: Path) -> None:
+    """S3 answers 403 to a request naming another owner: nothing is copied, the unit fails."""
+    table = tmp_path / "mounts.tsv"
+    table.write_text(data_mounts_table(settings(data_mounts=(
+        replace(MOUNTS[0], expected_bucket_owner="123456789012"),))))
+    box = Sandbox(tmp_path, GPUCLUSTER_DATA_MOUNTS=str(table))
+    (box.bin / "aws").write_text(f'#!/bin/bash\necho "aws $*" >> {box.log}\n'
+                                 '[[ "$*" == *"--expected-bucket-owner"* ]] && exit 254\ntrue\n')
+    result = box.run("data.sh")
+    assert result.returncode != 0
+    assert [c.split()[0] for c in box.calls("aws")] == ["s3api"]  # no sync after the refusal
 
 
 def imds(tmp_path: Path, action_after: int, rebalance: bool) -> Path:

@@ -59,8 +59,86 @@ def test_known_efa_and_nvme_facts(name: str, efa: int, nvme_total_gb: int) -> No
 def test_every_type_has_prices_in_both_regions(name: str) -> None:
     entry = catalog.get(name)
     assert entry is not None
+    if entry.capacity_block_only:
+        assert entry.on_demand_usd_per_hour == {}  # nothing to invent a price from
+        assert entry.family.capacity_block_usd_per_hour
+        return
     for region in ("us-east-1", "us-west-2"):
         assert entry.on_demand_price(region) > 0
+
+
+def test_capacity_block_only_types_have_no_on_demand_price() -> None:
+    p5e = catalog.get("p5e.48xlarge")
+    assert p5e is not None and p5e.capacity_block_only
+    assert [n for n in catalog.names() if catalog.get(n).capacity_block_only] == ["p5e.48xlarge"]  # type: ignore[union-attr]
+    with pytest.raises(KeyError, match="no on-demand list price: AWS sells it as Capacity Blocks"):
+        p5e.on_demand_price("us-west-2")
+
+
+# -------------------------------------------------------------------- offerings
+
+
+def test_shipped_offerings_are_exactly_motos() -> None:
+    """data/offerings.yaml is what refresh_offerings generates from the installed moto, byte for byte."""
+    from gpucluster.catalog import refresh_offerings
+
+    assert catalog.OFFERINGS_FILE.read_text() == refresh_offerings.moto_text()
+    assert refresh_offerings.main(["--check"]) == 0
+
+
+def test_offerings_header_names_source_and_date() -> None:
+    source, as_of = catalog.offerings_source()
+    assert source.startswith("moto 5.2.5 ec2/resources/instance_type_offerings/availability-zone")
+    assert "DescribeInstanceTypeOfferings" in source and as_of == catalog.MOTO_OFFERINGS_AS_OF
+    head = catalog.OFFERINGS_FILE.read_text().split("\nsource:")[0]
+    assert f"as of {as_of}" in head and "refresh_offerings" in head
+
+
+def test_p5e_is_not_offered_in_us_east_1() -> None:
+    assert catalog.offered_zones("p5e.48xlarge", "us-east-1") == []
+    assert not catalog.is_offered("p5e.48xlarge", "us-east-1")
+    assert catalog.offered_zones("p5e.48xlarge", "us-west-2") == ["us-west-2c"]
+    assert catalog.offered_anywhere("p5e.48xlarge")["us-east-2"] == ["us-east-2a", "us-east-2b", "us-east-2c"]
+    assert catalog.is_offered("p5.48xlarge", "us-east-1", "us-east-1d")
+    assert not catalog.is_offered("p4de.24xlarge", "us-east-1", "us-east-1a")
+    assert catalog.offered_zones("p5.48xlarge", "xx-nowhere-1") is None  # not covered: unknown
+
+
+def test_offerings_hold_only_catalog_types_and_each_is_offered_somewhere() -> None:
+    names = set(catalog.names())
+    assert all(catalog.offered_anywhere(n) for n in names)
+    raw = catalog._offerings()["regions"]
+    assert {t for types in raw.values() if types for t in types} <= names
+    assert all(zone.startswith(region) for region, types in raw.items() if types
+               for zones in types.values() for zone in zones)
+
+
+def test_refresh_from_aws_asks_describe_instance_type_offerings() -> None:
+    """The --from-aws path, against moto (which answers from the same data): the same zones."""
+    from gpucluster.catalog import refresh_offerings
+
+    with mock_aws():
+        asked = refresh_offerings.from_aws(catalog.names(), ["us-east-1", "us-west-2"],
+                                           boto3.Session(region_name="us-east-1"))
+    shipped = refresh_offerings.from_moto(catalog.names())
+    assert asked == {r: shipped[r] for r in ("us-east-1", "us-west-2")}
+
+
+# ------------------------------------------------------------------- GPU peaks
+
+
+def test_every_gpu_has_cited_dense_peaks() -> None:
+    for name in catalog.names():
+        entry = catalog.get(name)
+        assert entry is not None
+        gpu = catalog.gpu_model(entry.gpu_model)
+        assert gpu is not None, f"{entry.gpu_model} has no peaks"
+        assert gpu.peak_tflops("fp16") and gpu.peak_tflops("fp32") and gpu.source
+    h100 = catalog.gpu_model("H100")
+    assert h100 is not None and (h100.peak_tflops("bf16"), h100.peak_tflops("fp8")) == (989, 1979)
+    assert "data sheet" in h100.source
+    t4 = catalog.gpu_model("T4")
+    assert t4 is not None and t4.peak_tflops("bf16") is None  # Turing: no BF16
 
 
 def test_unknown_region_price_names_known_regions() -> None:

@@ -23,19 +23,30 @@ from gpucluster.cli import app, commands, render
 from gpucluster.lambdas import scaling
 from gpucluster.ops.doctor import DoctorFinding
 from gpucluster.project import stack_names
-from moto_groups import create_stack_groups
+from moto_groups import ACTIVE, DEV, cost_explorer, create_stack_groups
 
 REPO = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 
 
 def commands_of_app() -> list[str]:
-    return sorted(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    """Every command, groups' subcommands included (`capacity search`)."""
+    found = []
+    for name, command in typer.main.get_command(app).commands.items():  # type: ignore[attr-defined]
+        subcommands = getattr(command, "commands", None)
+        found += [f"{name} {sub}" for sub in subcommands] if subcommands else [name]
+    return sorted(found)
+
+
+def test_the_command_list_has_the_operator_commands() -> None:
+    assert {"nodes", "run", "jobs", "logs", "cancel", "hostfile", "scale", "stop", "start", "spend",
+            "capacity search", "capacity buy", "plan", "cost", "doctor", "status", "resume", "init",
+            "recommend"} <= set(commands_of_app())
 
 
 @pytest.mark.parametrize("command", commands_of_app())
 def test_every_command_has_json_and_shows_flags_as_flags(command: str) -> None:
-    result = runner.invoke(app, [command, "--help"])
+    result = runner.invoke(app, [*command.split(), "--help"])
     assert result.exit_code == 0, result.output
     assert "<bool>" not in result.output
     assert any(line.split()[:1] == ["--json"] for line in result.output.splitlines()), result.output
@@ -43,14 +54,16 @@ def test_every_command_has_json_and_shows_flags_as_flags(command: str) -> None:
 
 @pytest.fixture
 def moto_stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A moto account where the dev stack has one group, stopped by the idle guardrail."""
+    """A moto account where the dev stack has one group, stopped by the idle guardrail (and the
+    budget's cost-allocation tag active: moto has no ListCostAllocationTags)."""
+    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     with mock_aws():
         boto3.client("ec2").create_launch_template(
             LaunchTemplateName="nodes", LaunchTemplateData={"ImageId": "ami-12c6146b"})
         client = boto3.client("autoscaling")
-        create_stack_groups(client, {"dev-train": ("dev", 1, 2, 4)}, launch_template="nodes")
+        create_stack_groups(client, {"dev-train": (DEV, 1, 2, 4)}, launch_template="nodes")
         [group] = client.describe_auto_scaling_groups()["AutoScalingGroups"]
         scaling.scale_to_zero(client, group, "idle")
         yield client
@@ -60,7 +73,7 @@ def test_status_json(moto_stack: Any) -> None:
     result = runner.invoke(app, ["status", "dev", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["stack"] == "dev" and doc["region"] == "us-east-1"
+    assert (doc["stack"], doc["region"], doc["identity"], doc["warnings"]) == ("dev", "us-east-1", DEV, [])
     assert doc["groups"] == [{"name": "dev-train", "min_size": 0, "desired_capacity": 0, "max_size": 4,
                               "in_service": 0, "stopped_by": "idle", "previous_desired": 2}]
 
@@ -89,7 +102,7 @@ def test_resume_json_cannot_ask() -> None:
 def test_doctor_json_keeps_the_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
     findings = [DoctorFinding("ok", "efa", "p5.48xlarge", "32 EFA interfaces"),
                 DoctorFinding("blocker", "offering", "h100-train us-east-1d", "p5.48xlarge not offered")]
-    monkeypatch.setattr("gpucluster.ops.doctor.run_checks", lambda spec: findings)
+    monkeypatch.setattr("gpucluster.ops.doctor.run_checks", lambda spec, own_groups: findings)
     result = runner.invoke(app, ["doctor", "prod", "--json"])
     assert result.exit_code == 1
     doc = json.loads(result.stdout)

@@ -21,10 +21,12 @@ from gpucluster.aws import args as component_args
 from gpucluster.aws.args import SETTINGS_MODELS, ArgsError, CapacitySettings, CostTagSettings, FsxSettings
 from gpucluster.aws.cluster import GpuCluster
 from gpucluster.aws.guardrails import Guardrails, GuardrailsArgs
+from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, GpuNodeGroupArgs
 from gpucluster.lambdas import budget_action, scaling
+from gpucluster.names import autoname
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, RecordingMonitor, record_resources, run_plan
-from gpucluster.spec import CapacityConfig, CostTags, FsxConfig, SpecError, parse_stack_config
+from gpucluster.spec import CapacityConfig, CostTags, FsxConfig, SpecError, StackSpec, parse_stack_config
 from gpucluster.stack import cluster_args
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -81,7 +83,8 @@ def existing_vpc_group() -> tuple[list[PlannedResource], dict[str, Any]]:
 
 def test_node_group_drops_into_an_existing_vpc_without_a_network(existing_vpc_group: Any) -> None:
     resources, outputs = existing_vpc_group
-    assert sorted(r.type for r in resources) == [ASG, LT, "gpucluster:index:GpuNodeGroup"]
+    assert sorted(r.type for r in resources) == [ASG, LT, "gpucluster:index:GpuNodeGroup",
+                                                 "pulumi:providers:aws"]  # the group's own (stop-state tags)
     asg = one(resources, ASG).inputs
     assert asg["vpcZoneIdentifiers"] == [SUBNET]
     assert asg["placementGroup"] == "team-a-train-pg"
@@ -91,7 +94,7 @@ def test_node_group_drops_into_an_existing_vpc_without_a_network(existing_vpc_gr
     nics = lt["networkInterfaces"]
     assert [n["interfaceType"] for n in nics] == ["efa", "efa-only", "efa-only", "efa-only"]
     assert all(n["securityGroups"] == [NODES_SG] for n in nics)
-    assert outputs == {"asg_name": "team-a-train-asg",
+    assert outputs == {"asg_name": autoname("team-a-train-asg"),
                        "asg_arn": f"arn:aws:autoscaling:us-east-1:{MOCK_ACCOUNT}:team-a-train-asg",
                        "lt": "team-a-train-lt-id"}
 
@@ -168,11 +171,18 @@ def test_bad_node_group_args_fail_with_the_stack_files_message_before_any_resour
                      "capacity": {"market": "capacity_block", "spot_percent": 10}}},
      ["node_group: need min_nodes <= desired_nodes <= max_nodes, got 3 <= 0 <= 2",
       "node_group.capacity.capacity_reservation_id: a capacity block needs its reservation id (cr-...)",
-      "node_group.capacity.spot_percent: capacity blocks have no spot share; must be 0, got 10"]),
+      "node_group.capacity.spot_percent: capacity blocks have no spot share; must be 0, got 10",
+      "placement_group_name: a Capacity Block's instances are already placed together in an EC2 "
+      "UltraCluster; it takes no placement group (AWS ParallelCluster rejects one too); leave it out"]),
     ({"security_group_ids": ["default"], "identity": "", "tags": {"aws:owner": "x"}},
      ["identity: must be 1-256 characters of letters, digits, spaces and _ . : / = + - @, got ''",
       "security_group_ids: must be a security group id like sg-0abc12345def67890, got 'default'",
-      "tags.aws:owner: tag keys are 1-128 characters and do not start with aws:, got 'aws:owner'"]),
+      "tags.aws:owner: tag key 'aws:owner' is reserved: keys under aws: and gpucluster: are set by AWS and "
+      "gpucluster only"]),
+    # A forged stop state would make the start schedule scale the group to whatever it says.
+    ({"tags": {"gpucluster:stopped-by": "schedule", "gpucluster:previous-desired": "2000"}},
+     [f"tags.gpucluster:{key}: tag key 'gpucluster:{key}' is reserved: keys under aws: and gpucluster: "
+      "are set by AWS and gpucluster only" for key in ("stopped-by", "previous-desired")]),
 ])
 def test_node_group_args_checks_list_every_problem_by_key_path(override: dict[str, Any],
                                                                 lines: list[str]) -> None:
@@ -210,8 +220,11 @@ def test_cluster_from_a_programs_own_args_takes_the_current_stack_as_identity() 
     resources, outputs = build(lambda: GpuCluster("lab", args),  # type: ignore[arg-type]
                                lambda c: {"groups": c.node_groups, "vpc": c.vpc_id})
     asg_tags = {t["key"]: t["value"] for t in one(resources, ASG).inputs["tags"]}
-    assert asg_tags["gpucluster:stack"] == "ext" and asg_tags["gpucluster:cluster"] == "lab"
-    assert outputs["groups"]["gpu"]["asg_name"] == "lab-gpu-asg" and outputs["vpc"] == "lab-network-vpc-id"
+    # the mock engine runs in no organization: a self-managed backend's name stands in
+    assert asg_tags["gpucluster:stack"] == "organization/gpucluster/ext/lab"
+    assert asg_tags["gpucluster:cluster"] == "lab"
+    assert outputs["groups"]["gpu"]["asg_name"] == autoname("lab-gpu-asg")
+    assert outputs["vpc"] == "lab-network-vpc-id"
     assert [r for r in resources if r.type == "aws:ec2/natGateway:NatGateway"] == []
 
 
@@ -229,6 +242,22 @@ def test_guardrails_args_are_checked_with_the_stack_files_rules() -> None:
     assert str(info.value).splitlines() == [
         "Guardrails g: groups[1].name: duplicate group name 'eks-gpu'",
         "Guardrails g: autostop.start_schedule: needs a stop_schedule to undo"]
+
+
+def test_component_tags_never_set_reserved_keys() -> None:
+    """Only the identity pair passes (how network, datasets and IAM receive it); owners override it."""
+    with pytest.raises(ArgsError) as info:
+        Guardrails("g", external_guardrails_args(tags={"gpucluster:previous-min": "4"}))
+    assert str(info.value).startswith("Guardrails g: tags.gpucluster:previous-min: tag key "
+                                      "'gpucluster:previous-min' is reserved")
+    with pytest.raises(ArgsError) as info:
+        ClusterNetwork("n", {"cluster_name": "lab", "region": "us-east-1", "vpc_cidr": "10.8.0.0/16",
+                             "availability_zones": ["us-east-1a"], "tags": {"gpucluster:node-group": "x"}})
+    assert "tags.gpucluster:node-group: tag key 'gpucluster:node-group' is reserved" in str(info.value)
+    resources, _ = build(lambda: GpuNodeGroup("team-a-train", node_group_args(
+        tags={"gpucluster:stack": "someone-else", "gpucluster:cluster": "x"})))
+    asg_tags = {t["key"]: t["value"] for t in one(resources, ASG).inputs["tags"]}
+    assert (asg_tags["gpucluster:stack"], asg_tags["gpucluster:cluster"]) == (IDENTITY, "research")
 
 
 # ------------------------------------------------------- Guardrails on an ASG not ours
@@ -352,7 +381,7 @@ REQUIRED = {
     "ClusterNetwork": {"clusterName", "region", "availabilityZones"},
     "GpuNodeGroup": {"nodeGroup", "clusterName", "region", "identity", "subnetIds", "securityGroupIds",
                      "instanceProfileArn"},
-    "NodeIdentity": set(),
+    "NodeIdentity": {"clusterName"},
     "DatasetBucket": {"dataset", "clusterName", "region"},
     "LustreFileSystem": {"dataset", "bucketName", "vpcId", "subnetId"},
     "Guardrails": {"groups", "clusterName", "identity", "region"},
@@ -403,7 +432,8 @@ def test_schema_types_of_the_drop_in_components(schema: Any) -> None:
     types = schema["type_definitions"]
     assert {k: (p.type, p.optional) for k, p in types["GuardedGroup"].properties.items()} == {
         "name": (PropertyType.STRING, False), "asgName": (PropertyType.STRING, False),
-        "asgArn": (PropertyType.STRING, False), "canRunSpot": (PropertyType.BOOLEAN, False)}
+        "asgArn": (PropertyType.STRING, False), "canRunSpot": (PropertyType.BOOLEAN, False),
+        "capacityBlockReservationId": (PropertyType.STRING, True)}
 
 
 def camel(name: str) -> str:
@@ -432,8 +462,8 @@ def test_args_type_and_its_checking_model_have_the_same_keys(component: str) -> 
     assert is_typeddict(args_type)
     if component == "GpuCluster":  # checked as a stack file: the StackSpec model itself
         model_fields = {"cluster", "network", "node_groups", "datasets", "budget", "autostop", "spot",
-                        "stack", "region", "project"}
-        assert set(args_type.__annotations__) == model_fields - {"project"}
+                        "stack", "region", "project", "organization"}
+        assert set(args_type.__annotations__) == model_fields == set(StackSpec.model_fields)
         return
     model = getattr(component_args, f"{component}Model")
     assert set(args_type.__annotations__) == set(model.model_fields)

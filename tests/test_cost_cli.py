@@ -21,6 +21,7 @@ from moto.server import ThreadedMotoServer
 from typer.testing import CliRunner
 
 from base_config import policy_clean
+from cli_text import folded, joined_lines
 from gpucluster.chart import chart_series, draw_chart
 from gpucluster.cli import app
 from gpucluster.plan import load_stack
@@ -44,12 +45,16 @@ def test_cost_prod_says_how_much_the_mix_saves() -> None:
     assert result.exit_code == 0, result.output
     cost = prod_cost()
     saved = cost.usd_per_month("desired", "all_on_demand") - cost.usd_per_month("desired")
-    assert (f"the stack's mix is 42.0 % below the same capacity all on-demand at desired nodes "
-            f"(${saved:,.0f}/month less) and 48.4 % at max nodes") in " ".join(result.output.split())
-    row = "  desired      8     4          0     4    154.11           0.00     99.07   253.18"
+    assert (f"the stack's mix is 14.8 % below the same capacity all on-demand at desired nodes "
+            f"(${saved:,.0f}/month less) and 9.6 % at max nodes") in " ".join(result.output.split())
+    row = "  desired      8     4          4     0    154.11         220.16      0.00   374.27"  # no spot
     assert row in result.output
+    eval_max = "  max          4     0          0     4      0.00           0.00     18.89    18.89"
+    assert eval_max in result.output
     assert "FSx for Lustre pretrain-corpus         3,264.00" in result.output
-    assert f"  stack's mix         258.45       {cost.usd_per_month('desired'):,.2f}" in result.output
+    total = f"{cost.usd_per_month('desired'):,.2f}"
+    # prod has no schedule: as scheduled is the 24 x 7 figure
+    assert f"  stack's mix         379.57       {total}    {total}" in result.output
     assert "EC2 Spot Instance Advisor, typical savings of the family (2026-11-21)" in " ".join(
         result.output.split())
 
@@ -62,7 +67,9 @@ def test_cost_json_matches_the_model() -> None:
         for strategy in STRATEGIES:
             assert doc["totals"][at][strategy]["usd_per_month"] == round(cost.usd_per_month(at, strategy), 2)
     assert doc["node_groups"][0]["max"] | {"usd_per_hour": None} == {
-        "nodes": 16, "base": 4, "on_demand": 0, "spot": 12, "usd_per_hour": None}
+        "nodes": 16, "base": 4, "on_demand": 12, "spot": 0, "usd_per_hour": None}
+    assert doc["node_groups"][1]["max"] | {"usd_per_hour": None} == {
+        "nodes": 4, "base": 0, "on_demand": 0, "spot": 4, "usd_per_hour": None}
     assert doc["node_groups"][0]["rates"]["base"]["as_of"] == "2026-11-21"
 
 
@@ -80,10 +87,25 @@ def test_plan_prints_one_cost_line(cli_plans_once: None) -> None:
     lines = result.output.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith("cost:"))
     cost = price_stack(load_stack("dev")[2])
-    assert lines[at:at + 2] == [
+    assert lines[at:at + 3] == [
         f"cost: ${cost.usd_per_month('desired'):,.0f}/month at desired nodes, "
-        f"${cost.usd_per_month('max'):,.0f} at max (58.8 % / 61.1 % below all on-demand)",
+        f"${cost.usd_per_month('max'):,.0f} at max (55.6 % / 59.3 % below all on-demand)",
+        "  as scheduled (239 h/month) $198 at desired nodes",
         "  `gpucluster cost dev` for the breakdown"]
+
+
+def test_cost_dev_shows_the_scheduled_hours_next_to_24x7() -> None:
+    result = runner.invoke(app, ["cost", "dev"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert ("hours a month: 730 24 x 7, 238.99 as scheduled (stop cron(0 19 ? * * *), start "
+            "cron(0 8 ? * MON-FRI *), max lifetime 12 h in Europe/Berlin: 2,860 of the 8,736 "
+            "hours") in " ".join(out.split())
+    assert "total: 24 x 7 (730 h/month) and as scheduled (238.99 h/month)" in out
+    # the README's worked figure: 381.38 24 x 7 and 197.74 as scheduled at desired nodes
+    assert "  stack's mix           0.52           381.38        197.74" in out
+    assert "  NAT gateway public IPv4              3.65         3.65  1 Elastic IP x $0.005/h" in out
+    assert "VPC interface endpoints             43.80        43.80  3 endpoints" in out
 
 
 def eu_stack(base_config: dict[str, Any], write_stack: Callable[..., Path]) -> Path:
@@ -107,13 +129,18 @@ def test_region_without_prices(base_config: dict[str, Any], write_stack: Callabl
 @pytest.mark.parametrize(("args", "message"), [
     (["cost"], "cost: give a STACK (or --diff BASE.json HEAD.json)"),
     (["cost", "prod", "--dataset-gib", "-1"], "cost: --dataset-gib and --nat-gb must be >= 0"),
-    (["recommend", "--mode", "train"], "recommend: --params is required (model size, e.g. 7 or 70b)"),
+    (["recommend", "--mode", "train"],
+     "recommend: --model or --params is required (e.g. --model llama-3.1-8b or --params 70b)"),
     (["recommend", "--params", "7"], "recommend: --mode is required (train, finetune or inference)"),
     (["recommend", "--params", "7", "--mode", "train", "--precision", "int4"],
      "recommend: --precision: train takes bf16, fp16, fp32, got 'int4'"),
     (["recommend", "--params", "7", "--mode", "inference", "--region", "eu-west-1"],
-     "recommend: --region: no on-demand price for p6-b200.48xlarge in eu-west-1 "
+     "recommend: --region: no on-demand price for p4d.24xlarge in eu-west-1 "
      "(have: us-east-1, us-west-2)"),
+    (["recommend", "--model", "llama-3.1-8b", "--mode", "train", "--zone", "us-west-2a"],
+     "recommend: --zone: 'us-west-2a' is not a zone of region 'us-east-1' (--region)"),
+    (["recommend", "--model", "llama-3.1-8b", "--mode", "train", "--mfu", "0"],
+     "recommend: --mfu: must be a fraction of the peak in (0, 1], e.g. 0.4, got 0"),
 ])
 def test_bad_arguments_one_line_exit_2(args: list[str], message: str) -> None:
     result = runner.invoke(app, args)
@@ -138,12 +165,13 @@ def test_cost_diff_prints_markdown(tmp_path: Path, base_config: dict[str, Any],
     head_json.write_text(head.output)
     result = runner.invoke(app, ["cost", "--diff", str(base_json), str(head_json)])
     assert result.exit_code == 0, result.output
-    # 2 fewer spot nodes at desired: 2 x 24.768 x 730 + 2 root volumes 500 GiB x 0.08
-    delta = 2 * 24.768 * 730 + 2 * 500 * 0.08
+    # 2 fewer on-demand nodes at desired: 2 x 55.04 x 730 + 2 root volumes 500 GiB x 0.08
+    delta = 2 * 55.04 * 730 + 2 * 500 * 0.08
     assert f"**-${delta:,.2f}" in result.output
     assert result.output.splitlines()[0] == "### gpucluster cost: prod"
     max_total = f"${prod_cost().usd_per_month('max'):,.2f}"
-    assert f"| **total at max nodes** | {max_total} | {max_total} | **no change** |" in result.output
+    row = f"| **total at max nodes, as scheduled** | {max_total} | {max_total} | **no change** |"
+    assert row in result.output
     assert "| node group h100-train, max |" not in result.output  # unchanged components are left out
 
 
@@ -174,8 +202,10 @@ def test_chart_bars_are_the_cost_model() -> None:
         for strategy in STRATEGIES:
             bars = series[at][strategy]  # type: ignore[index]
             assert sum(v for _, v in bars) == pytest.approx(cost.usd_per_month(at, strategy))  # type: ignore[arg-type]
-            assert [n for n, _ in bars] == ["node group h100-train", "EBS root volumes h100-train",
-                                            "NAT gateway", "FSx for Lustre pretrain-corpus",
+            assert [n for n, _ in bars] == ["node group h100-train", "node group eval",
+                                            "EBS root volumes h100-train", "EBS root volumes eval",
+                                            "NAT gateway", "NAT gateway public IPv4",
+                                            "VPC interface endpoints", "FSx for Lustre pretrain-corpus",
                                             "S3 pretrain-corpus"]
 
 
@@ -204,8 +234,11 @@ def test_draw_chart_returns_what_it_drew(tmp_path: Path) -> None:
 def test_cost_live_prices_spot_from_describe_spot_price_history(monkeypatch: pytest.MonkeyPatch) -> None:
     ec2 = boto3.client("ec2", region_name="us-east-1")
     stub = Stubber(ec2)
-    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [
+    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [   # h100-train
         {"AvailabilityZone": "us-east-1d", "InstanceType": "p5.48xlarge", "SpotPrice": "21.50",
+         "Timestamp": datetime(2026, 11, 21, 9, 30, tzinfo=UTC)}]})
+    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [   # eval
+        {"AvailabilityZone": "us-east-1d", "InstanceType": "g6e.12xlarge", "SpotPrice": "3.25",
          "Timestamp": datetime(2026, 11, 21, 9, 30, tzinfo=UTC)}]})
     stub.activate()
     made: list[tuple[str, str]] = []
@@ -218,11 +251,13 @@ def test_cost_live_prices_spot_from_describe_spot_price_history(monkeypatch: pyt
     result = runner.invoke(app, ["cost", "prod", "--live", "--json"])
     assert result.exit_code == 0, result.output
     assert made == [("ec2", "us-east-1")]
-    group = json.loads(result.output)["node_groups"][0]
-    assert group["rates"]["spot"] == {
+    train, evaluation = json.loads(result.output)["node_groups"]
+    assert train["rates"]["spot"] == {
         "usd_per_hour": 21.5, "basis": "spot, live: mean of the latest price in us-east-1d",
         "source": "EC2 DescribeSpotPriceHistory (Linux/UNIX)", "as_of": "2026-11-21 09:30 UTC"}
-    assert group["max"]["usd_per_hour"]["spot"] == 12 * 21.5
+    assert train["max"]["usd_per_hour"]["spot"] == 0  # on-demand only: a live spot price costs nothing
+    assert evaluation["rates"]["spot"]["usd_per_hour"] == 3.25
+    assert evaluation["max"]["usd_per_hour"]["spot"] == 4 * 3.25
     stub.assert_no_pending_responses()
 
 
@@ -244,29 +279,49 @@ def test_cost_live_without_aws_falls_back_to_the_catalog(monkeypatch: pytest.Mon
 def test_recommend_prints_fits_and_a_pasteable_snippet(base_config: dict[str, Any]) -> None:
     result = runner.invoke(app, ["recommend", "--params", "70b", "--mode", "train"])
     assert result.exit_code == 0, result.output
-    rows = [line.split() for line in result.output.splitlines() if re.match(r"\s+\d+\s+[a-z0-9-]+\.", line)]
-    assert rows[0][:3] == ["1", "p4de.24xlarge", "3"]
-    prices = [float(r[8]) for r in rows]  # "#", type, nodes, "24 x A100", need, usable, on-demand
-    assert prices == sorted(prices)
+    lines = result.output.splitlines()  # each fit's row, and the columns folded under it (100 columns)
+    rows = [[*line.split(), folded(lines[i + 1])["$/eff. TFLOP-h"]] for i, line in enumerate(lines)
+            if re.match(r"\s+\d+\s+[a-z0-9-]+\.", line)]
+    assert rows[0][:3] == ["1", "p6-b200.48xlarge", "1"]
+    assert "llama-3.1-70b train" in result.output
+    assert "ranked by price per effective TFLOP-hour" in result.output
+    per_tflop = [float(r[-1]) for r in rows]
+    assert per_tflop == sorted(per_tflop)
+    assert all(r[1] != "p5e.48xlarge" for r in rows)  # not offered in us-east-1
     snippet = result.output.split("stacks/Pulumi.<env>.yaml):\n\n", 1)[1]
     pasted = yaml.safe_load(snippet)   # indented for a stack file's `config:` block
+    zones = pasted["gpucluster:node_groups"][0]["availability_zones"]
+    base_config["gpucluster:network"]["availability_zones"] = zones
     spec = parse_stack_config({**base_config, **pasted}, stack="t")
-    assert spec.node_groups[0].instance_types == ["p4de.24xlarge"] and spec.node_groups[0].efa_enabled
+    assert spec.node_groups[0].instance_types == ["p6-b200.48xlarge"] and zones == ["us-east-1c"]
+
+
+def test_recommend_with_tokens_shows_hours_and_job_cost() -> None:
+    result = runner.invoke(app, ["recommend", "--model", "llama-3.1-8b", "--mode", "finetune",
+                                 "--tokens", "1b"])
+    assert result.exit_code == 0, result.output
+    assert "job: 1,000,000,000 tokens x 6 x 8.03B parameters = 4.82e+19 FLOPs at 40 % of" in result.output
+    lines = result.output.splitlines()
+    rows = {r.split()[1]: folded(lines[i + 1]) for i, r in enumerate(lines) if re.match(r"\s+\d+\s+[a-z]", r)}
+    assert [rows["p5.48xlarge"][k] for k in ("hours", "job $")] == ["4.2", "232.76"]  # tests/test_sizing.py
+    assert [rows["g6e.12xlarge"][k] for k in ("hours", "job $")] == ["23.1", "242.42"]
 
 
 def test_recommend_json() -> None:
     result = runner.invoke(app, ["recommend", "--params", "7", "--mode", "inference", "--json", "--top", "2"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
-    assert [f["instance_type"] for f in doc["fits"]] == ["g6.xlarge", "g6.2xlarge"]
-    assert doc["memory_gib"]["kv_cache"] == 2.0
-    assert doc["snippet"].startswith("# 1 x g6.xlarge (1 x L4) for 7B inference (bf16)")
+    assert doc["workload"]["model"] == "mistral-7b" and doc["workload"]["concurrency"] == 8
+    assert [f["instance_type"] for f in doc["fits"]] == ["g6e.xlarge", "g6e.2xlarge"]
+    assert doc["memory_gib"]["kv_cache"] == 4.0   # 8 sequences x 4096 tokens x 0.5 GiB / 4096 tokens
+    assert doc["fits"][0]["usd_per_effective_tflop_hour"] == pytest.approx(1.861 / (362.05 * 0.4))
+    assert doc["snippet"].startswith("# 1 x g6e.xlarge (1 x L40S) for mistral-7b inference (bf16)")
 
 
 def test_recommend_nothing_fits_exits_1() -> None:
     result = runner.invoke(app, ["recommend", "--params", "405", "--mode", "train", "--max-nodes", "4"])
     assert result.exit_code == 1
-    assert "nothing in the catalog fits" in result.output
+    assert "nothing offered in us-east-1 fits: raise --max-nodes" in result.output
 
 
 # ---------------------------------------------------------------------- doctor
@@ -294,19 +349,21 @@ def test_doctor_against_a_moto_server(moto_endpoint: str, base_config: dict[str,
                                       write_stack: Callable[..., Path]) -> None:
     prod = run_doctor("prod", moto_endpoint)
     assert prod.returncode == 0, prod.stdout + prod.stderr
-    table = [line.split(None, 2) for line in prod.stdout.splitlines()[2:-1]]
-    assert ["ok", "efa", "p5.48xlarge                                 32 EFA interfaces, 32 network cards, "
-            "as the catalog says"] in table
-    assert ("warning  offering  h100-train us-east-1d                       fallback p5e.48xlarge not "
-            "offered in us-east-1d") in prod.stdout
+    rows = [" ".join(line.split()) for line in joined_lines(prod.stdout)[2:-1]]
+    assert "ok efa p5.48xlarge 32 EFA interfaces, 32 network cards, as the catalog says" in rows
+    assert "ok offering h100-train us-east-1d p5.48xlarge offered" in rows
+    assert "ok offering eval us-east-1d g6e.12xlarge offered" in rows
     # moto has no EC2 service quotas or cost allocation tags: reported as not checked, not a crash
-    not_checked = "warning  quota     Running On-Demand P instances (L-417A185B)  could not check (500)"
-    assert not_checked in prod.stdout
-    assert prod.stdout.splitlines()[-1] == "2 ok, 4 warning(s), 0 blocker(s)"
+    assert "warning quota Running On-Demand P instances (L-417A185B) could not check (500)" in rows
+    assert any(r.startswith("ok identity organization/gpucluster/prod/gpu-prod no other Auto Scaling group")
+               for r in rows)
+    assert prod.stdout.splitlines()[-1] == "5 ok, 3 warning(s), 0 blocker(s)"
 
+    # A type the shipped offerings do not place in the zone is refused offline, before AWS is asked
+    # (doctor's own offering blocker, for an account whose zones differ, is in tests/test_doctor.py).
     base_config["gpucluster:network"]["availability_zones"] = ["us-east-1a"]
     base_config["gpucluster:node_groups"][0]["instance_types"] = ["p4de.24xlarge"]
-    blocked = run_doctor(str(write_stack(base_config, name="p4de")), moto_endpoint)
-    assert blocked.returncode == 1, blocked.stdout + blocked.stderr
-    assert "blocker  offering  gpu us-east-1a" in blocked.stdout
-    assert "p4de.24xlarge not offered in us-east-1a" in blocked.stdout
+    refused = run_doctor(str(write_stack(base_config, name="p4de")), moto_endpoint)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert ("node_groups[0].instance_types[0]: p4de.24xlarge is not offered in us-east-1a; in us-east-1 "
+            "it is offered in us-east-1b, us-east-1c") in refused.stderr

@@ -19,7 +19,8 @@ from gpucluster.aws.datasets import (
     tls_only_policy,
 )
 from gpucluster.plan import PlannedResource, load_stack, record_resources
-from gpucluster.spec import StackSpec, parse_stack_config
+from gpucluster.spec import SpecError, StackSpec, parse_stack_config
+from shipped import shipped_plan
 
 BUCKET = "aws:s3/bucket:Bucket"
 S3_CONFIG = {
@@ -93,7 +94,7 @@ def test_created_bucket_is_named_encrypted_and_versioned(created: Run) -> None:
     assert bucket.inputs["bucket"] == "acme-corpus" and "bucketPrefix" not in bucket.inputs
     assert bucket.inputs["forceDestroy"] is False
     assert bucket.inputs["tags"]["gpucluster:dataset"] == "corpus"
-    assert bucket.inputs["tags"]["gpucluster:stack"] == "test"
+    assert bucket.inputs["tags"]["gpucluster:stack"] == "organization/gpucluster/test/test"
     sse = created.one(
         "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
     assert sse.inputs["bucket"] == "acme-corpus"
@@ -112,7 +113,7 @@ def test_created_bucket_blocks_public_access_and_acls(created: Run) -> None:
 
 def test_created_bucket_policy_denies_requests_without_tls(created: Run) -> None:
     policy = json.loads(created.one("aws:s3/bucketPolicy:BucketPolicy").inputs["policy"])
-    assert policy["Statement"] == [{
+    assert policy["Statement"][:1] == [{  # deletion: tests/test_data_protection.py
         "Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
         "Resource": ["arn:aws:s3:::acme-corpus", "arn:aws:s3:::acme-corpus/*"],
         "Condition": {"Bool": {"aws:SecureTransport": "false"}},
@@ -124,7 +125,7 @@ def test_lifecycle_expires_only_old_checkpoint_versions(created: Run) -> None:
     by_id = {rule["id"]: rule for rule in rules}
     assert by_id["expire-noncurrent-checkpoint-versions"] == {
         "id": "expire-noncurrent-checkpoint-versions", "status": "Enabled", "filter": {"prefix": "ckpt/"},
-        "noncurrentVersionExpiration": {"noncurrentDays": 21}}
+        "noncurrentVersionExpiration": {"noncurrentDays": 21, "newerNoncurrentVersions": 3}}
     assert by_id["abort-incomplete-multipart-uploads"]["abortIncompleteMultipartUpload"] == {
         "daysAfterInitiation": 7}
     assert len(rules) == 2
@@ -136,6 +137,29 @@ def test_created_bucket_and_its_configuration_are_protected_and_retained(created
     s3 = [r for r in created.resources if r.type == BUCKET or r.type in S3_CONFIG]
     assert {r.type for r in s3} == S3_CONFIG | {BUCKET}
     assert all(r.protect and r.retain_on_delete for r in s3), [r.name for r in s3 if not r.protect]
+
+
+def test_lifecycle_keeps_the_newest_checkpoint_versions(base_config: dict[str, Any]) -> None:
+    run = run_store(spec_with(base_config, {
+        "name": "corpus", "checkpoint_prefix": "ckpt/", "noncurrent_version_expiration_days": 1,
+        "newer_noncurrent_versions": 10}))
+    rules = run.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration").inputs["rules"]
+    expire = next(r for r in rules if r["id"] == "expire-noncurrent-checkpoint-versions")
+    assert expire["noncurrentVersionExpiration"] == {"noncurrentDays": 1, "newerNoncurrentVersions": 10}
+
+
+@pytest.mark.parametrize(("dataset", "message"), [
+    ({"name": "ckpts", "newer_noncurrent_versions": 0, "checkpoint_prefix": "c/"}, "must be 1..100, got 0"),
+    ({"name": "ckpts", "newer_noncurrent_versions": 5}, "only used with a checkpoint_prefix"),
+    ({"name": "ckpts", "bucket_name": "acme-c", "existing": True, "checkpoint_prefix": "c/",
+      "newer_noncurrent_versions": 5}, "only applies to buckets this stack creates"),
+])
+def test_newer_noncurrent_versions_is_checked(base_config: dict[str, Any], dataset: dict[str, Any],
+                                              message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_with(base_config, dataset)
+    assert [(f.path, message in f.message) for f in err.value.findings] == [
+        ("datasets[0].newer_noncurrent_versions", True)]
 
 
 def test_created_bucket_grants_read_data_and_write_checkpoints_only(created: Run) -> None:
@@ -203,6 +227,35 @@ def test_fsx_is_lustre_2_15_scratch_in_the_zone_subnet(lustre: Run) -> None:
     assert sg.inputs["vpcId"] == VPC and "ingress" not in sg.inputs and "egress" not in sg.inputs
 
 
+def test_fsx_is_protected_and_retained_like_the_buckets(lustre: Run) -> None:
+    fs = lustre.one(FS)
+    assert fs.protect and fs.retain_on_delete
+    # What the retained file system needs keeps working after `pulumi destroy`: its group and the
+    # rules among its own file servers; the rules naming node groups go with the node groups.
+    sg = lustre.one("aws:ec2/securityGroup:SecurityGroup")
+    assert sg.retain_on_delete and not sg.protect
+    rules = lustre.of(INGRESS) + lustre.of(EGRESS)
+    kept = {r.name for r in rules if r.retain_on_delete}
+    assert kept == {f"ds-corpus-fsx-{d}-self-{p}" for d in ("in", "out") for p in ("988", "1018-1023")}
+
+
+def test_scratch_fsx_has_no_backup_settings(lustre: Run) -> None:
+    assert "automaticBackupRetentionDays" not in lustre.one(FS).inputs
+
+
+def test_fsx_is_created_after_its_lustre_rules() -> None:
+    """CreateFileSystem checks the LNET rules synchronously: every one of them must exist first."""
+    plan = shipped_plan("prod")
+    fs = next(r for r in plan.resources if r.type == FS)
+    rules = [r for r in plan.resources if r.type in (INGRESS, EGRESS) and "-fsx-" in r.name]
+    # 988 and 1018-1023, both ways: among the file servers (4), and with each of prod's 2 node groups (8 each)
+    assert len(rules) == 4 + 8 * len(plan.spec.node_groups) == 20
+    missing = [r.name for r in rules if not plan.depends_on(fs, r)]
+    assert not missing, f"FSx does not wait for {missing}"
+    assert {f"gpu-prod-datasets-pretrain-corpus-fsx-in-self-{p}" for p in ("988", "1018-1023")} <= set(
+        fs.dependencies)
+
+
 def test_fsx_associations_import_data_and_export_checkpoints(lustre: Run) -> None:
     fs_id = lustre.exported["datasets"]["corpus"]["fsx_file_system_id"]
     data = lustre.one(DRA, "ds-corpus-fsx-data").inputs
@@ -256,7 +309,30 @@ def test_fsx_zone_defaults_to_the_first_node_group_zone(base_config: dict[str, A
     assert (fs.inputs["deploymentType"], fs.inputs["storageCapacity"],
             fs.inputs["perUnitStorageThroughput"]) == ("PERSISTENT_2", 4800, 250)
     assert fs.inputs["skipFinalBackup"] is False, "a persistent file system leaves a final backup"
+    assert fs.inputs["automaticBackupRetentionDays"] == 7, "and keeps a week of daily backups"
     assert [r.name for r in run.of(DRA)] == ["ds-corpus-fsx-data"]  # no checkpoint prefix, no export
+
+
+def test_persistent_fsx_backup_retention_is_configurable(base_config: dict[str, Any]) -> None:
+    fsx = {"deployment_type": "PERSISTENT_2", "throughput_per_unit_mib": 250,
+           "automatic_backup_retention_days": 30}
+    run = run_store(spec_with(base_config, {"name": "corpus", "access": "fsx", "fsx": fsx}))
+    assert run.one(FS).inputs["automaticBackupRetentionDays"] == 30
+
+
+PERSISTENT = {"deployment_type": "PERSISTENT_2", "throughput_per_unit_mib": 250}
+
+
+@pytest.mark.parametrize(("fsx", "message"), [
+    ({**PERSISTENT, "automatic_backup_retention_days": 0}, "keeps automatic backups: 1-90 days, got 0"),
+    ({"automatic_backup_retention_days": 7}, "SCRATCH_2 file systems have no backups"),
+    ({**PERSISTENT, "automatic_backup_retention_days": 91}, "must be 0..90, got 91"),
+])
+def test_fsx_backup_retention_rules(base_config: dict[str, Any], fsx: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_with(base_config, {"name": "corpus", "access": "fsx", "fsx": fsx})
+    assert [(f.path, message in f.message) for f in err.value.findings] == [
+        ("datasets[0].fsx.automatic_backup_retention_days", True)]
 
 
 def test_fsx_on_an_existing_bucket_leaves_its_notifications_alone(base_config: dict[str, Any]) -> None:

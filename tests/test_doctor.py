@@ -7,7 +7,7 @@ answers are stubbed with botocore's Stubber (which checks them against the API m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,14 +17,18 @@ from botocore.stub import Stubber
 from moto import mock_aws
 
 from gpucluster.ops.doctor import (
+    IAM_ACTIONS,
     Clients,
     DoctorError,
     check_cost_tags,
     check_efa,
+    check_identity,
     check_quotas,
     check_reservations,
     fetch_spot_prices,
     has_blocker,
+    identity_groups,
+    own_group_names,
     run_checks,
     vcpus_needed,
 )
@@ -74,7 +78,9 @@ def stubbed() -> Iterator[tuple[Stubber, Stubber, Stubber]]:
 
 
 def clients_of(ec2: Any, stubbed: tuple[Stubber, Stubber, Stubber]) -> Clients:
-    return Clients(ec2=ec2, quotas=stubbed[1].client, ce=stubbed[2].client)
+    """Stubbed quotas and Cost Explorer; Auto Scaling from moto (the caller runs inside `moto_ec2`)."""
+    return Clients(ec2=ec2, quotas=stubbed[1].client, ce=stubbed[2].client,
+                   autoscaling=boto3.client("autoscaling", region_name="us-east-1"))
 
 
 def stub_p_quotas(quotas: Stubber, on_demand: float = 768, spot: float = 2304) -> None:
@@ -102,15 +108,28 @@ def test_healthy_account(base_config: dict[str, Any], stubbed: tuple[Stubber, St
         ("ok", "efa", "p5.48xlarge"),
         ("ok", "quota", "Running On-Demand P instances (L-417A185B)"),
         ("ok", "quota", "All P Spot Instance Requests (L-7212CCBC)"),
+        ("ok", "identity", "organization/gpucluster/t/test"),
         ("ok", "cost tag", "gpucluster:stack"),
         ("ok", "cost tag", "cost_center"),
     ]
     assert not has_blocker(findings)
 
 
+def unchecked(config: dict[str, Any]) -> StackSpec:
+    """The spec without the cross-field checks: the offline offerings check would reject it first.
+
+    doctor asks the account, whose zone names may map to other physical zones than the shipped
+    offerings assume, so it must still find what the account does not offer.
+    """
+    values = {k.split(":", 1)[1]: v for k, v in config.items() if k.startswith("gpucluster:")}
+    return StackSpec.model_validate({**values, "stack": "t", "region": config["aws:region"]})
+
+
 def test_missing_offering_blocks(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber],
                                  moto_ec2: Any) -> None:
-    spec = training_stack(base_config, instance_type="p4de.24xlarge")  # moto: us-east-1b/1c only
+    training_stack(base_config)
+    base_config["gpucluster:node_groups"][0]["instance_types"] = ["p4de.24xlarge"]  # moto: us-east-1b/1c
+    spec = unchecked(base_config)
     healthy_quotas_and_tags(stubbed)  # p4de has 96 vCPUs: 384 on-demand, 1152 spot needed
     findings = run_checks(spec, clients_of(moto_ec2, stubbed))
     blockers = [f for f in findings if f.level == "blocker"]
@@ -139,6 +158,9 @@ def reservation(**fields: Any) -> dict[str, Any]:
     return {"CapacityReservations": [{k: v for k, v in cr.items() if v is not None}]}
 
 
+BLOCK = {"market": "capacity_block", "on_demand_base": 0, "spot_percent": 0}
+
+
 @pytest.mark.parametrize(("fields", "capacity", "expected"), [
     ({}, {}, [("ok", "active, p5.48xlarge x 4 in us-east-1a, until 2027-01-20")]),
     ({"EndDate": NOW - timedelta(hours=1), "State": "expired"}, {},
@@ -154,8 +176,26 @@ def reservation(**fields: Any) -> dict[str, Any]:
     ({"ReservationType": "capacity-block"}, {},
      [("blocker", "is a capacity block, but capacity.market is mixed")]),
     ({"ReservationType": "capacity-block", "State": "scheduled", "StartDate": NOW + timedelta(days=3),
-      "TotalInstanceCount": 16}, {"market": "capacity_block", "on_demand_base": 0, "spot_percent": 0},
-     [("warning", "a capacity block that starts at 2026-11-24 12:00 UTC; nodes launch from then")]),
+      "TotalInstanceCount": 16}, BLOCK,
+     [("warning", "a capacity block that has not started: it starts at 2026-11-24 12:00 UTC, in 3 days 0 h; "
+                  "nodes launch from then")]),
+    # issue 15: not started (just bought), ended, ends within the next day
+    ({"ReservationType": "capacity-block", "State": "payment-pending", "StartDate": NOW + timedelta(hours=5),
+      "TotalInstanceCount": 16}, BLOCK,
+     [("warning", "a capacity block that has not started (payment pending): it starts at 2026-11-21 17:00 "
+                  "UTC, in 5 h 0 min; nodes launch from then")]),
+    ({"ReservationType": "capacity-block", "State": "expired", "EndDate": NOW - timedelta(minutes=30),
+      "TotalInstanceCount": 16}, BLOCK, [("blocker", "expired at 2026-11-21 11:30 UTC")]),
+    ({"ReservationType": "capacity-block", "EndDate": NOW + timedelta(hours=20, minutes=15),
+      "TotalInstanceCount": 16}, BLOCK,
+     [("warning", "ends at 2026-11-22 08:15 UTC, in 20 h 15 min: the block-expiry guardrail runs the "
+                  "pre-stop hook and scales the group to zero 40 minutes before; EC2 terminates the "
+                  "instances from 30 minutes before")]),
+    ({"ReservationType": "capacity-block", "EndDate": NOW + timedelta(days=2), "TotalInstanceCount": 16},
+     BLOCK, [("ok", "active, p5.48xlarge x 16 in us-east-1a, until 2026-11-23")]),  # a block's 2 days: fine
+    ({"State": "scheduled", "StartDate": NOW + timedelta(days=10)}, {},
+     [("warning", "a reservation that has not started: it starts at 2026-12-01 12:00 UTC, in 10 days 0 h; "
+                  "nodes launch from then")]),
 ])
 def test_reservation_findings(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber],
                               fields: dict[str, Any], capacity: dict[str, Any],
@@ -197,9 +237,16 @@ def test_expired_reservation_through_run_checks(base_config: dict[str, Any],
     ec2.add_response("describe_capacity_reservations",
                      reservation(State="expired", EndDate=NOW - timedelta(days=1)))
     healthy_quotas_and_tags(stubbed)
-    findings = run_checks(spec, clients_of(ec2.client, stubbed), now=NOW)
+    clients = clients_of(ec2.client, stubbed)
+    called: set[str] = set()
+    for client in vars(clients).values():  # every API call, as the IAM action it needs
+        prefix = client.meta.service_model.signing_name.replace("service-quotas", "servicequotas")
+        client.meta.events.register("before-parameter-build", lambda model, prefix=prefix, **_: called.add(
+            f"{prefix}:{model.name}"))
+    findings = run_checks(spec, clients, now=NOW)
     assert [(f.level, f.check) for f in findings if f.level != "ok"] == [("blocker", "reservation")]
     assert has_blocker(findings)
+    assert called <= set(IAM_ACTIONS) and len(called) == len(IAM_ACTIONS) - 1  # no default quota asked
 
 
 def test_short_quota_blocks(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber]) -> None:
@@ -236,22 +283,33 @@ def test_capacity_blocks_are_left_out_of_quotas(base_config: dict[str, Any]) -> 
 
 
 def test_vcpus_needed_for_the_shipped_stacks() -> None:
-    assert vcpus_needed(load_stack("prod")[2]) == {("P", "on-demand"): 768, ("P", "spot"): 2304}
+    # h100-train: 16 on-demand p5.48xlarge x 192 vCPUs; eval: 4 spot g6e.12xlarge x 48
+    assert vcpus_needed(load_stack("prod")[2]) == {("P", "on-demand"): 3072, ("G", "spot"): 192}
     # staging max 6 = 1 base + 2 on-demand + 3 spot, 48-vCPU types
     assert vcpus_needed(load_stack("staging")[2]) == {("G", "on-demand"): 144, ("G", "spot"): 144}
 
 
-@pytest.mark.parametrize(("status", "levels"), [
-    ({"gpucluster__stack": "Active", "cost_center": "Active"}, ["ok", "ok"]),
-    ({"gpucluster__stack": "Inactive", "cost_center": "Active"}, ["warning", "ok"]),
-    ({}, ["warning", "warning"]),
+@pytest.mark.parametrize(("status", "budget", "deployed", "levels"), [
+    ({"gpucluster__stack": "Active", "cost_center": "Active"}, True, True, ["ok", "ok"]),
+    # the budget filters on gpucluster:stack: inactive, it sees $0 and never stops anything
+    ({"gpucluster__stack": "Inactive", "cost_center": "Active"}, True, False, ["blocker", "ok"]),
+    ({"gpucluster__stack": "Active", "cost_center": "Inactive"}, True, True, ["ok", "warning"]),
+    ({}, True, True, ["blocker", "warning"]),  # deployed, and AWS still lists no such tag
+    ({}, True, False, ["warning", "warning"]),  # first deploy: AWS lists a tag only after resources carry it
+    ({"gpucluster__stack": "Inactive", "cost_center": "Inactive"}, False, True, ["warning", "warning"]),
 ])
 def test_cost_tags(base_config: dict[str, Any], stubbed: tuple[Stubber, Stubber, Stubber],
-                   status: dict[str, str], levels: list[str]) -> None:
+                   status: dict[str, str], budget: bool, deployed: bool, levels: list[str]) -> None:
+    if budget:
+        base_config["gpucluster:budget"] = {"monthly_limit_usd": 500, "action_threshold_percent": 100}
     stubbed[2].add_response("list_cost_allocation_tags", tags(**status))
-    findings = list(check_cost_tags(parse_stack_config(base_config, stack="t"), stubbed[2].client))
+    findings = list(check_cost_tags(parse_stack_config(base_config, stack="t"), stubbed[2].client, deployed))
     assert [(f.subject, f.level) for f in findings] == list(zip(["gpucluster:stack", "cost_center"], levels,
                                                                 strict=True))
+    if levels[0] == "blocker":
+        assert "the budget sees $0 of this stack's spend and its scale-to-zero never fires" in \
+            findings[0].message
+        assert "TagKey=gpucluster:stack,Status=Active" in findings[0].message
 
 
 def test_efa_mismatch_blocks_an_efa_group(base_config: dict[str, Any],
@@ -308,3 +366,147 @@ def test_fetch_spot_prices_takes_the_latest_per_zone(stubbed: tuple[Stubber, Stu
     assert rate.usd_per_hour == pytest.approx((4.10 + 4.50) / 2)
     assert rate.basis == "spot, live: mean of the latest price in us-west-2a, us-west-2b"
     assert rate.as_of == "2026-11-21 11:00 UTC"
+
+
+# ------------------------------------------------------------------ identity
+
+
+def identity_group(autoscaling: Any, name: str, identity: str, node_group: str | None = "gpu") -> None:
+    tags = {"gpucluster:stack": identity, **({"gpucluster:node-group": node_group} if node_group else {})}
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=0, MaxSize=2, DesiredCapacity=0, AvailabilityZones=["us-east-1a"],
+        LaunchTemplate={"LaunchTemplateName": "doctor-nodes", "Version": "$Latest"},
+        Tags=[{"ResourceId": name, "ResourceType": "auto-scaling-group", "Key": k, "Value": v,
+               "PropagateAtLaunch": True} for k, v in tags.items()])
+
+
+@pytest.fixture
+def asgs(moto_ec2: Any) -> Iterator[Any]:
+    """Auto Scaling in the module's moto account; the groups a test creates are removed after it."""
+    autoscaling = boto3.client("autoscaling", region_name="us-east-1")
+    if not moto_ec2.describe_launch_templates()["LaunchTemplates"]:
+        moto_ec2.create_launch_template(LaunchTemplateName="doctor-nodes",
+                                        LaunchTemplateData={"ImageId": "ami-12c6146b"})
+    yield autoscaling
+    for g in autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]:
+        autoscaling.delete_auto_scaling_group(AutoScalingGroupName=g["AutoScalingGroupName"],
+                                              ForceDelete=True)
+
+
+def identity_findings(spec: StackSpec, autoscaling: Any,
+                      own: set[str] | None = None) -> list[tuple[str, str]]:
+    return [(f.level, f.subject) for f in check_identity(spec, identity_groups(spec, autoscaling), own)]
+
+
+def test_a_group_of_another_deployment_with_this_identity_blocks(base_config: dict[str, Any],
+                                                                 asgs: Any) -> None:
+    spec = parse_stack_config(base_config, stack="dev")
+    identity_group(asgs, "test-gpu-asg-1111111", spec.identity)  # this stack's
+    identity_group(asgs, "test-gpu-asg-2222222", spec.identity)  # a second deployment's, same identity
+    identity_group(asgs, "other-team-dev", "acme/gpucluster/dev/test")  # another org's dev: never counted
+
+    assert identity_findings(spec, asgs, own={"test-gpu-asg-1111111"}) == [
+        ("blocker", "test-gpu-asg-2222222")]
+    # without the stack's outputs both claim node group gpu: neither can be told to be this stack's
+    assert identity_findings(spec, asgs) == [("blocker", "test-gpu-asg-1111111"),
+                                             ("blocker", "test-gpu-asg-2222222")]
+    [finding] = check_identity(spec, identity_groups(spec, asgs), {"test-gpu-asg-1111111"})
+    assert finding.message.startswith("carries gpucluster:stack=organization/gpucluster/dev/test but is not "
+                                      "one of this stack's groups (its outputs): another deployment")
+    assert "give this cluster another cluster.name" in finding.message
+
+
+def test_before_the_first_deploy_every_group_with_the_identity_is_foreign(base_config: dict[str, Any],
+                                                                         asgs: Any) -> None:
+    spec = parse_stack_config(base_config, stack="dev")
+    identity_group(asgs, "left-behind", spec.identity)
+    assert identity_findings(spec, asgs, own=set()) == [("blocker", "left-behind")]
+    assert identity_findings(spec, asgs) == [("ok", spec.identity)]  # tags alone cannot tell
+
+
+def test_groups_of_no_node_group_of_the_stack_file_block(base_config: dict[str, Any], asgs: Any) -> None:
+    spec = parse_stack_config(base_config, stack="dev")
+    identity_group(asgs, "untagged", spec.identity, node_group=None)
+    identity_group(asgs, "old-group", spec.identity, node_group="a100")
+    findings = {f.subject: f.message for f in check_identity(spec, identity_groups(spec, asgs))}
+    assert "has no gpucluster:node-group tag" in findings["untagged"]
+    assert "its node group 'a100' is not in the stack file" in findings["old-group"]
+    assert "run doctor with --outputs" in findings["old-group"]
+
+
+def test_own_groups_come_from_the_stack_outputs() -> None:
+    outputs = {"cluster_name": "gpu-dev", "node_groups": {
+        "dev-a10": {"asg_name": "gpu-dev-dev-a10-asg-8f3a2b1", "efa": False}}}
+    assert own_group_names(outputs) == {"gpu-dev-dev-a10-asg-8f3a2b1"}
+    assert own_group_names({}) == set()
+    with pytest.raises(ValueError, match=r"node_groups\.x\.asg_name is missing"):
+        own_group_names({"node_groups": {"x": {}}})
+
+
+def test_doctor_cli_blocks_on_the_inactive_budget_tag_and_a_foreign_group(
+        base_config: dict[str, Any], asgs: Any, moto_ec2: Any, write_stack: Any, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpucluster doctor` is the deploy gate: exit 1 on a blocker, 0 once the account is right."""
+    from typer.testing import CliRunner
+
+    from gpucluster.cli import app
+
+    base_config["gpucluster:budget"] = {"monthly_limit_usd": 500, "action_threshold_percent": 100}
+    path = write_stack(base_config, "dev")
+    spec = parse_stack_config(base_config, stack="dev")
+    identity_group(asgs, "mine", spec.identity)
+    identity_group(asgs, "theirs", spec.identity)
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text('{"node_groups": {"gpu": {"asg_name": "mine"}}}')
+
+    def clients(status: str) -> Callable[[str], Clients]:
+        quotas, ce = boto3.client("service-quotas", region_name="us-east-1"), boto3.client("ce")
+        q, c = Stubber(quotas), Stubber(ce)
+        q.add_response("get_service_quota", quota("L-3819A6DF", 64))  # G spot: 2 x g5.xlarge
+        c.add_response("list_cost_allocation_tags", tags(gpucluster__stack=status, cost_center="Active"))
+        q.activate()
+        c.activate()
+        return lambda region: Clients(ec2=moto_ec2, quotas=quotas, ce=ce, autoscaling=asgs)
+
+    monkeypatch.setattr(Clients, "for_region", staticmethod(clients("Inactive")))
+    result = CliRunner().invoke(app, ["doctor", str(path), "--outputs", str(outputs)])
+    assert result.exit_code == 1, result.output
+    assert "gpucluster:stack=organization/gpucluster/dev/test" in result.output.splitlines()[0]
+    blockers = [line.split()[1:3] for line in result.output.splitlines() if line.split()[:1] == ["blocker"]]
+    assert blockers == [["identity", "theirs"], ["cost", "tag"]]
+
+    asgs.delete_auto_scaling_group(AutoScalingGroupName="theirs", ForceDelete=True)
+    monkeypatch.setattr(Clients, "for_region", staticmethod(clients("Active")))
+    result = CliRunner().invoke(app, ["doctor", str(path), "--outputs", str(outputs)])
+    assert result.exit_code == 0, result.output
+    assert "0 blocker(s)" in result.output
+
+
+def test_doctor_cli_rejects_unreadable_outputs(base_config: dict[str, Any], write_stack: Any,
+                                               tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from gpucluster.cli import app
+
+    bad = tmp_path / "outputs.json"
+    bad.write_text("[1, 2]")
+    result = CliRunner().invoke(app, ["doctor", str(write_stack(base_config, "dev")), "--outputs", str(bad)])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"doctor --outputs: {bad}: not a JSON object of stack outputs"
+
+
+@pytest.mark.parametrize(("own", "level"), [(set(), "warning"), ({"mine"}, "blocker")])
+def test_an_unlisted_budget_tag_blocks_once_the_stack_itself_is_deployed(
+        base_config: dict[str, Any], asgs: Any, moto_ec2: Any, own: set[str], level: str) -> None:
+    """A foreign group with this identity does not make this stack deployed: its outputs do."""
+    base_config["gpucluster:budget"] = {"monthly_limit_usd": 500, "action_threshold_percent": 100}
+    spec = parse_stack_config(base_config, stack="dev")
+    identity_group(asgs, "theirs", spec.identity)
+    quotas, ce = boto3.client("service-quotas", region_name="us-east-1"), boto3.client("ce")
+    with Stubber(quotas) as q, Stubber(ce) as c:
+        q.add_response("get_service_quota", quota("L-3819A6DF", 64))
+        c.add_response("list_cost_allocation_tags", tags(cost_center="Active"))  # gpucluster:stack unlisted
+        clients = Clients(ec2=moto_ec2, quotas=quotas, ce=ce, autoscaling=asgs)
+        findings = run_checks(spec, clients, own_groups=own)
+    [tag] = [f for f in findings if f.subject == "gpucluster:stack"]
+    assert tag.level == level

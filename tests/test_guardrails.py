@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pulumi
 import pytest
 
 from gpucluster.aws import guardrails as g
 from gpucluster.aws.guardrails import Guardrails
-from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources
+from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources, run_plan
 from gpucluster.spec import StackSpec, parse_stack_config
 from gpucluster.stack import can_run_spot, guardrails_args
 
@@ -85,6 +86,10 @@ class Built:
     @property
     def notify_topic(self) -> str:
         return self.arn(TOPIC, "notify-topic")
+
+
+# stacks/Pulumi.dev.yaml's identity: <organization>/<project>/<stack>/<cluster>
+DEV_IDENTITY = "organization/gpucluster/dev/gpu-dev"
 
 
 def build(spec: StackSpec) -> Built:
@@ -195,7 +200,8 @@ def test_dev_budget_filters_on_the_stack_tag_and_merges_the_action_into_the_100_
     assert (budget["name"], budget["budgetType"], budget["timeUnit"]) == (
         "gpu-dev-monthly", "COST", "MONTHLY")
     assert (budget["limitAmount"], budget["limitUnit"]) == ("700", "USD")
-    assert budget["costFilters"] == [{"name": "TagKeyValue", "values": ["user:gpucluster:stack$dev"]}]
+    assert budget["costFilters"] == [{"name": "TagKeyValue",
+                                      "values": [f"user:gpucluster:stack${DEV_IDENTITY}"]}]
     action_topic = dev.arn(TOPIC, "action-topic")
     got = [(n["notificationType"], n["threshold"], n["comparisonOperator"], n["thresholdType"],
             n["subscriberSnsTopicArns"], n["subscriberEmailAddresses"]) for n in budget["notifications"]]
@@ -218,7 +224,7 @@ def test_only_the_budget_lambda_listens_to_the_action_topic(dev: Built) -> None:
     assert permission == {"action": "lambda:InvokeFunction", "function": "gpu-dev-budget-action",
                           "principal": "sns.amazonaws.com", "sourceArn": action_topic}
     assert budget_fn.inputs["environment"]["variables"] == {
-        "GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic}
+        "GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic}
 
 
 def test_topics_are_encrypted_with_a_key_budgets_and_cloudwatch_may_use(dev: Built) -> None:
@@ -256,7 +262,7 @@ def test_budget_emails_subscribe_to_the_notify_topic(dev: Built) -> None:
 def test_dev_idle_alarm_stops_after_30_minutes_and_missing_data_only_notifies(dev: Built) -> None:
     alarm = dev.one(ALARM).inputs
     assert (alarm["namespace"], alarm["metricName"], alarm["statistic"]) == (
-        "CWAgent", "nvidia_smi_utilization_gpu", "Maximum")
+        "gpucluster/gpu-dev", "nvidia_smi_utilization_gpu", "Maximum")  # the cluster's own namespace
     assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-dev-dev-a10-asg"}
     assert alarm["name"] == "gpu-dev-dev-a10-asg-idle"  # the autostop handler's fallback convention
     assert (alarm["comparisonOperator"], alarm["threshold"]) == ("LessThanThreshold", 5)
@@ -312,12 +318,12 @@ def test_scheduler_role_may_only_invoke_autostop(dev: Built) -> None:
 
 def test_dev_lambdas_settings_and_environment(dev: Built) -> None:
     expected_env = {
-        "budget_action": {"GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic},
-        "autostop": {"GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic,
-                     "PRE_STOP_COMMAND": "/opt/gpucluster/hooks/checkpoint.sh",
+        "budget_action": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic},
+        "autostop": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic,
+                     "PRE_STOP_COMMAND": "/usr/local/sbin/gpucluster-checkpoint 100",
                      "PRE_STOP_TIMEOUT_SECONDS": "120", "MAX_LIFETIME_HOURS": "12"},
-        "spot_interruption": {"GPUCLUSTER_STACK": "dev", "NOTIFY_TOPIC_ARN": dev.notify_topic,
-                              "INTERRUPTION_COMMAND": "/opt/gpucluster/hooks/checkpoint.sh",
+        "spot_interruption": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic,
+                              "INTERRUPTION_COMMAND": "/usr/local/sbin/gpucluster-checkpoint 80",
                               "INTERRUPTION_TIMEOUT_SECONDS": "90"},
     }
     timeouts = {"budget_action": 120, "autostop": 120 + 60, "spot_interruption": 90 + 30}
@@ -332,11 +338,34 @@ def test_dev_lambdas_settings_and_environment(dev: Built) -> None:
         assert log_group["retentionInDays"] == 30
 
 
-def test_lambda_code_is_the_handlers_directory_as_package_lambdas() -> None:
+def test_lambda_code_is_the_handler_modules_as_package_lambdas() -> None:
     archive = g.lambda_code()
-    assert list(archive.assets) == ["lambdas"]
-    assert archive.assets["lambdas"].path == str(g.LAMBDA_DIR)
+    modules = sorted(p.name for p in g.LAMBDA_DIR.glob("*.py"))
+    handlers = {h.split(".")[1] + ".py" for h in g.HANDLERS.values()}
+    assert {"__init__.py", "scaling.py", *handlers} <= set(modules)
+    assert sorted(archive.assets) == [f"lambdas/{m}" for m in modules]
+    assert all(isinstance(a, pulumi.FileAsset) for a in archive.assets.values())
     assert g.LAMBDA_DIR.parts[-3:] == ("components", "gpucluster", "lambdas")
+
+
+def test_lambda_archive_is_stable_across_runs_and_ignores_build_noise() -> None:
+    """A second plan after a local test run (bytecode in lambdas/) shows the same code hash."""
+    first = {f.inputs["name"]: f.inputs["code"] for f in run_plan("dev").of_type(FUNCTION)}
+    noise = [g.LAMBDA_DIR / "__pycache__" / "gpucluster-noise.cpython-313.pyc", g.LAMBDA_DIR / "stray.pyc",
+             g.LAMBDA_DIR / ".coverage"]
+    try:
+        for path in noise:
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(b"noise")
+        second = {f.inputs["name"]: f.inputs["code"] for f in run_plan("dev").of_type(FUNCTION)}
+    finally:
+        for path in noise:
+            path.unlink(missing_ok=True)
+    assert first == second
+    modules = {f"lambdas/{p.name}" for p in g.LAMBDA_DIR.glob("*.py")}
+    for code in second.values():
+        assert set(code["files"]) == modules, "only the handler modules, by content"
+        assert len(code["sha256"]) == 64
 
 
 def test_failed_invocations_notify_and_spot_retries_stay_within_the_warning(dev: Built) -> None:
@@ -391,7 +420,8 @@ def check_policy(built: Built, function_name: str, *, scales: bool, runs_hooks: 
         assert [s["Sid"] for s in scaling] == ["ScaleThisStacksGroups", "TagStopState"]
         for s in scaling:
             assert sorted(s["Resource"]) == asg_arns
-            assert s["Condition"]["StringEquals"] == {"autoscaling:ResourceTag/gpucluster:stack": spec.stack}
+            assert s["Condition"]["StringEquals"] == {
+                "autoscaling:ResourceTag/gpucluster:stack": spec.identity}
         assert scaling[1]["Condition"]["ForAllValues:StringEquals"] == {"aws:TagKeys": list(g.STATE_TAG_KEYS)}
     else:
         assert scaling == []
@@ -400,7 +430,7 @@ def check_policy(built: Built, function_name: str, *, scales: bool, runs_hooks: 
         assert [(s["Resource"], s.get("Condition")) for s in send] == [
             ([f"arn:aws:ssm:{region}::document/AWS-RunShellScript"], None),
             ([f"arn:aws:ec2:{region}:{account}:instance/*"],
-             {"StringEquals": {"ssm:resourceTag/gpucluster:stack": spec.stack}})]
+             {"StringEquals": {"ssm:resourceTag/gpucluster:stack": spec.identity}})]
         assert "ssm:GetCommandInvocation" in stars[0]["Action"]
     else:
         assert send == [] and "ssm:GetCommandInvocation" not in stars[0]["Action"]
@@ -440,13 +470,14 @@ def test_prod_budget_action_at_110_percent_goes_to_the_action_topic_only(prod: B
         ("ACTUAL", 110, [action_topic]), ("FORECASTED", 100, [prod.notify_topic])]
     for n in notes:
         assert n["subscriberEmailAddresses"] == ["ml-training@example.com", "finops@example.com"]
-    assert prod.one(BUDGET).inputs["limitAmount"] == "400000"
+    assert prod.one(BUDGET).inputs["limitAmount"] == "650000"
 
 
 def test_prod_is_patient_and_runs_its_hooks(prod: Built) -> None:
-    alarm = prod.one(ALARM).inputs
+    alarm = prod.one(ALARM, "h100-train").inputs
     assert (alarm["period"], alarm["evaluationPeriods"], alarm["threshold"]) == (300, 24, 3)
     assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-prod-h100-train-asg"}
+    assert prod.one(ALARM, "eval").inputs["dimensions"] == {"AutoScalingGroupName": "gpu-prod-eval-asg"}
     assert prod.all(SCHEDULE) == [] and not [r for r in prod.all(ROLE) if "scheduler" in r.name]
     autostop = prod.function("autostop").inputs
     assert autostop["timeout"] == 600 + 60
@@ -481,6 +512,35 @@ def test_staging_stops_at_night_in_its_region(staging: Built) -> None:
 # ------------------------------------------------------------------ variants
 
 
+@pytest.mark.parametrize(("period", "expression"), [("weekly", "cron(0 8 ? * MON *)"),
+                                                    ("monthly", "cron(0 8 L * ? *)")])
+def test_the_spend_report_reads_and_publishes_only(base_config: dict[str, Any], period: str,
+                                                    expression: str) -> None:
+    built = build(spec_of(base_config, budget={"monthly_limit_usd": 700, "report": period},
+                          autostop={"gpu_utilization_threshold_percent": 7.5}))
+    fn = built.function("report").inputs
+    assert fn["name"] == "test-spend-report"
+    assert fn["environment"]["variables"] == {
+        "GPUCLUSTER_STACK": "organization/gpucluster/case/test", "NOTIFY_TOPIC_ARN": built.notify_topic,
+        "REPORT_PERIOD": period,
+        "MONTHLY_LIMIT_USD": "700", "IDLE_THRESHOLD_PERCENT": "7.5",
+        "GPU_METRIC_NAMESPACE": "gpucluster/test"}
+    rule = built.one(RULE, "report-rule").inputs
+    assert (rule["name"], rule["scheduleExpression"]) == ("test-spend-report", expression)
+    target = built.one(TARGET, "report-target").inputs
+    assert target["arn"] == built.arn(FUNCTION, "report-handler-function")
+    permission = built.one(PERMISSION, "report-permission").inputs
+    assert (permission["principal"], permission["sourceArn"]) == ("events.amazonaws.com",
+                                                                  built.arn(RULE, "report-rule"))
+    statements = built.policy("test-spend-report")
+    assert [s["Sid"] for s in statements] == ["WriteOwnLogs", "DescribeOnlyStar", "Notify", "EncryptForTopic"]
+    assert actions_of(statements, "*") == {"autoscaling:DescribeAutoScalingGroups", "ce:GetCostAndUsage",
+                                           "ce:GetCostForecast", "cloudwatch:GetMetricData"}
+    # no report without the key: it is opt-in
+    plain = build(spec_of(base_config, budget={"monthly_limit_usd": 700}))
+    assert [r for r in plain.all(FUNCTION) if r.inputs["handler"] == g.HANDLERS["report"]] == []
+
+
 def test_nothing_is_built_without_budget_autostop_or_spot(base_config: dict[str, Any]) -> None:
     group = {**base_config["gpucluster:node_groups"][0], "capacity": {"spot_percent": 0}}
     built = build(spec_of(base_config, node_groups=[group]))
@@ -503,7 +563,7 @@ def test_spot_without_a_hook_only_notifies_on_warnings(base_config: dict[str, An
     built = build(spec_of(base_config))  # spot_percent 100, no spot section
     assert [r.inputs["name"] for r in built.all(RULE)] == ["test-spot-interruption"]
     fn = built.function("spot_interruption").inputs
-    assert fn["environment"]["variables"] == {"GPUCLUSTER_STACK": "case",
+    assert fn["environment"]["variables"] == {"GPUCLUSTER_STACK": "organization/gpucluster/case/test",
                                               "NOTIFY_TOPIC_ARN": built.notify_topic}
     assert fn["timeout"] == 60
     check_policy(built, "test-spot-interruption", scales=False, runs_hooks=False)
@@ -551,11 +611,12 @@ def test_handlers_and_state_tags_match_the_lambda_package(lambdas: Any) -> None:
 def test_environment_and_iam_cover_what_each_handler_reads_and_calls(
         lambdas: Any, base_config: dict[str, Any]) -> None:
     everything = spec_of(
-        base_config, budget={"monthly_limit_usd": 100, "action_threshold_percent": 100},
+        base_config, budget={"monthly_limit_usd": 100, "action_threshold_percent": 100, "report": "weekly"},
         autostop={"enabled": True, "stop_schedule": "cron(0 19 ? * * *)",
                   "start_schedule": "cron(0 8 ? * MON-FRI *)", "max_lifetime_hours": 12,
                   "pre_stop_command": "/hook"},
-        spot={"interruption_command": "/hook"})
+        spot={"interruption_command": "/hook"},
+        node_groups=[*base_config["gpucluster:node_groups"], BLOCK_GROUP])
     built = build(everything)
     for module, names in lambdas.ENVIRONMENT.items():
         fn = built.function(module).inputs
@@ -576,3 +637,47 @@ def test_the_autostop_handler_reads_schedule_and_alarm_events_as_wired(
                                    "dimensions": alarm["dimensions"]}}}]}}
     assert autostop.alarm_group_names(detail) == ["gpu-dev-dev-a10-asg"]
 
+
+
+# ----------------------------------------------------------- Capacity Block expiry (issue 15)
+
+BLOCK = "cr-0123456789abcdef0"
+BLOCK_GROUP = {"name": "block", "instance_types": ["p5.48xlarge"], "min_nodes": 0, "desired_nodes": 2,
+               "max_nodes": 2, "availability_zones": ["us-east-1a"], "efa": "on", "placement_group": False,
+               "capacity": {"market": "capacity_block", "capacity_reservation_id": BLOCK}}
+
+
+def test_a_block_backed_group_is_stopped_before_its_block_ends(base_config: dict[str, Any]) -> None:
+    spec = spec_of(base_config, node_groups=[*base_config["gpucluster:node_groups"], BLOCK_GROUP],
+                   autostop={"enabled": False, "pre_stop_command": "/opt/ckpt",
+                             "pre_stop_timeout_seconds": 600})
+    built = build(spec)
+    rule = built.one(RULE, "blocks-rule").inputs
+    assert rule["name"] == "test-capacity-block-expiry"
+    # EC2 user guide, "Monitor Capacity Blocks using EventBridge"
+    assert json.loads(rule["eventPattern"]) == {
+        "source": ["aws.ec2"],
+        "detail-type": ["Capacity Block Reservation Expiration Warning", "Capacity Block Expiration Warning"],
+        "detail": {"capacity-reservation-id": [BLOCK]}}
+    fn = built.function("capacity_block").inputs
+    env = fn["environment"]["variables"]
+    assert json.loads(env["CAPACITY_BLOCK_GROUPS"]) == {BLOCK: [asg_name(spec, "block")]}
+    assert (env["PRE_STOP_COMMAND"], env["PRE_STOP_TIMEOUT_SECONDS"]) == ("/opt/ckpt", "480")  # 10 min budget
+    assert fn["timeout"] == 480 + 60
+    statements = built.policy(fn["name"])
+    scale = next(s for s in statements if s["Sid"] == "ScaleThisStacksGroups")
+    assert scale["Resource"] == [asg_arn(spec, "block")]             # only the block's group
+    assert "autoscaling:DeleteTags" not in actions_of(statements)
+    assert {"ssm:SendCommand", "sns:Publish"} <= actions_of(statements)
+    target = next(r for r in built.all("aws:cloudwatch/eventTarget:EventTarget")
+                  if "-blocks-" in r.name).inputs
+    assert target["rule"] == "test-capacity-block-expiry"
+    invoke = next(r for r in built.all("aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig")
+                  if "-blocks-" in r.name).inputs
+    assert invoke["maximumEventAgeInSeconds"] == 600
+
+
+def test_no_block_expiry_guardrail_without_a_block(dev: Built, prod: Built) -> None:
+    for built in (dev, prod):
+        assert not [r for r in built.all(RULE) if "-blocks-" in r.name or "capacity-block" in r.name]
+        assert not [r for r in built.all(FUNCTION) if r.inputs["handler"] == g.HANDLERS["capacity_block"]]

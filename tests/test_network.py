@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from base_config import base, plan_config
 from gpucluster.plan import Plan, PlannedResource
 from shipped import shipped_plan
@@ -87,14 +89,44 @@ def test_each_group_gets_its_own_security_group() -> None:
     config = base()
     config["gpucluster:node_groups"] = [
         {"name": "train", "instance_types": ["p4d.24xlarge"], "max_nodes": 4},
-        {"name": "serve", "instance_types": ["g5.xlarge"], "max_nodes": 2}]
+        {"name": "serve", "instance_types": ["g5.xlarge"], "max_nodes": 2},
+        {"name": "solo", "instance_types": ["g5.xlarge"], "max_nodes": 1}]
     plan = plan_config(config)
     groups = {r.name: r for r in plan.of_type("aws:ec2/securityGroup:SecurityGroup")
               if r.name.endswith("-nodes")}
-    assert set(groups) == {"test-network-train-nodes", "test-network-serve-nodes"}
+    assert set(groups) == {"test-network-train-nodes", "test-network-serve-nodes",
+                           "test-network-solo-nodes"}
     self_rules = [r.inputs for r in plan.resources if r.inputs.get("referencedSecurityGroupId")]
-    assert {r["securityGroupId"] for r in self_rules} == {"test-network-train-nodes-id"}  # EFA group only
+    # EFA and the non-EFA multi-node group; a single-node group needs no peer
+    assert {r["securityGroupId"] for r in self_rules} == {"test-network-train-nodes-id",
+                                                          "test-network-serve-nodes-id"}
     asgs = {r.name: r.inputs for r in plan.of_type(ASG)}
     assert asgs["test-train-asg"]["vpcZoneIdentifiers"] == ["test-network-private-us-east-1a-id"]
     assert len(asgs["test-serve-asg"]["vpcZoneIdentifiers"]) == 2
     assert len(plan.of_type("aws:ec2/placementGroup:PlacementGroup")) == 1
+
+
+INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+
+
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_multi_node_groups_reach_each_other_and_nothing_else_gets_in(stack: str) -> None:
+    """All traffic within each multi-node group, both ways; inbound only from the group itself
+    (and, for FSx, the file system's Lustre ports from its own security group)."""
+    plan = shipped_plan(stack)
+    nodes = {f"{r.name}-id" for r in plan.of_type("aws:ec2/securityGroup:SecurityGroup")
+             if r.name.endswith("-nodes")}
+    assert len(nodes) == len(plan.spec.node_groups)  # every shipped group can hold more than one node
+    for sg in sorted(nodes):
+        for token in (INGRESS, EGRESS):
+            rules = [r.inputs for r in plan.of_type(token) if r.inputs["securityGroupId"] == sg
+                     and r.inputs.get("referencedSecurityGroupId") == sg]
+            assert [(r["ipProtocol"], r.get("fromPort"), r.get("cidrIpv4")) for r in rules] == [
+                ("-1", None, None)]
+        inbound = [r.inputs for r in plan.of_type(INGRESS) if r.inputs["securityGroupId"] == sg]
+        for rule in inbound:
+            assert "cidrIpv4" not in rule and "cidrIpv6" not in rule and "prefixListId" not in rule
+            peer = rule["referencedSecurityGroupId"]
+            assert peer == sg or (peer.endswith("-fsx-sg-id") and rule["ipProtocol"] == "tcp"
+                                  and rule["fromPort"] in (988, 1018)), rule
+

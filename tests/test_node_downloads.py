@@ -86,7 +86,7 @@ def test_mountpoint_is_a_pinned_version_signed_by_a_pinned_key(tmp_path: Path, s
         f"{base}/public_keys/KEYS", f"{base}/1.18.0/x86_64/mount-s3-1.18.0-x86_64.deb.asc",
         f"{base}/1.18.0/x86_64/mount-s3-1.18.0-x86_64.deb"]
     [install] = box.calls("apt-get")
-    assert re.fullmatch(r"install -y \S+/mount-s3-1\.18\.0-x86_64\.deb", install)
+    assert re.fullmatch(r"-o DPkg::Lock::Timeout=600 install -y \S+/mount-s3-1\.18\.0-x86_64\.deb", install)
     refused = sandbox(tmp_path / "other", CWA_KEY).run("install.sh", "mount-s3")
     assert refused.returncode == 1
 
@@ -95,7 +95,7 @@ def test_the_lustre_client_comes_from_the_signed_repository_for_the_running_kern
     text = script("install.sh")
     assert ('echo "deb [signed-by=$keyring] https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu '
             '$codename main"') in text
-    assert 'apt-get install -y "lustre-client-modules-$(uname -r)"' in text
+    assert 'package "${APT[@]}" install -y "lustre-client-modules-$(uname -r)"' in text
 
 
 def test_unknown_component_is_a_usage_error(tmp_path: Path) -> None:
@@ -108,7 +108,8 @@ def test_nodes_ship_the_installer_and_never_download_latest() -> None:
     assert files["/usr/local/sbin/gpucluster-install"].content == script("install.sh")
     assert files["/usr/local/sbin/gpucluster-install"].mode == "0755"
     user_data = render_user_data(settings())
-    assert "/usr/local/sbin/gpucluster-install cloudwatch-agent" in user_data
+    assert files["/usr/local/sbin/gpucluster-agent"].content == script("agent.sh") in user_data
+    assert '"$INSTALL" cloudwatch-agent' in script("agent.sh")
     for name in ("bootstrap.sh", "data.sh", "install.sh"):
         assert "/latest/" not in script(name), name
     assert "curl" not in script("data.sh") and "curl" not in script("bootstrap.sh")

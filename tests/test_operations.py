@@ -10,25 +10,30 @@ import pytest
 from moto import mock_aws
 from typer.testing import CliRunner
 
-from gpucluster.cli import app
+from cli_text import joined_lines
+from gpucluster.cli import app, commands
 from gpucluster.lambdas import scaling
 from gpucluster.ops.status import GroupStatus, resume_stack, stack_status
-from moto_groups import create_stack_groups
+from moto_groups import ACTIVE, DEV, PROD, cost_explorer, create_stack_groups
 
 runner = CliRunner()
 
-# name -> (stack, min, desired, max)
+# name -> (identity, min, desired, max)
 GROUPS = {
-    "dev-train": ("dev", 1, 2, 4),
-    "dev-infer": ("dev", 0, 1, 2),
-    "dev-spare": ("dev", 0, 0, 2),
-    "prod-train": ("prod", 1, 1, 2),
+    "dev-train": (DEV, 1, 2, 4),
+    "dev-infer": (DEV, 0, 1, 2),
+    "dev-spare": (DEV, 0, 0, 2),
+    "prod-train": (PROD, 1, 1, 2),
 }
+
+
 
 
 @pytest.fixture
 def autoscaling(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A moto account with a `dev` stack (three groups) and a `prod` group."""
+    """A moto account with a `dev` stack (three groups) and a `prod` group; the cost tag is active
+    (moto has no ListCostAllocationTags: a Stubber answers it)."""
+    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in {
@@ -60,7 +65,7 @@ def test_resume_restores_previous_capacity_and_clears_tags(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "budget")
     _stop(autoscaling, "dev-infer", "idle")
 
-    results = resume_stack("dev", autoscaling_client=autoscaling)
+    results = resume_stack(DEV, autoscaling_client=autoscaling)
 
     by_group = {r.group: r for r in results}
     assert set(by_group) == {"dev-infer", "dev-spare", "dev-train"}
@@ -77,9 +82,9 @@ def test_resume_restores_previous_capacity_and_clears_tags(autoscaling) -> None:
 def test_resume_is_idempotent_and_leaves_other_stacks_alone(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "schedule")
     _stop(autoscaling, "prod-train", "budget")
-    resume_stack("dev", autoscaling_client=autoscaling)
+    resume_stack(DEV, autoscaling_client=autoscaling)
 
-    again = resume_stack("dev", autoscaling_client=autoscaling)
+    again = resume_stack(DEV, autoscaling_client=autoscaling)
 
     assert {r.action for r in again} == {"skipped"}
     assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 2
@@ -92,7 +97,7 @@ def test_resume_can_be_limited_to_some_guardrails(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "budget")
     _stop(autoscaling, "dev-infer", "idle")
 
-    results = resume_stack("dev", autoscaling_client=autoscaling, only_stopped_by={"idle"})
+    results = resume_stack(DEV, autoscaling_client=autoscaling, only_stopped_by={"idle"})
 
     assert [r.group for r in results if r.action == "resumed"] == ["dev-infer"]
     assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 0
@@ -101,7 +106,7 @@ def test_resume_can_be_limited_to_some_guardrails(autoscaling) -> None:
 def test_status_reports_capacity_and_who_stopped(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "budget")
 
-    rows = stack_status("dev")  # default client: plain boto3, inside the same moto account
+    rows = stack_status(DEV)  # default client: plain boto3, inside the same moto account
 
     assert [r.name for r in rows] == ["dev-infer", "dev-spare", "dev-train"]
     by_name = {r.name: r for r in rows}
@@ -135,6 +140,31 @@ def test_cli_status_and_resume_of_a_stack(autoscaling: Any) -> None:
     group = _group(autoscaling, "dev-train")
     assert (group["MinSize"], group["DesiredCapacity"]) == (1, 2)
     assert scaling.STOPPED_BY_TAG not in scaling.group_tags(group)
+
+
+@pytest.mark.parametrize(("answer", "error", "line"), [
+    ({"CostAllocationTags": [{"TagKey": "gpucluster:stack", "Type": "UserDefined", "Status": "Inactive"}]},
+     None, "warning: cost-allocation tag gpucluster:stack is inactive: the budget ($700/month) sees $0 of "
+           "this stack's spend and its scale-to-zero never fires; activate it in the paying account"),
+    (None, None, "warning: cost-allocation tag gpucluster:stack is not active (AWS does not list it yet): "
+                 "the budget ($700/month) sees $0"),
+    (None, "AccessDeniedException", "cost tag gpucluster:stack: could not check whether it is active "
+                                    "(An error occurred (AccessDeniedException)"),
+])
+def test_cli_status_says_when_the_budget_cannot_see_the_spend(
+        autoscaling: Any, monkeypatch: pytest.MonkeyPatch, answer: Any, error: str | None, line: str) -> None:
+    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(answer, error))
+    result = runner.invoke(app, ["status", "dev"])
+    assert result.exit_code == 0, result.output
+    warning = result.output[result.output.rindex("\n" + line.split()[0]) + 1:]  # the last lines
+    assert " ".join(warning.split()).startswith(line)
+    assert "TagKey=gpucluster:stack,Status=Active" in result.output or error
+
+
+def test_cli_status_is_quiet_about_an_active_tag(autoscaling: Any) -> None:
+    result = runner.invoke(app, ["status", "dev"])
+    assert result.output.splitlines()[0] == "stack dev (us-east-1), gpucluster:stack=" + DEV + ":"
+    assert "cost-allocation" not in result.output and "cost tag" not in result.output
 
 
 def test_cli_resume_rejects_unknown_reason() -> None:
@@ -261,7 +291,7 @@ def test_cli_resume_with_nothing_stopped_says_so(autoscaling: Any) -> None:
     result = runner.invoke(app, ["resume", "dev"])
 
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines() == [
+    assert joined_lines(result.output) == [  # each group's line, as wrapped at 100 columns, joined
         "nothing to resume in stack dev (us-east-1):",
         "  dev-infer: running (1 desired), not stopped by a guardrail",
         "  dev-spare: at 0 nodes by its own settings, not stopped by a guardrail; to start nodes: aws "
@@ -277,7 +307,7 @@ def test_cli_resume_explains_a_stop_left_out_by_only(autoscaling: Any) -> None:
 
     assert result.exit_code == 0, result.output
     assert ("  dev-train: stopped by budget, which --only idle leaves alone; to restart it: "
-            "gpucluster resume dev --only budget") in result.output.splitlines()
+            "gpucluster resume dev --only budget") in joined_lines(result.output)
 
 
 def test_cli_resume_without_recorded_capacity_explains_without_log_lines(autoscaling: Any) -> None:
@@ -287,7 +317,7 @@ def test_cli_resume_without_recorded_capacity_explains_without_log_lines(autosca
     result = runner.invoke(app, ["resume", "dev"])
 
     assert result.exit_code == 0, result.output
-    line = next(x for x in result.output.splitlines() if x.startswith("  dev-train:"))
+    line = next(x for x in joined_lines(result.output) if x.startswith("  dev-train:"))
     assert "stopped by idle, but the capacity to restore (tag gpucluster:previous-desired)" in line
     assert "update-auto-scaling-group --auto-scaling-group-name dev-train" in line
     assert '{"' not in result.output  # no raw JSON log line
@@ -297,8 +327,9 @@ def test_cli_resume_of_an_undeployed_stack_says_why(autoscaling: Any) -> None:
     result = runner.invoke(app, ["resume", "staging"])
 
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("nothing to resume: no Auto Scaling group is tagged "
-                                    "gpucluster:stack=staging")
+    assert " ".join(result.output.split()).startswith(
+        "nothing to resume: no Auto Scaling group is tagged "
+        "gpucluster:stack=organization/gpucluster/staging/gpu-staging")
     assert "pulumi up -s staging" in result.output
 
 

@@ -26,7 +26,10 @@ P5_ON_DEMAND = 55.04          # p5.48xlarge, us-east-1
 P5_SAVINGS_PLAN = 0.30        # p5 family Savings Plan discount
 P5_SPOT = 0.55                # p5 family typical spot discount
 P5_CAPACITY_BLOCK = 31.46
+G6E_12X_ON_DEMAND = 10.49264  # g6e.12xlarge, us-east-1
+G6E_SPOT = 0.55               # g6e family typical spot discount
 GP3, S3, NAT_HOUR, NAT_GB, FSX_P2_500 = 0.08, 0.023, 0.045, 0.045, 0.34
+IPV4_HOUR, ENDPOINT_HOUR = 0.005, 0.01   # a public IPv4 address; an interface endpoint per zone
 
 
 def spec_of(config: dict[str, Any], stack: str = "t"):
@@ -65,34 +68,42 @@ def test_split_nodes(base_config: dict[str, Any], market: str, base: int, spot_p
 
 def test_prod_against_hand_computed_figures() -> None:
     cost = price_stack(load_stack("prod")[2])
-    base_rate = P5_ON_DEMAND * (1 - P5_SAVINGS_PLAN)   # 38.528
-    spot_rate = P5_ON_DEMAND * (1 - P5_SPOT)           # 24.768
-    group = cost.groups[0]
-    assert group.base.usd_per_hour == pytest.approx(38.528)
-    assert group.spot.usd_per_hour == pytest.approx(24.768)
-    # desired 8 = 4 base + 4 spot; max 16 = 4 base + 12 spot
-    assert group.usd_per_hour("desired") == pytest.approx(4 * base_rate + 4 * spot_rate)  # 253.184
-    assert group.usd_per_hour("max") == pytest.approx(4 * base_rate + 12 * spot_rate)     # 451.328
-    assert group.usd_per_hour("max", "all_on_demand") == pytest.approx(16 * P5_ON_DEMAND)
-    other = {o.kind: o for o in cost.other}
-    assert other["ebs"].desired_usd_per_month == pytest.approx(8 * 500 * GP3)             # 320
-    assert other["ebs"].max_usd_per_month == pytest.approx(16 * 500 * GP3)
-    assert other["nat"].desired_usd_per_month == pytest.approx(NAT_HOUR * 730 + NAT_GB * 100)  # 37.35
-    assert other["fsx"].desired_usd_per_month == pytest.approx(9600 * FSX_P2_500)        # 3264
-    assert other["s3"].desired_usd_per_month == pytest.approx(9600 * S3)                 # 220.80
-    rest = 320 + 37.35 + 3264 + 220.8
-    assert cost.usd_per_month("desired") == pytest.approx(253.184 * 730 + rest)           # 188,666.47
+    base_rate = P5_ON_DEMAND * (1 - P5_SAVINGS_PLAN)        # 38.528
+    eval_spot = G6E_12X_ON_DEMAND * (1 - G6E_SPOT)          # 4.721688
+    train, evaluation = cost.groups
+    assert train.base.usd_per_hour == pytest.approx(38.528)
+    assert evaluation.spot.usd_per_hour == pytest.approx(eval_spot)
+    # h100-train, no spot: desired 8 = 4 base + 4 on-demand; max 16 = 4 base + 12 on-demand
+    assert train.usd_per_hour("desired") == pytest.approx(4 * base_rate + 4 * P5_ON_DEMAND)  # 374.272
+    assert train.usd_per_hour("max") == pytest.approx(4 * base_rate + 12 * P5_ON_DEMAND)     # 814.592
+    assert train.max.spot == 0
+    assert train.usd_per_hour("max", "all_on_demand") == pytest.approx(16 * P5_ON_DEMAND)
+    # eval: 0 nodes at desired, 4 spot at max
+    assert evaluation.usd_per_hour("desired") == 0
+    assert evaluation.usd_per_hour("max") == pytest.approx(4 * eval_spot)
+    other = {o.name: o for o in cost.other}
+    assert other["EBS root volumes h100-train"].desired_usd_per_month == pytest.approx(8 * 500 * GP3)  # 320
+    assert other["EBS root volumes eval"].max_usd_per_month == pytest.approx(4 * 200 * GP3)            # 64
+    assert other["NAT gateway"].desired_usd_per_month == pytest.approx(NAT_HOUR * 730 + NAT_GB * 100)  # 37.35
+    assert other["FSx for Lustre pretrain-corpus"].desired_usd_per_month == pytest.approx(9600 * FSX_P2_500)
+    assert other["S3 pretrain-corpus"].desired_usd_per_month == pytest.approx(9600 * S3)             # 220.80
+    assert other["NAT gateway public IPv4"].desired_usd_per_month == pytest.approx(IPV4_HOUR * 730)  # 3.65
+    # ssm, ssmmessages, ec2messages in the one zone of prod's network
+    endpoints = other["VPC interface endpoints"]
+    assert endpoints.desired_usd_per_month == pytest.approx(3 * 1 * ENDPOINT_HOUR * 730)  # 21.90
+    rest = 320 + 37.35 + 3.65 + 21.9 + 3264 + 220.8
+    assert cost.usd_per_month("desired") == pytest.approx(374.272 * 730 + rest)            # 277,086.26
     assert cost.usd_per_month("desired", "all_on_demand") == pytest.approx(8 * 55.04 * 730 + rest)
-    assert cost.usd_per_month("desired", "all_spot") == pytest.approx(8 * spot_rate * 730 + rest)
+    rest_max = 640 + 64 + 37.35 + 3.65 + 21.9 + 3264 + 220.8
+    assert cost.usd_per_month("max") == pytest.approx((814.592 + 4 * eval_spot) * 730 + rest_max)  # 612,691
 
 
-@pytest.mark.parametrize("at", ["desired", "max"])
-def test_prod_mix_is_at_least_40_percent_below_all_on_demand(at: str) -> None:
+def test_prod_saves_only_through_its_savings_plan_and_the_eval_spot_group() -> None:
     cost = price_stack(load_stack("prod")[2])
-    assert cost.saving_percent(at) >= 40  # type: ignore[arg-type]
-    compute_saving = 1 - cost.compute_usd_per_hour(at) / cost.compute_usd_per_hour(at, "all_on_demand")  # type: ignore[arg-type]
-    assert compute_saving >= 0.40
-    assert cost.as_json()["saving_vs_on_demand_percent"] == {"desired": 42.0, "max": 48.4}
+    assert cost.as_json()["saving_vs_on_demand_percent"] == {"desired": 14.8, "max": 9.6}
+    train = cost.groups[0]
+    assert 1 - train.usd_per_hour("desired") / train.usd_per_hour("desired", "all_on_demand") == \
+        pytest.approx(4 * P5_ON_DEMAND * P5_SAVINGS_PLAN / (8 * P5_ON_DEMAND))  # half the nodes at -30 %
 
 
 def test_budget_warning_when_max_nodes_exceed_it() -> None:
@@ -102,7 +113,8 @@ def test_budget_warning_when_max_nodes_exceed_it() -> None:
     dev = price_stack(shipped.model_copy(update={
         "budget": shipped.budget.model_copy(update={"monthly_limit_usd": 500})}))
     spot = 1.006 * (1 - 0.65)
-    expected_max = 2 * spot * 730 + 2 * 200 * GP3 + NAT_HOUR * 730 + NAT_GB * 100 + 1024 * S3
+    expected_max = (2 * spot * 730 + 2 * 200 * GP3 + NAT_HOUR * 730 + NAT_GB * 100 + 1024 * S3
+                    + IPV4_HOUR * 730 + 3 * 2 * ENDPOINT_HOUR * 730)
     assert dev.usd_per_month("max") == pytest.approx(expected_max)
     assert dev.warnings == [f"at max nodes the stack's mix costs ${expected_max:,.0f}/month, "
                             f"{100 * (expected_max / 500 - 1):.0f} % over the $500 budget "
@@ -123,6 +135,44 @@ def test_capacity_block_priced_at_block_rate(base_config: dict[str, Any]) -> Non
     assert group.base.usd_per_hour == P5_CAPACITY_BLOCK and "Capacity Block" in group.base.basis
     assert group.usd_per_hour("desired") == pytest.approx(2 * P5_CAPACITY_BLOCK)
     assert group.usd_per_hour("max") == pytest.approx(4 * P5_CAPACITY_BLOCK)
+
+
+P5E_CAPACITY_BLOCK = 38.0     # p5e family Capacity Block rate; p5e has no on-demand price
+
+
+def p5e_config(base_config: dict[str, Any], instance_types: list[str], **capacity: Any) -> dict[str, Any]:
+    """A group in us-west-2c, the one zone of the region that offers p5e.48xlarge."""
+    base_config["aws:region"] = "us-west-2"
+    base_config["gpucluster:network"]["availability_zones"] = ["us-west-2c"]
+    base_config["gpucluster:node_groups"] = [{
+        "name": "train", "instance_types": instance_types, "min_nodes": 0, "desired_nodes": 2,
+        "max_nodes": 4, "capacity": capacity}]
+    return base_config
+
+
+def test_capacity_block_only_type_is_priced_only_as_a_block(base_config: dict[str, Any]) -> None:
+    spec = spec_of(p5e_config(base_config, ["p5e.48xlarge"], market="capacity_block",
+                              capacity_reservation_id="cr-0123456789abcdef0"))
+    group = price_stack(spec).groups[0]
+    for rate in (group.on_demand, group.base, group.spot):
+        assert rate.usd_per_hour == P5E_CAPACITY_BLOCK and "Capacity Block" in rate.basis
+    assert "no on-demand or spot price" in group.on_demand.basis
+    for strategy in ("mix", "all_on_demand", "all_spot"):
+        assert group.usd_per_hour("max", strategy) == pytest.approx(4 * P5E_CAPACITY_BLOCK)  # type: ignore[arg-type]
+
+
+def test_capacity_block_only_type_in_a_mixed_group_is_not_priced(base_config: dict[str, Any]) -> None:
+    spec = spec_of(p5e_config(base_config, ["p5e.48xlarge"], on_demand_base=2))
+    with pytest.raises(PricingError, match=r"node group train: p5e.48xlarge has no on-demand list price "
+                                           r"\(AWS sells it as Capacity Blocks for ML only\)"):
+        price_stack(spec)
+
+
+def test_capacity_block_only_fallback_is_named_without_a_price(base_config: dict[str, Any]) -> None:
+    spec = spec_of(p5e_config(base_config, ["p5.48xlarge", "p5e.48xlarge"], on_demand_base=2))
+    note = price_stack(spec).groups[0].note
+    assert note.endswith("(on-demand: p5e.48xlarge no on-demand price (Capacity Blocks only))")
+    assert "$60" not in note
 
 
 @pytest.mark.parametrize(("commitment", "rate", "word"), [
@@ -146,14 +196,14 @@ def test_rates_carry_source_and_date() -> None:
     assert group.on_demand.source.startswith("EC2 On-Demand pricing page") and group.on_demand.as_of == as_of
     assert "Spot Instance Advisor" in group.spot.source
     assert "Savings Plans" in group.base.source
-    assert all(o.source.startswith("Amazon") and o.as_of == service_prices("us-east-1").as_of
+    assert all(o.source.startswith(("Amazon", "AWS")) and o.as_of == service_prices("us-east-1").as_of
                for o in cost.other)
 
 
-def test_first_type_priced_and_fallbacks_named() -> None:
-    note = price_stack(load_stack("prod")[2]).groups[0].note
-    assert note.startswith("priced as p5.48xlarge, the first of 2 instance types")
-    assert "p5e.48xlarge $60.00/h" in note
+def test_first_type_priced_and_fallbacks_named(base_config: dict[str, Any]) -> None:
+    note = price_stack(spec_of(base_config)).groups[0].note  # g5.xlarge, then g6.xlarge
+    assert note == ("priced as g5.xlarge, the first of 2 instance types; fallbacks cost differently "
+                    "(on-demand: g6.xlarge $0.80/h)")
 
 
 def test_region_without_prices_is_a_clear_error(base_config: dict[str, Any]) -> None:
@@ -167,9 +217,9 @@ def test_region_without_prices_is_a_clear_error(base_config: dict[str, Any]) -> 
 
 def test_live_spot_rates_replace_the_catalog_discount() -> None:
     live = Rate(20.0, "spot, live", "EC2 DescribeSpotPriceHistory (Linux/UNIX)", "2026-11-21 10:00 UTC")
-    cost = price_stack(load_stack("prod")[2], spot_rates={"h100-train": live})
-    assert cost.groups[0].spot is live
-    assert cost.groups[0].parts("max")["spot"] == pytest.approx(12 * 20.0)
+    cost = price_stack(load_stack("prod")[2], spot_rates={"eval": live})
+    assert cost.groups[1].spot is live
+    assert cost.groups[1].parts("max")["spot"] == pytest.approx(4 * 20.0)
 
 
 def test_assumptions_change_s3_and_nat(base_config: dict[str, Any]) -> None:
@@ -180,10 +230,28 @@ def test_assumptions_change_s3_and_nat(base_config: dict[str, Any]) -> None:
     assert other["nat"].desired_usd_per_month == pytest.approx(NAT_HOUR * HOURS_PER_MONTH)
 
 
-def test_existing_buckets_and_no_nat_add_nothing(base_config: dict[str, Any]) -> None:
+def test_existing_buckets_and_no_nat_add_no_nat_but_more_endpoints(base_config: dict[str, Any]) -> None:
     base_config["gpucluster:network"]["nat_gateway"] = False
     base_config["gpucluster:datasets"] = [{"name": "old", "bucket_name": "team-data", "existing": True}]
+    other = {o.kind: o for o in price_stack(spec_of(base_config)).other}
+    assert set(other) == {"ebs", "endpoints"}
+    # without NAT the nodes also need the monitoring and ec2 endpoints: 5 x 2 zones
+    assert other["endpoints"].desired_usd_per_month == pytest.approx(5 * 2 * ENDPOINT_HOUR * 730)
+    assert "ssm, ssmmessages, ec2messages, monitoring, ec2" in other["endpoints"].basis
+
+
+def test_an_existing_vpc_adds_no_network_costs(base_config: dict[str, Any]) -> None:
+    base_config["gpucluster:network"] = {
+        "availability_zones": ["us-east-1a"], "existing_vpc_id": "vpc-0abc12345def67890",
+        "existing_subnets": {"us-east-1a": "subnet-0abc12345def67890"}}
     assert {o.kind for o in price_stack(spec_of(base_config)).other} == {"ebs"}
+
+
+def test_endpoint_list_is_the_networks() -> None:
+    from gpucluster.aws import network
+    from gpucluster.pricing import NO_NAT_ENDPOINTS, SSM_ENDPOINTS
+
+    assert (SSM_ENDPOINTS, NO_NAT_ENDPOINTS) == (network.SSM_ENDPOINTS, network.NO_NAT_ENDPOINTS)
 
 
 # ------------------------------------------------------------------------ diff
@@ -192,23 +260,48 @@ def test_existing_buckets_and_no_nat_add_nothing(base_config: dict[str, Any]) ->
 def test_cost_diff_markdown(base_config: dict[str, Any]) -> None:
     _, config, spec = load_stack("prod")
     base = price_stack(spec).as_json()
-    bigger = {**config, "gpucluster:node_groups": [{**config["gpucluster:node_groups"][0], "max_nodes": 24}],
+    groups = config["gpucluster:node_groups"]
+    bigger = {**config, "gpucluster:node_groups": [{**groups[0], "max_nodes": 24}, *groups[1:]],
               "gpucluster:datasets": [config["gpucluster:datasets"][0],
                                       {"name": "extra", "prefix": "x/", "access": "mount"}]}
     head = price_stack(parse_stack_config(bigger, stack="prod")).as_json()
     md = cost_diff_markdown({"cost": base}, head)  # a plan --json document and a cost --json one
-    # 8 more spot nodes at max: 8 x 24.768 x 730 + their root volumes 8 x 500 GiB x 0.08, + new bucket
-    delta_max = 8 * 24.768 * 730 + 8 * 500 * GP3 + 1024 * S3
+    # 8 more on-demand nodes at max: 8 x 55.04 x 730 + their root volumes 8 x 500 GiB x 0.08, + new bucket
+    delta_max = 8 * P5_ON_DEMAND * 730 + 8 * 500 * GP3 + 1024 * S3
     pct = 100 * delta_max / base["totals"]["max"]["mix"]["usd_per_month"]
     assert md.startswith("### gpucluster cost: prod\n")
-    assert f"| **total at max nodes** | ${base['totals']['max']['mix']['usd_per_month']:,.2f} |" in md
+    # prod has no schedule: as scheduled is 24 x 7, and leads
+    total_max = base["totals"]["max"]["mix"]["usd_per_month"]
+    assert f"| **total at max nodes, as scheduled** | ${total_max:,.2f} |" in md
     assert f"**+${delta_max:,.2f} (+{pct:.1f} %)**" in md
-    assert f"| **total at desired nodes** | ${base['totals']['desired']['mix']['usd_per_month']:,.2f}" in md
-    assert f"| S3 extra, desired | - | ${1024 * S3:,.2f} | new |" in md
+    assert f"| total at max nodes, 24 x 7 | ${total_max:,.2f} |" in md
+    assert f"| S3 extra, desired, as scheduled | - | ${1024 * S3:,.2f} | new |" in md
     assert "node group h100-train, desired" not in md  # unchanged rows are left out
-    assert "Saving against all on-demand: desired 42.0 % -> 42.0 %, max 48.4 % -> " in md
+    assert "Saving against all on-demand: desired 14.8 % -> 14.8 %, max 9.6 % -> " in md
     removed = cost_diff_markdown(head, base)
-    assert "| S3 extra, desired | $23.55 | - | removed |" in removed
+    assert "| S3 extra, desired, as scheduled | $23.55 | - | removed |" in removed
+    # a document from before the scheduled figure: the 24 x 7 totals lead, as they did
+    old = {k: v for k, v in base.items() if k not in ("scheduled_totals", "scheduled_components")}
+    assert f"| **total at max nodes** | ${total_max:,.2f} |" in cost_diff_markdown(old, head)
+
+
+def test_cost_diff_leads_with_the_scheduled_figure() -> None:
+    _, config, spec = load_stack("dev")
+    base = price_stack(spec, Assumptions(schedule_year=2026)).as_json()
+    weekends = {**config, "gpucluster:autostop": {**config["gpucluster:autostop"],
+                                                  "start_schedule": "cron(0 8 ? * * *)"}}
+    head = price_stack(parse_stack_config(weekends, stack="dev"), Assumptions(schedule_year=2026)).as_json()
+    md = cost_diff_markdown(base, head)
+    # 11 h on 2 more days a week: 52 x 2 x 11 = 1144 more of 8736 hours, x 730 h, 1 spot g5.xlarge
+    spot = 1.006 * (1 - 0.65)
+    extra_hours = 1144 / 8736 * 730
+    delta = extra_hours * (spot + 200 * GP3 / 730)          # the node and its root volume
+    b = base["scheduled_totals"]["desired"]["mix"]["usd_per_month"]
+    row = f"| **total at desired nodes, as scheduled** | ${b:,.2f} | ${b + delta:,.2f} | **+${delta:,.2f}"
+    assert row in md
+    assert "| total at desired nodes, 24 x 7 |" in md and "no change" in md
+    assert "Schedule: stop cron(0 19 ? * * *), start cron(0 8 ? * MON-FRI *)" in md
+    assert "4,004 of the 8,736 hours" in md  # 11 h x 7 days x 52 weeks
 
 
 def test_cost_document_rejects_other_json() -> None:

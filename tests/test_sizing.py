@@ -1,4 +1,4 @@
-"""`recommend`: memory estimates worked out in each test, fits cheapest first, valid snippets."""
+"""`recommend`: memory against DeepSpeed's estimator and the ZeRO paper, offerings, ranking by job cost."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import yaml
 from gpucluster import catalog
 from gpucluster.sizing import (
     GIB,
+    MODELS,
     Fit,
     SizingError,
     Workload,
@@ -18,115 +19,246 @@ from gpucluster.sizing import (
     multi_node_capable,
     node_group_snippet,
     parse_params,
+    parse_tokens,
     recommend,
+    usable_gib_per_gpu,
 )
 from gpucluster.spec import parse_stack_config
 
-
-def usable(instance_type: str) -> float:
-    """90 % of one GPU's memory, GiB."""
-    t = catalog.get(instance_type)
-    assert t is not None
-    return t.gpu_memory_mib / 1024 * 0.9
+# ------------------------------------------------------- DeepSpeed's ZeRO-3 estimator
 
 
-def assert_ranked_and_minimal(fits: list[Fit], need_gib: Any) -> None:
-    """Cheapest first; each fit holds the workload, on as few nodes as it can."""
-    assert fits, "something fits"
-    assert [f.usd_per_hour for f in fits] == sorted(f.usd_per_hour for f in fits)
-    for f in fits:
-        t = catalog.get(f.instance_type)
-        assert t is not None
-        assert f.need_gib_per_gpu == pytest.approx(need_gib(f.gpus))
-        assert need_gib(f.gpus) <= usable(f.instance_type)
-        if f.nodes > 1:
-            assert need_gib(f.gpus - t.gpus) > usable(f.instance_type), f"{f} is not minimal"
-            assert t.max_efa_interfaces > 0 and t.network_cards > 1, f"{f} is multi-node without EFA"
-        assert f.usd_per_hour == pytest.approx(f.nodes * t.on_demand_price("us-east-1"))
+def deepspeed_zero3_gpu_bytes(total_params: int, largest_layer_params: int, num_gpus_per_node: int,
+                              num_nodes: int = 1) -> int:
+    """DeepSpeed's per-GPU figure, reproduced from microsoft/DeepSpeed deepspeed/runtime/zero/stage3.py.
+
+    `estimate_zero3_model_states_mem_needs_all_live(model, ...)` takes total_params and
+    largest_layer_params from the model (`model_to_params`) and calls
+    `estimate_zero3_model_states_mem_needs`, whose branch without offload (cpu_offload=False) is
+        largest_layer_memory = (4 * largest_layer_params)
+        gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
+    """
+    total_gpus = num_nodes * num_gpus_per_node
+    largest_layer_memory = 4 * largest_layer_params
+    return largest_layer_memory + int(18 * total_params / total_gpus)
 
 
-def test_7b_inference() -> None:
-    w = make_workload("7", "inference")                          # bf16, 4096 tokens, batch 1
-    weights = 7e9 * 2
-    kv = 2 * 32 * 32 * 128 * 4096 * 1 * 2                       # Llama-2-7B: MHA, head_dim 128 = 2 GiB
-    total = weights * 1.2 + kv
+def test_the_reproduced_formula_gives_deepspeeds_printed_figure() -> None:
+    """DeepSpeed's own output for t5-small on 1 GPU, as published (blog.csdn.net/u012327567/article/
+    details/132278598): "Model with 60M total params, 16M largest layer params ... 0.09GB | 1.08GB |
+    offload_param=none, offload_optimizer=none, zero_init=1"."""
+    # t5-small (AutoModel): 60,506,624 parameters, the largest module the 32128 x 512 shared embedding
+    gpu = deepspeed_zero3_gpu_bytes(60_506_624, 32_128 * 512, num_gpus_per_node=1)
+    assert f"{gpu / 2**30:6.2f}GB" == "  1.08GB"
+
+
+# model, total parameters as the Hugging Face model page counts them (safetensors), the largest
+# module's parameters (the vocab x hidden embedding, from config.json), GPUs
+DEEPSPEED_TABLE: list[tuple[str, int, int, int]] = [
+    ("llama-3.2-1b", 1_235_814_400, 128_256 * 2048, 1),
+    ("llama-3.2-3b", 3_212_749_824, 128_256 * 3072, 4),
+    ("llama-3.1-8b", 8_030_261_248, 128_256 * 4096, 8),
+    ("llama-3.1-70b", 70_553_706_496, 128_256 * 8192, 32),
+    ("llama-3.1-70b", 70_553_706_496, 128_256 * 8192, 64),
+    ("llama-3.1-405b", 405_853_388_800, 128_256 * 16384, 128),
+    ("mistral-7b", 7_241_732_096, 32_000 * 4096, 8),
+    ("mixtral-8x7b", 46_702_792_704, 32_000 * 4096, 16),
+    ("mixtral-8x22b", 140_620_634_112, 32_000 * 6144, 64),
+    ("qwen2.5-7b", 7_615_616_512, 152_064 * 3584, 8),
+    ("qwen2.5-72b", 72_706_203_648, 152_064 * 8192, 64),
+]
+
+
+@pytest.mark.parametrize(("model", "total", "largest", "gpus"), DEEPSPEED_TABLE)
+def test_model_states_match_deepspeeds_estimator_within_5_percent(model: str, total: int, largest: int,
+                                                                   gpus: int) -> None:
+    expected = deepspeed_zero3_gpu_bytes(total, largest, num_gpus_per_node=min(gpus, 8),
+                                         num_nodes=max(1, gpus // 8))
+    memory = estimate_memory(make_workload(model=model, mode="train"))
+    assert memory.model_states_per_gpu(gpus) == pytest.approx(expected, rel=0.05)
+    assert memory.largest_module == pytest.approx(4 * largest, rel=0.05)  # the embedding, not a layer
+
+
+def test_zero_paper_table_1() -> None:
+    """ZeRO (Rajbhandari et al. 2020) Table 1: 7.5B parameters, K = 12, 64 GPUs: 120 GB baseline, 1.88 GB
+    per GPU with P_os+g+p. Those are the paper's 16 B; DeepSpeed's estimator adds 2 B (buffers)."""
+    m = estimate_memory(make_workload("7.5b", "train", layers=32, hidden=4096))
+    paper = m.weights + m.gradients + m.optimizer
+    assert paper == pytest.approx(120e9, rel=0.05)
+    assert paper / 64 == pytest.approx(1.88e9, rel=0.05)
+    assert m.buffers == pytest.approx(2 * 7.5e9)
+
+
+def test_parameter_counts_from_config_match_the_published_ones() -> None:
+    published = {model: total for model, total, _, _ in DEEPSPEED_TABLE}
+    assert {name: int(m.params) for name, m in MODELS.items()} == published
+    assert MODELS["mixtral-8x7b"].active_params == pytest.approx(12.9e9, rel=0.01)   # two of 8 experts
+    assert MODELS["mixtral-8x22b"].active_params == pytest.approx(39.2e9, rel=0.01)
+    assert all(m.source.startswith("huggingface.co/") and m.source.endswith("/config.json")
+               for m in MODELS.values())
+
+
+# ---------------------------------------------------------------- the issue's cases
+
+
+def test_llama3_8b_full_finetune_does_not_fit_24_gb_cards() -> None:
+    """Issue 15: the old 16 B/param + one layer said 17.4 of 20.1 GiB on 8 x L4; it is ~22.3."""
+    w = make_workload(model="llama-3.1-8b", mode="finetune")
     m = estimate_memory(w)
-    assert (m.weights, m.kv_cache, m.sharded) == (pytest.approx(weights), kv, pytest.approx(total))
-    assert total / GIB == pytest.approx(17.646, abs=1e-3)
-    fits = recommend(w)
-    assert_ranked_and_minimal(fits, lambda gpus: total / gpus / GIB)
-    assert (fits[0].instance_type, fits[0].nodes) == ("g6.xlarge", 1)   # 1 x L4, $0.8048/h
-    names = {f.instance_type for f in fits}
-    assert "g4dn.xlarge" not in names                               # T4: no bf16, and 14.4 GiB usable
-    assert all(f.nodes == 1 for f in fits)                          # inference defaults to one node
-
-
-def test_7b_int8_inference_fits_a_t4() -> None:
-    total = 7e9 * 1 * 1.2 + 2 * 32 * 32 * 128 * 4096 * 2          # 9.82 GiB < 14.4 usable on a T4
-    fits = recommend(make_workload("7b", "inference", precision="int8"))
-    assert fits[0].instance_type == "g4dn.xlarge"
-    assert fits[0].need_gib_per_gpu == pytest.approx(total / GIB)
-
-
-def test_70b_inference_uses_gqa_kv_cache() -> None:
-    m = estimate_memory(make_workload("70", "inference", seq_len=8192, batch=4))
-    assert m.kv_cache == 2 * 80 * 8 * 128 * 8192 * 4 * 2           # 8 KV heads, not 64
-
-
-def test_7b_full_finetune() -> None:
-    w = make_workload("7", "finetune")
-    states = 16 * 7e9                                               # 2 + 2 + 12 B per parameter
+    p, embedding = 8_030_261_248, 128_256 * 4096
+    deepspeed = 18 * p / 8 + 4 * embedding
     activations = 4096 * 1 * 4096 * (2 * 32 + 34)                 # s*b*h*(2L + 34), 16-bit
-    gathered = 2 * (7e9 / 32) * 2                                   # one layer's weights + grads
+    logits = 4096 * 128_256 * 4                                     # fp32 logits, ~1.96 GiB
+    assert m.per_gpu_need(8) == pytest.approx(deepspeed + activations + logits)
+    assert m.per_gpu_need(8) / GIB == pytest.approx(22.27, abs=0.01)
+    fits = {f.instance_type for f in recommend(w)}
+    for name in ("g6.48xlarge", "g5.48xlarge"):                     # 8 x L4, 8 x A10G
+        assert m.per_gpu_need(8) / GIB > usable_gib_per_gpu(catalog.get(name))  # type: ignore[arg-type]
+        assert name not in fits
+
+
+def test_llama3_70b_training_needs_six_p4d_not_five() -> None:
+    w = make_workload(model="llama-3.1-70b", mode="train")
     m = estimate_memory(w)
-    assert m.sharded == pytest.approx(states)
-    assert (m.weights, m.gradients, m.optimizer) == (pytest.approx(14e9), pytest.approx(14e9),
-                                                     pytest.approx(84e9))
-    assert m.activations == activations and m.gather_buffers == pytest.approx(gathered)
-    fits = recommend(w)
-    assert_ranked_and_minimal(fits, lambda gpus: (states / gpus + activations + gathered) / GIB)
-    assert (fits[0].instance_type, fits[0].nodes, fits[0].gpus) == ("g6e.12xlarge", 1, 4)
-    assert fits[0].need_gib_per_gpu == pytest.approx((28e9 + activations + gathered) / GIB)  # 28.4 GiB
-    assert "g5.12xlarge" not in {f.instance_type for f in fits}   # 4 x 20.1 GiB too small, no 2nd node
+    p4d = usable_gib_per_gpu(catalog.get("p4d.24xlarge"))  # type: ignore[arg-type]
+    assert p4d == pytest.approx((40 - 1) * 0.95)
+    assert m.per_gpu_need(40) / GIB > p4d >= m.per_gpu_need(48) / GIB
+    assert next(f for f in recommend(w) if f.instance_type == "p4d.24xlarge").nodes == 6
 
 
-def test_70b_training() -> None:
-    w = make_workload("70", "train")
-    states = 16 * 70e9
-    per_gpu = 4096 * 8192 * (2 * 80 + 34) + 2 * (70e9 / 80) * 2   # activations + gathered layer
-    fits = recommend(w)
-    assert_ranked_and_minimal(fits, lambda gpus: (states / gpus + per_gpu) / GIB)
-    best = fits[0]
-    # p4de: 16 GPUs need 74.5 GiB > 72.0 usable; 24 GPUs need 52.8 -> 3 nodes at $27.45
-    assert (best.instance_type, best.nodes) == ("p4de.24xlarge", 3)
-    assert best.usd_per_hour == pytest.approx(3 * 27.45)
-    assert best.efa
-    assert not any(f.instance_type.startswith(("g5.", "g6.")) for f in fits)  # single-card EFA only
+def test_inference_holds_the_kv_cache_of_every_concurrent_sequence() -> None:
+    w = make_workload(model="llama-3.1-70b", mode="inference", seq_len=8192, concurrency=16)
+    m = estimate_memory(w)
+    assert m.kv_cache == 2 * 80 * 8 * 128 * 8192 * 16 * 2          # GQA: 8 KV heads, 16 sequences
+    assert m.weights == 2 * 70_553_706_496 and m.overhead == pytest.approx(0.2 * m.weights)
+    assert make_workload(model="llama-3.1-70b", mode="inference").concurrency == 8  # the default
 
 
-def test_405b_training() -> None:
-    w = make_workload("405", "train")
-    states = 16 * 405e9
-    per_gpu = 4096 * 16384 * (2 * 126 + 34) + 2 * (405e9 / 126) * 2
-    fits = recommend(w)
-    assert_ranked_and_minimal(fits, lambda gpus: (states / gpus + per_gpu) / GIB)
-    # p5e (H200): 56 GPUs need 137.6 GiB > 126.9; 64 need 124.1 -> 8 nodes at $60
-    assert (fits[0].instance_type, fits[0].nodes, fits[0].usd_per_hour) == ("p5e.48xlarge", 8, 480.0)
-    assert {f.instance_type for f in fits} == {"p5e.48xlarge", "p4de.24xlarge", "p5en.48xlarge",
-                                               "p6-b200.48xlarge", "p5.48xlarge"}
-    assert recommend(make_workload("405", "train", max_nodes=4)) == []  # nothing fits 4 nodes
+def test_mixture_of_experts_holds_every_expert_and_computes_with_two() -> None:
+    w = make_workload(model="mixtral-8x7b", mode="inference", tokens="1b")
+    assert estimate_memory(w).weights == 2 * 46_702_792_704
+    assert w.flops == pytest.approx(2 * 12_879_925_248 * 1e9)
 
 
-def test_fp32_training_doubles_activations() -> None:
-    bf16, fp32 = (estimate_memory(make_workload("7", "train", precision=p)) for p in ("bf16", "fp32"))
-    assert fp32.activations == 2 * bf16.activations
-    assert fp32.sharded == bf16.sharded == pytest.approx(16 * 7e9)  # 4 + 4 + 8 B vs 2 + 2 + 12 B
+def test_t4_has_no_bf16_but_runs_int8_weights_in_fp16() -> None:
+    assert "g4dn.xlarge" not in {f.instance_type for f in recommend(make_workload(model="mistral-7b",
+                                                                                  mode="inference"))}
+    fits = recommend(make_workload(model="llama-3.2-3b", mode="inference", precision="int8"))
+    t4 = next(f for f in fits if f.instance_type == "g4dn.xlarge")
+    assert (t4.compute_format, t4.peak_tflops_per_gpu) == ("fp16", 65)
 
 
-def test_multi_node_capable_needs_efa_on_several_cards() -> None:
+# ------------------------------------------------------------------------ offerings
+
+
+@pytest.mark.parametrize("region", ["us-east-1", "us-west-2"])
+@pytest.mark.parametrize(("model", "mode"), [("llama-3.1-8b", "finetune"), ("llama-3.1-70b", "train"),
+                                             ("llama-3.1-405b", "inference"), ("mixtral-8x22b", "inference"),
+                                             ("llama-3.2-1b", "inference")])
+def test_recommend_never_returns_a_type_not_offered(region: str, model: str, mode: str) -> None:
+    fits = recommend(make_workload(model=model, mode=mode), region)
+    assert fits
+    for f in fits:
+        assert catalog.offered_zones(f.instance_type, region), f"{f.instance_type} not offered in {region}"
+    if region == "us-east-1":
+        assert "p5e.48xlarge" not in {f.instance_type for f in fits}
+
+
+def test_a_zone_narrows_to_the_types_offered_there() -> None:
+    w = make_workload(model="llama-3.1-70b", mode="train")
+    everywhere = {f.instance_type for f in recommend(w, "us-east-1")}
+    in_1a = {f.instance_type for f in recommend(w, "us-east-1", "us-east-1a")}
+    assert "p4de.24xlarge" in everywhere and "p4de.24xlarge" not in in_1a       # us-east-1b/1c only
+    assert "p6-b200.48xlarge" in everywhere and "p6-b200.48xlarge" not in in_1a  # us-east-1c only
+    assert all("us-east-1a" in (catalog.offered_zones(t, "us-east-1") or []) for t in in_1a)
+    with pytest.raises(SizingError, match=r"--zone: 'us-west-2a' is not a zone of region 'us-east-1'"):
+        recommend(w, "us-east-1", "us-west-2a")
+
+
+def test_capacity_block_only_types_are_priced_as_blocks_and_bought_not_pasted() -> None:
+    w = make_workload(model="llama-3.1-405b", mode="inference")
+    fits = recommend(w, "us-west-2")
+    p5e = next(f for f in fits if f.instance_type == "p5e.48xlarge")
+    assert (p5e.price_basis, p5e.usd_per_hour, p5e.spot_usd_per_hour) == ("capacity block", 38.0, None)
+    snippet = node_group_snippet(p5e, w, "us-west-2")
+    assert "gpucluster capacity search --type p5e.48xlarge --count 1 --days 7 --region us-west-2" in snippet
+    assert all(line.startswith("#") for line in snippet.splitlines())  # nothing to paste before buying
+
+
+# -------------------------------------------------------------------- job cost
+
+
+def test_ranking_by_job_cost_worked_case() -> None:
+    """Llama 3.1 8B full fine-tuning on 1B tokens at 40 % MFU in us-east-1.
+
+    FLOPs = 6 x 8,030,261,248 x 1e9 = 4.818e19.
+    p5.48xlarge:  8 x 989 TFLOPS x 0.4 = 3,164.8 effective -> 4.229 h x $55.04 = $232.76.
+    g6e.12xlarge: 4 x 362.05 x 0.4 = 579.28 effective -> 23.10 h x $10.49264 = $242.42.
+    The g6e costs a fifth per hour and would rank first by hourly price; the p5 job is cheaper.
+    """
+    w = make_workload(model="llama-3.1-8b", mode="finetune", tokens="1b")
+    fits = {f.instance_type: f for f in recommend(w)}
+    flops = 6 * 8_030_261_248 * 1e9
+    p5, g6e = fits["p5.48xlarge"], fits["g6e.12xlarge"]
+    assert p5.effective_tflops == pytest.approx(3164.8) and g6e.effective_tflops == pytest.approx(579.28)
+    assert p5.hours == pytest.approx(flops / 3164.8e12 / 3600) == pytest.approx(4.229, abs=1e-3)
+    assert p5.job_usd == pytest.approx(p5.hours * 55.04) == pytest.approx(232.76, abs=0.01)
+    assert g6e.job_usd == pytest.approx(flops / 579.28e12 / 3600 * 10.49264)
+    assert g6e.job_usd == pytest.approx(242.42, abs=0.01)
+    ranked = [f.instance_type for f in recommend(w)]
+    assert ranked.index("p5.48xlarge") < ranked.index("g6e.12xlarge")
+    assert g6e.usd_per_hour < p5.usd_per_hour
+    costs = [f.job_usd for f in recommend(w)]
+    assert costs == sorted(costs)                                      # type: ignore[type-var]
+
+
+def test_without_tokens_rank_by_price_per_effective_tflop_hour() -> None:
+    fits = recommend(make_workload(model="llama-3.1-8b", mode="finetune", mfu=0.5))
+    assert all(f.hours is None and f.job_usd is None for f in fits)
+    per = [f.usd_per_effective_tflop_hour for f in fits]
+    assert per == sorted(per)
+    p5 = next(f for f in fits if f.instance_type == "p5.48xlarge")
+    assert p5.usd_per_effective_tflop_hour == pytest.approx(55.04 / (8 * 989 * 0.5))
+
+
+def test_inference_tokens_cost_two_flops_per_active_parameter() -> None:
+    w = make_workload(model="llama-3.1-8b", mode="inference", tokens="10b", mfu=0.2)
+    g6 = next(f for f in recommend(w) if f.instance_type == "g6e.xlarge")
+    assert g6.hours == pytest.approx(2 * 8_030_261_248 * 10e9 / (362.05e12 * 0.2) / 3600)
+
+
+# ----------------------------------------------------------------- snippets, input
+
+
+def test_multi_node_type_rules() -> None:
     capable = {n for n in catalog.names() if multi_node_capable(catalog.get(n))}  # type: ignore[arg-type]
     assert {"p5.48xlarge", "p4d.24xlarge", "g6e.24xlarge", "g6e.48xlarge"} <= capable
     assert not capable & {"p5.4xlarge", "g6e.12xlarge", "g5.48xlarge", "g4dn.metal", "g5.xlarge"}
+    for f in recommend(make_workload(model="llama-3.1-405b", mode="train")):
+        assert f.nodes == 1 or multi_node_capable(catalog.get(f.instance_type))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("model", "mode", "zone"), [
+    ("mistral-7b", "inference", None), ("llama-3.1-8b", "finetune", None), ("llama-3.1-70b", "train", None),
+    ("llama-3.1-405b", "train", None), ("llama-3.1-70b", "train", "us-east-1b")])
+def test_snippet_is_a_valid_node_group(base_config: dict[str, Any], model: str, mode: str,
+                                       zone: str | None) -> None:
+    w: Workload = make_workload(model=model, mode=mode)
+    fit: Fit = recommend(w, zone=zone)[0]
+    pasted = yaml.safe_load(node_group_snippet(fit, w, zone=zone))
+    group = pasted["gpucluster:node_groups"][0]
+    base_config["gpucluster:network"]["availability_zones"] = group["availability_zones"]
+    base_config.update(pasted)
+    spec = parse_stack_config(base_config, stack="t")  # the offerings check included
+    parsed = spec.node_groups[0]
+    assert parsed.instance_types == [fit.instance_type]
+    assert parsed.desired_nodes == parsed.max_nodes == fit.nodes
+    assert parsed.efa_enabled == (fit.nodes > 1)
+    assert parsed.capacity.spot_percent == (0 if fit.nodes > 1 or not w.training else 100)
+    zones = spec.azs_of(parsed)
+    assert all(z in (catalog.offered_zones(fit.instance_type, "us-east-1") or []) for z in zones)
+    if zone:
+        assert zones == [zone]
 
 
 @pytest.mark.parametrize(("text", "billions"), [("7", 7.0), ("70b", 70.0), ("405B", 405.0),
@@ -135,9 +267,24 @@ def test_parse_params(text: str, billions: float) -> None:
     assert parse_params(text) == pytest.approx(billions)
 
 
+@pytest.mark.parametrize(("text", "tokens"), [("2t", 2e12), ("500b", 5e11), ("1e9", 1e9), ("300M", 3e8),
+                                              ("1000000", 1e6)])
+def test_parse_tokens(text: str, tokens: float) -> None:
+    assert parse_tokens(text) == pytest.approx(tokens)
+
+
+def test_params_alone_picks_the_model_of_that_size() -> None:
+    assert make_workload("70b", "train").model is MODELS["llama-3.1-70b"]
+    assert make_workload("8", "train").model is MODELS["llama-3.1-8b"]
+    assert make_workload(model="Llama-3.3-70B", mode="train").model is MODELS["llama-3.1-70b"]
+
+
 @pytest.mark.parametrize(("kwargs", "option", "words"), [
     ({"params": "seven", "mode": "train"}, "--params", "positive parameter count"),
     ({"params": "0", "mode": "train"}, "--params", "positive parameter count"),
+    ({"mode": "train"}, "--params", "give --model NAME or --params"),
+    ({"model": "gpt-5", "mode": "train"}, "--model", "unknown model 'gpt-5' (known: llama-3.2-1b"),
+    ({"model": "mistral-7b", "params": "7", "mode": "train"}, "--model", "give --model alone"),
     ({"params": "7", "mode": "fly"}, "--mode", "train, finetune, inference"),
     ({"params": "7", "mode": "train", "precision": "int4"}, "--precision", "bf16, fp16, fp32"),
     ({"params": "30", "mode": "train"}, "--layers", "no known shape for a 30B model"),
@@ -147,7 +294,11 @@ def test_parse_params(text: str, billions: float) -> None:
     ({"params": "30", "mode": "train", "layers": 60, "hidden": 6656, "heads": 50}, "--heads",
      "must divide --hidden"),
     ({"params": "7", "mode": "train", "batch": 0}, "--batch", "must be 1..4096"),
+    ({"params": "7", "mode": "inference", "batch": 4}, "--batch", "inference takes --concurrency"),
+    ({"params": "7", "mode": "train", "concurrency": 4}, "--concurrency", "is for inference"),
     ({"params": "7", "mode": "train", "max_nodes": 0}, "--max-nodes", "must be 1..2000"),
+    ({"params": "7", "mode": "train", "mfu": 1.5}, "--mfu", "must be a fraction of the peak in (0, 1]"),
+    ({"params": "7", "mode": "train", "tokens": "lots"}, "--tokens", "positive token count"),
 ])
 def test_bad_workloads_name_the_option(kwargs: dict[str, Any], option: str, words: str) -> None:
     with pytest.raises(SizingError) as err:
@@ -156,23 +307,8 @@ def test_bad_workloads_name_the_option(kwargs: dict[str, Any], option: str, word
     assert str(err.value).startswith(option + ": ")
 
 
-def test_unknown_model_with_a_given_shape() -> None:
-    w = make_workload("30", "inference", layers=60, hidden=6656)
-    assert (w.shape.heads, w.shape.kv_heads) == (52, 52)           # head_dim 128, MHA
+def test_another_model_by_its_shape() -> None:
+    w = make_workload("30", "inference", layers=60, hidden=6656, concurrency=1)
+    assert (w.model.heads, w.model.kv_heads, w.model.vocab) == (52, 52, 128_256)  # head_dim 128, MHA
     assert estimate_memory(w).kv_cache == 2 * 60 * 52 * 128 * 4096 * 2
-
-
-@pytest.mark.parametrize(("params", "mode"), [("7", "inference"), ("7", "finetune"), ("70", "train"),
-                                              ("405", "train")])
-def test_snippet_is_a_valid_node_group(base_config: dict[str, Any], params: str, mode: str) -> None:
-    w: Workload = make_workload(params, mode)
-    fit = recommend(w)[0]
-    pasted = yaml.safe_load(node_group_snippet(fit, w))
-    base_config.update(pasted)
-    spec = parse_stack_config(base_config, stack="t")
-    group = spec.node_groups[0]
-    assert group.instance_types == [fit.instance_type]
-    assert group.desired_nodes == group.max_nodes == fit.nodes
-    assert group.efa_enabled == (fit.nodes > 1)
-    assert spec.azs_of(group) == (["us-east-1a"] if fit.nodes > 1 else ["us-east-1a", "us-east-1b"])
-    assert group.capacity.spot_percent == (0 if fit.nodes > 1 or not w.training else 100)
+    assert w.model.params == 30e9 and w.model.largest_module_params == 128_256 * 6656

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ from typer.testing import CliRunner
 
 from gpucluster.cli import app
 from gpucluster.plan import load_stack
-from gpucluster.spec import SpecError, parse_stack_config
+from gpucluster.spec import SpecError, parse_stack_config, stack_warnings
 
 runner = CliRunner()
 DELETE = object()
@@ -48,6 +50,12 @@ INVALID: list[tuple[str, Any, str, str]] = [
     ("gpucluster:cluster.tags.environment", "Prod!", "cluster.tags.environment", "lowercase"),
     ("gpucluster:cluster.tags.costcenter", "x", "cluster.tags.costcenter", "did you mean 'cost_center'"),
     ("gpucluster:cluster.extra_tags", {"aws:team": "x"}, "cluster.extra_tags.aws:team", "aws:"),
+    ("gpucluster:cluster.extra_tags", {"AWS:team": "x"}, "cluster.extra_tags.AWS:team", "reserved"),
+    # The stop-state and identity tags are the guardrails' own: a user's would forge them.
+    ("gpucluster:cluster.extra_tags", {"gpucluster:stopped-by": "schedule"},
+     "cluster.extra_tags.gpucluster:stopped-by", "tag key 'gpucluster:stopped-by' is reserved"),
+    ("gpucluster:cluster.extra_tags", {"gpucluster:stack": "other-team"},
+     "cluster.extra_tags.gpucluster:stack", "reserved"),
     ("gpucluster:network.availability_zones", [], "network.availability_zones", "at least 1"),
     ("gpucluster:network.availability_zones", ["us-west-2a"], "network.availability_zones[0]",
      "not a zone of region"),
@@ -316,7 +324,7 @@ def test_other_namespaces_are_ignored(base_config: dict[str, Any]) -> None:
 def test_tags_carry_stack_identity(base_config: dict[str, Any]) -> None:
     base_config["gpucluster:cluster"]["extra_tags"] = {"team": "llm"}
     tags = parse_stack_config(base_config, stack="dev").tags
-    assert tags["gpucluster:stack"] == "dev"
+    assert tags["gpucluster:stack"] == "organization/gpucluster/dev/test"  # org/project/stack/cluster
     assert tags["cost_center"] == "cc-1"
     assert tags["team"] == "llm"
 
@@ -330,9 +338,13 @@ def test_shipped_stacks_are_valid(stack: str) -> None:
 
 def test_prod_stack_shape() -> None:
     _, _, spec = load_stack("prod")
-    group = spec.node_groups[0]
-    assert group.efa_enabled and group.capacity.on_demand_base >= 1 and group.capacity.spot_percent > 0
-    assert group.max_nodes > 1 and spec.budget is not None and spec.datasets
+    train, evaluation = spec.node_groups
+    # multi-node EFA training on-demand (a committed base + on-demand above); spot only for
+    # single-node work in a group of its own, as `recommend` advises: no warnings
+    assert train.efa_enabled and train.capacity.on_demand_base >= 1 and train.capacity.spot_percent == 0
+    assert not evaluation.efa_enabled and evaluation.capacity.spot_percent == 100
+    assert train.max_nodes > 1 and spec.budget is not None and spec.datasets
+    assert stack_warnings(spec) == []
 
 
 def test_dev_stack_is_spot_single_gpu() -> None:
@@ -385,3 +397,85 @@ def test_fsx_storage_capacity_steps(base_config: dict[str, Any], size: int, ok: 
     else:
         with pytest.raises(SpecError, match="1200 or a multiple of 2400"):
             parse_stack_config(base_config, stack="t")
+
+
+# ---------------------------------------------------------------- offerings (issue 15)
+
+
+def test_primary_type_not_offered_in_its_zone_is_an_error_naming_where_it_is(
+        base_config: dict[str, Any]) -> None:
+    base_config["gpucluster:network"]["availability_zones"] = ["us-east-1d"]
+    efa_config(base_config, instance_types=["p5e.48xlarge"])
+    with pytest.raises(SpecError) as err:
+        parse_stack_config(base_config, stack="t")
+    [finding] = err.value.findings
+    assert finding.path == "node_groups[0].instance_types[0]"
+    # moto's offering data: us-east-2 and us-west-2 offer it, named first (the same geography)
+    assert finding.message.startswith("p5e.48xlarge is not offered in us-east-1d; no us-east-1 zone "
+                                      "offers it; us-east-2, us-west-2 and ")
+    assert "as of 2026-10-27" in finding.message and len(str(finding)) <= 200
+
+
+def test_not_offered_in_this_zone_names_the_zones_of_the_region_that_offer_it(
+        base_config: dict[str, Any]) -> None:
+    efa_config(base_config, instance_types=["p4de.24xlarge"])  # EFA: the network's first zone, 1a
+    with pytest.raises(SpecError, match=r"node_groups\[0\].instance_types\[0\]: p4de.24xlarge is not "
+                                        r"offered in us-east-1a; in us-east-1 it is offered in us-east-1b, "
+                                        r"us-east-1c"):
+        parse_stack_config(base_config, stack="t")
+    base_config["gpucluster:network"]["availability_zones"] = ["us-east-1b", "us-east-1a"]
+    assert parse_stack_config(base_config, stack="t").node_groups[0].instance_types == ["p4de.24xlarge"]
+
+
+def test_a_fallback_not_offered_is_only_a_warning(base_config: dict[str, Any]) -> None:
+    base_config["gpucluster:network"]["availability_zones"] = ["us-east-1d"]
+    efa_config(base_config, instance_types=["p5.48xlarge", "p5e.48xlarge"],
+               capacity={"on_demand_base": 2})
+    spec = parse_stack_config(base_config, stack="t")  # valid: the first type launches
+    assert [(w.path, w.message.split(";")[0]) for w in stack_warnings(spec)] == [
+        ("node_groups[0].instance_types[1]",
+         "fallback p5e.48xlarge is not offered in us-east-1d, so the group never launches it there")]
+
+
+def test_offerings_are_checked_per_zone_of_a_multi_zone_group(base_config: dict[str, Any]) -> None:
+    base_config["gpucluster:network"]["availability_zones"] = ["us-east-1a", "us-east-1e"]
+    base_config["gpucluster:node_groups"][0]["instance_types"] = ["g5.xlarge"]  # not in us-east-1e
+    with pytest.raises(SpecError, match=r"g5.xlarge is not offered in us-east-1e; in us-east-1 it is "
+                                        r"offered in us-east-1a, us-east-1b, us-east-1c, us-east-1d, "
+                                        r"us-east-1f"):
+        parse_stack_config(base_config, stack="t")
+
+
+def test_multi_node_efa_group_with_spot_is_a_warning(base_config: dict[str, Any]) -> None:
+    spec = parse_stack_config(efa_config(base_config, capacity={"on_demand_base": 1, "spot_percent": 50}),
+                              stack="t")
+    [warning] = stack_warnings(spec)
+    assert warning.path == "node_groups[0].capacity.spot_percent" and warning.level == "warning"
+    assert warning.message.startswith("a multi-node EFA group holds spot nodes (50 % above the base): one "
+                                      "reclaimed node stops the whole collective job")
+    for capacity in ({"on_demand_base": 4, "spot_percent": 100},   # max 4: no room above the base
+                     {"spot_percent": 0}):
+        spec = parse_stack_config(efa_config(base_config, capacity=capacity), stack="t")
+        assert stack_warnings(spec) == []
+    single = efa_config(base_config, efa="off", placement_group=False, capacity={"spot_percent": 100})
+    assert stack_warnings(parse_stack_config(single, stack="t")) == []
+
+
+def test_plan_prints_the_warnings(base_config: dict[str, Any],
+                                  write_stack: Callable[[dict[str, Any], str], Path]) -> None:
+    base_config["gpucluster:network"]["availability_zones"] = ["us-east-1d"]
+    efa_config(base_config, instance_types=["p5.48xlarge", "p5e.48xlarge"],
+               capacity={"on_demand_base": 2, "spot_percent": 100})
+    path = write_stack(base_config, "efa-spot")
+    result = CliRunner().invoke(app, ["plan", str(path)])
+    lines = result.output.splitlines()  # a warning wraps at 100 columns: its lines joined
+    warnings = [" ".join([line, *(more.strip() for more in takewhile(lambda x: x.startswith("  "),
+                                                                      lines[i + 1:]))])
+                for i, line in enumerate(lines) if line.startswith("warning: ")]
+    assert [w.split(":")[1].strip() for w in warnings] == ["node_groups[0].instance_types[1]",
+                                                           "node_groups[0].capacity.spot_percent"]
+    assert "a multi-node EFA group holds spot nodes (100 % above the base)" in warnings[1]
+    doc = json.loads(CliRunner().invoke(app, ["plan", str(path), "--json"]).output)
+    assert [w["path"] for w in doc["warnings"]] == ["node_groups[0].instance_types[1]",
+                                                     "node_groups[0].capacity.spot_percent"]
+    assert json.loads(CliRunner().invoke(app, ["plan", "prod", "--json"]).output)["warnings"] == []

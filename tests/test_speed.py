@@ -111,8 +111,7 @@ def test_plan_json_is_byte_identical_from_run_to_run_and_loads_only_the_modules_
     assert total < 120, "every service package in full: 487 modules"
     doc = json.loads(fresh.stdout)
     code = next(r for r in doc["resources"] if r["type"] == "aws:lambda/function:Function")["inputs"]["code"]
-    assert code["archive"] == "assets" and len(code["sha256"]) == 64
-    assert code["assets"]["lambdas"]["archive"] == "directory" and code["assets"]["lambdas"]["files"] >= 4
+    assert len(code["sha256"]) == 64 and len(code["files"]) >= 4  # each handler module by its hash
     assert b" object at 0x" not in fresh.stdout
 
 

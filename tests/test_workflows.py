@@ -26,8 +26,10 @@ def steps(job: dict[str, Any]) -> list[dict[str, Any]]:
     return job.get("steps", [])
 
 
-def step_using(job: dict[str, Any], action: str) -> dict[str, Any]:
-    return next(s for s in steps(job) if s.get("uses", "").startswith(action + "@"))
+def step_using(job: dict[str, Any], action: str, command: str | None = None) -> dict[str, Any]:
+    """The first step of `job` using `action` (with `command`, for pulumi/actions)."""
+    return next(s for s in steps(job) if s.get("uses", "").startswith(action + "@")
+                and (command is None or s.get("with", {}).get("command") == command))
 
 
 def test_the_workflows_exist() -> None:
@@ -63,7 +65,10 @@ def test_pull_requests_test_plan_and_preview() -> None:
     assert stacks_step["run"] == '.venv/bin/python .ci/stacks.py --github-output >> "$GITHUB_OUTPUT"'
     assert plan["outputs"] == {"stacks": "${{ steps.stacks.outputs.all }}"}
     plan_step = next(s for s in steps(plan) if s.get("id") == "plan")
-    assert ".ci/plan_comment.py > plan-comment.md" in plan_step["run"]
+    assert ".ci/plan_comment.py --base-stacks .base/stacks > plan-comment.md" in plan_step["run"]
+    base = [s for s in steps(plan) if s.get("uses", "").startswith("actions/checkout@")][1]["with"]
+    assert (base["ref"], base["path"], base["sparse-checkout"]) == (
+        "${{ github.base_ref }}", ".base", "stacks")
     comment = next(s for s in steps(plan) if "gh pr comment" in s.get("run", ""))
     assert "--body-file plan-comment.md --edit-last --create-if-none" in comment["run"]
     assert plan["permissions"] == {"contents": "read", "pull-requests": "write"}
@@ -106,12 +111,30 @@ def test_one_stack_deploys_in_its_environment_one_at_a_time() -> None:
     assert up["environment"] == "${{ inputs.stack }}"
     assert up["concurrency"] == {"group": "deploy-${{ inputs.stack }}", "cancel-in-progress": False}
     gate = next(s for s in steps(up) if s.get("run", "").startswith(".venv/bin/gpucluster plan"))
-    assert steps(up).index(gate) < steps(up).index(step_using(up, "pulumi/actions"))
+    assert steps(up).index(gate) < steps(up).index(step_using(up, "pulumi/actions", "up"))
     assert step_using(up, "aws-actions/configure-aws-credentials")["with"]["role-to-assume"] == (
         "${{ vars.AWS_ROLE_ARN }}")
-    pulumi = step_using(up, "pulumi/actions")["with"]
+    pulumi = step_using(up, "pulumi/actions", "up")["with"]
     assert (pulumi["command"], pulumi["stack-name"], pulumi["policyPacks"]) == ("up", "${{ inputs.stack }}",
                                                                                "policies")
+
+
+def test_doctor_gates_every_deploy_with_the_stacks_own_groups() -> None:
+    """`gpucluster doctor` runs against the account after the role is assumed and before `up`: a
+    blocker (an inactive budget tag, another deployment's group with this identity) stops the deploy."""
+    up = load("deploy-stack.yml")["jobs"]["up"]
+    order = steps(up)
+    doctor = next(s for s in order if s.get("run", "").startswith(".venv/bin/gpucluster doctor"))
+    assert doctor["run"] == '.venv/bin/gpucluster doctor "$STACK" ${OUTPUTS:+--outputs "$OUTPUTS"}'
+    assert doctor["env"] == {"STACK": "${{ inputs.stack }}", "OUTPUTS": "${{ steps.outputs.outputs.file }}"}
+    assert "continue-on-error" not in doctor  # its exit 1 fails the job
+    outputs = next(s for s in order if s.get("id") == "outputs")
+    assert 'pulumi stack output --json --stack "$STACK" > "$RUNNER_TEMP/outputs.json"' in outputs["run"]
+    install = order[order.index(outputs) - 1]
+    assert install["uses"].startswith("pulumi/actions@") and "with" not in install  # the CLI only
+    credentials = step_using(up, "aws-actions/configure-aws-credentials")
+    assert order.index(credentials) < order.index(outputs) < order.index(doctor) < order.index(
+        step_using(up, "pulumi/actions", "up"))
 
 
 def test_ci_lints_the_workflows_offline() -> None:
@@ -150,6 +173,33 @@ def test_plan_comment_renders_violations_and_resources() -> None:
     clean = {**document, "violations": [], "notes": ["the dev limits apply"]}
     noted = module.render_stack("qa", 0, clean, "")
     assert "> **Note:** the dev limits apply" in noted
+
+
+def test_plan_comment_prices_each_stack_as_scheduled_and_diffs_it_against_the_base(tmp_path: Path) -> None:
+    import yaml
+
+    from gpucluster.plan import load_stack
+    from gpucluster.pricing import price_stack
+
+    module = _plan_comment()
+    cost = price_stack(load_stack("dev")[2]).as_json()
+    scheduled = cost["scheduled_totals"]["desired"]["mix"]["usd_per_month"]
+    [line, _] = module.cost_lines(cost)
+    always = cost["totals"]["desired"]["mix"]["usd_per_month"]
+    assert line.startswith(f"Cost: **${scheduled:,.2f}/month as scheduled** at desired nodes "
+                           f"(238.99 of 730 hours), ${always:,.2f} 24 x 7")
+    assert module.cost_lines({"error": "no prices for eu-west-1"}) == [
+        "Cost: not priced (no prices for eu-west-1).", ""]
+    # the base branch started dev at 07:00 instead of 08:00: head runs an hour less each weekday
+    text = (REPO / "stacks" / "Pulumi.dev.yaml").read_text()
+    earlier = text.replace("cron(0 8 ? * MON-FRI *)", "cron(0 7 ? * MON-FRI *)")
+    (tmp_path / "Pulumi.dev.yaml").write_text(earlier)
+    assert yaml.safe_load((tmp_path / "Pulumi.dev.yaml").read_text()) != yaml.safe_load(text)
+    diff = "\n".join(module.cost_diff("dev", cost, tmp_path))
+    assert "#### gpucluster cost: dev" in diff
+    assert "| **total at desired nodes, as scheduled** |" in diff and "**-$" in diff
+    assert "| total at desired nodes, 24 x 7 |" in diff
+    assert module.cost_diff("qa", cost, tmp_path) == ["_new stack: no base to compare_", ""]
 
 
 def test_the_jobs_that_assume_aws_roles_are_the_ones_the_roles_trust() -> None:

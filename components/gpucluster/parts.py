@@ -23,6 +23,8 @@ class S3Grant:
     prefix: str = ""
     """"" means the whole bucket; otherwise a folder-like prefix ending in '/'."""
     write: bool = False
+    expected_bucket_owner: Any = None
+    """The account that must own the bucket (12 digits); None: the deploying account."""
 
 
 @dataclass(frozen=True)
@@ -40,3 +42,5 @@ class DataMount:
     """access == "fsx": Output[str] of the file system's DNS name."""
     fsx_mount_name: Any = None
     """access == "fsx": Output[str] of the file system's Lustre mount name."""
+    expected_bucket_owner: Any = None
+    """str or Output[str]: the account that must own the bucket (12 digits); None: none named."""

@@ -27,6 +27,8 @@ from pulumi.runtime.proto import source_pb2
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from gpucluster import names
+
 # Reading stack files needs no Pulumi: it lives in gpucluster.project (so `cost` never imports
 # Pulumi); these names stay importable from here.
 from gpucluster.project import (  # noqa: F401
@@ -57,6 +59,8 @@ class PlannedResource:
     """Every resource the engine must create first: `depends_on` and those its inputs come from."""
     property_dependencies: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Input name -> URNs of the resources that input's value comes from (the engine's view)."""
+    provider: str | None = None
+    """URN of the explicit provider the resource is created with (None: the stack's default)."""
 
     @property
     def dependencies(self) -> list[str]:
@@ -122,6 +126,9 @@ class PlanMocks(pulumi.runtime.Mocks):
         arn = f"arn:aws:{service}:{self.region}:{MOCK_ACCOUNT}:{args.name}"
         state = {"arn": arn, "name": args.name, **args.inputs}
         state.setdefault("id", f"{args.name}-id")
+        # Names the provider fills in (`<logical>-<7 hex>`), so names built from them (an alarm named
+        # after its Auto Scaling group) are as long in the plan as in AWS.
+        state.update(names.generated_state(args.typ, args.name, args.inputs))
         state.update(_provider_computed(args.typ, args.name, args.inputs, self.region))
         return state["id"], state
 
@@ -145,7 +152,8 @@ def _provider_computed(typ: str, name: str, inputs: dict[str, Any], region: str)
     digest = hashlib.sha256(name.encode()).hexdigest()
     if typ == "aws:s3/bucket:Bucket":
         # S3 bucket id == its name; a bucket_prefix gets a 26-character unique suffix.
-        bucket = inputs.get("bucket") or inputs.get("bucketPrefix", "") + str(int(digest, 16))[:26]
+        found = names.physical_name(typ, name, inputs)
+        bucket = found.name if found else name
         return {"id": bucket, "bucket": bucket, "arn": f"arn:aws:s3:::{bucket}"}
     if typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
         fs_id = f"fs-{digest[:17]}"
@@ -201,12 +209,43 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 property_dependencies={key: tuple(deps.urns)
                                        for key, deps in sorted(request.propertyDependencies.items())
                                        if deps.urns},
+                provider=request.provider.rsplit("::", 1)[0] if request.provider else None,  # urn::id
             ))
         return response
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _content(value: pulumi.Asset | pulumi.Archive) -> dict[str, Any]:
+    """An asset or archive by content: each file's SHA-256 and one over them all (what a diff sees).
+
+    A directory archive lists every file under it, build noise included, as the engine would zip it.
+    """
+    files: dict[str, str] = {}
+    if isinstance(value, pulumi.FileAsset):
+        return {"sha256": _sha256(Path(value.path).read_bytes())}
+    if isinstance(value, pulumi.StringAsset):
+        return {"sha256": _sha256(value.text.encode())}
+    if isinstance(value, pulumi.AssetArchive):
+        for name, part in sorted(value.assets.items()):
+            inner = _content(part)
+            files.update({f"{name}/{k}": v for k, v in inner.get("files", {}).items()} if "files" in inner
+                         else {name: inner["sha256"]})
+    elif isinstance(value, pulumi.FileArchive):
+        root = Path(value.path)
+        files = {str(p.relative_to(root)): _sha256(p.read_bytes())
+                 for p in sorted(root.rglob("*")) if p.is_file()}
+    else:
+        return {"sha256": None, "what": type(value).__name__}
+    return {"sha256": _sha256(json.dumps(files, sort_keys=True).encode()), "files": files}
+
+
 def _plain(value: Any) -> Any:
     """Engine values -> JSON-able Python, the same run after run (keys sorted, assets by content)."""
+    if isinstance(value, pulumi.Asset | pulumi.Archive):
+        return _content(value)
     if isinstance(value, dict):
         return {k: _plain(value[k]) for k in sorted(value)}
     if isinstance(value, list | tuple):
@@ -215,37 +254,7 @@ def _plain(value: Any) -> Any:
         return value
     if isinstance(value, pulumi.Resource):
         return f"<resource {type(value).__name__}>"
-    if isinstance(value, pulumi.Asset | pulumi.Archive):
-        return _asset(value)
     return str(value)
-
-
-def _asset(value: pulumi.Asset | pulumi.Archive) -> dict[str, Any]:
-    """An asset or archive as what it holds: kind, name and SHA-256 of the content, never an address.
-
-    A directory archive hashes each file's path and bytes, leaving out `__pycache__` (bytecode
-    caches differ from machine to machine; the handlers' sources are what changes a Lambda).
-    """
-    if isinstance(value, pulumi.AssetArchive):
-        parts = {name: _asset(part) for name, part in sorted(value.assets.items())}
-        digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-        return {"archive": "assets", "sha256": digest, "assets": parts}
-    if isinstance(value, pulumi.StringAsset):
-        return {"asset": "string", "sha256": hashlib.sha256(value.text.encode()).hexdigest()}
-    if isinstance(value, pulumi.RemoteAsset | pulumi.RemoteArchive):
-        return {"asset" if isinstance(value, pulumi.Asset) else "archive": "remote", "uri": value.uri}
-    kind = "asset" if isinstance(value, pulumi.Asset) else "archive"
-    path = Path(str(getattr(value, "path", "")))
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-        digest = hashlib.sha256()
-        for file in files:
-            digest.update(f"{file.relative_to(path).as_posix()}\0".encode())
-            digest.update(hashlib.sha256(file.read_bytes()).digest())
-        return {kind: "directory", "name": path.name, "files": len(files), "sha256": digest.hexdigest()}
-    if path.is_file():
-        return {kind: "file", "name": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
-    return {kind: type(value).__name__, "name": path.name, "sha256": None}  # missing: pulumi up says so
 
 
 def _tree_order(resources: list[PlannedResource]) -> list[PlannedResource]:
@@ -278,7 +287,8 @@ def run_program(name: str, config: dict[str, Any], spec: StackSpec) -> Plan:
     from gpucluster import program  # imported late: loading it pulls in pulumi_aws modules
 
     set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()})
-    resources, outputs = record_resources(program.run, stack=name, region=spec.region)
+    resources, outputs = record_resources(program.run, stack=name, region=spec.region, project=spec.project,
+                                          organization=spec.organization)
     return Plan(stack=name, spec=spec, resources=resources, outputs=outputs)
 
 
@@ -296,15 +306,19 @@ def run_program_file(path: Path, config: Mapping[str, Any], *, project: str, sta
 
 
 def record_resources(build: Callable[[], Any], stack: str = "test", region: str = "us-east-1",
-                     project: str = PROJECT) -> tuple[list[PlannedResource], dict[str, Any]]:
+                     project: str = PROJECT,
+                     organization: str | None = None) -> tuple[list[PlannedResource], dict[str, Any]]:
     """Run `build` (a program, or a test constructing one component) under recording mocks.
 
-    Returns every registered resource and the stack's exported outputs, resolved.
+    `organization`, `project` and `stack` are what `pulumi.get_organization()` & co. return
+    (the deployment's identity is made of them). Returns every registered resource and the
+    stack's exported outputs, resolved.
     """
     mocks = PlanMocks(region)
     monitor = RecordingMonitor(mocks)
     pulumi_settings.ROOT.set(None)  # a fresh root Stack for every run in this process
-    pulumi_mocks.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
+    pulumi_mocks.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor,
+                           organization=organization)
     pulumi_settings.SETTINGS.rpc_manager.clear()
     with _no_source_positions():
         _sync_await(run_pulumi_func(build))

@@ -4,8 +4,11 @@ It owns pricing a validated StackSpec: per node group the on-demand base (at the
 Plan rate when the base is committed, at the Capacity Block rate for capacity blocks), the
 on-demand nodes above the base and the spot nodes, at desired and at max nodes, next to the
 same capacity all on-demand and all spot; the stack's other costs (EBS root volumes, the NAT
-gateway, FSx for Lustre, S3 storage); the budget warning; and the Markdown difference
-between two priced stacks. GPU figures come from gpucluster.catalog, the rest from
+gateway and its public IPv4 address, the VPC interface endpoints, FSx for Lustre, S3
+storage); each month priced twice, 24 x 7 and as scheduled (the hours the stop/start
+schedules and the lifetime leave the nodes running, gpucluster.schedule; a Capacity Block for
+its duration); the budget warning; and the Markdown difference between two priced stacks.
+GPU figures come from gpucluster.catalog, the rest from
 data/service_prices.yaml, each rate carrying its source and date. It is pure: no Pulumi, no
 AWS calls (live spot prices are fetched by gpucluster.ops.doctor and handed in as rates), and it
 never guesses a price for a region it has no figures for: that is a PricingError.
@@ -16,15 +19,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
-from gpucluster import catalog
+from gpucluster import catalog, schedule
 from gpucluster.spec import NodeGroupConfig, StackSpec
 
 PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "service_prices.yaml"
 HOURS_PER_MONTH = 730  # the month of the AWS Pricing Calculator and the EC2 pricing pages
+# The interface endpoints a created VPC gets (gpucluster.aws.network SSM_ENDPOINTS and
+# NO_NAT_ENDPOINTS, not imported: that module loads Pulumi; a test keeps them equal), each
+# with one network interface in every zone's private subnet.
+SSM_ENDPOINTS = ("ssm", "ssmmessages", "ec2messages")
+NO_NAT_ENDPOINTS = ("monitoring", "ec2")
 
 At = Literal["desired", "max"]
 Strategy = Literal["mix", "all_on_demand", "all_spot"]
@@ -64,6 +73,8 @@ class ServicePrices:
     ebs_gp3_usd_per_gb_month: float
     nat_gateway_usd_per_hour: float
     nat_gateway_usd_per_gb: float
+    public_ipv4_usd_per_hour: float
+    interface_endpoint_usd_per_hour: float
     s3_standard_usd_per_gb_month: float
     fsx_lustre_usd_per_gb_month: dict[str, float]
     sources: dict[str, str]
@@ -160,6 +171,19 @@ class GroupCost:
     spot: Rate
     desired: NodeSplit
     max: NodeSplit
+    hours_per_month: float = HOURS_PER_MONTH
+    """Hours a month the group is paid for 24 x 7: all of them, or a Capacity Block's duration."""
+    scheduled_hours_per_month: float = HOURS_PER_MONTH
+    """Hours a month as scheduled; a Capacity Block is paid up front: its duration, whatever the schedule."""
+    block_hours: int | None = None
+    """A Capacity Block's duration (capacity.duration_hours); None: not a block, or not given."""
+    capacity_block: bool = False
+
+    def hours(self, scheduled: bool = False) -> float:
+        return self.scheduled_hours_per_month if scheduled else self.hours_per_month
+
+    def usd_per_month(self, at: At, strategy: Strategy = "mix", scheduled: bool = False) -> float:
+        return self.usd_per_hour(at, strategy) * self.hours(scheduled)
 
     def split(self, at: At) -> NodeSplit:
         return self.desired if at == "desired" else self.max
@@ -184,6 +208,9 @@ class GroupCost:
             "name": self.name, "instance_type": self.instance_type, "note": self.note,
             "rates": {"on_demand": self.on_demand.as_json(), "base": self.base.as_json(),
                       "spot": self.spot.as_json()},
+            "hours_per_month": round(self.hours_per_month, 2),
+            "scheduled_hours_per_month": round(self.scheduled_hours_per_month, 2),
+            "capacity_block_hours": self.block_hours,
         }
         for at in AT:
             s = self.split(at)
@@ -193,11 +220,33 @@ class GroupCost:
         return doc
 
 
-def price_group(spec: StackSpec, group: NodeGroupConfig, spot: Rate | None = None) -> GroupCost:
-    """Price `group` as its first (preferred) instance type; `spot` overrides the catalog figure."""
+def _fallback_price(instance: catalog.InstanceType, region: str) -> str:
+    if instance.capacity_block_only:
+        return f"{instance.name} no on-demand price (Capacity Blocks only)"
+    return f"{instance.name} ${on_demand_rate(instance, region).usd_per_hour:,.2f}/h"
+
+
+def price_group(spec: StackSpec, group: NodeGroupConfig, spot: Rate | None = None,
+                scheduled_hours: float = HOURS_PER_MONTH) -> GroupCost:
+    """Price `group` as its first (preferred) instance type; `spot` overrides the catalog figure.
+
+    `scheduled_hours`: the hours a month the schedules leave the stack running. A Capacity
+    Block is paid up front for its duration (capacity.duration_hours; a month when not given),
+    so it is priced for that, at most a month in a month, whatever the schedule.
+    """
     first = group.types[0]
-    od = on_demand_rate(first, spec.region)
     cap = group.capacity
+    if first.capacity_block_only:
+        if cap.market != "capacity_block":
+            raise PricingError(f"node group {group.name}: {first.name} has no on-demand list price "
+                               "(AWS sells it as Capacity Blocks for ML only); buy a block "
+                               "(gpucluster capacity search) and set capacity.market: capacity_block")
+        block = capacity_block_rate(first)
+        block = Rate(block.usd_per_hour, f"{block.basis} (the type has no on-demand or spot price)",
+                     block.source, block.as_of)
+        od = block
+    else:
+        od = on_demand_rate(first, spec.region)
     if cap.market == "capacity_block":
         base = capacity_block_rate(first)
     elif cap.base_commitment == "savings_plan":
@@ -212,13 +261,22 @@ def price_group(spec: StackSpec, group: NodeGroupConfig, spot: Rate | None = Non
     note = f"priced as {first.name}"
     others = group.types[1:]
     if others:
-        listed = ", ".join(f"{t.name} ${on_demand_rate(t, spec.region).usd_per_hour:,.2f}/h" for t in others)
+        listed = ", ".join(_fallback_price(t, spec.region) for t in others)
         note += (f", the first of {len(group.types)} instance types; fallbacks cost differently "
                  f"(on-demand: {listed})")
+    if first.capacity_block_only:
+        spot = od
+    block = cap.duration_hours if cap.market == "capacity_block" else None
+    if cap.market == "capacity_block":
+        hours = scheduled = float(min(block or HOURS_PER_MONTH, HOURS_PER_MONTH))
+    else:
+        hours, scheduled = HOURS_PER_MONTH, min(scheduled_hours, HOURS_PER_MONTH)
     return GroupCost(name=group.name, instance_type=first.name, note=note, on_demand=od, base=base,
                      spot=spot or typical_spot_rate(first, spec.region),
                      desired=split_nodes(group, group.desired_nodes),
-                     max=split_nodes(group, group.max_nodes))
+                     max=split_nodes(group, group.max_nodes),
+                     hours_per_month=hours, scheduled_hours_per_month=scheduled, block_hours=block,
+                     capacity_block=cap.market == "capacity_block")
 
 
 # ------------------------------------------------------------------------ stacks
@@ -229,15 +287,18 @@ class OtherCost:
     """A non-GPU cost of the stack, per month at desired and at max nodes."""
 
     name: str
-    kind: Literal["ebs", "nat", "fsx", "s3"]
+    kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
     source: str
     as_of: str
+    scheduled_share: float = 1.0
+    """Share of the 24 x 7 figure paid as scheduled: root volumes live only while their node runs."""
 
-    def usd_per_month(self, at: At) -> float:
-        return self.desired_usd_per_month if at == "desired" else self.max_usd_per_month
+    def usd_per_month(self, at: At, scheduled: bool = False) -> float:
+        value = self.desired_usd_per_month if at == "desired" else self.max_usd_per_month
+        return value * (self.scheduled_share if scheduled else 1.0)
 
 
 @dataclass(frozen=True)
@@ -248,6 +309,42 @@ class Assumptions:
     """S3 size of a created bucket that has no FSx file system to size it by."""
     nat_gb_per_month: float = 100
     """Data through the NAT gateway (package and image downloads; S3 goes through its endpoint)."""
+    schedule_year: int | None = None
+    """The year whose 52 weeks from 1 January give the scheduled share; None: this year."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How many hours a month the stack's schedules leave it running."""
+
+    scheduled: bool
+    """False: no start schedule bounds the hours, so as scheduled is 24 x 7."""
+    hours_per_month: float
+    share: float
+    basis: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"scheduled": self.scheduled, "hours_per_month": round(self.hours_per_month, 2),
+                "share_percent": round(100 * self.share, 2), "basis": self.basis}
+
+
+def stack_schedule(spec: StackSpec, year: int | None = None) -> Schedule:
+    """The stack's scheduled hours a month: 730 x the share of a reference year it runs."""
+    a = spec.autostop
+    if not schedule.is_scheduled(a):
+        stops = a.enabled and (a.stop_schedule or a.max_lifetime_hours)
+        why = ("no start_schedule: a stop lasts until someone resumes the stack, so the upper bound "
+               "is 24 x 7") if stops else "no stop/start schedule or lifetime"
+        return Schedule(False, HOURS_PER_MONTH, 1.0, f"24 x 7 ({why})")
+    year = year or datetime.now(UTC).year
+    share = schedule.scheduled_share(a, year)
+    parts = [f"stop {a.stop_schedule}" if a.stop_schedule else None, f"start {a.start_schedule}",
+             f"max lifetime {a.max_lifetime_hours} h" if a.max_lifetime_hours else None]
+    basis = (f"{', '.join(p for p in parts if p)} in {a.schedule_timezone}: "
+             f"{share.running_hours:,.0f} of the {share.window_hours:,.0f} hours of the "
+             f"{schedule.REFERENCE_WEEKS} weeks from {year}-01-01 = {100 * share.share:.2f} %, "
+             f"x {HOURS_PER_MONTH} h")
+    return Schedule(True, HOURS_PER_MONTH * share.share, share.share, basis)
 
 
 @dataclass(frozen=True)
@@ -260,15 +357,19 @@ class StackCost:
     other: tuple[OtherCost, ...]
     budget_usd_per_month: float | None
     assumptions: tuple[str, ...] = field(default=())
+    schedule: Schedule = Schedule(False, HOURS_PER_MONTH, 1.0, "24 x 7")
 
     def compute_usd_per_hour(self, at: At, strategy: Strategy = "mix") -> float:
         return sum(g.usd_per_hour(at, strategy) for g in self.groups)
 
-    def other_usd_per_month(self, at: At) -> float:
-        return sum(o.usd_per_month(at) for o in self.other)
+    def other_usd_per_month(self, at: At, scheduled: bool = False) -> float:
+        return sum(o.usd_per_month(at, scheduled) for o in self.other)
 
-    def usd_per_month(self, at: At, strategy: Strategy = "mix") -> float:
-        return self.compute_usd_per_hour(at, strategy) * HOURS_PER_MONTH + self.other_usd_per_month(at)
+    def compute_usd_per_month(self, at: At, strategy: Strategy = "mix", scheduled: bool = False) -> float:
+        return sum(g.usd_per_month(at, strategy, scheduled) for g in self.groups)
+
+    def usd_per_month(self, at: At, strategy: Strategy = "mix", scheduled: bool = False) -> float:
+        return self.compute_usd_per_month(at, strategy, scheduled) + self.other_usd_per_month(at, scheduled)
 
     def usd_per_hour(self, at: At, strategy: Strategy = "mix") -> float:
         return self.usd_per_month(at, strategy) / HOURS_PER_MONTH
@@ -278,10 +379,11 @@ class StackCost:
         on_demand = self.usd_per_month(at, "all_on_demand")
         return 100 * (1 - self.usd_per_month(at, "mix") / on_demand) if on_demand else 0.0
 
-    def components(self, at: At, strategy: Strategy = "mix") -> list[tuple[str, float]]:
+    def components(self, at: At, strategy: Strategy = "mix",
+                   scheduled: bool = False) -> list[tuple[str, float]]:
         """(component, USD/month): each node group, then each other cost."""
-        return ([(f"node group {g.name}", g.usd_per_hour(at, strategy) * HOURS_PER_MONTH)
-                 for g in self.groups] + [(o.name, o.usd_per_month(at)) for o in self.other])
+        return ([(f"node group {g.name}", g.usd_per_month(at, strategy, scheduled)) for g in self.groups]
+                + [(o.name, o.usd_per_month(at, scheduled)) for o in self.other])
 
     @property
     def warnings(self) -> list[str]:
@@ -299,9 +401,11 @@ class StackCost:
 
     def as_json(self) -> dict[str, Any]:
         parts = {at: dict(self.components(at)) for at in AT}
+        scheduled = {at: dict(self.components(at, scheduled=True)) for at in AT}
         return {
             "stack": self.stack, "region": self.region, "currency": "USD",
             "hours_per_month": HOURS_PER_MONTH,
+            "schedule": self.schedule.as_json(),
             "node_groups": [g.as_json() for g in self.groups],
             "other": [{"name": o.name, "kind": o.kind, "basis": o.basis, "source": o.source,
                        "as_of": o.as_of, "usd_per_month": {at: round(o.usd_per_month(at), 2) for at in AT}}
@@ -311,6 +415,11 @@ class StackCost:
             "totals": {at: {s: {"usd_per_hour": round(self.usd_per_hour(at, s), 2),
                                 "usd_per_month": round(self.usd_per_month(at, s), 2)}
                             for s in STRATEGIES} for at in AT},
+            "scheduled_components": [{"name": name, "usd_per_month": {at: round(scheduled[at][name], 2)
+                                                                      for at in AT}}
+                                     for name in scheduled["desired"]],
+            "scheduled_totals": {at: {s: {"usd_per_month": round(self.usd_per_month(at, s, True), 2)}
+                                      for s in STRATEGIES} for at in AT},
             "saving_vs_on_demand_percent": {at: round(self.saving_percent(at), 1) for at in AT},
             "budget_usd_per_month": self.budget_usd_per_month,
             "warnings": self.warnings,
@@ -318,20 +427,36 @@ class StackCost:
         }
 
 
-def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> Iterable[OtherCost]:
+def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
+                 groups: Mapping[str, GroupCost]) -> Iterable[OtherCost]:
     src, as_of = prices.sources, prices.as_of
     gp3 = prices.ebs_gp3_usd_per_gb_month
     for g in spec.node_groups:
-        size = g.root_volume_size_gib
-        yield OtherCost(f"EBS root volumes {g.name}", "ebs", g.desired_nodes * size * gp3,
-                        g.max_nodes * size * gp3, f"nodes x {size} GiB gp3 x ${gp3}/GB-month",
-                        src["ebs"], as_of)
-    if spec.network.vpc_cidr is not None and spec.network.nat_gateway:
+        size, priced = g.root_volume_size_gib, groups[g.name]
+        # A root volume is deleted with its node: it is paid for the hours the node runs.
+        share = priced.hours_per_month / HOURS_PER_MONTH
+        yield OtherCost(f"EBS root volumes {g.name}", "ebs", g.desired_nodes * size * gp3 * share,
+                        g.max_nodes * size * gp3 * share, f"nodes x {size} GiB gp3 x ${gp3}/GB-month"
+                        + (f" x {share:.3f} of the month" if share != 1 else ""),
+                        src["ebs"], as_of,
+                        scheduled_share=priced.scheduled_hours_per_month / priced.hours_per_month)
+    if spec.network.vpc_cidr is None:
+        return  # an existing VPC: its NAT and endpoints are paid for already
+    if spec.network.nat_gateway:
         nat = (prices.nat_gateway_usd_per_hour * HOURS_PER_MONTH
                + prices.nat_gateway_usd_per_gb * assume.nat_gb_per_month)
         yield OtherCost("NAT gateway", "nat", nat, nat,
                         f"1 x ${prices.nat_gateway_usd_per_hour}/h + {assume.nat_gb_per_month:g} GB x "
                         f"${prices.nat_gateway_usd_per_gb}/GB", src["nat"], as_of)
+        ipv4 = prices.public_ipv4_usd_per_hour * HOURS_PER_MONTH
+        yield OtherCost("NAT gateway public IPv4", "ipv4", ipv4, ipv4,
+                        f"1 Elastic IP x ${prices.public_ipv4_usd_per_hour}/h", src["ipv4"], as_of)
+    services = SSM_ENDPOINTS + (() if spec.network.nat_gateway else NO_NAT_ENDPOINTS)
+    zones = len(spec.network.availability_zones)
+    endpoints = len(services) * zones * prices.interface_endpoint_usd_per_hour * HOURS_PER_MONTH
+    yield OtherCost("VPC interface endpoints", "endpoints", endpoints, endpoints,
+                    f"{len(services)} endpoints ({', '.join(services)}) x {zones} zones x "
+                    f"${prices.interface_endpoint_usd_per_hour}/h", src["endpoints"], as_of)
     s3 = prices.s3_standard_usd_per_gb_month
     for d in spec.datasets:
         if d.fsx is not None:
@@ -358,23 +483,28 @@ def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
     """
     assume = assumptions or Assumptions()
     spot_rates = spot_rates or {}
-    groups = tuple(price_group(spec, g, spot_rates.get(g.name)) for g in spec.node_groups)
-    other = tuple(_other_costs(spec, service_prices(spec.region), assume))
+    plan = stack_schedule(spec, assume.schedule_year)
+    groups = tuple(price_group(spec, g, spot_rates.get(g.name), plan.hours_per_month)
+                   for g in spec.node_groups)
+    other = tuple(_other_costs(spec, service_prices(spec.region), assume, {g.name: g for g in groups}))
     notes = (
-        f"a month is {HOURS_PER_MONTH} hours, every node running all month",
+        f"a month is {HOURS_PER_MONTH} hours; 24 x 7: every node running all month",
+        f"as scheduled: {plan.basis}; an upper bound (idle and budget stops only remove hours); "
+        "EBS root volumes follow their nodes, the rest runs all month",
         "on-demand nodes above the base and spot nodes follow spot_percent; a fractional "
         "on-demand share is rounded up",
         "a committed base (savings_plan or reserved_instances) is priced at the family's Savings "
         "Plan rate; nodes above the base at on-demand",
-        "a capacity block is priced at its block rate for the whole month",
+        "a capacity block is priced at its block rate for capacity.duration_hours (at most a month "
+        "in a month; a whole month when not given), whatever the schedule: it is paid up front",
         f"S3 holds the FSx capacity for FSx datasets, else {assume.dataset_gib:g} GiB per created "
         "bucket; existing buckets are not counted",
         f"{assume.nat_gb_per_month:g} GB/month through the NAT gateway; S3 traffic uses the free "
-        "gateway endpoint",
+        "gateway endpoint; interface endpoints by the hour, their data (cents a GB) not counted",
         "not counted: data transfer out, requests, CloudWatch, Lambda, snapshots (small next to GPUs)",
     )
     budget = spec.budget.monthly_limit_usd if spec.budget else None
-    return StackCost(spec.stack, spec.region, groups, other, budget, notes)
+    return StackCost(spec.stack, spec.region, groups, other, budget, notes, plan)
 
 
 # -------------------------------------------------------------------------- diff
@@ -406,32 +536,58 @@ def _change(base: float | None, head: float | None) -> str:
     return f"{'+' if delta > 0 else '-'}${abs(delta):,.2f}{pct}"
 
 
+def _scheduled(cost: Mapping[str, Any]) -> bool:
+    return "scheduled_totals" in cost
+
+
 def cost_diff_markdown(base_doc: Mapping[str, Any], head_doc: Mapping[str, Any]) -> str:
-    """A Markdown cost difference for a pull-request comment (monthly, USD)."""
+    """A Markdown cost difference for a pull-request comment (monthly, USD).
+
+    Led by the scheduled figure (the hours the stack is configured to run) when both
+    documents carry it; 24 x 7 follows, then every component that changed.
+    """
     base, head = cost_document(base_doc), cost_document(head_doc)
     title = base["stack"] if base["stack"] == head["stack"] else f"{base['stack']} -> {head['stack']}"
-    lines = [f"### gpucluster cost: {title}", "",
-             f"Monthly cost in USD ({head['hours_per_month']} hours a month), base -> head.", "",
+    scheduled = _scheduled(base) and _scheduled(head)
+    hours = head.get("schedule", {}).get("hours_per_month", head["hours_per_month"]) if scheduled \
+        else head["hours_per_month"]
+    lead = (f"Monthly cost in USD as scheduled ({hours:g} hours a month; 24 x 7 is "
+            f"{head['hours_per_month']} hours), base -> head." if scheduled else
+            f"Monthly cost in USD ({head['hours_per_month']} hours a month), base -> head.")
+    lines = [f"### gpucluster cost: {title}", "", lead, "",
              "| | base | head | change |", "|---|---:|---:|---:|"]
+    if scheduled:
+        for at in AT:
+            b = base["scheduled_totals"][at]["mix"]["usd_per_month"]
+            h = head["scheduled_totals"][at]["mix"]["usd_per_month"]
+            lines.append(f"| **total at {at} nodes, as scheduled** | {_money(b)} | {_money(h)} | "
+                         f"**{_change(b, h)}** |")
     for at in AT:
         b, h = base["totals"][at]["mix"]["usd_per_month"], head["totals"][at]["mix"]["usd_per_month"]
-        lines.append(f"| **total at {at} nodes** | {_money(b)} | {_money(h)} | **{_change(b, h)}** |")
+        label = f"total at {at} nodes, 24 x 7" if scheduled else f"**total at {at} nodes**"
+        change = _change(b, h) if scheduled else f"**{_change(b, h)}**"
+        lines.append(f"| {label} | {_money(b)} | {_money(h)} | {change} |")
     for at in AT:
         b, h = (base["totals"][at]["all_on_demand"]["usd_per_month"],
                 head["totals"][at]["all_on_demand"]["usd_per_month"])
-        lines.append(f"| same capacity all on-demand, {at} | {_money(b)} | {_money(h)} | {_change(b, h)} |")
-    before = {c["name"]: c["usd_per_month"] for c in base["components"]}
-    after = {c["name"]: c["usd_per_month"] for c in head["components"]}
+        lines.append(f"| same capacity all on-demand, {at}, 24 x 7 | {_money(b)} | {_money(h)} | "
+                     f"{_change(b, h)} |")
+    key = "scheduled_components" if scheduled else "components"
+    before = {c["name"]: c["usd_per_month"] for c in base[key]}
+    after = {c["name"]: c["usd_per_month"] for c in head[key]}
     names = list(before) + [n for n in after if n not in before]
+    suffix = ", as scheduled" if scheduled else ""
     for at in AT:
         for name in names:
             b = before[name][at] if name in before else None
             h = after[name][at] if name in after else None
             if b is None or h is None or abs(h - b) >= 0.005:
-                lines.append(f"| {name}, {at} | {_money(b)} | {_money(h)} | {_change(b, h)} |")
+                lines.append(f"| {name}, {at}{suffix} | {_money(b)} | {_money(h)} | {_change(b, h)} |")
     saving_b, saving_h = base["saving_vs_on_demand_percent"], head["saving_vs_on_demand_percent"]
     lines += ["", "Saving against all on-demand: " + ", ".join(
         f"{at} {saving_b[at]:.1f} % -> {saving_h[at]:.1f} %" for at in AT) + "."]
+    if scheduled and base["schedule"]["basis"] != head["schedule"]["basis"]:
+        lines += ["", f"Schedule: {base['schedule']['basis']} -> {head['schedule']['basis']}."]
     if head["warnings"]:
         lines += ["", *[f"> warning: {w}" for w in head["warnings"]]]
     return "\n".join(lines) + "\n"

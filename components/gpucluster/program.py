@@ -13,7 +13,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from gpucluster.aws.cluster import GpuCluster
-from gpucluster.spec import SpecError, StackSpec, parse_stack_config
+from gpucluster.spec import DIY_ORGANIZATION, SpecError, StackSpec, parse_stack_config
 from gpucluster.stack import cluster_args
 
 
@@ -27,9 +27,14 @@ def read_config_map() -> dict[str, Any]:
 
 
 def load_spec() -> StackSpec:
-    """Validate the stack's config; a one-line-per-problem RunError (no traceback) if bad."""
+    """Validate the stack's config; a one-line-per-problem RunError (no traceback) if bad.
+
+    The deployment's organization and project go in too: its identity is made of them, and the
+    stack file must name the same organization the CLI will compute it from.
+    """
     try:
-        return parse_stack_config(read_config_map(), stack=pulumi.get_stack())
+        return parse_stack_config(read_config_map(), stack=pulumi.get_stack(), project=pulumi.get_project(),
+                                  organization=pulumi.get_organization() or DIY_ORGANIZATION)
     except SpecError as err:
         raise pulumi.RunError(f"invalid stack config for {pulumi.get_stack()}:\n{err}") from None
 

@@ -47,6 +47,25 @@ def find_project_root(start: Path | None = None) -> Path | None:
     return None
 
 
+def project_name(stack_file: Path) -> str | None:
+    """The `name` of the Pulumi project a stack file belongs to: the Pulumi.yaml nearest above the
+    file, else the one above the current directory; None outside any project (or unreadable).
+
+    Part of the deployment's identity, so the CLI reads it where `pulumi up` would.
+    """
+    for start in (stack_file.resolve().parent, None):
+        root = find_project_root(start)
+        if root is None:
+            continue
+        try:
+            document = load_yaml((root / PROJECT_FILE).read_text())
+        except (OSError, UnicodeDecodeError, SpecError):
+            return None
+        name = document.get("name") if isinstance(document, dict) else None
+        return name if isinstance(name, str) else None
+    return None
+
+
 def stack_config_dir(root: Path) -> Path:
     """The project's `stackConfigDir` (Pulumi.yaml), or the project root when unset or unreadable."""
     try:
@@ -166,8 +185,13 @@ def read_stack_config(path: Path) -> dict[str, Any]:
 
 
 def load_stack(stack: str) -> tuple[str, dict[str, Any], StackSpec]:
-    """Read and validate a stack by name or path: (stack name, config map, spec)."""
+    """Read and validate a stack by name or path: (stack name, config map, spec).
+
+    The spec's project is the enclosing Pulumi project's name (`project_name`, default
+    `gpucluster`), its organization the stack file's `gpucluster:organization` (default: a
+    self-managed backend's): with the stack name, the deployment's identity.
+    """
     path = stack_file(stack)
     config = read_stack_config(path)
     name = stack_name(path)
-    return name, config, parse_stack_config(config, stack=name)
+    return name, config, parse_stack_config(config, stack=name, project=project_name(path) or PROJECT)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from gpucluster.spec import StackConfig, model_in
+from gpucluster.spec import DIY_ORGANIZATION, ORGANIZATION_KEY, StackConfig, model_in
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 
@@ -68,7 +68,10 @@ def _strip(annotation: Any) -> Any:
 def render_config_reference() -> str:
     """Markdown tables: one per config key under the `gpucluster:` namespace."""
     lines = [BEGIN, "", "| key | type | default | meaning |", "|---|---|---|---|",
-             "| `aws:region` | str | **required** | The AWS region, e.g. `us-east-1`. |"]
+             "| `aws:region` | str | **required** | The AWS region, e.g. `us-east-1`. |",
+             f"| `{ORGANIZATION_KEY}` | str | `{DIY_ORGANIZATION}` | The Pulumi organization the stack "
+             "deploys in: part of its identity (`gpucluster:stack` tag); required on Pulumi Cloud, where "
+             "`pulumi up` checks it. |"]
     queue: list[tuple[str, type]] = []
     for name, field in StackConfig.model_fields.items():
         doc = (field.description or "").replace("|", "\\|")

@@ -1,30 +1,51 @@
-"""Workload sizing: from a model and what is done with it to the GPU instances that fit it.
+"""Workload sizing: from a model and what is done with it to the GPU instances that hold it, by job cost.
 
 It owns the GPU memory estimate of a transformer workload (training, full fine-tuning or
-inference) and the search over the catalog for the instance types and node counts that hold
-it, ranked by on-demand cost per hour, plus the node-group snippet `gpucluster recommend`
-prints. The formulas, with their sources:
+inference), the search over the catalog for the instance types offered in a region (or zone)
+and the fewest nodes of each that hold it, their ranking by what the job costs, and the
+node-group snippet `gpucluster recommend` prints. The method, with its sources:
 
-- Training and full fine-tuning, mixed-precision Adam (ZeRO paper, Rajbhandari et al. 2020,
-  section 3.1; EleutherAI "Transformer Math 101"): 2 B bf16/fp16 weights + 2 B gradients +
-  12 B fp32 master weights, momentum and variance = 16 B per parameter (fp32: 4 + 4 + 8 = 16 B).
-  These model states are sharded evenly over every GPU of every node (ZeRO-3 / FSDP).
+- Model states (training, full fine-tuning), as DeepSpeed's ZeRO-3 estimator computes them
+  (microsoft/DeepSpeed, deepspeed/runtime/zero/stage3.py, `estimate_zero3_model_states_mem_needs`
+  without offload, which `estimate_zero3_model_states_mem_needs_all_live` calls): per GPU
+  `4 * largest_layer_params + 18 * total_params / total_gpus` bytes. The 18 B per parameter are
+  the ZeRO paper's 16 (Rajbhandari et al. 2020, section 3.1: 2 B bf16 weights + 2 B gradients +
+  12 B fp32 master weights, momentum and variance) plus 2 B the estimator adds; they are sharded
+  over every GPU of every node. `largest_layer_params` is the most parameters one module owns
+  (`model_to_params`: each module's own parameters, not its children's), which for the models
+  here is the token embedding (vocab x hidden), held gathered with its gradient in 16 bits (4 B).
+  fp32 training: 4 + 4 + 8 B plus the same 2 B, the largest module at 8 B.
 - Activations, per GPU and micro-batch (Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", eq. 1 and section 4): with full activation
   checkpointing each layer keeps its 16-bit input, 2·s·b·h bytes, and one layer at a time is
   recomputed, 34·s·b·h bytes; the 5·a·s²·b attention-score term is dropped because
   FlashAttention never materialises the scores. So s·b·h·(2·L + 34) bytes (doubled in fp32).
-- ZeRO-3 / FSDP gathers one layer's full weights and gradients at a time: 2 · (P / L) · w bytes.
-- Inference: weights at the precision's bytes per parameter, + 20 % for activations and
-  framework buffers ("Transformer Math 101": total ≈ 1.2 x model memory), + the KV cache
-  2 · L · kv_heads · head_dim · s · b · 2 bytes (16-bit cache; fp32 models: 4 bytes), all
-  sharded over the GPUs by tensor parallelism.
-- Only 90 % of a GPU's memory is counted as usable (CUDA context, allocator fragmentation).
-- More than one node needs EFA: a type is multi-node capable when it has EFA and more than
-  one network card (single-card EFA sizes lack the bandwidth for collectives at scale).
+- Logits, per GPU: s·b·vocab fp32 values (4 B), which the loss needs at once; about 2 GiB for a
+  128k vocabulary at 4096 tokens.
+- Inference: all weights at the precision's bytes per parameter (a mixture of experts keeps
+  every expert in memory), + 20 % for activations and framework buffers ("Transformer Math
+  101", EleutherAI: total ≈ 1.2 x model memory), + the KV cache of `concurrency` sequences of
+  `seq_len` tokens, 2 · L · kv_heads · head_dim · s · 2 B each (fp32 models: 4 B), all sharded
+  over the GPUs by tensor parallelism.
+- Usable memory per GPU: the card's memory less 1 GiB for the CUDA context (PyTorch, cuBLAS
+  workspaces, NCCL buffers), then 95 % of the rest (allocator fragmentation).
+- More than one node needs EFA on several network cards (single-card EFA sizes lack the
+  bandwidth for collectives at scale).
+- Time and cost: 6 · N · D FLOPs to train on D tokens (Kaplan et al. 2020, "Scaling Laws for
+  Neural Language Models", C ≈ 6ND), 2 · N per generated or scored token for inference, N the
+  parameters active per token (a mixture of experts computes with its routed experts only),
+  over the GPUs' dense peak at the compute format (catalog `gpu_models`, NVIDIA data sheets) at
+  a stated model FLOPs utilisation (MFU, default 40 %). Ranked by the job's cost with
+  `tokens`, else by price per effective TFLOP-hour (the same order).
+
+What it leaves out: tensor/pipeline-parallel training layouts, optimizer or parameter offload,
+activation memory without checkpointing, LoRA and other parameter-efficient fine-tuning, the
+KV cache's paging overhead and prefill activations at long context, communication time (MFU
+stands for all of it), and memory-bound decoding, where time follows memory bandwidth rather
+than FLOPs.
 
 It is pure: no Pulumi, no AWS calls. It must not price anything itself: rates come from
-gpucluster.pricing, instance facts from gpucluster.catalog.
+gpucluster.pricing, instance facts, GPU peaks and offerings from gpucluster.catalog.
 """
 
 from __future__ import annotations
@@ -34,32 +55,26 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpucluster import catalog
-from gpucluster.pricing import on_demand_rate, typical_spot_rate
+from gpucluster.pricing import capacity_block_rate, on_demand_rate, typical_spot_rate
 
 GIB = 1024**3
-USABLE_FRACTION = 0.9
+CUDA_CONTEXT_GIB = 1.0
+FRAGMENTATION = 0.05
 INFERENCE_OVERHEAD = 0.2  # "Transformer Math 101": inference memory ≈ 1.2 x weights
+# DeepSpeed's estimator: 18 B per parameter of model states, 4 B per parameter of the largest module.
+DEEPSPEED_STATE_BYTES = 18
+DEEPSPEED_LARGEST_MODULE_BYTES = 4
+LOGIT_BYTES = 4
 DEFAULT_SEQ_LEN = 4096
+DEFAULT_CONCURRENCY = 8
+DEFAULT_MFU = 0.4
 DEFAULT_MAX_NODES = {"train": 64, "finetune": 64, "inference": 1}
 
 Mode = Literal["train", "finetune", "inference"]
 MODES: tuple[Mode, ...] = ("train", "finetune", "inference")
 TRAINING_PRECISIONS = ("bf16", "fp16", "fp32")
 INFERENCE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-
-# Number formats each GPU computes in (NVIDIA architecture whitepapers: BF16 arrived with
-# Ampere, FP8 tensor cores with Ada Lovelace and Hopper); int8/int4 weight-only quantisation
-# runs anywhere.
-GPU_PRECISIONS: dict[str, frozenset[str]] = {
-    "T4": frozenset({"fp32", "fp16", "int8", "int4"}),
-    "A10G": frozenset({"fp32", "fp16", "bf16", "int8", "int4"}),
-    "A100": frozenset({"fp32", "fp16", "bf16", "int8", "int4"}),
-    "L4": frozenset({"fp32", "fp16", "bf16", "fp8", "int8", "int4"}),
-    "L40S": frozenset({"fp32", "fp16", "bf16", "fp8", "int8", "int4"}),
-    "H100": frozenset({"fp32", "fp16", "bf16", "fp8", "int8", "int4"}),
-    "H200": frozenset({"fp32", "fp16", "bf16", "fp8", "int8", "int4"}),
-    "B200": frozenset({"fp32", "fp16", "bf16", "fp8", "int8", "int4"}),
-}
+WEIGHT_ONLY = ("int8", "int4")  # weight-only quantisation: the matmuls run in 16 bits
 
 
 class SizingError(ValueError):
@@ -70,50 +85,157 @@ class SizingError(ValueError):
         super().__init__(f"{option}: {message}")
 
 
+# ----------------------------------------------------------------------- models
+
+
 @dataclass(frozen=True)
 class ModelShape:
+    """A decoder-only transformer's shape, as its Hugging Face config.json gives it."""
+
+    name: str
     layers: int
     hidden: int
     heads: int
     kv_heads: int
+    vocab: int
     source: str
+    intermediate: int | None = None
+    """MLP width (per expert); None for a shape given on the command line (then `given_params`)."""
+    tied_embeddings: bool = False
+    experts: int = 0
+    """Experts per MoE layer (0: a dense model)."""
+    experts_per_token: int = 0
+    qkv_bias: bool = False
+    head_dim_override: int | None = None
+    given_params: float | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_dim_override or self.hidden // self.heads
+
+    def _attention(self) -> int:
+        q = self.heads * self.head_dim
+        kv = self.kv_heads * self.head_dim
+        bias = q + 2 * kv if self.qkv_bias else 0
+        return self.hidden * q + 2 * self.hidden * kv + q * self.hidden + bias
+
+    def _count(self, experts: int) -> float:
+        assert self.intermediate is not None
+        mlp = max(experts, 1) * 3 * self.hidden * self.intermediate  # gate, up, down projections
+        router = self.hidden * self.experts if self.experts else 0
+        per_layer = self._attention() + mlp + router + 2 * self.hidden  # + two RMSNorm weights
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return float(self.layers * per_layer + embeddings + self.hidden)  # + the final norm
+
+    @property
+    def params(self) -> float:
+        """Every parameter (all experts), shared ones once: what memory holds."""
+        if self.intermediate is None:
+            assert self.given_params is not None
+            return self.given_params
+        return self._count(self.experts)
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token computes with (a mixture of experts: its routed experts only)."""
+        if self.intermediate is None or not self.experts:
+            return self.params
+        return self._count(self.experts_per_token)
+
+    @property
+    def largest_module_params(self) -> float:
+        """The most parameters one module owns (DeepSpeed's `model_to_params`)."""
+        candidates = [self.vocab * self.hidden, self.hidden * self.heads * self.head_dim]
+        if self.intermediate is not None:
+            candidates.append(self.hidden * self.intermediate)  # one expert's (or the MLP's) projection
+        return float(max(candidates))
 
 
-# Parameter count (billions) -> the model whose shape we assume (each model card's config.json).
-KNOWN_SHAPES: dict[float, ModelShape] = {
-    7: ModelShape(32, 4096, 32, 32, "Llama-2-7B (meta-llama/Llama-2-7b-hf config.json)"),
-    8: ModelShape(32, 4096, 32, 8, "Llama-3.1-8B (meta-llama/Llama-3.1-8B config.json)"),
-    13: ModelShape(40, 5120, 40, 40, "Llama-2-13B (meta-llama/Llama-2-13b-hf config.json)"),
-    70: ModelShape(80, 8192, 64, 8, "Llama-2-70B, GQA 8 KV heads (meta-llama/Llama-2-70b-hf config.json)"),
-    405: ModelShape(126, 16384, 128, 8,
-                    "Llama-3.1-405B, GQA 8 KV heads (meta-llama/Llama-3.1-405B config.json)"),
-}
+def _hf(repo: str) -> str:
+    return f"huggingface.co/{repo}/blob/main/config.json"
+
+
+# Model name -> shape, every value from the model's config.json on Hugging Face. Mixtral's experts
+# are one module each (w1, w2, w3 per expert), as transformers 4.x lays them out.
+MODELS: dict[str, ModelShape] = {m.name: m for m in (
+    ModelShape("llama-3.2-1b", 16, 2048, 32, 8, 128256, _hf("meta-llama/Llama-3.2-1B"), 8192,
+               tied_embeddings=True, head_dim_override=64),
+    ModelShape("llama-3.2-3b", 28, 3072, 24, 8, 128256, _hf("meta-llama/Llama-3.2-3B"), 8192,
+               tied_embeddings=True),
+    ModelShape("llama-3.1-8b", 32, 4096, 32, 8, 128256, _hf("meta-llama/Llama-3.1-8B"), 14336),
+    ModelShape("llama-3.1-70b", 80, 8192, 64, 8, 128256, _hf("meta-llama/Llama-3.1-70B"), 28672),
+    ModelShape("llama-3.1-405b", 126, 16384, 128, 8, 128256, _hf("meta-llama/Llama-3.1-405B"), 53248),
+    ModelShape("mistral-7b", 32, 4096, 32, 8, 32000, _hf("mistralai/Mistral-7B-v0.1"), 14336),
+    ModelShape("mixtral-8x7b", 32, 4096, 32, 8, 32000, _hf("mistralai/Mixtral-8x7B-v0.1"), 14336,
+               experts=8, experts_per_token=2),
+    ModelShape("mixtral-8x22b", 56, 6144, 48, 8, 32000, _hf("mistralai/Mixtral-8x22B-v0.1"), 16384,
+               experts=8, experts_per_token=2),
+    ModelShape("qwen2.5-7b", 28, 3584, 28, 4, 152064, _hf("Qwen/Qwen2.5-7B"), 18944, qkv_bias=True),
+    ModelShape("qwen2.5-72b", 80, 8192, 64, 8, 152064, _hf("Qwen/Qwen2.5-72B"), 29568, qkv_bias=True),
+)}
+# Also Llama 3.3 70B and Llama 3.1/3.2 instruct variants: the same shapes.
+ALIASES = {"llama-3.3-70b": "llama-3.1-70b", "llama-3-8b": "llama-3.1-8b", "llama-3-70b": "llama-3.1-70b"}
+# `--params N` alone: the model of that size whose shape is assumed.
+BY_SIZE: dict[float, str] = {1: "llama-3.2-1b", 3: "llama-3.2-3b", 7: "mistral-7b", 8: "llama-3.1-8b",
+                             47: "mixtral-8x7b", 70: "llama-3.1-70b", 72: "qwen2.5-72b",
+                             141: "mixtral-8x22b", 405: "llama-3.1-405b"}
+DEFAULT_VOCAB = 128256  # a command-line shape without --vocab: Llama 3's (the larger, safer figure)
+
+
+def model_named(name: str) -> ModelShape:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in MODELS:
+        raise SizingError("--model", f"unknown model {name!r} (known: {', '.join(MODELS)})")
+    return MODELS[key]
+
+
+# --------------------------------------------------------------------- workloads
 
 
 @dataclass(frozen=True)
 class Workload:
-    """What to fit: a model of `params_b` billion parameters and what is done with it."""
+    """What to fit: a model, what is done with it, and (optionally) how many tokens of it."""
 
-    params_b: float
+    model: ModelShape
     mode: Mode
     precision: str
     seq_len: int
     batch: int
-    """Training: micro-batch per GPU; inference: sequences served at once (KV cache)."""
+    """Training: micro-batch per GPU."""
+    concurrency: int
+    """Inference: sequences served at once (each with its KV cache)."""
     max_nodes: int
-    shape: ModelShape
+    tokens: float | None = None
+    """Training: tokens trained on; inference: tokens generated or scored."""
+    mfu: float = DEFAULT_MFU
 
     @property
     def params(self) -> float:
-        return self.params_b * 1e9
+        return self.model.params
+
+    @property
+    def params_b(self) -> float:
+        return self.model.params / 1e9
 
     @property
     def training(self) -> bool:
         return self.mode != "inference"
+
+    @property
+    def flops(self) -> float | None:
+        """The job's FLOPs: 6·N·D to train, 2·N per token for inference (N active parameters)."""
+        if self.tokens is None:
+            return None
+        return (6 if self.training else 2) * self.model.active_params * self.tokens
+
+    def compute_format(self, gpu: catalog.GpuModel) -> str | None:
+        """The number format the matmuls run in on `gpu`; None when the GPU cannot run this workload."""
+        if self.precision in WEIGHT_ONLY:
+            return "bf16" if gpu.peak_tflops("bf16") else "fp16"
+        return self.precision if gpu.peak_tflops(self.precision) else None
+
+
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
 def parse_params(text: str) -> float:
@@ -125,43 +247,68 @@ def parse_params(text: str) -> float:
     return float(match.group(1)) * scale
 
 
-def _positive(option: str, value: int | None, hi: int) -> None:
+def parse_tokens(text: str) -> float:
+    """'2t', '500b', '1e9', '300m', '1000000' -> tokens."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kKmMbBgGtT]?)\s*", text)
+    if not match or float(match.group(1)) <= 0:
+        raise SizingError("--tokens", f"must be a positive token count like 2t, 500b or 1e9, got {text!r}")
+    return float(match.group(1)) * _SCALE[match.group(2).lower()]
+
+
+def _bounded(option: str, value: int | None, hi: int) -> None:
     if value is not None and not 1 <= value <= hi:
         raise SizingError(option, f"must be 1..{hi}, got {value}")
 
 
-def make_workload(params: str, mode: str, precision: str = "bf16", seq_len: int | None = None,
-                  batch: int = 1, max_nodes: int | None = None, layers: int | None = None,
-                  hidden: int | None = None, heads: int | None = None,
-                  kv_heads: int | None = None) -> Workload:
+def make_workload(params: str | None = None, mode: str = "train", precision: str = "bf16",
+                  seq_len: int | None = None, batch: int | None = None, max_nodes: int | None = None,
+                  layers: int | None = None, hidden: int | None = None, heads: int | None = None,
+                  kv_heads: int | None = None, *, model: str | None = None, concurrency: int | None = None,
+                  vocab: int | None = None, tokens: str | None = None, mfu: float = DEFAULT_MFU) -> Workload:
     """Validate command-line values into a Workload; SizingError names the option at fault."""
-    params_b = parse_params(params)
     if mode not in MODES:
         raise SizingError("--mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
     allowed = TRAINING_PRECISIONS if mode != "inference" else tuple(INFERENCE_BYTES)
     if precision not in allowed:
         raise SizingError("--precision", f"{mode} takes {', '.join(allowed)}, got {precision!r}")
     for option, value, hi in (("--seq-len", seq_len, 1_048_576), ("--batch", batch, 4096),
-                              ("--max-nodes", max_nodes, 2000), ("--layers", layers, 1000),
-                              ("--hidden", hidden, 131_072), ("--heads", heads, 1024),
-                              ("--kv-heads", kv_heads, 1024)):
-        _positive(option, value, hi)
-    shape = _shape(params_b, layers, hidden, heads, kv_heads)
-    return Workload(params_b, mode, precision, seq_len or DEFAULT_SEQ_LEN, batch,  # type: ignore[arg-type]
-                    max_nodes or DEFAULT_MAX_NODES[mode], shape)
+                              ("--concurrency", concurrency, 65_536), ("--max-nodes", max_nodes, 2000),
+                              ("--layers", layers, 1000), ("--hidden", hidden, 131_072),
+                              ("--heads", heads, 1024), ("--kv-heads", kv_heads, 1024),
+                              ("--vocab", vocab, 4_194_304)):
+        _bounded(option, value, hi)
+    if mode == "inference" and batch is not None:
+        raise SizingError("--batch", "is the training micro-batch; inference takes --concurrency "
+                          "(sequences served at once)")
+    if mode != "inference" and concurrency is not None:
+        raise SizingError("--concurrency", "is for inference; training takes --batch (micro-batch per GPU)")
+    if not 0 < mfu <= 1:
+        raise SizingError("--mfu", f"must be a fraction of the peak in (0, 1], e.g. 0.4, got {mfu:g}")
+    shape = _shape(params, model, layers, hidden, heads, kv_heads, vocab)
+    return Workload(shape, mode, precision, seq_len or DEFAULT_SEQ_LEN, batch or 1,  # type: ignore[arg-type]
+                    concurrency or DEFAULT_CONCURRENCY, max_nodes or DEFAULT_MAX_NODES[mode],
+                    None if tokens is None else parse_tokens(tokens), mfu)
 
 
-def _shape(params_b: float, layers: int | None, hidden: int | None, heads: int | None,
-           kv_heads: int | None) -> ModelShape:
-    if layers is None and hidden is None:
-        if heads is not None or kv_heads is not None:
-            raise SizingError("--heads", "give --layers and --hidden with --heads/--kv-heads")
-        known = KNOWN_SHAPES.get(params_b)
+def _shape(params: str | None, model: str | None, layers: int | None, hidden: int | None,
+           heads: int | None, kv_heads: int | None, vocab: int | None) -> ModelShape:
+    custom = any(v is not None for v in (layers, hidden, heads, kv_heads, vocab))
+    if model is not None:
+        if params is not None or custom:
+            raise SizingError("--model", "give --model alone, or --params with --layers/--hidden for "
+                              "another model")
+        return model_named(model)
+    if params is None:
+        raise SizingError("--params", "give --model NAME or --params (model size, e.g. 7 or 70b)")
+    params_b = parse_params(params)
+    if not custom:
+        known = BY_SIZE.get(params_b)
         if known is None:
-            listed = ", ".join(f"{k:g}" for k in KNOWN_SHAPES)
+            listed = ", ".join(f"{k:g}" for k in BY_SIZE)
             raise SizingError("--layers", f"no known shape for a {params_b:g}B model (known: {listed} "
-                              "billion); give --layers and --hidden (and --heads/--kv-heads for GQA)")
-        return known
+                              "billion, or --model); give --layers and --hidden (and --heads/--kv-heads "
+                              "for GQA, --vocab)")
+        return MODELS[known]
     if layers is None or hidden is None:
         raise SizingError("--layers" if layers is None else "--hidden", "give both --layers and --hidden")
     heads = heads or max(1, hidden // 128)  # head_dim 128, as in Llama, Mistral and GPT-NeoX
@@ -170,7 +317,8 @@ def _shape(params_b: float, layers: int | None, hidden: int | None, heads: int |
         raise SizingError("--heads", f"must divide --hidden ({hidden}), got {heads}")
     if kv_heads > heads or heads % kv_heads:
         raise SizingError("--kv-heads", f"must divide --heads ({heads}), got {kv_heads}")
-    return ModelShape(layers, hidden, heads, kv_heads, "given on the command line")
+    return ModelShape(f"{params_b:g}B", layers, hidden, heads, kv_heads, vocab or DEFAULT_VOCAB,
+                      "given on the command line", given_params=params_b * 1e9)
 
 
 # ----------------------------------------------------------------------- memory
@@ -183,43 +331,55 @@ class MemoryEstimate:
     weights: float
     gradients: float
     optimizer: float
+    buffers: float
+    """Training: the 2 B per parameter DeepSpeed's estimator counts beyond the ZeRO paper's 16."""
     overhead: float
     """Inference: 20 % of the weights for activations and buffers."""
     kv_cache: float
+    largest_module: float
+    """Per GPU (training): the largest module's gathered weights and gradients."""
     activations: float
     """Per GPU (training)."""
-    gather_buffers: float
-    """Per GPU (training): one layer's gathered weights and gradients."""
+    logits: float
+    """Per GPU (training): the fp32 logits the loss needs."""
 
     @property
     def sharded(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.overhead + self.kv_cache
+        return (self.weights + self.gradients + self.optimizer + self.buffers + self.overhead
+                + self.kv_cache)
 
     @property
     def per_gpu(self) -> float:
-        return self.activations + self.gather_buffers
+        return self.largest_module + self.activations + self.logits
 
     def per_gpu_need(self, gpus: int) -> float:
         """Bytes on each GPU when the workload is spread over `gpus` GPUs."""
         return self.sharded / gpus + self.per_gpu
 
+    def model_states_per_gpu(self, gpus: int) -> float:
+        """What DeepSpeed's ZeRO-3 estimator reports per GPU: sharded states + the largest module."""
+        states = self.weights + self.gradients + self.optimizer + self.buffers
+        return states / gpus + self.largest_module
+
 
 def estimate_memory(w: Workload) -> MemoryEstimate:
-    """The memory of `w` by the formulas in the module docstring."""
-    p, s = w.params, w.shape
+    """The memory of `w` by the method in the module docstring."""
+    m, p = w.model, w.model.params
     if w.training:
         word = 4 if w.precision == "fp32" else 2
         optimizer = 8 * p if w.precision == "fp32" else 12 * p
-        activations = w.seq_len * w.batch * s.hidden * (2 * s.layers + 34) * word / 2
-        return MemoryEstimate(weights=word * p, gradients=word * p, optimizer=optimizer, overhead=0.0,
-                              kv_cache=0.0, activations=activations,
-                              gather_buffers=2 * (p / s.layers) * word)
+        activations = w.seq_len * w.batch * m.hidden * (2 * m.layers + 34) * word / 2
+        return MemoryEstimate(
+            weights=word * p, gradients=word * p, optimizer=optimizer,
+            buffers=(DEEPSPEED_STATE_BYTES - 16) * p, overhead=0.0, kv_cache=0.0,
+            largest_module=DEEPSPEED_LARGEST_MODULE_BYTES * word / 2 * m.largest_module_params,
+            activations=activations, logits=float(w.seq_len * w.batch * m.vocab * LOGIT_BYTES))
     weights = INFERENCE_BYTES[w.precision] * p
     kv_word = 4 if w.precision == "fp32" else 2
-    kv = 2 * s.layers * s.kv_heads * s.head_dim * w.seq_len * w.batch * kv_word
-    return MemoryEstimate(weights=weights, gradients=0.0, optimizer=0.0,
-                          overhead=INFERENCE_OVERHEAD * weights, kv_cache=kv, activations=0.0,
-                          gather_buffers=0.0)
+    kv = 2 * m.layers * m.kv_heads * m.head_dim * w.seq_len * w.concurrency * kv_word
+    return MemoryEstimate(weights=weights, gradients=0.0, optimizer=0.0, buffers=0.0,
+                          overhead=INFERENCE_OVERHEAD * weights, kv_cache=float(kv),
+                          largest_module=0.0, activations=0.0, logits=0.0)
 
 
 # ------------------------------------------------------------------------- fits
@@ -231,12 +391,13 @@ def multi_node_capable(t: catalog.InstanceType) -> bool:
 
 
 def usable_gib_per_gpu(t: catalog.InstanceType) -> float:
-    return t.gpu_memory_mib * USABLE_FRACTION / 1024
+    """The card's memory less the CUDA context, less fragmentation (module docstring)."""
+    return (t.gpu_memory_mib / 1024 - CUDA_CONTEXT_GIB) * (1 - FRAGMENTATION)
 
 
 @dataclass(frozen=True)
 class Fit:
-    """An instance type and node count that hold the workload, with its price."""
+    """An instance type and node count that hold the workload, with its price and speed."""
 
     instance_type: str
     gpu_model: str
@@ -245,40 +406,89 @@ class Fit:
     need_gib_per_gpu: float
     usable_gib_per_gpu: float
     usd_per_hour: float
-    """On-demand, all nodes."""
-    spot_usd_per_hour: float
-    """At the family's typical spot discount, all nodes."""
+    """All nodes: on-demand, or the Capacity Block rate for a type sold only as blocks."""
+    price_basis: str
+    spot_usd_per_hour: float | None
+    """At the family's typical spot discount, all nodes; None without a spot market."""
     efa: bool
+    compute_format: str
+    peak_tflops_per_gpu: float
+    effective_tflops: float
+    """All GPUs at the workload's MFU."""
+    hours: float | None
+    """With tokens: how long the job runs."""
+    job_usd: float | None
+
+    @property
+    def usd_per_effective_tflop_hour(self) -> float:
+        return self.usd_per_hour / self.effective_tflops
 
 
-def recommend(w: Workload, region: str = "us-east-1") -> list[Fit]:
-    """Every catalog type that fits `w` on its fewest nodes (<= max_nodes), cheapest first.
+def _prices(t: catalog.InstanceType, region: str, nodes: int) -> tuple[float, str, float | None]:
+    if t.capacity_block_only:
+        return nodes * capacity_block_rate(t).usd_per_hour, "capacity block", None
+    return (nodes * on_demand_rate(t, region).usd_per_hour, "on-demand",
+            nodes * typical_spot_rate(t, region).usd_per_hour)
+
+
+def _fit(w: Workload, t: catalog.InstanceType, gpu: catalog.GpuModel, fmt: str, nodes: int,
+         need: float, region: str) -> Fit:
+    peak = gpu.peak_tflops(fmt) or 0.0
+    effective = nodes * t.gpus * peak * w.mfu
+    usd, basis, spot = _prices(t, region, nodes)
+    flops = w.flops
+    hours = None if flops is None else flops / (effective * 1e12) / 3600
+    return Fit(t.name, t.gpu_model, nodes, nodes * t.gpus, need, usable_gib_per_gpu(t), usd, basis, spot,
+               nodes > 1, fmt, peak, effective, hours, None if hours is None else hours * usd)
+
+
+def offered_types(region: str, zone: str | None = None) -> list[str]:
+    """Catalog types offered in `region` (in `zone`, when given), in catalog order."""
+    if zone is not None and (not zone.startswith(region) or len(zone) != len(region) + 1):
+        raise SizingError("--zone", f"{zone!r} is not a zone of region {region!r} (--region)")
+    return [n for n in catalog.names() if catalog.is_offered(n, region, zone)]
+
+
+def recommend(w: Workload, region: str = "us-east-1", zone: str | None = None) -> list[Fit]:
+    """Every offered type that fits `w` on its fewest nodes (<= max_nodes), the cheapest job first.
 
     Raises PricingError when the region has no prices.
     """
     memory = estimate_memory(w)
     fits = []
-    for name in catalog.names():
+    for name in offered_types(region, zone):
         t = catalog.get(name)
-        assert t is not None
-        if w.precision not in GPU_PRECISIONS.get(t.gpu_model, frozenset()):
+        gpu = catalog.gpu_model(t.gpu_model) if t else None
+        fmt = w.compute_format(gpu) if gpu else None
+        if t is None or gpu is None or fmt is None:
             continue
         usable = usable_gib_per_gpu(t)
         limit = w.max_nodes if multi_node_capable(t) else 1
         for nodes in range(1, limit + 1):
             need = memory.per_gpu_need(nodes * t.gpus) / GIB
             if need <= usable:
-                fits.append(Fit(t.name, t.gpu_model, nodes, nodes * t.gpus, need, usable,
-                                nodes * on_demand_rate(t, region).usd_per_hour,
-                                nodes * typical_spot_rate(t, region).usd_per_hour, nodes > 1))
+                fits.append(_fit(w, t, gpu, fmt, nodes, need, region))
                 break
             if memory.per_gpu / GIB > usable:
                 break  # the unsharded part alone does not fit: more nodes cannot help
-    return sorted(fits, key=lambda f: (f.usd_per_hour, f.nodes, f.instance_type))
+    return sorted(fits, key=lambda f: (f.job_usd if f.job_usd is not None else f.usd_per_effective_tflop_hour,
+                                       f.nodes, f.instance_type))
 
 
-def node_group_snippet(fit: Fit, w: Workload) -> str:
-    """A `gpucluster:node_groups` entry for `fit`, valid under gpucluster.spec."""
+def node_group_snippet(fit: Fit, w: Workload, region: str = "us-east-1", zone: str | None = None) -> str:
+    """A `gpucluster:node_groups` entry for `fit`, valid under gpucluster.spec.
+
+    A type sold only as Capacity Blocks gets the command that buys one instead: the block's
+    reservation id goes into the group, and `gpucluster capacity buy` prints that group.
+    """
+    summary = (f"# {fit.nodes} x {fit.instance_type} ({fit.gpus} x {fit.gpu_model}) for {w.model.name} "
+               f"{w.mode} ({w.precision}): ~{fit.need_gib_per_gpu:.1f} of {fit.usable_gib_per_gpu:.1f} "
+               "usable GiB per GPU\n")
+    if fit.price_basis == "capacity block":
+        return (summary + f"# {fit.instance_type} is sold only as Capacity Blocks for ML: buy one, then "
+                "paste the node group `capacity buy` prints:\n"
+                f"#   gpucluster capacity search --type {fit.instance_type} --count {fit.nodes} --days 7 "
+                f"--region {region}\n")
     family = catalog.family_of(fit.instance_type)
     name = f"{w.mode}-{family}"
     if w.training and fit.nodes > 1:
@@ -287,18 +497,23 @@ def node_group_snippet(fit: Fit, w: Workload) -> str:
         capacity = "spot_percent: 100        # checkpoint through spot.interruption_command"
     else:
         capacity = "spot_percent: 0          # serving: no interruptions"
+    # Pin the group to zones that offer the type (one for EFA), so the spec's offerings check passes
+    # whatever else the network holds; the network must list them.
+    offered = catalog.offered_zones(fit.instance_type, region) or []
+    chosen = [zone] if zone else offered[:1] if fit.nodes > 1 else offered
+    zones = (f"    availability_zones: [{', '.join(chosen)}]   # network.availability_zones must list "
+             f"{'it' if len(chosen) == 1 else 'them'}\n") if chosen else ""
     efa = "efa: on\n    placement_group: true" if fit.nodes > 1 else "efa: off"
     return (
-        f"# {fit.nodes} x {fit.instance_type} ({fit.gpus} x {fit.gpu_model}) for {w.params_b:g}B {w.mode} "
-        f"({w.precision}): ~{fit.need_gib_per_gpu:.1f} of {fit.usable_gib_per_gpu:.1f} usable GiB per GPU\n"
-        "gpucluster:node_groups:\n"
+        summary
+        + "gpucluster:node_groups:\n"
         f"  - name: {name}\n"
         f"    instance_types: [{fit.instance_type}]\n"
         "    min_nodes: 0\n"
         f"    desired_nodes: {fit.nodes}\n"
         f"    max_nodes: {fit.nodes}\n"
-        "    capacity:\n"
+        + zones
+        + "    capacity:\n"
         f"      {capacity}\n"
         f"    {efa}\n"
     )
-

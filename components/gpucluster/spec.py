@@ -12,6 +12,7 @@ must never import Pulumi or call AWS, so the same checks run offline in
 from __future__ import annotations
 
 import difflib
+import hashlib
 import ipaddress
 import json
 import math
@@ -26,9 +27,16 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gpucluster import catalog
+from gpucluster.noderole import (
+    ROLE_INLINE_POLICIES_MAX_CHARS,
+    dataset_grants,
+    longest_bucket_name,
+    node_inline_policies_chars,
+)
 
 PROJECT = "gpucluster"
 REGION_KEY = "aws:region"
+ORGANIZATION_KEY = f"{PROJECT}:organization"
 MAX_BUDGET_NOTIFICATIONS = 10
 
 # --------------------------------------------------------------------------- errors
@@ -174,6 +182,16 @@ def _check_mount_path(value: str) -> str:
     return value
 
 
+def _check_node_file_path(value: str) -> str:
+    """A file's absolute path on a node, of plain segments (no '.', '..', '//', no trailing '/')."""
+    segments = value.split("/")
+    if not value.startswith("/") or not re.fullmatch(r"[A-Za-z0-9._/-]*", value) or len(value) > 255 \
+            or any(part in ("", ".", "..") for part in segments[1:]):
+        raise ValueError(f"must be a plain absolute file path (letters, digits, . _ - and /, no '.' or "
+                         f"'..' segments, at most 255 characters), got {shown(value)}")
+    return value
+
+
 # S3 object keys hold 1024 bytes (S3 user guide, "Naming Amazon S3 objects"); leave room for names.
 MAX_PREFIX_CHARS = 512
 
@@ -234,7 +252,7 @@ def generated_bucket_prefix(cluster_name: str, dataset_name: str) -> str:
     return f"{cluster_name}-{dataset_name}"[:BUCKET_PREFIX_MAX - 1] + "-"
 
 
-_CRON_FIELDS: list[tuple[str, int, int, dict[str, int]]] = [
+CRON_FIELDS: list[tuple[str, int, int, dict[str, int]]] = [
     ("minutes", 0, 59, {}),
     ("hours", 0, 23, {}),
     ("day-of-month", 1, 31, {}),
@@ -285,7 +303,7 @@ def _check_cron(value: str) -> str:
     if len(fields) != 6:
         raise ValueError(f"cron needs 6 fields (minutes hours day-of-month month day-of-week "
                          f"year), got {len(fields)} in {shown(value)}")
-    for text, (field, lo, hi, names) in zip(fields, _CRON_FIELDS, strict=True):
+    for text, (field, lo, hi, names) in zip(fields, CRON_FIELDS, strict=True):
         if text == "?":
             if field not in ("day-of-month", "day-of-week"):
                 raise ValueError(f"'?' is only allowed in day-of-month or day-of-week, in {shown(value)}")
@@ -336,6 +354,29 @@ def _unique(what: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+# Tag keys AWS (aws:) and gpucluster (gpucluster:) set themselves. A user tag under them could
+# forge what the guardrails read (a gpucluster:stopped-by with gpucluster:previous-desired makes the
+# start schedule scale a group up), so no user tag map may hold one.
+RESERVED_TAG_PREFIXES = ("aws:", "gpucluster:")
+# The identity tags: components that take no `identity` receive them in their tags (from GpuCluster).
+IDENTITY_TAG_KEYS = ("gpucluster:stack", "gpucluster:cluster")
+
+
+def tag_key(allowed: tuple[str, ...] = ()) -> AfterValidator:
+    """A user tag key: 1-128 safe characters, not under a reserved prefix (except `allowed` keys)."""
+
+    def check(value: str) -> str:
+        if not re.fullmatch(r"[\w .:/=+@-]{1,128}", value):
+            raise ValueError("tag keys are 1-128 characters of letters, digits, spaces and "
+                             f"_ . : / = + - @, got {value!r}")
+        if value.lower().startswith(RESERVED_TAG_PREFIXES) and value not in allowed:
+            raise ValueError(f"tag key {value!r} is reserved: keys under "
+                             f"{' and '.join(RESERVED_TAG_PREFIXES)} are set by AWS and gpucluster only")
+        return value
+
+    return AfterValidator(check)
+
+
 Percent = Annotated[float, _in_range(0, 100)]
 Name = Annotated[str, _matches(r"[a-z][a-z0-9-]{0,22}[a-z0-9]",
                                "must be 2-24 characters of a-z, 0-9 and '-', starting with a "
@@ -346,7 +387,8 @@ TagValue = Annotated[str, _matches(r"[\w .:/=+@-]{1,256}",
 Email = Annotated[str, AfterValidator(_check_email)]
 InstanceTypeName = Annotated[str, AfterValidator(_check_instance_type)]
 Cron = Annotated[str, AfterValidator(_check_cron)]
-AvailabilityZone = Annotated[str, _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d[a-z]",
+ZONE_NAME = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d[a-z]")
+AvailabilityZone = Annotated[str, _matches(ZONE_NAME.pattern,
                                            "must be an availability zone name like us-east-1a")]
 MAX_COMMAND_BYTES = 2048
 
@@ -371,11 +413,57 @@ ShellCommand = Annotated[str, AfterValidator(_check_shell_command)]
 StackName = Annotated[str, _matches(r"[A-Za-z0-9._-]{1,100}",
                                     "a stack name (Pulumi.<stack>.yaml) is 1-100 letters, digits, "
                                     "'-', '_' or '.'")]
+# IAM user guide, "IAM identifiers" / CreatePolicy and CreateRole: name characters and lengths.
+PolicyName = Annotated[str, _matches(r"[\w+=,.@-]{1,128}", "must be an IAM policy name (1-128 "
+                                     "letters, digits and + = , . @ _ -)")]
+RoleName = Annotated[str, _matches(r"[\w+=,.@-]{1,64}", "must be an IAM role name (1-64 letters, "
+                                   "digits and + = , . @ _ -)")]
+AccountId = Annotated[str, _matches(r"\d{12}", "must be a 12-digit AWS account id")]
 # The field rules of the models below, by name, for component Args that take one value alone.
 AbsolutePath = Annotated[str, AfterValidator(_check_mount_path)]  # under DATA_ROOTS
 S3Prefix = Annotated[str, AfterValidator(_check_prefix)]
 BucketName = Annotated[str, AfterValidator(_check_bucket_name)]
 Region = Annotated[str, _matches(r"[a-z]{2}(-gov)?-[a-z]+-\d", "must be a region like us-east-1")]
+# A file of the user's project, relative to the directory holding Pulumi.yaml (read at plan/up time).
+ProjectPath = Annotated[str, _matches(r"(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9._/-]{1,255}",
+                                      "must be a path relative to the project (the directory holding "
+                                      "Pulumi.yaml), without '..'")]
+# A container image reference: [registry[:port]/]repository[:tag][@digest] (no spaces or quotes).
+ContainerImage = Annotated[str, _matches(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}",
+                                         "must be an image reference like nvcr.io/nvidia/pytorch:24.12-py3")]
+
+
+# ----------------------------------------------------------------------- identity
+
+STACK_TAG = "gpucluster:stack"
+"""The identity tag: every guardrail, IAM condition, the budget and the CLI select resources by its value."""
+DIY_ORGANIZATION = "organization"
+"""Pulumi's organization in a self-managed (DIY: file://, s3://, gs://, azblob://) backend: always this
+constant (pulumi/pulumi PR #20008, "DIY backends have a single constant organization")."""
+IDENTITY_MAX = 256
+"""AWS tag values hold at most 256 characters (Tagging AWS resources, "Tag naming limits and requirements");
+Budgets' TagKeyValue filter (`user:<key>$<value>`) and IAM `ResourceTag` conditions take the same value."""
+_IDENTITY_HASH = 16
+# Pulumi's own rule for project and stack names (alphanumerics, hyphens, underscores, periods; "Project
+# file reference", "Stacks"), and what Pulumi Cloud organization names use: every character is also
+# one AWS tags allow everywhere (letters, digits, spaces and + - = . _ : / @), so `/` can join them.
+PULUMI_NAME = r"[A-Za-z0-9_.-]{1,100}"
+
+
+def stack_identity(organization: str, project: str, stack: str, cluster: str) -> str:
+    """The one identity of a deployment: `<organization>/<project>/<stack>/<cluster>`.
+
+    Unique per deployment where the bare stack name is not: two teams' `dev` stacks in one account
+    differ in their Pulumi organization or project, and two clusters of one stack in their name.
+    Every guardrail, the budget's cost filter, the IAM conditions, the nodes and the CLI use this
+    value, and nothing else computes it. Past AWS's 256-character tag limit the tail gives way to a
+    hash of the whole (`+` and 16 hex digits), so it stays readable and unique.
+    """
+    full = "/".join((organization, project, stack, cluster))
+    if len(full) <= IDENTITY_MAX:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:_IDENTITY_HASH]
+    return f"{full[:IDENTITY_MAX - _IDENTITY_HASH - 1]}+{digest}"
 
 
 class StrictModel(BaseModel):
@@ -388,12 +476,12 @@ class StrictModel(BaseModel):
 
 
 class CostTags(StrictModel):
-    """The cost-allocation tags every resource carries (and the budget filters on)."""
+    """The cost tags every resource carries (activate them as cost-allocation tags to see costs by them)."""
 
     owner: TagValue
     """Team or person accountable for the cluster (tag `owner`)."""
     cost_center: TagValue
-    """Cost-allocation tag the budget filters on (tag `cost_center`)."""
+    """Cost centre for your bills (tag `cost_center`; the budget filters on `gpucluster:stack`)."""
     environment: Annotated[str, _matches(r"[a-z][a-z0-9-]{0,31}",
                                          "must be lowercase like dev, staging or prod")]
     """`prod` gets the production policies; anything else is non-prod."""
@@ -404,10 +492,12 @@ class ClusterConfig(StrictModel):
     """Short name used in every resource name; the stack name is added to tags."""
     tags: CostTags
     """Required cost tags: owner, cost_center, environment."""
-    extra_tags: dict[Annotated[str, _matches(r"(?!aws:)[\w .:/=+@-]{1,128}",
-                                             "tag keys are 1-128 characters and do not start "
-                                             "with aws:")], TagValue] = {}
-    """More tags for every resource (team, project, ...)."""
+    extra_tags: dict[Annotated[str, tag_key()], TagValue] = {}
+    """More tags for every resource (team, project, ...); keys under aws: and gpucluster: are reserved."""
+    permissions_boundary: PolicyName | None = None
+    """Policy name: the permissions boundary of every IAM role the stack creates (none by default)."""
+    break_glass_role: RoleName | None = None
+    """The only role that may delete versions in, or delete, the dataset buckets the stack creates."""
 
 
 class NetworkConfig(StrictModel):
@@ -447,6 +537,19 @@ class CapacityConfig(StrictModel):
     capacity_reservation_id: Annotated[str, _matches(
         r"cr-[0-9a-f]{8,17}", "must be a capacity reservation id like cr-0abc12345def67890")] | None = None
     """Targeted on-demand capacity reservation, or the Capacity Block's reservation id."""
+    duration_hours: Annotated[int, _in_range(24, 4368)] | None = None
+    """capacity_block only: the block's length in hours; the cost model prices the block for it."""
+
+
+class NodeFileConfig(StrictModel):
+    path: Annotated[str, AfterValidator(_check_node_file_path)]
+    """Where the file goes on every node of the group, e.g. /opt/gpucluster/hooks/drain.sh."""
+    content: str | None = None
+    """The file's text, written as is."""
+    source: ProjectPath | None = None
+    """Instead of content: a file of the project (relative to the directory holding Pulumi.yaml)."""
+    mode: Annotated[str, _matches(r"0?[0-7]{3}", "must be octal permissions like 0644 or 0755")] = "0644"
+    """Permissions, e.g. 0755 for a script a hook command runs."""
 
 
 class NodeGroupConfig(StrictModel):
@@ -469,17 +572,25 @@ class NodeGroupConfig(StrictModel):
     efa: Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)] = "auto"
     """auto: on when every type supports EFA and the group can have more than one node."""
     placement_group: bool | None = None
-    """A cluster placement group; default on for EFA groups, off otherwise."""
+    """A cluster placement group; default: on for EFA groups not using a reservation or Capacity Block."""
     scratch_mount: Annotated[str, AfterValidator(_check_mount_path)] = "/scratch"
     """Where the RAID0 of the NVMe instance-store disks is mounted."""
     root_volume_size_gib: Annotated[int, _in_range(50, 16384)] = 200
     """Encrypted gp3 root volume size."""
     ami_id: Annotated[str, _matches(r"ami-[0-9a-f]{8,17}",
                                     "must be an AMI id like ami-0abc12345def67890")] | None = None
-    """Override the default AWS Deep Learning AMI."""
+    """Pin an AMI instead of the Deep Learning AMI; set or change it to upgrade a group's AMI."""
     ami_ssm_parameter: Annotated[str, _matches(r"/[\w./-]+", "must be an SSM parameter path "
                                                "starting with /")] | None = None
-    """Override the public SSM parameter the AMI is read from."""
+    """Another SSM parameter to read the AMI from; read once, when the group is created."""
+    files: list[NodeFileConfig] = []
+    """Files written on every node at boot, before setup runs (e.g. the hook a pre_stop_command names)."""
+    setup: list[ShellCommand] = []
+    """Commands run once per node as root after the bootstrap, in order (unit gpucluster-setup)."""
+    setup_script: ProjectPath | None = None
+    """Instead of setup: a script of the project run the same way (relative to Pulumi.yaml's directory)."""
+    container_image: ContainerImage | None = None
+    """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
 
     @property
     def types(self) -> list[catalog.InstanceType]:
@@ -494,7 +605,16 @@ class NodeGroupConfig(StrictModel):
 
     @property
     def uses_placement_group(self) -> bool:
-        return self.efa_enabled if self.placement_group is None else self.placement_group
+        """`placement_group`, or by default: EFA groups that launch neither into a reservation nor a block.
+
+        A reservation's instances sit where the reservation was made: a new placement group would
+        leave launches short of it (eksctl #7949, terraform-aws-eks #3730), so groups targeting
+        one get a placement group only when asked. A Capacity Block never gets one.
+        """
+        if self.placement_group is not None:
+            return self.placement_group
+        cap = self.capacity
+        return self.efa_enabled and cap.market != "capacity_block" and cap.capacity_reservation_id is None
 
 
 class FsxConfig(StrictModel):
@@ -508,6 +628,8 @@ class FsxConfig(StrictModel):
     """Default: the zone of the first node group; must be a zone a node group runs in."""
     mount_path: Annotated[str, AfterValidator(_check_mount_path)] = "/fsx"
     """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
+    automatic_backup_retention_days: Annotated[int, _in_range(0, 90)] = 7
+    """PERSISTENT_2 only: days of daily automatic backups kept (1-90; SCRATCH_2 has no backups)."""
 
 
 class DatasetConfig(StrictModel):
@@ -529,6 +651,10 @@ class DatasetConfig(StrictModel):
     """FSx for Lustre linked to the bucket (with access: fsx)."""
     noncurrent_version_expiration_days: Annotated[int, _in_range(1, 3650)] = 30
     """Created buckets: old versions under checkpoint_prefix expire after this; current ones never do."""
+    expected_bucket_owner: AccountId | None = None
+    """Existing buckets: the account that must own it (default: the deploying account)."""
+    newer_noncurrent_versions: Annotated[int, _in_range(1, 100)] = 3
+    """Created buckets: this many newest old versions of each checkpoint are kept whatever their age."""
 
 
 class BudgetConfig(StrictModel):
@@ -541,6 +667,8 @@ class BudgetConfig(StrictModel):
     """AWS Budgets allows at most 10 e-mail subscribers per notification."""
     action_threshold_percent: Annotated[float, _in_range(1, 1000)] | None = None
     """At this share of the limit every node group is scaled to zero (never deleted)."""
+    report: Literal["weekly", "monthly"] | None = None
+    """Opt-in spend report to the guardrail topic: Mondays, or the month's last day (08:00 UTC)."""
 
 
 class AutoStopConfig(StrictModel):
@@ -592,12 +720,23 @@ class StackConfig(StrictModel):
     """The spot-interruption hook."""
 
 
+PulumiName = Annotated[str, _matches(PULUMI_NAME, "must be 1-100 characters of letters, digits, "
+                                     "'-', '_' and '.' (a Pulumi name)")]
+
+
 class StackSpec(StackConfig):
-    """A validated stack: its config plus the stack name, project and region."""
+    """A validated stack: its config plus where it is deployed (organization, project, stack) and region."""
 
     stack: StackName
-    project: str = PROJECT
+    project: PulumiName = PROJECT
+    organization: PulumiName = DIY_ORGANIZATION
+    """The Pulumi organization (`gpucluster:organization`; a self-managed backend's is `organization`)."""
     region: Region
+
+    @property
+    def identity(self) -> str:
+        """This deployment's identity (`stack_identity`): the `gpucluster:stack` tag value."""
+        return stack_identity(self.organization, self.project, self.stack, self.cluster.name)
 
     def azs_of(self, group: NodeGroupConfig) -> list[str]:
         """The zones a node group runs in (one for EFA groups unless set otherwise)."""
@@ -612,14 +751,14 @@ class StackSpec(StackConfig):
 
     @property
     def tags(self) -> dict[str, str]:
-        """Tags for every resource: cost tags, extra tags and the stack identity."""
+        """Tags for every resource: cost tags, extra tags and the deployment's identity."""
         return {
             **self.cluster.extra_tags,
             "owner": self.cluster.tags.owner,
             "cost_center": self.cluster.tags.cost_center,
             "environment": self.cluster.tags.environment,
-            "gpucluster:stack": self.stack,
-            "gpucluster:cluster": self.cluster.name,
+            IDENTITY_TAG_KEYS[0]: self.identity,
+            IDENTITY_TAG_KEYS[1]: self.cluster.name,
         }
 
 
@@ -782,6 +921,75 @@ def efa_support(spec: StackSpec) -> Iterable[Finding]:
     yield from _each_group(spec, group_efa)
 
 
+def _zones_text(zones: Sequence[str]) -> str:
+    return ", ".join(zones) if zones else "none"
+
+
+def _regions_text(region: str, offered: Mapping[str, Sequence[str]], shown_at_most: int = 2) -> str:
+    """Regions offering a type, those of `region`'s geography first (us-, eu-, ...), a few by name:
+    an error line stays readable (MAX_LINE_CHARS) however many regions there are."""
+    geography = region.split("-", 1)[0]
+    regions = sorted((r for r, zones in offered.items() if zones),
+                     key=lambda r: (r.split("-", 1)[0] != geography, r))
+    if not regions:
+        return "none"
+    more = len(regions) - shown_at_most
+    return ", ".join(regions[:shown_at_most]) + (f" and {more} more regions" if more > 0 else "")
+
+
+@group_check
+def group_offered(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    """The first type is offered in every zone of the group (error); each fallback too (warning).
+
+    From catalog/data/offerings.yaml (AWS DescribeInstanceTypeOfferings as moto ships it): an ASG
+    whose type is not offered in its zone never launches a node. A region the file does not
+    cover is not checked; `gpucluster doctor` asks the account itself.
+    """
+    if not zones:
+        return
+    _, as_of = catalog.offerings_source()
+    for j, name in enumerate(g.instance_types):
+        missing = {az: offered for az in zones if isinstance(az, str) and ZONE_NAME.fullmatch(az)
+                   and (offered := catalog.offered_zones(name, az[:-1])) is not None and az not in offered}
+        if not missing:
+            continue
+        region = next(iter(missing))[:-1]
+        offered = catalog.offered_zones(name, region) or []
+        where = (f"in {region} it is offered in {_zones_text(offered)}" if offered else
+                 f"no {region} zone offers it; {_regions_text(region, catalog.offered_anywhere(name))} do")
+        if j == 0:
+            yield Finding(f"{path}.instance_types[0]", f"{name} is not offered in {', '.join(missing)}; "
+                          f"{where} (offerings as of {as_of})")
+        else:
+            yield Finding(f"{path}.instance_types[{j}]", f"fallback {name} is not offered in "
+                          f"{', '.join(missing)}, so the group never launches it there; {where}",
+                          level="warning")
+
+
+@check
+def offered_in_zone(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_offered)
+
+
+@group_check
+def group_efa_spot(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    """A multi-node EFA group that can hold spot nodes: one interruption stalls every rank (warning)."""
+    cap = g.capacity
+    if g.efa_enabled and g.max_nodes > 1 and cap.market == "mixed" and cap.spot_percent > 0 \
+            and g.max_nodes > cap.on_demand_base:
+        yield Finding(f"{path}.capacity.spot_percent",
+                      f"a multi-node EFA group holds spot nodes ({_num(cap.spot_percent)} % above the "
+                      "base): one reclaimed node stops the whole collective job, and its replacement "
+                      "is not placed near the others; run multi-node EFA training on-demand or on a "
+                      "Capacity Block, and single-node work on spot in a group of its own",
+                      level="warning")
+
+
+@check
+def efa_spot(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_efa_spot)
+
+
 @group_check
 def group_capacity(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
     cap, cap_path = g.capacity, f"{path}.capacity"
@@ -803,6 +1011,10 @@ def group_capacity(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -
     elif not float(cap.spot_percent).is_integer():
         yield Finding(f"{cap_path}.spot_percent", "Auto Scaling splits on-demand and spot in whole "
                       f"percent; use a whole number, got {_num(cap.spot_percent)}")
+    if cap.market != "capacity_block" and cap.duration_hours is not None:
+        yield Finding(f"{cap_path}.duration_hours", "only used with market: capacity_block")
+    elif cap.duration_hours is not None:
+        yield from _block_duration(cap.duration_hours, f"{cap_path}.duration_hours")
     if cap.market == "mixed" and cap.capacity_reservation_id and cap.on_demand_base == 0 \
             and cap.spot_percent == 100:
         yield Finding(f"{cap_path}.capacity_reservation_id", "a capacity reservation serves "
@@ -813,6 +1025,26 @@ def group_capacity(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -
     if cap.base_commitment != "none" and cap.on_demand_base == 0:
         yield Finding(f"{cap_path}.base_commitment",
                       f"{cap.base_commitment} covers the on-demand base, but on_demand_base is 0")
+
+
+def _block_duration(hours: int, path: str) -> Iterable[Finding]:
+    """EC2 API reference, DescribeCapacityBlockOfferings CapacityDurationHours: whole days up to
+    14 days, then whole weeks up to 182 days."""
+    if hours % 24 or (hours > 14 * 24 and hours % (7 * 24)):
+        yield Finding(path, "a Capacity Block lasts whole days up to 14 days (336 h), then whole weeks "
+                      f"up to 182 days (4368 h), got {hours}")
+
+
+# AWS ParallelCluster rejects a placement group with Capacity Blocks: their instances are already
+# placed in an EC2 UltraCluster (ParallelCluster user guide, "Using Amazon EC2 Capacity Blocks for ML").
+CAPACITY_BLOCK_PLACEMENT = ("a Capacity Block's instances are already placed together in an EC2 "
+                            "UltraCluster; it takes no placement group (AWS ParallelCluster rejects one too)")
+
+
+@group_check
+def group_placement(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    if g.capacity.market == "capacity_block" and g.placement_group:
+        yield Finding(f"{path}.placement_group", f"{CAPACITY_BLOCK_PLACEMENT}; remove placement_group")
 
 
 @check
@@ -827,8 +1059,87 @@ def group_ami(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Ite
 
 
 @check
+def placement_rules(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_placement)
+
+
+@check
 def ami_override(spec: StackSpec) -> Iterable[Finding]:
     yield from _each_group(spec, group_ami)
+
+
+# Paths the bootstrap owns: a user file there would be overwritten, or would overwrite ours.
+RESERVED_NODE_PATHS = ("/etc/gpucluster/", "/usr/local/sbin/gpucluster-", "/etc/systemd/system/gpucluster-",
+                       "/opt/aws/amazon-cloudwatch-agent/", "/etc/profile.d/gpucluster-")
+# EC2 user data is 16 KiB gzipped in all (EC2 user guide, "Run commands at launch"); the bootstrap
+# and its scripts take about 9 KiB of it, the group's own files and setup may take this much.
+NODE_SETUP_MAX_GZIP_BYTES = 5120
+
+
+class ProjectFileError(ValueError):
+    """A `source` or `setup_script` file of the project cannot be read."""
+
+
+def read_project_file(relative: str) -> str:
+    """The text of a file of the user's project: relative to the directory holding Pulumi.yaml.
+
+    Pulumi runs the program there; `gpucluster plan` finds it from the current directory up.
+    """
+    from pathlib import Path
+
+    from gpucluster.project import find_project_root
+
+    root = find_project_root() or Path.cwd()
+    path = root / relative
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProjectFileError(f"no such file {path}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ProjectFileError(f"cannot read {path} as UTF-8 text ({err})") from None
+
+
+@group_check
+def group_node_setup(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    """Setup and files: one source each, readable, not on the bootstrap's paths, within user data."""
+    if g.setup and g.setup_script:
+        yield Finding(f"{path}.setup_script", "set setup (commands) or setup_script (a file), not both")
+    texts: list[str] = list(g.setup)
+    if g.setup_script:
+        try:
+            texts.append(read_project_file(g.setup_script))
+        except ProjectFileError as err:
+            yield Finding(f"{path}.setup_script", str(err))
+    seen: set[str] = set()
+    for j, f in enumerate(g.files):
+        where = f"{path}.files[{j}]"
+        if (f.content is None) == (f.source is None):
+            yield Finding(where, "set exactly one of content or source")
+        if f.path in seen:
+            yield Finding(f"{where}.path", f"{f.path} is written twice")
+        seen.add(f.path)
+        if f.path.startswith(RESERVED_NODE_PATHS) or f.path.rstrip("/") + "/" in RESERVED_NODE_PATHS:
+            yield Finding(f"{where}.path", f"{f.path} is where gpucluster's own node files go; "
+                          "choose another path (e.g. under /opt)")
+        text = f.content
+        if f.source is not None:
+            try:
+                text = read_project_file(f.source)
+            except ProjectFileError as err:
+                yield Finding(f"{where}.source", str(err))
+        if text is not None:
+            texts.append(text)
+    import gzip
+
+    size = len(gzip.compress("\n".join(texts).encode(), mtime=0))
+    if size > NODE_SETUP_MAX_GZIP_BYTES:
+        yield Finding(f"{path}.files", f"files and setup take {size} bytes gzipped; EC2 user data leaves "
+                      f"them {NODE_SETUP_MAX_GZIP_BYTES}: keep large files in S3 and fetch them in setup")
+
+
+@check
+def node_setup(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_node_setup)
 
 
 @check
@@ -865,6 +1176,9 @@ def dataset_findings(d: DatasetConfig, cluster_name: str, node_group_zones: set[
         yield from _fsx_rules(d, node_group_zones, path)
     if d.mount_path and d.access != "mount":
         yield Finding(f"{path}.mount_path", f"only used with access: mount, got {d.access}")
+    if d.expected_bucket_owner and not d.existing:
+        yield Finding(f"{path}.expected_bucket_owner", "only used with existing: true (a bucket the "
+                      "stack creates belongs to the deploying account)")
     yield from _checkpoint_rules(d, path)
 
 
@@ -876,12 +1190,14 @@ def _checkpoint_rules(d: DatasetConfig, path: str) -> Iterable[Finding]:
             d.checkpoint_prefix.startswith(d.prefix) or d.prefix.startswith(d.checkpoint_prefix)):
         yield Finding(f"{path}.checkpoint_prefix", "must not overlap the read-only data "
                       f"prefix {d.prefix!r}, got {d.checkpoint_prefix!r}")
-    if "noncurrent_version_expiration_days" in d.model_fields_set:
+    for key in ("noncurrent_version_expiration_days", "newer_noncurrent_versions"):
+        if key not in d.model_fields_set:
+            continue
         if d.existing:
-            yield Finding(f"{path}.noncurrent_version_expiration_days", "only applies to buckets "
-                          "this stack creates; an existing bucket's lifecycle is never changed")
+            yield Finding(f"{path}.{key}", "only applies to buckets this stack creates; an existing "
+                          "bucket's lifecycle is never changed")
         elif d.checkpoint_prefix is None:
-            yield Finding(f"{path}.noncurrent_version_expiration_days",
+            yield Finding(f"{path}.{key}",
                           "only used with a checkpoint_prefix (the lifecycle rule covers it alone)")
 
 
@@ -901,6 +1217,12 @@ def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str
     if fsx.deployment_type == "SCRATCH_2" and fsx.throughput_per_unit_mib is not None:
         yield Finding(f"{path}.throughput_per_unit_mib",
                       "SCRATCH_2 has a fixed throughput; only PERSISTENT_2 takes this")
+    if fsx.deployment_type == "SCRATCH_2" and "automatic_backup_retention_days" in fsx.model_fields_set:
+        yield Finding(f"{path}.automatic_backup_retention_days",
+                      "SCRATCH_2 file systems have no backups; only PERSISTENT_2 takes this")
+    if fsx.deployment_type == "PERSISTENT_2" and fsx.automatic_backup_retention_days == 0:
+        yield Finding(f"{path}.automatic_backup_retention_days",
+                      "a PERSISTENT_2 file system keeps automatic backups: 1-90 days, got 0")
     if fsx.availability_zone and node_group_zones is not None \
             and fsx.availability_zone not in node_group_zones:
         yield Finding(f"{path}.availability_zone", f"no node group runs in "
@@ -912,6 +1234,20 @@ def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str
         yield Finding(f"{dataset}.prefix",
                       "an FSx dataset with a checkpoint_prefix needs a data prefix of its own "
                       "(e.g. 'data/'), so the two data repository associations do not overlap")
+
+
+@check
+def node_role_size(spec: StackSpec) -> Iterable[Finding]:
+    """The node role's inline policies fit IAM's limit with every dataset, at their longest names:
+    what validates must deploy (a bigger policy fails `pulumi up` half-way)."""
+    grants = [g for i, d in enumerate(spec.datasets)
+              for g in dataset_grants(d.bucket_name or longest_bucket_name(i), d.prefix, d.checkpoint_prefix,
+                                      d.expected_bucket_owner)]
+    chars = node_inline_policies_chars(spec.cluster.name, grants)
+    if chars > ROLE_INLINE_POLICIES_MAX_CHARS:
+        yield Finding("datasets", f"the node role's policies for {len(spec.datasets)} dataset(s) would "
+                      f"reach {chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role: use "
+                      "fewer datasets, shorter prefixes, or short bucket names (bucket_name)")
 
 
 @check
@@ -955,6 +1291,14 @@ def dataset_path(spec: StackSpec, d: DatasetConfig) -> str:
     if d.access == "mount":
         return d.mount_path or f"/data/{d.name}"
     return f"{spec.node_groups[0].scratch_mount.rstrip('/')}/{d.name}"
+
+
+@check
+def resource_names(spec: StackSpec) -> Iterable[Finding]:
+    """Every physical name the program gives (Pulumi's auto-names included) fits AWS's limit for it."""
+    from gpucluster.names import name_findings  # it reads specs: imported here, after this module
+
+    yield from name_findings(spec)
 
 
 @check
@@ -1165,15 +1509,22 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
-def parse_stack_config(config: Mapping[str, Any], stack: str) -> StackSpec:
+def parse_stack_config(config: Mapping[str, Any], stack: str, *, project: str = PROJECT,
+                       organization: str | None = None) -> StackSpec:
     """Validate a stack's config map (`project:key` -> value) into a StackSpec.
 
-    Raises SpecError with every problem found: unknown or missing keys, bad
-    values and all cross-field rules.
+    `project` is the Pulumi project's name (Pulumi.yaml `name`). `organization` is the Pulumi
+    organization the stack is being deployed in, known under `pulumi up` only; the stack file's
+    `gpucluster:organization` must then agree with it, or be absent in a self-managed backend, so
+    that the CLI, which reads only the stack file, computes the deployment's identity exactly.
+    Raises SpecError with every problem found: unknown or missing keys, bad values and all
+    cross-field rules.
     """
     findings: list[Finding] = []
     values: dict[str, Any] = {}
     known = list(StackConfig.model_fields)
+    unset = object()
+    organization_key: Any = unset
     for key, raw in config.items():
         if not isinstance(key, str):
             findings.append(Finding(shown(key), "config keys must be strings (namespace:key)"))
@@ -1189,27 +1540,55 @@ def parse_stack_config(config: Mapping[str, Any], stack: str) -> StackSpec:
             continue
         if not ours:
             continue
+        if key in (ORGANIZATION_KEY, "organization"):
+            organization_key = value
+            continue
         if name not in known:
-            hint = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = difflib.get_close_matches(name, [*known, "organization"], n=1, cutoff=0.6)
             tail = f"did you mean '{PROJECT}:{hint[0]}'?" if hint else f"known: {', '.join(known)}"
             findings.append(Finding(f"{PROJECT}:{name}", f"unknown key; {tail}"))
             continue
         values[name] = value
+    if organization_key is not unset:
+        values["organization"] = organization_key
+        findings.extend(_organization_findings(organization_key, organization))
+    elif organization is not None:
+        values["organization"] = organization
+        findings.extend(_organization_findings(None, organization))
     region = config.get(REGION_KEY)
     if region is None:
         findings.append(Finding(REGION_KEY, "required key is missing (e.g. us-east-1)"))
     elif any(f.path.startswith(REGION_KEY) for f in findings):
         region = None  # reported above; validate the rest with a stand-in
     try:
-        spec = StackSpec.model_validate({**values, "stack": stack,
+        spec = StackSpec.model_validate({**values, "stack": stack, "project": project,
                                          "region": "us-east-1" if region is None else region})
     except ValidationError as exc:
+        renamed = {"region": REGION_KEY, "organization": ORGANIZATION_KEY,
+                   "project": "project (Pulumi.yaml name)"}
         for finding in _findings_from(exc, StackSpec):
-            path = REGION_KEY if finding.path == "region" else finding.path
-            findings.append(Finding(path, finding.message))
+            findings.append(Finding(renamed.get(finding.path, finding.path), finding.message))
         raise SpecError(findings) from None
     for rule in CHECKS:
         findings.extend(f for f in rule(spec) if f.level == "error")
     if findings:
         raise SpecError(findings)
     return spec
+
+
+def _organization_findings(configured: Any, deployed: str | None) -> Iterable[Finding]:
+    """The stack file's organization against the one `pulumi up` deploys in (None: not deploying)."""
+    if deployed is None or configured == deployed:
+        return
+    if configured is None and deployed != DIY_ORGANIZATION:
+        yield Finding(ORGANIZATION_KEY, f"deploying in Pulumi organization {deployed!r}: add "
+                      f"`{ORGANIZATION_KEY}: {deployed}` to the stack file (status, resume and doctor "
+                      "compute the gpucluster:stack identity from it)")
+    elif configured is not None:
+        yield Finding(ORGANIZATION_KEY, f"is {configured!r}, but this stack deploys in Pulumi "
+                      f"organization {deployed!r}; set it to {deployed!r}")
+
+
+def stack_warnings(spec: StackSpec) -> list[Finding]:
+    """The warning-level findings of every check on a valid spec (what `plan` prints)."""
+    return [f for rule in CHECKS for f in rule(spec) if f.level == "warning"]

@@ -28,22 +28,26 @@ if TYPE_CHECKING:
     from gpucluster.aws.network import ClusterNetworkArgs
     from gpucluster.aws.nodes import GpuNodeGroupArgs, NodeDataMount
 
-STACK_TAG = "gpucluster:stack"  # gpucluster.aws.args.STACK_TAG (not imported: that module loads pulumi)
-
-
 def settings(section: Any) -> Any:
     """A validated section back in the stack file's words: only the keys the user set."""
     return section.model_dump(exclude_unset=True)
 
 
 def identity(spec: StackSpec) -> str:
-    """The stack's identity: the `gpucluster:stack` tag value every guardrail selects by."""
-    return spec.tags[STACK_TAG]
+    """The deployment's identity (`spec.stack_identity` of its organization, project, stack and
+    cluster name): the `gpucluster:stack` tag value every guardrail, IAM condition, the budget filter
+    and the CLI select by."""
+    return spec.identity
 
 
 def cluster_args(spec: StackSpec) -> GpuClusterArgs:
-    """The stack file as GpuClusterArgs: its sections as written, the stack name and region."""
-    args = {k: v for k, v in spec.model_dump(exclude_unset=True).items() if k != "project"}
+    """The stack file as GpuClusterArgs: its sections as written, where it is deployed, the region.
+
+    Organization, project and stack are always passed on, so the GpuCluster's identity is the one
+    the stack file gives (the CLI computes it from the same three).
+    """
+    args = spec.model_dump(exclude_unset=True)
+    args |= {"organization": spec.organization, "project": spec.project, "stack": spec.stack}
     return args  # type: ignore[return-value]
 
 
@@ -55,7 +59,8 @@ def network_args(spec: StackSpec) -> ClusterNetworkArgs:
         "availability_zones": list(net.availability_zones), "nat_gateway": net.nat_gateway,
         "tags": spec.tags,
         "node_groups": [{"name": g.name, "availability_zones": spec.azs_of(g), "efa": g.efa_enabled,
-                         "placement_group": g.uses_placement_group} for g in spec.node_groups],
+                         "multi_node": g.max_nodes > 1, "placement_group": g.uses_placement_group}
+                        for g in spec.node_groups],
     }
     if net.vpc_cidr is not None:
         args["vpc_cidr"] = net.vpc_cidr
@@ -66,8 +71,11 @@ def network_args(spec: StackSpec) -> ClusterNetworkArgs:
 
 
 def dataset_bucket_args(spec: StackSpec, dataset: DatasetConfig) -> DatasetBucketArgs:
-    return {"dataset": settings(dataset), "cluster_name": spec.cluster.name, "region": spec.region,
-            "tags": spec.tags}
+    args: dict[str, Any] = {"dataset": settings(dataset), "cluster_name": spec.cluster.name,
+                            "region": spec.region, "tags": spec.tags}
+    if spec.cluster.break_glass_role is not None:
+        args["break_glass_role"] = spec.cluster.break_glass_role
+    return args  # type: ignore[return-value]
 
 
 def fsx_zone(spec: StackSpec, fsx: FsxConfig) -> str:
@@ -90,20 +98,41 @@ def lustre_args(spec: StackSpec, dataset: DatasetConfig, *, bucket_name: Any, vp
             "tags": spec.tags}
 
 
-def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any,
-               fsx_dns_name: Any = None, fsx_mount_name: Any = None) -> NodeDataMount:
-    """How the node bootstrap brings one dataset: where it appears on the node, and from where."""
+def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any, fsx_dns_name: Any = None,
+               fsx_mount_name: Any = None, bucket_owner: Any = None) -> NodeDataMount:
+    """How the node bootstrap brings one dataset: where it appears on the node, from where, and the
+    account that must own the bucket (`bucket_owner`, else the dataset's expected_bucket_owner)."""
     mount: dict[str, Any] = {"name": dataset.name, "access": dataset.access, "bucket_name": bucket_name,
                              "prefix": dataset.prefix, "path": dataset_path(spec, dataset)}
     if dataset.access == "fsx":
         mount |= {"fsx_dns_name": fsx_dns_name, "fsx_mount_name": fsx_mount_name}
+    owner = bucket_owner if bucket_owner is not None else dataset.expected_bucket_owner
+    if owner is not None:
+        mount["expected_bucket_owner"] = owner
     return mount  # type: ignore[return-value]
 
 
 def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant]) -> NodeIdentityArgs:
-    return {"s3_grants": [{"bucket_name": g.bucket_name, "prefix": g.prefix, "write": g.write}
-                          for g in grants],
-            "tags": spec.tags}
+    """The nodes' role: the datasets' grants (each pinned to its bucket's owner) and the boundary."""
+    args: dict[str, Any] = {
+        "cluster_name": spec.cluster.name,
+        "s3_grants": [grant_args(g) for g in grants],
+        "tags": spec.tags}
+    return with_boundary(spec, args)  # type: ignore[return-value]
+
+
+def grant_args(grant: S3Grant) -> dict[str, Any]:
+    args = {"bucket_name": grant.bucket_name, "prefix": grant.prefix, "write": grant.write}
+    if grant.expected_bucket_owner is not None:
+        args["expected_bucket_owner"] = grant.expected_bucket_owner
+    return args
+
+
+def with_boundary(spec: StackSpec, args: dict[str, Any]) -> dict[str, Any]:
+    """`args` plus the stack's permissions boundary, when it names one (every role the stack makes)."""
+    if spec.cluster.permissions_boundary is not None:
+        args["permissions_boundary"] = spec.cluster.permissions_boundary
+    return args
 
 
 def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequence[Any],
@@ -134,11 +163,14 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
     """
     args: dict[str, Any] = {
         "groups": [{"name": g.name, "asg_name": asgs[g.name][0], "asg_arn": asgs[g.name][1],
-                    "can_run_spot": can_run_spot(g)} for g in spec.node_groups],
+                    "can_run_spot": can_run_spot(g),
+                    **({"capacity_block_reservation_id": g.capacity.capacity_reservation_id}
+                       if g.capacity.market == "capacity_block" else {})}
+                   for g in spec.node_groups],
         "cluster_name": spec.cluster.name, "identity": identity(spec), "region": spec.region,
         "tags": spec.tags, "autostop": settings(spec.autostop), "spot": settings(spec.spot),
         "tag_groups": False,
     }
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)
-    return args  # type: ignore[return-value]
+    return with_boundary(spec, args)  # type: ignore[return-value]

@@ -16,7 +16,7 @@ config = pulumi.Config()
 region = pulumi.Config("aws").require("region")
 zone = config.require("availability_zone")
 
-identity = NodeIdentity("inference-nodes", {"tags": {"team": "research"}})
+identity = NodeIdentity("inference-nodes", {"cluster_name": "research", "tags": {"team": "research"}})
 
 nodes = GpuNodeGroup("inference", {
     "cluster_name": "research",

@@ -53,7 +53,7 @@ SERVICE_LINKED = ["autoscaling.amazonaws.com", "spot.amazonaws.com", "fsx.amazon
 PASSED_TO = ["ec2.amazonaws.com", "lambda.amazonaws.com", "scheduler.amazonaws.com"]
 # The AWS managed policies the program attaches (components/gpucluster/aws/iam.py MANAGED_POLICIES);
 # attaching any other managed policy is refused (`iam:PolicyARN`).
-MANAGED_POLICIES = ["AmazonSSMManagedInstanceCore", "CloudWatchAgentServerPolicy"]
+MANAGED_POLICIES = ["AmazonSSMManagedInstanceCore"]
 # Public SSM parameters the program reads (the Deep Learning AMI id, nodes.py DEFAULT_AMI_PARAMETER).
 PUBLIC_PARAMETERS = "parameter/aws/service/*"
 STACK_TAG = "gpucluster:stack"
@@ -213,8 +213,12 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
 # type for them), granted on "*". Tags on a new KMS key need kms:TagResource not restricted to
 # particular keys (KMS developer guide, "Controlling access to tags"); the deploy boundary denies
 # every key action on a key without the stack tag, so no existing key can be tagged or taken over.
+# `gpucluster doctor`, the deploy workflow's gate, also reads quotas and the cost-allocation tags'
+# status (gpucluster.ops.doctor.IAM_ACTIONS).
 UNSCOPED_ACTIONS = ["ec2:Describe*", "autoscaling:Describe*", "fsx:Describe*", "kms:ListAliases",
-                    "logs:DescribeLogGroups", "cloudwatch:DescribeAlarms", "kms:CreateKey", "kms:TagResource"]
+                    "logs:DescribeLogGroups", "cloudwatch:DescribeAlarms", "kms:CreateKey", "kms:TagResource",
+                    "servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota",
+                    "ce:ListCostAllocationTags"]
 KEY_ADMIN = ["kms:PutKeyPolicy", "kms:ScheduleKeyDeletion", "kms:DisableKey", "kms:CreateGrant",
              "kms:TagResource", "kms:UntagResource", "kms:UpdateKeyDescription", "kms:EnableKeyRotation",
              "kms:DisableKeyRotation", "kms:CreateAlias", "kms:UpdateAlias", "kms:DeleteAlias"]

@@ -182,9 +182,41 @@ def broken_stack() -> list[Resource]:
                         instance_type="p5.48xlarge")])),
             tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
                   for k, v in t.items()])
+        # intra-group-traffic: a three-node group whose nodes cannot reach each other, and whose
+        # security group lets all traffic in from a whole /8
+        serve_sg = aws.ec2.SecurityGroup("b-serve", vpc_id="vpc-0abc12345def67890", tags=t)
+        aws.vpc.SecurityGroupIngressRule("b-serve-all", security_group_id=serve_sg.id,
+                                         cidr_ipv4="10.0.0.0/8", ip_protocol="-1", tags=t)
+        serve_lt = aws.ec2.LaunchTemplate(
+            "b-serve", image_id="ami-0123456789abcdef0",
+            network_interfaces=[aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+                network_card_index=0, device_index=0, security_groups=[serve_sg.id],
+                associate_public_ip_address="false")],
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(http_tokens="required"),
+            tags=t)
+        aws.autoscaling.Group(
+            "b-serve", min_size=0, max_size=3, vpc_zone_identifiers=["subnet-0aaaaaaaaaaaaaaaa"],
+            mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
+                instances_distribution=aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
+                    on_demand_base_capacity=0, on_demand_percentage_above_base_capacity=0),
+                launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
+                    launch_template_specification=aws.autoscaling.
+                    GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
+                        launch_template_id=serve_lt.id, version="$Latest"),
+                    overrides=[aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(
+                        instance_type="g5.xlarge")])),
+            tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
+                  for k, v in t.items()])
         # s3-encryption, s3-tls-only (no SSE config, no policy); s3-data-buckets-protected:
         # unprotected and force-destroyed, unversioned
         data = aws.s3.Bucket("b-data", tags=t, force_destroy=True)
+        # s3-lifecycle-keeps-data: current objects expire, old versions the same day
+        aws.s3.BucketLifecycleConfiguration("b-data-lifecycle", bucket=data.id, rules=[
+            aws.s3.BucketLifecycleConfigurationRuleArgs(
+                id="purge", status="Enabled",
+                expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(days=30),
+                noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
+                    noncurrent_days=0))])
         # s3-public-access-blocked: public policies allowed
         aws.s3.BucketPublicAccessBlock("b-data-pab", bucket=data.id, block_public_acls=True,
                                        block_public_policy=False, ignore_public_acls=True,

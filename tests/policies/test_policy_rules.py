@@ -394,7 +394,8 @@ EFA_NICS = [{"networkCardIndex": float(c), "deviceIndex": 0.0,
 def efa_stack(*, nics: list[dict[str, Any]] | None = None, types: tuple[str, ...] = ("p4d.24xlarge",),
               sg: Resource | None = None, rules: list[Resource] | None = None,
               subnets: list[str] | None = None, placement: str | None = "pg-id",
-              strategy: str = "cluster", lt_extra: dict[str, Any] | None = None) -> list[Resource]:
+              strategy: str = "cluster", lt_extra: dict[str, Any] | None = None,
+              asg_extra: dict[str, Any] | None = None) -> list[Resource]:
     """A p4d EFA group whose security group, rules and placement can each be swapped out."""
     security_group = sg or res(SG, "efa")
     if rules is None:
@@ -407,11 +408,18 @@ def efa_stack(*, nics: list[dict[str, Any]] | None = None, types: tuple[str, ...
             "overrides": [{"instanceType": t} for t in types]}}}
     if placement:
         asg_props["placementGroup"] = placement
+    asg_props.update(asg_extra or {})
     return [security_group, *rules, res(PG, "pg", strategy=strategy),
             res(LT, "lt", networkInterfaces=EFA_NICS if nics is None else nics, **(lt_extra or {})),
             res(ASG, "train", **asg_props)]
 
 
+CAPACITY_BLOCK_LT = {"instanceMarketOptions": {"marketType": "capacity-block"},
+                     "capacityReservationSpecification": {"capacityReservationTarget": {
+                         "capacityReservationId": "cr-0123456789abcdef0"}}}
+RESERVED_ASG = {"capacityReservationSpecification": {
+    "capacityReservationPreference": "capacity-reservations-first",
+    "capacityReservationTarget": {"capacityReservationIds": ["cr-0aaaabbbbccccdddd"]}}}
 SELF_OUT_MISSING = ("lt", "security group efa has no all-traffic rule outbound to itself; EFA needs both "
                           "directions (EC2 user guide, EFA security group)")
 EFA_CASES: list[tuple[str, list[Resource], list[tuple[str | None, str]]]] = [
@@ -463,6 +471,15 @@ EFA_CASES: list[tuple[str, list[Resource], list[tuple[str | None, str]]]] = [
     ("placement group from the launch template",
      efa_stack(placement=None, lt_extra={"placement": {"groupName": "pg"}}), []),
     ("placement group outside the stack", efa_stack(placement="existing-cluster-pg"), []),
+    ("capacity block needs none", efa_stack(placement=None, lt_extra=CAPACITY_BLOCK_LT), []),
+    ("capacity block must have none", efa_stack(lt_extra=CAPACITY_BLOCK_LT),
+     [("train", "a Capacity Block group must not use a placement group: its instances are already "
+                "placed together in an EC2 UltraCluster")]),
+    ("capacity reservation needs none", efa_stack(placement=None, asg_extra=RESERVED_ASG), []),
+    ("capacity reservation may have one", efa_stack(asg_extra=RESERVED_ASG), []),
+    ("capacity reservation not known yet", efa_stack(placement=None, asg_extra={
+        "capacityReservationSpecification": {"capacityReservationTarget": {
+            "capacityReservationIds": UNKNOWN}}}), []),
 ]
 
 
@@ -572,3 +589,46 @@ S3_CASES: list[tuple[str, list[Resource], dict[str, list[str]]]] = [
 def test_s3_rules(case: str, resources: list[Resource], expected: dict[str, list[str]]) -> None:
     for policy in S3_POLICIES:
         assert [m for _, m in stack_messages(policy, resources)] == expected.get(policy, []), policy
+
+
+LIFECYCLE = "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
+
+
+def lifecycle(*rules: dict[str, Any]) -> list[Resource]:
+    return [res(BUCKET, "d", protect=True, tags=FULL), res(LIFECYCLE, "lc", bucket="d-id", rules=list(rules))]
+
+
+OLD_CHECKPOINTS = {"id": "old", "status": "Enabled", "filter": {"prefix": "ckpt/"},
+                   "noncurrentVersionExpiration": {"noncurrentDays": 14}}
+LIFECYCLE_CASES: list[tuple[str, list[Resource], dict[str, Any] | None, list[str]]] = [
+    ("what datasets.py builds", lifecycle(
+        {"id": "abort", "status": "Enabled", "filter": {"prefix": ""},
+         "abortIncompleteMultipartUpload": {"daysAfterInitiation": 7}}, OLD_CHECKPOINTS), None, []),
+    ("current objects expire", lifecycle({"id": "purge", "status": "Enabled", "expiration": {"days": 30}}),
+     None, ["rule 'purge' expires current objects: only old versions may expire"]),
+    ("on a date, too", lifecycle({"id": "purge", "status": "Enabled", "expiration": {"date": "2030-01-01"}}),
+     None, ["rule 'purge' expires current objects: only old versions may expire"]),
+    ("removing expired delete markers only", lifecycle(
+        {"id": "markers", "status": "Enabled", "expiration": {"expiredObjectDeleteMarker": True}}), None, []),
+    ("a disabled rule", lifecycle({"id": "off", "status": "Disabled", "expiration": {"days": 1}}), None, []),
+    ("old versions too soon for this stack", lifecycle(OLD_CHECKPOINTS), {"min_noncurrent_days": 30},
+     ["rule 'old' expires old versions after 14 days, outside 30..3650 (min_noncurrent_days, "
+      "max_noncurrent_days)"]),
+    ("old versions kept too long", lifecycle({**OLD_CHECKPOINTS, "noncurrentVersionExpiration": {
+        "noncurrentDays": 4000}}), None,
+     ["rule 'old' expires old versions after 4000 days, outside 1..3650 (min_noncurrent_days, "
+      "max_noncurrent_days)"]),
+    ("the deprecated inline rules", [res(BUCKET, "d", protect=True, tags=FULL, lifecycleRules=[
+        {"enabled": True, "expiration": {"days": 5}, "noncurrentVersionExpiration": {"days": 0}}])], None,
+     ["lifecycleRules[0] expires current objects: only old versions may expire",
+      "lifecycleRules[0] expires old versions after 0 days, outside 1..3650 (min_noncurrent_days, "
+      "max_noncurrent_days)"]),
+    ("rules not known yet", [res(LIFECYCLE, "lc", bucket="d-id", rules=UNKNOWN)], None, []),
+]
+
+
+@pytest.mark.parametrize(("case", "resources", "config", "expected"), LIFECYCLE_CASES,
+                         ids=[c[0] for c in LIFECYCLE_CASES])
+def test_s3_lifecycle_keeps_data(case: str, resources: list[Resource], config: dict[str, Any] | None,
+                                 expected: list[str]) -> None:
+    assert [m for _, m in stack_messages("s3-lifecycle-keeps-data", resources, config)] == expected

@@ -56,11 +56,11 @@ def test_shipped_stacks_have_no_mandatory_violation(stack: str) -> None:
 
 def test_plan_records_read_the_real_auto_scaling_group() -> None:
     records = plan_records(shipped_plan("prod"))
-    [asg] = [r for r in records if r.type == "aws:autoscaling/group:Group"]
-    assert asg.name == "gpu-prod-h100-train-asg"
+    asgs = {r.name: r for r in records if r.type == "aws:autoscaling/group:Group"}
+    assert sorted(asgs) == ["gpu-prod-eval-asg", "gpu-prod-h100-train-asg"]
+    asg = asgs["gpu-prod-h100-train-asg"]
     policy = asg.props["mixedInstancesPolicy"]
-    assert [o["instanceType"] for o in policy["launchTemplate"]["overrides"]] == ["p5.48xlarge",
-                                                                                  "p5e.48xlarge"]
+    assert [o["instanceType"] for o in policy["launchTemplate"]["overrides"]] == ["p5.48xlarge"]
     assert asg.props["maxSize"] == 16 and policy["instancesDistribution"]["onDemandBaseCapacity"] == 4
 
 

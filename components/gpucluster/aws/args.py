@@ -24,20 +24,28 @@ from typing import Annotated, Any, NotRequired, TypedDict, TypeVar, get_args
 import pulumi
 from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError
 
+from gpucluster.noderole import ROLE_INLINE_POLICIES_MAX_CHARS, node_inline_policies_chars
+from gpucluster.parts import S3Grant
 from gpucluster.spec import (
+    CAPACITY_BLOCK_PLACEMENT,
     CHECKS,
+    IDENTITY_TAG_KEYS,
     AbsolutePath,
+    AccountId,
     AutoStopConfig,
     AvailabilityZone,
     BucketName,
     BudgetConfig,
+    CapacityConfig,
     ClusterConfig,
     DatasetConfig,
     Finding,
     Name,
     NetworkConfig,
     NodeGroupConfig,
+    PolicyName,
     Region,
+    RoleName,
     S3Prefix,
     SpecError,
     SpotConfig,
@@ -53,6 +61,7 @@ from gpucluster.spec import (
     network_findings,
     node_group_findings,
     single_zone_findings,
+    tag_key,
     unique_name_findings,
     validation_findings,
     zone_region_findings,
@@ -62,12 +71,12 @@ from gpucluster.spec import (
 
 
 class CostTagSettings(TypedDict):
-    """The cost-allocation tags every resource carries (and the budget filters on)."""
+    """The cost tags every resource carries (activate them as cost-allocation tags to see costs by them)."""
 
     owner: str
     """Team or person accountable for the cluster (tag `owner`)."""
     cost_center: str
-    """Cost-allocation tag the budget filters on (tag `cost_center`)."""
+    """Cost centre for your bills (tag `cost_center`; the budget filters on `gpucluster:stack`)."""
     environment: str
     """`prod` gets the production policies; anything else is non-prod."""
 
@@ -80,7 +89,11 @@ class ClusterSettings(TypedDict):
     tags: CostTagSettings
     """Required cost tags: owner, cost_center, environment."""
     extra_tags: NotRequired[dict[str, str]]
-    """More tags for every resource (team, project, ...)."""
+    """More tags for every resource (team, project, ...); keys under aws: and gpucluster: are reserved."""
+    permissions_boundary: NotRequired[str]
+    """Policy name: the permissions boundary of every IAM role the stack creates (none by default)."""
+    break_glass_role: NotRequired[str]
+    """The only role that may delete versions in, or delete, the dataset buckets the stack creates."""
 
 
 class NetworkSettings(TypedDict):
@@ -115,6 +128,21 @@ class CapacitySettings(TypedDict):
     """How the on-demand base is paid for; used by the cost model."""
     capacity_reservation_id: NotRequired[str]
     """Targeted on-demand capacity reservation, or the Capacity Block's reservation id."""
+    duration_hours: NotRequired[int]
+    """capacity_block only: the block's length in hours; the cost model prices the block for it."""
+
+
+class NodeFileSettings(TypedDict):
+    """One of a node group's `files`: written on every node at boot."""
+
+    path: str
+    """Where the file goes on every node of the group, e.g. /opt/gpucluster/hooks/drain.sh."""
+    content: NotRequired[str]
+    """The file's text, written as is."""
+    source: NotRequired[str]
+    """Instead of content: a file of the project (relative to the directory holding Pulumi.yaml)."""
+    mode: NotRequired[str]
+    """Permissions, e.g. 0755 for a script a hook command runs."""
 
 
 class NodeGroupSettings(TypedDict):
@@ -137,15 +165,23 @@ class NodeGroupSettings(TypedDict):
     efa: NotRequired[str]
     """auto: on when every type supports EFA and the group can have more than one node."""
     placement_group: NotRequired[bool]
-    """A cluster placement group; default on for EFA groups, off otherwise."""
+    """A cluster placement group; default: on for EFA groups not using a reservation or Capacity Block."""
     scratch_mount: NotRequired[str]
     """Where the RAID0 of the NVMe instance-store disks is mounted."""
     root_volume_size_gib: NotRequired[int]
     """Encrypted gp3 root volume size."""
     ami_id: NotRequired[str]
-    """Override the default AWS Deep Learning AMI."""
+    """Pin an AMI instead of the Deep Learning AMI; set or change it to upgrade a group's AMI."""
     ami_ssm_parameter: NotRequired[str]
-    """Override the public SSM parameter the AMI is read from."""
+    """Another SSM parameter to read the AMI from; read once, when the group is created."""
+    files: NotRequired[list[NodeFileSettings]]
+    """Files written on every node at boot, before setup runs (e.g. the hook a pre_stop_command names)."""
+    setup: NotRequired[list[str]]
+    """Commands run once per node as root after the bootstrap, in order (unit gpucluster-setup)."""
+    setup_script: NotRequired[str]
+    """Instead of setup: a script of the project run the same way (relative to Pulumi.yaml's directory)."""
+    container_image: NotRequired[str]
+    """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
 
 
 class FsxSettings(TypedDict):
@@ -161,6 +197,8 @@ class FsxSettings(TypedDict):
     """Default: the zone of the first node group; must be a zone a node group runs in."""
     mount_path: NotRequired[str]
     """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
+    automatic_backup_retention_days: NotRequired[int]
+    """PERSISTENT_2 only: days of daily automatic backups kept (1-90; SCRATCH_2 has no backups)."""
 
 
 class DatasetSettings(TypedDict):
@@ -184,6 +222,10 @@ class DatasetSettings(TypedDict):
     """FSx for Lustre linked to the bucket (with access: fsx)."""
     noncurrent_version_expiration_days: NotRequired[int]
     """Created buckets: old versions under checkpoint_prefix expire after this; current ones never do."""
+    expected_bucket_owner: NotRequired[str]
+    """Existing buckets: the account that must own it (default: the deploying account)."""
+    newer_noncurrent_versions: NotRequired[int]
+    """Created buckets: this many newest old versions of each checkpoint are kept whatever their age."""
 
 
 class BudgetSettings(TypedDict):
@@ -197,6 +239,8 @@ class BudgetSettings(TypedDict):
     """AWS Budgets allows at most 10 e-mail subscribers per notification."""
     action_threshold_percent: NotRequired[float]
     """At this share of the limit every node group is scaled to zero (never deleted)."""
+    report: NotRequired[str]
+    """Opt-in spend report to the guardrail topic: Mondays, or the month's last day (08:00 UTC)."""
 
 
 class AutoStopSettings(TypedDict):
@@ -247,9 +291,9 @@ SETTINGS_MODELS: dict[type, type[BaseModel]] = {
 # ----------------------------------------------------------------------- component plumbing
 
 PACKAGE = "gpucluster"
-STACK_TAG = "gpucluster:stack"
-"""The identity tag: the guardrail Lambdas, their IAM conditions and the CLI select resources by it."""
-CLUSTER_TAG = "gpucluster:cluster"
+STACK_TAG, CLUSTER_TAG = IDENTITY_TAG_KEYS
+"""The identity tag (gpucluster:stack): the guardrail Lambdas, their IAM conditions and the CLI select
+resources by it; gpucluster:cluster names the cluster."""
 
 
 def type_token(component: str) -> str:
@@ -337,8 +381,11 @@ def validate(component: str, name: str, model: type[M], args: Any,
     return value
 
 
-# Tags take the stack file's rule for extra tags (keys not under aws:, values 1-256 safe characters).
-Tags = field_rule(ClusterConfig, "extra_tags")
+# Tags take the stack file's rule for extra tags (keys not under aws: or gpucluster:, values 1-256
+# safe characters), except that the two identity tags pass: components that take no `identity`
+# (network, datasets, node IAM) receive them this way from GpuCluster; those that take one
+# (GpuNodeGroup, Guardrails) set their own over them (`owned_tags`).
+Tags = dict[Annotated[str, tag_key(IDENTITY_TAG_KEYS)], TagValue]
 SubnetId = get_args(field_rule(NetworkConfig, "existing_subnets"))[1]
 VpcId = field_rule(NetworkConfig, "existing_vpc_id")
 # Values only components take (the stack file names none of them): format checks, nothing more.
@@ -362,6 +409,7 @@ class GroupNetworkModel(StrictModel):
     name: Name
     availability_zones: Annotated[list[AvailabilityZone], Field(min_length=1)]
     efa: bool = False
+    multi_node: bool = False
     placement_group: bool = False
 
 
@@ -375,6 +423,7 @@ class DataMountModel(StrictModel):
     path: AbsolutePath
     fsx_dns_name: Any = None
     fsx_mount_name: Any = None
+    expected_bucket_owner: input_of(AccountId | None) = None
 
 
 class BucketGrantModel(StrictModel):
@@ -383,6 +432,7 @@ class BucketGrantModel(StrictModel):
     bucket_name: input_of(BucketName)
     prefix: S3Prefix = ""
     write: bool = False
+    expected_bucket_owner: AccountId | None = None
 
 
 class ClusterNetworkModel(StrictModel):
@@ -438,6 +488,8 @@ def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
         subnets = m.subnet_ids if is_plain(m.subnet_ids) else None
         for f in node_group_findings(g, subnets, "node_group"):
             yield replace(f, path="subnet_ids") if f.path == "node_group.availability_zones" else f
+    if g.capacity.market == "capacity_block" and m.placement_group_name is not None:
+        yield Finding("placement_group_name", f"{CAPACITY_BLOCK_PLACEMENT}; leave it out")
     yield from unique_name_findings([d.name for d in m.data_mounts], "data_mounts", "data mount")
     placed: dict[str, str] = {}
     for i, d in enumerate(m.data_mounts):
@@ -451,8 +503,10 @@ def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
 class NodeIdentityModel(StrictModel):
     """NodeIdentityArgs, checked."""
 
+    cluster_name: Name
     s3_grants: list[BucketGrantModel] = Field(default_factory=list)
     tags: Tags = Field(default_factory=dict)
+    permissions_boundary: PolicyName | None = None
 
 
 def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
@@ -461,6 +515,11 @@ def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
             # The stack file's checkpoint_prefix rule: writes go under a prefix, never the whole bucket.
             yield Finding(f"s3_grants[{i}].prefix", "must be a folder-like prefix such as "
                           "'checkpoints/', not the whole bucket (nodes get write access to it)")
+    grants = [S3Grant(g.bucket_name, g.prefix, g.write, g.expected_bucket_owner) for g in m.s3_grants]
+    chars = node_inline_policies_chars(m.cluster_name, grants)
+    if chars > ROLE_INLINE_POLICIES_MAX_CHARS:  # the stack file's node_role_size rule, for grants
+        yield Finding("s3_grants", f"the node role's policies for {len(grants)} grant(s) would reach "
+                      f"{chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role")
 
 
 class DatasetBucketModel(StrictModel):
@@ -470,6 +529,7 @@ class DatasetBucketModel(StrictModel):
     cluster_name: Name
     region: Region
     tags: Tags = Field(default_factory=dict)
+    break_glass_role: RoleName | None = None
 
 
 def bucket_checks(m: DatasetBucketModel) -> Iterable[Finding]:
@@ -502,6 +562,7 @@ class GuardedGroupModel(StrictModel):
     asg_name: input_of(AsgName)
     asg_arn: input_of(AsgArn)
     can_run_spot: bool
+    capacity_block_reservation_id: field_rule(CapacityConfig, "capacity_reservation_id") = None
 
 
 class GuardrailsModel(StrictModel):
@@ -516,6 +577,7 @@ class GuardrailsModel(StrictModel):
     autostop: AutoStopConfig = AutoStopConfig(enabled=False)
     spot: SpotConfig = SpotConfig()
     tag_groups: bool = False
+    permissions_boundary: PolicyName | None = None
 
 
 def guardrails_checks(m: GuardrailsModel) -> Iterable[Finding]:

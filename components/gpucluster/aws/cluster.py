@@ -39,7 +39,7 @@ from gpucluster.aws.iam import NodeIdentity
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, NodeDataMount
 from gpucluster.parts import S3Grant
-from gpucluster.spec import StackSpec
+from gpucluster.spec import DIY_ORGANIZATION, StackSpec
 
 OLD_TYPE = "gpucluster:cluster:GpuCluster"
 
@@ -65,6 +65,10 @@ class GpuClusterArgs(TypedDict):
     """AWS region, e.g. us-east-1 (the stack file's aws:region)."""
     stack: NotRequired[str]
     """Stack name in the identity tag gpucluster:stack (default: the current Pulumi stack)."""
+    project: NotRequired[str]
+    """Project name in the identity tag gpucluster:stack (default: the current Pulumi project)."""
+    organization: NotRequired[str]
+    """Pulumi organization in the identity tag gpucluster:stack (default: the current one)."""
 
 
 class NodeGroupSummary(TypedDict):
@@ -135,7 +139,7 @@ def build_datasets(name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
     for dataset in spec.datasets:
         bucket = parts.buckets[dataset.name] = DatasetBucket(
             f"{name}-{dataset.name}", stack.dataset_bucket_args(spec, dataset), opts=child)
-        mount = stack.data_mount(spec, dataset, bucket.bucket_name)
+        mount = stack.data_mount(spec, dataset, bucket.bucket_name, bucket_owner=bucket.bucket_owner)
         entry: dict[str, Any] = {"bucket_name": bucket.bucket_name, "bucket_arn": bucket.bucket_arn,
                                  "existing": dataset.existing, "access": dataset.access,
                                  "prefix": dataset.prefix, "checkpoint_prefix": dataset.checkpoint_prefix,
@@ -149,7 +153,8 @@ def build_datasets(name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
             entry |= {"fsx_file_system_id": lustre.file_system_id, "fsx_dns_name": lustre.dns_name,
                       "fsx_mount_name": lustre.mount_name,
                       "fsx_availability_zone": stack.fsx_zone(spec, dataset.fsx)}
-            mount = stack.data_mount(spec, dataset, bucket.bucket_name, lustre.dns_name, lustre.mount_name)
+            mount = stack.data_mount(spec, dataset, bucket.bucket_name, lustre.dns_name, lustre.mount_name,
+                                     bucket_owner=bucket.bucket_owner)
         parts.grants.extend(bucket.grants)
         parts.mounts.append(mount)
         parts.outputs[dataset.name] = entry
@@ -158,10 +163,17 @@ def build_datasets(name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
 
 
 def cluster_spec(name: str, args: Any) -> StackSpec:
-    """GpuClusterArgs checked as a stack file is: every model and named check, or ArgsError."""
+    """GpuClusterArgs checked as a stack file is: every model and named check, or ArgsError.
+
+    Where the args do not say where the cluster is deployed, the running deployment's Pulumi
+    organization, project and stack make its identity (`spec.stack_identity`).
+    """
     values = dict(args) if isinstance(args, dict) else args
-    if isinstance(values, dict) and "stack" not in values:
-        values["stack"] = pulumi.get_stack()
+    if isinstance(values, dict):
+        values.setdefault("stack", pulumi.get_stack())
+        values.setdefault("project", pulumi.get_project())
+        # None under a mock engine given no organization: Pulumi's self-managed backends' name then.
+        values.setdefault("organization", pulumi.get_organization() or DIY_ORGANIZATION)
     return validate("GpuCluster", name, StackSpec, values, stack_checks)
 
 

@@ -1,13 +1,15 @@
 """S3 datasets and how they reach the GPUs: buckets, FSx for Lustre, and the grants nodes need.
 
 It owns the buckets a stack creates (encrypted, versioned, private, TLS-only,
-with lifecycle rules that only expire *old versions* under the checkpoint
-prefix and abandoned multipart uploads), references to existing buckets, the
+with object versions and the bucket deletable only by a break-glass role, and
+lifecycle rules that only expire *old versions* under the checkpoint prefix and
+abandoned multipart uploads), references to existing buckets, the
 FSx for Lustre file systems linked to them, and the S3 grants a bucket hands
 the node IAM (`S3Grant`: read the data prefix, write the checkpoints). It must never delete
 or rewrite data: a created bucket and every resource configuring it are
-protected and retained on delete, an existing bucket is never created,
-imported or reconfigured, and no deletion on a file system is exported to S3.
+protected and retained on delete, so is a file system (a persistent one keeps
+automatic backups), an existing bucket is never created, imported or
+reconfigured, and no deletion on a file system is exported to S3.
 """
 
 import json
@@ -27,12 +29,15 @@ from gpucluster.aws.args import (
     type_token,
     validate,
 )
+from gpucluster.noderole import dataset_grants
 from gpucluster.parts import S3Grant
 from gpucluster.spec import DatasetConfig, generated_bucket_prefix
 
 # FSx for Lustre user guide, "File system access control with Amazon VPC": Lustre uses TCP 988
 # and 1018-1023, between file servers and clients in both directions and among the file servers.
 LUSTRE_PORTS: tuple[tuple[int, int], ...] = ((988, 988), (1018, 1023))
+# The rules among the file servers themselves: kept with the (retained) file system.
+SERVER_RULES = ("in-self", "out-self")
 # FSx API reference, CreateDataRepositoryAssociation: DRAs work on every Lustre 2.12/2.15 file
 # system except SCRATCH_1 (the Pulumi docs' "PERSISTENT_2 only" note predates this). CreateFileSystem
 # FileSystemTypeVersion defaults SCRATCH_2 to 2.10, which has no DRAs, so the version is set.
@@ -52,6 +57,8 @@ DATASET_TAG = "gpucluster:dataset"
 OLD_BUCKET_TYPE = "gpucluster:datasets:DatasetBucket"
 OLD_LUSTRE_TYPE = "gpucluster:datasets:LustreFileSystem"
 OLD_STORE_TYPE = "gpucluster:datasets:DatasetStore"
+# What loses data for good on a versioned bucket (infra/bootstrap-state DATA_DELETION, S3 part).
+DATA_DELETION = ["s3:DeleteObjectVersion", "s3:DeleteBucket"]
 
 
 def partition_of(region: str) -> str:
@@ -75,17 +82,41 @@ def s3_url(bucket_name: str, prefix: str) -> str:
 
 def tls_only_policy(arn: str) -> str:
     """Bucket policy denying every request not made over TLS (S3 security best practices)."""
-    return json.dumps({
-        "Version": "2012-10-17",
-        "Statement": [{
-            "Sid": "DenyInsecureTransport",
-            "Effect": "Deny",
-            "Principal": "*",
-            "Action": "s3:*",
-            "Resource": [arn, f"{arn}/*"],
-            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
-        }],
-    })
+    return bucket_policy(arn, deletion=False)
+
+
+def bucket_policy(arn: str, break_glass_role_arn: str | None = None, *, deletion: bool = True) -> str:
+    """The created bucket's policy: TLS only, and deleting data only by the break-glass role.
+
+    Deleting an object version or the bucket is denied to every principal but
+    `break_glass_role_arn` (to everyone without one), whatever their own policies
+    allow: a plain DeleteObject on a versioned bucket only adds a delete marker, so
+    data is lost only through these. What Pulumi manages stays deployable (versioning,
+    lifecycle, this policy), and lifecycle expiry of old checkpoint versions is done by
+    S3 itself, which a bucket policy does not stop (S3 API reference,
+    PutBucketLifecycleConfiguration: to stop deletion, deny s3:PutLifecycleConfiguration too).
+    """
+    statements: list[dict[str, Any]] = [{
+        "Sid": "DenyInsecureTransport",
+        "Effect": "Deny",
+        "Principal": "*",
+        "Action": "s3:*",
+        "Resource": [arn, f"{arn}/*"],
+        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+    }]
+    if deletion:
+        deny: dict[str, Any] = {"Sid": "DataDeletionNeedsBreakGlass", "Effect": "Deny", "Principal": "*",
+                                "Action": DATA_DELETION, "Resource": [arn, f"{arn}/*"]}
+        if break_glass_role_arn:
+            # aws:PrincipalArn of a role session is the role's ARN (IAM user guide, "AWS global
+            # condition context keys"), as in infra/bootstrap-state's boundaries.
+            deny["Condition"] = {"ArnNotEquals": {"aws:PrincipalArn": break_glass_role_arn}}
+        statements.append(deny)
+    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+def role_arn(region: str, account: str, role_name: str) -> str:
+    return f"arn:{partition_of(region)}:iam::{account}:role/{role_name}"
 
 
 def lifecycle_rules(dataset: DatasetConfig) -> list[dict[str, Any]]:
@@ -104,22 +135,25 @@ def lifecycle_rules(dataset: DatasetConfig) -> list[dict[str, Any]]:
             "id": "expire-noncurrent-checkpoint-versions",
             "status": "Enabled",
             "filter": {"prefix": dataset.checkpoint_prefix},
+            # S3 keeps the newest `newer_noncurrent_versions` old versions whatever their age: a
+            # node that keeps overwriting a checkpoint cannot age the whole history out (S3 user
+            # guide, "Lifecycle configuration elements", NoncurrentVersionExpiration).
             "noncurrent_version_expiration": {
-                "noncurrent_days": dataset.noncurrent_version_expiration_days},
+                "noncurrent_days": dataset.noncurrent_version_expiration_days,
+                "newer_noncurrent_versions": dataset.newer_noncurrent_versions},
         })
     return rules
 
 
 def grants_for(dataset: DatasetConfig, bucket_name: Any) -> list[S3Grant]:
-    """Read the data prefix; read and write the checkpoint prefix; nothing else in the bucket.
+    """Read the data prefix; read and write the checkpoint prefix; nothing else in the bucket; and
+    only while the bucket belongs to `expected_bucket_owner` (None: the deploying account).
 
-    A write grant includes listing and reading its prefix (components/gpucluster/aws/iam.py), so the
-    checkpoint prefix needs no read grant of its own.
+    A write grant includes listing and reading its prefix (components/gpucluster/noderole.py), so
+    the checkpoint prefix needs no read grant of its own.
     """
-    grants = [S3Grant(bucket_name, dataset.prefix, write=False)]
-    if dataset.checkpoint_prefix:
-        grants.append(S3Grant(bucket_name, dataset.checkpoint_prefix, write=True))
-    return grants
+    return dataset_grants(bucket_name, dataset.prefix, dataset.checkpoint_prefix,
+                          dataset.expected_bucket_owner)
 
 
 class DatasetBucketArgs(TypedDict):
@@ -133,13 +167,16 @@ class DatasetBucketArgs(TypedDict):
     """AWS region, e.g. us-east-1 (the ARN partition of an existing bucket)."""
     tags: NotRequired[dict[str, str]]
     """Tags of the created bucket (the dataset's name is added as gpucluster:dataset)."""
+    break_glass_role: NotRequired[str]
+    """Name of the only role that may delete object versions or the created bucket (default: none may)."""
 
 
 class DatasetBucket(pulumi.ComponentResource):
     """One dataset's bucket: created and locked down, or an existing bucket referenced by name.
 
     Python users also get `grants` (the `parts.S3Grant`s nodes need: read the data prefix,
-    write the checkpoint prefix) and `dataset` (the validated settings).
+    write the checkpoint prefix), `bucket_owner` (the account nodes expect to own the bucket: the
+    deploying one, or an existing bucket's `expected_bucket_owner`) and `dataset` (the settings).
     """
 
     bucket_name: pulumi.Output[str]
@@ -152,13 +189,16 @@ class DatasetBucket(pulumi.ComponentResource):
         m = validate("DatasetBucket", name, DatasetBucketModel, args, bucket_checks)
         super().__init__(type_token("DatasetBucket"), name, None, component_options(opts, OLD_BUCKET_TYPE))
         dataset = self.dataset = m.dataset
+        account = aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(parent=self)).account_id
+        self.bucket_owner: pulumi.Output[str] = pulumi.Output.from_input(
+            dataset.expected_bucket_owner) if dataset.expected_bucket_owner else account
         if dataset.existing:
             if dataset.bucket_name is None:  # the args' checks guarantee it; keep mypy honest
                 raise ValueError(f"datasets: existing dataset {dataset.name!r} has no bucket_name")
             self.bucket_name = pulumi.Output.from_input(dataset.bucket_name)
             self.bucket_arn = pulumi.Output.from_input(bucket_arn(dataset.bucket_name, m.region))
         else:
-            self._create(name, m)
+            self._create(name, m, account)
         self.grants = grants_for(dataset, self.bucket_name)
         self.register_outputs({"bucket_name": self.bucket_name, "bucket_arn": self.bucket_arn})
 
@@ -167,7 +207,7 @@ class DatasetBucket(pulumi.ComponentResource):
         return pulumi.ResourceOptions(parent=self, protect=True, retain_on_delete=True,
                                       depends_on=list(depends_on))
 
-    def _create(self, name: str, m: DatasetBucketModel) -> None:
+    def _create(self, name: str, m: DatasetBucketModel, account: pulumi.Output[str]) -> None:
         dataset = m.dataset
         bucket = aws.s3.Bucket(
             f"{name}-bucket",
@@ -191,8 +231,13 @@ class DatasetBucket(pulumi.ComponentResource):
         versioning = aws.s3.BucketVersioning(
             f"{name}-versioning", bucket=bucket.id, versioning_configuration={"status": "Enabled"},
             opts=self._protected())
+        role = m.break_glass_role
+        # The resource keeps its first name (`-tls-only`): it is protected, and a new name would
+        # replace it.
         policy = aws.s3.BucketPolicy(
-            f"{name}-tls-only", bucket=bucket.id, policy=bucket.arn.apply(tls_only_policy),
+            f"{name}-tls-only", bucket=bucket.id,
+            policy=pulumi.Output.all(bucket.arn, account).apply(
+                lambda v: bucket_policy(v[0], role_arn(m.region, v[1], role) if role else None)),
             opts=self._protected(public_access))
         # Noncurrent-version rules act on a versioned bucket (pulumi-aws BucketLifecycleConfiguration docs).
         lifecycle = aws.s3.BucketLifecycleConfiguration(
@@ -246,11 +291,14 @@ class LustreFileSystem(pulumi.ComponentResource):
         assert fsx is not None  # lustre_checks require it
         child = pulumi.ResourceOptions(parent=self)
         tags = {**m.tags, DATASET_TAG: dataset.name}
+        # The file system outlives `pulumi destroy` (it is retained), so its security group and the
+        # rules between its own file servers stay with it; only the rules naming node groups go.
         group = aws.ec2.SecurityGroup(
             f"{name}-sg", vpc_id=m.vpc_id,
             description=f"FSx for Lustre of dataset {dataset.name}: Lustre traffic with the GPU nodes",
-            tags={**tags, "Name": f"{name}-sg"}, opts=child)
-        self._lustre_rules(name, group.id, m.node_security_group_ids, tags)
+            tags={**tags, "Name": f"{name}-sg"},
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True))
+        rules = self._lustre_rules(name, group.id, m.node_security_group_ids, tags)
         persistent = fsx.deployment_type == "PERSISTENT_2"
         file_system = aws.fsx.LustreFileSystem(
             f"{name}-fs",
@@ -260,11 +308,18 @@ class LustreFileSystem(pulumi.ComponentResource):
             file_system_type_version=LUSTRE_VERSION,
             subnet_ids=m.subnet_id,
             security_group_ids=[group.id],
-            # Scratch file systems have no backups; a persistent one leaves a final backup on delete.
+            # Scratch file systems have no backups; a persistent one keeps daily automatic backups
+            # and leaves a final backup on delete.
+            automatic_backup_retention_days=fsx.automatic_backup_retention_days if persistent else None,
             skip_final_backup=False if persistent else None,
             copy_tags_to_backups=True if persistent else None,
             tags={**tags, "Name": f"{name}-fs"},
-            opts=child)
+            # CreateFileSystem checks synchronously that the security group admits Lustre (TCP 988,
+            # 1018-1023) and fails otherwise (FSx for Lustre user guide, "You can't create a file
+            # system because of a misconfigured security group"; aws-parallelcluster#6181): the
+            # rules come first. Protected and retained on delete like the buckets: data is never
+            # deleted by Pulumi.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=rules, protect=True, retain_on_delete=True))
         bucket_name = pulumi.Output.from_input(m.bucket_name)
         existing = dataset.existing
         data = aws.fsx.DataRepositoryAssociation(
@@ -302,12 +357,14 @@ class LustreFileSystem(pulumi.ComponentResource):
                                "mount_name": self.mount_name, "security_group_id": self.security_group_id})
 
     def _lustre_rules(self, name: str, fsx_group: pulumi.Input[str],
-                      node_groups: Mapping[str, pulumi.Input[str]], tags: Mapping[str, str]) -> None:
+                      node_groups: Mapping[str, pulumi.Input[str]],
+                      tags: Mapping[str, str]) -> list[pulumi.Resource]:
         """Lustre ports between file servers, and both ways between file servers and each node group.
 
-        Standalone rule resources, so the node security groups must not use inline rules.
+        Standalone rule resources, so the node security groups must not use inline rules. The
+        rules between file servers are retained on delete with the file system they serve.
         """
-        child = pulumi.ResourceOptions(parent=self)
+        created: list[pulumi.Resource] = []
         for low, high in LUSTRE_PORTS:
             ports = str(low) if low == high else f"{low}-{high}"
             rules = [
@@ -326,10 +383,12 @@ class LustreFileSystem(pulumi.ComponentResource):
                      "to FSx for Lustre"),
                 ]
             for part, rule, group_id, peer, why in rules:
-                rule(f"{name}-{part}-{ports}", security_group_id=group_id, referenced_security_group_id=peer,
-                     ip_protocol="tcp", from_port=low, to_port=high,
-                     description=f"Lustre TCP {ports} {why}",
-                     tags={**tags, "Name": f"{name}-{part}-{ports}"}, opts=child)
+                created.append(rule(
+                    f"{name}-{part}-{ports}", security_group_id=group_id, referenced_security_group_id=peer,
+                    ip_protocol="tcp", from_port=low, to_port=high, description=f"Lustre TCP {ports} {why}",
+                    tags={**tags, "Name": f"{name}-{part}-{ports}"},
+                    opts=pulumi.ResourceOptions(parent=self, retain_on_delete=part in SERVER_RULES)))
+        return created
 
 
 class DatasetStore(pulumi.ComponentResource):

@@ -35,7 +35,9 @@ from gpucluster.aws.args import (
     type_token,
     validate,
 )
-from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
+from gpucluster.aws.iam import boundary_arn
+from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
+from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.spec import AutoStopConfig, BudgetConfig, NodeGroupConfig, SpotConfig
 
 # ------------------------------------------------------------------- contracts
@@ -51,6 +53,8 @@ HANDLERS = {
     "budget_action": "lambdas.budget_action.handler",
     "autostop": "lambdas.autostop.handler",
     "spot_interruption": "lambdas.spot_interruption.handler",
+    "report": "lambdas.report.handler",
+    "capacity_block": "lambdas.capacity_block.handler",
 }
 # pulumi-aws 7 lambda Runtime enum; python3.13 runs on Amazon Linux 2023 and ships boto3.
 LAMBDA_RUNTIME = "python3.13"
@@ -71,6 +75,13 @@ SPOT_MAX_EVENT_AGE_SECONDS = 120
 SCHEDULE_MAX_EVENT_AGE_SECONDS = 900
 SCHEDULE_MAX_RETRIES = 3
 LIFETIME_CHECK_EXPRESSION = "rate(15 minutes)"
+# budget.report: Mondays, or the month's last day (EventBridge cron `L`), 08:00 UTC; the days
+# before are in Cost Explorer by then.
+REPORT_EXPRESSIONS = {"weekly": "cron(0 8 ? * MON *)", "monthly": "cron(0 8 L * ? *)"}
+# Cost Explorer's GetCostAndUsage / GetCostForecast and CloudWatch's GetMetricData list no
+# resource types (Service Authorization Reference): "*" only, like the describe calls.
+SPEND_READ_ACTIONS = ("ce:GetCostAndUsage", "ce:GetCostForecast", "cloudwatch:GetMetricData")
+REPORT_TIMEOUT_SECONDS = 300
 
 # GPU utilisation from the CloudWatch agent's nvidia_gpu plugin (CloudWatch user guide, "Collect
 # NVIDIA GPU metrics"), aggregated per Auto Scaling group by the node bootstrap's agent config:
@@ -83,6 +94,13 @@ IDLE_ALARM_SUFFIX = "-idle"
 # The autostop handler reads a schedule's purpose from the rule name's suffix.
 SCHEDULE_SUFFIXES = {"stop": "-stop", "start": "-start", "lifetime": "-lifetime"}
 
+# EC2 user guide, "Monitor Capacity Blocks using EventBridge": sent 40 minutes before a block ends;
+# its instances start terminating 10 minutes later. The guide's examples spell the detail-type
+# both ways, so the rule matches both.
+CAPACITY_BLOCK_WARNINGS = ("Capacity Block Reservation Expiration Warning",
+                           "Capacity Block Expiration Warning")
+CAPACITY_BLOCK_HOOK_SECONDS = 480  # of the 10 minutes: the hook's share (lambdas/capacity_block.py)
+CAPACITY_BLOCK_MAX_EVENT_AGE_SECONDS = 600  # past the first terminations a retry is moot
 SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
 REBALANCE_RECOMMENDATION = "EC2 Instance Rebalance Recommendation"
 ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
@@ -116,6 +134,22 @@ def can_run_spot(group: NodeGroupConfig) -> bool:
 def uses_spot(groups: Sequence[GuardedGroupModel]) -> bool:
     """Spot handling is built only where a spot interruption can happen at all."""
     return any(g.can_run_spot for g in groups)
+
+
+def capacity_block_groups(groups: Sequence[GuardedGroupModel]) -> dict[str, list[pulumi.Input[str]]]:
+    """Capacity Block reservation id -> the Auto Scaling groups that launch into it."""
+    blocks: dict[str, list[pulumi.Input[str]]] = {}
+    for g in groups:
+        if g.capacity_block_reservation_id:
+            blocks.setdefault(g.capacity_block_reservation_id, []).append(g.asg_name)
+    return blocks
+
+
+def capacity_block_timeout(a: AutoStopConfig) -> int:
+    """Lambda timeout: the pre-stop hook (capped to fit before the block's instances go) plus the stop."""
+    if not a.pre_stop_command:
+        return BASE_TIMEOUT_SECONDS
+    return min(a.pre_stop_timeout_seconds, CAPACITY_BLOCK_HOOK_SECONDS) + AUTOSTOP_MARGIN_SECONDS
 
 
 def autostop_timeout(a: AutoStopConfig) -> int:
@@ -227,9 +261,10 @@ def describe_statement(actions: Sequence[str]) -> dict[str, Any]:
     """Read-only calls that support no resource-level permissions and no condition keys.
 
     DescribeAutoScalingGroups / DescribeAutoScalingInstances (Service Authorization
-    Reference, "Amazon EC2 Auto Scaling"), ec2:DescribeInstances ("Amazon EC2") and
-    ssm:GetCommandInvocation ("AWS Systems Manager") list no resource types, so
-    Resource "*" is the only form AWS accepts. This is the one "*" a guardrail role holds.
+    Reference, "Amazon EC2 Auto Scaling"), ec2:DescribeInstances ("Amazon EC2"),
+    ssm:GetCommandInvocation ("AWS Systems Manager") and the spend report's reads
+    (SPEND_READ_ACTIONS) list no resource types, so Resource "*" is the only form AWS
+    accepts. This is the one "*" a guardrail role holds.
     """
     return {"Sid": "DescribeOnlyStar", "Effect": "Allow", "Action": sorted(actions), "Resource": "*"}
 
@@ -330,9 +365,20 @@ def _policy(statements: Sequence[Mapping[str, Any]]) -> pulumi.Output[str]:
     return pulumi.Output.from_input(list(statements)).apply(policy_document)
 
 
+def lambda_sources() -> list[Path]:
+    """The handlers' modules: every `*.py` of the package, by name, and nothing else.
+
+    Listed file by file rather than zipping the directory, so `__pycache__`, `*.pyc` and other
+    build noise left by a local test run never change the archive: the same sources give the same
+    archive, and a second `pulumi up` with nothing changed updates no function.
+    """
+    return sorted(LAMBDA_DIR.glob("*.py"))
+
+
 def lambda_code() -> pulumi.AssetArchive:
-    """The handlers' directory zipped as the package `lambdas` (handler `lambdas.<module>.handler`)."""
-    return pulumi.AssetArchive({LAMBDA_PACKAGE: pulumi.FileArchive(str(LAMBDA_DIR))})
+    """The handlers zipped as the package `lambdas` (handler `lambdas.<module>.handler`)."""
+    return pulumi.AssetArchive({f"{LAMBDA_PACKAGE}/{path.name}": pulumi.FileAsset(str(path))
+                                for path in lambda_sources()})
 
 
 # --------------------------------------------------------------------- context
@@ -348,6 +394,8 @@ class _Context:
     account: pulumi.Output[str]
     notify_topic_arn: pulumi.Output[str]
     key_arn: pulumi.Output[str]
+    permissions_boundary: pulumi.Output[str] | None = None
+    """ARN of the boundary every guardrail role carries (GuardrailsArgs.permissions_boundary)."""
 
     @property
     def identity(self) -> str:
@@ -411,7 +459,7 @@ class GuardrailFunction(pulumi.ComponentResource):
         self.role = aws.iam.Role(
             f"{name}-role", assume_role_policy=service_trust("lambda.amazonaws.com"),
             description=f"{function_name}: gpucluster guardrail for stack {ctx.identity}",
-            tags=ctx.tags, opts=child)
+            permissions_boundary=ctx.permissions_boundary, tags=ctx.tags, opts=child)
         self.role_policy = aws.iam.RolePolicy(
             f"{name}-policy", role=self.role.id,
             policy=_policy([*logs_statements(ctx.partition, ctx.region, ctx.account, log_group_name),
@@ -575,7 +623,7 @@ class AutoStop(pulumi.ComponentResource):
                     f"gpucluster {ctx.identity}/{group.name}: busiest GPU under "
                     f"{a.gpu_utilization_threshold_percent:g}% for {a.idle_minutes} min -> scale to zero "
                     "(missing data notifies, never stops)"),
-                namespace=GPU_METRIC_NAMESPACE, metric_name=GPU_UTILIZATION_METRIC,
+                namespace=gpu_metric_namespace(ctx.args.cluster_name), metric_name=GPU_UTILIZATION_METRIC,
                 dimensions={GPU_METRIC_DIMENSION: group.asg_name}, statistic=GPU_STATISTIC,
                 comparison_operator="LessThanThreshold", threshold=a.gpu_utilization_threshold_percent,
                 period=period, evaluation_periods=evaluations, datapoints_to_alarm=evaluations,
@@ -601,7 +649,7 @@ class AutoStop(pulumi.ComponentResource):
                 f"{name}-scheduler-role",
                 assume_role_policy=service_trust("scheduler.amazonaws.com", ctx.account),
                 description=f"EventBridge Scheduler invokes {self.function.function_name} only",
-                tags=ctx.tags, opts=child)
+                permissions_boundary=ctx.permissions_boundary, tags=ctx.tags, opts=child)
             invoke_policy = aws.iam.RolePolicy(
                 f"{name}-scheduler-policy", role=self.scheduler_role.id,
                 policy=_policy([{"Sid": "InvokeAutostopOnly", "Effect": "Allow",
@@ -639,6 +687,38 @@ def _rule_invokes(name: str, rule: aws.cloudwatch.EventRule,
     aws.lambda_.Permission(f"{name}-permission", action="lambda:InvokeFunction", function=fn.name,
                            principal="events.amazonaws.com", source_arn=rule.arn, opts=child)
     aws.cloudwatch.EventTarget(f"{name}-target", rule=rule.name, arn=fn.arn, opts=child)
+
+
+class SpendReport(pulumi.ComponentResource):
+    """budget.report: a weekly or monthly rule invoking the read-only spend report Lambda.
+
+    The Lambda reads Cost Explorer (the stack's tag) and the GPU metrics, and publishes
+    spend so far, the forecast against the budget, idle waste and the top group to the
+    notify topic. Its role can read and publish, nothing else.
+    """
+
+    def __init__(self, name: str, ctx: _Context, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(type_token("SpendReport"), name, None, opts)
+        budget = ctx.args.budget
+        if budget is None or budget.report is None:
+            raise ValueError(f"guardrails of {ctx.identity} have no budget.report")
+        child = pulumi.ResourceOptions(parent=self)
+        environment = {**ctx.environment(), "REPORT_PERIOD": budget.report,
+                       "MONTHLY_LIMIT_USD": usd(budget.monthly_limit_usd),
+                       "IDLE_THRESHOLD_PERCENT": f"{ctx.args.autostop.gpu_utilization_threshold_percent:g}",
+                       "GPU_METRIC_NAMESPACE": gpu_metric_namespace(ctx.args.cluster_name)}
+        self.function = GuardrailFunction(
+            f"{name}-handler", ctx, module="report", function_name=f"{ctx.prefix}-spend-report",
+            timeout=REPORT_TIMEOUT_SECONDS, environment=environment,
+            statements=[describe_statement(["autoscaling:DescribeAutoScalingGroups", *SPEND_READ_ACTIONS]),
+                        *publish_statements(ctx.notify_topic_arn, ctx.key_arn)],
+            opts=child)
+        self.rule = aws.cloudwatch.EventRule(
+            f"{name}-rule", name=f"{ctx.prefix}-spend-report",
+            description=f"gpucluster {ctx.identity}: {budget.report} spend report",
+            schedule_expression=REPORT_EXPRESSIONS[budget.report], tags=ctx.tags, opts=child)
+        _rule_invokes(name, self.rule, self.function.function, child)
+        self.register_outputs({"function_name": self.function.function_name, "rule_name": self.rule.name})
 
 
 class SpotInterruption(pulumi.ComponentResource):
@@ -683,6 +763,43 @@ class SpotInterruption(pulumi.ComponentResource):
                                "rule_names": {k: r.name for k, r in self.rules.items()}})
 
 
+class CapacityBlockExpiry(pulumi.ComponentResource):
+    """A Capacity Block's expiration warning -> the checkpoint hook, then its groups scaled to zero.
+
+    EC2 reclaims a block's instances when it ends; 40 minutes before, it sends an EventBridge
+    event. The rule passes only this stack's reservations; the Lambda runs
+    autostop.pre_stop_command on the block's nodes (at most 8 minutes), scales their groups to
+    zero (stopped-by capacity-block) and notifies. Built only when a group runs on a block.
+    """
+
+    def __init__(self, name: str, ctx: _Context, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(type_token("CapacityBlockExpiry"), name, None, opts)
+        a = ctx.args.autostop
+        child = pulumi.ResourceOptions(parent=self)
+        blocks = capacity_block_groups(ctx.args.groups)
+        environment = ctx.environment()
+        environment["CAPACITY_BLOCK_GROUPS"] = _json(blocks)
+        describe = ["autoscaling:DescribeAutoScalingGroups"]
+        hook = _hook(ctx, environment, describe, "PRE_STOP", a.pre_stop_command,
+                     min(a.pre_stop_timeout_seconds, CAPACITY_BLOCK_HOOK_SECONDS))
+        arns = [g.asg_arn for g in ctx.args.groups if g.capacity_block_reservation_id]
+        self.function = GuardrailFunction(
+            f"{name}-handler", ctx, module="capacity_block", function_name=f"{ctx.prefix}-capacity-block",
+            timeout=capacity_block_timeout(a), environment=environment,
+            statements=[describe_statement(describe),
+                        *scaling_statements(arns, ctx.identity, delete_tags=False), *hook,
+                        *publish_statements(ctx.notify_topic_arn, ctx.key_arn)],
+            max_event_age_seconds=CAPACITY_BLOCK_MAX_EVENT_AGE_SECONDS, retries=2, opts=child)
+        self.rule = aws.cloudwatch.EventRule(
+            f"{name}-rule", name=f"{ctx.prefix}-capacity-block-expiry",
+            description=f"gpucluster {ctx.identity}: Capacity Block expiration warning -> stop its groups",
+            event_pattern=json.dumps({"source": ["aws.ec2"], "detail-type": list(CAPACITY_BLOCK_WARNINGS),
+                                      "detail": {"capacity-reservation-id": sorted(blocks)}}),
+            tags=ctx.tags, opts=child)
+        _rule_invokes(name, self.rule, self.function.function, child)
+        self.register_outputs({"function_name": self.function.function_name, "rule_name": self.rule.name})
+
+
 class GuardedGroup(TypedDict):
     """An Auto Scaling group the guardrails stop, start and watch (any group, gpucluster's or not)."""
 
@@ -694,6 +811,8 @@ class GuardedGroup(TypedDict):
     """The Auto Scaling group's ARN: the guardrail roles may change only the groups listed."""
     can_run_spot: bool
     """The group may hold spot instances: the spot-interruption hook is built for it."""
+    capacity_block_reservation_id: NotRequired[str]
+    """The Capacity Block (cr-...) the group launches into: it is stopped before the block ends."""
 
 
 class GuardrailsArgs(TypedDict):
@@ -717,6 +836,8 @@ class GuardrailsArgs(TypedDict):
     """The spot-interruption hook, as a stack file's spot section."""
     tag_groups: NotRequired[bool]
     """Give each group the gpucluster:stack tag (for groups gpucluster did not create; default false)."""
+    permissions_boundary: NotRequired[str]
+    """Name of a customer managed policy every guardrail role (Lambdas, Scheduler) carries as its boundary."""
 
 
 class Guardrails(pulumi.ComponentResource):
@@ -725,13 +846,14 @@ class Guardrails(pulumi.ComponentResource):
     Guardrail roles may change only the listed groups, and only while they carry the
     `gpucluster:stack` tag with `identity`. Parts not asked for are not built: no budget
     without `budget`, no auto-stop unless `autostop.enabled`, no spot handling unless a
-    group can run spot.
+    group can run spot, no block-expiry stop unless a group runs on a Capacity Block.
 
     Groups gpucluster did not create (an EKS managed node group's ASG): set `tag_groups`, so an
     `aws.autoscaling.Tag` gives each the identity tag (the Lambdas' lookups and IAM conditions
     need it; instances launched from then on carry it, which the pre-stop and spot hooks' SSM
     permission needs). Idle auto-stop watches the GPU metric the gpucluster node bootstrap
-    publishes (CWAgent `nvidia_smi_utilization_gpu` by `AutoScalingGroupName`): on nodes that do
+    publishes (`nvidia_smi_utilization_gpu` by `AutoScalingGroupName` in the namespace
+    `gpucluster/<cluster_name>`, the only one the node role may publish into): on nodes that do
     not publish it the alarm only notifies (missing data never stops). Python users also get
     `outputs` (what a stack exports) and the parts (`budget`, `autostop`, `spot`, `notifications`,
     `group_tags`).
@@ -744,7 +866,8 @@ class Guardrails(pulumi.ComponentResource):
     budget_action_topic_arn: pulumi.Output[str] | None
     """The topic the budget's scale-to-zero notification goes to (with budget.action_threshold_percent)."""
     function_names: pulumi.Output[dict[str, str]] | None
-    """Guardrail Lambda function names: budget_action, autostop, spot_interruption (those built)."""
+    """Guardrail Lambda function names: budget_action, autostop, spot_interruption, capacity_block
+    (those built)."""
     idle_alarm_names: pulumi.Output[dict[str, str]] | None
     """Group label -> its idle alarm (with autostop)."""
     schedule_names: pulumi.Output[dict[str, str]] | None
@@ -757,6 +880,8 @@ class Guardrails(pulumi.ComponentResource):
         self.budget: Budget | None = None
         self.autostop: AutoStop | None = None
         self.spot: SpotInterruption | None = None
+        self.report: SpendReport | None = None
+        self.capacity_block: CapacityBlockExpiry | None = None
         self.notifications: Notifications | None = None
         self.notify_topic_arn = self.budget_name = self.budget_action_topic_arn = None
         self.function_names = self.idle_alarm_names = self.schedule_names = None
@@ -770,7 +895,8 @@ class Guardrails(pulumi.ComponentResource):
                     tag={"key": STACK_TAG, "value": m.identity, "propagate_at_launch": True}, opts=child)
                 for g in m.groups}
         self.outputs: dict[str, Any] = {}
-        wanted = m.budget is not None or m.autostop.enabled or uses_spot(m.groups)
+        blocks = capacity_block_groups(m.groups)
+        wanted = m.budget is not None or m.autostop.enabled or uses_spot(m.groups) or bool(blocks)
         if not wanted:
             self.register_outputs(self.outputs)
             return
@@ -780,7 +906,9 @@ class Guardrails(pulumi.ComponentResource):
         prefix = m.cluster_name
         self.notifications = Notifications(f"{name}-notify", m, prefix, partition, account, opts=child)
         ctx = _Context(args=m, prefix=prefix, partition=partition, account=account,
-                       notify_topic_arn=self.notifications.topic.arn, key_arn=self.notifications.key.arn)
+                       notify_topic_arn=self.notifications.topic.arn, key_arn=self.notifications.key.arn,
+                       permissions_boundary=boundary_arn(partition, account, m.permissions_boundary)
+                       if m.permissions_boundary else None)
         self.outputs["notify_topic_arn"] = self.notify_topic_arn = ctx.notify_topic_arn
         functions: dict[str, str] = {}
         if m.budget is not None:
@@ -792,6 +920,9 @@ class Guardrails(pulumi.ComponentResource):
                 self.outputs["budget_action_topic_arn"] = self.budget_action_topic_arn = \
                     self.budget.action_topic.arn
                 functions["budget_action"] = self.budget.function.function_name
+        if m.budget is not None and m.budget.report is not None:
+            self.report = SpendReport(f"{name}-report", ctx, opts=child)
+            functions["report"] = self.report.function.function_name
         if m.autostop.enabled:
             self.autostop = AutoStop(f"{name}-autostop", ctx, opts=child)
             functions["autostop"] = self.autostop.function.function_name
@@ -802,6 +933,10 @@ class Guardrails(pulumi.ComponentResource):
         if uses_spot(m.groups):
             self.spot = SpotInterruption(f"{name}-spot", ctx, opts=child)
             functions["spot_interruption"] = self.spot.function.function_name
+        if blocks:
+            # "-blocks": the handler role's auto-name fits IAM's 64 with the longest cluster name.
+            self.capacity_block = CapacityBlockExpiry(f"{name}-blocks", ctx, opts=child)
+            functions["capacity_block"] = self.capacity_block.function.function_name
         self.outputs["function_names"] = functions
         self.function_names = pulumi.Output.from_input(functions)
         self.register_outputs(self.outputs)

@@ -1,30 +1,30 @@
 """Node identity: the IAM role and instance profile every GPU node of a cluster runs as.
 
 It owns what nodes may do in AWS: be managed through SSM (no SSH), publish
-CloudWatch agent metrics, read the stack's dataset buckets and write only under
-their checkpoint prefixes. S3 access is built from `BucketGrant`s (a bucket name,
-plain or an Output, and a prefix), always naming the bucket and prefix; there is
-never a `*` resource and never a delete action.
+metrics into their cluster's own CloudWatch namespace, read the stack's dataset
+buckets and write only under their checkpoint prefixes, and only while each bucket
+belongs to the account expected. The documents are built by `gpucluster.noderole`
+(pure, so the spec sizes them before anything deploys); S3 access comes from
+`BucketGrant`s (a bucket name, plain or an Output, a prefix and the owner), always
+naming the bucket and prefix: never a `*` resource, never a delete action.
 """
 
 import json
-from collections.abc import Sequence
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 import pulumi
 import pulumi_aws as aws
 
 from gpucluster.aws.args import NodeIdentityModel, component_options, identity_checks, type_token, validate
+from gpucluster.noderole import agent_policy_document, gpu_metric_namespace, s3_policy_document
 
-# AWS managed policies: Systems Manager user guide ("Configure instance permissions"),
-# CloudWatch user guide ("Create IAM roles to use with the CloudWatch agent").
+# AWS managed policies: Systems Manager user guide ("Configure instance permissions"). The CloudWatch
+# agent's CloudWatchAgentServerPolicy is replaced by the scoped `agent` inline policy: it let any
+# process publish any metric, write and re-time any log group and read AmazonCloudWatch-* parameters.
 MANAGED_POLICIES = {
     "ssm": "AmazonSSMManagedInstanceCore",
-    "cloudwatch-agent": "CloudWatchAgentServerPolicy",
 }
 OLD_TYPE = "gpucluster:iam:NodeIdentity"
-READ_ACTIONS = ["s3:GetObject"]
-WRITE_ACTIONS = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
 
 
 def assume_role_policy() -> str:
@@ -36,26 +36,9 @@ def assume_role_policy() -> str:
     })
 
 
-def s3_policy_document(grants: Sequence[tuple[str, str, bool]], partition: str = "aws") -> dict[str, Any]:
-    """Least-privilege S3 statements for resolved grants `(bucket, prefix, write)`.
-
-    Listing is limited to the prefix (`s3:prefix` condition), reads to objects
-    under it, writes (put and multipart) to the write prefixes only.
-    """
-    statements: list[dict[str, Any]] = []
-    for i, (bucket, prefix, write) in enumerate(grants):
-        if not bucket or "*" in bucket or "*" in prefix:
-            raise ValueError(f"S3 grant {i} needs a concrete bucket and prefix, got {bucket!r}/{prefix!r}")
-        bucket_arn = f"arn:{partition}:s3:::{bucket}"
-        listing: dict[str, Any] = {"Sid": f"List{i}", "Effect": "Allow", "Action": "s3:ListBucket",
-                                   "Resource": bucket_arn}
-        if prefix:
-            listing["Condition"] = {"StringLike": {"s3:prefix": [f"{prefix}*"]}}
-        statements.append(listing)
-        actions = READ_ACTIONS + (WRITE_ACTIONS if write else [])
-        statements.append({"Sid": f"{'Write' if write else 'Read'}{i}", "Effect": "Allow",
-                           "Action": actions, "Resource": f"{bucket_arn}/{prefix}*"})
-    return {"Version": "2012-10-17", "Statement": statements}
+def boundary_arn(partition: pulumi.Input[str], account: pulumi.Input[str], name: str) -> pulumi.Output[str]:
+    """A customer managed policy of this account, by name (what `permissions_boundary` takes)."""
+    return pulumi.Output.concat("arn:", partition, ":iam::", account, ":policy/", name)
 
 
 class BucketGrant(TypedDict):
@@ -67,22 +50,28 @@ class BucketGrant(TypedDict):
     """Folder-like prefix ending in '/'; empty (the default) means the whole bucket, read-only."""
     write: NotRequired[bool]
     """Also put objects (and multipart uploads) under the prefix; never delete."""
+    expected_bucket_owner: NotRequired[str]
+    """The 12-digit account that must own the bucket (default: the deploying account)."""
 
 
 class NodeIdentityArgs(TypedDict):
     """The IAM role and instance profile of GPU nodes, with S3 access to exactly the given prefixes."""
 
+    cluster_name: str
+    """The cluster's short name: nodes publish metrics only into the namespace gpucluster/<cluster_name>."""
     s3_grants: NotRequired[list[BucketGrant]]
     """Buckets and prefixes nodes may read (and write, where `write` is set)."""
     tags: NotRequired[dict[str, str]]
     """Tags of the role and the instance profile."""
+    permissions_boundary: NotRequired[str]
+    """Name of a customer managed policy the role carries as its permissions boundary."""
 
 
 class NodeIdentity(pulumi.ComponentResource):
-    """The node role, its managed and S3 policies, and the instance profile launch templates use.
+    """The node role, its managed, agent and S3 policies, and the instance profile launch templates use.
 
-    Python users also get `role` (`aws.iam.Role`), `instance_profile` (`aws.iam.InstanceProfile`)
-    and `s3_policy` (`aws.iam.RolePolicy`, None without grants).
+    Python users also get `role` (`aws.iam.Role`), `instance_profile` (`aws.iam.InstanceProfile`),
+    `agent_policy` and `s3_policy` (`aws.iam.RolePolicy`, the latter None without grants).
     """
 
     role_name: pulumi.Output[str]
@@ -100,20 +89,29 @@ class NodeIdentity(pulumi.ComponentResource):
         super().__init__(type_token("NodeIdentity"), name, None, component_options(opts, OLD_TYPE))
         grants, tags = m.s3_grants, m.tags
         child = pulumi.ResourceOptions(parent=self)
-        partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
-        self.role = aws.iam.Role(f"{name}-role", assume_role_policy=assume_role_policy(),
-                                 description="gpucluster GPU nodes: SSM, CloudWatch agent, dataset S3 access",
-                                 tags=dict(tags), opts=child)
+        invoke = pulumi.InvokeOutputOptions(parent=self)
+        partition = aws.get_partition_output(opts=invoke).partition
+        account = aws.get_caller_identity_output(opts=invoke).account_id
+        self.role = aws.iam.Role(
+            f"{name}-role", assume_role_policy=assume_role_policy(),
+            description="gpucluster GPU nodes: SSM, GPU metrics of their cluster, dataset S3 access",
+            permissions_boundary=boundary_arn(partition, account, m.permissions_boundary)
+            if m.permissions_boundary else None,
+            tags=dict(tags), opts=child)
         for part, policy in MANAGED_POLICIES.items():
             aws.iam.RolePolicyAttachment(
                 f"{name}-{part}", role=self.role.name,
                 policy_arn=partition.apply(lambda p, policy=policy: f"arn:{p}:iam::aws:policy/{policy}"),
                 opts=child)
+        self.agent_policy = aws.iam.RolePolicy(
+            f"{name}-agent", role=self.role.id,
+            policy=json.dumps(agent_policy_document(gpu_metric_namespace(m.cluster_name))), opts=child)
         self.s3_policy: aws.iam.RolePolicy | None = None
         if grants:
-            document = pulumi.Output.all(partition, *[g.bucket_name for g in grants]).apply(
+            document = pulumi.Output.all(partition, account, *[g.bucket_name for g in grants]).apply(
                 lambda values: json.dumps(s3_policy_document(
-                    [(bucket, g.prefix, g.write) for bucket, g in zip(values[1:], grants, strict=True)],
+                    [(bucket, g.prefix, g.write, g.expected_bucket_owner or values[1])
+                     for bucket, g in zip(values[2:], grants, strict=True)],
                     partition=values[0])))
             self.s3_policy = aws.iam.RolePolicy(f"{name}-s3", role=self.role.id, policy=document, opts=child)
         self.instance_profile = aws.iam.InstanceProfile(f"{name}-profile", role=self.role.name,

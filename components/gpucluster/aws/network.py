@@ -7,9 +7,10 @@ and its subnets (ids, plain or Outputs); and per node group the node security
 group and, where asked for, the cluster placement group. It never gives a GPU
 node a public address or opens ingress from anywhere but the group itself.
 
-Security groups are per node group, not per cluster: EFA's all-traffic self
-rules then cover exactly the nodes of one EFA group, and a non-EFA group (say,
-inference next to training) gets no such rules at all.
+Security groups are per node group, not per cluster: the all-traffic self
+rules that EFA and NCCL need (NCCL picks its ports at run time) then cover
+exactly the nodes of one group, every group that can hold more than one node
+gets them, and a single-node group (say, inference next to training) gets none.
 """
 
 from collections.abc import Mapping
@@ -48,6 +49,8 @@ class NodeGroupNetwork(TypedDict):
     """Zones the group runs in, from the network's zones; exactly one with EFA or a placement group."""
     efa: NotRequired[bool]
     """EFA: the group's security group allows all traffic within the group, in and out."""
+    multi_node: NotRequired[bool]
+    """The group can hold more than one node: all traffic within the group too (NCCL, MPI)."""
     placement_group: NotRequired[bool]
     """Create a cluster placement group for the group."""
 
@@ -207,16 +210,8 @@ class ClusterNetwork(pulumi.ComponentResource):
                                    description=f"gpucluster {label} GPU nodes (no inbound from outside "
                                                "the group; access through SSM)",
                                    tags=self._tags(f"{label}-nodes"), opts=child)
-        if group.efa:
-            # EC2 user guide, "Get started with EFA": all traffic in AND out to the group itself.
-            aws.vpc.SecurityGroupIngressRule(f"{name}-efa-in", security_group_id=sg.id,
-                                             referenced_security_group_id=sg.id, ip_protocol="-1",
-                                             description="EFA: all traffic from the group itself",
-                                             tags=self._tags(f"{label}-efa-in"), opts=child)
-            aws.vpc.SecurityGroupEgressRule(f"{name}-efa-out", security_group_id=sg.id,
-                                            referenced_security_group_id=sg.id, ip_protocol="-1",
-                                            description="EFA: all traffic to the group itself",
-                                            tags=self._tags(f"{label}-efa-out"), opts=child)
+        if group.efa or group.multi_node:
+            self._self_rules(name, label, sg)
         for rule, target, port, why in self._egress_targets():
             aws.vpc.SecurityGroupEgressRule(f"{name}-egress-{rule}", security_group_id=sg.id,
                                             ip_protocol="tcp", from_port=port, to_port=port,
@@ -228,6 +223,22 @@ class ClusterNetwork(pulumi.ComponentResource):
                                                tags=self._tags(f"{label}-cluster"), opts=child)
         subnets = [self.subnets[az] for az in group.availability_zones]
         return GroupNetwork(subnet_ids=subnets, security_group=sg, placement_group=placement)
+
+    def _self_rules(self, name: str, label: str, sg: aws.ec2.SecurityGroup) -> None:
+        """All traffic in AND out between the group's own nodes, nothing from anywhere else.
+
+        EC2 user guide, "Get started with EFA": EFA needs both directions to the group
+        itself; NCCL's socket and bootstrap traffic (ports chosen at run time) needs the
+        same on any multi-node group. Aliases keep the URNs of the former EFA-only rules.
+        """
+        for direction, rule_type, peer in (("in", aws.vpc.SecurityGroupIngressRule, "from"),
+                                           ("out", aws.vpc.SecurityGroupEgressRule, "to")):
+            rule_type(f"{name}-self-{direction}", security_group_id=sg.id,
+                      referenced_security_group_id=sg.id, ip_protocol="-1",
+                      description=f"All traffic {peer} the group's own nodes (EFA, NCCL)",
+                      tags=self._tags(f"{label}-self-{direction}"),
+                      opts=pulumi.ResourceOptions(parent=self, aliases=[
+                          pulumi.Alias(name=f"{name}-efa-{direction}")]))
 
     def _egress_targets(self) -> list[tuple[str, Mapping[str, pulumi.Input[str]], int, str]]:
         """Outbound rules of node groups: only what SSM, S3, CloudWatch and packages need.

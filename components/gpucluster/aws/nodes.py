@@ -1,20 +1,24 @@
 """GpuNodeGroup: one GPU node group as a launch template and an Auto Scaling group, in any VPC.
 
 It owns how GPU nodes are launched: the AMI (the AWS Deep Learning AMI's public
-SSM parameter unless overridden), IMDSv2 only, an encrypted gp3 root volume,
+SSM parameter unless overridden, resolved once and kept until `ami_id` says
+otherwise), IMDSv2 only, an encrypted gp3 root volume,
 the EFA interface layout (`nics.py`), the user data (`bootstrap`), and the
 capacity mix: on-demand base, spot above it, instance-type fallbacks, on-demand
 capacity reservations and Capacity Blocks. Nodes are ASG capacity, never
 resources of their own, so a plan's size does not depend on node counts.
 Pulumi sets the desired capacity only at creation: after that it belongs to
-the guardrails and to users. It never gives a node a public address. It takes
+the guardrails and to users, and so are the stop-state tags they write (the
+group's own provider ignores them). It never gives a node a public address. It takes
 its subnets, security groups, placement group and instance profile as ids, so
 it drops into a VPC gpucluster did not build.
 """
 
+import inspect
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, get_args
 
 import pulumi
 import pulumi_aws as aws
@@ -43,6 +47,12 @@ IMDS_HOP_LIMIT = 2  # one hop more than the host, so containers reach IMDSv2 (EC
 NODE_GROUP_TAG = "gpucluster:node-group"
 LATEST = "$Latest"
 OLD_TYPE = "gpucluster:nodes:GpuNodeGroup"
+# The tags the guardrail Lambdas write on a group they stop (components/gpucluster/lambdas/scaling.py:
+# gpucluster:stopped-by, gpucluster:previous-desired, gpucluster:previous-min). `resume` and the start
+# schedule need them, so Pulumi must never take them into its state.
+STOP_STATE_TAG_PREFIXES = ("gpucluster:stopped-", "gpucluster:previous-")
+# Provider settings that are secrets in stack config (`pulumi config set --secret aws:secretKey`).
+SECRET_PROVIDER_KEYS = ("access_key", "secret_key", "token")
 
 
 # ------------------------------------------------------------ pure capacity mapping
@@ -101,6 +111,62 @@ def node_tags(tags: Mapping[str, str], identity: str, cluster_name: str, group: 
             "Name": f"{cluster_name}-{group}"}
 
 
+def ami_ignore_changes(group: NodeGroupConfig) -> list[str]:
+    """The AMI read from an SSM parameter is resolved once, at creation, and then kept.
+
+    The default parameter names the *latest* Deep Learning AMI: followed on every `pulumi up`,
+    each AMI release would make a new launch template version (and new nodes differ from the
+    running ones) without anyone asking. The AMI changes only when `ami_id` is set or changed,
+    which takes this away (README, "Upgrading the AMI").
+    """
+    return [] if group.ami_id else ["imageId"]
+
+
+def camel(name: str) -> str:
+    """`shared_config_files` -> `sharedConfigFiles`: a provider argument's stack config key."""
+    first, *rest = name.split("_")
+    return first + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def stack_provider_args() -> dict[str, Any]:
+    """The stack's `aws:*` config as `aws.Provider` arguments: what the default provider is given.
+
+    An explicit provider reads no stack config (Pulumi docs, "Providers"), so without this a
+    stack's `aws:profile`, `aws:assumeRoles` or `aws:allowedAccountIds` would not reach it and it
+    could act with other credentials than the rest of the stack. String settings pass as written,
+    structured ones (lists, objects, booleans, numbers) as the JSON their config value holds.
+    """
+    config = pulumi.Config("aws")
+    args: dict[str, Any] = {}
+    for param, info in inspect.signature(aws.ProviderArgs.__init__).parameters.items():
+        if param == "__self__":
+            continue
+        key = camel(param)
+        if param in SECRET_PROVIDER_KEYS:
+            if (secret := config.get_secret(key)) is not None:
+                args[param] = secret
+            continue
+        raw = config.get(key)
+        if raw is None:
+            continue
+        if get_args(info.annotation)[:1] == (str,):
+            args[param] = raw
+        else:
+            try:
+                args[param] = json.loads(raw)
+            except json.JSONDecodeError:
+                args[param] = raw
+    return args
+
+
+def asg_ignore_tags(configured: Any = None) -> aws.ProviderIgnoreTagsArgs:
+    """The stack's own `aws:ignoreTags` plus the stop-state tag prefixes."""
+    configured = configured if isinstance(configured, Mapping) else {}
+    prefixes = [*configured.get("keyPrefixes", []),
+                *(p for p in STOP_STATE_TAG_PREFIXES if p not in configured.get("keyPrefixes", []))]
+    return aws.ProviderIgnoreTagsArgs(keys=list(configured.get("keys", [])) or None, key_prefixes=prefixes)
+
+
 def can_hold_spot(group: NodeGroupConfig) -> bool:
     return group.capacity.market == "mixed" and group.capacity.spot_percent > 0
 
@@ -125,6 +191,8 @@ class NodeDataMount(TypedDict):
     """access fsx: the file system's DNS name."""
     fsx_mount_name: NotRequired[pulumi.Input[str]]
     """access fsx: the file system's Lustre mount name."""
+    expected_bucket_owner: NotRequired[pulumi.Input[str]]
+    """The 12-digit account that must own the bucket: the nodes' S3 calls name it (default: none named)."""
 
 
 class GpuNodeGroupArgs(TypedDict):
@@ -157,6 +225,9 @@ class GpuNodeGroupArgs(TypedDict):
 class GpuNodeGroup(pulumi.ComponentResource):
     """A GPU node group: a launch template and an Auto Scaling group, dropped into any VPC.
 
+    The Auto Scaling group is managed through an aws provider of its own (the stack's `aws:*`
+    settings plus `ignore_tags` for the guardrails' stop-state tags), unless an aws provider is
+    passed in `opts`: that one must ignore the tag prefixes `STOP_STATE_TAG_PREFIXES` itself.
     Python users also get `asg` (the `aws.autoscaling.Group`) and `launch_template` (the
     `aws.ec2.LaunchTemplate`).
     """
@@ -173,10 +244,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
         m = validate("GpuNodeGroup", name, GpuNodeGroupModel, args, node_group_checks)
         super().__init__(type_token("GpuNodeGroup"), name, None, component_options(opts, OLD_TYPE))
         group = m.node_group
-        child = pulumi.ResourceOptions(parent=self)
         tags = node_tags(m.tags, m.identity, m.cluster_name, group.name)
         mounts = [DataMount(name=d.name, access=d.access, bucket_name=d.bucket_name, prefix=d.prefix,
-                            path=d.path, fsx_dns_name=d.fsx_dns_name, fsx_mount_name=d.fsx_mount_name)
+                            path=d.path, fsx_dns_name=d.fsx_dns_name, fsx_mount_name=d.fsx_mount_name,
+                            expected_bucket_owner=d.expected_bucket_owner)
                   for d in m.data_mounts]
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
@@ -200,7 +271,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                                 for kind in ("instance", "volume", "network-interface")],
             update_default_version=True,
             tags=tags,
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=ami_ignore_changes(group)),
             **capacity_block_options(group.capacity),
         )
         self.asg = aws.autoscaling.Group(
@@ -215,7 +286,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
             tags=[{"key": key, "value": value, "propagate_at_launch": True} for key, value in tags.items()],
             # The guardrail Lambdas set min and desired to 0 when they stop a group (DESIGN.md): if
             # Pulumi owned these fields, the next `pulumi up` would silently restart what they stopped.
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity", "minSize"]),
+            # The stop-state tags they write are ignored by the group's provider (`_asg_provider`).
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity", "minSize"],
+                                        provider=self._asg_provider(name, m.region)),
             **self._capacity(group),
         )
         self.asg_name = self.asg.name
@@ -223,6 +296,26 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self.launch_template_id = self.launch_template.id
         self.register_outputs({"asg_name": self.asg_name, "asg_arn": self.asg_arn,
                                "launch_template_id": self.launch_template_id})
+
+    def _asg_provider(self, name: str, region: str) -> pulumi.ProviderResource:
+        """An aws provider that never reads the stop-state tags: the stack's settings plus `ignore_tags`.
+
+        The provider reads every tag of an Auto Scaling group, so after `pulumi refresh` the next
+        `up` would delete the tags a stop wrote. Its `ignore_tags` applies to a group's tag blocks
+        too (terraform-provider-aws internal/service/autoscaling/group.go, resourceGroupRead:
+        `KeyValueTags(...).IgnoreAWS().IgnoreConfig(ignoreTagsConfig)`; hashicorp/terraform-provider-aws
+        #33492). A provider handed down through `opts` is used as it is: it must ignore them itself.
+        """
+        given = self.get_provider("aws:autoscaling/group:Group")
+        if given is not None:
+            pulumi.log.warn(f"GpuNodeGroup {name}: the aws provider passed in opts must ignore the tag "
+                            f"prefixes {', '.join(STOP_STATE_TAG_PREFIXES)} (ignore_tags), or a `pulumi "
+                            "refresh` makes the next `up` delete the guardrails' stop state", resource=self)
+            return given
+        args = stack_provider_args()
+        args["ignore_tags"] = asg_ignore_tags(args.get("ignore_tags"))
+        args["region"] = region
+        return aws.Provider(f"{name}-asg-provider", **args, opts=pulumi.ResourceOptions(parent=self))
 
     def _image_id(self, group: NodeGroupConfig) -> pulumi.Input[str]:
         if group.ami_id:
@@ -233,11 +326,13 @@ class GpuNodeGroup(pulumi.ComponentResource):
     @staticmethod
     def _user_data(m: GpuNodeGroupModel, data_mounts: Sequence[DataMount]) -> pulumi.Output[str]:
         """Render once every bucket/FSx name a mount depends on is known."""
-        values = [v for d in data_mounts for v in (d.bucket_name, d.fsx_dns_name, d.fsx_mount_name)]
+        values = [v for d in data_mounts
+                  for v in (d.bucket_name, d.fsx_dns_name, d.fsx_mount_name, d.expected_bucket_owner)]
 
         def render(resolved: list[Any]) -> str:
-            mounts = [replace(d, bucket_name=resolved[3 * i], fsx_dns_name=resolved[3 * i + 1],
-                              fsx_mount_name=resolved[3 * i + 2]) for i, d in enumerate(data_mounts)]
+            mounts = [replace(d, bucket_name=resolved[4 * i], fsx_dns_name=resolved[4 * i + 1],
+                              fsx_mount_name=resolved[4 * i + 2], expected_bucket_owner=resolved[4 * i + 3])
+                      for i, d in enumerate(data_mounts)]
             return encode_user_data(render_user_data(group_bootstrap(
                 m.node_group, stack=m.identity, cluster=m.cluster_name, region=m.region, spot=m.spot,
                 data_mounts=mounts)))

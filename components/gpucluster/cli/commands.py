@@ -13,6 +13,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -23,7 +24,7 @@ from gpucluster import pricing, project
 from gpucluster.cli import render
 from gpucluster.cli.render import table as render_table
 from gpucluster.project import StackFileError, load_stack
-from gpucluster.spec import SpecError, StackSpec
+from gpucluster.spec import SpecError, StackSpec, stack_warnings
 
 if TYPE_CHECKING:
     from gpucluster.ops.status import GroupStatus, ResumeCandidate
@@ -111,6 +112,24 @@ def build_spec(stack: str) -> StackSpec:
     return _valid(stack, lambda name: load_stack(name)[2])
 
 
+def confirm_or_exit(command: str, question: str, yes: bool, declined: str | None = None) -> None:
+    """Ask before anything that costs money or stops work (unless --yes); no, or no answer
+    (stdin closed), prints `declined` and exits 1 with nothing changed. With --json it cannot
+    ask: without --yes that is a usage error (exit 2)."""
+    if yes:
+        return
+    if render.json_mode():
+        fail_usage(command, "--json cannot ask for confirmation: add --yes")
+    try:
+        agreed = typer.confirm(question, default=False)
+    except typer.Abort:
+        typer.echo(f"\nno answer: pass --yes to {command} without asking")
+        agreed = False
+    if not agreed:
+        typer.echo(declined or f"{command} cancelled: nothing changed")
+        raise typer.Exit(EXIT_BLOCKED)
+
+
 def fail_usage(command: str, message: str) -> NoReturn:
     """One line naming what is wrong with the command's arguments (or JSON with --json), exit 2."""
     render.fail([(command, message)], EXIT_INVALID)
@@ -147,15 +166,17 @@ def plan(
     result = build_plan(stack)
     cost = plan_cost(result.spec)
     violations, notes = check_policies(result, policy_config)
+    warnings = stack_warnings(result.spec)
     blocked = EXIT_BLOCKED if any(v.mandatory for v in violations) else EXIT_OK
     if as_json:
         document = result.as_json()
+        document["warnings"] = [{"path": w.path, "message": w.message} for w in warnings]
         document["cost"] = cost.as_json() if isinstance(cost, pricing.StackCost) else {"error": cost}
         document["violations"] = [v.as_json() for v in violations]
         document["notes"] = notes
         render.emit(document)
         raise typer.Exit(blocked)
-    for line in render.plan_lines(result, cost, violations, tree, notes):
+    for line in render.plan_lines(result, cost, violations, tree, notes, [str(w) for w in warnings]):
         render.echo(line)
     raise typer.Exit(blocked)
 
@@ -177,8 +198,10 @@ def _usd(value: float) -> str:
 
 def render_cost(cost: pricing.StackCost) -> list[str]:
     """The human breakdown of `gpucluster cost STACK`."""
-    hours = pricing.HOURS_PER_MONTH
-    out = [f"stack {cost.stack} ({cost.region}): cost in USD, a month is {hours} hours", ""]
+    hours, plan = pricing.HOURS_PER_MONTH, cost.schedule
+    out = [f"stack {cost.stack} ({cost.region}): cost in USD, a month is {hours} hours",
+           *render.wrap(f"hours a month: {hours} 24 x 7, {plan.hours_per_month:,.2f} as scheduled "
+                        f"({plan.basis})"), ""]
     for g in cost.groups:
         out += render.wrap(f"node group {g.name}: {g.note}")
         for label, rate in (("on-demand", g.on_demand), ("base", g.base), ("spot", g.spot)):
@@ -193,6 +216,11 @@ def render_cost(cost: pricing.StackCost) -> list[str]:
                          _usd(g.usd_per_hour(at, "all_on_demand"))])
         out += render_table(["at", "nodes", "base", "on-demand", "spot", "base $/h", "on-demand $/h",
                              "spot $/h", "mix $/h", "all on-demand $/h"], rows)
+        if g.capacity_block:
+            length = (f"{g.block_hours} h (capacity.duration_hours)" if g.block_hours
+                      else "unknown (no capacity.duration_hours): priced as a whole month")
+            out += render.wrap(f"the block: {length}, paid up front whatever the schedule; "
+                               f"${g.usd_per_month('desired'):,.2f} at desired nodes in a month", "  ")
         out.append("")
     if cost.other:
         out.append("other costs")
@@ -200,10 +228,12 @@ def render_cost(cost: pricing.StackCost) -> list[str]:
                             [[o.name, _usd(o.desired_usd_per_month), _usd(o.max_usd_per_month), o.basis]
                              for o in cost.other])
         out.append("")
-    out.append("total")
-    out += render_table(["strategy", "desired $/h", "desired $/month", "max $/h", "max $/month"],
-                        [[pricing.STRATEGY_LABELS[s], *[_usd(f(at, s)) for at in pricing.AT
-                                                         for f in (cost.usd_per_hour, cost.usd_per_month)]]
+    out.append(f"total: 24 x 7 ({hours} h/month) and as scheduled ({plan.hours_per_month:,.2f} h/month)")
+    out += render_table(["strategy", "desired $/h", "desired $/month", "as scheduled", "max $/h",
+                         "max $/month", "as scheduled"],
+                        [[pricing.STRATEGY_LABELS[s], *[_usd(v) for at in pricing.AT for v in (
+                            cost.usd_per_hour(at, s), cost.usd_per_month(at, s),
+                            cost.usd_per_month(at, s, scheduled=True))]]
                          for s in pricing.STRATEGIES])
     out.append("")
     saved = {at: cost.usd_per_month(at, "all_on_demand") - cost.usd_per_month(at) for at in pricing.AT}
@@ -292,7 +322,7 @@ def cost(
         for line in render_cost(result):
             render.echo(line)
         if chart is not None:
-            typer.echo(f"chart: {chart}")
+            render.say(f"chart: {chart}")
 
 
 def _live_spot_rates(spec: StackSpec) -> dict[str, pricing.Rate]:
@@ -305,7 +335,7 @@ def _live_spot_rates(spec: StackSpec) -> dict[str, pricing.Rate]:
         with render.progress(f"reading spot prices in {spec.region}"):
             return fetch_spot_prices(spec)
     except (BotoCoreError, ClientError) as err:
-        typer.echo(f"cost --live: no live spot prices ({err}); using the catalog's typical discount",
+        render.say(f"cost --live: no live spot prices ({err}); using the catalog's typical discount",
                    err=True)
         return {}
 
@@ -315,123 +345,200 @@ def _live_spot_rates(spec: StackSpec) -> dict[str, pricing.Rate]:
 
 @app.command()
 def recommend(
-    params: Annotated[str | None, typer.Option(help="Model size in parameters: 7, 70b, 1.5t.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="A known model: llama-3.2-1b/3b, llama-3.1-8b/70b/405b, mistral-7b, mixtral-8x7b/8x22b, "
+             "qwen2.5-7b/72b.")] = None,
+    params: Annotated[str | None, typer.Option(
+        help="Model size in parameters (7, 70b, 1.5t): a known model of that size, or with --layers "
+             "and --hidden any model.")] = None,
     mode: Annotated[str | None, typer.Option(help="train, finetune (full) or inference.")] = None,
     precision: Annotated[str, typer.Option(
         help="bf16, fp16, fp32; inference also fp8, int8, int4.")] = "bf16",
     seq_len: Annotated[int | None, typer.Option(help="Sequence length (default 4096).")] = None,
-    batch: Annotated[int, typer.Option(
-        help="Training: micro-batch per GPU; inference: concurrent sequences.")] = 1,
+    batch: Annotated[int | None, typer.Option(help="Training: micro-batch per GPU (default 1).")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        help="Inference: sequences served at once, each with its KV cache (default 8).")] = None,
+    tokens: Annotated[str | None, typer.Option(
+        help="Tokens to train on (or to generate, for inference), e.g. 2t or 500b: rank by the job's "
+             "cost and show its hours.")] = None,
+    mfu: Annotated[float, typer.Option(
+        help="Model FLOPs utilisation: the share of the GPUs' dense peak the job achieves.")] = 0.4,
     max_nodes: Annotated[int | None, typer.Option(
         help="Most nodes to use (default 64 for training, 1 for inference).")] = None,
-    layers: Annotated[int | None, typer.Option(help="Model layers (else a known shape by size).")] = None,
+    layers: Annotated[int | None, typer.Option(help="Model layers (another model, with --params).")] = None,
     hidden: Annotated[int | None, typer.Option(help="Model hidden size.")] = None,
     heads: Annotated[int | None, typer.Option(help="Attention heads (default hidden / 128).")] = None,
     kv_heads: Annotated[int | None, typer.Option(help="KV heads for GQA (default: heads).")] = None,
-    region: Annotated[str, typer.Option(help="Region to price in.")] = "us-east-1",
+    vocab: Annotated[int | None, typer.Option(help="Vocabulary size (default 128256).")] = None,
+    region: Annotated[str, typer.Option(
+        help="Region: only types offered there, at its prices.")] = "us-east-1",
+    zone: Annotated[str | None, typer.Option(help="Only types offered in this availability zone.")] = None,
     top: Annotated[int, typer.Option(help="How many fits to list.")] = 10,
     as_json: JsonOption = False,
 ) -> None:
-    """Size a workload: the instance types and node counts that fit it, cheapest first."""
+    """Size a workload: the offered instance types and node counts that hold it, cheapest job first."""
     from gpucluster import sizing
 
     render.use_json(as_json)
-    if params is None:
-        fail_usage("recommend", "--params is required (model size, e.g. 7 or 70b)")
+    if model is None and params is None:
+        fail_usage("recommend", "--model or --params is required (e.g. --model llama-3.1-8b or --params 70b)")
     if mode is None:
         fail_usage("recommend", "--mode is required (train, finetune or inference)")
     if top < 1:
         fail_usage("recommend", f"--top: must be >= 1, got {top}")
     try:
-        workload = sizing.make_workload(params, mode, precision, seq_len, batch, max_nodes, layers,
-                                        hidden, heads, kv_heads)
-        fits = sizing.recommend(workload, region)
+        workload = sizing.make_workload(params, mode, precision, seq_len, batch, max_nodes, layers, hidden,
+                                        heads, kv_heads, model=model, concurrency=concurrency, vocab=vocab,
+                                        tokens=tokens, mfu=mfu)
+        fits = sizing.recommend(workload, region, zone)
     except sizing.SizingError as err:
         fail_usage("recommend", str(err))
     except pricing.PricingError as err:
         fail_usage("recommend", f"--region: {err}")
     memory = sizing.estimate_memory(workload)
-    snippet = sizing.node_group_snippet(fits[0], workload) if fits else None
+    snippet = sizing.node_group_snippet(fits[0], workload, region, zone) if fits else None
     if as_json:
+        m = workload.model
         render.emit({
-            "workload": {"params_billion": workload.params_b, "mode": workload.mode,
-                         "precision": workload.precision, "seq_len": workload.seq_len,
-                         "batch": workload.batch, "max_nodes": workload.max_nodes,
-                         "shape": vars(workload.shape)},
+            "workload": {"model": m.name, "params": m.params, "active_params": m.active_params,
+                         "mode": workload.mode, "precision": workload.precision,
+                         "seq_len": workload.seq_len, "batch": workload.batch,
+                         "concurrency": workload.concurrency, "max_nodes": workload.max_nodes,
+                         "tokens": workload.tokens, "mfu": workload.mfu, "flops": workload.flops,
+                         "region": region, "zone": zone,
+                         "shape": {k: v for k, v in vars(m).items() if k != "given_params"}},
             "memory_gib": {k: round(v / sizing.GIB, 3) for k, v in vars(memory).items()},
-            "fits": [vars(f) for f in fits[:top]], "snippet": snippet})
+            "fits": [{**vars(f), "usd_per_effective_tflop_hour": f.usd_per_effective_tflop_hour}
+                     for f in fits[:top]],
+            "snippet": snippet})
     else:
-        for line in render_recommendation(workload, memory, fits[:top], snippet):
+        for line in render_recommendation(workload, memory, fits[:top], snippet, region, zone):
             typer.echo(line)
     if not fits:
         raise typer.Exit(EXIT_BLOCKED)
 
 
-def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list[Fit],
-                          snippet: str | None) -> list[str]:
-    """The human output of `gpucluster recommend`."""
-    from gpucluster.sizing import GIB, USABLE_FRACTION
+def _billions(value: float) -> str:
+    return f"{value / 1e9:,.2f}B"
 
-    w = workload
-    out = [f"{w.params_b:g}B {w.mode}, {w.precision}, sequence {w.seq_len}, batch {w.batch}, "
-           f"at most {w.max_nodes} node(s); shape: {w.shape.layers} layers, hidden {w.shape.hidden}, "
-           f"{w.shape.heads} heads, {w.shape.kv_heads} KV heads ({w.shape.source})"]
+
+def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list[Fit],
+                          snippet: str | None, region: str = "us-east-1",
+                          zone: str | None = None) -> list[str]:
+    """The human output of `gpucluster recommend`."""
+    from gpucluster.sizing import CUDA_CONTEXT_GIB, FRAGMENTATION, GIB
+
+    w, m = workload, workload.model
+    per = (f"micro-batch {w.batch}" if w.training else f"{w.concurrency} concurrent sequences")
+    active = f" ({_billions(m.active_params)} active per token)" if m.active_params != m.params else ""
+    out = [f"{m.name} {w.mode}, {w.precision}, sequence {w.seq_len}, {per}, at most {w.max_nodes} node(s); "
+           f"{_billions(m.params)} parameters{active}",
+           f"shape: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, {m.kv_heads} KV heads, vocabulary "
+           f"{m.vocab} ({m.source})"]
     parts = [(label, getattr(memory, key) / GIB) for key, label in (
         ("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer states"),
-        ("overhead", "runtime overhead"), ("kv_cache", "KV cache")) if getattr(memory, key)]
+        ("buffers", "ZeRO-3 buffers"), ("overhead", "runtime overhead"), ("kv_cache", "KV cache"))
+        if getattr(memory, key)]
     out.append("memory: " + " + ".join(f"{label} {gib:,.1f}" for label, gib in parts)
                + f" = {memory.sharded / GIB:,.1f} GiB spread over all GPUs"
-               + (" (ZeRO-3 / FSDP)" if w.training else " (tensor parallel)"))
+               + (" (ZeRO-3 / FSDP, as DeepSpeed's estimator counts)" if w.training
+                  else " (tensor parallel)"))
     if w.training:
-        out.append(f"  + per GPU: activations {memory.activations / GIB:,.2f} GiB (full checkpointing) + "
-                   f"one gathered layer {memory.gather_buffers / GIB:,.2f} GiB")
-    out.append(f"  {USABLE_FRACTION * 100:.0f} % of each GPU's memory counted as usable; more than one "
-               "node needs EFA on several network cards")
+        out.append(f"  + per GPU: largest module {memory.largest_module / GIB:,.2f} GiB + activations "
+                   f"{memory.activations / GIB:,.2f} GiB (full checkpointing) + logits "
+                   f"{memory.logits / GIB:,.2f} GiB")
+    out.append(f"  usable per GPU: its memory less {CUDA_CONTEXT_GIB:g} GiB CUDA context, less "
+               f"{FRAGMENTATION * 100:g} % fragmentation; more than one node needs EFA on several "
+               "network cards")
+    where = f"zone {zone}" if zone else region
+    if w.flops is not None:
+        out.append(f"job: {w.tokens:,.0f} tokens x {6 if w.training else 2} x {_billions(m.active_params)} "
+                   f"parameters = {w.flops:,.3g} FLOPs at {w.mfu * 100:g} % of the GPUs' dense peak (MFU)")
     if not fits:
-        out.append("nothing in the catalog fits: raise --max-nodes, or lower --precision, --seq-len "
-                   "or --batch")
-        return out
-    out.append("")
-    out += render_table(
-        ["#", "instance type", "nodes", "GPUs", "need GiB/GPU", "usable", "on-demand $/h", "spot $/h", "EFA"],
-        [[str(i), f.instance_type, str(f.nodes), f"{f.gpus} x {f.gpu_model}", f"{f.need_gib_per_gpu:.1f}",
-          f"{f.usable_gib_per_gpu:.1f}", _usd(f.usd_per_hour), _usd(f.spot_usd_per_hour),
-          "yes" if f.efa else "no"] for i, f in enumerate(fits, 1)])
-    out += ["", "node group for the cheapest fit (paste under `config:` in stacks/Pulumi.<env>.yaml):", ""]
-    out += [f"  {line}" for line in (snippet or "").splitlines()]
+        out.append(f"nothing offered in {where} fits: raise --max-nodes, or lower --precision, --seq-len, "
+                   "--batch or --concurrency, or try another --region")
+        return render.wrap_lines(out)
+    out = render.wrap_lines(out)
+    out += ["", f"types offered in {where}, ranked by "
+            + ("the job's cost:" if w.flops is not None else "price per effective TFLOP-hour:")]
+    headers = ["#", "instance type", "nodes", "GPUs", "need GiB/GPU", "usable", "$/h", "price", "spot $/h",
+               "EFA", "eff. TFLOPS"]
+    headers += ["hours", "job $"] if w.flops is not None else ["$/eff. TFLOP-h"]
+    rows = []
+    for i, f in enumerate(fits, 1):
+        row = [str(i), f.instance_type, str(f.nodes), f"{f.gpus} x {f.gpu_model}",
+               f"{f.need_gib_per_gpu:.1f}", f"{f.usable_gib_per_gpu:.1f}", _usd(f.usd_per_hour),
+               f.price_basis, "-" if f.spot_usd_per_hour is None else _usd(f.spot_usd_per_hour),
+               "yes" if f.efa else "no", f"{f.effective_tflops:,.0f}"]
+        if f.hours is not None and f.job_usd is not None:
+            row += [f"{f.hours:,.1f}", _usd(f.job_usd)]
+        else:
+            row += [f"{f.usd_per_effective_tflop_hour:.5f}"]
+        rows.append(row)
+    out += render_table(headers, rows)
+    out += ["", "node group for the best fit (paste under `config:` in stacks/Pulumi.<env>.yaml):", ""]
+    out += render.yaml_lines(snippet or "")
     return out
 
 
 # ------------------------------------------------------------------------ doctor
 
 
+def _read_outputs(path: Path) -> set[str]:
+    """The Auto Scaling groups a deployed stack owns, from `pulumi stack output --json` (exit 2 if bad)."""
+    from gpucluster.ops.doctor import own_group_names
+
+    try:
+        doc = json.loads(path.read_text())
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object of stack outputs")
+        return own_group_names(doc)
+    except OSError as err:
+        fail_usage("doctor --outputs", f"cannot read {path}: {err.strerror}")
+    except json.JSONDecodeError as err:
+        fail_usage("doctor --outputs", f"{path} is not JSON ({err.msg}, line {err.lineno})")
+    except ValueError as err:
+        fail_usage("doctor --outputs", f"{path}: {err}")
+
+
 @app.command()
-def doctor(stack: StackArg, as_json: JsonOption = False) -> None:
-    """Check a stack against the AWS account (read-only): offerings, EFA, reservations, quotas, tags."""
+def doctor(
+    stack: StackArg,
+    outputs: Annotated[Path | None, typer.Option(
+        "--outputs", metavar="FILE.json",
+        help="The stack's outputs (`pulumi stack output --json`; `{}` before its first deploy): "
+             "which Auto Scaling groups are its own. Without it, groups are told apart by their "
+             "node-group tag.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Check a stack against the AWS account (read-only): offerings, EFA, reservations, quotas, the
+    identity and the budget's cost-allocation tag. Exit 1 on a blocker: run it before `pulumi up`."""
     from gpucluster.ops.doctor import DoctorError, has_blocker, run_checks
 
     render.use_json(as_json)
     spec = build_spec(stack)
+    own = _read_outputs(outputs) if outputs is not None else None
     try:
         with render.progress(f"checking {spec.stack} against the AWS account ({spec.region})"):
-            findings = run_checks(spec)
+            findings = run_checks(spec, own_groups=own)
     except DoctorError as err:
         fail_usage("doctor", str(err))
     counts = Counter(f.level for f in findings)
     code = EXIT_BLOCKED if has_blocker(findings) else EXIT_OK
     if as_json:
-        render.emit({"stack": spec.stack, "region": spec.region, "findings": [asdict(f) for f in findings],
+        render.emit({"stack": spec.stack, "region": spec.region, "identity": spec.identity,
+                     "findings": [asdict(f) for f in findings],
                      "counts": {level: counts[level] for level in ("ok", "warning", "blocker")},
                      "blocked": code == EXIT_BLOCKED})
         raise typer.Exit(code)
-    render.echo(f"stack {spec.stack} ({spec.region}): pre-flight checks against the AWS account")
+    for line in render.wrap(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}: "
+                            "pre-flight checks against the AWS account"):
+        render.echo(line)
     styles = {"blocker": "bad", "warning": "warn"}
-    header, *lines = render_table(["level", "check", "subject", "finding"],
-                                  [[f.level, f.check, f.subject, f.message] for f in findings])
-    render.echo(header)
-    for line, f in zip(lines, findings, strict=True):
-        render.echo(line.replace(f.level, render.paint(f.level, styles[f.level]), 1)
-                    if f.level in styles else line)
+    for line in render_table(["level", "check", "subject", "finding"],
+                             [[f.level, f.check, f.subject, f.message] for f in findings]):
+        level = line[2:].split(" ", 1)[0]  # a row's first line starts with its level
+        render.echo(line.replace(level, render.paint(level, styles[level]), 1) if level in styles else line)
     summary = f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['blocker']} blocker(s)"
     render.echo(render.paint(summary, "bad" if code == EXIT_BLOCKED else "good"))
     raise typer.Exit(code)
@@ -447,12 +554,40 @@ def _autoscaling(spec: StackSpec) -> Any:
     return boto3.client("autoscaling", region_name=spec.region)
 
 
-def _aws_call(command: str, call: Callable[[], T], doing: str = "asking AWS") -> T:
-    """Run an AWS call (a spinner after a second); no credentials or an AWS error: one line, exit 2."""
+def _cost_explorer(spec: StackSpec) -> Any:
+    """A Cost Explorer client (its one endpoint serves every region; honours AWS_ENDPOINT_URL)."""
+    import boto3
+
+    return boto3.client("ce", region_name=spec.region)
+
+
+def cost_tag_line(spec: StackSpec) -> str | None:
+    """One line when the budget's cost-allocation tag is not active (the budget then sees $0)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from gpucluster.ops.doctor import ACTIVATE_TAG, cost_tag_status
+    from gpucluster.spec import STACK_TAG
+
+    try:
+        state = cost_tag_status(_cost_explorer(spec), [STACK_TAG])[STACK_TAG]
+    except (BotoCoreError, ClientError) as err:
+        return f"cost tag {STACK_TAG}: could not check whether it is active ({err})"
+    if state == "Active":
+        return None
+    what = "inactive" if state else "not active (AWS does not list it yet)"
+    effect = (f"the budget (${spec.budget.monthly_limit_usd:,.0f}/month) sees $0 of this stack's spend and "
+              "its scale-to-zero never fires" if spec.budget else "costs by this tag read $0")
+    activate = ACTIVATE_TAG.format(key=STACK_TAG)
+    return f"warning: cost-allocation tag {STACK_TAG} is {what}: {effect}; {activate}"
+
+
+def _aws_call(command: str, call: Callable[[], T], doing: str | None = "asking AWS") -> T:
+    """Run an AWS call (a spinner saying `doing` after a second; None: no spinner, the caller
+    shows progress); no credentials or an AWS error: one line (JSON with --json), exit 2."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        with render.progress(doing):
+        with render.progress(doing) if doing else nullcontext():
             return call()
     except (BotoCoreError, ClientError) as err:
         fail_usage(command, f"AWS said: {err}")
@@ -473,28 +608,39 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
 
     render.use_json(as_json)
     spec = build_spec(stack)
-    rows = _aws_call("status", lambda: stack_status(spec.stack, autoscaling_client=_autoscaling(spec)),
+    rows = _aws_call("status", lambda: stack_status(spec.identity, autoscaling_client=_autoscaling(spec)),
                      f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    with render.progress("checking the budget's cost-allocation tag"):
+        warning = cost_tag_line(spec)
     if as_json:
-        render.emit({"stack": spec.stack, "region": spec.region, "groups": [asdict(r) for r in rows]})
+        render.emit({"stack": spec.stack, "region": spec.region, "identity": spec.identity,
+                     "groups": [asdict(r) for r in rows], "warnings": [warning] if warning else []})
         raise typer.Exit(EXIT_OK)
     if not rows:
-        typer.echo(f"stack {spec.stack} ({spec.region}): no Auto Scaling groups tagged "
-                   f"gpucluster:stack={spec.stack} (not deployed, or another account/region)")
-        raise typer.Exit(EXIT_OK)
-    typer.echo(f"stack {spec.stack} ({spec.region}):")
-    for line in render_status(rows):
-        typer.echo(line)
+        out = render.wrap(f"stack {spec.stack} ({spec.region}): no Auto Scaling groups tagged "
+                          f"gpucluster:stack={spec.identity} (not deployed, another account or region, "
+                          "or deployed from another Pulumi organization or project)")
+    else:
+        out = [*render.wrap(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}:"),
+               *render_status(rows)]
+    if warning:
+        out += [render.paint(line, "warn") for line in render.wrap(warning)]
+    for line in out:
+        render.echo(line)
 
 
 def _resume_price(spec: StackSpec, candidate: ResumeCandidate) -> tuple[str, float | None]:
-    """(instance type, on-demand USD per node-hour) of the node group a group belongs to.
+    return node_group_rate(spec, candidate.node_group)
+
+
+def node_group_rate(spec: StackSpec, node_group: str | None) -> tuple[str, float | None]:
+    """(instance type, on-demand USD per node-hour) of a node group, by name.
 
     The node group's first instance type, as `gpucluster cost` prices it; None when
     the group carries no node-group tag, the stack file no longer has that node
     group, or the region has no price.
     """
-    group = next((g for g in spec.node_groups if g.name == candidate.node_group), None)
+    group = next((g for g in spec.node_groups if g.name == node_group), None)
     if group is None or not group.types:
         return "?", None
     first = group.types[0]
@@ -515,7 +661,7 @@ def _resume_json(spec: StackSpec, candidate: ResumeCandidate) -> dict[str, Any]:
             else round(rate * candidate.added_nodes, 4)}
 
 
-def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate]) -> list[str]:
+def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate], action: str = "resume") -> list[str]:
     """What `resume` will restart, what it costs per hour, and the warning for budget stops."""
     rows, total, unpriced = [], 0.0, []
     for c in todo:
@@ -530,7 +676,7 @@ def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate]) -> list[str
                      str(d.desired_capacity), str(d.min_size), instance_type,
                      "?" if cost is None else _usd(cost)])
     added = sum(c.added_nodes for c in todo)
-    out = [f"stack {spec.stack} ({spec.region}): resume restarts {len(todo)} group(s), "
+    out = [f"stack {spec.stack} ({spec.region}): {action} restarts {len(todo)} group(s), "
            f"{added} node(s):"]
     out += render_table(["group", "node group", "stopped by", "nodes now", "nodes after", "min after",
                          "instance type", "on-demand $/h"], rows)
@@ -559,10 +705,12 @@ def explain_nothing_to_resume(stack: str, spec: StackSpec, candidates: list[Resu
     from gpucluster.lambdas.scaling import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
 
     if not candidates:
-        return [f"nothing to resume: no Auto Scaling group is tagged gpucluster:stack={spec.stack} "
-                f"in {spec.region}.",
-                f"  Not deployed yet (pulumi up -s {spec.stack}), or your AWS credentials point at "
-                f"another account (check AWS_PROFILE)."]
+        return [*render.wrap(f"nothing to resume: no Auto Scaling group is tagged "
+                             f"gpucluster:stack={spec.identity} in {spec.region}."),
+                *render.wrap(f"Not deployed yet (pulumi up -s {spec.stack}), or your AWS credentials "
+                             "point at another account (check AWS_PROFILE), or it was deployed from "
+                             "another Pulumi organization or project (gpucluster:organization, the "
+                             "name in Pulumi.yaml).", "  ")]
     out = [f"nothing to resume in stack {spec.stack} ({spec.region}):"]
     for c in candidates:
         d = c.decision
@@ -588,7 +736,7 @@ def resume(
     stack: StackArg,
     only: Annotated[list[str] | None, typer.Option(
         "--only", help="Resume only groups stopped for this reason (budget, idle, schedule, "
-                       "lifetime); repeatable.")] = None,
+                       "lifetime, manual); repeatable.")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (scripts).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would restart and its cost.")]
     = False,
@@ -610,53 +758,45 @@ def resume(
         fail_usage("resume", f"--only: unknown reason {', '.join(unknown)} "
                              f"(one of {', '.join(STOP_REASONS)})")
     client = _autoscaling(spec)
-    candidates = _aws_call("resume", lambda: plan_resume(spec.stack, autoscaling_client=client,
+    candidates = _aws_call("resume", lambda: plan_resume(spec.identity, autoscaling_client=client,
                                                          only_stopped_by=only or None),
                            f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
     todo = [c for c in candidates if c.decision.action == "resume"]
     if as_json:
-        document = {"stack": spec.stack, "region": spec.region, "dry_run": dry_run,
+        document = {"stack": spec.stack, "region": spec.region, "identity": spec.identity, "dry_run": dry_run,
                     "groups": [_resume_json(spec, c) for c in candidates], "resumed": [], "status": []}
         if todo and not dry_run:
             shown = {c.group: c.decision.stopped_by for c in todo}
             document["resumed"] = [asdict(r) for r in _aws_call("resume", lambda: resume_stack(
-                spec.stack, autoscaling_client=client, only_stopped_by=only or None, shown=shown))]
+                spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown))]
             document["status"] = [asdict(r) for r in _aws_call(
-                "resume", lambda: stack_status(spec.stack, autoscaling_client=client))]
+                "resume", lambda: stack_status(spec.identity, autoscaling_client=client))]
         render.emit(document)
         raise typer.Exit(EXIT_OK)
     if not todo:
         for line in explain_nothing_to_resume(stack, spec, candidates, only or []):
-            typer.echo(line)
+            render.say(line)
         raise typer.Exit(EXIT_OK)
     for line in render_resume_plan(spec, todo):
-        typer.echo(line)
+        render.say(line)
     if dry_run:
-        typer.echo("dry run: nothing changed")
+        render.say("dry run: nothing changed")
         raise typer.Exit(EXIT_OK)
-    if not yes:
-        try:
-            agreed = typer.confirm(f"Restart {len(todo)} group(s)?", default=False)
-        except typer.Abort:  # no answer (stdin closed)
-            typer.echo("\nno answer: pass --yes to resume without asking")
-            agreed = False
-        if not agreed:
-            typer.echo("resume cancelled: nothing changed")
-            raise typer.Exit(EXIT_BLOCKED)
+    confirm_or_exit("resume", f"Restart {len(todo)} group(s)?", yes)
     shown = {c.group: c.decision.stopped_by for c in todo}
     results = _aws_call("resume", lambda: resume_stack(
-        spec.stack, autoscaling_client=client, only_stopped_by=only or None, shown=shown),
+        spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown),
         f"restarting {len(todo)} group(s)")
     before = {c.group: c.desired_now for c in todo}
     for r in results:
         if r.action == "resumed":
-            typer.echo(f"resumed {r.group} (stopped by {r.stopped_by}): {before.get(r.group, 0)} -> "
+            render.say(f"resumed {r.group} (stopped by {r.stopped_by}): {before.get(r.group, 0)} -> "
                        f"{r.desired_capacity} node(s), min {r.min_size}")
         else:
-            typer.echo(f"not resumed {r.group}: {r.reason}")
-    rows = _aws_call("resume", lambda: stack_status(spec.stack, autoscaling_client=client))
+            render.say(f"not resumed {r.group}: {r.reason}")
+    rows = _aws_call("resume", lambda: stack_status(spec.identity, autoscaling_client=client))
     for line in render_status(rows):
-        typer.echo(line)
+        render.say(line)
 
 
 # -------------------------------------------------------------------------- init
@@ -687,6 +827,12 @@ def init(
         typer.echo(f"  {path.relative_to(directory)}")
     typer.echo("")
     typer.echo(f"next: {next_step}   (README.md has the steps to deploy)")
+
+
+# The other commands register themselves on `app` when imported (they import from this module).
+from gpucluster.cli import capacity as _capacity  # noqa: E402,F401  capacity search, buy
+from gpucluster.cli import jobs as _jobs  # noqa: E402,F401  nodes, run, hostfile, scale, stop, start, jobs...
+from gpucluster.cli import spend as _spend  # noqa: E402,F401  spend
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -119,18 +119,73 @@ def clip(text: str, width: int = WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def table(headers: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
-    """Columns padded to their widest cell; cells that look like numbers are right-aligned."""
+def table(headers: list[str], rows: list[list[str]], indent: str = "  ", width: int = WIDTH) -> list[str]:
+    """Columns padded to their widest cell; cells that look like numbers are right-aligned.
+
+    A table wider than `width` keeps as many leading columns as fit and prints the rest of each
+    row under it, indented, as `header: value` (a long last column of text, such as a finding,
+    wraps in its own column instead): every line fits `width`.
+    """
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
 
     def numeric(cell: str) -> bool:
         return cell.lstrip("$+-").replace(",", "").replace(".", "", 1).replace(" %", "").isdigit()
 
-    def line(cells: list[str]) -> str:
+    def line(cells: list[str], upto: int) -> str:
         return indent + "  ".join(c.rjust(w) if numeric(c) else c.ljust(w)
-                                  for c, w in zip(cells, widths, strict=True)).rstrip()
+                                  for c, w in zip(cells[:upto], widths[:upto], strict=True)).rstrip()
 
-    return [line(headers), *(line(r) for r in rows)]
+    def span(columns: int) -> int:
+        return len(indent) + sum(widths[:columns]) + 2 * (columns - 1)
+
+    if span(len(headers)) <= width:
+        return [line(headers, len(headers)), *(line(r, len(headers)) for r in rows)]
+    last = len(headers) - 1
+    if span(last) + 2 + 24 <= width and all(not numeric(str(r[last])) for r in rows):
+        room = width - span(last) - 2  # the last column wraps within what is left
+        pad = " " * (span(last) + 2)
+        out = [line(headers, last) + "  " + headers[last]]
+        for r in rows:
+            parts = textwrap.wrap(str(r[last]), room, break_on_hyphens=False) or [""]
+            out += [(line(r, last) + "  " + parts[0]).rstrip(), *(pad + p for p in parts[1:])]
+        return out
+    keep = max(c for c in range(1, len(headers) + 1) if c == 1 or span(c) <= width)
+    out = [line(headers, keep)]
+    for r in rows:
+        out.append(line(r, keep))
+        rest = "  ".join(f"{h}: {c}" for h, c in zip(headers[keep:], r[keep:], strict=True))
+        out += wrap(rest, indent=indent + "    ", width=width)
+    return out
+
+
+def wrap_lines(lines: Iterable[str], width: int = WIDTH) -> list[str]:
+    """Prose lines wrapped to `width`; a line's leading spaces indent all it wraps into."""
+    out: list[str] = []
+    for text in lines:
+        for part in text.split("\n"):
+            body = part.lstrip(" ")
+            out += wrap(body, indent=part[: len(part) - len(body)], width=width)
+    return out
+
+
+def yaml_lines(text: str, indent: str = "  ", width: int = WIDTH) -> list[str]:
+    """A YAML snippet to paste, indented; a comment longer than `width` goes on as more comment
+    lines (the same YAML), nothing else is touched."""
+    out = []
+    for line in text.splitlines():
+        body = line.lstrip(" ")
+        if body.startswith("#") and len(indent + line) > width:
+            lead = indent + line[: len(line) - len(body)]
+            out += wrap(body.removeprefix("#").strip(), indent=lead + "# ", width=width, hang="")
+        else:
+            out.append(indent + line)
+    return out
+
+
+def say(text: str, err: bool = False, width: int = WIDTH) -> None:
+    """Print prose wrapped to `width` (see `wrap_lines`)."""
+    for line in wrap_lines([text], width):
+        echo(line, err=err)
 
 
 def grid(cells: Iterable[str], indent: str = "  ", width: int = WIDTH, gap: int = 3) -> list[str]:
@@ -194,9 +249,12 @@ def kind(type_token: str) -> str:
 
 
 def plan_lines(result: Plan, cost: StackCost | str, violations: list[Violation], tree: bool,
-               notes: Sequence[str] = ()) -> list[str]:
+               notes: Sequence[str] = (), warnings: Sequence[str] = ()) -> list[str]:
     """`gpucluster plan`: the verdict first (what, what it costs, which policies it breaks), then the
-    details that ask for it (`--tree`: the resource tree and the stack outputs)."""
+    details that ask for it (`--tree`: the resource tree and the stack outputs).
+
+    `warnings`: the spec's advice (valid config against it), each `path: message`.
+    """
     custom = [r for r in result.resources if r.custom]
     out = [paint(f"stack {result.stack} ({result.spec.region}): {len(custom)} resources in "
                  f"{len(result.resources) - len(custom)} components", "bold")]
@@ -205,6 +263,8 @@ def plan_lines(result: Plan, cost: StackCost | str, violations: list[Violation],
         counts[kind(r.type)] = counts.get(kind(r.type), 0) + 1
     out.append("resources by kind:")
     out += grid(f"{n:3d} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    for warning in warnings:  # valid, but against advice (e.g. spot in a multi-node EFA group)
+        out += [paint(line, "warn") for line in wrap(f"warning: {warning}")]
     out += cost_lines(result.stack, cost)
     out += violation_lines(violations)
     for note in notes:
@@ -230,6 +290,9 @@ def cost_lines(stack: str, cost: StackCost | str) -> list[str]:
              f"${cost.usd_per_month('max'):,.0f} at max")
     lines = [f"{first} {paint(saving, 'good')}" if len(first) + len(saving) < WIDTH
              else first, *([] if len(first) + len(saving) < WIDTH else [f"  {paint(saving, 'good')}"])]
+    if cost.schedule.scheduled:
+        lines.append(f"  as scheduled ({cost.schedule.hours_per_month:,.0f} h/month) "
+                     f"${cost.usd_per_month('desired', scheduled=True):,.0f} at desired nodes")
     more = f"`gpucluster cost {stack}` for the breakdown"
     if cost.warnings:
         more = paint(f"{len(cost.warnings)} warning(s)", "warn") + f"; {more}"

@@ -36,13 +36,17 @@ PREVIOUS_MIN_TAG = "gpucluster:previous-min"
 STATE_TAGS = (STOPPED_BY_TAG, PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG)
 
 BUDGET, IDLE, SCHEDULE, LIFETIME = "budget", "idle", "schedule", "lifetime"
-STOP_REASONS = (BUDGET, IDLE, SCHEDULE, LIFETIME)
+MANUAL = "manual"  # `gpucluster stop`: a person, through the same tags as every guardrail
+CAPACITY_BLOCK = "capacity-block"  # the group's Capacity Block is about to end
+STOP_REASONS = (BUDGET, IDLE, SCHEDULE, LIFETIME, MANUAL, CAPACITY_BLOCK)
 
 # Lambda handler strings: the deploy zips `components/gpucluster/lambdas` as package `lambdas`.
 HANDLERS: dict[str, str] = {
     "budget_action": "lambdas.budget_action.handler",
     "autostop": "lambdas.autostop.handler",
     "spot_interruption": "lambdas.spot_interruption.handler",
+    "report": "lambdas.report.handler",
+    "capacity_block": "lambdas.capacity_block.handler",
 }
 
 # Environment each handler reads (GPUCLUSTER_STACK is required, the rest optional).
@@ -59,6 +63,21 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
         "GPUCLUSTER_STACK",
         "INTERRUPTION_COMMAND",
         "INTERRUPTION_TIMEOUT_SECONDS",
+        "NOTIFY_TOPIC_ARN",
+    ),
+    "report": (
+        "GPUCLUSTER_STACK",
+        "NOTIFY_TOPIC_ARN",
+        "REPORT_PERIOD",
+        "MONTHLY_LIMIT_USD",
+        "IDLE_THRESHOLD_PERCENT",
+        "GPU_METRIC_NAMESPACE",
+    ),
+    "capacity_block": (
+        "GPUCLUSTER_STACK",
+        "CAPACITY_BLOCK_GROUPS",
+        "PRE_STOP_COMMAND",
+        "PRE_STOP_TIMEOUT_SECONDS",
         "NOTIFY_TOPIC_ARN",
     ),
 }
@@ -89,6 +108,20 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
     "spot_interruption": (
         "autoscaling:DescribeAutoScalingInstances",
         "autoscaling:DescribeAutoScalingGroups",
+        "ssm:SendCommand",
+        "ssm:GetCommandInvocation",
+        "sns:Publish",
+    ),
+    "report": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "ce:GetCostAndUsage",
+        "ce:GetCostForecast",
+        "cloudwatch:GetMetricData",
+    ),
+    "capacity_block": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:UpdateAutoScalingGroup",
+        "autoscaling:CreateOrUpdateTags",
         "ssm:SendCommand",
         "ssm:GetCommandInvocation",
         "sns:Publish",

@@ -21,20 +21,23 @@ if [ "$GPUCLUSTER_WATCH_SPOT" = "true" ]; then
   systemctl enable --now gpucluster-spot-watcher.service
 fi
 
-# CloudWatch agent first: auto-stop can only stop an idle node it hears from.
-# It publishes nvidia_smi_utilization_gpu per Auto Scaling group.
-# Installed when the AMI lacks it: a pinned version from the regional bucket (so it also works
-# through the VPC's S3 gateway endpoint), its signature checked first (gpucluster-install).
-CWA_CTL=/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl
-if [ ! -x "$CWA_CTL" ]; then
-  /usr/local/sbin/gpucluster-install cloudwatch-agent
-fi
-"$CWA_CTL" -a fetch-config -m ec2 -s -c file:/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json
+# The agent, the disks and the datasets each run as a unit of their own: a step that fails (a busy
+# dpkg lock at first boot, a download that does not verify, a bucket that does not answer) is
+# retried by systemd a bounded number of times and reported after every run (gpucluster-report:
+# metric gpucluster NodeStepFailed), and never stops the others.
+# CloudWatch agent first: auto-stop can only stop an idle node it hears from (it publishes
+# nvidia_smi_utilization_gpu per Auto Scaling group). Installed when the AMI lacks it: a pinned
+# version from the regional bucket, its signature checked first (gpucluster-install).
+systemctl enable gpucluster-agent.service
+systemctl start --no-block gpucluster-agent.service
 
 # After the agent, so a node whose disks fail to assemble is still seen (and stopped) when idle.
-systemctl enable --now gpucluster-scratch.service
+if ! systemctl enable --now gpucluster-scratch.service; then
+  echo "gpucluster bootstrap: scratch failed (reported); datasets wait for it"
+fi
 
 # Datasets can take long to copy: start them without holding up cloud-init.
 systemctl enable gpucluster-data.service
 systemctl start --no-block gpucluster-data.service
+systemctl enable gpucluster-setup.service && systemctl start --no-block gpucluster-setup.service
 echo "gpucluster bootstrap: done $(date -Is)"

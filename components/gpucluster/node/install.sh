@@ -10,9 +10,23 @@
 #   lustre-client     the Lustre client modules for the running kernel from AWS's apt repository
 #                     (FSx for Lustre user guide, "Installing the Lustre client", Ubuntu): apt checks
 #                     the repository's signatures against that repository's key only (signed-by).
+# Every dpkg/apt-get waits for the package lock first, at most GPUCLUSTER_LOCK_TIMEOUT_SECONDS: the
+# Deep Learning AMI can hold it during first boot (unattended-upgrades, its own setup; SkyPilot
+# issue #4237). A failed step is tried GPUCLUSTER_INSTALL_ATTEMPTS times in all, then exits 1: the
+# calling unit (gpucluster-agent, gpucluster-data) retries and reports it, never skips it.
 set -euo pipefail
 # shellcheck source=/dev/null
 . "${GPUCLUSTER_NODE_ENV:-/etc/gpucluster/node.env}"
+export DEBIAN_FRONTEND=noninteractive
+
+LOCK_TIMEOUT="${GPUCLUSTER_LOCK_TIMEOUT_SECONDS:-600}"
+LOCK_POLL="${GPUCLUSTER_LOCK_POLL_SECONDS:-5}"
+ATTEMPTS="${GPUCLUSTER_INSTALL_ATTEMPTS:-3}"
+RETRY_PAUSE="${GPUCLUSTER_RETRY_SECONDS:-20}"
+# dpkg's and apt's locks (what `apt-get` itself takes, lock-frontend first).
+DPKG_LOCKS=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock)
+# apt >= 1.9.11 (Ubuntu 20.04 and later) can wait for the lock itself; dpkg cannot.
+APT=(apt-get -o "DPkg::Lock::Timeout=$LOCK_TIMEOUT")
 
 CWA_VERSION=1.300072.0b1766
 CWA_SIGNERS="937616F3450B7D806CBD9725D58167303B789C72"
@@ -20,6 +34,39 @@ MOUNTPOINT_VERSION=1.18.0
 MOUNTPOINT_SIGNERS="8AEFE705EBE329C0948C75A66F1C3B3AEF4B030B 673FE4061506BB469A0EF857BE397A52B086DA5A"
 
 log() { echo "gpucluster-install: $*"; logger -t gpucluster-install -- "$*" || true; }
+
+# Wait until no process holds the dpkg/apt locks (fuser, psmisc), at most LOCK_TIMEOUT seconds.
+wait_for_dpkg() {
+  local deadline=$((SECONDS + LOCK_TIMEOUT)) said=""
+  while fuser "${DPKG_LOCKS[@]}" >/dev/null 2>&1; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      log "the dpkg lock is still held after ${LOCK_TIMEOUT}s"
+      return 1
+    fi
+    if [ -z "$said" ]; then
+      log "waiting for the dpkg lock (another package manager is running)"
+      said=1
+    fi
+    sleep "$LOCK_POLL"
+  done
+}
+
+# package COMMAND...: a dpkg or apt-get command, run once the lock is free and tried again when it
+# fails (the lock taken again between the wait and the command, a mirror that did not answer).
+package() {
+  local attempt
+  for ((attempt = 1; attempt <= ATTEMPTS; attempt++)); do
+    if wait_for_dpkg && "$@"; then
+      return 0
+    fi
+    log "attempt $attempt of $ATTEMPTS failed: $*"
+    if [ "$attempt" -lt "$ATTEMPTS" ]; then
+      sleep "$RETRY_PAUSE"
+    fi
+  done
+  log "giving up after $ATTEMPTS attempts: $*"
+  return 1
+}
 
 # verified_download URL SIGNATURE_URL KEY_URL "PINNED_FINGERPRINTS" OUT
 # The signature must be good and made by a key whose primary fingerprint is pinned (gpg's VALIDSIG
@@ -50,7 +97,7 @@ install_cloudwatch_agent() {
   verified_download "$base/ubuntu/amd64/$CWA_VERSION/amazon-cloudwatch-agent.deb" \
     "$base/ubuntu/amd64/$CWA_VERSION/amazon-cloudwatch-agent.deb.sig" \
     "$base/assets/amazon-cloudwatch-agent.gpg" "$CWA_SIGNERS" "$deb"
-  dpkg -i -E "$deb"
+  package dpkg -i -E "$deb"
   rm -f "$deb"
 }
 
@@ -60,7 +107,7 @@ install_mount_s3() {
   verified_download "$base/$MOUNTPOINT_VERSION/x86_64/mount-s3-$MOUNTPOINT_VERSION-x86_64.deb" \
     "$base/$MOUNTPOINT_VERSION/x86_64/mount-s3-$MOUNTPOINT_VERSION-x86_64.deb.asc" \
     "$base/public_keys/KEYS" "$MOUNTPOINT_SIGNERS" "$deb"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y "$deb"
+  package "${APT[@]}" install -y "$deb"
   rm -rf "$(dirname "$deb")"
 }
 
@@ -72,8 +119,8 @@ install_lustre_client() {
     | gpg --batch --dearmor --yes -o "$keyring"
   echo "deb [signed-by=$keyring] https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu $codename main" \
     > /etc/apt/sources.list.d/fsxlustreclientrepo.list
-  apt-get update
-  DEBIAN_FRONTEND=noninteractive apt-get install -y "lustre-client-modules-$(uname -r)"
+  package "${APT[@]}" update
+  package "${APT[@]}" install -y "lustre-client-modules-$(uname -r)"
 }
 
 case "${1:-}" in

@@ -2,7 +2,8 @@
 
 It owns what runs on a node: the NVMe RAID0 scratch volume, the EFA/NCCL
 environment, the CloudWatch agent publishing GPU utilisation (auto-stop alarms
-on it), the spot-interruption watcher and hook, and the dataset mounts. The
+on it), the spot-interruption watcher and hook, the dataset mounts, the
+checkpoint hook, and the node group's own files, setup and container image. The
 shell lives in the `*.sh` files next to this module; this module only renders
 settings into them (values shell-quoted) and packs them into one script. It is
 pure: no Pulumi import and no AWS call, so the output can be linted (`bash -n`,
@@ -22,13 +23,15 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from gpucluster.catalog import family_of
+from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.parts import DataMount
-from gpucluster.spec import NodeGroupConfig, SpotConfig, StackSpec
+from gpucluster.spec import NodeGroupConfig, SpotConfig, StackSpec, read_project_file
 
 # --- the contract with auto-stop (guardrails): where GPU utilisation is published.
 # CloudWatch user guide, "Collect NVIDIA GPU metrics": the agent's nvidia_gpu plugin
-# publishes `nvidia_smi_<measurement>` in the agent's namespace (default CWAgent).
-GPU_METRIC_NAMESPACE = "CWAgent"
+# publishes `nvidia_smi_<measurement>` in the agent's namespace: the cluster's own
+# (`gpu_metric_namespace`), the only one the node role may publish into, so no node feeds
+# another cluster's idle alarms.
 GPU_UTILIZATION_METRIC = "nvidia_smi_utilization_gpu"
 GPU_METRIC_DIMENSION = "AutoScalingGroupName"
 """The agent also publishes an aggregate carrying only this dimension (one series per group)."""
@@ -37,6 +40,10 @@ GPU_METRIC_PERIOD_SECONDS = 60
 # --- the contract with the spot-interruption guardrail: run the hook through this, once.
 INTERRUPTION_HOOK = "/usr/local/sbin/gpucluster-interruption-hook"
 NODE_ENV = "/etc/gpucluster/node.env"
+# --- the node group's own setup (gpucluster-setup.service) and the checkpoint contract's hook.
+USER_SETUP = "/etc/gpucluster/user-setup.sh"
+CHECKPOINT_HOOK = "/usr/local/sbin/gpucluster-checkpoint"
+JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # `gpucluster run --detach`, `jobs`, `logs`, `cancel`
 
 MAX_USER_DATA_BYTES = 16384
 """EC2 limit on user data before base64 (EC2 user guide, "Run commands at launch").
@@ -60,6 +67,8 @@ class NodeFile:
     path: str
     content: str
     mode: str = "0644"
+    make_parent: bool = False
+    """Create the file's directory first (the group's own files go anywhere)."""
 
 
 @dataclass(frozen=True)
@@ -80,12 +89,18 @@ class NodeBootstrap:
     handle_rebalance: bool
     data_mounts: tuple[DataMount, ...] = field(default=())
     """Resolved: bucket and FSx names are strings here, never Outputs."""
+    user_files: tuple[NodeFile, ...] = field(default=())
+    """The group's `files`, their `source`s read."""
+    user_setup: str | None = None
+    """The script gpucluster-setup runs: the group's `setup` commands, or its `setup_script`."""
+    container_image: str | None = None
+    """Pulled by gpucluster-setup at boot."""
 
 
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig,
                    data_mounts: Sequence[DataMount] = ()) -> NodeBootstrap:
     """The bootstrap settings of `group` in `spec`, with already-resolved data mounts."""
-    return group_bootstrap(group, stack=spec.stack, cluster=spec.cluster.name, region=spec.region,
+    return group_bootstrap(group, stack=spec.identity, cluster=spec.cluster.name, region=spec.region,
                            spot=spec.spot, data_mounts=data_mounts)
 
 
@@ -104,7 +119,26 @@ def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region:
         interruption_timeout_seconds=spot.interruption_timeout_seconds,
         handle_rebalance=spot.handle_rebalance,
         data_mounts=tuple(data_mounts),
+        user_files=tuple(NodeFile(f.path, f.content if f.source is None else read_project_file(f.source),
+                                  f.mode, make_parent=True) for f in group.files),
+        user_setup=user_setup_script(group),
+        container_image=group.container_image,
     )
+
+
+def user_setup_script(group: NodeGroupConfig) -> str | None:
+    """The script gpucluster-setup runs: `setup_script`'s text, or the `setup` commands in order.
+
+    Commands run under `set -euo pipefail`: the first one that fails stops the setup
+    (and fails the unit, so `systemctl status gpucluster-setup` shows it).
+    """
+    if group.setup_script:
+        return read_project_file(group.setup_script)
+    if not group.setup:
+        return None
+    return ("#!/bin/bash\n"
+            f"# node group {group.name}: the stack file's setup commands, in order\n"
+            "set -euo pipefail\n" + "".join(f"{command}\n" for command in group.setup))
 
 
 # ------------------------------------------------------------------ rendered parts
@@ -115,6 +149,8 @@ def node_env(b: NodeBootstrap) -> str:
     values = {
         "GPUCLUSTER_STACK": b.stack,
         "GPUCLUSTER_CLUSTER": b.cluster,
+        # The one namespace the node role may publish into (noderole.gpu_metric_namespace).
+        "GPUCLUSTER_METRIC_NAMESPACE": gpu_metric_namespace(b.cluster),
         "GPUCLUSTER_NODE_GROUP": b.node_group,
         "GPUCLUSTER_REGION": b.region,
         "GPUCLUSTER_SCRATCH_MOUNT": b.scratch_mount,
@@ -122,6 +158,7 @@ def node_env(b: NodeBootstrap) -> str:
         "GPUCLUSTER_HANDLE_REBALANCE": _bool(b.handle_rebalance),
         "GPUCLUSTER_INTERRUPTION_COMMAND": b.interruption_command or "",
         "GPUCLUSTER_INTERRUPTION_TIMEOUT_SECONDS": str(b.interruption_timeout_seconds),
+        "GPUCLUSTER_CONTAINER_IMAGE": b.container_image or "",
     }
     if any("\0" in value for value in values.values()):
         raise ValueError("node settings cannot hold NUL characters (bash variables cannot)")
@@ -149,7 +186,7 @@ def efa_environment(b: NodeBootstrap) -> dict[str, str]:
     return env
 
 
-def cloudwatch_agent_config() -> dict[str, object]:
+def cloudwatch_agent_config(cluster: str) -> dict[str, object]:
     """CloudWatch agent config: GPU metrics per instance, aggregated per Auto Scaling group.
 
     `append_dimensions` adds the group name from the instance's aws:autoscaling:groupName
@@ -158,7 +195,7 @@ def cloudwatch_agent_config() -> dict[str, object]:
     return {
         "agent": {"metrics_collection_interval": GPU_METRIC_PERIOD_SECONDS, "run_as_user": "root"},
         "metrics": {
-            "namespace": GPU_METRIC_NAMESPACE,
+            "namespace": gpu_metric_namespace(cluster),
             "append_dimensions": {
                 "AutoScalingGroupName": "${aws:AutoScalingGroupName}",
                 "InstanceId": "${aws:InstanceId}",
@@ -180,7 +217,8 @@ def data_mounts_table(b: NodeBootstrap) -> str:
     """/etc/gpucluster/data-mounts.tsv, one dataset a line, as gpucluster-data reads it."""
     rows = []
     for m in b.data_mounts:
-        fields = [m.access, m.name, m.bucket_name, m.prefix, m.path, m.fsx_dns_name, m.fsx_mount_name]
+        fields = [m.access, m.name, m.bucket_name, m.prefix, m.path, m.fsx_dns_name, m.fsx_mount_name,
+                  m.expected_bucket_owner]
         for value in fields:
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"data mount {m.name!r}: resolve Outputs before rendering, got "
@@ -198,6 +236,30 @@ def _unit(description: str, body: str, after: str = "local-fs.target", extra: st
             f"\n[Service]\n{body}\n\n[Install]\nWantedBy=multi-user.target\n")
 
 
+# A node step that fails is run again by systemd, a bounded number of times, and reported after
+# every run (gpucluster-report: the NodeStepFailed metric and the journal), never silently skipped.
+# Restart=on-failure is the one Restart= a Type=oneshot unit takes (systemd.service(5); systemd >= 244,
+# the Deep Learning AMI's Ubuntu 22.04 has 249). After STEP_BURST starts within STEP_INTERVAL the
+# unit stays failed (its last report says so) until the next boot.
+STEP_RESTART_SECONDS = 30
+STEP_BURST = 5
+STEP_INTERVAL = "2h"
+NODE_STEP_METRIC = "NodeStepFailed"
+"""1 after a failed run of a node step, 0 after a good one; by Stack, NodeGroup and Step, in the
+cluster's own namespace (GPUCLUSTER_METRIC_NAMESPACE: the only one the node role may publish into)."""
+
+
+def _step_unit(step: str, description: str, *, after: str, extra: str = "",
+               timeout: str = "infinity") -> str:
+    """A oneshot node step (gpucluster-<step>) that is retried on failure and reports every run."""
+    report = f"{_SBIN}/gpucluster-report {step}"
+    return _unit(description, (
+        f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec={timeout}\n"
+        f"ExecStart={_SBIN}/gpucluster-{step}\nExecStartPost={report}\nExecStopPost={report}\n"
+        f"Restart=on-failure\nRestartSec={STEP_RESTART_SECONDS}"),
+        after=after, extra=f"StartLimitIntervalSec={STEP_INTERVAL}\nStartLimitBurst={STEP_BURST}\n{extra}")
+
+
 def node_files(b: NodeBootstrap) -> list[NodeFile]:
     """Every file the bootstrap writes, in the order it writes them."""
     files = [
@@ -206,15 +268,22 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         NodeFile(f"{_SBIN}/gpucluster-scratch", script("scratch.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-data", script("data.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-install", script("install.sh"), "0755"),
+        NodeFile(f"{_SBIN}/gpucluster-agent", script("agent.sh"), "0755"),
+        NodeFile(f"{_SBIN}/gpucluster-report", script("report.sh"), "0755"),
         NodeFile(INTERRUPTION_HOOK, script("interruption-hook.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-spot-watcher", script("spot-watcher.sh"), "0755"),
         NodeFile(f"{_UNITS}/gpucluster-scratch.service", _unit(
             "NVMe instance-store scratch (RAID0)",
-            f"Type=oneshot\nRemainAfterExit=yes\nExecStart={_SBIN}/gpucluster-scratch",
+            f"Type=oneshot\nRemainAfterExit=yes\nExecStart={_SBIN}/gpucluster-scratch\n"
+            f"ExecStartPost={_SBIN}/gpucluster-report scratch\n"
+            f"ExecStopPost={_SBIN}/gpucluster-report scratch",
             extra="Before=gpucluster-data.service\n")),
-        NodeFile(f"{_UNITS}/gpucluster-data.service", _unit(
-            "datasets (copy to scratch, Mountpoint for S3, FSx for Lustre)",
-            f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={_SBIN}/gpucluster-data",
+        # Installs wait for the dpkg lock (up to 10 min, 3 attempts): room for all of it.
+        NodeFile(f"{_UNITS}/gpucluster-agent.service", _step_unit(
+            "agent", "CloudWatch agent (GPU utilisation for the idle stop)",
+            after="network-online.target", extra="Wants=network-online.target\n", timeout="40min")),
+        NodeFile(f"{_UNITS}/gpucluster-data.service", _step_unit(
+            "data", "datasets (copy to scratch, Mountpoint for S3, FSx for Lustre)",
             after="gpucluster-scratch.service network-online.target",
             extra="Wants=network-online.target\nRequires=gpucluster-scratch.service\n")),
         NodeFile(f"{_UNITS}/gpucluster-spot-watcher.service", _unit(
@@ -222,8 +291,19 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
             f"Type=simple\nRestart=on-failure\nRestartSec=5\nExecStart={_SBIN}/gpucluster-spot-watcher",
             after="network-online.target", extra="Wants=network-online.target\n")),
         NodeFile("/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json",
-                 json.dumps(cloudwatch_agent_config(), indent=2) + "\n"),
+                 json.dumps(cloudwatch_agent_config(b.cluster), indent=2) + "\n"),
+        NodeFile(CHECKPOINT_HOOK, script("checkpoint.sh"), "0755"),
+        NodeFile(JOB_TOOL, script("job.sh"), "0755"),
+        NodeFile(f"{_SBIN}/gpucluster-setup", script("setup.sh"), "0755"),
+        NodeFile(f"{_UNITS}/gpucluster-setup.service", _unit(
+            "node group setup (container image, the group's setup commands)",
+            f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={_SBIN}/gpucluster-setup",
+            after="gpucluster-scratch.service network-online.target docker.service",
+            extra="Wants=network-online.target\n")),
     ]
+    if b.user_setup is not None:
+        files.append(NodeFile(USER_SETUP, b.user_setup, "0700"))
+    files += b.user_files
     env = efa_environment(b)
     if env:
         files.append(NodeFile("/etc/profile.d/gpucluster-efa.sh",
@@ -256,7 +336,8 @@ def heredoc_delimiter(content: str) -> str:
 def _write(f: NodeFile) -> str:
     end = heredoc_delimiter(f.content)
     body = f.content if f.content.endswith("\n") or not f.content else f.content + "\n"
-    return (f"cat > {f.path} <<'{end}'\n{body}{end}\n"
+    parent = f"install -d -m 0755 {f.path.rsplit('/', 1)[0] or '/'}\n" if f.make_parent else ""
+    return (f"{parent}cat > {f.path} <<'{end}'\n{body}{end}\n"
             f"chmod {f.mode} {f.path}\n")
 
 

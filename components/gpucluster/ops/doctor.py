@@ -1,10 +1,13 @@
 """Pre-flight checks of a stack against the AWS account it will be deployed to, read-only.
 
-It owns the questions a deploy would otherwise answer by failing half-way: is each instance
-type offered in the group's zones, do the EFA limits match the catalog the launch templates
-are built from, are the capacity reservations there, active, unexpired and of the right zone
-and type, do the account's vCPU quotas cover max nodes, and are the cost-allocation tags the
-budget filters on active. It also fetches live spot prices for `gpucluster cost --live`.
+It owns the questions a deploy would otherwise answer by failing half-way, or not at all: is
+each instance type offered in the group's zones, do the EFA limits match the catalog the launch
+templates are built from, are the capacity reservations there, active, unexpired and of the
+right zone and type, do the account's vCPU quotas cover max nodes, is the cost-allocation tag
+the budget filters on active (else the budget sees $0 and never stops anything), and does any
+Auto Scaling group in the region carry this deployment's identity without being one of its
+groups (else the guardrails of two deployments act on each other's groups). It also fetches
+live spot prices for `gpucluster cost --live`.
 Every check returns findings with a level (ok, warning, blocker) and reports all it finds.
 It only calls Describe/Get/List APIs, never creates or changes anything, and builds its
 clients with plain `boto3.client(service, region_name=...)` so `AWS_ENDPOINT_URL` works.
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -23,8 +26,10 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from gpucluster import catalog
+from gpucluster.lambdas.scaling import group_tags, stack_groups
+from gpucluster.ops.capacity import WARNING_BEFORE_END as BLOCK_WARNING_BEFORE_END
 from gpucluster.pricing import Rate, split_nodes
-from gpucluster.spec import NodeGroupConfig, StackSpec
+from gpucluster.spec import STACK_TAG, NodeGroupConfig, StackSpec
 
 Level = Literal["ok", "warning", "blocker"]
 
@@ -35,9 +40,26 @@ QUOTAS: dict[tuple[str, str], tuple[str, str]] = {
     ("P", "spot"): ("L-7212CCBC", "All P Spot Instance Requests"),
     ("G", "spot"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
 }
-# The tags the budget can filter on: the stack identity and the cost centre (spec.tags).
-COST_TAGS = ("gpucluster:stack", "cost_center")
+# The tags the budget can filter on: the deployment's identity and the cost centre (spec.tags).
+# The budget's own filter is the identity (aws/guardrails.py `tag_cost_filter`).
+COST_TAGS = (STACK_TAG, "cost_center")
 RESERVATION_SOON = timedelta(days=7)
+# Every API doctor calls, as IAM actions: read-only, none with resource-level permissions. The deploy
+# roles hold them (infra/bootstrap-state), so the deploy workflow's doctor gate can run.
+IAM_ACTIONS = ("ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
+               "ec2:DescribeCapacityReservations", "servicequotas:GetServiceQuota",
+               "servicequotas:GetAWSDefaultServiceQuota", "ce:ListCostAllocationTags",
+               "autoscaling:DescribeAutoScalingGroups")
+# The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
+NODE_GROUP_TAG = "gpucluster:node-group"
+ACTIVATE_TAG = ("activate it in the paying account (the Organization's management account): Billing > "
+                "Cost allocation tags, or `aws ce update-cost-allocation-tags-status "
+                "--cost-allocation-tags-status TagKey={key},Status=Active`")
+# A Capacity Block ends at a fixed time and takes its instances with it: a day's notice.
+BLOCK_ENDS_SOON = timedelta(days=1)
+# Reservation states before capacity is usable (EC2 API, CapacityReservation.State): a purchased
+# block is payment-pending, then scheduled until its start; a future-dated reservation is scheduled.
+NOT_STARTED = frozenset({"payment-pending", "scheduled", "assessing", "delayed"})
 
 
 @dataclass(frozen=True)
@@ -57,12 +79,14 @@ class Clients:
     ec2: Any
     quotas: Any
     ce: Any
+    autoscaling: Any
 
     @classmethod
     def for_region(cls, region: str) -> Clients:
         return cls(ec2=boto3.client("ec2", region_name=region),
                    quotas=boto3.client("service-quotas", region_name=region),
-                   ce=boto3.client("ce", region_name=region))
+                   ce=boto3.client("ce", region_name=region),
+                   autoscaling=boto3.client("autoscaling", region_name=region))
 
 
 def _error_code(err: ClientError) -> str:
@@ -167,16 +191,24 @@ def check_reservations(spec: StackSpec, ec2: Any, now: datetime | None = None) -
 def _reservation_findings(spec: StackSpec, group: NodeGroupConfig, cr: dict[str, Any], subject: str,
                           now: datetime) -> Iterable[DoctorFinding]:
     problems: list[tuple[Level, str]] = []
-    state, end = cr.get("State", "unknown"), cr.get("EndDate")
+    state, start, end = cr.get("State", "unknown"), cr.get("StartDate"), cr.get("EndDate")
     block = cr.get("ReservationType") == "capacity-block"
     if end is not None and end <= now:
         problems.append(("blocker", f"expired at {end:%Y-%m-%d %H:%M} UTC"))
-    elif state == "scheduled" and block:
-        problems.append(("warning", f"a capacity block that starts at {cr.get('StartDate'):%Y-%m-%d %H:%M} "
-                         "UTC; nodes launch from then"))
+    elif state in NOT_STARTED or (start is not None and start > now and state != "active"):
+        kind = "a capacity block" if block else "a reservation"
+        when = f"starts at {start:%Y-%m-%d %H:%M} UTC" if start else "has no start date yet"
+        pending = " (payment pending)" if state == "payment-pending" else ""
+        problems.append(("warning", f"{kind} that has not started{pending}: it {when}, in "
+                         f"{_duration(start - now) if start else '?'}; nodes launch from then"))
     elif state != "active":
         problems.append(("blocker", f"state is {state}, not active"))
-    elif end is not None and end - now < RESERVATION_SOON:
+    elif block and end is not None and end - now < BLOCK_ENDS_SOON:
+        minutes = int(BLOCK_WARNING_BEFORE_END.total_seconds() // 60)
+        problems.append(("warning", f"ends at {end:%Y-%m-%d %H:%M} UTC, in {_duration(end - now)}: the "
+                         f"block-expiry guardrail runs the pre-stop hook and scales the group to zero "
+                         f"{minutes} minutes before; EC2 terminates the instances from 30 minutes before"))
+    elif not block and end is not None and end - now < RESERVATION_SOON:
         problems.append(("warning", f"ends at {end:%Y-%m-%d %H:%M} UTC, within "
                          f"{RESERVATION_SOON.days} days"))
     zones = spec.azs_of(group)
@@ -199,6 +231,16 @@ def _reservation_findings(spec: StackSpec, group: NodeGroupConfig, cr: dict[str,
                             f"{cr.get('AvailabilityZone')}" + (f", until {end:%Y-%m-%d}" if end else ""))
     for level, message in problems:
         yield DoctorFinding(level, "reservation", subject, message)
+
+
+def _duration(delta: timedelta) -> str:
+    """3 days 4 h, 5 h 20 min, 12 min."""
+    minutes = max(0, int(delta.total_seconds() // 60))
+    days, rest = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(rest, 60)
+    if days:
+        return f"{days} day{'s' if days > 1 else ''} {hours} h"
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min"
 
 
 def quota_class(instance_type: str) -> str | None:
@@ -254,40 +296,148 @@ def _quota_value(quotas: Any, code: str) -> float:
         return float(default["Quota"]["Value"])
 
 
-def check_cost_tags(spec: StackSpec, ce: Any) -> Iterable[DoctorFinding]:
-    """`gpucluster:stack` and `cost_center` active as cost-allocation tags (budgets filter on them).
+def cost_tag_status(ce: Any, keys: Iterable[str] = COST_TAGS) -> dict[str, str | None]:
+    """Each user-defined cost-allocation tag key's status: "Active", "Inactive", or None when AWS
+    does not list it yet (it lists a key only after resources carry it, within a day). ClientError
+    when the account may not ask (ce:ListCostAllocationTags)."""
+    wanted = list(keys)
+    listed = ce.list_cost_allocation_tags(TagKeys=wanted, Type="UserDefined")
+    status = {t["TagKey"]: t.get("Status") for t in listed.get("CostAllocationTags", [])}
+    return {key: status.get(key) for key in wanted}
 
-    Not active is a warning, not a blocker: AWS lists a tag key only after resources carry
-    it, so a first deploy must come before the activation.
+
+def check_cost_tags(spec: StackSpec, ce: Any, deployed: bool = True) -> Iterable[DoctorFinding]:
+    """`gpucluster:stack` and `cost_center` active as cost-allocation tags.
+
+    AWS Budgets counts only costs carrying an activated cost-allocation tag (AWS Billing user
+    guide, "Activating user-defined cost allocation tags"), and the budget filters on
+    `gpucluster:stack`: inactive, the budget sees $0 and its scale-to-zero never fires. For a
+    stack with a budget that is a blocker, with one exception: a key AWS does not list yet on a
+    stack not deployed yet, since AWS lists a key only after resources carry it (`deployed`:
+    groups with this identity exist). `cost_center` only warns: no guardrail depends on it.
     """
     try:
-        listed = ce.list_cost_allocation_tags(TagKeys=list(COST_TAGS), Type="UserDefined")
+        status = cost_tag_status(ce)
     except ClientError as err:
         yield _not_checked("cost tag", ", ".join(COST_TAGS), err)
         return
-    status = {t["TagKey"]: t.get("Status") for t in listed.get("CostAllocationTags", [])}
     for key in COST_TAGS:
-        value = spec.tags[key]
-        if status.get(key) == "Active":
+        value, state = spec.tags[key], status[key]
+        activate = ACTIVATE_TAG.format(key=key)
+        guards = key == STACK_TAG and spec.budget is not None
+        if state == "Active":
             yield DoctorFinding("ok", "cost tag", key, f"active (this stack: {key}={value})")
-        elif key in status:
-            yield DoctorFinding("warning", "cost tag", key, "inactive: budgets filtering on it see no "
-                                "spend; activate it under Billing > Cost allocation tags")
+        elif state is not None:
+            yield DoctorFinding("blocker" if guards else "warning", "cost tag", key,
+                                "inactive: " + ("the budget sees $0 of this stack's spend and its "
+                                                "scale-to-zero never fires; " if guards else
+                                                "budgets filtering on it see no spend; ") + activate)
+        elif guards and deployed:
+            yield DoctorFinding("blocker", "cost tag", key, "not active (AWS does not list it yet; it "
+                                "does within a day of resources carrying it): the budget sees $0 of "
+                                f"this stack's spend and its scale-to-zero never fires; {activate}")
         else:
             yield DoctorFinding("warning", "cost tag", key, "not seen yet (AWS lists a tag after resources "
-                                "carry it); activate it after the first deploy or budgets see no spend")
+                                "carry it); activate it after the first deploy or budgets see no spend"
+                                + ("; doctor blocks the next deploy until it is active" if guards else ""))
 
 
-def run_checks(spec: StackSpec, clients: Clients | None = None,
-               now: datetime | None = None) -> list[DoctorFinding]:
-    """Every check, in order; DoctorError when AWS cannot be reached or no credentials exist."""
+def identity_groups(spec: StackSpec, autoscaling: Any) -> list[dict[str, Any]]:
+    """Every Auto Scaling group in the region tagged with this deployment's identity."""
+    return stack_groups(autoscaling, spec.identity)
+
+
+def own_group_names(outputs: Mapping[str, Any]) -> set[str]:
+    """The Auto Scaling groups a deployed stack owns, from its outputs (`pulumi stack output --json`):
+    `node_groups.<name>.asg_name`. Empty outputs (a stack never deployed) own none."""
+    groups = outputs.get("node_groups") or {}
+    if not isinstance(groups, Mapping):
+        raise ValueError("node_groups is not a mapping of node groups")
+    names = set()
+    for name, group in groups.items():
+        asg = group.get("asg_name") if isinstance(group, Mapping) else None
+        if not isinstance(asg, str) or not asg:
+            raise ValueError(f"node_groups.{name}.asg_name is missing")
+        names.add(asg)
+    return names
+
+
+def check_identity(spec: StackSpec, groups: list[dict[str, Any]],
+                   own: set[str] | None = None) -> Iterable[DoctorFinding]:
+    """No Auto Scaling group carries this deployment's identity unless it is one of its groups.
+
+    Such a group belongs to another deployment with the same organization, project, stack and
+    cluster name (or one left behind by a destroyed or forgotten state): this stack's budget,
+    idle and schedule stops would scale it, its pre-stop hook would run there as root, and
+    `resume` would restart it. `own` (from the stack's outputs) says exactly which groups are
+    this stack's; without it, a group is taken as this stack's when its node-group tag names a
+    node group of the stack file and no other group claims that node group.
+    """
+    foreign = _foreign_groups(spec, groups) if own is None else {
+        g["AutoScalingGroupName"]: "is not one of this stack's groups (its outputs)"
+        for g in groups if g["AutoScalingGroupName"] not in own}
+    for name, why in sorted(foreign.items()):
+        yield DoctorFinding("blocker", "identity", name,
+                            f"carries gpucluster:stack={spec.identity} but {why}: another deployment "
+                            "with the same organization, project, stack and cluster name (or one left "
+                            "behind) would stop, hook and resume this stack's groups, and this stack its; "
+                            "give this cluster another cluster.name, or remove that group")
+    if not foreign:
+        yield DoctorFinding("ok", "identity", spec.identity, f"no other Auto Scaling group in {spec.region} "
+                            f"carries it ({len(groups)} of this stack's)")
+
+
+def _foreign_groups(spec: StackSpec, groups: list[dict[str, Any]]) -> dict[str, str]:
+    """Without the stack's outputs: groups of no node group of the stack file, or of a node group
+    more than one group claims (why, by group name)."""
+    claims: dict[str | None, list[str]] = defaultdict(list)
+    for g in groups:
+        claims[group_tags(g).get(NODE_GROUP_TAG)].append(g["AutoScalingGroupName"])
+    known = {g.name for g in spec.node_groups}
+    removed = ("; if you removed that node group from the stack file, run doctor with --outputs "
+               "(`pulumi stack output --json`) so it knows the stack's own groups")
+    foreign = {}
+    for node_group, names in claims.items():
+        if node_group is None:
+            why = f"has no {NODE_GROUP_TAG} tag (gpucluster tags every group it creates)"
+        elif node_group not in known:
+            why = f"its node group {node_group!r} is not in the stack file{removed}"
+        elif len(names) > 1:
+            why = f"{len(names)} groups claim node group {node_group!r} ({', '.join(sorted(names))})"
+        else:
+            continue
+        foreign |= dict.fromkeys(names, why)
+    return foreign
+
+
+def run_checks(spec: StackSpec, clients: Clients | None = None, now: datetime | None = None,
+               own_groups: set[str] | None = None) -> list[DoctorFinding]:
+    """Every check, in order; DoctorError when AWS cannot be reached or no credentials exist.
+
+    `own_groups`: the Auto Scaling groups the deployed stack owns (its outputs; an empty set
+    before its first deploy), None when not known (see `check_identity`).
+    """
     clients = clients or Clients.for_region(spec.region)
+    groups: list[dict[str, Any]] = []
+
+    def identity() -> Iterable[DoctorFinding]:
+        try:
+            groups.extend(identity_groups(spec, clients.autoscaling))
+        except ClientError as err:
+            return [_not_checked("identity", spec.identity, err)]
+        return check_identity(spec, groups, own_groups)
+
+    def cost_tags() -> Iterable[DoctorFinding]:  # after identity(): deployed = its own groups exist
+        deployed = bool(own_groups) if own_groups is not None else bool(groups)
+        return check_cost_tags(spec, clients.ce, deployed=deployed)
+
     checks: list[Callable[[], Iterable[DoctorFinding]]] = [
         lambda: check_offerings(spec, clients.ec2),
         lambda: check_efa(spec, clients.ec2),
         lambda: check_reservations(spec, clients.ec2, now),
         lambda: check_quotas(spec, clients.quotas),
-        lambda: check_cost_tags(spec, clients.ce),
+        identity,
+        cost_tags,
     ]
     findings: list[DoctorFinding] = []
     try:

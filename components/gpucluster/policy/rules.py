@@ -53,6 +53,8 @@ BUCKET_POLICY = ("aws:s3/bucketPolicy:BucketPolicy",)
 BUCKET_ACL = ("aws:s3/bucketAcl:BucketAcl", "aws:s3/bucketAclV2:BucketAclV2")
 BUCKET_VERSIONING = ("aws:s3/bucketVersioning:BucketVersioning",
                      "aws:s3/bucketVersioningV2:BucketVersioningV2")
+BUCKET_LIFECYCLE = ("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
+                    "aws:s3/bucketLifecycleConfigurationV2:BucketLifecycleConfigurationV2")
 BUDGET = "aws:budgets/budget:Budget"
 BUDGET_ACTION = "aws:budgets/budgetAction:BudgetAction"
 SNS_TOPIC = "aws:sns/topic:Topic"
@@ -701,7 +703,8 @@ def _alarms_routed_by_eventbridge(stack: Stack) -> set[str] | Any:
 @rule("efa-wiring",
       "EFA launch templates: a primary interface on card 0, EFA interfaces within the instance "
       "type's limits, a security group allowing all traffic to and from itself in both "
-      "directions, one subnet and a cluster placement group.",
+      "directions, one subnet and a cluster placement group (none for a Capacity Block, optional "
+      "for a group targeting a capacity reservation).",
       "stack")
 def efa_wiring(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple[Resource | None, str]]:
     groups = node_groups(stack)
@@ -753,11 +756,13 @@ def _nic_layout(nics: list[Any], efa: list[Any], types: list[str]) -> Iterable[s
                    f"{record.network_cards} network card(s)")
 
 
-def _efa_security_groups(stack: Stack, lt: Resource, efa: list[Any],
-                         self_rules: _SelfRules) -> Iterable[str]:
-    """At least one security group on the EFA interfaces allows all traffic to and from itself."""
+def _security_groups(stack: Stack, lt: Resource, nics: Sequence[Any]) -> list[Any]:
+    """The security groups of a launch template's interfaces (and vpcSecurityGroupIds), resolved.
+
+    Each distinct reference once: a p5 template names the same group on all 32 interfaces.
+    """
     refs: list[tuple[str, Any]] = []
-    for nic in efa:
+    for nic in nics:
         groups = items(dig(nic, "securityGroups"))
         if groups is UNKNOWN:
             refs.append(("networkInterfaces", UNKNOWN))
@@ -765,9 +770,14 @@ def _efa_security_groups(stack: Stack, lt: Resource, efa: list[Any],
             refs.extend(("networkInterfaces", g) for g in groups)
     extra = items(lt.props.get("vpcSecurityGroupIds"))
     refs.extend(("vpcSecurityGroupIds", g) for g in (extra if extra is not UNKNOWN else [UNKNOWN]))
-    # A p5 template names the same group on all 32 interfaces: resolve each distinct reference once.
     distinct = list({(prop, ref if _hashable(ref) else id(ref)): (prop, ref) for prop, ref in refs}.values())
-    resolved = [stack.resolve(lt, prop, ref, [SECURITY_GROUP]) for prop, ref in distinct]
+    return [stack.resolve(lt, prop, ref, [SECURITY_GROUP]) for prop, ref in distinct]
+
+
+def _efa_security_groups(stack: Stack, lt: Resource, efa: list[Any],
+                         self_rules: _SelfRules) -> Iterable[str]:
+    """At least one security group on the EFA interfaces allows all traffic to and from itself."""
+    resolved = _security_groups(stack, lt, efa)
     groups = list({id(g): g for g in resolved if isinstance(g, Resource)}.values())
     if not resolved or all(g is None for g in resolved):
         yield "the EFA interfaces have no security group"
@@ -862,6 +872,82 @@ def _all_traffic(protocol: Any) -> bool | None:
     return None if protocol is UNKNOWN else protocol in ALL_TRAFFIC
 
 
+@rule("intra-group-traffic",
+      "Node groups that can hold more than one node: a security group allowing all traffic to and "
+      "from itself in both directions (NCCL picks its ports at run time), and no all-traffic "
+      "ingress from outside the group.",
+      "stack")
+def intra_group_traffic(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple[Resource | None, str]]:
+    self_rules = _SelfRules(stack)  # rules filed by group once: linear in node groups, as efa-wiring
+    ingress = _all_traffic_ingress(stack)
+    for g in node_groups(stack):
+        lt = g.launch_template
+        if not isinstance(lt, Resource) or g.max_nodes is None:
+            continue
+        nics = items(lt.props.get("networkInterfaces"))
+        if nics is UNKNOWN:
+            continue
+        resolved = _security_groups(stack, lt, nics)
+        groups = [sg for sg in resolved if isinstance(sg, Resource)]
+        for sg in list({id(sg): sg for sg in groups}.values()):
+            for message in _outside_all_traffic(stack, sg, ingress.get(id(sg), [])):
+                yield g.resource, message
+        efa = any(dig(n, "interfaceType") in ("efa", "efa-only") for n in nics)
+        if g.max_nodes <= 1 or efa:  # one node needs no peer; efa-wiring judges EFA groups
+            continue
+        if not groups or any(sg is UNKNOWN or sg is EXTERNAL for sg in resolved):
+            continue  # security groups this stack cannot see (or none: no-security-group is AWS's)
+        verdicts = [self_rules.verdict(sg) for sg in groups]
+        if any(i is True and e is True for i, e in verdicts) or any(
+                v is None for pair in verdicts for v in pair):
+            continue
+        yield g.resource, (f"up to {g.max_nodes:g} nodes, but no security group of its launch template "
+                           "allows all traffic to and from itself in both directions: its nodes "
+                           "cannot reach each other (NCCL, MPI)")
+
+
+def _all_traffic_ingress(stack: Stack) -> dict[int, list[Resource]]:
+    """Standalone all-traffic ingress rules filed under the security group they belong to (by id);
+    rules whose group or protocol is not known yet are left out (nothing to judge)."""
+    filed: dict[int, list[Resource]] = defaultdict(list)
+    for r in stack.of_type(SG_INGRESS_RULE, SG_RULE):
+        if r.type == SG_RULE and r.props.get("type") != "ingress":
+            continue
+        owner = stack.resolve(r, "securityGroupId", r.props.get("securityGroupId"), [SECURITY_GROUP])
+        protocol = r.props.get("protocol" if r.type == SG_RULE else "ipProtocol")
+        if isinstance(owner, Resource) and _all_traffic(protocol) is True:
+            filed[id(owner)].append(r)
+    return filed
+
+
+def _outside_all_traffic(stack: Stack, sg: Resource, rules: list[Resource]) -> Iterable[str]:
+    """All-traffic ingress of `sg` (inline, or its standalone `rules`) from anything but `sg` itself."""
+    inline = items(sg.props.get("ingress"))
+    for i, r in enumerate(inline if inline is not UNKNOWN else []):
+        if _all_traffic(dig(r, "protocol")) and (
+                _given(dig(r, "cidrBlocks")) or _given(dig(r, "ipv6CidrBlocks"))
+                or _given(dig(r, "securityGroups")) or _given(dig(r, "prefixListIds"))):
+            yield f"security group {sg.name} ingress[{i}] admits all traffic from outside the group"
+    for r in rules:
+        peer_key = "sourceSecurityGroupId" if r.type == SG_RULE else "referencedSecurityGroupId"
+        if r.type == SG_RULE and truthy(r.props.get("self")):
+            continue
+        cidrs = [r.props.get(k) for k in ("cidrIpv4", "cidrIpv6", "prefixListId", "cidrBlocks",
+                                          "ipv6CidrBlocks", "prefixListIds")]
+        peer = r.props.get(peer_key)
+        other_group = peer is not None and _same(stack.resolve(r, peer_key, peer, [SECURITY_GROUP]), sg) \
+            is False
+        if any(_given(c) for c in cidrs) or other_group:
+            yield f"{r.name} admits all traffic into security group {sg.name} from outside the group"
+
+
+def _given(value: Any) -> bool:
+    """A peer is set: a non-empty string or list (UNKNOWN: cannot judge, so not counted)."""
+    if value is UNKNOWN or value is None:
+        return False
+    return any(v is UNKNOWN or (v is not None and str(v).strip()) for v in items(value))
+
+
 def _efa_placement(stack: Stack, asg: Resource, lt: Resource) -> Iterable[str]:
     subnets = items(asg.props.get("vpcZoneIdentifiers"))
     zones = items(asg.props.get("availabilityZones"))
@@ -878,13 +964,39 @@ def _efa_placement(stack: Stack, asg: Resource, lt: Resource) -> Iterable[str]:
     source = asg
     if group is None:
         group, prop, source = dig(lt.props, "placement", "groupName"), "placement", lt
+    market = dig(lt.props, "instanceMarketOptions", "marketType")
+    if market is UNKNOWN:
+        return
+    if market == "capacity-block":
+        # Already placed in an EC2 UltraCluster; AWS ParallelCluster rejects a placement group here.
+        if group is not None:
+            yield ("a Capacity Block group must not use a placement group: its instances are already "
+                   "placed together in an EC2 UltraCluster")
+        return
     if group is None:
-        yield "an EFA group needs a cluster placement group (placementGroup is not set)"
+        reserved = _targets_reservation(asg, lt)
+        if reserved is False:
+            yield "an EFA group needs a cluster placement group (placementGroup is not set)"
         return
     found = stack.resolve(source, prop, group, [PLACEMENT_GROUP])
     if isinstance(found, Resource) and found.props.get("strategy") not in ("cluster", UNKNOWN):
         yield (f"placement group {found.name} has strategy {found.props.get('strategy')!r}; EFA "
                "needs 'cluster'")
+
+
+def _targets_reservation(asg: Resource, lt: Resource) -> bool | Any:
+    """Whether the group launches into a capacity reservation (UNKNOWN: cannot tell yet).
+
+    A reservation's instances sit where it was made: a placement group it was not made in
+    leaves launches short (eksctl #7949), so such a group needs none.
+    """
+    found = [dig(asg.props, "capacityReservationSpecification", "capacityReservationTarget",
+                 "capacityReservationIds"),
+             dig(lt.props, "capacityReservationSpecification", "capacityReservationTarget",
+                 "capacityReservationId")]
+    if any(f is UNKNOWN for f in found):
+        return UNKNOWN
+    return any(bool(f) for f in found)
 
 
 # -------------------------------------------------------------------------- S3
@@ -1009,3 +1121,42 @@ def s3_data_buckets_protected(stack: Stack,
         if any(s in ("Enabled", UNKNOWN) for s in statuses) or (unsure and not parts):
             continue
         yield bucket, "versioning is not enabled (a BucketVersioning with status Enabled)"
+
+
+@rule("s3-lifecycle-keeps-data",
+      "S3 lifecycle rules never expire current objects, and expire old versions no sooner than "
+      "min_noncurrent_days and no later than max_noncurrent_days (config).",
+      "stack",
+      schema={"min_noncurrent_days": {"type": "integer", "minimum": 1,
+                                      "description": "Old versions stay at least this long (to restore)."},
+              "max_noncurrent_days": {"type": "integer", "minimum": 1,
+                                      "description": "Old versions go after this at the latest (cost)."}},
+      defaults={"min_noncurrent_days": 1, "max_noncurrent_days": 3650})
+def s3_lifecycle_keeps_data(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple[Resource | None, str]]:
+    """Versioning keeps what is overwritten or deleted; a lifecycle rule is the one way left to lose it
+    without deleting a version (S3 user guide, "Lifecycle configuration elements": an expiration on a
+    versioned bucket turns current objects into old versions, which noncurrent expiry then removes).
+    The defaults are the stack file's bounds (datasets[].noncurrent_version_expiration_days)."""
+    low, high = config["min_noncurrent_days"], config["max_noncurrent_days"]
+    found: list[tuple[Resource, Any, str]] = []
+    for lifecycle in stack.of_type(*BUCKET_LIFECYCLE):
+        rules = items(lifecycle.props.get("rules"))
+        for i, r in enumerate(rules if rules is not UNKNOWN else []):
+            if isinstance(r, Mapping) and r.get("status") != "Disabled":
+                found.append((lifecycle, r, f"rule {r.get('id') or i!r}"))
+    for bucket in stack.of_type(*BUCKETS):  # the deprecated inline form
+        rules = items(bucket.props.get("lifecycleRules"))
+        for i, r in enumerate(rules if rules is not UNKNOWN else []):
+            if isinstance(r, Mapping) and r.get("enabled") is not False:
+                inline = {**r, "noncurrentVersionExpiration": {
+                    "noncurrentDays": dig(r, "noncurrentVersionExpiration", "days")}}
+                found.append((bucket, inline, f"lifecycleRules[{i}]"))
+    for resource, r, where in found:
+        expiration = r.get("expiration")
+        if isinstance(expiration, Mapping) and any(expiration.get(k) not in (None, 0, "")
+                                                   for k in ("days", "date")):
+            yield resource, f"{where} expires current objects: only old versions may expire"
+        days = dig(r, "noncurrentVersionExpiration", "noncurrentDays")
+        if days is not None and days is not UNKNOWN and not low <= number(days, low) <= high:
+            yield resource, (f"{where} expires old versions after {number(days, low):g} days, outside "
+                             f"{low}..{high} (min_noncurrent_days, max_noncurrent_days)")

@@ -1,0 +1,719 @@
+"""Day-two commands on a deployed stack's nodes: nodes, run, hostfile, scale, stop, start.
+
+Registered on `gpucluster.cli.commands.app` (commands.py imports this module).
+It owns parsing, rendering and exit codes of these commands (0 fine, 1 a node
+or a change failed or was declined, 2 invalid input or an AWS error, 130
+interrupted); the work is in `gpucluster.ops.nodes`, `ops.run` and `ops.scale`.
+Every command finds the stack's resources by its identity tag
+(`gpucluster.stack.identity`), in the stack file's region.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpucluster.cli import render
+from gpucluster.cli.commands import (
+    EXIT_BLOCKED,
+    EXIT_OK,
+    JsonOption,
+    StackArg,
+    _aws_call,
+    _resume_json,
+    _usd,
+    app,
+    build_spec,
+    confirm_or_exit,
+    fail_usage,
+    node_group_rate,
+    render_resume_plan,
+    render_status,
+    render_table,
+)
+from gpucluster.stack import identity
+
+if TYPE_CHECKING:
+    from gpucluster.ops.nodes import Node
+    from gpucluster.ops.run import JobPlan, NodeResult
+    from gpucluster.spec import StackSpec
+
+EXIT_INTERRUPTED = 130
+
+GroupOption = Annotated[str | None, typer.Option(
+    "--group", "-g", help="Node group name (as in the stack file), or an Auto Scaling group's name.")]
+RequiredGroup = Annotated[str, typer.Option(
+    "--group", "-g", help="Node group name (as in the stack file), or an Auto Scaling group's name.")]
+YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (scripts).")]
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Only show what would change.")]
+
+
+def _client(spec: StackSpec, service: str) -> Any:
+    """A boto3 client in the stack's region (honours AWS_ENDPOINT_URL)."""
+    import boto3
+
+    return boto3.client(service, region_name=spec.region)
+
+
+def _ops_call(command: str, call: Callable[[], Any], doing: str | None = "asking AWS") -> Any:
+    """`_aws_call`, plus a request the stack cannot answer (unknown group...) as one line, exit 2."""
+    from gpucluster.ops.nodes import NodesError
+    from gpucluster.ops.run import RunError
+
+    try:
+        return _aws_call(command, call, doing)
+    except (NodesError, RunError) as err:
+        fail_usage(command, str(err))
+
+
+def _nodes(spec: StackSpec, command: str, group: str | None) -> list[Node]:
+    from gpucluster.ops.nodes import stack_nodes
+
+    return _ops_call(command, lambda: stack_nodes(
+        identity(spec), node_group=group, autoscaling_client=_client(spec, "autoscaling"),
+        ec2_client=_client(spec, "ec2"), ssm_client=_client(spec, "ssm")),
+        f"finding {spec.stack}'s nodes in {spec.region}")
+
+
+def _head(spec: StackSpec, **more: Any) -> dict[str, Any]:
+    """The start of every JSON document these commands print: which stack, where."""
+    return {"stack": spec.stack, "region": spec.region, "identity": identity(spec), **more}
+
+
+def _result_json(plan: JobPlan, result: NodeResult) -> dict[str, Any]:
+    """One node's command in JSON: where it ran, how it ended, the tail of its output."""
+    node = plan.ranks[result.rank].node
+    return {"rank": result.rank, "instance_id": result.instance_id, "private_ip": node.private_ip,
+            "command_id": result.command_id, "status": result.status, "exit_code": result.exit_code,
+            "ok": result.ok, "error": result.error or None, "output_tail": result.tail(),
+            "truncated": result.truncated}
+
+
+def _ago(when: datetime | None) -> str:
+    if when is None:
+        return "-"
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+
+
+# ------------------------------------------------------------------------- nodes
+
+
+def render_nodes(nodes: list[Node]) -> list[str]:
+    return render_table(
+        ["instance", "node group", "type", "GPUs", "zone", "private IP", "lifecycle", "state",
+         "health", "launched (UTC)", "SSM"],
+        [[n.instance_id, n.node_group, n.instance_type, str(n.gpus), n.zone, n.private_ip or "-",
+          n.lifecycle, f"{n.state}/{n.asg_state}", n.health, _ago(n.launch_time), n.ssm]
+         for n in nodes])
+
+
+@app.command()
+def nodes(
+    stack: StackArg,
+    group: GroupOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM."""
+    render.use_json(as_json)
+    spec = build_spec(stack)
+    found = _nodes(spec, "nodes", group)
+    if as_json:
+        render.emit(_head(spec, nodes=[n.as_json() for n in found]))
+        return
+    if not found:
+        render.say(f"stack {spec.stack} ({spec.region}): no nodes"
+                   + (f" in node group {group}" if group else "")
+                   + f" (groups tagged gpucluster:stack={identity(spec)} run none; "
+                     f"see `gpucluster status {stack}`)")
+        return
+    render.say(f"stack {spec.stack} ({spec.region}): {len(found)} node(s), "
+               f"{sum(n.in_service for n in found)} in service")
+    for line in render_nodes(found):
+        render.say(line)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def group_environment(spec: StackSpec, node_group: str) -> dict[str, str]:
+    """The node group's EFA/NCCL settings (as its nodes' /etc/profile.d has them) and its image."""
+    from gpucluster.node.userdata import efa_environment, group_bootstrap
+
+    config = next((g for g in spec.node_groups if g.name == node_group), None)
+    if config is None:
+        return {}
+    env = efa_environment(group_bootstrap(config, stack=identity(spec), cluster=spec.cluster.name,
+                                          region=spec.region, spot=spec.spot))
+    if config.container_image:
+        env["GPUCLUSTER_CONTAINER_IMAGE"] = config.container_image  # pulled at boot
+    uri = checkpoint_uri(spec)
+    if uri:
+        env["GPUCLUSTER_CHECKPOINT_URI"] = uri
+    return env
+
+
+def checkpoint_uri(spec: StackSpec) -> str | None:
+    """Where jobs keep checkpoints: the first dataset with a checkpoint_prefix.
+
+    FSx datasets: the node path the file system links to that prefix (exported back
+    to S3, gpucluster.aws.datasets); others: s3://bucket/prefix when the bucket's name
+    is in the stack file (a created bucket without bucket_name gets its name at deploy
+    time: then none).
+    """
+    for d in spec.datasets:
+        if d.checkpoint_prefix is None:
+            continue
+        if d.access == "fsx" and d.fsx is not None:
+            return f"{d.fsx.mount_path.rstrip('/')}/checkpoints/"
+        if d.bucket_name:
+            return f"s3://{d.bucket_name}/{d.checkpoint_prefix}"
+    return None
+
+
+def render_dry_run(plan: JobPlan) -> list[str]:
+    """Each rank's script as it would be sent (verbatim: a shell line is not wrapped)."""
+    out = render.wrap(f"dry run: {len(plan.ranks)} node(s); each would run (AWS-RunShellScript, timeout "
+                      f"{plan.timeout_seconds} s, output to CloudWatch Logs {plan.log_group}):")
+    for r in plan.ranks:
+        out.append(f"rank {r.rank}: {r.node.instance_id} {r.node.private_ip} ({r.node.instance_type})")
+        out += [f"  {line}" for line in plan.script(r)]
+    out.append("dry run: nothing sent")
+    return out
+
+
+def _label(plan: JobPlan, result: NodeResult) -> str:
+    node = plan.ranks[result.rank].node
+    return f"rank {result.rank} {result.instance_id} {node.private_ip}"
+
+
+def render_results(plan: JobPlan, results: list[NodeResult]) -> list[str]:
+    """Each node's end and its output's tail (the node's own lines verbatim, not wrapped)."""
+    out = []
+    for r in results:
+        exit_text = "" if r.exit_code is None else f", exit {r.exit_code}"
+        extra = f" ({r.error})" if r.error else ""
+        out += render.wrap(f"{_label(plan, r)}: {r.status}{exit_text}{extra}")
+        out += [f"  | {line}" for line in r.tail()]
+        if r.truncated:
+            out += render.wrap(f"(SSM returns only the start of long output: the full output is in "
+                               f"CloudWatch Logs, streams {r.log_streams()})", "  | ", hang="")
+    return out
+
+
+@app.command()
+def run(
+    stack: StackArg,
+    command: Annotated[list[str] | None, typer.Argument(
+        help="The command, after --; arguments are joined with spaces and run by bash on each node "
+             "(quote $VARS so your shell leaves them for the node).")] = None,
+    group: RequiredGroup = "",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print each node's command and "
+                                                            "environment; send nothing.")] = False,
+    timeout: Annotated[int | None, typer.Option("--timeout", help="Seconds the command may run on a node "
+                                                                  "(default 3600; SSM allows up to 172800; "
+                                                                  "with --detach: no limit unless given).")]
+    = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Start the command as a systemd unit on each "
+                                                          "node and return; see jobs, logs, cancel.")]
+    = False,
+    name: Annotated[str | None, typer.Option("--name", help="With --detach: the job's name (default "
+                                                            "job-<UTC time>).")] = None,
+    master_port: Annotated[int, typer.Option("--master-port", help="MASTER_PORT for the rendezvous.")]
+    = 29500,
+    workdir: Annotated[str | None, typer.Option("--workdir", help="Directory to run in on the nodes.")]
+    = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run CMD on every in-service node of a group through SSM, with torchrun's rank environment.
+
+    Each node gets MASTER_ADDR (rank 0's private IP), MASTER_PORT, NNODES, NODE_RANK,
+    NPROC_PER_NODE (its GPUs), WORLD_SIZE and the group's EFA/NCCL settings. Ranks follow
+    launch time, then instance id. Exits 1 when any node fails. With --json, one object at the
+    end (each node's status, exit code and output tail), nothing while it runs.
+    """
+    from gpucluster.ops.run import (
+        DEFAULT_TIMEOUT_SECONDS,
+        QUERY_TIMEOUT_SECONDS,
+        plan_job,
+        run_log_group,
+        send_job,
+        wait_job,
+    )
+
+    render.use_json(as_json)
+    if not group:
+        fail_usage("run", "--group is required (the node group to run on)")
+    if name is not None and not detach:
+        fail_usage("run", "--name names a detached job: add --detach")
+    spec = build_spec(stack)
+    text = " ".join(command or [])
+    job_name = (name or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")) if detach else None
+    found = _nodes(spec, "run", group)
+    plan = _ops_call("run", lambda: plan_job(
+        found, text, master_port=master_port,
+        timeout_seconds=QUERY_TIMEOUT_SECONDS if detach else timeout or DEFAULT_TIMEOUT_SECONDS,
+        group_environment=group_environment(spec, group), log_group=run_log_group(identity(spec)),
+        workdir=workdir, detach=job_name, job_timeout_seconds=timeout if detach else None))
+    head = _head(spec, group=group, command=text, job=plan.detach, log_group=plan.log_group,
+                 master_addr=plan.ranks[0].environment["MASTER_ADDR"])
+    if dry_run:
+        if as_json:
+            render.emit({**head, "dry_run": True, "ranks": [
+                {"rank": r.rank, "instance_id": r.node.instance_id, "private_ip": r.node.private_ip,
+                 "instance_type": r.node.instance_type, "script": plan.script(r)} for r in plan.ranks]})
+            return
+        for line in render_dry_run(plan):
+            typer.echo(line)
+        return
+    ssm = _client(spec, "ssm")
+    if not as_json:
+        render.say(f"run on {len(plan.ranks)} node(s) of {group}, MASTER_ADDR "
+                   f"{plan.ranks[0].environment['MASTER_ADDR']}: {text}")
+    job = _aws_call("run", lambda: send_job(ssm, plan, comment=f"gpucluster run {group}"),
+                    f"sending the command to {len(plan.ranks)} node(s)")
+
+    def finish(ok: bool, code: int, note: str) -> None:
+        if as_json:
+            render.emit({**head, "dry_run": False, "ok": ok, "cancelled": job.cancelled, "note": note,
+                         "results": [_result_json(plan, r) for r in job.results]})
+        raise typer.Exit(code)
+
+    if job.cancelled:
+        if not as_json:
+            for line in render_results(plan, job.results):
+                typer.echo(line)
+            render.say("run: not started on every node, so cancelled on all (nothing half-runs)")
+        finish(False, EXIT_BLOCKED, "not started on every node, so cancelled on all")
+
+    def progress(result: NodeResult) -> None:
+        if not as_json:
+            render.say(f"{_label(plan, result)}: {result.status}")
+
+    try:
+        # Delivery may take up to its own timeout before the execution clock starts. No spinner:
+        # each node's status prints as it changes (JSON mode shows none anyway).
+        job = _aws_call("run", lambda: wait_job(ssm, job, timeout_seconds=plan.timeout_seconds + 180,
+                                                on_change=progress), None)
+    except KeyboardInterrupt:
+        from gpucluster.ops.run import cancel
+
+        for result in job.results:
+            if result.command_id and not result.done:
+                cancel(ssm, result)
+        message = "interrupted: the command was cancelled on every node still running it"
+        if as_json:
+            render.fail([("run", message)], EXIT_INTERRUPTED)
+        render.say(f"\n{message}")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if as_json:
+        note = (f"job {plan.detach} started" if plan.detach else "finished") if job.ok else (
+            f"{len(job.failed)} of {len(job.results)} node(s) failed")
+        finish(job.ok, EXIT_OK if job.ok else EXIT_BLOCKED, note)
+    render.say("")
+    for line in render_results(plan, job.results):
+        typer.echo(line)
+    render.say(f"full output: CloudWatch Logs group {plan.log_group}, a stream per node "
+               "(<command id>/<instance id>/...)")
+    if job.ok and plan.detach:
+        render.say(f"run: job {plan.detach} started on all {len(job.results)} node(s); follow it with "
+                   f"`gpucluster jobs {stack}`, `gpucluster logs {stack} {plan.detach}`, stop it with "
+                   f"`gpucluster cancel {stack} {plan.detach}`")
+        return
+    if job.ok:
+        render.say(f"run: all {len(job.results)} node(s) succeeded")
+        return
+    render.say(f"run: {len(job.failed)} of {len(job.results)} node(s) failed (ranks "
+               f"{', '.join(str(r.rank) for r in job.failed)})")
+    raise typer.Exit(EXIT_BLOCKED)
+
+
+# ---------------------------------------------------------------------- hostfile
+
+HOSTFILE_FORMATS = ("mpi", "deepspeed", "plain")
+
+
+def render_hostfile(found: list[Node], fmt: str) -> list[str]:
+    """Open MPI and DeepSpeed both read `<host> slots=<n>` (Open MPI mpirun(1) "Specifying
+    Host Nodes"; DeepSpeed "Resource Configuration (multi-node)"); plain is one address a line."""
+    ready = [n for n in found if n.in_service and n.private_ip]
+    if fmt == "plain":
+        return [str(n.private_ip) for n in ready]
+    return [f"{n.private_ip} slots={max(1, n.gpus)}" for n in ready]
+
+
+@app.command()
+def hostfile(
+    stack: StackArg,
+    group: RequiredGroup = "",
+    fmt: Annotated[str, typer.Option("--format", help="mpi (Open MPI), deepspeed, or plain (one IP a "
+                                                      "line).")] = "mpi",
+    as_json: JsonOption = False,
+) -> None:
+    """Print the group's in-service nodes as a host list, in rank order (GPUs as slots)."""
+    render.use_json(as_json)
+    if not group:
+        fail_usage("hostfile", "--group is required")
+    if fmt not in HOSTFILE_FORMATS:
+        fail_usage("hostfile", f"--format: must be mpi, deepspeed or plain, got {fmt!r}")
+    spec = build_spec(stack)
+    found = _nodes(spec, "hostfile", group)
+    lines = render_hostfile(found, fmt)
+    if not lines:
+        render.fail([("hostfile", f"no node of {group} is in service")], EXIT_BLOCKED)
+    if as_json:
+        hosts = [{"instance_id": n.instance_id, "private_ip": n.private_ip, "slots": max(1, n.gpus)}
+                 for n in found if n.in_service and n.private_ip]
+        render.emit(_head(spec, group=group, format=fmt, hosts=hosts, lines=lines))
+        return
+    for line in lines:
+        typer.echo(line)
+
+
+# ------------------------------------------------------------------ scale / stop / start
+
+
+@app.command()
+def scale(
+    stack: StackArg,
+    group: RequiredGroup = "",
+    desired: Annotated[int | None, typer.Option("--desired", help="Nodes the group should run.")] = None,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Set a node group's desired nodes (within its max_nodes); shows the cost per hour, asks first.
+
+    With --json it cannot ask: adding nodes (or fewer than now) needs --yes, or --dry-run.
+    """
+    from gpucluster.ops.scale import apply_scale, plan_scale
+
+    render.use_json(as_json)
+    if not group:
+        fail_usage("scale", "--group is required")
+    if desired is None:
+        fail_usage("scale", "--desired is required")
+    spec = build_spec(stack)
+    client = _client(spec, "autoscaling")
+    changes = _ops_call("scale", lambda: plan_scale(identity(spec), group, desired,
+                                                    autoscaling_client=client),
+                        f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    rows, total, priced = [], 0.0, []
+    for c in changes:
+        instance_type, rate = node_group_rate(spec, c.node_group)
+        cost = None if rate is None else rate * c.desired_after
+        total += cost or 0.0
+        rows.append([c.group, c.node_group, str(c.desired_now), str(c.desired_after),
+                     f"{c.min_now} -> {c.min_after}", instance_type, "?" if cost is None else _usd(cost)])
+        priced.append({**asdict(c), "instance_type": instance_type,
+                       "on_demand_usd_per_hour_after": None if cost is None else round(cost, 4)})
+    added = sum(c.added_nodes for c in changes)
+    unchanged = all(c.desired_now == c.desired_after and c.min_now == c.min_after for c in changes)
+    document = _head(spec, group=group, desired=desired, changes=priced, dry_run=dry_run,
+                     changed=not unchanged and not dry_run, results=[])
+    if not as_json:
+        render.say(f"stack {spec.stack} ({spec.region}): scale {group} to {desired} node(s):")
+        for line in render_table(["group", "node group", "nodes now", "nodes after", "min",
+                                  "instance type", "on-demand $/h after"], rows):
+            render.say(line)
+        if added:
+            render.say(f"cost: ${_usd(total)}/hour (${_usd(total * 24)}/day) at on-demand rates of the "
+                       "first instance type; spot nodes cost less")
+        if unchanged or dry_run:
+            render.say("nothing to change" if unchanged else "dry run: nothing changed")
+    if unchanged or dry_run:
+        if as_json:
+            render.emit(document)
+        return
+    if added or desired < min(c.desired_now for c in changes):
+        confirm_or_exit("scale", f"Scale {group} to {desired} node(s)?", yes)
+    results = _aws_call("scale", lambda: apply_scale(changes, autoscaling_client=client),
+                        f"scaling {group} to {desired} node(s)")
+    if as_json:
+        render.emit({**document, "results": [asdict(r) for r in results]})
+    for r in results if not as_json else []:
+        render.say(f"scaled {r.group} to {desired} node(s)" if r.action == "scaled"
+                   else f"not scaled {r.group}: {r.reason}")
+    if any(r.action != "scaled" for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+@app.command()
+def stop(
+    stack: StackArg,
+    group: GroupOption = None,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Stop node groups (all, or one): runs the pre-stop hook on their nodes, then scales to zero.
+
+    Recorded as stopped-by `manual`: `status` shows it, `start` or `resume` restore the
+    capacity, schedules leave it alone, and a budget stop still outranks it. With --json it
+    cannot ask: give --yes, or --dry-run.
+    """
+    from gpucluster.ops.scale import plan_stop, stop_stack
+    from gpucluster.ops.status import stack_status
+
+    render.use_json(as_json)
+    spec = build_spec(stack)
+    client = _client(spec, "autoscaling")
+    candidates = _ops_call("stop", lambda: plan_stop(identity(spec), group, autoscaling_client=client),
+                           f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    running = [c for c in candidates if c.running]
+    hook = spec.autostop.pre_stop_command
+    document = _head(spec, group=group, groups=[asdict(c) for c in candidates],
+                     to_stop=[c.group for c in running], pre_stop_command=hook, dry_run=dry_run)
+    if as_json and (not running or dry_run):
+        render.emit({**document, "stopped": {}, "errors": {}, "hook": None, "status": []})
+        return
+    if not running:
+        render.say(f"nothing to stop in stack {spec.stack} ({spec.region})"
+                   + (f", node group {group}" if group else "") + ":")
+        for c in candidates:
+            why = f"stopped by {c.stopped_by}" if c.stopped_by else "at 0 nodes by its own settings"
+            render.say(f"  {c.group}: {why}")
+        if not candidates:
+            render.say(f"  no Auto Scaling group is tagged gpucluster:stack={identity(spec)}")
+        return
+    if not as_json:
+        _show_stop(spec, running, hook)
+    if dry_run:
+        render.say("dry run: nothing changed")
+        return
+    confirm_or_exit("stop", f"Stop {len(running)} group(s)?", yes)
+    doing = f"running the pre-stop hook on {len(running)} group(s), then " if hook else ""
+    report = _aws_call("stop", lambda: stop_stack(
+        running, autoscaling_client=client, ssm_client=_client(spec, "ssm") if hook else None,
+        pre_stop_command=hook, hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds),
+        f"{doing}scaling {len(running)} group(s) to zero")
+    rows = _aws_call("stop", lambda: stack_status(identity(spec), autoscaling_client=client))
+    if as_json:
+        hook_json = None if report.hook is None else {
+            "ok": report.hook.ok, "timed_out": report.hook.timed_out, "statuses": report.hook.statuses,
+            "errors": report.hook.errors}
+        render.emit({**document, "stopped": report.outcomes, "errors": report.errors, "hook": hook_json,
+                     "status": [asdict(r) for r in rows]})
+        raise typer.Exit(EXIT_BLOCKED if report.errors else EXIT_OK)
+    if report.hook is not None:
+        failed = ", ".join(f"{i} ({s})" for i, s in report.hook.failed.items())
+        timed_out = " (timed out)" if report.hook.timed_out else ""
+        render.say("pre-stop hook: " + ("ok on every node" if report.hook.ok
+                                        else f"did not succeed on {failed}{timed_out}"))
+    for name, outcome in report.outcomes.items():
+        render.say(f"{name}: {outcome}")
+    for name, error in report.errors.items():
+        render.say(f"{name}: not stopped: {error}")
+    for line in render_status(rows):
+        render.say(line)
+    if report.errors:
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+def _show_stop(spec: StackSpec, running: list[Any], hook: str | None) -> None:
+    """What `stop` is about to do: the groups, their nodes, the hook, what is erased."""
+    render.say(f"stack {spec.stack} ({spec.region}): stop {len(running)} group(s), "
+               f"{sum(c.desired_now for c in running)} node(s):")
+    for line in render_table(["group", "node group", "nodes now", "in service"],
+                             [[c.group, c.node_group, str(c.desired_now), str(c.in_service)]
+                              for c in running]):
+        render.say(line)
+    render.say(f"pre-stop hook first: {hook} (waits at most {spec.autostop.pre_stop_timeout_seconds} s)"
+               if hook else "no pre-stop hook (autostop.pre_stop_command): running jobs stop as they are")
+    render.say("instance-store scratch is erased; S3 and FSx data are untouched")
+
+
+@app.command()
+def start(
+    stack: StackArg,
+    group: GroupOption = None,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Restart stopped node groups (all, or one) at their recorded capacity; never a budget stop.
+
+    With --json it cannot ask: give --yes, or --dry-run.
+    """
+    from gpucluster.lambdas.scaling import BUDGET
+    from gpucluster.ops.scale import plan_start, start_stack
+
+    render.use_json(as_json)
+    spec = build_spec(stack)
+    client = _client(spec, "autoscaling")
+    candidates = _ops_call("start", lambda: plan_start(identity(spec), group, autoscaling_client=client),
+                           f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    todo = [c for c in candidates if c.decision.action == "resume"]
+    document = _head(spec, group=group, dry_run=dry_run, groups=[_resume_json(spec, c) for c in candidates],
+                     started=[])
+    if as_json and (not todo or dry_run):
+        render.emit(document)
+        return
+    if as_json:
+        confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)  # --json: --yes or exit 2
+        results = _aws_call("start", lambda: start_stack(
+            identity(spec), {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client),
+            f"restarting {len(todo)} group(s)")
+        render.emit({**document, "started": [asdict(r) for r in results]})
+        raise typer.Exit(EXIT_BLOCKED if any(r.action != "resumed" for r in results) else EXIT_OK)
+    for c in candidates:
+        if c.decision.stopped_by == BUDGET:
+            render.say(f"{c.group}: stopped by the budget action; start leaves it stopped "
+                       f"(`gpucluster resume {stack} --only budget` undoes it, with its warning)")
+    if not todo:
+        render.say(f"nothing to start in stack {spec.stack} ({spec.region})"
+                   + (f", node group {group}" if group else "")
+                   + ": no group stopped by manual, idle, schedule or lifetime"
+                   + (f" (`gpucluster scale {stack} --group G --desired N` for a group at 0 by "
+                      "its own settings)" if candidates else ""))
+        raise typer.Exit(EXIT_OK)
+    for line in render_resume_plan(spec, todo, action="start"):
+        render.say(line)
+    if dry_run:
+        render.say("dry run: nothing changed")
+        return
+    confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)
+    results = _aws_call("start", lambda: start_stack(
+        identity(spec), {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client),
+        f"restarting {len(todo)} group(s)")
+    before = {c.group: c.desired_now for c in todo}
+    for r in results:
+        if r.action == "resumed":
+            render.say(f"started {r.group} (stopped by {r.stopped_by}): {before.get(r.group, 0)} -> "
+                       f"{r.desired_capacity} node(s), min {r.min_size}")
+        else:
+            render.say(f"not started {r.group}: {r.reason}")
+    if any(r.action != "resumed" for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+# ------------------------------------------------------------- jobs / logs / cancel
+
+
+def _on_nodes(spec: StackSpec, command: str, group: str | None, script: str,
+              node: str | None = None) -> tuple[JobPlan, list[NodeResult]]:
+    """Run a short gpucluster-job command on the in-service nodes (one, with --node) and wait."""
+    from gpucluster.ops.run import plan_on_nodes, run_log_group, send_job, wait_job
+
+    found = [n for n in _nodes(spec, command, group) if n.in_service]
+    if node is not None:
+        chosen = [n for i, n in enumerate(found) if node in (str(i), n.instance_id, n.private_ip)]
+        if not chosen:
+            fail_usage(command, f"--node: no in-service node {node!r} (a rank 0..{len(found) - 1}, an "
+                                "instance id or a private IP)")
+        found = chosen
+    plan = _ops_call(command, lambda: plan_on_nodes(found, script, log_group=run_log_group(identity(spec))))
+    ssm = _client(spec, "ssm")
+    with render.progress(f"asking {len(plan.ranks)} node(s) through SSM"):  # one spinner for both
+        job = _aws_call(command, lambda: send_job(ssm, plan, comment=f"gpucluster {command}"), None)
+        if not job.cancelled:
+            job = _aws_call(command, lambda: wait_job(ssm, job, timeout_seconds=plan.timeout_seconds + 60,
+                                                      poll_seconds=2.0), None)
+    return plan, job.results
+
+
+def _job_name(command: str, name: str) -> str:
+    from gpucluster.ops.run import RunError, check_job_name
+
+    try:
+        return check_job_name(name)
+    except RunError as err:
+        fail_usage(command, str(err))
+
+
+@app.command("jobs")
+def list_jobs(stack: StackArg, group: GroupOption = None, as_json: JsonOption = False) -> None:
+    """List the detached jobs (`run --detach`) on the stack's nodes, with their state per node."""
+    from gpucluster.ops.run import JOB_TOOL, parse_job_states
+
+    render.use_json(as_json)
+    spec = build_spec(stack)
+    plan, results = _on_nodes(spec, "jobs", group, f"{JOB_TOOL} status")
+    rows, silent, found = [], [], []
+    for r in results:
+        node = plan.ranks[r.rank].node
+        if not r.ok:
+            silent.append(f"{r.instance_id} ({r.status}{f', {r.error}' if r.error else ''})")
+            continue
+        for state in parse_job_states(r.stdout):
+            rows.append([state.name, node.node_group, r.instance_id, node.private_ip or "-", state.state,
+                         "-" if state.exit_status is None else str(state.exit_status), state.started or "-"])
+            found.append({"job": state.name, "node_group": node.node_group, "instance_id": r.instance_id,
+                          "private_ip": node.private_ip, "state": state.state,
+                          "exit_status": state.exit_status, "started": state.started or None})
+    if as_json:
+        found.sort(key=lambda j: (j["job"], j["node_group"], j["instance_id"]))
+        render.emit(_head(spec, group=group, jobs=found, no_answer=[
+            _result_json(plan, r) for r in results if not r.ok]))
+        raise typer.Exit(EXIT_BLOCKED if silent else EXIT_OK)
+    if rows:
+        for line in render_table(["job", "node group", "instance", "private IP", "state", "exit", "started"],
+                                 sorted(rows)):
+            render.say(line)
+    else:
+        render.say(f"no detached jobs on the {len(results) - len(silent)} node(s) that answered")
+    if silent:
+        render.say(f"no answer from: {', '.join(silent)}")
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+@app.command()
+def logs(
+    stack: StackArg,
+    job: Annotated[str, typer.Argument(help="The job's name (see `gpucluster jobs`).")],
+    group: GroupOption = None,
+    node: Annotated[str | None, typer.Option("--node", help="Only this node: its rank, instance id or "
+                                                            "private IP.")] = None,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines of output per node.")] = 200,
+    as_json: JsonOption = False,
+) -> None:
+    """Show a detached job's latest output on each node (its journal, through SSM)."""
+    from gpucluster.ops.run import JOB_TOOL
+
+    render.use_json(as_json)
+    name = _job_name("logs", job)
+    if not 1 <= lines <= 5000:
+        fail_usage("logs", f"--lines: must be 1..5000, got {lines}")
+    spec = build_spec(stack)
+    plan, results = _on_nodes(spec, "logs", group, f"{JOB_TOOL} logs {name} {lines}", node)
+    if as_json:
+        render.emit(_head(spec, job=name, nodes=[
+            {**_result_json(plan, r), "output": r.stdout.splitlines()} for r in results]))
+        raise typer.Exit(EXIT_BLOCKED if any(not r.ok for r in results) else EXIT_OK)
+    for r in results:
+        render.say(f"== {r.instance_id} {plan.ranks[r.rank].node.private_ip}: {r.status}"
+                   + (f" ({r.error})" if r.error else ""))
+        for line in r.stdout.splitlines():
+            typer.echo(line)
+    if any(not r.ok for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+@app.command()
+def cancel(
+    stack: StackArg,
+    job: Annotated[str, typer.Argument(help="The job's name (see `gpucluster jobs`).")],
+    group: GroupOption = None,
+    yes: YesOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Stop a detached job on every node (SIGTERM, then SIGKILL after 90 s); --json needs --yes."""
+    from gpucluster.ops.run import JOB_TOOL
+
+    render.use_json(as_json)
+    name = _job_name("cancel", job)
+    spec = build_spec(stack)
+    confirm_or_exit("cancel", f"Stop job {name} on every node of {group or 'the stack'}?", yes)
+    plan, results = _on_nodes(spec, "cancel", group, f"{JOB_TOOL} cancel {name}")
+    if as_json:
+        render.emit(_head(spec, job=name, group=group, nodes=[
+            {**_result_json(plan, r), "cancelled": r.ok} for r in results]))
+        raise typer.Exit(EXIT_BLOCKED if any(not r.ok for r in results) else EXIT_OK)
+    for r in results:
+        typer.echo(f"{r.instance_id}: {'cancelled' if r.ok else f'not cancelled ({r.status})'}"
+                   + "".join(f"\n  | {line}" for line in r.tail(3) if not r.ok))
+    if any(not r.ok for r in results):
+        raise typer.Exit(EXIT_BLOCKED)

@@ -1,0 +1,135 @@
+"""`gpucluster spend STACK`: what the stack actually cost, what `cost` estimated, the gap, idle waste.
+
+Only argument handling and rendering live here; the work is `gpucluster.ops.spend`
+(Cost Explorer, CloudWatch and Auto Scaling reads, read-only) and `gpucluster.chart`.
+Registered on the `gpucluster` app by `gpucluster.cli.commands`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpucluster.cli import render
+from gpucluster.cli.commands import (
+    JsonOption,
+    StackArg,
+    _aws_call,
+    _usd,
+    app,
+    build_spec,
+    fail_usage,
+    render_table,
+)
+
+if TYPE_CHECKING:
+    from gpucluster.ops.spend import Spend
+
+# Cost Explorer's API is served from us-east-1 for the commercial partition
+# (AWS General Reference, "AWS Cost Explorer endpoints and quotas").
+CE_REGION = "us-east-1"
+
+
+def _clients(region: str) -> dict[str, Any]:
+    import boto3
+
+    return {"ce": boto3.client("ce", region_name=CE_REGION),
+            "cloudwatch": boto3.client("cloudwatch", region_name=region),
+            "autoscaling": boto3.client("autoscaling", region_name=region)}
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole:+.1f} %" if whole else "-"
+
+
+def render_spend(s: Spend) -> list[str]:
+    """The human output of `gpucluster spend STACK`."""
+    from gpucluster.lambdas.report import purchase_label
+
+    w = s.window
+    out = [f"stack {s.stack} ({s.region}), tag gpucluster:stack={s.identity}: "
+           f"{w.start.isoformat()} .. {w.end.isoformat()} (exclusive), {len(w.days)} day(s), UTC",
+           f"actual ${_usd(s.actual)} (Cost Explorer, amortized) against the estimate "
+           f"${_usd(s.estimate.total)} "
+           f"(as scheduled, desired nodes, {s.estimate.running_hours:,.1f} running hours): gap "
+           f"{'+' if s.gap >= 0 else '-'}${_usd(abs(s.gap))} ({_percent(s.gap, s.estimate.total)})"]
+    if s.estimated_days:
+        out.append("  Cost Explorer marks some of these days as estimated: the bill is not final yet")
+    out.append("")
+    groups = s.by_group_and_purchase()
+    options = sorted({o for v in groups.values() for o in v})
+    names = [g for g in groups if g is not None] + [g for g in s.estimate.by_group
+                                                    if g is not None and g not in groups]
+    rows = []
+    for name in [*sorted(names), None]:
+        parts = groups.get(name, {})
+        label = f"node group {name}" if name is not None else "non-GPU remainder"
+        rows.append([label, _usd(sum(parts.values())), _usd(s.estimate.by_group.get(name, 0.0)),
+                     *[_usd(parts.get(o, 0.0)) for o in options]])
+    rows.append(["total", _usd(s.actual), _usd(s.estimate.total),
+                 *[_usd(sum(v.get(o, 0.0) for v in groups.values())) for o in options]])
+    out += render_table(["", "actual $", "estimate $", *[f"{purchase_label(o)} $" for o in options]], rows)
+    waste = s.waste
+    share = waste.share_percent
+    out += ["", f"idle waste: ${_usd(waste.idle_usd)}"
+            + (f", {share:.1f} % of the GPU spend (${_usd(waste.gpu_spend_usd)})"
+               if share is not None else "")
+            + " (GPU-hours below the idle threshold, at the price each group paid)"]
+    if waste.groups:
+        out += render_table(
+            ["node group", "GPU-hours", "idle GPU-hours", "$/GPU-hour", "idle $", "price"],
+            [[g.group, f"{g.usage.gpu_hours:,.1f}", f"{g.usage.idle_gpu_hours:,.1f}",
+              "-" if g.usd_per_gpu_hour is None else f"{g.usd_per_gpu_hour:,.4f}", _usd(g.idle_usd), g.basis]
+             for g in waste.groups])
+    else:
+        out.append("  no GPU metrics: no node of the stack published any in these days")
+    if s.gap_is_large and s.reasons:
+        out += ["", "why the gap is large (most likely first):", *[f"  - {r}" for r in s.reasons]]
+    elif s.reasons and any("cost allocation tag" in r for r in s.reasons):
+        out += ["", *[f"note: {r}" for r in s.reasons if "cost allocation tag" in r]]
+    return out
+
+
+@app.command()
+def spend(
+    stack: StackArg,
+    days: Annotated[int | None, typer.Option(
+        "--days", help="The N whole UTC days before today (default 7).")] = None,
+    month: Annotated[str | None, typer.Option(
+        "--month", metavar="YYYY-MM", help="One calendar month (up to yesterday for this month).")] = None,
+    as_json: JsonOption = False,
+    chart: Annotated[Path | None, typer.Option(
+        "--chart", metavar="FILE.png", help="Also draw actual against estimate per day.")] = None,
+) -> None:
+    """Actual cost (Cost Explorer) by node group and purchase option, next to the estimate, and idle waste."""
+    from gpucluster.ops.spend import SpendError, stack_spend, window_for
+
+    render.use_json(as_json)
+    try:
+        window = window_for(datetime.now(UTC).date(), days, month)
+    except SpendError as err:
+        fail_usage("spend", str(err))
+    spec = build_spec(stack)
+    clients = _clients(spec.region)
+    try:
+        result = _aws_call("spend", lambda: stack_spend(spec, window, **clients),
+                           f"reading {spec.stack}'s costs (Cost Explorer) and GPU metrics")
+    except SpendError as err:
+        fail_usage("spend", str(err))
+    if chart is not None:
+        from gpucluster.chart import ChartUnavailable, draw_spend_chart
+
+        try:
+            draw_spend_chart(result, chart)
+        except ChartUnavailable as err:
+            fail_usage("spend", str(err))
+    if as_json:
+        render.emit(result.as_json())
+        return
+    for line in render_spend(result):
+        render.say(line)
+    if chart is not None:
+        render.say(f"chart: {chart}")

@@ -1,0 +1,156 @@
+"""The GPU node role's own policy documents, and their size: pure, so the spec can check them.
+
+It owns what a process on a node may do in AWS beyond the SSM agent's managed policy: publish
+metrics into its cluster's own CloudWatch namespace only (the idle stop alarms on it), read the
+instance's tags (the CloudWatch agent's Auto Scaling group dimension), never read SSM
+parameters, and reach the dataset buckets only under their prefixes and only while the bucket
+belongs to the expected account. `NodeIdentity` (aws/iam.py) attaches these documents; the stack
+spec sizes them against IAM's limit before anything deploys. No Pulumi import, no AWS call, and
+no import of the spec (which imports this module).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gpucluster.parts import S3Grant
+
+# IAM user guide, "IAM and AWS STS quotas": the inline policies of one role hold at most 10,240
+# characters together; IAM does not count whitespace.
+ROLE_INLINE_POLICIES_MAX_CHARS = 10_240
+READ_ACTIONS = ["s3:GetObject"]
+WRITE_ACTIONS = ["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
+# Every way to read a parameter's value. AmazonSSMManagedInstanceCore allows ssm:GetParameter(s)
+# on every parameter (the SSM agent resolves `{{ssm:...}}` in documents with them); nodes read
+# none (the CloudWatch agent's config is a local file), so the node role denies them all.
+PARAMETER_READS = ["ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath",
+                   "ssm:GetParameterHistory"]
+# The CloudWatch agent's `append_dimensions` take the Auto Scaling group's name from the instance's
+# aws:autoscaling:groupName tag: "The IAM User or Role making the calls must have permissions to
+# call the EC2 DescribeTags API" (amazon-cloudwatch-agent, plugins/processors/ec2tagger/README.md).
+# DescribeTags has no resource-level permissions (Service Authorization Reference, Amazon EC2).
+AGENT_TAG_READS = ["ec2:DescribeTags"]
+METRIC_NAMESPACE_ROOT = "gpucluster"
+ACCOUNT_ID_LENGTH = 12
+BUCKET_NAME_MAX = 63  # S3 user guide, "General purpose bucket naming rules"
+LONGEST_PARTITION = "aws-us-gov"
+
+
+def gpu_metric_namespace(cluster_name: str) -> str:
+    """The CloudWatch namespace a cluster's nodes publish into, and the only one they may.
+
+    One per cluster, so a node can never feed another cluster's idle alarms (CloudWatch user
+    guide, "Using condition keys to limit access to CloudWatch namespaces").
+    """
+    return f"{METRIC_NAMESPACE_ROOT}/{cluster_name}"
+
+
+def dataset_grants(bucket_name: Any, prefix: str, checkpoint_prefix: str | None,
+                   owner: Any = None) -> list[S3Grant]:
+    """Read the data prefix; read and write the checkpoint prefix; nothing else in the bucket."""
+    grants = [S3Grant(bucket_name, prefix, write=False, expected_bucket_owner=owner)]
+    if checkpoint_prefix:
+        grants.append(S3Grant(bucket_name, checkpoint_prefix, write=True, expected_bucket_owner=owner))
+    return grants
+
+
+def _owned(owner: str) -> dict[str, Any]:
+    # S3 user guide, "Verifying bucket ownership" / IAM condition key s3:ResourceAccount: a bucket
+    # of the same name re-created in another account is neither read nor written.
+    return {"StringEquals": {"s3:ResourceAccount": owner}}
+
+
+Grant = tuple[str, str, bool, str]
+"""A resolved grant: (bucket, prefix, write, owner account)."""
+
+
+def s3_policy_document(grants: Sequence[Grant], partition: str = "aws") -> dict[str, Any]:
+    """Least-privilege S3 statements for resolved grants `(bucket, prefix, write, owner account)`.
+
+    Per bucket, listing is limited to its granted prefixes (`s3:prefix`); per owner account, one
+    statement reads every granted prefix and one writes the write prefixes. Each statement holds
+    only while the bucket belongs to its owner (`s3:ResourceAccount`). Never a `*` resource, never
+    a delete action.
+    """
+    buckets: dict[tuple[str, str], list[str]] = {}
+    reads: dict[str, list[str]] = {}
+    writes: dict[str, list[str]] = {}
+    for i, (bucket, prefix, write, owner) in enumerate(grants):
+        if not bucket or "*" in bucket or "*" in prefix:
+            raise ValueError(f"S3 grant {i} needs a concrete bucket and prefix, got {bucket!r}/{prefix!r}")
+        if not (owner.isdigit() and len(owner) == ACCOUNT_ID_LENGTH):
+            raise ValueError(f"S3 grant {i}: the owner must be a 12-digit account id, got {owner!r}")
+        prefixes = buckets.setdefault((bucket, owner), [])
+        if prefix not in prefixes:
+            prefixes.append(prefix)
+        objects = f"arn:{partition}:s3:::{bucket}/{prefix}*"
+        for table in (reads, writes) if write else (reads,):
+            found = table.setdefault(owner, [])
+            if objects not in found:
+                found.append(objects)
+    statements: list[dict[str, Any]] = []
+    for i, ((bucket, owner), prefixes) in enumerate(buckets.items()):
+        condition = _owned(owner)
+        if "" not in prefixes:  # "" is the whole bucket: listing needs no prefix condition
+            condition["StringLike"] = {"s3:prefix": [f"{p}*" for p in prefixes]}
+        statements.append({"Sid": f"List{i}", "Effect": "Allow", "Action": "s3:ListBucket",
+                           "Resource": f"arn:{partition}:s3:::{bucket}", "Condition": condition})
+    for sid, table, actions in (("Read", reads, READ_ACTIONS),
+                                ("Write", writes, READ_ACTIONS + WRITE_ACTIONS)):
+        for i, (owner, resources) in enumerate(table.items()):
+            statements.append({"Sid": f"{sid}{i}", "Effect": "Allow", "Action": list(actions),
+                               "Resource": resources, "Condition": _owned(owner)})
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def agent_policy_document(namespace: str) -> dict[str, Any]:
+    """The CloudWatch agent's needs, in place of CloudWatchAgentServerPolicy, and no parameter reads.
+
+    The agent config (node/userdata.py) ships no logs, so there is no CloudWatch Logs grant; it
+    is read from a local file, so no `AmazonCloudWatch-*` parameter read either.
+    """
+    return {"Version": "2012-10-17", "Statement": [
+        # PutMetricData has no resource type: its scope is the namespace condition.
+        {"Sid": "PublishOwnNamespaceOnly", "Effect": "Allow", "Action": "cloudwatch:PutMetricData",
+         "Resource": "*", "Condition": {"StringEquals": {"cloudwatch:namespace": namespace}}},
+        {"Sid": "AgentReadsInstanceTags", "Effect": "Allow", "Action": AGENT_TAG_READS, "Resource": "*"},
+        {"Sid": "NoParameterReads", "Effect": "Deny", "Action": PARAMETER_READS, "Resource": "*"},
+    ]}
+
+
+def policy_chars(document: dict[str, Any]) -> int:
+    """A policy document's size as IAM counts it (whitespace left out), or an upper bound of it."""
+    return len(json.dumps(document, separators=(",", ":")))
+
+
+def inline_policies_chars(documents: Iterable[dict[str, Any]]) -> int:
+    return sum(policy_chars(d) for d in documents)
+
+
+def longest_bucket_name(key: int) -> str:
+    """A stand-in for a bucket name not known yet (Pulumi generates it), as long as S3 allows."""
+    return f"{key:x>{BUCKET_NAME_MAX}}"
+
+
+def worst_case_grants(grants: Iterable[S3Grant]) -> list[Grant]:
+    """`grants` resolved at their longest: a bucket name not known yet (None or an Output) gets the
+    longest name S3 allows, one per object, and an owner not given stands for the deploying account."""
+    names: dict[int, str] = {}
+    resolved = []
+    for g in grants:
+        bucket = g.bucket_name if isinstance(g.bucket_name, str) else names.setdefault(
+            id(g.bucket_name), longest_bucket_name(len(names)))
+        owner = g.expected_bucket_owner if isinstance(g.expected_bucket_owner, str) else None
+        resolved.append((bucket, g.prefix, g.write, owner or "0" * ACCOUNT_ID_LENGTH))
+    return resolved
+
+
+def node_inline_policies_chars(cluster_name: str, grants: Iterable[S3Grant]) -> int:
+    """The most the node role's inline policies can weigh with these grants, in any partition."""
+    resolved = worst_case_grants(grants)
+    documents = [agent_policy_document(gpu_metric_namespace(cluster_name))]
+    if resolved:
+        documents.append(s3_policy_document(resolved, partition=LONGEST_PARTITION))
+    return inline_policies_chars(documents)

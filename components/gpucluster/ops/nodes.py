@@ -1,0 +1,188 @@
+"""The nodes of a deployed stack: which instances its groups run, where, and whether SSM reaches them.
+
+This backs `gpucluster nodes`, and gives `run`, `hostfile`, `scale` and
+`stop`/`start` their view of the cluster. Nodes are found through the stack's
+Auto Scaling groups (selected by the `gpucluster:stack` identity tag, never by
+name), then described in EC2 (address, market, launch time) and in Systems
+Manager (is the agent online). Read-only: it never changes anything, and it
+never looks at an instance that is not a member of one of the stack's groups.
+The rank order (`ranked`) is the one contract every multi-node command shares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import boto3
+
+from gpucluster import catalog
+from gpucluster.lambdas.scaling import AWS_ERRORS, group_tags, stack_groups
+
+# The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
+NODE_GROUP_TAG = "gpucluster:node-group"
+
+# EC2 API reference, Instance.InstanceLifecycle: "spot", "scheduled" or "capacity-block"; absent
+# for on-demand instances (reservations included).
+LIFECYCLES = {"spot": "spot", "capacity-block": "capacity-block", "scheduled": "scheduled"}
+ON_DEMAND = "on-demand"
+# SSM API reference, InstanceInformation.PingStatus: Online, ConnectionLost, Inactive.
+SSM_ONLINE = "Online"
+SSM_UNREGISTERED = "not registered"
+SSM_UNKNOWN = "unknown"
+IN_SERVICE = "InService"
+# DescribeInstances takes up to 1000 ids per call; DescribeInstanceInformation's InstanceIds
+# filter up to 50 values (API references).
+EC2_IDS_PER_CALL = 1000
+SSM_IDS_PER_CALL = 50
+
+
+class NodesError(ValueError):
+    """A request the stack cannot answer (an unknown node group): one line for the operator."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One instance of a stack's group, as an operator (and `run`) needs it."""
+
+    instance_id: str
+    node_group: str
+    """The group's gpucluster:node-group tag (its Auto Scaling group's name when the tag is missing)."""
+    asg: str
+    instance_type: str
+    zone: str
+    private_ip: str | None
+    lifecycle: str
+    """on-demand, spot or capacity-block (EC2's InstanceLifecycle)."""
+    state: str
+    """EC2 state: pending, running, stopping, shutting-down..."""
+    asg_state: str
+    """Auto Scaling lifecycle state: Pending, InService, Terminating..."""
+    health: str
+    """Auto Scaling health: Healthy or Unhealthy."""
+    launch_time: datetime | None
+    ssm: str
+    """Systems Manager ping status (Online, ConnectionLost, Inactive), `not registered` or `unknown`."""
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the instance type, from the catalog (0 for a type we do not carry)."""
+        record = catalog.get(self.instance_type)
+        return record.gpus if record else 0
+
+    @property
+    def in_service(self) -> bool:
+        """Ready for work: InService in its group and running in EC2."""
+        return self.asg_state == IN_SERVICE and self.state == "running"
+
+    @property
+    def unreachable(self) -> bool:
+        """SSM says it cannot reach the node (False when SSM could not be asked)."""
+        return self.ssm not in (SSM_ONLINE, SSM_UNKNOWN)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"instance_id": self.instance_id, "node_group": self.node_group, "asg": self.asg,
+                "instance_type": self.instance_type, "gpus": self.gpus, "zone": self.zone,
+                "private_ip": self.private_ip, "lifecycle": self.lifecycle, "state": self.state,
+                "asg_state": self.asg_state, "health": self.health,
+                "launch_time": self.launch_time.isoformat() if self.launch_time else None,
+                "ssm": self.ssm}
+
+
+def node_group_of(group: dict[str, Any]) -> str:
+    """The node group an Auto Scaling group belongs to (its name when the tag is missing)."""
+    return group_tags(group).get(NODE_GROUP_TAG) or group["AutoScalingGroupName"]
+
+
+def select_groups(groups: Sequence[dict[str, Any]], node_group: str | None) -> list[dict[str, Any]]:
+    """The groups of one node group (by its tag, or the Auto Scaling group's own name); all for None."""
+    if node_group is None:
+        return list(groups)
+    chosen = [g for g in groups if node_group in (node_group_of(g), g["AutoScalingGroupName"])]
+    if not chosen:
+        known = ", ".join(sorted({node_group_of(g) for g in groups})) or "none deployed"
+        raise NodesError(f"no node group {node_group!r} in this stack (node groups: {known})")
+    return chosen
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterable[list[str]]:
+    for start in range(0, len(items), size):
+        yield list(items[start:start + size])
+
+
+def describe_instances(ec2: Any, instance_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """EC2's view of the instances, by id (instances EC2 no longer knows are absent)."""
+    found: dict[str, dict[str, Any]] = {}
+    for batch in _chunks(sorted(set(instance_ids)), EC2_IDS_PER_CALL):
+        for page in ec2.get_paginator("describe_instances").paginate(InstanceIds=batch):
+            for reservation in page["Reservations"]:
+                for instance in reservation["Instances"]:
+                    found[instance["InstanceId"]] = instance
+    return found
+
+
+def ssm_ping(ssm: Any, instance_ids: Sequence[str]) -> dict[str, str]:
+    """Systems Manager ping status by instance id (ssm:DescribeInstanceInformation).
+
+    Every id gets a status: an instance SSM does not list is `not registered`; when
+    SSM cannot be asked (no permission, an API error) every status is `unknown`, since
+    the listing is still worth having without it.
+    """
+    ids = sorted(set(instance_ids))
+    status = dict.fromkeys(ids, SSM_UNREGISTERED)
+    try:
+        for batch in _chunks(ids, SSM_IDS_PER_CALL):
+            paginator = ssm.get_paginator("describe_instance_information")
+            for page in paginator.paginate(Filters=[{"Key": "InstanceIds", "Values": batch}]):
+                for info in page["InstanceInformationList"]:
+                    status[info["InstanceId"]] = info.get("PingStatus", SSM_UNKNOWN)
+    except AWS_ERRORS:
+        return dict.fromkeys(ids, SSM_UNKNOWN)
+    return status
+
+
+def stack_nodes(identity: str, *, node_group: str | None = None, autoscaling_client: Any = None,
+                ec2_client: Any = None, ssm_client: Any = None) -> list[Node]:
+    """Every instance of the stack's groups (of one node group when given), in rank order."""
+    autoscaling = autoscaling_client or boto3.client("autoscaling")
+    groups = select_groups(stack_groups(autoscaling, identity), node_group)
+    members = [(g, i) for g in groups for i in g.get("Instances", [])]
+    if not members:
+        return []
+    ids = [i["InstanceId"] for _, i in members]
+    described = describe_instances(ec2_client or boto3.client("ec2"), ids)
+    ping = ssm_ping(ssm_client or boto3.client("ssm"), ids)
+    nodes = []
+    for group, member in members:
+        instance = described.get(member["InstanceId"], {})
+        nodes.append(Node(
+            instance_id=member["InstanceId"],
+            node_group=node_group_of(group),
+            asg=group["AutoScalingGroupName"],
+            instance_type=instance.get("InstanceType") or member.get("InstanceType", "?"),
+            zone=member.get("AvailabilityZone") or instance.get("Placement", {}).get("AvailabilityZone", "?"),
+            private_ip=instance.get("PrivateIpAddress"),
+            lifecycle=LIFECYCLES.get(instance.get("InstanceLifecycle", ""), ON_DEMAND),
+            state=instance.get("State", {}).get("Name", "unknown"),
+            asg_state=member.get("LifecycleState", "?"),
+            health=member.get("HealthStatus", "?"),
+            launch_time=instance.get("LaunchTime"),
+            ssm=ping[member["InstanceId"]],
+        ))
+    return ranked(nodes)
+
+
+def ranked(nodes: Iterable[Node]) -> list[Node]:
+    """Rank order: node group, then launch time, then instance id.
+
+    Launch time first so that a replaced node joins at the end and every other
+    node keeps its rank (rank 0, the MASTER_ADDR, stays the oldest node); the
+    instance id breaks ties between nodes launched in the same second.
+    """
+    def key(n: Node) -> tuple[str, float, str]:
+        when = n.launch_time.timestamp() if n.launch_time else float("inf")
+        return (n.node_group, when, n.instance_id)
+
+    return sorted(nodes, key=key)

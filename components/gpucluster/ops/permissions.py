@@ -1,0 +1,52 @@
+"""What an operator's IAM identity needs for the day-two commands, as one policy document.
+
+`nodes`, `hostfile`, `run`, `scale`, `stop`, `start`, `status` and `resume`
+call only the actions below, and write only to groups and instances carrying
+the stack's identity tag. The README shows this document (a test keeps the two
+equal, and checks every AWS call those commands make is in it). Pure: no AWS
+call, no Pulumi.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpucluster.lambdas.scaling import RUN_SHELL_DOCUMENT, STACK_TAG, STATE_TAGS
+from gpucluster.ops.run import run_log_group
+
+
+def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOUNT_ID",
+                    partition: str = "aws") -> dict[str, Any]:
+    """The least-privilege policy of someone who operates the stack `identity`.
+
+    Describe calls and GetCommandInvocation/CancelCommand have no resource-level
+    permissions (Service Authorization Reference), hence "*". SendCommand is
+    authorised on the document and on every target instance, so the instance
+    statement's tag condition keeps it on this stack's nodes (Systems Manager user
+    guide, "Restricting Run Command access based on tags"). Auto Scaling writes are
+    limited to groups tagged with the stack, and tag writes to the stop-state tags.
+    """
+    owned = {"StringEquals": {f"autoscaling:ResourceTag/{STACK_TAG}": identity}}
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "ReadTheStack", "Effect": "Allow", "Resource": "*",
+         "Action": ["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances",
+                    "ssm:DescribeInstanceInformation", "ssm:GetCommandInvocation", "ssm:CancelCommand",
+                    # status: is the budget's cost-allocation tag active (Cost Explorer, account-wide)?
+                    "ce:ListCostAllocationTags"]},
+        {"Sid": "RunShellDocument", "Effect": "Allow", "Action": ["ssm:SendCommand"],
+         "Resource": [f"arn:{partition}:ssm:{region}::document/{RUN_SHELL_DOCUMENT}"]},
+        {"Sid": "OnThisStacksInstances", "Effect": "Allow", "Action": ["ssm:SendCommand"],
+         "Resource": [f"arn:{partition}:ec2:{region}:{account}:instance/*"],
+         "Condition": {"StringEquals": {f"ssm:resourceTag/{STACK_TAG}": identity}}},
+        {"Sid": "ScaleThisStacksGroups", "Effect": "Allow", "Action": ["autoscaling:UpdateAutoScalingGroup"],
+         "Resource": "*", "Condition": owned},
+        {"Sid": "TagStopState", "Effect": "Allow",
+         "Action": ["autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"], "Resource": "*",
+         "Condition": {**owned, "ForAllValues:StringEquals": {"aws:TagKeys": list(STATE_TAGS)}}},
+        {"Sid": "ReadRunOutput", "Effect": "Allow", "Action": ["logs:GetLogEvents", "logs:FilterLogEvents"],
+         "Resource": [f"arn:{partition}:logs:{region}:{account}:log-group:{run_log_group(identity)}:*"]},
+    ]}
+
+
+def allowed_actions(policy: dict[str, Any]) -> set[str]:
+    return {action for statement in policy["Statement"] for action in statement["Action"]}

@@ -1,0 +1,325 @@
+"""Run one command on every in-service node of a node group, as one multi-node job.
+
+This backs `gpucluster run`. Each node gets its own SSM Run Command
+(`AWS-RunShellScript`: no SSH, no inbound port) with the environment that
+torchrun, DeepSpeed and MPI launchers read: MASTER_ADDR (rank 0's private IP),
+MASTER_PORT, NNODES, NODE_RANK, NPROC_PER_NODE, WORLD_SIZE, plus the group's
+EFA/NCCL settings. Ranks follow `gpucluster.ops.nodes.ranked` (launch time,
+then instance id). The full output goes to CloudWatch Logs; `run` waits,
+reports each node's status as it changes, and returns every node's exit status
+and the tail of its output. A job that cannot start on every node is cancelled
+on all of them: a partial launch would only hang at the rendezvous.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpucluster.lambdas.scaling import AWS_ERRORS, RUN_SHELL_DOCUMENT, TERMINAL_STATUSES, error_code
+from gpucluster.ops.nodes import Node
+
+DEFAULT_MASTER_PORT = 29500  # torchrun's default (torch.distributed.run --master-port)
+DEFAULT_TIMEOUT_SECONDS = 3600
+# AWS-RunShellScript executionTimeout: 1..172800 seconds (document parameter).
+MAX_TIMEOUT_SECONDS = 172800
+# SendCommand TimeoutSeconds (delivery): at least 30 seconds (API reference).
+DELIVERY_TIMEOUT_SECONDS = 120
+# GetCommandInvocation returns the first 24,000 characters of stdout and the first 8,000 of
+# stderr (API reference, StandardOutputContent / StandardErrorContent); the rest is only in
+# CloudWatch Logs, whose streams SSM names <command id>/<instance id>/<plugin>/stdout|stderr.
+STDOUT_LIMIT, STDERR_LIMIT = 24000, 8000
+TAIL_LINES = 20
+# The checkpoint contract (gpucluster.node checkpoint.sh, on every node as gpucluster-checkpoint):
+# the hook creates REQUEST, the job saves a checkpoint and touches DONE.
+CHECKPOINT_REQUEST = "/run/gpucluster/checkpoint-request"
+CHECKPOINT_DONE = "/run/gpucluster/checkpoint-done"
+
+
+class RunError(ValueError):
+    """The job cannot be prepared (no nodes in service, a node without an address): one line."""
+
+
+def run_log_group(identity: str) -> str:
+    """The CloudWatch Logs group `run` writes full output to: /gpucluster/<identity>/run.
+
+    Log group names allow a-z, A-Z, 0-9, '_', '-', '/', '.', '#' (CloudWatch Logs API
+    reference, CreateLogGroup); anything else in the identity becomes '-'.
+    """
+    return f"/gpucluster/{re.sub(r'[^A-Za-z0-9_./#-]', '-', identity)}/run"
+
+
+@dataclass(frozen=True)
+class RankedNode:
+    """One node of the job: its rank and the environment its command runs with."""
+
+    rank: int
+    node: Node
+    environment: dict[str, str]
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What `run` sends: one command per node, each with its own environment."""
+
+    command: str
+    ranks: list[RankedNode]
+    timeout_seconds: int
+    log_group: str
+    workdir: str | None = None
+    detach: str | None = None
+    """A job name: start the command as a systemd unit on each node (gpucluster-job) and return."""
+    job_timeout_seconds: int | None = None
+    """Detached jobs: stop the unit after this long (none: it runs until it ends or is cancelled)."""
+
+    def script(self, rank: RankedNode) -> list[str]:
+        """The AWS-RunShellScript `commands` of one node: exports, then the command under bash.
+
+        The document runs its lines with /bin/sh; the command itself runs under bash
+        (`exec`, so its exit status is the node's), as `ssh host CMD` would. A detached
+        job hands the command and the exported environment to gpucluster-job instead.
+        """
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in rank.environment.items()]
+        if self.detach:
+            if self.job_timeout_seconds:
+                lines.append(f"export GPUCLUSTER_JOB_TIMEOUT_SECONDS={self.job_timeout_seconds}")
+            lines.append(f"exec {JOB_TOOL} start {self.detach} {shlex.quote(self.workdir or '/')} "
+                         f"{shlex.quote(self.command)}")
+            return lines
+        if self.workdir:
+            lines.append(f"cd {shlex.quote(self.workdir)}")
+        lines.append(f"exec bash -c {shlex.quote(self.command)}")
+        return lines
+
+
+def plan_job(nodes: Sequence[Node], command: str, *, timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS,
+             master_port: int = DEFAULT_MASTER_PORT, group_environment: Mapping[str, str] | None = None,
+             log_group: str, workdir: str | None = None, detach: str | None = None,
+             job_timeout_seconds: int | None = None) -> JobPlan:
+    """Ranks and environments for `command` on the in-service nodes (in the order given).
+
+    NPROC_PER_NODE is each node's GPU count (the catalog's); WORLD_SIZE their sum.
+    """
+    if not command.strip():
+        raise RunError("no command given (put it after --)")
+    if detach is not None:
+        check_job_name(detach)
+    if not 1 <= timeout_seconds <= MAX_TIMEOUT_SECONDS:
+        raise RunError(f"--timeout: must be 1..{MAX_TIMEOUT_SECONDS} seconds (SSM's limit), "
+                       f"got {timeout_seconds}")
+    if not 1 <= master_port <= 65535:
+        raise RunError(f"--master-port: must be 1..65535, got {master_port}")
+    ready = [n for n in nodes if n.in_service]
+    if not ready:
+        raise RunError("no node in service (InService and running) to run on; "
+                       "see `gpucluster nodes` and `gpucluster start`")
+    missing = [n.instance_id for n in ready if not n.private_ip]
+    if missing:
+        raise RunError(f"no private IP for {', '.join(missing)}")
+    unreachable = [f"{n.instance_id} ({n.ssm})" for n in ready if n.unreachable]
+    if unreachable:
+        raise RunError(f"SSM cannot reach {', '.join(unreachable)}: a job needs every node; wait for "
+                       "the agent to come online, or replace the node")
+    nprocs = [max(1, n.gpus) for n in ready]
+    shared = {
+        "MASTER_ADDR": str(ready[0].private_ip),
+        "MASTER_PORT": str(master_port),
+        "NNODES": str(len(ready)),
+        "WORLD_SIZE": str(sum(nprocs)),
+        "GPUCLUSTER_NODE_IPS": " ".join(str(n.private_ip) for n in ready),
+        "GPUCLUSTER_CHECKPOINT_REQUEST": CHECKPOINT_REQUEST,
+        "GPUCLUSTER_CHECKPOINT_DONE": CHECKPOINT_DONE,
+        **dict(group_environment or {}),
+    }
+    ranks = [RankedNode(rank, node, {**shared, "NODE_RANK": str(rank),
+                                     "NPROC_PER_NODE": str(nproc)})
+             for rank, (node, nproc) in enumerate(zip(ready, nprocs, strict=True))]
+    return JobPlan(command, ranks, timeout_seconds, log_group, workdir, detach, job_timeout_seconds)
+
+
+# ------------------------------------------------------------------- detached jobs
+
+JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # gpucluster.node.userdata.JOB_TOOL (node/job.sh)
+JOB_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+QUERY_TIMEOUT_SECONDS = 120
+
+
+def check_job_name(name: str) -> str:
+    """Job names become unit names (gpucluster-job-<name>): 1-40 characters of a-z, 0-9, '-'."""
+    if not JOB_NAME.fullmatch(name):
+        raise RunError(f"job names are 1-40 characters of a-z, 0-9 and '-' (not starting with '-'), "
+                       f"got {name!r}")
+    return name
+
+
+def plan_on_nodes(nodes: Sequence[Node], command: str, *, log_group: str) -> JobPlan:
+    """The same short command on every in-service node (no rank environment): jobs, logs, cancel."""
+    ready = [n for n in nodes if n.in_service]
+    if not ready:
+        raise RunError("no node in service; see `gpucluster nodes`")
+    return JobPlan(command, [RankedNode(rank, n, {}) for rank, n in enumerate(ready)],
+                   QUERY_TIMEOUT_SECONDS, log_group)
+
+
+@dataclass(frozen=True)
+class JobState:
+    """One detached job on one node, as `gpucluster-job status` prints it."""
+
+    name: str
+    state: str
+    """systemd's SubState: running, exited (done, exit 0), failed, ..."""
+    exit_status: int | None
+    started: str
+
+
+def parse_job_states(stdout: str) -> list[JobState]:
+    """`gpucluster-job status` lines: NAME STATE EXIT STARTED (started with '_' for spaces)."""
+    states = []
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) < 3 or not JOB_NAME.fullmatch(parts[0]):
+            continue
+        code = int(parts[2]) if parts[2].isdigit() else None
+        started = parts[3].replace("_", " ") if len(parts) > 3 else ""
+        states.append(JobState(parts[0], parts[1], code, started))
+    return states
+
+
+# ------------------------------------------------------------------------ running
+
+
+@dataclass
+class NodeResult:
+    """One node's command: where it stands and what it printed (as far as SSM returns it)."""
+
+    rank: int
+    instance_id: str
+    command_id: str | None = None
+    status: str = "Pending"
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    error: str = ""
+    """Why the command was not sent, or why we stopped waiting."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "Success" and self.exit_code == 0
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL_STATUSES or self.status == "NotSent"
+
+    def tail(self, lines: int = TAIL_LINES) -> list[str]:
+        """The last lines of what SSM returned (stderr after stdout)."""
+        text = self.stdout.rstrip("\n")
+        if self.stderr.strip():
+            text = (text + "\n" if text else "") + self.stderr.rstrip("\n")
+        return text.splitlines()[-lines:] if text else []
+
+    @property
+    def truncated(self) -> bool:
+        """SSM cut the output: what `tail` shows is not the end (CloudWatch Logs has all of it)."""
+        return len(self.stdout) >= STDOUT_LIMIT or len(self.stderr) >= STDERR_LIMIT
+
+    def log_streams(self) -> str:
+        """Where the full output is: the CloudWatch Logs stream prefix of this invocation."""
+        return f"{self.command_id}/{self.instance_id}/"
+
+
+@dataclass
+class JobResult:
+    results: list[NodeResult] = field(default_factory=list)
+    cancelled: bool = False
+    """The launch failed on a node, so every sent command was cancelled."""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.results) and all(r.ok for r in self.results)
+
+    @property
+    def failed(self) -> list[NodeResult]:
+        return [r for r in self.results if not r.ok]
+
+
+Progress = Callable[[NodeResult], None]
+
+
+def send_job(ssm: Any, plan: JobPlan, *, comment: str = "gpucluster run") -> JobResult:
+    """Send one command per node; if any send fails, cancel those already sent (nothing half-runs)."""
+    job = JobResult([NodeResult(r.rank, r.node.instance_id) for r in plan.ranks])
+    for rank, result in zip(plan.ranks, job.results, strict=True):
+        try:
+            response = ssm.send_command(
+                InstanceIds=[rank.node.instance_id],
+                DocumentName=RUN_SHELL_DOCUMENT,
+                Comment=f"{comment} rank {rank.rank}"[:100],
+                TimeoutSeconds=DELIVERY_TIMEOUT_SECONDS,
+                Parameters={"commands": plan.script(rank),
+                            "executionTimeout": [str(plan.timeout_seconds)]},
+                CloudWatchOutputConfig={"CloudWatchOutputEnabled": True,
+                                        "CloudWatchLogGroupName": plan.log_group},
+            )
+        except AWS_ERRORS as exc:
+            code = error_code(exc)
+            result.status, result.error = "NotSent", f"{code or type(exc).__name__}: {exc}"
+            break
+        result.command_id = response["Command"]["CommandId"]
+    if any(r.status == "NotSent" for r in job.results):
+        job.cancelled = True
+        for result in job.results:
+            if result.command_id:
+                cancel(ssm, result)
+            elif result.status != "NotSent":
+                result.status, result.error = "NotSent", "not sent: the launch failed on another node"
+    return job
+
+
+def cancel(ssm: Any, result: NodeResult) -> None:
+    """Cancel one node's command (best effort: it may have finished meanwhile)."""
+    try:
+        ssm.cancel_command(CommandId=result.command_id, InstanceIds=[result.instance_id])
+    except AWS_ERRORS as exc:
+        result.error = f"cancel failed: {exc}"
+    result.status = "Cancelled" if result.status not in TERMINAL_STATUSES else result.status
+
+
+def wait_job(ssm: Any, job: JobResult, *, timeout_seconds: float, on_change: Progress | None = None,
+             poll_seconds: float = 10.0, sleep: Callable[[float], None] = time.sleep,
+             clock: Callable[[], float] = time.monotonic) -> JobResult:
+    """Poll each node's invocation until every one is final, or `timeout_seconds` pass.
+
+    `on_change` is called with a node's result each time its status changes.
+    """
+    deadline = clock() + timeout_seconds
+    while True:
+        for result in job.results:
+            if result.done or not result.command_id:
+                continue
+            try:
+                response = ssm.get_command_invocation(CommandId=result.command_id,
+                                                      InstanceId=result.instance_id)
+            except AWS_ERRORS:
+                continue  # InvocationDoesNotExist right after sending, or throttling: ask again
+            status = response.get("Status", "Pending")
+            changed = status != result.status
+            result.status = status
+            code = response.get("ResponseCode")
+            result.exit_code = int(code) if isinstance(code, int) and code >= 0 else None
+            result.stdout = response.get("StandardOutputContent", "") or ""
+            result.stderr = response.get("StandardErrorContent", "") or ""
+            if changed and on_change is not None:
+                on_change(result)
+        pending = [r for r in job.results if not r.done]
+        if not pending:
+            return job
+        remaining = deadline - clock()
+        if remaining <= 0:
+            for result in pending:
+                result.error = "still running when run stopped waiting"
+            return job
+        sleep(min(poll_seconds, remaining))

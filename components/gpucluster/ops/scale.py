@@ -1,0 +1,185 @@
+"""Scale, stop and start a stack's node groups by hand, through the guardrails' own tag contract.
+
+This backs `gpucluster scale`, `stop` and `start`. A manual stop is a stop like
+any guardrail's: `scale_to_zero` with reason `manual` records who stopped the
+group and what to restore, after the stack's pre-stop hook ran on its nodes
+(as the idle stop runs it). So `status` shows it, `resume` undoes it, a
+schedule start leaves it alone (it only undoes schedule stops) and a budget stop
+still outranks it. `start` undoes manual, idle, schedule and lifetime stops,
+never a budget stop (that is `resume --only budget`, with its warning). Every
+change is planned first (read-only, for the operator to confirm) and decided
+again on the group as described right before its write. Nothing is deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+
+from gpucluster.lambdas.scaling import (
+    BUDGET,
+    IDLE,
+    LIFETIME,
+    MANUAL,
+    SCHEDULE,
+    STOPPED_BY_TAG,
+    StopReport,
+    describe_groups,
+    group_tags,
+    in_service_instance_ids,
+    stack_groups,
+    stop_groups,
+)
+from gpucluster.ops.nodes import NodesError, node_group_of, select_groups
+from gpucluster.ops.status import ResumeCandidate, ResumeResult, plan_resume, resume_stack
+
+# What `start` may undo: every stop but the budget's.
+START_REASONS = (MANUAL, IDLE, SCHEDULE, LIFETIME)
+
+
+class ScaleError(NodesError):
+    """A change the group cannot take (above its maximum, stopped by a guardrail): one line."""
+
+
+@dataclass(frozen=True)
+class ScaleChange:
+    """One Auto Scaling group and what `scale` would set it to (nothing is changed yet)."""
+
+    group: str
+    node_group: str
+    min_now: int
+    desired_now: int
+    max_size: int
+    min_after: int
+    desired_after: int
+
+    @property
+    def added_nodes(self) -> int:
+        return max(0, self.desired_after - self.desired_now)
+
+
+def plan_scale(identity: str, node_group: str, desired: int, *,
+               autoscaling_client: Any = None) -> list[ScaleChange]:
+    """What setting `node_group` to `desired` nodes changes; read-only.
+
+    MinSize comes down with desired (never up); desired above MaxSize is refused
+    (max_nodes is the stack file's, changed by `pulumi up`), and so is scaling up a
+    group a guardrail or a person stopped: `start` or `resume` restore it with its tags.
+    """
+    if desired < 0:
+        raise ScaleError(f"--desired: must be >= 0, got {desired}")
+    autoscaling = autoscaling_client or boto3.client("autoscaling")
+    changes = []
+    for group in select_groups(stack_groups(autoscaling, identity), node_group):
+        name, tags = group["AutoScalingGroupName"], group_tags(group)
+        max_size = int(group["MaxSize"])
+        if desired > max_size:
+            raise ScaleError(f"--desired {desired} is above {name}'s maximum of {max_size} nodes; "
+                             f"raise max_nodes of node group {node_group_of(group)!r} in the stack "
+                             "file and `pulumi up` first")
+        stopped_by = tags.get(STOPPED_BY_TAG)
+        if stopped_by and desired > 0:
+            how = ("gpucluster resume STACK --only budget" if stopped_by == BUDGET
+                   else f"gpucluster start STACK --group {node_group_of(group)}")
+            raise ScaleError(f"{name} is stopped by {stopped_by}; restore it with `{how}`, then scale")
+        changes.append(ScaleChange(name, node_group_of(group), int(group["MinSize"]),
+                                   int(group["DesiredCapacity"]), max_size,
+                                   min(int(group["MinSize"]), desired), desired))
+    return changes
+
+
+@dataclass(frozen=True)
+class ScaleResult:
+    group: str
+    action: str
+    """"scaled" or "skipped"."""
+    reason: str = ""
+
+
+def apply_scale(changes: list[ScaleChange], *, autoscaling_client: Any = None) -> list[ScaleResult]:
+    """Write each planned change, unless the group was stopped since it was shown."""
+    autoscaling = autoscaling_client or boto3.client("autoscaling")
+    results = []
+    for change in changes:
+        now = describe_groups(autoscaling, [change.group])
+        if not now:
+            results.append(ScaleResult(change.group, "skipped", "the group no longer exists"))
+            continue
+        label = group_tags(now[0]).get(STOPPED_BY_TAG)
+        if label and change.desired_after > 0:
+            results.append(ScaleResult(change.group, "skipped",
+                                       f"stopped by {label} since shown; left stopped"))
+            continue
+        autoscaling.update_auto_scaling_group(AutoScalingGroupName=change.group,
+                                              MinSize=change.min_after,
+                                              DesiredCapacity=change.desired_after)
+        results.append(ScaleResult(change.group, "scaled"))
+    return results
+
+
+# ------------------------------------------------------------------------- stop
+
+
+@dataclass(frozen=True)
+class StopCandidate:
+    """One group of the selection and whether a stop would change it."""
+
+    group: str
+    node_group: str
+    desired_now: int
+    in_service: int
+    stopped_by: str | None
+
+    @property
+    def running(self) -> bool:
+        return self.desired_now > 0
+
+
+def plan_stop(identity: str, node_group: str | None = None, *,
+              autoscaling_client: Any = None) -> list[StopCandidate]:
+    """The selected groups and their capacity now; read-only."""
+    autoscaling = autoscaling_client or boto3.client("autoscaling")
+    return [StopCandidate(g["AutoScalingGroupName"], node_group_of(g), int(g["DesiredCapacity"]),
+                          len(in_service_instance_ids(g)), group_tags(g).get(STOPPED_BY_TAG))
+            for g in select_groups(stack_groups(autoscaling, identity), node_group)]
+
+
+def stop_stack(candidates: list[StopCandidate], *, autoscaling_client: Any = None, ssm_client: Any = None,
+               pre_stop_command: str | None = None, hook_timeout_seconds: float = 300.0) -> StopReport:
+    """Run the pre-stop hook on the running groups' nodes, then scale them to zero (reason manual).
+
+    The groups are described again first; `stop_groups` describes them once more
+    after the hook, so a budget stop that lands meanwhile keeps its label.
+    """
+    autoscaling = autoscaling_client or boto3.client("autoscaling")
+    groups = describe_groups(autoscaling, [c.group for c in candidates if c.running])
+    ssm = (ssm_client or boto3.client("ssm")) if pre_stop_command else None
+    return stop_groups(autoscaling, groups, MANUAL, ssm=ssm, pre_stop_command=pre_stop_command,
+                       hook_timeout_seconds=hook_timeout_seconds)
+
+
+# ------------------------------------------------------------------------ start
+
+
+def plan_start(identity: str, node_group: str | None = None, *,
+               autoscaling_client: Any = None) -> list[ResumeCandidate]:
+    """What `start` would restore in the selection (budget stops left out); read-only."""
+    autoscaling = autoscaling_client or boto3.client("autoscaling")
+    candidates = plan_resume(identity, autoscaling_client=autoscaling, only_stopped_by=START_REASONS)
+    if node_group is None:
+        return candidates
+    chosen = [c for c in candidates if node_group in (c.node_group, c.group)]
+    if not chosen:
+        known = ", ".join(sorted({c.node_group or c.group for c in candidates})) or "none deployed"
+        raise NodesError(f"no node group {node_group!r} in this stack (node groups: {known})")
+    return chosen
+
+
+def start_stack(identity: str, shown: Mapping[str, str | None], *,
+                autoscaling_client: Any = None) -> list[ResumeResult]:
+    """Restore the shown groups to their recorded capacity (a stop that changed since is skipped)."""
+    return resume_stack(identity, autoscaling_client=autoscaling_client,
+                        only_stopped_by=START_REASONS, shown=shown)

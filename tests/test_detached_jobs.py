@@ -1,0 +1,208 @@
+"""Detached jobs: `run --detach`, `jobs`, `logs`, `cancel`, and gpucluster-job on the node under bash."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import ANY, Stubber
+from typer.testing import CliRunner
+
+from cli_text import joined_lines
+from gpucluster.cli import app, jobs
+from gpucluster.node import userdata
+from gpucluster.node.userdata import node_files, script
+from gpucluster.ops import run as ops_run
+from gpucluster.ops.run import parse_job_states
+from test_jobs import _dry_run_ranks, _invocation, _online, aws  # noqa: F401  (fixture)
+
+runner = CliRunner()
+SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
+
+
+# --------------------------------------------------------------- gpucluster-job on a node
+
+
+class Node:
+    """systemd-run, systemctl and journalctl as stubs that log their arguments."""
+
+    def __init__(self, root: Path, *, train_state: str = "exited") -> None:
+        self.bin, self.log = root / "bin", root / "calls.log"
+        self.bin.mkdir()
+        bodies = {
+            "systemd-run": "true",
+            "journalctl": "echo 'step 10 loss 1.5'",
+            "systemctl": f"""case "$1" in
+  list-units) printf 'gpucluster-job-train.service loaded active exited gpucluster job train\\n'
+              printf 'gpucluster-job-eval.service loaded failed failed gpucluster job eval\\n' ;;
+  show) case "$3$5" in
+          *SubState*train*) echo {train_state} ;; *SubState*eval*) echo failed ;;
+          *ExecMainStatus*train*) echo 0 ;; *ExecMainStatus*eval*) echo 3 ;;
+          *ExecMainStartTimestamp*) echo 'Mon 2025-06-02 10:00:00 UTC' ;;
+        esac ;;
+esac""",
+        }
+        for name, body in bodies.items():
+            stub = self.bin / name
+            stub.write_text(f'#!/bin/bash\nprintf "%s\\n" "{name} $*" >> {self.log}\n'
+                            f'for a in "$@"; do printf "  %s\\n" "$a" >> {self.log}.args; done\n{body}\n')
+            stub.chmod(0o755)
+        self.path = root / "job.sh"
+        self.path.write_text(script("job.sh"))
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        clean = {"PATH": f"{self.bin}:{os.environ['PATH']}", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "x"}
+        return subprocess.run(["bash", str(self.path), *args], env={**clean, **env}, capture_output=True,
+                              text=True, timeout=20)
+
+    def args(self) -> list[str]:
+        path = Path(f"{self.log}.args")
+        return [line[2:] for line in path.read_text().splitlines()] if path.exists() else []
+
+    def calls(self, command: str) -> list[str]:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        return [line.split(" ", 1)[1] for line in lines if line.split(" ", 1)[0] == command]
+
+
+def test_job_tool_lints_clean() -> None:
+    check = subprocess.run([SHELLCHECK, "-s", "bash", str(Path(userdata.__file__).parent / "job.sh")],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
+def test_start_runs_the_command_as_a_unit_with_the_rank_environment_only(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    result = node.run("start", "train", "/fsx/code", "torchrun --nnodes=$NNODES train.py",
+                      MASTER_ADDR="10.0.0.5", NODE_RANK="1", NNODES="2", FI_PROVIDER="efa",
+                      NCCL_SOCKET_IFNAME="^docker,lo,veth", GPUCLUSTER_NODE_IPS="10.0.0.5 10.0.0.6",
+                      GPUCLUSTER_JOB_TIMEOUT_SECONDS="7200")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "started job train as gpucluster-job-train.service\n"
+    args = node.args()
+    run_at = args.index("--unit=gpucluster-job-train.service")
+    sent = args[run_at:]
+    assert sent[-3:] == ["/bin/bash", "-c", "torchrun --nnodes=$NNODES train.py"]
+    assert {"--property=RemainAfterExit=yes", "--property=WorkingDirectory=/fsx/code",
+            "--property=RuntimeMaxSec=7200"} <= set(sent)
+    env = {a.removeprefix("--setenv=") for a in sent if a.startswith("--setenv=")}
+    assert env == {"MASTER_ADDR=10.0.0.5", "NODE_RANK=1", "NNODES=2", "FI_PROVIDER=efa",
+                   "NCCL_SOCKET_IFNAME=^docker,lo,veth", "GPUCLUSTER_NODE_IPS=10.0.0.5 10.0.0.6",
+                   "GPUCLUSTER_JOB_TIMEOUT_SECONDS=7200", "GPUCLUSTER_JOB=train"}  # no HOME, no secrets
+    # a finished job of the same name is cleared first
+    assert node.calls("systemctl")[1:] == ["stop gpucluster-job-train.service",
+                                           "reset-failed gpucluster-job-train.service"]
+
+
+def test_start_refuses_a_job_that_is_still_running(tmp_path: Path) -> None:
+    node = Node(tmp_path, train_state="running")
+    result = node.run("start", "train", "/", "true")
+    assert result.returncode == 2 and "job train is already running on this node" in result.stderr
+    assert node.calls("systemd-run") == []
+
+
+def test_status_logs_cancel_and_bad_names(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    status = node.run("status")
+    assert status.returncode == 0, status.stderr
+    assert parse_job_states(status.stdout) == [
+        ops_run.JobState("train", "exited", 0, "Mon 2025-06-02 10:00:00 UTC"),
+        ops_run.JobState("eval", "failed", 3, "Mon 2025-06-02 10:00:00 UTC")]
+    logs = node.run("logs", "train", "50")
+    assert logs.stdout == "step 10 loss 1.5\n"
+    assert node.calls("journalctl") == ["-u gpucluster-job-train.service -n 50 --no-pager -o cat"]
+    assert node.run("cancel", "train").stdout == "cancelled job train\n"
+    assert node.calls("systemctl")[-1] == "stop gpucluster-job-train.service"
+    bad = node.run("cancel", "Train;rm")
+    assert bad.returncode == 2 and "job names are 1-40 characters" in bad.stderr
+
+
+def test_every_node_gets_the_job_tool() -> None:
+    from test_node_setup import _settings
+
+    assert userdata.JOB_TOOL == ops_run.JOB_TOOL
+    tool = next(f for f in node_files(_settings()) if f.path == ops_run.JOB_TOOL)
+    assert tool.mode == "0755" and tool.content == script("job.sh")
+
+
+# ------------------------------------------------------------------------- the CLI
+
+
+def test_run_detach_dry_run_hands_the_command_to_the_job_tool(aws: dict[str, Any],  # noqa: F811
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    _online(monkeypatch)
+    result = runner.invoke(app, ["run", "prod", "-g", "h100-train", "--detach", "--name", "pretrain",
+                                 "--timeout", "86400", "--dry-run", "--", "torchrun", "train.py"])
+    assert result.exit_code == 0, result.output
+    assert [r["NODE_RANK"] for r in _dry_run_ranks(result.output)] == ["0", "1", "2"]
+    assert result.output.count("  export GPUCLUSTER_JOB_TIMEOUT_SECONDS=86400\n") == 3
+    assert result.output.count("  exec /usr/local/sbin/gpucluster-job start pretrain / "
+                               "'torchrun train.py'\n") == 3
+    bad = runner.invoke(app, ["run", "prod", "-g", "h100-train", "--detach", "--name", "Bad Name",
+                              "--", "true"])
+    assert bad.exit_code == 2 and "job names are 1-40 characters" in bad.output
+    bad = runner.invoke(app, ["run", "prod", "-g", "h100-train", "--name", "x", "--", "true"])
+    assert (bad.exit_code, bad.output) == (2, "run: --name names a detached job: add --detach\n")
+
+
+def _stub_ssm(monkeypatch: pytest.MonkeyPatch, replies: list[dict[str, Any]]) -> Stubber:
+    """SSM answering one SendCommand and one GetCommandInvocation per reply, in order."""
+    ssm = boto3.client("ssm", region_name="us-east-1")
+    stub = Stubber(ssm)
+    for n, _ in enumerate(replies):
+        stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}},
+                          {"InstanceIds": ANY, "DocumentName": "AWS-RunShellScript", "Comment": ANY,
+                           "TimeoutSeconds": ANY, "Parameters": ANY, "CloudWatchOutputConfig": ANY})
+    for n, reply in enumerate(replies):
+        stub.add_response("get_command_invocation", reply, {"CommandId": f"{n:036d}", "InstanceId": ANY})
+    real = jobs._client
+    monkeypatch.setattr(jobs, "_client",
+                        lambda spec, service: ssm if service == "ssm" else real(spec, service))
+    return stub
+
+
+def test_run_detach_returns_once_started(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    _online(monkeypatch)
+    started = _invocation("Success", 0, "started job pretrain as gpucluster-job-pretrain.service\n")
+    with _stub_ssm(monkeypatch, [started] * 3) as stub:
+        result = runner.invoke(app, ["run", "prod", "-g", "h100-train", "--detach", "--name", "pretrain",
+                                     "--", "torchrun", "train.py"])
+        stub.assert_no_pending_responses()
+    assert result.exit_code == 0, result.output
+    assert " ".join(result.output.split()).endswith(  # wrapped at 100 columns
+        "run: job pretrain started on all 3 node(s); follow it with `gpucluster jobs prod`, "
+        "`gpucluster logs prod pretrain`, stop it with `gpucluster cancel prod pretrain`")
+
+
+def test_jobs_lists_each_jobs_state_per_node(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    _online(monkeypatch)
+    replies = [_invocation("Success", 0, "pretrain running 0 Mon_2025-06-02_10:00:00_UTC\n"),
+               _invocation("Success", 0, "pretrain failed 1 Mon_2025-06-02_10:00:00_UTC\n"),
+               _invocation("Success", 0, "")]
+    with _stub_ssm(monkeypatch, replies):
+        result = runner.invoke(app, ["jobs", "prod", "-g", "h100-train"])
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in joined_lines(result.output)[1:]]
+    assert sorted((r[0], r[4], r[5]) for r in rows) == [("pretrain", "failed", "1"),
+                                                        ("pretrain", "running", "0")]
+
+
+def test_logs_of_one_node_and_cancel(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    _online(monkeypatch)
+    with _stub_ssm(monkeypatch, [_invocation("Success", 0, "step 10 loss 1.5\nstep 11 loss 1.4\n")]):
+        result = runner.invoke(app, ["logs", "prod", "pretrain", "-g", "h100-train", "--node", "1",
+                                     "-n", "2"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("== i-") and lines[1:] == ["step 10 loss 1.5", "step 11 loss 1.4"]
+
+    result = runner.invoke(app, ["cancel", "prod", "pretrain", "-g", "h100-train"], input="n\n")
+    assert result.exit_code == 1 and "cancel cancelled: nothing changed" in result.output
+    with _stub_ssm(monkeypatch, [_invocation("Success", 0, "cancelled job pretrain\n")] * 3):
+        result = runner.invoke(app, ["cancel", "prod", "pretrain", "-g", "h100-train", "--yes"])
+    assert result.exit_code == 0, result.output
+    assert [line.split(": ")[1] for line in result.output.splitlines()] == ["cancelled"] * 3

@@ -1,0 +1,89 @@
+"""The operator's IAM policy: the README shows it, and it allows every call the day-two commands make."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.awsrequest import AWSResponse
+from moto import mock_aws
+from typer.testing import CliRunner
+
+from gpucluster.cli import app
+from gpucluster.ops.permissions import allowed_actions, operator_policy
+from gpucluster.plan import load_stack
+from gpucluster.stack import identity
+from moto_groups import create_stack_groups, tag_node_group
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+runner = CliRunner()
+
+
+def test_readme_shows_the_operator_policy() -> None:
+    section = README.split("## Run a job", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```json\n", 1)[1].split("\n```", 1)[0]
+    assert json.loads(block) == operator_policy("STACK_IDENTITY")
+    assert block == json.dumps(operator_policy("STACK_IDENTITY"), indent=2)
+
+
+def test_writes_are_scoped_to_the_stack() -> None:
+    policy = operator_policy("acme/prod", "us-east-1", "123456789012")
+    for statement in policy["Statement"]:
+        writes = {a for a in statement["Action"] if a in (
+            "ssm:SendCommand", "autoscaling:UpdateAutoScalingGroup", "autoscaling:CreateOrUpdateTags",
+            "autoscaling:DeleteTags")}
+        if writes and statement["Sid"] != "RunShellDocument":
+            assert "acme/prod" in json.dumps(statement["Condition"]), statement["Sid"]
+    assert "*" not in allowed_actions(policy) and not any(a.endswith("*") for a in allowed_actions(policy))
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every AWS operation a boto3 client makes, as an IAM action; moto's missing DescribeInstanceInformation
+    (every node Online) and ListCostAllocationTags (the stack tag active) are answered here."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    made: list[str] = []
+
+    def record(model: Any, params: dict[str, Any], **_: Any) -> Any:
+        made.append(f"{model.service_model.endpoint_prefix}:{model.name}")
+        if model.name == "ListCostAllocationTags":  # moto lacks it too: the tag is active
+            return (AWSResponse("https://ce", 200, {}, None),
+                    {"CostAllocationTags": [{"TagKey": "gpucluster:stack", "Type": "UserDefined",
+                                             "Status": "Active"}]})
+        if model.name == "DescribeInstanceInformation":
+            ids = json.loads(params["body"])["Filters"][0]["Values"]  # the serialised request
+            return (AWSResponse("https://ssm", 200, {}, None),
+                    {"InstanceInformationList": [{"InstanceId": i, "PingStatus": "Online"} for i in ids]})
+        return None
+
+    with mock_aws():
+        boto3.setup_default_session()
+        boto3.DEFAULT_SESSION.events.register("before-call", record)  # type: ignore[union-attr]
+        boto3.client("ec2").create_launch_template(LaunchTemplateName="a10-nodes", LaunchTemplateData={
+            "ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
+        autoscaling = boto3.client("autoscaling")
+        dev = identity(load_stack("dev")[2])
+        create_stack_groups(autoscaling, {"dev-a10": (dev, 0, 2, 3)}, launch_template="a10-nodes")
+        tag_node_group(autoscaling, "dev-a10", "dev-a10")
+        made.clear()
+        yield made
+    boto3.DEFAULT_SESSION = None
+
+
+def test_every_call_the_commands_make_is_allowed(calls: list[str]) -> None:
+    for args in (["nodes", "dev"], ["hostfile", "dev", "-g", "dev-a10"],
+                 ["run", "dev", "-g", "dev-a10", "--", "true"],
+                 ["scale", "dev", "-g", "dev-a10", "--desired", "3", "--yes"],
+                 ["stop", "dev", "--yes"], ["status", "dev"], ["start", "dev", "--yes"],
+                 ["stop", "dev", "--yes"], ["resume", "dev", "--yes"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, (args, result.output)
+    allowed = allowed_actions(operator_policy("dev"))
+    assert set(calls) <= allowed, set(calls) - allowed
+    # and nothing in the policy is there for no reason
+    assert allowed - set(calls) <= {"ssm:CancelCommand", "logs:GetLogEvents", "logs:FilterLogEvents"}

@@ -139,8 +139,10 @@ def efa_stack(groups: int) -> list[Resource]:
     return out
 
 
-def test_efa_wiring_is_linear_in_node_groups(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each security group is resolved and judged once, not once per EFA interface per group."""
+@pytest.mark.parametrize("rule", ["efa-wiring", "intra-group-traffic"])
+def test_security_group_rules_are_linear_in_node_groups(monkeypatch: pytest.MonkeyPatch, rule: str) -> None:
+    """Each security group is resolved and judged once, not once per EFA interface per group, and the
+    standalone rules are filed by group once, not scanned again for every group."""
     calls = {"n": 0}
     resolve = rules.Stack.resolve
 
@@ -153,7 +155,7 @@ def test_efa_wiring_is_linear_in_node_groups(monkeypatch: pytest.MonkeyPatch) ->
     for groups in (4, 8, 16):
         calls["n"] = 0
         assert rules.evaluate(efa_stack(groups), {r.name: "disabled" for r in rules.RULES
-                                                  if r.name != "efa-wiring"}) == []
+                                                  if r.name != rule}) == []
         counts[groups] = calls["n"]
     assert counts[16] - counts[8] == 2 * (counts[8] - counts[4])  # a straight line
     assert counts[16] <= 16 * 10
@@ -172,7 +174,9 @@ def test_efa_wiring_still_finds_a_missing_self_rule() -> None:
 
 def test_the_command_runs_without_the_cyclic_collector_and_freezes_at_exit(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """... and without pydantic's plugin search, unless the user's environment says otherwise."""
     seen: dict[str, Any] = {}
+    monkeypatch.delenv("PYDANTIC_DISABLE_PLUGINS", raising=False)
     monkeypatch.setattr("gpucluster.cli.commands.main", lambda: seen.setdefault("enabled", gc.isenabled()))
     monkeypatch.setattr(gc, "freeze", lambda: seen.setdefault("frozen", True))
     was = gc.isenabled()
@@ -183,3 +187,7 @@ def test_the_command_runs_without_the_cyclic_collector_and_freezes_at_exit(
         if not was:
             gc.disable()
     assert seen == {"enabled": False, "frozen": True}
+    assert os.environ["PYDANTIC_DISABLE_PLUGINS"] == "__all__"
+    monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", "")  # a user who wants their plugins keeps them
+    cli.main()
+    assert os.environ["PYDANTIC_DISABLE_PLUGINS"] == ""

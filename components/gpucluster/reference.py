@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from gpucluster.spec import DIY_ORGANIZATION, ORGANIZATION_KEY, StackConfig, model_in
+from gpucluster.spec import DIY_ORGANIZATION, ORGANIZATION_KEY, StackConfig, field_docs, model_in
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 
@@ -53,7 +53,7 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str], nested: list[tupl
     for name, field in model.model_fields.items():
         path = f"{prefix}.{name}" if prefix else name
         sub = model_in(field.annotation)
-        doc = (field.description or "").replace("\n", " ").replace("|", "\\|")
+        doc = field_docs(model).get(name, "").replace("\n", " ").replace("|", "\\|")
         out.append(f"| `{path}` | {_type_name(field.annotation)} | {_default(field)} | {doc} |")
         if sub is not None:
             nested.append((path + ("[]" if get_origin(_strip(field.annotation)) is list else ""), sub))
@@ -74,7 +74,7 @@ def render_config_reference() -> str:
              "`pulumi up` checks it. |"]
     queue: list[tuple[str, type]] = []
     for name, field in StackConfig.model_fields.items():
-        doc = (field.description or "").replace("|", "\\|")
+        doc = field_docs(StackConfig).get(name, "").replace("|", "\\|")
         lines.append(f"| `gpucluster:{name}` | {_type_name(field.annotation)} | {_default(field)} | {doc} |")
         sub = model_in(field.annotation)
         if sub is not None:

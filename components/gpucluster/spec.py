@@ -11,15 +11,19 @@ must never import Pulumi or call AWS, so the same checks run offline in
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
+import inspect
 import ipaddress
 import json
 import math
 import re
 import reprlib
+import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from itertools import pairwise
 from typing import Annotated, Any, Literal, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -467,9 +471,35 @@ def stack_identity(organization: str, project: str, stack: str, cluster: str) ->
 
 
 class StrictModel(BaseModel):
-    """Unknown keys are errors; specs are immutable once validated."""
+    """Unknown keys are errors; specs are immutable once validated.
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    A field's docstring (the string under it) documents it: `field_docs` reads them when the
+    reference or a schema needs them. Not pydantic's `use_attribute_docstrings`, which parses
+    every model's source at import (a fifth of importing this module, on every command).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@cache
+def field_docs(model: type[BaseModel]) -> dict[str, str]:
+    """Field name -> its docstring, the model's own over its bases' (as `use_attribute_docstrings`
+    would set `description`): an annotated assignment followed by a string, cleaned like a docstring."""
+    docs: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or cls is BaseModel:
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        except (OSError, TypeError):  # no source (built at run time): no docstrings
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, after in pairwise(body):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return {name: docs[name] for name in model.model_fields if name in docs}
 
 
 # ------------------------------------------------------------------------- models

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from gpucluster import catalog
-from gpucluster.sizing import multi_node_capable
 
 # EC2 user guide, "Find and purchase Capacity Blocks": durations in 1-day steps up to 14 days, then in
 # 7-day steps up to 182 days; up to 64 instances a block.
@@ -162,6 +161,8 @@ def node_group_snippet(block: Block, name: str | None = None) -> str:
     t = catalog.get(block.instance_type)
     family = catalog.family_of(block.instance_type)
     name = name or f"block-{family}"
+    from gpucluster.sizing import multi_node_capable  # only here: `gpucluster plan` never loads sizing
+
     efa = block.instance_count > 1 and t is not None and multi_node_capable(t)
     window = ""
     if block.start and block.end:

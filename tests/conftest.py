@@ -19,8 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import botocore.loaders
+import botocore.session
 import pulumi
 import pytest
+import typer.main
+import typer.testing
 import yaml
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
@@ -38,6 +42,40 @@ from gpucluster.cli import commands
 from gpucluster.plan import Plan, PlanMocks, run_plan
 
 pulumi.runtime.set_mocks(PlanMocks("us-east-1"), project="gpucluster", stack="test", preview=False)
+
+_BUILT: dict[int, tuple[Any, Any, Any]] = {}
+
+
+def _command_built_once(typer_instance: typer.Typer) -> Any:
+    """typer builds the whole click command tree (every command's parameters, from its signature)
+    on each call: a tenth of the suite's time, a thousand CliRunner calls over the same app. Built
+    once per app and process, again if a command is added."""
+    key = id(typer_instance)
+    shape = (len(typer_instance.registered_commands), len(typer_instance.registered_groups))
+    if key not in _BUILT or _BUILT[key][0] != shape:
+        _BUILT[key] = (shape, _build_command(typer_instance), typer_instance)  # the app kept: its id stays
+    return _BUILT[key][1]
+
+
+_build_command = typer.main.get_command
+typer.main.get_command = _command_built_once  # Typer.__call__ (commands.main) looks it up here
+typer.testing._get_command = _command_built_once  # CliRunner.invoke
+
+
+_LOADERS: dict[str | None, botocore.loaders.Loader] = {}
+_create_loader = botocore.loaders.create_loader
+
+
+def _loader_per_process(search_path_string: str | None = None) -> botocore.loaders.Loader:
+    """One botocore Loader per process: moto starts a fresh boto3 session per test, and each new
+    session's loader parsed the endpoint and service-model JSON again (botocore caches them per
+    loader; several seconds of the suite)."""
+    if search_path_string not in _LOADERS:
+        _LOADERS[search_path_string] = _create_loader(search_path_string)
+    return _LOADERS[search_path_string]
+
+
+botocore.session.create_loader = _loader_per_process
 
 pytest_plugins = ["wheel_venv"]  # the built wheel in a fresh venv: fixtures `wheel`, `venv`
 

@@ -13,6 +13,7 @@ import fnmatch
 import json
 import re
 from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any
 
 Context = Mapping[str, str | Sequence[str]]
@@ -22,9 +23,13 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+@cache
+def _compiled(pattern: str, case: bool) -> re.Pattern[str]:
+    return re.compile(fnmatch.translate(pattern).replace("(?s:", "(?s:" if case else "(?si:", 1))
+
+
 def _glob(pattern: str, value: str, *, case: bool = True) -> bool:
-    regex = fnmatch.translate(pattern).replace("(?s:", "(?s:" if case else "(?si:", 1)
-    return re.match(regex, value) is not None
+    return _compiled(pattern, case).match(value) is not None
 
 
 def _matches_action(patterns: Any, action: str) -> bool:

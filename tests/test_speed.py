@@ -191,3 +191,28 @@ def test_the_command_runs_without_the_cyclic_collector_and_freezes_at_exit(
     monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", "")  # a user who wants their plugins keeps them
     cli.main()
     assert os.environ["PYDANTIC_DISABLE_PLUGINS"] == ""
+
+
+# ------------------------------------------------------------------ one command built
+
+
+@pytest.mark.parametrize("args", [["plan", "prod"], ["--stacks-dir", "stacks", "status", "--help"],
+                                  ["capacity", "buy", "--help"], ["plan", "prod", "--tree"]])
+def test_a_run_builds_only_the_command_it_invokes_and_says_the_same(args: list[str],
+                                                                   cli_plans_once: None) -> None:
+    from gpucluster.cli.commands import app_for
+
+    only = app_for(args)
+    names = [c.name or c.callback.__name__ for c in only.registered_commands] + [
+        g.name for g in only.registered_groups]
+    assert names == [args[2] if args[0] == "--stacks-dir" else args[0]]
+    runner = CliRunner()
+    whole, one = runner.invoke(app, args), runner.invoke(only, args)
+    assert (one.exit_code, one.output) == (whole.exit_code, whole.output)
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["--version"], ["plna", "prod"], ["--stacks-dir"]])
+def test_no_command_or_an_unknown_one_gets_the_whole_app(args: list[str]) -> None:
+    from gpucluster.cli.commands import app_for
+
+    assert app_for(args) is app

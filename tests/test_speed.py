@@ -176,7 +176,8 @@ def test_the_command_runs_without_the_cyclic_collector_and_freezes_at_exit(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """... and without pydantic's plugin search, unless the user's environment says otherwise."""
     seen: dict[str, Any] = {}
-    monkeypatch.delenv("PYDANTIC_DISABLE_PLUGINS", raising=False)
+    monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", "-")  # recorded, so the test leaves it as it was
+    monkeypatch.delenv("PYDANTIC_DISABLE_PLUGINS")
     monkeypatch.setattr("gpucluster.cli.commands.main", lambda: seen.setdefault("enabled", gc.isenabled()))
     monkeypatch.setattr(gc, "freeze", lambda: seen.setdefault("frozen", True))
     was = gc.isenabled()

@@ -434,9 +434,10 @@ def scale(
                         f"scaling {group} to {desired} node(s)")
     if as_json:
         render.emit({**document, "results": [asdict(r) for r in results]})
-    for r in results if not as_json else []:
-        render.say(f"scaled {r.group} to {desired} node(s)" if r.action == "scaled"
-                   else f"not scaled {r.group}: {r.reason}")
+    else:
+        for r in results:
+            render.say(f"scaled {r.group} to {desired} node(s)" if r.action == "scaled"
+                       else f"not scaled {r.group}: {r.reason}")
     if any(r.action != "scaled" for r in results):
         raise typer.Exit(EXIT_BLOCKED)
 

@@ -419,6 +419,9 @@ PolicyName = Annotated[str, _matches(r"[\w+=,.@-]{1,128}", "must be an IAM polic
 RoleName = Annotated[str, _matches(r"[\w+=,.@-]{1,64}", "must be an IAM role name (1-64 letters, "
                                    "digits and + = , . @ _ -)")]
 AccountId = Annotated[str, _matches(r"\d{12}", "must be a 12-digit AWS account id")]
+# An OpenPGP v4 primary key fingerprint as `gpg --show-keys` prints it (40 hex digits, no spaces).
+KeyFingerprint = Annotated[str, _matches(r"[0-9A-F]{40}", "must be an OpenPGP key fingerprint: 40 "
+                                         "upper-case hex digits without spaces")]
 # The field rules of the models below, by name, for component Args that take one value alone.
 AbsolutePath = Annotated[str, AfterValidator(_check_mount_path)]  # under DATA_ROOTS
 S3Prefix = Annotated[str, AfterValidator(_check_prefix)]
@@ -630,6 +633,8 @@ class FsxConfig(StrictModel):
     """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
     automatic_backup_retention_days: Annotated[int, _in_range(0, 90)] = 7
     """PERSISTENT_2 only: days of daily automatic backups kept (1-90; SCRATCH_2 has no backups)."""
+    client_key_fingerprints: Annotated[list[KeyFingerprint], Field(max_length=4)] = []
+    """Pins AWS's Lustre client apt key: nodes install the client only if each key in it is one of these."""
 
 
 class DatasetConfig(StrictModel):
@@ -1228,6 +1233,10 @@ def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str
         yield Finding(f"{path}.availability_zone", f"no node group runs in "
                       f"{fsx.availability_zone!r} (node groups use "
                       f"{', '.join(sorted(node_group_zones))})")
+    if not fsx.client_key_fingerprints:
+        yield Finding(f"{path}.client_key_fingerprints",
+                      "not set: where the AMI lacks the Lustre client, nodes trust the apt key AWS serves "
+                      "over TLS unchecked; pin it (README: Datasets, Lustre client key)", level="warning")
     if d.checkpoint_prefix and not d.prefix:
         # The data association would link the whole bucket, checkpoints included: what the
         # checkpoint association exports would come back as a second copy under /data.

@@ -106,6 +106,8 @@ def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any, fsx_dn
                              "prefix": dataset.prefix, "path": dataset_path(spec, dataset)}
     if dataset.access == "fsx":
         mount |= {"fsx_dns_name": fsx_dns_name, "fsx_mount_name": fsx_mount_name}
+        if dataset.fsx is not None and dataset.fsx.client_key_fingerprints:
+            mount["fsx_client_key_fingerprints"] = list(dataset.fsx.client_key_fingerprints)
     owner = bucket_owner if bucket_owner is not None else dataset.expected_bucket_owner
     if owner is not None:
         mount["expected_bucket_owner"] = owner

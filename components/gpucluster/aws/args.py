@@ -40,6 +40,7 @@ from gpucluster.spec import (
     ClusterConfig,
     DatasetConfig,
     Finding,
+    FsxConfig,
     Name,
     NetworkConfig,
     NodeGroupConfig,
@@ -199,6 +200,8 @@ class FsxSettings(TypedDict):
     """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
     automatic_backup_retention_days: NotRequired[int]
     """PERSISTENT_2 only: days of daily automatic backups kept (1-90; SCRATCH_2 has no backups)."""
+    client_key_fingerprints: NotRequired[list[str]]
+    """Pins AWS's Lustre client apt key: nodes install the client only if each key in it is one of these."""
 
 
 class DatasetSettings(TypedDict):
@@ -423,6 +426,8 @@ class DataMountModel(StrictModel):
     path: AbsolutePath
     fsx_dns_name: Any = None
     fsx_mount_name: Any = None
+    fsx_client_key_fingerprints: field_rule(FsxConfig, "client_key_fingerprints") = Field(
+        default_factory=list)
     expected_bucket_owner: input_of(AccountId | None) = None
 
 

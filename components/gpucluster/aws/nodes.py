@@ -191,6 +191,8 @@ class NodeDataMount(TypedDict):
     """access fsx: the file system's DNS name."""
     fsx_mount_name: NotRequired[pulumi.Input[str]]
     """access fsx: the file system's Lustre mount name."""
+    fsx_client_key_fingerprints: NotRequired[list[str]]
+    """access fsx: the fingerprints AWS's Lustre client apt key may have (40 hex digits; none: not pinned)."""
     expected_bucket_owner: NotRequired[pulumi.Input[str]]
     """The 12-digit account that must own the bucket: the nodes' S3 calls name it (default: none named)."""
 
@@ -247,6 +249,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         tags = node_tags(m.tags, m.identity, m.cluster_name, group.name)
         mounts = [DataMount(name=d.name, access=d.access, bucket_name=d.bucket_name, prefix=d.prefix,
                             path=d.path, fsx_dns_name=d.fsx_dns_name, fsx_mount_name=d.fsx_mount_name,
+                            fsx_client_key_fingerprints=tuple(d.fsx_client_key_fingerprints),
                             expected_bucket_owner=d.expected_bucket_owner)
                   for d in m.data_mounts]
         self.launch_template = aws.ec2.LaunchTemplate(

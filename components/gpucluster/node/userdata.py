@@ -159,6 +159,9 @@ def node_env(b: NodeBootstrap) -> str:
         "GPUCLUSTER_INTERRUPTION_COMMAND": b.interruption_command or "",
         "GPUCLUSTER_INTERRUPTION_TIMEOUT_SECONDS": str(b.interruption_timeout_seconds),
         "GPUCLUSTER_CONTAINER_IMAGE": b.container_image or "",
+        # gpucluster-install lustre-client: the keys AWS's Lustre apt repository may be signed by.
+        "GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS": " ".join(sorted({
+            fpr for m in b.data_mounts for fpr in m.fsx_client_key_fingerprints})),
     }
     if any("\0" in value for value in values.values()):
         raise ValueError("node settings cannot hold NUL characters (bash variables cannot)")

@@ -552,6 +552,40 @@ class NodeFileConfig(StrictModel):
     """Permissions, e.g. 0755 for a script a hook command runs."""
 
 
+HealthFinding = Literal["gpu_count", "ecc", "page_retirement", "xid", "efa", "dcgm"]
+"""What a node health check can find: too few GPUs visible to the driver, uncorrectable ECC errors,
+a pending page retirement or row remap, an XID error, fewer EFA devices than the launch template
+has, or a failed DCGM quick diagnostic (`gpucluster.node` health-check.sh)."""
+HEALTH_FINDINGS: tuple[str, ...] = get_args(HealthFinding)
+# NVIDIA's k8s-device-plugin (internal/rm/health.go) leaves these XIDs out of its GPU health: they
+# are raised by an application's own fault (13 graphics engine exception, 31 MMU fault, 43 GPU
+# stopped processing, 45 preemptive cleanup, 68 video processor exception, 109 context switch
+# timeout), and the GPU keeps working for other processes.
+APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+
+
+class HealthCheckConfig(StrictModel):
+    enabled: bool = True
+    """Check every node before it joins (launch lifecycle hook) and every interval_minutes after."""
+    interval_minutes: Annotated[int, _in_range(1, 60)] = 5
+    """How often a running node checks itself."""
+    launch_timeout_minutes: Annotated[int, _in_range(5, 120)] = 15
+    """A new node that has not answered the launch check by then is abandoned (and replaced)."""
+    xid_window_minutes: Annotated[int, _in_range(1, 1440)] = 15
+    """A running node counts XID errors of the last this many minutes (at launch: since boot)."""
+    ignored_xids: Annotated[list[Annotated[int, _in_range(1, 999)]], Field(max_length=64),
+                            _unique("ignored XIDs")] = list(APPLICATION_XIDS)
+    """XIDs that are an application's fault, not the GPU's (default: NVIDIA device plugin's list)."""
+    fatal: Annotated[list[HealthFinding], _unique("fatal findings")] = list(HEALTH_FINDINGS)
+    """Findings that fail a node; the others are only reported."""
+    on_failure: Literal["replace", "notify"] = "replace"
+    """replace: abandon a failing new node, mark a failing running node Unhealthy; notify: report only."""
+    dcgm_diag: bool = True
+    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed."""
+    stuck_alarm_minutes: Annotated[int, _in_range(10, 1440)] | None = None
+    """Notify when GPUs stay busy-but-flat, or nodes in service publish no GPU metric, this long."""
+
+
 class NodeGroupConfig(StrictModel):
     name: Name
     """Unique within the stack; used in resource names and the ASG tag."""
@@ -591,6 +625,8 @@ class NodeGroupConfig(StrictModel):
     """Instead of setup: a script of the project run the same way (relative to Pulumi.yaml's directory)."""
     container_image: ContainerImage | None = None
     """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
+    health_checks: HealthCheckConfig = HealthCheckConfig()
+    """GPU health checks at launch and while running, and what a failing node gets."""
 
     @property
     def types(self) -> list[catalog.InstanceType]:
@@ -1140,6 +1176,31 @@ def group_node_setup(g: NodeGroupConfig, zones: Sequence[str] | None, path: str)
 @check
 def node_setup(spec: StackSpec) -> Iterable[Finding]:
     yield from _each_group(spec, group_node_setup)
+
+
+@group_check
+def group_health(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    h = g.health_checks
+    if h.enabled and h.xid_window_minutes < h.interval_minutes:
+        # A window shorter than the interval leaves minutes no check ever looks at.
+        yield Finding(f"{path}.health_checks.xid_window_minutes",
+                      f"must be at least interval_minutes ({h.interval_minutes}), or an XID between "
+                      f"two checks is never seen; got {h.xid_window_minutes}")
+
+
+@check
+def health_rules(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_health)
+    # The guardrails build the stack's topic when any of them is on (a spot group: the rule of
+    # gpucluster.stack.can_run_spot); a stuck-job alarm notifies only through it.
+    topic = spec.budget is not None or spec.autostop.enabled or any(
+        g.capacity.market == "mixed" and g.capacity.spot_percent > 0
+        and g.max_nodes > g.capacity.on_demand_base for g in spec.node_groups)
+    for i, g in enumerate(spec.node_groups):
+        if g.health_checks.stuck_alarm_minutes is not None and not topic:
+            yield Finding(f"node_groups[{i}].health_checks.stuck_alarm_minutes",
+                          "notifies the stack's topic, which exists only with a budget, autostop or a "
+                          "group that can run spot; add one, or drop the alarm")
 
 
 @check

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from base_config import BASE_CONFIG, plan_config
+from gpucluster.names import autoname
 from gpucluster.aws.health import node_health_statements
 from gpucluster.node.userdata import LAUNCH_HOOK_NAME
 from gpucluster.plan import MOCK_ACCOUNT, Plan, PlannedResource, run_plan
@@ -87,7 +88,7 @@ def test_every_gpu_group_holds_new_nodes_for_their_launch_check(stack: str) -> N
         assert asg.inputs["initialLifecycleHooks"] == [hook]
         # ... and as a resource of its own afterwards: existing groups get it, timeouts change in place.
         managed = by_name(plan, HOOK, f"-{group.name}-launch-check")
-        assert managed.inputs == {**hook, "autoscalingGroupName": asg.name}  # the mock's ASG name
+        assert managed.inputs == {**hook, "autoscalingGroupName": autoname(asg.name)}  # its physical name
         assert plan.depends_on(managed, asg)
         assert "initialLifecycleHooks" in asg.ignore_changes  # a changed hook never replaces the group
         assert "GPUCLUSTER_HEALTH_CHECKS=true" in user_data(plan, group.name)

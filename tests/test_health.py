@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from base_config import BASE_CONFIG, plan_config
-from gpucluster.names import autoname
 from gpucluster.aws.health import node_health_statements
+from gpucluster.names import autoname
 from gpucluster.node.userdata import LAUNCH_HOOK_NAME
 from gpucluster.plan import MOCK_ACCOUNT, Plan, PlannedResource, run_plan
 from iam_eval import allowed
@@ -60,8 +60,8 @@ def arn(r: PlannedResource) -> str:
 
 
 def role_documents(plan: Plan, role: PlannedResource) -> list[dict[str, Any]]:
-    """Every inline policy attached to `role` (by name or id, as the components pass it)."""
-    names = {role.name, f"{role.name}-id"}
+    """Every inline policy attached to `role` (by its physical name or id, as the components pass it)."""
+    names = {autoname(role.name), f"{role.name}-id"}
     return [json.loads(p.inputs["policy"]) for p in plan.of_type(ROLE_POLICY) if p.inputs["role"] in names]
 
 
@@ -69,7 +69,7 @@ def group_role(plan: Plan, group: str) -> PlannedResource:
     """The role inside the instance profile the group's launch template names."""
     profile_arn = by_name(plan, LT, f"-{group}-lt").inputs["iamInstanceProfile"]["arn"]
     [profile] = [p for p in plan.of_type(PROFILE) if profile_arn.endswith(f":{p.name}")]
-    [role] = [r for r in plan.of_type(ROLE) if r.name == profile.inputs["role"]]
+    [role] = [r for r in plan.of_type(ROLE) if autoname(r.name) == profile.inputs["role"]]
     return role
 
 
@@ -112,14 +112,16 @@ def test_each_group_runs_as_a_role_of_its_own(plan: Plan) -> None:
     gpu, infer = group_role(plan, "gpu"), group_role(plan, "infer")
     assert gpu.name != infer.name
     # The first group keeps the name of the stack's former shared identity: existing stacks keep the role.
-    assert gpu.name == "test-node-identity-role" and infer.name == "test-infer-node-identity-role"
+    assert gpu.name == "test-node-identity-role" and infer.name == "test-infer-node-role"
     for role in (gpu, infer):  # each carries the dataset access the shared one had
         assert any(d["Statement"][0]["Sid"] == "FindOwnGroup" for d in role_documents(plan, role))
 
 
 @pytest.mark.parametrize("action", ["autoscaling:SetInstanceHealth", "autoscaling:CompleteLifecycleAction"])
 def test_a_node_reports_health_for_its_own_group_only(plan: Plan, action: str) -> None:
-    tags = {group: {"autoscaling:ResourceTag/gpucluster:stack": "t",
+    # The identity the groups really carry: <org>/<project>/<stack>/<cluster>.
+    assert plan.spec.identity == "organization/gpucluster/t/test"
+    tags = {group: {"autoscaling:ResourceTag/gpucluster:stack": plan.spec.identity,
                     "autoscaling:ResourceTag/gpucluster:node-group": group} for group in ("gpu", "infer")}
     for group in ("gpu", "infer"):  # the tags the conditions read are the groups' own
         asg_tags = {t["key"]: t["value"] for t in asg_of(plan, group).inputs["tags"]}
@@ -168,7 +170,7 @@ def test_the_only_star_is_finding_the_group(plan: Plan) -> None:
 def test_notify_mode_cannot_mark_nodes_unhealthy() -> None:
     plan = plan_config(two_groups(on_failure="notify"))
     docs = role_documents(plan, group_role(plan, "gpu"))
-    tags = {"autoscaling:ResourceTag/gpucluster:stack": "t",
+    tags = {"autoscaling:ResourceTag/gpucluster:stack": plan.spec.identity,
             "autoscaling:ResourceTag/gpucluster:node-group": "gpu"}
     group_arn = arn(asg_of(plan, "gpu"))
     assert not allowed(docs, None, "autoscaling:SetInstanceHealth", group_arn, **tags)

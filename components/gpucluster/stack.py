@@ -122,6 +122,18 @@ def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant]) -> NodeIdenti
     return with_boundary(spec, args)  # type: ignore[return-value]
 
 
+def node_identity_name(cluster: str, group: str, first: bool) -> str:
+    """The NodeIdentity (role, profile, policies) of one node group under `GpuCluster(cluster)`.
+
+    One per group: IAM scopes SetInstanceHealth to a group, not to an instance. The first
+    group's keeps the name the stack's one shared identity had, so existing stacks keep that
+    role (and running nodes their credentials); the others are `<cluster>-<group>-node`, short
+    enough that the role (`-role` and Pulumi's 8-character suffix) fits IAM's 64 characters with
+    the longest cluster and group names the spec accepts (`gpucluster.names`).
+    """
+    return f"{cluster}-node-identity" if first else f"{cluster}-{group}-node"
+
+
 def grant_args(grant: S3Grant) -> dict[str, Any]:
     args = {"bucket_name": grant.bucket_name, "prefix": grant.prefix, "write": grant.write}
     if grant.expected_bucket_owner is not None:

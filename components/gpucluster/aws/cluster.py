@@ -242,10 +242,8 @@ class GpuCluster(pulumi.ComponentResource):
         try:
             for i, group in enumerate(spec.node_groups):
                 # One role per group: IAM scopes SetInstanceHealth to a group, not to an instance.
-                # The first keeps the name the stack's one shared identity had, so existing stacks
-                # keep that role (and running nodes their credentials).
                 identity = self.node_identities[group.name] = NodeIdentity(
-                    f"{name}-node-identity" if i == 0 else f"{name}-{group.name}-node-identity",
+                    stack.node_identity_name(name, group.name, first=i == 0),
                     stack.node_identity_args(spec, parts.grants), opts=child)
                 network = self.network.groups[group.name]
                 self.groups[group.name] = GpuNodeGroup(f"{name}-{group.name}", stack.node_group_args(
@@ -265,7 +263,8 @@ class GpuCluster(pulumi.ComponentResource):
             resolve_key(notify.key.arn if notify else pulumi.Output.from_input(""))
         self.node_identity = self.node_identities[spec.node_groups[0].name]
         guard = self.guardrails
-        stoppers = [part.function for part in (guard.autostop, guard.budget)
+        # Every guardrail Lambda that scales groups to zero (scaling.scale_to_zero logs each stop).
+        stoppers = [part.function for part in (guard.autostop, guard.budget, guard.capacity_block)
                     if part is not None and getattr(part, "function", None) is not None]
         self.dashboard = ClusterDashboard(f"{name}-dashboard", stack.dashboard_args(
             spec, {g: n.asg_name for g, n in self.groups.items()}, notify_topic_arn=guard.notify_topic_arn,

@@ -20,7 +20,6 @@ import pytest
 from gpucluster.node.userdata import (
     HEALTH_METRICS,
     LAUNCH_HOOK_NAME,
-    health_namespace,
     node_bootstrap,
     node_env,
     node_files,
@@ -230,7 +229,7 @@ def test_publish_and_count_use_the_clusters_namespace_and_group(tmp_path: Path) 
     node = Node(tmp_path)
     node.run("launch", FAKE_GPUS="4")
     [put] = node.aws("put-metric-data")
-    assert put == (f"cloudwatch put-metric-data --region us-east-1 --namespace {health_namespace('test')} "
+    assert put == ("cloudwatch put-metric-data --region us-east-1 --namespace gpucluster/test "
                    f"--metric-name LaunchAbandons --dimensions AutoScalingGroupName={ASG} --value 1 "
                    "--unit Count")
     [publish] = node.aws("publish")

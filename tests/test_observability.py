@@ -3,7 +3,9 @@ they read is one some part of the stack publishes, with the same dimensions."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import gzip
 import json
 import logging
 from typing import Any
@@ -14,8 +16,10 @@ from base_config import BASE_CONFIG, plan_config
 from gpucluster.aws.args import ArgsError
 from gpucluster.aws.observability import GUARDRAIL_STOPS_METRIC, STOP_LOG_PHRASE, ClusterDashboard
 from gpucluster.lambdas import scaling
-from gpucluster.node.userdata import HEALTH_METRICS, cloudwatch_agent_config, health_namespace
-from gpucluster.plan import Plan, record_resources, run_plan
+from gpucluster.names import physical_name
+from gpucluster.node.userdata import HEALTH_METRICS, cloudwatch_agent_config
+from gpucluster.noderole import gpu_metric_namespace
+from gpucluster.plan import Plan, PlannedResource, record_resources, run_plan
 from gpucluster.spec import SpecError, parse_stack_config
 from gpucluster.stack import dashboard_url
 
@@ -24,6 +28,8 @@ ASG = "aws:autoscaling/group:Group"
 DASHBOARD = "aws:cloudwatch/dashboard:Dashboard"
 FILTER = "aws:cloudwatch/logMetricFilter:LogMetricFilter"
 LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+AGENT_CONFIG = "/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json"
 
 
 def stuck_config(minutes: int = 30) -> dict[str, Any]:
@@ -54,6 +60,18 @@ def widget(plan: Plan, title: str) -> dict[str, Any]:
     return found
 
 
+def asg_name(plan: Plan, group: str) -> str:
+    """The physical name of a node group's Auto Scaling group, as the plan gives it."""
+    [asg] = [a for a in plan.of_type(ASG) if a.name == f"{plan.spec.cluster.name}-{group}-asg"]
+    return physical(asg)
+
+
+def physical(r: PlannedResource) -> str:
+    found = physical_name(r.type, r.name, r.inputs)
+    assert found is not None
+    return found.name
+
+
 def series(plan: Plan, title: str) -> list[tuple[str, str, dict[str, str], str]]:
     """(namespace, metric, dimensions, stat) of each line of a metric widget."""
     lines = []
@@ -78,34 +96,41 @@ def test_one_dashboard_per_stack_with_its_url_exported(prod: Plan) -> None:
 
 
 def test_gpu_widgets_show_every_group_average_and_busiest(prod: Plan) -> None:
-    asg = "gpu-prod-h100-train-asg"  # the mock engine's name of the group's ASG
+    assert [g.name for g in prod.spec.node_groups] == ["h100-train", "eval"]
+    asgs = [asg_name(prod, "h100-train"), asg_name(prod, "eval")]
+    assert all(a.startswith("gpu-prod-") for a in asgs)  # physical names: Pulumi's suffix included
     for title, metric in [("GPU utilisation", "nvidia_smi_utilization_gpu"),
                           ("GPU memory used", "nvidia_smi_memory_used"),
                           ("GPU temperature", "nvidia_smi_temperature_gpu"),
                           ("GPU power", "nvidia_smi_power_draw")]:
-        assert series(prod, title) == [("CWAgent", metric, {"AutoScalingGroupName": asg}, "Average"),
-                                       ("CWAgent", metric, {"AutoScalingGroupName": asg}, "Maximum")]
+        # The cluster's own namespace, where its agents publish (not CWAgent).
+        assert series(prod, title) == [("gpucluster/gpu-prod", metric, {"AutoScalingGroupName": asg}, stat)
+                                       for asg in asgs for stat in ("Average", "Maximum")]
     axis = widget(prod, "GPU utilisation")["properties"]["yAxis"]["left"]
     assert axis == {"min": 0, "max": 100, "label": "%"}
 
 
 def test_nodes_health_and_stops_widgets(prod: Plan) -> None:
-    asg = {"AutoScalingGroupName": "gpu-prod-h100-train-asg"}
-    assert {(m, d["AutoScalingGroupName"]) for _, m, d, _ in series(prod, "Nodes")} == {
-        (m, asg["AutoScalingGroupName"]) for m in
+    asgs = [asg_name(prod, g.name) for g in prod.spec.node_groups]
+    assert len(asgs) == 2
+    assert {(ns, m, d["AutoScalingGroupName"]) for ns, m, d, _ in series(prod, "Nodes")} == {
+        ("AWS/AutoScaling", m, asg) for asg in asgs for m in
         ("GroupDesiredCapacity", "GroupInServiceInstances", "GroupPendingInstances")}
-    assert series(prod, "Health") == [("gpucluster/gpu-prod", m, asg, "Sum") for m in HEALTH_METRICS]
+    assert series(prod, "Health") == [("gpucluster/gpu-prod", m, {"AutoScalingGroupName": asg}, "Sum")
+                                      for asg in asgs for m in HEALTH_METRICS]
     assert series(prod, "Guardrail stops") == [("gpucluster/gpu-prod", GUARDRAIL_STOPS_METRIC, {}, "Sum")]
 
 
 def test_budget_and_alarms_are_on_the_dashboard(prod: Plan) -> None:
     texts = [w["properties"]["markdown"] for w in body(prod)["widgets"] if w["type"] == "text"]
     budget = next(t for t in texts if t.startswith("## Budget"))
-    assert "$400,000 a month" in budget and "Alerts at 50 %, 75 %, 90 %, 100 %." in budget
+    assert prod.spec.budget is not None and prod.spec.budget.monthly_limit_usd == 650_000
+    assert "$650,000 a month" in budget and "Alerts at 50 %, 75 %, 90 %, 100 %." in budget
     assert "At 110 % every group is scaled to zero." in budget
-    [idle] = [a for a in prod.of_type(ALARM) if a.name.endswith("-idle-h100-train")]
+    idle = [a for g in ("h100-train", "eval") for a in prod.of_type(ALARM) if a.name.endswith(f"-idle-{g}")]
+    assert len(idle) == 2  # one idle alarm per group, each on the dashboard
     alarms = next(w for w in body(prod)["widgets"] if w["type"] == "alarm")["properties"]["alarms"]
-    assert alarms == [f"arn:aws:cloudwatch:us-east-1:123456789012:{idle.name}"]
+    assert alarms == [f"arn:aws:cloudwatch:us-east-1:123456789012:{a.name}" for a in idle]
 
 
 def test_a_stack_without_guardrails_still_gets_its_dashboard() -> None:
@@ -120,23 +145,35 @@ def test_a_stack_without_guardrails_still_gets_its_dashboard() -> None:
 # ------------------------------------------------------ every metric read is a metric published
 
 
+def rendered_agent_config(plan: Plan, group: str) -> dict[str, Any]:
+    """The CloudWatch agent config a group's nodes get: the file its launch template's user data writes."""
+    [lt] = [t for t in plan.of_type(LT) if t.name == f"{plan.spec.cluster.name}-{group}-lt"]
+    script = gzip.decompress(base64.b64decode(lt.inputs["userData"])).decode()
+    text = script.split(f"cat > {AGENT_CONFIG} <<'GPUCLUSTER_FILE_EOF'\n", 1)[1]
+    return json.loads(text.split("\nGPUCLUSTER_FILE_EOF\n", 1)[0])
+
+
 def published(plan: Plan) -> set[tuple[str, str, frozenset[tuple[str, str]]]]:
     """(namespace, metric, dimensions) of every series some part of the stack publishes."""
-    agent = cloudwatch_agent_config()["metrics"]
-    measurements = agent["metrics_collected"]["nvidia_gpu"]["measurement"]
-    asgs = {a.name: a.inputs for a in plan.of_type(ASG)}
-    namespace = health_namespace(plan.spec.cluster.name)
+    namespace = gpu_metric_namespace(plan.spec.cluster.name)
     out: set[tuple[str, str, frozenset[tuple[str, str]]]] = set()
-    for asg, inputs in asgs.items():
+    for group in plan.spec.node_groups:
+        agent = rendered_agent_config(plan, group.name)["metrics"]
+        measurements = agent["metrics_collected"]["nvidia_gpu"]["measurement"]
+        # The agent's AutoScalingGroupName is the group's real (physical) name: its
+        # aws:autoscaling:groupName tag (append_dimensions "${aws:AutoScalingGroupName}").
+        assert agent["append_dimensions"]["AutoScalingGroupName"] == "${aws:AutoScalingGroupName}"
+        [asg] = [a for a in plan.of_type(ASG) if a.name == f"{plan.spec.cluster.name}-{group.name}-asg"]
+        name = physical(asg)
         for keys in agent["aggregation_dimensions"]:  # the per-group series the agent aggregates
             assert keys == ["AutoScalingGroupName"]
-            out |= {(agent["namespace"], f"nvidia_smi_{m}", frozenset({("AutoScalingGroupName", asg)}))
+            out |= {(agent["namespace"], f"nvidia_smi_{m}", frozenset({("AutoScalingGroupName", name)}))
                     for m in measurements}
-        out |= {("AWS/AutoScaling", m, frozenset({("AutoScalingGroupName", asg)}))
-                for m in inputs.get("enabledMetrics", [])}
+        out |= {("AWS/AutoScaling", m, frozenset({("AutoScalingGroupName", name)}))
+                for m in asg.inputs.get("enabledMetrics", [])}
         # health-check.sh: `put-metric-data --namespace gpucluster/<cluster> --dimensions
         # AutoScalingGroupName=<its group>` (asserted call by call in test_node_health.py).
-        out |= {(namespace, m, frozenset({("AutoScalingGroupName", asg)})) for m in HEALTH_METRICS}
+        out |= {(namespace, m, frozenset({("AutoScalingGroupName", name)})) for m in HEALTH_METRICS}
     for f in plan.of_type(FILTER):
         t = f.inputs["metricTransformation"]
         out.add((t["namespace"], t["name"], frozenset((t.get("dimensions") or {}).items())))
@@ -171,7 +208,9 @@ def test_every_metric_the_dashboard_or_an_alarm_reads_is_published(stack: str, s
 
 
 def test_the_agent_publishes_what_the_dashboard_needs() -> None:
-    measurements = cloudwatch_agent_config()["metrics"]["metrics_collected"]["nvidia_gpu"]["measurement"]
+    metrics = cloudwatch_agent_config("c")["metrics"]
+    assert metrics["namespace"] == "gpucluster/c"  # the cluster's own: the only one its nodes may use
+    measurements = metrics["metrics_collected"]["nvidia_gpu"]["measurement"]
     assert {"utilization_gpu", "memory_used", "temperature_gpu", "power_draw"} <= set(measurements)
 
 
@@ -226,7 +265,12 @@ def test_stuck_job_alarm_notifies_after_n_minutes_of_busy_flat_or_silent_gpus(st
         "high": ("nvidia_smi_utilization_gpu", "Maximum", 60),
         "samples": ("nvidia_smi_utilization_gpu", "SampleCount", 60),
         "inservice": ("GroupInServiceInstances", "Maximum", 60)}
-    assert stuck.outputs["stuck_alarm_names"] == {"gpu": "test-gpu-asg-stuck"}
+    # Named after the group's physical ASG name, as the idle alarm is.
+    assert stuck.outputs["stuck_alarm_names"] == {"gpu": f"{asg_name(stuck, 'gpu')}-stuck"}
+    assert {q["metric"]["dimensions"]["AutoScalingGroupName"] for q in queries.values() if "metric" in q} == {
+        asg_name(stuck, "gpu")}
+    assert {q["metric"]["namespace"] for k, q in queries.items() if "metric" in q and k != "inservice"} == {
+        "gpucluster/test"}
     alarms = next(w for w in body(stuck)["widgets"] if w["type"] == "alarm")["properties"]["alarms"]
     assert f"arn:aws:cloudwatch:us-east-1:123456789012:{alarm.name}" in alarms
 

@@ -38,7 +38,8 @@ from gpucluster.aws.args import (
 )
 from gpucluster.aws.health import GROUP_METRICS, launch_hook, node_health_statements
 from gpucluster.aws.nics import network_interfaces
-from gpucluster.node.userdata import encode_user_data, group_bootstrap, health_namespace, render_user_data
+from gpucluster.node.userdata import encode_user_data, group_bootstrap, render_user_data
+from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.parts import DataMount
 from gpucluster.spec import CapacityConfig, NodeGroupConfig
 
@@ -379,7 +380,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             asg_arn, topic, key = values
             return json.dumps({"Version": "2012-10-17", "Statement": node_health_statements(
                 asg_arn=asg_arn, identity=m.identity, group=m.node_group.name,
-                namespace=health_namespace(m.cluster_name), region=m.region,
+                namespace=gpu_metric_namespace(m.cluster_name), region=m.region,
                 replace=health.on_failure == "replace", topic_arn=topic or "", key_arn=key or "")})
 
         return pulumi.Output.all(self.asg.arn, m.notify_topic_arn, m.notify_key_arn).apply(document)

@@ -32,8 +32,8 @@ from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,
     GPU_METRIC_PERIOD_SECONDS,
     HEALTH_METRICS,
-    health_namespace,
 )
+from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.stack import dashboard_name, dashboard_url
 
 AUTOSCALING_NAMESPACE = "AWS/AutoScaling"
@@ -78,7 +78,7 @@ def dashboard_body(*, cluster_name: str, identity: str, region: str, groups: Seq
                    guardrail_stops: bool, alarm_arns: Sequence[str] = (),
                    budget: dict[str, Any] | None = None) -> dict[str, Any]:
     """The dashboard's widgets; `groups` are (node group, Auto Scaling group name) pairs."""
-    health = health_namespace(cluster_name)
+    health = gpu_metric_namespace(cluster_name)
     intro = (f"# gpucluster {cluster_name}\nStack `{identity}` in {region}. GPU series are the CloudWatch "
              "agent's, per Auto Scaling group (average and busiest GPU); health events are counted by "
              "the nodes' own checks. `gpucluster status` prints the same per group.")
@@ -204,7 +204,7 @@ class ClusterDashboard(pulumi.ComponentResource):
         super().__init__(type_token("ClusterDashboard"), name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         tags = owned_tags(m.tags, m.identity, m.cluster_name)
-        namespace = health_namespace(m.cluster_name)
+        namespace = gpu_metric_namespace(m.cluster_name)
         self.stop_filters = [
             aws.cloudwatch.LogMetricFilter(
                 f"{name}-stops-{i}", log_group_name=log_group, pattern=f'"{STOP_LOG_PHRASE}"',
@@ -224,7 +224,7 @@ class ClusterDashboard(pulumi.ComponentResource):
                     f"{STUCK_BUSY_PERCENT} %) and flat, or nodes in service publishing no GPU metric. "
                     "A hung job or a dead agent: look at the nodes. Notifies only."),
                 metric_queries=pulumi.Output.from_input(group.asg_name).apply(
-                    lambda asg: stuck_alarm_queries(asg, health_namespace(m.cluster_name))),
+                    lambda asg: stuck_alarm_queries(asg, namespace)),
                 comparison_operator="GreaterThanOrEqualToThreshold", threshold=1,
                 evaluation_periods=minutes, datapoints_to_alarm=minutes, treat_missing_data="notBreaching",
                 alarm_actions=[m.notify_topic_arn], tags=tags, opts=child)

@@ -49,13 +49,8 @@ HEALTH_CHECK = "/usr/local/sbin/gpucluster-health-check"
 LAUNCH_HOOK_NAME = "gpucluster-launch-check"
 """The launch lifecycle hook the node completes (CONTINUE or ABANDON) after its launch check."""
 HEALTH_METRICS = ("HealthFindings", "LaunchAbandons", "HealthReplacements")
-"""What health-check.sh counts, +1 per event, by AutoScalingGroupName, in `health_namespace`."""
-
-
-def health_namespace(cluster: str) -> str:
-    """The CloudWatch namespace of a cluster's own metrics (health events, guardrail stops): the one
-    namespace its nodes may publish into, the GPU metrics' (noderole.gpu_metric_namespace)."""
-    return gpu_metric_namespace(cluster)
+"""What health-check.sh counts, +1 per event, by AutoScalingGroupName, in the cluster's own namespace
+(noderole.gpu_metric_namespace: the GPU metrics', the one its nodes may publish into)."""
 
 
 # --- the contract with the spot-interruption guardrail: run the hook through this, once.

@@ -486,7 +486,8 @@ def test_a_provider_given_to_the_group_is_used_as_it_is() -> None:
             "node_group": {"name": "cb", "instance_types": ["g5.xlarge"], "max_nodes": 2},
             "cluster_name": "lab", "region": "us-east-1", "identity": "lab",
             "subnet_ids": ["subnet-0aaaaaaaa"], "security_group_ids": ["sg-0123456789abcdef0"],
-            "instance_profile_arn": "arn:aws:iam::123456789012:instance-profile/lab"},
+            "instance_profile_arn": "arn:aws:iam::123456789012:instance-profile/lab",
+            "node_role_name": "lab-nodes"},  # health checks are on: the role answers the launch check
             opts=pulumi.ResourceOptions(providers={"aws": given}))
 
     resources, _ = record_resources(program)

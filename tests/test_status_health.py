@@ -13,12 +13,16 @@ import pytest
 from moto import mock_aws
 from typer.testing import CliRunner
 
-from gpucluster.cli import app
+from gpucluster.cli import app, commands
 from gpucluster.ops.status import Replacement, last_replacement, replacement_reason, stack_status
+from gpucluster.plan import load_stack
 from moto_groups import create_stack_groups
+from test_operations import ACTIVE, cost_explorer
 
 runner = CliRunner()
-GROUPS = {"dev-train": ("dev", 2, 2, 4), "dev-idle": ("dev", 0, 1, 2), "prod-train": ("prod", 1, 1, 2)}
+# The identities the stack files give (<org>/<project>/<stack>/<cluster>): what `status dev` selects by.
+DEV, PROD = (load_stack(name)[2].identity for name in ("dev", "prod"))
+GROUPS = {"dev-train": (DEV, 2, 2, 4), "dev-idle": (DEV, 0, 1, 2), "prod-train": (PROD, 1, 1, 2)}
 URL = ("https://us-east-1.console.aws.amazon.com/cloudwatch/home?region=us-east-1"
        "#dashboards/dashboard/gpu-dev-us-east-1")
 
@@ -48,6 +52,9 @@ SCALED = {"Description": "Launching a new EC2 instance: i-0ddd111122223333d",
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any]]:
+    """A moto account with two groups of the dev stack and one of prod; the cost tag is active
+    (moto has no ListCostAllocationTags: a Stubber answers it)."""
+    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -78,7 +85,7 @@ def test_healthy_nodes_and_gpu_use_of_the_last_15_minutes(aws: tuple[Any, Any]) 
     [train] = autoscaling.describe_auto_scaling_groups(
         AutoScalingGroupNames=["dev-train"])["AutoScalingGroups"]
     autoscaling.set_instance_health(InstanceId=train["Instances"][0]["InstanceId"], HealthStatus="Unhealthy")
-    rows = {r.name: r for r in stack_status("dev", health=True, metric_namespace="gpucluster/gpu-dev")}
+    rows = {r.name: r for r in stack_status(DEV, health=True, metric_namespace="gpucluster/gpu-dev")}
     assert set(rows) == {"dev-train", "dev-idle"}
     train_row = rows["dev-train"]
     assert (train_row.in_service, train_row.healthy) == (2, 1)
@@ -93,8 +100,8 @@ def test_without_health_status_reads_nothing_more(aws: tuple[Any, Any]) -> None:
         def __getattr__(self, name: str) -> Any:
             raise AssertionError(f"status without health called CloudWatch {name}")
 
-    rows = stack_status("dev", cloudwatch_client=NoCloudWatch())
-    assert all(r.healthy is None and r.last_replacement is None for r in rows)
+    rows = stack_status(DEV, cloudwatch_client=NoCloudWatch())
+    assert len(rows) == 2 and all(r.healthy is None and r.last_replacement is None for r in rows)
 
 
 @pytest.mark.parametrize(("activity", "reason"), [

@@ -1108,8 +1108,12 @@ def ami_override(spec: StackSpec) -> Iterable[Finding]:
 RESERVED_NODE_PATHS = ("/etc/gpucluster/", "/usr/local/sbin/gpucluster-", "/etc/systemd/system/gpucluster-",
                        "/opt/aws/amazon-cloudwatch-agent/", "/etc/profile.d/gpucluster-")
 # EC2 user data is 16 KiB gzipped in all (EC2 user guide, "Run commands at launch"); the bootstrap
-# and its scripts take about 9 KiB of it, the group's own files and setup may take this much.
-NODE_SETUP_MAX_GZIP_BYTES = 5120
+# and its scripts take about 11.5 KiB of it with the GPU health checks, the group's own files and
+# setup may take this much (and `user_data_size` checks the whole, rendered).
+NODE_SETUP_MAX_GZIP_BYTES = 4096
+# Values known only at deploy time (generated bucket names, FSx names, the topic's ARN) are stood in
+# for at their longest, but they are random where the stand-ins are not: what that costs gzip.
+USER_DATA_MARGIN_BYTES = 128
 
 
 class ProjectFileError(ValueError):
@@ -1176,6 +1180,37 @@ def group_node_setup(g: NodeGroupConfig, zones: Sequence[str] | None, path: str)
 @check
 def node_setup(spec: StackSpec) -> Iterable[Finding]:
     yield from _each_group(spec, group_node_setup)
+
+
+@check
+def user_data_size(spec: StackSpec) -> Iterable[Finding]:
+    """Each group's user data, rendered as its nodes get it, fits EC2's 16 KiB gzipped: what
+    validates must deploy (the launch template's user data is rendered only during `pulumi up`)."""
+    import gzip
+
+    from gpucluster.node.userdata import MAX_USER_DATA_BYTES, node_bootstrap, render_user_data
+    from gpucluster.parts import DataMount
+
+    mounts = [DataMount(
+        name=d.name, access=d.access, bucket_name=d.bucket_name or longest_bucket_name(i), prefix=d.prefix,
+        path=dataset_path(spec, d),
+        fsx_dns_name=f"fs-{'0' * 17}.fsx.{spec.region}.amazonaws.com.cn" if d.access == "fsx" else None,
+        fsx_mount_name="x" * 8 if d.access == "fsx" else None,
+        expected_bucket_owner=d.expected_bucket_owner or "0" * 12) for i, d in enumerate(spec.datasets)]
+    topic = f"arn:aws-us-gov:sns:{spec.region}:{'0' * 12}:{spec.cluster.name}-guardrails"
+    limit = MAX_USER_DATA_BYTES - USER_DATA_MARGIN_BYTES
+    for i, g in enumerate(spec.node_groups):
+        if any(group_node_setup(g, None, "")):
+            continue  # its files or setup are reported already (unreadable, ambiguous or too big alone)
+        try:
+            size = len(gzip.compress(render_user_data(node_bootstrap(
+                spec, g, mounts, notify_topic_arn=topic)).encode(), mtime=0))
+        except ValueError:
+            continue  # a value bash cannot hold: reported by its own check
+        if size > limit:
+            yield Finding(f"node_groups[{i}]", (
+                f"node user data would be {size} bytes gzipped, over {limit} (EC2's {MAX_USER_DATA_BYTES} "
+                "less room for deploy-time names): move files or setup to S3, or shorten hook commands"))
 
 
 @group_check

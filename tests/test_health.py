@@ -15,6 +15,7 @@ from base_config import BASE_CONFIG, plan_config
 from gpucluster.aws.health import node_health_statements
 from gpucluster.names import autoname
 from gpucluster.node.userdata import LAUNCH_HOOK_NAME
+from gpucluster.noderole import longest_health_policy, policy_chars
 from gpucluster.plan import MOCK_ACCOUNT, Plan, PlannedResource, run_plan
 from iam_eval import allowed
 
@@ -205,3 +206,14 @@ def test_statements_are_pure_and_name_the_group() -> None:
                       "Resource": [group_arn], "Condition": {"StringEquals": {
                           "autoscaling:ResourceTag/gpucluster:stack": "s",
                           "autoscaling:ResourceTag/gpucluster:node-group": "g"}}}
+
+
+def test_the_spec_sizes_each_health_policy_at_least_as_long_as_it_deploys(plan: Plan) -> None:
+    """The node role size check counts the group's health policy with every ARN at its longest."""
+    for group in ("gpu", "infer"):
+        [deployed] = [json.loads(p.inputs["policy"]) for p in plan.of_type(ROLE_POLICY)
+                      if p.name == f"test-{group}-health"]
+        bound = longest_health_policy(identity=plan.spec.identity, cluster_name="test", group=group,
+                                      region="us-east-1", replace=True)
+        assert [s["Sid"] for s in bound["Statement"]] == [s["Sid"] for s in deployed["Statement"]]
+        assert policy_chars(bound) >= policy_chars(deployed)

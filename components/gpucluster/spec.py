@@ -31,6 +31,7 @@ from gpucluster.noderole import (
     ROLE_INLINE_POLICIES_MAX_CHARS,
     dataset_grants,
     longest_bucket_name,
+    longest_health_policy,
     node_inline_policies_chars,
 )
 
@@ -1334,12 +1335,16 @@ def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str
 
 @check
 def node_role_size(spec: StackSpec) -> Iterable[Finding]:
-    """The node role's inline policies fit IAM's limit with every dataset, at their longest names:
-    what validates must deploy (a bigger policy fails `pulumi up` half-way)."""
+    """Each group's node role's inline policies fit IAM's limit with every dataset and the group's
+    health policy, at their longest names: what validates must deploy (a bigger policy fails
+    `pulumi up` half-way)."""
     grants = [g for i, d in enumerate(spec.datasets)
               for g in dataset_grants(d.bucket_name or longest_bucket_name(i), d.prefix, d.checkpoint_prefix,
                                       d.expected_bucket_owner)]
-    chars = node_inline_policies_chars(spec.cluster.name, grants)
+    health = [[longest_health_policy(identity=spec.identity, cluster_name=spec.cluster.name, group=g.name,
+                                     region=spec.region, replace=g.health_checks.on_failure == "replace")]
+              if g.health_checks.enabled else [] for g in spec.node_groups]
+    chars = max(node_inline_policies_chars(spec.cluster.name, grants, more) for more in health)
     if chars > ROLE_INLINE_POLICIES_MAX_CHARS:
         yield Finding("datasets", f"the node role's policies for {len(spec.datasets)} dataset(s) would "
                       f"reach {chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role: use "

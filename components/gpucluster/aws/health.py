@@ -5,21 +5,21 @@ It owns the AWS side of `health_checks`: the hook that holds every new node in
 answers CONTINUE or ABANDON (ABANDON when nobody answers), and the IAM
 statements a node needs for that: complete the launch action of its own group,
 mark itself Unhealthy in its own group, count health events in its cluster's
-namespace, and publish to the stack's topic. Pure: no resources, no AWS call;
-`GpuNodeGroup` declares the hook and the role policy from these.
+namespace, and publish to the stack's topic (`gpucluster.noderole`, where the
+spec sizes them with the role's other policies). Pure: no resources, no AWS
+call; `GpuNodeGroup` declares the hook and the role policy from these.
 """
 
 from typing import Any
 
 from gpucluster.node.userdata import LAUNCH_HOOK_NAME
+from gpucluster.noderole import health_policy_document, node_health_statements
 from gpucluster.spec import HealthCheckConfig
 
+__all__ = ["GROUP_METRICS", "LAUNCH_TRANSITION", "health_policy_document", "launch_hook",
+           "node_health_statements"]
+
 LAUNCH_TRANSITION = "autoscaling:EC2_INSTANCE_LAUNCHING"
-STACK_TAG = "gpucluster:stack"  # gpucluster.aws.args.STACK_TAG (that module loads Pulumi)
-NODE_GROUP_TAG = "gpucluster:node-group"  # gpucluster.aws.nodes.NODE_GROUP_TAG
-# Read-only, and without resource-level permissions (Service Authorization Reference, "Amazon EC2
-# Auto Scaling": DescribeAutoScalingInstances lists no resource type): how a node finds its group.
-FIND_GROUP_ACTION = "autoscaling:DescribeAutoScalingInstances"
 # The group metrics the dashboard shows; free at 1-minute granularity (EC2 Auto Scaling user guide,
 # "Amazon CloudWatch metrics for Amazon EC2 Auto Scaling": group metrics).
 GROUP_METRICS = ("GroupDesiredCapacity", "GroupInServiceInstances", "GroupPendingInstances")
@@ -34,35 +34,3 @@ def launch_hook(h: HealthCheckConfig) -> dict[str, Any]:
     """
     return {"name": LAUNCH_HOOK_NAME, "lifecycle_transition": LAUNCH_TRANSITION, "default_result": "ABANDON",
             "heartbeat_timeout": h.launch_timeout_minutes * 60}
-
-
-def node_health_statements(*, asg_arn: str, identity: str, group: str, namespace: str, region: str,
-                           replace: bool, topic_arn: str = "", key_arn: str = "") -> list[dict[str, Any]]:
-    """What a node of one group may do about its health, and nothing for any other group.
-
-    Lifecycle and health writes name the group's ARN and require its identity and
-    node-group tags, so a role shared by mistake still cannot reach another stack's or
-    another group's nodes. IAM cannot narrow SetInstanceHealth to the caller's own
-    instance (the action's only resource is the group), so each group has a role of its
-    own. Metrics only into the cluster's namespace; the topic's key only through SNS.
-    """
-    own = {"StringEquals": {f"autoscaling:ResourceTag/{STACK_TAG}": identity,
-                            f"autoscaling:ResourceTag/{NODE_GROUP_TAG}": group}}
-    writes = ["autoscaling:CompleteLifecycleAction"] + (["autoscaling:SetInstanceHealth"] if replace else [])
-    statements: list[dict[str, Any]] = [
-        {"Sid": "FindOwnGroup", "Effect": "Allow", "Action": [FIND_GROUP_ACTION], "Resource": "*"},
-        {"Sid": "ReportOwnHealth", "Effect": "Allow", "Action": writes, "Resource": [asg_arn],
-         "Condition": own},
-        {"Sid": "CountHealthEvents", "Effect": "Allow", "Action": ["cloudwatch:PutMetricData"],
-         "Resource": "*", "Condition": {"StringEquals": {"cloudwatch:namespace": namespace}}},
-    ]
-    if topic_arn:
-        statements.append({"Sid": "NotifyStackTopic", "Effect": "Allow", "Action": ["sns:Publish"],
-                           "Resource": [topic_arn]})
-        if key_arn:
-            # Publishers to a KMS-encrypted topic need the key (SNS developer guide, "Key management").
-            via_sns = {"StringEquals": {"kms:ViaService": f"sns.{region}.amazonaws.com"}}
-            statements.append({"Sid": "EncryptForTopic", "Effect": "Allow",
-                               "Action": ["kms:GenerateDataKey*", "kms:Decrypt"], "Resource": [key_arn],
-                               "Condition": via_sns})
-    return statements

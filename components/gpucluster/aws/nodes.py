@@ -36,7 +36,7 @@ from gpucluster.aws.args import (
     type_token,
     validate,
 )
-from gpucluster.aws.health import GROUP_METRICS, launch_hook, node_health_statements
+from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_hook
 from gpucluster.aws.nics import network_interfaces
 from gpucluster.node.userdata import encode_user_data, group_bootstrap, render_user_data
 from gpucluster.noderole import gpu_metric_namespace
@@ -378,10 +378,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
 
         def document(values: list[Any]) -> str:
             asg_arn, topic, key = values
-            return json.dumps({"Version": "2012-10-17", "Statement": node_health_statements(
+            return json.dumps(health_policy_document(
                 asg_arn=asg_arn, identity=m.identity, group=m.node_group.name,
                 namespace=gpu_metric_namespace(m.cluster_name), region=m.region,
-                replace=health.on_failure == "replace", topic_arn=topic or "", key_arn=key or "")})
+                replace=health.on_failure == "replace", topic_arn=topic or "", key_arn=key or ""))
 
         return pulumi.Output.all(self.asg.arn, m.notify_topic_arn, m.notify_key_arn).apply(document)
 

@@ -14,6 +14,7 @@ from importlib.metadata import version
 from pulumi.provider.experimental import component_provider_host
 
 from gpucluster import (
+    ClusterDashboard,
     ClusterNetwork,
     DatasetBucket,
     GpuCluster,
@@ -24,7 +25,7 @@ from gpucluster import (
 )
 
 COMPONENTS = [ClusterNetwork, GpuNodeGroup, NodeIdentity, DatasetBucket, LustreFileSystem, Guardrails,
-              GpuCluster]
+              ClusterDashboard, GpuCluster]
 
 if __name__ == "__main__":
     component_provider_host(COMPONENTS, name="gpucluster", version=version("gpucluster"))

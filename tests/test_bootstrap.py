@@ -529,3 +529,18 @@ def test_a_run_that_never_finished_is_not_repeated_and_reports_failure(tmp_path:
     result = box.run("interruption-hook.sh", "ssm")
     assert result.returncode == 1
     assert "did not finish; not running again" in result.stdout
+
+
+def test_nodes_get_the_scripts_without_comments_and_every_heredoc_body_intact() -> None:
+    """EC2 user data is 16 KiB gzipped: comments stay in the repository, not on the wire."""
+    text = ("#!/bin/bash\n# a comment\n  # indented comment\n\n# shellcheck disable=SC1090\n"
+            "cat > /etc/x <<'EOF'\n# kept: data\n\nEOF\necho hi  # trailing comment stays\n"
+            "cat <<-END\n\t# kept too\n\tEND\n# gone\n# rendered for @@LABEL@@\n")
+    assert bootstrap.compact_shell(text) == (
+        "#!/bin/bash\n# shellcheck disable=SC1090\ncat > /etc/x <<'EOF'\n# kept: data\n\nEOF\n"
+        "echo hi  # trailing comment stays\ncat <<-END\n\t# kept too\n\tEND\n# rendered for @@LABEL@@\n")
+    for path in sorted(Path(bootstrap.__file__).parent.glob("*.sh")):
+        compact = bootstrap.script(path.name)
+        assert len(compact) < len(path.read_text())
+        checked = subprocess.run(["bash", "-n"], input=compact, text=True, capture_output=True, check=False)
+        assert checked.returncode == 0, (path.name, checked.stderr)

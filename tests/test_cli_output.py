@@ -73,9 +73,13 @@ def test_status_json(moto_stack: Any) -> None:
     result = runner.invoke(app, ["status", "dev", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert (doc["stack"], doc["region"], doc["identity"], doc["warnings"]) == ("dev", "us-east-1", DEV, [])
+    assert (doc["stack"], doc["region"], doc["identity"], doc["cost_tag_warning"]) == (
+        "dev", "us-east-1", DEV, None)
     assert doc["groups"] == [{"name": "dev-train", "min_size": 0, "desired_capacity": 0, "max_size": 4,
-                              "in_service": 0, "stopped_by": "idle", "previous_desired": 2}]
+                              "in_service": 0, "stopped_by": "idle", "previous_desired": 2,
+                              "node_group": None, "healthy": 0, "gpu_utilization_avg": None,
+                              "gpu_utilization_max": None,
+                              "last_replacement": None}]
 
 
 def test_resume_json_dry_run_then_yes(moto_stack: Any) -> None:

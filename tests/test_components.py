@@ -63,7 +63,8 @@ def node_group_args(**override: Any) -> GpuNodeGroupArgs:
                        "max_nodes": 4, "efa": "on", "capacity": {"on_demand_base": 2, "spot_percent": 50}},
         "cluster_name": "research", "region": "us-east-1", "identity": IDENTITY,
         "subnet_ids": [SUBNET], "security_group_ids": [NODES_SG], "placement_group_name": "team-a-train-pg",
-        "instance_profile_arn": PROFILE, "tags": {"owner": "team-a", "cost_center": "cc-7"},
+        "instance_profile_arn": PROFILE, "node_role_name": "team-a-train-node-role",
+        "tags": {"owner": "team-a", "cost_center": "cc-7"},
     }
     return {**args, **override}  # type: ignore[return-value]
 
@@ -91,8 +92,10 @@ def existing_vpc_group() -> tuple[list[PlannedResource], dict[str, Any]]:
 
 def test_node_group_drops_into_an_existing_vpc_without_a_network(existing_vpc_group: Any) -> None:
     resources, outputs = existing_vpc_group
-    assert sorted(r.type for r in resources) == [ASG, LT, "gpucluster:index:GpuNodeGroup",
-                                                 "pulumi:providers:aws"]  # the group's own (stop-state tags)
+    assert sorted(r.type for r in resources) == [
+        ASG, "aws:autoscaling/lifecycleHook:LifecycleHook", LT, "aws:iam/rolePolicy:RolePolicy",
+        "gpucluster:index:GpuNodeGroup", "pulumi:providers:aws"]
+    # the hook and the health policy on the caller's role; the group's own provider (stop-state tags)
     asg = one(resources, ASG).inputs
     assert asg["vpcZoneIdentifiers"] == [SUBNET]
     assert asg["placementGroup"] == "team-a-train-pg"
@@ -381,8 +384,10 @@ OUTPUTS = {
     "LustreFileSystem": {"fileSystemId", "dnsName", "mountName", "securityGroupId"},
     "Guardrails": {"notifyTopicArn", "budgetName", "budgetActionTopicArn", "functionNames", "idleAlarmNames",
                    "scheduleNames"},
+    "ClusterDashboard": {"dashboardName", "dashboardUrl", "stuckAlarmNames"},
     "GpuCluster": {"clusterName", "region", "vpcId", "subnetIds", "nodeGroups", "datasets", "notifyTopicArn",
-                   "budgetName", "budgetActionTopicArn", "functionNames", "idleAlarmNames", "scheduleNames"},
+                   "budgetName", "budgetActionTopicArn", "functionNames", "idleAlarmNames", "scheduleNames",
+                   "dashboardName", "dashboardUrl", "stuckAlarmNames"},
 }
 # Required inputs of every component (the rest are optional).
 REQUIRED = {
@@ -393,6 +398,7 @@ REQUIRED = {
     "DatasetBucket": {"dataset", "clusterName", "region"},
     "LustreFileSystem": {"dataset", "bucketName", "vpcId", "subnetId"},
     "Guardrails": {"groups", "clusterName", "identity", "region"},
+    "ClusterDashboard": {"clusterName", "identity", "region", "groups"},
     "GpuCluster": {"cluster", "network", "nodeGroups", "region"},
 }
 
@@ -511,8 +517,13 @@ OLD_TOKENS = {
 }
 
 
+# Components added since: nothing to alias (their resources are created, not taken over).
+NEW_COMPONENTS = {"ClusterDashboard"}
+
+
 def old_type(token: str) -> str:
-    return OLD_TOKENS[token.split(":")[2]] if token.startswith("gpucluster:index:") else token
+    name = token.split(":")[2]
+    return OLD_TOKENS[name] if token.startswith("gpucluster:index:") and name not in NEW_COMPONENTS else token
 
 
 def test_every_component_aliases_its_old_token_so_existing_urns_still_match(
@@ -561,7 +572,8 @@ def test_every_component_aliases_its_old_token_so_existing_urns_still_match(
         assert found, f"{t} {n} would be replaced: no old URN among {candidates}"
         matched[u] = found[0]
     component_aliases = {t: aliases for t, _, _, aliases, _ in seen if t.startswith("gpucluster:")}
-    assert component_aliases == {f"gpucluster:index:{k}": [v] for k, v in OLD_TOKENS.items()}
+    assert component_aliases == {f"gpucluster:index:{k}": [v] for k, v in OLD_TOKENS.items()} | {
+        f"gpucluster:index:{k}": [] for k in NEW_COMPONENTS}
     bucket = next(r for r in plan.resources if r.type == "aws:s3/bucket:Bucket")
     assert bucket.protect and matched[bucket.urn] == urn(
         "gpucluster:cluster:GpuCluster$gpucluster:datasets:DatasetStore$gpucluster:datasets:DatasetBucket"

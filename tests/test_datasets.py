@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import copy
+import gzip
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +20,8 @@ from gpucluster.aws.datasets import (
     s3_url,
     tls_only_policy,
 )
-from gpucluster.plan import PlannedResource, load_stack, record_resources
-from gpucluster.spec import SpecError, StackSpec, parse_stack_config
+from gpucluster.plan import PlannedResource, load_stack, record_resources, run_program
+from gpucluster.spec import SpecError, StackSpec, parse_stack_config, stack_warnings
 from shipped import shipped_plan
 
 BUCKET = "aws:s3/bucket:Bucket"
@@ -333,6 +335,39 @@ def test_fsx_backup_retention_rules(base_config: dict[str, Any], fsx: dict[str, 
         spec_with(base_config, {"name": "corpus", "access": "fsx", "fsx": fsx})
     assert [(f.path, message in f.message) for f in err.value.findings] == [
         ("datasets[0].fsx.automatic_backup_retention_days", True)]
+
+
+LUSTRE_KEY = "0123456789ABCDEF0123456789ABCDEF01234567"
+
+
+def test_the_lustre_client_key_pin_reaches_every_node(base_config: dict[str, Any]) -> None:
+    """fsx.client_key_fingerprints -> the node group's data mount -> node.env, which install.sh reads."""
+    config = copy.deepcopy(base_config)
+    config["gpucluster:datasets"] = [{"name": "corpus", "access": "fsx",
+                                      "fsx": {"client_key_fingerprints": [LUSTRE_KEY]}}]
+    spec = parse_stack_config(config, stack="test")
+    plan = run_program("test", config, spec)
+    [template] = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    script = gzip.decompress(base64.b64decode(template.inputs["userData"])).decode()
+    assert f"GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS={LUSTRE_KEY}\n" in script
+    assert stack_warnings(spec) == []
+
+
+def test_an_unpinned_lustre_client_key_is_a_warning(base_config: dict[str, Any]) -> None:
+    spec = spec_with(base_config, {"name": "corpus", "access": "fsx", "fsx": {}})
+    [warning] = stack_warnings(spec)
+    assert (warning.path, warning.level) == ("datasets[0].fsx.client_key_fingerprints", "warning")
+    assert "nodes trust the apt key AWS serves over TLS unchecked; pin it" in warning.message
+
+
+@pytest.mark.parametrize("value", ["0123 4567 89AB CDEF 0123 4567 89AB CDEF 0123 4567", "abc", "0" * 41])
+def test_a_lustre_client_key_pin_is_a_full_fingerprint(base_config: dict[str, Any], value: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_with(base_config, {"name": "corpus", "access": "fsx",
+                                "fsx": {"client_key_fingerprints": [value]}})
+    [finding] = err.value.findings
+    assert finding.path == "datasets[0].fsx.client_key_fingerprints[0]"
+    assert "must be an OpenPGP key fingerprint: 40 upper-case hex digits without spaces" in finding.message
 
 
 def test_fsx_on_an_existing_bucket_leaves_its_notifications_alone(base_config: dict[str, Any]) -> None:

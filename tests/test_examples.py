@@ -72,6 +72,12 @@ def test_node_group_drops_into_an_existing_vpc(venv: Venv, tmp_path: Path) -> No
     assert tags["gpucluster:stack"] == "gpu-nodes-existing-vpc/dev"
     (profile,) = of_type(plan, "aws:iam/instanceProfile:InstanceProfile")
     assert template["inputs"]["iamInstanceProfile"]["arn"].endswith(profile["name"])
+    # New nodes wait for their GPU health check, which the profile's own role may answer for this group.
+    (hook,) = of_type(plan, "aws:autoscaling/lifecycleHook:LifecycleHook")
+    assert hook["inputs"]["defaultResult"] == "ABANDON"
+    assert len(of_type(plan, "aws:iam/role:Role")) == 1
+    (health,) = [p for p in of_type(plan, "aws:iam/rolePolicy:RolePolicy") if p["name"] == "inference-health"]
+    assert health["inputs"]["role"] == profile["inputs"]["role"]
     assert set(plan["outputs"]) == {"asg_name", "launch_template_id", "node_role_arn"}
 
 

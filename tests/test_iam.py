@@ -13,6 +13,7 @@ import pytest
 from moto import mock_aws
 
 from base_config import base, plan_config
+from gpucluster.names import autoname
 from gpucluster.noderole import (
     ROLE_INLINE_POLICIES_MAX_CHARS,
     agent_policy_document,
@@ -33,14 +34,20 @@ ACCOUNT = "123456789012"  # the mock engine's caller account
 BOUNDARY = f"arn:aws:iam::{ACCOUNT}:policy/gpucluster-workload-boundary"
 
 
-def node_policy(plan: Plan, part: str) -> dict[str, Any]:
-    [policy] = [r for r in plan.of_type(POLICY) if r.name.endswith(f"-node-identity-{part}")]
+# Each node group runs as a node identity of its own; the first keeps the stack's former shared name.
+PROD_IDENTITIES = {"h100-train": "gpu-prod-node-identity", "eval": "gpu-prod-eval-node"}
+
+
+def node_policy(plan: Plan, part: str, identity: str | None = None) -> dict[str, Any]:
+    """An inline policy of one node identity (default: the first group's)."""
+    name = identity or f"{plan.spec.cluster.name}-node-identity"
+    [policy] = [r for r in plan.of_type(POLICY) if r.name == f"{name}-{part}"]
     return json.loads(policy.inputs["policy"])
 
 
-def statements(plan: Plan) -> list[dict[str, Any]]:
-    """The node role's S3 statements (the guardrail Lambdas have role policies of their own)."""
-    return node_policy(plan, "s3")["Statement"]
+def statements(plan: Plan, identity: str | None = None) -> list[dict[str, Any]]:
+    """A node role's S3 statements (the guardrail Lambdas have role policies of their own)."""
+    return node_policy(plan, "s3", identity)["Statement"]
 
 
 def user_data(plan: Plan) -> str:
@@ -80,7 +87,12 @@ def ssm_core() -> dict[str, Any]:
 def test_prod_nodes_get_exactly_the_stacks_buckets_prefixes_and_owner(prod: Plan) -> None:
     corpus = prod.outputs["datasets"]["pretrain-corpus"]["bucket_name"]
     assert corpus.startswith("gpu-prod-pretrain-corpus-")  # created: Pulumi adds a unique suffix
-    assert statements(prod) == [
+    for identity in PROD_IDENTITIES.values():  # every group's nodes read the stack's datasets
+        assert statements(prod, identity) == expected_prod_statements(corpus)
+
+
+def expected_prod_statements(corpus: str) -> list[dict[str, Any]]:
+    return [
         {"Sid": "List0", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{corpus}",
          "Condition": owned(StringLike={"s3:prefix": ["corpus/v3/*", "checkpoints/*"]})},
         {"Sid": "List1", "Effect": "Allow", "Action": "s3:ListBucket",
@@ -117,8 +129,10 @@ def test_write_only_under_the_checkpoint_prefix_of_a_bucket_of_the_expected_owne
     assert "\t210987654321\n" in user_data(plan)
 
 
-def test_a_bucket_of_the_same_name_in_another_account_is_neither_read_nor_written(prod: Plan) -> None:
-    identity = [node_policy(prod, "s3"), node_policy(prod, "agent")]
+@pytest.mark.parametrize("group", sorted(PROD_IDENTITIES))
+def test_a_bucket_of_the_same_name_in_another_account_is_neither_read_nor_written(prod: Plan,
+                                                                                    group: str) -> None:
+    identity = [node_policy(prod, part, PROD_IDENTITIES[group]) for part in ("s3", "agent")]
     eval_sets = "arn:aws:s3:::acme-ml-eval-sets/eval/shard-0"
     assert allowed(identity, None, "s3:GetObject", eval_sets, **{"s3:ResourceAccount": ACCOUNT})
     assert not allowed(identity, None, "s3:GetObject", eval_sets, **{"s3:ResourceAccount": "999999999999"})
@@ -150,11 +164,20 @@ def test_policy_document_is_pure_and_refuses_wildcards_and_unknown_owners() -> N
 # ----------------------------------------------------------------------- agent, SSM (item 5)
 
 
-def test_nodes_attach_only_the_ssm_core_policy_and_a_scoped_agent_policy(prod: Plan) -> None:
-    node = [r for r in prod.resources if "-node-identity" in r.name]
+def role_documents(plan: Plan, identity: str) -> list[dict[str, Any]]:
+    """Every inline policy on a node identity's role (by its physical name or id, as components pass it)."""
+    role = f"{identity}-role"
+    return [json.loads(p.inputs["policy"]) for p in plan.of_type(POLICY)
+            if p.inputs["role"] in (autoname(role), f"{role}-id")]
+
+
+@pytest.mark.parametrize("group", sorted(PROD_IDENTITIES))
+def test_nodes_attach_only_the_ssm_core_policy_and_a_scoped_agent_policy(prod: Plan, group: str) -> None:
+    identity = PROD_IDENTITIES[group]
+    node = [r for r in prod.resources if r.name.startswith(f"{identity}-")]
     assert sorted(r.inputs["policyArn"] for r in node if r.type == ATTACHMENT) == [
         "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"]
-    agent = node_policy(prod, "agent")["Statement"]
+    agent = node_policy(prod, "agent", identity)["Statement"]
     assert agent == [
         {"Sid": "PublishOwnNamespaceOnly", "Effect": "Allow", "Action": "cloudwatch:PutMetricData",
          "Resource": "*", "Condition": {"StringEquals": {"cloudwatch:namespace": "gpucluster/gpu-prod"}}},
@@ -163,26 +186,38 @@ def test_nodes_attach_only_the_ssm_core_policy_and_a_scoped_agent_policy(prod: P
          "Action": ["ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath",
                     "ssm:GetParameterHistory"], "Resource": "*"},
     ]
+    # Exactly the agent, S3 and this group's health policies on the role.
+    documents = role_documents(prod, identity)
+    assert len(documents) == 3
+    assert all(node_policy(prod, part, identity) in documents for part in ("agent", "s3"))
     # `*` only where the action has no resource type (PutMetricData: scoped by its condition;
-    # DescribeTags), and in the deny
-    for document in (node_policy(prod, "agent"), node_policy(prod, "s3")):
+    # DescribeTags, DescribeAutoScalingInstances), and in the deny
+    for document in documents:
         for statement in document["Statement"]:
             if "*" in resources_of(statement) and statement["Effect"] == "Allow":
-                assert statement["Sid"] in ("PublishOwnNamespaceOnly", "AgentReadsInstanceTags"), statement
+                sid = statement["Sid"]
+                assert sid in ("PublishOwnNamespaceOnly", "AgentReadsInstanceTags", "FindOwnGroup",
+                               "CountHealthEvents"), statement
+                assert sid not in ("PublishOwnNamespaceOnly", "CountHealthEvents") or statement[
+                    "Condition"] == {"StringEquals": {"cloudwatch:namespace": "gpucluster/gpu-prod"}}
     [role] = [r for r in node if r.type == ROLE]
     trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
     assert trust == [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
                       "Action": "sts:AssumeRole"}]
-    [profile] = prod.of_type("aws:iam/instanceProfile:InstanceProfile")
-    templates = prod.of_type("aws:ec2/launchTemplate:LaunchTemplate")
-    assert len(templates) == len(prod.spec.node_groups) == 2
-    assert all(lt.inputs["iamInstanceProfile"]["arn"].endswith(profile.name) for lt in templates)
+    # The group's launch template names this identity's profile, and no other group's does.
+    [profile] = [r for r in node if r.type == "aws:iam/instanceProfile:InstanceProfile"]
+    templates = {lt.name: lt.inputs["iamInstanceProfile"]["arn"]
+                 for lt in prod.of_type("aws:ec2/launchTemplate:LaunchTemplate")}
+    assert len(templates) == len(prod.spec.node_groups) == len(PROD_IDENTITIES) == 2
+    assert [lt for lt, arn in templates.items() if arn.endswith(f":{profile.name}")] == [
+        f"gpu-prod-{group}-lt"]
 
 
+@pytest.mark.parametrize("group", sorted(PROD_IDENTITIES))
 def test_a_node_cannot_fake_another_cluster_s_gpu_metric_or_touch_logs_or_parameters(
-        prod: Plan, ssm_core: dict[str, Any]) -> None:
-    """The node role as AWS evaluates it: the SSM core policy plus its inline policies."""
-    identity = [ssm_core, node_policy(prod, "agent"), node_policy(prod, "s3")]
+        prod: Plan, ssm_core: dict[str, Any], group: str) -> None:
+    """The node role as AWS evaluates it: the SSM core policy plus every inline policy of its role."""
+    identity = [ssm_core, *role_documents(prod, PROD_IDENTITIES[group])]
 
     def can(action: str, resource: str = "*", **context: str) -> bool:
         return allowed(identity, None, action, resource, **context)
@@ -206,7 +241,8 @@ def test_metric_namespace_of_agent_role_and_alarm_is_one(prod: Plan) -> None:
     assert '"namespace": "gpucluster/gpu-prod"' in user_data(prod)
     alarms = prod.of_type("aws:cloudwatch/metricAlarm:MetricAlarm")
     assert alarms and {a.inputs["namespace"] for a in alarms} == {"gpucluster/gpu-prod"}
-    assert agent_policy_document("gpucluster/gpu-prod") == node_policy(prod, "agent")
+    for identity in PROD_IDENTITIES.values():
+        assert agent_policy_document("gpucluster/gpu-prod") == node_policy(prod, "agent", identity)
 
 
 # --------------------------------------------------------------------------------- boundary
@@ -273,7 +309,9 @@ def largest_accepted(prefix_chars: int) -> int:
 
 
 def node_inline_chars(plan: Plan) -> int:
-    documents = [json.loads(r.inputs["policy"]) for r in plan.of_type(POLICY) if "-node-identity-" in r.name]
+    """Every inline policy on the (first) group's node role: agent, S3 and the group's health policy."""
+    documents = role_documents(plan, f"{plan.spec.cluster.name}-node-identity")
+    assert len(documents) == 3
     return inline_policies_chars(documents)
 
 
@@ -284,7 +322,9 @@ def test_the_most_datasets_the_spec_accepts_fit_the_node_role() -> None:
     assert most >= 5
     plan = plan_config(datasets_config(most))
     assert node_inline_chars(plan) <= ROLE_INLINE_POLICIES_MAX_CHARS
-    assert node_inline_chars(plan) > ROLE_INLINE_POLICIES_MAX_CHARS - 1000  # tight: one more would not fit
+    # Tight: one more dataset (about 1000 characters) would not fit; the spec counts every ARN at its
+    # longest (partition, the group's and the key's UUID ARNs), a few hundred more than the mock's.
+    assert node_inline_chars(plan) > ROLE_INLINE_POLICIES_MAX_CHARS - 1200
     with pytest.raises(SpecError) as err:
         parse_stack_config(datasets_config(most + 1), stack="t")
     [line] = str(err.value).splitlines()

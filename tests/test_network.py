@@ -61,7 +61,8 @@ def test_without_nat_there_is_no_internet_path() -> None:
     for token in NAT_TYPES:
         assert plan.of_type(token) == [], token
     assert plan.of_type("aws:ec2/route:Route") == []
-    assert set(endpoints(plan)) == {"s3", "ssm", "ssmmessages", "ec2messages", "monitoring", "ec2"}
+    assert set(endpoints(plan)) == {"s3", "ssm", "ssmmessages", "ec2messages", "monitoring", "ec2",
+                                    "autoscaling", "sns"}
     egress = node_egress(plan)
     assert all(e.get("cidrIpv4") != "0.0.0.0/0" for e in egress)
     assert {(e["fromPort"], e.get("cidrIpv4"), e.get("prefixListId")) for e in egress} == {

@@ -7,12 +7,15 @@ a good signature by another key and a bad signature are each checked by behaviou
 
 from __future__ import annotations
 
+import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from gpucluster.node.userdata import node_files, render_user_data, script
+from gpucluster.node.userdata import node_env, node_files, render_user_data, script
+from gpucluster.parts import DataMount
 from test_bootstrap import Sandbox, lint, settings
 
 CWA_KEY = "937616F3450B7D806CBD9725D58167303B789C72"
@@ -96,6 +99,68 @@ def test_the_lustre_client_comes_from_the_signed_repository_for_the_running_kern
     assert ('echo "deb [signed-by=$keyring] https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu '
             '$codename main"') in text
     assert 'package "${APT[@]}" install -y "lustre-client-modules-$(uname -r)"' in text
+
+
+LUSTRE_KEY = "A" * 40
+OTHER_KEY = "B" * 40
+
+
+def lustre_sandbox(tmp_path: Path, keys: list[str], pinned: str) -> Sandbox:
+    """install.sh lustre-client with the key file holding `keys` (each with a subkey) and `pinned`
+    as the stack's fsx.client_key_fingerprints; keyring and apt sources land under tmp_path."""
+    box = sandbox(tmp_path, None)
+    records = "".join(f"pub:u:4096:1:{k[-16:]}:1:::::::scESC:\\nfpr:::::::::{k}:\\n"
+                      f"sub:u:4096:1:{'C' * 16}:1::::::e:\\nfpr:::::::::{'C' * 40}:\\n" for k in keys)
+    (box.bin / "gpg").write_text(
+        f'#!/bin/bash\necho "gpg $*" >> {box.log}\n'
+        f'case "$*" in *--show-keys*) printf "{records}" ;; esac\ntrue\n')
+    for name in ("keyrings", "sources"):
+        (tmp_path / name).mkdir()
+    mount = DataMount(name="corpus", access="fsx", bucket_name="b", prefix="", path="/fsx",
+                      fsx_dns_name="fs.example", fsx_mount_name="abc",
+                      fsx_client_key_fingerprints=tuple(pinned.split()))
+    box.node_env.write_text(node_env(replace(settings(), data_mounts=(mount,))))
+    box.env |= {"GPUCLUSTER_KEYRING_DIR": str(tmp_path / "keyrings"),
+                "GPUCLUSTER_APT_SOURCES_DIR": str(tmp_path / "sources")}
+    return box
+
+
+@pytest.mark.parametrize("pinned", [LUSTRE_KEY, f"{OTHER_KEY} {LUSTRE_KEY}"])
+def test_the_lustre_client_installs_when_its_repository_key_is_pinned(tmp_path: Path, pinned: str) -> None:
+    box = lustre_sandbox(tmp_path, [LUSTRE_KEY], pinned)
+    result = box.run("install.sh", "lustre-client")
+    assert result.returncode == 0, result.stderr + result.stdout
+    [dearmor] = [c for c in box.calls("gpg") if "--dearmor" in c]
+    assert f"-o {tmp_path}/keyrings/fsx-ubuntu-public-key.gpg" in dearmor
+    assert (tmp_path / "sources/fsxlustreclientrepo.list").read_text().startswith(
+        f"deb [signed-by={tmp_path}/keyrings/fsx-ubuntu-public-key.gpg] https://fsx-lustre-client-repo")
+    assert box.calls("apt-get")[-1].endswith("install -y lustre-client-modules-" + os.uname().release)
+    assert "not pinned" not in result.stdout
+
+
+@pytest.mark.parametrize(("keys", "why"), [
+    ([OTHER_KEY], "another key than the pinned one"),
+    ([LUSTRE_KEY, OTHER_KEY], "the pinned key plus one more (apt would trust both)"),
+    ([], "a key file without a key"),
+])
+def test_a_lustre_repository_key_that_is_not_pinned_is_refused(tmp_path: Path, keys: list[str],
+                                                               why: str) -> None:
+    box = lustre_sandbox(tmp_path, keys, LUSTRE_KEY)
+    result = box.run("install.sh", "lustre-client")
+    assert result.returncode == 1, why
+    assert box.calls("apt-get") == [], why
+    assert not [c for c in box.calls("gpg") if "--dearmor" in c], why
+    assert not (tmp_path / "sources/fsxlustreclientrepo.list").exists(), why
+    assert "refusing the Lustre client repository" in result.stdout
+
+
+def test_without_a_pin_the_lustre_key_is_used_and_its_fingerprint_logged(tmp_path: Path) -> None:
+    box = lustre_sandbox(tmp_path, [LUSTRE_KEY], "")
+    result = box.run("install.sh", "lustre-client")
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert f"key {LUSTRE_KEY} is not pinned (fsx.client_key_fingerprints)" in result.stdout
+    assert "C" * 40 not in result.stdout  # subkeys are not what a pin names
+    assert box.calls("apt-get")
 
 
 def test_unknown_component_is_a_usage_error(tmp_path: Path) -> None:

@@ -7,8 +7,12 @@ aws and nvidia-smi replaced by stubs on PATH that log their arguments.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import os
+import random
 import re
+import string
 import subprocess
 import sys
 import threading
@@ -18,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from base_config import plan_config
 from gpucluster.node import userdata
 from gpucluster.node.userdata import (
     CHECKPOINT_HOOK,
@@ -29,7 +34,7 @@ from gpucluster.node.userdata import (
     render_user_data,
     script,
 )
-from gpucluster.plan import load_stack
+from gpucluster.plan import load_stack, run_plan
 from gpucluster.spec import SpecError, parse_stack_config
 
 SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
@@ -296,6 +301,58 @@ def test_bad_setup_is_one_finding_at_its_key_path(base_config: dict[str, Any], g
     with pytest.raises(SpecError) as err:
         parse_stack_config(_group_config(base_config, **group), stack="t")
     assert [(f.path, message in f.message) for f in err.value.findings] == [(path, True)], err.value
+
+
+def test_what_the_spec_accepts_fits_ec2s_user_data_limit_when_planned(base_config: dict[str, Any]) -> None:
+    """The whole user data is checked as rendered (health checks, hooks, datasets included): the
+    largest file the spec accepts still deploys, and a little more is one finding at the group."""
+    rng = random.Random(14)
+
+    def noise(n: int) -> str:  # incompressible, as a packed binary or key would be
+        return "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(n))
+
+    config = _group_config(base_config, health_checks={"stuck_alarm_minutes": 30})
+    config["gpucluster:spot"] = {"interruption_command": f"echo {noise(1500)}"}
+    config["gpucluster:autostop"] = {"idle_minutes": 30, "pre_stop_command": f"echo {noise(1500)}"}
+    config["gpucluster:budget"] = {"monthly_limit_usd": 1000, "action_threshold_percent": 100}
+    config["gpucluster:datasets"] = [{"name": "corpus", "prefix": "data/", "checkpoint_prefix": "ckpt/"}]
+    content = noise(8000)
+
+    def with_file(n: int) -> dict[str, Any]:
+        config["gpucluster:node_groups"][0]["files"] = [{"path": "/opt/blob", "content": content[:n]}]
+        return config
+
+    def findings(n: int) -> list[tuple[str, str]]:
+        try:
+            parse_stack_config(with_file(n), stack="t")
+        except SpecError as err:
+            return [(f.path, f.message) for f in err.findings]
+        return []
+
+    low, high = 0, len(content)  # accepted at low, refused at high
+    assert findings(low) == [] and findings(high) != []
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if findings(mid) == [] else (low, mid)
+    assert low > 1000  # room is left for the group's own files
+    [(path, message)] = findings(high)  # one character more: one finding, at the group
+    assert path == "node_groups[0]" and message.startswith("node user data would be")
+    plan = plan_config(with_file(low))  # the launch template's user data is rendered (and packed) here
+    [template] = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    packed = base64.b64decode(template.inputs["userData"])
+    assert len(packed) <= userdata.MAX_USER_DATA_BYTES
+    assert "GPUCLUSTER_HEALTH_CHECKS=true" in gzip.decompress(packed).decode()
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_shipped_stacks_user_data_fits_with_health_checks_on(stack: str) -> None:
+    plan = run_plan(stack)
+    templates = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    assert len(templates) == len(plan.spec.node_groups)
+    for template in templates:
+        packed = base64.b64decode(template.inputs["userData"])
+        assert len(packed) <= userdata.MAX_USER_DATA_BYTES, template.name
+        assert "GPUCLUSTER_HEALTH_CHECKS=true" in gzip.decompress(packed).decode()
 
 
 # ------------------------------------------------------------------ shipped stacks

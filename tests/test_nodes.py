@@ -267,7 +267,8 @@ def test_desired_capacity_is_set_once_then_left_to_guardrails(stack: str) -> Non
     plan = stack_plan(stack)
     for group in plan.spec.node_groups:
         asg = one(plan, ASG, group.name)
-        assert asg.ignore_changes == ("desiredCapacity", "minSize")  # the guardrails set both to 0
+        # The guardrails set both to 0; the lifecycle hook resource owns the hook after creation.
+        assert asg.ignore_changes == ("desiredCapacity", "minSize", "initialLifecycleHooks")
         assert asg.inputs["desiredCapacity"] == group.desired_nodes
         assert asg.inputs["waitForCapacityTimeout"] == "0"
 
@@ -307,6 +308,8 @@ def test_imdsv2_no_public_ips_encrypted_volumes(plan_name: str) -> None:
 
 # Resources AWS gives no tags of their own: sub-resources of a bucket, topic, function or rule.
 UNTAGGED = {
+    "aws:autoscaling/lifecycleHook:LifecycleHook", "aws:cloudwatch/dashboard:Dashboard",  # not taggable
+    "aws:cloudwatch/logMetricFilter:LogMetricFilter",
     "aws:cloudwatch/eventTarget:EventTarget", "aws:kms/alias:Alias", "aws:lambda/permission:Permission",
     "aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig", "aws:scheduler/schedule:Schedule",
     "aws:sns/topicPolicy:TopicPolicy", "aws:sns/topicSubscription:TopicSubscription",
@@ -484,7 +487,8 @@ def test_a_provider_given_to_the_group_is_used_as_it_is() -> None:
             "node_group": {"name": "cb", "instance_types": ["g5.xlarge"], "max_nodes": 2},
             "cluster_name": "lab", "region": "us-east-1", "identity": "lab",
             "subnet_ids": ["subnet-0aaaaaaaa"], "security_group_ids": ["sg-0123456789abcdef0"],
-            "instance_profile_arn": "arn:aws:iam::123456789012:instance-profile/lab"},
+            "instance_profile_arn": "arn:aws:iam::123456789012:instance-profile/lab",
+            "node_role_name": "lab-nodes"},  # health checks are on: the role answers the launch check
             opts=pulumi.ResourceOptions(providers={"aws": given}))
 
     resources, _ = record_resources(program)

@@ -124,7 +124,8 @@ def test_cli_status_and_resume_of_a_stack(autoscaling: Any) -> None:
     _stop(autoscaling, "dev-train", "budget")
     result = runner.invoke(app, ["status", "dev"])
     assert result.exit_code == 0, result.output
-    rows = {line.split()[0]: line.split() for line in result.output.splitlines()[2:]}
+    capacity = result.output.split("\n\n")[0].splitlines()[2:]  # the first table: capacity and stops
+    rows = {line.split()[0]: line.split() for line in capacity}
     assert rows["dev-train"] == ["dev-train", "0", "0", "4", "0", "budget", "2"]
     assert rows["dev-infer"][5:] == ["-", "-"]
     assert "prod-train" not in rows

@@ -21,6 +21,8 @@ from moto_groups import create_stack_groups, tag_node_group
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 runner = CliRunner()
+# Services whose IAM action prefix is not their endpoint's (Service Authorization Reference).
+IAM_PREFIX = {"monitoring": "cloudwatch"}
 
 
 def test_readme_shows_the_operator_policy() -> None:
@@ -50,7 +52,8 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     made: list[str] = []
 
     def record(model: Any, params: dict[str, Any], **_: Any) -> Any:
-        made.append(f"{model.service_model.endpoint_prefix}:{model.name}")
+        service = model.service_model.endpoint_prefix
+        made.append(f"{IAM_PREFIX.get(service, service)}:{model.name}")
         if model.name == "ListCostAllocationTags":  # moto lacks it too: the tag is active
             return (AWSResponse("https://ce", 200, {}, None),
                     {"CostAllocationTags": [{"TagKey": "gpucluster:stack", "Type": "UserDefined",

@@ -235,9 +235,10 @@ def test_existing_buckets_and_no_nat_add_no_nat_but_more_endpoints(base_config: 
     base_config["gpucluster:datasets"] = [{"name": "old", "bucket_name": "team-data", "existing": True}]
     other = {o.kind: o for o in price_stack(spec_of(base_config)).other}
     assert set(other) == {"ebs", "endpoints"}
-    # without NAT the nodes also need the monitoring and ec2 endpoints: 5 x 2 zones
-    assert other["endpoints"].desired_usd_per_month == pytest.approx(5 * 2 * ENDPOINT_HOUR * 730)
-    assert "ssm, ssmmessages, ec2messages, monitoring, ec2" in other["endpoints"].basis
+    # without NAT the nodes also need the monitoring and ec2 endpoints (the CloudWatch agent) and
+    # autoscaling and sns (the GPU health check): 7 x 2 zones
+    assert other["endpoints"].desired_usd_per_month == pytest.approx(7 * 2 * ENDPOINT_HOUR * 730)
+    assert "ssm, ssmmessages, ec2messages, monitoring, ec2, autoscaling, sns" in other["endpoints"].basis
 
 
 def test_an_existing_vpc_adds_no_network_costs(base_config: dict[str, Any]) -> None:

@@ -131,9 +131,13 @@ def test_manual_stop_round_trips_with_resume(autoscaling: Any) -> None:
     assert not set(scaling.STATE_TAGS) & set(scaling.group_tags(_group(autoscaling, "dev-a10")))
 
 
-def test_cli_resume_only_manual_and_status_show_a_manual_stop(autoscaling: Any, ssm: RecordingSsm) -> None:
+def test_cli_resume_only_manual_and_status_show_a_manual_stop(autoscaling: Any, ssm: RecordingSsm,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # moto has no ListCostAllocationTags (status's cost-tag check): a Stubber answers it.
+    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
     assert runner.invoke(app, ["stop", "dev", "--group", "dev-a10", "--yes"]).exit_code == 0
     status = runner.invoke(app, ["status", "dev"])
+    assert status.exit_code == 0, status.output
     row = next(line.split() for line in status.output.splitlines() if line.startswith("  dev-a10"))
     assert row == ["dev-a10", "0", "0", "3", "0", "manual", "2"]
     result = runner.invoke(app, ["resume", "dev", "--only", "manual", "--yes"])

@@ -21,15 +21,16 @@ _COMPONENTS = {
     "gpucluster.aws.datasets": ("DatasetBucket", "DatasetBucketArgs", "LustreFileSystem",
                                 "LustreFileSystemArgs"),
     "gpucluster.aws.guardrails": ("Guardrails", "GuardrailsArgs", "GuardedGroup"),
+    "gpucluster.aws.observability": ("ClusterDashboard", "ClusterDashboardArgs", "DashboardGroup"),
     "gpucluster.aws.cluster": ("GpuCluster", "GpuClusterArgs"),
     # The stack file's sections as typed dicts, and the error every component raises on bad args.
     "gpucluster.aws.args": ("ArgsError", "AutoStopSettings", "BudgetSettings", "CapacitySettings",
                             "ClusterSettings", "CostTagSettings", "DatasetSettings", "FsxSettings",
-                            "NetworkSettings", "NodeGroupSettings", "SpotSettings"),
+                            "HealthCheckSettings", "NetworkSettings", "NodeGroupSettings", "SpotSettings"),
 }
 _EXPORTS = {name: module for module, names in _COMPONENTS.items() for name in names}
 COMPONENTS = ("ClusterNetwork", "GpuNodeGroup", "NodeIdentity", "DatasetBucket", "LustreFileSystem",
-              "Guardrails", "GpuCluster")
+              "Guardrails", "ClusterDashboard", "GpuCluster")
 """The component package: what `pulumi package add` of this repository exposes."""
 
 __all__ = sorted(_EXPORTS)

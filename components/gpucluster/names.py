@@ -56,7 +56,9 @@ class NameRule:
 # naming rules (63); SNS CreateTopic (256); CloudWatch Logs CreateLogGroup (512), PutMetricAlarm
 # AlarmName (255); KMS CreateAlias (256, "alias/" included); EC2 CreateLaunchTemplate (128),
 # CreateSecurityGroup GroupName (255), CreatePlacementGroup (255); Auto Scaling group name (255);
-# AWS Budgets BudgetName (100). Which input Pulumi auto-names: pulumi-aws provider/resources.go
+# AWS Budgets BudgetName (100); Auto Scaling PutLifecycleHook LifecycleHookName (255), CloudWatch
+# PutDashboard DashboardName (255), CloudWatch Logs PutMetricFilter filterName (512). Which input
+# Pulumi auto-names: pulumi-aws provider/resources.go
 # (EventTarget `targetId` with maxlen 255, above AWS's 64: only this table catches it).
 NAME_RULES: dict[str, NameRule] = {
     "aws:iam/role:Role": NameRule("IAM role name", "name", 64),
@@ -81,6 +83,10 @@ NAME_RULES: dict[str, NameRule] = {
     "aws:ec2/placementGroup:PlacementGroup": NameRule("placement group name", "name", 255),
     "aws:autoscaling/group:Group": NameRule("Auto Scaling group name", "name", 255),
     "aws:budgets/budget:Budget": NameRule("budget name", "name", 100),
+    "aws:autoscaling/lifecycleHook:LifecycleHook": NameRule("lifecycle hook name", "name", 255),
+    "aws:cloudwatch/dashboard:Dashboard": NameRule("CloudWatch dashboard name", "dashboardName", 255,
+                                                   autonamed=False),
+    "aws:cloudwatch/logMetricFilter:LogMetricFilter": NameRule("metric filter name", "name", 512),
 }
 
 
@@ -171,8 +177,9 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
     Mirrors the components' naming (`GpuCluster(<cluster.name>)` and its children); a test keeps
     it equal to a plan's names, so a resource added to a component must be added here.
     """
+    from gpucluster.node.userdata import LAUNCH_HOOK_NAME
     from gpucluster.spec import generated_bucket_prefix
-    from gpucluster.stack import can_run_spot
+    from gpucluster.stack import can_run_spot, node_identity_name
 
     c = spec.cluster.name
     names: list[ExpectedName] = []
@@ -192,6 +199,18 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
             add(key, "aws:ec2/placementGroup:PlacementGroup", f"{c}-network-{g.name}-placement")
         add(key, "aws:ec2/launchTemplate:LaunchTemplate", f"{c}-{g.name}-lt")
         add(key, "aws:autoscaling/group:Group", f"{c}-{g.name}-asg")
+        if g.health_checks.enabled:  # aws/nodes.py: the launch check's hook, the group's health policy
+            add(key, "aws:autoscaling/lifecycleHook:LifecycleHook", f"{c}-{g.name}-launch-check",
+                explicit=LAUNCH_HOOK_NAME)
+            add(key, policy, f"{c}-{g.name}-health")
+        # aws/cluster.py: a node identity per group, the first under the stack's former shared name
+        identity = node_identity_name(c, g.name, first=i == 0)
+        identity_key = "cluster.name" if i == 0 else key
+        add(identity_key, role, f"{identity}-role")
+        add(identity_key, "aws:iam/instanceProfile:InstanceProfile", f"{identity}-profile")
+        add(identity_key, policy, f"{identity}-agent")
+        if spec.datasets:
+            add(identity_key, policy, f"{identity}-s3")
     for i, d in enumerate(spec.datasets):
         if not d.existing:
             if d.bucket_name:
@@ -202,13 +221,32 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
                     prefix=generated_bucket_prefix(c, d.name))
         if d.access == "fsx" and d.fsx is not None:
             add(f"datasets[{i}].name", sg, f"{c}-datasets-{d.name}-fsx-sg")
-    add("cluster.name", role, f"{c}-node-identity-role")
-    add("cluster.name", "aws:iam/instanceProfile:InstanceProfile", f"{c}-node-identity-profile")
-    add("cluster.name", policy, f"{c}-node-identity-agent")
-    if spec.datasets:
-        add("cluster.name", policy, f"{c}-node-identity-s3")
     names += _guardrail_names(spec, can_run_spot)
+    names += _dashboard_names(spec)
     return names
+
+
+def _dashboard_names(spec: StackSpec) -> list[ExpectedName]:
+    """The names under `<cluster>-dashboard` (aws/observability.py): the dashboard, a metric filter per
+    guardrail Lambda that stops groups (auto-stop, budget action, Capacity Block expiry), the stuck-job
+    alarms."""
+    from gpucluster.stack import dashboard_name
+
+    c, key = spec.cluster.name, "cluster.name"
+    d = f"{c}-dashboard"
+    out = [_entry(key, "aws:cloudwatch/dashboard:Dashboard", f"{d}-dashboard",
+                  dashboard_name(c, spec.region))]
+    stoppers = [spec.autostop.enabled,
+                spec.budget is not None and spec.budget.action_threshold_percent is not None,
+                any(group.capacity.market == "capacity_block" for group in spec.node_groups)]
+    out += [_entry(key, "aws:cloudwatch/logMetricFilter:LogMetricFilter", f"{d}-stops-{i}")
+            for i in range(sum(stoppers))]
+    for i, group in enumerate(spec.node_groups):
+        if group.health_checks.stuck_alarm_minutes is not None:
+            asg = autoname(f"{c}-{group.name}-asg")
+            out.append(_entry(f"node_groups[{i}].name", "aws:cloudwatch/metricAlarm:MetricAlarm",
+                              f"{d}-stuck-{group.name}", f"{asg}-stuck"))
+    return out
 
 
 def _guardrail_names(spec: StackSpec, can_run_spot: Any) -> list[ExpectedName]:

@@ -3,10 +3,11 @@
 It owns what a process on a node may do in AWS beyond the SSM agent's managed policy: publish
 metrics into its cluster's own CloudWatch namespace only (the idle stop alarms on it), read the
 instance's tags (the CloudWatch agent's Auto Scaling group dimension), never read SSM
-parameters, and reach the dataset buckets only under their prefixes and only while the bucket
-belongs to the expected account. `NodeIdentity` (aws/iam.py) attaches these documents; the stack
-spec sizes them against IAM's limit before anything deploys. No Pulumi import, no AWS call, and
-no import of the spec (which imports this module).
+parameters, reach the dataset buckets only under their prefixes and only while the bucket
+belongs to the expected account, and answer for the health of its own group only.
+`NodeIdentity` (aws/iam.py) attaches the agent and S3 documents, `GpuNodeGroup` the health one
+to its group's role; the stack spec sizes them together against IAM's limit before anything
+deploys. No Pulumi import, no AWS call, and no import of the spec (which imports this module).
 """
 
 from __future__ import annotations
@@ -120,6 +121,69 @@ def agent_policy_document(namespace: str) -> dict[str, Any]:
     ]}
 
 
+STACK_TAG = "gpucluster:stack"  # gpucluster.aws.args.STACK_TAG (that module loads Pulumi)
+NODE_GROUP_TAG = "gpucluster:node-group"  # gpucluster.aws.nodes.NODE_GROUP_TAG
+# Read-only, and without resource-level permissions (Service Authorization Reference, "Amazon EC2
+# Auto Scaling": DescribeAutoScalingInstances lists no resource type): how a node finds its group.
+FIND_GROUP_ACTION = "autoscaling:DescribeAutoScalingInstances"
+
+
+def node_health_statements(*, asg_arn: str, identity: str, group: str, namespace: str, region: str,
+                           replace: bool, topic_arn: str = "", key_arn: str = "") -> list[dict[str, Any]]:
+    """What a node of one group may do about its health, and nothing for any other group.
+
+    Lifecycle and health writes name the group's ARN and require its identity and
+    node-group tags, so a role shared by mistake still cannot reach another stack's or
+    another group's nodes. IAM cannot narrow SetInstanceHealth to the caller's own
+    instance (the action's only resource is the group), so each group has a role of its
+    own. Metrics only into the cluster's namespace; the topic's key only through SNS.
+    """
+    own = {"StringEquals": {f"autoscaling:ResourceTag/{STACK_TAG}": identity,
+                            f"autoscaling:ResourceTag/{NODE_GROUP_TAG}": group}}
+    writes = ["autoscaling:CompleteLifecycleAction"] + (["autoscaling:SetInstanceHealth"] if replace else [])
+    statements: list[dict[str, Any]] = [
+        {"Sid": "FindOwnGroup", "Effect": "Allow", "Action": [FIND_GROUP_ACTION], "Resource": "*"},
+        {"Sid": "ReportOwnHealth", "Effect": "Allow", "Action": writes, "Resource": [asg_arn],
+         "Condition": own},
+        {"Sid": "CountHealthEvents", "Effect": "Allow", "Action": ["cloudwatch:PutMetricData"],
+         "Resource": "*", "Condition": {"StringEquals": {"cloudwatch:namespace": namespace}}},
+    ]
+    if topic_arn:
+        statements.append({"Sid": "NotifyStackTopic", "Effect": "Allow", "Action": ["sns:Publish"],
+                           "Resource": [topic_arn]})
+        if key_arn:
+            # Publishers to a KMS-encrypted topic need the key (SNS developer guide, "Key management").
+            via_sns = {"StringEquals": {"kms:ViaService": f"sns.{region}.amazonaws.com"}}
+            statements.append({"Sid": "EncryptForTopic", "Effect": "Allow",
+                               "Action": ["kms:GenerateDataKey*", "kms:Decrypt"], "Resource": [key_arn],
+                               "Condition": via_sns})
+    return statements
+
+
+def health_policy_document(**statements: Any) -> dict[str, Any]:
+    """`node_health_statements(**statements)` as a policy document."""
+    return {"Version": "2012-10-17", "Statement": node_health_statements(**statements)}
+
+
+# The longest ARNs of what the health policy names, before they exist: a group ARN holds a UUID
+# and the group's name (Pulumi's `<cluster>-<group>-asg-<7 hex>`), a KMS key ARN a UUID
+# (Service Authorization Reference: autoScalingGroup, key resource types).
+_UUID = "00000000-0000-0000-0000-000000000000"
+_ACCOUNT = "0" * ACCOUNT_ID_LENGTH
+
+
+def longest_health_policy(*, identity: str, cluster_name: str, group: str, region: str,
+                          replace: bool) -> dict[str, Any]:
+    """The health policy of `group` as long as it can be once deployed (any partition, a topic)."""
+    arn = f"arn:{LONGEST_PARTITION}"
+    asg = f"{cluster_name}-{group}-asg-{'0' * 7}"
+    return health_policy_document(
+        asg_arn=f"{arn}:autoscaling:{region}:{_ACCOUNT}:autoScalingGroup:{_UUID}:autoScalingGroupName/{asg}",
+        identity=identity, group=group, namespace=gpu_metric_namespace(cluster_name), region=region,
+        replace=replace, topic_arn=f"{arn}:sns:{region}:{_ACCOUNT}:{cluster_name}-guardrails",
+        key_arn=f"{arn}:kms:{region}:{_ACCOUNT}:key/{_UUID}")
+
+
 def policy_chars(document: dict[str, Any]) -> int:
     """A policy document's size as IAM counts it (whitespace left out), or an upper bound of it."""
     return len(json.dumps(document, separators=(",", ":")))
@@ -147,10 +211,12 @@ def worst_case_grants(grants: Iterable[S3Grant]) -> list[Grant]:
     return resolved
 
 
-def node_inline_policies_chars(cluster_name: str, grants: Iterable[S3Grant]) -> int:
-    """The most the node role's inline policies can weigh with these grants, in any partition."""
+def node_inline_policies_chars(cluster_name: str, grants: Iterable[S3Grant],
+                               more: Iterable[dict[str, Any]] = ()) -> int:
+    """The most the node role's inline policies can weigh with these grants, in any partition, and
+    with the `more` documents (a group's `longest_health_policy`) on the same role."""
     resolved = worst_case_grants(grants)
-    documents = [agent_policy_document(gpu_metric_namespace(cluster_name))]
+    documents = [agent_policy_document(gpu_metric_namespace(cluster_name)), *more]
     if resolved:
         documents.append(s3_policy_document(resolved, partition=LONGEST_PARTITION))
     return inline_policies_chars(documents)

@@ -42,5 +42,7 @@ class DataMount:
     """access == "fsx": Output[str] of the file system's DNS name."""
     fsx_mount_name: Any = None
     """access == "fsx": Output[str] of the file system's Lustre mount name."""
+    fsx_client_key_fingerprints: tuple[str, ...] = ()
+    """access == "fsx": the pinned fingerprints of AWS's Lustre client apt key (none: not pinned)."""
     expected_bucket_owner: Any = None
     """str or Output[str]: the account that must own the bucket (12 digits); None: none named."""

@@ -33,7 +33,7 @@ HOURS_PER_MONTH = 730  # the month of the AWS Pricing Calculator and the EC2 pri
 # NO_NAT_ENDPOINTS, not imported: that module loads Pulumi; a test keeps them equal), each
 # with one network interface in every zone's private subnet.
 SSM_ENDPOINTS = ("ssm", "ssmmessages", "ec2messages")
-NO_NAT_ENDPOINTS = ("monitoring", "ec2")
+NO_NAT_ENDPOINTS = ("monitoring", "ec2", "autoscaling", "sns")  # the last two: GPU health checks
 
 At = Literal["desired", "max"]
 Strategy = Literal["mix", "all_on_demand", "all_spot"]

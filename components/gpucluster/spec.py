@@ -35,6 +35,7 @@ from gpucluster.noderole import (
     ROLE_INLINE_POLICIES_MAX_CHARS,
     dataset_grants,
     longest_bucket_name,
+    longest_health_policy,
     node_inline_policies_chars,
 )
 
@@ -423,6 +424,9 @@ PolicyName = Annotated[str, _matches(r"[\w+=,.@-]{1,128}", "must be an IAM polic
 RoleName = Annotated[str, _matches(r"[\w+=,.@-]{1,64}", "must be an IAM role name (1-64 letters, "
                                    "digits and + = , . @ _ -)")]
 AccountId = Annotated[str, _matches(r"\d{12}", "must be a 12-digit AWS account id")]
+# An OpenPGP v4 primary key fingerprint as `gpg --show-keys` prints it (40 hex digits, no spaces).
+KeyFingerprint = Annotated[str, _matches(r"[0-9A-F]{40}", "must be an OpenPGP key fingerprint: 40 "
+                                         "upper-case hex digits without spaces")]
 # The field rules of the models below, by name, for component Args that take one value alone.
 AbsolutePath = Annotated[str, AfterValidator(_check_mount_path)]  # under DATA_ROOTS
 S3Prefix = Annotated[str, AfterValidator(_check_prefix)]
@@ -582,6 +586,40 @@ class NodeFileConfig(StrictModel):
     """Permissions, e.g. 0755 for a script a hook command runs."""
 
 
+HealthFinding = Literal["gpu_count", "ecc", "page_retirement", "xid", "efa", "dcgm"]
+"""What a node health check can find: too few GPUs visible to the driver, uncorrectable ECC errors,
+a pending page retirement or row remap, an XID error, fewer EFA devices than the launch template
+has, or a failed DCGM quick diagnostic (`gpucluster.node` health-check.sh)."""
+HEALTH_FINDINGS: tuple[str, ...] = get_args(HealthFinding)
+# NVIDIA's k8s-device-plugin (internal/rm/health.go) leaves these XIDs out of its GPU health: they
+# are raised by an application's own fault (13 graphics engine exception, 31 MMU fault, 43 GPU
+# stopped processing, 45 preemptive cleanup, 68 video processor exception, 109 context switch
+# timeout), and the GPU keeps working for other processes.
+APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+
+
+class HealthCheckConfig(StrictModel):
+    enabled: bool = True
+    """Check every node before it joins (launch lifecycle hook) and every interval_minutes after."""
+    interval_minutes: Annotated[int, _in_range(1, 60)] = 5
+    """How often a running node checks itself."""
+    launch_timeout_minutes: Annotated[int, _in_range(5, 120)] = 15
+    """A new node that has not answered the launch check by then is abandoned (and replaced)."""
+    xid_window_minutes: Annotated[int, _in_range(1, 1440)] = 15
+    """A running node counts XID errors of the last this many minutes (at launch: since boot)."""
+    ignored_xids: Annotated[list[Annotated[int, _in_range(1, 999)]], Field(max_length=64),
+                            _unique("ignored XIDs")] = list(APPLICATION_XIDS)
+    """XIDs that are an application's fault, not the GPU's (default: NVIDIA device plugin's list)."""
+    fatal: Annotated[list[HealthFinding], _unique("fatal findings")] = list(HEALTH_FINDINGS)
+    """Findings that fail a node; the others are only reported."""
+    on_failure: Literal["replace", "notify"] = "replace"
+    """replace: abandon a failing new node, mark a failing running node Unhealthy; notify: report only."""
+    dcgm_diag: bool = True
+    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed."""
+    stuck_alarm_minutes: Annotated[int, _in_range(10, 1440)] | None = None
+    """Notify when GPUs stay busy-but-flat, or nodes in service publish no GPU metric, this long."""
+
+
 class NodeGroupConfig(StrictModel):
     name: Name
     """Unique within the stack; used in resource names and the ASG tag."""
@@ -621,6 +659,8 @@ class NodeGroupConfig(StrictModel):
     """Instead of setup: a script of the project run the same way (relative to Pulumi.yaml's directory)."""
     container_image: ContainerImage | None = None
     """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
+    health_checks: HealthCheckConfig = HealthCheckConfig()
+    """GPU health checks at launch and while running, and what a failing node gets."""
 
     @property
     def types(self) -> list[catalog.InstanceType]:
@@ -660,6 +700,8 @@ class FsxConfig(StrictModel):
     """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
     automatic_backup_retention_days: Annotated[int, _in_range(0, 90)] = 7
     """PERSISTENT_2 only: days of daily automatic backups kept (1-90; SCRATCH_2 has no backups)."""
+    client_key_fingerprints: Annotated[list[KeyFingerprint], Field(max_length=4)] = []
+    """Pins AWS's Lustre client apt key: nodes install the client only if each key in it is one of these."""
 
 
 class DatasetConfig(StrictModel):
@@ -1102,8 +1144,12 @@ def ami_override(spec: StackSpec) -> Iterable[Finding]:
 RESERVED_NODE_PATHS = ("/etc/gpucluster/", "/usr/local/sbin/gpucluster-", "/etc/systemd/system/gpucluster-",
                        "/opt/aws/amazon-cloudwatch-agent/", "/etc/profile.d/gpucluster-")
 # EC2 user data is 16 KiB gzipped in all (EC2 user guide, "Run commands at launch"); the bootstrap
-# and its scripts take about 9 KiB of it, the group's own files and setup may take this much.
-NODE_SETUP_MAX_GZIP_BYTES = 5120
+# and its scripts take about 11.5 KiB of it with the GPU health checks, the group's own files and
+# setup may take this much (and `user_data_size` checks the whole, rendered).
+NODE_SETUP_MAX_GZIP_BYTES = 4096
+# Values known only at deploy time (generated bucket names, FSx names, the topic's ARN) are stood in
+# for at their longest, but they are random where the stand-ins are not: what that costs gzip.
+USER_DATA_MARGIN_BYTES = 128
 
 
 class ProjectFileError(ValueError):
@@ -1170,6 +1216,62 @@ def group_node_setup(g: NodeGroupConfig, zones: Sequence[str] | None, path: str)
 @check
 def node_setup(spec: StackSpec) -> Iterable[Finding]:
     yield from _each_group(spec, group_node_setup)
+
+
+@check
+def user_data_size(spec: StackSpec) -> Iterable[Finding]:
+    """Each group's user data, rendered as its nodes get it, fits EC2's 16 KiB gzipped: what
+    validates must deploy (the launch template's user data is rendered only during `pulumi up`)."""
+    import gzip
+
+    from gpucluster.node.userdata import MAX_USER_DATA_BYTES, node_bootstrap, render_user_data
+    from gpucluster.parts import DataMount
+
+    mounts = [DataMount(
+        name=d.name, access=d.access, bucket_name=d.bucket_name or longest_bucket_name(i), prefix=d.prefix,
+        path=dataset_path(spec, d),
+        fsx_dns_name=f"fs-{'0' * 17}.fsx.{spec.region}.amazonaws.com.cn" if d.access == "fsx" else None,
+        fsx_mount_name="x" * 8 if d.access == "fsx" else None,
+        expected_bucket_owner=d.expected_bucket_owner or "0" * 12) for i, d in enumerate(spec.datasets)]
+    topic = f"arn:aws-us-gov:sns:{spec.region}:{'0' * 12}:{spec.cluster.name}-guardrails"
+    limit = MAX_USER_DATA_BYTES - USER_DATA_MARGIN_BYTES
+    for i, g in enumerate(spec.node_groups):
+        if any(group_node_setup(g, None, "")):
+            continue  # its files or setup are reported already (unreadable, ambiguous or too big alone)
+        try:
+            size = len(gzip.compress(render_user_data(node_bootstrap(
+                spec, g, mounts, notify_topic_arn=topic)).encode(), mtime=0))
+        except ValueError:
+            continue  # a value bash cannot hold: reported by its own check
+        if size > limit:
+            yield Finding(f"node_groups[{i}]", (
+                f"node user data would be {size} bytes gzipped, over {limit} (EC2's {MAX_USER_DATA_BYTES} "
+                "less room for deploy-time names): move files or setup to S3, or shorten hook commands"))
+
+
+@group_check
+def group_health(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    h = g.health_checks
+    if h.enabled and h.xid_window_minutes < h.interval_minutes:
+        # A window shorter than the interval leaves minutes no check ever looks at.
+        yield Finding(f"{path}.health_checks.xid_window_minutes",
+                      f"must be at least interval_minutes ({h.interval_minutes}), or an XID between "
+                      f"two checks is never seen; got {h.xid_window_minutes}")
+
+
+@check
+def health_rules(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_health)
+    # The guardrails build the stack's topic when any of them is on (a spot group: the rule of
+    # gpucluster.stack.can_run_spot); a stuck-job alarm notifies only through it.
+    topic = spec.budget is not None or spec.autostop.enabled or any(
+        g.capacity.market == "mixed" and g.capacity.spot_percent > 0
+        and g.max_nodes > g.capacity.on_demand_base for g in spec.node_groups)
+    for i, g in enumerate(spec.node_groups):
+        if g.health_checks.stuck_alarm_minutes is not None and not topic:
+            yield Finding(f"node_groups[{i}].health_checks.stuck_alarm_minutes",
+                          "notifies the stack's topic, which exists only with a budget, autostop or a "
+                          "group that can run spot; add one, or drop the alarm")
 
 
 @check
@@ -1258,6 +1360,10 @@ def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str
         yield Finding(f"{path}.availability_zone", f"no node group runs in "
                       f"{fsx.availability_zone!r} (node groups use "
                       f"{', '.join(sorted(node_group_zones))})")
+    if not fsx.client_key_fingerprints:
+        yield Finding(f"{path}.client_key_fingerprints",
+                      "not set: where the AMI lacks the Lustre client, nodes trust the apt key AWS serves "
+                      "over TLS unchecked; pin it (README: Datasets, Lustre client key)", level="warning")
     if d.checkpoint_prefix and not d.prefix:
         # The data association would link the whole bucket, checkpoints included: what the
         # checkpoint association exports would come back as a second copy under /data.
@@ -1268,12 +1374,16 @@ def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str
 
 @check
 def node_role_size(spec: StackSpec) -> Iterable[Finding]:
-    """The node role's inline policies fit IAM's limit with every dataset, at their longest names:
-    what validates must deploy (a bigger policy fails `pulumi up` half-way)."""
+    """Each group's node role's inline policies fit IAM's limit with every dataset and the group's
+    health policy, at their longest names: what validates must deploy (a bigger policy fails
+    `pulumi up` half-way)."""
     grants = [g for i, d in enumerate(spec.datasets)
               for g in dataset_grants(d.bucket_name or longest_bucket_name(i), d.prefix, d.checkpoint_prefix,
                                       d.expected_bucket_owner)]
-    chars = node_inline_policies_chars(spec.cluster.name, grants)
+    health = [[longest_health_policy(identity=spec.identity, cluster_name=spec.cluster.name, group=g.name,
+                                     region=spec.region, replace=g.health_checks.on_failure == "replace")]
+              if g.health_checks.enabled else [] for g in spec.node_groups]
+    chars = max(node_inline_policies_chars(spec.cluster.name, grants, more) for more in health)
     if chars > ROLE_INLINE_POLICIES_MAX_CHARS:
         yield Finding("datasets", f"the node role's policies for {len(spec.datasets)} dataset(s) would "
                       f"reach {chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role: use "

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from gpucluster.aws.iam import NodeIdentityArgs
     from gpucluster.aws.network import ClusterNetworkArgs
     from gpucluster.aws.nodes import GpuNodeGroupArgs, NodeDataMount
+    from gpucluster.aws.observability import ClusterDashboardArgs
 
 def settings(section: Any) -> Any:
     """A validated section back in the stack file's words: only the keys the user set."""
@@ -106,6 +107,8 @@ def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any, fsx_dn
                              "prefix": dataset.prefix, "path": dataset_path(spec, dataset)}
     if dataset.access == "fsx":
         mount |= {"fsx_dns_name": fsx_dns_name, "fsx_mount_name": fsx_mount_name}
+        if dataset.fsx is not None and dataset.fsx.client_key_fingerprints:
+            mount["fsx_client_key_fingerprints"] = list(dataset.fsx.client_key_fingerprints)
     owner = bucket_owner if bucket_owner is not None else dataset.expected_bucket_owner
     if owner is not None:
         mount["expected_bucket_owner"] = owner
@@ -119,6 +122,18 @@ def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant]) -> NodeIdenti
         "s3_grants": [grant_args(g) for g in grants],
         "tags": spec.tags}
     return with_boundary(spec, args)  # type: ignore[return-value]
+
+
+def node_identity_name(cluster: str, group: str, first: bool) -> str:
+    """The NodeIdentity (role, profile, policies) of one node group under `GpuCluster(cluster)`.
+
+    One per group: IAM scopes SetInstanceHealth to a group, not to an instance. The first
+    group's keeps the name the stack's one shared identity had, so existing stacks keep that
+    role (and running nodes their credentials); the others are `<cluster>-<group>-node`, short
+    enough that the role (`-role` and Pulumi's 8-character suffix) fits IAM's 64 characters with
+    the longest cluster and group names the spec accepts (`gpucluster.names`).
+    """
+    return f"{cluster}-node-identity" if first else f"{cluster}-{group}-node"
 
 
 def grant_args(grant: S3Grant) -> dict[str, Any]:
@@ -137,14 +152,24 @@ def with_boundary(spec: StackSpec, args: dict[str, Any]) -> dict[str, Any]:
 
 def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequence[Any],
                     security_group_ids: Sequence[Any], placement_group_name: Any,
-                    instance_profile_arn: Any, data_mounts: Sequence[NodeDataMount]) -> GpuNodeGroupArgs:
-    """One node group in the network's subnets for its zones, with every dataset mounted."""
+                    instance_profile_arn: Any, data_mounts: Sequence[NodeDataMount],
+                    node_role_name: Any = None, notify_topic_arn: Any = "",
+                    notify_key_arn: Any = "") -> GpuNodeGroupArgs:
+    """One node group in the network's subnets for its zones, with every dataset mounted.
+
+    `node_role_name` is the role of `instance_profile_arn` (it gets the group's health
+    permission); the topic and key are where nodes report health findings.
+    """
     args: dict[str, Any] = {
         "node_group": settings(group), "cluster_name": spec.cluster.name, "region": spec.region,
         "identity": identity(spec), "subnet_ids": list(subnet_ids),
         "security_group_ids": list(security_group_ids), "instance_profile_arn": instance_profile_arn,
         "tags": spec.tags, "spot": settings(spec.spot), "data_mounts": list(data_mounts),
+        "autostop": settings(spec.autostop), "notify_topic_arn": notify_topic_arn,
+        "notify_key_arn": notify_key_arn,
     }
+    if node_role_name is not None:
+        args["node_role_name"] = node_role_name
     if placement_group_name is not None:
         args["placement_group_name"] = placement_group_name
     return args  # type: ignore[return-value]
@@ -174,3 +199,39 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)
     return with_boundary(spec, args)  # type: ignore[return-value]
+
+
+def dashboard_name(cluster_name: str, region: str) -> str:
+    """The stack's dashboard. Dashboards are global to an account (their ARN has no region) while
+    cluster names are unique per region, hence both; the cluster name leads, as in every name the
+    deploy role may touch (infra/bootstrap-state scopes)."""
+    return f"{cluster_name}-{region}"
+
+
+def dashboard_url(region: str, name: str) -> str:
+    """Where the console shows a dashboard (CloudWatch user guide, "Share dashboards": the URL form)."""
+    domain = ("console.amazonaws.cn" if region.startswith("cn-") else
+              "console.amazonaws-us-gov.com" if region.startswith("us-gov-") else "console.aws.amazon.com")
+    return f"https://{region}.{domain}/cloudwatch/home?region={region}#dashboards/dashboard/{name}"
+
+
+def dashboard_args(spec: StackSpec, asg_names: Mapping[str, Any], *, notify_topic_arn: Any = None,
+                   guardrail_log_groups: Sequence[Any] = (),
+                   alarm_arns: Sequence[Any] = ()) -> ClusterDashboardArgs:
+    """The stack's dashboard: every node group (group name -> ASG name), with its stuck-job alarm if set."""
+    groups: list[dict[str, Any]] = []
+    for g in spec.node_groups:
+        entry: dict[str, Any] = {"name": g.name, "asg_name": asg_names[g.name]}
+        if g.health_checks.stuck_alarm_minutes is not None:
+            entry["stuck_alarm_minutes"] = g.health_checks.stuck_alarm_minutes
+        groups.append(entry)
+    args: dict[str, Any] = {
+        "cluster_name": spec.cluster.name, "identity": identity(spec), "region": spec.region,
+        "groups": groups, "guardrail_log_groups": list(guardrail_log_groups),
+        "alarm_arns": list(alarm_arns), "tags": spec.tags,
+    }
+    if notify_topic_arn is not None:
+        args["notify_topic_arn"] = notify_topic_arn
+    if spec.budget is not None:
+        args["budget"] = settings(spec.budget)
+    return args  # type: ignore[return-value]

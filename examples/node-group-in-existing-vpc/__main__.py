@@ -2,7 +2,10 @@
 
 NodeIdentity gives the nodes a role (SSM, CloudWatch agent) and GpuNodeGroup a
 launch template (IMDSv2 only, no public address, encrypted root volume, the
-NVMe scratch RAID and the GPU metrics bootstrap) and an Auto Scaling group.
+NVMe scratch RAID and the GPU metrics bootstrap) and an Auto Scaling group
+whose new nodes wait for their own GPU health check (a launch lifecycle hook;
+the role gets a policy to answer it, and to mark a failing node unhealthy, for
+this group only; `health_checks: {enabled: false}` in node_group turns it off).
 Nothing here creates or changes your VPC. The security group is yours: for a
 multi-node group it must allow all traffic within itself (NCCL's ports are not
 fixed; EFA requires it), and outbound 443 for SSM, S3 and CloudWatch.
@@ -26,6 +29,7 @@ nodes = GpuNodeGroup("inference", {
     "subnet_ids": config.require_object("subnet_ids"),
     "security_group_ids": [config.require("security_group_id")],
     "instance_profile_arn": identity.instance_profile_arn,
+    "node_role_name": identity.role_name,  # the profile's role: it may answer this group's health check
     "tags": {"team": "research"},
     "node_group": {
         "name": "l4-inference",

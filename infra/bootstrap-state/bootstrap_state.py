@@ -70,7 +70,7 @@ DATA_DELETION = ["s3:DeleteObjectVersion", "s3:DeleteBucket", "fsx:DeleteFileSys
 WORKLOAD_ACTIONS = [
     "autoscaling:Describe*", "autoscaling:UpdateAutoScalingGroup", "autoscaling:CreateOrUpdateTags",
     "autoscaling:DeleteTags", "autoscaling:CompleteLifecycleAction",
-    "autoscaling:RecordLifecycleActionHeartbeat",
+    "autoscaling:RecordLifecycleActionHeartbeat", "autoscaling:SetInstanceHealth",
     "ec2:DescribeInstances", "ec2:DescribeTags", "ec2:DescribeVolumes",
     "cloudwatch:PutMetricData",
     "logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams",
@@ -133,6 +133,9 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
         "autoscaling:PutLifecycleHook", "autoscaling:DeleteLifecycleHook", "autoscaling:SuspendProcesses",
         "autoscaling:ResumeProcesses", "autoscaling:EnableMetricsCollection",
         "autoscaling:DisableMetricsCollection", "autoscaling:SetInstanceProtection", "ec2:RunInstances"],
+    # The launch check's hook, managed apart from the group after creation (aws/nodes.py).
+    "aws:autoscaling/lifecycleHook:LifecycleHook": ["autoscaling:PutLifecycleHook",
+                                                    "autoscaling:DeleteLifecycleHook"],
     "aws:iam/role:Role": [
         "iam:CreateRole", "iam:DeleteRole", "iam:GetRole", "iam:UpdateRole", "iam:UpdateRoleDescription",
         "iam:UpdateAssumeRolePolicy", "iam:TagRole", "iam:UntagRole", "iam:ListRoleTags",
@@ -186,6 +189,9 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
     "aws:cloudwatch/metricAlarm:MetricAlarm": [
         "cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms", "cloudwatch:TagResource",
         "cloudwatch:UntagResource", "cloudwatch:ListTagsForResource"],
+    "aws:cloudwatch/dashboard:Dashboard": ["cloudwatch:PutDashboard", "cloudwatch:GetDashboard",
+                                           "cloudwatch:DeleteDashboards"],
+    "aws:cloudwatch/logMetricFilter:LogMetricFilter": ["logs:PutMetricFilter", "logs:DeleteMetricFilter"],
     "aws:cloudwatch/eventRule:EventRule": [
         "events:PutRule", "events:DeleteRule", "events:DescribeRule", "events:EnableRule",
         "events:DisableRule",
@@ -216,7 +222,8 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
 # `gpucluster doctor`, the deploy workflow's gate, also reads quotas and the cost-allocation tags'
 # status (gpucluster.ops.doctor.IAM_ACTIONS).
 UNSCOPED_ACTIONS = ["ec2:Describe*", "autoscaling:Describe*", "fsx:Describe*", "kms:ListAliases",
-                    "logs:DescribeLogGroups", "cloudwatch:DescribeAlarms", "kms:CreateKey", "kms:TagResource",
+                    "logs:DescribeLogGroups", "logs:DescribeMetricFilters", "cloudwatch:DescribeAlarms",
+                    "kms:CreateKey", "kms:TagResource",
                     "servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota",
                     "ce:ListCostAllocationTags"]
 KEY_ADMIN = ["kms:PutKeyPolicy", "kms:ScheduleKeyDeletion", "kms:DisableKey", "kms:CreateGrant",
@@ -236,7 +243,10 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
         "kms": [f"arn:{p}:kms:*:{a}:alias/{prefix}*", f"arn:{p}:kms:*:{a}:key/*"],
         "sns": [f"arn:{p}:sns:*:{a}:{prefix}*"],
         "logs": [f"arn:{p}:logs:*:{a}:log-group:/aws/lambda/{prefix}*"],
-        "cloudwatch": [f"arn:{p}:cloudwatch:*:{a}:alarm:{prefix}*"],
+        # Dashboards are global: their ARN has no region (CloudWatch, "Actions, resources, and
+        # condition keys").
+        "cloudwatch": [f"arn:{p}:cloudwatch:*:{a}:alarm:{prefix}*",
+                       f"arn:{p}:cloudwatch::{a}:dashboard/{prefix}*"],
         "events": [f"arn:{p}:events:*:{a}:rule/{prefix}*"],
         "scheduler": [f"arn:{p}:scheduler:*:{a}:schedule/default/{prefix}*"],
         "lambda": [f"arn:{p}:lambda:*:{a}:function:{prefix}*"],

@@ -40,6 +40,8 @@ from gpucluster.spec import (
     ClusterConfig,
     DatasetConfig,
     Finding,
+    FsxConfig,
+    HealthCheckConfig,
     Name,
     NetworkConfig,
     NodeGroupConfig,
@@ -145,6 +147,29 @@ class NodeFileSettings(TypedDict):
     """Permissions, e.g. 0755 for a script a hook command runs."""
 
 
+class HealthCheckSettings(TypedDict):
+    """A node group's `health_checks`: GPU checks at launch and while running, and their outcome."""
+
+    enabled: NotRequired[bool]
+    """Check every node before it joins (launch lifecycle hook) and every interval_minutes after."""
+    interval_minutes: NotRequired[int]
+    """How often a running node checks itself."""
+    launch_timeout_minutes: NotRequired[int]
+    """A new node that has not answered the launch check by then is abandoned (and replaced)."""
+    xid_window_minutes: NotRequired[int]
+    """A running node counts XID errors of the last this many minutes (at launch: since boot)."""
+    ignored_xids: NotRequired[list[int]]
+    """XIDs that are an application's fault, not the GPU's (default: NVIDIA device plugin's list)."""
+    fatal: NotRequired[list[str]]
+    """Findings that fail a node; the others are only reported."""
+    on_failure: NotRequired[str]
+    """replace: abandon a failing new node, mark a failing running node Unhealthy; notify: report only."""
+    dcgm_diag: NotRequired[bool]
+    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed."""
+    stuck_alarm_minutes: NotRequired[int]
+    """Notify when GPUs stay busy-but-flat, or nodes in service publish no GPU metric, this long."""
+
+
 class NodeGroupSettings(TypedDict):
     """One entry of the stack file's `node_groups`: instance types, sizes, capacity, EFA, disks, AMI."""
 
@@ -182,6 +207,8 @@ class NodeGroupSettings(TypedDict):
     """Instead of setup: a script of the project run the same way (relative to Pulumi.yaml's directory)."""
     container_image: NotRequired[str]
     """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
+    health_checks: NotRequired[HealthCheckSettings]
+    """GPU health checks at launch and while running, and what a failing node gets."""
 
 
 class FsxSettings(TypedDict):
@@ -199,6 +226,8 @@ class FsxSettings(TypedDict):
     """Where nodes mount it: the data prefix at <mount_path>/data, checkpoints at .../checkpoints."""
     automatic_backup_retention_days: NotRequired[int]
     """PERSISTENT_2 only: days of daily automatic backups kept (1-90; SCRATCH_2 has no backups)."""
+    client_key_fingerprints: NotRequired[list[str]]
+    """Pins AWS's Lustre client apt key: nodes install the client only if each key in it is one of these."""
 
 
 class DatasetSettings(TypedDict):
@@ -286,6 +315,7 @@ SETTINGS_MODELS: dict[type, type[BaseModel]] = {
     BudgetSettings: BudgetConfig,
     AutoStopSettings: AutoStopConfig,
     SpotSettings: SpotConfig,
+    HealthCheckSettings: HealthCheckConfig,
 }
 
 # ----------------------------------------------------------------------- component plumbing
@@ -423,6 +453,8 @@ class DataMountModel(StrictModel):
     path: AbsolutePath
     fsx_dns_name: Any = None
     fsx_mount_name: Any = None
+    fsx_client_key_fingerprints: field_rule(FsxConfig, "client_key_fingerprints") = Field(
+        default_factory=list)
     expected_bucket_owner: input_of(AccountId | None) = None
 
 
@@ -477,6 +509,12 @@ class GpuNodeGroupModel(StrictModel):
     tags: Tags = Field(default_factory=dict)
     spot: SpotConfig = SpotConfig()
     data_mounts: list[DataMountModel] = Field(default_factory=list)
+    autostop: AutoStopConfig | None = None
+    node_role_name: input_of(NonEmpty | None) = None
+    notify_topic_arn: input_of(Annotated[str, _matches(r"(arn:aws[a-z-]*:sns:[^\s]+)?",
+                                                       "must be an SNS topic ARN or empty")]) = ""
+    notify_key_arn: input_of(Annotated[str, _matches(r"(arn:aws[a-z-]*:kms:[^\s]+)?",
+                                                     "must be a KMS key ARN or empty")]) = ""
 
 
 def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
@@ -498,6 +536,9 @@ def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
         if d.access != "copy_to_scratch":
             yield from data_path_findings(d.path, f"data_mounts[{i}].path", [g.scratch_mount], placed)
             placed[d.name] = d.path
+    if g.health_checks.enabled and m.node_role_name is None:
+        yield Finding("node_role_name", "required while node_group.health_checks.enabled: the nodes' role "
+                      "must be allowed to answer the launch check (or set health_checks.enabled: false)")
 
 
 class NodeIdentityModel(StrictModel):
@@ -585,6 +626,36 @@ def guardrails_checks(m: GuardrailsModel) -> Iterable[Finding]:
     if m.budget is not None:
         yield from budget_findings(m.budget)
     yield from autostop_findings(m.autostop)
+
+
+class DashboardGroupModel(StrictModel):
+    """One node group on the dashboard (ClusterDashboardArgs.groups)."""
+
+    name: Name
+    asg_name: input_of(AsgName)
+    stuck_alarm_minutes: field_rule(HealthCheckConfig, "stuck_alarm_minutes") = None
+
+
+class ClusterDashboardModel(StrictModel):
+    """ClusterDashboardArgs, checked."""
+
+    cluster_name: Name
+    identity: Identity
+    region: Region
+    groups: Annotated[list[DashboardGroupModel], Field(min_length=1, max_length=20)]
+    notify_topic_arn: input_of(Arn | None) = None
+    guardrail_log_groups: list[input_of(NonEmpty)] = Field(default_factory=list)
+    alarm_arns: list[input_of(Arn)] = Field(default_factory=list)
+    budget: BudgetConfig | None = None
+    tags: Tags = Field(default_factory=dict)
+
+
+def dashboard_checks(m: ClusterDashboardModel) -> Iterable[Finding]:
+    yield from unique_name_findings([g.name for g in m.groups], "groups", "group")
+    for i, g in enumerate(m.groups):
+        if g.stuck_alarm_minutes is not None and m.notify_topic_arn is None:
+            yield Finding(f"groups[{i}].stuck_alarm_minutes",
+                          "needs notify_topic_arn: the alarm only notifies")
 
 
 def stack_checks(spec: StackSpec) -> Iterable[Finding]:

@@ -8,9 +8,12 @@ through `gpucluster.stack` (the one spec -> args mapping). It must not build
 resources itself: each part is a component of its own module, parented here.
 
 Order: network, then the datasets (buckets, FSx in a node group's subnet,
-and the S3 grants and data mounts the nodes need), then the node identity
-(IAM), then one GpuNodeGroup per node group, then the guardrails that act on
-those groups' Auto Scaling groups.
+and the S3 grants and data mounts the nodes need), then per node group its
+node identity (IAM role: a group's nodes may report health for that group
+only) and its GpuNodeGroup, then the guardrails that act on those groups'
+Auto Scaling groups, then the dashboard. The guardrails' topic, where nodes
+report health findings, is handed to the groups as a deferred Output resolved
+once the guardrails exist (no resource cycle: the topic depends on no group).
 """
 
 from collections.abc import Mapping
@@ -38,6 +41,7 @@ from gpucluster.aws.guardrails import Guardrails
 from gpucluster.aws.iam import NodeIdentity
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, NodeDataMount
+from gpucluster.aws.observability import ClusterDashboard
 from gpucluster.parts import S3Grant
 from gpucluster.spec import DIY_ORGANIZATION, StackSpec
 
@@ -178,11 +182,13 @@ def cluster_spec(name: str, args: Any) -> StackSpec:
 
 
 class GpuCluster(pulumi.ComponentResource):
-    """A GPU cluster: network, datasets, node identity, node groups and guardrails.
+    """A GPU cluster: network, datasets, node identities, node groups, guardrails and a dashboard.
 
     Python users also get the parts: `network` (ClusterNetwork), `buckets` and `file_systems`
-    (dataset name -> DatasetBucket / LustreFileSystem), `node_identity` (NodeIdentity), `groups`
-    (node group name -> GpuNodeGroup, whose `.asg` the guardrails act on), `guardrails`, `spec`
+    (dataset name -> DatasetBucket / LustreFileSystem), `node_identities` (node group name ->
+    NodeIdentity; `node_identity` is the first group's), `groups`
+    (node group name -> GpuNodeGroup, whose `.asg` the guardrails act on), `guardrails`, `dashboard`
+    (ClusterDashboard), `spec`
     (the checked StackSpec) and `outputs` (what the stack exports).
     """
 
@@ -210,6 +216,12 @@ class GpuCluster(pulumi.ComponentResource):
     """Node group name -> its idle alarm (with autostop)."""
     schedule_names: pulumi.Output[dict[str, str]] | None
     """stop / start / lifetime -> its schedule (with autostop schedules)."""
+    dashboard_name: pulumi.Output[str]
+    """The stack's CloudWatch dashboard."""
+    dashboard_url: pulumi.Output[str]
+    """The dashboard in the CloudWatch console (`gpucluster status` prints it too)."""
+    stuck_alarm_names: pulumi.Output[dict[str, str]]
+    """Node group name -> its stuck-job alarm (groups with health_checks.stuck_alarm_minutes)."""
 
     def __init__(self, name: str, args: GpuClusterArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
@@ -223,17 +235,42 @@ class GpuCluster(pulumi.ComponentResource):
             opts=child)
         self.dataset_store, self.buckets, self.file_systems = parts.store, parts.buckets, parts.file_systems
         mounts, datasets = parts.mounts, parts.outputs
-        self.node_identity = NodeIdentity(f"{name}-node-identity",
-                                          stack.node_identity_args(spec, parts.grants), opts=child)
+        topic_arn, resolve_topic = pulumi.deferred_output()
+        key_arn, resolve_key = pulumi.deferred_output()
+        self.node_identities: dict[str, NodeIdentity] = {}
         self.groups: dict[str, GpuNodeGroup] = {}
-        for group in spec.node_groups:
-            network = self.network.groups[group.name]
-            self.groups[group.name] = GpuNodeGroup(f"{name}-{group.name}", stack.node_group_args(
-                spec, group, subnet_ids=network.subnet_ids, security_group_ids=[network.security_group.id],
-                placement_group_name=network.placement_group.name if network.placement_group else None,
-                instance_profile_arn=self.node_identity.instance_profile_arn, data_mounts=mounts), opts=child)
-        self.guardrails = Guardrails(f"{name}-guardrails", stack.guardrails_args(
-            spec, {g: (n.asg_name, n.asg_arn) for g, n in self.groups.items()}), opts=child)
+        try:
+            for i, group in enumerate(spec.node_groups):
+                # One role per group: IAM scopes SetInstanceHealth to a group, not to an instance.
+                identity = self.node_identities[group.name] = NodeIdentity(
+                    stack.node_identity_name(name, group.name, first=i == 0),
+                    stack.node_identity_args(spec, parts.grants), opts=child)
+                network = self.network.groups[group.name]
+                self.groups[group.name] = GpuNodeGroup(f"{name}-{group.name}", stack.node_group_args(
+                    spec, group, subnet_ids=network.subnet_ids,
+                    security_group_ids=[network.security_group.id],
+                    placement_group_name=network.placement_group.name if network.placement_group else None,
+                    instance_profile_arn=identity.instance_profile_arn, data_mounts=mounts,
+                    node_role_name=identity.role_name, notify_topic_arn=topic_arn, notify_key_arn=key_arn),
+                    opts=child)
+            self.guardrails = Guardrails(f"{name}-guardrails", stack.guardrails_args(
+                spec, {g: (n.asg_name, n.asg_arn) for g, n in self.groups.items()}), opts=child)
+        finally:
+            # Always resolved, so a failure above surfaces as itself, never as a hung program.
+            notify = getattr(self, "guardrails", None)
+            notify = notify.notifications if notify is not None else None
+            resolve_topic(notify.topic.arn if notify else pulumi.Output.from_input(""))
+            resolve_key(notify.key.arn if notify else pulumi.Output.from_input(""))
+        self.node_identity = self.node_identities[spec.node_groups[0].name]
+        guard = self.guardrails
+        # Every guardrail Lambda that scales groups to zero (scaling.scale_to_zero logs each stop).
+        stoppers = [part.function for part in (guard.autostop, guard.budget, guard.capacity_block)
+                    if part is not None and getattr(part, "function", None) is not None]
+        self.dashboard = ClusterDashboard(f"{name}-dashboard", stack.dashboard_args(
+            spec, {g: n.asg_name for g, n in self.groups.items()}, notify_topic_arn=guard.notify_topic_arn,
+            guardrail_log_groups=[f.log_group.name for f in stoppers],
+            alarm_arns=[a.arn for a in guard.autostop.alarms.values()] if guard.autostop else []),
+            opts=child)
         node_groups = {
             group.name: {
                 "instance_types": list(group.instance_types),
@@ -254,6 +291,9 @@ class GpuCluster(pulumi.ComponentResource):
             "node_groups": node_groups,
             "datasets": datasets,
             **self.guardrails.outputs,
+            "dashboard_name": self.dashboard.dashboard_name,
+            "dashboard_url": self.dashboard.dashboard_url,
+            "stuck_alarm_names": self.dashboard.stuck_alarm_names,
         }
         self.cluster_name = pulumi.Output.from_input(spec.cluster.name)
         self.region = pulumi.Output.from_input(spec.region)
@@ -267,4 +307,7 @@ class GpuCluster(pulumi.ComponentResource):
         self.function_names = self.guardrails.function_names
         self.idle_alarm_names = self.guardrails.idle_alarm_names
         self.schedule_names = self.guardrails.schedule_names
+        self.dashboard_name = self.dashboard.dashboard_name
+        self.dashboard_url = self.dashboard.dashboard_url
+        self.stuck_alarm_names = self.dashboard.stuck_alarm_names
         self.register_outputs(self.outputs)

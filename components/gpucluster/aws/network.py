@@ -34,8 +34,10 @@ from gpucluster.subnets import plan_subnets
 # for Systems Manager": Session Manager and Run Command need these three.
 SSM_ENDPOINTS = ("ssm", "ssmmessages", "ec2messages")
 # Without a NAT gateway the CloudWatch agent still needs CloudWatch (PutMetricData) and EC2
-# (DescribeTags, for the AutoScalingGroupName dimension).
-NO_NAT_ENDPOINTS = ("monitoring", "ec2")
+# (DescribeTags, for the AutoScalingGroupName dimension); the node health check needs Auto Scaling
+# (its group, CompleteLifecycleAction, SetInstanceHealth) and SNS (its reports): without them
+# every new node would wait out the launch hook and be abandoned.
+NO_NAT_ENDPOINTS = ("monitoring", "ec2", "autoscaling", "sns")
 ANYWHERE = "0.0.0.0/0"
 OLD_TYPE = "gpucluster:network:ClusterNetwork"
 

@@ -9,7 +9,9 @@ capacity reservations and Capacity Blocks. Nodes are ASG capacity, never
 resources of their own, so a plan's size does not depend on node counts.
 Pulumi sets the desired capacity only at creation: after that it belongs to
 the guardrails and to users, and so are the stop-state tags they write (the
-group's own provider ignores them). It never gives a node a public address. It takes
+group's own provider ignores them). With `health_checks` on, a launch lifecycle hook
+holds every new node until its own GPU check answers (`aws/health.py`), and the
+nodes' role gets a policy to answer for this group only. It never gives a node a public address. It takes
 its subnets, security groups, placement group and instance profile as ids, so
 it drops into a VPC gpucluster did not build.
 """
@@ -24,6 +26,7 @@ import pulumi
 import pulumi_aws as aws
 
 from gpucluster.aws.args import (
+    AutoStopSettings,
     GpuNodeGroupModel,
     NodeGroupSettings,
     SpotSettings,
@@ -33,8 +36,10 @@ from gpucluster.aws.args import (
     type_token,
     validate,
 )
+from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_hook
 from gpucluster.aws.nics import network_interfaces
 from gpucluster.node.userdata import encode_user_data, group_bootstrap, render_user_data
+from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.parts import DataMount
 from gpucluster.spec import CapacityConfig, NodeGroupConfig
 
@@ -191,6 +196,8 @@ class NodeDataMount(TypedDict):
     """access fsx: the file system's DNS name."""
     fsx_mount_name: NotRequired[pulumi.Input[str]]
     """access fsx: the file system's Lustre mount name."""
+    fsx_client_key_fingerprints: NotRequired[list[str]]
+    """access fsx: the fingerprints AWS's Lustre client apt key may have (40 hex digits; none: not pinned)."""
     expected_bucket_owner: NotRequired[pulumi.Input[str]]
     """The 12-digit account that must own the bucket: the nodes' S3 calls name it (default: none named)."""
 
@@ -220,6 +227,14 @@ class GpuNodeGroupArgs(TypedDict):
     """The spot-interruption hook the nodes' watcher runs, as a stack file's spot section."""
     data_mounts: NotRequired[list[NodeDataMount]]
     """Datasets the node bootstrap brings to the GPUs."""
+    autostop: NotRequired[AutoStopSettings]
+    """The stack's autostop section: a failing node runs its pre_stop_command before it is replaced."""
+    node_role_name: NotRequired[pulumi.Input[str]]
+    """The role in instance_profile_arn: it gets the group's health permission (needed with health checks)."""
+    notify_topic_arn: NotRequired[pulumi.Input[str]]
+    """SNS topic the nodes publish health findings to (empty or absent: none)."""
+    notify_key_arn: NotRequired[pulumi.Input[str]]
+    """The KMS key of an encrypted notify_topic_arn."""
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -247,6 +262,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         tags = node_tags(m.tags, m.identity, m.cluster_name, group.name)
         mounts = [DataMount(name=d.name, access=d.access, bucket_name=d.bucket_name, prefix=d.prefix,
                             path=d.path, fsx_dns_name=d.fsx_dns_name, fsx_mount_name=d.fsx_mount_name,
+                            fsx_client_key_fingerprints=tuple(d.fsx_client_key_fingerprints),
                             expected_bucket_owner=d.expected_bucket_owner)
                   for d in m.data_mounts]
         self.launch_template = aws.ec2.LaunchTemplate(
@@ -274,6 +290,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=ami_ignore_changes(group)),
             **capacity_block_options(group.capacity),
         )
+        health = group.health_checks
+        hooks = {"initial_lifecycle_hooks": [launch_hook(health)]} if health.enabled else {}
         self.asg = aws.autoscaling.Group(
             f"{name}-asg",
             min_size=group.min_nodes,
@@ -284,13 +302,30 @@ class GpuNodeGroup(pulumi.ComponentResource):
             capacity_rebalance=can_hold_spot(group) and m.spot.handle_rebalance,
             wait_for_capacity_timeout="0",  # GPU capacity may take hours: never block `pulumi up`
             tags=[{"key": key, "value": value, "propagate_at_launch": True} for key, value in tags.items()],
+            metrics_granularity="1Minute", enabled_metrics=list(GROUP_METRICS),
             # The guardrail Lambdas set min and desired to 0 when they stop a group (DESIGN.md): if
             # Pulumi owned these fields, the next `pulumi up` would silently restart what they stopped.
             # The stop-state tags they write are ignored by the group's provider (`_asg_provider`).
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity", "minSize"],
-                                        provider=self._asg_provider(name, m.region)),
+            # An initial lifecycle hook exists so the group's very first nodes are held too; any
+            # change to it replaces the whole group (terraform-provider-aws #34260), so after
+            # creation the hook resource below owns it.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=[
+                "desiredCapacity", "minSize", "initialLifecycleHooks"],
+                provider=self._asg_provider(name, m.region)),
+            **hooks,
             **self._capacity(group),
         )
+        self.launch_hook: aws.autoscaling.LifecycleHook | None = None
+        self.health_policy: aws.iam.RolePolicy | None = None
+        child = pulumi.ResourceOptions(parent=self)
+        if health.enabled:
+            # The same hook by name (PutLifecycleHook creates or updates): it reaches groups created
+            # before health checks, applies timeout changes, and is deleted when checks are turned off.
+            self.launch_hook = aws.autoscaling.LifecycleHook(
+                f"{name}-launch-check", autoscaling_group_name=self.asg.name, **launch_hook(health),
+                opts=child)
+            self.health_policy = aws.iam.RolePolicy(
+                f"{name}-health", role=m.node_role_name, policy=self._health_policy(m), opts=child)
         self.asg_name = self.asg.name
         self.asg_arn = self.asg.arn
         self.launch_template_id = self.launch_template.id
@@ -325,19 +360,33 @@ class GpuNodeGroup(pulumi.ComponentResource):
 
     @staticmethod
     def _user_data(m: GpuNodeGroupModel, data_mounts: Sequence[DataMount]) -> pulumi.Output[str]:
-        """Render once every bucket/FSx name a mount depends on is known."""
+        """Render once every bucket/FSx name a mount depends on, and the topic, are known."""
         values = [v for d in data_mounts
                   for v in (d.bucket_name, d.fsx_dns_name, d.fsx_mount_name, d.expected_bucket_owner)]
 
         def render(resolved: list[Any]) -> str:
+            topic, resolved = resolved[0], resolved[1:]
             mounts = [replace(d, bucket_name=resolved[4 * i], fsx_dns_name=resolved[4 * i + 1],
                               fsx_mount_name=resolved[4 * i + 2], expected_bucket_owner=resolved[4 * i + 3])
                       for i, d in enumerate(data_mounts)]
             return encode_user_data(render_user_data(group_bootstrap(
                 m.node_group, stack=m.identity, cluster=m.cluster_name, region=m.region, spot=m.spot,
-                data_mounts=mounts)))
+                data_mounts=mounts, autostop=m.autostop, notify_topic_arn=topic or "")))
 
-        return pulumi.Output.all(*values).apply(render)
+        return pulumi.Output.all(m.notify_topic_arn, *values).apply(render)
+
+    def _health_policy(self, m: GpuNodeGroupModel) -> pulumi.Output[str]:
+        """This group's health statements, once its ARN and the topic and key are known."""
+        health = m.node_group.health_checks
+
+        def document(values: list[Any]) -> str:
+            asg_arn, topic, key = values
+            return json.dumps(health_policy_document(
+                asg_arn=asg_arn, identity=m.identity, group=m.node_group.name,
+                namespace=gpu_metric_namespace(m.cluster_name), region=m.region,
+                replace=health.on_failure == "replace", topic_arn=topic or "", key_arn=key or ""))
+
+        return pulumi.Output.all(self.asg.arn, m.notify_topic_arn, m.notify_key_arn).apply(document)
 
     def _capacity(self, group: NodeGroupConfig) -> dict[str, Any]:
         template = {"launch_template_id": self.launch_template.id, "version": LATEST}

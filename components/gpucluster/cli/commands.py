@@ -602,20 +602,51 @@ def render_status(rows: list[GroupStatus]) -> list[str]:
          for r in rows])
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def render_health(rows: list[GroupStatus]) -> list[str]:
+    """Per group: healthy of in service, GPU utilisation of the last 15 minutes, last replacement."""
+    def replaced(r: GroupStatus) -> str:
+        last = r.last_replacement
+        return "-" if last is None else f"{last.time} {last.instance_id or '?'}: {last.reason}"
+
+    return render_table(
+        ["group", "healthy/in service", "gpu avg 15m", "gpu max 15m", "last health replacement"],
+        [[r.name, f"{r.healthy}/{r.in_service}", _percent(r.gpu_utilization_avg),
+          _percent(r.gpu_utilization_max), replaced(r)] for r in rows])
+
+
+def status_json(spec: StackSpec, rows: list[GroupStatus], url: str) -> dict[str, Any]:
+    """`status --json`: the same facts as the tables, one object per group."""
+    return {"stack": spec.stack, "identity": spec.identity, "region": spec.region, "dashboard_url": url,
+            "groups": [asdict(r) for r in rows]}
+
+
 @app.command()
 def status(stack: StackArg, as_json: JsonOption = False) -> None:
-    """List the stack's node groups: capacity, nodes in service, and which guardrail stopped them."""
+    """List the stack's node groups: capacity, who stopped them, GPU health and use, and the dashboard."""
+    import boto3
+
+    from gpucluster.noderole import gpu_metric_namespace
     from gpucluster.ops.status import stack_status  # boto3: only the AWS commands pay for it
+    from gpucluster.stack import dashboard_name, dashboard_url
 
     render.use_json(as_json)
     spec = build_spec(stack)
-    rows = _aws_call("status", lambda: stack_status(spec.identity, autoscaling_client=_autoscaling(spec)),
-                     f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    url = dashboard_url(spec.region, dashboard_name(spec.cluster.name, spec.region))
+    rows = _aws_call("status", lambda: stack_status(
+        spec.identity, autoscaling_client=_autoscaling(spec),
+        cloudwatch_client=boto3.client("cloudwatch", region_name=spec.region), health=True,
+        metric_namespace=gpu_metric_namespace(spec.cluster.name)),
+        f"reading {spec.stack}'s Auto Scaling groups and GPU metrics in {spec.region}")
     with render.progress("checking the budget's cost-allocation tag"):
         warning = cost_tag_line(spec)
     if as_json:
-        render.emit({"stack": spec.stack, "region": spec.region, "identity": spec.identity,
-                     "groups": [asdict(r) for r in rows], "warnings": [warning] if warning else []})
+        document = status_json(spec, rows, url)
+        document["cost_tag_warning"] = warning
+        render.emit(document)
         raise typer.Exit(EXIT_OK)
     if not rows:
         out = render.wrap(f"stack {spec.stack} ({spec.region}): no Auto Scaling groups tagged "
@@ -623,7 +654,8 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
                           "or deployed from another Pulumi organization or project)")
     else:
         out = [*render.wrap(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}:"),
-               *render_status(rows)]
+               *render_status(rows), "", "GPU health and use:", *render_health(rows), "",
+               f"dashboard: {url}"]  # a URL stays whole, however long
     if warning:
         out += [render.paint(line, "warn") for line in render.wrap(warning)]
     for line in out:

@@ -1,8 +1,9 @@
 #!/bin/bash
 # gpucluster node bootstrap (EC2 user data, rendered by components/bootstrap for @@LABEL@@).
 # Runs once at first boot: writes the node's settings and helper scripts, then starts the
-# spot-interruption watcher, the CloudWatch agent (GPU utilisation, which auto-stop alarms
-# on), the NVMe scratch volume and the dataset mounts. The scratch and data units run again
+# GPU health check (the launch lifecycle hook waits for it), the spot-interruption watcher,
+# the CloudWatch agent (GPU metrics, which auto-stop alarms on), the NVMe scratch volume and
+# the dataset mounts. The scratch and data units run again
 # at every boot, since instance-store disks come back empty after a stop.
 set -euo pipefail
 exec > >(tee -a /var/log/gpucluster-bootstrap.log) 2>&1
@@ -16,6 +17,14 @@ install -d -m 0755 /etc/gpucluster /usr/local/sbin /etc/systemd/system \
 # shellcheck source=/dev/null
 . /etc/gpucluster/node.env
 systemctl daemon-reload
+
+# The health check first: the group's launch lifecycle hook holds this node until it answers, and
+# whatever fails later in this script must not keep it from answering.
+if [ "$GPUCLUSTER_HEALTH_CHECKS" = "true" ]; then
+  systemctl enable gpucluster-health-launch.service gpucluster-health-check.timer
+  systemctl start --no-block gpucluster-health-launch.service
+  systemctl start gpucluster-health-check.timer
+fi
 
 if [ "$GPUCLUSTER_WATCH_SPOT" = "true" ]; then
   systemctl enable --now gpucluster-spot-watcher.service

@@ -10,6 +10,10 @@
 #   lustre-client     the Lustre client modules for the running kernel from AWS's apt repository
 #                     (FSx for Lustre user guide, "Installing the Lustre client", Ubuntu): apt checks
 #                     the repository's signatures against that repository's key only (signed-by).
+#                     The guide publishes no fingerprint for that key: with the stack's
+#                     fsx.client_key_fingerprints (GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS) every key in the
+#                     downloaded file must be pinned or nothing is installed; without, the key is used
+#                     as fetched over TLS and its fingerprints are logged for pinning.
 # Every dpkg/apt-get waits for the package lock first, at most GPUCLUSTER_LOCK_TIMEOUT_SECONDS: the
 # Deep Learning AMI can hold it during first boot (unattended-upgrades, its own setup; SkyPilot
 # issue #4237). A failed step is tried GPUCLUSTER_INSTALL_ATTEMPTS times in all, then exits 1: the
@@ -111,14 +115,41 @@ install_mount_s3() {
   rm -rf "$(dirname "$deb")"
 }
 
+# key_fingerprints FILE: the primary key fingerprints in an OpenPGP key file, one a line
+# (`--with-colons`: an fpr record follows each pub record; subkeys' follow sub records).
+key_fingerprints() {
+  gpg --batch --with-colons --show-keys "$1" 2>/dev/null \
+    | awk -F: '$1 == "pub" { want = 1; next } $1 == "fpr" && want { print $10; want = 0 }'
+}
+
 install_lustre_client() {
-  local codename keyring=/usr/share/keyrings/fsx-ubuntu-public-key.gpg
+  local codename key found fpr
+  local keyring="${GPUCLUSTER_KEYRING_DIR:-/usr/share/keyrings}/fsx-ubuntu-public-key.gpg"
+  local sources="${GPUCLUSTER_APT_SOURCES_DIR:-/etc/apt/sources.list.d}/fsxlustreclientrepo.list"
+  local pinned="${GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS:-}"
   # shellcheck source=/dev/null
   codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
-  curl -fsSL --retry 5 https://fsx-lustre-client-repo-public-keys.s3.amazonaws.com/fsx-ubuntu-public-key.asc \
-    | gpg --batch --dearmor --yes -o "$keyring"
+  key=$(mktemp)
+  curl -fsSL --retry 5 -o "$key" https://fsx-lustre-client-repo-public-keys.s3.amazonaws.com/fsx-ubuntu-public-key.asc
+  found=$(key_fingerprints "$key")
+  if [ -z "$found" ]; then
+    rm -f "$key"
+    log "refusing the Lustre client repository: its key file holds no key"
+    return 1
+  fi
+  for fpr in $found; do
+    if [ -z "$pinned" ]; then
+      log "Lustre client repository key $fpr is not pinned (fsx.client_key_fingerprints)"
+    elif [[ " $pinned " != *" $fpr "* ]]; then
+      rm -f "$key"
+      log "refusing the Lustre client repository: key $fpr is not pinned (pinned: $pinned)"
+      return 1
+    fi
+  done
+  gpg --batch --dearmor --yes -o "$keyring" "$key"
+  rm -f "$key"
   echo "deb [signed-by=$keyring] https://fsx-lustre-client-repo.s3.amazonaws.com/ubuntu $codename main" \
-    > /etc/apt/sources.list.d/fsxlustreclientrepo.list
+    > "$sources"
   package "${APT[@]}" update
   package "${APT[@]}" install -y "lustre-client-modules-$(uname -r)"
 }

@@ -1,9 +1,11 @@
 """Node bootstrap: the user data every GPU node boots with, rendered per node group.
 
 It owns what runs on a node: the NVMe RAID0 scratch volume, the EFA/NCCL
-environment, the CloudWatch agent publishing GPU utilisation (auto-stop alarms
-on it), the spot-interruption watcher and hook, the dataset mounts, the
-checkpoint hook, and the node group's own files, setup and container image. The
+environment, the CloudWatch agent publishing GPU metrics (auto-stop alarms on
+utilisation, the dashboard shows the rest), the GPU health checks (at launch,
+under the group's lifecycle hook, and on a timer), the spot-interruption
+watcher and hook, the dataset mounts, the checkpoint hook, and the node group's
+own files, setup and container image. The
 shell lives in the `*.sh` files next to this module; this module only renders
 settings into them (values shell-quoted) and packs them into one script. It is
 pure: no Pulumi import and no AWS call, so the output can be linted (`bash -n`,
@@ -22,10 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
+from gpucluster import catalog
 from gpucluster.catalog import family_of
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.parts import DataMount
-from gpucluster.spec import NodeGroupConfig, SpotConfig, StackSpec, read_project_file
+from gpucluster.spec import AutoStopConfig, NodeGroupConfig, SpotConfig, StackSpec, read_project_file
 
 # --- the contract with auto-stop (guardrails): where GPU utilisation is published.
 # CloudWatch user guide, "Collect NVIDIA GPU metrics": the agent's nvidia_gpu plugin
@@ -36,6 +39,19 @@ GPU_UTILIZATION_METRIC = "nvidia_smi_utilization_gpu"
 GPU_METRIC_DIMENSION = "AutoScalingGroupName"
 """The agent also publishes an aggregate carrying only this dimension (one series per group)."""
 GPU_METRIC_PERIOD_SECONDS = 60
+# Every nvidia_gpu measurement the agent publishes (`nvidia_smi_<name>`), per GPU and per group:
+# what auto-stop, the stuck-job alarm and the dashboard may read, and nothing they do not.
+GPU_MEASUREMENTS = ("utilization_gpu", "utilization_memory", "memory_used", "memory_total",
+                    "temperature_gpu", "power_draw")
+
+# --- the contract with the node group (lifecycle hook, IAM) and the dashboard: GPU health checks.
+HEALTH_CHECK = "/usr/local/sbin/gpucluster-health-check"
+LAUNCH_HOOK_NAME = "gpucluster-launch-check"
+"""The launch lifecycle hook the node completes (CONTINUE or ABANDON) after its launch check."""
+HEALTH_METRICS = ("HealthFindings", "LaunchAbandons", "HealthReplacements")
+"""What health-check.sh counts, +1 per event, by AutoScalingGroupName, in the cluster's own namespace
+(noderole.gpu_metric_namespace: the GPU metrics', the one its nodes may publish into)."""
+
 
 # --- the contract with the spot-interruption guardrail: run the hook through this, once.
 INTERRUPTION_HOOK = "/usr/local/sbin/gpucluster-interruption-hook"
@@ -72,6 +88,48 @@ class NodeFile:
 
 
 @dataclass(frozen=True)
+class NodeHealth:
+    """A group's health-check settings as the node script reads them (plain values)."""
+
+    interval_minutes: int
+    launch_timeout_seconds: int
+    xid_window_minutes: int
+    ignored_xids: tuple[int, ...]
+    fatal: tuple[str, ...]
+    on_failure: str
+    dcgm_diag: bool
+    expected_gpus: tuple[tuple[str, int], ...]
+    """Instance type -> GPUs the driver must see (the catalog's count)."""
+    expected_efa: int
+    """EFA devices the launch template gives each node (0: not checked)."""
+    hook_command: str | None
+    """Run before a running node is replaced: the pre-stop hook, else the spot interruption hook."""
+    hook_timeout_seconds: int
+
+
+def node_health(group: NodeGroupConfig, autostop: AutoStopConfig | None,
+                spot: SpotConfig) -> NodeHealth | None:
+    """The node side of `group.health_checks` (None when turned off)."""
+    h = group.health_checks
+    if not h.enabled:
+        return None
+    if autostop is not None and autostop.pre_stop_command:
+        hook, timeout = autostop.pre_stop_command, autostop.pre_stop_timeout_seconds
+    else:
+        hook, timeout = spot.interruption_command, spot.interruption_timeout_seconds
+    types = [t for name in group.instance_types if (t := catalog.get(name))]
+    return NodeHealth(
+        interval_minutes=h.interval_minutes, launch_timeout_seconds=h.launch_timeout_minutes * 60,
+        xid_window_minutes=h.xid_window_minutes, ignored_xids=tuple(h.ignored_xids),
+        fatal=tuple(h.fatal), on_failure=h.on_failure, dcgm_diag=h.dcgm_diag,
+        expected_gpus=tuple((t.name, t.gpus) for t in types),
+        # One EFA device per interface of the launch template (gpucluster.aws.nics), which every
+        # type of an EFA group shares.
+        expected_efa=types[0].efa_interface_count if group.efa_enabled and types else 0,
+        hook_command=hook, hook_timeout_seconds=timeout)
+
+
+@dataclass(frozen=True)
 class NodeBootstrap:
     """Everything a node group's user data depends on (plain values only)."""
 
@@ -95,17 +153,23 @@ class NodeBootstrap:
     """The script gpucluster-setup runs: the group's `setup` commands, or its `setup_script`."""
     container_image: str | None = None
     """Pulled by gpucluster-setup at boot."""
+    health: NodeHealth | None = None
+    """GPU health checks (None: off)."""
+    notify_topic_arn: str = ""
+    """Where health findings are published (resolved; empty: nowhere but the node's journal)."""
 
 
-def node_bootstrap(spec: StackSpec, group: NodeGroupConfig,
-                   data_mounts: Sequence[DataMount] = ()) -> NodeBootstrap:
+def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequence[DataMount] = (),
+                   notify_topic_arn: str = "") -> NodeBootstrap:
     """The bootstrap settings of `group` in `spec`, with already-resolved data mounts."""
     return group_bootstrap(group, stack=spec.identity, cluster=spec.cluster.name, region=spec.region,
-                           spot=spec.spot, data_mounts=data_mounts)
+                           spot=spec.spot, data_mounts=data_mounts, autostop=spec.autostop,
+                           notify_topic_arn=notify_topic_arn)
 
 
 def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region: str, spot: SpotConfig,
-                    data_mounts: Sequence[DataMount] = ()) -> NodeBootstrap:
+                    data_mounts: Sequence[DataMount] = (), autostop: AutoStopConfig | None = None,
+                    notify_topic_arn: str = "") -> NodeBootstrap:
     """The bootstrap settings of one group outside any stack spec (a GpuNodeGroup's own args)."""
     cap = group.capacity
     can_be_spot = cap.market == "mixed" and cap.spot_percent > 0
@@ -123,6 +187,8 @@ def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region:
                                   f.mode, make_parent=True) for f in group.files),
         user_setup=user_setup_script(group),
         container_image=group.container_image,
+        health=node_health(group, autostop, spot),
+        notify_topic_arn=notify_topic_arn,
     )
 
 
@@ -159,7 +225,27 @@ def node_env(b: NodeBootstrap) -> str:
         "GPUCLUSTER_INTERRUPTION_COMMAND": b.interruption_command or "",
         "GPUCLUSTER_INTERRUPTION_TIMEOUT_SECONDS": str(b.interruption_timeout_seconds),
         "GPUCLUSTER_CONTAINER_IMAGE": b.container_image or "",
+        # gpucluster-install lustre-client: the keys AWS's Lustre apt repository may be signed by.
+        "GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS": " ".join(sorted({
+            fpr for m in b.data_mounts for fpr in m.fsx_client_key_fingerprints})),
+        "GPUCLUSTER_HEALTH_CHECKS": _bool(b.health is not None),
     }
+    if b.health is not None:
+        h = b.health
+        values |= {
+            "GPUCLUSTER_NOTIFY_TOPIC_ARN": b.notify_topic_arn,
+            "GPUCLUSTER_HEALTH_LAUNCH_HOOK": LAUNCH_HOOK_NAME,
+            "GPUCLUSTER_HEALTH_LAUNCH_TIMEOUT_SECONDS": str(h.launch_timeout_seconds),
+            "GPUCLUSTER_HEALTH_XID_WINDOW_MINUTES": str(h.xid_window_minutes),
+            "GPUCLUSTER_HEALTH_IGNORED_XIDS": " ".join(str(x) for x in h.ignored_xids),
+            "GPUCLUSTER_HEALTH_FATAL": " ".join(h.fatal),
+            "GPUCLUSTER_HEALTH_ON_FAILURE": h.on_failure,
+            "GPUCLUSTER_HEALTH_DCGM_DIAG": _bool(h.dcgm_diag),
+            "GPUCLUSTER_HEALTH_EXPECTED_GPUS": " ".join(f"{t}={n}" for t, n in h.expected_gpus),
+            "GPUCLUSTER_HEALTH_EXPECTED_EFA": str(h.expected_efa),
+            "GPUCLUSTER_HEALTH_HOOK_COMMAND": h.hook_command or "",
+            "GPUCLUSTER_HEALTH_HOOK_TIMEOUT_SECONDS": str(h.hook_timeout_seconds),
+        }
     if any("\0" in value for value in values.values()):
         raise ValueError("node settings cannot hold NUL characters (bash variables cannot)")
     lines = ["# gpucluster node settings (rendered; sourced by the gpucluster-* scripts)"]
@@ -204,8 +290,7 @@ def cloudwatch_agent_config(cluster: str) -> dict[str, object]:
             "aggregation_dimensions": [[GPU_METRIC_DIMENSION]],
             "metrics_collected": {
                 "nvidia_gpu": {
-                    "measurement": ["utilization_gpu", "utilization_memory", "memory_used",
-                                    "memory_total"],
+                    "measurement": list(GPU_MEASUREMENTS),
                     "metrics_collection_interval": GPU_METRIC_PERIOD_SECONDS,
                 },
             },
@@ -304,6 +389,8 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
     if b.user_setup is not None:
         files.append(NodeFile(USER_SETUP, b.user_setup, "0700"))
     files += b.user_files
+    if b.health is not None:
+        files += health_files(b.health)
     env = efa_environment(b)
     if env:
         files.append(NodeFile("/etc/profile.d/gpucluster-efa.sh",
@@ -314,9 +401,66 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
     return files
 
 
+def health_files(h: NodeHealth) -> list[NodeFile]:
+    """The health-check script, its launch unit (every boot) and its timer."""
+    # After the driver's own services, so the GPUs and NVSwitches are up when counted.
+    after = "network-online.target nvidia-persistenced.service nvidia-fabricmanager.service"
+    return [
+        NodeFile(HEALTH_CHECK, script("health-check.sh"), "0755"),
+        NodeFile(f"{_UNITS}/gpucluster-health-launch.service", _unit(
+            "GPU health check at boot (completes the launch lifecycle hook)",
+            # No start timeout: the script bounds its own retries by the hook's timeout.
+            f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={HEALTH_CHECK} launch",
+            after=after, extra="Wants=network-online.target\n")),
+        NodeFile(f"{_UNITS}/gpucluster-health-check.service", _unit(
+            "periodic GPU health check",
+            f"Type=oneshot\nExecStart={HEALTH_CHECK} periodic",
+            after="gpucluster-health-launch.service")),
+        NodeFile(f"{_UNITS}/gpucluster-health-check.timer",
+                 f"[Unit]\nDescription=gpucluster: GPU health check every {h.interval_minutes} min\n"
+                 f"\n[Timer]\nOnBootSec={h.interval_minutes}min\nOnUnitActiveSec={h.interval_minutes}min\n"
+                 "AccuracySec=30s\n\n[Install]\nWantedBy=timers.target\n"),
+    ]
+
+
 def script(name: str) -> str:
-    """The text of one shell file shipped next to this module."""
-    return resources.files(__package__).joinpath(name).read_text()
+    """One shell file shipped next to this module, as nodes get it: without its comments.
+
+    EC2 user data is 16 KiB gzipped (EC2 user guide, "Run commands when you launch an EC2
+    instance with user data"): the files keep their comments in the repository, the nodes (and
+    the behaviour tests, which run this same text) get `compact_shell` of them.
+    """
+    return compact_shell(resources.files(__package__).joinpath(name).read_text())
+
+
+_HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
+
+
+def compact_shell(text: str) -> str:
+    """`text` less its blank and comment-only lines, heredoc bodies untouched.
+
+    Kept: the shebang, `# shellcheck` directives and lines with a `@@NAME@@` placeholder.
+    A line whose first non-blank character is `#` is a comment to bash outside a heredoc
+    (bash manual, "Comments"); inside one it is data, so the body of every `<<WORD` /
+    `<<-WORD` (quoted or not) is copied as is.
+    """
+    out: list[str] = []
+    end: str | None = None
+    dash = False
+    for i, line in enumerate(text.splitlines()):
+        if end is not None:
+            out.append(line)
+            if (line.lstrip("\t") if dash else line) == end:
+                end = None
+            continue
+        stripped = line.strip()
+        kept = stripped.startswith(("#!", "# shellcheck")) or "@@" in stripped  # directives, placeholders
+        if i > 0 and (not stripped or (stripped.startswith("#") and not kept)):
+            continue
+        out.append(line)
+        if "<<<" not in line and (heredoc := _HEREDOC.search(line)):
+            end, dash = heredoc.group(3), bool(heredoc.group(1))
+    return "\n".join(out) + "\n"
 
 
 def heredoc_delimiter(content: str) -> str:

@@ -1,7 +1,7 @@
 """What an operator's IAM identity needs for the day-two commands, as one policy document.
 
-`nodes`, `hostfile`, `run`, `scale`, `stop`, `start`, `status` and `resume`
-call only the actions below, and write only to groups and instances carrying
+`nodes`, `hostfile`, `run`, `scale`, `stop`, `start`, `status` (with its GPU
+health columns) and `resume` call only the actions below, and write only to groups and instances carrying
 the stack's identity tag. The README shows this document (a test keeps the two
 equal, and checks every AWS call those commands make is in it). Pure: no AWS
 call, no Pulumi.
@@ -19,8 +19,8 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
                     partition: str = "aws") -> dict[str, Any]:
     """The least-privilege policy of someone who operates the stack `identity`.
 
-    Describe calls and GetCommandInvocation/CancelCommand have no resource-level
-    permissions (Service Authorization Reference), hence "*". SendCommand is
+    Describe calls, GetCommandInvocation/CancelCommand and CloudWatch's GetMetricData have
+    no resource-level permissions (Service Authorization Reference), hence "*". SendCommand is
     authorised on the document and on every target instance, so the instance
     statement's tag condition keeps it on this stack's nodes (Systems Manager user
     guide, "Restricting Run Command access based on tags"). Auto Scaling writes are
@@ -32,7 +32,9 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
          "Action": ["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances",
                     "ssm:DescribeInstanceInformation", "ssm:GetCommandInvocation", "ssm:CancelCommand",
                     # status: is the budget's cost-allocation tag active (Cost Explorer, account-wide)?
-                    "ce:ListCostAllocationTags"]},
+                    "ce:ListCostAllocationTags",
+                    # status: each group's last health replacement, and its GPU use of the last 15 min
+                    "autoscaling:DescribeScalingActivities", "cloudwatch:GetMetricData"]},
         {"Sid": "RunShellDocument", "Effect": "Allow", "Action": ["ssm:SendCommand"],
          "Resource": [f"arn:{partition}:ssm:{region}::document/{RUN_SHELL_DOCUMENT}"]},
         {"Sid": "OnThisStacksInstances", "Effect": "Allow", "Action": ["ssm:SendCommand"],

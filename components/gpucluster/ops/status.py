@@ -3,6 +3,10 @@
 These back `gpucluster resume STACK` and `gpucluster status STACK`. They talk
 to AWS with plain boto3 clients (so AWS_ENDPOINT_URL is honoured) and share the
 tag contract with the Lambda handlers through `gpucluster.lambdas.scaling`.
+With `health=True` the status also reads, per group, how many nodes in service
+are healthy, the GPU utilisation of the last 15 minutes (the CloudWatch agent's
+per-group series) and the last node the group replaced for its health, with
+the reason Auto Scaling recorded (read-only, like all of status).
 Resuming is planned first (`plan_resume`, read-only, for the operator to see
 and confirm) and then done on the groups shown, each described again right
 before its write. It only restores capacity recorded by a guardrail; nothing
@@ -11,8 +15,9 @@ is ever deleted.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -28,12 +33,37 @@ from gpucluster.lambdas.scaling import (
     resume_group,
     stack_groups,
 )
+from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 
-__all__ = ["GroupStatus", "ResumeCandidate", "ResumeResult", "plan_resume", "resume_stack",
+__all__ = ["GroupStatus", "Replacement", "ResumeCandidate", "ResumeResult", "plan_resume", "resume_stack",
            "stack_status"]
 
 # The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
 NODE_GROUP_TAG = "gpucluster:node-group"
+
+
+UTILIZATION_WINDOW = timedelta(minutes=15)
+# What Auto Scaling writes in a scaling activity when it lets a node go for its health (EC2 Auto
+# Scaling user guide, "View the reason for health check failures"; an abandoned launch hook, AWS
+# knowledge center "lifecycle-actions-code-deploy": "... was abandoned: Lifecycle Action Completed
+# with ABANDON Result" or "... was abandoned: Heartbeat Timeout").
+REPLACEMENT_REASONS = (
+    (("was abandoned", "Heartbeat Timeout"), "abandoned at launch: its health check did not answer in time"),
+    (("was abandoned", "ABANDON Result"), "abandoned at launch: failed its health check"),
+    (("in response to a user health-check",), "replaced: its health check marked it Unhealthy"),
+    (("in response to an EC2 instance status check",), "replaced: failed EC2 status checks"),
+    (("in response to an EC2 health check",), "replaced: EC2 health check (stopped or terminated)"),
+)
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """The last node a group let go for its health."""
+
+    time: str
+    """When (ISO 8601, UTC)."""
+    instance_id: str | None
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -47,6 +77,14 @@ class GroupStatus:
     in_service: int
     stopped_by: str | None
     previous_desired: int | None
+    node_group: str | None = None
+    healthy: int | None = None
+    """In service and Healthy (with health=True)."""
+    gpu_utilization_avg: float | None = None
+    """Mean GPU utilisation over the last 15 minutes, percent (None: no data)."""
+    gpu_utilization_max: float | None = None
+    """Busiest GPU's utilisation over the last 15 minutes, percent (None: no data)."""
+    last_replacement: Replacement | None = None
 
 
 @dataclass(frozen=True)
@@ -124,22 +162,113 @@ def resume_stack(
     return results
 
 
-def stack_status(stack: str, *, autoscaling_client: Any = None) -> list[GroupStatus]:
-    """Capacity and guardrail state of each group of the stack, sorted by name."""
+def stack_status(
+    stack: str,
+    *,
+    autoscaling_client: Any = None,
+    cloudwatch_client: Any = None,
+    health: bool = False,
+    metric_namespace: str = "",
+    now: datetime | None = None,
+) -> list[GroupStatus]:
+    """Capacity and guardrail state of each group of the stack, sorted by name.
+
+    `health` adds each group's healthy nodes, GPU utilisation (15 minutes, from the cluster's own
+    `metric_namespace`, noderole.gpu_metric_namespace) and last health replacement: one
+    GetMetricData for all groups, one activity page per group.
+    """
     autoscaling = autoscaling_client or boto3.client("autoscaling")
+    groups = stack_groups(autoscaling, stack)
+    usage: dict[str, tuple[float | None, float | None]] = {}
+    if health and groups:
+        cloudwatch = cloudwatch_client or boto3.client("cloudwatch")
+        usage = gpu_utilization(cloudwatch, metric_namespace, [g["AutoScalingGroupName"] for g in groups],
+                                now or datetime.now(UTC))
     rows = []
-    for group in stack_groups(autoscaling, stack):
+    for group in groups:
         tags = group_tags(group)
         previous = tags.get(PREVIOUS_DESIRED_TAG)
+        name = group["AutoScalingGroupName"]
+        extra: dict[str, Any] = {}
+        if health:
+            avg, peak = usage.get(name, (None, None))
+            extra = {"node_group": tags.get(NODE_GROUP_TAG), "healthy": healthy_count(group),
+                     "gpu_utilization_avg": avg, "gpu_utilization_max": peak,
+                     "last_replacement": last_replacement(autoscaling, name)}
         rows.append(
             GroupStatus(
-                name=group["AutoScalingGroupName"],
+                name=name,
                 min_size=int(group["MinSize"]),
                 desired_capacity=int(group["DesiredCapacity"]),
                 max_size=int(group["MaxSize"]),
                 in_service=len(in_service_instance_ids(group)),
                 stopped_by=tags.get(STOPPED_BY_TAG),
                 previous_desired=int(previous) if previous and previous.isdigit() else None,
+                **extra,
             )
         )
     return rows
+
+
+def healthy_count(group: Mapping[str, Any]) -> int:
+    """Nodes in service that Auto Scaling holds Healthy (a node that failed its check is not)."""
+    return sum(1 for i in group.get("Instances", [])
+               if i.get("LifecycleState") == "InService" and i.get("HealthStatus") == "Healthy")
+
+
+def gpu_utilization(cloudwatch: Any, namespace: str, asg_names: Sequence[str],
+                    now: datetime) -> dict[str, tuple[float | None, float | None]]:
+    """(mean, max) GPU utilisation of each group over the last 15 minutes, from 1-minute data.
+
+    The mean is Sum / SampleCount over the window, so every GPU-minute weighs the same.
+    """
+    queries = []
+    for i, name in enumerate(asg_names):
+        for stat in ("Sum", "SampleCount", "Maximum"):
+            queries.append({"Id": f"{stat.lower()}{i}", "ReturnData": True, "MetricStat": {
+                "Metric": {"Namespace": namespace, "MetricName": GPU_UTILIZATION_METRIC,
+                           "Dimensions": [{"Name": GPU_METRIC_DIMENSION, "Value": name}]},
+                "Period": 60, "Stat": stat}})
+    values: dict[str, list[float]] = {}
+    for batch in range(0, len(queries), 500):  # GetMetricData takes at most 500 queries
+        kwargs: dict[str, Any] = {"MetricDataQueries": queries[batch:batch + 500],
+                                  "StartTime": now - UTILIZATION_WINDOW, "EndTime": now}
+        while True:
+            page = cloudwatch.get_metric_data(**kwargs)
+            for result in page.get("MetricDataResults", []):
+                values.setdefault(result["Id"], []).extend(result.get("Values", []))
+            if not page.get("NextToken"):
+                break
+            kwargs["NextToken"] = page["NextToken"]
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for i, name in enumerate(asg_names):
+        total, count, peaks = (values.get(f"{s}{i}", []) for s in ("sum", "samplecount", "maximum"))
+        out[name] = (sum(total) / sum(count) if sum(count) else None, max(peaks) if peaks else None)
+    return out
+
+
+def replacement_reason(activity: Mapping[str, Any]) -> str | None:
+    """Why an activity let a node go for its health, or None for any other activity."""
+    text = " ".join(str(activity.get(k, "")) for k in ("Description", "StatusMessage", "Cause"))
+    for needles, reason in REPLACEMENT_REASONS:
+        if all(n in text for n in needles):
+            return reason
+    return None
+
+
+def last_replacement(autoscaling: Any, asg_name: str) -> Replacement | None:
+    """The newest health replacement among the group's last 100 scaling activities (newest first)."""
+    activities = autoscaling.describe_scaling_activities(AutoScalingGroupName=asg_name,
+                                                         MaxRecords=100).get("Activities", [])
+    for activity in activities:
+        reason = replacement_reason(activity)
+        if reason is None:
+            continue
+        # "Launching a new EC2 instance: i-0123..." / "Terminating EC2 instance: i-0123 ..."
+        words = str(activity.get("Description", "")).replace(".", " ").split()
+        instance = next((w for w in words if w.startswith("i-")), None)
+        start = activity.get("StartTime")
+        when = (start.astimezone(UTC).isoformat(timespec="seconds") if isinstance(start, datetime)
+                else str(start))
+        return Replacement(time=when, instance_id=instance, reason=reason)
+    return None

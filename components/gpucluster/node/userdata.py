@@ -22,6 +22,7 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from importlib import resources
 
 from gpucluster import catalog
@@ -423,12 +424,15 @@ def health_files(h: NodeHealth) -> list[NodeFile]:
     ]
 
 
+@cache
 def script(name: str) -> str:
     """One shell file shipped next to this module, as nodes get it: without its comments.
 
     EC2 user data is 16 KiB gzipped (EC2 user guide, "Run commands when you launch an EC2
     instance with user data"): the files keep their comments in the repository, the nodes (and
-    the behaviour tests, which run this same text) get `compact_shell` of them.
+    the behaviour tests, which run this same text) get `compact_shell` of them. Read and
+    compacted once per process: a plan renders each group's user data four times (the spec's
+    size check in the CLI, the program and the component, then the launch template).
     """
     return compact_shell(resources.files(__package__).joinpath(name).read_text())
 

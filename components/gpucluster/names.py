@@ -171,6 +171,7 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
     Mirrors the components' naming (`GpuCluster(<cluster.name>)` and its children); a test keeps
     it equal to a plan's names, so a resource added to a component must be added here.
     """
+    from gpucluster.noderole import run_log_group_name
     from gpucluster.spec import generated_bucket_prefix
     from gpucluster.stack import can_run_spot
 
@@ -204,9 +205,12 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
             add(f"datasets[{i}].name", sg, f"{c}-datasets-{d.name}-fsx-sg")
     add("cluster.name", role, f"{c}-node-identity-role")
     add("cluster.name", "aws:iam/instanceProfile:InstanceProfile", f"{c}-node-identity-profile")
+    add("cluster.name", "aws:cloudwatch/logGroup:LogGroup", f"{c}-run-logs",
+        run_log_group_name(spec.identity))
     add("cluster.name", policy, f"{c}-node-identity-agent")
     if spec.datasets:
         add("cluster.name", policy, f"{c}-node-identity-s3")
+    add("cluster.name", policy, f"{c}-node-identity-jobs")
     names += _guardrail_names(spec, can_run_spot)
     return names
 

@@ -32,6 +32,7 @@ from gpucluster.noderole import (
     dataset_grants,
     longest_bucket_name,
     node_inline_policies_chars,
+    run_log_group_name,
 )
 
 PROJECT = "gpucluster"
@@ -1243,7 +1244,9 @@ def node_role_size(spec: StackSpec) -> Iterable[Finding]:
     grants = [g for i, d in enumerate(spec.datasets)
               for g in dataset_grants(d.bucket_name or longest_bucket_name(i), d.prefix, d.checkpoint_prefix,
                                       d.expected_bucket_owner)]
-    chars = node_inline_policies_chars(spec.cluster.name, grants)
+    images = [g.container_image for g in spec.node_groups if g.container_image]
+    chars = node_inline_policies_chars(spec.cluster.name, grants,
+                                       run_log_group=run_log_group_name(spec.identity), images=images)
     if chars > ROLE_INLINE_POLICIES_MAX_CHARS:
         yield Finding("datasets", f"the node role's policies for {len(spec.datasets)} dataset(s) would "
                       f"reach {chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role: use "

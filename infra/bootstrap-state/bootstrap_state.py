@@ -89,6 +89,9 @@ WORKLOAD_ACTIONS = [
     "sns:Publish", "kms:GenerateDataKey*", "kms:Decrypt", "lambda:InvokeFunction",
     "s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation", "s3:PutObject", "s3:AbortMultipartUpload",
     "s3:ListMultipartUploadParts",
+    # nodes pulling a group's ECR image (gpucluster.noderole.ECR_PULL_ACTIONS)
+    "ecr:GetAuthorizationToken", "ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage",
+    "ecr:GetDownloadUrlForLayer",
 ]
 
 # What each resource type the program creates needs from the deploy role (create, read, update,
@@ -235,7 +238,9 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
         "s3": bucket_arns,
         "kms": [f"arn:{p}:kms:*:{a}:alias/{prefix}*", f"arn:{p}:kms:*:{a}:key/*"],
         "sns": [f"arn:{p}:sns:*:{a}:{prefix}*"],
-        "logs": [f"arn:{p}:logs:*:{a}:log-group:/aws/lambda/{prefix}*"],
+        # the Lambdas' log groups, and the run log group /gpucluster/<org>/<project>/<stack>/<cluster>/run
+        "logs": [f"arn:{p}:logs:*:{a}:log-group:/aws/lambda/{prefix}*",
+                 f"arn:{p}:logs:*:{a}:log-group:/gpucluster/*/{prefix}*"],
         "cloudwatch": [f"arn:{p}:cloudwatch:*:{a}:alarm:{prefix}*"],
         "events": [f"arn:{p}:events:*:{a}:rule/{prefix}*"],
         "scheduler": [f"arn:{p}:scheduler:*:{a}:schedule/default/{prefix}*"],

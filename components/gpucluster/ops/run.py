@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucluster.lambdas.scaling import AWS_ERRORS, RUN_SHELL_DOCUMENT, TERMINAL_STATUSES, error_code
+from gpucluster.noderole import run_log_group_name
 from gpucluster.ops.nodes import Node
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default (torch.distributed.run --master-port)
@@ -45,12 +46,9 @@ class RunError(ValueError):
 
 
 def run_log_group(identity: str) -> str:
-    """The CloudWatch Logs group `run` writes full output to: /gpucluster/<identity>/run.
-
-    Log group names allow a-z, A-Z, 0-9, '_', '-', '/', '.', '#' (CloudWatch Logs API
-    reference, CreateLogGroup); anything else in the identity becomes '-'.
-    """
-    return f"/gpucluster/{re.sub(r'[^A-Za-z0-9_./#-]', '-', identity)}/run"
+    """The CloudWatch Logs group `run` writes full output to: /gpucluster/<identity>/run (declared by
+    the stack, `gpucluster.noderole.run_log_group_name`: the one group nodes may write to)."""
+    return run_log_group_name(identity)
 
 
 @dataclass(frozen=True)

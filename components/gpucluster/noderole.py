@@ -112,8 +112,9 @@ def s3_policy_document(grants: Sequence[Grant], partition: str = "aws") -> dict[
 def agent_policy_document(namespace: str) -> dict[str, Any]:
     """The CloudWatch agent's needs, in place of CloudWatchAgentServerPolicy, and no parameter reads.
 
-    The agent config (node/userdata.py) ships no logs, so there is no CloudWatch Logs grant; it
-    is read from a local file, so no `AmazonCloudWatch-*` parameter read either.
+    The agent ships only job output files, to the run log group: that grant is the jobs policy's
+    (`jobs_policy_document`), not this one. Its config is read from a local file, so no
+    `AmazonCloudWatch-*` parameter read either.
     """
     return {"Version": "2012-10-17", "Statement": [
         # PutMetricData has no resource type: its scope is the namespace condition.

@@ -11,8 +11,8 @@ Every command finds the stack's resources by its identity tag
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -543,14 +543,20 @@ def logs(
     node: Annotated[str | None, typer.Option("--node", help="Only this node: its rank, instance id or "
                                                             "private IP.")] = None,
     lines: Annotated[int, typer.Option("--lines", "-n", help="Lines of output per node.")] = 200,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the output from CloudWatch Logs "
+                                                                "until the job has ended on every node.")]
+    = False,
 ) -> None:
-    """Show a detached job's latest output on each node (its journal, through SSM)."""
+    """Show a detached job's latest output on each node; with --follow, stream it until it ends."""
     from gpucluster.ops.run import JOB_TOOL
 
     name = _job_name("logs", job)
     if not 1 <= lines <= 5000:
         fail_usage("logs", f"--lines: must be 1..5000, got {lines}")
     spec = build_spec(stack)
+    if follow:
+        _follow(spec, name, group, node)
+        return
     plan, results = _on_nodes(spec, "logs", group, f"{JOB_TOOL} logs {name} {lines}", node)
     for r in results:
         typer.echo(f"== {r.instance_id} {plan.ranks[r.rank].node.private_ip}: {r.status}"
@@ -558,6 +564,54 @@ def logs(
         for line in r.stdout.splitlines():
             typer.echo(line)
     if any(not r.ok for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+def _running(spec: StackSpec, instance_ids: Iterable[str]) -> set[str]:
+    """Which of these instances EC2 still has pending or running."""
+    from gpucluster.ops.nodes import describe_instances
+
+    found = describe_instances(_client(spec, "ec2"), list(instance_ids))
+    return {i for i, d in found.items() if d.get("State", {}).get("Name") in ("pending", "running")}
+
+
+def _follow(spec: StackSpec, name: str, group: str | None, node: str | None) -> None:
+    """`logs --follow`: which nodes run the job (SSM, `gpucluster-job status`), then their streams."""
+    from gpucluster.ops.joblogs import JobFollower, LogLine, follow, job_log_stream, parse_started
+    from gpucluster.ops.run import JOB_TOOL, parse_job_states, run_log_group
+
+    _, results = _on_nodes(spec, "logs", group, f"{JOB_TOOL} status", node)
+    found = {r.instance_id: state for r in results if r.ok
+             for state in parse_job_states(r.stdout) if state.name == name}
+    silent = [f"{r.instance_id} ({r.status})" for r in results if not r.ok]
+    if silent:
+        typer.echo(f"no answer from: {', '.join(silent)}")
+    if not found:
+        typer.echo(f"logs: no job {name} on the {len(results) - len(silent)} node(s) that answered "
+                   f"(see `gpucluster jobs {spec.stack}`)")
+        raise typer.Exit(EXIT_BLOCKED)
+    starts = [t for s in found.values() if (t := parse_started(s.started)) is not None]
+    # From a minute before the job's first start (clock skew); without a start time, the last day.
+    since = min(starts) if len(starts) == len(found) else datetime.now(UTC) - timedelta(days=1)
+    streams = {job_log_stream(i, name): i for i in found}
+    follower = JobFollower(_client(spec, "logs"), run_log_group(identity(spec)), name, streams,
+                           int((since - timedelta(minutes=1)).timestamp() * 1000),
+                           {s for s, i in streams.items() if found[i].state == "running"})
+    several = len(streams) > 1
+
+    def show(line: LogLine) -> None:
+        typer.echo(f"{streams[line.stream]} | {line.message}" if several else line.message)
+
+    typer.echo(f"following job {name} on {len(streams)} node(s) ({len(follower.waiting)} running), "
+               f"CloudWatch Logs {follower.log_group}; Ctrl-C stops following, not the job", err=True)
+    try:
+        _aws_call("logs", lambda: follow(follower, show, running=lambda ids: _running(spec, ids)))
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    for stream, instance in sorted(streams.items(), key=lambda item: item[1]):
+        ending = follower.endings.get(stream)
+        typer.echo(f"{instance}: {ending.describe() if ending else 'had already ended'}", err=True)
+    if any(not e.ok for e in follower.endings.values()) or silent:
         raise typer.Exit(EXIT_BLOCKED)
 
 

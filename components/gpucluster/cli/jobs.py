@@ -205,6 +205,12 @@ def run(
     = 29500,
     workdir: Annotated[str | None, typer.Option("--workdir", help="Directory to run in on the nodes.")]
     = None,
+    nccl_test: Annotated[bool, typer.Option("--nccl-test", help=(
+        "Instead of a command: NCCL's all-reduce benchmark (nccl-tests, from the Deep Learning AMI) across "
+        "the group's nodes, its bus bandwidth against the network's."))] = False,
+    nccl_max_bytes: Annotated[str, typer.Option("--nccl-max-bytes", help="With --nccl-test: the largest "
+                                                                         "message size (8 B up to this).")]
+    = "4G",
 ) -> None:
     """Run CMD on every in-service node of a group through SSM, with torchrun's rank environment.
 
@@ -223,6 +229,11 @@ def run(
 
     if not group:
         fail_usage("run", "--group is required (the node group to run on)")
+    if nccl_test:
+        if command or detach or name:
+            fail_usage("run", "--nccl-test runs its own benchmark: give no command, --detach or --name")
+        _nccl_test(stack, group, dry_run=dry_run, max_bytes=nccl_max_bytes)
+        return
     if name is not None and not detach:
         fail_usage("run", "--name names a detached job: add --detach")
     spec = build_spec(stack)
@@ -279,6 +290,68 @@ def run(
     typer.echo(f"run: {len(job.failed)} of {len(job.results)} node(s) failed (ranks "
                f"{', '.join(str(r.rank) for r in job.failed)})")
     raise typer.Exit(EXIT_BLOCKED)
+
+
+def _nccl_test(stack: str, group: str, *, dry_run: bool, max_bytes: str) -> None:
+    """`run --nccl-test`: the phases of ops.nccl through SSM, then the bandwidth table and verdict."""
+    from gpucluster.ops.nccl import (
+        assess,
+        expectation,
+        human_bytes,
+        phase_plan,
+        plan_nccl_test,
+        run_nccl_test,
+        ssm_runner,
+    )
+    from gpucluster.ops.run import run_log_group
+
+    spec = build_spec(stack)
+    found = _nodes(spec, "run", group)
+    base = _ops_call("run", lambda: plan_nccl_test(
+        found, log_group=run_log_group(identity(spec)), group_environment=group_environment(spec, group),
+        max_bytes=max_bytes))
+    expected = expectation([r.node for r in base.ranks])
+    efa = "EFA on" if base.ranks[0].environment.get("FI_PROVIDER") == "efa" else "no EFA: TCP sockets"
+    gpus = base.ranks[0].environment["NPROC_PER_NODE"]
+    typer.echo(f"NCCL all_reduce_perf on {len(base.ranks)} node(s) x {gpus} GPU(s) of {group} "
+               f"({expected.instance_type}, {efa}), 8 B to {max_bytes}B")
+    if dry_run:
+        run_id = "nccl-dry-run"
+        for phase, first in (("key", True), ("authorize", False), ("run", True), ("revoke", False)):
+            plan = phase_plan(base, phase, run_id, first_only=first)
+            typer.echo(f"{phase}: {', '.join(r.node.instance_id for r in plan.ranks)}")
+        typer.echo("dry run: nothing sent")
+        return
+    run_id = datetime.now(UTC).strftime("nccl-%Y%m%d-%H%M%S")
+    typer.echo("Open MPI starts the ranks over SSH: a one-time key, authorised within the group only, "
+               "is removed when the test ends")
+    ssm = _client(spec, "ssm")
+    try:
+        outcome = _aws_call("run", lambda: run_nccl_test(
+            base, run_id, ssm_runner(ssm), on_phase=lambda phase: typer.echo(f"{phase} ...")))
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted: the test key was removed where the revoke phase reached")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    for phase, results in outcome.phases.items():
+        for r in results:
+            if not r.ok:
+                typer.echo(f"{phase} on {r.instance_id}: {r.status}" + (f" ({r.error})" if r.error else ""))
+                for line in r.tail(10):
+                    typer.echo(f"  | {line}")
+    report = outcome.report
+    if report is not None and report.rows:
+        rows = [[human_bytes(row.size), f"{row.busbw_out_of_place:.2f}", f"{row.busbw_in_place:.2f}",
+                 str(row.wrong)] for row in report.rows]
+        headers = ["size", "busbw out-of-place (GB/s)", "busbw in-place (GB/s)", "wrong"]
+        for line in render_table(headers, rows):
+            typer.echo(line)
+    ok, lines = assess(outcome, expected)
+    for line in lines:
+        typer.echo(line)
+    typer.echo(f"nccl-test: {'passed' if ok else 'failed'} (full output on rank 0: "
+               f"/var/log/gpucluster/nccl-test-{run_id}.log)")
+    if not ok:
+        raise typer.Exit(EXIT_BLOCKED)
 
 
 # ---------------------------------------------------------------------- hostfile

@@ -251,16 +251,25 @@ def test_run_detach_dry_run_hands_the_command_to_the_job_tool(aws: dict[str, Any
     assert (bad.exit_code, bad.output) == (2, "run: --name names a detached job: add --detach\n")
 
 
-def _stub_ssm(monkeypatch: pytest.MonkeyPatch, replies: list[dict[str, Any]]) -> Stubber:
-    """SSM answering one SendCommand and one GetCommandInvocation per reply, in order."""
+def _stub_ssm(monkeypatch: pytest.MonkeyPatch, replies: list[dict[str, Any]], *,
+              record: str | None = None) -> Stubber:
+    """SSM answering one SendCommand and one GetCommandInvocation per reply, in order.
+
+    `record`: the job's restart record is dropped `before` (cancel) or `after` (run --detach
+    without --restart-on-replace) the commands; there is none (ParameterNotFound).
+    """
     ssm = boto3.client("ssm", region_name="us-east-1")
     stub = Stubber(ssm)
+    if record == "before":
+        stub.add_client_error("delete_parameter", "ParameterNotFound", expected_params={"Name": ANY})
     for n, _ in enumerate(replies):
         stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}},
                           {"InstanceIds": ANY, "DocumentName": "AWS-RunShellScript", "Comment": ANY,
                            "TimeoutSeconds": ANY, "Parameters": ANY, "CloudWatchOutputConfig": ANY})
     for n, reply in enumerate(replies):
         stub.add_response("get_command_invocation", reply, {"CommandId": f"{n:036d}", "InstanceId": ANY})
+    if record == "after":
+        stub.add_client_error("delete_parameter", "ParameterNotFound", expected_params={"Name": ANY})
     real = jobs._client
     monkeypatch.setattr(jobs, "_client",
                         lambda spec, service: ssm if service == "ssm" else real(spec, service))
@@ -270,14 +279,14 @@ def _stub_ssm(monkeypatch: pytest.MonkeyPatch, replies: list[dict[str, Any]]) ->
 def test_run_detach_returns_once_started(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     _online(monkeypatch)
     started = _invocation("Success", 0, "started job pretrain as gpucluster-job-pretrain.service\n")
-    with _stub_ssm(monkeypatch, [started] * 3) as stub:
+    with _stub_ssm(monkeypatch, [started] * 3, record="after") as stub:
         result = runner.invoke(app, ["run", "prod", "-g", "h100-train", "--detach", "--name", "pretrain",
                                      "--", "torchrun", "train.py"])
         stub.assert_no_pending_responses()
     assert result.exit_code == 0, result.output
     assert result.output.rstrip().endswith(
         "run: job pretrain started on all 3 node(s); follow it with `gpucluster jobs prod`, "
-        "`gpucluster logs prod pretrain`, stop it with `gpucluster cancel prod pretrain`")
+        "`gpucluster logs prod pretrain --follow`, stop it with `gpucluster cancel prod pretrain`")
 
 
 def test_jobs_lists_each_jobs_state_per_node(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
@@ -304,7 +313,7 @@ def test_logs_of_one_node_and_cancel(aws: dict[str, Any], monkeypatch: pytest.Mo
 
     result = runner.invoke(app, ["cancel", "prod", "pretrain", "-g", "h100-train"], input="n\n")
     assert result.exit_code == 1 and "cancel cancelled: nothing changed" in result.output
-    with _stub_ssm(monkeypatch, [_invocation("Success", 0, "cancelled job pretrain\n")] * 3):
+    with _stub_ssm(monkeypatch, [_invocation("Success", 0, "cancelled job pretrain\n")] * 3, record="before"):
         result = runner.invoke(app, ["cancel", "prod", "pretrain", "-g", "h100-train", "--yes"])
     assert result.exit_code == 0, result.output
     assert [line.split(": ")[1] for line in result.output.splitlines()] == ["cancelled"] * 3

@@ -222,8 +222,7 @@ def _guardrail_names(spec: StackSpec, can_run_spot: Any) -> list[ExpectedName]:
     spot = any(can_run_spot(group) for group in spec.node_groups)
     autostop, budget = spec.autostop, spec.budget
     blocks = any(group.capacity.market == "capacity_block" for group in spec.node_groups)
-    if budget is None and not autostop.enabled and not spot and not blocks:
-        return []
+    # GpuCluster always asks for the job restart handler (stack.guardrails_args restart_jobs).
     out = [_entry(key, "aws:kms/alias:Alias", f"{g}-notify-key-alias", f"alias/{c}-guardrails"),
            _entry(key, "aws:sns/topic:Topic", f"{g}-notify-topic", f"{c}-guardrails")]
 
@@ -265,6 +264,8 @@ def _guardrail_names(spec: StackSpec, can_run_spot: Any) -> list[ExpectedName]:
     if blocks:
         function(f"{g}-blocks-handler", f"{c}-capacity-block")
         invoked_by_rule(f"{g}-blocks", f"{c}-capacity-block-expiry")
+    function(f"{g}-jobs-handler", f"{c}-job-restart")
+    invoked_by_rule(f"{g}-jobs", f"{c}-job-restart")
     if spot:
         function(f"{g}-spot-handler", f"{c}-spot-interruption")
         kinds = ["interruption"]

@@ -175,6 +175,8 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
         "cluster_name": spec.cluster.name, "identity": identity(spec), "region": spec.region,
         "tags": spec.tags, "autostop": settings(spec.autostop), "spot": settings(spec.spot),
         "tag_groups": False,
+        # gpucluster's own nodes run gpucluster-job: `run --restart-on-replace` works on them
+        "restart_jobs": True,
     }
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)

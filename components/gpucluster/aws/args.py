@@ -585,6 +585,7 @@ class GuardrailsModel(StrictModel):
     spot: SpotConfig = SpotConfig()
     tag_groups: bool = False
     permissions_boundary: PolicyName | None = None
+    restart_jobs: bool = False
 
 
 def guardrails_checks(m: GuardrailsModel) -> Iterable[Finding]:

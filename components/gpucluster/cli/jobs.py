@@ -201,6 +201,9 @@ def run(
     = False,
     name: Annotated[str | None, typer.Option("--name", help="With --detach: the job's name (default "
                                                             "job-<UTC time>).")] = None,
+    restart_on_replace: Annotated[bool, typer.Option("--restart-on-replace", help=(
+        "With --detach: when a spot or health replacement brings the group back to this many nodes, "
+        "start the job again on the new nodes, telling it the latest checkpoint."))] = False,
     master_port: Annotated[int, typer.Option("--master-port", help="MASTER_PORT for the rendezvous.")]
     = 29500,
     workdir: Annotated[str | None, typer.Option("--workdir", help="Directory to run in on the nodes.")]
@@ -218,9 +221,11 @@ def run(
     NPROC_PER_NODE (its GPUs), WORLD_SIZE and the group's EFA/NCCL settings. Ranks follow
     launch time, then instance id. Exits 1 when any node fails.
     """
+    from gpucluster.lambdas.job_restart import job_parameter_name
     from gpucluster.ops.run import (
         DEFAULT_TIMEOUT_SECONDS,
         QUERY_TIMEOUT_SECONDS,
+        job_record,
         plan_job,
         run_log_group,
         send_job,
@@ -236,18 +241,29 @@ def run(
         return
     if name is not None and not detach:
         fail_usage("run", "--name names a detached job: add --detach")
+    if restart_on_replace and not detach:
+        fail_usage("run", "--restart-on-replace restarts detached jobs: add --detach")
     spec = build_spec(stack)
     text = " ".join(command or [])
     job_name = (name or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")) if detach else None
     found = _nodes(spec, "run", group)
+    environment = group_environment(spec, group)
     plan = _ops_call("run", lambda: plan_job(
         found, text, master_port=master_port,
         timeout_seconds=QUERY_TIMEOUT_SECONDS if detach else timeout or DEFAULT_TIMEOUT_SECONDS,
-        group_environment=group_environment(spec, group), log_group=run_log_group(identity(spec)),
+        group_environment=environment, log_group=run_log_group(identity(spec)),
         workdir=workdir, detach=job_name, job_timeout_seconds=timeout if detach else None))
+    config = next((g for g in spec.node_groups if g.name == group), None)
+    record = _ops_call("run", lambda: job_record(
+        plan, node_group=group, master_port=master_port, group_environment=environment,
+        launched_at=datetime.now(UTC).isoformat(),
+        instance_types=config.instance_types if config else ())) if restart_on_replace else None
     if dry_run:
         for line in render_dry_run(plan):
             typer.echo(line)
+        if record is not None:
+            where = job_parameter_name(identity(spec), plan.detach or "")
+            typer.echo(f"restart-on-replace: would record {where}: {json.dumps(record, sort_keys=True)}")
         return
     ssm = _client(spec, "ssm")
     typer.echo(f"run on {len(plan.ranks)} node(s) of {group}, MASTER_ADDR "
@@ -281,8 +297,9 @@ def run(
                "(<command id>/<instance id>/...)")
     if job.ok and plan.detach:
         typer.echo(f"run: job {plan.detach} started on all {len(job.results)} node(s); follow it with "
-                   f"`gpucluster jobs {stack}`, `gpucluster logs {stack} {plan.detach}`, stop it with "
-                   f"`gpucluster cancel {stack} {plan.detach}`")
+                   f"`gpucluster jobs {stack}`, `gpucluster logs {stack} {plan.detach} --follow`, stop it "
+                   f"with `gpucluster cancel {stack} {plan.detach}`")
+        _record_restart(spec, ssm, plan.detach, group, record)
         return
     if job.ok:
         typer.echo(f"run: all {len(job.results)} node(s) succeeded")
@@ -352,6 +369,42 @@ def _nccl_test(stack: str, group: str, *, dry_run: bool, max_bytes: str) -> None
                f"/var/log/gpucluster/nccl-test-{run_id}.log)")
     if not ok:
         raise typer.Exit(EXIT_BLOCKED)
+
+
+def _record_restart(spec: StackSpec, ssm: Any, job: str, group: str, record: dict[str, Any] | None) -> None:
+    """Store (or, without --restart-on-replace, drop) the job's record for the restart handler.
+
+    A job started again under the same name without the flag must not inherit an older record.
+    """
+    from gpucluster.lambdas.job_restart import encode_record, job_parameter_name
+    from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
+
+    name = job_parameter_name(identity(spec), job)
+    if record is None:
+        _drop_record(ssm, name)
+        return
+    try:
+        ssm.put_parameter(Name=name, Value=encode_record(record), Type="String", Overwrite=True,
+                          Description=f"gpucluster run --restart-on-replace: job {job} of {group}"[:1024])
+    except AWS_ERRORS as exc:
+        typer.echo(f"run: the job runs, but restart-on-replace is off: its record {name} was not stored "
+                   f"({error_code(exc) or type(exc).__name__}: {exc})")
+        raise typer.Exit(EXIT_BLOCKED) from None
+    typer.echo(f"restart-on-replace: when a replacement brings {group} back to {record['nnodes']} node(s), "
+               f"the job starts again on the new nodes with GPUCLUSTER_CHECKPOINT_LATEST (record {name})")
+
+
+def _drop_record(ssm: Any, name: str) -> bool:
+    """Delete a job's restart record; False when there was none."""
+    from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
+
+    try:
+        ssm.delete_parameter(Name=name)
+    except AWS_ERRORS as exc:
+        if error_code(exc) == "ParameterNotFound":
+            return False
+        raise
+    return True
 
 
 # ---------------------------------------------------------------------- hostfile
@@ -696,11 +749,16 @@ def cancel(
     yes: YesOption = False,
 ) -> None:
     """Stop a detached job on every node (SIGTERM, then SIGKILL after 90 s)."""
+    from gpucluster.lambdas.job_restart import job_parameter_name
     from gpucluster.ops.run import JOB_TOOL
 
     name = _job_name("cancel", job)
     spec = build_spec(stack)
     confirm_or_exit("cancel", f"Stop job {name} on every node of {group or 'the stack'}?", yes)
+    # First, so that no replacement starts it again while it stops.
+    record = job_parameter_name(identity(spec), name)
+    if _aws_call("cancel", lambda: _drop_record(_client(spec, "ssm"), record)):
+        typer.echo(f"{name}: restart-on-replace record removed")
     _, results = _on_nodes(spec, "cancel", group, f"{JOB_TOOL} cancel {name}")
     for r in results:
         typer.echo(f"{r.instance_id}: {'cancelled' if r.ok else f'not cancelled ({r.status})'}"

@@ -23,12 +23,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gpucluster.lambdas.job_restart import job_log_stream
 from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
-from gpucluster.node.userdata import JOB_LOG_DIR  # job.sh's LOGS, the agent's file_path
 
-# The CloudWatch agent names a stream of a `publish_multi_logs` file <log_stream_name>_<path with
-# '/' as '_'> (amazon-cloudwatch-agent, plugins/inputs/logfile/logfile.go, generateLogStreamName);
-# the node's config sets log_stream_name to {instance_id}.
+__all__ = ["job_log_stream"]  # the stream naming lives with the restart handler, which reads it too
 MIN_POLL_SECONDS = 2.0
 MAX_POLL_SECONDS = 15.0
 LOOKBACK_MS = 60_000
@@ -39,15 +37,6 @@ MAX_STREAMS_PER_CALL = 100  # FilterLogEvents logStreamNames: 1-100 names (API r
 START = re.compile(r"^gpucluster-job: (?P<name>[a-z0-9-]+) started\b")
 END = re.compile(r"^gpucluster-job: (?P<name>[a-z0-9-]+) ended: result (?P<result>[^,\s]+), "
                  r"exit status (?P<status>\S+)")
-
-
-def job_log_file(job: str) -> str:
-    return f"{JOB_LOG_DIR}/{job}.log"
-
-
-def job_log_stream(instance_id: str, job: str) -> str:
-    """The run log group stream that holds `job`'s output on `instance_id`."""
-    return f"{instance_id}_{job_log_file(job).replace('/', '_')}"
 
 
 @dataclass(frozen=True)

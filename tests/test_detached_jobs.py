@@ -110,7 +110,8 @@ def test_start_runs_the_command_as_a_unit_with_the_rank_environment_only(tmp_pat
     env = {a.removeprefix("--setenv=") for a in sent if a.startswith("--setenv=")}
     assert env == {"MASTER_ADDR=10.0.0.5", "NODE_RANK=1", "NNODES=2", "FI_PROVIDER=efa",
                    "NCCL_SOCKET_IFNAME=^docker,lo,veth", "GPUCLUSTER_NODE_IPS=10.0.0.5 10.0.0.6",
-                   "GPUCLUSTER_JOB_TIMEOUT_SECONDS=7200", "GPUCLUSTER_JOB=train"}  # no HOME, no secrets
+                   "GPUCLUSTER_JOB_TIMEOUT_SECONDS=7200", "GPUCLUSTER_JOB=train",
+                   "GPUCLUSTER_RESTART_COUNT=0"}  # no HOME, no secrets
     # the node's boot steps are asked first; a finished job of the same name is cleared
     assert node.calls("systemctl")[1:] == ["show -p ActiveState --value gpucluster-data.service",
                                            "show -p ActiveState --value gpucluster-setup.service",
@@ -142,6 +143,7 @@ def test_a_restart_replaces_the_running_job_once_the_node_has_booted(tmp_path: P
         i for i, c in enumerate(systemctl) if "ActiveState" in c)
     assert node.calls("systemd-run")
     assert (node.logs / "train.log").read_text().startswith("gpucluster-job: train started (restart 2) ")
+    assert "--setenv=GPUCLUSTER_RESTART_COUNT=2" in node.args()
 
 
 def test_boot_wait_is_bounded(tmp_path: Path) -> None:

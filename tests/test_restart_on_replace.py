@@ -145,3 +145,26 @@ def test_restart_on_replace_refusals_are_one_line(aws: dict[str, Any],  # noqa: 
     assert dry.exit_code == 0
     line = next(x for x in dry.output.splitlines() if x.startswith("restart-on-replace: would record"))
     assert json.loads(line.split(": ", 2)[2])["nnodes"] == 3
+
+
+def test_a_detached_run_that_cannot_drop_an_old_record_warns_in_one_line(
+        aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    _online(monkeypatch)
+    ssm = boto3.client("ssm", region_name="us-east-1")
+    stub = Stubber(ssm)
+    for n in range(3):
+        stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}})
+    for _ in range(3):
+        stub.add_response("get_command_invocation", _invocation("Success", 0, "started\n"))
+    stub.add_client_error("delete_parameter", "AccessDeniedException", expected_params={
+        "Name": job_parameter_name(PROD, "pretrain")})
+    real = jobs._client
+    monkeypatch.setattr(jobs, "_client",
+                        lambda spec, service: ssm if service == "ssm" else real(spec, service))
+    with stub:
+        result = runner.invoke(app, ["run", "prod", "-g", "h100-train", "--detach", "--name", "pretrain",
+                                     "--", "true"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == (
+        f"run: warning: could not remove an older restart record {job_parameter_name(PROD, 'pretrain')} "
+        "(AccessDeniedException); `gpucluster cancel` removes it")

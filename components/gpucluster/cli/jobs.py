@@ -381,7 +381,11 @@ def _record_restart(spec: StackSpec, ssm: Any, job: str, group: str, record: dic
 
     name = job_parameter_name(identity(spec), job)
     if record is None:
-        _drop_record(ssm, name)
+        try:
+            _drop_record(ssm, name)
+        except AWS_ERRORS as exc:
+            typer.echo(f"run: warning: could not remove an older restart record {name} "
+                       f"({error_code(exc) or type(exc).__name__}); `gpucluster cancel` removes it")
         return
     try:
         ssm.put_parameter(Name=name, Value=encode_record(record), Type="String", Overwrite=True,

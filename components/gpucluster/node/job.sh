@@ -22,7 +22,7 @@ set -euo pipefail
 PREFIX=gpucluster-job-
 ENV_PATTERN='^(MASTER_ADDR|MASTER_PORT|NNODES|NODE_RANK|NPROC_PER_NODE|WORLD_SIZE|GPUCLUSTER_[A-Z_]+|FI_[A-Z_]+|NCCL_[A-Z_]+)$'
 # This tool's own settings, and what it computes itself: never handed on from the caller.
-OWN_VARS='^GPUCLUSTER_(JOB_LOGS|JOB_TOOL|JOB_REPLACE|READY_TIMEOUT_SECONDS|POLL_SECONDS|CHECKPOINT_LATEST)$'
+OWN_VARS='^GPUCLUSTER_(JOB_LOGS|JOB_TOOL|JOB_REPLACE|READY_TIMEOUT_SECONDS|POLL_SECONDS|CHECKPOINT_LATEST|RESTART_COUNT)$'
 LOGS="${GPUCLUSTER_JOB_LOGS:-/var/log/gpucluster/jobs}"
 TOOL="${GPUCLUSTER_JOB_TOOL:-/usr/local/sbin/gpucluster-job}"
 READY_TIMEOUT="${GPUCLUSTER_READY_TIMEOUT_SECONDS:-3600}"
@@ -95,7 +95,7 @@ start() {
     [[ "$var" =~ $ENV_PATTERN && ! "$var" =~ $OWN_VARS ]] && args+=(--setenv="$var=${!var}")
   done < <(compgen -e)
   [ -z "$latest" ] || args+=(--setenv=GPUCLUSTER_CHECKPOINT_LATEST="$latest")
-  args+=(--setenv=GPUCLUSTER_JOB="$name")
+  args+=(--setenv=GPUCLUSTER_JOB="$name" --setenv=GPUCLUSTER_RESTART_COUNT="${GPUCLUSTER_RESTART_COUNT:-0}")
   systemd-run "${args[@]}" /bin/bash -c "$command"
   echo "started job $name as $unit${latest:+, resuming from $latest}"
 }

@@ -168,3 +168,23 @@ def test_a_detached_run_that_cannot_drop_an_old_record_warns_in_one_line(
     assert result.output.splitlines()[-1] == (
         f"run: warning: could not remove an older restart record {job_parameter_name(PROD, 'pretrain')} "
         "(AccessDeniedException); `gpucluster cancel` removes it")
+
+
+def test_cancel_removes_the_record_before_it_stops_the_job(aws: dict[str, Any],  # noqa: F811
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    _online(monkeypatch)
+    ssm = boto3.client("ssm", region_name="us-east-1")
+    stub = Stubber(ssm)
+    stub.add_response("delete_parameter", {}, {"Name": job_parameter_name(PROD, "pretrain")})
+    for n in range(3):
+        stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}})
+    for _ in range(3):
+        stub.add_response("get_command_invocation", _invocation("Success", 0, "cancelled job pretrain\n"))
+    real = jobs._client
+    monkeypatch.setattr(jobs, "_client",
+                        lambda spec, service: ssm if service == "ssm" else real(spec, service))
+    with stub:
+        result = runner.invoke(app, ["cancel", "prod", "pretrain", "-g", "h100-train", "--yes"])
+        stub.assert_no_pending_responses()  # the record went first, then the three stops
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == "pretrain: restart-on-replace record removed"

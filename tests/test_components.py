@@ -508,7 +508,7 @@ OLD_TOKENS = {
 
 
 # Components added since: nothing to alias (their resources are created, not taken over).
-NEW_COMPONENTS = {"ClusterDashboard"}
+NEW_COMPONENTS = {"ClusterDashboard", "JobRestart"}
 
 
 def old_type(token: str) -> str:

@@ -33,6 +33,7 @@ from gpucluster.noderole import (
     longest_bucket_name,
     longest_health_policy,
     node_inline_policies_chars,
+    run_log_group_name,
 )
 
 PROJECT = "gpucluster"
@@ -1353,7 +1354,10 @@ def node_role_size(spec: StackSpec) -> Iterable[Finding]:
     health = [[longest_health_policy(identity=spec.identity, cluster_name=spec.cluster.name, group=g.name,
                                      region=spec.region, replace=g.health_checks.on_failure == "replace")]
               if g.health_checks.enabled else [] for g in spec.node_groups]
-    chars = max(node_inline_policies_chars(spec.cluster.name, grants, more) for more in health)
+    images = [g.container_image for g in spec.node_groups if g.container_image]
+    chars = max(node_inline_policies_chars(spec.cluster.name, grants, more,
+                                           run_log_group=run_log_group_name(spec.identity), images=images)
+                for more in health)
     if chars > ROLE_INLINE_POLICIES_MAX_CHARS:
         yield Finding("datasets", f"the node role's policies for {len(spec.datasets)} dataset(s) would "
                       f"reach {chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role: use "

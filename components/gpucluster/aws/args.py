@@ -38,6 +38,7 @@ from gpucluster.spec import (
     BudgetConfig,
     CapacityConfig,
     ClusterConfig,
+    ContainerImage,
     DatasetConfig,
     Finding,
     FsxConfig,
@@ -428,6 +429,9 @@ AsgArn = Annotated[str, _matches(
     "must be an Auto Scaling group ARN (arn:aws:autoscaling:<region>:<account>:autoScalingGroup:"
     "<id>:autoScalingGroupName/<name>)")]
 Arn = Annotated[str, _matches(r"arn:aws[a-z-]*:[a-z0-9-]+:[^\s]*", "must be an ARN (arn:aws:...)")]
+# CloudWatch Logs API reference, CreateLogGroup: 1-512 characters of a-z, A-Z, 0-9, '_-/.#'.
+LogGroupName = Annotated[str, _matches(r"[A-Za-z0-9_./#-]{1,512}", "must be a log group name (1-512 "
+                                       "characters of letters, digits and _-/.#)")]
 NonEmpty = Annotated[str, _matches(r"\S.*", "must be a non-empty string")]
 Identity = TagValue
 """The `gpucluster:stack` tag value: what every guardrail and CLI operation selects resources by."""
@@ -548,6 +552,8 @@ class NodeIdentityModel(StrictModel):
     s3_grants: list[BucketGrantModel] = Field(default_factory=list)
     tags: Tags = Field(default_factory=dict)
     permissions_boundary: PolicyName | None = None
+    run_log_group: LogGroupName | None = None
+    container_images: list[ContainerImage] = Field(default_factory=list)
 
 
 def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
@@ -557,7 +563,8 @@ def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
             yield Finding(f"s3_grants[{i}].prefix", "must be a folder-like prefix such as "
                           "'checkpoints/', not the whole bucket (nodes get write access to it)")
     grants = [S3Grant(g.bucket_name, g.prefix, g.write, g.expected_bucket_owner) for g in m.s3_grants]
-    chars = node_inline_policies_chars(m.cluster_name, grants)
+    chars = node_inline_policies_chars(m.cluster_name, grants, run_log_group=m.run_log_group,
+                                       images=m.container_images)
     if chars > ROLE_INLINE_POLICIES_MAX_CHARS:  # the stack file's node_role_size rule, for grants
         yield Finding("s3_grants", f"the node role's policies for {len(grants)} grant(s) would reach "
                       f"{chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role")
@@ -619,6 +626,7 @@ class GuardrailsModel(StrictModel):
     spot: SpotConfig = SpotConfig()
     tag_groups: bool = False
     permissions_boundary: PolicyName | None = None
+    restart_jobs: bool = False
 
 
 def guardrails_checks(m: GuardrailsModel) -> Iterable[Finding]:

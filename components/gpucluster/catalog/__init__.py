@@ -54,6 +54,10 @@ class InstanceType:
     on_demand_usd_per_hour: dict[str, float]
     capacity_block_only: bool = False
     """No on-demand (or spot) list price: AWS sells the type as Capacity Blocks for ML only."""
+    network_gbps: float = 0.0
+    """Network bandwidth (DescribeInstanceTypes NetworkPerformance); with EFA, NCCL's between nodes."""
+    network_up_to: bool = False
+    """The bandwidth is a burst ("Up to N Gigabit"), not sustained."""
 
     @property
     def supports_efa(self) -> bool:

@@ -11,8 +11,8 @@ Every command finds the stack's resources by its identity tag
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -201,10 +201,19 @@ def run(
     = False,
     name: Annotated[str | None, typer.Option("--name", help="With --detach: the job's name (default "
                                                             "job-<UTC time>).")] = None,
+    restart_on_replace: Annotated[bool, typer.Option("--restart-on-replace", help=(
+        "With --detach: when a spot or health replacement brings the group back to this many nodes, "
+        "start the job again on the new nodes, telling it the latest checkpoint."))] = False,
     master_port: Annotated[int, typer.Option("--master-port", help="MASTER_PORT for the rendezvous.")]
     = 29500,
     workdir: Annotated[str | None, typer.Option("--workdir", help="Directory to run in on the nodes.")]
     = None,
+    nccl_test: Annotated[bool, typer.Option("--nccl-test", help=(
+        "Instead of a command: NCCL's all-reduce benchmark (nccl-tests, from the Deep Learning AMI) across "
+        "the group's nodes, its bus bandwidth against the network's."))] = False,
+    nccl_max_bytes: Annotated[str, typer.Option("--nccl-max-bytes", help="With --nccl-test: the largest "
+                                                                         "message size (8 B up to this).")]
+    = "4G",
 ) -> None:
     """Run CMD on every in-service node of a group through SSM, with torchrun's rank environment.
 
@@ -212,9 +221,11 @@ def run(
     NPROC_PER_NODE (its GPUs), WORLD_SIZE and the group's EFA/NCCL settings. Ranks follow
     launch time, then instance id. Exits 1 when any node fails.
     """
+    from gpucluster.lambdas.job_restart import job_parameter_name
     from gpucluster.ops.run import (
         DEFAULT_TIMEOUT_SECONDS,
         QUERY_TIMEOUT_SECONDS,
+        job_record,
         plan_job,
         run_log_group,
         send_job,
@@ -223,20 +234,36 @@ def run(
 
     if not group:
         fail_usage("run", "--group is required (the node group to run on)")
+    if nccl_test:
+        if command or detach or name:
+            fail_usage("run", "--nccl-test runs its own benchmark: give no command, --detach or --name")
+        _nccl_test(stack, group, dry_run=dry_run, max_bytes=nccl_max_bytes)
+        return
     if name is not None and not detach:
         fail_usage("run", "--name names a detached job: add --detach")
+    if restart_on_replace and not detach:
+        fail_usage("run", "--restart-on-replace restarts detached jobs: add --detach")
     spec = build_spec(stack)
     text = " ".join(command or [])
     job_name = (name or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")) if detach else None
     found = _nodes(spec, "run", group)
+    environment = group_environment(spec, group)
     plan = _ops_call("run", lambda: plan_job(
         found, text, master_port=master_port,
         timeout_seconds=QUERY_TIMEOUT_SECONDS if detach else timeout or DEFAULT_TIMEOUT_SECONDS,
-        group_environment=group_environment(spec, group), log_group=run_log_group(identity(spec)),
+        group_environment=environment, log_group=run_log_group(identity(spec)),
         workdir=workdir, detach=job_name, job_timeout_seconds=timeout if detach else None))
+    config = next((g for g in spec.node_groups if g.name == group), None)
+    record = _ops_call("run", lambda: job_record(
+        plan, node_group=group, master_port=master_port, group_environment=environment,
+        launched_at=datetime.now(UTC).isoformat(),
+        instance_types=config.instance_types if config else ())) if restart_on_replace else None
     if dry_run:
         for line in render_dry_run(plan):
             typer.echo(line)
+        if record is not None:
+            where = job_parameter_name(identity(spec), plan.detach or "")
+            typer.echo(f"restart-on-replace: would record {where}: {json.dumps(record, sort_keys=True)}")
         return
     ssm = _client(spec, "ssm")
     typer.echo(f"run on {len(plan.ranks)} node(s) of {group}, MASTER_ADDR "
@@ -270,8 +297,9 @@ def run(
                "(<command id>/<instance id>/...)")
     if job.ok and plan.detach:
         typer.echo(f"run: job {plan.detach} started on all {len(job.results)} node(s); follow it with "
-                   f"`gpucluster jobs {stack}`, `gpucluster logs {stack} {plan.detach}`, stop it with "
-                   f"`gpucluster cancel {stack} {plan.detach}`")
+                   f"`gpucluster jobs {stack}`, `gpucluster logs {stack} {plan.detach} --follow`, stop it "
+                   f"with `gpucluster cancel {stack} {plan.detach}`")
+        _record_restart(spec, ssm, plan.detach, group, record)
         return
     if job.ok:
         typer.echo(f"run: all {len(job.results)} node(s) succeeded")
@@ -279,6 +307,108 @@ def run(
     typer.echo(f"run: {len(job.failed)} of {len(job.results)} node(s) failed (ranks "
                f"{', '.join(str(r.rank) for r in job.failed)})")
     raise typer.Exit(EXIT_BLOCKED)
+
+
+def _nccl_test(stack: str, group: str, *, dry_run: bool, max_bytes: str) -> None:
+    """`run --nccl-test`: the phases of ops.nccl through SSM, then the bandwidth table and verdict."""
+    from gpucluster.ops.nccl import (
+        assess,
+        expectation,
+        human_bytes,
+        phase_plan,
+        plan_nccl_test,
+        run_nccl_test,
+        ssm_runner,
+    )
+    from gpucluster.ops.run import run_log_group
+
+    spec = build_spec(stack)
+    found = _nodes(spec, "run", group)
+    base = _ops_call("run", lambda: plan_nccl_test(
+        found, log_group=run_log_group(identity(spec)), group_environment=group_environment(spec, group),
+        max_bytes=max_bytes))
+    expected = expectation([r.node for r in base.ranks])
+    efa = "EFA on" if base.ranks[0].environment.get("FI_PROVIDER") == "efa" else "no EFA: TCP sockets"
+    gpus = base.ranks[0].environment["NPROC_PER_NODE"]
+    typer.echo(f"NCCL all_reduce_perf on {len(base.ranks)} node(s) x {gpus} GPU(s) of {group} "
+               f"({expected.instance_type}, {efa}), 8 B to {max_bytes}B")
+    if dry_run:
+        run_id = "nccl-dry-run"
+        for phase, first in (("key", True), ("authorize", False), ("run", True), ("revoke", False)):
+            plan = phase_plan(base, phase, run_id, first_only=first)
+            typer.echo(f"{phase}: {', '.join(r.node.instance_id for r in plan.ranks)}")
+        typer.echo("dry run: nothing sent")
+        return
+    run_id = datetime.now(UTC).strftime("nccl-%Y%m%d-%H%M%S")
+    typer.echo("Open MPI starts the ranks over SSH: a one-time key, authorised within the group only, "
+               "is removed when the test ends")
+    ssm = _client(spec, "ssm")
+    try:
+        outcome = _aws_call("run", lambda: run_nccl_test(
+            base, run_id, ssm_runner(ssm), on_phase=lambda phase: typer.echo(f"{phase} ...")))
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted: the test key was removed where the revoke phase reached")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    for phase, results in outcome.phases.items():
+        for r in results:
+            if not r.ok:
+                typer.echo(f"{phase} on {r.instance_id}: {r.status}" + (f" ({r.error})" if r.error else ""))
+                for line in r.tail(10):
+                    typer.echo(f"  | {line}")
+    report = outcome.report
+    if report is not None and report.rows:
+        rows = [[human_bytes(row.size), f"{row.busbw_out_of_place:.2f}", f"{row.busbw_in_place:.2f}",
+                 str(row.wrong)] for row in report.rows]
+        headers = ["size", "busbw out-of-place (GB/s)", "busbw in-place (GB/s)", "wrong"]
+        for line in render_table(headers, rows):
+            typer.echo(line)
+    ok, lines = assess(outcome, expected)
+    for line in lines:
+        typer.echo(line)
+    typer.echo(f"nccl-test: {'passed' if ok else 'failed'} (full output on rank 0: "
+               f"/var/log/gpucluster/nccl-test-{run_id}.log)")
+    if not ok:
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+def _record_restart(spec: StackSpec, ssm: Any, job: str, group: str, record: dict[str, Any] | None) -> None:
+    """Store (or, without --restart-on-replace, drop) the job's record for the restart handler.
+
+    A job started again under the same name without the flag must not inherit an older record.
+    """
+    from gpucluster.lambdas.job_restart import encode_record, job_parameter_name
+    from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
+
+    name = job_parameter_name(identity(spec), job)
+    if record is None:
+        try:
+            _drop_record(ssm, name)
+        except AWS_ERRORS as exc:
+            typer.echo(f"run: warning: could not remove an older restart record {name} "
+                       f"({error_code(exc) or type(exc).__name__}); `gpucluster cancel` removes it")
+        return
+    try:
+        ssm.put_parameter(Name=name, Value=encode_record(record), Type="String", Overwrite=True,
+                          Description=f"gpucluster run --restart-on-replace: job {job} of {group}"[:1024])
+    except AWS_ERRORS as exc:
+        typer.echo(f"run: the job runs, but restart-on-replace is off: its record {name} was not stored "
+                   f"({error_code(exc) or type(exc).__name__}: {exc})")
+        raise typer.Exit(EXIT_BLOCKED) from None
+    typer.echo(f"restart-on-replace: when a replacement brings {group} back to {record['nnodes']} node(s), "
+               f"the job starts again on the new nodes with GPUCLUSTER_CHECKPOINT_LATEST (record {name})")
+
+
+def _drop_record(ssm: Any, name: str) -> bool:
+    """Delete a job's restart record; False when there was none."""
+    from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
+
+    try:
+        ssm.delete_parameter(Name=name)
+    except AWS_ERRORS as exc:
+        if error_code(exc) == "ParameterNotFound":
+            return False
+        raise
+    return True
 
 
 # ---------------------------------------------------------------------- hostfile
@@ -543,14 +673,20 @@ def logs(
     node: Annotated[str | None, typer.Option("--node", help="Only this node: its rank, instance id or "
                                                             "private IP.")] = None,
     lines: Annotated[int, typer.Option("--lines", "-n", help="Lines of output per node.")] = 200,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the output from CloudWatch Logs "
+                                                                "until the job has ended on every node.")]
+    = False,
 ) -> None:
-    """Show a detached job's latest output on each node (its journal, through SSM)."""
+    """Show a detached job's latest output on each node; with --follow, stream it until it ends."""
     from gpucluster.ops.run import JOB_TOOL
 
     name = _job_name("logs", job)
     if not 1 <= lines <= 5000:
         fail_usage("logs", f"--lines: must be 1..5000, got {lines}")
     spec = build_spec(stack)
+    if follow:
+        _follow(spec, name, group, node)
+        return
     plan, results = _on_nodes(spec, "logs", group, f"{JOB_TOOL} logs {name} {lines}", node)
     for r in results:
         typer.echo(f"== {r.instance_id} {plan.ranks[r.rank].node.private_ip}: {r.status}"
@@ -558,6 +694,54 @@ def logs(
         for line in r.stdout.splitlines():
             typer.echo(line)
     if any(not r.ok for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+def _running(spec: StackSpec, instance_ids: Iterable[str]) -> set[str]:
+    """Which of these instances EC2 still has pending or running."""
+    from gpucluster.ops.nodes import describe_instances
+
+    found = describe_instances(_client(spec, "ec2"), list(instance_ids))
+    return {i for i, d in found.items() if d.get("State", {}).get("Name") in ("pending", "running")}
+
+
+def _follow(spec: StackSpec, name: str, group: str | None, node: str | None) -> None:
+    """`logs --follow`: which nodes run the job (SSM, `gpucluster-job status`), then their streams."""
+    from gpucluster.ops.joblogs import JobFollower, LogLine, follow, job_log_stream, parse_started
+    from gpucluster.ops.run import JOB_TOOL, parse_job_states, run_log_group
+
+    _, results = _on_nodes(spec, "logs", group, f"{JOB_TOOL} status", node)
+    found = {r.instance_id: state for r in results if r.ok
+             for state in parse_job_states(r.stdout) if state.name == name}
+    silent = [f"{r.instance_id} ({r.status})" for r in results if not r.ok]
+    if silent:
+        typer.echo(f"no answer from: {', '.join(silent)}")
+    if not found:
+        typer.echo(f"logs: no job {name} on the {len(results) - len(silent)} node(s) that answered "
+                   f"(see `gpucluster jobs {spec.stack}`)")
+        raise typer.Exit(EXIT_BLOCKED)
+    starts = [t for s in found.values() if (t := parse_started(s.started)) is not None]
+    # From a minute before the job's first start (clock skew); without a start time, the last day.
+    since = min(starts) if len(starts) == len(found) else datetime.now(UTC) - timedelta(days=1)
+    streams = {job_log_stream(i, name): i for i in found}
+    follower = JobFollower(_client(spec, "logs"), run_log_group(identity(spec)), name, streams,
+                           int((since - timedelta(minutes=1)).timestamp() * 1000),
+                           {s for s, i in streams.items() if found[i].state == "running"})
+    several = len(streams) > 1
+
+    def show(line: LogLine) -> None:
+        typer.echo(f"{streams[line.stream]} | {line.message}" if several else line.message)
+
+    typer.echo(f"following job {name} on {len(streams)} node(s) ({len(follower.waiting)} running), "
+               f"CloudWatch Logs {follower.log_group}; Ctrl-C stops following, not the job", err=True)
+    try:
+        _aws_call("logs", lambda: follow(follower, show, running=lambda ids: _running(spec, ids)))
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    for stream, instance in sorted(streams.items(), key=lambda item: item[1]):
+        ending = follower.endings.get(stream)
+        typer.echo(f"{instance}: {ending.describe() if ending else 'had already ended'}", err=True)
+    if any(not e.ok for e in follower.endings.values()) or silent:
         raise typer.Exit(EXIT_BLOCKED)
 
 
@@ -569,11 +753,16 @@ def cancel(
     yes: YesOption = False,
 ) -> None:
     """Stop a detached job on every node (SIGTERM, then SIGKILL after 90 s)."""
+    from gpucluster.lambdas.job_restart import job_parameter_name
     from gpucluster.ops.run import JOB_TOOL
 
     name = _job_name("cancel", job)
     spec = build_spec(stack)
     confirm_or_exit("cancel", f"Stop job {name} on every node of {group or 'the stack'}?", yes)
+    # First, so that no replacement starts it again while it stops.
+    record = job_parameter_name(identity(spec), name)
+    if _aws_call("cancel", lambda: _drop_record(_client(spec, "ssm"), record)):
+        typer.echo(f"{name}: restart-on-replace record removed")
     _, results = _on_nodes(spec, "cancel", group, f"{JOB_TOOL} cancel {name}")
     for r in results:
         typer.echo(f"{r.instance_id}: {'cancelled' if r.ok else f'not cancelled ({r.status})'}"

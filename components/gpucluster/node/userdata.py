@@ -26,7 +26,7 @@ from importlib import resources
 
 from gpucluster import catalog
 from gpucluster.catalog import family_of
-from gpucluster.noderole import gpu_metric_namespace
+from gpucluster.noderole import gpu_metric_namespace, run_log_group_name
 from gpucluster.parts import DataMount
 from gpucluster.spec import AutoStopConfig, NodeGroupConfig, SpotConfig, StackSpec, read_project_file
 
@@ -60,6 +60,7 @@ NODE_ENV = "/etc/gpucluster/node.env"
 USER_SETUP = "/etc/gpucluster/user-setup.sh"
 CHECKPOINT_HOOK = "/usr/local/sbin/gpucluster-checkpoint"
 JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # `gpucluster run --detach`, `jobs`, `logs`, `cancel`
+JOB_LOG_DIR = "/var/log/gpucluster/jobs"  # job.sh writes each job's output there; the agent ships it
 
 MAX_USER_DATA_BYTES = 16384
 """EC2 limit on user data before base64 (EC2 user guide, "Run commands at launch").
@@ -272,13 +273,14 @@ def efa_environment(b: NodeBootstrap) -> dict[str, str]:
     return env
 
 
-def cloudwatch_agent_config(cluster: str) -> dict[str, object]:
-    """CloudWatch agent config: GPU metrics per instance, aggregated per Auto Scaling group.
+def cloudwatch_agent_config(cluster: str, run_log_group: str | None = None) -> dict[str, object]:
+    """CloudWatch agent config: GPU metrics per instance, aggregated per Auto Scaling group, and
+    detached jobs' output files into the stack's run log group (`gpucluster logs --follow`).
 
     `append_dimensions` adds the group name from the instance's aws:autoscaling:groupName
     tag; `aggregation_dimensions` makes the one-dimension series auto-stop alarms on.
     """
-    return {
+    config = {
         "agent": {"metrics_collection_interval": GPU_METRIC_PERIOD_SECONDS, "run_as_user": "root"},
         "metrics": {
             "namespace": gpu_metric_namespace(cluster),
@@ -296,6 +298,14 @@ def cloudwatch_agent_config(cluster: str) -> dict[str, object]:
             },
         },
     }
+    if run_log_group:
+        # One stream per job file, <instance id>_<path with '_' for '/'> (publish_multi_logs; see
+        # gpucluster.ops.joblogs.job_log_stream), each read from its first line (from_beginning:
+        # the agent's default; a file created after the agent started is otherwise read from its end).
+        config["logs"] = {"force_flush_interval": 5, "logs_collected": {"files": {"collect_list": [{
+            "file_path": f"{JOB_LOG_DIR}/*.log", "log_group_name": run_log_group,
+            "log_stream_name": "{instance_id}", "publish_multi_logs": True, "from_beginning": True}]}}}
+    return config
 
 
 def data_mounts_table(b: NodeBootstrap) -> str:
@@ -376,7 +386,8 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
             f"Type=simple\nRestart=on-failure\nRestartSec=5\nExecStart={_SBIN}/gpucluster-spot-watcher",
             after="network-online.target", extra="Wants=network-online.target\n")),
         NodeFile("/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json",
-                 json.dumps(cloudwatch_agent_config(b.cluster), indent=2) + "\n"),
+                 json.dumps(cloudwatch_agent_config(b.cluster, run_log_group_name(b.stack)), indent=2)
+                 + "\n"),
         NodeFile(CHECKPOINT_HOOK, script("checkpoint.sh"), "0755"),
         NodeFile(JOB_TOOL, script("job.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-setup", script("setup.sh"), "0755"),

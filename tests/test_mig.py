@@ -219,3 +219,99 @@ def test_idle_stop_warns_that_mig_gpus_report_no_utilisation(base_config: dict[s
 def test_groups_without_mig_see_whole_gpus(base_config: dict[str, Any]) -> None:
     group = parse_stack_config(base_config, stack="t").node_groups[0]
     assert group.mig_layout == () and group.slots_per_gpu == 1
+
+
+# -------------------------------------------------------------- slots: nodes, hostfile, run
+
+
+def mig_node(instance_id: str, ip: str, minute: int, mig_per_gpu: int = 7) -> Any:
+    from datetime import UTC, datetime, timedelta
+
+    from gpucluster.ops.nodes import Node
+
+    launched = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=minute)
+    return Node(instance_id, "infer", "asg", "p5.48xlarge", "us-east-1a", ip, "on-demand", "running",
+                "InService", "Healthy", launched, "Online", mig_per_gpu=mig_per_gpu)
+
+
+def test_mig_devices_are_slots_and_one_rank_each() -> None:
+    """torchrun's ranks: NODE_RANK * NPROC_PER_NODE + LOCAL_RANK, LOCAL_RANK i on the node's i-th
+    MIG device (`gpucluster-mig exec`, tested in test_node_mig.py)."""
+    from gpucluster.ops.run import plan_job
+
+    nodes = [mig_node("i-0a", "10.0.0.5", 0), mig_node("i-0b", "10.0.0.6", 1)]
+    assert [(n.gpus, n.slots) for n in nodes] == [(8, 56), (8, 56)]
+    plan = plan_job(nodes, "torchrun --nproc-per-node=$NPROC_PER_NODE --no-python gpucluster-mig exec "
+                           "python serve.py", log_group="/x")
+    env = [r.environment for r in plan.ranks]
+    assert [e["NPROC_PER_NODE"] for e in env] == ["56", "56"] and env[0]["WORLD_SIZE"] == "112"
+    assert [e["NODE_RANK"] for e in env] == ["0", "1"]
+    whole = plan_job([mig_node("i-0c", "10.0.0.7", 0, mig_per_gpu=0)], "true", log_group="/x")
+    assert whole.ranks[0].environment["NPROC_PER_NODE"] == "8"  # no MIG: the GPUs
+
+
+@pytest.fixture
+def mig_stack(tmp_path: Any, base_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A stack file with a MIG group `infer` (p5.48xlarge, 3g.40gb + 2 x 2g.20gb per GPU), and its
+    two nodes launched by a moto Auto Scaling group tagged with the stack's identity."""
+    import boto3
+    import yaml
+    from moto import mock_aws
+
+    from gpucluster.ops import nodes as ops_nodes
+    from gpucluster.plan import load_stack
+    from gpucluster.stack import identity
+    from moto_groups import create_stack_groups, tag_node_group
+
+    base_config["gpucluster:node_groups"] = [
+        {"name": "infer", "instance_types": ["p5.48xlarge"], "max_nodes": 2, "efa": "off",
+         "availability_zones": ["us-east-1a"],
+         "mig": {"profiles": ["3g.40gb", "2g.20gb", "2g.20gb"]}}]
+    path = tmp_path / "Pulumi.mig.yaml"
+    path.write_text(yaml.safe_dump({"config": base_config}))
+    for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(ops_nodes, "ssm_ping", lambda _ssm, ids: dict.fromkeys(ids, "Online"))
+    with mock_aws():
+        ec2 = boto3.client("ec2")
+        ec2.create_launch_template(LaunchTemplateName="mig-nodes", LaunchTemplateData={
+            "ImageId": "ami-12c6146b", "InstanceType": "p5.48xlarge"})
+        autoscaling = boto3.client("autoscaling")
+        create_stack_groups(autoscaling, {"mig-infer": (identity(load_stack(str(path))[2]), 0, 2, 2)},
+                            launch_template="mig-nodes")
+        tag_node_group(autoscaling, "mig-infer", "infer")
+        yield path
+
+
+def test_cli_nodes_and_hostfile_count_mig_devices(mig_stack: Any) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpucluster.cli import app
+
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(app, ["nodes", str(mig_stack), "--json"]).output)
+    assert [(n["gpus"], n["mig_per_gpu"], n["slots"]) for n in listed] == [(8, 3, 24), (8, 3, 24)]
+    table = runner.invoke(app, ["nodes", str(mig_stack)]).output.splitlines()
+    assert table[1].split()[3:6] == ["type", "GPUs", "slots"]
+    assert all(row.split()[2:6] == ["p5.48xlarge", "8", "24", "MIG"] for row in table[2:])
+    hosts = runner.invoke(app, ["hostfile", str(mig_stack), "--group", "infer"])
+    assert hosts.exit_code == 0, hosts.output
+    assert [line.split()[1] for line in hosts.output.splitlines()] == ["slots=24", "slots=24"]
+    assert [line.split()[0] for line in hosts.output.splitlines()] == [n["private_ip"] for n in listed]
+
+
+def test_cli_run_dry_run_gives_one_process_per_mig_device(mig_stack: Any) -> None:
+    from typer.testing import CliRunner
+
+    from gpucluster.cli import app
+
+    result = CliRunner().invoke(app, ["run", str(mig_stack), "--group", "infer", "--dry-run", "--",
+                                      "torchrun --nproc-per-node=$NPROC_PER_NODE --no-python "
+                                      "gpucluster-mig exec python serve.py"])
+    assert result.exit_code == 0, result.output
+    exports = [line.strip() for line in result.output.splitlines() if line.startswith("  export ")]
+    assert exports.count("export NPROC_PER_NODE=24") == 2 and exports.count("export WORLD_SIZE=48") == 2
+    assert exports.count("export GPUCLUSTER_MIG_LAYOUT=3g.40gb,2g.20gb,2g.20gb") == 2

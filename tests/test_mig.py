@@ -315,3 +315,16 @@ def test_cli_run_dry_run_gives_one_process_per_mig_device(mig_stack: Any) -> Non
     exports = [line.strip() for line in result.output.splitlines() if line.startswith("  export ")]
     assert exports.count("export NPROC_PER_NODE=24") == 2 and exports.count("export WORLD_SIZE=48") == 2
     assert exports.count("export GPUCLUSTER_MIG_LAYOUT=3g.40gb,2g.20gb,2g.20gb") == 2
+
+
+def test_a_mig_group_plans_and_its_nodes_boot_with_the_layout(base_config: dict[str, Any]) -> None:
+    import base64
+    import gzip
+
+    from base_config import plan_config
+
+    plan = plan_config(config_with(base_config, ["p5.48xlarge"], {"profile": "3g.40gb"}))
+    [template] = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    user_data = gzip.decompress(base64.b64decode(template.inputs["userData"])).decode()
+    assert "GPUCLUSTER_MIG_LAYOUTS='*=3g.40gb:0,3g.40gb:4'" in user_data
+    assert "cat > /usr/local/sbin/gpucluster-mig <<" in user_data

@@ -33,6 +33,9 @@ H100_PLAN = "3g.40gb:4,2g.20gb:0,1g.10gb:2,1g.10gb:3"
 FAKE_SMI = r"""#!/bin/bash
 # A fake nvidia-smi over the state in $FAKE_SMI (one directory per GPU: mode, gi).
 echo "nvidia-smi $*" >> "$CALLS"
+if [ "${FAKE_NO_DRIVER:-}" = 1 ]; then
+  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."; exit 9
+fi
 S="$FAKE_SMI"
 mode() { cat "$S/$1/mode"; }  # "<current> <pending>"
 case "$*" in
@@ -123,10 +126,11 @@ class Node:
     def layout(self, gpu: int) -> list[str]:
         return (self.smi / str(gpu) / "gi").read_text().split("\n")[:-1]
 
-    def reboot(self) -> None:
-        """What a reboot does: MIG instances and /run are gone, a pending mode takes effect."""
+    def reboot(self, hopper: bool = False) -> None:
+        """What a reboot does: MIG instances and /run are gone; on an A100 a pending mode takes effect
+        (InfoROM), on Hopper and later the mode is off again (MIG user guide, "Enable MIG Mode")."""
         for gpu in self.smi.iterdir():
-            pending = (gpu / "mode").read_text().split()[1]
+            pending = "Disabled" if hopper else (gpu / "mode").read_text().split()[1]
             (gpu / "mode").write_text(f"{pending} {pending}\n")
             (gpu / "gi").write_text("")
         boot = self.box.root / "smi-boot"
@@ -172,15 +176,16 @@ def test_apply_is_a_no_op_when_the_layout_is_already_there(tmp_path: Path) -> No
     assert (node.state / "mig-devices").read_text() == before
 
 
-def test_after_a_reboot_the_instances_are_created_again_without_a_mode_change(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hopper", [False, True])
+def test_after_a_reboot_the_layout_is_made_again(tmp_path: Path, hopper: bool) -> None:
     node = Node(tmp_path)
     assert node.run("apply").returncode == 0
-    node.reboot()  # MIG mode survives it, the instances do not
+    node.reboot(hopper=hopper)  # the instances are gone; on an H100 MIG mode too
 
     result = node.run("apply")
 
     assert result.returncode == 0, result.stderr
-    assert node.smi_calls("-i ") == []
+    assert node.smi_calls("-i ") == (["-i 0 -mig 1", "-i 1 -mig 1"] if hopper else [])
     assert len(node.smi_calls("mig -i 0 -cgi")) == 1 and len(node.smi_calls("mig -i 1 -cgi")) == 1
     assert (node.state / "mig-devices").read_text().splitlines()[0].startswith("MIG-001")  # new UUIDs
 
@@ -275,6 +280,15 @@ def test_a_refused_mode_change_fails_at_once(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "FAILED: MIG mode could not be turned on for GPU(s) 0,1" in result.stderr
     assert not (node.state / "mig-reboot").exists() and not node.smi_calls("--gpu-reset")
+
+
+def test_no_driver_fails_at_once(tmp_path: Path) -> None:
+    node = Node(tmp_path, FAKE_NO_DRIVER="1")
+    result = node.run("apply")
+    assert result.returncode == 1
+    assert "FAILED: nvidia-smi lists no GPU: NVIDIA-SMI has failed because it couldn't communicate" \
+        in result.stderr
+    assert node.smi_calls("-i ") == [] and node.smi_calls("mig") == []
 
 
 def imds_curl(root: Path, instance_type: str) -> Path:

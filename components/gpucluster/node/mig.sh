@@ -2,9 +2,10 @@
 # gpucluster-mig apply|devices|exec CMD...: the node group's MIG layout (NVIDIA MIG user guide).
 #   apply    every boot, before setup (gpucluster-mig.service): MIG mode on for every GPU, then each
 #            GPU's instances at the spec's placements (nvidia-smi mig -cgi <profile>:<start>,... -C),
-#            unless exactly those exist. MIG mode survives a reboot, the instances do not. A mode left
-#            pending (an A100 passed through to a VM) gets a GPU reset, then one reboot, asked of the
-#            bootstrap ($STATE/mig-reboot). Exits 1 on any failure. Lists the devices in $STATE/mig-devices.
+#            unless exactly those exist. Instances never survive a reboot, nor does MIG mode on Hopper
+#            and later (on an A100 it does). A mode left pending (an A100 passed through to a VM) gets a
+#            GPU reset, then one reboot, asked of the bootstrap ($STATE/mig-reboot). Exits 1 on any
+#            failure. Lists the devices in $STATE/mig-devices.
 #   devices  the MIG device UUIDs, one a line, in nvidia-smi -L order (GPU, then MIG device).
 #   exec     CMD on the MIG device of this local rank (LOCAL_RANK: torchrun; OMPI_COMM_WORLD_LOCAL_RANK:
 #            mpirun): a CUDA process uses one MIG device.
@@ -89,6 +90,9 @@ enable_mode() {
 apply() {
   local plan want count gpu have devices
   plan=$(plan_of_node)
+  if ! devices=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>&1) || ! grep -q '^ *[0-9]' <<<"$devices"; then
+    fail "nvidia-smi lists no GPU: $(head -n 1 <<<"$devices")"
+  fi
   want=$(tr , '\n' <<<"$plan" | sort)
   count=$(grep -c . <<<"$want")
   enable_mode

@@ -590,6 +590,21 @@ class HealthCheckConfig(StrictModel):
     """Notify when GPUs stay busy-but-flat, or nodes in service publish no GPU metric, this long."""
 
 
+MIG_PROFILE = r"[1-7]g\.\d{1,3}gb(\+me)?"
+MigProfileName = Annotated[str, _matches(MIG_PROFILE, "must be a MIG profile name like 1g.10gb or 3g.40gb")]
+
+
+class MigConfig(StrictModel):
+    """The MIG instances every GPU of a node group is split into: one profile `count` times, or a list."""
+
+    profile: MigProfileName | None = None
+    """Split every GPU into instances of this profile, e.g. 1g.10gb (README, "MIG partitions")."""
+    count: Annotated[int, _in_range(1, 7)] | None = None
+    """With profile: instances per GPU (default: as many as fit, e.g. 7 x 1g.10gb on an H100)."""
+    profiles: Annotated[list[MigProfileName], Field(min_length=1, max_length=7)] | None = None
+    """Instead of profile: the instances of each GPU, e.g. [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]."""
+
+
 class NodeGroupConfig(StrictModel):
     name: Name
     """Unique within the stack; used in resource names and the ASG tag."""
@@ -631,10 +646,39 @@ class NodeGroupConfig(StrictModel):
     """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
     health_checks: HealthCheckConfig = HealthCheckConfig()
     """GPU health checks at launch and while running, and what a failing node gets."""
+    mig: MigConfig | None = None
+    """Split every GPU into MIG instances at boot (A100, H100, H200, B200); jobs get one per rank."""
 
     @property
     def types(self) -> list[catalog.InstanceType]:
         return [t for name in self.instance_types if (t := catalog.get(name))]
+
+    @property
+    def mig_layout(self) -> tuple[str, ...]:
+        """The MIG instances of each GPU, as the stack file names them (empty: MIG off).
+
+        `profile` without `count` takes as many as fit the group's GPU (the `group_mig`
+        check makes sure every type of the group agrees on that number).
+        """
+        m = self.mig
+        if m is None:
+            return ()
+        if m.profiles is not None:
+            return tuple(m.profiles)
+        if m.profile is None:
+            return ()
+        if m.count is not None:
+            return (m.profile,) * m.count
+        for t in self.types:
+            gpu = catalog.mig_gpu(t.name)
+            if gpu is not None and m.profile in gpu.profiles:
+                return (m.profile,) * gpu.profiles[m.profile].max_instances
+        return ()
+
+    @property
+    def slots_per_gpu(self) -> int:
+        """Devices a job sees per GPU: its MIG instances, or 1 (the whole GPU)."""
+        return len(self.mig_layout) or 1
 
     @property
     def efa_enabled(self) -> bool:
@@ -1186,6 +1230,107 @@ def group_node_setup(g: NodeGroupConfig, zones: Sequence[str] | None, path: str)
 @check
 def node_setup(spec: StackSpec) -> Iterable[Finding]:
     yield from _each_group(spec, group_node_setup)
+
+
+def mig_instance_types() -> list[str]:
+    """Families whose GPUs have MIG (catalog/data/mig_profiles.yaml), in catalog order."""
+    return list(dict.fromkeys(catalog.family_of(n) for n in catalog.names() if catalog.mig_gpu(n)))
+
+
+def _layout_text(layout: Sequence[str]) -> str:
+    """['1g.10gb'] * 7 -> '7 x 1g.10gb'; a mixed layout -> its names, comma separated."""
+    return f"{len(layout)} x {layout[0]}" if len(set(layout)) == 1 else ", ".join(layout)
+
+
+def mig_layout_findings(gpu: catalog.MigGpu, instance_type: str, layout: Sequence[str],
+                        path: str) -> Iterable[Finding]:
+    """One GPU's layout against its profiles: known names, instance limits, slices and placements."""
+    unknown = [n for n in dict.fromkeys(layout) if n not in gpu.profiles]
+    if unknown:
+        hint = difflib.get_close_matches(unknown[0], list(gpu.profiles), n=1, cutoff=0.6)
+        tail = f"; did you mean {hint[0]}?" if hint else ""
+        yield Finding(path, f"{unknown[0]} is not a MIG profile of {instance_type}'s {gpu.name} (it has "
+                      f"{', '.join(gpu.profiles)}){tail}")
+        return
+    for name in dict.fromkeys(layout):
+        most = gpu.profiles[name].max_instances
+        if layout.count(name) > most:
+            yield Finding(path, f"one {gpu.name} ({instance_type}) holds at most {most} x {name}, "
+                          f"got {layout.count(name)}")
+            return
+    if gpu.place(layout) is not None:
+        return
+    compute = sum(gpu.profiles[n].compute_slices for n in layout)
+    memory = sum(gpu.profiles[n].memory_slices for n in layout)
+    if compute > gpu.compute_slices:
+        why = f"they need {compute} of its {gpu.compute_slices} compute slices"
+    elif memory > gpu.memory_slices:
+        why = f"they need {memory} of its {gpu.memory_slices} memory slices"
+    else:
+        why = "no placement lets them sit side by side (3g and 4g instances start at slice 0 or 4 only)"
+    yield Finding(path, f"{_layout_text(layout)} do not fit one {gpu.name} ({instance_type}): {why}")
+
+
+@group_check
+def group_mig(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    """A MIG layout names one profile (with a count) or a list, which every type's GPU can hold.
+
+    From catalog/data/mig_profiles.yaml (NVIDIA's MIG user guide): GPUs without MIG (T4, A10G, L4,
+    L40S) refuse any layout; the others take only their own profile names, at most their instance
+    limit each, within 7 compute slices and on placements that do not overlap.
+    """
+    m, where = g.mig, f"{path}.mig"
+    if m is None:
+        return
+    if (m.profile is None) == (m.profiles is None):
+        yield Finding(where, "set profile (with an optional count) or profiles (a list per GPU)"
+                      + (", not both" if m.profile else ""))
+        return
+    if m.count is not None and m.profile is None:
+        yield Finding(f"{where}.count", "only used with profile (profiles lists every instance of a GPU)")
+        return
+    key = f"{where}.profile" if m.profile else f"{where}.profiles"
+    fits: dict[str, int] = {}
+    seen: set[str] = set()
+    for j, t in enumerate(g.types):
+        gpu = catalog.mig_gpu(t.name)
+        if gpu is None:
+            families = ", ".join(mig_instance_types())
+            yield Finding(f"{path}.instance_types[{j}]", f"{t.name} has {t.gpu_model} GPUs, which have no "
+                          f"MIG; a mig layout needs A100, H100, H200 or B200 ({families})")
+            continue
+        if m.profile is not None and m.profile in gpu.profiles:
+            fits[t.name] = gpu.profiles[m.profile].max_instances
+            if m.count is not None and m.count > fits[t.name]:
+                yield Finding(f"{where}.count", f"one {gpu.name} ({t.name}) holds at most {fits[t.name]} x "
+                              f"{m.profile}, got {m.count}")
+                continue
+        if gpu.name in seen:
+            continue
+        seen.add(gpu.name)
+        layout = m.profiles or [m.profile] * (m.count or fits.get(t.name, 1))
+        yield from mig_layout_findings(gpu, t.name, [str(n) for n in layout], key)
+    if m.profile is not None and m.count is None and len(set(fits.values())) > 1:
+        yield Finding(f"{where}.count", f"required here: the group's types fit different numbers of "
+                      f"{m.profile} per GPU ({', '.join(f'{t}: {n}' for t, n in fits.items())})")
+
+
+@check
+def mig_layouts(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_mig)
+
+
+@check
+def mig_idle_stop(spec: StackSpec) -> Iterable[Finding]:
+    """The idle stop reads GPU utilisation, which a GPU in MIG mode does not report (warning)."""
+    if not spec.autostop.enabled:
+        return
+    for i, g in enumerate(spec.node_groups):
+        if g.mig is not None:
+            yield Finding(f"node_groups[{i}].mig", "GPUs in MIG mode report no utilisation (NVML), so the "
+                          "idle stop never sees this group idle (its alarm stays INSUFFICIENT_DATA and only "
+                          "notifies); bound it with autostop.stop_schedule or max_lifetime_hours",
+                          level="warning")
 
 
 @check

@@ -170,6 +170,17 @@ class HealthCheckSettings(TypedDict):
     """Notify when GPUs stay busy-but-flat, or nodes in service publish no GPU metric, this long."""
 
 
+class MigSettings(TypedDict):
+    """A node group's `mig`: the MIG instances every GPU is split into."""
+
+    profile: NotRequired[str]
+    """Split every GPU into instances of this profile, e.g. 1g.10gb (README, "MIG partitions")."""
+    count: NotRequired[int]
+    """With profile: instances per GPU (default: as many as fit, e.g. 7 x 1g.10gb on an H100)."""
+    profiles: NotRequired[list[str]]
+    """Instead of profile: the instances of each GPU, e.g. [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]."""
+
+
 class NodeGroupSettings(TypedDict):
     """One entry of the stack file's `node_groups`: instance types, sizes, capacity, EFA, disks, AMI."""
 
@@ -209,6 +220,8 @@ class NodeGroupSettings(TypedDict):
     """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
     health_checks: NotRequired[HealthCheckSettings]
     """GPU health checks at launch and while running, and what a failing node gets."""
+    mig: NotRequired[MigSettings]
+    """Split every GPU into MIG instances at boot (A100, H100, H200, B200); jobs get one per rank."""
 
 
 class FsxSettings(TypedDict):

@@ -1,11 +1,11 @@
 """Node bootstrap: the user data every GPU node boots with, rendered per node group.
 
-It owns what runs on a node: the NVMe RAID0 scratch volume, the EFA/NCCL
-environment, the CloudWatch agent publishing GPU metrics (auto-stop alarms on
-utilisation, the dashboard shows the rest), the GPU health checks (at launch,
-under the group's lifecycle hook, and on a timer), the spot-interruption
-watcher and hook, the dataset mounts, the checkpoint hook, and the node group's
-own files, setup and container image. The
+It owns what runs on a node: the MIG partitions of its GPUs, the NVMe RAID0
+scratch volume, the EFA/NCCL environment, the CloudWatch agent publishing GPU
+metrics (auto-stop alarms on utilisation, the dashboard shows the rest), the GPU
+health checks (at launch, under the group's lifecycle hook, and on a timer), the
+spot-interruption watcher and hook, the dataset mounts, the checkpoint hook, and
+the node group's own files, setup and container image. The
 shell lives in the `*.sh` files next to this module; this module only renders
 settings into them (values shell-quoted) and packs them into one script. It is
 pure: no Pulumi import and no AWS call, so the output can be linted (`bash -n`,
@@ -60,6 +60,10 @@ NODE_ENV = "/etc/gpucluster/node.env"
 USER_SETUP = "/etc/gpucluster/user-setup.sh"
 CHECKPOINT_HOOK = "/usr/local/sbin/gpucluster-checkpoint"
 JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # `gpucluster run --detach`, `jobs`, `logs`, `cancel`
+# --- MIG (node group `mig`): gpucluster-mig applies the layout at boot and runs a job's local rank on
+# its MIG device (`gpucluster-mig exec CMD`); the devices, one UUID a line, in local rank order.
+MIG_TOOL = "/usr/local/sbin/gpucluster-mig"
+MIG_DEVICES = "/run/gpucluster/mig-devices"
 
 MAX_USER_DATA_BYTES = 16384
 """EC2 limit on user data before base64 (EC2 user guide, "Run commands at launch").
@@ -157,6 +161,8 @@ class NodeBootstrap:
     """GPU health checks (None: off)."""
     notify_topic_arn: str = ""
     """Where health findings are published (resolved; empty: nowhere but the node's journal)."""
+    mig_layouts: tuple[tuple[str, str], ...] = ()
+    """(instance type, or "*" for all, "<profile>:<start>,..."): every GPU's MIG instances (empty: off)."""
 
 
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequence[DataMount] = (),
@@ -189,7 +195,31 @@ def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region:
         container_image=group.container_image,
         health=node_health(group, autostop, spot),
         notify_topic_arn=notify_topic_arn,
+        mig_layouts=mig_plans(group),
     )
+
+
+def mig_plans(group: NodeGroupConfig) -> tuple[tuple[str, str], ...]:
+    """Each instance type's MIG plan for `nvidia-smi mig -cgi`: `<profile>:<start>,...`, largest first.
+
+    The starts are the catalog's placements (the same profile name can take another number of
+    memory slices on another GPU, e.g. 1g.10gb on an A100 40GB or 80GB), so a node creates exactly
+    the layout the spec validated. One entry "*" when every type's plan is the same.
+    """
+    layout = group.mig_layout
+    if not layout:
+        return ()
+    plans: dict[str, str] = {}
+    for name in group.instance_types:
+        gpu = catalog.mig_gpu(name)
+        placed = gpu.place(layout) if gpu else None
+        if placed is None:
+            raise ValueError(f"node group {group.name!r}: the MIG layout {', '.join(layout)} does not fit "
+                             f"{name} (validate the spec first)")
+        plans[name] = ",".join(f"{profile}:{start}" for profile, start in placed)
+    if len(set(plans.values())) == 1:
+        return (("*", next(iter(plans.values()))),)
+    return tuple(plans.items())
 
 
 def user_setup_script(group: NodeGroupConfig) -> str | None:
@@ -229,6 +259,7 @@ def node_env(b: NodeBootstrap) -> str:
         "GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS": " ".join(sorted({
             fpr for m in b.data_mounts for fpr in m.fsx_client_key_fingerprints})),
         "GPUCLUSTER_HEALTH_CHECKS": _bool(b.health is not None),
+        "GPUCLUSTER_MIG_LAYOUTS": " ".join(f"{t}={plan}" for t, plan in b.mig_layouts),
     }
     if b.health is not None:
         h = b.health
@@ -383,9 +414,14 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         NodeFile(f"{_UNITS}/gpucluster-setup.service", _unit(
             "node group setup (container image, the group's setup commands)",
             f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={_SBIN}/gpucluster-setup",
-            after="gpucluster-scratch.service network-online.target docker.service",
-            extra="Wants=network-online.target\n")),
+            after="gpucluster-scratch.service network-online.target docker.service"
+                  + (" gpucluster-mig.service" if b.mig_layouts else ""),
+            # Never on GPUs whose MIG layout is not in place: the group's servers would take whole GPUs.
+            extra="Wants=network-online.target\n"
+                  + ("Requires=gpucluster-mig.service\n" if b.mig_layouts else ""))),
     ]
+    if b.mig_layouts:
+        files += mig_files()
     if b.user_setup is not None:
         files.append(NodeFile(USER_SETUP, b.user_setup, "0700"))
     files += b.user_files
@@ -420,6 +456,21 @@ def health_files(h: NodeHealth) -> list[NodeFile]:
                  f"[Unit]\nDescription=gpucluster: GPU health check every {h.interval_minutes} min\n"
                  f"\n[Timer]\nOnBootSec={h.interval_minutes}min\nOnUnitActiveSec={h.interval_minutes}min\n"
                  "AccuracySec=30s\n\n[Install]\nWantedBy=timers.target\n"),
+    ]
+
+
+def mig_files() -> list[NodeFile]:
+    """gpucluster-mig and its unit: the layout at every boot, before setup (MIG groups only)."""
+    report = f"{_SBIN}/gpucluster-report mig"
+    return [
+        NodeFile(MIG_TOOL, script("mig.sh"), "0755"),
+        # Turning MIG mode on resets each GPU (a minute or so); no retries: apply is all or nothing.
+        NodeFile(f"{_UNITS}/gpucluster-mig.service", _unit(
+            "MIG partitions of the GPUs (before setup and jobs)",
+            f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=20min\nExecStart={MIG_TOOL} apply\n"
+            f"ExecStartPost={report}\nExecStopPost={report}",
+            after="nvidia-persistenced.service nvidia-fabricmanager.service",
+            extra="Before=gpucluster-setup.service\n")),
     ]
 
 

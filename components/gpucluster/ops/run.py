@@ -102,7 +102,8 @@ def plan_job(nodes: Sequence[Node], command: str, *, timeout_seconds: int = DEFA
              job_timeout_seconds: int | None = None) -> JobPlan:
     """Ranks and environments for `command` on the in-service nodes (in the order given).
 
-    NPROC_PER_NODE is each node's GPU count (the catalog's); WORLD_SIZE their sum.
+    NPROC_PER_NODE is each node's GPU count (the catalog's), or its MIG devices in a MIG group
+    (one process a device: `gpucluster-mig exec` gives each local rank its own); WORLD_SIZE their sum.
     """
     if not command.strip():
         raise RunError("no command given (put it after --)")
@@ -124,7 +125,7 @@ def plan_job(nodes: Sequence[Node], command: str, *, timeout_seconds: int = DEFA
     if unreachable:
         raise RunError(f"SSM cannot reach {', '.join(unreachable)}: a job needs every node; wait for "
                        "the agent to come online, or replace the node")
-    nprocs = [max(1, n.gpus) for n in ready]
+    nprocs = [max(1, n.slots) for n in ready]
     shared = {
         "MASTER_ADDR": str(ready[0].private_ip),
         "MASTER_PORT": str(master_port),

@@ -556,16 +556,26 @@ class NodeFileConfig(StrictModel):
     """Permissions, e.g. 0755 for a script a hook command runs."""
 
 
-HealthFinding = Literal["gpu_count", "ecc", "page_retirement", "xid", "efa", "dcgm"]
+HealthFinding = Literal["gpu_count", "ecc", "page_retirement", "xid", "efa", "dcgm", "mig"]
 """What a node health check can find: too few GPUs visible to the driver, uncorrectable ECC errors,
 a pending page retirement or row remap, an XID error, fewer EFA devices than the launch template
-has, or a failed DCGM quick diagnostic (`gpucluster.node` health-check.sh)."""
+has, a failed DCGM quick diagnostic, or (MIG groups) a GPU not in MIG mode or fewer MIG devices than
+the group's layout (`gpucluster.node` health-check.sh)."""
 HEALTH_FINDINGS: tuple[str, ...] = get_args(HealthFinding)
 # NVIDIA's k8s-device-plugin (internal/rm/health.go) leaves these XIDs out of its GPU health: they
 # are raised by an application's own fault (13 graphics engine exception, 31 MMU fault, 43 GPU
 # stopped processing, 45 preemptive cleanup, 68 video processor exception, 109 context switch
 # timeout), and the GPU keeps working for other processes.
 APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+# How long a new node has to answer its launch check. A MIG group's first boot can be two: MIG mode
+# on, a reboot where the GPU reset cannot take it (an A100 passed through to a VM: MIG user guide,
+# "Enable MIG Mode"), the layout again, then the check; gpucluster-mig.service alone may take 20 min.
+# Its default covers two boots of the plain default and the GPU resets; below its minimum (two plain
+# boots) a node that needs the reboot would be abandoned, and every replacement with it. Estimates:
+# not timed on AWS.
+LAUNCH_TIMEOUT_MINUTES = 15
+MIG_LAUNCH_TIMEOUT_MINUTES = 40
+MIG_MIN_LAUNCH_TIMEOUT_MINUTES = 30
 
 
 class HealthCheckConfig(StrictModel):
@@ -573,8 +583,8 @@ class HealthCheckConfig(StrictModel):
     """Check every node before it joins (launch lifecycle hook) and every interval_minutes after."""
     interval_minutes: Annotated[int, _in_range(1, 60)] = 5
     """How often a running node checks itself."""
-    launch_timeout_minutes: Annotated[int, _in_range(5, 120)] = 15
-    """A new node that has not answered the launch check by then is abandoned (and replaced)."""
+    launch_timeout_minutes: Annotated[int, _in_range(5, 120)] | None = None
+    """A new node that has not answered the launch check by then is abandoned; default 15, 40 with mig."""
     xid_window_minutes: Annotated[int, _in_range(1, 1440)] = 15
     """A running node counts XID errors of the last this many minutes (at launch: since boot)."""
     ignored_xids: Annotated[list[Annotated[int, _in_range(1, 999)]], Field(max_length=64),
@@ -674,6 +684,13 @@ class NodeGroupConfig(StrictModel):
             if gpu is not None and m.profile in gpu.profiles:
                 return (m.profile,) * gpu.profiles[m.profile].max_instances
         return ()
+
+    @property
+    def launch_timeout_minutes(self) -> int:
+        """`health_checks.launch_timeout_minutes`, or its default: longer for a MIG group (a reboot)."""
+        if self.health_checks.launch_timeout_minutes is not None:
+            return self.health_checks.launch_timeout_minutes
+        return MIG_LAUNCH_TIMEOUT_MINUTES if self.mig is not None else LAUNCH_TIMEOUT_MINUTES
 
     @property
     def slots_per_gpu(self) -> int:
@@ -1372,6 +1389,11 @@ def group_health(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> 
         yield Finding(f"{path}.health_checks.xid_window_minutes",
                       f"must be at least interval_minutes ({h.interval_minutes}), or an XID between "
                       f"two checks is never seen; got {h.xid_window_minutes}")
+    if h.enabled and g.mig is not None and g.launch_timeout_minutes < MIG_MIN_LAUNCH_TIMEOUT_MINUTES:
+        yield Finding(f"{path}.health_checks.launch_timeout_minutes",
+                      f"must be at least {MIG_MIN_LAUNCH_TIMEOUT_MINUTES} in a MIG group: a node's first "
+                      "boot may reboot once to turn MIG mode on before its check can answer (default "
+                      f"{MIG_LAUNCH_TIMEOUT_MINUTES}); got {g.launch_timeout_minutes}")
 
 
 @check

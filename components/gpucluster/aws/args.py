@@ -155,7 +155,7 @@ class HealthCheckSettings(TypedDict):
     interval_minutes: NotRequired[int]
     """How often a running node checks itself."""
     launch_timeout_minutes: NotRequired[int]
-    """A new node that has not answered the launch check by then is abandoned (and replaced)."""
+    """A new node that has not answered the launch check by then is abandoned; default 15, 40 with mig."""
     xid_window_minutes: NotRequired[int]
     """A running node counts XID errors of the last this many minutes (at launch: since boot)."""
     ignored_xids: NotRequired[list[int]]

@@ -21,12 +21,16 @@ systemctl daemon-reload
 
 # MIG first: nothing may run on a GPU before it is split (gpucluster-mig; setup requires it). The
 # units are enabled before, so the one reboot MIG mode may need (an A100 passed through to a VM
-# leaves it pending) brings the node up complete: systemd then starts them all, MIG first.
+# leaves it pending) brings the node up complete: systemd then starts them all, MIG first, and the
+# health check after it answers the launch hook, which waits through the reboot.
 mig_failed=""
 if [ -n "$GPUCLUSTER_MIG_LAYOUTS" ]; then
   systemctl enable gpucluster-mig.service gpucluster-agent.service gpucluster-scratch.service \
     gpucluster-data.service gpucluster-setup.service
   if [ "$GPUCLUSTER_WATCH_SPOT" = "true" ]; then systemctl enable gpucluster-spot-watcher.service; fi
+  if [ "$GPUCLUSTER_HEALTH_CHECKS" = "true" ]; then
+    systemctl enable gpucluster-health-launch.service gpucluster-health-check.timer
+  fi
   if ! systemctl start gpucluster-mig.service; then
     if [ -e /run/gpucluster/mig-reboot ]; then
       echo "gpucluster bootstrap: MIG mode takes effect after a reboot: rebooting (once)"
@@ -38,8 +42,8 @@ if [ -n "$GPUCLUSTER_MIG_LAYOUTS" ]; then
   fi
 fi
 
-# The health check first: the group's launch lifecycle hook holds this node until it answers, and
-# whatever fails later in this script must not keep it from answering.
+# The health check next (after MIG, which it checks): the group's launch lifecycle hook holds this
+# node until it answers, and whatever fails later in this script must not keep it from answering.
 if [ "$GPUCLUSTER_HEALTH_CHECKS" = "true" ]; then
   systemctl enable gpucluster-health-launch.service gpucluster-health-check.timer
   systemctl start --no-block gpucluster-health-launch.service

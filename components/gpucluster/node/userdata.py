@@ -123,7 +123,7 @@ def node_health(group: NodeGroupConfig, autostop: AutoStopConfig | None,
         hook, timeout = spot.interruption_command, spot.interruption_timeout_seconds
     types = [t for name in group.instance_types if (t := catalog.get(name))]
     return NodeHealth(
-        interval_minutes=h.interval_minutes, launch_timeout_seconds=h.launch_timeout_minutes * 60,
+        interval_minutes=h.interval_minutes, launch_timeout_seconds=group.launch_timeout_minutes * 60,
         xid_window_minutes=h.xid_window_minutes, ignored_xids=tuple(h.ignored_xids),
         fatal=tuple(h.fatal), on_failure=h.on_failure, dcgm_diag=h.dcgm_diag,
         expected_gpus=tuple((t.name, t.gpus) for t in types),
@@ -426,7 +426,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         files.append(NodeFile(USER_SETUP, b.user_setup, "0700"))
     files += b.user_files
     if b.health is not None:
-        files += health_files(b.health)
+        files += health_files(b.health, mig=bool(b.mig_layouts))
     env = efa_environment(b)
     if env:
         files.append(NodeFile("/etc/profile.d/gpucluster-efa.sh",
@@ -437,17 +437,22 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
     return files
 
 
-def health_files(h: NodeHealth) -> list[NodeFile]:
+def health_files(h: NodeHealth, mig: bool = False) -> list[NodeFile]:
     """The health-check script, its launch unit (every boot) and its timer."""
-    # After the driver's own services, so the GPUs and NVSwitches are up when counted.
+    # After the driver's own services, so the GPUs and NVSwitches are up when counted, and in a MIG
+    # group after the layout is applied (its `mig` finding checks it; Wants: not Requires, so a
+    # failed apply is still checked, and the node abandoned with the finding, not left to time out).
     after = "network-online.target nvidia-persistenced.service nvidia-fabricmanager.service"
+    wants = "network-online.target"
+    if mig:
+        after, wants = f"{after} gpucluster-mig.service", f"{wants} gpucluster-mig.service"
     return [
         NodeFile(HEALTH_CHECK, script("health-check.sh"), "0755"),
         NodeFile(f"{_UNITS}/gpucluster-health-launch.service", _unit(
             "GPU health check at boot (completes the launch lifecycle hook)",
             # No start timeout: the script bounds its own retries by the hook's timeout.
             f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={HEALTH_CHECK} launch",
-            after=after, extra="Wants=network-online.target\n")),
+            after=after, extra=f"Wants={wants}\n")),
         NodeFile(f"{_UNITS}/gpucluster-health-check.service", _unit(
             "periodic GPU health check",
             f"Type=oneshot\nExecStart={HEALTH_CHECK} periodic",

@@ -1,0 +1,164 @@
+"""MIG and the GPU health checks together (issues 13 and 14).
+
+The launch check runs after the MIG layout is applied and survives the one reboot MIG mode may
+need at first boot (its units are enabled before it, its hook's timeout covers it); the node's
+`mig` finding; no DCGM diagnostic on MIG GPUs; a stuck-job alarm that does not need the
+utilisation MIG GPUs do not report.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from base_config import plan_config
+from gpucluster.names import autoname
+from gpucluster.node.userdata import node_bootstrap, node_env, node_files, render_user_data
+from gpucluster.spec import (
+    LAUNCH_TIMEOUT_MINUTES,
+    MIG_LAUNCH_TIMEOUT_MINUTES,
+    SpecError,
+    parse_stack_config,
+)
+from test_bootstrap import Sandbox
+from test_node_mig import bootstrap_tail
+
+HOOK = "aws:autoscaling/lifecycleHook:LifecycleHook"
+ASG = "aws:autoscaling/group:Group"
+UNITS = "/etc/systemd/system"
+
+
+def two_groups(base_config: dict[str, Any], **health: Any) -> dict[str, Any]:
+    """`serve`: 2 x p4d.24xlarge split 7 x 1g.5gb per GPU; `plain`: the same type without MIG."""
+    config = copy.deepcopy(base_config)
+    config["gpucluster:network"]["availability_zones"] = ["us-east-1c"]  # offers p4d
+    serve = {"name": "serve", "instance_types": ["p4d.24xlarge"], "max_nodes": 2, "efa": "off",
+             "capacity": {"spot_percent": 0}, "mig": {"profile": "1g.5gb"}, "health_checks": health}
+    plain = {**copy.deepcopy(serve), "name": "plain"}
+    del plain["mig"]
+    config["gpucluster:node_groups"] = [serve, plain]
+    config["gpucluster:budget"] = {"monthly_limit_usd": 50000}
+    return config
+
+
+# ------------------------------------------------------------------ launch check after MIG
+
+
+def test_the_launch_check_of_a_mig_group_waits_for_the_layout(base_config: dict[str, Any]) -> None:
+    spec = parse_stack_config(two_groups(base_config), stack="t")
+    serve, plain = (
+        {f.path: f.content for f in node_files(node_bootstrap(spec, g))} for g in spec.node_groups)
+    unit = serve[f"{UNITS}/gpucluster-health-launch.service"]
+    after = unit.split("\nAfter=")[1].split("\n")[0].split()
+    wants = unit.split("\nWants=")[1].split("\n")[0].split()
+    # Wants, not Requires: a failed apply is still checked, and the node abandoned with its finding.
+    assert "gpucluster-mig.service" in after and "gpucluster-mig.service" in wants
+    assert "Requires=" not in unit
+    assert "gpucluster-mig.service" not in plain[f"{UNITS}/gpucluster-health-launch.service"]
+    # The periodic check waits for the launch check (and so for MIG) after every boot.
+    assert "After=gpucluster-health-launch.service" in serve[f"{UNITS}/gpucluster-health-check.service"]
+
+
+@pytest.mark.parametrize("outcome", ["applied", "reboot", "failed"])
+def test_the_bootstrap_enables_the_health_check_before_a_mig_reboot(outcome: str, base_config: dict[str, Any],
+                                                                   tmp_path: Path) -> None:
+    spec = parse_stack_config(two_groups(base_config), stack="t")
+    b = node_bootstrap(spec, spec.node_groups[0])
+    box = Sandbox(tmp_path)
+    box.node_env.write_text(node_env(b))
+    (tmp_path / "run").mkdir()
+    request = tmp_path / "run" / "mig-reboot"
+    start_mig = {"applied": "exit 0", "reboot": f"touch {request}; exit 1", "failed": "exit 1"}[outcome]
+    (box.bin / "systemctl").write_text(
+        f'#!/bin/bash\necho "systemctl $*" >> {box.log}\n'
+        f'[ "$*" = "start gpucluster-mig.service" ] && {{ {start_mig}; }}\ntrue\n')
+    (box.bin / "systemctl").chmod(0o755)
+    script = tmp_path / "tail.sh"
+    script.write_text(bootstrap_tail(render_user_data(b), tmp_path, box.node_env))
+
+    result = subprocess.run(["bash", str(script)], env=box.env, capture_output=True, text=True, timeout=20)
+
+    calls = box.calls("systemctl")
+    mig = calls.index("start gpucluster-mig.service")
+    enabled = " ".join(c for c in calls[:mig] if c.startswith("enable")).split()
+    # Enabled before MIG can reboot the node: after the reboot systemd starts the check itself.
+    assert {"gpucluster-health-launch.service", "gpucluster-health-check.timer"} <= set(enabled)
+    assert not [c for c in calls[:mig] if c.startswith("start")]  # nothing checks the GPUs before MIG
+    launch = "start --no-block gpucluster-health-launch.service"
+    if outcome == "reboot":
+        assert calls[mig + 1:] == ["reboot"] and result.returncode == 0  # no check of a half-made node
+    else:
+        # Applied: the check answers the hook. Failed: it answers too (ABANDON, finding `mig`),
+        # rather than leaving the node to the hook's timeout.
+        assert calls.index(launch) > mig, calls
+        assert result.returncode == (0 if outcome == "applied" else 1), result.stdout + result.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_systemd_accepts_the_health_units_ordered_after_mig(base_config: dict[str, Any],
+                                                           tmp_path: Path) -> None:
+    spec = parse_stack_config(two_groups(base_config), stack="t")
+    files = node_files(node_bootstrap(spec, spec.node_groups[0]))
+    sbin = tmp_path / "sbin"
+    sbin.mkdir()
+    for f in files:
+        if f.path.startswith("/usr/local/sbin/"):
+            (sbin / Path(f.path).name).write_text(f.content)
+            (sbin / Path(f.path).name).chmod(0o755)
+    names = ("gpucluster-mig.service", "gpucluster-health-launch.service", "gpucluster-health-check.service",
+             "gpucluster-health-check.timer")
+    paths = []
+    for f in files:
+        if Path(f.path).name in names:
+            path = tmp_path / Path(f.path).name
+            path.write_text(f.content.replace("/usr/local/sbin/", f"{sbin}/"))
+            paths.append(str(path))
+    result = subprocess.run(["systemd-analyze", "verify", *paths], capture_output=True, text=True,
+                            cwd=tmp_path)
+    problems = [line for line in result.stderr.splitlines() if "gpucluster" in line]
+    assert len(paths) == len(names) and result.returncode == 0 and problems == [], result.stderr
+
+
+# ---------------------------------------------------------- the hook's timeout covers the reboot
+
+
+def test_a_mig_groups_launch_hook_waits_through_a_reboot_by_default(base_config: dict[str, Any]) -> None:
+    config = two_groups(base_config)
+    spec = parse_stack_config(config, stack="t")
+    assert [g.launch_timeout_minutes for g in spec.node_groups] == [MIG_LAUNCH_TIMEOUT_MINUTES,
+                                                                   LAUNCH_TIMEOUT_MINUTES]
+    assert (MIG_LAUNCH_TIMEOUT_MINUTES, LAUNCH_TIMEOUT_MINUTES) == (40, 15)
+    plan = plan_config(config)
+    for group, seconds in (("serve", 2400), ("plain", 900)):
+        [hook] = [r for r in plan.of_type(HOOK) if r.name.endswith(f"-{group}-launch-check")]
+        [asg] = [r for r in plan.of_type(ASG) if r.name.endswith(f"-{group}-asg")]
+        assert hook.inputs["heartbeatTimeout"] == seconds
+        assert hook.inputs["autoscalingGroupName"] == autoname(asg.name)
+        assert asg.inputs["initialLifecycleHooks"][0]["heartbeatTimeout"] == seconds
+        spec_group = next(g for g in spec.node_groups if g.name == group)
+        # The node gives up its AWS retries within the same time.
+        assert f"GPUCLUSTER_HEALTH_LAUNCH_TIMEOUT_SECONDS={seconds}\n" in node_env(
+            node_bootstrap(spec, spec_group))
+
+
+def test_a_set_timeout_is_kept(base_config: dict[str, Any]) -> None:
+    spec = parse_stack_config(two_groups(base_config, launch_timeout_minutes=55), stack="t")
+    assert [g.launch_timeout_minutes for g in spec.node_groups] == [55, 55]
+
+
+@pytest.mark.parametrize("minutes", [15, 29])
+def test_a_mig_group_refuses_a_timeout_shorter_than_a_reboot(base_config: dict[str, Any],
+                                                             minutes: int) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_stack_config(two_groups(base_config, launch_timeout_minutes=minutes), stack="t")
+    [finding] = err.value.findings  # the MIG group only: the plain group may answer in 15
+    assert finding.path == "node_groups[0].health_checks.launch_timeout_minutes"
+    assert finding.message.startswith("must be at least 30 in a MIG group")
+    assert finding.message.endswith(f"got {minutes}")
+    parse_stack_config(two_groups(base_config, launch_timeout_minutes=minutes, enabled=False), stack="t")
+    parse_stack_config(two_groups(base_config, launch_timeout_minutes=30), stack="t")

@@ -162,3 +162,141 @@ def test_a_mig_group_refuses_a_timeout_shorter_than_a_reboot(base_config: dict[s
     assert finding.message.endswith(f"got {minutes}")
     parse_stack_config(two_groups(base_config, launch_timeout_minutes=minutes, enabled=False), stack="t")
     parse_stack_config(two_groups(base_config, launch_timeout_minutes=30), stack="t")
+
+
+# ------------------------------------------------------------------------- the `mig` finding
+
+# nvidia-smi of a p4d.24xlarge in MIG mode: FAKE_MIG_OFF lists GPUs whose mode is off (and so have no
+# MIG device), FAKE_MIG_DEVICES the MIG devices per GPU (default: the layout's 7 x 1g.5gb).
+MIG_SMI = r"""
+case "$*" in
+  *--query-gpu=index,ecc*) for ((i = 0; i < 8; i++)); do echo "$i, 0, [N/A], No, No"; done ;;
+  *--query-gpu=index,mig.mode.current*)
+    for ((i = 0; i < 8; i++)); do
+      if [[ " ${FAKE_MIG_OFF:-} " == *" $i "* ]]; then echo "$i, Disabled"; else echo "$i, Enabled"; fi
+    done ;;
+  *--query-gpu=index*) for ((i = 0; i < 8; i++)); do echo "$i"; done ;;
+  -L)
+    read -ra per <<<"${FAKE_MIG_DEVICES:-7 7 7 7 7 7 7 7}"
+    for ((i = 0; i < 8; i++)); do
+      echo "GPU $i: NVIDIA A100-SXM4-40GB (UUID: GPU-$i-aaaa-bbbb-cccc-dddddddddddd)"
+      [[ " ${FAKE_MIG_OFF:-} " == *" $i "* ]] && continue
+      for ((d = 0; d < ${per[$i]}; d++)); do
+        echo "  MIG 1g.5gb      Device  $d: (UUID: MIG-$i$d-1111-2222-3333-444444444444)"
+      done
+    done ;;
+  *) echo "fake nvidia-smi: unexpected $*" >&2; exit 99 ;;
+esac"""
+
+
+def mig_node(root: Path, **health: Any) -> Any:
+    """test_node_health's fake node, as a node of a p4d group split 7 x 1g.5gb per GPU."""
+    from test_node_health import TOPIC, Node, health_config
+
+    node = Node(root, **health)
+    config = health_config(**health)
+    config["gpucluster:network"]["availability_zones"] = ["us-east-1c"]
+    config["gpucluster:node_groups"][0]["mig"] = {"profile": "1g.5gb"}
+    spec = parse_stack_config(config, stack="t")
+    env = node_env(node_bootstrap(spec, spec.node_groups[0], notify_topic_arn=TOPIC))
+    assert "GPUCLUSTER_MIG_LAYOUTS='*=1g.5gb:0,1g.5gb:1,1g.5gb:2,1g.5gb:3,1g.5gb:4,1g.5gb:5,1g.5gb:6'" in env
+    (root / "node.env").write_text(env.replace("HOOK_LOG", str(node.hook_log)))
+    smi = node.bin / "nvidia-smi"
+    shebang, log_call = smi.read_text().split("\n")[:2]  # the stub's own call log stays
+    smi.write_text(f"{shebang}\n{log_call}{MIG_SMI}\n")
+    return node
+
+
+def test_a_healthy_mig_node_continues_without_dcgm(tmp_path: Path) -> None:
+    from test_node_health import counted, lifecycle_results
+
+    node = mig_node(tmp_path)
+    result = node.run("launch")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert lifecycle_results(node) == ["CONTINUE"] and node.aws("publish") == [] and counted(node) == []
+    assert "--query-gpu=index,mig.mode.current --format=csv,noheader" in node.calls("nvidia-smi")
+    assert "-L" in node.calls("nvidia-smi")
+    assert node.calls("dcgmi") == []  # not on MIG GPUs
+    assert "finding" not in result.stdout
+
+
+MIG_FAULTS = {
+    "MIG mode off": ({"FAKE_MIG_OFF": "3"},
+                     ["mig: GPU 3: MIG mode not enabled",
+                      "mig: 49 of 56 MIG devices (7 per GPU: 1g.5gb:0,"]),
+    "fewer MIG devices": ({"FAKE_MIG_DEVICES": "7 7 7 7 7 5 7 7"},
+                          ["mig: 54 of 56 MIG devices", "GPU(devices): 5(5)"]),
+}
+
+
+@pytest.mark.parametrize("fault", MIG_FAULTS)
+def test_a_mig_node_without_its_layout_is_abandoned_at_launch(tmp_path: Path, fault: str) -> None:
+    from test_node_health import counted, lifecycle_results, published
+
+    node = mig_node(tmp_path)
+    env, expected = MIG_FAULTS[fault]
+    result = node.run("launch", **env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert lifecycle_results(node) == ["ABANDON"] and counted(node) == ["LaunchAbandons"]
+    for text in expected:
+        assert text in published(node), published(node)
+    assert "abandoned at launch" in published(node)
+    assert node.aws("set-instance-health") == []
+
+
+@pytest.mark.parametrize("fault", MIG_FAULTS)
+def test_a_running_mig_node_that_loses_its_layout_is_replaced(tmp_path: Path, fault: str) -> None:
+    from test_node_health import INSTANCE, counted, published
+
+    node = mig_node(tmp_path)
+    node.launched()
+    env, expected = MIG_FAULTS[fault]
+    result = node.run("periodic", FAKE_LIFECYCLE="InService", **env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert node.hook_log.read_text() == "checkpoint health\n"
+    assert expected[0] in published(node) and "marked Unhealthy" in published(node)
+    assert counted(node) == ["HealthReplacements"]
+    assert node.aws("set-instance-health") == [
+        f"autoscaling set-instance-health --region us-east-1 --instance-id {INSTANCE} "
+        "--health-status Unhealthy --no-should-respect-grace-period"]
+
+
+def test_the_mig_finding_is_fatal_by_default_and_can_be_made_a_report(tmp_path: Path) -> None:
+    from test_node_health import lifecycle_results, published
+
+    node = mig_node(tmp_path, fatal=["gpu_count", "ecc"])
+    node.run("launch", FAKE_MIG_OFF="0 1")
+    assert lifecycle_results(node) == ["CONTINUE"]
+    assert "mig: GPU 0,1: MIG mode not enabled" in published(node)
+    assert "node kept in service (not fatal)" in published(node)
+
+
+def test_a_node_of_a_type_without_a_plan_is_a_finding(tmp_path: Path) -> None:
+    from test_node_health import lifecycle_results, published
+
+    node = mig_node(tmp_path)
+    env = tmp_path / "node.env"
+    env.write_text(env.read_text().replace("_MIG_LAYOUTS='*=", "_MIG_LAYOUTS='p5.48xlarge="))
+    node.run("launch")
+    assert lifecycle_results(node) == ["ABANDON"] and "mig: no MIG layout for p4d.24xlarge" in published(node)
+
+
+def test_groups_without_mig_never_ask_for_mig_state(tmp_path: Path) -> None:
+    from test_node_health import Node
+
+    node = Node(tmp_path)
+    node.run("launch")
+    assert not [c for c in node.calls("nvidia-smi") if "mig" in c or c == "-L"]
+
+
+def test_dcgm_is_off_on_mig_groups_and_an_explicit_ask_warns(base_config: dict[str, Any]) -> None:
+    from gpucluster.spec import stack_warnings
+
+    spec = parse_stack_config(two_groups(base_config), stack="t")
+    envs = [node_env(node_bootstrap(spec, g)) for g in spec.node_groups]
+    assert "GPUCLUSTER_HEALTH_DCGM_DIAG=false" in envs[0] and "GPUCLUSTER_HEALTH_DCGM_DIAG=true" in envs[1]
+    assert not [f for f in stack_warnings(spec) if f.path.endswith("dcgm_diag")]
+    asked = parse_stack_config(two_groups(base_config, dcgm_diag=True), stack="t")
+    [warning] = [f for f in stack_warnings(asked) if f.path.endswith("dcgm_diag")]
+    assert warning.path == "node_groups[0].health_checks.dcgm_diag"
+    assert "not run on a MIG group" in warning.message

@@ -595,7 +595,7 @@ class HealthCheckConfig(StrictModel):
     on_failure: Literal["replace", "notify"] = "replace"
     """replace: abandon a failing new node, mark a failing running node Unhealthy; notify: report only."""
     dcgm_diag: bool = True
-    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed."""
+    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed (not with mig)."""
     stuck_alarm_minutes: Annotated[int, _in_range(10, 1440)] | None = None
     """Notify when GPUs stay busy-but-flat, or nodes in service publish no GPU metric, this long."""
 
@@ -1389,6 +1389,10 @@ def group_health(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> 
         yield Finding(f"{path}.health_checks.xid_window_minutes",
                       f"must be at least interval_minutes ({h.interval_minutes}), or an XID between "
                       f"two checks is never seen; got {h.xid_window_minutes}")
+    if h.enabled and g.mig is not None and h.dcgm_diag and "dcgm_diag" in h.model_fields_set:
+        yield Finding(f"{path}.health_checks.dcgm_diag", "not run on a MIG group: DCGM's diagnostic on "
+                      "GPUs in MIG mode is unverified here; the mig finding checks the layout instead",
+                      level="warning")
     if h.enabled and g.mig is not None and g.launch_timeout_minutes < MIG_MIN_LAUNCH_TIMEOUT_MINUTES:
         yield Finding(f"{path}.health_checks.launch_timeout_minutes",
                       f"must be at least {MIG_MIN_LAUNCH_TIMEOUT_MINUTES} in a MIG group: a node's first "

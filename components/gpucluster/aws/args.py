@@ -165,7 +165,7 @@ class HealthCheckSettings(TypedDict):
     on_failure: NotRequired[str]
     """replace: abandon a failing new node, mark a failing running node Unhealthy; notify: report only."""
     dcgm_diag: NotRequired[bool]
-    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed."""
+    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed (not with mig)."""
     stuck_alarm_minutes: NotRequired[int]
     """Notify when GPUs stay busy-but-flat, or nodes in service publish no GPU metric, this long."""
 

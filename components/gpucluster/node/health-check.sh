@@ -12,7 +12,9 @@
 # Checks: GPUs visible to the driver vs the instance type's count (nvidia-smi), uncorrectable ECC
 # errors and pending page retirement / row remapping (nvidia-smi), XID errors in the kernel log
 # (journalctl, or dmesg), EFA devices vs the launch template's (fi_info -p efa), and at launch DCGM's
-# quick diagnostic (dcgmi diag -r 1) where dcgmi is installed. Reports go to the stack's notification
+# quick diagnostic (dcgmi diag -r 1) where dcgmi is installed (not on MIG groups: the renderer turns it
+# off there), and for a MIG group every GPU in MIG mode with the layout's number of MIG devices
+# (nvidia-smi, as gpucluster-mig left them). Reports go to the stack's notification
 # topic and are counted in CloudWatch (namespace GPUCLUSTER_METRIC_NAMESPACE, per Auto Scaling group).
 # Not `set -e`: every check runs even when one of its commands fails, and each failure is handled.
 set -uo pipefail
@@ -131,6 +133,40 @@ check_efa() {
   fi
 }
 
+check_mig() {  # MIG groups: every GPU in MIG mode, with the layout's devices (gpucluster-mig applies it)
+  local entry plan="" per out off listed expected found short
+  [ -n "${GPUCLUSTER_MIG_LAYOUTS:-}" ] || return 0
+  command -v nvidia-smi >/dev/null || return 0  # gpu_count says so
+  # "<type or *>=<profile>:<start>,...", as gpucluster-mig reads it: one MIG device per entry, per GPU.
+  for entry in $GPUCLUSTER_MIG_LAYOUTS; do
+    if [ "${entry%%=*}" = "*" ] || [ "${entry%%=*}" = "$INSTANCE_TYPE" ]; then plan="${entry#*=}"; fi
+  done
+  if [ -z "$plan" ]; then
+    finding mig "no MIG layout for $INSTANCE_TYPE"
+    return
+  fi
+  per=$(( $(tr -cd , <<<"$plan" | wc -c) + 1 ))
+  if ! out=$(nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>&1); then
+    finding mig "MIG mode not readable: $(head -n 1 <<<"$out")"
+    return
+  fi
+  off=$(awk -F', *' '$2 != "Enabled" { print $1 }' <<<"$out" | paste -sd, -)
+  if [ -n "$off" ]; then finding mig "GPU $off: MIG mode not enabled"; fi
+  if ! out=$(nvidia-smi -L 2>&1); then
+    finding mig "nvidia-smi -L failed: $(head -n 1 <<<"$out")"
+    return
+  fi
+  # "GPU <n>: ..." then its "  MIG <profile> Device <i>: (UUID: MIG-...)" lines.
+  read -r listed found short < <(awk -v per="$per" '/^GPU [0-9]+:/ { g = $2; sub(":", "", g); n[g] = 0; order[++k] = g }
+    /UUID: MIG-/ { n[g]++; all++ }
+    END { for (i = 1; i <= k; i++) if (n[order[i]] != per) s = s (s ? "," : "") order[i] "(" n[order[i]] ")"
+          print k + 0, all + 0, (s ? s : "-") }' <<<"$out")
+  expected=$(( listed * per ))
+  if [ "$found" -ne "$expected" ]; then
+    finding mig "$found of $expected MIG devices ($per per GPU: $plan); GPU(devices): $short"
+  fi
+}
+
 check_dcgm() {
   local out rc failed
   [ "${GPUCLUSTER_HEALTH_DCGM_DIAG:-false}" = "true" ] || return 0
@@ -155,6 +191,7 @@ run_checks() {  # run_checks SINCE_EPOCH XID_WHAT [dcgm]
   check_memory_errors
   check_xid "$1" "$2"
   check_efa
+  check_mig
   # DCGM only before work: its deployment checks count processes on the GPUs, so on a node that
   # is running a job they would fail the node for doing its job.
   if [ "${3:-}" = "dcgm" ]; then check_dcgm; fi

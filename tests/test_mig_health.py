@@ -300,3 +300,40 @@ def test_dcgm_is_off_on_mig_groups_and_an_explicit_ask_warns(base_config: dict[s
     [warning] = [f for f in stack_warnings(asked) if f.path.endswith("dcgm_diag")]
     assert warning.path == "node_groups[0].health_checks.dcgm_diag"
     assert "not run on a MIG group" in warning.message
+
+
+# ------------------------------------------------------------------------ the stuck-job alarm
+
+ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+# What the agent cannot read on a GPU in MIG mode, and so never publishes (README, "MIG partitions":
+# NVML reports no utilisation there).
+MIG_UNREPORTED = {"nvidia_smi_utilization_gpu", "nvidia_smi_utilization_memory"}
+
+
+def test_a_mig_groups_stuck_alarm_watches_for_silence_not_utilisation(base_config: dict[str, Any]) -> None:
+    from test_observability import published, read
+
+    plan = plan_config(two_groups(base_config, stuck_alarm_minutes=20))
+    alarms = {a.name.rsplit("-stuck-", 1)[1]: a.inputs for a in plan.of_type(ALARM) if "-stuck-" in a.name}
+    assert set(alarms) == {"serve", "plain"}
+
+    def queries(group: str) -> dict[str, Any]:
+        return {q["id"]: q for q in alarms[group]["metricQueries"]}
+
+    serve, plain = queries("serve"), queries("plain")
+    # The MIG group: nodes in service and no GPU temperature, nothing about utilisation.
+    assert set(serve) == {"samples", "inservice", "silent"}
+    assert [k for k, q in serve.items() if q.get("returnData")] == ["silent"]
+    assert serve["samples"]["metric"]["metricName"] == "nvidia_smi_temperature_gpu"
+    assert serve["silent"]["expression"] == "IF(inservice > 0 AND FILL(samples, 0) == 0, 1, 0)"
+    assert "busy" not in alarms["serve"]["alarmDescription"]
+    assert (alarms["serve"]["evaluationPeriods"], alarms["serve"]["treatMissingData"]) == (20, "notBreaching")
+    # Whole GPUs keep busy-but-flat too, with silence read the same way.
+    assert [k for k, q in plain.items() if q.get("returnData")] == ["stuck"]
+    assert plain["stuck"]["expression"] == "MAX([busyflat, silent])"
+    assert plain["samples"]["metric"]["metricName"] == "nvidia_smi_temperature_gpu"
+    # What the MIG alarm reads, a MIG node publishes (a missing series would be silence forever:
+    # with treat_missing_data notBreaching it would never fire, nor ever alarm wrongly).
+    read_by_serve = {q["metric"]["metricName"] for q in serve.values() if "metric" in q}
+    assert not read_by_serve & MIG_UNREPORTED
+    assert [r for r in read(plan) if r not in published(plan)] == []

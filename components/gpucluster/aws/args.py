@@ -647,6 +647,7 @@ class DashboardGroupModel(StrictModel):
     name: Name
     asg_name: input_of(AsgName)
     stuck_alarm_minutes: field_rule(HealthCheckConfig, "stuck_alarm_minutes") = None
+    mig: bool = False
 
 
 class ClusterDashboardModel(StrictModel):

@@ -337,3 +337,15 @@ def test_a_mig_groups_stuck_alarm_watches_for_silence_not_utilisation(base_confi
     read_by_serve = {q["metric"]["metricName"] for q in serve.values() if "metric" in q}
     assert not read_by_serve & MIG_UNREPORTED
     assert [r for r in read(plan) if r not in published(plan)] == []
+
+
+def test_every_finding_is_checked_on_the_node_and_documented() -> None:
+    """The names `fatal` takes are the ones health-check.sh reports and the README's table explains."""
+    from gpucluster.spec import HEALTH_FINDINGS
+
+    script = (Path(__file__).parent.parent / "components/gpucluster/node/health-check.sh").read_text()
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "mig" in HEALTH_FINDINGS
+    for name in HEALTH_FINDINGS:
+        assert f"finding {name} " in script, name
+        assert f"\n| `{name}` | " in readme, name

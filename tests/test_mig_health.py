@@ -223,9 +223,9 @@ def test_a_healthy_mig_node_continues_without_dcgm(tmp_path: Path) -> None:
 MIG_FAULTS = {
     "MIG mode off": ({"FAKE_MIG_OFF": "3"},
                      ["mig: GPU 3: MIG mode not enabled",
-                      "mig: 49 of 56 MIG devices (7 per GPU: 1g.5gb:0,"]),
-    "fewer MIG devices": ({"FAKE_MIG_DEVICES": "7 7 7 7 7 5 7 7"},
-                          ["mig: 54 of 56 MIG devices", "GPU(devices): 5(5)"]),
+                      "mig: MIG devices: GPU 3: 0 of 7 (1g.5gb:0,1g.5gb:1,"]),
+    "fewer MIG devices": ({"FAKE_MIG_DEVICES": "7 7 7 7 7 5 7 8"},
+                          ["mig: MIG devices: GPU 5: 5 of 7, GPU 7: 8 of 7 (1g.5gb:0,"]),
 }
 
 
@@ -349,3 +349,37 @@ def test_every_finding_is_checked_on_the_node_and_documented() -> None:
     for name in HEALTH_FINDINGS:
         assert f"finding {name} " in script, name
         assert f"\n| `{name}` | " in readme, name
+
+
+# ------------------------------------------------------------------------------- user data
+
+
+def test_a_mig_p4d_group_with_health_checks_fits_ec2s_user_data(base_config: dict[str, Any]) -> None:
+    """MIG, health checks, hooks, a dataset, setup and a file: what a serving group typically has.
+
+    The spec's user_data_size check accepts it, the launch template holds it within EC2's 16 KiB,
+    and room is left for the group's own files (measured: 14,275 bytes gzipped of the 16,256 the spec allows).
+    """
+    import base64
+    import gzip
+
+    from gpucluster.node.userdata import MAX_USER_DATA_BYTES
+    from gpucluster.spec import USER_DATA_MARGIN_BYTES
+
+    config = two_groups(base_config, stuck_alarm_minutes=30)
+    config["gpucluster:node_groups"] = config["gpucluster:node_groups"][:1]
+    config["gpucluster:node_groups"][0].update({
+        "efa": "on", "setup": ["pip install vllm==0.6.3", "systemctl enable --now model-server"],
+        "files": [{"path": "/etc/model-server.env", "content": "MODEL=llama-3-8b\nPORT=8000\n"}]})
+    hook = "/usr/local/sbin/gpucluster-checkpoint"
+    config["gpucluster:autostop"] = {"idle_minutes": 30, "pre_stop_command": hook}
+    config["gpucluster:spot"] = {"interruption_command": hook}
+    config["gpucluster:datasets"] = [{"name": "models", "prefix": "models/", "checkpoint_prefix": "ckpt/",
+                                      "access": "mount"}]
+    plan = plan_config(config)  # validates first: user_data_size among the checks
+    [template] = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    packed = base64.b64decode(template.inputs["userData"])
+    assert len(packed) <= MAX_USER_DATA_BYTES - USER_DATA_MARGIN_BYTES - 1500, len(packed)
+    text = gzip.decompress(packed).decode()
+    assert "GPUCLUSTER_MIG_LAYOUTS='*=1g.5gb:0," in text and "GPUCLUSTER_HEALTH_CHECKS=true" in text
+    assert "GPUCLUSTER_HEALTH_EXPECTED_EFA=4" in text

@@ -133,38 +133,24 @@ check_efa() {
   fi
 }
 
-check_mig() {  # MIG groups: every GPU in MIG mode, with the layout's devices (gpucluster-mig applies it)
-  local entry plan="" per out off listed expected found short
-  [ -n "${GPUCLUSTER_MIG_LAYOUTS:-}" ] || return 0
-  command -v nvidia-smi >/dev/null || return 0  # gpu_count says so
+check_mig() {  # MIG groups: every GPU in MIG mode, with the MIG devices of its layout (gpucluster-mig's)
+  local entry plan="" per out off short
+  [ -n "${GPUCLUSTER_MIG_LAYOUTS:-}" ] && command -v nvidia-smi >/dev/null || return 0
   # "<type or *>=<profile>:<start>,...", as gpucluster-mig reads it: one MIG device per entry, per GPU.
   for entry in $GPUCLUSTER_MIG_LAYOUTS; do
-    if [ "${entry%%=*}" = "*" ] || [ "${entry%%=*}" = "$INSTANCE_TYPE" ]; then plan="${entry#*=}"; fi
+    case "${entry%%=*}" in "*" | "$INSTANCE_TYPE") plan="${entry#*=}" ;; esac
   done
-  if [ -z "$plan" ]; then
-    finding mig "no MIG layout for $INSTANCE_TYPE"
-    return
-  fi
+  [ -n "$plan" ] || { finding mig "no MIG layout for $INSTANCE_TYPE"; return; }
   per=$(( $(tr -cd , <<<"$plan" | wc -c) + 1 ))
-  if ! out=$(nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>&1); then
-    finding mig "MIG mode not readable: $(head -n 1 <<<"$out")"
-    return
-  fi
+  out=$(nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>&1) \
+    || { finding mig "MIG mode not readable: ${out%%$'\n'*}"; return; }
   off=$(awk -F', *' '$2 != "Enabled" { print $1 }' <<<"$out" | paste -sd, -)
   if [ -n "$off" ]; then finding mig "GPU $off: MIG mode not enabled"; fi
-  if ! out=$(nvidia-smi -L 2>&1); then
-    finding mig "nvidia-smi -L failed: $(head -n 1 <<<"$out")"
-    return
-  fi
-  # "GPU <n>: ..." then its "  MIG <profile> Device <i>: (UUID: MIG-...)" lines.
-  read -r listed found short < <(awk -v per="$per" '/^GPU [0-9]+:/ { g = $2; sub(":", "", g); n[g] = 0; order[++k] = g }
-    /UUID: MIG-/ { n[g]++; all++ }
-    END { for (i = 1; i <= k; i++) if (n[order[i]] != per) s = s (s ? "," : "") order[i] "(" n[order[i]] ")"
-          print k + 0, all + 0, (s ? s : "-") }' <<<"$out")
-  expected=$(( listed * per ))
-  if [ "$found" -ne "$expected" ]; then
-    finding mig "$found of $expected MIG devices ($per per GPU: $plan); GPU(devices): $short"
-  fi
+  out=$(nvidia-smi -L 2>&1) || { finding mig "nvidia-smi -L failed: ${out%%$'\n'*}"; return; }
+  # "GPU <n>: ..." lines, each followed by its "  MIG <profile> Device <i>: (UUID: MIG-...)" lines.
+  short=$(awk -v per="$per" '/^GPU [0-9]+:/ { g = $2 + 0; n[g] = 0; o[++k] = g } /UUID: MIG-/ { n[g]++ }
+    END { for (i = 1; i <= k; i++) if (n[o[i]] != per) printf ", GPU %d: %d of %d", o[i], n[o[i]], per }' <<<"$out")
+  if [ -n "$short" ]; then finding mig "MIG devices:${short#,} ($plan)"; fi
 }
 
 check_dcgm() {

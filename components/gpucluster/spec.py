@@ -559,8 +559,8 @@ class NodeFileConfig(StrictModel):
 HealthFinding = Literal["gpu_count", "ecc", "page_retirement", "xid", "efa", "dcgm", "mig"]
 """What a node health check can find: too few GPUs visible to the driver, uncorrectable ECC errors,
 a pending page retirement or row remap, an XID error, fewer EFA devices than the launch template
-has, a failed DCGM quick diagnostic, or (MIG groups) a GPU not in MIG mode or fewer MIG devices than
-the group's layout (`gpucluster.node` health-check.sh)."""
+has, a failed DCGM quick diagnostic, or (MIG groups) a GPU not in MIG mode or without exactly the MIG
+devices of the group's layout (`gpucluster.node` health-check.sh)."""
 HEALTH_FINDINGS: tuple[str, ...] = get_args(HealthFinding)
 # NVIDIA's k8s-device-plugin (internal/rm/health.go) leaves these XIDs out of its GPU health: they
 # are raised by an application's own fault (13 graphics engine exception, 31 MMU fault, 43 GPU

@@ -231,6 +231,8 @@ def dashboard_args(spec: StackSpec, asg_names: Mapping[str, Any], *, notify_topi
         entry: dict[str, Any] = {"name": g.name, "asg_name": asg_names[g.name]}
         if g.health_checks.stuck_alarm_minutes is not None:
             entry["stuck_alarm_minutes"] = g.health_checks.stuck_alarm_minutes
+            if g.mig is not None:
+                entry["mig"] = True
         groups.append(entry)
     args: dict[str, Any] = {
         "cluster_name": spec.cluster.name, "identity": identity(spec), "region": spec.region,

@@ -156,7 +156,7 @@ class HealthCheckSettings(TypedDict):
     interval_minutes: NotRequired[int]
     """How often a running node checks itself."""
     launch_timeout_minutes: NotRequired[int]
-    """A new node that has not answered the launch check by then is abandoned (and replaced)."""
+    """A new node that has not answered the launch check by then is abandoned; default 15, 40 with mig."""
     xid_window_minutes: NotRequired[int]
     """A running node counts XID errors of the last this many minutes (at launch: since boot)."""
     ignored_xids: NotRequired[list[int]]
@@ -166,9 +166,20 @@ class HealthCheckSettings(TypedDict):
     on_failure: NotRequired[str]
     """replace: abandon a failing new node, mark a failing running node Unhealthy; notify: report only."""
     dcgm_diag: NotRequired[bool]
-    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed."""
+    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed (not with mig)."""
     stuck_alarm_minutes: NotRequired[int]
     """Notify when GPUs stay busy-but-flat, or nodes in service publish no GPU metric, this long."""
+
+
+class MigSettings(TypedDict):
+    """A node group's `mig`: the MIG instances every GPU is split into."""
+
+    profile: NotRequired[str]
+    """Split every GPU into instances of this profile, e.g. 1g.10gb (README, "MIG partitions")."""
+    count: NotRequired[int]
+    """With profile: instances per GPU (default: as many as fit, e.g. 7 x 1g.10gb on an H100)."""
+    profiles: NotRequired[list[str]]
+    """Instead of profile: the instances of each GPU, e.g. [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]."""
 
 
 class NodeGroupSettings(TypedDict):
@@ -210,6 +221,8 @@ class NodeGroupSettings(TypedDict):
     """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
     health_checks: NotRequired[HealthCheckSettings]
     """GPU health checks at launch and while running, and what a failing node gets."""
+    mig: NotRequired[MigSettings]
+    """Split every GPU into MIG instances at boot (A100, H100, H200, B200); jobs get one per rank."""
 
 
 class FsxSettings(TypedDict):
@@ -642,6 +655,7 @@ class DashboardGroupModel(StrictModel):
     name: Name
     asg_name: input_of(AsgName)
     stuck_alarm_minutes: field_rule(HealthCheckConfig, "stuck_alarm_minutes") = None
+    mig: bool = False
 
 
 class ClusterDashboardModel(StrictModel):

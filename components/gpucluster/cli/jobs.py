@@ -70,9 +70,10 @@ def _ops_call(command: str, call: Callable[[], Any]) -> Any:
 def _nodes(spec: StackSpec, command: str, group: str | None) -> list[Node]:
     from gpucluster.ops.nodes import stack_nodes
 
+    mig = {g.name: len(g.mig_layout) for g in spec.node_groups if g.mig_layout}  # MIG devices are slots
     return _ops_call(command, lambda: stack_nodes(
         identity(spec), node_group=group, autoscaling_client=_client(spec, "autoscaling"),
-        ec2_client=_client(spec, "ec2"), ssm_client=_client(spec, "ssm")))
+        ec2_client=_client(spec, "ec2"), ssm_client=_client(spec, "ssm"), mig_per_gpu=mig))
 
 
 def _ago(when: datetime | None) -> str:
@@ -86,9 +87,10 @@ def _ago(when: datetime | None) -> str:
 
 def render_nodes(nodes: list[Node]) -> list[str]:
     return render_table(
-        ["instance", "node group", "type", "GPUs", "zone", "private IP", "lifecycle", "state",
+        ["instance", "node group", "type", "GPUs", "slots", "zone", "private IP", "lifecycle", "state",
          "health", "launched (UTC)", "SSM"],
-        [[n.instance_id, n.node_group, n.instance_type, str(n.gpus), n.zone, n.private_ip or "-",
+        [[n.instance_id, n.node_group, n.instance_type, str(n.gpus),
+          f"{n.slots} MIG" if n.mig_per_gpu else str(n.slots), n.zone, n.private_ip or "-",
           n.lifecycle, f"{n.state}/{n.asg_state}", n.health, _ago(n.launch_time), n.ssm]
          for n in nodes])
 
@@ -131,6 +133,8 @@ def group_environment(spec: StackSpec, node_group: str) -> dict[str, str]:
                                           region=spec.region, spot=spec.spot))
     if config.container_image:
         env["GPUCLUSTER_CONTAINER_IMAGE"] = config.container_image  # pulled at boot
+    if config.mig_layout:
+        env["GPUCLUSTER_MIG_LAYOUT"] = ",".join(config.mig_layout)  # each GPU's MIG instances
     uri = checkpoint_uri(spec)
     if uri:
         env["GPUCLUSTER_CHECKPOINT_URI"] = uri
@@ -218,7 +222,7 @@ def run(
     """Run CMD on every in-service node of a group through SSM, with torchrun's rank environment.
 
     Each node gets MASTER_ADDR (rank 0's private IP), MASTER_PORT, NNODES, NODE_RANK,
-    NPROC_PER_NODE (its GPUs), WORLD_SIZE and the group's EFA/NCCL settings. Ranks follow
+    NPROC_PER_NODE (its GPUs, or MIG devices), WORLD_SIZE and the group's EFA/NCCL settings. Ranks follow
     launch time, then instance id. Exits 1 when any node fails.
     """
     from gpucluster.lambdas.job_restart import job_parameter_name
@@ -422,7 +426,7 @@ def render_hostfile(found: list[Node], fmt: str) -> list[str]:
     ready = [n for n in found if n.in_service and n.private_ip]
     if fmt == "plain":
         return [str(n.private_ip) for n in ready]
-    return [f"{n.private_ip} slots={max(1, n.gpus)}" for n in ready]
+    return [f"{n.private_ip} slots={max(1, n.slots)}" for n in ready]
 
 
 @app.command()
@@ -432,7 +436,7 @@ def hostfile(
     fmt: Annotated[str, typer.Option("--format", help="mpi (Open MPI), deepspeed, or plain (one IP a "
                                                       "line).")] = "mpi",
 ) -> None:
-    """Print the group's in-service nodes as a host list, in rank order (GPUs as slots)."""
+    """Print the group's in-service nodes as a host list, in rank order (GPUs, or MIG devices, as slots)."""
     if not group:
         fail_usage("hostfile", "--group is required")
     if fmt not in HOSTFILE_FORMATS:

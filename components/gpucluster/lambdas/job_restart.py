@@ -106,7 +106,8 @@ def rank_environments(ips: Sequence[str], gpus: Sequence[int], *, master_port: i
                       group_environment: Mapping[str, str] | None = None) -> list[dict[str, str]]:
     """Each rank's environment (torchrun's, plus gpucluster's), for nodes already in rank order.
 
-    NPROC_PER_NODE is the node's GPU count; WORLD_SIZE their sum; MASTER_ADDR rank 0's address.
+    NPROC_PER_NODE is the node's GPU count (its MIG devices in a MIG group); WORLD_SIZE their sum;
+    MASTER_ADDR rank 0's address.
     `gpucluster run` and this handler both build ranks here, so a re-launch is the launch again.
     """
     nprocs = [max(1, g) for g in gpus]

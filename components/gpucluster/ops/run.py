@@ -107,7 +107,8 @@ def plan_job(nodes: Sequence[Node], command: str, *, timeout_seconds: int = DEFA
              job_timeout_seconds: int | None = None) -> JobPlan:
     """Ranks and environments for `command` on the in-service nodes (in the order given).
 
-    NPROC_PER_NODE is each node's GPU count (the catalog's); WORLD_SIZE their sum.
+    NPROC_PER_NODE is each node's GPU count (the catalog's), or its MIG devices in a MIG group
+    (one process a device: `gpucluster-mig exec` gives each local rank its own); WORLD_SIZE their sum.
     """
     if not command.strip():
         raise RunError("no command given (put it after --)")
@@ -129,7 +130,7 @@ def plan_job(nodes: Sequence[Node], command: str, *, timeout_seconds: int = DEFA
     if unreachable:
         raise RunError(f"SSM cannot reach {', '.join(unreachable)}: a job needs every node; wait for "
                        "the agent to come online, or replace the node")
-    environments = rank_environments([str(n.private_ip) for n in ready], [n.gpus for n in ready],
+    environments = rank_environments([str(n.private_ip) for n in ready], [n.slots for n in ready],
                                      master_port=master_port, group_environment=group_environment)
     ranks = [RankedNode(rank, node, env)
              for rank, (node, env) in enumerate(zip(ready, environments, strict=True))]
@@ -175,11 +176,13 @@ def job_record(plan: JobPlan, *, node_group: str, master_port: int, group_enviro
     if len(asgs) != 1:
         raise RunError(f"--restart-on-replace: the nodes are in {len(asgs)} Auto Scaling groups "
                        f"({', '.join(asgs)}); run the job in one")
+    mig = plan.ranks[0].node.mig_per_gpu or 1
     record = {"version": RECORD_VERSION, "job": plan.detach, "node_group": node_group, "asg": asgs[0],
               "command": plan.command, "workdir": plan.workdir, "master_port": master_port,
               "job_timeout_seconds": plan.job_timeout_seconds, "environment": dict(group_environment),
-              "gpus": {**{t: max(1, c.gpus) for t in instance_types if (c := catalog.get(t))},
-                       **{r.node.instance_type: max(1, r.node.gpus) for r in plan.ranks}},
+              # processes per node by type: its GPUs, or its MIG devices in a MIG group
+              "gpus": {**{t: max(1, c.gpus) * mig for t in instance_types if (c := catalog.get(t))},
+                       **{r.node.instance_type: max(1, r.node.slots) for r in plan.ranks}},
               "nodes": [r.node.instance_id for r in plan.ranks], "nnodes": len(plan.ranks),
               "launched_at": launched_at, "restarts": 0}
     try:

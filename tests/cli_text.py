@@ -23,3 +23,15 @@ def joined_lines(output: str, indent: str = "  ") -> list[str]:
 def folded(line: str) -> dict[str, str]:
     """The `header: value` pairs of a folded row's continuation line (the columns that did not fit)."""
     return dict(part.split(": ", 1) for part in line.strip().split("  ") if ": " in part)
+
+
+def said(output: str) -> list[str]:
+    """The messages of prose output (`render.say`): each unindented line with the lines its text
+    wrapped into (indented by two spaces) joined back, one space apart."""
+    out: list[str] = []
+    for line in output.splitlines():
+        if out and line.startswith("  ") and not out[-1].startswith(" "):
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return out

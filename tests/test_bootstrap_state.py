@@ -246,6 +246,8 @@ def test_whatever_a_deploy_role_creates_is_capped_by_the_workload_boundary(made:
                    "ec2:RunInstances", "lambda:UpdateFunctionCode", "ssm:PutParameter",
                    "organizations:LeaveOrganization"):
         assert not can(action), action
+    assert not can("ssm:PutParameter", "arn:aws:ssm:us-east-1:123456789012:parameter/db-password")
+    assert can("ssm:PutParameter", "arn:aws:ssm:us-east-1:123456789012:parameter/gpucluster/o/p/s/c/jobs/j")
     assert not can("s3:DeleteObjectVersion", "arn:aws:s3:::gpu-prod-data/x")
     assert not can("fsx:DeleteFileSystem", "arn:aws:fsx:us-east-1:123456789012:file-system/fs-1")
     # Run Command: only the shell document, only on instances tagged with a stack

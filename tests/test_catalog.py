@@ -40,6 +40,11 @@ def test_catalog_matches_describe_instance_types(name: str, moto_types: dict[str
     assert entry.max_efa_interfaces == aws["NetworkInfo"].get("EfaInfo", {}).get("MaximumEfaInterfaces", 0)
     assert entry.network_cards == aws["NetworkInfo"]["MaximumNetworkCards"]
     assert entry.nvme_total_gb == aws.get("InstanceStorageInfo", {}).get("TotalSizeInGB", 0)
+    # "3200 Gigabit", "4x 100 Gigabit", "Up to 25 Gigabit"
+    performance = aws["NetworkInfo"]["NetworkPerformance"]
+    count, _, per = performance.removeprefix("Up to ").removesuffix(" Gigabit").rpartition("x ")
+    assert entry.network_gbps == float(per) * int(count or 1), performance
+    assert entry.network_up_to == performance.startswith("Up to "), performance
 
 
 @pytest.mark.parametrize(("name", "efa", "nvme_total_gb"), [
@@ -151,3 +156,14 @@ def test_unknown_region_price_names_known_regions() -> None:
 def test_family_of_handles_hyphenated_families() -> None:
     assert catalog.family_of("p6-b200.48xlarge") == "p6-b200"
     assert catalog.family_of("g6e.xlarge") == "g6e"
+
+
+@pytest.mark.parametrize(("name", "gbps", "up_to"), [
+    # EC2 user guide, "Network specifications" (accelerated computing): EFA bandwidth per instance
+    ("p5.48xlarge", 3200, False), ("p5en.48xlarge", 3200, False), ("p6-b200.48xlarge", 3200, False),
+    ("p4d.24xlarge", 400, False), ("g6e.48xlarge", 400, False), ("g6e.12xlarge", 100, False),
+    ("g5.xlarge", 10, True),
+])
+def test_known_network_bandwidth(name: str, gbps: float, up_to: bool) -> None:
+    entry = catalog.get(name)
+    assert entry is not None and (entry.network_gbps, entry.network_up_to) == (gbps, up_to)

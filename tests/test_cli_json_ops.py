@@ -101,10 +101,12 @@ def test_jobs_logs_and_cancel_json(aws: dict[str, Any], monkeypatch: pytest.Monk
     # cancel cannot ask with --json: without --yes nothing is sent (no SSM reply queued)
     assert error_of(run_json("cancel", "prod", "pretrain", "-g", "h100-train", code=2)) == (
         "cancel", "--json cannot ask for confirmation: add --yes")
-    with _stub_ssm(monkeypatch, [_invocation("Success", 0, "cancelled job pretrain\n")] * 3) as stub:
+    with _stub_ssm(monkeypatch, [_invocation("Success", 0, "cancelled job pretrain\n")] * 3,
+                   record="before") as stub:
         doc = run_json("cancel", "prod", "pretrain", "-g", "h100-train", "--yes")
         stub.assert_no_pending_responses()
     assert [n["cancelled"] for n in doc["nodes"]] == [True] * 3
+    assert doc["restart_record_removed"] is False  # there was none (ParameterNotFound)
 
 
 # -------------------------------------------------------------------- scale, stop, start

@@ -18,7 +18,14 @@ from pulumi.provider.experimental.analyzer import Analyzer, PropertyType
 from base_config import BASE_CONFIG
 from gpucluster import COMPONENTS
 from gpucluster.aws import args as component_args
-from gpucluster.aws.args import SETTINGS_MODELS, ArgsError, CapacitySettings, CostTagSettings, FsxSettings
+from gpucluster.aws.args import (
+    SETTINGS_MODELS,
+    ArgsError,
+    CapacitySettings,
+    CostTagSettings,
+    FsxSettings,
+    MigSettings,
+)
 from gpucluster.aws.cluster import GpuCluster
 from gpucluster.aws.guardrails import Guardrails, GuardrailsArgs
 from gpucluster.aws.network import ClusterNetwork
@@ -30,6 +37,7 @@ from gpucluster.spec import (
     CapacityConfig,
     CostTags,
     FsxConfig,
+    MigConfig,
     SpecError,
     StackSpec,
     field_docs,
@@ -455,12 +463,12 @@ def camel(name: str) -> str:
     return head + "".join(part.title() for part in rest)
 
 
-@pytest.mark.parametrize("settings", [*SETTINGS_MODELS, CostTagSettings, CapacitySettings, FsxSettings],
-                         ids=lambda t: t.__name__)
+@pytest.mark.parametrize("settings", [*SETTINGS_MODELS, CostTagSettings, CapacitySettings, FsxSettings,
+                                      MigSettings], ids=lambda t: t.__name__)
 def test_settings_types_spell_the_stack_file_key_for_key_with_its_descriptions(schema: Any,
                                                                                settings: type) -> None:
     model = {CostTagSettings: CostTags, CapacitySettings: CapacityConfig, FsxSettings: FsxConfig,
-             **SETTINGS_MODELS}[settings]
+             MigSettings: MigConfig, **SETTINGS_MODELS}[settings]
     typed = schema["type_definitions"][settings.__name__]
     assert set(typed.properties) == {camel(k) for k in model.model_fields}
     docs = field_docs(model)
@@ -518,7 +526,7 @@ OLD_TOKENS = {
 
 
 # Components added since: nothing to alias (their resources are created, not taken over).
-NEW_COMPONENTS = {"ClusterDashboard"}
+NEW_COMPONENTS = {"ClusterDashboard", "JobRestart"}
 
 
 def old_type(token: str) -> str:

@@ -18,6 +18,7 @@ from gpucluster.cli import app, jobs
 from gpucluster.node import userdata
 from gpucluster.node.userdata import node_files, script
 from gpucluster.ops import run as ops_run
+from gpucluster.ops.joblogs import END, START
 from gpucluster.ops.run import parse_job_states
 from test_jobs import _dry_run_ranks, _invocation, _online, aws  # noqa: F401  (fixture)
 
@@ -29,11 +30,18 @@ SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
 
 
 class Node:
-    """systemd-run, systemctl and journalctl as stubs that log their arguments."""
+    """systemd-run, systemctl, journalctl and aws as stubs that log their arguments.
 
-    def __init__(self, root: Path, *, train_state: str = "exited") -> None:
-        self.bin, self.log = root / "bin", root / "calls.log"
+    `booting` makes gpucluster-data.service report `activating` that many times first; the job's
+    output files go to `root/jobs` (GPUCLUSTER_JOB_LOGS).
+    """
+
+    def __init__(self, root: Path, *, train_state: str = "exited", booting: int = 0,
+                 s3_latest: str | None = None) -> None:
+        self.bin, self.log, self.logs = root / "bin", root / "calls.log", root / "jobs"
         self.bin.mkdir()
+        boots = root / "boots"
+        boots.write_text(str(booting))
         bodies = {
             "systemd-run": "true",
             "journalctl": "echo 'step 10 loss 1.5'",
@@ -43,9 +51,15 @@ class Node:
   show) case "$3$5" in
           *SubState*train*) echo {train_state} ;; *SubState*eval*) echo failed ;;
           *ExecMainStatus*train*) echo 0 ;; *ExecMainStatus*eval*) echo 3 ;;
-          *ExecMainStartTimestamp*) echo 'Mon 2025-06-02 10:00:00 UTC' ;;
+          *ExecMainStartTimestamp*) echo "Mon 2025-06-02 10:00:00 ${{TZ:-CEST}}" ;;
+          *ActiveState*gpucluster-data*) n=$(cat {boots})
+             if [ "$n" -gt 0 ]; then echo $((n - 1)) > {boots}; echo activating; else echo active; fi ;;
+          *ActiveState*) echo active ;;
         esac ;;
 esac""",
+            "aws": ("[ \"$1 $2\" = 's3 cp' ] || exit 1\n"
+                    + (f"echo '{s3_latest}'" if s3_latest is not None else "echo 'NoSuchKey' >&2; exit 1")),
+            "sleep": "true",
         }
         for name, body in bodies.items():
             stub = self.bin / name
@@ -56,7 +70,8 @@ esac""",
         self.path.write_text(script("job.sh"))
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        clean = {"PATH": f"{self.bin}:{os.environ['PATH']}", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "x"}
+        clean = {"PATH": f"{self.bin}:{os.environ['PATH']}", "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "x",
+                 "GPUCLUSTER_JOB_LOGS": str(self.logs), "GPUCLUSTER_POLL_SECONDS": "1"}
         return subprocess.run(["bash", str(self.path), *args], env={**clean, **env}, capture_output=True,
                               text=True, timeout=20)
 
@@ -67,6 +82,7 @@ esac""",
     def calls(self, command: str) -> list[str]:
         lines = self.log.read_text().splitlines() if self.log.exists() else []
         return [line.split(" ", 1)[1] for line in lines if line.split(" ", 1)[0] == command]
+
 
 
 def test_job_tool_lints_clean() -> None:
@@ -87,15 +103,23 @@ def test_start_runs_the_command_as_a_unit_with_the_rank_environment_only(tmp_pat
     run_at = args.index("--unit=gpucluster-job-train.service")
     sent = args[run_at:]
     assert sent[-3:] == ["/bin/bash", "-c", "torchrun --nnodes=$NNODES train.py"]
+    log = node.logs / "train.log"
     assert {"--property=RemainAfterExit=yes", "--property=WorkingDirectory=/fsx/code",
-            "--property=RuntimeMaxSec=7200"} <= set(sent)
+            "--property=RuntimeMaxSec=7200", f"--property=StandardOutput=append:{log}",
+            f"--property=StandardError=append:{log}",
+            "--property=ExecStopPost=/usr/local/sbin/gpucluster-job finish train"} <= set(sent)
     env = {a.removeprefix("--setenv=") for a in sent if a.startswith("--setenv=")}
     assert env == {"MASTER_ADDR=10.0.0.5", "NODE_RANK=1", "NNODES=2", "FI_PROVIDER=efa",
                    "NCCL_SOCKET_IFNAME=^docker,lo,veth", "GPUCLUSTER_NODE_IPS=10.0.0.5 10.0.0.6",
-                   "GPUCLUSTER_JOB_TIMEOUT_SECONDS=7200", "GPUCLUSTER_JOB=train"}  # no HOME, no secrets
-    # a finished job of the same name is cleared first
-    assert node.calls("systemctl")[1:] == ["stop gpucluster-job-train.service",
+                   "GPUCLUSTER_JOB_TIMEOUT_SECONDS=7200", "GPUCLUSTER_JOB=train",
+                   "GPUCLUSTER_RESTART_COUNT=0"}  # no HOME, no secrets
+    # the node's boot steps are asked first; a finished job of the same name is cleared
+    assert node.calls("systemctl")[1:] == ["show -p ActiveState --value gpucluster-data.service",
+                                           "show -p ActiveState --value gpucluster-setup.service",
+                                           "stop gpucluster-job-train.service",
                                            "reset-failed gpucluster-job-train.service"]
+    [start_line] = log.read_text().splitlines()
+    assert START.match(start_line) and start_line.startswith("gpucluster-job: train started (restart 0) ")
 
 
 def test_start_refuses_a_job_that_is_still_running(tmp_path: Path) -> None:
@@ -105,20 +129,101 @@ def test_start_refuses_a_job_that_is_still_running(tmp_path: Path) -> None:
     assert node.calls("systemd-run") == []
 
 
+def test_a_restart_replaces_the_running_job_once_the_node_has_booted(tmp_path: Path) -> None:
+    """GPUCLUSTER_JOB_REPLACE=1 (restart-on-replace): the old run is stopped, the new one started after
+    the node's data step stopped `activating`."""
+    node = Node(tmp_path, train_state="running", booting=2)
+    result = node.run("start", "train", "/", "python train.py", GPUCLUSTER_JOB_REPLACE="1",
+                      GPUCLUSTER_RESTART_COUNT="2")
+    assert result.returncode == 0, result.stderr
+    assert "stopping the running train" in result.stdout
+    assert "waiting for gpucluster-data.service to finish" in result.stdout
+    assert node.calls("sleep") == ["1", "1"]  # polled until the step finished
+    systemctl = node.calls("systemctl")
+    assert systemctl.index("stop gpucluster-job-train.service") > max(
+        i for i, c in enumerate(systemctl) if "ActiveState" in c)
+    assert node.calls("systemd-run")
+    assert (node.logs / "train.log").read_text().startswith("gpucluster-job: train started (restart 2) ")
+    assert "--setenv=GPUCLUSTER_RESTART_COUNT=2" in node.args()
+
+
+def test_boot_wait_is_bounded(tmp_path: Path) -> None:
+    node = Node(tmp_path, booting=100)
+    result = node.run("start", "train", "/", "true", GPUCLUSTER_READY_TIMEOUT_SECONDS="3")
+    assert result.returncode == 0, result.stderr
+    assert "gpucluster-data.service still running after 3s; starting anyway" in result.stdout
+    assert len(node.calls("sleep")) == 3 and node.calls("systemd-run")
+
+
+@pytest.mark.parametrize(("pointer", "expected"), [
+    ("step-1200/", "{dir}/step-1200/"),  # relative to the prefix
+    ("{dir}/step-1300/\n", "{dir}/step-1300/"),  # absolute
+    ("s3://elsewhere/step-9/", "s3://elsewhere/step-9/"),
+    ("", None),
+])
+def test_start_tells_the_job_its_latest_checkpoint_from_an_fsx_pointer(tmp_path: Path, pointer: str,
+                                                                        expected: str | None) -> None:
+    checkpoints = tmp_path / "fsx" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    if pointer:
+        (checkpoints / "latest").write_text(pointer.format(dir=checkpoints))
+    node = Node(tmp_path)
+    uri = f"{checkpoints}/"
+    result = node.run("start", "train", "/", "true", GPUCLUSTER_CHECKPOINT_URI=uri,
+                      GPUCLUSTER_CHECKPOINT_LATEST="stale-from-the-caller")
+    assert result.returncode == 0, result.stderr
+    env = {a.removeprefix("--setenv=") for a in node.args() if a.startswith("--setenv=")}
+    latest = {e for e in env if e.startswith("GPUCLUSTER_CHECKPOINT_LATEST=")}
+    if expected is None:
+        assert latest == set()
+    else:
+        resolved = expected.format(dir=checkpoints)
+        assert latest == {f"GPUCLUSTER_CHECKPOINT_LATEST={resolved}"}
+        assert f"gpucluster-job: train resumes from {resolved}" in (node.logs / "train.log").read_text()
+    assert f"GPUCLUSTER_CHECKPOINT_URI={uri}" in env
+
+
+def test_start_reads_an_s3_latest_pointer_and_survives_none(tmp_path: Path) -> None:
+    uri = "s3://acme-ckpt/runs/llm/"
+    node = Node(tmp_path, s3_latest="step-42/")
+    assert node.run("start", "train", "/", "true", GPUCLUSTER_CHECKPOINT_URI=uri).returncode == 0
+    assert node.calls("aws") == [f"s3 cp --only-show-errors {uri}latest -"]
+    assert f"--setenv=GPUCLUSTER_CHECKPOINT_LATEST={uri}step-42/" in node.args()
+    (tmp_path / "fresh").mkdir()
+    fresh = Node(tmp_path / "fresh", s3_latest=None)  # no pointer yet: a first run
+    result = fresh.run("start", "train", "/", "true", GPUCLUSTER_CHECKPOINT_URI=uri)
+    assert result.returncode == 0, result.stderr
+    assert not any(a.startswith("--setenv=GPUCLUSTER_CHECKPOINT_LATEST") for a in fresh.args())
+
+
+def test_finish_writes_the_end_line_the_follower_reads(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    result = node.run("finish", "train", SERVICE_RESULT="exit-code", EXIT_STATUS="3", EXIT_CODE="exited")
+    assert result.returncode == 0, result.stderr
+    [line] = (node.logs / "train.log").read_text().splitlines()
+    end = END.match(line)
+    assert end and (end["name"], end["result"], end["status"]) == ("train", "exit-code", "3")
+
+
 def test_status_logs_cancel_and_bad_names(tmp_path: Path) -> None:
     node = Node(tmp_path)
     status = node.run("status")
     assert status.returncode == 0, status.stderr
     assert parse_job_states(status.stdout) == [
-        ops_run.JobState("train", "exited", 0, "Mon 2025-06-02 10:00:00 UTC"),
+        ops_run.JobState("train", "exited", 0, "Mon 2025-06-02 10:00:00 UTC"),  # TZ=UTC for the follower
         ops_run.JobState("eval", "failed", 3, "Mon 2025-06-02 10:00:00 UTC")]
-    logs = node.run("logs", "train", "50")
+    logs = node.run("logs", "train", "50")  # no file yet: a job from before files, in the journal
     assert logs.stdout == "step 10 loss 1.5\n"
     assert node.calls("journalctl") == ["-u gpucluster-job-train.service -n 50 --no-pager -o cat"]
+    node.logs.mkdir()
+    (node.logs / "train.log").write_text("".join(f"line {i}\n" for i in range(10)))
+    assert node.run("logs", "train", "3").stdout == "line 7\nline 8\nline 9\n"
+    assert len(node.calls("journalctl")) == 1
     assert node.run("cancel", "train").stdout == "cancelled job train\n"
     assert node.calls("systemctl")[-1] == "stop gpucluster-job-train.service"
     bad = node.run("cancel", "Train;rm")
     assert bad.returncode == 2 and "job names are 1-40 characters" in bad.stderr
+    assert node.run("logs", "train", "3;x").returncode == 2
 
 
 def test_every_node_gets_the_job_tool() -> None:
@@ -149,16 +254,25 @@ def test_run_detach_dry_run_hands_the_command_to_the_job_tool(aws: dict[str, Any
     assert (bad.exit_code, bad.output) == (2, "run: --name names a detached job: add --detach\n")
 
 
-def _stub_ssm(monkeypatch: pytest.MonkeyPatch, replies: list[dict[str, Any]]) -> Stubber:
-    """SSM answering one SendCommand and one GetCommandInvocation per reply, in order."""
+def _stub_ssm(monkeypatch: pytest.MonkeyPatch, replies: list[dict[str, Any]], *,
+              record: str | None = None) -> Stubber:
+    """SSM answering one SendCommand and one GetCommandInvocation per reply, in order.
+
+    `record`: the job's restart record is dropped `before` (cancel) or `after` (run --detach
+    without --restart-on-replace) the commands; there is none (ParameterNotFound).
+    """
     ssm = boto3.client("ssm", region_name="us-east-1")
     stub = Stubber(ssm)
+    if record == "before":
+        stub.add_client_error("delete_parameter", "ParameterNotFound", expected_params={"Name": ANY})
     for n, _ in enumerate(replies):
         stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}},
                           {"InstanceIds": ANY, "DocumentName": "AWS-RunShellScript", "Comment": ANY,
                            "TimeoutSeconds": ANY, "Parameters": ANY, "CloudWatchOutputConfig": ANY})
     for n, reply in enumerate(replies):
         stub.add_response("get_command_invocation", reply, {"CommandId": f"{n:036d}", "InstanceId": ANY})
+    if record == "after":
+        stub.add_client_error("delete_parameter", "ParameterNotFound", expected_params={"Name": ANY})
     real = jobs._client
     monkeypatch.setattr(jobs, "_client",
                         lambda spec, service: ssm if service == "ssm" else real(spec, service))
@@ -168,14 +282,14 @@ def _stub_ssm(monkeypatch: pytest.MonkeyPatch, replies: list[dict[str, Any]]) ->
 def test_run_detach_returns_once_started(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     _online(monkeypatch)
     started = _invocation("Success", 0, "started job pretrain as gpucluster-job-pretrain.service\n")
-    with _stub_ssm(monkeypatch, [started] * 3) as stub:
+    with _stub_ssm(monkeypatch, [started] * 3, record="after") as stub:
         result = runner.invoke(app, ["run", "prod", "-g", "h100-train", "--detach", "--name", "pretrain",
                                      "--", "torchrun", "train.py"])
         stub.assert_no_pending_responses()
     assert result.exit_code == 0, result.output
     assert " ".join(result.output.split()).endswith(  # wrapped at 100 columns
         "run: job pretrain started on all 3 node(s); follow it with `gpucluster jobs prod`, "
-        "`gpucluster logs prod pretrain`, stop it with `gpucluster cancel prod pretrain`")
+        "`gpucluster logs prod pretrain --follow`, stop it with `gpucluster cancel prod pretrain`")
 
 
 def test_jobs_lists_each_jobs_state_per_node(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
@@ -202,7 +316,7 @@ def test_logs_of_one_node_and_cancel(aws: dict[str, Any], monkeypatch: pytest.Mo
 
     result = runner.invoke(app, ["cancel", "prod", "pretrain", "-g", "h100-train"], input="n\n")
     assert result.exit_code == 1 and "cancel cancelled: nothing changed" in result.output
-    with _stub_ssm(monkeypatch, [_invocation("Success", 0, "cancelled job pretrain\n")] * 3):
+    with _stub_ssm(monkeypatch, [_invocation("Success", 0, "cancelled job pretrain\n")] * 3, record="before"):
         result = runner.invoke(app, ["cancel", "prod", "pretrain", "-g", "h100-train", "--yes"])
     assert result.exit_code == 0, result.output
     assert [line.split(": ")[1] for line in result.output.splitlines()] == ["cancelled"] * 3

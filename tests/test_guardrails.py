@@ -92,11 +92,13 @@ class Built:
 DEV_IDENTITY = "organization/gpucluster/dev/gpu-dev"
 
 
-def build(spec: StackSpec) -> Built:
-    """The stack's Guardrails, with args from the one spec -> args mapping (as GpuCluster builds them)."""
-    resources, _ = record_resources(
-        lambda: Guardrails(f"{spec.cluster.name}-guardrails", guardrails_args(spec, targets(spec))),
-        stack=spec.stack, region=spec.region)
+def build(spec: StackSpec, *, restart_jobs: bool = True) -> Built:
+    """The stack's Guardrails, with args from the one spec -> args mapping (as GpuCluster builds them;
+    `restart_jobs=False` leaves out the job restart handler GpuCluster always asks for)."""
+    args = guardrails_args(spec, targets(spec))
+    args["restart_jobs"] = restart_jobs
+    resources, _ = record_resources(lambda: Guardrails(f"{spec.cluster.name}-guardrails", args),
+                                    stack=spec.stack, region=spec.region)
     return Built(spec, resources)
 
 
@@ -370,7 +372,8 @@ def test_lambda_archive_is_stable_across_runs_and_ignores_build_noise() -> None:
 
 def test_failed_invocations_notify_and_spot_retries_stay_within_the_warning(dev: Built) -> None:
     configs = {c.inputs["functionName"]: c.inputs for c in dev.all(INVOKE_CONFIG)}
-    assert set(configs) == {"gpu-dev-budget-action", "gpu-dev-autostop", "gpu-dev-spot-interruption"}
+    assert set(configs) == {"gpu-dev-budget-action", "gpu-dev-autostop", "gpu-dev-spot-interruption",
+                            "gpu-dev-job-restart"}
     for config in configs.values():
         assert config["destinationConfig"] == {"onFailure": {"destination": dev.notify_topic}}
     spot = configs["gpu-dev-spot-interruption"]
@@ -490,7 +493,7 @@ def test_prod_is_patient_and_runs_its_hooks(prod: Built) -> None:
     assert spot["timeout"] == 100 + 30
     assert spot["environment"]["variables"]["INTERRUPTION_TIMEOUT_SECONDS"] == "100"
     assert {r.inputs["name"] for r in prod.all(RULE)} == {
-        "gpu-prod-idle", "gpu-prod-spot-interruption", "gpu-prod-spot-rebalance"}
+        "gpu-prod-idle", "gpu-prod-spot-interruption", "gpu-prod-spot-rebalance", "gpu-prod-job-restart"}
     check_policy(prod, "gpu-prod-budget-action", scales=True, runs_hooks=False)
     check_policy(prod, "gpu-prod-spot-interruption", scales=False, runs_hooks=True)
 
@@ -543,13 +546,14 @@ def test_the_spend_report_reads_and_publishes_only(base_config: dict[str, Any], 
 
 def test_nothing_is_built_without_budget_autostop_or_spot(base_config: dict[str, Any]) -> None:
     group = {**base_config["gpucluster:node_groups"][0], "capacity": {"spot_percent": 0}}
-    built = build(spec_of(base_config, node_groups=[group]))
+    built = build(spec_of(base_config, node_groups=[group]), restart_jobs=False)
     assert [r.type for r in built.resources] == ["gpucluster:index:Guardrails"]
 
 
 def test_budget_without_action_or_emails_only_alerts_the_topic(base_config: dict[str, Any]) -> None:
     group = {**base_config["gpucluster:node_groups"][0], "capacity": {"spot_percent": 0}}
-    built = build(spec_of(base_config, node_groups=[group], budget={"monthly_limit_usd": 2.5}))
+    built = build(spec_of(base_config, node_groups=[group], budget={"monthly_limit_usd": 2.5}),
+                  restart_jobs=False)
     notes = built.one(BUDGET).inputs["notifications"]
     assert [(n["notificationType"], n["threshold"]) for n in notes] == [
         ("ACTUAL", 50), ("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)]
@@ -560,7 +564,7 @@ def test_budget_without_action_or_emails_only_alerts_the_topic(base_config: dict
 
 
 def test_spot_without_a_hook_only_notifies_on_warnings(base_config: dict[str, Any]) -> None:
-    built = build(spec_of(base_config))  # spot_percent 100, no spot section
+    built = build(spec_of(base_config), restart_jobs=False)  # spot_percent 100, no spot section
     assert [r.inputs["name"] for r in built.all(RULE)] == ["test-spot-interruption"]
     fn = built.function("spot_interruption").inputs
     assert fn["environment"]["variables"] == {"GPUCLUSTER_STACK": "organization/gpucluster/case/test",

@@ -178,14 +178,18 @@ def test_notify_mode_cannot_mark_nodes_unhealthy() -> None:
     assert allowed(docs, None, "autoscaling:CompleteLifecycleAction", group_arn, **tags)
 
 
-def test_without_a_topic_nodes_publish_nowhere() -> None:
+def test_nodes_publish_only_to_their_stacks_topic() -> None:
+    """Even with no budget, auto-stop or spot guardrail the stack has its topic (the job-restart
+    Lambda's): the health policy names that one topic and nothing else."""
     config = copy.deepcopy(BASE_CONFIG)
-    config["gpucluster:node_groups"][0]["capacity"] = {"spot_percent": 0}  # no guardrail at all
+    config["gpucluster:node_groups"][0]["capacity"] = {"spot_percent": 0}
     plan = plan_config(config)
-    assert plan.of_type(TOPIC) == []
+    [topic] = plan.of_type(TOPIC)
     docs = role_documents(plan, group_role(plan, "gpu"))
-    assert not any("sns:Publish" in s["Action"] for d in docs for s in d["Statement"])
-    assert "GPUCLUSTER_NOTIFY_TOPIC_ARN=''" in user_data(plan, "gpu")
+    publish = [s["Resource"] for d in docs for s in d["Statement"] if "sns:Publish" in s["Action"]]
+    topic_arn = f"arn:aws:sns:us-east-1:123456789012:{topic.name}"  # the mock engine's topic ARN
+    assert publish == [[topic_arn]]
+    assert f"GPUCLUSTER_NOTIFY_TOPIC_ARN={topic_arn}\n" in user_data(plan, "gpu")
 
 
 def test_turned_off_there_is_no_hook_and_no_permission() -> None:

@@ -186,10 +186,10 @@ def test_nodes_attach_only_the_ssm_core_policy_and_a_scoped_agent_policy(prod: P
          "Action": ["ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath",
                     "ssm:GetParameterHistory"], "Resource": "*"},
     ]
-    # Exactly the agent, S3 and this group's health policies on the role.
+    # Exactly the agent, S3, jobs (run log group) and this group's health policies on the role.
     documents = role_documents(prod, identity)
-    assert len(documents) == 3
-    assert all(node_policy(prod, part, identity) in documents for part in ("agent", "s3"))
+    assert len(documents) == 4
+    assert all(node_policy(prod, part, identity) in documents for part in ("agent", "s3", "jobs"))
     # `*` only where the action has no resource type (PutMetricData: scoped by its condition;
     # DescribeTags, DescribeAutoScalingInstances), and in the deny
     for document in documents:
@@ -309,9 +309,9 @@ def largest_accepted(prefix_chars: int) -> int:
 
 
 def node_inline_chars(plan: Plan) -> int:
-    """Every inline policy on the (first) group's node role: agent, S3 and the group's health policy."""
+    """Every inline policy on the (first) group's node role: agent, S3, jobs and the group's health policy."""
     documents = role_documents(plan, f"{plan.spec.cluster.name}-node-identity")
-    assert len(documents) == 3
+    assert len(documents) == 4
     return inline_policies_chars(documents)
 
 

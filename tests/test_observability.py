@@ -263,7 +263,7 @@ def test_stuck_job_alarm_notifies_after_n_minutes_of_busy_flat_or_silent_gpus(st
             for k, q in queries.items() if "metric" in q} == {
         "low": ("nvidia_smi_utilization_gpu", "Minimum", 60),
         "high": ("nvidia_smi_utilization_gpu", "Maximum", 60),
-        "samples": ("nvidia_smi_utilization_gpu", "SampleCount", 60),
+        "samples": ("nvidia_smi_temperature_gpu", "SampleCount", 60),  # reported in MIG mode too
         "inservice": ("GroupInServiceInstances", "Maximum", 60)}
     # Named after the group's physical ASG name, as the idle alarm is.
     assert stuck.outputs["stuck_alarm_names"] == {"gpu": f"{asg_name(stuck, 'gpu')}-stuck"}

@@ -37,9 +37,11 @@ def test_writes_are_scoped_to_the_stack() -> None:
     for statement in policy["Statement"]:
         writes = {a for a in statement["Action"] if a in (
             "ssm:SendCommand", "autoscaling:UpdateAutoScalingGroup", "autoscaling:CreateOrUpdateTags",
-            "autoscaling:DeleteTags")}
+            "autoscaling:DeleteTags", "ssm:PutParameter", "ssm:DeleteParameter")}
         if writes and statement["Sid"] != "RunShellDocument":
-            assert "acme/prod" in json.dumps(statement["Condition"]), statement["Sid"]
+            # by a tag condition, or by a resource under the stack's own path (its job records)
+            scope = json.dumps(statement.get("Condition", {})) + json.dumps(statement["Resource"])
+            assert "acme/prod" in scope, statement["Sid"]
     assert "*" not in allowed_actions(policy) and not any(a.endswith("*") for a in allowed_actions(policy))
 
 
@@ -81,6 +83,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 def test_every_call_the_commands_make_is_allowed(calls: list[str]) -> None:
     for args in (["nodes", "dev"], ["hostfile", "dev", "-g", "dev-a10"],
                  ["run", "dev", "-g", "dev-a10", "--", "true"],
+                 ["run", "dev", "-g", "dev-a10", "--detach", "--name", "t", "--restart-on-replace", "--",
+                  "true"],
+                 ["cancel", "dev", "t", "--yes"],
                  ["scale", "dev", "-g", "dev-a10", "--desired", "3", "--yes"],
                  ["stop", "dev", "--yes"], ["status", "dev"], ["start", "dev", "--yes"],
                  ["stop", "dev", "--yes"], ["resume", "dev", "--yes"]):

@@ -178,6 +178,7 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
     it equal to a plan's names, so a resource added to a component must be added here.
     """
     from gpucluster.node.userdata import LAUNCH_HOOK_NAME
+    from gpucluster.noderole import run_log_group_name
     from gpucluster.spec import generated_bucket_prefix
     from gpucluster.stack import can_run_spot, node_identity_name
 
@@ -211,6 +212,7 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
         add(identity_key, policy, f"{identity}-agent")
         if spec.datasets:
             add(identity_key, policy, f"{identity}-s3")
+        add(identity_key, policy, f"{identity}-jobs")  # the run log group, the groups' ECR images
     for i, d in enumerate(spec.datasets):
         if not d.existing:
             if d.bucket_name:
@@ -221,6 +223,8 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
                     prefix=generated_bucket_prefix(c, d.name))
         if d.access == "fsx" and d.fsx is not None:
             add(f"datasets[{i}].name", sg, f"{c}-datasets-{d.name}-fsx-sg")
+    add("cluster.name", "aws:cloudwatch/logGroup:LogGroup", f"{c}-run-logs",
+        run_log_group_name(spec.identity))
     names += _guardrail_names(spec, can_run_spot)
     names += _dashboard_names(spec)
     return names
@@ -256,8 +260,7 @@ def _guardrail_names(spec: StackSpec, can_run_spot: Any) -> list[ExpectedName]:
     spot = any(can_run_spot(group) for group in spec.node_groups)
     autostop, budget = spec.autostop, spec.budget
     blocks = any(group.capacity.market == "capacity_block" for group in spec.node_groups)
-    if budget is None and not autostop.enabled and not spot and not blocks:
-        return []
+    # GpuCluster always asks for the job restart handler (stack.guardrails_args restart_jobs).
     out = [_entry(key, "aws:kms/alias:Alias", f"{g}-notify-key-alias", f"alias/{c}-guardrails"),
            _entry(key, "aws:sns/topic:Topic", f"{g}-notify-topic", f"{c}-guardrails")]
 
@@ -299,6 +302,8 @@ def _guardrail_names(spec: StackSpec, can_run_spot: Any) -> list[ExpectedName]:
     if blocks:
         function(f"{g}-blocks-handler", f"{c}-capacity-block")
         invoked_by_rule(f"{g}-blocks", f"{c}-capacity-block-expiry")
+    function(f"{g}-jobs-handler", f"{c}-job-restart")
+    invoked_by_rule(f"{g}-jobs", f"{c}-job-restart")
     if spot:
         function(f"{g}-spot-handler", f"{c}-spot-interruption")
         kinds = ["interruption"]

@@ -4,16 +4,19 @@ It owns what a process on a node may do in AWS beyond the SSM agent's managed po
 metrics into its cluster's own CloudWatch namespace only (the idle stop alarms on it), read the
 instance's tags (the CloudWatch agent's Auto Scaling group dimension), never read SSM
 parameters, reach the dataset buckets only under their prefixes and only while the bucket
-belongs to the expected account, and answer for the health of its own group only.
-`NodeIdentity` (aws/iam.py) attaches the agent and S3 documents, `GpuNodeGroup` the health one
-to its group's role; the stack spec sizes them together against IAM's limit before anything
-deploys. No Pulumi import, no AWS call, and no import of the spec (which imports this module).
+belongs to the expected account, write job output to the stack's one run log group, pull
+the node groups' own ECR images (their repositories only), and answer for the health of its own
+group only. `NodeIdentity` (aws/iam.py) attaches the agent, S3 and jobs documents, `GpuNodeGroup`
+the health one to its group's role; the stack spec sizes them together against IAM's limit before
+anything deploys. No Pulumi import, no AWS call, and no import of the spec (which imports this module).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpucluster.parts import S3Grant
@@ -109,8 +112,9 @@ def s3_policy_document(grants: Sequence[Grant], partition: str = "aws") -> dict[
 def agent_policy_document(namespace: str) -> dict[str, Any]:
     """The CloudWatch agent's needs, in place of CloudWatchAgentServerPolicy, and no parameter reads.
 
-    The agent config (node/userdata.py) ships no logs, so there is no CloudWatch Logs grant; it
-    is read from a local file, so no `AmazonCloudWatch-*` parameter read either.
+    The agent ships only job output files, to the run log group: that grant is the jobs policy's
+    (`jobs_policy_document`), not this one. Its config is read from a local file, so no
+    `AmazonCloudWatch-*` parameter read either.
     """
     return {"Version": "2012-10-17", "Statement": [
         # PutMetricData has no resource type: its scope is the namespace condition.
@@ -184,6 +188,82 @@ def longest_health_policy(*, identity: str, cluster_name: str, group: str, regio
         key_arn=f"{arn}:kms:{region}:{_ACCOUNT}:key/{_UUID}")
 
 
+# ------------------------------------------------------------------- jobs: run logs, ECR images
+
+
+def run_log_group_name(identity: str) -> str:
+    """The stack's run log group, /gpucluster/<identity>/run: `gpucluster run` output (SSM) and
+    detached jobs' output (the CloudWatch agent) go there, and nowhere else a node may write.
+
+    Log group names allow a-z, A-Z, 0-9, '_', '-', '/', '.', '#' (CloudWatch Logs API
+    reference, CreateLogGroup); anything else in the identity becomes '-'.
+    """
+    return f"/gpucluster/{re.sub(r'[^A-Za-z0-9_./#-]', '-', identity)}/run"
+
+
+# Private ECR registries: <account>.dkr.ecr[-fips].<region>.amazonaws.com[.cn] (ECR user guide,
+# "Amazon ECR private registry"); a repository name is lowercase letters, digits and ._-/ .
+ECR_IMAGE = re.compile(r"(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com"
+                       r"(?P<cn>\.cn)?/(?P<repository>[a-z0-9][a-z0-9._/-]*?)(?::[\w][\w.-]{0,127})?"
+                       r"(?:@sha256:[0-9a-f]{64})?")
+# What pulling an image needs (ECR user guide, "Private repository policy examples" and
+# AmazonEC2ContainerRegistryReadOnly): the layer and manifest reads, on the repository only.
+# GetAuthorizationToken has no resource type (Service Authorization Reference, Amazon ECR).
+ECR_PULL_ACTIONS = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+
+
+@dataclass(frozen=True)
+class EcrRepository:
+    """An ECR repository a node group's container_image lives in."""
+
+    account: str
+    region: str
+    name: str
+    partition: str
+
+    @property
+    def arn(self) -> str:
+        return f"arn:{self.partition}:ecr:{self.region}:{self.account}:repository/{self.name}"
+
+
+def ecr_repository(image: str) -> EcrRepository | None:
+    """The private ECR repository of an image reference, or None for any other registry."""
+    m = ECR_IMAGE.fullmatch(image)
+    if m is None:
+        return None
+    region = m["region"]
+    partition = "aws-cn" if m["cn"] else "aws-us-gov" if region.startswith("us-gov-") else "aws"
+    return EcrRepository(m["account"], region, m["repository"], partition)
+
+
+def jobs_policy_document(run_log_group_arn: str | None, images: Iterable[str] = ()) -> dict[str, Any] | None:
+    """Job output into the run log group only, and pulls from the node groups' ECR repositories only.
+
+    `run_log_group_arn` is the group's ARN without `:*` (what a LogGroup's `arn` is). The SSM agent
+    sends `run` output there itself (it looks the group up with DescribeLogGroups, then creates a
+    stream and puts events: amazon-ssm-agent, cloudwatchlogspublisher), the CloudWatch agent sends
+    detached jobs' files (CreateLogStream, PutLogEvents). No CreateLogGroup, no retention change:
+    the stack declares the group. None when there is neither a group nor an ECR image.
+    """
+    statements: list[dict[str, Any]] = []
+    if run_log_group_arn:
+        base, _, _ = run_log_group_arn.partition(":log-group:")
+        statements += [
+            {"Sid": "WriteRunLogsOnly", "Effect": "Allow",
+             "Action": ["logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents"],
+             "Resource": [run_log_group_arn, f"{run_log_group_arn}:*"]},
+            # DescribeLogGroups lists names by prefix and cannot be narrowed to one group.
+            {"Sid": "FindRunLogGroup", "Effect": "Allow", "Action": ["logs:DescribeLogGroups"],
+             "Resource": [f"{base}:log-group:*"]}]
+    repositories = sorted({r.arn for image in images if (r := ecr_repository(image))})
+    if repositories:
+        statements += [
+            {"Sid": "EcrLogin", "Effect": "Allow", "Action": ["ecr:GetAuthorizationToken"], "Resource": "*"},
+            {"Sid": "PullOwnImages", "Effect": "Allow", "Action": list(ECR_PULL_ACTIONS),
+             "Resource": repositories}]
+    return {"Version": "2012-10-17", "Statement": statements} if statements else None
+
+
 def policy_chars(document: dict[str, Any]) -> int:
     """A policy document's size as IAM counts it (whitespace left out), or an upper bound of it."""
     return len(json.dumps(document, separators=(",", ":")))
@@ -211,12 +291,22 @@ def worst_case_grants(grants: Iterable[S3Grant]) -> list[Grant]:
     return resolved
 
 
+def longest_log_group_arn(name: str) -> str:
+    """A log group's ARN in the longest partition and region name, with a 12-digit account."""
+    return f"arn:{LONGEST_PARTITION}:logs:ap-southeast-5:{'0' * ACCOUNT_ID_LENGTH}:log-group:{name}"
+
+
 def node_inline_policies_chars(cluster_name: str, grants: Iterable[S3Grant],
-                               more: Iterable[dict[str, Any]] = ()) -> int:
-    """The most the node role's inline policies can weigh with these grants, in any partition, and
-    with the `more` documents (a group's `longest_health_policy`) on the same role."""
+                               more: Iterable[dict[str, Any]] = (), *, run_log_group: str | None = None,
+                               images: Iterable[str] = ()) -> int:
+    """The most the node role's inline policies can weigh with these grants, the run log group
+    (its name) and the groups' images, in any partition, and with the `more` documents (a group's
+    `longest_health_policy`) on the same role."""
     resolved = worst_case_grants(grants)
     documents = [agent_policy_document(gpu_metric_namespace(cluster_name)), *more]
     if resolved:
         documents.append(s3_policy_document(resolved, partition=LONGEST_PARTITION))
+    jobs = jobs_policy_document(longest_log_group_arn(run_log_group) if run_log_group else None, images)
+    if jobs is not None:
+        documents.append(jobs)
     return inline_policies_chars(documents)

@@ -37,6 +37,7 @@ from gpucluster.noderole import (
     longest_bucket_name,
     longest_health_policy,
     node_inline_policies_chars,
+    run_log_group_name,
 )
 
 PROJECT = "gpucluster"
@@ -586,16 +587,26 @@ class NodeFileConfig(StrictModel):
     """Permissions, e.g. 0755 for a script a hook command runs."""
 
 
-HealthFinding = Literal["gpu_count", "ecc", "page_retirement", "xid", "efa", "dcgm"]
+HealthFinding = Literal["gpu_count", "ecc", "page_retirement", "xid", "efa", "dcgm", "mig"]
 """What a node health check can find: too few GPUs visible to the driver, uncorrectable ECC errors,
 a pending page retirement or row remap, an XID error, fewer EFA devices than the launch template
-has, or a failed DCGM quick diagnostic (`gpucluster.node` health-check.sh)."""
+has, a failed DCGM quick diagnostic, or (MIG groups) a GPU not in MIG mode or without exactly the MIG
+devices of the group's layout (`gpucluster.node` health-check.sh)."""
 HEALTH_FINDINGS: tuple[str, ...] = get_args(HealthFinding)
 # NVIDIA's k8s-device-plugin (internal/rm/health.go) leaves these XIDs out of its GPU health: they
 # are raised by an application's own fault (13 graphics engine exception, 31 MMU fault, 43 GPU
 # stopped processing, 45 preemptive cleanup, 68 video processor exception, 109 context switch
 # timeout), and the GPU keeps working for other processes.
 APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+# How long a new node has to answer its launch check. A MIG group's first boot can be two: MIG mode
+# on, a reboot where the GPU reset cannot take it (an A100 passed through to a VM: MIG user guide,
+# "Enable MIG Mode"), the layout again, then the check; gpucluster-mig.service alone may take 20 min.
+# Its default covers two boots of the plain default and the GPU resets; below its minimum (two plain
+# boots) a node that needs the reboot would be abandoned, and every replacement with it. Estimates:
+# not timed on AWS.
+LAUNCH_TIMEOUT_MINUTES = 15
+MIG_LAUNCH_TIMEOUT_MINUTES = 40
+MIG_MIN_LAUNCH_TIMEOUT_MINUTES = 30
 
 
 class HealthCheckConfig(StrictModel):
@@ -603,8 +614,8 @@ class HealthCheckConfig(StrictModel):
     """Check every node before it joins (launch lifecycle hook) and every interval_minutes after."""
     interval_minutes: Annotated[int, _in_range(1, 60)] = 5
     """How often a running node checks itself."""
-    launch_timeout_minutes: Annotated[int, _in_range(5, 120)] = 15
-    """A new node that has not answered the launch check by then is abandoned (and replaced)."""
+    launch_timeout_minutes: Annotated[int, _in_range(5, 120)] | None = None
+    """A new node that has not answered the launch check by then is abandoned; default 15, 40 with mig."""
     xid_window_minutes: Annotated[int, _in_range(1, 1440)] = 15
     """A running node counts XID errors of the last this many minutes (at launch: since boot)."""
     ignored_xids: Annotated[list[Annotated[int, _in_range(1, 999)]], Field(max_length=64),
@@ -615,9 +626,24 @@ class HealthCheckConfig(StrictModel):
     on_failure: Literal["replace", "notify"] = "replace"
     """replace: abandon a failing new node, mark a failing running node Unhealthy; notify: report only."""
     dcgm_diag: bool = True
-    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed."""
+    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed (not with mig)."""
     stuck_alarm_minutes: Annotated[int, _in_range(10, 1440)] | None = None
     """Notify when GPUs stay busy-but-flat, or nodes in service publish no GPU metric, this long."""
+
+
+MIG_PROFILE = r"[1-7]g\.\d{1,3}gb(\+me)?"
+MigProfileName = Annotated[str, _matches(MIG_PROFILE, "must be a MIG profile name like 1g.10gb or 3g.40gb")]
+
+
+class MigConfig(StrictModel):
+    """The MIG instances every GPU of a node group is split into: one profile `count` times, or a list."""
+
+    profile: MigProfileName | None = None
+    """Split every GPU into instances of this profile, e.g. 1g.10gb (README, "MIG partitions")."""
+    count: Annotated[int, _in_range(1, 7)] | None = None
+    """With profile: instances per GPU (default: as many as fit, e.g. 7 x 1g.10gb on an H100)."""
+    profiles: Annotated[list[MigProfileName], Field(min_length=1, max_length=7)] | None = None
+    """Instead of profile: the instances of each GPU, e.g. [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]."""
 
 
 class NodeGroupConfig(StrictModel):
@@ -661,10 +687,46 @@ class NodeGroupConfig(StrictModel):
     """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
     health_checks: HealthCheckConfig = HealthCheckConfig()
     """GPU health checks at launch and while running, and what a failing node gets."""
+    mig: MigConfig | None = None
+    """Split every GPU into MIG instances at boot (A100, H100, H200, B200); jobs get one per rank."""
 
     @property
     def types(self) -> list[catalog.InstanceType]:
         return [t for name in self.instance_types if (t := catalog.get(name))]
+
+    @property
+    def mig_layout(self) -> tuple[str, ...]:
+        """The MIG instances of each GPU, as the stack file names them (empty: MIG off).
+
+        `profile` without `count` takes as many as fit the group's GPU (the `group_mig`
+        check makes sure every type of the group agrees on that number).
+        """
+        m = self.mig
+        if m is None:
+            return ()
+        if m.profiles is not None:
+            return tuple(m.profiles)
+        if m.profile is None:
+            return ()
+        if m.count is not None:
+            return (m.profile,) * m.count
+        for t in self.types:
+            gpu = catalog.mig_gpu(t.name)
+            if gpu is not None and m.profile in gpu.profiles:
+                return (m.profile,) * gpu.profiles[m.profile].max_instances
+        return ()
+
+    @property
+    def launch_timeout_minutes(self) -> int:
+        """`health_checks.launch_timeout_minutes`, or its default: longer for a MIG group (a reboot)."""
+        if self.health_checks.launch_timeout_minutes is not None:
+            return self.health_checks.launch_timeout_minutes
+        return MIG_LAUNCH_TIMEOUT_MINUTES if self.mig is not None else LAUNCH_TIMEOUT_MINUTES
+
+    @property
+    def slots_per_gpu(self) -> int:
+        """Devices a job sees per GPU: its MIG instances, or 1 (the whole GPU)."""
+        return len(self.mig_layout) or 1
 
     @property
     def efa_enabled(self) -> bool:
@@ -1218,6 +1280,107 @@ def node_setup(spec: StackSpec) -> Iterable[Finding]:
     yield from _each_group(spec, group_node_setup)
 
 
+def mig_instance_types() -> list[str]:
+    """Families whose GPUs have MIG (catalog/data/mig_profiles.yaml), in catalog order."""
+    return list(dict.fromkeys(catalog.family_of(n) for n in catalog.names() if catalog.mig_gpu(n)))
+
+
+def _layout_text(layout: Sequence[str]) -> str:
+    """['1g.10gb'] * 7 -> '7 x 1g.10gb'; a mixed layout -> its names, comma separated."""
+    return f"{len(layout)} x {layout[0]}" if len(set(layout)) == 1 else ", ".join(layout)
+
+
+def mig_layout_findings(gpu: catalog.MigGpu, instance_type: str, layout: Sequence[str],
+                        path: str) -> Iterable[Finding]:
+    """One GPU's layout against its profiles: known names, instance limits, slices and placements."""
+    unknown = [n for n in dict.fromkeys(layout) if n not in gpu.profiles]
+    if unknown:
+        hint = difflib.get_close_matches(unknown[0], list(gpu.profiles), n=1, cutoff=0.6)
+        tail = f"; did you mean {hint[0]}?" if hint else ""
+        yield Finding(path, f"{unknown[0]} is not a MIG profile of {instance_type}'s {gpu.name} (it has "
+                      f"{', '.join(gpu.profiles)}){tail}")
+        return
+    for name in dict.fromkeys(layout):
+        most = gpu.profiles[name].max_instances
+        if layout.count(name) > most:
+            yield Finding(path, f"one {gpu.name} ({instance_type}) holds at most {most} x {name}, "
+                          f"got {layout.count(name)}")
+            return
+    if gpu.place(layout) is not None:
+        return
+    compute = sum(gpu.profiles[n].compute_slices for n in layout)
+    memory = sum(gpu.profiles[n].memory_slices for n in layout)
+    if compute > gpu.compute_slices:
+        why = f"they need {compute} of its {gpu.compute_slices} compute slices"
+    elif memory > gpu.memory_slices:
+        why = f"they need {memory} of its {gpu.memory_slices} memory slices"
+    else:
+        why = "no placement lets them sit side by side (3g and 4g instances start at slice 0 or 4 only)"
+    yield Finding(path, f"{_layout_text(layout)} do not fit one {gpu.name} ({instance_type}): {why}")
+
+
+@group_check
+def group_mig(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
+    """A MIG layout names one profile (with a count) or a list, which every type's GPU can hold.
+
+    From catalog/data/mig_profiles.yaml (NVIDIA's MIG user guide): GPUs without MIG (T4, A10G, L4,
+    L40S) refuse any layout; the others take only their own profile names, at most their instance
+    limit each, within 7 compute slices and on placements that do not overlap.
+    """
+    m, where = g.mig, f"{path}.mig"
+    if m is None:
+        return
+    if (m.profile is None) == (m.profiles is None):
+        yield Finding(where, "set profile (with an optional count) or profiles (a list per GPU)"
+                      + (", not both" if m.profile else ""))
+        return
+    if m.count is not None and m.profile is None:
+        yield Finding(f"{where}.count", "only used with profile (profiles lists every instance of a GPU)")
+        return
+    key = f"{where}.profile" if m.profile else f"{where}.profiles"
+    fits: dict[str, int] = {}
+    seen: set[str] = set()
+    for j, t in enumerate(g.types):
+        gpu = catalog.mig_gpu(t.name)
+        if gpu is None:
+            families = ", ".join(mig_instance_types())
+            yield Finding(f"{path}.instance_types[{j}]", f"{t.name} has {t.gpu_model} GPUs, which have no "
+                          f"MIG; a mig layout needs A100, H100, H200 or B200 ({families})")
+            continue
+        if m.profile is not None and m.profile in gpu.profiles:
+            fits[t.name] = gpu.profiles[m.profile].max_instances
+            if m.count is not None and m.count > fits[t.name]:
+                yield Finding(f"{where}.count", f"one {gpu.name} ({t.name}) holds at most {fits[t.name]} x "
+                              f"{m.profile}, got {m.count}")
+                continue
+        if gpu.name in seen:
+            continue
+        seen.add(gpu.name)
+        layout = m.profiles or [m.profile] * (m.count or fits.get(t.name, 1))
+        yield from mig_layout_findings(gpu, t.name, [str(n) for n in layout], key)
+    if m.profile is not None and m.count is None and len(set(fits.values())) > 1:
+        yield Finding(f"{where}.count", f"required here: the group's types fit different numbers of "
+                      f"{m.profile} per GPU ({', '.join(f'{t}: {n}' for t, n in fits.items())})")
+
+
+@check
+def mig_layouts(spec: StackSpec) -> Iterable[Finding]:
+    yield from _each_group(spec, group_mig)
+
+
+@check
+def mig_idle_stop(spec: StackSpec) -> Iterable[Finding]:
+    """The idle stop reads GPU utilisation, which a GPU in MIG mode does not report (warning)."""
+    if not spec.autostop.enabled:
+        return
+    for i, g in enumerate(spec.node_groups):
+        if g.mig is not None:
+            yield Finding(f"node_groups[{i}].mig", "GPUs in MIG mode report no utilisation (NVML), so the "
+                          "idle stop never sees this group idle (its alarm stays INSUFFICIENT_DATA and only "
+                          "notifies); bound it with autostop.stop_schedule or max_lifetime_hours",
+                          level="warning")
+
+
 @check
 def user_data_size(spec: StackSpec) -> Iterable[Finding]:
     """Each group's user data, rendered as its nodes get it, fits EC2's 16 KiB gzipped: what
@@ -1257,6 +1420,15 @@ def group_health(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> 
         yield Finding(f"{path}.health_checks.xid_window_minutes",
                       f"must be at least interval_minutes ({h.interval_minutes}), or an XID between "
                       f"two checks is never seen; got {h.xid_window_minutes}")
+    if h.enabled and g.mig is not None and h.dcgm_diag and "dcgm_diag" in h.model_fields_set:
+        yield Finding(f"{path}.health_checks.dcgm_diag", "not run on a MIG group: DCGM's diagnostic on "
+                      "GPUs in MIG mode is unverified here; the mig finding checks the layout instead",
+                      level="warning")
+    if h.enabled and g.mig is not None and g.launch_timeout_minutes < MIG_MIN_LAUNCH_TIMEOUT_MINUTES:
+        yield Finding(f"{path}.health_checks.launch_timeout_minutes",
+                      f"must be at least {MIG_MIN_LAUNCH_TIMEOUT_MINUTES} in a MIG group: a node's first "
+                      "boot may reboot once to turn MIG mode on before its check can answer (default "
+                      f"{MIG_LAUNCH_TIMEOUT_MINUTES}); got {g.launch_timeout_minutes}")
 
 
 @check
@@ -1383,7 +1555,10 @@ def node_role_size(spec: StackSpec) -> Iterable[Finding]:
     health = [[longest_health_policy(identity=spec.identity, cluster_name=spec.cluster.name, group=g.name,
                                      region=spec.region, replace=g.health_checks.on_failure == "replace")]
               if g.health_checks.enabled else [] for g in spec.node_groups]
-    chars = max(node_inline_policies_chars(spec.cluster.name, grants, more) for more in health)
+    images = [g.container_image for g in spec.node_groups if g.container_image]
+    chars = max(node_inline_policies_chars(spec.cluster.name, grants, more,
+                                           run_log_group=run_log_group_name(spec.identity), images=images)
+                for more in health)
     if chars > ROLE_INLINE_POLICIES_MAX_CHARS:
         yield Finding("datasets", f"the node role's policies for {len(spec.datasets)} dataset(s) would "
                       f"reach {chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role: use "

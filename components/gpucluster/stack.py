@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
 from gpucluster.spec import DatasetConfig, FsxConfig, NodeGroupConfig, StackSpec, dataset_path
 
@@ -116,11 +117,15 @@ def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any, fsx_dn
 
 
 def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant]) -> NodeIdentityArgs:
-    """The nodes' role: the datasets' grants (each pinned to its bucket's owner) and the boundary."""
+    """The nodes' role: the datasets' grants (each pinned to its bucket's owner), the run log group,
+    the node groups' container images (ECR pulls) and the boundary."""
     args: dict[str, Any] = {
         "cluster_name": spec.cluster.name,
         "s3_grants": [grant_args(g) for g in grants],
-        "tags": spec.tags}
+        "tags": spec.tags, "run_log_group": run_log_group_name(identity(spec))}
+    images = sorted({g.container_image for g in spec.node_groups if g.container_image})
+    if images:
+        args["container_images"] = images
     return with_boundary(spec, args)  # type: ignore[return-value]
 
 
@@ -195,6 +200,8 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
         "cluster_name": spec.cluster.name, "identity": identity(spec), "region": spec.region,
         "tags": spec.tags, "autostop": settings(spec.autostop), "spot": settings(spec.spot),
         "tag_groups": False,
+        # gpucluster's own nodes run gpucluster-job: `run --restart-on-replace` works on them
+        "restart_jobs": True,
     }
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)
@@ -224,6 +231,8 @@ def dashboard_args(spec: StackSpec, asg_names: Mapping[str, Any], *, notify_topi
         entry: dict[str, Any] = {"name": g.name, "asg_name": asg_names[g.name]}
         if g.health_checks.stuck_alarm_minutes is not None:
             entry["stuck_alarm_minutes"] = g.health_checks.stuck_alarm_minutes
+            if g.mig is not None:
+                entry["mig"] = True
         groups.append(entry)
     args: dict[str, Any] = {
         "cluster_name": spec.cluster.name, "identity": identity(spec), "region": spec.region,

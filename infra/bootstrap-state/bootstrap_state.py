@@ -89,6 +89,11 @@ WORKLOAD_ACTIONS = [
     "sns:Publish", "kms:GenerateDataKey*", "kms:Decrypt", "lambda:InvokeFunction",
     "s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation", "s3:PutObject", "s3:AbortMultipartUpload",
     "s3:ListMultipartUploadParts",
+    # the job restart Lambda reads the run log group's end lines (its job records: JobRecords below)
+    "logs:FilterLogEvents",
+    # nodes pulling a group's ECR image (gpucluster.noderole.ECR_PULL_ACTIONS)
+    "ecr:GetAuthorizationToken", "ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage",
+    "ecr:GetDownloadUrlForLayer",
 ]
 
 # What each resource type the program creates needs from the deploy role (create, read, update,
@@ -242,7 +247,9 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
         "s3": bucket_arns,
         "kms": [f"arn:{p}:kms:*:{a}:alias/{prefix}*", f"arn:{p}:kms:*:{a}:key/*"],
         "sns": [f"arn:{p}:sns:*:{a}:{prefix}*"],
-        "logs": [f"arn:{p}:logs:*:{a}:log-group:/aws/lambda/{prefix}*"],
+        # the Lambdas' log groups, and the run log group /gpucluster/<org>/<project>/<stack>/<cluster>/run
+        "logs": [f"arn:{p}:logs:*:{a}:log-group:/aws/lambda/{prefix}*",
+                 f"arn:{p}:logs:*:{a}:log-group:/gpucluster/*/{prefix}*"],
         # Dashboards are global: their ARN has no region (CloudWatch, "Actions, resources, and
         # condition keys").
         "cloudwatch": [f"arn:{p}:cloudwatch:*:{a}:alarm:{prefix}*",
@@ -443,6 +450,9 @@ def workload_boundary(partition: str, account: str, break_glass_role: str) -> di
         {"Sid": "OnStackInstances", "Effect": "Allow", "Action": "ssm:SendCommand",
          "Resource": f"arn:{partition}:ec2:*:{account}:instance/*",
          "Condition": {"Null": {f"ssm:resourceTag/{STACK_TAG}": "false"}}},
+        # the job restart Lambda's records (`gpucluster run --restart-on-replace`), and no other parameter
+        {"Sid": "JobRecords", "Effect": "Allow", "Action": ["ssm:GetParametersByPath", "ssm:PutParameter"],
+         "Resource": f"arn:{partition}:ssm:*:{account}:parameter/gpucluster/*"},
         data_deletion_deny(partition, break_glass_role, account),
     ])
 

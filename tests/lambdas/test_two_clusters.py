@@ -122,7 +122,7 @@ def test_the_two_dev_stacks_have_two_identities(teams: tuple[Team, Team]) -> Non
     for t in teams:  # what the CLI computes is what the plan tags and hands the Lambdas
         assert t.asg_tags["gpucluster:stack"] == t.identity
         assert {env["GPUCLUSTER_STACK"] for env in t.lambda_env.values()} == {t.identity}
-        assert set(t.lambda_env) == {"budget_action", "autostop", "spot_interruption"}
+        assert set(t.lambda_env) == {"budget_action", "autostop", "spot_interruption", "job_restart"}
 
 
 def test_budget_stops_its_own_group_only(account, teams, recorded, monkeypatch, moto_account) -> None:

@@ -38,6 +38,7 @@ from gpucluster.spec import (
     BudgetConfig,
     CapacityConfig,
     ClusterConfig,
+    ContainerImage,
     DatasetConfig,
     Finding,
     FsxConfig,
@@ -155,7 +156,7 @@ class HealthCheckSettings(TypedDict):
     interval_minutes: NotRequired[int]
     """How often a running node checks itself."""
     launch_timeout_minutes: NotRequired[int]
-    """A new node that has not answered the launch check by then is abandoned (and replaced)."""
+    """A new node that has not answered the launch check by then is abandoned; default 15, 40 with mig."""
     xid_window_minutes: NotRequired[int]
     """A running node counts XID errors of the last this many minutes (at launch: since boot)."""
     ignored_xids: NotRequired[list[int]]
@@ -165,9 +166,20 @@ class HealthCheckSettings(TypedDict):
     on_failure: NotRequired[str]
     """replace: abandon a failing new node, mark a failing running node Unhealthy; notify: report only."""
     dcgm_diag: NotRequired[bool]
-    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed."""
+    """Run DCGM's quick diagnostic (`dcgmi diag -r 1`) at launch where dcgmi is installed (not with mig)."""
     stuck_alarm_minutes: NotRequired[int]
     """Notify when GPUs stay busy-but-flat, or nodes in service publish no GPU metric, this long."""
+
+
+class MigSettings(TypedDict):
+    """A node group's `mig`: the MIG instances every GPU is split into."""
+
+    profile: NotRequired[str]
+    """Split every GPU into instances of this profile, e.g. 1g.10gb (README, "MIG partitions")."""
+    count: NotRequired[int]
+    """With profile: instances per GPU (default: as many as fit, e.g. 7 x 1g.10gb on an H100)."""
+    profiles: NotRequired[list[str]]
+    """Instead of profile: the instances of each GPU, e.g. [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]."""
 
 
 class NodeGroupSettings(TypedDict):
@@ -209,6 +221,8 @@ class NodeGroupSettings(TypedDict):
     """Pulled at boot (Docker; ECR login for ECR images) so the first job does not wait for it."""
     health_checks: NotRequired[HealthCheckSettings]
     """GPU health checks at launch and while running, and what a failing node gets."""
+    mig: NotRequired[MigSettings]
+    """Split every GPU into MIG instances at boot (A100, H100, H200, B200); jobs get one per rank."""
 
 
 class FsxSettings(TypedDict):
@@ -428,6 +442,9 @@ AsgArn = Annotated[str, _matches(
     "must be an Auto Scaling group ARN (arn:aws:autoscaling:<region>:<account>:autoScalingGroup:"
     "<id>:autoScalingGroupName/<name>)")]
 Arn = Annotated[str, _matches(r"arn:aws[a-z-]*:[a-z0-9-]+:[^\s]*", "must be an ARN (arn:aws:...)")]
+# CloudWatch Logs API reference, CreateLogGroup: 1-512 characters of a-z, A-Z, 0-9, '_-/.#'.
+LogGroupName = Annotated[str, _matches(r"[A-Za-z0-9_./#-]{1,512}", "must be a log group name (1-512 "
+                                       "characters of letters, digits and _-/.#)")]
 NonEmpty = Annotated[str, _matches(r"\S.*", "must be a non-empty string")]
 Identity = TagValue
 """The `gpucluster:stack` tag value: what every guardrail and CLI operation selects resources by."""
@@ -548,6 +565,8 @@ class NodeIdentityModel(StrictModel):
     s3_grants: list[BucketGrantModel] = Field(default_factory=list)
     tags: Tags = Field(default_factory=dict)
     permissions_boundary: PolicyName | None = None
+    run_log_group: LogGroupName | None = None
+    container_images: list[ContainerImage] = Field(default_factory=list)
 
 
 def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
@@ -557,7 +576,8 @@ def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
             yield Finding(f"s3_grants[{i}].prefix", "must be a folder-like prefix such as "
                           "'checkpoints/', not the whole bucket (nodes get write access to it)")
     grants = [S3Grant(g.bucket_name, g.prefix, g.write, g.expected_bucket_owner) for g in m.s3_grants]
-    chars = node_inline_policies_chars(m.cluster_name, grants)
+    chars = node_inline_policies_chars(m.cluster_name, grants, run_log_group=m.run_log_group,
+                                       images=m.container_images)
     if chars > ROLE_INLINE_POLICIES_MAX_CHARS:  # the stack file's node_role_size rule, for grants
         yield Finding("s3_grants", f"the node role's policies for {len(grants)} grant(s) would reach "
                       f"{chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role")
@@ -619,6 +639,7 @@ class GuardrailsModel(StrictModel):
     spot: SpotConfig = SpotConfig()
     tag_groups: bool = False
     permissions_boundary: PolicyName | None = None
+    restart_jobs: bool = False
 
 
 def guardrails_checks(m: GuardrailsModel) -> Iterable[Finding]:
@@ -634,6 +655,7 @@ class DashboardGroupModel(StrictModel):
     name: Name
     asg_name: input_of(AsgName)
     stuck_alarm_minutes: field_rule(HealthCheckConfig, "stuck_alarm_minutes") = None
+    mig: bool = False
 
 
 class ClusterDashboardModel(StrictModel):

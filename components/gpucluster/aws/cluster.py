@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
 
 import pulumi
+import pulumi_aws as aws
 
 from gpucluster import stack
 from gpucluster.aws.args import (
@@ -32,16 +33,18 @@ from gpucluster.aws.args import (
     NodeGroupSettings,
     SpotSettings,
     component_options,
+    owned_tags,
     stack_checks,
     type_token,
     validate,
 )
 from gpucluster.aws.datasets import DatasetBucket, DatasetStore, LustreFileSystem
-from gpucluster.aws.guardrails import Guardrails
+from gpucluster.aws.guardrails import LOG_RETENTION_DAYS, Guardrails
 from gpucluster.aws.iam import NodeIdentity
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, NodeDataMount
 from gpucluster.aws.observability import ClusterDashboard
+from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
 from gpucluster.spec import DIY_ORGANIZATION, StackSpec
 
@@ -166,6 +169,15 @@ def build_datasets(name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
     return parts
 
 
+def run_log_group(name: str, spec: StackSpec, opts: pulumi.ResourceOptions) -> aws.cloudwatch.LogGroup:
+    """The stack's run log group, /gpucluster/<identity>/run, declared (so nothing on a node needs
+    logs:CreateLogGroup) with the guardrail logs' retention: `gpucluster run` output (SSM) and
+    detached jobs' output (the CloudWatch agent) land there; `logs --follow` reads it."""
+    return aws.cloudwatch.LogGroup(
+        name, name=run_log_group_name(stack.identity(spec)), retention_in_days=LOG_RETENTION_DAYS,
+        tags=owned_tags(spec.tags, stack.identity(spec), spec.cluster.name), opts=opts)
+
+
 def cluster_spec(name: str, args: Any) -> StackSpec:
     """GpuClusterArgs checked as a stack file is: every model and named check, or ArgsError.
 
@@ -184,7 +196,8 @@ def cluster_spec(name: str, args: Any) -> StackSpec:
 class GpuCluster(pulumi.ComponentResource):
     """A GPU cluster: network, datasets, node identities, node groups, guardrails and a dashboard.
 
-    Python users also get the parts: `network` (ClusterNetwork), `buckets` and `file_systems`
+    Python users also get the parts: `network` (ClusterNetwork), `run_logs` (the run log group),
+    `buckets` and `file_systems`
     (dataset name -> DatasetBucket / LustreFileSystem), `node_identities` (node group name ->
     NodeIdentity; `node_identity` is the first group's), `groups`
     (node group name -> GpuNodeGroup, whose `.asg` the guardrails act on), `guardrails`, `dashboard`
@@ -235,6 +248,7 @@ class GpuCluster(pulumi.ComponentResource):
             opts=child)
         self.dataset_store, self.buckets, self.file_systems = parts.store, parts.buckets, parts.file_systems
         mounts, datasets = parts.mounts, parts.outputs
+        self.run_logs = run_log_group(f"{name}-run-logs", spec, child)
         topic_arn, resolve_topic = pulumi.deferred_output()
         key_arn, resolve_key = pulumi.deferred_output()
         self.node_identities: dict[str, NodeIdentity] = {}

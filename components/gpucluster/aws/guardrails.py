@@ -36,8 +36,9 @@ from gpucluster.aws.args import (
     validate,
 )
 from gpucluster.aws.iam import boundary_arn
+from gpucluster.lambdas.job_restart import LAUNCH_SUCCESSFUL, jobs_parameter_path
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
-from gpucluster.noderole import gpu_metric_namespace
+from gpucluster.noderole import gpu_metric_namespace, run_log_group_name
 from gpucluster.spec import AutoStopConfig, BudgetConfig, NodeGroupConfig, SpotConfig
 
 # ------------------------------------------------------------------- contracts
@@ -55,6 +56,7 @@ HANDLERS = {
     "spot_interruption": "lambdas.spot_interruption.handler",
     "report": "lambdas.report.handler",
     "capacity_block": "lambdas.capacity_block.handler",
+    "job_restart": "lambdas.job_restart.handler",
 }
 # pulumi-aws 7 lambda Runtime enum; python3.13 runs on Amazon Linux 2023 and ships boto3.
 LAMBDA_RUNTIME = "python3.13"
@@ -71,6 +73,7 @@ SPOT_NO_HOOK_TIMEOUT_SECONDS = 60
 # A spot warning gives 2 minutes (EC2 user guide, "Spot Instance interruption notices"): an older
 # event is moot, so Lambda's async retry gives up after that.
 SPOT_MAX_EVENT_AGE_SECONDS = 120
+JOB_RESTART_MAX_EVENT_AGE_SECONDS = 3600
 # Schedules retry for at most one lifetime tick.
 SCHEDULE_MAX_EVENT_AGE_SECONDS = 900
 SCHEDULE_MAX_RETRIES = 3
@@ -800,6 +803,64 @@ class CapacityBlockExpiry(pulumi.ComponentResource):
         self.register_outputs({"function_name": self.function.function_name, "rule_name": self.rule.name})
 
 
+class JobRestart(pulumi.ComponentResource):
+    """Auto Scaling launch events of this stack's groups -> re-launch `--restart-on-replace` jobs.
+
+    `gpucluster run --detach --restart-on-replace` records the job in an SSM parameter under
+    /gpucluster/<identity>/jobs/ (`lambdas.job_restart.jobs_parameter_path`); when a replacement brings
+    the job's group back to its node count, the Lambda starts the job again on the new node set through
+    SSM (new ranks, new MASTER_ADDR) and the node hands it the newest checkpoint. Its role reads and
+    updates only those parameters, reads only the run log group (a job that ended well is finished),
+    and runs commands only on this stack's instances.
+    """
+
+    def __init__(self, name: str, ctx: _Context, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(type_token("JobRestart"), name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        path, log_group = jobs_parameter_path(ctx.identity), run_log_group_name(ctx.identity)
+        environment = {**ctx.environment(), "RUN_LOG_GROUP": log_group}
+        self.function = GuardrailFunction(
+            f"{name}-handler", ctx, module="job_restart", function_name=f"{ctx.prefix}-job-restart",
+            timeout=BASE_TIMEOUT_SECONDS, environment=environment,
+            statements=[describe_statement(["autoscaling:DescribeAutoScalingGroups",
+                                            "ec2:DescribeInstances"]),
+                        *job_record_statements(ctx.partition, ctx.region, ctx.account, path),
+                        *run_command_statements(ctx.partition, ctx.region, ctx.account, ctx.identity),
+                        {"Sid": "ReadJobEndLines", "Effect": "Allow", "Action": ["logs:FilterLogEvents"],
+                         "Resource": _log_group_arns(ctx, log_group)},
+                        *publish_statements(ctx.notify_topic_arn, ctx.key_arn)],
+            # Launch events keep their meaning for a while (a group can take long to fill): retry
+            # within the hour (Lambda asynchronous invocation, maximum event age up to 6 hours).
+            max_event_age_seconds=JOB_RESTART_MAX_EVENT_AGE_SECONDS, retries=2, opts=child)
+        self.rule = aws.cloudwatch.EventRule(
+            f"{name}-rule", name=f"{ctx.prefix}-job-restart",
+            description=f"gpucluster {ctx.identity}: instance launched in a group -> re-launch its jobs",
+            event_pattern=_json({"source": ["aws.autoscaling"], "detail-type": [LAUNCH_SUCCESSFUL],
+                                 "detail": {"AutoScalingGroupName": [g.asg_name for g in ctx.args.groups]}}),
+            tags=ctx.tags, opts=child)
+        _rule_invokes(name, self.rule, self.function.function, child)
+        self.register_outputs({"function_name": self.function.function_name, "rule_name": self.rule.name})
+
+
+def job_record_statements(partition: pulumi.Input[str], region: str, account: pulumi.Input[str],
+                          path: str) -> list[dict[str, Any]]:
+    """Read and overwrite the stack's job records only (never delete: `gpucluster cancel` does that).
+
+    GetParametersByPath is authorised on the path itself, PutParameter on each parameter
+    (Systems Manager user guide, "Restricting access to Parameter Store parameters using IAM policies").
+    """
+    base = pulumi.Output.concat("arn:", partition, ":ssm:", region, ":", account, ":parameter", path)
+    return [{"Sid": "JobRecordsOnly", "Effect": "Allow",
+             "Action": ["ssm:GetParametersByPath", "ssm:PutParameter"],
+             "Resource": [base, pulumi.Output.concat(base, "/*")]}]
+
+
+def _log_group_arns(ctx: _Context, log_group: str) -> list[pulumi.Output[str]]:
+    arn = pulumi.Output.concat("arn:", ctx.partition, ":logs:", ctx.region, ":", ctx.account,
+                               ":log-group:", log_group)
+    return [arn, pulumi.Output.concat(arn, ":*")]
+
+
 class GuardedGroup(TypedDict):
     """An Auto Scaling group the guardrails stop, start and watch (any group, gpucluster's or not)."""
 
@@ -838,6 +899,9 @@ class GuardrailsArgs(TypedDict):
     """Give each group the gpucluster:stack tag (for groups gpucluster did not create; default false)."""
     permissions_boundary: NotRequired[str]
     """Name of a customer managed policy every guardrail role (Lambdas, Scheduler) carries as its boundary."""
+    restart_jobs: NotRequired[bool]
+    """Re-launch `gpucluster run --restart-on-replace` jobs when a replacement brings their group back to
+    size (the groups' nodes must run gpucluster's node bootstrap; default false)."""
 
 
 class Guardrails(pulumi.ComponentResource):
@@ -866,8 +930,8 @@ class Guardrails(pulumi.ComponentResource):
     budget_action_topic_arn: pulumi.Output[str] | None
     """The topic the budget's scale-to-zero notification goes to (with budget.action_threshold_percent)."""
     function_names: pulumi.Output[dict[str, str]] | None
-    """Guardrail Lambda function names: budget_action, autostop, spot_interruption, capacity_block
-    (those built)."""
+    """Guardrail Lambda function names: budget_action, autostop, spot_interruption, capacity_block,
+    job_restart (those built)."""
     idle_alarm_names: pulumi.Output[dict[str, str]] | None
     """Group label -> its idle alarm (with autostop)."""
     schedule_names: pulumi.Output[dict[str, str]] | None
@@ -882,6 +946,7 @@ class Guardrails(pulumi.ComponentResource):
         self.spot: SpotInterruption | None = None
         self.report: SpendReport | None = None
         self.capacity_block: CapacityBlockExpiry | None = None
+        self.job_restart: JobRestart | None = None
         self.notifications: Notifications | None = None
         self.notify_topic_arn = self.budget_name = self.budget_action_topic_arn = None
         self.function_names = self.idle_alarm_names = self.schedule_names = None
@@ -896,7 +961,8 @@ class Guardrails(pulumi.ComponentResource):
                 for g in m.groups}
         self.outputs: dict[str, Any] = {}
         blocks = capacity_block_groups(m.groups)
-        wanted = m.budget is not None or m.autostop.enabled or uses_spot(m.groups) or bool(blocks)
+        wanted = (m.budget is not None or m.autostop.enabled or uses_spot(m.groups) or bool(blocks)
+                  or m.restart_jobs)
         if not wanted:
             self.register_outputs(self.outputs)
             return
@@ -937,6 +1003,9 @@ class Guardrails(pulumi.ComponentResource):
             # "-blocks": the handler role's auto-name fits IAM's 64 with the longest cluster name.
             self.capacity_block = CapacityBlockExpiry(f"{name}-blocks", ctx, opts=child)
             functions["capacity_block"] = self.capacity_block.function.function_name
+        if m.restart_jobs:
+            self.job_restart = JobRestart(f"{name}-jobs", ctx, opts=child)
+            functions["job_restart"] = self.job_restart.function.function_name
         self.outputs["function_names"] = functions
         self.function_names = pulumi.Output.from_input(functions)
         self.register_outputs(self.outputs)

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpucluster.node.userdata import LAUNCH_HOOK_NAME
 from gpucluster.noderole import health_policy_document, node_health_statements
-from gpucluster.spec import HealthCheckConfig
+from gpucluster.spec import NodeGroupConfig
 
 __all__ = ["GROUP_METRICS", "LAUNCH_TRANSITION", "health_policy_document", "launch_hook",
            "node_health_statements"]
@@ -25,7 +25,7 @@ LAUNCH_TRANSITION = "autoscaling:EC2_INSTANCE_LAUNCHING"
 GROUP_METRICS = ("GroupDesiredCapacity", "GroupInServiceInstances", "GroupPendingInstances")
 
 
-def launch_hook(h: HealthCheckConfig) -> dict[str, Any]:
+def launch_hook(group: NodeGroupConfig) -> dict[str, Any]:
     """The launch lifecycle hook: nodes wait for their check; silence past the timeout abandons them.
 
     EC2 Auto Scaling user guide, "Amazon EC2 Auto Scaling lifecycle hooks": the instance
@@ -33,4 +33,4 @@ def launch_hook(h: HealthCheckConfig) -> dict[str, Any]:
     which the default result applies; ABANDON terminates it and the group launches another.
     """
     return {"name": LAUNCH_HOOK_NAME, "lifecycle_transition": LAUNCH_TRANSITION, "default_result": "ABANDON",
-            "heartbeat_timeout": h.launch_timeout_minutes * 60}
+            "heartbeat_timeout": group.launch_timeout_minutes * 60}

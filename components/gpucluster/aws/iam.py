@@ -16,7 +16,12 @@ import pulumi
 import pulumi_aws as aws
 
 from gpucluster.aws.args import NodeIdentityModel, component_options, identity_checks, type_token, validate
-from gpucluster.noderole import agent_policy_document, gpu_metric_namespace, s3_policy_document
+from gpucluster.noderole import (
+    agent_policy_document,
+    gpu_metric_namespace,
+    jobs_policy_document,
+    s3_policy_document,
+)
 
 # AWS managed policies: Systems Manager user guide ("Configure instance permissions"). The CloudWatch
 # agent's CloudWatchAgentServerPolicy is replaced by the scoped `agent` inline policy: it let any
@@ -65,13 +70,18 @@ class NodeIdentityArgs(TypedDict):
     """Tags of the role and the instance profile."""
     permissions_boundary: NotRequired[str]
     """Name of a customer managed policy the role carries as its permissions boundary."""
+    run_log_group: NotRequired[str]
+    """The stack's run log group (its name): the only log group nodes may write job output to."""
+    container_images: NotRequired[list[str]]
+    """The node groups' container images: nodes may pull those in private ECR (their repositories only)."""
 
 
 class NodeIdentity(pulumi.ComponentResource):
     """The node role, its managed, agent and S3 policies, and the instance profile launch templates use.
 
     Python users also get `role` (`aws.iam.Role`), `instance_profile` (`aws.iam.InstanceProfile`),
-    `agent_policy` and `s3_policy` (`aws.iam.RolePolicy`, the latter None without grants).
+    `agent_policy`, `s3_policy` and `jobs_policy` (`aws.iam.RolePolicy`; `s3_policy` None without
+    grants, `jobs_policy` None without a run log group or an ECR image).
     """
 
     role_name: pulumi.Output[str]
@@ -114,6 +124,8 @@ class NodeIdentity(pulumi.ComponentResource):
                      for bucket, g in zip(values[2:], grants, strict=True)],
                     partition=values[0])))
             self.s3_policy = aws.iam.RolePolicy(f"{name}-s3", role=self.role.id, policy=document, opts=child)
+        self.jobs_policy = self._jobs_policy(name, m.run_log_group, m.container_images, partition, account,
+                                             child)
         self.instance_profile = aws.iam.InstanceProfile(f"{name}-profile", role=self.role.name,
                                                         tags=dict(tags), opts=child)
         self.role_name = self.role.name
@@ -123,3 +135,14 @@ class NodeIdentity(pulumi.ComponentResource):
         self.register_outputs({"role_name": self.role_name, "role_arn": self.role_arn,
                                "instance_profile_name": self.instance_profile_name,
                                "instance_profile_arn": self.instance_profile_arn})
+
+    def _jobs_policy(self, name: str, log_group: str | None, images: list[str], partition: pulumi.Output[str],
+                     account: pulumi.Output[str], child: pulumi.ResourceOptions) -> aws.iam.RolePolicy | None:
+        """Job output to the run log group, pulls from the groups' ECR repositories (noderole)."""
+        if log_group is None and jobs_policy_document(None, images) is None:
+            return None
+        region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self)).region
+        document = pulumi.Output.all(partition, region, account).apply(
+            lambda v: json.dumps(jobs_policy_document(
+                f"arn:{v[0]}:logs:{v[1]}:{v[2]}:log-group:{log_group}" if log_group else None, images)))
+        return aws.iam.RolePolicy(f"{name}-jobs", role=self.role.id, policy=document, opts=child)

@@ -291,7 +291,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             **capacity_block_options(group.capacity),
         )
         health = group.health_checks
-        hooks = {"initial_lifecycle_hooks": [launch_hook(health)]} if health.enabled else {}
+        hooks = {"initial_lifecycle_hooks": [launch_hook(group)]} if health.enabled else {}
         self.asg = aws.autoscaling.Group(
             f"{name}-asg",
             min_size=group.min_nodes,
@@ -322,7 +322,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             # The same hook by name (PutLifecycleHook creates or updates): it reaches groups created
             # before health checks, applies timeout changes, and is deleted when checks are turned off.
             self.launch_hook = aws.autoscaling.LifecycleHook(
-                f"{name}-launch-check", autoscaling_group_name=self.asg.name, **launch_hook(health),
+                f"{name}-launch-check", autoscaling_group_name=self.asg.name, **launch_hook(group),
                 opts=child)
             self.health_policy = aws.iam.RolePolicy(
                 f"{name}-health", role=m.node_role_name, policy=self._health_policy(m), opts=child)

@@ -46,6 +46,9 @@ STOP_LOG_PHRASE = "group scaled to zero"
 # other, minute after minute; or nodes in service and not one GPU datapoint.
 STUCK_BUSY_PERCENT = 95
 STUCK_FLAT_POINTS = 2
+# The series whose absence means a silent node: reported by every GPU, in MIG mode too (NVML gives a
+# MIG-mode GPU no utilisation; the agent skips what it cannot read).
+SILENCE_MEASUREMENT = "temperature_gpu"
 WIDGET_WIDTH, WIDGET_HEIGHT = 12, 6
 
 
@@ -124,28 +127,35 @@ def dashboard_body(*, cluster_name: str, identity: str, region: str, groups: Seq
     return {"widgets": widgets}
 
 
-def stuck_alarm_queries(asg_name: str, namespace: str) -> list[dict[str, Any]]:
+def stuck_alarm_queries(asg_name: str, namespace: str, mig: bool = False) -> list[dict[str, Any]]:
     """Metric-math queries of a group's stuck-job alarm (CloudWatch user guide, "Metric math": IF, FILL).
 
     busy_flat: every GPU busy and all within a few points of each other this minute (a
-    hung collective pins them all); silent: nodes in service, and not one GPU datapoint
-    (the agent is dead: the idle stop cannot see such a node either).
+    hung collective pins them all); silent: nodes in service, and not one GPU temperature
+    datapoint (the agent is dead: the idle stop cannot see such a node either). Silence is
+    read from the temperature, which every GPU reports, MIG mode or not; a GPU in MIG mode
+    reports no utilisation (NVML N/A), so a MIG group's alarm is the silent one alone.
     """
     def metric(query_id: str, namespace: str, name: str, stat: str) -> dict[str, Any]:
         return {"id": query_id, "return_data": False, "metric": {
             "namespace": namespace, "metric_name": name, "dimensions": {GPU_METRIC_DIMENSION: asg_name},
             "period": GPU_METRIC_PERIOD_SECONDS, "stat": stat}}
 
+    silent = [
+        metric("samples", namespace, gpu_metric(SILENCE_MEASUREMENT), "SampleCount"),
+        metric("inservice", AUTOSCALING_NAMESPACE, "GroupInServiceInstances", "Maximum"),
+        {"id": "silent", "return_data": mig, "label": "in service, no GPU metric",
+         "expression": "IF(inservice > 0 AND FILL(samples, 0) == 0, 1, 0)"},
+    ]
+    if mig:
+        return silent
     util = gpu_metric("utilization_gpu")
     return [
         metric("low", namespace, util, "Minimum"),
         metric("high", namespace, util, "Maximum"),
-        metric("samples", namespace, util, "SampleCount"),
-        metric("inservice", AUTOSCALING_NAMESPACE, "GroupInServiceInstances", "Maximum"),
+        *silent,
         {"id": "busyflat", "return_data": False, "label": "GPUs busy and flat",
          "expression": f"IF(low >= {STUCK_BUSY_PERCENT} AND high - low <= {STUCK_FLAT_POINTS}, 1, 0)"},
-        {"id": "silent", "return_data": False, "label": "in service, no GPU metric",
-         "expression": "IF(inservice > 0 AND FILL(samples, 0) == 0, 1, 0)"},
         {"id": "stuck", "return_data": True, "label": "stuck", "expression": "MAX([busyflat, silent])"},
     ]
 
@@ -162,6 +172,8 @@ class DashboardGroup(TypedDict):
     """Its Auto Scaling group (the dimension of every per-group series)."""
     stuck_alarm_minutes: NotRequired[int]
     """Alarm when the group's GPUs stay busy-but-flat, or publish nothing while in service, this long."""
+    mig: NotRequired[bool]
+    """Its GPUs are in MIG mode and report no utilisation: the stuck alarm watches for silence only."""
 
 
 class ClusterDashboardArgs(TypedDict):
@@ -215,16 +227,17 @@ class ClusterDashboard(pulumi.ComponentResource):
         for group in m.groups:
             if group.stuck_alarm_minutes is None:
                 continue
-            minutes = group.stuck_alarm_minutes
+            minutes, mig = group.stuck_alarm_minutes, group.mig
+            busy = "" if mig else f"every GPU busy (>= {STUCK_BUSY_PERCENT} %) and flat, or "
             self.stuck_alarms[group.name] = aws.cloudwatch.MetricAlarm(
                 f"{name}-stuck-{group.name}",
                 name=pulumi.Output.concat(group.asg_name, "-stuck"),
                 alarm_description=(
-                    f"gpucluster {m.identity}/{group.name}: for {minutes} min every GPU busy (>= "
-                    f"{STUCK_BUSY_PERCENT} %) and flat, or nodes in service publishing no GPU metric. "
-                    "A hung job or a dead agent: look at the nodes. Notifies only."),
+                    f"gpucluster {m.identity}/{group.name}: for {minutes} min {busy}nodes in service "
+                    "publishing no GPU metric. " + ("A dead agent" if mig else "A hung job or a dead agent")
+                    + ": look at the nodes. Notifies only."),
                 metric_queries=pulumi.Output.from_input(group.asg_name).apply(
-                    lambda asg: stuck_alarm_queries(asg, namespace)),
+                    lambda asg, mig=mig: stuck_alarm_queries(asg, namespace, mig)),
                 comparison_operator="GreaterThanOrEqualToThreshold", threshold=1,
                 evaluation_periods=minutes, datapoints_to_alarm=minutes, treat_missing_data="notBreaching",
                 alarm_actions=[m.notify_topic_arn], tags=tags, opts=child)

@@ -10,9 +10,10 @@ Every command finds the stack's resources by its identity tag
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -73,9 +74,10 @@ def _ops_call(command: str, call: Callable[[], Any], doing: str | None = "asking
 def _nodes(spec: StackSpec, command: str, group: str | None) -> list[Node]:
     from gpucluster.ops.nodes import stack_nodes
 
+    mig = {g.name: len(g.mig_layout) for g in spec.node_groups if g.mig_layout}  # MIG devices are slots
     return _ops_call(command, lambda: stack_nodes(
         identity(spec), node_group=group, autoscaling_client=_client(spec, "autoscaling"),
-        ec2_client=_client(spec, "ec2"), ssm_client=_client(spec, "ssm")),
+        ec2_client=_client(spec, "ec2"), ssm_client=_client(spec, "ssm"), mig_per_gpu=mig),
         f"finding {spec.stack}'s nodes in {spec.region}")
 
 
@@ -104,9 +106,10 @@ def _ago(when: datetime | None) -> str:
 
 def render_nodes(nodes: list[Node]) -> list[str]:
     return render_table(
-        ["instance", "node group", "type", "GPUs", "zone", "private IP", "lifecycle", "state",
+        ["instance", "node group", "type", "GPUs", "slots", "zone", "private IP", "lifecycle", "state",
          "health", "launched (UTC)", "SSM"],
-        [[n.instance_id, n.node_group, n.instance_type, str(n.gpus), n.zone, n.private_ip or "-",
+        [[n.instance_id, n.node_group, n.instance_type, str(n.gpus),
+          f"{n.slots} MIG" if n.mig_per_gpu else str(n.slots), n.zone, n.private_ip or "-",
           n.lifecycle, f"{n.state}/{n.asg_state}", n.health, _ago(n.launch_time), n.ssm]
          for n in nodes])
 
@@ -150,6 +153,8 @@ def group_environment(spec: StackSpec, node_group: str) -> dict[str, str]:
                                           region=spec.region, spot=spec.spot))
     if config.container_image:
         env["GPUCLUSTER_CONTAINER_IMAGE"] = config.container_image  # pulled at boot
+    if config.mig_layout:
+        env["GPUCLUSTER_MIG_LAYOUT"] = ",".join(config.mig_layout)  # each GPU's MIG instances
     uri = checkpoint_uri(spec)
     if uri:
         env["GPUCLUSTER_CHECKPOINT_URI"] = uri
@@ -222,22 +227,34 @@ def run(
     = False,
     name: Annotated[str | None, typer.Option("--name", help="With --detach: the job's name (default "
                                                             "job-<UTC time>).")] = None,
+    restart_on_replace: Annotated[bool, typer.Option("--restart-on-replace", help=(
+        "With --detach: when a spot or health replacement brings the group back to this many nodes, "
+        "start the job again on the new nodes, telling it the latest checkpoint."))] = False,
     master_port: Annotated[int, typer.Option("--master-port", help="MASTER_PORT for the rendezvous.")]
     = 29500,
     workdir: Annotated[str | None, typer.Option("--workdir", help="Directory to run in on the nodes.")]
     = None,
+    nccl_test: Annotated[bool, typer.Option("--nccl-test", help=(
+        "Instead of a command: NCCL's all-reduce benchmark (nccl-tests, from the Deep Learning AMI) across "
+        "the group's nodes, its bus bandwidth against the network's."))] = False,
+    nccl_max_bytes: Annotated[str, typer.Option("--nccl-max-bytes", help="With --nccl-test: the largest "
+                                                                         "message size (8 B up to this).")]
+    = "4G",
     as_json: JsonOption = False,
 ) -> None:
     """Run CMD on every in-service node of a group through SSM, with torchrun's rank environment.
 
     Each node gets MASTER_ADDR (rank 0's private IP), MASTER_PORT, NNODES, NODE_RANK,
-    NPROC_PER_NODE (its GPUs), WORLD_SIZE and the group's EFA/NCCL settings. Ranks follow
-    launch time, then instance id. Exits 1 when any node fails. With --json, one object at the
-    end (each node's status, exit code and output tail), nothing while it runs.
+    NPROC_PER_NODE (its GPUs, or MIG devices), WORLD_SIZE and the group's EFA/NCCL settings.
+    Ranks follow launch time, then instance id. Exits 1 when any node fails. With --json, one
+    object at the end (each node's status, exit code and output tail; with --nccl-test the bus
+    bandwidth per size and the verdict), nothing while it runs.
     """
+    from gpucluster.lambdas.job_restart import job_parameter_name
     from gpucluster.ops.run import (
         DEFAULT_TIMEOUT_SECONDS,
         QUERY_TIMEOUT_SECONDS,
+        job_record,
         plan_job,
         run_log_group,
         send_job,
@@ -247,26 +264,46 @@ def run(
     render.use_json(as_json)
     if not group:
         fail_usage("run", "--group is required (the node group to run on)")
+    if nccl_test:
+        if command or detach or name or restart_on_replace:
+            fail_usage("run", "--nccl-test runs its own benchmark: give no command, --detach, --name or "
+                              "--restart-on-replace")
+        _nccl_test(stack, group, dry_run=dry_run, max_bytes=nccl_max_bytes, as_json=as_json)
+        return
     if name is not None and not detach:
         fail_usage("run", "--name names a detached job: add --detach")
+    if restart_on_replace and not detach:
+        fail_usage("run", "--restart-on-replace restarts detached jobs: add --detach")
     spec = build_spec(stack)
     text = " ".join(command or [])
     job_name = (name or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")) if detach else None
     found = _nodes(spec, "run", group)
+    environment = group_environment(spec, group)
     plan = _ops_call("run", lambda: plan_job(
         found, text, master_port=master_port,
         timeout_seconds=QUERY_TIMEOUT_SECONDS if detach else timeout or DEFAULT_TIMEOUT_SECONDS,
-        group_environment=group_environment(spec, group), log_group=run_log_group(identity(spec)),
+        group_environment=environment, log_group=run_log_group(identity(spec)),
         workdir=workdir, detach=job_name, job_timeout_seconds=timeout if detach else None))
+    config = next((g for g in spec.node_groups if g.name == group), None)
+    record = _ops_call("run", lambda: job_record(
+        plan, node_group=group, master_port=master_port, group_environment=environment,
+        launched_at=datetime.now(UTC).isoformat(),
+        instance_types=config.instance_types if config else ())) if restart_on_replace else None
     head = _head(spec, group=group, command=text, job=plan.detach, log_group=plan.log_group,
-                 master_addr=plan.ranks[0].environment["MASTER_ADDR"])
+                 master_addr=plan.ranks[0].environment["MASTER_ADDR"], restart_on_replace=restart_on_replace)
     if dry_run:
+        where = job_parameter_name(identity(spec), plan.detach or "")
         if as_json:
             render.emit({**head, "dry_run": True, "ranks": [
                 {"rank": r.rank, "instance_id": r.node.instance_id, "private_ip": r.node.private_ip,
-                 "instance_type": r.node.instance_type, "script": plan.script(r)} for r in plan.ranks]})
+                 "instance_type": r.node.instance_type, "script": plan.script(r)} for r in plan.ranks],
+                "restart_record": None if record is None else {"parameter": where, "record": record}})
             return
-        for line in render_dry_run(plan):
+        lines = render_dry_run(plan)
+        if record is not None:  # the record as it would be stored, one JSON key a line
+            lines[-1:-1] = [*render.wrap(f"restart-on-replace: would record {where}:", hang=""),
+                            *json.dumps(record, indent=2, sort_keys=True).splitlines()]
+        for line in lines:
             typer.echo(line)
         return
     ssm = _client(spec, "ssm")
@@ -276,10 +313,10 @@ def run(
     job = _aws_call("run", lambda: send_job(ssm, plan, comment=f"gpucluster run {group}"),
                     f"sending the command to {len(plan.ranks)} node(s)")
 
-    def finish(ok: bool, code: int, note: str) -> None:
+    def finish(ok: bool, code: int, note: str, **more: Any) -> None:
         if as_json:
             render.emit({**head, "dry_run": False, "ok": ok, "cancelled": job.cancelled, "note": note,
-                         "results": [_result_json(plan, r) for r in job.results]})
+                         "results": [_result_json(plan, r) for r in job.results], **more})
         raise typer.Exit(code)
 
     if job.cancelled:
@@ -309,19 +346,25 @@ def run(
             render.fail([("run", message)], EXIT_INTERRUPTED)
         render.say(f"\n{message}")
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    restart = _record_restart(spec, ssm, plan.detach, group, record) if job.ok and plan.detach else None
     if as_json:
         note = (f"job {plan.detach} started" if plan.detach else "finished") if job.ok else (
             f"{len(job.failed)} of {len(job.results)} node(s) failed")
-        finish(job.ok, EXIT_OK if job.ok else EXIT_BLOCKED, note)
+        stored = restart is None or restart["ok"]
+        finish(job.ok, EXIT_OK if job.ok and stored else EXIT_BLOCKED, note, restart_record=restart)
     render.say("")
     for line in render_results(plan, job.results):
         typer.echo(line)
     render.say(f"full output: CloudWatch Logs group {plan.log_group}, a stream per node "
                "(<command id>/<instance id>/...)")
-    if job.ok and plan.detach:
+    if restart is not None:
         render.say(f"run: job {plan.detach} started on all {len(job.results)} node(s); follow it with "
-                   f"`gpucluster jobs {stack}`, `gpucluster logs {stack} {plan.detach}`, stop it with "
-                   f"`gpucluster cancel {stack} {plan.detach}`")
+                   f"`gpucluster jobs {stack}`, `gpucluster logs {stack} {plan.detach} --follow`, stop it "
+                   f"with `gpucluster cancel {stack} {plan.detach}`")
+        if restart["message"]:
+            render.say(restart["message"])
+        if not restart["ok"]:
+            raise typer.Exit(EXIT_BLOCKED)
         return
     if job.ok:
         render.say(f"run: all {len(job.results)} node(s) succeeded")
@@ -329,6 +372,163 @@ def run(
     render.say(f"run: {len(job.failed)} of {len(job.results)} node(s) failed (ranks "
                f"{', '.join(str(r.rank) for r in job.failed)})")
     raise typer.Exit(EXIT_BLOCKED)
+
+
+def _phase_json(results: list[NodeResult]) -> list[dict[str, Any]]:
+    """One phase of the NCCL test in JSON: each node's end and its output's tail."""
+    return [{"rank": r.rank, "instance_id": r.instance_id, "status": r.status, "exit_code": r.exit_code,
+             "ok": r.ok, "error": r.error or None, "output_tail": r.tail()} for r in results]
+
+
+def _nccl_test(stack: str, group: str, *, dry_run: bool, max_bytes: str, as_json: bool) -> None:
+    """`run --nccl-test`: the phases of ops.nccl through SSM, then the bandwidth table and verdict."""
+    from gpucluster.ops.nccl import (
+        assess,
+        expectation,
+        human_bytes,
+        phase_plan,
+        plan_nccl_test,
+        run_nccl_test,
+        ssm_runner,
+    )
+    from gpucluster.ops.run import JobResult, run_log_group
+
+    spec = build_spec(stack)
+    found = _nodes(spec, "run", group)
+    base = _ops_call("run", lambda: plan_nccl_test(
+        found, log_group=run_log_group(identity(spec)), group_environment=group_environment(spec, group),
+        max_bytes=max_bytes))
+    expected = expectation([r.node for r in base.ranks])
+    efa = base.ranks[0].environment.get("FI_PROVIDER") == "efa"
+    gpus = base.ranks[0].environment["NPROC_PER_NODE"]
+    head = _head(spec, group=group, test="all_reduce_perf", nodes=len(base.ranks), gpus_per_node=int(gpus),
+                 instance_type=expected.instance_type, efa=efa, max_bytes=max_bytes)
+    if not as_json:
+        render.say(f"NCCL all_reduce_perf on {len(base.ranks)} node(s) x {gpus} GPU(s) of {group} "
+                   f"({expected.instance_type}, {'EFA on' if efa else 'no EFA: TCP sockets'}), "
+                   f"8 B to {max_bytes}B")
+    if dry_run:
+        phases = {phase: [r.node.instance_id for r in phase_plan(base, phase, "nccl-dry-run",
+                                                                   first_only=first).ranks]
+                  for phase, first in (("key", True), ("authorize", False), ("run", True), ("revoke", False))}
+        if as_json:
+            render.emit({**head, "dry_run": True, "phases": phases})
+            return
+        for phase, ids in phases.items():
+            render.say(f"{phase}: {', '.join(ids)}")
+        render.say("dry run: nothing sent")
+        return
+    run_id = datetime.now(UTC).strftime("nccl-%Y%m%d-%H%M%S")
+    if not as_json:
+        render.say("Open MPI starts the ranks over SSH: a one-time key, authorised within the group only, "
+                   "is removed when the test ends")
+    send = ssm_runner(_client(spec, "ssm"))
+    current = {"phase": ""}
+
+    def on_phase(phase: str) -> None:
+        current["phase"] = phase
+        if not as_json:
+            render.say(f"{phase} ...")
+
+    def runner(plan: JobPlan) -> JobResult:  # a spinner per phase (the run phase takes minutes)
+        with render.progress(f"nccl-test: {current['phase']} on {len(plan.ranks)} node(s)"):
+            return send(plan)
+
+    try:
+        outcome = _aws_call("run", lambda: run_nccl_test(base, run_id, runner, on_phase=on_phase), None)
+    except KeyboardInterrupt:
+        message = "interrupted: the test key was removed where the revoke phase reached"
+        if as_json:
+            render.fail([("run", message)], EXIT_INTERRUPTED)
+        render.say(f"\n{message}")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    ok, lines = assess(outcome, expected)
+    log = f"/var/log/gpucluster/nccl-test-{run_id}.log"
+    report = outcome.report
+    if as_json:
+        peak = report.peak if report else None
+        render.emit({
+            **head, "dry_run": False, "run_id": run_id, "passed": ok, "findings": lines, "log_on_rank_0": log,
+            "failed_phase": outcome.failed_phase, "key_revoked": outcome.revoked,
+            "network_gbps": expected.network_gbps, "network_up_to": expected.up_to,
+            "expected_busbw_gbs": expected.busbw,
+            "peak": None if peak is None else {
+                "size_bytes": peak.size, "busbw_gbs": peak.busbw,
+                "of_expected": None if not expected.busbw else round(peak.busbw / expected.busbw, 4)},
+            "avg_busbw_gbs": report.avg_busbw if report else None,
+            "out_of_bounds_ok": report.out_of_bounds_ok if report else None,
+            "rows": [{"size_bytes": row.size, "dtype": row.dtype,
+                      "busbw_out_of_place_gbs": row.busbw_out_of_place,
+                      "busbw_in_place_gbs": row.busbw_in_place, "wrong": row.wrong}
+                     for row in (report.rows if report else [])],
+            "phases": {phase: _phase_json(results) for phase, results in outcome.phases.items()}})
+        raise typer.Exit(EXIT_OK if ok else EXIT_BLOCKED)
+    for phase, results in outcome.phases.items():
+        for r in results:
+            if not r.ok:
+                render.say(f"{phase} on {r.instance_id}: {r.status}" + (f" ({r.error})" if r.error else ""))
+                for line in r.tail(10):  # the node's own lines, verbatim
+                    typer.echo(f"  | {line}")
+    if report is not None and report.rows:
+        rows = [[human_bytes(row.size), f"{row.busbw_out_of_place:.2f}", f"{row.busbw_in_place:.2f}",
+                 str(row.wrong)] for row in report.rows]
+        headers = ["size", "busbw out-of-place (GB/s)", "busbw in-place (GB/s)", "wrong"]
+        for line in render_table(headers, rows):
+            typer.echo(line)
+    for line in lines:
+        render.say(line)
+    verdict = render.paint("passed", "good") if ok else render.paint("failed", "bad")
+    render.say(f"nccl-test: {verdict} (full output on rank 0: {log})")
+    if not ok:
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+def _record_restart(spec: StackSpec, ssm: Any, job: str, group: str,
+                    record: dict[str, Any] | None) -> dict[str, Any]:
+    """Store (or, without --restart-on-replace, drop) the job's record for the restart handler.
+
+    A job started again under the same name without the flag must not inherit an older record.
+    Returns what `run --json` shows: the parameter, whether it holds this run's record, whether
+    that went as asked (`ok`) and the line to print (None: nothing to say).
+    """
+    from gpucluster.lambdas.job_restart import encode_record, job_parameter_name
+    from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
+
+    name = job_parameter_name(identity(spec), job)
+    outcome: dict[str, Any] = {"parameter": name, "stored": False, "ok": True, "message": None}
+    if record is None:
+        try:
+            with render.progress(f"removing an older restart record {name}"):
+                _drop_record(ssm, name)
+        except AWS_ERRORS as exc:
+            outcome["message"] = (f"run: warning: could not remove an older restart record {name} "
+                                  f"({error_code(exc) or type(exc).__name__}); `gpucluster cancel` "
+                                  "removes it")
+        return outcome
+    try:
+        with render.progress(f"storing the restart record {name}"):
+            ssm.put_parameter(Name=name, Value=encode_record(record), Type="String", Overwrite=True,
+                              Description=f"gpucluster run --restart-on-replace: job {job} of {group}"[:1024])
+    except AWS_ERRORS as exc:
+        return {**outcome, "ok": False, "message": (
+            f"run: the job runs, but restart-on-replace is off: its record {name} was not stored "
+            f"({error_code(exc) or type(exc).__name__}: {exc})")}
+    return {**outcome, "stored": True, "message": (
+        f"restart-on-replace: when a replacement brings {group} back to {record['nnodes']} node(s), the "
+        f"job starts again on the new nodes with GPUCLUSTER_CHECKPOINT_LATEST (record {name})")}
+
+
+def _drop_record(ssm: Any, name: str) -> bool:
+    """Delete a job's restart record; False when there was none."""
+    from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
+
+    try:
+        ssm.delete_parameter(Name=name)
+    except AWS_ERRORS as exc:
+        if error_code(exc) == "ParameterNotFound":
+            return False
+        raise
+    return True
 
 
 # ---------------------------------------------------------------------- hostfile
@@ -342,7 +542,7 @@ def render_hostfile(found: list[Node], fmt: str) -> list[str]:
     ready = [n for n in found if n.in_service and n.private_ip]
     if fmt == "plain":
         return [str(n.private_ip) for n in ready]
-    return [f"{n.private_ip} slots={max(1, n.gpus)}" for n in ready]
+    return [f"{n.private_ip} slots={max(1, n.slots)}" for n in ready]
 
 
 @app.command()
@@ -353,7 +553,8 @@ def hostfile(
                                                       "line).")] = "mpi",
     as_json: JsonOption = False,
 ) -> None:
-    """Print the group's in-service nodes as a host list, in rank order (GPUs as slots)."""
+    """Print the group's in-service nodes as a host list, in rank order (GPUs, or MIG devices, as
+    slots)."""
     render.use_json(as_json)
     if not group:
         fail_usage("hostfile", "--group is required")
@@ -365,7 +566,7 @@ def hostfile(
     if not lines:
         render.fail([("hostfile", f"no node of {group} is in service")], EXIT_BLOCKED)
     if as_json:
-        hosts = [{"instance_id": n.instance_id, "private_ip": n.private_ip, "slots": max(1, n.gpus)}
+        hosts = [{"instance_id": n.instance_id, "private_ip": n.private_ip, "slots": max(1, n.slots)}
                  for n in found if n.in_service and n.private_ip]
         render.emit(_head(spec, group=group, format=fmt, hosts=hosts, lines=lines))
         return
@@ -669,16 +870,26 @@ def logs(
     node: Annotated[str | None, typer.Option("--node", help="Only this node: its rank, instance id or "
                                                             "private IP.")] = None,
     lines: Annotated[int, typer.Option("--lines", "-n", help="Lines of output per node.")] = 200,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Stream the output from CloudWatch Logs "
+                                                                "until the job has ended on every node.")]
+    = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Show a detached job's latest output on each node (its journal, through SSM)."""
+    """Show a detached job's latest output on each node; with --follow, stream it until it ends.
+
+    With --json, one object (each node's output); with --follow --json, JSON Lines: an object a
+    log line as it arrives, then one with how the job ended on each node (errors: one line too).
+    """
     from gpucluster.ops.run import JOB_TOOL
 
-    render.use_json(as_json)
+    render.use_json(as_json, lines=follow)
     name = _job_name("logs", job)
     if not 1 <= lines <= 5000:
         fail_usage("logs", f"--lines: must be 1..5000, got {lines}")
     spec = build_spec(stack)
+    if follow:
+        _follow(spec, name, group, node, as_json)
+        return
     plan, results = _on_nodes(spec, "logs", group, f"{JOB_TOOL} logs {name} {lines}", node)
     if as_json:
         render.emit(_head(spec, job=name, nodes=[
@@ -693,6 +904,81 @@ def logs(
         raise typer.Exit(EXIT_BLOCKED)
 
 
+def _running(spec: StackSpec, instance_ids: Iterable[str]) -> set[str]:
+    """Which of these instances EC2 still has pending or running."""
+    from gpucluster.ops.nodes import describe_instances
+
+    found = describe_instances(_client(spec, "ec2"), list(instance_ids))
+    return {i for i, d in found.items() if d.get("State", {}).get("Name") in ("pending", "running")}
+
+
+def _follow(spec: StackSpec, name: str, group: str | None, node: str | None, as_json: bool) -> None:
+    """`logs --follow`: which nodes run the job (SSM, `gpucluster-job status`), then their streams.
+
+    Human: the job's lines on stdout as they arrive (`<instance> | ` before each when several
+    nodes), what is followed and how it ended on stderr. JSON Lines: `{"event": "line", ...}` per
+    log line, then `{"event": "end", ...}`.
+    """
+    from gpucluster.ops.joblogs import JobFollower, LogLine, follow, job_log_stream, parse_started
+    from gpucluster.ops.run import JOB_TOOL, parse_job_states, run_log_group
+
+    plan, results = _on_nodes(spec, "logs", group, f"{JOB_TOOL} status", node)
+    found = {r.instance_id: state for r in results if r.ok
+             for state in parse_job_states(r.stdout) if state.name == name}
+    silent = [f"{r.instance_id} ({r.status})" for r in results if not r.ok]
+    if not found:
+        problems = [("logs", f"no answer from: {', '.join(silent)}")] if silent else []
+        problems.append(("logs", f"no job {name} on the {len(results) - len(silent)} node(s) that answered "
+                                 f"(see `gpucluster jobs {spec.stack}`)"))
+        render.fail(problems, EXIT_BLOCKED)
+    if silent and not as_json:
+        render.say(f"no answer from: {', '.join(silent)}", err=True)
+    starts = [t for s in found.values() if (t := parse_started(s.started)) is not None]
+    # From a minute before the job's first start (clock skew); without a start time, the last day.
+    since = min(starts) if len(starts) == len(found) else datetime.now(UTC) - timedelta(days=1)
+    streams = {job_log_stream(i, name): i for i in found}
+    follower = JobFollower(_client(spec, "logs"), run_log_group(identity(spec)), name, streams,
+                           int((since - timedelta(minutes=1)).timestamp() * 1000),
+                           {s for s, i in streams.items() if found[i].state == "running"})
+    several = len(streams) > 1
+
+    def show(line: LogLine) -> None:
+        if as_json:
+            render.emit({"event": "line", "instance_id": streams[line.stream], "timestamp": line.timestamp,
+                         "message": line.message})
+        else:  # the job's own lines, verbatim
+            typer.echo(f"{streams[line.stream]} | {line.message}" if several else line.message)
+
+    if not as_json:
+        render.say(f"following job {name} on {len(streams)} node(s) ({len(follower.waiting)} running), "
+                   f"CloudWatch Logs {follower.log_group}; Ctrl-C stops following, not the job", err=True)
+    try:
+        _aws_call("logs", lambda: follow(follower, show, running=lambda ids: _running(spec, ids)), None)
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    failed = any(not e.ok for e in follower.endings.values()) or bool(silent)
+    ends = sorted(streams.items(), key=lambda item: item[1])
+    if as_json:
+        render.emit({"event": "end", **_head(
+            spec, job=name, log_group=follower.log_group, ok=not failed,
+            nodes=[_ending_json(instance, follower.endings.get(stream)) for stream, instance in ends],
+            no_answer=[_result_json(plan, r) for r in results if not r.ok])})
+    else:
+        for stream, instance in ends:
+            ending = follower.endings.get(stream)
+            render.say(f"{instance}: {ending.describe() if ending else 'had already ended'}", err=True)
+    if failed:
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+def _ending_json(instance_id: str, ending: Any) -> dict[str, Any]:
+    """How the job ended on one node (`logs --follow --json`); None fields: it had already ended."""
+    if ending is None:
+        return {"instance_id": instance_id, "result": None, "exit_status": None, "ok": None}
+    return {"instance_id": instance_id, "result": ending.result, "exit_status": ending.status,
+            "ok": ending.ok}
+
+
 @app.command()
 def cancel(
     stack: StackArg,
@@ -701,16 +987,25 @@ def cancel(
     yes: YesOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Stop a detached job on every node (SIGTERM, then SIGKILL after 90 s); --json needs --yes."""
+    """Stop a detached job on every node (SIGTERM, then SIGKILL after 90 s); --json needs --yes.
+
+    Its restart-on-replace record goes first, so no replacement starts it again while it stops.
+    """
+    from gpucluster.lambdas.job_restart import job_parameter_name
     from gpucluster.ops.run import JOB_TOOL
 
     render.use_json(as_json)
     name = _job_name("cancel", job)
     spec = build_spec(stack)
     confirm_or_exit("cancel", f"Stop job {name} on every node of {group or 'the stack'}?", yes)
+    record = job_parameter_name(identity(spec), name)
+    removed = _aws_call("cancel", lambda: _drop_record(_client(spec, "ssm"), record),
+                        f"removing the job's restart record {record}")
+    if removed and not as_json:
+        render.say(f"{name}: restart-on-replace record removed")
     plan, results = _on_nodes(spec, "cancel", group, f"{JOB_TOOL} cancel {name}")
     if as_json:
-        render.emit(_head(spec, job=name, group=group, nodes=[
+        render.emit(_head(spec, job=name, group=group, restart_record_removed=removed, nodes=[
             {**_result_json(plan, r), "cancelled": r.ok} for r in results]))
         raise typer.Exit(EXIT_BLOCKED if any(not r.ok for r in results) else EXIT_OK)
     for r in results:

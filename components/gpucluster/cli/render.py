@@ -34,15 +34,19 @@ WIDTH = 100
 """Every human line fits a 100-column terminal."""
 
 _STYLES = {"bad": "1;31", "warn": "33", "good": "32", "dim": "2", "bold": "1"}
-_state = {"json": False}
+_state = {"json": False, "lines": False}
 
 
 # --------------------------------------------------------------------- JSON mode
 
 
-def use_json(on: bool) -> None:
-    """Set by a command before it can fail: errors then come as one JSON document on stdout."""
-    _state["json"] = bool(on)
+def use_json(on: bool, lines: bool = False) -> None:
+    """Set by a command before it can fail: errors then come as one JSON document on stdout.
+
+    `lines`: the command streams JSON Lines (`logs --follow --json`), so every document, errors
+    included, is printed on one line.
+    """
+    _state["json"], _state["lines"] = bool(on), bool(on and lines)
 
 
 def json_mode() -> bool:
@@ -50,8 +54,11 @@ def json_mode() -> bool:
 
 
 def emit(document: Any) -> None:
-    """One JSON document on stdout (what `--json` prints)."""
-    typer.echo(json.dumps(document, indent=2))
+    """One JSON document on stdout (what `--json` prints): indented, or one line in JSON Lines mode."""
+    if _state["lines"]:
+        typer.echo(json.dumps(document, separators=(",", ":")))
+    else:
+        typer.echo(json.dumps(document, indent=2))
 
 
 def fail(problems: Sequence[tuple[str | None, str]], code: int, title: str | None = None) -> NoReturn:

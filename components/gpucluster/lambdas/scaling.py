@@ -47,6 +47,7 @@ HANDLERS: dict[str, str] = {
     "spot_interruption": "lambdas.spot_interruption.handler",
     "report": "lambdas.report.handler",
     "capacity_block": "lambdas.capacity_block.handler",
+    "job_restart": "lambdas.job_restart.handler",
 }
 
 # Environment each handler reads (GPUCLUSTER_STACK is required, the rest optional).
@@ -80,6 +81,7 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
         "PRE_STOP_TIMEOUT_SECONDS",
         "NOTIFY_TOPIC_ARN",
     ),
+    "job_restart": ("GPUCLUSTER_STACK", "RUN_LOG_GROUP", "NOTIFY_TOPIC_ARN"),
 }
 
 # Least-privilege actions per handler, beyond CloudWatch Logs (AWSLambdaBasicExecutionRole).
@@ -124,6 +126,15 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "autoscaling:CreateOrUpdateTags",
         "ssm:SendCommand",
         "ssm:GetCommandInvocation",
+        "sns:Publish",
+    ),
+    "job_restart": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "ec2:DescribeInstances",
+        "ssm:GetParametersByPath",
+        "ssm:PutParameter",
+        "ssm:SendCommand",
+        "logs:FilterLogEvents",
         "sns:Publish",
     ),
 }

@@ -1,10 +1,11 @@
 #!/bin/bash
 # gpucluster node bootstrap (EC2 user data, rendered by components/bootstrap for @@LABEL@@).
-# Runs once at first boot: writes the node's settings and helper scripts, then starts the
-# GPU health check (the launch lifecycle hook waits for it), the spot-interruption watcher,
-# the CloudWatch agent (GPU metrics, which auto-stop alarms on), the NVMe scratch volume and
-# the dataset mounts. The scratch and data units run again
-# at every boot, since instance-store disks come back empty after a stop.
+# Runs once at first boot: writes the node's settings and helper scripts, splits the GPUs into
+# the group's MIG instances (if it has a layout), then starts the GPU health check (the launch
+# lifecycle hook waits for it), the spot-interruption watcher, the CloudWatch agent (GPU metrics,
+# which auto-stop alarms on), the NVMe scratch volume and the dataset mounts. The MIG, health,
+# scratch and data units run again at every boot, since MIG instances and instance-store disks do
+# not survive one.
 set -euo pipefail
 exec > >(tee -a /var/log/gpucluster-bootstrap.log) 2>&1
 echo "gpucluster bootstrap: start $(date -Is)"
@@ -18,8 +19,31 @@ install -d -m 0755 /etc/gpucluster /usr/local/sbin /etc/systemd/system \
 . /etc/gpucluster/node.env
 systemctl daemon-reload
 
-# The health check first: the group's launch lifecycle hook holds this node until it answers, and
-# whatever fails later in this script must not keep it from answering.
+# MIG first: nothing may run on a GPU before it is split (gpucluster-mig; setup requires it). The
+# units are enabled before, so the one reboot MIG mode may need (an A100 passed through to a VM
+# leaves it pending) brings the node up complete: systemd then starts them all, MIG first, and the
+# health check after it answers the launch hook, which waits through the reboot.
+mig_failed=""
+if [ -n "$GPUCLUSTER_MIG_LAYOUTS" ]; then
+  systemctl enable gpucluster-mig.service gpucluster-agent.service gpucluster-scratch.service \
+    gpucluster-data.service gpucluster-setup.service
+  if [ "$GPUCLUSTER_WATCH_SPOT" = "true" ]; then systemctl enable gpucluster-spot-watcher.service; fi
+  if [ "$GPUCLUSTER_HEALTH_CHECKS" = "true" ]; then
+    systemctl enable gpucluster-health-launch.service gpucluster-health-check.timer
+  fi
+  if ! systemctl start gpucluster-mig.service; then
+    if [ -e /run/gpucluster/mig-reboot ]; then
+      echo "gpucluster bootstrap: MIG mode takes effect after a reboot: rebooting (once)"
+      systemctl reboot
+      exit 0
+    fi
+    mig_failed=1
+    echo "gpucluster bootstrap: MIG layout NOT applied (journalctl -u gpucluster-mig): setup will not run"
+  fi
+fi
+
+# The health check next (after MIG, which it checks): the group's launch lifecycle hook holds this
+# node until it answers, and whatever fails later in this script must not keep it from answering.
 if [ "$GPUCLUSTER_HEALTH_CHECKS" = "true" ]; then
   systemctl enable gpucluster-health-launch.service gpucluster-health-check.timer
   systemctl start --no-block gpucluster-health-launch.service
@@ -49,4 +73,8 @@ fi
 systemctl enable gpucluster-data.service
 systemctl start --no-block gpucluster-data.service
 systemctl enable gpucluster-setup.service && systemctl start --no-block gpucluster-setup.service
+if [ -n "$mig_failed" ]; then
+  echo "gpucluster bootstrap: FAILED: the GPUs have no MIG layout (NodeStepFailed, Step=mig) $(date -Is)"
+  exit 1
+fi
 echo "gpucluster bootstrap: done $(date -Is)"

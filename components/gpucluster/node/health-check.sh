@@ -12,7 +12,9 @@
 # Checks: GPUs visible to the driver vs the instance type's count (nvidia-smi), uncorrectable ECC
 # errors and pending page retirement / row remapping (nvidia-smi), XID errors in the kernel log
 # (journalctl, or dmesg), EFA devices vs the launch template's (fi_info -p efa), and at launch DCGM's
-# quick diagnostic (dcgmi diag -r 1) where dcgmi is installed. Reports go to the stack's notification
+# quick diagnostic (dcgmi diag -r 1) where dcgmi is installed (not on MIG groups: the renderer turns it
+# off there), and for a MIG group every GPU in MIG mode with the layout's number of MIG devices
+# (nvidia-smi, as gpucluster-mig left them). Reports go to the stack's notification
 # topic and are counted in CloudWatch (namespace GPUCLUSTER_METRIC_NAMESPACE, per Auto Scaling group).
 # Not `set -e`: every check runs even when one of its commands fails, and each failure is handled.
 set -uo pipefail
@@ -131,6 +133,26 @@ check_efa() {
   fi
 }
 
+check_mig() {  # MIG groups: every GPU in MIG mode, with the MIG devices of its layout (gpucluster-mig's)
+  local entry plan="" per out off short
+  [ -n "${GPUCLUSTER_MIG_LAYOUTS:-}" ] && command -v nvidia-smi >/dev/null || return 0
+  # "<type or *>=<profile>:<start>,...", as gpucluster-mig reads it: one MIG device per entry, per GPU.
+  for entry in $GPUCLUSTER_MIG_LAYOUTS; do
+    case "${entry%%=*}" in "*" | "$INSTANCE_TYPE") plan="${entry#*=}" ;; esac
+  done
+  [ -n "$plan" ] || { finding mig "no MIG layout for $INSTANCE_TYPE"; return; }
+  per=$(( $(tr -cd , <<<"$plan" | wc -c) + 1 ))
+  out=$(nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>&1) \
+    || { finding mig "MIG mode not readable: ${out%%$'\n'*}"; return; }
+  off=$(awk -F', *' '$2 != "Enabled" { print $1 }' <<<"$out" | paste -sd, -)
+  if [ -n "$off" ]; then finding mig "GPU $off: MIG mode not enabled"; fi
+  out=$(nvidia-smi -L 2>&1) || { finding mig "nvidia-smi -L failed: ${out%%$'\n'*}"; return; }
+  # "GPU <n>: ..." lines, each followed by its "  MIG <profile> Device <i>: (UUID: MIG-...)" lines.
+  short=$(awk -v per="$per" '/^GPU [0-9]+:/ { g = $2 + 0; n[g] = 0; o[++k] = g } /UUID: MIG-/ { n[g]++ }
+    END { for (i = 1; i <= k; i++) if (n[o[i]] != per) printf ", GPU %d: %d of %d", o[i], n[o[i]], per }' <<<"$out")
+  if [ -n "$short" ]; then finding mig "MIG devices:${short#,} ($plan)"; fi
+}
+
 check_dcgm() {
   local out rc failed
   [ "${GPUCLUSTER_HEALTH_DCGM_DIAG:-false}" = "true" ] || return 0
@@ -155,6 +177,7 @@ run_checks() {  # run_checks SINCE_EPOCH XID_WHAT [dcgm]
   check_memory_errors
   check_xid "$1" "$2"
   check_efa
+  check_mig
   # DCGM only before work: its deployment checks count processes on the GPUs, so on a node that
   # is running a job they would fail the node for doing its job.
   if [ "${3:-}" = "dcgm" ]; then check_dcgm; fi

@@ -1,11 +1,11 @@
 """Node bootstrap: the user data every GPU node boots with, rendered per node group.
 
-It owns what runs on a node: the NVMe RAID0 scratch volume, the EFA/NCCL
-environment, the CloudWatch agent publishing GPU metrics (auto-stop alarms on
-utilisation, the dashboard shows the rest), the GPU health checks (at launch,
-under the group's lifecycle hook, and on a timer), the spot-interruption
-watcher and hook, the dataset mounts, the checkpoint hook, and the node group's
-own files, setup and container image. The
+It owns what runs on a node: the MIG partitions of its GPUs, the NVMe RAID0
+scratch volume, the EFA/NCCL environment, the CloudWatch agent publishing GPU
+metrics (auto-stop alarms on utilisation, the dashboard shows the rest), the GPU
+health checks (at launch, under the group's lifecycle hook, and on a timer), the
+spot-interruption watcher and hook, the dataset mounts, the checkpoint hook, and
+the node group's own files, setup and container image. The
 shell lives in the `*.sh` files next to this module; this module only renders
 settings into them (values shell-quoted) and packs them into one script. It is
 pure: no Pulumi import and no AWS call, so the output can be linted (`bash -n`,
@@ -27,7 +27,7 @@ from importlib import resources
 
 from gpucluster import catalog
 from gpucluster.catalog import family_of
-from gpucluster.noderole import gpu_metric_namespace
+from gpucluster.noderole import gpu_metric_namespace, run_log_group_name
 from gpucluster.parts import DataMount
 from gpucluster.spec import AutoStopConfig, NodeGroupConfig, SpotConfig, StackSpec, read_project_file
 
@@ -61,6 +61,11 @@ NODE_ENV = "/etc/gpucluster/node.env"
 USER_SETUP = "/etc/gpucluster/user-setup.sh"
 CHECKPOINT_HOOK = "/usr/local/sbin/gpucluster-checkpoint"
 JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # `gpucluster run --detach`, `jobs`, `logs`, `cancel`
+JOB_LOG_DIR = "/var/log/gpucluster/jobs"  # job.sh writes each job's output there; the agent ships it
+# --- MIG (node group `mig`): gpucluster-mig applies the layout at boot and runs a job's local rank on
+# its MIG device (`gpucluster-mig exec CMD`); the devices, one UUID a line, in local rank order.
+MIG_TOOL = "/usr/local/sbin/gpucluster-mig"
+MIG_DEVICES = "/run/gpucluster/mig-devices"
 
 MAX_USER_DATA_BYTES = 16384
 """EC2 limit on user data before base64 (EC2 user guide, "Run commands at launch").
@@ -120,9 +125,10 @@ def node_health(group: NodeGroupConfig, autostop: AutoStopConfig | None,
         hook, timeout = spot.interruption_command, spot.interruption_timeout_seconds
     types = [t for name in group.instance_types if (t := catalog.get(name))]
     return NodeHealth(
-        interval_minutes=h.interval_minutes, launch_timeout_seconds=h.launch_timeout_minutes * 60,
+        interval_minutes=h.interval_minutes, launch_timeout_seconds=group.launch_timeout_minutes * 60,
         xid_window_minutes=h.xid_window_minutes, ignored_xids=tuple(h.ignored_xids),
-        fatal=tuple(h.fatal), on_failure=h.on_failure, dcgm_diag=h.dcgm_diag,
+        # Not on MIG GPUs: DCGM's diagnostic there is unverified here (README, "GPU health checks").
+        fatal=tuple(h.fatal), on_failure=h.on_failure, dcgm_diag=h.dcgm_diag and group.mig is None,
         expected_gpus=tuple((t.name, t.gpus) for t in types),
         # One EFA device per interface of the launch template (gpucluster.aws.nics), which every
         # type of an EFA group shares.
@@ -158,6 +164,8 @@ class NodeBootstrap:
     """GPU health checks (None: off)."""
     notify_topic_arn: str = ""
     """Where health findings are published (resolved; empty: nowhere but the node's journal)."""
+    mig_layouts: tuple[tuple[str, str], ...] = ()
+    """(instance type, or "*" for all, "<profile>:<start>,..."): every GPU's MIG instances (empty: off)."""
 
 
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequence[DataMount] = (),
@@ -190,7 +198,31 @@ def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region:
         container_image=group.container_image,
         health=node_health(group, autostop, spot),
         notify_topic_arn=notify_topic_arn,
+        mig_layouts=mig_plans(group),
     )
+
+
+def mig_plans(group: NodeGroupConfig) -> tuple[tuple[str, str], ...]:
+    """Each instance type's MIG plan for `nvidia-smi mig -cgi`: `<profile>:<start>,...`, largest first.
+
+    The starts are the catalog's placements (the same profile name can take another number of
+    memory slices on another GPU, e.g. 1g.10gb on an A100 40GB or 80GB), so a node creates exactly
+    the layout the spec validated. One entry "*" when every type's plan is the same.
+    """
+    layout = group.mig_layout
+    if not layout:
+        return ()
+    plans: dict[str, str] = {}
+    for name in group.instance_types:
+        gpu = catalog.mig_gpu(name)
+        placed = gpu.place(layout) if gpu else None
+        if placed is None:
+            raise ValueError(f"node group {group.name!r}: the MIG layout {', '.join(layout)} does not fit "
+                             f"{name} (validate the spec first)")
+        plans[name] = ",".join(f"{profile}:{start}" for profile, start in placed)
+    if len(set(plans.values())) == 1:
+        return (("*", next(iter(plans.values()))),)
+    return tuple(plans.items())
 
 
 def user_setup_script(group: NodeGroupConfig) -> str | None:
@@ -230,6 +262,7 @@ def node_env(b: NodeBootstrap) -> str:
         "GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS": " ".join(sorted({
             fpr for m in b.data_mounts for fpr in m.fsx_client_key_fingerprints})),
         "GPUCLUSTER_HEALTH_CHECKS": _bool(b.health is not None),
+        "GPUCLUSTER_MIG_LAYOUTS": " ".join(f"{t}={plan}" for t, plan in b.mig_layouts),
     }
     if b.health is not None:
         h = b.health
@@ -273,13 +306,14 @@ def efa_environment(b: NodeBootstrap) -> dict[str, str]:
     return env
 
 
-def cloudwatch_agent_config(cluster: str) -> dict[str, object]:
-    """CloudWatch agent config: GPU metrics per instance, aggregated per Auto Scaling group.
+def cloudwatch_agent_config(cluster: str, run_log_group: str | None = None) -> dict[str, object]:
+    """CloudWatch agent config: GPU metrics per instance, aggregated per Auto Scaling group, and
+    detached jobs' output files into the stack's run log group (`gpucluster logs --follow`).
 
     `append_dimensions` adds the group name from the instance's aws:autoscaling:groupName
     tag; `aggregation_dimensions` makes the one-dimension series auto-stop alarms on.
     """
-    return {
+    config = {
         "agent": {"metrics_collection_interval": GPU_METRIC_PERIOD_SECONDS, "run_as_user": "root"},
         "metrics": {
             "namespace": gpu_metric_namespace(cluster),
@@ -297,6 +331,14 @@ def cloudwatch_agent_config(cluster: str) -> dict[str, object]:
             },
         },
     }
+    if run_log_group:
+        # One stream per job file, <instance id>_<path with '_' for '/'> (publish_multi_logs; see
+        # gpucluster.ops.joblogs.job_log_stream), each read from its first line (from_beginning:
+        # the agent's default; a file created after the agent started is otherwise read from its end).
+        config["logs"] = {"force_flush_interval": 5, "logs_collected": {"files": {"collect_list": [{
+            "file_path": f"{JOB_LOG_DIR}/*.log", "log_group_name": run_log_group,
+            "log_stream_name": "{instance_id}", "publish_multi_logs": True, "from_beginning": True}]}}}
+    return config
 
 
 def data_mounts_table(b: NodeBootstrap) -> str:
@@ -357,7 +399,6 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         NodeFile(f"{_SBIN}/gpucluster-agent", script("agent.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-report", script("report.sh"), "0755"),
         NodeFile(INTERRUPTION_HOOK, script("interruption-hook.sh"), "0755"),
-        NodeFile(f"{_SBIN}/gpucluster-spot-watcher", script("spot-watcher.sh"), "0755"),
         NodeFile(f"{_UNITS}/gpucluster-scratch.service", _unit(
             "NVMe instance-store scratch (RAID0)",
             f"Type=oneshot\nRemainAfterExit=yes\nExecStart={_SBIN}/gpucluster-scratch\n"
@@ -372,26 +413,35 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
             "data", "datasets (copy to scratch, Mountpoint for S3, FSx for Lustre)",
             after="gpucluster-scratch.service network-online.target",
             extra="Wants=network-online.target\nRequires=gpucluster-scratch.service\n")),
-        NodeFile(f"{_UNITS}/gpucluster-spot-watcher.service", _unit(
-            "spot interruption watcher (IMDSv2)",
-            f"Type=simple\nRestart=on-failure\nRestartSec=5\nExecStart={_SBIN}/gpucluster-spot-watcher",
-            after="network-online.target", extra="Wants=network-online.target\n")),
         NodeFile("/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json",
-                 json.dumps(cloudwatch_agent_config(b.cluster), indent=2) + "\n"),
+                 json.dumps(cloudwatch_agent_config(b.cluster, run_log_group_name(b.stack)), indent=2)
+                 + "\n"),
         NodeFile(CHECKPOINT_HOOK, script("checkpoint.sh"), "0755"),
         NodeFile(JOB_TOOL, script("job.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-setup", script("setup.sh"), "0755"),
         NodeFile(f"{_UNITS}/gpucluster-setup.service", _unit(
             "node group setup (container image, the group's setup commands)",
             f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={_SBIN}/gpucluster-setup",
-            after="gpucluster-scratch.service network-online.target docker.service",
-            extra="Wants=network-online.target\n")),
+            after="gpucluster-scratch.service network-online.target docker.service"
+                  + (" gpucluster-mig.service" if b.mig_layouts else ""),
+            # Never on GPUs whose MIG layout is not in place: the group's servers would take whole GPUs.
+            extra="Wants=network-online.target\n"
+                  + ("Requires=gpucluster-mig.service\n" if b.mig_layouts else ""))),
     ]
+    if b.watch_spot:  # only groups that can hold spot nodes and have a hook (user data is 16 KiB)
+        files += [
+            NodeFile(f"{_SBIN}/gpucluster-spot-watcher", script("spot-watcher.sh"), "0755"),
+            NodeFile(f"{_UNITS}/gpucluster-spot-watcher.service", _unit(
+                "spot interruption watcher (IMDSv2)",
+                f"Type=simple\nRestart=on-failure\nRestartSec=5\nExecStart={_SBIN}/gpucluster-spot-watcher",
+                after="network-online.target", extra="Wants=network-online.target\n"))]
+    if b.mig_layouts:
+        files += mig_files()
     if b.user_setup is not None:
         files.append(NodeFile(USER_SETUP, b.user_setup, "0700"))
     files += b.user_files
     if b.health is not None:
-        files += health_files(b.health)
+        files += health_files(b.health, mig=bool(b.mig_layouts))
     env = efa_environment(b)
     if env:
         files.append(NodeFile("/etc/profile.d/gpucluster-efa.sh",
@@ -402,17 +452,22 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
     return files
 
 
-def health_files(h: NodeHealth) -> list[NodeFile]:
+def health_files(h: NodeHealth, mig: bool = False) -> list[NodeFile]:
     """The health-check script, its launch unit (every boot) and its timer."""
-    # After the driver's own services, so the GPUs and NVSwitches are up when counted.
+    # After the driver's own services, so the GPUs and NVSwitches are up when counted, and in a MIG
+    # group after the layout is applied (its `mig` finding checks it; Wants: not Requires, so a
+    # failed apply is still checked, and the node abandoned with the finding, not left to time out).
     after = "network-online.target nvidia-persistenced.service nvidia-fabricmanager.service"
+    wants = "network-online.target"
+    if mig:
+        after, wants = f"{after} gpucluster-mig.service", f"{wants} gpucluster-mig.service"
     return [
         NodeFile(HEALTH_CHECK, script("health-check.sh"), "0755"),
         NodeFile(f"{_UNITS}/gpucluster-health-launch.service", _unit(
             "GPU health check at boot (completes the launch lifecycle hook)",
             # No start timeout: the script bounds its own retries by the hook's timeout.
             f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={HEALTH_CHECK} launch",
-            after=after, extra="Wants=network-online.target\n")),
+            after=after, extra=f"Wants={wants}\n")),
         NodeFile(f"{_UNITS}/gpucluster-health-check.service", _unit(
             "periodic GPU health check",
             f"Type=oneshot\nExecStart={HEALTH_CHECK} periodic",
@@ -421,6 +476,21 @@ def health_files(h: NodeHealth) -> list[NodeFile]:
                  f"[Unit]\nDescription=gpucluster: GPU health check every {h.interval_minutes} min\n"
                  f"\n[Timer]\nOnBootSec={h.interval_minutes}min\nOnUnitActiveSec={h.interval_minutes}min\n"
                  "AccuracySec=30s\n\n[Install]\nWantedBy=timers.target\n"),
+    ]
+
+
+def mig_files() -> list[NodeFile]:
+    """gpucluster-mig and its unit: the layout at every boot, before setup (MIG groups only)."""
+    report = f"{_SBIN}/gpucluster-report mig"
+    return [
+        NodeFile(MIG_TOOL, script("mig.sh"), "0755"),
+        # Turning MIG mode on resets each GPU (a minute or so); no retries: apply is all or nothing.
+        NodeFile(f"{_UNITS}/gpucluster-mig.service", _unit(
+            "MIG partitions of the GPUs (before setup and jobs)",
+            f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=20min\nExecStart={MIG_TOOL} apply\n"
+            f"ExecStartPost={report}\nExecStopPost={report}",
+            after="nvidia-persistenced.service nvidia-fabricmanager.service",
+            extra="Before=gpucluster-setup.service\n")),
     ]
 
 

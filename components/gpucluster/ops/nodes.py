@@ -11,7 +11,7 @@ The rank order (`ranked`) is the one contract every multi-node command shares.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -65,12 +65,19 @@ class Node:
     launch_time: datetime | None
     ssm: str
     """Systems Manager ping status (Online, ConnectionLost, Inactive), `not registered` or `unknown`."""
+    mig_per_gpu: int = 0
+    """MIG instances each GPU is split into (its node group's `mig` layout); 0: whole GPUs."""
 
     @property
     def gpus(self) -> int:
         """GPUs of the instance type, from the catalog (0 for a type we do not carry)."""
         record = catalog.get(self.instance_type)
         return record.gpus if record else 0
+
+    @property
+    def slots(self) -> int:
+        """Devices a job runs one process on each: the GPUs' MIG instances, or the GPUs."""
+        return self.gpus * (self.mig_per_gpu or 1)
 
     @property
     def in_service(self) -> bool:
@@ -84,7 +91,8 @@ class Node:
 
     def as_json(self) -> dict[str, Any]:
         return {"instance_id": self.instance_id, "node_group": self.node_group, "asg": self.asg,
-                "instance_type": self.instance_type, "gpus": self.gpus, "zone": self.zone,
+                "instance_type": self.instance_type, "gpus": self.gpus, "slots": self.slots,
+                "mig_per_gpu": self.mig_per_gpu, "zone": self.zone,
                 "private_ip": self.private_ip, "lifecycle": self.lifecycle, "state": self.state,
                 "asg_state": self.asg_state, "health": self.health,
                 "launch_time": self.launch_time.isoformat() if self.launch_time else None,
@@ -144,8 +152,13 @@ def ssm_ping(ssm: Any, instance_ids: Sequence[str]) -> dict[str, str]:
 
 
 def stack_nodes(identity: str, *, node_group: str | None = None, autoscaling_client: Any = None,
-                ec2_client: Any = None, ssm_client: Any = None) -> list[Node]:
-    """Every instance of the stack's groups (of one node group when given), in rank order."""
+                ec2_client: Any = None, ssm_client: Any = None,
+                mig_per_gpu: Mapping[str, int] | None = None) -> list[Node]:
+    """Every instance of the stack's groups (of one node group when given), in rank order.
+
+    `mig_per_gpu`: node group -> the MIG instances of each of its GPUs (the stack file's `mig`),
+    so that their nodes count MIG devices as slots.
+    """
     autoscaling = autoscaling_client or boto3.client("autoscaling")
     groups = select_groups(stack_groups(autoscaling, identity), node_group)
     members = [(g, i) for g in groups for i in g.get("Instances", [])]
@@ -170,6 +183,7 @@ def stack_nodes(identity: str, *, node_group: str | None = None, autoscaling_cli
             health=member.get("HealthStatus", "?"),
             launch_time=instance.get("LaunchTime"),
             ssm=ping[member["InstanceId"]],
+            mig_per_gpu=(mig_per_gpu or {}).get(node_group_of(group), 0),
         ))
     return ranked(nodes)
 

@@ -1,16 +1,18 @@
 """What an operator's IAM identity needs for the day-two commands, as one policy document.
 
-`nodes`, `hostfile`, `run`, `scale`, `stop`, `start`, `status` (with its GPU
-health columns) and `resume` call only the actions below, and write only to groups and instances carrying
-the stack's identity tag. The README shows this document (a test keeps the two
-equal, and checks every AWS call those commands make is in it). Pure: no AWS
-call, no Pulumi.
+`nodes`, `hostfile`, `run` (and `--nccl-test`), `jobs`, `logs` (and `--follow`),
+`cancel`, `scale`, `stop`, `start`, `status` (with its GPU health columns) and `resume`
+call only the actions below, and write only to groups and instances carrying the stack's
+identity tag, and to its own job records (`run --restart-on-replace`). The README shows
+this document (a test keeps the two equal, and checks every AWS call those commands make
+is in it). Pure: no AWS call, no Pulumi.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from gpucluster.lambdas.job_restart import jobs_parameter_path
 from gpucluster.lambdas.scaling import RUN_SHELL_DOCUMENT, STACK_TAG, STATE_TAGS
 from gpucluster.ops.run import run_log_group
 
@@ -47,6 +49,9 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
          "Condition": {**owned, "ForAllValues:StringEquals": {"aws:TagKeys": list(STATE_TAGS)}}},
         {"Sid": "ReadRunOutput", "Effect": "Allow", "Action": ["logs:GetLogEvents", "logs:FilterLogEvents"],
          "Resource": [f"arn:{partition}:logs:{region}:{account}:log-group:{run_log_group(identity)}:*"]},
+        # run --detach [--restart-on-replace] stores or drops a job's record, cancel drops it
+        {"Sid": "JobRecords", "Effect": "Allow", "Action": ["ssm:DeleteParameter", "ssm:PutParameter"],
+         "Resource": [f"arn:{partition}:ssm:{region}:{account}:parameter{jobs_parameter_path(identity)}/*"]},
     ]}
 
 

@@ -20,7 +20,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpucluster import catalog
+from gpucluster.lambdas.job_restart import (
+    CHECKPOINT_DONE,
+    CHECKPOINT_REQUEST,
+    JOB_TOOL,
+    RECORD_VERSION,
+    encode_record,
+    rank_environments,
+    start_lines,
+)
 from gpucluster.lambdas.scaling import AWS_ERRORS, RUN_SHELL_DOCUMENT, TERMINAL_STATUSES, error_code
+from gpucluster.noderole import run_log_group_name
 from gpucluster.ops.nodes import Node
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default (torch.distributed.run --master-port)
@@ -35,9 +46,9 @@ DELIVERY_TIMEOUT_SECONDS = 120
 STDOUT_LIMIT, STDERR_LIMIT = 24000, 8000
 TAIL_LINES = 20
 # The checkpoint contract (gpucluster.node checkpoint.sh, on every node as gpucluster-checkpoint):
-# the hook creates REQUEST, the job saves a checkpoint and touches DONE.
-CHECKPOINT_REQUEST = "/run/gpucluster/checkpoint-request"
-CHECKPOINT_DONE = "/run/gpucluster/checkpoint-done"
+# the hook creates CHECKPOINT_REQUEST, the job saves a checkpoint and touches CHECKPOINT_DONE
+# (both from gpucluster.lambdas.job_restart, which re-launches jobs with the same environment).
+__all__ = ["CHECKPOINT_DONE", "CHECKPOINT_REQUEST", "JOB_TOOL"]
 
 
 class RunError(ValueError):
@@ -45,12 +56,9 @@ class RunError(ValueError):
 
 
 def run_log_group(identity: str) -> str:
-    """The CloudWatch Logs group `run` writes full output to: /gpucluster/<identity>/run.
-
-    Log group names allow a-z, A-Z, 0-9, '_', '-', '/', '.', '#' (CloudWatch Logs API
-    reference, CreateLogGroup); anything else in the identity becomes '-'.
-    """
-    return f"/gpucluster/{re.sub(r'[^A-Za-z0-9_./#-]', '-', identity)}/run"
+    """The CloudWatch Logs group `run` writes full output to: /gpucluster/<identity>/run (declared by
+    the stack, `gpucluster.noderole.run_log_group_name`: the one group nodes may write to)."""
+    return run_log_group_name(identity)
 
 
 @dataclass(frozen=True)
@@ -83,13 +91,10 @@ class JobPlan:
         (`exec`, so its exit status is the node's), as `ssh host CMD` would. A detached
         job hands the command and the exported environment to gpucluster-job instead.
         """
-        lines = [f"export {k}={shlex.quote(v)}" for k, v in rank.environment.items()]
         if self.detach:
-            if self.job_timeout_seconds:
-                lines.append(f"export GPUCLUSTER_JOB_TIMEOUT_SECONDS={self.job_timeout_seconds}")
-            lines.append(f"exec {JOB_TOOL} start {self.detach} {shlex.quote(self.workdir or '/')} "
-                         f"{shlex.quote(self.command)}")
-            return lines
+            return start_lines(rank.environment, self.detach, self.workdir, self.command,
+                               self.job_timeout_seconds)
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in rank.environment.items()]
         if self.workdir:
             lines.append(f"cd {shlex.quote(self.workdir)}")
         lines.append(f"exec bash -c {shlex.quote(self.command)}")
@@ -102,7 +107,8 @@ def plan_job(nodes: Sequence[Node], command: str, *, timeout_seconds: int = DEFA
              job_timeout_seconds: int | None = None) -> JobPlan:
     """Ranks and environments for `command` on the in-service nodes (in the order given).
 
-    NPROC_PER_NODE is each node's GPU count (the catalog's); WORLD_SIZE their sum.
+    NPROC_PER_NODE is each node's GPU count (the catalog's), or its MIG devices in a MIG group
+    (one process a device: `gpucluster-mig exec` gives each local rank its own); WORLD_SIZE their sum.
     """
     if not command.strip():
         raise RunError("no command given (put it after --)")
@@ -124,26 +130,15 @@ def plan_job(nodes: Sequence[Node], command: str, *, timeout_seconds: int = DEFA
     if unreachable:
         raise RunError(f"SSM cannot reach {', '.join(unreachable)}: a job needs every node; wait for "
                        "the agent to come online, or replace the node")
-    nprocs = [max(1, n.gpus) for n in ready]
-    shared = {
-        "MASTER_ADDR": str(ready[0].private_ip),
-        "MASTER_PORT": str(master_port),
-        "NNODES": str(len(ready)),
-        "WORLD_SIZE": str(sum(nprocs)),
-        "GPUCLUSTER_NODE_IPS": " ".join(str(n.private_ip) for n in ready),
-        "GPUCLUSTER_CHECKPOINT_REQUEST": CHECKPOINT_REQUEST,
-        "GPUCLUSTER_CHECKPOINT_DONE": CHECKPOINT_DONE,
-        **dict(group_environment or {}),
-    }
-    ranks = [RankedNode(rank, node, {**shared, "NODE_RANK": str(rank),
-                                     "NPROC_PER_NODE": str(nproc)})
-             for rank, (node, nproc) in enumerate(zip(ready, nprocs, strict=True))]
+    environments = rank_environments([str(n.private_ip) for n in ready], [n.slots for n in ready],
+                                     master_port=master_port, group_environment=group_environment)
+    ranks = [RankedNode(rank, node, env)
+             for rank, (node, env) in enumerate(zip(ready, environments, strict=True))]
     return JobPlan(command, ranks, timeout_seconds, log_group, workdir, detach, job_timeout_seconds)
 
 
 # ------------------------------------------------------------------- detached jobs
 
-JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # gpucluster.node.userdata.JOB_TOOL (node/job.sh)
 JOB_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 QUERY_TIMEOUT_SECONDS = 120
 
@@ -163,6 +158,38 @@ def plan_on_nodes(nodes: Sequence[Node], command: str, *, log_group: str) -> Job
         raise RunError("no node in service; see `gpucluster nodes`")
     return JobPlan(command, [RankedNode(rank, n, {}) for rank, n in enumerate(ready)],
                    QUERY_TIMEOUT_SECONDS, log_group)
+
+
+def job_record(plan: JobPlan, *, node_group: str, master_port: int, group_environment: Mapping[str, str],
+               launched_at: str, instance_types: Sequence[str] = ()) -> dict[str, Any]:
+    """What `--restart-on-replace` stores (lambdas.job_restart reads it): the job and the node set.
+
+    `gpus` maps every instance type the group may launch (`instance_types`, and the nodes' own) to
+    its GPU count, so a replacement of another type of the group gets its NPROC_PER_NODE right.
+
+    RunError when the group spans several Auto Scaling groups (the restart handler watches one) or
+    when the record would not fit a Standard SSM parameter.
+    """
+    if not plan.detach:
+        raise RunError("--restart-on-replace restarts detached jobs: add --detach")
+    asgs = sorted({r.node.asg for r in plan.ranks})
+    if len(asgs) != 1:
+        raise RunError(f"--restart-on-replace: the nodes are in {len(asgs)} Auto Scaling groups "
+                       f"({', '.join(asgs)}); run the job in one")
+    mig = plan.ranks[0].node.mig_per_gpu or 1
+    record = {"version": RECORD_VERSION, "job": plan.detach, "node_group": node_group, "asg": asgs[0],
+              "command": plan.command, "workdir": plan.workdir, "master_port": master_port,
+              "job_timeout_seconds": plan.job_timeout_seconds, "environment": dict(group_environment),
+              # processes per node by type: its GPUs, or its MIG devices in a MIG group
+              "gpus": {**{t: max(1, c.gpus) * mig for t in instance_types if (c := catalog.get(t))},
+                       **{r.node.instance_type: max(1, r.node.slots) for r in plan.ranks}},
+              "nodes": [r.node.instance_id for r in plan.ranks], "nnodes": len(plan.ranks),
+              "launched_at": launched_at, "restarts": 0}
+    try:
+        encode_record(record)
+    except ValueError as err:
+        raise RunError(f"--restart-on-replace: {err}") from None
+    return record
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,292 @@
+"""Job restart handler: re-launch a `--restart-on-replace` job when its group is back to size.
+
+`gpucluster run --detach --restart-on-replace` stores the job's record as an SSM
+parameter under the stack's own path (`jobs_parameter_path`): its command, the
+node group's environment, the Auto Scaling group, the node set it was launched
+on and how many nodes it needs. EventBridge delivers Auto Scaling's
+``EC2 Instance Launch Successful`` (source aws.autoscaling; detail
+``AutoScalingGroupName``, ``EC2InstanceId``: EC2 Auto Scaling user guide, "Amazon
+EC2 Auto Scaling event reference") for this stack's groups only. When a spot or
+health replacement brings the group back to the job's node count with a node
+set that differs from the one the job runs on, the handler starts the job again
+on every node of the new set: new ranks (launch time, then instance id, as
+`gpucluster run`), a new MASTER_ADDR, `GPUCLUSTER_JOB_REPLACE=1` (a survivor stops
+its stale run first) and `GPUCLUSTER_RESTART_COUNT`; the node's gpucluster-job
+waits for the new node's boot steps and hands the job the newest checkpoint
+(`GPUCLUSTER_CHECKPOINT_LATEST`, from the `latest` pointer under
+GPUCLUSTER_CHECKPOINT_URI). A job whose end line says it succeeded (the run log
+group, `gpucluster logs`) is finished and never started again.
+
+Two launch events of one replacement can both see the group at size; both send
+the same ranks to the same nodes, so the later start replaces the earlier one:
+one wasted start, never two different node sets. Acts only on groups tagged with
+its stack, and on their instances (the role's SendCommand condition).
+
+Environment: GPUCLUSTER_STACK (required), RUN_LOG_GROUP, NOTIFY_TOPIC_ARN.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from .scaling import (
+    AWS_ERRORS,
+    RUN_SHELL_DOCUMENT,
+    RUNTIME,
+    STACK_TAG,
+    GuardrailError,
+    describe_groups,
+    env_text,
+    error_code,
+    group_tags,
+    ignored,
+    log_event,
+    notify_from_env,
+    stack_from_env,
+)
+
+LAUNCH_SUCCESSFUL = "EC2 Instance Launch Successful"
+RECORD_VERSION = 1
+# SSM PutParameter, Standard tier: values up to 4 KB (Systems Manager user guide, "Managing
+# parameter tiers").
+MAX_RECORD_CHARS = 4096
+JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # gpucluster.node.userdata.JOB_TOOL (node/job.sh)
+JOB_LOG_DIR = "/var/log/gpucluster/jobs"  # gpucluster.node.userdata.JOB_LOG_DIR
+# The checkpoint contract (node/checkpoint.sh): the hook creates REQUEST, the job touches DONE.
+CHECKPOINT_REQUEST = "/run/gpucluster/checkpoint-request"
+CHECKPOINT_DONE = "/run/gpucluster/checkpoint-done"
+# A re-launched node may still be booting when the command arrives: SSM holds it until the agent
+# is online (SendCommand TimeoutSeconds, delivery), gpucluster-job waits for the boot steps.
+DELIVERY_TIMEOUT_SECONDS = 3600
+EXECUTION_TIMEOUT_SECONDS = 7200
+# Auto Scaling lifecycle states of a member that is, or is about to be, in service.
+MEMBER_STATES = frozenset({"Pending", "Pending:Wait", "Pending:Proceed", "InService"})
+INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
+
+
+# ------------------------------------------------------------------ names and the record
+
+
+def jobs_parameter_path(identity: str) -> str:
+    """/gpucluster/<identity>/jobs: SSM parameter names allow a-z, A-Z, 0-9 and _.-/ only."""
+    return f"/gpucluster/{re.sub(r'[^A-Za-z0-9_./-]', '-', identity)}/jobs"
+
+
+def job_parameter_name(identity: str, job: str) -> str:
+    return f"{jobs_parameter_path(identity)}/{job}"
+
+
+def job_log_stream(instance_id: str, job: str) -> str:
+    """The run log group stream of `job` on `instance_id`: the CloudWatch agent names a
+    publish_multi_logs file's stream <log_stream_name>_<path with '/' as '_'>
+    (amazon-cloudwatch-agent, plugins/inputs/logfile/logfile.go), log_stream_name {instance_id}."""
+    return f"{instance_id}_{JOB_LOG_DIR}/{job}.log".replace("/", "_")
+
+
+def encode_record(record: Mapping[str, Any]) -> str:
+    """The record as stored; ValueError past the Standard tier's size."""
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    if len(text) > MAX_RECORD_CHARS:
+        raise ValueError(f"the job's record is {len(text)} characters; SSM's Standard parameters hold "
+                         f"{MAX_RECORD_CHARS}: shorten the command (a script on the nodes) or its "
+                         "environment")
+    return text
+
+
+# ------------------------------------------------------------------- ranks and the start
+
+
+def rank_environments(ips: Sequence[str], gpus: Sequence[int], *, master_port: int,
+                      group_environment: Mapping[str, str] | None = None) -> list[dict[str, str]]:
+    """Each rank's environment (torchrun's, plus gpucluster's), for nodes already in rank order.
+
+    NPROC_PER_NODE is the node's GPU count (its MIG devices in a MIG group); WORLD_SIZE their sum;
+    MASTER_ADDR rank 0's address.
+    `gpucluster run` and this handler both build ranks here, so a re-launch is the launch again.
+    """
+    nprocs = [max(1, g) for g in gpus]
+    shared = {
+        "MASTER_ADDR": str(ips[0]),
+        "MASTER_PORT": str(master_port),
+        "NNODES": str(len(ips)),
+        "WORLD_SIZE": str(sum(nprocs)),
+        "GPUCLUSTER_NODE_IPS": " ".join(ips),
+        "GPUCLUSTER_CHECKPOINT_REQUEST": CHECKPOINT_REQUEST,
+        "GPUCLUSTER_CHECKPOINT_DONE": CHECKPOINT_DONE,
+        **dict(group_environment or {}),
+    }
+    return [{**shared, "NODE_RANK": str(rank), "NPROC_PER_NODE": str(nproc)}
+            for rank, nproc in enumerate(nprocs)]
+
+
+def start_lines(environment: Mapping[str, str], job: str, workdir: str | None, command: str,
+                job_timeout_seconds: int | None = None) -> list[str]:
+    """AWS-RunShellScript `commands` that start `job` under gpucluster-job with this environment."""
+    lines = [f"export {k}={shlex.quote(v)}" for k, v in environment.items()]
+    if job_timeout_seconds:
+        lines.append(f"export GPUCLUSTER_JOB_TIMEOUT_SECONDS={job_timeout_seconds}")
+    lines.append(f"exec {JOB_TOOL} start {job} {shlex.quote(workdir or '/')} {shlex.quote(command)}")
+    return lines
+
+
+def restart_lines(environment: Mapping[str, str], record: Mapping[str, Any], restart: int) -> list[str]:
+    """The start, on a node that may still be booting: wait for cloud-init to write gpucluster-job."""
+    environment = {**environment, "GPUCLUSTER_JOB_REPLACE": "1", "GPUCLUSTER_RESTART_COUNT": str(restart)}
+    lines = start_lines(environment, record["job"], record.get("workdir"), record["command"],
+                        record.get("job_timeout_seconds"))
+    return ["cloud-init status --wait >/dev/null 2>&1 || true", *lines]
+
+
+# ------------------------------------------------------------------------------ handler
+
+
+def load_records(ssm: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
+    """(parameter name, record) of every job record under the stack's path; unreadable ones skipped."""
+    records = []
+    for page in ssm.get_paginator("get_parameters_by_path").paginate(Path=path, Recursive=False):
+        for parameter in page["Parameters"]:
+            try:
+                record = json.loads(parameter["Value"])
+            except ValueError:
+                log_event("unreadable job record", logging.WARNING, name=parameter["Name"])
+                continue
+            if isinstance(record, dict) and record.get("version") == RECORD_VERSION:
+                records.append((parameter["Name"], record))
+    return records
+
+
+def members(group: Mapping[str, Any]) -> list[str]:
+    """Instances that are, or are about to be, in service and healthy."""
+    return [i["InstanceId"] for i in group.get("Instances", [])
+            if i.get("LifecycleState") in MEMBER_STATES and i.get("HealthStatus", "Healthy") == "Healthy"]
+
+
+def ranked_instances(ec2: Any, instance_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """EC2's view of the members in rank order: launch time, then instance id (gpucluster run's)."""
+    found: list[dict[str, Any]] = []
+    for page in ec2.get_paginator("describe_instances").paginate(InstanceIds=list(instance_ids)):
+        found += [i for r in page["Reservations"] for i in r["Instances"]]
+
+    def key(instance: Mapping[str, Any]) -> tuple[float, str]:
+        launched = instance.get("LaunchTime")
+        when = launched.timestamp() if isinstance(launched, datetime) else float("inf")
+        return (when, instance["InstanceId"])
+
+    return sorted(found, key=key)
+
+
+def finished(logs: Any, log_group: str | None, record: Mapping[str, Any]) -> bool:
+    """Did the job end successfully on a node of its current set (its end line in the run log group)?"""
+    if not log_group or not record.get("nodes"):
+        return False
+    launched = datetime.fromisoformat(record["launched_at"])
+    pattern = f'"gpucluster-job: {record["job"]} ended: result success, exit status 0"'
+    kwargs: dict[str, Any] = {
+        "logGroupName": log_group, "filterPattern": pattern, "limit": 1,
+        "logStreamNames": [job_log_stream(i, record["job"]) for i in record["nodes"]][:100],
+        "startTime": int(launched.timestamp() * 1000)}
+    try:
+        while True:
+            page = logs.filter_log_events(**kwargs)
+            if page.get("events"):
+                return True
+            if not page.get("nextToken") or page["nextToken"] == kwargs.get("nextToken"):
+                return False
+            kwargs["nextToken"] = page["nextToken"]
+    except AWS_ERRORS as exc:
+        if error_code(exc) == "ResourceNotFoundException":
+            return False  # no stream yet: the job wrote nothing, so it did not finish
+        raise
+
+
+def relaunch(record: dict[str, Any], instances: Sequence[Mapping[str, Any]], *, ssm: Any,
+             log_group: str | None) -> dict[str, Any]:
+    """Send the job's start to every node of the new set; the record as it now stands."""
+    restart = int(record.get("restarts", 0)) + 1
+    gpus = [int(record.get("gpus", {}).get(i.get("InstanceType", ""), 1)) for i in instances]
+    ips = [i.get("PrivateIpAddress") for i in instances]
+    if not all(ips):
+        raise GuardrailError("a node of the new set has no private address yet: try again")
+    environments = rank_environments([str(ip) for ip in ips], gpus, master_port=int(record["master_port"]),
+                                     group_environment=record.get("environment"))
+    errors = {}
+    for rank, (instance, environment) in enumerate(zip(instances, environments, strict=True)):
+        kwargs: dict[str, Any] = {
+            "InstanceIds": [instance["InstanceId"]], "DocumentName": RUN_SHELL_DOCUMENT,
+            "Comment": f"gpucluster restart {record['job']} rank {rank}"[:100],
+            "TimeoutSeconds": DELIVERY_TIMEOUT_SECONDS,
+            "Parameters": {"commands": restart_lines(environment, record, restart),
+                           "executionTimeout": [str(EXECUTION_TIMEOUT_SECONDS)]}}
+        if log_group:
+            kwargs["CloudWatchOutputConfig"] = {"CloudWatchOutputEnabled": True,
+                                                "CloudWatchLogGroupName": log_group}
+        try:
+            ssm.send_command(**kwargs)
+        except AWS_ERRORS as exc:
+            errors[instance["InstanceId"]] = str(exc)
+    if errors:
+        raise GuardrailError(f"job {record['job']}: the start was not sent to {sorted(errors)}: {errors}")
+    return {**record, "nodes": [i["InstanceId"] for i in instances], "restarts": restart,
+            "launched_at": RUNTIME.now().isoformat(), "master_addr": ips[0]}
+
+
+def handler(event: Any, context: Any) -> dict[str, Any]:
+    """Lambda entry point for the launch rule of this stack's groups."""
+    stack = stack_from_env()
+    if not isinstance(event, dict) or event.get("source") != "aws.autoscaling" \
+            or event.get("detail-type") != LAUNCH_SUCCESSFUL:
+        return ignored("not an Auto Scaling launch event", stack=stack)
+    detail = event.get("detail") if isinstance(event.get("detail"), dict) else {}
+    group_name = detail.get("AutoScalingGroupName")
+    instance_id = detail.get("EC2InstanceId")
+    if not (isinstance(group_name, str) and isinstance(instance_id, str) and INSTANCE_ID.match(instance_id)):
+        return ignored("launch event without a group or an instance", stack=stack)
+    autoscaling = RUNTIME.client("autoscaling")
+    groups = [g for g in describe_groups(autoscaling, [group_name]) if group_tags(g).get(STACK_TAG) == stack]
+    if not groups:
+        return ignored("group is not this stack's", group=group_name, stack=stack)
+    group = groups[0]
+    ssm = RUNTIME.client("ssm")
+    records = [(n, r) for n, r in load_records(ssm, jobs_parameter_path(stack)) if r.get("asg") == group_name]
+    if not records:
+        return ignored("no restart-on-replace job on this group", group=group_name)
+    current = members(group)
+    desired = int(group.get("DesiredCapacity", 0))
+    log_group = env_text("RUN_LOG_GROUP")
+    summary: dict[str, Any] = {"action": "checked", "stack": stack, "group": group_name, "members": current,
+                               "desired": desired, "jobs": {}}
+    instances: list[dict[str, Any]] | None = None
+    for name, record in records:
+        job = record["job"]
+        if len(current) != desired or desired != int(record["nnodes"]):
+            summary["jobs"][job] = f"waiting: {len(current)} of {record['nnodes']} node(s)"
+            continue
+        if sorted(current) == sorted(record.get("nodes", [])):
+            summary["jobs"][job] = "already runs on this node set"
+            continue
+        if record.get("finished"):
+            summary["jobs"][job] = "finished: not started again"
+            continue
+        if finished(RUNTIME.client("logs"), log_group, record):
+            ssm.put_parameter(Name=name, Value=encode_record({**record, "finished": True}), Type="String",
+                              Overwrite=True)
+            summary["jobs"][job] = "finished: not started again"
+            continue
+        if instances is None:
+            instances = ranked_instances(RUNTIME.client("ec2"), current)
+        updated = relaunch(record, instances, ssm=ssm, log_group=log_group)
+        ssm.put_parameter(Name=name, Value=encode_record(updated), Type="String", Overwrite=True)
+        summary["jobs"][job] = (f"re-launched (restart {updated['restarts']}), "
+                                f"MASTER_ADDR {updated['master_addr']}")
+        summary["action"] = "relaunched"
+        notify_from_env(f"gpucluster {stack}: job {job} re-launched on {len(instances)} node(s)",
+                        {**summary, "job": job, "nodes": updated["nodes"], "restarts": updated["restarts"],
+                         "resumes_from": "the latest pointer under GPUCLUSTER_CHECKPOINT_URI, if any"})
+    log_event("launch event handled", **summary)
+    return summary

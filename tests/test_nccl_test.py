@@ -306,6 +306,7 @@ def test_cli_nccl_test_sends_each_phase_and_prints_the_bandwidth(aws: dict[str, 
     assert "32 MiB" in result.output and "41.52" in result.output
     assert "p5.48xlarge's network gives 400 GB/s (3200 Gbps): 10%" in result.output
     assert "nccl-test: failed" in result.output
+    assert max(map(len, result.output.splitlines())) <= 100
 
     dry = runner.invoke(app, ["run", "prod", "-g", "h100-train", "--nccl-test", "--dry-run"])
     assert dry.exit_code == 0 and dry.output.rstrip().endswith("dry run: nothing sent")

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from cli_text import said
 from gpucluster.cli import app, jobs
-from gpucluster.lambdas.job_restart import LAUNCH_SUCCESSFUL, job_parameter_name, jobs_parameter_path
+from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, job_parameter_name, jobs_parameter_path
 from gpucluster.plan import Plan, run_plan
 from iam_eval import allowed
 from test_jobs import PROD, _invocation, _online, aws  # noqa: F401  (fixture)

@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from conftest import STACK, shared_client
 from gpucluster.lambdas import job_restart, scaling
-from gpucluster.lambdas.job_restart import job_parameter_name, jobs_parameter_path
+from gpucluster.lambdas.jobnames import job_parameter_name, jobs_parameter_path
 from gpucluster.ops.nodes import Node
 from gpucluster.ops.run import job_record, plan_job
 

@@ -36,7 +36,7 @@ from gpucluster.aws.args import (
     validate,
 )
 from gpucluster.aws.iam import boundary_arn
-from gpucluster.lambdas.job_restart import LAUNCH_SUCCESSFUL, jobs_parameter_path
+from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, jobs_parameter_path  # not job_restart: boto3
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 from gpucluster.noderole import gpu_metric_namespace, run_log_group_name
 from gpucluster.spec import AutoStopConfig, BudgetConfig, NodeGroupConfig, SpotConfig
@@ -807,7 +807,7 @@ class JobRestart(pulumi.ComponentResource):
     """Auto Scaling launch events of this stack's groups -> re-launch `--restart-on-replace` jobs.
 
     `gpucluster run --detach --restart-on-replace` records the job in an SSM parameter under
-    /gpucluster/<identity>/jobs/ (`lambdas.job_restart.jobs_parameter_path`); when a replacement brings
+    /gpucluster/<identity>/jobs/ (`lambdas.jobnames.jobs_parameter_path`); when a replacement brings
     the job's group back to its node count, the Lambda starts the job again on the new node set through
     SSM (new ranks, new MASTER_ADDR) and the node hands it the newest checkpoint. Its role reads and
     updates only those parameters, reads only the run log group (a job that ended well is finished),

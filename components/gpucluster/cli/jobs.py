@@ -250,7 +250,7 @@ def run(
     object at the end (each node's status, exit code and output tail; with --nccl-test the bus
     bandwidth per size and the verdict), nothing while it runs.
     """
-    from gpucluster.lambdas.job_restart import job_parameter_name
+    from gpucluster.lambdas.jobnames import job_parameter_name
     from gpucluster.ops.run import (
         DEFAULT_TIMEOUT_SECONDS,
         QUERY_TIMEOUT_SECONDS,
@@ -491,7 +491,8 @@ def _record_restart(spec: StackSpec, ssm: Any, job: str, group: str,
     Returns what `run --json` shows: the parameter, whether it holds this run's record, whether
     that went as asked (`ok`) and the line to print (None: nothing to say).
     """
-    from gpucluster.lambdas.job_restart import encode_record, job_parameter_name
+    from gpucluster.lambdas.job_restart import encode_record
+    from gpucluster.lambdas.jobnames import job_parameter_name
     from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
 
     name = job_parameter_name(identity(spec), job)
@@ -991,7 +992,7 @@ def cancel(
 
     Its restart-on-replace record goes first, so no replacement starts it again while it stops.
     """
-    from gpucluster.lambdas.job_restart import job_parameter_name
+    from gpucluster.lambdas.jobnames import job_parameter_name
     from gpucluster.ops.run import JOB_TOOL
 
     render.use_json(as_json)

@@ -35,6 +35,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from .jobnames import (  # apart from this module, which needs boto3: the program uses them too
+    LAUNCH_SUCCESSFUL,
+    job_log_stream,
+    jobs_parameter_path,
+)
 from .scaling import (
     AWS_ERRORS,
     RUN_SHELL_DOCUMENT,
@@ -51,13 +56,11 @@ from .scaling import (
     stack_from_env,
 )
 
-LAUNCH_SUCCESSFUL = "EC2 Instance Launch Successful"
 RECORD_VERSION = 1
 # SSM PutParameter, Standard tier: values up to 4 KB (Systems Manager user guide, "Managing
 # parameter tiers").
 MAX_RECORD_CHARS = 4096
 JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # gpucluster.node.userdata.JOB_TOOL (node/job.sh)
-JOB_LOG_DIR = "/var/log/gpucluster/jobs"  # gpucluster.node.userdata.JOB_LOG_DIR
 # The checkpoint contract (node/checkpoint.sh): the hook creates REQUEST, the job touches DONE.
 CHECKPOINT_REQUEST = "/run/gpucluster/checkpoint-request"
 CHECKPOINT_DONE = "/run/gpucluster/checkpoint-done"
@@ -71,22 +74,6 @@ INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
 
 
 # ------------------------------------------------------------------ names and the record
-
-
-def jobs_parameter_path(identity: str) -> str:
-    """/gpucluster/<identity>/jobs: SSM parameter names allow a-z, A-Z, 0-9 and _.-/ only."""
-    return f"/gpucluster/{re.sub(r'[^A-Za-z0-9_./-]', '-', identity)}/jobs"
-
-
-def job_parameter_name(identity: str, job: str) -> str:
-    return f"{jobs_parameter_path(identity)}/{job}"
-
-
-def job_log_stream(instance_id: str, job: str) -> str:
-    """The run log group stream of `job` on `instance_id`: the CloudWatch agent names a
-    publish_multi_logs file's stream <log_stream_name>_<path with '/' as '_'>
-    (amazon-cloudwatch-agent, plugins/inputs/logfile/logfile.go), log_stream_name {instance_id}."""
-    return f"{instance_id}_{JOB_LOG_DIR}/{job}.log".replace("/", "_")
 
 
 def encode_record(record: Mapping[str, Any]) -> str:

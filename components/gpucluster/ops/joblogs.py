@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpucluster.lambdas.job_restart import job_log_stream
+from gpucluster.lambdas.jobnames import job_log_stream
 from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
 
-__all__ = ["job_log_stream"]  # the stream naming lives with the restart handler, which reads it too
+__all__ = ["job_log_stream"]  # named in lambdas.jobnames: the restart handler reads it too
 MIN_POLL_SECONDS = 2.0
 MAX_POLL_SECONDS = 15.0
 LOOKBACK_MS = 60_000

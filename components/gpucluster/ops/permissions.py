@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucluster.lambdas.job_restart import jobs_parameter_path
+from gpucluster.lambdas.jobnames import jobs_parameter_path
 from gpucluster.lambdas.scaling import RUN_SHELL_DOCUMENT, STACK_TAG, STATE_TAGS
 from gpucluster.ops.run import run_log_group
 

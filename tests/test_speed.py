@@ -117,6 +117,26 @@ def test_plan_json_is_byte_identical_from_run_to_run_and_loads_only_the_modules_
     assert b" object at 0x" not in fresh.stdout
 
 
+def test_each_groups_user_data_is_rendered_once_however_often_the_stack_is_checked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan checks the stack's user data size four times (parsed by the CLI and by the program,
+    warnings, the component's args): each group's user data is rendered and gzipped once."""
+    from gpucluster.aws.args import stack_checks
+    from gpucluster.node import userdata
+    from gpucluster.project import load_stack
+    from gpucluster.spec import stack_warnings
+
+    rendered: list[str] = []
+    real = userdata.render_user_data
+    monkeypatch.setattr(userdata, "render_user_data", lambda b: rendered.append(b.node_group) or real(b))
+    userdata.gzipped_size.cache_clear()
+    stack = str(REPO / "stacks" / "Pulumi.prod.yaml")
+    specs = [load_stack(stack)[2], load_stack(stack)[2]]
+    stack_warnings(specs[0])
+    list(stack_checks(specs[1]))
+    assert sorted(rendered) == sorted(g.name for g in specs[0].node_groups)  # h100-train, eval: once each
+
+
 # ------------------------------------------------------------ policies scale
 
 

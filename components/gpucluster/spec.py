@@ -1385,9 +1385,7 @@ def mig_idle_stop(spec: StackSpec) -> Iterable[Finding]:
 def user_data_size(spec: StackSpec) -> Iterable[Finding]:
     """Each group's user data, rendered as its nodes get it, fits EC2's 16 KiB gzipped: what
     validates must deploy (the launch template's user data is rendered only during `pulumi up`)."""
-    import gzip
-
-    from gpucluster.node.userdata import MAX_USER_DATA_BYTES, node_bootstrap, render_user_data
+    from gpucluster.node.userdata import MAX_USER_DATA_BYTES, gzipped_size, node_bootstrap
     from gpucluster.parts import DataMount
 
     mounts = [DataMount(
@@ -1402,8 +1400,7 @@ def user_data_size(spec: StackSpec) -> Iterable[Finding]:
         if any(group_node_setup(g, None, "")):
             continue  # its files or setup are reported already (unreadable, ambiguous or too big alone)
         try:
-            size = len(gzip.compress(render_user_data(node_bootstrap(
-                spec, g, mounts, notify_topic_arn=topic)).encode(), mtime=0))
+            size = gzipped_size(node_bootstrap(spec, g, mounts, notify_topic_arn=topic))
         except ValueError:
             continue  # a value bash cannot hold: reported by its own check
         if size > limit:

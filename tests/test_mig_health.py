@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +17,14 @@ import pytest
 
 from base_config import plan_config
 from gpucluster.names import autoname
-from gpucluster.node.userdata import node_bootstrap, node_env, node_files, render_user_data
+from gpucluster.node.userdata import node_bootstrap, node_env, node_files
 from gpucluster.spec import (
     LAUNCH_TIMEOUT_MINUTES,
     MIG_LAUNCH_TIMEOUT_MINUTES,
     SpecError,
     parse_stack_config,
 )
-from test_bootstrap import Sandbox
-from test_node_mig import bootstrap_tail
+from test_node_mig import run_bootstrap_after_files, verify_units
 
 HOOK = "aws:autoscaling/lifecycleHook:LifecycleHook"
 ASG = "aws:autoscaling/group:Group"
@@ -68,22 +66,7 @@ def test_the_launch_check_of_a_mig_group_waits_for_the_layout(base_config: dict[
 def test_the_bootstrap_enables_the_health_check_before_a_mig_reboot(outcome: str, base_config: dict[str, Any],
                                                                    tmp_path: Path) -> None:
     spec = parse_stack_config(two_groups(base_config), stack="t")
-    b = node_bootstrap(spec, spec.node_groups[0])
-    box = Sandbox(tmp_path)
-    box.node_env.write_text(node_env(b))
-    (tmp_path / "run").mkdir()
-    request = tmp_path / "run" / "mig-reboot"
-    start_mig = {"applied": "exit 0", "reboot": f"touch {request}; exit 1", "failed": "exit 1"}[outcome]
-    (box.bin / "systemctl").write_text(
-        f'#!/bin/bash\necho "systemctl $*" >> {box.log}\n'
-        f'[ "$*" = "start gpucluster-mig.service" ] && {{ {start_mig}; }}\ntrue\n')
-    (box.bin / "systemctl").chmod(0o755)
-    script = tmp_path / "tail.sh"
-    script.write_text(bootstrap_tail(render_user_data(b), tmp_path, box.node_env))
-
-    result = subprocess.run(["bash", str(script)], env=box.env, capture_output=True, text=True, timeout=20)
-
-    calls = box.calls("systemctl")
+    result, calls = run_bootstrap_after_files(node_bootstrap(spec, spec.node_groups[0]), outcome, tmp_path)
     mig = calls.index("start gpucluster-mig.service")
     enabled = " ".join(c for c in calls[:mig] if c.startswith("enable")).split()
     # Enabled before MIG can reboot the node: after the reboot systemd starts the check itself.
@@ -103,25 +86,9 @@ def test_the_bootstrap_enables_the_health_check_before_a_mig_reboot(outcome: str
 def test_systemd_accepts_the_health_units_ordered_after_mig(base_config: dict[str, Any],
                                                            tmp_path: Path) -> None:
     spec = parse_stack_config(two_groups(base_config), stack="t")
-    files = node_files(node_bootstrap(spec, spec.node_groups[0]))
-    sbin = tmp_path / "sbin"
-    sbin.mkdir()
-    for f in files:
-        if f.path.startswith("/usr/local/sbin/"):
-            (sbin / Path(f.path).name).write_text(f.content)
-            (sbin / Path(f.path).name).chmod(0o755)
-    names = ("gpucluster-mig.service", "gpucluster-health-launch.service", "gpucluster-health-check.service",
-             "gpucluster-health-check.timer")
-    paths = []
-    for f in files:
-        if Path(f.path).name in names:
-            path = tmp_path / Path(f.path).name
-            path.write_text(f.content.replace("/usr/local/sbin/", f"{sbin}/"))
-            paths.append(str(path))
-    result = subprocess.run(["systemd-analyze", "verify", *paths], capture_output=True, text=True,
-                            cwd=tmp_path)
-    problems = [line for line in result.stderr.splitlines() if "gpucluster" in line]
-    assert len(paths) == len(names) and result.returncode == 0 and problems == [], result.stderr
+    verify_units(node_files(node_bootstrap(spec, spec.node_groups[0])),
+                 ("gpucluster-mig.service", "gpucluster-health-launch.service",
+                  "gpucluster-health-check.service", "gpucluster-health-check.timer"), tmp_path)
 
 
 # ---------------------------------------------------------- the hook's timeout covers the reboot

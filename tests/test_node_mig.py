@@ -19,6 +19,8 @@ import pytest
 from gpucluster.node.userdata import (
     MIG_DEVICES,
     MIG_TOOL,
+    NodeBootstrap,
+    NodeFile,
     mig_plans,
     node_bootstrap,
     node_env,
@@ -418,12 +420,10 @@ def bootstrap_tail(text: str, root: Path, node_env_file: Path) -> str:
         "/run/gpucluster/", f"{root}/run/")
 
 
-@pytest.mark.parametrize("outcome", ["applied", "reboot", "failed"])
-def test_the_bootstrap_applies_mig_before_anything_else(outcome: str, base_config: dict[str, Any],
-                                                        tmp_path: Path) -> None:
-    base_config["gpucluster:spot"] = {"interruption_command": "echo hi"}
-    spec = parse_stack_config(mig_config(base_config, ["p5.48xlarge"], {"profile": "3g.40gb"}), "t")
-    b = node_bootstrap(spec, spec.node_groups[0])
+def run_bootstrap_after_files(b: NodeBootstrap, outcome: str, tmp_path: Path,
+                              ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run the user data after its files are written, with `systemctl start gpucluster-mig` ending
+    as `outcome` (applied, reboot: asks for the one reboot, failed); the result and systemctl calls."""
     box = Sandbox(tmp_path)
     box.node_env.write_text(node_env(b))
     (tmp_path / "run").mkdir()
@@ -435,10 +435,16 @@ def test_the_bootstrap_applies_mig_before_anything_else(outcome: str, base_confi
     (box.bin / "systemctl").chmod(0o755)
     script = tmp_path / "tail.sh"
     script.write_text(bootstrap_tail(render_user_data(b), tmp_path, box.node_env))
-
     result = subprocess.run(["bash", str(script)], env=box.env, capture_output=True, text=True, timeout=20)
+    return result, box.calls("systemctl")
 
-    calls = box.calls("systemctl")
+
+@pytest.mark.parametrize("outcome", ["applied", "reboot", "failed"])
+def test_the_bootstrap_applies_mig_before_anything_else(outcome: str, base_config: dict[str, Any],
+                                                        tmp_path: Path) -> None:
+    base_config["gpucluster:spot"] = {"interruption_command": "echo hi"}
+    spec = parse_stack_config(mig_config(base_config, ["p5.48xlarge"], {"profile": "3g.40gb"}), "t")
+    result, calls = run_bootstrap_after_files(node_bootstrap(spec, spec.node_groups[0]), outcome, tmp_path)
     first_start = next(i for i, c in enumerate(calls) if c.startswith("start"))
     assert calls[first_start] == "start gpucluster-mig.service"
     enabled = " ".join(c for c in calls[:first_start] if c.startswith("enable"))
@@ -485,7 +491,12 @@ def test_mig_adds_little_to_the_user_data(base_config: dict[str, Any]) -> None:
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
 def test_systemd_accepts_the_mig_unit_and_setups_dependency_on_it(tmp_path: Path) -> None:
-    files = node_files(settings(mig_layouts=(("*", H100_PLAN),)))
+    verify_units(node_files(settings(mig_layouts=(("*", H100_PLAN),))),
+                 ("gpucluster-mig.service", "gpucluster-setup.service"), tmp_path)
+
+
+def verify_units(files: list[NodeFile], names: tuple[str, ...], tmp_path: Path) -> None:
+    """`systemd-analyze verify` accepts the units `names` of `files`, their scripts in place."""
     sbin = tmp_path / "sbin"
     sbin.mkdir()
     for f in files:
@@ -494,11 +505,11 @@ def test_systemd_accepts_the_mig_unit_and_setups_dependency_on_it(tmp_path: Path
             (sbin / Path(f.path).name).chmod(0o755)
     paths = []
     for f in files:
-        if Path(f.path).name in ("gpucluster-mig.service", "gpucluster-setup.service"):
+        if Path(f.path).name in names:
             path = tmp_path / Path(f.path).name
             path.write_text(f.content.replace("/usr/local/sbin/", f"{sbin}/"))
             paths.append(str(path))
     result = subprocess.run(["systemd-analyze", "verify", *paths], capture_output=True, text=True,
                             cwd=tmp_path)
     problems = [line for line in result.stderr.splitlines() if "gpucluster" in line]
-    assert len(paths) == 2 and result.returncode == 0 and problems == [], result.stderr
+    assert len(paths) == len(names) and result.returncode == 0 and problems == [], result.stderr

@@ -227,10 +227,10 @@ def test_status_logs_cancel_and_bad_names(tmp_path: Path) -> None:
 
 
 def test_every_node_gets_the_job_tool() -> None:
-    from test_node_setup import _settings
+    from test_node_setup import plain_group
 
     assert userdata.JOB_TOOL == ops_run.JOB_TOOL
-    tool = next(f for f in node_files(_settings()) if f.path == ops_run.JOB_TOOL)
+    tool = next(f for f in node_files(plain_group()) if f.path == ops_run.JOB_TOOL)
     assert tool.mode == "0755" and tool.content == script("job.sh")
 
 

@@ -192,6 +192,20 @@ def test_nodes_publish_only_to_their_stacks_topic() -> None:
     assert f"GPUCLUSTER_NOTIFY_TOPIC_ARN={topic_arn}\n" in user_data(plan, "gpu")
 
 
+def test_a_stuck_alarm_without_other_guardrails_notifies_the_stacks_topic() -> None:
+    """No budget, auto-stop or spot: the stack still has its topic (the job-restart Lambda's), so
+    the spec accepts a stuck-job alarm and the alarm notifies that topic."""
+    config = copy.deepcopy(BASE_CONFIG)
+    config.pop("gpucluster:budget", None)
+    config["gpucluster:autostop"] = {"enabled": False}
+    config["gpucluster:node_groups"][0]["capacity"] = {"spot_percent": 0}
+    config["gpucluster:node_groups"][0]["health_checks"] = {"stuck_alarm_minutes": 30}
+    plan = plan_config(config)
+    [topic] = plan.of_type(TOPIC)
+    [alarm] = [a for a in plan.of_type("aws:cloudwatch/metricAlarm:MetricAlarm") if "stuck" in a.name]
+    assert alarm.inputs["alarmActions"] == [f"arn:aws:sns:us-east-1:123456789012:{topic.name}"]
+
+
 def test_turned_off_there_is_no_hook_and_no_permission() -> None:
     plan = plan_config(two_groups(enabled=False))
     assert plan.of_type(HOOK) == []

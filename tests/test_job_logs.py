@@ -66,9 +66,9 @@ def test_stream_names_are_the_agents_for_the_job_file() -> None:
 
 
 def test_every_node_ships_job_files_into_its_stacks_run_log_group() -> None:
-    from test_node_setup import _settings
+    from test_node_setup import plain_group
 
-    settings = _settings()
+    settings = plain_group()
     [agent] = [f for f in node_files(settings) if f.path.endswith("cloudwatch-agent/etc/gpucluster.json")]
     collect = json.loads(agent.content)["logs"]["logs_collected"]["files"]["collect_list"]
     assert [c["log_group_name"] for c in collect] == [f"/gpucluster/{settings.stack}/run"]

@@ -14,7 +14,6 @@ import random
 import re
 import string
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -36,15 +35,13 @@ from gpucluster.node.userdata import (
 )
 from gpucluster.plan import load_stack, run_plan
 from gpucluster.spec import SpecError, parse_stack_config
+from test_bootstrap import lint, settings
 
-SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
 
-
-def _settings(**changes: Any) -> NodeBootstrap:
-    base = NodeBootstrap(stack="t", cluster="c", node_group="train", region="us-east-1",
-                         scratch_mount="/scratch", efa=False, gpudirect_rdma=False, watch_spot=False,
-                         interruption_command=None, interruption_timeout_seconds=90, handle_rebalance=True)
-    return NodeBootstrap(**{**base.__dict__, **changes})
+def plain_group(**changes: Any) -> NodeBootstrap:
+    """test_bootstrap's settings for a group without EFA, spot or datasets."""
+    return settings(node_group="train", efa=False, gpudirect_rdma=False, watch_spot=False,
+                    interruption_command=None, data_mounts=(), **changes)
 
 
 class Node:
@@ -60,7 +57,7 @@ class Node:
             stub.write_text(f'#!/bin/bash\necho "{name} $*" >> {self.log}\n{body}\n')
             stub.chmod(0o755)
         self.env_file = root / "node.env"
-        self.env_file.write_text(node_env(_settings(container_image=image or None)))
+        self.env_file.write_text(node_env(plain_group(container_image=image or None)))
         self.setup = root / "user-setup.sh"
         self.env = {"PATH": f"{self.bin}:{os.environ['PATH']}", "GPUCLUSTER_NODE_ENV": str(self.env_file),
                     "GPUCLUSTER_USER_SETUP": str(self.setup), "GPUCLUSTER_SETUP_STATE": str(root / "state"),
@@ -82,10 +79,7 @@ class Node:
 
 @pytest.mark.parametrize("name", ["setup.sh", "checkpoint.sh"])
 def test_scripts_lint_clean(name: str) -> None:
-    path = Path(userdata.__file__).parent / name
-    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
-    check = subprocess.run([SHELLCHECK, "-s", "bash", str(path)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout
+    lint(Path(userdata.__file__).parent / name)
 
 
 # ------------------------------------------------------------------ gpucluster-setup

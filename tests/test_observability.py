@@ -20,7 +20,6 @@ from gpucluster.names import physical_name
 from gpucluster.node.userdata import HEALTH_METRICS, cloudwatch_agent_config
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.plan import Plan, PlannedResource, record_resources, run_plan
-from gpucluster.spec import SpecError, parse_stack_config
 from gpucluster.stack import dashboard_url
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
@@ -278,16 +277,6 @@ def test_stuck_job_alarm_notifies_after_n_minutes_of_busy_flat_or_silent_gpus(st
 def test_no_stuck_alarm_unless_asked(prod: Plan) -> None:
     assert not any(a.name.endswith("-stuck-h100-train") for a in prod.of_type(ALARM))
     assert prod.outputs["stuck_alarm_names"] == {}
-
-
-def test_a_stuck_alarm_needs_the_stacks_topic() -> None:
-    config = copy.deepcopy(BASE_CONFIG)
-    config["gpucluster:node_groups"][0]["capacity"] = {"spot_percent": 0}
-    config["gpucluster:node_groups"][0]["health_checks"] = {"stuck_alarm_minutes": 20}
-    with pytest.raises(SpecError) as info:
-        parse_stack_config(config, stack="t")
-    assert str(info.value).startswith("node_groups[0].health_checks.stuck_alarm_minutes: notifies the "
-                                      "stack's topic")
 
 
 def test_the_component_alone_refuses_a_stuck_alarm_without_a_topic() -> None:

@@ -970,8 +970,10 @@ GROUP_CHECKS: list[GroupCheck] = []
 
 
 def group_check(fn: GroupCheck) -> GroupCheck:
-    """Register a per-group rule; the stack checks below run it on every node group."""
+    """Register a per-group rule: run alone on a GpuNodeGroup's args, and, as a stack check in its
+    place among the others, on every node group of a stack."""
     GROUP_CHECKS.append(fn)
+    CHECKS.append(lambda spec: _each_group(spec, fn))
     return fn
 
 
@@ -995,10 +997,6 @@ def group_counts(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> 
         yield Finding(f"{path}.capacity.on_demand_base",
                       f"must be <= max_nodes ({g.max_nodes}), got {g.capacity.on_demand_base}")
 
-
-@check
-def node_counts(spec: StackSpec) -> Iterable[Finding]:
-    yield from _each_group(spec, group_counts)
 
 
 @check
@@ -1050,10 +1048,6 @@ def single_zone_findings(efa: bool, placement_group: bool, zones: Sequence[str] 
                       f"the group has {len(zones)}")
 
 
-@check
-def efa_support(spec: StackSpec) -> Iterable[Finding]:
-    yield from _each_group(spec, group_efa)
-
 
 def _zones_text(zones: Sequence[str]) -> str:
     return ", ".join(zones) if zones else "none"
@@ -1100,10 +1094,6 @@ def group_offered(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) ->
                           level="warning")
 
 
-@check
-def offered_in_zone(spec: StackSpec) -> Iterable[Finding]:
-    yield from _each_group(spec, group_offered)
-
 
 @group_check
 def group_efa_spot(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
@@ -1118,10 +1108,6 @@ def group_efa_spot(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -
                       "Capacity Block, and single-node work on spot in a group of its own",
                       level="warning")
 
-
-@check
-def efa_spot(spec: StackSpec) -> Iterable[Finding]:
-    yield from _each_group(spec, group_efa_spot)
 
 
 @group_check
@@ -1181,10 +1167,6 @@ def group_placement(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) 
         yield Finding(f"{path}.placement_group", f"{CAPACITY_BLOCK_PLACEMENT}; remove placement_group")
 
 
-@check
-def capacity_rules(spec: StackSpec) -> Iterable[Finding]:
-    yield from _each_group(spec, group_capacity)
-
 
 @group_check
 def group_ami(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Iterable[Finding]:
@@ -1192,14 +1174,6 @@ def group_ami(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Ite
         yield Finding(f"{path}.ami_id", "set ami_id or ami_ssm_parameter, not both")
 
 
-@check
-def placement_rules(spec: StackSpec) -> Iterable[Finding]:
-    yield from _each_group(spec, group_placement)
-
-
-@check
-def ami_override(spec: StackSpec) -> Iterable[Finding]:
-    yield from _each_group(spec, group_ami)
 
 
 # Paths the bootstrap owns: a user file there would be overwritten, or would overwrite ours.
@@ -1274,10 +1248,6 @@ def group_node_setup(g: NodeGroupConfig, zones: Sequence[str] | None, path: str)
         yield Finding(f"{path}.files", f"files and setup take {size} bytes gzipped; EC2 user data leaves "
                       f"them {NODE_SETUP_MAX_GZIP_BYTES}: keep large files in S3 and fetch them in setup")
 
-
-@check
-def node_setup(spec: StackSpec) -> Iterable[Finding]:
-    yield from _each_group(spec, group_node_setup)
 
 
 def mig_instance_types() -> list[str]:
@@ -1363,10 +1333,6 @@ def group_mig(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Ite
                       f"{m.profile} per GPU ({', '.join(f'{t}: {n}' for t, n in fits.items())})")
 
 
-@check
-def mig_layouts(spec: StackSpec) -> Iterable[Finding]:
-    yield from _each_group(spec, group_mig)
-
 
 @check
 def mig_idle_stop(spec: StackSpec) -> Iterable[Finding]:
@@ -1426,21 +1392,6 @@ def group_health(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> 
                       f"must be at least {MIG_MIN_LAUNCH_TIMEOUT_MINUTES} in a MIG group: a node's first "
                       "boot may reboot once to turn MIG mode on before its check can answer (default "
                       f"{MIG_LAUNCH_TIMEOUT_MINUTES}); got {g.launch_timeout_minutes}")
-
-
-@check
-def health_rules(spec: StackSpec) -> Iterable[Finding]:
-    yield from _each_group(spec, group_health)
-    # The guardrails build the stack's topic when any of them is on (a spot group: the rule of
-    # gpucluster.stack.can_run_spot); a stuck-job alarm notifies only through it.
-    topic = spec.budget is not None or spec.autostop.enabled or any(
-        g.capacity.market == "mixed" and g.capacity.spot_percent > 0
-        and g.max_nodes > g.capacity.on_demand_base for g in spec.node_groups)
-    for i, g in enumerate(spec.node_groups):
-        if g.health_checks.stuck_alarm_minutes is not None and not topic:
-            yield Finding(f"node_groups[{i}].health_checks.stuck_alarm_minutes",
-                          "notifies the stack's topic, which exists only with a budget, autostop or a "
-                          "group that can run spot; add one, or drop the alarm")
 
 
 @check

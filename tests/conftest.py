@@ -15,10 +15,12 @@ from __future__ import annotations
 import copy
 import gc
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _pytest.assertion.rewrite
 import botocore.loaders
 import botocore.session
 import pulumi
@@ -39,7 +41,7 @@ os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
 import shipped
 from base_config import BASE_CONFIG
 from gpucluster.cli import commands
-from gpucluster.plan import Plan, PlanMocks, run_plan
+from gpucluster.plan import PlanMocks
 
 pulumi.runtime.set_mocks(PlanMocks("us-east-1"), project="gpucluster", stack="test", preview=False)
 
@@ -77,6 +79,23 @@ def _loader_per_process(search_path_string: str | None = None) -> botocore.loade
 
 botocore.session.create_loader = _loader_per_process
 
+_exec_test_module = _pytest.assertion.rewrite.AssertionRewritingHook.exec_module
+
+
+def _exec_test_module_caching_its_rewrite(self: Any, module: Any) -> None:
+    """pytest rewrites each test module's asserts at import and keeps the result as a .pyc, unless
+    bytecode writing is off (PYTHONDONTWRITEBYTECODE, as on the machines this is built on): then
+    every worker of every run rewrote all of them again, 3-4 s of each worker's collection. The
+    rewrite is cached as pytest would cache it, whatever that setting (the first run still pays)."""
+    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, False
+    try:
+        _exec_test_module(self, module)
+    finally:
+        sys.dont_write_bytecode = dont_write
+
+
+_pytest.assertion.rewrite.AssertionRewritingHook.exec_module = _exec_test_module_caching_its_rewrite
+
 pytest_plugins = ["wheel_venv"]  # the built wheel in a fresh venv: fixtures `wheel`, `venv`
 
 
@@ -108,16 +127,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.fixture
 def cli_plans_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`gpucluster plan <shipped stack>` (CliRunner) takes the plan `shipped.shipped_plan` keeps.
+    """`gpucluster plan <stack>` (CliRunner) plans each stack file once per test process.
 
-    For tests of what the command prints: the program still runs, once per test process and
-    stack (see `shipped.py`); any other stack is planned as usual.
+    For tests of what the command prints (its options, policy configs, colour): the program
+    still runs, once per test process and stack file content (see `shipped.planned_once`).
     """
-
-    def cli_run_plan(stack: str) -> Plan:
-        return shipped.shipped_plan(stack) if shipped.shipped_stack(stack) else run_plan(stack)
-
-    monkeypatch.setattr(commands, "run_plan", cli_run_plan)
+    monkeypatch.setattr(commands, "run_plan", shipped.planned_once)
 
 
 @pytest.fixture

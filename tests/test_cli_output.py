@@ -142,7 +142,8 @@ def test_missing_stack_says_did_you_mean() -> None:
     assert "did you mean prod?" in error["message"]
 
 
-def test_bad_policy_config_as_json(tmp_path: Path, cli_plans_once: None) -> None:
+@pytest.mark.usefixtures("cli_plans_once")
+def test_bad_policy_config_as_json(tmp_path: Path) -> None:
     config = tmp_path / "policy.json"
     config.write_text(json.dumps({"no-such-policy": {"enforcementLevel": "mandatory"}}))
     result = runner.invoke(app, ["plan", "dev", "--json", "--policy-config", str(config)])
@@ -165,6 +166,7 @@ BROKEN_DEV = {"gpucluster:node_groups": [{"name": "h100", "instance_types": ["p5
                                           "capacity": {"on_demand_base": 1, "spot_percent": 0}}]}
 
 
+@pytest.mark.usefixtures("cli_plans_once")
 def test_colour_only_when_forced_and_never_with_no_color(base_config: dict[str, Any],
                                                          write_stack: Callable[..., Path]) -> None:
     path = write_stack({**base_config, **BROKEN_DEV}, name="dev-p5")
@@ -249,6 +251,7 @@ def test_grid_and_wrap_fit_the_width() -> None:
 # ------------------------------------------------------------------ a new stack
 
 
+@pytest.mark.usefixtures("cli_plans_once")
 def test_a_new_environment_is_told_which_limits_it_fell_back_to(tmp_path: Path) -> None:
     dev = (REPO / "stacks" / "Pulumi.dev.yaml").read_text()
     qa = tmp_path / "Pulumi.fourth.yaml"

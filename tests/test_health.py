@@ -16,8 +16,9 @@ from gpucluster.aws.health import node_health_statements
 from gpucluster.names import autoname
 from gpucluster.node.userdata import LAUNCH_HOOK_NAME
 from gpucluster.noderole import longest_health_policy, policy_chars
-from gpucluster.plan import MOCK_ACCOUNT, Plan, PlannedResource, run_plan
+from gpucluster.plan import MOCK_ACCOUNT, Plan, PlannedResource
 from iam_eval import allowed
+from shipped import shipped_plan
 
 ASG = "aws:autoscaling/group:Group"
 HOOK = "aws:autoscaling/lifecycleHook:LifecycleHook"
@@ -80,7 +81,7 @@ def user_data(plan: Plan, group: str) -> str:
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_every_gpu_group_holds_new_nodes_for_their_launch_check(stack: str) -> None:
-    plan = run_plan(stack)
+    plan = shipped_plan(stack)
     for group in plan.spec.node_groups:
         asg = asg_of(plan, group.name)
         hook = {"name": LAUNCH_HOOK_NAME, "lifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING",

@@ -21,8 +21,9 @@ from gpucluster.noderole import (
     run_log_group_name,
 )
 from gpucluster.ops.run import run_log_group
-from gpucluster.plan import Plan, run_plan
+from gpucluster.plan import Plan
 from iam_eval import allowed
+from shipped import shipped_plan
 
 ACCOUNT = "123456789012"  # the mock engine's caller account
 POLICY = "aws:iam/rolePolicy:RolePolicy"
@@ -32,7 +33,7 @@ IMAGE = f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/team/trainer:v3"
 
 @pytest.fixture(scope="module")
 def prod() -> Plan:
-    return run_plan("prod")
+    return shipped_plan("prod")
 
 
 @pytest.fixture(scope="module")

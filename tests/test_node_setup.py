@@ -33,8 +33,9 @@ from gpucluster.node.userdata import (
     render_user_data,
     script,
 )
-from gpucluster.plan import load_stack, run_plan
+from gpucluster.plan import load_stack
 from gpucluster.spec import SpecError, parse_stack_config
+from shipped import shipped_plan
 from test_bootstrap import lint, settings
 
 
@@ -341,7 +342,7 @@ def test_what_the_spec_accepts_fits_ec2s_user_data_limit_when_planned(base_confi
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_shipped_stacks_user_data_fits_with_health_checks_on(stack: str) -> None:
-    plan = run_plan(stack)
+    plan = shipped_plan(stack)
     templates = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
     assert len(templates) == len(plan.spec.node_groups)
     for template in templates:

@@ -19,8 +19,9 @@ from gpucluster.lambdas import scaling
 from gpucluster.names import physical_name
 from gpucluster.node.userdata import HEALTH_METRICS, cloudwatch_agent_config
 from gpucluster.noderole import gpu_metric_namespace
-from gpucluster.plan import Plan, PlannedResource, record_resources, run_plan
+from gpucluster.plan import Plan, PlannedResource, record_resources
 from gpucluster.stack import dashboard_url
+from shipped import shipped_plan
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 ASG = "aws:autoscaling/group:Group"
@@ -41,7 +42,7 @@ def stuck_config(minutes: int = 30) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def prod() -> Plan:
-    return run_plan("prod")
+    return shipped_plan("prod")
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +200,7 @@ def read(plan: Plan) -> list[tuple[str, str, frozenset[tuple[str, str]]]]:
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod", "stuck"])
 def test_every_metric_the_dashboard_or_an_alarm_reads_is_published(stack: str, stuck: Plan) -> None:
-    plan = stuck if stack == "stuck" else run_plan(stack)
+    plan = stuck if stack == "stuck" else shipped_plan(stack)
     reads = read(plan)
     assert len(reads) >= 13  # GPU, nodes and health widgets at least, and the idle alarm where there is one
     missing = [r for r in reads if r not in published(plan)]

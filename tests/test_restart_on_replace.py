@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 from cli_text import said
 from gpucluster.cli import app, jobs
 from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, job_parameter_name, jobs_parameter_path
-from gpucluster.plan import Plan, run_plan
+from gpucluster.plan import Plan
 from iam_eval import allowed
+from shipped import shipped_plan
 from test_jobs import PROD, _invocation, _online, aws  # noqa: F401  (fixture)
 
 runner = CliRunner()
@@ -28,7 +29,7 @@ FUNCTION = "aws:lambda/function:Function"
 
 @pytest.fixture(scope="module")
 def prod() -> Plan:
-    return run_plan("prod")
+    return shipped_plan("prod")
 
 
 def restart_policy(plan: Plan) -> dict[str, Any]:
@@ -86,7 +87,7 @@ def test_every_stack_gets_the_handler_and_names_know_it() -> None:
     from gpucluster.names import expected_names
 
     for stack in ("dev", "staging"):
-        plan = run_plan(stack)
+        plan = shipped_plan(stack)
         names = {e.physical.name for e in expected_names(plan.spec)}
         assert f"{plan.spec.cluster.name}-job-restart" in names
         functions = {r.inputs.get("name") for r in plan.of_type(FUNCTION)}

@@ -462,6 +462,7 @@ def test_multi_node_efa_group_with_spot_is_a_warning(base_config: dict[str, Any]
     assert stack_warnings(parse_stack_config(single, stack="t")) == []
 
 
+@pytest.mark.usefixtures("cli_plans_once")
 def test_plan_prints_the_warnings(base_config: dict[str, Any],
                                   write_stack: Callable[[dict[str, Any], str], Path]) -> None:
     base_config["gpucluster:network"]["availability_zones"] = ["us-east-1d"]

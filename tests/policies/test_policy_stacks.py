@@ -82,6 +82,7 @@ def dev_with_on_demand_p5(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+@pytest.mark.usefixtures("cli_plans_once")
 def test_plan_exits_1_on_a_dev_stack_with_on_demand_p5(base_config: dict[str, Any],
                                                       write_stack: Callable[..., Path]) -> None:
     path = write_stack(dev_with_on_demand_p5(base_config), name="dev-p5")
@@ -101,6 +102,7 @@ def test_plan_exits_1_on_a_dev_stack_with_on_demand_p5(base_config: dict[str, An
     assert max(len(line) for line in lines) <= 100
 
 
+@pytest.mark.usefixtures("cli_plans_once")
 def test_plan_json_lists_violations_and_exits_1(base_config: dict[str, Any],
                                                 write_stack: Callable[..., Path]) -> None:
     path = write_stack(dev_with_on_demand_p5(base_config), name="dev-p5")
@@ -119,7 +121,8 @@ def test_plan_json_lists_violations_and_exits_1(base_config: dict[str, Any],
 
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
-def test_plan_json_of_shipped_stacks_has_no_violations(stack: str, cli_plans_once: None) -> None:
+@pytest.mark.usefixtures("cli_plans_once")
+def test_plan_json_of_shipped_stacks_has_no_violations(stack: str) -> None:
     result = runner.invoke(app, ["plan", stack, "--json"])
     assert result.exit_code == 0
     assert json.loads(result.output)["violations"] == []
@@ -130,6 +133,7 @@ def test_plan_text_of_a_clean_stack_says_so(cli_plans_once: None) -> None:
     assert result.exit_code == 0 and "policies: no violations" in result.output.splitlines()
 
 
+@pytest.mark.usefixtures("cli_plans_once")
 def test_advisory_config_turns_the_exit_code_to_0(base_config: dict[str, Any],
                                                   write_stack: Callable[..., Path], tmp_path: Path) -> None:
     path = write_stack(dev_with_on_demand_p5(base_config), name="dev-p5")
@@ -142,6 +146,7 @@ def test_advisory_config_turns_the_exit_code_to_0(base_config: dict[str, Any],
     assert "  advisory   environment-limits" in result.output
 
 
+@pytest.mark.usefixtures("cli_plans_once")
 def test_config_limits_can_allow_what_defaults_forbid(
         base_config: dict[str, Any], write_stack: Callable[..., Path], tmp_path: Path) -> None:
     path = write_stack(dev_with_on_demand_p5(base_config), name="dev-p5")
@@ -153,6 +158,7 @@ def test_config_limits_can_allow_what_defaults_forbid(
     assert result.exit_code == 0 and "policies: no violations" in result.output
 
 
+@pytest.mark.usefixtures("cli_plans_once")
 def test_a_stacks_own_config_file_is_used(base_config: dict[str, Any], write_stack: Callable[..., Path],
                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_stack(dev_with_on_demand_p5(base_config), name="dev-p5")
@@ -172,7 +178,8 @@ def test_shipped_prod_config_narrows_prod(base_config: dict[str, Any]) -> None:
                         "g6e.*; see the environment-limits policy config)"]
 
 
-def test_a_bad_policy_config_exits_2(tmp_path: Path, cli_plans_once: None) -> None:
+@pytest.mark.usefixtures("cli_plans_once")
+def test_a_bad_policy_config_exits_2(tmp_path: Path) -> None:
     config = tmp_path / "bad.json"
     config.write_text(json.dumps({"environment-limit": "mandatory",
                                   "efa-wiring": {"enforcementLevel": "blocking"}}))

@@ -217,15 +217,6 @@ def test_chart_without_matplotlib_says_how_to_install(tmp_path: Path,
     assert result.output.strip() == "cost: --chart needs matplotlib: pip install -e '.[chart]'"
 
 
-def test_matplotlib_is_not_imported_by_plan() -> None:
-    code = ("import sys; from typer.testing import CliRunner; from gpucluster.cli import app; "
-            "r = CliRunner().invoke(app, ['plan', 'dev']); assert r.exit_code == 0, r.output; "
-            "print('matplotlib' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "False"
-
-
 def test_draw_chart_returns_what_it_drew(tmp_path: Path) -> None:
     cost = price_stack(load_stack("dev")[2])
     assert draw_chart(cost, tmp_path / "dev.png") == chart_series(cost)

@@ -83,7 +83,8 @@ def test_commands_that_need_no_pulumi_do_not_import_it() -> None:
 # ---------------------------------------------------------------- plan --json
 
 
-# `gpucluster plan prod --json`, then how many pulumi_aws modules it loaded and whether boto3 (on stderr).
+# `gpucluster plan prod --json`, then how many pulumi_aws modules it loaded and whether boto3 and
+# matplotlib (`cost --chart` only) did (on stderr).
 PLAN_AND_COUNT = """
 import sys
 from gpucluster.cli import commands
@@ -92,7 +93,7 @@ try:
 except SystemExit as done:
     loaded = [m for m in sys.modules if m.startswith("pulumi_aws.") and m.count(".") == 2]
     ec2 = [m for m in loaded if m.startswith("pulumi_aws.ec2.")]
-    print(len(loaded), len(ec2), int("boto3" in sys.modules), file=sys.stderr)
+    print(len(loaded), len(ec2), *(int(m in sys.modules) for m in ("boto3", "matplotlib")), file=sys.stderr)
     raise
 """
 
@@ -107,10 +108,11 @@ def test_plan_json_is_byte_identical_from_run_to_run_and_loads_only_the_modules_
                            env={**os.environ, "PYTHONHASHSEED": seed}, check=False)
     assert (here.exit_code, fresh.returncode) == (0, 0), fresh.stderr
     assert fresh.stdout == here.stdout_bytes
-    total, ec2, boto3 = map(int, fresh.stderr.split())
+    total, ec2, boto3, matplotlib = map(int, fresh.stderr.split())
     assert ec2 < 25, "ec2 alone has 182 modules; the program uses 12 of its classes"
     assert total < 120, "every service package in full: 487 modules"
     assert boto3 == 0, "a plan calls no AWS API (the restart handler imported for two names cost 0.1 s)"
+    assert matplotlib == 0, "only `cost --chart` draws"
     doc = json.loads(fresh.stdout)
     code = next(r for r in doc["resources"] if r["type"] == "aws:lambda/function:Function")["inputs"]["code"]
     assert len(code["sha256"]) == 64 and len(code["files"]) >= 4  # each handler module by its hash

@@ -97,9 +97,20 @@ def longest() -> str:
     return longest_accepted_cluster_name()
 
 
-def test_the_longest_accepted_names_all_fit_their_aws_limits(longest: str) -> None:
+@pytest.fixture(scope="module")
+def longest_plan(longest: str) -> Plan:
+    """The stack with the longest accepted names, planned once for the tests that read it."""
+    return plan_config(with_names(longest, long_name))
+
+
+@pytest.fixture(scope="module")
+def full_plan() -> Plan:
+    return plan_config(copy.deepcopy(FULL))
+
+
+def test_the_longest_accepted_names_all_fit_their_aws_limits(longest: str, longest_plan: Plan) -> None:
     config = with_names(longest, long_name)
-    plan = plan_config(config)
+    plan = longest_plan
     assert too_long(plan) == []
     assert len(physical_names(plan.resources)) > 50, "the plan names IAM roles, targets, buckets, ..."
     # The limit is not met by accident: group and dataset names are as long as the spec allows.
@@ -130,14 +141,14 @@ EXISTING_VPC["gpucluster:node_groups"][2]["availability_zones"] = ["us-east-1a"]
 
 
 @pytest.mark.parametrize("case", ["dev", "staging", "prod", "full", "longest", "base", "existing-vpc"])
-def test_the_specs_names_are_the_programs(case: str, longest: str) -> None:
+def test_the_specs_names_are_the_programs(case: str, request: pytest.FixtureRequest) -> None:
     """`expected_names` (what the spec checks) lists exactly the names a plan registers."""
     if case in ("dev", "staging", "prod"):
         plan = shipped_plan(case)
+    elif case in ("full", "longest"):
+        plan = request.getfixturevalue(f"{case}_plan")
     else:
-        config = {"full": FULL, "base": BASE_CONFIG, "longest": with_names(longest, long_name),
-                  "existing-vpc": EXISTING_VPC}[case]
-        plan = plan_config(copy.deepcopy(config))
+        plan = plan_config(copy.deepcopy({"base": BASE_CONFIG, "existing-vpc": EXISTING_VPC}[case]))
     assert sorted((e.physical.type, e.physical.name) for e in expected_names(plan.spec)) == planned(plan)
     assert too_long(plan) == []
 
@@ -188,9 +199,9 @@ def test_physical_names_as_pulumi_and_the_provider_make_them() -> None:
     assert physical_name("aws:ec2/vpc:Vpc", "v", {}) is None
 
 
-def test_the_mock_engine_answers_provider_made_names() -> None:
+def test_the_mock_engine_answers_provider_made_names(full_plan: Plan) -> None:
     """Names built from another resource's name (an alarm after its group) are as long as in AWS."""
-    plan = plan_config(copy.deepcopy(FULL))
+    plan = full_plan
     alarm = next(r for r in plan.resources if r.name == "full-guardrails-autostop-idle-train")
     assert alarm.inputs["name"] == f"{autoname('full-train-asg')}-idle"
     assert len(alarm.inputs["name"]) == len("full-train-asg-idle") + 8

@@ -213,8 +213,8 @@ def test_checkpoint_requests_and_waits_for_the_job(tmp_path: Path) -> None:
 
 def test_checkpoint_not_confirmed_in_time_fails(tmp_path: Path) -> None:
     node = Node(tmp_path, stubs=GPU_BUSY)
-    result = node.run("checkpoint.sh", "2")
-    assert result.returncode == 1 and "no checkpoint confirmed within 2s" in result.stdout
+    result = node.run("checkpoint.sh", "1")
+    assert result.returncode == 1 and "no checkpoint confirmed within 1s" in result.stdout
     assert node.run("checkpoint.sh", "soon").returncode == 2
 
 

@@ -129,16 +129,24 @@ def summary(times: list[float]) -> tuple[float, float]:
 
 
 def run_suite() -> None:
-    """The README's test command (its pytest part), timed once: wall and CPU seconds."""
-    usage = os.times()
-    start = time.perf_counter()
-    done = subprocess.run([PYTHON, "-m", "pytest"], cwd=REPO, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
-    after = os.times()
-    cpu = (after.children_user - usage.children_user) + (after.children_system - usage.children_system)
-    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-200:]
-    print(f"test suite (python -m pytest, {os.cpu_count()} CPUs): {wall:.1f} s wall, {cpu:.1f} s CPU; "
-          f"{last}")
+    """The README's test command (its pytest part), timed twice: wall and CPU seconds.
+
+    First as on a fresh clone (CI): no cached assert rewrites, so every worker rewrites every test
+    module; then again, as a developer's next run finds them (tests/conftest.py keeps them).
+    """
+    for when in ("fresh clone", "next run"):
+        if when == "fresh clone":
+            for cached in (REPO / "tests").rglob("__pycache__/*-pytest-*.pyc"):
+                cached.unlink()
+        usage = os.times()
+        start = time.perf_counter()
+        done = subprocess.run([PYTHON, "-m", "pytest"], cwd=REPO, capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - start
+        after = os.times()
+        cpu = (after.children_user - usage.children_user) + (after.children_system - usage.children_system)
+        last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-200:]
+        print(f"test suite, {when} (python -m pytest, {os.cpu_count()} CPUs): {wall:.1f} s wall, "
+              f"{cpu:.1f} s CPU; {last} (target < 30 s: {'met' if wall < 30 else 'NOT met'})")
 
 
 def main() -> None:

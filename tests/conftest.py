@@ -16,6 +16,7 @@ import copy
 import gc
 import os
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,22 +80,22 @@ def _loader_per_process(search_path_string: str | None = None) -> botocore.loade
 
 botocore.session.create_loader = _loader_per_process
 
-_exec_test_module = _pytest.assertion.rewrite.AssertionRewritingHook.exec_module
+class _SysKeepingRewrites(types.ModuleType):
+    """`sys` as pytest's assert rewriter sees it: bytecode writing on, everything else as it is.
 
-
-def _exec_test_module_caching_its_rewrite(self: Any, module: Any) -> None:
-    """pytest rewrites each test module's asserts at import and keeps the result as a .pyc, unless
+    pytest rewrites each test module's asserts at import and keeps the result as a .pyc, unless
     bytecode writing is off (PYTHONDONTWRITEBYTECODE, as on the machines this is built on): then
-    every worker of every run rewrote all of them again, 3-4 s of each worker's collection. The
-    rewrite is cached as pytest would cache it, whatever that setting (the first run still pays)."""
-    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, False
-    try:
-        _exec_test_module(self, module)
-    finally:
-        sys.dont_write_bytecode = dont_write
+    every worker of every run rewrote every test module again, 3-4 s of each worker's 5 s
+    collection. Only the rewriter is told otherwise; what the tests import writes no bytecode.
+    """
+
+    dont_write_bytecode = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(sys, name)
 
 
-_pytest.assertion.rewrite.AssertionRewritingHook.exec_module = _exec_test_module_caching_its_rewrite
+_pytest.assertion.rewrite.sys = _SysKeepingRewrites("sys")  # type: ignore[assignment]
 
 pytest_plugins = ["wheel_venv"]  # the built wheel in a fresh venv: fixtures `wheel`, `venv`
 

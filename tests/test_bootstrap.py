@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from fake_node import logged_calls, run_script, write_stubs
 from gpucluster.node import userdata as bootstrap
 from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,
@@ -282,27 +283,18 @@ esac; true""",
 
     def __init__(self, root: Path, **env: str) -> None:
         self.root, self.bin, self.log = root, root / "bin", root / "calls.log"
-        self.bin.mkdir(parents=True)
-        for name in ("mdadm", "mkfs.xfs", "mount", "aws", "mount-s3", "apt-get", *self.STUBS):
-            body = self.STUBS.get(name, "true")
-            stub = self.bin / name
-            stub.write_text(f'#!/bin/bash\necho "{name} $*" >> {self.log}\n{body}\n')
-            stub.chmod(0o755)
+        write_stubs(self.bin, self.log, {**dict.fromkeys(("mdadm", "mkfs.xfs", "mount", "aws", "mount-s3",
+                                                          "apt-get"), "true"), **self.STUBS})
         self.node_env = root / "node.env"
         self.node_env.write_text(node_env(settings(scratch_mount=str(root / "scratch"))))
         self.env = {"PATH": f"{self.bin}:{os.environ['PATH']}", "GPUCLUSTER_NODE_ENV": str(self.node_env),
                     "GPUCLUSTER_STATE_DIR": str(root / "run"), **env}
 
     def run(self, name: str, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
-        path = self.root / name
-        path.write_text(script(name))
-        return subprocess.run(["bash", str(path), *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        return run_script(self.root, name, *args, env=self.env, timeout=timeout)
 
     def calls(self, command: str) -> list[str]:
-        lines = self.log.read_text().splitlines() if self.log.exists() else []
-        return [line.split(" ", 1)[1] if " " in line else "" for line in lines
-                if line.split(" ", 1)[0] == command]
+        return logged_calls(self.log, command)
 
 
 P5_DISKS = " ".join(f"/dev/nvme{i}n1" for i in range(1, 9))

@@ -14,6 +14,7 @@ from botocore.stub import ANY, Stubber
 from typer.testing import CliRunner
 
 from cli_text import joined_lines
+from fake_node import logged_calls
 from gpucluster.cli import app, jobs
 from gpucluster.node import userdata
 from gpucluster.node.userdata import node_files, script
@@ -80,8 +81,7 @@ esac""",
         return [line[2:] for line in path.read_text().splitlines()] if path.exists() else []
 
     def calls(self, command: str) -> list[str]:
-        lines = self.log.read_text().splitlines() if self.log.exists() else []
-        return [line.split(" ", 1)[1] for line in lines if line.split(" ", 1)[0] == command]
+        return logged_calls(self.log, command)
 
 
 

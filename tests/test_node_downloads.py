@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fake_node import write_stubs
 from gpucluster.node.userdata import node_env, node_files, render_user_data, script
 from gpucluster.parts import DataMount
 from test_bootstrap import Sandbox, lint, settings
@@ -36,10 +37,7 @@ def sandbox(tmp_path: Path, signer: str | None) -> Sandbox:
                'echo "[GNUPG:] VALIDSIG SUBKEY 2025-01-01 0 4 0 1 10 00 $FAKE_SIGNER"; exit 0 ;; esac; true',
         "dpkg": "true",
     }
-    for name, body in stubs.items():
-        stub = box.bin / name
-        stub.write_text(f'#!/bin/bash\necho "{name} $*" >> {box.log}\n{body}\n')
-        stub.chmod(0o755)
+    write_stubs(box.bin, box.log, stubs)
     return box
 
 

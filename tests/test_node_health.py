@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from fake_node import logged_calls
 from gpucluster.node.userdata import (
     HEALTH_METRICS,
     LAUNCH_HOOK_NAME,
@@ -139,8 +140,7 @@ class Node:
                               text=True, timeout=60)
 
     def calls(self, command: str) -> list[str]:
-        lines = self.log.read_text().splitlines() if self.log.exists() else []
-        return [line.split(" ", 1)[1] for line in lines if line.split(" ", 1)[0] == command]
+        return logged_calls(self.log, command)
 
     def aws(self, operation: str) -> list[str]:
         return [c for c in self.calls("aws") if f" {operation} " in f" {c} "]

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from base_config import plan_config
+from fake_node import logged_calls, run_script, write_stubs
 from gpucluster.node import userdata
 from gpucluster.node.userdata import (
     CHECKPOINT_HOOK,
@@ -50,13 +51,9 @@ class Node:
 
     def __init__(self, root: Path, *, image: str = "", stubs: dict[str, str] | None = None) -> None:
         self.root, self.bin, self.log = root, root / "bin", root / "calls.log"
-        self.bin.mkdir(parents=True)
-        bodies = {"docker": "true", "aws": "echo token", "logger": "true", "nvidia-smi": "true",
-                  "cloud-init": "true", "fuser": "exit 1", **(stubs or {})}
-        for name, body in bodies.items():
-            stub = self.bin / name
-            stub.write_text(f'#!/bin/bash\necho "{name} $*" >> {self.log}\n{body}\n')
-            stub.chmod(0o755)
+        write_stubs(self.bin, self.log, {"docker": "true", "aws": "echo token", "logger": "true",
+                                         "nvidia-smi": "true", "cloud-init": "true", "fuser": "exit 1",
+                                         **(stubs or {})})
         self.env_file = root / "node.env"
         self.env_file.write_text(node_env(plain_group(container_image=image or None)))
         self.setup = root / "user-setup.sh"
@@ -68,14 +65,10 @@ class Node:
                     "GPUCLUSTER_POLL_SECONDS": "1"}
 
     def run(self, name: str, *args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
-        path = self.root / name
-        path.write_text(script(name))
-        return subprocess.run(["bash", str(path), *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        return run_script(self.root, name, *args, env=self.env, timeout=timeout)
 
     def calls(self, command: str) -> list[str]:
-        lines = self.log.read_text().splitlines() if self.log.exists() else []
-        return [line.split(" ", 1)[1] for line in lines if line.split(" ", 1)[0] == command]
+        return logged_calls(self.log, command)
 
 
 @pytest.mark.parametrize("name", ["setup.sh", "checkpoint.sh"])

@@ -44,6 +44,24 @@ def _tls_policy(bucket: aws.s3.Bucket) -> pulumi.Output[str]:
     }))
 
 
+def _one_type_group(name: str, launch_template: aws.ec2.LaunchTemplate, instance_type: str, t: dict[str, str],
+                    distribution: aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs,
+                    **group: Any) -> aws.autoscaling.Group:
+    """An Auto Scaling group of one instance type from `launch_template`, its tags propagated at launch."""
+    return aws.autoscaling.Group(
+        name,
+        mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
+            instances_distribution=distribution,
+            launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
+                launch_template_specification=aws.autoscaling.
+                GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
+                    launch_template_id=launch_template.id, version="$Latest"),
+                overrides=[aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(
+                    instance_type=instance_type)])),
+        tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True) for k, v in t.items()],
+        **group)
+
+
 def good_stack(environment: str = "staging") -> list[Resource]:
     """An EFA p4d group, a protected data bucket, node IAM, a budget that acts, and auto-stop."""
 
@@ -74,21 +92,13 @@ def good_stack(environment: str = "staging") -> list[Resource]:
                                 for kind in ("instance", "volume")],
             placement=aws.ec2.LaunchTemplatePlacementArgs(group_name=pg.name),
             tags=t)
-        asg = aws.autoscaling.Group(
-            "c-train", min_size=0, max_size=4, desired_capacity=2,
+        asg = _one_type_group(
+            "c-train", lt, "p4d.24xlarge", t,
+            aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
+                on_demand_base_capacity=2, on_demand_percentage_above_base_capacity=0,
+                spot_allocation_strategy="capacity-optimized"),
+            min_size=0, max_size=4, desired_capacity=2,
             vpc_zone_identifiers=["subnet-0abc12345def67890"], placement_group=pg.id,
-            mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
-                instances_distribution=aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
-                    on_demand_base_capacity=2, on_demand_percentage_above_base_capacity=0,
-                    spot_allocation_strategy="capacity-optimized"),
-                launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
-                    launch_template_specification=aws.autoscaling.
-                    GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
-                        launch_template_id=lt.id, version="$Latest"),
-                    overrides=[aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(
-                        instance_type="p4d.24xlarge")])),
-            tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
-                  for k, v in t.items()],
             opts=pulumi.ResourceOptions(ignore_changes=["desiredCapacity"]))
 
         data = aws.s3.Bucket("c-data", tags=t,
@@ -167,21 +177,12 @@ def broken_stack() -> list[Resource]:
                                 for kind in ("instance", "volume")],
             tags=t)
         # environment-limits: on-demand p5 in dev; efa-wiring: two subnets
-        aws.autoscaling.Group(
-            "b-train", min_size=0, max_size=2,
+        _one_type_group(
+            "b-train", lt, "p5.48xlarge", t,
+            aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(on_demand_base_capacity=2),
+            min_size=0, max_size=2,
             vpc_zone_identifiers=["subnet-0aaaaaaaaaaaaaaaa", "subnet-0bbbbbbbbbbbbbbbb"],
-            placement_group=pg.id,
-            mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
-                instances_distribution=aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
-                    on_demand_base_capacity=2),
-                launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
-                    launch_template_specification=aws.autoscaling.
-                    GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
-                        launch_template_id=lt.id, version="$Latest"),
-                    overrides=[aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(
-                        instance_type="p5.48xlarge")])),
-            tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
-                  for k, v in t.items()])
+            placement_group=pg.id)
         # intra-group-traffic: a three-node group whose nodes cannot reach each other, and whose
         # security group lets all traffic in from a whole /8
         serve_sg = aws.ec2.SecurityGroup("b-serve", vpc_id="vpc-0abc12345def67890", tags=t)
@@ -194,19 +195,11 @@ def broken_stack() -> list[Resource]:
                 associate_public_ip_address="false")],
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(http_tokens="required"),
             tags=t)
-        aws.autoscaling.Group(
-            "b-serve", min_size=0, max_size=3, vpc_zone_identifiers=["subnet-0aaaaaaaaaaaaaaaa"],
-            mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
-                instances_distribution=aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
-                    on_demand_base_capacity=0, on_demand_percentage_above_base_capacity=0),
-                launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
-                    launch_template_specification=aws.autoscaling.
-                    GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
-                        launch_template_id=serve_lt.id, version="$Latest"),
-                    overrides=[aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(
-                        instance_type="g5.xlarge")])),
-            tags=[aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=True)
-                  for k, v in t.items()])
+        _one_type_group(
+            "b-serve", serve_lt, "g5.xlarge", t,
+            aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
+                on_demand_base_capacity=0, on_demand_percentage_above_base_capacity=0),
+            min_size=0, max_size=3, vpc_zone_identifiers=["subnet-0aaaaaaaaaaaaaaaa"])
         # s3-encryption, s3-tls-only (no SSE config, no policy); s3-data-buckets-protected:
         # unprotected and force-destroyed, unversioned
         data = aws.s3.Bucket("b-data", tags=t, force_destroy=True)

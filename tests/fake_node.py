@@ -1,0 +1,39 @@
+"""Node scripts under bash on this machine: stub commands that log their calls, and that log read back.
+
+Each stub is an executable on a PATH directory of the test's own that appends one line,
+`<name> <arguments>`, to a call log, then runs its body; the tests read the calls back
+with `logged_calls`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpucluster.node.userdata import script
+
+
+def write_stubs(bin_dir: Path, log: Path, bodies: Mapping[str, str]) -> None:
+    """One executable per name in `bin_dir` (made if missing): logs its call to `log`, then runs its body."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, body in bodies.items():
+        stub = bin_dir / name
+        stub.write_text(f'#!/bin/bash\necho "{name} $*" >> {log}\n{body}\n')
+        stub.chmod(0o755)
+
+
+def logged_calls(log: Path, command: str) -> list[str]:
+    """The arguments of each logged call of `command`, in order ("" for a call without any)."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [line.split(" ", 1)[1] if " " in line else "" for line in lines
+            if line.split(" ", 1)[0] == command]
+
+
+def run_script(root: Path, name: str, *args: str, env: Mapping[str, str],
+               timeout: float) -> subprocess.CompletedProcess[str]:
+    """The node script `name` as gpucluster ships it, written under `root` and run by bash."""
+    path = root / name
+    path.write_text(script(name))
+    return subprocess.run(["bash", str(path), *args], env=dict(env), capture_output=True, text=True,
+                          timeout=timeout)

@@ -24,13 +24,12 @@ from gpucluster.ops import nodes as ops_nodes
 from gpucluster.ops.nodes import Node, ranked, ssm_ping, stack_nodes
 from gpucluster.ops.run import RunError, plan_job, run_log_group, send_job, wait_job
 from gpucluster.plan import load_stack
-from gpucluster.stack import identity
 from moto_groups import create_stack_groups, tag_node_group
 
 runner = CliRunner()
 
-DEV = identity(load_stack("dev")[2])
-PROD = identity(load_stack("prod")[2])
+DEV = load_stack("dev")[2].identity
+PROD = load_stack("prod")[2].identity
 
 # name -> (stack identity, min, desired, max); node groups as the stack files name them.
 GROUPS = {

@@ -261,7 +261,6 @@ def mig_stack(tmp_path: Any, base_config: dict[str, Any], monkeypatch: pytest.Mo
 
     from gpucluster.ops import nodes as ops_nodes
     from gpucluster.plan import load_stack
-    from gpucluster.stack import identity
     from moto_groups import create_stack_groups, tag_node_group
 
     base_config["gpucluster:node_groups"] = [
@@ -279,7 +278,7 @@ def mig_stack(tmp_path: Any, base_config: dict[str, Any], monkeypatch: pytest.Mo
         ec2.create_launch_template(LaunchTemplateName="mig-nodes", LaunchTemplateData={
             "ImageId": "ami-12c6146b", "InstanceType": "p5.48xlarge"})
         autoscaling = boto3.client("autoscaling")
-        create_stack_groups(autoscaling, {"mig-infer": (identity(load_stack(str(path))[2]), 0, 2, 2)},
+        create_stack_groups(autoscaling, {"mig-infer": (load_stack(str(path))[2].identity, 0, 2, 2)},
                             launch_template="mig-nodes")
         tag_node_group(autoscaling, "mig-infer", "infer")
         yield path

@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 from gpucluster.cli import app
 from gpucluster.ops.permissions import allowed_actions, operator_policy
 from gpucluster.plan import load_stack
-from gpucluster.stack import identity
 from moto_groups import create_stack_groups, tag_node_group
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
@@ -72,7 +71,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         boto3.client("ec2").create_launch_template(LaunchTemplateName="a10-nodes", LaunchTemplateData={
             "ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
         autoscaling = boto3.client("autoscaling")
-        dev = identity(load_stack("dev")[2])
+        dev = load_stack("dev")[2].identity
         create_stack_groups(autoscaling, {"dev-a10": (dev, 0, 2, 3)}, launch_template="a10-nodes")
         tag_node_group(autoscaling, "dev-a10", "dev-a10")
         made.clear()

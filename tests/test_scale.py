@@ -15,13 +15,12 @@ from gpucluster.lambdas import autostop, scaling
 from gpucluster.ops.scale import plan_scale, plan_stop, stop_stack
 from gpucluster.ops.status import resume_stack
 from gpucluster.plan import load_stack
-from gpucluster.stack import identity
 from moto_groups import ACTIVE, cost_explorer, create_stack_groups, tag_node_group
 from test_jobs import RecordingSsm
 
 runner = CliRunner()
 SPEC = load_stack("dev")[2]
-DEV = identity(SPEC)
+DEV = SPEC.identity
 HOOK = SPEC.autostop.pre_stop_command
 
 # name -> (stack identity, min, desired, max)

@@ -29,7 +29,6 @@ from gpucluster.node import userdata
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.ops import spend as ops
 from gpucluster.spec import StackSpec, parse_stack_config
-from gpucluster.stack import identity
 
 runner = CliRunner()
 MONDAY = date(2026, 11, 16)
@@ -155,7 +154,7 @@ def account() -> Iterator[dict[str, Any]]:
                 MaxSize=4, DesiredCapacity=desired, AvailabilityZones=["us-east-1a"],
                 Tags=[{"ResourceId": asg, "ResourceType": "auto-scaling-group", "Key": key, "Value": value,
                        "PropagateAtLaunch": True}
-                      for key, value in (("gpucluster:stack", identity(spec)),
+                      for key, value in (("gpucluster:stack", spec.identity),
                                          ("gpucluster:node-group", name))])
         cloudwatch = boto3.client("cloudwatch", region_name="us-east-1")
         publish_train_day(cloudwatch, "test-train-asg")
@@ -172,7 +171,7 @@ def estimate_by_hand() -> float:
 
 def test_spend_reads_every_page_and_groups_by_node_group_and_purchase_option(account: dict[str, Any]) -> None:
     spec = account["spec"]
-    ce, stub = stubbed_ce(identity(spec))
+    ce, stub = stubbed_ce(spec.identity)
     result = ops.stack_spend(spec, WINDOW, ce=ce, cloudwatch=account["cloudwatch"],
                              autoscaling=account["autoscaling"], now=LATER)
     stub.assert_no_pending_responses()
@@ -195,7 +194,7 @@ def test_spend_reads_every_page_and_groups_by_node_group_and_purchase_option(acc
 
 def test_idle_waste_of_a_group_idle_half_the_time_is_half_its_cost(account: dict[str, Any]) -> None:
     spec = account["spec"]
-    ce, _ = stubbed_ce(identity(spec))
+    ce, _ = stubbed_ce(spec.identity)
     waste = ops.stack_spend(spec, WINDOW, ce=ce, cloudwatch=account["cloudwatch"],
                             autoscaling=account["autoscaling"], now=LATER).waste
     train, infer = {g.group: g for g in waste.groups}["train"], {g.group: g for g in waste.groups}["infer"]
@@ -231,7 +230,7 @@ def test_the_gap_names_inactive_tags_and_short_spot(account: dict[str, Any]) -> 
     short = {"ResultsByTime": [day(D[0], [group("train", "On Demand Instances", 120.0),
                                           group("train", "Spot Instances", 5.0)])],
              "DimensionValueAttributes": []}
-    ce, _ = stubbed_ce(identity(spec), {"gpucluster:stack": "Active", "gpucluster:node-group": "Inactive"},
+    ce, _ = stubbed_ce(spec.identity, {"gpucluster:stack": "Active", "gpucluster:node-group": "Inactive"},
                        pages=(short,))
     result = ops.stack_spend(spec, WINDOW, ce=ce, cloudwatch=account["cloudwatch"],
                              autoscaling=account["autoscaling"], now=LATER)
@@ -245,7 +244,7 @@ def test_the_gap_names_inactive_tags_and_short_spot(account: dict[str, Any]) -> 
 def test_no_cost_data_because_the_stack_tag_is_not_active(account: dict[str, Any]) -> None:
     spec = account["spec"]
     empty = {"ResultsByTime": [day(d, []) for d in D], "DimensionValueAttributes": []}
-    ce, _ = stubbed_ce(identity(spec), {"gpucluster:stack": "Inactive"}, pages=(empty,))
+    ce, _ = stubbed_ce(spec.identity, {"gpucluster:stack": "Inactive"}, pages=(empty,))
     result = ops.stack_spend(spec, WINDOW, ce=ce, cloudwatch=account["cloudwatch"],
                              autoscaling=account["autoscaling"], now=LATER)
     assert result.actual == 0 and result.gap_is_large
@@ -262,7 +261,7 @@ def test_nodes_above_desired_explain_a_gap(account: dict[str, Any], base_config:
     spec = account["spec"]
     one = spec.model_copy(update={"node_groups": [spec.node_groups[0].model_copy(update={"desired_nodes": 0}),
                                                   spec.node_groups[1]]})
-    ce, _ = stubbed_ce(identity(spec))
+    ce, _ = stubbed_ce(spec.identity)
     result = ops.stack_spend(one, WINDOW, ce=ce, cloudwatch=account["cloudwatch"],
                              autoscaling=account["autoscaling"], now=LATER)
     assert ("node group train ran 10.0 node-hours, the estimate counts 0.0 (desired_nodes x the scheduled "
@@ -300,7 +299,7 @@ def cli_clients(account: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
     from gpucluster.cli import spend as cli
 
     spec = account["spec"]
-    ce, _ = stubbed_ce(identity(spec))
+    ce, _ = stubbed_ce(spec.identity)
     monkeypatch.setattr(cli, "_clients", lambda region: {"ce": ce, "cloudwatch": account["cloudwatch"],
                                                          "autoscaling": account["autoscaling"]})
     monkeypatch.setattr(cli, "datetime", _FixedNow)
@@ -369,7 +368,7 @@ def test_spend_chart_series_are_the_report(account: dict[str, Any]) -> None:
     from gpucluster.chart import spend_series
 
     spec = account["spec"]
-    ce, _ = stubbed_ce(identity(spec))
+    ce, _ = stubbed_ce(spec.identity)
     result = ops.stack_spend(spec, WINDOW, ce=ce, cloudwatch=account["cloudwatch"],
                              autoscaling=account["autoscaling"], now=LATER)
     series = spend_series(result)

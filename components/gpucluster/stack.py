@@ -35,13 +35,6 @@ def settings(section: Any) -> Any:
     return section.model_dump(exclude_unset=True)
 
 
-def identity(spec: StackSpec) -> str:
-    """The deployment's identity (`spec.stack_identity` of its organization, project, stack and
-    cluster name): the `gpucluster:stack` tag value every guardrail, IAM condition, the budget filter
-    and the CLI select by."""
-    return spec.identity
-
-
 def cluster_args(spec: StackSpec) -> GpuClusterArgs:
     """The stack file as GpuClusterArgs: its sections as written, where it is deployed, the region.
 
@@ -122,7 +115,7 @@ def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant]) -> NodeIdenti
     args: dict[str, Any] = {
         "cluster_name": spec.cluster.name,
         "s3_grants": [grant_args(g) for g in grants],
-        "tags": spec.tags, "run_log_group": run_log_group_name(identity(spec))}
+        "tags": spec.tags, "run_log_group": run_log_group_name(spec.identity)}
     images = sorted({g.container_image for g in spec.node_groups if g.container_image})
     if images:
         args["container_images"] = images
@@ -167,7 +160,7 @@ def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequ
     """
     args: dict[str, Any] = {
         "node_group": settings(group), "cluster_name": spec.cluster.name, "region": spec.region,
-        "identity": identity(spec), "subnet_ids": list(subnet_ids),
+        "identity": spec.identity, "subnet_ids": list(subnet_ids),
         "security_group_ids": list(security_group_ids), "instance_profile_arn": instance_profile_arn,
         "tags": spec.tags, "spot": settings(spec.spot), "data_mounts": list(data_mounts),
         "autostop": settings(spec.autostop), "notify_topic_arn": notify_topic_arn,
@@ -197,7 +190,7 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
                     **({"capacity_block_reservation_id": g.capacity.capacity_reservation_id}
                        if g.capacity.market == "capacity_block" else {})}
                    for g in spec.node_groups],
-        "cluster_name": spec.cluster.name, "identity": identity(spec), "region": spec.region,
+        "cluster_name": spec.cluster.name, "identity": spec.identity, "region": spec.region,
         "tags": spec.tags, "autostop": settings(spec.autostop), "spot": settings(spec.spot),
         "tag_groups": False,
         # gpucluster's own nodes run gpucluster-job: `run --restart-on-replace` works on them
@@ -235,7 +228,7 @@ def dashboard_args(spec: StackSpec, asg_names: Mapping[str, Any], *, notify_topi
                 entry["mig"] = True
         groups.append(entry)
     args: dict[str, Any] = {
-        "cluster_name": spec.cluster.name, "identity": identity(spec), "region": spec.region,
+        "cluster_name": spec.cluster.name, "identity": spec.identity, "region": spec.region,
         "groups": groups, "guardrail_log_groups": list(guardrail_log_groups),
         "alarm_arns": list(alarm_arns), "tags": spec.tags,
     }

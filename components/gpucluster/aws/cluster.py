@@ -174,8 +174,8 @@ def run_log_group(name: str, spec: StackSpec, opts: pulumi.ResourceOptions) -> a
     logs:CreateLogGroup) with the guardrail logs' retention: `gpucluster run` output (SSM) and
     detached jobs' output (the CloudWatch agent) land there; `logs --follow` reads it."""
     return aws.cloudwatch.LogGroup(
-        name, name=run_log_group_name(stack.identity(spec)), retention_in_days=LOG_RETENTION_DAYS,
-        tags=owned_tags(spec.tags, stack.identity(spec), spec.cluster.name), opts=opts)
+        name, name=run_log_group_name(spec.identity), retention_in_days=LOG_RETENTION_DAYS,
+        tags=owned_tags(spec.tags, spec.identity, spec.cluster.name), opts=opts)
 
 
 def cluster_spec(name: str, args: Any) -> StackSpec:

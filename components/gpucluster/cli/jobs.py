@@ -5,7 +5,7 @@ It owns parsing, rendering and exit codes of these commands (0 fine, 1 a node
 or a change failed or was declined, 2 invalid input or an AWS error, 130
 interrupted); the work is in `gpucluster.ops.nodes`, `ops.run` and `ops.scale`.
 Every command finds the stack's resources by its identity tag
-(`gpucluster.stack.identity`), in the stack file's region.
+(`StackSpec.identity`), in the stack file's region.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from gpucluster.cli.commands import (
     render_status,
     render_table,
 )
-from gpucluster.stack import identity
 
 if TYPE_CHECKING:
     from gpucluster.ops.nodes import Node
@@ -76,14 +75,14 @@ def _nodes(spec: StackSpec, command: str, group: str | None) -> list[Node]:
 
     mig = {g.name: len(g.mig_layout) for g in spec.node_groups if g.mig_layout}  # MIG devices are slots
     return _ops_call(command, lambda: stack_nodes(
-        identity(spec), node_group=group, autoscaling_client=_client(spec, "autoscaling"),
+        spec.identity, node_group=group, autoscaling_client=_client(spec, "autoscaling"),
         ec2_client=_client(spec, "ec2"), ssm_client=_client(spec, "ssm"), mig_per_gpu=mig),
         f"finding {spec.stack}'s nodes in {spec.region}")
 
 
 def _head(spec: StackSpec, **more: Any) -> dict[str, Any]:
     """The start of every JSON document these commands print: which stack, where."""
-    return {"stack": spec.stack, "region": spec.region, "identity": identity(spec), **more}
+    return {"stack": spec.stack, "region": spec.region, "identity": spec.identity, **more}
 
 
 def _result_json(plan: JobPlan, result: NodeResult) -> dict[str, Any]:
@@ -130,7 +129,7 @@ def nodes(
     if not found:
         render.say(f"stack {spec.stack} ({spec.region}): no nodes"
                    + (f" in node group {group}" if group else "")
-                   + f" (groups tagged gpucluster:stack={identity(spec)} run none; "
+                   + f" (groups tagged gpucluster:stack={spec.identity} run none; "
                      f"see `gpucluster status {stack}`)")
         return
     render.say(f"stack {spec.stack} ({spec.region}): {len(found)} node(s), "
@@ -149,7 +148,7 @@ def group_environment(spec: StackSpec, node_group: str) -> dict[str, str]:
     config = next((g for g in spec.node_groups if g.name == node_group), None)
     if config is None:
         return {}
-    env = efa_environment(group_bootstrap(config, stack=identity(spec), cluster=spec.cluster.name,
+    env = efa_environment(group_bootstrap(config, stack=spec.identity, cluster=spec.cluster.name,
                                           region=spec.region, spot=spec.spot))
     if config.container_image:
         env["GPUCLUSTER_CONTAINER_IMAGE"] = config.container_image  # pulled at boot
@@ -282,7 +281,7 @@ def run(
     plan = _ops_call("run", lambda: plan_job(
         found, text, master_port=master_port,
         timeout_seconds=QUERY_TIMEOUT_SECONDS if detach else timeout or DEFAULT_TIMEOUT_SECONDS,
-        group_environment=environment, log_group=run_log_group(identity(spec)),
+        group_environment=environment, log_group=run_log_group(spec.identity),
         workdir=workdir, detach=job_name, job_timeout_seconds=timeout if detach else None))
     config = next((g for g in spec.node_groups if g.name == group), None)
     record = _ops_call("run", lambda: job_record(
@@ -292,7 +291,7 @@ def run(
     head = _head(spec, group=group, command=text, job=plan.detach, log_group=plan.log_group,
                  master_addr=plan.ranks[0].environment["MASTER_ADDR"], restart_on_replace=restart_on_replace)
     if dry_run:
-        where = job_parameter_name(identity(spec), plan.detach or "")
+        where = job_parameter_name(spec.identity, plan.detach or "")
         if as_json:
             render.emit({**head, "dry_run": True, "ranks": [
                 {"rank": r.rank, "instance_id": r.node.instance_id, "private_ip": r.node.private_ip,
@@ -396,7 +395,7 @@ def _nccl_test(stack: str, group: str, *, dry_run: bool, max_bytes: str, as_json
     spec = build_spec(stack)
     found = _nodes(spec, "run", group)
     base = _ops_call("run", lambda: plan_nccl_test(
-        found, log_group=run_log_group(identity(spec)), group_environment=group_environment(spec, group),
+        found, log_group=run_log_group(spec.identity), group_environment=group_environment(spec, group),
         max_bytes=max_bytes))
     expected = expectation([r.node for r in base.ranks])
     efa = base.ranks[0].environment.get("FI_PROVIDER") == "efa"
@@ -495,7 +494,7 @@ def _record_restart(spec: StackSpec, ssm: Any, job: str, group: str,
     from gpucluster.lambdas.jobnames import job_parameter_name
     from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
 
-    name = job_parameter_name(identity(spec), job)
+    name = job_parameter_name(spec.identity, job)
     outcome: dict[str, Any] = {"parameter": name, "stored": False, "ok": True, "message": None}
     if record is None:
         try:
@@ -600,7 +599,7 @@ def scale(
         fail_usage("scale", "--desired is required")
     spec = build_spec(stack)
     client = _client(spec, "autoscaling")
-    changes = _ops_call("scale", lambda: plan_scale(identity(spec), group, desired,
+    changes = _ops_call("scale", lambda: plan_scale(spec.identity, group, desired,
                                                     autoscaling_client=client),
                         f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
     rows, total, priced = [], 0.0, []
@@ -664,7 +663,7 @@ def stop(
     render.use_json(as_json)
     spec = build_spec(stack)
     client = _client(spec, "autoscaling")
-    candidates = _ops_call("stop", lambda: plan_stop(identity(spec), group, autoscaling_client=client),
+    candidates = _ops_call("stop", lambda: plan_stop(spec.identity, group, autoscaling_client=client),
                            f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
     running = [c for c in candidates if c.running]
     hook = spec.autostop.pre_stop_command
@@ -680,7 +679,7 @@ def stop(
             why = f"stopped by {c.stopped_by}" if c.stopped_by else "at 0 nodes by its own settings"
             render.say(f"  {c.group}: {why}")
         if not candidates:
-            render.say(f"  no Auto Scaling group is tagged gpucluster:stack={identity(spec)}")
+            render.say(f"  no Auto Scaling group is tagged gpucluster:stack={spec.identity}")
         return
     if not as_json:
         _show_stop(spec, running, hook)
@@ -693,7 +692,7 @@ def stop(
         running, autoscaling_client=client, ssm_client=_client(spec, "ssm") if hook else None,
         pre_stop_command=hook, hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds),
         f"{doing}scaling {len(running)} group(s) to zero")
-    rows = _aws_call("stop", lambda: stack_status(identity(spec), autoscaling_client=client))
+    rows = _aws_call("stop", lambda: stack_status(spec.identity, autoscaling_client=client))
     if as_json:
         hook_json = None if report.hook is None else {
             "ok": report.hook.ok, "timed_out": report.hook.timed_out, "statuses": report.hook.statuses,
@@ -747,7 +746,7 @@ def start(
     render.use_json(as_json)
     spec = build_spec(stack)
     client = _client(spec, "autoscaling")
-    candidates = _ops_call("start", lambda: plan_start(identity(spec), group, autoscaling_client=client),
+    candidates = _ops_call("start", lambda: plan_start(spec.identity, group, autoscaling_client=client),
                            f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
     todo = [c for c in candidates if c.decision.action == "resume"]
     document = _head(spec, group=group, dry_run=dry_run, groups=[_resume_json(spec, c) for c in candidates],
@@ -758,7 +757,7 @@ def start(
     if as_json:
         confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)  # --json: --yes or exit 2
         results = _aws_call("start", lambda: start_stack(
-            identity(spec), {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client),
+            spec.identity, {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client),
             f"restarting {len(todo)} group(s)")
         render.emit({**document, "started": [asdict(r) for r in results]})
         raise typer.Exit(EXIT_BLOCKED if any(r.action != "resumed" for r in results) else EXIT_OK)
@@ -780,7 +779,7 @@ def start(
         return
     confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)
     results = _aws_call("start", lambda: start_stack(
-        identity(spec), {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client),
+        spec.identity, {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client),
         f"restarting {len(todo)} group(s)")
     before = {c.group: c.desired_now for c in todo}
     for r in results:
@@ -808,7 +807,7 @@ def _on_nodes(spec: StackSpec, command: str, group: str | None, script: str,
             fail_usage(command, f"--node: no in-service node {node!r} (a rank 0..{len(found) - 1}, an "
                                 "instance id or a private IP)")
         found = chosen
-    plan = _ops_call(command, lambda: plan_on_nodes(found, script, log_group=run_log_group(identity(spec))))
+    plan = _ops_call(command, lambda: plan_on_nodes(found, script, log_group=run_log_group(spec.identity)))
     ssm = _client(spec, "ssm")
     with render.progress(f"asking {len(plan.ranks)} node(s) through SSM"):  # one spinner for both
         job = _aws_call(command, lambda: send_job(ssm, plan, comment=f"gpucluster {command}"), None)
@@ -938,7 +937,7 @@ def _follow(spec: StackSpec, name: str, group: str | None, node: str | None, as_
     # From a minute before the job's first start (clock skew); without a start time, the last day.
     since = min(starts) if len(starts) == len(found) else datetime.now(UTC) - timedelta(days=1)
     streams = {job_log_stream(i, name): i for i in found}
-    follower = JobFollower(_client(spec, "logs"), run_log_group(identity(spec)), name, streams,
+    follower = JobFollower(_client(spec, "logs"), run_log_group(spec.identity), name, streams,
                            int((since - timedelta(minutes=1)).timestamp() * 1000),
                            {s for s, i in streams.items() if found[i].state == "running"})
     several = len(streams) > 1
@@ -999,7 +998,7 @@ def cancel(
     name = _job_name("cancel", job)
     spec = build_spec(stack)
     confirm_or_exit("cancel", f"Stop job {name} on every node of {group or 'the stack'}?", yes)
-    record = job_parameter_name(identity(spec), name)
+    record = job_parameter_name(spec.identity, name)
     removed = _aws_call("cancel", lambda: _drop_record(_client(spec, "ssm"), record),
                         f"removing the job's restart record {record}")
     if removed and not as_json:

@@ -1,7 +1,7 @@
 """What a deployed stack actually cost, next to what `gpucluster cost` estimated, and its idle waste.
 
 Backs `gpucluster spend STACK`. The actual cost is Cost Explorer's (every page of
-GetCostAndUsage, filtered on the stack's identity tag, `gpucluster.stack.identity`),
+GetCostAndUsage, filtered on the stack's identity tag, `StackSpec.identity`),
 by node group and purchase option, with the non-GPU remainder; the estimate is the cost
 model's for the same UTC days, node groups at desired nodes for the hours the schedules
 leave them running (`gpucluster.schedule`); the gap comes with its likely reasons (the
@@ -41,7 +41,6 @@ from gpucluster.lambdas.report import (
 from gpucluster.lambdas.scaling import STACK_TAG, stack_groups
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.spec import StackSpec
-from gpucluster.stack import identity
 
 # Cost Explorer keeps 13 months (the last 12 and this one): API reference, GetCostAndUsage TimePeriod.
 MAX_DAYS = 366
@@ -302,7 +301,7 @@ def stack_spend(spec: StackSpec, window: Window, *, ce: Any, cloudwatch: Any, au
         cost = cost or pricing.price_stack(spec, pricing.Assumptions(schedule_year=window.start.year))
     except pricing.PricingError as err:
         raise SpendError(f"cannot price stack {spec.stack}: {err}") from None
-    ident = identity(spec)
+    ident = spec.identity
     rows = cost_rows(ce, ident, window.start, window.end)
     estimate = estimate_window(cost, spec, window)
     groups = stack_groups(autoscaling, ident)

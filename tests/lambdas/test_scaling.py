@@ -303,3 +303,9 @@ def test_resume_keeps_the_tags_of_a_stop_that_landed_after_its_write(cluster, re
     assert cluster.capacity("dev-train") == (0, 0)
     tags = cluster.tags("dev-train")
     assert (tags[scaling.STOPPED_BY_TAG], tags[scaling.PREVIOUS_DESIRED_TAG]) == ("idle", "2")
+
+
+def test_batches_keep_the_order_and_the_per_call_limit() -> None:
+    assert scaling.batches(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert scaling.batches(["a", "b"], 100) == [["a", "b"]]
+    assert scaling.batches([], 50) == []

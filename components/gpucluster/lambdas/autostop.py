@@ -44,6 +44,7 @@ from .scaling import (
     RUNTIME,
     SCHEDULE,
     STACK_TAG,
+    batches,
     bounded_timeout,
     describe_groups,
     env_number,
@@ -160,9 +161,9 @@ def _older_than(groups: list[dict[str, Any]], max_age: timedelta) -> list[dict[s
     oldest: dict[str, Any] = {}
     ids = sorted(by_instance)
     # DescribeInstances accepts up to 1000 ids per call; pages cover the rest.
-    for start in range(0, len(ids), 1000):
+    for batch in batches(ids, 1000):
         paginator = ec2.get_paginator("describe_instances")
-        for page in paginator.paginate(InstanceIds=ids[start : start + 1000]):
+        for page in paginator.paginate(InstanceIds=batch):
             for reservation in page["Reservations"]:
                 for instance in reservation["Instances"]:
                     group = by_instance.get(instance["InstanceId"])

@@ -29,6 +29,7 @@ from typing import Any
 from .scaling import (
     RUNTIME,
     STACK_TAG,
+    batches,
     env_number,
     env_text,
     group_tags,
@@ -179,9 +180,7 @@ def gpu_usage(cloudwatch: Any, namespace: str, asg_names: Sequence[str], start: 
     GPU publishes one sample a GPU_SAMPLE_SECONDS: the GPU-minutes in the period).
     """
     out: dict[str, dict[date, Usage]] = {name: {} for name in asg_names}
-    per_call = MAX_QUERIES_PER_CALL // 2
-    for first in range(0, len(asg_names), per_call):
-        names = list(asg_names[first:first + per_call])
+    for names in batches(asg_names, MAX_QUERIES_PER_CALL // 2):  # two queries a group
         queries = []
         for i, name in enumerate(names):
             metric = {"Namespace": namespace, "MetricName": GPU_UTILIZATION_METRIC,

@@ -24,10 +24,12 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
+
+T = TypeVar("T")
 
 STACK_TAG = "gpucluster:stack"
 STOPPED_BY_TAG = "gpucluster:stopped-by"
@@ -271,14 +273,19 @@ def stack_groups(autoscaling: Any, stack: str) -> list[dict[str, Any]]:
     return sorted(groups, key=lambda g: g["AutoScalingGroupName"])
 
 
+def batches(items: Sequence[T], size: int) -> list[list[T]]:
+    """`items` in order, in runs of at most `size`: what one call of an API with a per-call limit takes."""
+    return [list(items[start : start + size]) for start in range(0, len(items), size)]
+
+
 def describe_groups(autoscaling: Any, names: Iterable[str]) -> list[dict[str, Any]]:
     """Groups by name (missing names are simply absent)."""
     wanted = sorted(set(names))
     groups: list[dict[str, Any]] = []
     # DescribeAutoScalingGroups takes at most 100 names per call.
-    for start in range(0, len(wanted), 100):
+    for batch in batches(wanted, 100):
         paginator = autoscaling.get_paginator("describe_auto_scaling_groups")
-        for page in paginator.paginate(AutoScalingGroupNames=wanted[start : start + 100]):
+        for page in paginator.paginate(AutoScalingGroupNames=batch):
             groups.extend(page["AutoScalingGroups"])
     return sorted(groups, key=lambda g: g["AutoScalingGroupName"])
 
@@ -536,9 +543,9 @@ def run_command(
     }
     pending: dict[str, str] = {}
     ids = list(dict.fromkeys(instance_ids))
-    batches = [ids[i : i + MAX_INSTANCES_PER_COMMAND] for i in range(0, len(ids), MAX_INSTANCES_PER_COMMAND)]
-    while batches:
-        batch = batches.pop(0)
+    todo = batches(ids, MAX_INSTANCES_PER_COMMAND)
+    while todo:
+        batch = todo.pop(0)
         try:
             response = ssm.send_command(
                 InstanceIds=batch,
@@ -552,7 +559,7 @@ def run_command(
             if len(batch) > 1 and error_code(exc) in PER_INSTANCE_RETRY_ERRORS:
                 log_event("hook refused for the batch, sending per instance", logging.WARNING,
                           instances=batch, error=str(exc))
-                batches[:0] = [[instance] for instance in batch]
+                todo[:0] = [[instance] for instance in batch]
                 continue
             log_event("hook not sent", logging.WARNING, instances=batch, error=str(exc))
             result.statuses.update(dict.fromkeys(batch, NOT_SENT))

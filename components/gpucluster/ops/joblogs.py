@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpucluster.lambdas.jobnames import job_log_stream
-from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
+from gpucluster.lambdas.scaling import AWS_ERRORS, batches, error_code
 
 __all__ = ["job_log_stream"]  # named in lambdas.jobnames: the restart handler reads it too
 MIN_POLL_SECONDS = 2.0
@@ -86,8 +86,8 @@ class JobFollower:
         since = max(self.start_ms, self._newest - LOOKBACK_MS)
         events = []
         names = sorted(self.streams)
-        for first in range(0, len(names), MAX_STREAMS_PER_CALL):
-            events += self._filter(names[first:first + MAX_STREAMS_PER_CALL], since)
+        for batch in batches(names, MAX_STREAMS_PER_CALL):
+            events += self._filter(batch, since)
         fresh = []
         for event in sorted(events, key=lambda e: (e["timestamp"], e.get("ingestionTime", 0), e["eventId"])):
             if event["eventId"] in self._seen:

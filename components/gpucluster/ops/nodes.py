@@ -19,7 +19,7 @@ from typing import Any
 import boto3
 
 from gpucluster import catalog
-from gpucluster.lambdas.scaling import AWS_ERRORS, group_tags, stack_groups
+from gpucluster.lambdas.scaling import AWS_ERRORS, batches, group_tags, stack_groups
 
 # The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
 NODE_GROUP_TAG = "gpucluster:node-group"
@@ -115,15 +115,10 @@ def select_groups(groups: Sequence[dict[str, Any]], node_group: str | None) -> l
     return chosen
 
 
-def _chunks(items: Sequence[str], size: int) -> Iterable[list[str]]:
-    for start in range(0, len(items), size):
-        yield list(items[start:start + size])
-
-
 def describe_instances(ec2: Any, instance_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """EC2's view of the instances, by id (instances EC2 no longer knows are absent)."""
     found: dict[str, dict[str, Any]] = {}
-    for batch in _chunks(sorted(set(instance_ids)), EC2_IDS_PER_CALL):
+    for batch in batches(sorted(set(instance_ids)), EC2_IDS_PER_CALL):
         for page in ec2.get_paginator("describe_instances").paginate(InstanceIds=batch):
             for reservation in page["Reservations"]:
                 for instance in reservation["Instances"]:
@@ -141,7 +136,7 @@ def ssm_ping(ssm: Any, instance_ids: Sequence[str]) -> dict[str, str]:
     ids = sorted(set(instance_ids))
     status = dict.fromkeys(ids, SSM_UNREGISTERED)
     try:
-        for batch in _chunks(ids, SSM_IDS_PER_CALL):
+        for batch in batches(ids, SSM_IDS_PER_CALL):
             paginator = ssm.get_paginator("describe_instance_information")
             for page in paginator.paginate(Filters=[{"Key": "InstanceIds", "Values": batch}]):
                 for info in page["InstanceInformationList"]:

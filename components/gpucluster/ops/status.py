@@ -26,6 +26,7 @@ from gpucluster.lambdas.scaling import (
     PREVIOUS_DESIRED_TAG,
     STOPPED_BY_TAG,
     ResumeResult,
+    batches,
     describe_groups,
     group_tags,
     in_service_instance_ids,
@@ -230,8 +231,8 @@ def gpu_utilization(cloudwatch: Any, namespace: str, asg_names: Sequence[str],
                            "Dimensions": [{"Name": GPU_METRIC_DIMENSION, "Value": name}]},
                 "Period": 60, "Stat": stat}})
     values: dict[str, list[float]] = {}
-    for batch in range(0, len(queries), 500):  # GetMetricData takes at most 500 queries
-        kwargs: dict[str, Any] = {"MetricDataQueries": queries[batch:batch + 500],
+    for batch in batches(queries, 500):  # GetMetricData takes at most 500 queries
+        kwargs: dict[str, Any] = {"MetricDataQueries": batch,
                                   "StartTime": now - UTILIZATION_WINDOW, "EndTime": now}
         while True:
             page = cloudwatch.get_metric_data(**kwargs)

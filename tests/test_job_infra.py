@@ -20,7 +20,6 @@ from gpucluster.noderole import (
     node_inline_policies_chars,
     run_log_group_name,
 )
-from gpucluster.ops.run import run_log_group
 from gpucluster.plan import Plan
 from iam_eval import allowed
 from shipped import shipped_plan
@@ -58,8 +57,8 @@ def node_documents(plan: Plan) -> list[dict[str, Any]]:
 def test_the_stack_declares_its_run_log_group_with_retention_and_identity_tags(prod: Plan) -> None:
     identity = prod.spec.identity
     groups = {r.inputs["name"]: r for r in prod.of_type(LOG_GROUP)}
-    name = run_log_group(identity)
-    assert name == run_log_group_name(identity) == f"/gpucluster/{identity}/run"
+    name = run_log_group_name(identity)
+    assert name == f"/gpucluster/{identity}/run"
     group = groups[name]
     assert group.inputs["retentionInDays"] == 30  # as the guardrail Lambdas' log groups
     assert {g.inputs["retentionInDays"] for g in groups.values()} == {30}
@@ -68,7 +67,7 @@ def test_the_stack_declares_its_run_log_group_with_retention_and_identity_tags(p
 
 
 def test_nodes_write_job_output_to_the_run_log_group_only(prod: Plan) -> None:
-    name = run_log_group(prod.spec.identity)
+    name = run_log_group_name(prod.spec.identity)
     arn = f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:{name}"
     documents = node_documents(prod)
 

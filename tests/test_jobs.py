@@ -20,9 +20,10 @@ from typer.testing import CliRunner
 
 from cli_text import joined_lines
 from gpucluster.cli import app, jobs
+from gpucluster.noderole import run_log_group_name
 from gpucluster.ops import nodes as ops_nodes
 from gpucluster.ops.nodes import Node, ranked, ssm_ping, stack_nodes
-from gpucluster.ops.run import RunError, plan_job, run_log_group, send_job, wait_job
+from gpucluster.ops.run import RunError, plan_job, send_job, wait_job
 from gpucluster.plan import load_stack
 from moto_groups import create_stack_groups, tag_node_group
 
@@ -205,7 +206,7 @@ def test_plan_job_environment_and_refusals() -> None:
 
 
 def test_run_log_group_is_a_valid_log_group_name() -> None:
-    assert run_log_group("acme/ml:prod gpu") == "/gpucluster/acme/ml-prod-gpu/run"
+    assert run_log_group_name("acme/ml:prod gpu") == "/gpucluster/acme/ml-prod-gpu/run"
 
 
 # --------------------------------------------------------------------------- run
@@ -280,7 +281,7 @@ def test_cli_run_sends_one_command_per_node(aws: dict[str, Any], monkeypatch: py
         assert call["Parameters"]["executionTimeout"] == ["600"]
         assert call["DocumentName"] == "AWS-RunShellScript"
         assert call["CloudWatchOutputConfig"] == {"CloudWatchOutputEnabled": True,
-                                                  "CloudWatchLogGroupName": run_log_group(PROD)}
+                                                  "CloudWatchLogGroupName": run_log_group_name(PROD)}
     assert "run: all 3 node(s) succeeded" in result.output
 
 
@@ -308,7 +309,7 @@ def test_run_reports_a_failing_node_as_a_failure(aws: dict[str, Any],
         rank = min(n, 2)
         stub.add_response("get_command_invocation", response,
                           {"CommandId": f"{rank:036d}", "InstanceId": found[rank].instance_id})
-    plan = plan_job(found, "python train.py", log_group=run_log_group(PROD))
+    plan = plan_job(found, "python train.py", log_group=run_log_group_name(PROD))
     seen: list[tuple[int, str]] = []
     with stub:
         job = send_job(ssm, plan)

@@ -36,6 +36,7 @@ from gpucluster.cli.commands import (
     render_status,
     render_table,
 )
+from gpucluster.noderole import run_log_group_name
 
 if TYPE_CHECKING:
     from gpucluster.ops.nodes import Node
@@ -255,7 +256,6 @@ def run(
         QUERY_TIMEOUT_SECONDS,
         job_record,
         plan_job,
-        run_log_group,
         send_job,
         wait_job,
     )
@@ -281,7 +281,7 @@ def run(
     plan = _ops_call("run", lambda: plan_job(
         found, text, master_port=master_port,
         timeout_seconds=QUERY_TIMEOUT_SECONDS if detach else timeout or DEFAULT_TIMEOUT_SECONDS,
-        group_environment=environment, log_group=run_log_group(spec.identity),
+        group_environment=environment, log_group=run_log_group_name(spec.identity),
         workdir=workdir, detach=job_name, job_timeout_seconds=timeout if detach else None))
     config = next((g for g in spec.node_groups if g.name == group), None)
     record = _ops_call("run", lambda: job_record(
@@ -390,12 +390,12 @@ def _nccl_test(stack: str, group: str, *, dry_run: bool, max_bytes: str, as_json
         run_nccl_test,
         ssm_runner,
     )
-    from gpucluster.ops.run import JobResult, run_log_group
+    from gpucluster.ops.run import JobResult
 
     spec = build_spec(stack)
     found = _nodes(spec, "run", group)
     base = _ops_call("run", lambda: plan_nccl_test(
-        found, log_group=run_log_group(spec.identity), group_environment=group_environment(spec, group),
+        found, log_group=run_log_group_name(spec.identity), group_environment=group_environment(spec, group),
         max_bytes=max_bytes))
     expected = expectation([r.node for r in base.ranks])
     efa = base.ranks[0].environment.get("FI_PROVIDER") == "efa"
@@ -798,7 +798,7 @@ def start(
 def _on_nodes(spec: StackSpec, command: str, group: str | None, script: str,
               node: str | None = None) -> tuple[JobPlan, list[NodeResult]]:
     """Run a short gpucluster-job command on the in-service nodes (one, with --node) and wait."""
-    from gpucluster.ops.run import plan_on_nodes, run_log_group, send_job, wait_job
+    from gpucluster.ops.run import plan_on_nodes, send_job, wait_job
 
     found = [n for n in _nodes(spec, command, group) if n.in_service]
     if node is not None:
@@ -807,7 +807,8 @@ def _on_nodes(spec: StackSpec, command: str, group: str | None, script: str,
             fail_usage(command, f"--node: no in-service node {node!r} (a rank 0..{len(found) - 1}, an "
                                 "instance id or a private IP)")
         found = chosen
-    plan = _ops_call(command, lambda: plan_on_nodes(found, script, log_group=run_log_group(spec.identity)))
+    log_group = run_log_group_name(spec.identity)
+    plan = _ops_call(command, lambda: plan_on_nodes(found, script, log_group=log_group))
     ssm = _client(spec, "ssm")
     with render.progress(f"asking {len(plan.ranks)} node(s) through SSM"):  # one spinner for both
         job = _aws_call(command, lambda: send_job(ssm, plan, comment=f"gpucluster {command}"), None)
@@ -920,7 +921,7 @@ def _follow(spec: StackSpec, name: str, group: str | None, node: str | None, as_
     log line, then `{"event": "end", ...}`.
     """
     from gpucluster.ops.joblogs import JobFollower, LogLine, follow, job_log_stream, parse_started
-    from gpucluster.ops.run import JOB_TOOL, parse_job_states, run_log_group
+    from gpucluster.ops.run import JOB_TOOL, parse_job_states
 
     plan, results = _on_nodes(spec, "logs", group, f"{JOB_TOOL} status", node)
     found = {r.instance_id: state for r in results if r.ok
@@ -937,7 +938,7 @@ def _follow(spec: StackSpec, name: str, group: str | None, node: str | None, as_
     # From a minute before the job's first start (clock skew); without a start time, the last day.
     since = min(starts) if len(starts) == len(found) else datetime.now(UTC) - timedelta(days=1)
     streams = {job_log_stream(i, name): i for i in found}
-    follower = JobFollower(_client(spec, "logs"), run_log_group(spec.identity), name, streams,
+    follower = JobFollower(_client(spec, "logs"), run_log_group_name(spec.identity), name, streams,
                            int((since - timedelta(minutes=1)).timestamp() * 1000),
                            {s for s, i in streams.items() if found[i].state == "running"})
     several = len(streams) > 1

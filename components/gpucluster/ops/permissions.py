@@ -14,7 +14,7 @@ from typing import Any
 
 from gpucluster.lambdas.jobnames import jobs_parameter_path
 from gpucluster.lambdas.scaling import RUN_SHELL_DOCUMENT, STACK_TAG, STATE_TAGS
-from gpucluster.ops.run import run_log_group
+from gpucluster.noderole import run_log_group_name
 
 
 def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOUNT_ID",
@@ -48,7 +48,7 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
          "Action": ["autoscaling:CreateOrUpdateTags", "autoscaling:DeleteTags"], "Resource": "*",
          "Condition": {**owned, "ForAllValues:StringEquals": {"aws:TagKeys": list(STATE_TAGS)}}},
         {"Sid": "ReadRunOutput", "Effect": "Allow", "Action": ["logs:GetLogEvents", "logs:FilterLogEvents"],
-         "Resource": [f"arn:{partition}:logs:{region}:{account}:log-group:{run_log_group(identity)}:*"]},
+         "Resource": [f"arn:{partition}:logs:{region}:{account}:log-group:{run_log_group_name(identity)}:*"]},
         # run --detach [--restart-on-replace] stores or drops a job's record, cancel drops it
         {"Sid": "JobRecords", "Effect": "Allow", "Action": ["ssm:DeleteParameter", "ssm:PutParameter"],
          "Resource": [f"arn:{partition}:ssm:{region}:{account}:parameter{jobs_parameter_path(identity)}/*"]},

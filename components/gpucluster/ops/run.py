@@ -31,7 +31,6 @@ from gpucluster.lambdas.job_restart import (
     start_lines,
 )
 from gpucluster.lambdas.scaling import AWS_ERRORS, RUN_SHELL_DOCUMENT, TERMINAL_STATUSES, error_code
-from gpucluster.noderole import run_log_group_name
 from gpucluster.ops.nodes import Node
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default (torch.distributed.run --master-port)
@@ -53,12 +52,6 @@ __all__ = ["CHECKPOINT_DONE", "CHECKPOINT_REQUEST", "JOB_TOOL"]
 
 class RunError(ValueError):
     """The job cannot be prepared (no nodes in service, a node without an address): one line."""
-
-
-def run_log_group(identity: str) -> str:
-    """The CloudWatch Logs group `run` writes full output to: /gpucluster/<identity>/run (declared by
-    the stack, `gpucluster.noderole.run_log_group_name`: the one group nodes may write to)."""
-    return run_log_group_name(identity)
 
 
 @dataclass(frozen=True)

@@ -425,7 +425,8 @@ def check_policy(built: Built, function_name: str, *, scales: bool, runs_hooks: 
             assert sorted(s["Resource"]) == asg_arns
             assert s["Condition"]["StringEquals"] == {
                 "autoscaling:ResourceTag/gpucluster:stack": spec.identity}
-        assert scaling[1]["Condition"]["ForAllValues:StringEquals"] == {"aws:TagKeys": list(g.STATE_TAG_KEYS)}
+        assert scaling[1]["Condition"]["ForAllValues:StringEquals"] == {"aws:TagKeys": [
+            "gpucluster:stopped-by", "gpucluster:previous-desired", "gpucluster:previous-min"]}
     else:
         assert scaling == []
     send = [s for s in statements if "ssm:SendCommand" in s["Action"]]
@@ -606,7 +607,7 @@ def lambdas() -> Any:
 
 def test_handlers_and_state_tags_match_the_lambda_package(lambdas: Any) -> None:
     assert lambdas.HANDLERS == g.HANDLERS
-    assert lambdas.STATE_TAGS == g.STATE_TAG_KEYS
+    assert lambdas.STATE_TAGS == g.STATE_TAGS
     assert lambdas.STACK_TAG == g.STACK_TAG
     for handler in g.HANDLERS.values():
         assert (g.LAMBDA_DIR / f"{handler.split('.')[1]}.py").is_file()

@@ -17,7 +17,6 @@ from base_config import base, plan_config
 from gpucluster import plan as plan_module
 from gpucluster.aws.args import ArgsError
 from gpucluster.aws.cluster import GpuCluster
-from gpucluster.aws.guardrails import STATE_TAG_KEYS
 from gpucluster.aws.nodes import (
     DEFAULT_AMI_PARAMETER,
     STOP_STATE_TAG_PREFIXES,
@@ -27,6 +26,7 @@ from gpucluster.aws.nodes import (
 )
 from gpucluster.cli import app
 from gpucluster.lambdas import scaling
+from gpucluster.lambdas.tags import STATE_TAGS
 from gpucluster.names import autoname
 from gpucluster.plan import (
     MOCK_AMI,
@@ -450,7 +450,7 @@ def test_the_groups_provider_never_takes_the_stop_state_tags_into_pulumis_state(
     """A `pulumi refresh` must not read the tags a stop wrote, or the next `up` deletes them."""
     plan = stack_plan(stack)
     written = (scaling.STOPPED_BY_TAG, scaling.PREVIOUS_DESIRED_TAG, scaling.PREVIOUS_MIN_TAG,
-               *STATE_TAG_KEYS)
+               *STATE_TAGS)
     for group in plan.spec.node_groups:
         provider = asg_provider(plan, group.name)
         assert provider.type == PROVIDER and provider.inputs["region"] == plan.spec.region

@@ -205,7 +205,7 @@ def test_node_group_tag_matches_the_one_the_nodes_carry() -> None:
     from gpucluster.aws.nodes import NODE_GROUP_TAG
     from gpucluster.ops import status
 
-    assert status.NODE_GROUP_TAG == NODE_GROUP_TAG
+    assert status.NODE_GROUP_TAG == NODE_GROUP_TAG == "gpucluster:node-group"  # what deployed groups carry
 
 
 def test_cli_resume_shows_what_and_what_it_costs_then_asks(autoscaling: Any) -> None:

@@ -222,7 +222,7 @@ def test_the_metric_contract_is_the_node_bootstraps() -> None:
         userdata.GPU_UTILIZATION_METRIC, userdata.GPU_METRIC_DIMENSION, userdata.GPU_METRIC_PERIOD_SECONDS)
     from gpucluster.aws import nodes
 
-    assert report.NODE_GROUP_TAG == nodes.NODE_GROUP_TAG
+    assert report.NODE_GROUP_TAG == nodes.NODE_GROUP_TAG == "gpucluster:node-group"
 
 
 def test_the_gap_names_inactive_tags_and_short_spot(account: dict[str, Any]) -> None:

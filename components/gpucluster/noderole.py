@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpucluster.lambdas.tags import NODE_GROUP_TAG, STACK_TAG
 from gpucluster.parts import S3Grant
 
 # IAM user guide, "IAM and AWS STS quotas": the inline policies of one role hold at most 10,240
@@ -125,8 +126,6 @@ def agent_policy_document(namespace: str) -> dict[str, Any]:
     ]}
 
 
-STACK_TAG = "gpucluster:stack"  # gpucluster.aws.args.STACK_TAG (that module loads Pulumi)
-NODE_GROUP_TAG = "gpucluster:node-group"  # gpucluster.aws.nodes.NODE_GROUP_TAG
 # Read-only, and without resource-level permissions (Service Authorization Reference, "Amazon EC2
 # Auto Scaling": DescribeAutoScalingInstances lists no resource type): how a node finds its group.
 FIND_GROUP_ACTION = "autoscaling:DescribeAutoScalingInstances"

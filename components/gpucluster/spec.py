@@ -31,6 +31,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gpucluster import catalog
+from gpucluster.lambdas.tags import CLUSTER_TAG, STACK_TAG
 from gpucluster.noderole import (
     ROLE_INLINE_POLICIES_MAX_CHARS,
     dataset_grants,
@@ -365,7 +366,7 @@ def _unique(what: str) -> AfterValidator:
 # start schedule scale a group up), so no user tag map may hold one.
 RESERVED_TAG_PREFIXES = ("aws:", "gpucluster:")
 # The identity tags: components that take no `identity` receive them in their tags (from GpuCluster).
-IDENTITY_TAG_KEYS = ("gpucluster:stack", "gpucluster:cluster")
+IDENTITY_TAG_KEYS = (STACK_TAG, CLUSTER_TAG)
 
 
 def tag_key(allowed: tuple[str, ...] = ()) -> AfterValidator:
@@ -444,8 +445,6 @@ ContainerImage = Annotated[str, _matches(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}"
 
 # ----------------------------------------------------------------------- identity
 
-STACK_TAG = "gpucluster:stack"
-"""The identity tag: every guardrail, IAM condition, the budget and the CLI select resources by its value."""
 DIY_ORGANIZATION = "organization"
 """Pulumi's organization in a self-managed (DIY: file://, s3://, gs://, azblob://) backend: always this
 constant (pulumi/pulumi PR #20008, "DIY backends have a single constant organization")."""
@@ -891,8 +890,8 @@ class StackSpec(StackConfig):
             "owner": self.cluster.tags.owner,
             "cost_center": self.cluster.tags.cost_center,
             "environment": self.cluster.tags.environment,
-            IDENTITY_TAG_KEYS[0]: self.identity,
-            IDENTITY_TAG_KEYS[1]: self.cluster.name,
+            STACK_TAG: self.identity,
+            CLUSTER_TAG: self.cluster.name,
         }
 
 

@@ -24,6 +24,7 @@ from typing import Annotated, Any, NotRequired, TypedDict, TypeVar, get_args
 import pulumi
 from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError
 
+from gpucluster.lambdas.tags import CLUSTER_TAG, STACK_TAG
 from gpucluster.noderole import ROLE_INLINE_POLICIES_MAX_CHARS, node_inline_policies_chars
 from gpucluster.parts import S3Grant
 from gpucluster.spec import (
@@ -335,9 +336,6 @@ SETTINGS_MODELS: dict[type, type[BaseModel]] = {
 # ----------------------------------------------------------------------- component plumbing
 
 PACKAGE = "gpucluster"
-STACK_TAG, CLUSTER_TAG = IDENTITY_TAG_KEYS
-"""The identity tag (gpucluster:stack): the guardrail Lambdas, their IAM conditions and the CLI select
-resources by it; gpucluster:cluster names the cluster."""
 
 
 def type_token(component: str) -> str:

@@ -37,6 +37,7 @@ from gpucluster.aws.args import (
 )
 from gpucluster.aws.iam import boundary_arn
 from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, jobs_parameter_path  # not job_restart: boto3
+from gpucluster.lambdas.tags import STATE_TAGS
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 from gpucluster.noderole import gpu_metric_namespace, run_log_group_name
 from gpucluster.spec import AutoStopConfig, BudgetConfig, NodeGroupConfig, SpotConfig
@@ -45,7 +46,6 @@ from gpucluster.spec import AutoStopConfig, BudgetConfig, NodeGroupConfig, SpotC
 
 __all__ = ["STACK_TAG", "GuardedGroup", "Guardrails", "GuardrailsArgs"]
 # Tags the Lambdas write on a group they stop (components/gpucluster/lambdas/scaling.py STATE_TAGS).
-STATE_TAG_KEYS = ("gpucluster:stopped-by", "gpucluster:previous-desired", "gpucluster:previous-min")
 
 LAMBDA_DIR = Path(__file__).resolve().parent.parent / "lambdas"
 # Zipped as the package `lambdas` (its modules import each other relatively).
@@ -286,7 +286,7 @@ def scaling_statements(asg_arns: Sequence[pulumi.Input[str]], stack: str,
          "Action": ["autoscaling:UpdateAutoScalingGroup"], "Resource": list(asg_arns),
          "Condition": owned},
         {"Sid": "TagStopState", "Effect": "Allow", "Action": tag_actions, "Resource": list(asg_arns),
-         "Condition": {**owned, "ForAllValues:StringEquals": {"aws:TagKeys": list(STATE_TAG_KEYS)}}},
+         "Condition": {**owned, "ForAllValues:StringEquals": {"aws:TagKeys": list(STATE_TAGS)}}},
     ]
 
 

@@ -38,6 +38,7 @@ from gpucluster.aws.args import (
 )
 from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_hook
 from gpucluster.aws.nics import network_interfaces
+from gpucluster.lambdas.tags import NODE_GROUP_TAG
 from gpucluster.node.userdata import encode_user_data, group_bootstrap, render_user_data
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.parts import DataMount
@@ -49,7 +50,6 @@ DEFAULT_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
 ROOT_DEVICE = "/dev/sda1"  # the root device name of Ubuntu AMIs, the DLAMI included
 IMDS_HOP_LIMIT = 2  # one hop more than the host, so containers reach IMDSv2 (EC2 user guide, IMDS)
-NODE_GROUP_TAG = "gpucluster:node-group"
 LATEST = "$Latest"
 OLD_TYPE = "gpucluster:nodes:GpuNodeGroup"
 # The tags the guardrail Lambdas write on a group they stop (components/gpucluster/lambdas/scaling.py:

@@ -39,9 +39,9 @@ from .scaling import (
     stack_from_env,
     stack_groups,
 )
+from .tags import NODE_GROUP_TAG
 
 # The node group of every resource a node group creates (gpucluster.aws.nodes.NODE_GROUP_TAG).
-NODE_GROUP_TAG = "gpucluster:node-group"
 # What nodes publish GPU utilisation as (gpucluster.node.userdata: GPU_UTILIZATION_METRIC,
 # GPU_METRIC_DIMENSION, GPU_METRIC_PERIOD_SECONDS; a test keeps them equal). The namespace is the
 # cluster's own (gpucluster.noderole.gpu_metric_namespace): callers pass it, the Lambda reads it

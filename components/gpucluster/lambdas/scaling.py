@@ -29,13 +29,10 @@ from typing import Any, TypeVar
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from .tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STACK_TAG, STATE_TAGS, STOPPED_BY_TAG
+
 T = TypeVar("T")
 
-STACK_TAG = "gpucluster:stack"
-STOPPED_BY_TAG = "gpucluster:stopped-by"
-PREVIOUS_DESIRED_TAG = "gpucluster:previous-desired"
-PREVIOUS_MIN_TAG = "gpucluster:previous-min"
-STATE_TAGS = (STOPPED_BY_TAG, PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG)
 
 BUDGET, IDLE, SCHEDULE, LIFETIME = "budget", "idle", "schedule", "lifetime"
 MANUAL = "manual"  # `gpucluster stop`: a person, through the same tags as every guardrail

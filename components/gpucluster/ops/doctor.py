@@ -27,6 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from gpucluster import catalog
 from gpucluster.lambdas.scaling import group_tags, stack_groups
+from gpucluster.lambdas.tags import NODE_GROUP_TAG
 from gpucluster.ops.capacity import WARNING_BEFORE_END as BLOCK_WARNING_BEFORE_END
 from gpucluster.pricing import Rate, split_nodes
 from gpucluster.spec import STACK_TAG, NodeGroupConfig, StackSpec
@@ -51,7 +52,6 @@ IAM_ACTIONS = ("ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
                "servicequotas:GetAWSDefaultServiceQuota", "ce:ListCostAllocationTags",
                "autoscaling:DescribeAutoScalingGroups")
 # The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
-NODE_GROUP_TAG = "gpucluster:node-group"
 ACTIVATE_TAG = ("activate it in the paying account (the Organization's management account): Billing > "
                 "Cost allocation tags, or `aws ce update-cost-allocation-tags-status "
                 "--cost-allocation-tags-status TagKey={key},Status=Active`")

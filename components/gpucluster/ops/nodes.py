@@ -20,9 +20,9 @@ import boto3
 
 from gpucluster import catalog
 from gpucluster.lambdas.scaling import AWS_ERRORS, batches, group_tags, stack_groups
+from gpucluster.lambdas.tags import NODE_GROUP_TAG
 
 # The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
-NODE_GROUP_TAG = "gpucluster:node-group"
 
 # EC2 API reference, Instance.InstanceLifecycle: "spot", "scheduled" or "capacity-block"; absent
 # for on-demand instances (reservations included).

@@ -34,13 +34,13 @@ from gpucluster.lambdas.scaling import (
     resume_group,
     stack_groups,
 )
+from gpucluster.lambdas.tags import NODE_GROUP_TAG
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 
 __all__ = ["GroupStatus", "Replacement", "ResumeCandidate", "ResumeResult", "plan_resume", "resume_stack",
            "stack_status"]
 
 # The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
-NODE_GROUP_TAG = "gpucluster:node-group"
 
 
 UTILIZATION_WINDOW = timedelta(minutes=15)

@@ -21,7 +21,7 @@ from gpucluster.node.userdata import node_files, script
 from gpucluster.ops import run as ops_run
 from gpucluster.ops.joblogs import END, START
 from gpucluster.ops.run import parse_job_states
-from test_jobs import _dry_run_ranks, _invocation, _online, aws  # noqa: F401  (fixture)
+from test_jobs import _dry_run_ranks, _invocation, _online, _sends, aws  # noqa: F401  (fixture)
 
 runner = CliRunner()
 SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
@@ -265,10 +265,7 @@ def _stub_ssm(monkeypatch: pytest.MonkeyPatch, replies: list[dict[str, Any]], *,
     stub = Stubber(ssm)
     if record == "before":
         stub.add_client_error("delete_parameter", "ParameterNotFound", expected_params={"Name": ANY})
-    for n, _ in enumerate(replies):
-        stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}},
-                          {"InstanceIds": ANY, "DocumentName": "AWS-RunShellScript", "Comment": ANY,
-                           "TimeoutSeconds": ANY, "Parameters": ANY, "CloudWatchOutputConfig": ANY})
+    _sends(stub, len(replies), checked=True)
     for n, reply in enumerate(replies):
         stub.add_response("get_command_invocation", reply, {"CommandId": f"{n:036d}", "InstanceId": ANY})
     if record == "after":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -290,6 +290,19 @@ def _invocation(status: str, code: int, out: str = "", err: str = "") -> dict[st
             "StandardErrorContent": err}
 
 
+def _sends(stub: Stubber, count: int, *, checked: bool = False,
+           instance_ids: Sequence[str] | None = None) -> None:
+    """`count` answers to send_command, command ids 0, 1, ... (36 digits); `checked` or `instance_ids`:
+    each request must be a run-shell-script command with output to CloudWatch (to `instance_ids[n]`)."""
+    for n in range(count):
+        expected = None
+        if checked or instance_ids is not None:
+            expected = {"InstanceIds": ANY if instance_ids is None else [instance_ids[n]],
+                        "DocumentName": "AWS-RunShellScript", "Comment": ANY, "TimeoutSeconds": ANY,
+                        "Parameters": ANY, "CloudWatchOutputConfig": ANY}
+        stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}}, expected)
+
+
 def test_run_reports_a_failing_node_as_a_failure(aws: dict[str, Any],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     _online(monkeypatch)
@@ -297,11 +310,7 @@ def test_run_reports_a_failing_node_as_a_failure(aws: dict[str, Any],
                         ec2_client=aws["ec2"])
     ssm = boto3.client("ssm", region_name="us-east-1")
     stub = Stubber(ssm)
-    for n, node in enumerate(found):
-        stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}},
-                          {"InstanceIds": [node.instance_id], "DocumentName": "AWS-RunShellScript",
-                           "Comment": ANY, "TimeoutSeconds": ANY, "Parameters": ANY,
-                           "CloudWatchOutputConfig": ANY})
+    _sends(stub, len(found), instance_ids=[node.instance_id for node in found])
     # First poll: rank 0 done, rank 1 failed, rank 2 still running; second poll: rank 2 done.
     for n, response in enumerate([_invocation("Success", 0, "ok\n"),
                                   _invocation("Failed", 1, "step 1\n", "CUDA error: out of memory\n"),
@@ -327,8 +336,7 @@ def test_cli_run_exits_1_and_names_the_failed_rank(aws: dict[str, Any],
     _online(monkeypatch)
     ssm = boto3.client("ssm", region_name="us-east-1")
     stub = Stubber(ssm)
-    for n in range(3):
-        stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}})
+    _sends(stub, 3)
     for n in range(3):
         stub.add_response("get_command_invocation",
                           _invocation("Failed", 2, err="boom\n") if n == 2 else _invocation("Success", 0))

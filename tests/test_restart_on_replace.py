@@ -20,7 +20,7 @@ from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, job_parameter_name, j
 from gpucluster.plan import Plan
 from iam_eval import allowed
 from shipped import shipped_plan
-from test_jobs import PROD, _invocation, _online, aws  # noqa: F401  (fixture)
+from test_jobs import PROD, _invocation, _online, _sends, aws  # noqa: F401  (fixture)
 
 runner = CliRunner()
 ACCOUNT = "123456789012"
@@ -102,10 +102,7 @@ def test_run_restart_on_replace_stores_the_record_after_the_start(aws: dict[str,
     _online(monkeypatch)
     ssm = boto3.client("ssm", region_name="us-east-1")
     stub = Stubber(ssm)
-    for n in range(3):
-        stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}},
-                          {"InstanceIds": ANY, "DocumentName": "AWS-RunShellScript", "Comment": ANY,
-                           "TimeoutSeconds": ANY, "Parameters": ANY, "CloudWatchOutputConfig": ANY})
+    _sends(stub, 3, checked=True)
     for n in range(3):
         stub.add_response("get_command_invocation", _invocation("Success", 0, "started job pretrain\n"),
                           {"CommandId": f"{n:036d}", "InstanceId": ANY})
@@ -157,8 +154,7 @@ def test_a_detached_run_that_cannot_drop_an_old_record_warns_in_one_line(
     _online(monkeypatch)
     ssm = boto3.client("ssm", region_name="us-east-1")
     stub = Stubber(ssm)
-    for n in range(3):
-        stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}})
+    _sends(stub, 3)
     for _ in range(3):
         stub.add_response("get_command_invocation", _invocation("Success", 0, "started\n"))
     stub.add_client_error("delete_parameter", "AccessDeniedException", expected_params={
@@ -181,8 +177,7 @@ def test_cancel_removes_the_record_before_it_stops_the_job(aws: dict[str, Any], 
     ssm = boto3.client("ssm", region_name="us-east-1")
     stub = Stubber(ssm)
     stub.add_response("delete_parameter", {}, {"Name": job_parameter_name(PROD, "pretrain")})
-    for n in range(3):
-        stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}})
+    _sends(stub, 3)
     for _ in range(3):
         stub.add_response("get_command_invocation", _invocation("Success", 0, "cancelled job pretrain\n"))
     real = jobs._client

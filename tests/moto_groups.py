@@ -8,7 +8,7 @@ from typing import Any
 import boto3
 from botocore.stub import Stubber
 
-from gpucluster.lambdas import scaling
+from gpucluster.lambdas.tags import STACK_TAG
 
 # The identities of stacks/Pulumi.dev.yaml and Pulumi.prod.yaml (self-managed backend, project gpucluster).
 DEV = "organization/gpucluster/dev/gpu-dev"
@@ -23,7 +23,7 @@ def create_stack_groups(autoscaling: Any, groups: Mapping[str, tuple[str, int, i
             AutoScalingGroupName=name,
             LaunchTemplate={"LaunchTemplateName": launch_template, "Version": "$Latest"},
             MinSize=min_size, DesiredCapacity=desired, MaxSize=max_size, AvailabilityZones=[zone],
-            Tags=[{"ResourceId": name, "ResourceType": "auto-scaling-group", "Key": scaling.STACK_TAG,
+            Tags=[{"ResourceId": name, "ResourceType": "auto-scaling-group", "Key": STACK_TAG,
                    "Value": stack, "PropagateAtLaunch": True}],
         )
 

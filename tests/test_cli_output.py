@@ -20,7 +20,7 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from gpucluster.cli import app, commands, render
-from gpucluster.lambdas import scaling
+from gpucluster.lambdas import asg
 from gpucluster.ops.doctor import DoctorFinding
 from gpucluster.project import stack_names
 from moto_groups import ACTIVE, DEV, cost_explorer, create_stack_groups
@@ -65,7 +65,7 @@ def moto_stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         client = boto3.client("autoscaling")
         create_stack_groups(client, {"dev-train": (DEV, 1, 2, 4)}, launch_template="nodes")
         [group] = client.describe_auto_scaling_groups()["AutoScalingGroups"]
-        scaling.scale_to_zero(client, group, "idle")
+        asg.scale_to_zero(client, group, "idle")
         yield client
 
 

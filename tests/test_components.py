@@ -30,7 +30,8 @@ from gpucluster.aws.cluster import GpuCluster
 from gpucluster.aws.guardrails import Guardrails, GuardrailsArgs
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, GpuNodeGroupArgs
-from gpucluster.lambdas import budget_action, scaling
+from gpucluster.lambdas import awsapi, budget_action, nodegroups, runtime
+from gpucluster.lambdas.tags import STOPPED_BY_TAG
 from gpucluster.names import autoname
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, RecordingMonitor, record_resources, run_plan
 from gpucluster.spec import (
@@ -355,8 +356,8 @@ def test_budget_lambda_stops_the_external_group_once_the_tag_resource_is_applied
     monkeypatch.setenv("GPUCLUSTER_STACK", environment["variables"]["GPUCLUSTER_STACK"])
     breach = {"Records": [{"EventSource": "aws:sns", "Sns": {"Type": "Notification", "Message": "breach"}}]}
     with mock_aws():
-        monkeypatch.setattr(scaling.RUNTIME, "client", lambda service: boto3.client(service))
-        monkeypatch.setattr(scaling.RUNTIME, "sleep", lambda seconds: None)  # moto settles at once
+        monkeypatch.setattr(runtime.RUNTIME, "client", lambda service: boto3.client(service))
+        monkeypatch.setattr(runtime.RUNTIME, "sleep", lambda seconds: None)  # moto settles at once
         autoscaling = boto3.client("autoscaling")
         boto3.client("ec2").create_launch_template(
             LaunchTemplateName="eks-gpu", LaunchTemplateData={"ImageId": "ami-12c6146b"})
@@ -378,7 +379,7 @@ def test_budget_lambda_stops_the_external_group_once_the_tag_resource_is_applied
         [group] = autoscaling.describe_auto_scaling_groups(
             AutoScalingGroupNames=[EKS_ASG])["AutoScalingGroups"]
         assert (group["MinSize"], group["DesiredCapacity"]) == (0, 0)
-        assert scaling.group_tags(group)[scaling.STOPPED_BY_TAG] == scaling.BUDGET
+        assert awsapi.group_tags(group)[STOPPED_BY_TAG] == nodegroups.BUDGET
 
 
 # ------------------------------------------------------------------------------- schema

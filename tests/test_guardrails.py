@@ -344,7 +344,9 @@ def test_lambda_code_is_the_handler_modules_as_package_lambdas() -> None:
     archive = g.lambda_code()
     modules = sorted(p.name for p in g.LAMBDA_DIR.glob("*.py"))
     handlers = {h.split(".")[1] + ".py" for h in g.HANDLERS.values()}
-    assert {"__init__.py", "scaling.py", *handlers} <= set(modules)
+    shared = {"__init__.py", "awsapi.py", "runtime.py", "runcommand.py", "nodegroups.py", "asg.py",
+              "stops.py"}
+    assert {*shared, *handlers} <= set(modules)
     assert sorted(archive.assets) == [f"lambdas/{m}" for m in modules]
     assert all(isinstance(a, pulumi.FileAsset) for a in archive.assets.values())
     assert g.LAMBDA_DIR.parts[-3:] == ("components", "gpucluster", "lambdas")
@@ -602,13 +604,15 @@ def test_each_node_group_needs_its_target(base_config: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def lambdas() -> Any:
     """The handler package (built on another branch); these checks run once both are merged."""
-    return pytest.importorskip("gpucluster.lambdas.scaling")
+    return pytest.importorskip("gpucluster.lambdas.runtime")
 
 
 def test_handlers_and_state_tags_match_the_lambda_package(lambdas: Any) -> None:
+    from gpucluster.lambdas import tags
+
     assert lambdas.HANDLERS == g.HANDLERS
-    assert lambdas.STATE_TAGS == g.STATE_TAGS
-    assert lambdas.STACK_TAG == g.STACK_TAG
+    assert tags.STATE_TAGS == g.STATE_TAGS
+    assert tags.STACK_TAG == g.STACK_TAG
     for handler in g.HANDLERS.values():
         assert (g.LAMBDA_DIR / f"{handler.split('.')[1]}.py").is_file()
 

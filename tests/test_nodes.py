@@ -25,8 +25,7 @@ from gpucluster.aws.nodes import (
     instances_distribution,
 )
 from gpucluster.cli import app
-from gpucluster.lambdas import scaling
-from gpucluster.lambdas.tags import STATE_TAGS
+from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
 from gpucluster.names import autoname
 from gpucluster.plan import (
     MOCK_AMI,
@@ -449,7 +448,7 @@ def asg_provider(plan: Plan, group: str | None = None) -> PlannedResource:
 def test_the_groups_provider_never_takes_the_stop_state_tags_into_pulumis_state(stack: str) -> None:
     """A `pulumi refresh` must not read the tags a stop wrote, or the next `up` deletes them."""
     plan = stack_plan(stack)
-    written = (scaling.STOPPED_BY_TAG, scaling.PREVIOUS_DESIRED_TAG, scaling.PREVIOUS_MIN_TAG,
+    written = (STOPPED_BY_TAG, PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG,
                *STATE_TAGS)
     for group in plan.spec.node_groups:
         provider = asg_provider(plan, group.name)

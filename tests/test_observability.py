@@ -15,7 +15,7 @@ import pytest
 from base_config import BASE_CONFIG, plan_config
 from gpucluster.aws.args import ArgsError
 from gpucluster.aws.observability import GUARDRAIL_STOPS_METRIC, STOP_LOG_PHRASE, ClusterDashboard
-from gpucluster.lambdas import scaling
+from gpucluster.lambdas import asg, nodegroups
 from gpucluster.names import physical_name
 from gpucluster.node.userdata import HEALTH_METRICS, cloudwatch_agent_config
 from gpucluster.noderole import gpu_metric_namespace
@@ -235,10 +235,10 @@ def test_guardrail_stops_are_counted_from_what_the_lambdas_log(stuck: Plan, capl
         def update_auto_scaling_group(self, **_: Any) -> None:
             self.calls.append("update")
 
-    group = {"AutoScalingGroupName": "g", "DesiredCapacity": 2, "MinSize": 1, "Tags": []}
+    group = {"AutoScalingGroupName": "g", "DesiredCapacity": 2, "MinSize": 1, "MaxSize": 2, "Tags": []}
     with caplog.at_level(logging.INFO, logger="gpucluster.guardrails"):
-        assert scaling.scale_to_zero(Autoscaling(), group, "idle") == scaling.STOPPED
-        scaling.scale_to_zero(Autoscaling(), {**group, "DesiredCapacity": 0}, "idle")  # no stop: no count
+        assert asg.scale_to_zero(Autoscaling(), group, "idle") == nodegroups.STOPPED
+        asg.scale_to_zero(Autoscaling(), {**group, "DesiredCapacity": 0}, "idle")  # no stop: no count
     matches = [r.getMessage() for r in caplog.records if STOP_LOG_PHRASE in r.getMessage()]
     assert len(matches) == 1 and json.loads(matches[0])["group"] == "g"
 

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from cli_text import joined_lines
 from gpucluster.cli import app, commands
-from gpucluster.lambdas import scaling
+from gpucluster.lambdas import asg, awsapi
+from gpucluster.lambdas.tags import STATE_TAGS, STOPPED_BY_TAG
 from gpucluster.ops.status import GroupStatus, resume_stack, stack_status
 from moto_groups import ACTIVE, DEV, PROD, cost_explorer, create_stack_groups
 
@@ -58,7 +59,7 @@ def _group(client: Any, name: str) -> dict[str, Any]:
 
 
 def _stop(client: Any, name: str, reason: str) -> None:
-    scaling.scale_to_zero(client, _group(client, name), reason)
+    asg.scale_to_zero(client, _group(client, name), reason)
 
 
 def test_resume_restores_previous_capacity_and_clears_tags(autoscaling) -> None:
@@ -76,7 +77,7 @@ def test_resume_restores_previous_capacity_and_clears_tags(autoscaling) -> None:
     infer = _group(autoscaling, "dev-infer")
     assert (infer["MinSize"], infer["DesiredCapacity"]) == (0, 1)
     for name in ("dev-train", "dev-infer"):
-        assert not set(scaling.STATE_TAGS) & set(scaling.group_tags(_group(autoscaling, name)))
+        assert not set(STATE_TAGS) & set(awsapi.group_tags(_group(autoscaling, name)))
 
 
 def test_resume_is_idempotent_and_leaves_other_stacks_alone(autoscaling) -> None:
@@ -90,7 +91,7 @@ def test_resume_is_idempotent_and_leaves_other_stacks_alone(autoscaling) -> None
     assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 2
     prod = _group(autoscaling, "prod-train")
     assert prod["DesiredCapacity"] == 0
-    assert scaling.group_tags(prod)[scaling.STOPPED_BY_TAG] == "budget"
+    assert awsapi.group_tags(prod)[STOPPED_BY_TAG] == "budget"
 
 
 def test_resume_can_be_limited_to_some_guardrails(autoscaling) -> None:
@@ -140,7 +141,7 @@ def test_cli_status_and_resume_of_a_stack(autoscaling: Any) -> None:
     assert "[y/N]" not in result.output
     group = _group(autoscaling, "dev-train")
     assert (group["MinSize"], group["DesiredCapacity"]) == (1, 2)
-    assert scaling.STOPPED_BY_TAG not in scaling.group_tags(group)
+    assert STOPPED_BY_TAG not in awsapi.group_tags(group)
 
 
 @pytest.mark.parametrize(("answer", "error", "line"), [
@@ -203,9 +204,9 @@ def _tag_node_group(client: Any, name: str, node_group: str) -> None:
 
 def test_node_group_tag_matches_the_one_the_nodes_carry() -> None:
     from gpucluster.aws.nodes import NODE_GROUP_TAG
-    from gpucluster.ops import status
+    from gpucluster.lambdas import asg
 
-    assert status.NODE_GROUP_TAG == NODE_GROUP_TAG == "gpucluster:node-group"  # what deployed groups carry
+    assert asg.NODE_GROUP_TAG == NODE_GROUP_TAG == "gpucluster:node-group"  # what deployed groups carry
 
 
 def test_cli_resume_shows_what_and_what_it_costs_then_asks(autoscaling: Any) -> None:
@@ -274,7 +275,7 @@ def test_cli_resume_skips_a_group_whose_stop_changed_after_it_was_shown(
     _stop(autoscaling, "dev-infer", "idle")
 
     def budget_lands_then_yes(*args: Any, **kwargs: Any) -> bool:
-        scaling.scale_to_zero(autoscaling, _group(autoscaling, "dev-infer"), "budget")
+        asg.scale_to_zero(autoscaling, _group(autoscaling, "dev-infer"), "budget")
         return True
 
     monkeypatch.setattr(typer, "confirm", budget_lands_then_yes)
@@ -285,7 +286,7 @@ def test_cli_resume_skips_a_group_whose_stop_changed_after_it_was_shown(
     assert "not resumed dev-infer: changed since shown: now stopped by budget" in result.output
     group = _group(autoscaling, "dev-infer")
     assert group["DesiredCapacity"] == 0
-    assert scaling.group_tags(group)[scaling.STOPPED_BY_TAG] == "budget"
+    assert awsapi.group_tags(group)[STOPPED_BY_TAG] == "budget"
 
 
 def test_cli_resume_with_nothing_stopped_says_so(autoscaling: Any) -> None:
@@ -312,7 +313,7 @@ def test_cli_resume_explains_a_stop_left_out_by_only(autoscaling: Any) -> None:
 
 
 def test_cli_resume_without_recorded_capacity_explains_without_log_lines(autoscaling: Any) -> None:
-    scaling._set_tags(autoscaling, "dev-train", {scaling.STOPPED_BY_TAG: "idle"})
+    asg.set_tags(autoscaling, "dev-train", {STOPPED_BY_TAG: "idle"})
     autoscaling.update_auto_scaling_group(AutoScalingGroupName="dev-train", MinSize=0, DesiredCapacity=0)
 
     result = runner.invoke(app, ["resume", "dev"])
@@ -338,6 +339,6 @@ def test_resume_never_prints_guardrail_log_lines(autoscaling: Any, capsys) -> No
     """The guardrail logger has its own handler: no JSON through logging's last resort."""
     import logging
 
-    assert any(isinstance(h, logging.NullHandler) for h in scaling.LOG.handlers)
-    scaling.log_event("cannot resume: no previous capacity", logging.WARNING, group="x")
+    assert any(isinstance(h, logging.NullHandler) for h in awsapi.LOG.handlers)
+    awsapi.log_event("cannot resume: no previous capacity", logging.WARNING, group="x")
     assert capsys.readouterr().err == ""

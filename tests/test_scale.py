@@ -11,7 +11,8 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from gpucluster.cli import app, commands, jobs
-from gpucluster.lambdas import autostop, scaling
+from gpucluster.lambdas import asg, autostop, awsapi, nodegroups
+from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
 from gpucluster.ops.scale import plan_scale, plan_stop, stop_stack
 from gpucluster.ops.status import resume_stack
 from gpucluster.plan import load_stack
@@ -60,7 +61,7 @@ def _group(client: Any, name: str) -> dict[str, Any]:
 
 def _state(client: Any, name: str) -> tuple[int, int, str | None]:
     group = _group(client, name)
-    return group["MinSize"], group["DesiredCapacity"], scaling.group_tags(group).get(scaling.STOPPED_BY_TAG)
+    return group["MinSize"], group["DesiredCapacity"], awsapi.group_tags(group).get(STOPPED_BY_TAG)
 
 
 def _schedule(client: Any, monkeypatch: pytest.MonkeyPatch, purpose: str) -> dict[str, Any]:
@@ -90,8 +91,8 @@ def test_cli_stop_runs_the_hook_then_stops_with_manual_tags(autoscaling: Any, ss
     assert sent["Parameters"]["commands"] == ["export GPUCLUSTER_STOP_REASON=manual", HOOK]
     assert "pre-stop hook: ok on every node" in result.output
     assert _state(autoscaling, "dev-a10") == (0, 0, "manual")
-    tags = scaling.group_tags(_group(autoscaling, "dev-a10"))
-    assert (tags[scaling.PREVIOUS_DESIRED_TAG], tags[scaling.PREVIOUS_MIN_TAG]) == ("2", "1")
+    tags = awsapi.group_tags(_group(autoscaling, "dev-a10"))
+    assert (tags[PREVIOUS_DESIRED_TAG], tags[PREVIOUS_MIN_TAG]) == ("2", "1")
     assert _state(autoscaling, "dev-extra") == (0, 0, "manual")
     assert _state(autoscaling, "other-a10") == (1, 1, None)  # another stack's group
 
@@ -127,7 +128,7 @@ def test_manual_stop_round_trips_with_resume(autoscaling: Any) -> None:
 
     assert [(r.group, r.action) for r in results if r.action == "resumed"] == [("dev-a10", "resumed")]
     assert _state(autoscaling, "dev-a10") == (1, 2, None)
-    assert not set(scaling.STATE_TAGS) & set(scaling.group_tags(_group(autoscaling, "dev-a10")))
+    assert not set(STATE_TAGS) & set(awsapi.group_tags(_group(autoscaling, "dev-a10")))
 
 
 def test_cli_resume_only_manual_and_status_show_a_manual_stop(autoscaling: Any, ssm: RecordingSsm,
@@ -175,7 +176,7 @@ def test_start_undoes_a_schedule_stop_and_a_manual_one(autoscaling: Any, ssm: Re
 
 def test_budget_stop_still_wins(autoscaling: Any, ssm: RecordingSsm, monkeypatch: pytest.MonkeyPatch) -> None:
     assert runner.invoke(app, ["stop", "dev", "--group", "dev-a10", "--yes"]).exit_code == 0
-    scaling.scale_to_zero(autoscaling, _group(autoscaling, "dev-a10"), scaling.BUDGET)  # escalates
+    asg.scale_to_zero(autoscaling, _group(autoscaling, "dev-a10"), nodegroups.BUDGET)  # escalates
     assert _state(autoscaling, "dev-a10") == (0, 0, "budget")
 
     result = runner.invoke(app, ["start", "dev", "--group", "dev-a10", "--yes"])
@@ -201,7 +202,7 @@ def test_budget_stop_still_wins(autoscaling: Any, ssm: RecordingSsm, monkeypatch
 
 def test_a_manual_stop_of_a_budget_restarted_group_keeps_the_budget_label(autoscaling: Any) -> None:
     """Restarted by hand after a budget stop (tags left): stopping again records budget, not manual."""
-    scaling.scale_to_zero(autoscaling, _group(autoscaling, "dev-extra"), scaling.BUDGET)
+    asg.scale_to_zero(autoscaling, _group(autoscaling, "dev-extra"), nodegroups.BUDGET)
     autoscaling.update_auto_scaling_group(AutoScalingGroupName="dev-extra", DesiredCapacity=1)
     stop_stack(plan_stop(DEV, "extra", autoscaling_client=autoscaling), autoscaling_client=autoscaling)
     assert _state(autoscaling, "dev-extra") == (0, 0, "budget")
@@ -247,7 +248,7 @@ def test_scale_write_skips_a_group_stopped_after_it_was_planned(autoscaling: Any
     from gpucluster.ops.scale import apply_scale
 
     changes = plan_scale(DEV, "dev-a10", 3, autoscaling_client=autoscaling)
-    scaling.scale_to_zero(autoscaling, _group(autoscaling, "dev-a10"), scaling.BUDGET)
+    asg.scale_to_zero(autoscaling, _group(autoscaling, "dev-a10"), nodegroups.BUDGET)
     results = apply_scale(changes, autoscaling_client=autoscaling)
     assert [(r.action, r.reason) for r in results] == [("skipped", "stopped by budget since shown; "
                                                                    "left stopped")]

@@ -15,7 +15,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from gpucluster.lambdas import scaling
+from gpucluster.lambdas import awsapi, runtime
 from moto_groups import create_stack_groups
 
 STACK = "dev"
@@ -97,7 +97,7 @@ def shared_client(service: str) -> Any:
 
 @dataclass
 class Recorded:
-    """What the handlers did through `scaling.RUNTIME`."""
+    """What the handlers did through `runtime.RUNTIME`."""
 
     clock: FakeClock
     calls: dict[str, list[tuple[str, dict[str, Any]]]] = field(default_factory=dict)
@@ -139,9 +139,9 @@ def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def recorded(monkeypatch: pytest.MonkeyPatch) -> Recorded:
     """Route the handlers' clients through recorders and fake their clock."""
     rec = Recorded(clock=FakeClock())
-    monkeypatch.setattr(scaling.RUNTIME, "client", rec.client)
-    monkeypatch.setattr(scaling.RUNTIME, "sleep", rec.clock.sleep)
-    monkeypatch.setattr(scaling.RUNTIME, "clock", rec.clock.clock)
+    monkeypatch.setattr(runtime.RUNTIME, "client", rec.client)
+    monkeypatch.setattr(runtime.RUNTIME, "sleep", rec.clock.sleep)
+    monkeypatch.setattr(runtime.RUNTIME, "clock", rec.clock.clock)
     return rec
 
 
@@ -157,14 +157,14 @@ class Cluster:
         return found["AutoScalingGroups"][0]
 
     def tags(self, name: str) -> dict[str, str]:
-        return scaling.group_tags(self.group(name))
+        return awsapi.group_tags(self.group(name))
 
     def capacity(self, name: str) -> tuple[int, int]:
         group = self.group(name)
         return group["MinSize"], group["DesiredCapacity"]
 
     def instances(self, name: str) -> list[str]:
-        return sorted(scaling.in_service_instance_ids(self.group(name)))
+        return sorted(awsapi.in_service_instance_ids(self.group(name)))
 
 
 @pytest.fixture(scope="module")

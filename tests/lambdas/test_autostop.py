@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpucluster.lambdas import autostop, scaling
+from gpucluster.lambdas import asg, autostop, nodegroups, runtime
+from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
 
 HOOK = "/opt/gpucluster/checkpoint.sh --reason stop"
 
@@ -114,12 +115,12 @@ def test_idle_alarm_stops_only_its_group(cluster, recorded) -> None:
     assert result["groups"] == ["dev-train"]
     assert cluster.capacity("dev-train") == (0, 0)
     tags = cluster.tags("dev-train")
-    assert tags[scaling.STOPPED_BY_TAG] == "idle"
-    assert tags[scaling.PREVIOUS_DESIRED_TAG] == "2"
-    assert tags[scaling.PREVIOUS_MIN_TAG] == "1"
+    assert tags[STOPPED_BY_TAG] == "idle"
+    assert tags[PREVIOUS_DESIRED_TAG] == "2"
+    assert tags[PREVIOUS_MIN_TAG] == "1"
     assert cluster.capacity("dev-infer") == (0, 1)
     assert cluster.capacity("prod-train") == (1, 1)
-    assert scaling.STOPPED_BY_TAG not in cluster.tags("dev-infer")
+    assert STOPPED_BY_TAG not in cluster.tags("dev-infer")
 
 
 def test_idle_hook_goes_to_exactly_the_groups_instances(cluster, recorded, monkeypatch) -> None:
@@ -155,9 +156,9 @@ def test_second_alarm_is_a_no_op(cluster, recorded, monkeypatch) -> None:
     result = autostop.handler(alarm_event(), None)
 
     assert result["action"] == "unchanged"
-    assert result["outcomes"] == {"dev-train": scaling.ALREADY_STOPPED}
+    assert result["outcomes"] == {"dev-train": nodegroups.ALREADY_STOPPED}
     assert cluster.tags("dev-train") == tags
-    assert tags[scaling.PREVIOUS_DESIRED_TAG] == "2"
+    assert tags[PREVIOUS_DESIRED_TAG] == "2"
     assert len(recorded.of("ssm", "send_command")) == 1
     assert len(recorded.of("autoscaling", "update_auto_scaling_group")) == 1
 
@@ -178,7 +179,7 @@ def test_alarm_without_group_dimension_falls_back_to_its_name(cluster, recorded)
     result = autostop.handler(event, None)
 
     assert result["groups"] == ["dev-infer"]
-    assert cluster.tags("dev-infer")[scaling.STOPPED_BY_TAG] == "idle"
+    assert cluster.tags("dev-infer")[STOPPED_BY_TAG] == "idle"
 
 
 @pytest.mark.parametrize("state", ["OK", "INSUFFICIENT_DATA"])
@@ -199,7 +200,7 @@ def test_alarm_for_another_stacks_group_is_ignored(cluster, recorded, monkeypatc
 
     assert result["action"] == "ignored"
     assert cluster.capacity("prod-train") == (1, 1)
-    assert scaling.STOPPED_BY_TAG not in cluster.tags("prod-train")
+    assert STOPPED_BY_TAG not in cluster.tags("prod-train")
     assert recorded.of("ssm", "send_command") == []
 
 
@@ -271,7 +272,7 @@ def test_schedule_stop_stops_every_group_of_the_stack(cluster, recorded, monkeyp
     assert result["groups"] == ["dev-infer", "dev-train"]
     for name in ("dev-train", "dev-infer"):
         assert cluster.capacity(name) == (0, 0)
-        assert cluster.tags(name)[scaling.STOPPED_BY_TAG] == "schedule"
+        assert cluster.tags(name)[STOPPED_BY_TAG] == "schedule"
     assert cluster.capacity("prod-train") == (1, 1)
     sent = recorded.of("ssm", "send_command")
     assert len(sent) == 1
@@ -292,25 +293,25 @@ def test_schedule_start_resumes_what_the_schedule_stopped(cluster, recorded) -> 
     assert cluster.capacity("dev-train") == (1, 2)
     assert cluster.capacity("dev-infer") == (0, 1)
     for name in ("dev-train", "dev-infer"):
-        assert not set(scaling.STATE_TAGS) & set(cluster.tags(name))
+        assert not set(STATE_TAGS) & set(cluster.tags(name))
 
 
 def test_schedule_start_never_undoes_a_budget_or_idle_stop(cluster, recorded) -> None:
-    scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "budget")
-    scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-infer"), "idle")
+    asg.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "budget")
+    asg.scale_to_zero(cluster.autoscaling, cluster.group("dev-infer"), "idle")
 
     result = autostop.handler(schedule_event("gpucluster-dev-start"), None)
 
     assert result["action"] == "unchanged"
     assert cluster.capacity("dev-train") == (0, 0)
-    assert cluster.tags("dev-train")[scaling.STOPPED_BY_TAG] == "budget"
+    assert cluster.tags("dev-train")[STOPPED_BY_TAG] == "budget"
     assert cluster.capacity("dev-infer") == (0, 0)
-    assert cluster.tags("dev-infer")[scaling.STOPPED_BY_TAG] == "idle"
+    assert cluster.tags("dev-infer")[STOPPED_BY_TAG] == "idle"
 
 
 def test_schedule_start_after_stop_and_budget_keeps_the_budget_stop(cluster, recorded) -> None:
     autostop.handler(schedule_event("gpucluster-dev-stop"), None)
-    scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "budget")
+    asg.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "budget")
 
     result = autostop.handler(schedule_event("gpucluster-dev-start"), None)
 
@@ -327,18 +328,18 @@ def test_schedule_rule_on_a_custom_bus_is_understood(cluster, recorded) -> None:
 
 def test_lifetime_stops_groups_running_too_long(cluster, recorded, monkeypatch) -> None:
     monkeypatch.setenv("MAX_LIFETIME_HOURS", "12")
-    monkeypatch.setattr(scaling.RUNTIME, "now", lambda: datetime.now(UTC) + timedelta(hours=13))
+    monkeypatch.setattr(runtime.RUNTIME, "now", lambda: datetime.now(UTC) + timedelta(hours=13))
 
     result = autostop.handler(schedule_event("gpucluster-dev-lifetime"), None)
 
     assert result["groups"] == ["dev-infer", "dev-train"]
-    assert cluster.tags("dev-train")[scaling.STOPPED_BY_TAG] == "lifetime"
+    assert cluster.tags("dev-train")[STOPPED_BY_TAG] == "lifetime"
     assert cluster.capacity("prod-train") == (1, 1)
 
 
 def test_lifetime_leaves_young_groups_running(cluster, recorded, monkeypatch) -> None:
     monkeypatch.setenv("MAX_LIFETIME_HOURS", "12")
-    monkeypatch.setattr(scaling.RUNTIME, "now", lambda: datetime.now(UTC) + timedelta(hours=11))
+    monkeypatch.setattr(runtime.RUNTIME, "now", lambda: datetime.now(UTC) + timedelta(hours=11))
 
     result = autostop.handler(schedule_event("gpucluster-dev-lifetime"), None)
 

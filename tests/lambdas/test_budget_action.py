@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpucluster.lambdas import budget_action, scaling
+from gpucluster.lambdas import asg, budget_action, nodegroups, runtime
+from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STOPPED_BY_TAG
 
 BUDGET_MESSAGE = """AWS Budget Notification November 21, 2026
 AWS Account 123456789012
@@ -62,18 +63,18 @@ def test_breach_scales_every_group_of_the_stack_to_zero(cluster, recorded) -> No
     assert cluster.capacity("dev-train") == (0, 0)
     assert cluster.capacity("dev-infer") == (0, 0)
     train = cluster.tags("dev-train")
-    assert train[scaling.STOPPED_BY_TAG] == "budget"
-    assert train[scaling.PREVIOUS_DESIRED_TAG] == "2"
-    assert train[scaling.PREVIOUS_MIN_TAG] == "1"
+    assert train[STOPPED_BY_TAG] == "budget"
+    assert train[PREVIOUS_DESIRED_TAG] == "2"
+    assert train[PREVIOUS_MIN_TAG] == "1"
     infer = cluster.tags("dev-infer")
-    assert (infer[scaling.PREVIOUS_DESIRED_TAG], infer[scaling.PREVIOUS_MIN_TAG]) == ("1", "0")
+    assert (infer[PREVIOUS_DESIRED_TAG], infer[PREVIOUS_MIN_TAG]) == ("1", "0")
 
 
 def test_breach_leaves_other_stacks_alone(cluster, recorded) -> None:
     budget_action.handler(copy.deepcopy(SNS_EVENT), None)
 
     assert cluster.capacity("prod-train") == (1, 1)
-    assert scaling.STOPPED_BY_TAG not in cluster.tags("prod-train")
+    assert STOPPED_BY_TAG not in cluster.tags("prod-train")
     updated = {
         c["AutoScalingGroupName"] for c in recorded.of("autoscaling", "update_auto_scaling_group")
     }
@@ -95,14 +96,14 @@ def test_second_breach_changes_nothing(cluster, recorded) -> None:
 
 
 def test_budget_outranks_an_earlier_schedule_stop(cluster, recorded) -> None:
-    scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "schedule")
+    asg.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "schedule")
 
     result = budget_action.handler(copy.deepcopy(SNS_EVENT), None)
 
-    assert result["outcomes"]["dev-train"] == scaling.ESCALATED
+    assert result["outcomes"]["dev-train"] == nodegroups.ESCALATED
     tags = cluster.tags("dev-train")
-    assert tags[scaling.STOPPED_BY_TAG] == "budget"
-    assert tags[scaling.PREVIOUS_DESIRED_TAG] == "2"  # the capacity before the first stop
+    assert tags[STOPPED_BY_TAG] == "budget"
+    assert tags[PREVIOUS_DESIRED_TAG] == "2"  # the capacity before the first stop
 
 
 def test_breach_notifies_the_topic(cluster, recorded, monkeypatch) -> None:
@@ -154,13 +155,13 @@ def test_malformed_events_are_ignored(cluster, recorded, event) -> None:
 
     assert result["action"] == "ignored"
     assert cluster.capacity("dev-train") == (1, 2)
-    assert scaling.STOPPED_BY_TAG not in cluster.tags("dev-train")
+    assert STOPPED_BY_TAG not in cluster.tags("dev-train")
     assert recorded.of("autoscaling", "update_auto_scaling_group") == []
 
 
 def test_missing_stack_setting_is_a_config_error(cluster, recorded, monkeypatch) -> None:
     monkeypatch.delenv("GPUCLUSTER_STACK")
 
-    with pytest.raises(scaling.ConfigError):
+    with pytest.raises(runtime.ConfigError):
         budget_action.handler(copy.deepcopy(SNS_EVENT), None)
     assert cluster.capacity("dev-train") == (1, 2)

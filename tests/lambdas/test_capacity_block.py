@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpucluster.lambdas import capacity_block, scaling
+from gpucluster.lambdas import asg, capacity_block, nodegroups, runtime
+from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
 
 HOOK = "/opt/gpucluster/hooks/checkpoint.sh"
 CR = "cr-0123456789abcdef0"
@@ -48,7 +49,7 @@ def test_the_hook_runs_then_the_blocks_groups_go_to_zero(blocks, recorded, monke
     assert last_poll < timeline.index("autoscaling.update_auto_scaling_group")  # checkpoint first
     assert blocks.capacity("dev-train") == (0, 0)
     tags = blocks.tags("dev-train")
-    assert tags[scaling.STOPPED_BY_TAG] == "capacity-block" and tags[scaling.PREVIOUS_DESIRED_TAG] == "2"
+    assert tags[STOPPED_BY_TAG] == "capacity-block" and tags[PREVIOUS_DESIRED_TAG] == "2"
     assert blocks.capacity("prod-train") == (1, 1)          # another stack: never touched
     assert blocks.capacity("dev-infer") == (0, 1)           # same stack, not on the block
     assert result["groups"] == ["dev-train"] and result["capacity_reservation_id"] == CR
@@ -78,12 +79,12 @@ def test_the_guides_other_spelling_of_the_event_works_too(blocks, recorded) -> N
 
 
 def test_a_budget_stop_keeps_its_label(blocks, recorded) -> None:
-    scaling.scale_to_zero(blocks.autoscaling, blocks.group("dev-train"), scaling.BUDGET)
+    asg.scale_to_zero(blocks.autoscaling, blocks.group("dev-train"), nodegroups.BUDGET)
 
     result = capacity_block.handler(expiry_event(), None)
 
-    assert result["outcomes"] == {"dev-train": scaling.ALREADY_STOPPED}
-    assert blocks.tags("dev-train")[scaling.STOPPED_BY_TAG] == "budget"
+    assert result["outcomes"] == {"dev-train": nodegroups.ALREADY_STOPPED}
+    assert blocks.tags("dev-train")[STOPPED_BY_TAG] == "budget"
 
 
 @pytest.mark.parametrize("event", [
@@ -102,5 +103,5 @@ def test_other_events_change_nothing(blocks, recorded, event: Any) -> None:
 
 def test_without_the_group_map_the_handler_refuses_to_guess(monkeypatch, recorded) -> None:
     monkeypatch.setenv("CAPACITY_BLOCK_GROUPS", "dev-train")
-    with pytest.raises(scaling.ConfigError, match="CAPACITY_BLOCK_GROUPS must be a JSON object"):
+    with pytest.raises(runtime.ConfigError, match="CAPACITY_BLOCK_GROUPS must be a JSON object"):
         capacity_block.handler(expiry_event(), None)

@@ -15,7 +15,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from conftest import STACK, shared_client
-from gpucluster.lambdas import job_restart, scaling
+from gpucluster.lambdas import job_restart, runtime
 from gpucluster.lambdas.jobnames import job_parameter_name, jobs_parameter_path
 from gpucluster.ops.nodes import Node
 from gpucluster.ops.run import job_record, plan_job
@@ -207,7 +207,7 @@ def test_a_start_that_cannot_be_sent_fails_the_invocation_for_a_retry(cluster, r
             return getattr(self.real, item)
 
     recorded.fakes["ssm"] = RefusingSsm()
-    with pytest.raises(scaling.GuardrailError, match="the start was not sent to"):
+    with pytest.raises(runtime.GuardrailError, match="the start was not sent to"):
         job_restart.handler(launch_event("dev-train", current[0]), None)
     assert stored(name)["restarts"] == 0  # unchanged: the retry tries again
 

@@ -18,7 +18,8 @@ import boto3
 import pytest
 from test_autostop import alarm_event, schedule_event
 
-from gpucluster.lambdas import autostop, budget_action, scaling
+from gpucluster.lambdas import autostop, budget_action, nodegroups, runtime
+from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STOPPED_BY_TAG
 
 HOOK = "/opt/gpucluster/checkpoint.sh"
 BUDGET_EVENT = {
@@ -94,14 +95,14 @@ class Interposed:
 def assert_budget_stopped(cluster: Any, name: str, desired: int, min_size: int) -> None:
     assert cluster.capacity(name) == (0, 0)
     tags = cluster.tags(name)
-    assert tags[scaling.STOPPED_BY_TAG] == "budget"
-    assert (tags[scaling.PREVIOUS_DESIRED_TAG], tags[scaling.PREVIOUS_MIN_TAG]) == (
+    assert tags[STOPPED_BY_TAG] == "budget"
+    assert (tags[PREVIOUS_DESIRED_TAG], tags[PREVIOUS_MIN_TAG]) == (
         str(desired), str(min_size))
 
 
 def _lifetime(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setenv("MAX_LIFETIME_HOURS", "12")
-    monkeypatch.setattr(scaling.RUNTIME, "now", lambda: datetime.now(UTC) + timedelta(hours=13))
+    monkeypatch.setattr(runtime.RUNTIME, "now", lambda: datetime.now(UTC) + timedelta(hours=13))
     return schedule_event("gpucluster-dev-lifetime")
 
 
@@ -124,7 +125,7 @@ def test_budget_stop_during_the_pre_stop_hook_is_not_relabelled(
     result = autostop.handler(STOPS[reason](monkeypatch), None)
 
     assert ssm.results[0]["groups"] == ["dev-infer", "dev-train"]  # the budget stopped both
-    assert result["outcomes"]["dev-train"] == scaling.ALREADY_STOPPED
+    assert result["outcomes"]["dev-train"] == nodegroups.ALREADY_STOPPED
     assert result["groups"] == []
     assert_budget_stopped(cluster, "dev-train", desired=2, min_size=1)
     # The morning start must not undo the budget stop.
@@ -150,7 +151,7 @@ def test_group_restarted_during_the_hook_is_stopped_with_its_new_capacity(
     autostop.handler(alarm_event(), None)
 
     tags = cluster.tags("dev-train")
-    assert (tags[scaling.PREVIOUS_DESIRED_TAG], tags[scaling.PREVIOUS_MIN_TAG]) == ("3", "2")
+    assert (tags[PREVIOUS_DESIRED_TAG], tags[PREVIOUS_MIN_TAG]) == ("3", "2")
 
 
 def test_schedule_start_between_the_budgets_read_and_write_is_undone(cluster, recorded) -> None:
@@ -184,7 +185,7 @@ def test_budget_between_the_starts_read_and_write_keeps_the_group_stopped(
     result = schedule_start()
 
     assert interposed.results[0]["outcomes"] == {
-        "dev-infer": scaling.ESCALATED, "dev-train": scaling.ESCALATED}
+        "dev-infer": nodegroups.ESCALATED, "dev-train": nodegroups.ESCALATED}
     assert result["groups"] == []
     assert "budget" in result["skipped"]["dev-infer"]
     assert_budget_stopped(cluster, "dev-train", desired=2, min_size=1)
@@ -224,12 +225,12 @@ def test_resume_deleting_the_tags_under_a_budget_stop_is_repaired(cluster, recor
             recorded.clock.sleep(seconds)
             client.delete_tags(**delete_kwargs)
 
-        original = scaling.RUNTIME.sleep
-        scaling.RUNTIME.sleep = settle
+        original = runtime.RUNTIME.sleep
+        runtime.RUNTIME.sleep = settle
         try:
             return budget_breach()
         finally:
-            scaling.RUNTIME.sleep = original
+            runtime.RUNTIME.sleep = original
 
     recorded.fakes["autoscaling"] = DeleteLate()
 

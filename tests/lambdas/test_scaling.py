@@ -7,14 +7,15 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from gpucluster.lambdas import scaling
+from gpucluster.lambdas import asg, awsapi, nodegroups, runcommand, runtime, stops
+from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, STATE_TAGS, STOPPED_BY_TAG
 
 
 def test_handler_table_points_at_real_handlers() -> None:
     import importlib
 
-    assert set(scaling.HANDLERS) == set(scaling.IAM_ACTIONS) == set(scaling.ENVIRONMENT)
-    for name, target in scaling.HANDLERS.items():
+    assert set(runtime.HANDLERS) == set(runtime.IAM_ACTIONS) == set(runtime.ENVIRONMENT)
+    for name, target in runtime.HANDLERS.items():
         package, module, function = target.split(".")
         assert (package, module, function) == ("lambdas", name, "handler")
         assert callable(getattr(importlib.import_module(f"gpucluster.lambdas.{module}"), function))
@@ -24,7 +25,7 @@ def test_no_pulumi_import_in_the_lambda_package() -> None:
     import ast
     from pathlib import Path
 
-    for path in Path(scaling.__file__).parent.glob("*.py"):
+    for path in Path(runtime.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -36,13 +37,13 @@ def test_no_pulumi_import_in_the_lambda_package() -> None:
 
 
 def test_stop_records_capacity_then_zeroes_it(cluster, recorded) -> None:
-    outcome = scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "idle")
+    outcome = asg.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "idle")
 
-    assert outcome == scaling.STOPPED
+    assert outcome == nodegroups.STOPPED
     assert cluster.capacity("dev-train") == (0, 0)
     assert cluster.group("dev-train")["MaxSize"] == 4
     tags = cluster.tags("dev-train")
-    assert [tags[k] for k in scaling.STATE_TAGS] == ["idle", "2", "1"]
+    assert [tags[k] for k in STATE_TAGS] == ["idle", "2", "1"]
 
 
 def test_group_at_zero_by_its_own_config_is_not_tagged(cluster, recorded) -> None:
@@ -50,28 +51,28 @@ def test_group_at_zero_by_its_own_config_is_not_tagged(cluster, recorded) -> Non
         AutoScalingGroupName="dev-infer", MinSize=0, DesiredCapacity=0
     )
 
-    outcome = scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-infer"), "budget")
+    outcome = asg.scale_to_zero(cluster.autoscaling, cluster.group("dev-infer"), "budget")
 
-    assert outcome == scaling.ALREADY_AT_ZERO
-    assert not set(scaling.STATE_TAGS) & set(cluster.tags("dev-infer"))
+    assert outcome == nodegroups.ALREADY_AT_ZERO
+    assert not set(STATE_TAGS) & set(cluster.tags("dev-infer"))
 
 
 def test_restarted_by_hand_then_stopped_again_keeps_the_budget_label(cluster, recorded) -> None:
-    scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "budget")
+    asg.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "budget")
     cluster.autoscaling.update_auto_scaling_group(
         AutoScalingGroupName="dev-train", MinSize=0, DesiredCapacity=3
     )
 
-    outcome = scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "idle")
+    outcome = asg.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "idle")
 
-    assert outcome == scaling.STOPPED
+    assert outcome == nodegroups.STOPPED
     tags = cluster.tags("dev-train")
-    assert (tags[scaling.STOPPED_BY_TAG], tags[scaling.PREVIOUS_DESIRED_TAG]) == ("budget", "3")
+    assert (tags[STOPPED_BY_TAG], tags[PREVIOUS_DESIRED_TAG]) == ("budget", "3")
 
 
 def test_unknown_reason_is_a_programming_error(cluster, recorded) -> None:
     with pytest.raises(ValueError):
-        scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "bored")
+        asg.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "bored")
 
 
 def test_stop_errors_do_not_spare_the_other_groups(cluster, recorded) -> None:
@@ -89,33 +90,33 @@ def test_stop_errors_do_not_spare_the_other_groups(cluster, recorded) -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(self.real, name)
 
-    groups = scaling.stack_groups(cluster.autoscaling, "dev")
-    report = scaling.stop_groups(Flaky(cluster.autoscaling), groups, "budget")
+    backend = asg.AutoScalingGroups(Flaky(cluster.autoscaling))
+    report = stops.stop_groups(backend, backend.list_groups("dev"), "budget")
 
     assert report.changed == ["dev-train"]
     assert list(report.errors) == ["dev-infer"]
-    with pytest.raises(scaling.GuardrailError):
-        scaling.raise_if_failed(report, "dev")
+    with pytest.raises(runtime.GuardrailError):
+        stops.raise_if_failed(report, "dev")
 
 
 def test_resume_clamps_to_max_size_and_clears_tags(cluster, recorded) -> None:
-    scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "idle")
+    asg.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "idle")
     cluster.autoscaling.update_auto_scaling_group(AutoScalingGroupName="dev-train", MaxSize=1)
 
-    result = scaling.resume_group(cluster.autoscaling, cluster.group("dev-train"))
+    result = asg.resume_group(cluster.autoscaling, cluster.group("dev-train"))
 
     assert (result.action, result.min_size, result.desired_capacity) == ("resumed", 1, 1)
     assert cluster.capacity("dev-train") == (1, 1)
-    assert not set(scaling.STATE_TAGS) & set(cluster.tags("dev-train"))
+    assert not set(STATE_TAGS) & set(cluster.tags("dev-train"))
 
 
 def test_resume_without_recorded_capacity_is_skipped(cluster, recorded) -> None:
-    scaling._set_tags(cluster.autoscaling, "dev-train", {scaling.STOPPED_BY_TAG: "idle"})
+    asg.set_tags(cluster.autoscaling, "dev-train", {STOPPED_BY_TAG: "idle"})
 
-    result = scaling.resume_group(cluster.autoscaling, cluster.group("dev-train"))
+    result = asg.resume_group(cluster.autoscaling, cluster.group("dev-train"))
 
     assert result.action == "skipped"
-    assert scaling.PREVIOUS_DESIRED_TAG in result.reason
+    assert PREVIOUS_DESIRED_TAG in result.reason
 
 
 class ScriptedSSM:
@@ -141,8 +142,8 @@ class ScriptedSSM:
         return {"Status": self.statuses[min(self.answered, len(self.statuses)) - 1]}
 
 
-def _run(ssm: Any, instances: list[str], timeout: float, clock: Any) -> scaling.CommandResult:
-    return scaling.run_command(
+def _run(ssm: Any, instances: list[str], timeout: float, clock: Any) -> runcommand.CommandResult:
+    return runcommand.run_command(
         ssm, instances, "true", timeout_seconds=timeout, sleep=clock.sleep, clock=clock.clock
     )
 
@@ -189,7 +190,7 @@ def test_run_command_with_zero_timeout_does_not_wait(recorded) -> None:
 
 def test_exported_values_are_shell_quoted(recorded) -> None:
     ssm = ScriptedSSM(["Success"])
-    scaling.run_command(
+    runcommand.run_command(
         ssm,
         ["i-0123456789abcdef0"],
         "true",
@@ -207,8 +208,8 @@ def test_notify_failure_is_swallowed() -> None:
         def publish(self, **kwargs: Any) -> None:
             raise ClientError({"Error": {"Code": "NotFound", "Message": "gone"}}, "Publish")
 
-    assert scaling.notify(DownSNS(), "arn:aws:sns:us-east-1:1:t", "s\nubject", {}) is False
-    assert scaling.notify(DownSNS(), None, "s", {}) is False
+    assert runtime.notify(DownSNS(), "arn:aws:sns:us-east-1:1:t", "s\nubject", {}) is False
+    assert runtime.notify(DownSNS(), None, "s", {}) is False
 
 
 @pytest.mark.parametrize(
@@ -218,7 +219,7 @@ def test_env_number_falls_back_on_bad_values(monkeypatch, raw, expected) -> None
     if raw is not None:
         monkeypatch.setenv("PRE_STOP_TIMEOUT_SECONDS", raw)
 
-    assert scaling.env_number("PRE_STOP_TIMEOUT_SECONDS", 300.0) == expected
+    assert runtime.env_number("PRE_STOP_TIMEOUT_SECONDS", 300.0) == expected
 
 
 def test_bounded_timeout_keeps_a_reserve() -> None:
@@ -226,9 +227,9 @@ def test_bounded_timeout_keeps_a_reserve() -> None:
         def get_remaining_time_in_millis(self) -> int:
             return 20_000
 
-    assert scaling.bounded_timeout(300, Context()) == 5.0
-    assert scaling.bounded_timeout(300, None) == 300
-    assert scaling.bounded_timeout(3, Context()) == 3
+    assert runtime.bounded_timeout(300, Context()) == 5.0
+    assert runtime.bounded_timeout(300, None) == 300
+    assert runtime.bounded_timeout(3, Context()) == 3
 
 
 def test_one_unregistered_instance_does_not_cancel_the_batch(recorded) -> None:
@@ -280,7 +281,7 @@ def test_a_batch_error_that_is_not_about_instances_is_not_retried_per_instance(r
 
 def test_resume_keeps_the_tags_of_a_stop_that_landed_after_its_write(cluster, recorded) -> None:
     """Restored, then stopped again (same reason) before the tags were cleared: keep them."""
-    scaling.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "idle")
+    asg.scale_to_zero(cluster.autoscaling, cluster.group("dev-train"), "idle")
     real = cluster.autoscaling
 
     class StopAfterUpdate:
@@ -291,21 +292,21 @@ def test_resume_keeps_the_tags_of_a_stop_that_landed_after_its_write(cluster, re
             self.updates += 1
             answer = real.update_auto_scaling_group(**kwargs)
             if self.updates == 1:  # another idle stop sees the group running and stops it
-                scaling.scale_to_zero(real, cluster.group("dev-train"), "idle")
+                asg.scale_to_zero(real, cluster.group("dev-train"), "idle")
             return answer
 
         def __getattr__(self, name: str) -> Any:
             return getattr(real, name)
 
-    result = scaling.resume_group(StopAfterUpdate(), cluster.group("dev-train"))
+    result = asg.resume_group(StopAfterUpdate(), cluster.group("dev-train"))
 
     assert result.action == "skipped" and "while resuming" in result.reason
     assert cluster.capacity("dev-train") == (0, 0)
     tags = cluster.tags("dev-train")
-    assert (tags[scaling.STOPPED_BY_TAG], tags[scaling.PREVIOUS_DESIRED_TAG]) == ("idle", "2")
+    assert (tags[STOPPED_BY_TAG], tags[PREVIOUS_DESIRED_TAG]) == ("idle", "2")
 
 
 def test_batches_keep_the_order_and_the_per_call_limit() -> None:
-    assert scaling.batches(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
-    assert scaling.batches(["a", "b"], 100) == [["a", "b"]]
-    assert scaling.batches([], 50) == []
+    assert awsapi.batches(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert awsapi.batches(["a", "b"], 100) == [["a", "b"]]
+    assert awsapi.batches([], 50) == []

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpucluster.lambdas import scaling, spot_interruption
+from gpucluster.lambdas import spot_interruption
+from gpucluster.lambdas.tags import STOPPED_BY_TAG
 
 HOOK = "/opt/gpucluster/checkpoint.sh"
 
@@ -92,7 +93,7 @@ def test_spot_events_never_scale_anything(cluster, recorded, monkeypatch) -> Non
     mutating = {"update_auto_scaling_group", "set_desired_capacity", "create_or_update_tags"}
     assert not [name for name, _ in recorded.calls.get("autoscaling", []) if name in mutating]
     assert cluster.capacity("dev-train") == (1, 2)
-    assert scaling.STOPPED_BY_TAG not in cluster.tags("dev-train")
+    assert STOPPED_BY_TAG not in cluster.tags("dev-train")
 
 
 def test_without_a_command_it_only_notifies(cluster, recorded, monkeypatch) -> None:

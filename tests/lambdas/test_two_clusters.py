@@ -28,7 +28,8 @@ from typer.testing import CliRunner
 
 from conftest import shared_client
 from gpucluster.cli import app, commands
-from gpucluster.lambdas import autostop, budget_action, scaling, spot_interruption
+from gpucluster.lambdas import asg, autostop, awsapi, budget_action, spot_interruption
+from gpucluster.lambdas.tags import STOPPED_BY_TAG
 from gpucluster.plan import PlannedResource, load_stack
 from gpucluster.project import stacks_dir
 from test_identity import deploy
@@ -107,12 +108,12 @@ def lambda_of(t: Team, module: str, monkeypatch: pytest.MonkeyPatch, topic: str)
 
 def state(account: Any, group: str) -> tuple[int, str | None]:
     [g] = account.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"]
-    return int(g["DesiredCapacity"]), scaling.group_tags(g).get(scaling.STOPPED_BY_TAG)
+    return int(g["DesiredCapacity"]), awsapi.group_tags(g).get(STOPPED_BY_TAG)
 
 
 def instances(account: Any, group: str) -> list[str]:
     [g] = account.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"]
-    return sorted(scaling.in_service_instance_ids(g))
+    return sorted(awsapi.in_service_instance_ids(g))
 
 
 def test_the_two_dev_stacks_have_two_identities(teams: tuple[Team, Team]) -> None:
@@ -199,7 +200,7 @@ def test_status_and_resume_from_each_stack_file_see_their_own_group(account, tea
     a, b = teams
     monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
     for t in teams:
-        scaling.scale_to_zero(account, account.describe_auto_scaling_groups(
+        asg.scale_to_zero(account, account.describe_auto_scaling_groups(
             AutoScalingGroupNames=[t.group])["AutoScalingGroups"][0], "budget")
     runner = CliRunner()
 

@@ -735,7 +735,7 @@ def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate], action: str
 def explain_nothing_to_resume(stack: str, spec: StackSpec, candidates: list[ResumeCandidate],
                               only: list[str]) -> list[str]:
     """Why `resume` has nothing to do, per group, and what to do instead."""
-    from gpucluster.lambdas.scaling import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
+    from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
 
     if not candidates:
         return [*render.wrap(f"nothing to resume: no Auto Scaling group is tagged "
@@ -779,7 +779,7 @@ def resume(
 
     With --json it cannot ask: give --yes (resume) or --dry-run (only show).
     """
-    from gpucluster.lambdas.scaling import STOP_REASONS
+    from gpucluster.lambdas.nodegroups import STOP_REASONS
     from gpucluster.ops.status import plan_resume, resume_stack, stack_status
 
     render.use_json(as_json)

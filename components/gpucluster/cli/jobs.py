@@ -490,9 +490,9 @@ def _record_restart(spec: StackSpec, ssm: Any, job: str, group: str,
     Returns what `run --json` shows: the parameter, whether it holds this run's record, whether
     that went as asked (`ok`) and the line to print (None: nothing to say).
     """
+    from gpucluster.lambdas.awsapi import AWS_ERRORS, error_code
     from gpucluster.lambdas.job_restart import encode_record
     from gpucluster.lambdas.jobnames import job_parameter_name
-    from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
 
     name = job_parameter_name(spec.identity, job)
     outcome: dict[str, Any] = {"parameter": name, "stored": False, "ok": True, "message": None}
@@ -520,7 +520,7 @@ def _record_restart(spec: StackSpec, ssm: Any, job: str, group: str,
 
 def _drop_record(ssm: Any, name: str) -> bool:
     """Delete a job's restart record; False when there was none."""
-    from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
+    from gpucluster.lambdas.awsapi import AWS_ERRORS, error_code
 
     try:
         ssm.delete_parameter(Name=name)
@@ -740,7 +740,7 @@ def start(
 
     With --json it cannot ask: give --yes, or --dry-run.
     """
-    from gpucluster.lambdas.scaling import BUDGET
+    from gpucluster.lambdas.nodegroups import BUDGET
     from gpucluster.ops.scale import plan_start, start_stack
 
     render.use_json(as_json)

@@ -38,28 +38,18 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from .scaling import (
-    IDLE,
-    LIFETIME,
+from .awsapi import batches, log_event
+from .nodegroups import IDLE, LIFETIME, SCHEDULE, NodeGroup
+from .runtime import (
     RUNTIME,
-    SCHEDULE,
-    STACK_TAG,
-    batches,
     bounded_timeout,
-    describe_groups,
     env_number,
     env_text,
-    group_tags,
     ignored,
-    in_service_instance_ids,
-    log_event,
     notify_from_env,
-    raise_if_failed,
-    resume_group,
     stack_from_env,
-    stack_groups,
-    stop_groups,
 )
+from .stops import raise_if_failed, stack_node_groups, stop_groups
 
 ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
 SCHEDULE_DETAIL_TYPE = "Scheduled Event"
@@ -103,12 +93,12 @@ def schedule_rule_name(event: dict[str, Any]) -> str | None:
     return None
 
 
-def _stop(stack: str, groups: list[dict[str, Any]], reason: str, context: Any) -> dict[str, Any]:
+def _stop(stack: str, groups: list[NodeGroup], reason: str, context: Any) -> dict[str, Any]:
     """Hook then scale to zero, notify, and fail the invocation only on AWS errors."""
-    autoscaling = RUNTIME.client("autoscaling")
+    backend = stack_node_groups()
     command = env_text("PRE_STOP_COMMAND")
     report = stop_groups(
-        autoscaling,
+        backend,
         groups,
         reason,
         ssm=RUNTIME.client("ssm") if command else None,
@@ -143,18 +133,15 @@ def on_alarm(stack: str, event: dict[str, Any], context: Any) -> dict[str, Any]:
     names = alarm_group_names(detail)
     if not names:
         return ignored("alarm names no Auto Scaling group", alarm=detail.get("alarmName"))
-    autoscaling = RUNTIME.client("autoscaling")
-    groups = [
-        g for g in describe_groups(autoscaling, names) if group_tags(g).get(STACK_TAG) == stack
-    ]
+    groups = [g for g in stack_node_groups().read_groups(names) if g.stack == stack]
     if not groups:
         return ignored("alarm's groups are not in this stack", stack=stack, groups=names)
     return _stop(stack, groups, IDLE, context)
 
 
-def _older_than(groups: list[dict[str, Any]], max_age: timedelta) -> list[dict[str, Any]]:
+def _older_than(groups: list[NodeGroup], max_age: timedelta) -> list[NodeGroup]:
     """Groups whose oldest InService instance has run longer than max_age."""
-    by_instance = {i: g["AutoScalingGroupName"] for g in groups for i in in_service_instance_ids(g)}
+    by_instance = {i: g.name for g in groups for i in g.in_service_ids}
     if not by_instance:
         return []
     ec2 = RUNTIME.client("ec2")
@@ -171,11 +158,7 @@ def _older_than(groups: list[dict[str, Any]], max_age: timedelta) -> list[dict[s
                     if group and launched and (group not in oldest or launched < oldest[group]):
                         oldest[group] = launched
     cutoff = RUNTIME.now() - max_age
-    return [
-        g
-        for g in groups
-        if g["AutoScalingGroupName"] in oldest and oldest[g["AutoScalingGroupName"]] < cutoff
-    ]
+    return [g for g in groups if g.name in oldest and oldest[g.name] < cutoff]
 
 
 def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -185,17 +168,17 @@ def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, An
     rule = schedule_rule_name(event)
     if rule is None:
         return ignored("scheduled event without a rule ARN", resources=event.get("resources"))
-    autoscaling = RUNTIME.client("autoscaling")
+    backend = stack_node_groups()
     if rule.endswith(STOP_SUFFIX):
-        return _stop(stack, stack_groups(autoscaling, stack), SCHEDULE, context)
+        return _stop(stack, backend.list_groups(stack), SCHEDULE, context)
     if rule.endswith(START_SUFFIX):
         # Each group is described again right before its write: an earlier resume in this loop
         # takes time, and a budget stop may land meanwhile.
-        names = [g["AutoScalingGroupName"] for g in stack_groups(autoscaling, stack)]
+        names = [g.name for g in backend.list_groups(stack)]
         results = [
-            resume_group(autoscaling, g, only_stopped_by={SCHEDULE})
+            backend.restore(g, only_stopped_by={SCHEDULE})
             for name in names
-            for g in describe_groups(autoscaling, [name])
+            for g in backend.read_groups([name])
         ]
         resumed = [r.group for r in results if r.action == "resumed"]
         summary = {
@@ -214,7 +197,7 @@ def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, An
         hours = env_number("MAX_LIFETIME_HOURS", 0.0)
         if hours <= 0:
             return ignored("lifetime rule but MAX_LIFETIME_HOURS is not set", rule=rule)
-        expired = _older_than(stack_groups(autoscaling, stack), timedelta(hours=hours))
+        expired = _older_than(backend.list_groups(stack), timedelta(hours=hours))
         if not expired:
             log_event("no group over its lifetime", stack=stack, max_hours=hours)
             return {"action": "unchanged", "stack": stack, "groups": []}

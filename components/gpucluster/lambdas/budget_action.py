@@ -6,7 +6,7 @@ plain text, not JSON: the message is logged and forwarded, never parsed for a
 decision. Malformed events are logged and ignored. No pre-stop hook runs here:
 a breach stops spending at once. A budget stop always wins: after a short
 settle time the handler reads its groups again and undoes whatever a
-concurrent schedule start or stop wrote over it (`scaling.confirm_budget_stops`).
+concurrent schedule start or stop wrote over it (`stops.confirm_budget_stops`).
 Never deletes anything; data in S3 is untouched.
 
 Environment: GPUCLUSTER_STACK (required), NOTIFY_TOPIC_ARN (optional).
@@ -16,18 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .scaling import (
-    BUDGET,
-    RUNTIME,
-    confirm_budget_stops,
-    ignored,
-    log_event,
-    notify_from_env,
-    raise_if_failed,
-    stack_from_env,
-    stack_groups,
-    stop_groups,
-)
+from .awsapi import log_event
+from .nodegroups import BUDGET
+from .runtime import RUNTIME, ignored, notify_from_env, stack_from_env
+from .stops import confirm_budget_stops, raise_if_failed, stack_node_groups, stop_groups
 
 # Long enough for a schedule start or stop that read a group just before our write to land its
 # own write (a describe and two updates, well under a second), short next to the Lambda timeout.
@@ -65,11 +57,11 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
         topics=[r.get("TopicArn") for r in records],
         budget_message=records[0]["Message"][:2000],
     )
-    autoscaling = RUNTIME.client("autoscaling")
-    report = stop_groups(autoscaling, stack_groups(autoscaling, stack), BUDGET)
+    backend = stack_node_groups()
+    report = stop_groups(backend, backend.list_groups(stack), BUDGET)
     if report.changed:
         RUNTIME.sleep(SETTLE_SECONDS)
-        confirm_budget_stops(autoscaling, report)
+        confirm_budget_stops(backend, report)
     summary = {"stack": stack, **report.summary(BUDGET)}
     if report.changed or report.errors:
         notify_from_env(

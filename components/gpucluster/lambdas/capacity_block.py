@@ -23,23 +23,19 @@ import logging
 import os
 from typing import Any
 
-from .scaling import (
-    CAPACITY_BLOCK,
+from .awsapi import log_event
+from .nodegroups import CAPACITY_BLOCK
+from .runtime import (
     RUNTIME,
-    STACK_TAG,
     ConfigError,
     bounded_timeout,
-    describe_groups,
     env_number,
     env_text,
-    group_tags,
     ignored,
-    log_event,
     notify_from_env,
-    raise_if_failed,
     stack_from_env,
-    stop_groups,
 )
+from .stops import raise_if_failed, stack_node_groups, stop_groups
 
 DETAIL_TYPES = ("Capacity Block Reservation Expiration Warning", "Capacity Block Expiration Warning")
 # From the warning to the first terminations: 10 minutes. The hook gets 8 of them, the stop the rest.
@@ -87,13 +83,13 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     names = groups_from_env().get(reservation)
     if not names:
         return ignored("reservation feeds no group of this stack", stack=stack, reservation=reservation)
-    autoscaling = RUNTIME.client("autoscaling")
-    groups = [g for g in describe_groups(autoscaling, names) if group_tags(g).get(STACK_TAG) == stack]
+    backend = stack_node_groups()
+    groups = [g for g in backend.read_groups(names) if g.stack == stack]
     if not groups:
         return ignored("the reservation's groups are not in this stack", stack=stack, groups=names)
     command = env_text("PRE_STOP_COMMAND")
     wait = min(env_number("PRE_STOP_TIMEOUT_SECONDS", DEFAULT_PRE_STOP_TIMEOUT_SECONDS), HOOK_BUDGET_SECONDS)
-    report = stop_groups(autoscaling, groups, CAPACITY_BLOCK, ssm=RUNTIME.client("ssm") if command else None,
+    report = stop_groups(backend, groups, CAPACITY_BLOCK, ssm=RUNTIME.client("ssm") if command else None,
                          pre_stop_command=command, hook_timeout_seconds=bounded_timeout(wait, context))
     summary = {"stack": stack, "capacity_reservation_id": reservation, "ends": end,
                **report.summary(CAPACITY_BLOCK)}

@@ -35,26 +35,15 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from .awsapi import AWS_ERRORS, describe_groups, error_code, group_tags, log_event
 from .jobnames import (  # apart from this module, which needs boto3: the program uses them too
     LAUNCH_SUCCESSFUL,
     job_log_stream,
     jobs_parameter_path,
 )
-from .scaling import (
-    AWS_ERRORS,
-    RUN_SHELL_DOCUMENT,
-    RUNTIME,
-    STACK_TAG,
-    GuardrailError,
-    describe_groups,
-    env_text,
-    error_code,
-    group_tags,
-    ignored,
-    log_event,
-    notify_from_env,
-    stack_from_env,
-)
+from .runcommand import RUN_SHELL_DOCUMENT
+from .runtime import RUNTIME, GuardrailError, env_text, ignored, notify_from_env, stack_from_env
+from .tags import STACK_TAG
 
 RECORD_VERSION = 1
 # SSM PutParameter, Standard tier: values up to 4 KB (Systems Manager user guide, "Managing

@@ -26,20 +26,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from .scaling import (
-    RUNTIME,
-    STACK_TAG,
-    batches,
-    env_number,
-    env_text,
-    group_tags,
-    ignored,
-    log_event,
-    notify_from_env,
-    stack_from_env,
-    stack_groups,
-)
-from .tags import NODE_GROUP_TAG
+from .awsapi import batches, group_tags, log_event, stack_groups
+from .runtime import RUNTIME, env_number, env_text, ignored, notify_from_env, stack_from_env
+from .tags import NODE_GROUP_TAG, STACK_TAG
 
 # The node group of every resource a node group creates (gpucluster.aws.nodes.NODE_GROUP_TAG).
 # What nodes publish GPU utilisation as (gpucluster.node.userdata: GPU_UTILIZATION_METRIC,

@@ -29,20 +29,18 @@ import re
 import shlex
 from typing import Any
 
-from .scaling import (
+from .awsapi import describe_groups, group_tags, log_event
+from .runcommand import run_command
+from .runtime import (
     RUNTIME,
-    STACK_TAG,
     bounded_timeout,
-    describe_groups,
     env_number,
     env_text,
-    group_tags,
     ignored,
-    log_event,
     notify_from_env,
-    run_command,
     stack_from_env,
 )
+from .tags import STACK_TAG
 
 EVENT_KINDS = {
     "EC2 Spot Instance Interruption Warning": "spot-interruption-warning",

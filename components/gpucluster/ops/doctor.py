@@ -26,7 +26,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from gpucluster import catalog
-from gpucluster.lambdas.scaling import group_tags, stack_groups
+from gpucluster.lambdas.awsapi import group_tags, stack_groups
 from gpucluster.lambdas.tags import NODE_GROUP_TAG
 from gpucluster.ops.capacity import WARNING_BEFORE_END as BLOCK_WARNING_BEFORE_END
 from gpucluster.pricing import Rate, split_nodes

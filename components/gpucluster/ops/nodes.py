@@ -2,10 +2,11 @@
 
 This backs `gpucluster nodes`, and gives `run`, `hostfile`, `scale` and
 `stop`/`start` their view of the cluster. Nodes are found through the stack's
-Auto Scaling groups (selected by the `gpucluster:stack` identity tag, never by
-name), then described in EC2 (address, market, launch time) and in Systems
-Manager (is the agent online). Read-only: it never changes anything, and it
-never looks at an instance that is not a member of one of the stack's groups.
+node groups (read through the `lambdas.nodegroups` seam, selected by the
+`gpucluster:stack` identity tag, never by name), then described in EC2
+(address, market, launch time) and in Systems Manager (is the agent
+online). Read-only: it never changes anything, and it never looks at an
+instance that is not a member of one of the stack's groups.
 The rank order (`ranked`) is the one contract every multi-node command shares.
 """
 
@@ -19,10 +20,9 @@ from typing import Any
 import boto3
 
 from gpucluster import catalog
-from gpucluster.lambdas.scaling import AWS_ERRORS, batches, group_tags, stack_groups
-from gpucluster.lambdas.tags import NODE_GROUP_TAG
-
-# The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
+from gpucluster.lambdas.asg import AutoScalingGroups
+from gpucluster.lambdas.awsapi import AWS_ERRORS, batches
+from gpucluster.lambdas.nodegroups import NodeGroup
 
 # EC2 API reference, Instance.InstanceLifecycle: "spot", "scheduled" or "capacity-block"; absent
 # for on-demand instances (reservations included).
@@ -99,18 +99,13 @@ class Node:
                 "ssm": self.ssm}
 
 
-def node_group_of(group: dict[str, Any]) -> str:
-    """The node group an Auto Scaling group belongs to (its name when the tag is missing)."""
-    return group_tags(group).get(NODE_GROUP_TAG) or group["AutoScalingGroupName"]
-
-
-def select_groups(groups: Sequence[dict[str, Any]], node_group: str | None) -> list[dict[str, Any]]:
-    """The groups of one node group (by its tag, or the Auto Scaling group's own name); all for None."""
+def select_groups(groups: Sequence[NodeGroup], node_group: str | None) -> list[NodeGroup]:
+    """The groups of one node group (by its stack-file name, or the group's own name); all for None."""
     if node_group is None:
         return list(groups)
-    chosen = [g for g in groups if node_group in (node_group_of(g), g["AutoScalingGroupName"])]
+    chosen = [g for g in groups if node_group in (g.label, g.name)]
     if not chosen:
-        known = ", ".join(sorted({node_group_of(g) for g in groups})) or "none deployed"
+        known = ", ".join(sorted({g.label for g in groups})) or "none deployed"
         raise NodesError(f"no node group {node_group!r} in this stack (node groups: {known})")
     return chosen
 
@@ -154,31 +149,31 @@ def stack_nodes(identity: str, *, node_group: str | None = None, autoscaling_cli
     `mig_per_gpu`: node group -> the MIG instances of each of its GPUs (the stack file's `mig`),
     so that their nodes count MIG devices as slots.
     """
-    autoscaling = autoscaling_client or boto3.client("autoscaling")
-    groups = select_groups(stack_groups(autoscaling, identity), node_group)
-    members = [(g, i) for g in groups for i in g.get("Instances", [])]
+    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
+    groups = select_groups(backend.list_groups(identity), node_group)
+    members = [(g, m) for g in groups for m in g.members]
     if not members:
         return []
-    ids = [i["InstanceId"] for _, i in members]
+    ids = [m.instance_id for _, m in members]
     described = describe_instances(ec2_client or boto3.client("ec2"), ids)
     ping = ssm_ping(ssm_client or boto3.client("ssm"), ids)
     nodes = []
     for group, member in members:
-        instance = described.get(member["InstanceId"], {})
+        instance = described.get(member.instance_id, {})
         nodes.append(Node(
-            instance_id=member["InstanceId"],
-            node_group=node_group_of(group),
-            asg=group["AutoScalingGroupName"],
-            instance_type=instance.get("InstanceType") or member.get("InstanceType", "?"),
-            zone=member.get("AvailabilityZone") or instance.get("Placement", {}).get("AvailabilityZone", "?"),
+            instance_id=member.instance_id,
+            node_group=group.label,
+            asg=group.name,
+            instance_type=instance.get("InstanceType") or member.instance_type or "?",
+            zone=member.zone or instance.get("Placement", {}).get("AvailabilityZone", "?"),
             private_ip=instance.get("PrivateIpAddress"),
             lifecycle=LIFECYCLES.get(instance.get("InstanceLifecycle", ""), ON_DEMAND),
             state=instance.get("State", {}).get("Name", "unknown"),
-            asg_state=member.get("LifecycleState", "?"),
-            health=member.get("HealthStatus", "?"),
+            asg_state=member.lifecycle_state,
+            health=member.health,
             launch_time=instance.get("LaunchTime"),
-            ssm=ping[member["InstanceId"]],
-            mig_per_gpu=(mig_per_gpu or {}).get(node_group_of(group), 0),
+            ssm=ping[member.instance_id],
+            mig_per_gpu=(mig_per_gpu or {}).get(group.label, 0),
         ))
     return ranked(nodes)
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpucluster.lambdas.jobnames import jobs_parameter_path
-from gpucluster.lambdas.scaling import RUN_SHELL_DOCUMENT, STACK_TAG, STATE_TAGS
+from gpucluster.lambdas.runcommand import RUN_SHELL_DOCUMENT
+from gpucluster.lambdas.tags import STACK_TAG, STATE_TAGS
 from gpucluster.noderole import run_log_group_name
 
 

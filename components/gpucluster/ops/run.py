@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucluster import catalog
+from gpucluster.lambdas.awsapi import AWS_ERRORS, error_code
 from gpucluster.lambdas.job_restart import (
     CHECKPOINT_DONE,
     CHECKPOINT_REQUEST,
@@ -30,7 +31,7 @@ from gpucluster.lambdas.job_restart import (
     rank_environments,
     start_lines,
 )
-from gpucluster.lambdas.scaling import AWS_ERRORS, RUN_SHELL_DOCUMENT, TERMINAL_STATUSES, error_code
+from gpucluster.lambdas.runcommand import RUN_SHELL_DOCUMENT, TERMINAL_STATUSES
 from gpucluster.ops.nodes import Node
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default (torch.distributed.run --master-port)

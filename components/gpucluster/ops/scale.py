@@ -1,7 +1,9 @@
 """Scale, stop and start a stack's node groups by hand, through the guardrails' own tag contract.
 
-This backs `gpucluster scale`, `stop` and `start`. A manual stop is a stop like
-any guardrail's: `scale_to_zero` with reason `manual` records who stopped the
+This backs `gpucluster scale`, `stop` and `start`, acting on node groups only
+through the Lambdas' seam (`gpucluster.lambdas.nodegroups`, the Auto Scaling
+backend behind it). A manual stop is a stop like any guardrail's: `stop_groups`
+with reason `manual` records who stopped the
 group and what to restore, after the stack's pre-stop hook ran on its nodes
 (as the idle stop runs it). So `status` shows it, `resume` undoes it, a
 schedule start leaves it alone (it only undoes schedule stops) and a budget stop
@@ -19,21 +21,10 @@ from typing import Any
 
 import boto3
 
-from gpucluster.lambdas.scaling import (
-    BUDGET,
-    IDLE,
-    LIFETIME,
-    MANUAL,
-    SCHEDULE,
-    STOPPED_BY_TAG,
-    StopReport,
-    describe_groups,
-    group_tags,
-    in_service_instance_ids,
-    stack_groups,
-    stop_groups,
-)
-from gpucluster.ops.nodes import NodesError, node_group_of, select_groups
+from gpucluster.lambdas.asg import AutoScalingGroups
+from gpucluster.lambdas.nodegroups import BUDGET, IDLE, LIFETIME, MANUAL, SCHEDULE
+from gpucluster.lambdas.stops import StopReport, stop_groups
+from gpucluster.ops.nodes import NodesError, select_groups
 from gpucluster.ops.status import ResumeCandidate, ResumeResult, plan_resume, resume_stack
 
 # What `start` may undo: every stop but the budget's.
@@ -71,23 +62,21 @@ def plan_scale(identity: str, node_group: str, desired: int, *,
     """
     if desired < 0:
         raise ScaleError(f"--desired: must be >= 0, got {desired}")
-    autoscaling = autoscaling_client or boto3.client("autoscaling")
+    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
     changes = []
-    for group in select_groups(stack_groups(autoscaling, identity), node_group):
-        name, tags = group["AutoScalingGroupName"], group_tags(group)
-        max_size = int(group["MaxSize"])
+    for group in select_groups(backend.list_groups(identity), node_group):
+        name, max_size = group.name, group.max_size
         if desired > max_size:
             raise ScaleError(f"--desired {desired} is above {name}'s maximum of {max_size} nodes; "
-                             f"raise max_nodes of node group {node_group_of(group)!r} in the stack "
+                             f"raise max_nodes of node group {group.label!r} in the stack "
                              "file and `pulumi up` first")
-        stopped_by = tags.get(STOPPED_BY_TAG)
+        stopped_by = group.stopped_by
         if stopped_by and desired > 0:
             how = ("gpucluster resume STACK --only budget" if stopped_by == BUDGET
-                   else f"gpucluster start STACK --group {node_group_of(group)}")
+                   else f"gpucluster start STACK --group {group.label}")
             raise ScaleError(f"{name} is stopped by {stopped_by}; restore it with `{how}`, then scale")
-        changes.append(ScaleChange(name, node_group_of(group), int(group["MinSize"]),
-                                   int(group["DesiredCapacity"]), max_size,
-                                   min(int(group["MinSize"]), desired), desired))
+        changes.append(ScaleChange(name, group.label, group.min_size, group.desired, max_size,
+                                   min(group.min_size, desired), desired))
     return changes
 
 
@@ -101,21 +90,19 @@ class ScaleResult:
 
 def apply_scale(changes: list[ScaleChange], *, autoscaling_client: Any = None) -> list[ScaleResult]:
     """Write each planned change, unless the group was stopped since it was shown."""
-    autoscaling = autoscaling_client or boto3.client("autoscaling")
+    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
     results = []
     for change in changes:
-        now = describe_groups(autoscaling, [change.group])
+        now = backend.read_groups([change.group])
         if not now:
             results.append(ScaleResult(change.group, "skipped", "the group no longer exists"))
             continue
-        label = group_tags(now[0]).get(STOPPED_BY_TAG)
+        label = now[0].stopped_by
         if label and change.desired_after > 0:
             results.append(ScaleResult(change.group, "skipped",
                                        f"stopped by {label} since shown; left stopped"))
             continue
-        autoscaling.update_auto_scaling_group(AutoScalingGroupName=change.group,
-                                              MinSize=change.min_after,
-                                              DesiredCapacity=change.desired_after)
+        backend.set_capacity(change.group, change.min_after, change.desired_after)
         results.append(ScaleResult(change.group, "scaled"))
     return results
 
@@ -141,23 +128,22 @@ class StopCandidate:
 def plan_stop(identity: str, node_group: str | None = None, *,
               autoscaling_client: Any = None) -> list[StopCandidate]:
     """The selected groups and their capacity now; read-only."""
-    autoscaling = autoscaling_client or boto3.client("autoscaling")
-    return [StopCandidate(g["AutoScalingGroupName"], node_group_of(g), int(g["DesiredCapacity"]),
-                          len(in_service_instance_ids(g)), group_tags(g).get(STOPPED_BY_TAG))
-            for g in select_groups(stack_groups(autoscaling, identity), node_group)]
+    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
+    return [StopCandidate(g.name, g.label, g.desired, len(g.in_service_ids), g.stopped_by)
+            for g in select_groups(backend.list_groups(identity), node_group)]
 
 
 def stop_stack(candidates: list[StopCandidate], *, autoscaling_client: Any = None, ssm_client: Any = None,
                pre_stop_command: str | None = None, hook_timeout_seconds: float = 300.0) -> StopReport:
     """Run the pre-stop hook on the running groups' nodes, then scale them to zero (reason manual).
 
-    The groups are described again first; `stop_groups` describes them once more
+    The groups are read again first; `stop_groups` reads them once more
     after the hook, so a budget stop that lands meanwhile keeps its label.
     """
-    autoscaling = autoscaling_client or boto3.client("autoscaling")
-    groups = describe_groups(autoscaling, [c.group for c in candidates if c.running])
+    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
+    groups = backend.read_groups([c.group for c in candidates if c.running])
     ssm = (ssm_client or boto3.client("ssm")) if pre_stop_command else None
-    return stop_groups(autoscaling, groups, MANUAL, ssm=ssm, pre_stop_command=pre_stop_command,
+    return stop_groups(backend, groups, MANUAL, ssm=ssm, pre_stop_command=pre_stop_command,
                        hook_timeout_seconds=hook_timeout_seconds)
 
 

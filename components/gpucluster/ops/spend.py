@@ -24,6 +24,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpucluster import pricing, schedule
+from gpucluster.lambdas.awsapi import stack_groups
 from gpucluster.lambdas.report import (
     NODE_GROUP_TAG,
     CostRow,
@@ -38,7 +39,7 @@ from gpucluster.lambdas.report import (
     totals,
     usage_by_node_group,
 )
-from gpucluster.lambdas.scaling import STACK_TAG, stack_groups
+from gpucluster.lambdas.tags import STACK_TAG
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.spec import StackSpec
 

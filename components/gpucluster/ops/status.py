@@ -1,8 +1,8 @@
 """Operator actions on a running stack: resume what guardrails stopped, and show group status.
 
 These back `gpucluster resume STACK` and `gpucluster status STACK`. They talk
-to AWS with plain boto3 clients (so AWS_ENDPOINT_URL is honoured) and share the
-tag contract with the Lambda handlers through `gpucluster.lambdas.scaling`.
+to AWS with plain boto3 clients (so AWS_ENDPOINT_URL is honoured) and read and
+restore node groups through the Lambdas' own seam (`gpucluster.lambdas.nodegroups`).
 With `health=True` the status also reads, per group, how many nodes in service
 are healthy, the GPU utilisation of the last 15 minutes (the CloudWatch agent's
 per-group series) and the last node the group replaced for its health, with
@@ -22,26 +22,13 @@ from typing import Any
 
 import boto3
 
-from gpucluster.lambdas.scaling import (
-    PREVIOUS_DESIRED_TAG,
-    STOPPED_BY_TAG,
-    ResumeResult,
-    batches,
-    describe_groups,
-    group_tags,
-    in_service_instance_ids,
-    resume_decision,
-    resume_group,
-    stack_groups,
-)
-from gpucluster.lambdas.tags import NODE_GROUP_TAG
+from gpucluster.lambdas.asg import AutoScalingGroups
+from gpucluster.lambdas.awsapi import batches
+from gpucluster.lambdas.nodegroups import ResumeResult, resume_decision
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 
 __all__ = ["GroupStatus", "Replacement", "ResumeCandidate", "ResumeResult", "plan_resume", "resume_stack",
            "stack_status"]
-
-# The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
-
 
 UTILIZATION_WINDOW = timedelta(minutes=15)
 # What Auto Scaling writes in a scaling activity when it lets a node go for its health (EC2 Auto
@@ -118,15 +105,15 @@ def plan_resume(
     only_stopped_by: Collection[str] | None = None,
 ) -> list[ResumeCandidate]:
     """What resuming the stack would do to each of its groups, sorted by name; read-only."""
-    autoscaling = autoscaling_client or boto3.client("autoscaling")
+    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
     return [
         ResumeCandidate(
             decision=resume_decision(group, only_stopped_by),
-            node_group=group_tags(group).get(NODE_GROUP_TAG),
-            desired_now=int(group["DesiredCapacity"]),
-            max_size=int(group["MaxSize"]),
+            node_group=group.node_group,
+            desired_now=group.desired,
+            max_size=group.max_size,
         )
-        for group in stack_groups(autoscaling, stack)
+        for group in backend.list_groups(stack)
     ]
 
 
@@ -146,20 +133,20 @@ def resume_stack(
     who confirmed undoing an idle stop has not agreed to undo a budget stop.
     Each group is described again right before its write.
     """
-    autoscaling = autoscaling_client or boto3.client("autoscaling")
-    names = [g["AutoScalingGroupName"] for g in stack_groups(autoscaling, stack)]
+    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
+    names = [g.name for g in backend.list_groups(stack)]
     results = []
     for name in names:
         if shown is not None and name not in shown:
             continue
-        for group in describe_groups(autoscaling, [name]):
-            label = group_tags(group).get(STOPPED_BY_TAG)
+        for group in backend.read_groups([name]):
+            label = group.stopped_by
             if shown is not None and label != shown[name]:
                 now = f"stopped by {label}" if label else "no longer stopped by a guardrail"
                 results.append(ResumeResult(name, "skipped", label,
                                             reason=f"changed since shown: now {now}"))
                 continue
-            results.append(resume_group(autoscaling, group, only_stopped_by=only_stopped_by))
+            results.append(backend.restore(group, only_stopped_by=only_stopped_by))
     return results
 
 
@@ -179,42 +166,35 @@ def stack_status(
     GetMetricData for all groups, one activity page per group.
     """
     autoscaling = autoscaling_client or boto3.client("autoscaling")
-    groups = stack_groups(autoscaling, stack)
+    groups = AutoScalingGroups(autoscaling).list_groups(stack)
     usage: dict[str, tuple[float | None, float | None]] = {}
     if health and groups:
         cloudwatch = cloudwatch_client or boto3.client("cloudwatch")
-        usage = gpu_utilization(cloudwatch, metric_namespace, [g["AutoScalingGroupName"] for g in groups],
+        usage = gpu_utilization(cloudwatch, metric_namespace, [g.name for g in groups],
                                 now or datetime.now(UTC))
     rows = []
     for group in groups:
-        tags = group_tags(group)
-        previous = tags.get(PREVIOUS_DESIRED_TAG)
-        name = group["AutoScalingGroupName"]
+        previous = group.stop.previous_desired
+        name = group.name
         extra: dict[str, Any] = {}
         if health:
             avg, peak = usage.get(name, (None, None))
-            extra = {"node_group": tags.get(NODE_GROUP_TAG), "healthy": healthy_count(group),
+            extra = {"node_group": group.node_group, "healthy": group.healthy,
                      "gpu_utilization_avg": avg, "gpu_utilization_max": peak,
                      "last_replacement": last_replacement(autoscaling, name)}
         rows.append(
             GroupStatus(
                 name=name,
-                min_size=int(group["MinSize"]),
-                desired_capacity=int(group["DesiredCapacity"]),
-                max_size=int(group["MaxSize"]),
-                in_service=len(in_service_instance_ids(group)),
-                stopped_by=tags.get(STOPPED_BY_TAG),
+                min_size=group.min_size,
+                desired_capacity=group.desired,
+                max_size=group.max_size,
+                in_service=len(group.in_service_ids),
+                stopped_by=group.stopped_by,
                 previous_desired=int(previous) if previous and previous.isdigit() else None,
                 **extra,
             )
         )
     return rows
-
-
-def healthy_count(group: Mapping[str, Any]) -> int:
-    """Nodes in service that Auto Scaling holds Healthy (a node that failed its check is not)."""
-    return sum(1 for i in group.get("Instances", [])
-               if i.get("LifecycleState") == "InService" and i.get("HealthStatus") == "Healthy")
 
 
 def gpu_utilization(cloudwatch: Any, namespace: str, asg_names: Sequence[str],

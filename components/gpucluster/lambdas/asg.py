@@ -1,0 +1,220 @@
+"""The Auto Scaling backend of the node-group seam: a node group is an Auto Scaling group and its tags.
+
+A stop sets MinSize and DesiredCapacity to 0 and records the stop state in
+the group's tags (`STOPPED_BY_TAG`, `PREVIOUS_DESIRED_TAG`, `PREVIOUS_MIN_TAG`,
+never propagated to instances); a restore puts the recorded capacity back and
+deletes those tags. The Auto Scaling API has no compare-and-set and the
+handlers run concurrently: every write is decided on a group described right
+before it, and a restore reads the group again after its write so that a
+budget stop landing meanwhile wins. It must never delete anything but its own
+state tags, never change MaxSize, and never import Pulumi: it is zipped with
+the handlers as the package ``lambdas``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from .awsapi import describe_groups, group_tags, log_event, stack_groups
+from .nodegroups import (
+    ALREADY_AT_ZERO,
+    ALREADY_STOPPED,
+    BUDGET,
+    ESCALATED,
+    STOP_REASONS,
+    STOPPED,
+    Member,
+    NodeGroup,
+    ResumeResult,
+    StopState,
+    resume_decision,
+    stop_label,
+)
+from .tags import (
+    NODE_GROUP_TAG,
+    PREVIOUS_DESIRED_TAG,
+    PREVIOUS_MIN_TAG,
+    STACK_TAG,
+    STATE_TAGS,
+    STOPPED_BY_TAG,
+)
+
+
+def node_group(description: Mapping[str, Any]) -> NodeGroup:
+    """A DescribeAutoScalingGroups entry as the seam's value."""
+    tags = group_tags(description)
+    return NodeGroup(
+        name=description["AutoScalingGroupName"],
+        node_group=tags.get(NODE_GROUP_TAG),
+        stack=tags.get(STACK_TAG),
+        min_size=int(description["MinSize"]),
+        desired=int(description["DesiredCapacity"]),
+        max_size=int(description["MaxSize"]),
+        stop=StopState(tags.get(STOPPED_BY_TAG), tags.get(PREVIOUS_DESIRED_TAG), tags.get(PREVIOUS_MIN_TAG)),
+        members=tuple(
+            Member(
+                instance_id=i["InstanceId"],
+                lifecycle_state=i.get("LifecycleState", "?"),
+                health=i.get("HealthStatus", "?"),
+                instance_type=i.get("InstanceType"),
+                zone=i.get("AvailabilityZone"),
+            )
+            for i in description.get("Instances", [])
+        ),
+    )
+
+
+def _value(group: NodeGroup | Mapping[str, Any]) -> NodeGroup:
+    return group if isinstance(group, NodeGroup) else node_group(group)
+
+
+def set_tags(autoscaling: Any, group_name: str, tags: Mapping[str, str]) -> None:
+    """Write tags on the group itself (never propagated to its instances)."""
+    autoscaling.create_or_update_tags(
+        Tags=[
+            {
+                "ResourceId": group_name,
+                "ResourceType": "auto-scaling-group",
+                "Key": key,
+                "Value": value,
+                # State of the group, not of its instances.
+                "PropagateAtLaunch": False,
+            }
+            for key, value in tags.items()
+        ]
+    )
+
+
+def scale_to_zero(autoscaling: Any, group: NodeGroup | Mapping[str, Any], reason: str) -> str:
+    """Set MinSize and DesiredCapacity to 0 and record why and what to restore.
+
+    `group` (a `NodeGroup` or a DescribeAutoScalingGroups entry) must have been
+    described right before the call: the decision is only as fresh as it is.
+    Idempotent: a group already at zero is left alone, so previous-desired is
+    never overwritten with 0. The one exception is escalation: a budget stop
+    relabels a group that another guardrail stopped, so the morning schedule
+    cannot restart what the budget shut down. No other reason ever replaces a
+    budget label.
+    """
+    if reason not in STOP_REASONS:
+        raise ValueError(f"unknown stop reason {reason!r}; expected one of {STOP_REASONS}")
+    group = _value(group)
+    name, stopped_by = group.name, group.stopped_by
+    if not group.running:
+        if stopped_by is None:
+            log_event("group already at zero", group=name, reason=reason)
+            return ALREADY_AT_ZERO
+        if reason == BUDGET and stopped_by != BUDGET:
+            set_tags(autoscaling, name, {STOPPED_BY_TAG: BUDGET})
+            log_event("stop escalated to budget", group=name, previous_stopped_by=stopped_by)
+            return ESCALATED
+        log_event("group already stopped", group=name, stopped_by=stopped_by, reason=reason)
+        return ALREADY_STOPPED
+    # Capacity is back although tags remain (restarted by hand): a budget label still holds.
+    label = stop_label(group, reason)
+    # Tags first: if the update then fails, a retry still sees capacity and records it again.
+    set_tags(
+        autoscaling,
+        name,
+        {
+            STOPPED_BY_TAG: label,
+            PREVIOUS_DESIRED_TAG: str(group.desired),
+            PREVIOUS_MIN_TAG: str(group.min_size),
+        },
+    )
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=0, DesiredCapacity=0)
+    log_event(
+        "group scaled to zero",
+        group=name,
+        stopped_by=label,
+        previous_desired=group.desired,
+        previous_min=group.min_size,
+    )
+    return STOPPED
+
+
+def resume_group(
+    autoscaling: Any,
+    group: NodeGroup | Mapping[str, Any],
+    *,
+    only_stopped_by: Collection[str] | None = None,
+) -> ResumeResult:
+    """Restore min/desired recorded by `scale_to_zero` and remove our state tags.
+
+    `group` must have been described right before the call. `only_stopped_by`
+    limits which stops may be undone (the schedule start only undoes schedule
+    stops). After restoring capacity the group is read again: if another stop
+    (a budget breach) relabelled it meanwhile, capacity goes back to zero and
+    that stop's tags stay, so a start never undoes a stop it did not see.
+    """
+    decision = resume_decision(_value(group), only_stopped_by)
+    name = decision.group
+    if decision.action != "resume":
+        if decision.stopped_by is not None and PREVIOUS_DESIRED_TAG in decision.reason:
+            log_event("cannot resume: no previous capacity", logging.WARNING, group=name)
+        return decision
+    autoscaling.update_auto_scaling_group(
+        AutoScalingGroupName=name,
+        MinSize=decision.min_size,
+        DesiredCapacity=decision.desired_capacity,
+    )
+    now = describe_groups(autoscaling, [name])
+    label = group_tags(now[0]).get(STOPPED_BY_TAG) if now else None
+    # Relabelled (a budget stop escalated it), or stopped again after our update (back at zero):
+    # either way another stop's tags are on the group now, and they must stay.
+    zeroed = bool(now) and int(now[0]["DesiredCapacity"]) == 0 < (decision.desired_capacity or 0)
+    if label is not None and (label != decision.stopped_by or zeroed):
+        autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=0, DesiredCapacity=0)
+        log_event("resume undone: stopped again meanwhile", logging.WARNING, group=name,
+                  resumed=decision.stopped_by, stopped_by=label)
+        return ResumeResult(name, "skipped", label,
+                            reason=f"stopped by {label} while resuming; left stopped")
+    tags = group_tags(now[0]) if now else {}
+    present = [key for key in STATE_TAGS if key in tags]
+    if present:
+        autoscaling.delete_tags(
+            Tags=[
+                {"ResourceId": name, "ResourceType": "auto-scaling-group", "Key": key}
+                for key in present
+            ]
+        )
+    log_event(
+        "group resumed",
+        group=name,
+        stopped_by=decision.stopped_by,
+        min=decision.min_size,
+        desired=decision.desired_capacity,
+    )
+    return ResumeResult(
+        name, "resumed", decision.stopped_by, decision.min_size, decision.desired_capacity
+    )
+
+
+class AutoScalingGroups:
+    """`NodeGroups` over one Auto Scaling client (boto3, moto or a test double)."""
+
+    def __init__(self, autoscaling: Any) -> None:
+        self.autoscaling = autoscaling
+
+    def list_groups(self, stack: str) -> list[NodeGroup]:
+        return [node_group(g) for g in stack_groups(self.autoscaling, stack)]
+
+    def read_groups(self, names: Iterable[str]) -> list[NodeGroup]:
+        return [node_group(g) for g in describe_groups(self.autoscaling, names)]
+
+    def stop(self, group: NodeGroup, reason: str) -> str:
+        return scale_to_zero(self.autoscaling, group, reason)
+
+    def relabel(self, group: NodeGroup, stopped_by: str, previous: StopState) -> None:
+        recorded = {PREVIOUS_DESIRED_TAG: previous.previous_desired, PREVIOUS_MIN_TAG: previous.previous_min}
+        set_tags(self.autoscaling, group.name,
+                 {STOPPED_BY_TAG: stopped_by, **{k: v for k, v in recorded.items() if v is not None}})
+
+    def restore(self, group: NodeGroup, only_stopped_by: Collection[str] | None = None) -> ResumeResult:
+        return resume_group(self.autoscaling, group, only_stopped_by=only_stopped_by)
+
+    def set_capacity(self, name: str, min_size: int, desired: int) -> None:
+        self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
+                                                   DesiredCapacity=desired)

@@ -1,0 +1,173 @@
+"""Stopping several node groups the way every guardrail does: one hook, fresh reads, budget last.
+
+Every guardrail (budget, idle, schedule, lifetime, Capacity Block) and
+`gpucluster stop` stop compute through `stop_groups`: the pre-stop hook runs
+once on all nodes about to stop, the groups are read again after it, and each
+goes to zero through its `NodeGroups` backend. The budget handler checks its
+own stops once more after a short settle time (`confirm_budget_stops`), since
+a backend without compare-and-set can lose a race. It also picks the backend a
+deployment's handlers act through (`stack_node_groups`). It must never delete
+anything in AWS and never import Pulumi: it is zipped with the handlers as the
+package ``lambdas``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .asg import AutoScalingGroups
+from .awsapi import AWS_ERRORS, log_event
+from .nodegroups import BUDGET, CHANGED, GONE, NodeGroup, NodeGroups, StopState, previous_capacity
+from .runcommand import CommandResult, run_command
+from .runtime import RUNTIME, GuardrailError
+
+
+def stack_node_groups(client: Callable[[str], Any] | None = None) -> NodeGroups:
+    """The backend this deployment's node groups are run by: its Auto Scaling groups."""
+    return AutoScalingGroups((client or RUNTIME.client)("autoscaling"))
+
+
+@dataclass
+class StopReport:
+    """Outcome per group, errors per group, the pre-stop hook's result, and budget corrections.
+
+    `recorded` holds, per group this stop changed, the previous capacity as it
+    stood after the stop (what a later correction restores).
+    """
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    hook: CommandResult | None = None
+    recorded: dict[str, StopState] = field(default_factory=dict)
+    corrections: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> list[str]:
+        return [name for name, outcome in self.outcomes.items() if outcome in CHANGED]
+
+    def summary(self, reason: str) -> dict[str, Any]:
+        """The handler's return value: small, JSON-serialisable."""
+        summary: dict[str, Any] = {
+            "action": "stopped" if self.changed else "unchanged",
+            "stopped_by": reason,
+            "groups": self.changed,
+            "outcomes": self.outcomes,
+        }
+        if self.errors:
+            summary["errors"] = self.errors
+        if self.hook is not None:
+            summary["hook"] = self.hook.summary()
+        if self.corrections:
+            summary["corrections"] = self.corrections
+        return summary
+
+
+def stop_groups(
+    backend: NodeGroups,
+    groups: Sequence[NodeGroup],
+    reason: str,
+    *,
+    ssm: Any = None,
+    pre_stop_command: str | None = None,
+    hook_timeout_seconds: float = 300.0,
+) -> StopReport:
+    """Run the pre-stop hook once on all groups about to stop, then scale each to zero.
+
+    One SSM command with one deadline for all groups keeps the total wait bounded
+    by the timeout, whatever the number of groups. A failed or timed-out hook is
+    logged and the stop goes on. The hook can take minutes, during which a budget
+    stop or a person may act: the groups are read again after it, and each
+    write is decided on that fresh state. AWS errors on one group do not spare
+    the others.
+    """
+    report = StopReport()
+    instances = [i for g in groups if g.running for i in g.in_service_ids]
+    if pre_stop_command and ssm is not None and instances:
+        report.hook = run_command(
+            ssm,
+            instances,
+            pre_stop_command,
+            timeout_seconds=hook_timeout_seconds,
+            environment={"GPUCLUSTER_STOP_REASON": reason},
+            comment=f"gpucluster pre-stop hook ({reason})",
+        )
+        names = [g.name for g in groups]
+        try:
+            fresh = {g.name: g for g in backend.read_groups(names)}
+        except AWS_ERRORS as exc:
+            log_event("cannot read groups after the hook", logging.ERROR, error=str(exc))
+            report.errors.update(dict.fromkeys(names, f"not described after the hook: {exc}"))
+            return report
+        for name in names:
+            if name not in fresh:
+                log_event("group gone while the hook ran", logging.WARNING, group=name)
+                report.outcomes[name] = GONE
+        groups = list(fresh.values())
+    for group in groups:
+        try:
+            previous = previous_capacity(group)
+            report.outcomes[group.name] = backend.stop(group, reason)
+        except AWS_ERRORS as exc:
+            log_event("stop failed", logging.ERROR, group=group.name, error=str(exc))
+            report.errors[group.name] = str(exc)
+            continue
+        if report.outcomes[group.name] in CHANGED:
+            report.recorded[group.name] = previous
+    return report
+
+
+def confirm_budget_stops(backend: NodeGroups, report: StopReport) -> dict[str, str]:
+    """Read the groups a budget stop changed once more and put back what a concurrent write undid.
+
+    A backend without compare-and-set (Auto Scaling) lets a schedule start or
+    another stop that read a group just before the budget wrote it write just
+    after. Run after a short settle time, this makes the budget's state the
+    last word: a group running again is stopped again (its capacity now
+    recorded), a relabelled one gets the budget label back, and previous
+    capacity cleared meanwhile is restored from `report.recorded`. Returns the
+    corrections made (also kept in `report.corrections`); AWS errors go to
+    `report.errors`.
+    """
+    names = report.changed
+    if not names:
+        return {}
+    try:
+        groups = backend.read_groups(names)
+    except AWS_ERRORS as exc:
+        report.errors.update(dict.fromkeys(names, f"budget stop not confirmed: {exc}"))
+        return {}
+    for group in groups:
+        name = group.name
+        try:
+            if group.running:
+                backend.stop(group, BUDGET)
+                fix = f"running again ({group.desired} desired): stopped again"
+            elif group.stopped_by != BUDGET:
+                recorded = report.recorded.get(name, StopState())
+                missing = StopState(
+                    None,
+                    recorded.previous_desired if group.stop.previous_desired is None else None,
+                    recorded.previous_min if group.stop.previous_min is None else None,
+                )
+                backend.relabel(group, BUDGET, missing)
+                fix = f"label {group.stopped_by or 'removed'}: set back to budget"
+            else:
+                continue
+        except AWS_ERRORS as exc:
+            report.errors[name] = f"budget stop not confirmed: {exc}"
+            continue
+        log_event("budget stop restored", logging.WARNING, group=name, correction=fix)
+        report.corrections[name] = fix
+    return report.corrections
+
+
+def raise_if_failed(report: StopReport, stack: str) -> None:
+    """Fail the invocation after partial AWS errors so Lambda's async retry runs it again.
+
+    Safe because stopping is idempotent.
+    """
+    if report.errors:
+        raise GuardrailError(f"stack {stack}: could not stop {sorted(report.errors)}")

@@ -345,7 +345,7 @@ def test_lambda_code_is_the_handler_modules_as_package_lambdas() -> None:
     modules = sorted(p.name for p in g.LAMBDA_DIR.glob("*.py"))
     handlers = {h.split(".")[1] + ".py" for h in g.HANDLERS.values()}
     shared = {"__init__.py", "awsapi.py", "runtime.py", "runcommand.py", "nodegroups.py", "asg.py",
-              "stops.py"}
+              "stops.py", "handlers.py"}
     assert {*shared, *handlers} <= set(modules)
     assert sorted(archive.assets) == [f"lambdas/{m}" for m in modules]
     assert all(isinstance(a, pulumi.FileAsset) for a in archive.assets.values())
@@ -604,7 +604,7 @@ def test_each_node_group_needs_its_target(base_config: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def lambdas() -> Any:
     """The handler package (built on another branch); these checks run once both are merged."""
-    return pytest.importorskip("gpucluster.lambdas.runtime")
+    return pytest.importorskip("gpucluster.lambdas.handlers")
 
 
 def test_handlers_and_state_tags_match_the_lambda_package(lambdas: Any) -> None:

@@ -36,6 +36,7 @@ from gpucluster.aws.args import (
     validate,
 )
 from gpucluster.aws.iam import boundary_arn
+from gpucluster.lambdas.handlers import HANDLERS
 from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, jobs_parameter_path  # not job_restart: boto3
 from gpucluster.lambdas.tags import STATE_TAGS
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
@@ -45,19 +46,11 @@ from gpucluster.spec import AutoStopConfig, BudgetConfig, NodeGroupConfig, SpotC
 # ------------------------------------------------------------------- contracts
 
 __all__ = ["STACK_TAG", "GuardedGroup", "Guardrails", "GuardrailsArgs"]
-# Tags the Lambdas write on a group they stop (components/gpucluster/lambdas/scaling.py STATE_TAGS).
+# Tags the Lambdas write on a group they stop (components/gpucluster/lambdas/tags.py STATE_TAGS).
 
 LAMBDA_DIR = Path(__file__).resolve().parent.parent / "lambdas"
 # Zipped as the package `lambdas` (its modules import each other relatively).
 LAMBDA_PACKAGE = "lambdas"
-HANDLERS = {
-    "budget_action": "lambdas.budget_action.handler",
-    "autostop": "lambdas.autostop.handler",
-    "spot_interruption": "lambdas.spot_interruption.handler",
-    "report": "lambdas.report.handler",
-    "capacity_block": "lambdas.capacity_block.handler",
-    "job_restart": "lambdas.job_restart.handler",
-}
 # pulumi-aws 7 lambda Runtime enum; python3.13 runs on Amazon Linux 2023 and ships boto3.
 LAMBDA_RUNTIME = "python3.13"
 LAMBDA_ARCHITECTURE = "arm64"

@@ -1,7 +1,6 @@
 """What a guardrail handler needs from its deployment: its settings, its clients, its errors, its topic.
 
-It owns the handler table (`HANDLERS`, `ENVIRONMENT`, `IAM_ACTIONS`, kept equal
-to `gpucluster.aws.guardrails` by a test), the environment readers, the
+It owns the environment readers (what `handlers.ENVIRONMENT` lists), the
 swappable seams to the outside world (`RUNTIME`: clients, sleep, clocks) and
 the SNS notification. It must never act on a node group itself (that is
 `nodegroups` and its backends) and never import Pulumi: it is zipped with the
@@ -20,105 +19,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .awsapi import AWS_ERRORS, log_event, make_client
-
-# Lambda handler strings: the deploy zips `components/gpucluster/lambdas` as package `lambdas`.
-HANDLERS: dict[str, str] = {
-    "budget_action": "lambdas.budget_action.handler",
-    "autostop": "lambdas.autostop.handler",
-    "spot_interruption": "lambdas.spot_interruption.handler",
-    "report": "lambdas.report.handler",
-    "capacity_block": "lambdas.capacity_block.handler",
-    "job_restart": "lambdas.job_restart.handler",
-}
-
-# Environment each handler reads (GPUCLUSTER_STACK is required, the rest optional).
-ENVIRONMENT: dict[str, tuple[str, ...]] = {
-    "budget_action": ("GPUCLUSTER_STACK", "NOTIFY_TOPIC_ARN"),
-    "autostop": (
-        "GPUCLUSTER_STACK",
-        "PRE_STOP_COMMAND",
-        "PRE_STOP_TIMEOUT_SECONDS",
-        "MAX_LIFETIME_HOURS",
-        "NOTIFY_TOPIC_ARN",
-    ),
-    "spot_interruption": (
-        "GPUCLUSTER_STACK",
-        "INTERRUPTION_COMMAND",
-        "INTERRUPTION_TIMEOUT_SECONDS",
-        "NOTIFY_TOPIC_ARN",
-    ),
-    "report": (
-        "GPUCLUSTER_STACK",
-        "NOTIFY_TOPIC_ARN",
-        "REPORT_PERIOD",
-        "MONTHLY_LIMIT_USD",
-        "IDLE_THRESHOLD_PERCENT",
-        "GPU_METRIC_NAMESPACE",
-    ),
-    "capacity_block": (
-        "GPUCLUSTER_STACK",
-        "CAPACITY_BLOCK_GROUPS",
-        "PRE_STOP_COMMAND",
-        "PRE_STOP_TIMEOUT_SECONDS",
-        "NOTIFY_TOPIC_ARN",
-    ),
-    "job_restart": ("GPUCLUSTER_STACK", "RUN_LOG_GROUP", "NOTIFY_TOPIC_ARN"),
-}
-
-# Least-privilege actions per handler, beyond CloudWatch Logs (AWSLambdaBasicExecutionRole).
-# Describe* and ssm:GetCommandInvocation need Resource "*"; the mutating autoscaling
-# actions can be limited with the condition aws:ResourceTag/gpucluster:stack = <stack>;
-# ssm:SendCommand needs the AWS-RunShellScript document ARN and the instance ARNs
-# (condition ssm:resourceTag/gpucluster:stack, the tag propagates at launch);
-# sns:Publish needs only the notify topic.
-IAM_ACTIONS: dict[str, tuple[str, ...]] = {
-    "budget_action": (
-        "autoscaling:DescribeAutoScalingGroups",
-        "autoscaling:UpdateAutoScalingGroup",
-        "autoscaling:CreateOrUpdateTags",
-        "sns:Publish",
-    ),
-    "autostop": (
-        "autoscaling:DescribeAutoScalingGroups",
-        "autoscaling:UpdateAutoScalingGroup",
-        "autoscaling:CreateOrUpdateTags",
-        "autoscaling:DeleteTags",
-        "ec2:DescribeInstances",
-        "ssm:SendCommand",
-        "ssm:GetCommandInvocation",
-        "sns:Publish",
-    ),
-    "spot_interruption": (
-        "autoscaling:DescribeAutoScalingInstances",
-        "autoscaling:DescribeAutoScalingGroups",
-        "ssm:SendCommand",
-        "ssm:GetCommandInvocation",
-        "sns:Publish",
-    ),
-    "report": (
-        "autoscaling:DescribeAutoScalingGroups",
-        "ce:GetCostAndUsage",
-        "ce:GetCostForecast",
-        "cloudwatch:GetMetricData",
-    ),
-    "capacity_block": (
-        "autoscaling:DescribeAutoScalingGroups",
-        "autoscaling:UpdateAutoScalingGroup",
-        "autoscaling:CreateOrUpdateTags",
-        "ssm:SendCommand",
-        "ssm:GetCommandInvocation",
-        "sns:Publish",
-    ),
-    "job_restart": (
-        "autoscaling:DescribeAutoScalingGroups",
-        "ec2:DescribeInstances",
-        "ssm:GetParametersByPath",
-        "ssm:PutParameter",
-        "ssm:SendCommand",
-        "logs:FilterLogEvents",
-        "sns:Publish",
-    ),
-}
 
 
 class ConfigError(RuntimeError):

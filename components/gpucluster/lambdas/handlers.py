@@ -1,0 +1,108 @@
+"""The guardrail handlers' deployment contract: entry points, environment, IAM actions. Standard library only.
+
+`gpucluster.aws.guardrails` deploys each handler from this table (so the
+Pulumi program imports it without boto3) and a test holds the deployed
+environment and policies to it. It must never import boto3, Pulumi or a
+handler module: it is zipped with the handlers as the package ``lambdas``.
+"""
+
+from __future__ import annotations
+
+# Lambda handler strings: the deploy zips `components/gpucluster/lambdas` as package `lambdas`.
+HANDLERS: dict[str, str] = {
+    "budget_action": "lambdas.budget_action.handler",
+    "autostop": "lambdas.autostop.handler",
+    "spot_interruption": "lambdas.spot_interruption.handler",
+    "report": "lambdas.report.handler",
+    "capacity_block": "lambdas.capacity_block.handler",
+    "job_restart": "lambdas.job_restart.handler",
+}
+
+# Environment each handler reads (GPUCLUSTER_STACK is required, the rest optional).
+ENVIRONMENT: dict[str, tuple[str, ...]] = {
+    "budget_action": ("GPUCLUSTER_STACK", "NOTIFY_TOPIC_ARN"),
+    "autostop": (
+        "GPUCLUSTER_STACK",
+        "PRE_STOP_COMMAND",
+        "PRE_STOP_TIMEOUT_SECONDS",
+        "MAX_LIFETIME_HOURS",
+        "NOTIFY_TOPIC_ARN",
+    ),
+    "spot_interruption": (
+        "GPUCLUSTER_STACK",
+        "INTERRUPTION_COMMAND",
+        "INTERRUPTION_TIMEOUT_SECONDS",
+        "NOTIFY_TOPIC_ARN",
+    ),
+    "report": (
+        "GPUCLUSTER_STACK",
+        "NOTIFY_TOPIC_ARN",
+        "REPORT_PERIOD",
+        "MONTHLY_LIMIT_USD",
+        "IDLE_THRESHOLD_PERCENT",
+        "GPU_METRIC_NAMESPACE",
+    ),
+    "capacity_block": (
+        "GPUCLUSTER_STACK",
+        "CAPACITY_BLOCK_GROUPS",
+        "PRE_STOP_COMMAND",
+        "PRE_STOP_TIMEOUT_SECONDS",
+        "NOTIFY_TOPIC_ARN",
+    ),
+    "job_restart": ("GPUCLUSTER_STACK", "RUN_LOG_GROUP", "NOTIFY_TOPIC_ARN"),
+}
+
+# Least-privilege actions per handler, beyond CloudWatch Logs (AWSLambdaBasicExecutionRole).
+# Describe* and ssm:GetCommandInvocation need Resource "*"; the mutating autoscaling
+# actions can be limited with the condition aws:ResourceTag/gpucluster:stack = <stack>;
+# ssm:SendCommand needs the AWS-RunShellScript document ARN and the instance ARNs
+# (condition ssm:resourceTag/gpucluster:stack, the tag propagates at launch);
+# sns:Publish needs only the notify topic.
+IAM_ACTIONS: dict[str, tuple[str, ...]] = {
+    "budget_action": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:UpdateAutoScalingGroup",
+        "autoscaling:CreateOrUpdateTags",
+        "sns:Publish",
+    ),
+    "autostop": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:UpdateAutoScalingGroup",
+        "autoscaling:CreateOrUpdateTags",
+        "autoscaling:DeleteTags",
+        "ec2:DescribeInstances",
+        "ssm:SendCommand",
+        "ssm:GetCommandInvocation",
+        "sns:Publish",
+    ),
+    "spot_interruption": (
+        "autoscaling:DescribeAutoScalingInstances",
+        "autoscaling:DescribeAutoScalingGroups",
+        "ssm:SendCommand",
+        "ssm:GetCommandInvocation",
+        "sns:Publish",
+    ),
+    "report": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "ce:GetCostAndUsage",
+        "ce:GetCostForecast",
+        "cloudwatch:GetMetricData",
+    ),
+    "capacity_block": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:UpdateAutoScalingGroup",
+        "autoscaling:CreateOrUpdateTags",
+        "ssm:SendCommand",
+        "ssm:GetCommandInvocation",
+        "sns:Publish",
+    ),
+    "job_restart": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "ec2:DescribeInstances",
+        "ssm:GetParametersByPath",
+        "ssm:PutParameter",
+        "ssm:SendCommand",
+        "logs:FilterLogEvents",
+        "sns:Publish",
+    ),
+}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpucluster.policy.rules import DEFAULT_ENVIRONMENTS, RULES
+from gpucluster.policy.rules import RULES
+from gpucluster.policy.rules.capacity import DEFAULT_ENVIRONMENTS
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 POLICIES = README.split("## Policies", 1)[1].split("\n## ", 1)[0]

@@ -34,7 +34,8 @@ from pulumi_policy.proxy import UNKNOWN_OBJECT_VALUE, UNKNOWN_STRING_VALUE, unkn
 
 from gpucluster.policy.pack import build_policies
 from gpucluster.policy.records import Resource
-from gpucluster.policy.rules import RULES, TAGGABLE, evaluate
+from gpucluster.policy.rules import RULES, evaluate
+from gpucluster.policy.rules.tagging import TAGGABLE
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

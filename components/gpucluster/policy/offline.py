@@ -16,7 +16,8 @@ from pulumi.runtime import MockResourceArgs
 from gpucluster.plan import Plan, PlanMocks, PlannedResource
 from gpucluster.policy import settings
 from gpucluster.policy.records import Resource, Violation
-from gpucluster.policy.rules import RULES, evaluate, fallback_note
+from gpucluster.policy.rules import RULES, evaluate
+from gpucluster.policy.rules.capacity import fallback_note
 
 
 def record_of(planned: PlannedResource, mocks: PlanMocks) -> Resource:

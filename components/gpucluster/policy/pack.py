@@ -28,7 +28,8 @@ from pulumi_policy import (
 from pulumi_policy import proxy as policy_proxy
 
 from gpucluster.policy.records import UNKNOWN, Resource, Stack, dig
-from gpucluster.policy.rules import RULES, Rule
+from gpucluster.policy.rules import RULES
+from gpucluster.policy.rules.registry import Rule
 
 PACK_NAME = "gpucluster"
 PACK_DESCRIPTION = ("gpucluster guardrails: cost tags, IMDSv2, private encrypted GPU nodes, closed "

@@ -130,6 +130,16 @@ def truthy(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.lower() == "true")
 
 
+def true_or_unknown(value: Any) -> bool:
+    """True, or not known yet: a setting the rules cannot fault."""
+    return value is UNKNOWN or truthy(value)
+
+
+def known_str(value: Any) -> bool:
+    """A string value the rules can read (not UNKNOWN, not missing, not a list)."""
+    return isinstance(value, str)
+
+
 def number(value: Any, default: float) -> float:
     """Numbers arrive as floats (or strings from some providers); missing -> default."""
     if value is None or value is UNKNOWN:

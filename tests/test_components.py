@@ -33,16 +33,8 @@ from gpucluster.aws.nodes import GpuNodeGroup, GpuNodeGroupArgs
 from gpucluster.lambdas import budget_action, scaling
 from gpucluster.names import autoname
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, RecordingMonitor, record_resources, run_plan
-from gpucluster.spec import (
-    CapacityConfig,
-    CostTags,
-    FsxConfig,
-    MigConfig,
-    SpecError,
-    StackSpec,
-    field_docs,
-    parse_stack_config,
-)
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import CapacityConfig, CostTags, FsxConfig, MigConfig, SpecError, StackSpec, field_docs
 from gpucluster.stack import cluster_args
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"

@@ -17,7 +17,8 @@ import pytest
 from gpucluster.aws import guardrails as g
 from gpucluster.aws.guardrails import Guardrails
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources, run_plan
-from gpucluster.spec import StackSpec, parse_stack_config
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import StackSpec
 from gpucluster.stack import can_run_spot, guardrails_args
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"

@@ -18,12 +18,8 @@ import pytest
 from base_config import plan_config
 from gpucluster.names import autoname
 from gpucluster.node.userdata import node_bootstrap, node_env, node_files
-from gpucluster.spec import (
-    LAUNCH_TIMEOUT_MINUTES,
-    MIG_LAUNCH_TIMEOUT_MINUTES,
-    SpecError,
-    parse_stack_config,
-)
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import LAUNCH_TIMEOUT_MINUTES, MIG_LAUNCH_TIMEOUT_MINUTES, SpecError
 from test_node_mig import run_bootstrap_after_files, verify_units
 
 HOOK = "aws:autoscaling/lifecycleHook:LifecycleHook"

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
-from gpucluster.spec import DatasetConfig, FsxConfig, NodeGroupConfig, StackSpec, dataset_path
+from gpucluster.spec import DatasetConfig, FsxConfig, NodeGroupConfig, StackSpec, can_run_spot, dataset_path
 
 if TYPE_CHECKING:
     from gpucluster.aws.cluster import GpuClusterArgs
@@ -122,18 +122,6 @@ def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant]) -> NodeIdenti
     return with_boundary(spec, args)  # type: ignore[return-value]
 
 
-def node_identity_name(cluster: str, group: str, first: bool) -> str:
-    """The NodeIdentity (role, profile, policies) of one node group under `GpuCluster(cluster)`.
-
-    One per group: IAM scopes SetInstanceHealth to a group, not to an instance. The first
-    group's keeps the name the stack's one shared identity had, so existing stacks keep that
-    role (and running nodes their credentials); the others are `<cluster>-<group>-node`, short
-    enough that the role (`-role` and Pulumi's 8-character suffix) fits IAM's 64 characters with
-    the longest cluster and group names the spec accepts (`gpucluster.names`).
-    """
-    return f"{cluster}-node-identity" if first else f"{cluster}-{group}-node"
-
-
 def grant_args(grant: S3Grant) -> dict[str, Any]:
     args = {"bucket_name": grant.bucket_name, "prefix": grant.prefix, "write": grant.write}
     if grant.expected_bucket_owner is not None:
@@ -173,12 +161,6 @@ def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequ
     return args  # type: ignore[return-value]
 
 
-def can_run_spot(group: NodeGroupConfig) -> bool:
-    """True when the group may hold spot nodes: a spot share and room above the on-demand base."""
-    cap = group.capacity
-    return cap.market == "mixed" and cap.spot_percent > 0 and group.max_nodes > cap.on_demand_base
-
-
 def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> GuardrailsArgs:
     """Guardrails of every node group (`asgs`: group name -> (ASG name, ASG ARN)), in spec order.
 
@@ -199,20 +181,6 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)
     return with_boundary(spec, args)  # type: ignore[return-value]
-
-
-def dashboard_name(cluster_name: str, region: str) -> str:
-    """The stack's dashboard. Dashboards are global to an account (their ARN has no region) while
-    cluster names are unique per region, hence both; the cluster name leads, as in every name the
-    deploy role may touch (infra/bootstrap-state scopes)."""
-    return f"{cluster_name}-{region}"
-
-
-def dashboard_url(region: str, name: str) -> str:
-    """Where the console shows a dashboard (CloudWatch user guide, "Share dashboards": the URL form)."""
-    domain = ("console.amazonaws.cn" if region.startswith("cn-") else
-              "console.amazonaws-us-gov.com" if region.startswith("us-gov-") else "console.aws.amazon.com")
-    return f"https://{region}.{domain}/cloudwatch/home?region={region}#dashboards/dashboard/{name}"
 
 
 def dashboard_args(spec: StackSpec, asg_names: Mapping[str, Any], *, notify_topic_arn: Any = None,

@@ -44,6 +44,7 @@ from gpucluster.aws.iam import NodeIdentity
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, NodeDataMount
 from gpucluster.aws.observability import ClusterDashboard
+from gpucluster.names import node_identity_name
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
 from gpucluster.spec import DIY_ORGANIZATION, StackSpec
@@ -257,7 +258,7 @@ class GpuCluster(pulumi.ComponentResource):
             for i, group in enumerate(spec.node_groups):
                 # One role per group: IAM scopes SetInstanceHealth to a group, not to an instance.
                 identity = self.node_identities[group.name] = NodeIdentity(
-                    stack.node_identity_name(name, group.name, first=i == 0),
+                    node_identity_name(name, group.name, first=i == 0),
                     stack.node_identity_args(spec, parts.grants), opts=child)
                 network = self.network.groups[group.name]
                 self.groups[group.name] = GpuNodeGroup(f"{name}-{group.name}", stack.node_group_args(

@@ -28,13 +28,13 @@ from gpucluster.aws.args import (
     validate,
 )
 from gpucluster.aws.health import GROUP_METRICS
+from gpucluster.names import dashboard_name, dashboard_url
 from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,
     GPU_METRIC_PERIOD_SECONDS,
     HEALTH_METRICS,
 )
 from gpucluster.noderole import gpu_metric_namespace
-from gpucluster.stack import dashboard_name, dashboard_url
 
 AUTOSCALING_NAMESPACE = "AWS/AutoScaling"
 GUARDRAIL_STOPS_METRIC = "GuardrailStops"

@@ -15,11 +15,11 @@ import pulumi
 import pytest
 
 from gpucluster.aws import guardrails as g
+from gpucluster.aws.children import guardrails_args
 from gpucluster.aws.guardrails import Guardrails
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources, run_plan
 from gpucluster.preflight import parse_stack_config
-from gpucluster.spec import StackSpec
-from gpucluster.stack import can_run_spot, guardrails_args
+from gpucluster.spec import StackSpec, can_run_spot
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 BUDGET = "aws:budgets/budget:Budget"

@@ -248,7 +248,8 @@ def _dashboard_names(spec: StackSpec) -> list[ExpectedName]:
 
 
 def _guardrail_names(spec: StackSpec) -> list[ExpectedName]:
-    """The names under `<cluster>-guardrails` (aws/guardrails.py), for the parts the stack asks for."""
+    """The names under `<cluster>-guardrails` (aws/guardrails.py and its guardrail_* parts), for the
+    parts the stack asks for."""
     c, key = spec.cluster.name, "cluster.name"
     g = f"{c}-guardrails"
     spot = any(can_run_spot(group) for group in spec.node_groups)

@@ -39,7 +39,8 @@ from gpucluster.aws.args import (
     validate,
 )
 from gpucluster.aws.datasets import DatasetBucket, DatasetStore, LustreFileSystem
-from gpucluster.aws.guardrails import LOG_RETENTION_DAYS, Guardrails
+from gpucluster.aws.guardrail_lambda import LOG_RETENTION_DAYS
+from gpucluster.aws.guardrails import Guardrails
 from gpucluster.aws.iam import NodeIdentity
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, NodeDataMount

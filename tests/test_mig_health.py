@@ -327,7 +327,7 @@ def test_a_mig_p4d_group_with_health_checks_fits_ec2s_user_data(base_config: dic
     import gzip
 
     from gpucluster.node.userdata import MAX_USER_DATA_BYTES
-    from gpucluster.spec import USER_DATA_MARGIN_BYTES
+    from gpucluster.preflight import USER_DATA_MARGIN_BYTES
 
     config = two_groups(base_config, stuck_alarm_minutes=30)
     config["gpucluster:node_groups"] = config["gpucluster:node_groups"][:1]

@@ -11,13 +11,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from gpucluster.aws.args import (
-    STACK_TAG,
-    GuardrailsModel,
-    component_options,
-    owned_tags,
-    type_token,
-)
+from gpucluster.aws.args import STACK_TAG, GuardrailsModel, component_options, owned_tags, type_token
 from gpucluster.aws.guardrail_lambda import (
     BASE_TIMEOUT_SECONDS,
     GuardrailContext,

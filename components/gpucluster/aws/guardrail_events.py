@@ -13,11 +13,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from gpucluster.aws.args import (
-    GuardedGroupModel,
-    component_options,
-    type_token,
-)
+from gpucluster.aws.args import GuardedGroupModel, component_options, type_token
 from gpucluster.aws.guardrail_lambda import (
     AUTOSTOP_MARGIN_SECONDS,
     BASE_TIMEOUT_SECONDS,

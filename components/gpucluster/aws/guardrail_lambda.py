@@ -16,13 +16,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from gpucluster.aws.args import (
-    STACK_TAG,
-    GuardrailsModel,
-    component_options,
-    owned_tags,
-    type_token,
-)
+from gpucluster.aws.args import STACK_TAG, GuardrailsModel, component_options, owned_tags, type_token
 from gpucluster.lambdas.tags import STATE_TAGS  # what the Lambdas write on a group they stop
 
 LAMBDA_DIR = Path(__file__).resolve().parent.parent / "lambdas"

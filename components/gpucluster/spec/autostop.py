@@ -7,16 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gpucluster.spec.checks import (
-    check,
-)
-from gpucluster.spec.findings import (
-    Finding,
-)
-from gpucluster.spec.models import (
-    AutoStopConfig,
-    StackSpec,
-)
+from gpucluster.spec.checks import check
+from gpucluster.spec.findings import Finding
+from gpucluster.spec.models import AutoStopConfig, StackSpec
 
 
 @check

@@ -8,19 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import pairwise
 
-from gpucluster.spec.checks import (
-    check,
-)
-from gpucluster.spec.fields import (
-    _num,
-)
-from gpucluster.spec.findings import (
-    Finding,
-)
-from gpucluster.spec.models import (
-    BudgetConfig,
-    StackSpec,
-)
+from gpucluster.spec.checks import check
+from gpucluster.spec.fields import number_text
+from gpucluster.spec.findings import Finding
+from gpucluster.spec.models import BudgetConfig, StackSpec
 
 MAX_BUDGET_NOTIFICATIONS = 10
 
@@ -35,7 +26,7 @@ def budget_findings(b: BudgetConfig, path: str = "budget") -> Iterable[Finding]:
     t = b.alert_thresholds_percent
     if any(later <= earlier for earlier, later in pairwise(t)):
         yield Finding(f"{path}.alert_thresholds_percent",
-                      f"must be strictly ascending, got {', '.join(_num(x) for x in t)}")
+                      f"must be strictly ascending, got {', '.join(number_text(x) for x in t)}")
     # One ACTUAL notification per distinct threshold plus the FORECASTED one at 100 %;
     # a budget holds at most 10 notifications (Budgets API reference, "Notification").
     actual = set(t) | ({b.action_threshold_percent} if b.action_threshold_percent else set())

@@ -10,13 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from gpucluster.spec.findings import (
-    Finding,
-)
-from gpucluster.spec.models import (
-    NodeGroupConfig,
-    StackSpec,
-)
+from gpucluster.spec.findings import Finding
+from gpucluster.spec.models import NodeGroupConfig, StackSpec
 
 # ------------------------------------------------------------- cross-field checks
 

@@ -9,20 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from gpucluster.spec.checks import (
-    check,
-)
-from gpucluster.spec.fields import (
-    BUCKET_RESERVED_PREFIXES,
-    generated_bucket_prefix,
-)
-from gpucluster.spec.findings import (
-    Finding,
-)
-from gpucluster.spec.models import (
-    DatasetConfig,
-    StackSpec,
-)
+from gpucluster.spec.checks import check
+from gpucluster.spec.fields import BUCKET_RESERVED_PREFIXES, generated_bucket_prefix
+from gpucluster.spec.findings import Finding
+from gpucluster.spec.models import DatasetConfig, StackSpec
 
 
 @check

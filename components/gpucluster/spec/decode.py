@@ -14,16 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpucluster.spec.checks import (
-    CHECKS,
-    Check,
-)
-from gpucluster.spec.fields import (
-    DIY_ORGANIZATION,
-    ORGANIZATION_KEY,
-    PROJECT,
-    REGION_KEY,
-)
+from gpucluster.spec.checks import CHECKS, Check
+from gpucluster.spec.fields import DIY_ORGANIZATION, ORGANIZATION_KEY, PROJECT, REGION_KEY
 from gpucluster.spec.findings import (
     MAX_INPUT_BYTES,
     MAX_NESTING,
@@ -35,10 +27,7 @@ from gpucluster.spec.findings import (
     shown,
     validation_findings,
 )
-from gpucluster.spec.models import (
-    StackConfig,
-    StackSpec,
-)
+from gpucluster.spec.models import StackConfig, StackSpec
 
 
 class _JsonRefused(Exception):

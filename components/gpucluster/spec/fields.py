@@ -19,9 +19,7 @@ from pydantic import AfterValidator
 
 from gpucluster import catalog
 from gpucluster.lambdas.tags import CLUSTER_TAG, STACK_TAG
-from gpucluster.spec.findings import (
-    shown,
-)
+from gpucluster.spec.findings import shown
 
 PROJECT = "gpucluster"
 REGION_KEY = "aws:region"
@@ -31,7 +29,7 @@ ORGANIZATION_KEY = f"{PROJECT}:organization"
 # ------------------------------------------------------------------ field validators
 
 
-def _num(value: float) -> str:
+def number_text(value: float) -> str:
     """140.0 -> '140', 2.5 -> '2.5', 10000000 -> '10000000' (never exponent notation); cut when huge."""
     if isinstance(value, int):
         return shown(value)
@@ -41,7 +39,7 @@ def _num(value: float) -> str:
 def _in_range(lo: float, hi: float) -> AfterValidator:
     def check(value: float) -> float:
         if not lo <= value <= hi:
-            raise ValueError(f"must be {_num(lo)}..{_num(hi)}, got {_num(value)}")
+            raise ValueError(f"must be {number_text(lo)}..{number_text(hi)}, got {number_text(value)}")
         return value
 
     return AfterValidator(check)

@@ -7,20 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from gpucluster.spec.checks import (
-    check,
-    join_path,
-)
-from gpucluster.spec.fields import (
-    REGION_KEY,
-)
-from gpucluster.spec.findings import (
-    Finding,
-)
-from gpucluster.spec.models import (
-    NetworkConfig,
-    StackSpec,
-)
+from gpucluster.spec.checks import check, join_path
+from gpucluster.spec.fields import REGION_KEY
+from gpucluster.spec.findings import Finding
+from gpucluster.spec.models import NetworkConfig, StackSpec
 
 
 @check

@@ -9,22 +9,14 @@ by `gpucluster.preflight`.
 from __future__ import annotations
 
 import difflib
+import gzip
 from collections.abc import Iterable, Mapping, Sequence
 
 from gpucluster import catalog
-from gpucluster.spec.checks import (
-    check,
-    group_check,
-    unique_name_findings,
-)
-from gpucluster.spec.fields import (
-    ZONE_NAME,
-    _num,
-)
+from gpucluster.spec.checks import check, group_check, unique_name_findings
+from gpucluster.spec.fields import ZONE_NAME, number_text
 from gpucluster.spec.files import ProjectFileError, read_project_file
-from gpucluster.spec.findings import (
-    Finding,
-)
+from gpucluster.spec.findings import Finding
 from gpucluster.spec.models import (
     MIG_LAUNCH_TIMEOUT_MINUTES,
     MIG_MIN_LAUNCH_TIMEOUT_MINUTES,
@@ -152,7 +144,7 @@ def group_efa_spot(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -
     if g.efa_enabled and g.max_nodes > 1 and cap.market == "mixed" and cap.spot_percent > 0 \
             and g.max_nodes > cap.on_demand_base:
         yield Finding(f"{path}.capacity.spot_percent",
-                      f"a multi-node EFA group holds spot nodes ({_num(cap.spot_percent)} % above the "
+                      f"a multi-node EFA group holds spot nodes ({number_text(cap.spot_percent)} % above the "
                       "base): one reclaimed node stops the whole collective job, and its replacement "
                       "is not placed near the others; run multi-node EFA training on-demand or on a "
                       "Capacity Block, and single-node work on spot in a group of its own",
@@ -169,7 +161,8 @@ def group_capacity(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -
                           "a capacity block needs its reservation id (cr-...)")
         if cap.spot_percent:
             yield Finding(f"{cap_path}.spot_percent",
-                          f"capacity blocks have no spot share; must be 0, got {_num(cap.spot_percent)}")
+                          "capacity blocks have no spot share; must be 0, got "
+                          f"{number_text(cap.spot_percent)}")
         if len(g.instance_types) != 1:
             yield Finding(f"{path}.instance_types",
                           "a capacity block is for exactly one instance type, got "
@@ -180,7 +173,7 @@ def group_capacity(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -
                               f"{t.name} cannot be bought as a Capacity Block for ML")
     elif not float(cap.spot_percent).is_integer():
         yield Finding(f"{cap_path}.spot_percent", "Auto Scaling splits on-demand and spot in whole "
-                      f"percent; use a whole number, got {_num(cap.spot_percent)}")
+                      f"percent; use a whole number, got {number_text(cap.spot_percent)}")
     if cap.market != "capacity_block" and cap.duration_hours is not None:
         yield Finding(f"{cap_path}.duration_hours", "only used with market: capacity_block")
     elif cap.duration_hours is not None:
@@ -263,8 +256,6 @@ def group_node_setup(g: NodeGroupConfig, zones: Sequence[str] | None, path: str)
                 yield Finding(f"{where}.source", str(err))
         if text is not None:
             texts.append(text)
-    import gzip
-
     size = len(gzip.compress("\n".join(texts).encode(), mtime=0))
     if size > NODE_SETUP_MAX_GZIP_BYTES:
         yield Finding(f"{path}.files", f"files and setup take {size} bytes gzipped; EC2 user data leaves "

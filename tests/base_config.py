@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 from gpucluster.plan import Plan, run_program
-from gpucluster.spec import parse_stack_config
+from gpucluster.preflight import parse_stack_config
 
 BASE_CONFIG: dict[str, Any] = {
     "aws:region": "us-east-1",

@@ -38,7 +38,7 @@ from gpucluster.node.userdata import (
 )
 from gpucluster.parts import DataMount
 from gpucluster.plan import load_stack
-from gpucluster.spec import parse_stack_config
+from gpucluster.preflight import parse_stack_config
 
 SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
 SCRIPTS = ["bootstrap.sh", "scratch.sh", "data.sh", "spot-watcher.sh", "interruption-hook.sh", "agent.sh",

@@ -30,7 +30,7 @@ from gpucluster.ops.capacity import (
     search_offerings,
 )
 from gpucluster.policy.offline import check_plan
-from gpucluster.spec import parse_stack_config
+from gpucluster.preflight import parse_stack_config
 
 runner = CliRunner()
 START = datetime(2026, 12, 3, 11, 30, tzinfo=UTC)

@@ -34,16 +34,8 @@ from gpucluster.lambdas import awsapi, budget_action, nodegroups, runtime
 from gpucluster.lambdas.tags import STOPPED_BY_TAG
 from gpucluster.names import autoname
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, RecordingMonitor, record_resources, run_plan
-from gpucluster.spec import (
-    CapacityConfig,
-    CostTags,
-    FsxConfig,
-    MigConfig,
-    SpecError,
-    StackSpec,
-    field_docs,
-    parse_stack_config,
-)
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import CapacityConfig, CostTags, FsxConfig, MigConfig, SpecError, StackSpec, field_docs
 from gpucluster.stack import cluster_args
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"

@@ -25,8 +25,8 @@ from cli_text import folded, joined_lines
 from gpucluster.chart import chart_series, draw_chart
 from gpucluster.cli import app
 from gpucluster.plan import load_stack
+from gpucluster.preflight import parse_stack_config
 from gpucluster.pricing import STRATEGIES, price_stack
-from gpucluster.spec import parse_stack_config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

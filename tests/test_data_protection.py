@@ -12,7 +12,8 @@ import pytest
 from base_config import base, plan_config
 from gpucluster.aws.datasets import DATA_DELETION, bucket_policy
 from gpucluster.plan import Plan
-from gpucluster.spec import SpecError, parse_stack_config
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import SpecError
 from iam_eval import allowed
 from shipped import shipped_plan
 

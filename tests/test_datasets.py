@@ -21,7 +21,8 @@ from gpucluster.aws.datasets import (
     tls_only_policy,
 )
 from gpucluster.plan import PlannedResource, load_stack, record_resources, run_program
-from gpucluster.spec import SpecError, StackSpec, parse_stack_config, stack_warnings
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import SpecError, StackSpec, stack_warnings
 from shipped import shipped_plan
 
 BUCKET = "aws:s3/bucket:Bucket"

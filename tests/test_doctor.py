@@ -33,7 +33,8 @@ from gpucluster.ops.doctor import (
     vcpus_needed,
 )
 from gpucluster.plan import load_stack
-from gpucluster.spec import StackSpec, parse_stack_config
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import StackSpec
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 CR = "cr-0123456789abcdef0"

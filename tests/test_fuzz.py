@@ -28,7 +28,8 @@ from typer.testing import CliRunner
 
 from gpucluster.cli import app
 from gpucluster.plan import StackFileError, load_stack, read_stack_config
-from gpucluster.spec import MAX_FINDINGS, MAX_LINE_CHARS, SpecError, parse_stack_config
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import MAX_FINDINGS, MAX_LINE_CHARS, SpecError
 from gpucluster.stackfile import load_yaml
 
 SEED = 12_0007

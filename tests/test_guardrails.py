@@ -14,11 +14,15 @@ from typing import Any
 import pulumi
 import pytest
 
+from gpucluster.aws import guardrail_budget as gb
+from gpucluster.aws import guardrail_events as ge
+from gpucluster.aws import guardrail_lambda as gl
 from gpucluster.aws import guardrails as g
+from gpucluster.aws.children import guardrails_args
 from gpucluster.aws.guardrails import Guardrails
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources, run_plan
-from gpucluster.spec import StackSpec, parse_stack_config
-from gpucluster.stack import can_run_spot, guardrails_args
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import StackSpec, can_run_spot
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 BUDGET = "aws:budgets/budget:Budget"
@@ -75,7 +79,7 @@ class Built:
         return f"arn:aws:{service}:{self.spec.region}:{MOCK_ACCOUNT}:{self.one(type_, name_part).name}"
 
     def function(self, module: str) -> PlannedResource:
-        return next(r for r in self.all(FUNCTION) if r.inputs["handler"] == g.HANDLERS[module])
+        return next(r for r in self.all(FUNCTION) if r.inputs["handler"] == gl.HANDLERS[module])
 
     def policy(self, function_name: str) -> list[dict[str, Any]]:
         """Statements of the role policy of the Lambda named `function_name`."""
@@ -142,12 +146,12 @@ def actions_of(statements: list[dict[str, Any]], resource: str | None = None) ->
 @pytest.mark.parametrize(("idle", "period", "evaluations"), [
     (5, 60, 5), (14, 60, 14), (15, 300, 3), (30, 300, 6), (33, 60, 33), (120, 300, 24), (1440, 300, 288)])
 def test_idle_window(idle: int, period: int, evaluations: int) -> None:
-    assert g.idle_window(idle) == (period, evaluations)
+    assert ge.idle_window(idle) == (period, evaluations)
 
 
 def test_idle_window_covers_every_allowed_idle_time_exactly_within_a_day() -> None:
     for idle in range(5, 1441):
-        period, evaluations = g.idle_window(idle)
+        period, evaluations = ge.idle_window(idle)
         assert period * evaluations == idle * 60
         assert period * evaluations <= 86_400  # CloudWatch: evaluation range at most one day
 
@@ -155,7 +159,7 @@ def test_idle_window_covers_every_allowed_idle_time_exactly_within_a_day() -> No
 @pytest.mark.parametrize(("amount", "text"), [(500, "500"), (400000, "400000"), (2.5, "2.50"),
                                                (10_000_000, "10000000")])
 def test_usd(amount: float, text: str) -> None:
-    assert g.usd(amount) == text
+    assert gb.usd(amount) == text
 
 
 @pytest.mark.parametrize(("capacity", "max_nodes", "spot"), [
@@ -175,11 +179,11 @@ def test_can_run_spot(base_config: dict[str, Any], capacity: dict[str, Any], max
 def test_timeouts_cover_the_hooks_and_stay_within_lambdas_limit(base_config: dict[str, Any]) -> None:
     longest = spec_of(base_config, autostop={"pre_stop_command": "/hook", "pre_stop_timeout_seconds": 840},
                       spot={"interruption_command": "/hook", "interruption_timeout_seconds": 110})
-    assert g.autostop_timeout(longest.autostop) == 900
-    assert g.spot_timeout(longest.spot) == 140
+    assert ge.autostop_timeout(longest.autostop) == 900
+    assert ge.spot_timeout(longest.spot) == 140
     bare = spec_of(base_config, autostop={"enabled": True})
-    assert g.autostop_timeout(bare.autostop) == 120
-    assert g.spot_timeout(bare.spot) == 60
+    assert ge.autostop_timeout(bare.autostop) == 120
+    assert ge.spot_timeout(bare.spot) == 60
 
 
 def test_a_budget_may_hold_ten_notifications_when_the_action_shares_a_threshold(
@@ -188,7 +192,7 @@ def test_a_budget_may_hold_ten_notifications_when_the_action_shares_a_threshold(
     spec = spec_of(base_config, budget={"monthly_limit_usd": 100, "alert_thresholds_percent": nine,
                                         "action_threshold_percent": 90})
     assert spec.budget is not None
-    notes = g.budget_notifications(spec.budget, "notify", "action")
+    notes = gb.budget_notifications(spec.budget, "notify", "action")
     assert len(notes) == 10
     assert [n["subscriber_sns_topic_arns"] for n in notes if n["threshold"] == 90] == [["action"]]
 
@@ -341,22 +345,22 @@ def test_dev_lambdas_settings_and_environment(dev: Built) -> None:
 
 
 def test_lambda_code_is_the_handler_modules_as_package_lambdas() -> None:
-    archive = g.lambda_code()
-    modules = sorted(p.name for p in g.LAMBDA_DIR.glob("*.py"))
-    handlers = {h.split(".")[1] + ".py" for h in g.HANDLERS.values()}
+    archive = gl.lambda_code()
+    modules = sorted(p.name for p in gl.LAMBDA_DIR.glob("*.py"))
+    handlers = {h.split(".")[1] + ".py" for h in gl.HANDLERS.values()}
     shared = {"__init__.py", "awsapi.py", "runtime.py", "runcommand.py", "nodegroups.py", "asg.py",
               "stops.py", "handlers.py"}
     assert {*shared, *handlers} <= set(modules)
     assert sorted(archive.assets) == [f"lambdas/{m}" for m in modules]
     assert all(isinstance(a, pulumi.FileAsset) for a in archive.assets.values())
-    assert g.LAMBDA_DIR.parts[-3:] == ("components", "gpucluster", "lambdas")
+    assert gl.LAMBDA_DIR.parts[-3:] == ("components", "gpucluster", "lambdas")
 
 
 def test_lambda_archive_is_stable_across_runs_and_ignores_build_noise() -> None:
     """A second plan after a local test run (bytecode in lambdas/) shows the same code hash."""
     first = {f.inputs["name"]: f.inputs["code"] for f in run_plan("dev").of_type(FUNCTION)}
-    noise = [g.LAMBDA_DIR / "__pycache__" / "gpucluster-noise.cpython-313.pyc", g.LAMBDA_DIR / "stray.pyc",
-             g.LAMBDA_DIR / ".coverage"]
+    noise = [gl.LAMBDA_DIR / "__pycache__" / "gpucluster-noise.cpython-313.pyc", gl.LAMBDA_DIR / "stray.pyc",
+             gl.LAMBDA_DIR / ".coverage"]
     try:
         for path in noise:
             path.parent.mkdir(exist_ok=True)
@@ -366,7 +370,7 @@ def test_lambda_archive_is_stable_across_runs_and_ignores_build_noise() -> None:
         for path in noise:
             path.unlink(missing_ok=True)
     assert first == second
-    modules = {f"lambdas/{p.name}" for p in g.LAMBDA_DIR.glob("*.py")}
+    modules = {f"lambdas/{p.name}" for p in gl.LAMBDA_DIR.glob("*.py")}
     for code in second.values():
         assert set(code["files"]) == modules, "only the handler modules, by content"
         assert len(code["sha256"]) == 64
@@ -544,7 +548,7 @@ def test_the_spend_report_reads_and_publishes_only(base_config: dict[str, Any], 
                                            "ce:GetCostForecast", "cloudwatch:GetMetricData"}
     # no report without the key: it is opt-in
     plain = build(spec_of(base_config, budget={"monthly_limit_usd": 700}))
-    assert [r for r in plain.all(FUNCTION) if r.inputs["handler"] == g.HANDLERS["report"]] == []
+    assert [r for r in plain.all(FUNCTION) if r.inputs["handler"] == gl.HANDLERS["report"]] == []
 
 
 def test_nothing_is_built_without_budget_autostop_or_spot(base_config: dict[str, Any]) -> None:
@@ -610,11 +614,11 @@ def lambdas() -> Any:
 def test_handlers_and_state_tags_match_the_lambda_package(lambdas: Any) -> None:
     from gpucluster.lambdas import tags
 
-    assert lambdas.HANDLERS == g.HANDLERS
-    assert tags.STATE_TAGS == g.STATE_TAGS
+    assert lambdas.HANDLERS == gl.HANDLERS
+    assert tags.STATE_TAGS == gl.STATE_TAGS
     assert tags.STACK_TAG == g.STACK_TAG
-    for handler in g.HANDLERS.values():
-        assert (g.LAMBDA_DIR / f"{handler.split('.')[1]}.py").is_file()
+    for handler in gl.HANDLERS.values():
+        assert (gl.LAMBDA_DIR / f"{handler.split('.')[1]}.py").is_file()
 
 
 def test_environment_and_iam_cover_what_each_handler_reads_and_calls(
@@ -639,7 +643,7 @@ def test_the_autostop_handler_reads_schedule_and_alarm_events_as_wired(
     for schedule in dev.all(SCHEDULE):
         event = json.loads(schedule.inputs["target"]["input"])
         assert autostop.schedule_rule_name(event) == schedule.inputs["name"]
-    assert autostop.IDLE_ALARM_SUFFIX == g.IDLE_ALARM_SUFFIX
+    assert autostop.IDLE_ALARM_SUFFIX == ge.IDLE_ALARM_SUFFIX
     alarm = dev.one(ALARM).inputs
     detail = {"alarmName": alarm["name"], "state": {"value": "ALARM"}, "configuration": {"metrics": [
         {"metricStat": {"metric": {"namespace": alarm["namespace"], "name": alarm["metricName"],
@@ -689,4 +693,4 @@ def test_a_block_backed_group_is_stopped_before_its_block_ends(base_config: dict
 def test_no_block_expiry_guardrail_without_a_block(dev: Built, prod: Built) -> None:
     for built in (dev, prod):
         assert not [r for r in built.all(RULE) if "-blocks-" in r.name or "capacity-block" in r.name]
-        assert not [r for r in built.all(FUNCTION) if r.inputs["handler"] == g.HANDLERS["capacity_block"]]
+        assert not [r for r in built.all(FUNCTION) if r.inputs["handler"] == gl.HANDLERS["capacity_block"]]

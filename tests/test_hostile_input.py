@@ -28,13 +28,8 @@ from base_config import BASE_CONFIG, plan_config
 from gpucluster import program
 from gpucluster.cli import app
 from gpucluster.plan import load_stack, record_resources
-from gpucluster.spec import (
-    MAX_FINDINGS,
-    MAX_LINE_CHARS,
-    SHOWN_CHARS,
-    SpecError,
-    parse_stack_config,
-)
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import MAX_FINDINGS, MAX_LINE_CHARS, SHOWN_CHARS, SpecError
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent

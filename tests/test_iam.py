@@ -23,7 +23,8 @@ from gpucluster.noderole import (
 )
 from gpucluster.parts import S3Grant
 from gpucluster.plan import Plan
-from gpucluster.spec import SpecError, generated_bucket_prefix, parse_stack_config
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import SpecError, generated_bucket_prefix
 from iam_eval import allowed
 from shipped import shipped_plan
 

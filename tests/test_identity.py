@@ -21,8 +21,9 @@ from pulumi.runtime.config import set_all_config
 
 from gpucluster import program
 from gpucluster.plan import PlannedResource, load_stack, record_resources
+from gpucluster.preflight import parse_stack_config
 from gpucluster.project import project_name
-from gpucluster.spec import IDENTITY_MAX, SpecError, parse_stack_config, stack_identity
+from gpucluster.spec import IDENTITY_MAX, SpecError, stack_identity
 
 ASG = "aws:autoscaling/group:Group"
 LAMBDA = "aws:lambda/function:Function"

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import gpucluster
 from gpucluster import project, scaffold
 from gpucluster.cli import app
-from gpucluster.spec import parse_stack_config
+from gpucluster.preflight import parse_stack_config
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION = metadata.version("gpucluster")

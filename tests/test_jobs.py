@@ -394,7 +394,7 @@ def test_cli_hostfile_formats(aws: dict[str, Any], monkeypatch: pytest.MonkeyPat
 
 
 def test_checkpoint_uri_of_a_named_bucket_and_of_none(base_config: dict[str, Any]) -> None:
-    from gpucluster.spec import parse_stack_config
+    from gpucluster.preflight import parse_stack_config
 
     base_config["gpucluster:datasets"] = [
         {"name": "data", "bucket_name": "acme-data", "existing": True, "prefix": "d/"},

@@ -15,7 +15,8 @@ import pytest
 
 from cli_text import joined_lines
 from gpucluster import catalog
-from gpucluster.spec import SpecError, parse_stack_config, stack_warnings
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import SpecError, stack_warnings
 
 MIG_TYPES = {"p4d.24xlarge": "A100-40GB", "p4de.24xlarge": "A100-80GB", "p5.4xlarge": "H100-80GB",
              "p5.48xlarge": "H100-80GB", "p5e.48xlarge": "H200-141GB", "p5en.48xlarge": "H200-141GB",

@@ -18,12 +18,8 @@ import pytest
 from base_config import plan_config
 from gpucluster.names import autoname
 from gpucluster.node.userdata import node_bootstrap, node_env, node_files
-from gpucluster.spec import (
-    LAUNCH_TIMEOUT_MINUTES,
-    MIG_LAUNCH_TIMEOUT_MINUTES,
-    SpecError,
-    parse_stack_config,
-)
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import LAUNCH_TIMEOUT_MINUTES, MIG_LAUNCH_TIMEOUT_MINUTES, SpecError
 from test_node_mig import run_bootstrap_after_files, verify_units
 
 HOOK = "aws:autoscaling/lifecycleHook:LifecycleHook"
@@ -331,7 +327,7 @@ def test_a_mig_p4d_group_with_health_checks_fits_ec2s_user_data(base_config: dic
     import gzip
 
     from gpucluster.node.userdata import MAX_USER_DATA_BYTES
-    from gpucluster.spec import USER_DATA_MARGIN_BYTES
+    from gpucluster.preflight import USER_DATA_MARGIN_BYTES
 
     config = two_groups(base_config, stuck_alarm_minutes=30)
     config["gpucluster:node_groups"] = config["gpucluster:node_groups"][:1]

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from base_config import BASE_CONFIG, plan_config
-from gpucluster import names
-from gpucluster import spec as spec_module
+from gpucluster import names, preflight
 from gpucluster.aws import args as args_module
 from gpucluster.names import NAME_RULES, autoname, expected_names, physical_name, physical_names
 from gpucluster.plan import Plan
-from gpucluster.spec import SpecError, parse_stack_config
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import SpecError
 from shipped import shipped_plan
 
 # Every part of the program that names something: created (named and unnamed) and existing buckets,
@@ -128,8 +128,8 @@ def test_one_character_more_is_rejected_and_would_not_deploy(longest: str,
     assert finding.path == "cluster.name"
     assert "AWS allows 64" in finding.message and f"use at most {len(longest)} characters" in finding.message
     assert "\n" not in str(err.value)
-    checks = [c for c in spec_module.CHECKS if c is not spec_module.resource_names]
-    monkeypatch.setattr(spec_module, "CHECKS", checks)  # plan it anyway
+    checks = [c for c in preflight.CHECKS if c is not preflight.resource_names]
+    monkeypatch.setattr(preflight, "CHECKS", checks)  # plan it anyway
     monkeypatch.setattr(args_module, "CHECKS", checks)
     assert too_long(plan_config(config)) != []
 

@@ -26,7 +26,7 @@ from gpucluster.node.userdata import (
     node_files,
     script,
 )
-from gpucluster.spec import parse_stack_config
+from gpucluster.preflight import parse_stack_config
 
 SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
 TOPIC = "arn:aws:sns:us-east-1:123456789012:test-guardrails"

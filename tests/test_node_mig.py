@@ -27,7 +27,7 @@ from gpucluster.node.userdata import (
     node_files,
     render_user_data,
 )
-from gpucluster.spec import parse_stack_config
+from gpucluster.preflight import parse_stack_config
 from test_bootstrap import Sandbox, lint, settings
 
 H100_PLAN = "3g.40gb:4,2g.20gb:0,1g.10gb:2,1g.10gb:3"

@@ -35,7 +35,8 @@ from gpucluster.node.userdata import (
     script,
 )
 from gpucluster.plan import load_stack
-from gpucluster.spec import SpecError, parse_stack_config
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import SpecError
 from shipped import shipped_plan
 from test_bootstrap import lint, settings
 

@@ -16,11 +16,10 @@ from base_config import BASE_CONFIG, plan_config
 from gpucluster.aws.args import ArgsError
 from gpucluster.aws.observability import GUARDRAIL_STOPS_METRIC, STOP_LOG_PHRASE, ClusterDashboard
 from gpucluster.lambdas import asg, nodegroups
-from gpucluster.names import physical_name
+from gpucluster.names import dashboard_url, physical_name
 from gpucluster.node.userdata import HEALTH_METRICS, cloudwatch_agent_config
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.plan import Plan, PlannedResource, record_resources
-from gpucluster.stack import dashboard_url
 from shipped import shipped_plan
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"

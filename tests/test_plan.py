@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from base_config import policy_clean
 from gpucluster.cli import app
 from gpucluster.plan import run_plan, run_program, stack_file, stack_name
+from gpucluster.preflight import parse_stack_config
 from gpucluster.project import stack_names
-from gpucluster.spec import parse_stack_config
 from shipped import shipped_plan
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,6 +8,7 @@ import pytest
 
 from gpucluster import catalog
 from gpucluster.plan import load_stack
+from gpucluster.preflight import parse_stack_config
 from gpucluster.pricing import (
     HOURS_PER_MONTH,
     Assumptions,
@@ -19,7 +20,6 @@ from gpucluster.pricing import (
     service_prices,
     split_nodes,
 )
-from gpucluster.spec import parse_stack_config
 
 # Catalog and price-file figures the hand computations below use.
 P5_ON_DEMAND = 55.04          # p5.48xlarge, us-east-1

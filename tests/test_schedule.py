@@ -10,8 +10,9 @@ import pytest
 
 from gpucluster import schedule
 from gpucluster.plan import load_stack
+from gpucluster.preflight import parse_stack_config
 from gpucluster.pricing import Assumptions, price_stack
-from gpucluster.spec import AutoStopConfig, SpecError, parse_stack_config
+from gpucluster.spec import AutoStopConfig, SpecError
 
 BERLIN = "Europe/Berlin"
 

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from gpucluster import catalog
+from gpucluster.preflight import parse_stack_config
 from gpucluster.sizing import (
     GIB,
     MODELS,
@@ -23,7 +24,6 @@ from gpucluster.sizing import (
     recommend,
     usable_gib_per_gpu,
 )
-from gpucluster.spec import parse_stack_config
 
 # ------------------------------------------------------- DeepSpeed's ZeRO-3 estimator
 

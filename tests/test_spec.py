@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from gpucluster.cli import app
 from gpucluster.plan import load_stack
-from gpucluster.spec import SpecError, parse_stack_config, stack_warnings
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import SpecError, stack_warnings
 
 runner = CliRunner()
 DELETE = object()

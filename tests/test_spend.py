@@ -28,7 +28,8 @@ from gpucluster.lambdas import report
 from gpucluster.node import userdata
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.ops import spend as ops
-from gpucluster.spec import StackSpec, parse_stack_config
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import StackSpec
 
 runner = CliRunner()
 MONDAY = date(2026, 11, 16)

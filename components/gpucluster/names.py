@@ -20,10 +20,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from gpucluster.spec import Finding, StackSpec
+from gpucluster.node.userdata import LAUNCH_HOOK_NAME
+from gpucluster.noderole import run_log_group_name
+from gpucluster.spec import Finding, StackSpec, can_run_spot, generated_bucket_prefix
 
 # pulumi-terraform-bridge AutoName / resource.NewUniqueHex: `<logical name>-<7 random hex>`.
 AUTONAME_SEPARATOR = "-"
@@ -177,11 +178,6 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
     Mirrors the components' naming (`GpuCluster(<cluster.name>)` and its children); a test keeps
     it equal to a plan's names, so a resource added to a component must be added here.
     """
-    from gpucluster.node.userdata import LAUNCH_HOOK_NAME
-    from gpucluster.noderole import run_log_group_name
-    from gpucluster.spec import generated_bucket_prefix
-    from gpucluster.stack import can_run_spot, node_identity_name
-
     c = spec.cluster.name
     names: list[ExpectedName] = []
 
@@ -225,7 +221,7 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
             add(f"datasets[{i}].name", sg, f"{c}-datasets-{d.name}-fsx-sg")
     add("cluster.name", "aws:cloudwatch/logGroup:LogGroup", f"{c}-run-logs",
         run_log_group_name(spec.identity))
-    names += _guardrail_names(spec, can_run_spot)
+    names += _guardrail_names(spec)
     names += _dashboard_names(spec)
     return names
 
@@ -234,8 +230,6 @@ def _dashboard_names(spec: StackSpec) -> list[ExpectedName]:
     """The names under `<cluster>-dashboard` (aws/observability.py): the dashboard, a metric filter per
     guardrail Lambda that stops groups (auto-stop, budget action, Capacity Block expiry), the stuck-job
     alarms."""
-    from gpucluster.stack import dashboard_name
-
     c, key = spec.cluster.name, "cluster.name"
     d = f"{c}-dashboard"
     out = [_entry(key, "aws:cloudwatch/dashboard:Dashboard", f"{d}-dashboard",
@@ -253,8 +247,9 @@ def _dashboard_names(spec: StackSpec) -> list[ExpectedName]:
     return out
 
 
-def _guardrail_names(spec: StackSpec, can_run_spot: Any) -> list[ExpectedName]:
-    """The names under `<cluster>-guardrails` (aws/guardrails.py), for the parts the stack asks for."""
+def _guardrail_names(spec: StackSpec) -> list[ExpectedName]:
+    """The names under `<cluster>-guardrails` (aws/guardrails.py and its guardrail_* parts), for the
+    parts the stack asks for."""
     c, key = spec.cluster.name, "cluster.name"
     g = f"{c}-guardrails"
     spot = any(can_run_spot(group) for group in spec.node_groups)
@@ -316,8 +311,6 @@ def _guardrail_names(spec: StackSpec, can_run_spot: Any) -> list[ExpectedName]:
 
 def name_findings(spec: StackSpec) -> list[Finding]:
     """One finding per stack-file key whose value makes a name longer than AWS allows (its worst)."""
-    from gpucluster.spec import Finding
-
     worst: dict[str, ExpectedName] = {}
     for entry in expected_names(spec):
         excess = len(entry.physical.name) - entry.physical.rule.limit
@@ -345,3 +338,30 @@ def _value_at(spec: StackSpec, key: str) -> str:
     index, _, field = rest.partition("].")
     item = getattr(spec, section)[int(index)]
     return str(getattr(item, field))
+
+
+def node_identity_name(cluster: str, group: str, first: bool) -> str:
+    """The NodeIdentity (role, profile, policies) of one node group under `GpuCluster(cluster)`.
+
+    One per group: IAM scopes SetInstanceHealth to a group, not to an instance. The first
+    group's keeps the name the stack's one shared identity had, so existing stacks keep that
+    role (and running nodes their credentials); the others are `<cluster>-<group>-node`, short
+    enough that the role (`-role` and Pulumi's 8-character suffix) fits IAM's 64 characters with
+    the longest cluster and group names the spec accepts (`gpucluster.names`).
+    """
+    return f"{cluster}-node-identity" if first else f"{cluster}-{group}-node"
+
+
+def dashboard_name(cluster_name: str, region: str) -> str:
+    """The stack's dashboard. Dashboards are global to an account (their ARN has no region) while
+    cluster names are unique per region, hence both; the cluster name leads, as in every name the
+    deploy role may touch (infra/bootstrap-state scopes)."""
+    return f"{cluster_name}-{region}"
+
+
+def dashboard_url(region: str, name: str) -> str:
+    """Where the console shows a dashboard (CloudWatch user guide, "Share dashboards": the URL form)."""
+    domain = ("console.amazonaws.cn" if region.startswith("cn-") else
+              "console.amazonaws-us-gov.com" if region.startswith("us-gov-") else "console.aws.amazon.com")
+    return f"https://{region}.{domain}/cloudwatch/home?region={region}#dashboards/dashboard/{name}"
+

@@ -13,7 +13,8 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from gpucluster.aws.cluster import GpuCluster
-from gpucluster.spec import DIY_ORGANIZATION, SpecError, StackSpec, parse_stack_config
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import DIY_ORGANIZATION, SpecError, StackSpec
 from gpucluster.stack import cluster_args
 
 

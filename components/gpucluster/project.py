@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpucluster.spec import MAX_INPUT_BYTES, PROJECT, Finding, SpecError, StackSpec, clip, parse_stack_config
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import MAX_INPUT_BYTES, PROJECT, Finding, SpecError, StackSpec, clip
+from gpucluster.spec.files import PROJECT_FILE, find_project_root
 from gpucluster.stackfile import load_yaml
 
-PROJECT_FILE = "Pulumi.yaml"
 POLICY_CONFIG_DIR = Path("policies") / "config"
 
 _stacks_dir_override: Path | None = None
@@ -37,14 +38,6 @@ def use_stacks_dir(path: Path | None) -> None:
     global _stacks_dir_override
     _stacks_dir_override = path
 
-
-def find_project_root(start: Path | None = None) -> Path | None:
-    """The nearest directory, from `start` (default: the current one) upward, holding Pulumi.yaml."""
-    here = (start or Path.cwd()).resolve()
-    for directory in (here, *here.parents):
-        if (directory / PROJECT_FILE).is_file():
-            return directory
-    return None
 
 
 def project_name(stack_file: Path) -> str | None:

@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo
 
 from gpucluster.spec import CRON_FIELDS, AutoStopConfig
 
-# components/gpucluster/aws/guardrails.py LIFETIME_CHECK_EXPRESSION is rate(15 minutes): a group
+# components/gpucluster/aws/guardrail_events.py LIFETIME_CHECK_EXPRESSION is rate(15 minutes): a group
 # over its lifetime is stopped at the next check, so a stretch may run this much longer.
 LIFETIME_CHECK = timedelta(minutes=15)
 # How far back to look for the event that set the state at the start of a window: a year holds

@@ -18,7 +18,7 @@ from gpucluster.policy import settings
 from gpucluster.policy.offline import check_plan, plan_records
 from gpucluster.policy.records import Resource
 from gpucluster.policy.rules import RULES, evaluate
-from gpucluster.spec import parse_stack_config
+from gpucluster.preflight import parse_stack_config
 from shipped import shipped_plan
 
 runner = CliRunner()

@@ -27,9 +27,9 @@ from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationEr
 from gpucluster.lambdas.tags import CLUSTER_TAG, STACK_TAG
 from gpucluster.noderole import ROLE_INLINE_POLICIES_MAX_CHARS, node_inline_policies_chars
 from gpucluster.parts import S3Grant
+from gpucluster.preflight import CHECKS
 from gpucluster.spec import (
     CAPACITY_BLOCK_PLACEMENT,
-    CHECKS,
     IDENTITY_TAG_KEYS,
     AbsolutePath,
     AccountId,
@@ -679,6 +679,6 @@ def dashboard_checks(m: ClusterDashboardModel) -> Iterable[Finding]:
 
 
 def stack_checks(spec: StackSpec) -> Iterable[Finding]:
-    """GpuClusterArgs: every named check of the stack file, in the stack file's order."""
+    """GpuClusterArgs: every named check of the stack file (the preflight's included), in its order."""
     for rule in CHECKS:
         yield from rule(spec)

@@ -4,7 +4,7 @@ It owns the order in which parts are built and what each part is handed
 (network ids to node groups, bucket names to node IAM, ASG names to the
 guardrails), and the stack's outputs. Its args are the stack file's sections;
 it checks them with the stack file's rules, then derives every child's args
-through `gpucluster.stack` (the one spec -> args mapping). It must not build
+through `gpucluster.aws.children` (the one spec -> child args mapping). It must not build
 resources itself: each part is a component of its own module, parented here.
 
 Order: network, then the datasets (buckets, FSx in a node group's subnet,
@@ -23,7 +23,7 @@ from typing import Any, NotRequired, TypedDict
 import pulumi
 import pulumi_aws as aws
 
-from gpucluster import stack
+from gpucluster.aws import children
 from gpucluster.aws.args import (
     AutoStopSettings,
     BudgetSettings,
@@ -39,11 +39,13 @@ from gpucluster.aws.args import (
     validate,
 )
 from gpucluster.aws.datasets import DatasetBucket, DatasetStore, LustreFileSystem
-from gpucluster.aws.guardrails import LOG_RETENTION_DAYS, Guardrails
+from gpucluster.aws.guardrail_lambda import LOG_RETENTION_DAYS
+from gpucluster.aws.guardrails import Guardrails
 from gpucluster.aws.iam import NodeIdentity
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, NodeDataMount
 from gpucluster.aws.observability import ClusterDashboard
+from gpucluster.names import node_identity_name
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
 from gpucluster.spec import DIY_ORGANIZATION, StackSpec
@@ -145,22 +147,22 @@ def build_datasets(name: str, spec: StackSpec, *, vpc_id: pulumi.Input[str],
     child = pulumi.ResourceOptions(parent=parts.store)
     for dataset in spec.datasets:
         bucket = parts.buckets[dataset.name] = DatasetBucket(
-            f"{name}-{dataset.name}", stack.dataset_bucket_args(spec, dataset), opts=child)
-        mount = stack.data_mount(spec, dataset, bucket.bucket_name, bucket_owner=bucket.bucket_owner)
+            f"{name}-{dataset.name}", children.dataset_bucket_args(spec, dataset), opts=child)
+        mount = children.data_mount(spec, dataset, bucket.bucket_name, bucket_owner=bucket.bucket_owner)
         entry: dict[str, Any] = {"bucket_name": bucket.bucket_name, "bucket_arn": bucket.bucket_arn,
                                  "existing": dataset.existing, "access": dataset.access,
                                  "prefix": dataset.prefix, "checkpoint_prefix": dataset.checkpoint_prefix,
                                  "path": mount["path"]}
         if dataset.access == "fsx" and dataset.fsx is not None:
             lustre = parts.file_systems[dataset.name] = LustreFileSystem(
-                f"{name}-{dataset.name}-fsx", stack.lustre_args(
+                f"{name}-{dataset.name}-fsx", children.lustre_args(
                     spec, dataset, bucket_name=bucket.bucket_name, vpc_id=vpc_id,
                     subnet_ids_by_zone=subnet_ids_by_zone, node_security_group_ids=node_security_group_ids),
                 opts=child)
             entry |= {"fsx_file_system_id": lustre.file_system_id, "fsx_dns_name": lustre.dns_name,
                       "fsx_mount_name": lustre.mount_name,
-                      "fsx_availability_zone": stack.fsx_zone(spec, dataset.fsx)}
-            mount = stack.data_mount(spec, dataset, bucket.bucket_name, lustre.dns_name, lustre.mount_name,
+                      "fsx_availability_zone": children.fsx_zone(spec, dataset.fsx)}
+            mount = children.data_mount(spec, dataset, bucket.bucket_name, lustre.dns_name, lustre.mount_name,
                                      bucket_owner=bucket.bucket_owner)
         parts.grants.extend(bucket.grants)
         parts.mounts.append(mount)
@@ -241,7 +243,7 @@ class GpuCluster(pulumi.ComponentResource):
         spec = self.spec = cluster_spec(name, args)
         super().__init__(type_token("GpuCluster"), name, None, component_options(opts, OLD_TYPE))
         child = pulumi.ResourceOptions(parent=self)
-        self.network = ClusterNetwork(f"{name}-network", stack.network_args(spec), opts=child)
+        self.network = ClusterNetwork(f"{name}-network", children.network_args(spec), opts=child)
         parts = build_datasets(
             f"{name}-datasets", spec, vpc_id=self.network.vpc_id, subnet_ids_by_zone=self.network.subnets,
             node_security_group_ids={g: n.security_group.id for g, n in self.network.groups.items()},
@@ -257,17 +259,17 @@ class GpuCluster(pulumi.ComponentResource):
             for i, group in enumerate(spec.node_groups):
                 # One role per group: IAM scopes SetInstanceHealth to a group, not to an instance.
                 identity = self.node_identities[group.name] = NodeIdentity(
-                    stack.node_identity_name(name, group.name, first=i == 0),
-                    stack.node_identity_args(spec, parts.grants), opts=child)
+                    node_identity_name(name, group.name, first=i == 0),
+                    children.node_identity_args(spec, parts.grants), opts=child)
                 network = self.network.groups[group.name]
-                self.groups[group.name] = GpuNodeGroup(f"{name}-{group.name}", stack.node_group_args(
+                self.groups[group.name] = GpuNodeGroup(f"{name}-{group.name}", children.node_group_args(
                     spec, group, subnet_ids=network.subnet_ids,
                     security_group_ids=[network.security_group.id],
                     placement_group_name=network.placement_group.name if network.placement_group else None,
                     instance_profile_arn=identity.instance_profile_arn, data_mounts=mounts,
                     node_role_name=identity.role_name, notify_topic_arn=topic_arn, notify_key_arn=key_arn),
                     opts=child)
-            self.guardrails = Guardrails(f"{name}-guardrails", stack.guardrails_args(
+            self.guardrails = Guardrails(f"{name}-guardrails", children.guardrails_args(
                 spec, {g: (n.asg_name, n.asg_arn) for g, n in self.groups.items()}), opts=child)
         finally:
             # Always resolved, so a failure above surfaces as itself, never as a hung program.
@@ -277,10 +279,10 @@ class GpuCluster(pulumi.ComponentResource):
             resolve_key(notify.key.arn if notify else pulumi.Output.from_input(""))
         self.node_identity = self.node_identities[spec.node_groups[0].name]
         guard = self.guardrails
-        # Every guardrail Lambda that scales groups to zero (scaling.scale_to_zero logs each stop).
+        # Every guardrail Lambda that scales groups to zero (asg.scale_to_zero logs each stop).
         stoppers = [part.function for part in (guard.autostop, guard.budget, guard.capacity_block)
                     if part is not None and getattr(part, "function", None) is not None]
-        self.dashboard = ClusterDashboard(f"{name}-dashboard", stack.dashboard_args(
+        self.dashboard = ClusterDashboard(f"{name}-dashboard", children.dashboard_args(
             spec, {g: n.asg_name for g, n in self.groups.items()}, notify_topic_arn=guard.notify_topic_arn,
             guardrail_log_groups=[f.log_group.name for f in stoppers],
             alarm_arns=[a.arn for a in guard.autostop.alarms.values()] if guard.autostop else []),

@@ -52,7 +52,7 @@ ROOT_DEVICE = "/dev/sda1"  # the root device name of Ubuntu AMIs, the DLAMI incl
 IMDS_HOP_LIMIT = 2  # one hop more than the host, so containers reach IMDSv2 (EC2 user guide, IMDS)
 LATEST = "$Latest"
 OLD_TYPE = "gpucluster:nodes:GpuNodeGroup"
-# The tags the guardrail Lambdas write on a group they stop (components/gpucluster/lambdas/scaling.py:
+# The tags the guardrail Lambdas write on a group they stop (components/gpucluster/lambdas/tags.py:
 # gpucluster:stopped-by, gpucluster:previous-desired, gpucluster:previous-min). `resume` and the start
 # schedule need them, so Pulumi must never take them into its state.
 STOP_STATE_TAG_PREFIXES = ("gpucluster:stopped-", "gpucluster:previous-")

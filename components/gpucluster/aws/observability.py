@@ -28,18 +28,18 @@ from gpucluster.aws.args import (
     validate,
 )
 from gpucluster.aws.health import GROUP_METRICS
+from gpucluster.names import dashboard_name, dashboard_url
 from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,
     GPU_METRIC_PERIOD_SECONDS,
     HEALTH_METRICS,
 )
 from gpucluster.noderole import gpu_metric_namespace
-from gpucluster.stack import dashboard_name, dashboard_url
 
 AUTOSCALING_NAMESPACE = "AWS/AutoScaling"
 GUARDRAIL_STOPS_METRIC = "GuardrailStops"
 # What the guardrail Lambdas log, once per group they scale to zero
-# (gpucluster.lambdas.scaling.scale_to_zero: log_event("group scaled to zero", ...)). A quoted term
+# (gpucluster.lambdas.asg.scale_to_zero: log_event("group scaled to zero", ...)). A quoted term
 # matches the exact phrase anywhere in the event (CloudWatch Logs, "Filter pattern syntax").
 STOP_LOG_PHRASE = "group scaled to zero"
 # The stuck-job alarm: every GPU of the group at or above BUSY percent, within FLAT points of each

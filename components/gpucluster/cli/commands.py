@@ -629,9 +629,9 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
     """List the stack's node groups: capacity, who stopped them, GPU health and use, and the dashboard."""
     import boto3
 
+    from gpucluster.names import dashboard_name, dashboard_url
     from gpucluster.noderole import gpu_metric_namespace
     from gpucluster.ops.status import stack_status  # boto3: only the AWS commands pay for it
-    from gpucluster.stack import dashboard_name, dashboard_url
 
     render.use_json(as_json)
     spec = build_spec(stack)

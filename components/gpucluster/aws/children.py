@@ -1,0 +1,195 @@
+"""What GpuCluster hands each child: the one mapping from a `StackSpec` to the Args of the network,
+dataset buckets and file systems, node identities, node groups, guardrails and dashboard.
+
+Pure functions, no resources and no Pulumi import (the Args types are imported for type checking
+only): `GpuCluster` calls them to derive its children's args from its own. What another component
+produces (subnet ids, ARNs, bucket names) comes in as a parameter, a plain value or an Output, and
+goes out untouched. Settings sections are handed on as the stack file wrote them (`model_dump` with
+`exclude_unset`), so each component re-checks exactly what the user set, with the stack file's own
+rules; tags are the stack's tags, identity tags included. It must never import `gpucluster.stack`
+(the program's mapping to GpuClusterArgs sits above the components).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from gpucluster.noderole import run_log_group_name
+from gpucluster.parts import S3Grant
+from gpucluster.spec import DatasetConfig, FsxConfig, NodeGroupConfig, StackSpec, can_run_spot, dataset_path
+
+if TYPE_CHECKING:
+    from gpucluster.aws.datasets import DatasetBucketArgs, LustreFileSystemArgs
+    from gpucluster.aws.guardrails import GuardrailsArgs
+    from gpucluster.aws.iam import NodeIdentityArgs
+    from gpucluster.aws.network import ClusterNetworkArgs
+    from gpucluster.aws.nodes import GpuNodeGroupArgs, NodeDataMount
+    from gpucluster.aws.observability import ClusterDashboardArgs
+
+
+def settings(section: Any) -> Any:
+    """A validated section back in the stack file's words: only the keys the user set."""
+    return section.model_dump(exclude_unset=True)
+
+
+
+def network_args(spec: StackSpec) -> ClusterNetworkArgs:
+    """The network section, plus what each node group needs: its zones, EFA, a placement group."""
+    net = spec.network
+    args: dict[str, Any] = {
+        "cluster_name": spec.cluster.name, "region": spec.region,
+        "availability_zones": list(net.availability_zones), "nat_gateway": net.nat_gateway,
+        "tags": spec.tags,
+        "node_groups": [{"name": g.name, "availability_zones": spec.azs_of(g), "efa": g.efa_enabled,
+                         "multi_node": g.max_nodes > 1, "placement_group": g.uses_placement_group}
+                        for g in spec.node_groups],
+    }
+    if net.vpc_cidr is not None:
+        args["vpc_cidr"] = net.vpc_cidr
+    if net.existing_vpc_id is not None:
+        args["existing_vpc_id"] = net.existing_vpc_id
+        args["existing_subnet_ids"] = dict(net.existing_subnets)
+    return args  # type: ignore[return-value]
+
+
+def dataset_bucket_args(spec: StackSpec, dataset: DatasetConfig) -> DatasetBucketArgs:
+    args: dict[str, Any] = {"dataset": settings(dataset), "cluster_name": spec.cluster.name,
+                            "region": spec.region, "tags": spec.tags}
+    if spec.cluster.break_glass_role is not None:
+        args["break_glass_role"] = spec.cluster.break_glass_role
+    return args  # type: ignore[return-value]
+
+
+def fsx_zone(spec: StackSpec, fsx: FsxConfig) -> str:
+    """fsx.availability_zone, or the first zone of the first node group."""
+    return fsx.availability_zone or spec.azs_of(spec.node_groups[0])[0]
+
+
+def lustre_args(spec: StackSpec, dataset: DatasetConfig, *, bucket_name: Any, vpc_id: Any,
+                subnet_ids_by_zone: Mapping[str, Any],
+                node_security_group_ids: Mapping[str, Any]) -> LustreFileSystemArgs:
+    """FSx of an `access: fsx` dataset: in its zone's subnet, open to every node group."""
+    if dataset.fsx is None:
+        raise ValueError(f"datasets: dataset {dataset.name!r} has no fsx settings")
+    zone = fsx_zone(spec, dataset.fsx)
+    if zone not in subnet_ids_by_zone:
+        raise ValueError(f"datasets: no subnet for FSx zone {zone!r} of dataset {dataset.name!r}; "
+                         f"subnets: {', '.join(sorted(subnet_ids_by_zone))}")
+    return {"dataset": settings(dataset), "bucket_name": bucket_name, "vpc_id": vpc_id,
+            "subnet_id": subnet_ids_by_zone[zone], "node_security_group_ids": dict(node_security_group_ids),
+            "tags": spec.tags}
+
+
+def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any, fsx_dns_name: Any = None,
+               fsx_mount_name: Any = None, bucket_owner: Any = None) -> NodeDataMount:
+    """How the node bootstrap brings one dataset: where it appears on the node, from where, and the
+    account that must own the bucket (`bucket_owner`, else the dataset's expected_bucket_owner)."""
+    mount: dict[str, Any] = {"name": dataset.name, "access": dataset.access, "bucket_name": bucket_name,
+                             "prefix": dataset.prefix, "path": dataset_path(spec, dataset)}
+    if dataset.access == "fsx":
+        mount |= {"fsx_dns_name": fsx_dns_name, "fsx_mount_name": fsx_mount_name}
+        if dataset.fsx is not None and dataset.fsx.client_key_fingerprints:
+            mount["fsx_client_key_fingerprints"] = list(dataset.fsx.client_key_fingerprints)
+    owner = bucket_owner if bucket_owner is not None else dataset.expected_bucket_owner
+    if owner is not None:
+        mount["expected_bucket_owner"] = owner
+    return mount  # type: ignore[return-value]
+
+
+def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant]) -> NodeIdentityArgs:
+    """The nodes' role: the datasets' grants (each pinned to its bucket's owner), the run log group,
+    the node groups' container images (ECR pulls) and the boundary."""
+    args: dict[str, Any] = {
+        "cluster_name": spec.cluster.name,
+        "s3_grants": [grant_args(g) for g in grants],
+        "tags": spec.tags, "run_log_group": run_log_group_name(spec.identity)}
+    images = sorted({g.container_image for g in spec.node_groups if g.container_image})
+    if images:
+        args["container_images"] = images
+    return with_boundary(spec, args)  # type: ignore[return-value]
+
+
+def grant_args(grant: S3Grant) -> dict[str, Any]:
+    args = {"bucket_name": grant.bucket_name, "prefix": grant.prefix, "write": grant.write}
+    if grant.expected_bucket_owner is not None:
+        args["expected_bucket_owner"] = grant.expected_bucket_owner
+    return args
+
+
+def with_boundary(spec: StackSpec, args: dict[str, Any]) -> dict[str, Any]:
+    """`args` plus the stack's permissions boundary, when it names one (every role the stack makes)."""
+    if spec.cluster.permissions_boundary is not None:
+        args["permissions_boundary"] = spec.cluster.permissions_boundary
+    return args
+
+
+def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequence[Any],
+                    security_group_ids: Sequence[Any], placement_group_name: Any,
+                    instance_profile_arn: Any, data_mounts: Sequence[NodeDataMount],
+                    node_role_name: Any = None, notify_topic_arn: Any = "",
+                    notify_key_arn: Any = "") -> GpuNodeGroupArgs:
+    """One node group in the network's subnets for its zones, with every dataset mounted.
+
+    `node_role_name` is the role of `instance_profile_arn` (it gets the group's health
+    permission); the topic and key are where nodes report health findings.
+    """
+    args: dict[str, Any] = {
+        "node_group": settings(group), "cluster_name": spec.cluster.name, "region": spec.region,
+        "identity": spec.identity, "subnet_ids": list(subnet_ids),
+        "security_group_ids": list(security_group_ids), "instance_profile_arn": instance_profile_arn,
+        "tags": spec.tags, "spot": settings(spec.spot), "data_mounts": list(data_mounts),
+        "autostop": settings(spec.autostop), "notify_topic_arn": notify_topic_arn,
+        "notify_key_arn": notify_key_arn,
+    }
+    if node_role_name is not None:
+        args["node_role_name"] = node_role_name
+    if placement_group_name is not None:
+        args["placement_group_name"] = placement_group_name
+    return args  # type: ignore[return-value]
+
+
+def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> GuardrailsArgs:
+    """Guardrails of every node group (`asgs`: group name -> (ASG name, ASG ARN)), in spec order.
+
+    The groups are the stack's own and already carry the identity tag: no `tag_groups`.
+    """
+    args: dict[str, Any] = {
+        "groups": [{"name": g.name, "asg_name": asgs[g.name][0], "asg_arn": asgs[g.name][1],
+                    "can_run_spot": can_run_spot(g),
+                    **({"capacity_block_reservation_id": g.capacity.capacity_reservation_id}
+                       if g.capacity.market == "capacity_block" else {})}
+                   for g in spec.node_groups],
+        "cluster_name": spec.cluster.name, "identity": spec.identity, "region": spec.region,
+        "tags": spec.tags, "autostop": settings(spec.autostop), "spot": settings(spec.spot),
+        "tag_groups": False,
+        # gpucluster's own nodes run gpucluster-job: `run --restart-on-replace` works on them
+        "restart_jobs": True,
+    }
+    if spec.budget is not None:
+        args["budget"] = settings(spec.budget)
+    return with_boundary(spec, args)  # type: ignore[return-value]
+
+
+def dashboard_args(spec: StackSpec, asg_names: Mapping[str, Any], *, notify_topic_arn: Any = None,
+                   guardrail_log_groups: Sequence[Any] = (),
+                   alarm_arns: Sequence[Any] = ()) -> ClusterDashboardArgs:
+    """The stack's dashboard: every node group (group name -> ASG name), with its stuck-job alarm if set."""
+    groups: list[dict[str, Any]] = []
+    for g in spec.node_groups:
+        entry: dict[str, Any] = {"name": g.name, "asg_name": asg_names[g.name]}
+        if g.health_checks.stuck_alarm_minutes is not None:
+            entry["stuck_alarm_minutes"] = g.health_checks.stuck_alarm_minutes
+            if g.mig is not None:
+                entry["mig"] = True
+        groups.append(entry)
+    args: dict[str, Any] = {
+        "cluster_name": spec.cluster.name, "identity": spec.identity, "region": spec.region,
+        "groups": groups, "guardrail_log_groups": list(guardrail_log_groups),
+        "alarm_arns": list(alarm_arns), "tags": spec.tags,
+    }
+    if notify_topic_arn is not None:
+        args["notify_topic_arn"] = notify_topic_arn
+    if spec.budget is not None:
+        args["budget"] = settings(spec.budget)
+    return args  # type: ignore[return-value]

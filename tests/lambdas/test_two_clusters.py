@@ -27,7 +27,7 @@ from test_spot_interruption import interruption_event
 from typer.testing import CliRunner
 
 from conftest import shared_client
-from gpucluster.cli import app, commands
+from gpucluster.cli import app, common
 from gpucluster.lambdas import autostop, budget_action, scaling, spot_interruption
 from gpucluster.plan import PlannedResource, load_stack
 from gpucluster.project import stacks_dir
@@ -197,7 +197,7 @@ def test_status_and_resume_from_each_stack_file_see_their_own_group(account, tea
     from test_operations import ACTIVE, cost_explorer
 
     a, b = teams
-    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
+    monkeypatch.setattr(common, "cost_explorer", lambda spec: cost_explorer(ACTIVE))
     for t in teams:
         scaling.scale_to_zero(account, account.describe_auto_scaling_groups(
             AutoScalingGroupNames=[t.group])["AutoScalingGroups"][0], "budget")

@@ -34,15 +34,20 @@ SPEC = load_stack("prod")[2]
 STATUS = "pretrain running - 2025-06-02_10:00:00\neval failed 3 2025-06-01_09:00:00\n"
 
 
+def _answers(stub: Stubber, *invocations: dict[str, Any]) -> None:
+    """One send_command and one get_command_invocation answer per node, in rank order."""
+    _sends(stub, len(invocations))
+    for invocation in invocations:
+        stub.add_response("get_command_invocation", invocation)
+
+
 def test_list_jobs_reads_every_node_and_names_the_silent(aws: dict[str, Any],  # noqa: F811
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     _online(monkeypatch)
     ssm = boto3.client("ssm", region_name="us-east-1")
     stub = Stubber(ssm)
-    _sends(stub, 3)
-    for n in range(3):
-        stub.add_response("get_command_invocation", _invocation("Failed", 1) if n == 1
-                          else _invocation("Success", 0, STATUS))
+    answered = _invocation("Success", 0, STATUS)
+    _answers(stub, answered, _invocation("Failed", 1), answered)
     shown = Shown()
     with stub:
         listing = list_jobs(SPEC, "h100-train", clients=_clients(ssm), progress=shown)
@@ -62,8 +67,7 @@ def test_on_nodes_picks_one_node_and_refuses_an_unknown_one(aws: dict[str, Any],
     with pytest.raises(RunError, match=r"--node: no in-service node '9' \(a rank 0\.\.2,"):
         on_nodes(SPEC, "h100-train", "true", clients=_clients(ssm), comment="gpucluster logs", node="9")
     with Stubber(ssm) as stub:
-        _sends(stub, 1)
-        stub.add_response("get_command_invocation", _invocation("Success", 0, "step 10 loss 1.5\n"))
+        _answers(stub, _invocation("Success", 0, "step 10 loss 1.5\n"))
         answers = job_logs(SPEC, "pretrain", "h100-train", lines=50, clients=_clients(ssm), node="1")
         stub.assert_no_pending_responses()
     assert [r.stdout for r in answers.results] == ["step 10 loss 1.5\n"]
@@ -79,9 +83,7 @@ def test_cancel_job_drops_the_record_first_then_stops_it_everywhere(aws: dict[st
                              lambda event_name, **_: events.append(event_name.rsplit(".", 1)[-1]))
     with Stubber(ssm) as stub:
         stub.add_response("delete_parameter", {}, {"Name": job_parameter_name(SPEC.identity, "pretrain")})
-        _sends(stub, 3)
-        for _ in range(3):
-            stub.add_response("get_command_invocation", _invocation("Success", 0, "cancelled\n"))
+        _answers(stub, *[_invocation("Success", 0, "cancelled\n")] * 3)
         done = cancel_job(SPEC, "pretrain", "h100-train", clients=_clients(ssm),
                           on_record_removed=lambda: events.append("told"))
         stub.assert_no_pending_responses()
@@ -94,9 +96,7 @@ def test_prepare_follow_finds_the_job_s_nodes_or_none(aws: dict[str, Any],  # no
     _online(monkeypatch)
     ssm = boto3.client("ssm", region_name="us-east-1")
     stub = Stubber(ssm)
-    _sends(stub, 3)
-    for n in range(3):
-        stub.add_response("get_command_invocation", _invocation("Success", 0, STATUS if n else ""))
+    _answers(stub, _invocation("Success", 0, ""), *[_invocation("Success", 0, STATUS)] * 2)
     with stub:
         session = prepare_follow(SPEC, "pretrain", "h100-train", clients=_clients(ssm))
     ids = [r.instance_id for r in session.results]
@@ -105,9 +105,7 @@ def test_prepare_follow_finds_the_job_s_nodes_or_none(aws: dict[str, Any],  # no
     assert session.streams == {job_log_stream(i, "pretrain"): i for i in ids[1:]}
     assert session.follower.waiting == set(session.streams)  # both running
     stub = Stubber(ssm)
-    _sends(stub, 3)
-    for _ in range(3):
-        stub.add_response("get_command_invocation", _invocation("Success", 0, ""))
+    _answers(stub, *[_invocation("Success", 0, "")] * 3)
     with stub:
         none = prepare_follow(SPEC, "other", "h100-train", clients=_clients(ssm))
     assert none.follower is None and not none.found

@@ -37,7 +37,7 @@ from gpucluster.cli.common import (
 
 if TYPE_CHECKING:
     from gpucluster.ops.nodes import Node
-    from gpucluster.ops.status import GroupStatus, ResumeCandidate
+    from gpucluster.ops.status import GroupStatus, ResumeCandidate, ResumeResult
     from gpucluster.spec import StackSpec
 
 
@@ -169,6 +169,14 @@ def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate], action: str
     return out
 
 
+def restored_lines(todo: list[ResumeCandidate], results: list[ResumeResult], verb: str) -> list[str]:
+    """What `resume` or `start` (`verb`: resumed, started) did to each group, from its nodes before."""
+    before = {c.group: c.desired_now for c in todo}
+    return [f"{verb} {r.group} (stopped by {r.stopped_by}): {before.get(r.group, 0)} -> "
+            f"{r.desired_capacity} node(s), min {r.min_size}" if r.action == "resumed"
+            else f"not {verb} {r.group}: {r.reason}" for r in results]
+
+
 def explain_nothing_to_resume(stack: str, spec: StackSpec, candidates: list[ResumeCandidate],
                               only: list[str]) -> list[str]:
     """Why `resume` has nothing to do, per group, and what to do instead."""
@@ -256,13 +264,8 @@ def resume(
     results = aws_call("resume", lambda: resume_stack(
         spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown),
         f"restarting {len(todo)} group(s)")
-    before = {c.group: c.desired_now for c in todo}
-    for r in results:
-        if r.action == "resumed":
-            render.say(f"resumed {r.group} (stopped by {r.stopped_by}): {before.get(r.group, 0)} -> "
-                       f"{r.desired_capacity} node(s), min {r.min_size}")
-        else:
-            render.say(f"not resumed {r.group}: {r.reason}")
+    for line in restored_lines(todo, results, "resumed"):
+        render.say(line)
     rows = aws_call("resume", lambda: stack_status(spec.identity, autoscaling_client=client))
     for line in render_status(rows):
         render.say(line)
@@ -518,13 +521,8 @@ def start(
     results = aws_call("start", lambda: start_stack(
         spec.identity, {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client),
         f"restarting {len(todo)} group(s)")
-    before = {c.group: c.desired_now for c in todo}
-    for r in results:
-        if r.action == "resumed":
-            render.say(f"started {r.group} (stopped by {r.stopped_by}): {before.get(r.group, 0)} -> "
-                       f"{r.desired_capacity} node(s), min {r.min_size}")
-        else:
-            render.say(f"not started {r.group}: {r.reason}")
+    for line in restored_lines(todo, results, "started"):
+        render.say(line)
     if any(r.action != "resumed" for r in results):
         raise typer.Exit(EXIT_BLOCKED)
 

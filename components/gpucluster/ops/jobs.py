@@ -16,7 +16,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from gpucluster.noderole import run_log_group_name
-from gpucluster.ops.launch import Clients, Progress, drop_restart_record, find_nodes, no_progress
+from gpucluster.ops import Clients, Spinner, no_spinner
+from gpucluster.ops.launch import drop_restart_record, find_nodes
 
 if TYPE_CHECKING:
     from gpucluster.ops.joblogs import JobFollower, LogLine
@@ -38,7 +39,7 @@ class NodeAnswers:
 
 
 def on_nodes(spec: StackSpec, group: str | None, script: str, *, clients: Clients, comment: str,
-             node: str | None = None, progress: Progress = no_progress) -> NodeAnswers:
+             node: str | None = None, progress: Spinner = no_spinner) -> NodeAnswers:
     """Run a short gpucluster-job command on the in-service nodes (one, given `node`) and wait.
 
     `node` is a rank, an instance id or a private IP; none in service matches: RunError.
@@ -81,7 +82,7 @@ class JobListing(NodeAnswers):
 
 
 def list_jobs(spec: StackSpec, group: str | None, *, clients: Clients,
-              progress: Progress = no_progress) -> JobListing:
+              progress: Spinner = no_spinner) -> JobListing:
     """Every detached job on the stack's in-service nodes (of one node group), per node."""
     from gpucluster.ops.run import JOB_TOOL, parse_job_states
 
@@ -99,7 +100,7 @@ def list_jobs(spec: StackSpec, group: str | None, *, clients: Clients,
 
 
 def job_logs(spec: StackSpec, name: str, group: str | None, *, lines: int, clients: Clients,
-             node: str | None = None, progress: Progress = no_progress) -> NodeAnswers:
+             node: str | None = None, progress: Spinner = no_spinner) -> NodeAnswers:
     """The last `lines` of a detached job's output on each node (or one)."""
     from gpucluster.ops.run import JOB_TOOL
 
@@ -114,7 +115,7 @@ class Cancelled(NodeAnswers):
 
 
 def cancel_job(spec: StackSpec, name: str, group: str | None, *, clients: Clients,
-               progress: Progress = no_progress,
+               progress: Spinner = no_spinner,
                on_record_removed: Callable[[], None] | None = None) -> Cancelled:
     """Stop a detached job on every node; its restart record goes first (`on_record_removed` then)."""
     from gpucluster.lambdas.jobnames import job_parameter_name
@@ -145,7 +146,7 @@ class FollowSession(NodeAnswers):
 
 
 def prepare_follow(spec: StackSpec, name: str, group: str | None, *, clients: Clients,
-                   node: str | None = None, progress: Progress = no_progress) -> FollowSession:
+                   node: str | None = None, progress: Spinner = no_spinner) -> FollowSession:
     """Ask the nodes which run job `name`, and set up following their CloudWatch Logs streams.
 
     From a minute before the job's first start (clock skew); without a start time, the last day.

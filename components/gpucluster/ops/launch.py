@@ -12,31 +12,22 @@ It returns result objects and prints nothing: progress is the caller's (`progres
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gpucluster.lambdas.scaling import AWS_ERRORS, error_code
 from gpucluster.noderole import run_log_group_name
+from gpucluster.ops import Clients, Spinner, no_spinner
 
 if TYPE_CHECKING:
     from gpucluster.ops.nodes import Node
     from gpucluster.ops.run import JobPlan, JobResult, NodeResult
     from gpucluster.spec import StackSpec
 
-Clients = Callable[[str], Any]
-"""A service name -> a boto3 client in the stack's region."""
-Progress = Callable[[str], AbstractContextManager[Any]]
-"""Shows `what` while a block runs (a spinner in the CLI); `no_progress` shows nothing."""
-
-
-def no_progress(_what: str) -> AbstractContextManager[Any]:
-    return nullcontext()
-
 
 def find_nodes(spec: StackSpec, group: str | None, *, clients: Clients,
-               progress: Progress = no_progress) -> list[Node]:
+               progress: Spinner = no_spinner) -> list[Node]:
     """The stack's nodes (of one node group when given) in rank order; MIG devices count as slots."""
     from gpucluster.ops.nodes import stack_nodes
 
@@ -108,7 +99,7 @@ class RunPlan:
         return job_parameter_name(self.identity, self.plan.detach or "")
 
 
-def plan_run(spec: StackSpec, group: str, command: str, *, clients: Clients, progress: Progress = no_progress,
+def plan_run(spec: StackSpec, group: str, command: str, *, clients: Clients, progress: Spinner = no_spinner,
              detach: bool = False, name: str | None = None, restart_on_replace: bool = False,
              master_port: int = 29500, workdir: str | None = None, timeout: int | None = None) -> RunPlan:
     """Find the group's nodes and plan `command` on each (RunError, NodesError: the request is wrong).
@@ -160,7 +151,7 @@ class RunOutcome:
 
 
 def start_run(run: RunPlan, ssm: Any, *, on_change: Callable[[NodeResult], None] | None = None,
-              progress: Progress = no_progress) -> RunOutcome:
+              progress: Spinner = no_spinner) -> RunOutcome:
     """Send the job to every node and wait; a job that cannot start on all is cancelled on all.
 
     A detached job that started everywhere gets its restart record stored (or an older one
@@ -190,7 +181,7 @@ def start_run(run: RunPlan, ssm: Any, *, on_change: Callable[[NodeResult], None]
 
 
 def record_restart(ssm: Any, parameter: str, job: str, group: str, record: dict[str, Any] | None, *,
-                   progress: Progress = no_progress) -> RestartRecord:
+                   progress: Spinner = no_spinner) -> RestartRecord:
     """Store (or, without restart-on-replace, drop) the job's record for the restart handler.
 
     A job started again under the same name without the flag must not inherit an older record.

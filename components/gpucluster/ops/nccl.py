@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from gpucluster import catalog
 from gpucluster.node.userdata import script
 from gpucluster.noderole import run_log_group_name
-from gpucluster.ops.launch import Clients, Progress, find_nodes, group_environment, no_progress
+from gpucluster.ops import Clients, Spinner, no_spinner
+from gpucluster.ops.launch import find_nodes, group_environment
 from gpucluster.ops.nodes import Node
 from gpucluster.ops.run import (
     JobPlan,
@@ -297,7 +298,7 @@ class NcclSetup:
 
 
 def prepare_nccl_test(spec: StackSpec, group: str, *, clients: Clients, max_bytes: str = DEFAULT_MAX_BYTES,
-                      progress: Progress = no_progress) -> NcclSetup:
+                      progress: Spinner = no_spinner) -> NcclSetup:
     """Find the group's nodes and plan the test on them (RunError, NodesError: the request is wrong)."""
     found = find_nodes(spec, group, clients=clients, progress=progress)
     base = plan_nccl_test(found, log_group=run_log_group_name(spec.identity),
@@ -315,7 +316,7 @@ class NcclResult:
 
 def execute_nccl_test(setup: NcclSetup, run_id: str, ssm: Any, *,
                       on_phase: Callable[[str], None] | None = None,
-                      progress: Progress = no_progress) -> NcclResult:
+                      progress: Spinner = no_spinner) -> NcclResult:
     """The phases through SSM (`progress` around each), then the verdict against the network."""
     send = ssm_runner(ssm)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpucluster.ops.launch import Clients, Progress, no_progress
+from gpucluster.ops import Clients, Spinner, no_spinner
 
 if TYPE_CHECKING:
     from gpucluster.ops.status import GroupStatus
@@ -27,7 +27,7 @@ class StackOverview:
 
 
 def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
-                   progress: Progress = no_progress) -> StackOverview:
+                   progress: Spinner = no_spinner) -> StackOverview:
     """The stack's groups with their health, its dashboard, the cost-tag check (`ce`: Cost Explorer)."""
     from gpucluster.noderole import gpu_metric_namespace
     from gpucluster.ops.doctor import cost_tag_warning

@@ -42,7 +42,7 @@ else:
 marks = [("start", time.perf_counter())]
 def mark(name):
     marks.append((name, time.perf_counter()))
-from gpucluster.cli import commands, render
+from gpucluster.cli import planning, render
 mark("import the CLI")
 from gpucluster import program
 mark("import the program")
@@ -51,9 +51,9 @@ name, config, spec = load_stack(stack)
 mark("validate the stack file")
 plan = run_program(name, config, spec)
 mark("run the program under the mock engine")
-violations, notes = commands.check_policies(plan, None)
+violations, notes = planning.check_policies(plan, None)
 mark("policies")
-cost = commands.plan_cost(plan.spec)
+cost = planning.plan_cost(plan.spec)
 mark("cost")
 document = plan.as_json()
 document["cost"] = cost.as_json()

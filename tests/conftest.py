@@ -42,7 +42,7 @@ os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
 
 import shipped
 from base_config import BASE_CONFIG
-from gpucluster.cli import commands
+from gpucluster.cli import common
 from gpucluster.plan import PlanMocks
 
 pulumi.runtime.set_mocks(PlanMocks("us-east-1"), project="gpucluster", stack="test", preview=False)
@@ -62,7 +62,7 @@ def _command_built_once(typer_instance: typer.Typer) -> Any:
 
 
 _build_command = typer.main.get_command
-typer.main.get_command = _command_built_once  # Typer.__call__ (commands.main) looks it up here
+typer.main.get_command = _command_built_once  # Typer.__call__ (entry.main) looks it up here
 typer.testing._get_command = _command_built_once  # CliRunner.invoke
 
 
@@ -134,7 +134,7 @@ def cli_plans_once(monkeypatch: pytest.MonkeyPatch) -> None:
     For tests of what the command prints (its options, policy configs, colour): the program
     still runs, once per test process and stack file content (see `shipped.planned_once`).
     """
-    monkeypatch.setattr(commands, "run_plan", shipped.planned_once)
+    monkeypatch.setattr(common, "run_plan", shipped.planned_once)
 
 
 @pytest.fixture

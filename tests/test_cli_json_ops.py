@@ -12,7 +12,7 @@ import pytest
 from botocore.stub import ANY, Stubber
 from typer.testing import CliRunner
 
-from gpucluster.cli import app, jobs
+from gpucluster.cli import app, common
 from gpucluster.lambdas.jobnames import job_parameter_name
 from test_capacity import OFFERING, ec2, offering, purchased, searched  # noqa: F401  (ec2: fixture)
 from test_detached_jobs import _stub_ssm
@@ -120,8 +120,8 @@ def test_run_nccl_test_json_gives_the_bandwidth_per_size_and_the_verdict(
         aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     _online(monkeypatch)
     fake = FakeSsm()
-    real = jobs._client
-    monkeypatch.setattr(jobs, "_client",
+    real = common.client
+    monkeypatch.setattr(common, "client",
                         lambda spec, service: fake if service == "ssm" else real(spec, service))
     dry = run_json("run", "prod", "-g", "h100-train", "--nccl-test", "--dry-run")
     assert fake.sent == [] and dry["dry_run"] is True

@@ -19,7 +19,7 @@ import typer
 from moto import mock_aws
 from typer.testing import CliRunner
 
-from gpucluster.cli import app, commands, render
+from gpucluster.cli import app, common, entry, render
 from gpucluster.lambdas import asg
 from gpucluster.ops.doctor import DoctorFinding
 from gpucluster.project import stack_names
@@ -56,7 +56,7 @@ def test_every_command_has_json_and_shows_flags_as_flags(command: str) -> None:
 def moto_stack(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A moto account where the dev stack has one group, stopped by the idle guardrail (and the
     budget's cost-allocation tag active: moto has no ListCostAllocationTags)."""
-    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
+    monkeypatch.setattr(common, "cost_explorer", lambda spec: cost_explorer(ACTIVE))
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     with mock_aws():
@@ -154,7 +154,7 @@ def test_bad_policy_config_as_json(tmp_path: Path) -> None:
 
 def test_usage_errors_are_json_with_json(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
-        commands.main(["plan", "dev", "--json", "--no-such-option"])
+        entry.main(["plan", "dev", "--json", "--no-such-option"])
     assert exited.value.code == 2
     [error] = json.loads(capsys.readouterr().out)["errors"]
     assert "No such option: --no-such-option" in error["message"]

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from cli_text import joined_lines
 from fake_node import logged_calls
-from gpucluster.cli import app, jobs
+from gpucluster.cli import app, common
 from gpucluster.node import userdata
 from gpucluster.node.userdata import node_files, script
 from gpucluster.ops import run as ops_run
@@ -270,8 +270,8 @@ def _stub_ssm(monkeypatch: pytest.MonkeyPatch, replies: list[dict[str, Any]], *,
         stub.add_response("get_command_invocation", reply, {"CommandId": f"{n:036d}", "InstanceId": ANY})
     if record == "after":
         stub.add_client_error("delete_parameter", "ParameterNotFound", expected_params={"Name": ANY})
-    real = jobs._client
-    monkeypatch.setattr(jobs, "_client",
+    real = common.client
+    monkeypatch.setattr(common, "client",
                         lambda spec, service: ssm if service == "ssm" else real(spec, service))
     return stub
 

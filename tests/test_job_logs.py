@@ -15,7 +15,7 @@ import pytest
 from botocore.stub import Stubber
 from typer.testing import CliRunner
 
-from gpucluster.cli import app, jobs
+from gpucluster.cli import app, common
 from gpucluster.node.userdata import cloudwatch_agent_config, node_files
 from gpucluster.ops import joblogs
 from gpucluster.ops.joblogs import Ending, JobFollower, follow, job_log_stream, parse_started
@@ -169,8 +169,8 @@ def test_started_times_from_the_job_tool() -> None:
 
 
 def _stub_logs(monkeypatch: pytest.MonkeyPatch, logs: Any) -> None:
-    real = jobs._client
-    monkeypatch.setattr(jobs, "_client",
+    real = common.client
+    monkeypatch.setattr(common, "client",
                         lambda spec, service: logs if service == "logs" else real(spec, service))
 
 

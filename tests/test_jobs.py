@@ -19,8 +19,9 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from cli_text import joined_lines
-from gpucluster.cli import app, jobs
+from gpucluster.cli import app, common
 from gpucluster.noderole import run_log_group_name
+from gpucluster.ops import launch
 from gpucluster.ops import nodes as ops_nodes
 from gpucluster.ops.nodes import Node, ranked, ssm_ping, stack_nodes
 from gpucluster.ops.run import RunError, plan_job, send_job, wait_job
@@ -263,8 +264,8 @@ class RecordingSsm:
 def test_cli_run_sends_one_command_per_node(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     _online(monkeypatch)
     recorder = RecordingSsm(boto3.client("ssm", region_name="us-east-1"))
-    real_client = jobs._client
-    monkeypatch.setattr(jobs, "_client", lambda spec, service: recorder if service == "ssm"
+    real_client = common.client
+    monkeypatch.setattr(common, "client", lambda spec, service: recorder if service == "ssm"
                         else real_client(spec, service))
     result = runner.invoke(app, ["run", "prod", "--group", "h100-train", "--timeout", "600", "--",
                                  "nvidia-smi", "-L"])
@@ -340,8 +341,8 @@ def test_cli_run_exits_1_and_names_the_failed_rank(aws: dict[str, Any],
     for n in range(3):
         stub.add_response("get_command_invocation",
                           _invocation("Failed", 2, err="boom\n") if n == 2 else _invocation("Success", 0))
-    real_client = jobs._client
-    monkeypatch.setattr(jobs, "_client", lambda spec, service: ssm if service == "ssm"
+    real_client = common.client
+    monkeypatch.setattr(common, "client", lambda spec, service: ssm if service == "ssm"
                         else real_client(spec, service))
     with stub:
         result = runner.invoke(app, ["run", "prod", "--group", "h100-train", "--", "false"])
@@ -399,6 +400,6 @@ def test_checkpoint_uri_of_a_named_bucket_and_of_none(base_config: dict[str, Any
     base_config["gpucluster:datasets"] = [
         {"name": "data", "bucket_name": "acme-data", "existing": True, "prefix": "d/"},
         {"name": "ckpt", "bucket_name": "acme-ckpt", "checkpoint_prefix": "runs/"}]
-    assert jobs.checkpoint_uri(parse_stack_config(base_config, stack="t")) == "s3://acme-ckpt/runs/"
+    assert launch.checkpoint_uri(parse_stack_config(base_config, stack="t")) == "s3://acme-ckpt/runs/"
     base_config["gpucluster:datasets"] = [{"name": "ckpt", "checkpoint_prefix": "runs/"}]
-    assert jobs.checkpoint_uri(parse_stack_config(base_config, stack="t")) is None  # named at deploy
+    assert launch.checkpoint_uri(parse_stack_config(base_config, stack="t")) is None  # named at deploy

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gpucluster.cli import app, jobs
+from gpucluster.cli import app, common
 from gpucluster.node import userdata
 from gpucluster.ops import nccl
 from gpucluster.ops.nccl import (
@@ -293,8 +293,8 @@ def test_cli_nccl_test_sends_each_phase_and_prints_the_bandwidth(aws: dict[str, 
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     _online(monkeypatch)
     ssm = FakeSsm()
-    real = jobs._client
-    monkeypatch.setattr(jobs, "_client",
+    real = common.client
+    monkeypatch.setattr(common, "client",
                         lambda spec, service: ssm if service == "ssm" else real(spec, service))
     result = runner.invoke(app, ["run", "prod", "-g", "h100-train", "--nccl-test"])
     assert result.exit_code == 1, result.output  # 41.5 GB/s is 10 % of p5's 400: a fabric problem

@@ -11,7 +11,7 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from cli_text import joined_lines
-from gpucluster.cli import app, commands
+from gpucluster.cli import app, common
 from gpucluster.lambdas import asg, awsapi
 from gpucluster.lambdas.tags import STATE_TAGS, STOPPED_BY_TAG
 from gpucluster.ops.status import GroupStatus, resume_stack, stack_status
@@ -34,7 +34,7 @@ GROUPS = {
 def autoscaling(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A moto account with a `dev` stack (three groups) and a `prod` group; the cost tag is active
     (moto has no ListCostAllocationTags: a Stubber answers it)."""
-    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
+    monkeypatch.setattr(common, "cost_explorer", lambda spec: cost_explorer(ACTIVE))
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in {
@@ -155,7 +155,7 @@ def test_cli_status_and_resume_of_a_stack(autoscaling: Any) -> None:
 ])
 def test_cli_status_says_when_the_budget_cannot_see_the_spend(
         autoscaling: Any, monkeypatch: pytest.MonkeyPatch, answer: Any, error: str | None, line: str) -> None:
-    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(answer, error))
+    monkeypatch.setattr(common, "cost_explorer", lambda spec: cost_explorer(answer, error))
     result = runner.invoke(app, ["status", "dev"])
     assert result.exit_code == 0, result.output
     warning = result.output[result.output.rindex("\n" + line.split()[0]) + 1:]  # the last lines

@@ -15,7 +15,7 @@ from botocore.stub import ANY, Stubber
 from typer.testing import CliRunner
 
 from cli_text import said
-from gpucluster.cli import app, jobs
+from gpucluster.cli import app, common
 from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, job_parameter_name, jobs_parameter_path
 from gpucluster.plan import Plan
 from iam_eval import allowed
@@ -109,8 +109,8 @@ def test_run_restart_on_replace_stores_the_record_after_the_start(aws: dict[str,
     name = job_parameter_name(PROD, "pretrain")
     stub.add_response("put_parameter", {"Version": 1},
                       {"Name": name, "Value": ANY, "Type": "String", "Overwrite": True, "Description": ANY})
-    real = jobs._client
-    monkeypatch.setattr(jobs, "_client",
+    real = common.client
+    monkeypatch.setattr(common, "client",
                         lambda spec, service: ssm if service == "ssm" else real(spec, service))
     sent: list[dict[str, Any]] = []
     ssm.meta.events.register("provide-client-params.ssm.PutParameter",
@@ -159,8 +159,8 @@ def test_a_detached_run_that_cannot_drop_an_old_record_warns_in_one_line(
         stub.add_response("get_command_invocation", _invocation("Success", 0, "started\n"))
     stub.add_client_error("delete_parameter", "AccessDeniedException", expected_params={
         "Name": job_parameter_name(PROD, "pretrain")})
-    real = jobs._client
-    monkeypatch.setattr(jobs, "_client",
+    real = common.client
+    monkeypatch.setattr(common, "client",
                         lambda spec, service: ssm if service == "ssm" else real(spec, service))
     with stub:
         result = runner.invoke(app, ["run", "prod", "-g", "h100-train", "--detach", "--name", "pretrain",
@@ -180,8 +180,8 @@ def test_cancel_removes_the_record_before_it_stops_the_job(aws: dict[str, Any], 
     _sends(stub, 3)
     for _ in range(3):
         stub.add_response("get_command_invocation", _invocation("Success", 0, "cancelled job pretrain\n"))
-    real = jobs._client
-    monkeypatch.setattr(jobs, "_client",
+    real = common.client
+    monkeypatch.setattr(common, "client",
                         lambda spec, service: ssm if service == "ssm" else real(spec, service))
     with stub:
         result = runner.invoke(app, ["cancel", "prod", "pretrain", "-g", "h100-train", "--yes"])

@@ -10,7 +10,7 @@ import pytest
 from moto import mock_aws
 from typer.testing import CliRunner
 
-from gpucluster.cli import app, commands, jobs
+from gpucluster.cli import app, common
 from gpucluster.lambdas import asg, autostop, awsapi, nodegroups
 from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
 from gpucluster.ops.scale import plan_scale, plan_stop, stop_stack
@@ -30,7 +30,7 @@ GROUPS = {"dev-a10": (DEV, 1, 2, 3), "dev-extra": (DEV, 0, 1, 2), "other-a10": (
 
 @pytest.fixture
 def autoscaling(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))  # moto has no CE tags
+    monkeypatch.setattr(common, "cost_explorer", lambda spec: cost_explorer(ACTIVE))  # moto has no CE tags
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -49,8 +49,8 @@ def autoscaling(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 def ssm(autoscaling: Any, monkeypatch: pytest.MonkeyPatch) -> RecordingSsm:
     """The SSM client the CLI uses, recording every SendCommand (moto runs them as Success)."""
     recorder = RecordingSsm(boto3.client("ssm", region_name="us-east-1"))
-    real = jobs._client
-    monkeypatch.setattr(jobs, "_client", lambda spec, service: recorder if service == "ssm"
+    real = common.client
+    monkeypatch.setattr(common, "client", lambda spec, service: recorder if service == "ssm"
                         else real(spec, service))
     return recorder
 
@@ -134,7 +134,7 @@ def test_manual_stop_round_trips_with_resume(autoscaling: Any) -> None:
 def test_cli_resume_only_manual_and_status_show_a_manual_stop(autoscaling: Any, ssm: RecordingSsm,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # moto has no ListCostAllocationTags (status's cost-tag check): a Stubber answers it.
-    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
+    monkeypatch.setattr(common, "cost_explorer", lambda spec: cost_explorer(ACTIVE))
     assert runner.invoke(app, ["stop", "dev", "--group", "dev-a10", "--yes"]).exit_code == 0
     status = runner.invoke(app, ["status", "dev"])
     assert status.exit_code == 0, status.output

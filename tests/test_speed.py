@@ -87,9 +87,9 @@ def test_commands_that_need_no_pulumi_do_not_import_it() -> None:
 # matplotlib (`cost --chart` only) did (on stderr).
 PLAN_AND_COUNT = """
 import sys
-from gpucluster.cli import commands
+from gpucluster.cli import entry
 try:
-    commands.main(["plan", "prod", "--json"])
+    entry.main(["plan", "prod", "--json"])
 except SystemExit as done:
     loaded = [m for m in sys.modules if m.startswith("pulumi_aws.") and m.count(".") == 2]
     ec2 = [m for m in loaded if m.startswith("pulumi_aws.ec2.")]
@@ -202,7 +202,7 @@ def test_the_command_runs_without_the_cyclic_collector_and_freezes_at_exit(
     seen: dict[str, Any] = {}
     monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", "-")  # recorded, so the test leaves it as it was
     monkeypatch.delenv("PYDANTIC_DISABLE_PLUGINS")
-    monkeypatch.setattr("gpucluster.cli.commands.main", lambda: seen.setdefault("enabled", gc.isenabled()))
+    monkeypatch.setattr("gpucluster.cli.entry.main", lambda: seen.setdefault("enabled", gc.isenabled()))
     monkeypatch.setattr(gc, "freeze", lambda: seen.setdefault("frozen", True))
     was = gc.isenabled()
     gc.enable()
@@ -225,7 +225,7 @@ def test_the_command_runs_without_the_cyclic_collector_and_freezes_at_exit(
                                   ["capacity", "buy", "--help"], ["plan", "prod", "--tree"]])
 def test_a_run_builds_only_the_command_it_invokes_and_says_the_same(args: list[str],
                                                                    cli_plans_once: None) -> None:
-    from gpucluster.cli.commands import app_for
+    from gpucluster.cli.entry import app_for
 
     only = app_for(args)
     names = [c.name or c.callback.__name__ for c in only.registered_commands] + [
@@ -238,6 +238,6 @@ def test_a_run_builds_only_the_command_it_invokes_and_says_the_same(args: list[s
 
 @pytest.mark.parametrize("args", [[], ["--help"], ["--version"], ["plna", "prod"], ["--stacks-dir"]])
 def test_no_command_or_an_unknown_one_gets_the_whole_app(args: list[str]) -> None:
-    from gpucluster.cli.commands import app_for
+    from gpucluster.cli.entry import app_for
 
     assert app_for(args) is app

@@ -14,7 +14,7 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from cli_text import joined_lines
-from gpucluster.cli import app, commands
+from gpucluster.cli import app, common
 from gpucluster.ops.status import Replacement, last_replacement, replacement_reason, stack_status
 from gpucluster.plan import load_stack
 from moto_groups import create_stack_groups
@@ -55,7 +55,7 @@ SCALED = {"Description": "Launching a new EC2 instance: i-0ddd111122223333d",
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any]]:
     """A moto account with two groups of the dev stack and one of prod; the cost tag is active
     (moto has no ListCostAllocationTags: a Stubber answers it)."""
-    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
+    monkeypatch.setattr(common, "cost_explorer", lambda spec: cost_explorer(ACTIVE))
     for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",

@@ -27,7 +27,7 @@ from test_spot_interruption import interruption_event
 from typer.testing import CliRunner
 
 from conftest import shared_client
-from gpucluster.cli import app, commands
+from gpucluster.cli import app, common
 from gpucluster.lambdas import asg, autostop, awsapi, budget_action, spot_interruption
 from gpucluster.lambdas.tags import STOPPED_BY_TAG
 from gpucluster.plan import PlannedResource, load_stack
@@ -198,7 +198,7 @@ def test_status_and_resume_from_each_stack_file_see_their_own_group(account, tea
     from test_operations import ACTIVE, cost_explorer
 
     a, b = teams
-    monkeypatch.setattr(commands, "_cost_explorer", lambda spec: cost_explorer(ACTIVE))
+    monkeypatch.setattr(common, "cost_explorer", lambda spec: cost_explorer(ACTIVE))
     for t in teams:
         asg.scale_to_zero(account, account.describe_auto_scaling_groups(
             AutoScalingGroupNames=[t.group])["AutoScalingGroups"][0], "budget")

@@ -12,7 +12,7 @@ from policy_stacks import broken_stack, good_stack
 from typer.testing import CliRunner
 
 from gpucluster.cli import app
-from gpucluster.cli import commands as cli
+from gpucluster.cli import common as cli
 from gpucluster.plan import Plan, PlannedResource, run_program
 from gpucluster.policy import settings
 from gpucluster.policy.offline import check_plan, plan_records

@@ -23,7 +23,7 @@ def main() -> None:
     gc.disable()
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")  # before pydantic builds a model
     try:
-        from gpucluster.cli.commands import main as run
+        from gpucluster.cli.entry import main as run
 
         run()
     finally:
@@ -32,7 +32,7 @@ def main() -> None:
 
 def __getattr__(name: str) -> Any:
     if name == "app":
-        from gpucluster.cli.commands import app
+        from gpucluster.cli.entry import app  # the commands registered on it
 
         return app
     raise AttributeError(f"module 'gpucluster.cli' has no attribute {name!r}")

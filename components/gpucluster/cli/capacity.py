@@ -14,14 +14,12 @@ from typing import Annotated, Any
 import typer
 
 from gpucluster.cli import render
-from gpucluster.cli.commands import (
+from gpucluster.cli.common import (
     JsonOption,
-    _aws_call,
-    _usd,
-    app,
+    aws_call,
     confirm_or_exit,
     fail_usage,
-    render_table,
+    usd,
 )
 from gpucluster.ops.capacity import (
     MAX_INSTANCES,
@@ -35,7 +33,6 @@ from gpucluster.ops.capacity import (
 )
 
 capacity_app = typer.Typer(no_args_is_help=True, help="Find and buy EC2 Capacity Blocks for ML.")
-app.add_typer(capacity_app, name="capacity")
 
 
 def ec2_client(region: str | None) -> Any:
@@ -82,7 +79,7 @@ def search(
     render.use_json(as_json)
     client = ec2_client(region)
     try:
-        found = _aws_call("capacity search", lambda: search_offerings(
+        found = aws_call("capacity search", lambda: search_offerings(
             client, instance_type, count, days, _when("--start", start), _when("--end", end)),
             f"asking EC2 for Capacity Block offerings of {count} x {instance_type}")
     except CapacityError as err:
@@ -98,9 +95,9 @@ def search(
         return
     render.say(f"Capacity Block offerings for {count} x {instance_type}, {days} day(s), in {where} "
                "(paid up front, not refundable):")
-    rows = [[o.offering_id, o.availability_zone, _span(o), str(o.duration_hours), _usd(o.upfront_usd),
-             _usd(o.usd_per_hour), _usd(o.usd_per_instance_hour)] for o in found]
-    for line in render_table(["offering", "zone", "window", "hours", "total $", "$/h", "$/instance-h"], rows):
+    rows = [[o.offering_id, o.availability_zone, _span(o), str(o.duration_hours), usd(o.upfront_usd),
+             usd(o.usd_per_hour), usd(o.usd_per_instance_hour)] for o in found]
+    for line in render.table(["offering", "zone", "window", "hours", "total $", "$/h", "$/instance-h"], rows):
         render.say(line)
     render.say("")
     render.say(f"buy one (asks first, showing the total): gpucluster capacity buy {found[0].offering_id}")
@@ -127,7 +124,7 @@ def buy(
     o = cached.offering
     if as_json:
         confirm_or_exit("buy", "", yes)  # --json cannot ask: without --yes, exit 2 and nothing bought
-        block = _aws_call("capacity buy", lambda: purchase(ec2_client(cached.region), o),
+        block = aws_call("capacity buy", lambda: purchase(ec2_client(cached.region), o),
                           f"buying Capacity Block {o.offering_id}")
         render.emit({"region": cached.region, "offering": o.as_json(), "reservation_id": block.reservation_id,
                      "state": block.state, "upfront_usd": o.upfront_usd, "currency": o.currency,
@@ -135,13 +132,13 @@ def buy(
         return
     render.say(f"Capacity Block {o.offering_id}: {o.instance_count} x {o.instance_type} in "
                f"{o.availability_zone} ({cached.region}), {_span(o)}, {o.duration_hours} hours")
-    render.say(f"total price: ${_usd(o.upfront_usd)} {o.currency}, paid up front and not refundable "
-               f"(${_usd(o.usd_per_hour)}/hour, ${_usd(o.usd_per_instance_hour)} per instance-hour; "
+    render.say(f"total price: ${usd(o.upfront_usd)} {o.currency}, paid up front and not refundable "
+               f"(${usd(o.usd_per_hour)}/hour, ${usd(o.usd_per_instance_hour)} per instance-hour; "
                f"listed {cached.listed_at:%Y-%m-%d %H:%M} UTC)")
-    confirm_or_exit("buy", f"Buy it for ${_usd(o.upfront_usd)}?", yes, declined="nothing bought")
+    confirm_or_exit("buy", f"Buy it for ${usd(o.upfront_usd)}?", yes, declined="nothing bought")
     client = ec2_client(cached.region)
-    block = _aws_call("capacity buy", lambda: purchase(client, o))
-    render.say(f"bought Capacity Block {block.reservation_id} ({block.state}) for ${_usd(o.upfront_usd)}")
+    block = aws_call("capacity buy", lambda: purchase(client, o))
+    render.say(f"bought Capacity Block {block.reservation_id} ({block.state}) for ${usd(o.upfront_usd)}")
     render.say("")
     render.say("node group that uses it (paste under `config:` in stacks/Pulumi.<env>.yaml):")
     render.say("")

@@ -2,7 +2,8 @@
 
 Only argument handling and rendering live here; the work is `gpucluster.ops.spend`
 (Cost Explorer, CloudWatch and Auto Scaling reads, read-only) and `gpucluster.chart`.
-Registered on the `gpucluster` app by `gpucluster.cli.commands`.
+Registered on the `gpucluster` app by `gpucluster.cli.entry`; it must never import another
+command module.
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from gpucluster.cli import render
-from gpucluster.cli.commands import (
+from gpucluster.cli.common import (
     JsonOption,
     StackArg,
-    _aws_call,
-    _usd,
-    app,
+    aws_call,
     build_spec,
     fail_usage,
-    render_table,
+    usd,
 )
 
 if TYPE_CHECKING:
@@ -52,10 +51,10 @@ def render_spend(s: Spend) -> list[str]:
     w = s.window
     out = [f"stack {s.stack} ({s.region}), tag gpucluster:stack={s.identity}: "
            f"{w.start.isoformat()} .. {w.end.isoformat()} (exclusive), {len(w.days)} day(s), UTC",
-           f"actual ${_usd(s.actual)} (Cost Explorer, amortized) against the estimate "
-           f"${_usd(s.estimate.total)} "
+           f"actual ${usd(s.actual)} (Cost Explorer, amortized) against the estimate "
+           f"${usd(s.estimate.total)} "
            f"(as scheduled, desired nodes, {s.estimate.running_hours:,.1f} running hours): gap "
-           f"{'+' if s.gap >= 0 else '-'}${_usd(abs(s.gap))} ({_percent(s.gap, s.estimate.total)})"]
+           f"{'+' if s.gap >= 0 else '-'}${usd(abs(s.gap))} ({_percent(s.gap, s.estimate.total)})"]
     if s.estimated_days:
         out.append("  Cost Explorer marks some of these days as estimated: the bill is not final yet")
     out.append("")
@@ -67,22 +66,22 @@ def render_spend(s: Spend) -> list[str]:
     for name in [*sorted(names), None]:
         parts = groups.get(name, {})
         label = f"node group {name}" if name is not None else "non-GPU remainder"
-        rows.append([label, _usd(sum(parts.values())), _usd(s.estimate.by_group.get(name, 0.0)),
-                     *[_usd(parts.get(o, 0.0)) for o in options]])
-    rows.append(["total", _usd(s.actual), _usd(s.estimate.total),
-                 *[_usd(sum(v.get(o, 0.0) for v in groups.values())) for o in options]])
-    out += render_table(["", "actual $", "estimate $", *[f"{purchase_label(o)} $" for o in options]], rows)
+        rows.append([label, usd(sum(parts.values())), usd(s.estimate.by_group.get(name, 0.0)),
+                     *[usd(parts.get(o, 0.0)) for o in options]])
+    rows.append(["total", usd(s.actual), usd(s.estimate.total),
+                 *[usd(sum(v.get(o, 0.0) for v in groups.values())) for o in options]])
+    out += render.table(["", "actual $", "estimate $", *[f"{purchase_label(o)} $" for o in options]], rows)
     waste = s.waste
     share = waste.share_percent
-    out += ["", f"idle waste: ${_usd(waste.idle_usd)}"
-            + (f", {share:.1f} % of the GPU spend (${_usd(waste.gpu_spend_usd)})"
+    out += ["", f"idle waste: ${usd(waste.idle_usd)}"
+            + (f", {share:.1f} % of the GPU spend (${usd(waste.gpu_spend_usd)})"
                if share is not None else "")
             + " (GPU-hours below the idle threshold, at the price each group paid)"]
     if waste.groups:
-        out += render_table(
+        out += render.table(
             ["node group", "GPU-hours", "idle GPU-hours", "$/GPU-hour", "idle $", "price"],
             [[g.group, f"{g.usage.gpu_hours:,.1f}", f"{g.usage.idle_gpu_hours:,.1f}",
-              "-" if g.usd_per_gpu_hour is None else f"{g.usd_per_gpu_hour:,.4f}", _usd(g.idle_usd), g.basis]
+              "-" if g.usd_per_gpu_hour is None else f"{g.usd_per_gpu_hour:,.4f}", usd(g.idle_usd), g.basis]
              for g in waste.groups])
     else:
         out.append("  no GPU metrics: no node of the stack published any in these days")
@@ -93,7 +92,6 @@ def render_spend(s: Spend) -> list[str]:
     return out
 
 
-@app.command()
 def spend(
     stack: StackArg,
     days: Annotated[int | None, typer.Option(
@@ -115,7 +113,7 @@ def spend(
     spec = build_spec(stack)
     clients = _clients(spec.region)
     try:
-        result = _aws_call("spend", lambda: stack_spend(spec, window, **clients),
+        result = aws_call("spend", lambda: stack_spend(spec, window, **clients),
                            f"reading {spec.stack}'s costs (Cost Explorer) and GPU metrics")
     except SpendError as err:
         fail_usage("spend", str(err))

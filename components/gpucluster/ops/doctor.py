@@ -306,6 +306,21 @@ def cost_tag_status(ce: Any, keys: Iterable[str] = COST_TAGS) -> dict[str, str |
     return {key: status.get(key) for key in wanted}
 
 
+
+def cost_tag_warning(spec: StackSpec, ce: Any) -> str | None:
+    """One line when the budget's cost-allocation tag is not active (the budget then sees $0)."""
+    try:
+        state = cost_tag_status(ce, [STACK_TAG])[STACK_TAG]
+    except (BotoCoreError, ClientError) as err:
+        return f"cost tag {STACK_TAG}: could not check whether it is active ({err})"
+    if state == "Active":
+        return None
+    what = "inactive" if state else "not active (AWS does not list it yet)"
+    effect = (f"the budget (${spec.budget.monthly_limit_usd:,.0f}/month) sees $0 of this stack's spend and "
+              "its scale-to-zero never fires" if spec.budget else "costs by this tag read $0")
+    activate = ACTIVATE_TAG.format(key=STACK_TAG)
+    return f"warning: cost-allocation tag {STACK_TAG} is {what}: {effect}; {activate}"
+
 def check_cost_tags(spec: StackSpec, ce: Any, deployed: bool = True) -> Iterable[DoctorFinding]:
     """`gpucluster:stack` and `cost_center` active as cost-allocation tags.
 

@@ -18,10 +18,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpucluster import catalog
 from gpucluster.node.userdata import script
+from gpucluster.noderole import run_log_group_name
+from gpucluster.ops import Clients, Spinner, no_spinner
+from gpucluster.ops.launch import find_nodes, group_environment
 from gpucluster.ops.nodes import Node
 from gpucluster.ops.run import (
     JobPlan,
@@ -33,6 +36,9 @@ from gpucluster.ops.run import (
     send_job,
     wait_job,
 )
+
+if TYPE_CHECKING:
+    from gpucluster.spec import StackSpec
 
 NCCL_SCRIPT = script("nccl-test.sh")
 PHASE_TIMEOUT_SECONDS = 120
@@ -264,3 +270,66 @@ def assess(outcome: NcclOutcome, expected: Expectation) -> tuple[bool, list[str]
         lines.append(f"below {MIN_FRACTION:.0%} of the network: is EFA in use (FI_PROVIDER=efa, "
                      "`fi_info -p efa`), and are the nodes in the group's placement group?")
     return ok, lines
+
+
+# ------------------------------------------------------------------------- the flow
+
+
+@dataclass
+class NcclSetup:
+    """The test on a stack's node group: the ranks the phases are cut from, what to expect."""
+
+    base: JobPlan
+    expected: Expectation
+
+    @property
+    def efa(self) -> bool:
+        return self.base.ranks[0].environment.get("FI_PROVIDER") == "efa"
+
+    @property
+    def gpus_per_node(self) -> int:
+        return int(self.base.ranks[0].environment["NPROC_PER_NODE"])
+
+    def dry_run_phases(self) -> dict[str, list[str]]:
+        """Phase -> the instances it would run on, in order."""
+        return {phase: [r.node.instance_id for r in phase_plan(self.base, phase, "nccl-dry-run",
+                                                                 first_only=first).ranks]
+                for phase, first in (("key", True), ("authorize", False), ("run", True), ("revoke", False))}
+
+
+def prepare_nccl_test(spec: StackSpec, group: str, *, clients: Clients, max_bytes: str = DEFAULT_MAX_BYTES,
+                      progress: Spinner = no_spinner) -> NcclSetup:
+    """Find the group's nodes and plan the test on them (RunError, NodesError: the request is wrong)."""
+    found = find_nodes(spec, group, clients=clients, progress=progress)
+    base = plan_nccl_test(found, log_group=run_log_group_name(spec.identity),
+                          group_environment=group_environment(spec, group), max_bytes=max_bytes)
+    return NcclSetup(base, expectation([r.node for r in base.ranks]))
+
+
+@dataclass
+class NcclResult:
+    outcome: NcclOutcome
+    passed: bool
+    findings: list[str]
+    """The lines saying why it passed or failed."""
+
+
+def execute_nccl_test(setup: NcclSetup, run_id: str, ssm: Any, *,
+                      on_phase: Callable[[str], None] | None = None,
+                      progress: Spinner = no_spinner) -> NcclResult:
+    """The phases through SSM (`progress` around each), then the verdict against the network."""
+    send = ssm_runner(ssm)
+
+    def phase(name: str) -> None:
+        current["phase"] = name
+        if on_phase is not None:
+            on_phase(name)
+
+    def runner(plan: JobPlan) -> JobResult:  # the run phase takes minutes
+        with progress(f"nccl-test: {current['phase']} on {len(plan.ranks)} node(s)"):
+            return send(plan)
+
+    current = {"phase": ""}
+    outcome = run_nccl_test(setup.base, run_id, runner, on_phase=phase)
+    passed, findings = assess(outcome, setup.expected)
+    return NcclResult(outcome, passed, findings)

@@ -1,6 +1,7 @@
 """Run one command on every in-service node of a node group, as one multi-node job.
 
-This backs `gpucluster run`. Each node gets its own SSM Run Command
+These are the SSM pieces of `gpucluster run` (the flow is `ops.launch`, detached jobs
+`ops.jobs`). Each node gets its own SSM Run Command
 (`AWS-RunShellScript`: no SSH, no inbound port) with the environment that
 torchrun, DeepSpeed and MPI launchers read: MASTER_ADDR (rank 0's private IP),
 MASTER_PORT, NNODES, NODE_RANK, NPROC_PER_NODE, WORLD_SIZE, plus the group's

@@ -1,0 +1,529 @@
+"""Day-two commands on a deployed stack's node groups: status, resume, nodes, scale, stop, start.
+
+It owns their options, confirmations, tables, `--json` documents and exit codes (0 fine, 1 a
+change that failed or was declined, 2 invalid input or an AWS error); the work is in
+`gpucluster.ops` (status, scale, nodes, overview). Every command finds the stack's resources
+by its identity tag (`StackSpec.identity`), in the stack file's region. It must never import
+another command module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpucluster import pricing
+from gpucluster.cli import common, render
+from gpucluster.cli.common import (
+    EXIT_BLOCKED,
+    EXIT_OK,
+    DryRunOption,
+    GroupOption,
+    JsonOption,
+    RequiredGroup,
+    StackArg,
+    YesOption,
+    aws_call,
+    build_spec,
+    confirm_or_exit,
+    fail_usage,
+    head,
+    ops_call,
+    usd,
+)
+
+if TYPE_CHECKING:
+    from gpucluster.ops.nodes import Node
+    from gpucluster.ops.status import GroupStatus, ResumeCandidate, ResumeResult
+    from gpucluster.spec import StackSpec
+
+
+def render_status(rows: list[GroupStatus]) -> list[str]:
+    return render.table(
+        ["group", "min", "desired", "max", "in service", "stopped by", "previous desired"],
+        [[r.name, str(r.min_size), str(r.desired_capacity), str(r.max_size), str(r.in_service),
+          r.stopped_by or "-", "-" if r.previous_desired is None else str(r.previous_desired)]
+         for r in rows])
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def render_health(rows: list[GroupStatus]) -> list[str]:
+    """Per group: healthy of in service, GPU utilisation of the last 15 minutes, last replacement."""
+    def replaced(r: GroupStatus) -> str:
+        last = r.last_replacement
+        return "-" if last is None else f"{last.time} {last.instance_id or '?'}: {last.reason}"
+
+    return render.table(
+        ["group", "healthy/in service", "gpu avg 15m", "gpu max 15m", "last health replacement"],
+        [[r.name, f"{r.healthy}/{r.in_service}", percent(r.gpu_utilization_avg),
+          percent(r.gpu_utilization_max), replaced(r)] for r in rows])
+
+
+def status_json(spec: StackSpec, rows: list[GroupStatus], url: str) -> dict[str, Any]:
+    """`status --json`: the same facts as the tables, one object per group."""
+    return {"stack": spec.stack, "identity": spec.identity, "region": spec.region, "dashboard_url": url,
+            "groups": [asdict(r) for r in rows]}
+
+
+def status(stack: StackArg, as_json: JsonOption = False) -> None:
+    """List the stack's node groups: capacity, who stopped them, GPU health and use, and the dashboard."""
+    from gpucluster.ops.overview import stack_overview  # boto3: only the AWS commands pay for it
+
+    render.use_json(as_json)
+    spec = build_spec(stack)
+    overview = aws_call("status", lambda: stack_overview(
+        spec, clients=common.clients(spec), ce=common.cost_explorer(spec), progress=render.progress), None)
+    rows, url, warning = overview.groups, overview.dashboard_url, overview.cost_tag_warning
+    if as_json:
+        document = status_json(spec, rows, url)
+        document["cost_tag_warning"] = warning
+        render.emit(document)
+        raise typer.Exit(EXIT_OK)
+    if not rows:
+        out = render.wrap(f"stack {spec.stack} ({spec.region}): no Auto Scaling groups tagged "
+                          f"gpucluster:stack={spec.identity} (not deployed, another account or region, "
+                          "or deployed from another Pulumi organization or project)")
+    else:
+        out = [*render.wrap(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}:"),
+               *render_status(rows), "", "GPU health and use:", *render_health(rows), "",
+               f"dashboard: {url}"]  # a URL stays whole, however long
+    if warning:
+        out += [render.paint(line, "warn") for line in render.wrap(warning)]
+    for line in out:
+        render.echo(line)
+
+
+def resume_price(spec: StackSpec, candidate: ResumeCandidate) -> tuple[str, float | None]:
+    return node_group_rate(spec, candidate.node_group)
+
+
+def node_group_rate(spec: StackSpec, node_group: str | None) -> tuple[str, float | None]:
+    """(instance type, on-demand USD per node-hour) of a node group, by name.
+
+    The node group's first instance type, as `gpucluster cost` prices it; None when
+    the group carries no node-group tag, the stack file no longer has that node
+    group, or the region has no price.
+    """
+    group = next((g for g in spec.node_groups if g.name == node_group), None)
+    if group is None or not group.types:
+        return "?", None
+    first = group.types[0]
+    try:
+        return first.name, pricing.on_demand_rate(first, spec.region).usd_per_hour
+    except pricing.PricingError:
+        return first.name, None
+
+
+def resume_json(spec: StackSpec, candidate: ResumeCandidate) -> dict[str, Any]:
+    """One group in `resume --json`: what resume would do to it, and its cost per hour if it does."""
+    d = candidate.decision
+    instance_type, rate = resume_price(spec, candidate)
+    return {"group": d.group, "node_group": candidate.node_group, "action": d.action,
+            "stopped_by": d.stopped_by, "reason": d.reason or None, "nodes_now": candidate.desired_now,
+            "nodes_after": d.desired_capacity, "min_after": d.min_size, "instance_type": instance_type,
+            "on_demand_usd_per_hour": None if rate is None or d.action != "resume"
+            else round(rate * candidate.added_nodes, 4)}
+
+
+def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate], action: str = "resume") -> list[str]:
+    """What `resume` will restart, what it costs per hour, and the warning for budget stops."""
+    rows, total, unpriced = [], 0.0, []
+    for c in todo:
+        d = c.decision
+        instance_type, rate = resume_price(spec, c)
+        cost = None if rate is None else rate * c.added_nodes
+        if cost is None:
+            unpriced.append(c.group)
+        else:
+            total += cost
+        rows.append([c.group, c.node_group or "?", d.stopped_by or "-", str(c.desired_now),
+                     str(d.desired_capacity), str(d.min_size), instance_type,
+                     "?" if cost is None else usd(cost)])
+    added = sum(c.added_nodes for c in todo)
+    out = [f"stack {spec.stack} ({spec.region}): {action} restarts {len(todo)} group(s), "
+           f"{added} node(s):"]
+    out += render.table(["group", "node group", "stopped by", "nodes now", "nodes after", "min after",
+                         "instance type", "on-demand $/h"], rows)
+    bound = "at least " if unpriced else ""
+    out.append(f"cost: {bound}${usd(total)}/hour (${usd(total * 24)}/day) at on-demand rates of "
+               f"the first instance type; spot nodes cost less")
+    if unpriced:
+        out.append(f"  not priced: {', '.join(unpriced)} (no gpucluster:node-group tag, a node group "
+                   f"no longer in the stack file, or no price for {spec.region})")
+    budget_stopped = [c.group for c in todo if c.decision.stopped_by == "budget"]
+    if budget_stopped:
+        limit = f" (${spec.budget.monthly_limit_usd:,.0f}/month)" if spec.budget else ""
+        out += [f"warning: {', '.join(budget_stopped)} {'was' if len(budget_stopped) == 1 else 'were'} "
+                f"stopped by the budget action{limit}. Resuming undoes it, and the budget",
+                "  action does not fire again this month (AWS Budgets alerts once per threshold per "
+                "month):",
+                "  until the month ends only idle, schedule and lifetime stops still apply. To keep the",
+                "  budget stop, resume with --only idle/schedule/lifetime; or raise "
+                "budget.monthly_limit_usd first."]
+    return out
+
+
+def restored_lines(todo: list[ResumeCandidate], results: list[ResumeResult], verb: str) -> list[str]:
+    """What `resume` or `start` (`verb`: resumed, started) did to each group, from its nodes before."""
+    before = {c.group: c.desired_now for c in todo}
+    return [f"{verb} {r.group} (stopped by {r.stopped_by}): {before.get(r.group, 0)} -> "
+            f"{r.desired_capacity} node(s), min {r.min_size}" if r.action == "resumed"
+            else f"not {verb} {r.group}: {r.reason}" for r in results]
+
+
+def explain_nothing_to_resume(stack: str, spec: StackSpec, candidates: list[ResumeCandidate],
+                              only: list[str]) -> list[str]:
+    """Why `resume` has nothing to do, per group, and what to do instead."""
+    from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
+
+    if not candidates:
+        return [*render.wrap(f"nothing to resume: no Auto Scaling group is tagged "
+                             f"gpucluster:stack={spec.identity} in {spec.region}."),
+                *render.wrap(f"Not deployed yet (pulumi up -s {spec.stack}), or your AWS credentials "
+                             "point at another account (check AWS_PROFILE), or it was deployed from "
+                             "another Pulumi organization or project (gpucluster:organization, the "
+                             "name in Pulumi.yaml).", "  ")]
+    out = [f"nothing to resume in stack {spec.stack} ({spec.region}):"]
+    for c in candidates:
+        d = c.decision
+        if d.stopped_by is None and c.desired_now:
+            out.append(f"  {d.group}: running ({c.desired_now} desired), not stopped by a guardrail")
+        elif d.stopped_by is None:
+            out.append(f"  {d.group}: at 0 nodes by its own settings, not stopped by a guardrail; to "
+                       f"start nodes: aws autoscaling set-desired-capacity --auto-scaling-group-name "
+                       f"{d.group} --desired-capacity N")
+        elif only and d.stopped_by not in only:
+            out.append(f"  {d.group}: stopped by {d.stopped_by}, which --only {','.join(only)} leaves "
+                       f"alone; to restart it: gpucluster resume {stack} --only {d.stopped_by}")
+        else:
+            out.append(f"  {d.group}: stopped by {d.stopped_by}, but the capacity to restore (tag "
+                       f"{PREVIOUS_DESIRED_TAG}) is missing or invalid; restore it by hand: aws "
+                       f"autoscaling update-auto-scaling-group --auto-scaling-group-name {d.group} "
+                       f"--min-size N --desired-capacity N, then delete its {STOPPED_BY_TAG} tag")
+    return out
+
+
+def resume(
+    stack: StackArg,
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", help="Resume only groups stopped for this reason (budget, idle, schedule, "
+                       "lifetime, manual); repeatable.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (scripts).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only show what would restart and its cost.")]
+    = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Restart the groups a guardrail stopped: shows them and their cost per hour, asks, then restores.
+
+    With --json it cannot ask: give --yes (resume) or --dry-run (only show).
+    """
+    from gpucluster.lambdas.nodegroups import STOP_REASONS
+    from gpucluster.ops.status import plan_resume, resume_stack, stack_status
+
+    render.use_json(as_json)
+    if as_json and not (yes or dry_run):
+        fail_usage("resume", "--json cannot ask for confirmation: add --yes to resume, or --dry-run")
+    spec = build_spec(stack)
+    unknown = sorted(set(only or []) - set(STOP_REASONS))
+    if unknown:
+        fail_usage("resume", f"--only: unknown reason {', '.join(unknown)} "
+                             f"(one of {', '.join(STOP_REASONS)})")
+    client = common.client(spec, "autoscaling")
+    candidates = aws_call("resume", lambda: plan_resume(spec.identity, autoscaling_client=client,
+                                                         only_stopped_by=only or None),
+                           f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    todo = [c for c in candidates if c.decision.action == "resume"]
+    if as_json:
+        document = {"stack": spec.stack, "region": spec.region, "identity": spec.identity, "dry_run": dry_run,
+                    "groups": [resume_json(spec, c) for c in candidates], "resumed": [], "status": []}
+        if todo and not dry_run:
+            shown = {c.group: c.decision.stopped_by for c in todo}
+            document["resumed"] = [asdict(r) for r in aws_call("resume", lambda: resume_stack(
+                spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown))]
+            document["status"] = [asdict(r) for r in aws_call(
+                "resume", lambda: stack_status(spec.identity, autoscaling_client=client))]
+        render.emit(document)
+        raise typer.Exit(EXIT_OK)
+    if not todo:
+        for line in explain_nothing_to_resume(stack, spec, candidates, only or []):
+            render.say(line)
+        raise typer.Exit(EXIT_OK)
+    for line in render_resume_plan(spec, todo):
+        render.say(line)
+    if dry_run:
+        render.say("dry run: nothing changed")
+        raise typer.Exit(EXIT_OK)
+    confirm_or_exit("resume", f"Restart {len(todo)} group(s)?", yes)
+    shown = {c.group: c.decision.stopped_by for c in todo}
+    results = aws_call("resume", lambda: resume_stack(
+        spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown),
+        f"restarting {len(todo)} group(s)")
+    for line in restored_lines(todo, results, "resumed"):
+        render.say(line)
+    rows = aws_call("resume", lambda: stack_status(spec.identity, autoscaling_client=client))
+    for line in render_status(rows):
+        render.say(line)
+
+
+def ago(when: datetime | None) -> str:
+    if when is None:
+        return "-"
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+
+
+# ------------------------------------------------------------------------- nodes
+
+
+def render_nodes(nodes: list[Node]) -> list[str]:
+    return render.table(
+        ["instance", "node group", "type", "GPUs", "slots", "zone", "private IP", "lifecycle", "state",
+         "health", "launched (UTC)", "SSM"],
+        [[n.instance_id, n.node_group, n.instance_type, str(n.gpus),
+          f"{n.slots} MIG" if n.mig_per_gpu else str(n.slots), n.zone, n.private_ip or "-",
+          n.lifecycle, f"{n.state}/{n.asg_state}", n.health, ago(n.launch_time), n.ssm]
+         for n in nodes])
+
+
+def nodes(
+    stack: StackArg,
+    group: GroupOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM."""
+    from gpucluster.ops.launch import find_nodes
+
+    render.use_json(as_json)
+    spec = build_spec(stack)
+    found = ops_call("nodes", lambda: find_nodes(spec, group, clients=common.clients(spec),
+                                                 progress=render.progress), None)
+    if as_json:
+        render.emit(head(spec, nodes=[n.as_json() for n in found]))
+        return
+    if not found:
+        render.say(f"stack {spec.stack} ({spec.region}): no nodes"
+                   + (f" in node group {group}" if group else "")
+                   + f" (groups tagged gpucluster:stack={spec.identity} run none; "
+                     f"see `gpucluster status {stack}`)")
+        return
+    render.say(f"stack {spec.stack} ({spec.region}): {len(found)} node(s), "
+               f"{sum(n.in_service for n in found)} in service")
+    for line in render_nodes(found):
+        render.say(line)
+
+
+# ------------------------------------------------------------------ scale / stop / start
+
+
+def scale(
+    stack: StackArg,
+    group: RequiredGroup = "",
+    desired: Annotated[int | None, typer.Option("--desired", help="Nodes the group should run.")] = None,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Set a node group's desired nodes (within its max_nodes); shows the cost per hour, asks first.
+
+    With --json it cannot ask: adding nodes (or fewer than now) needs --yes, or --dry-run.
+    """
+    from gpucluster.ops.scale import apply_scale, plan_scale
+
+    render.use_json(as_json)
+    if not group:
+        fail_usage("scale", "--group is required")
+    if desired is None:
+        fail_usage("scale", "--desired is required")
+    spec = build_spec(stack)
+    client = common.client(spec, "autoscaling")
+    changes = ops_call("scale", lambda: plan_scale(spec.identity, group, desired,
+                                                    autoscaling_client=client),
+                        f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    rows, total, priced = [], 0.0, []
+    for c in changes:
+        instance_type, rate = node_group_rate(spec, c.node_group)
+        cost = None if rate is None else rate * c.desired_after
+        total += cost or 0.0
+        rows.append([c.group, c.node_group, str(c.desired_now), str(c.desired_after),
+                     f"{c.min_now} -> {c.min_after}", instance_type, "?" if cost is None else usd(cost)])
+        priced.append({**asdict(c), "instance_type": instance_type,
+                       "on_demand_usd_per_hour_after": None if cost is None else round(cost, 4)})
+    added = sum(c.added_nodes for c in changes)
+    unchanged = all(c.desired_now == c.desired_after and c.min_now == c.min_after for c in changes)
+    document = head(spec, group=group, desired=desired, changes=priced, dry_run=dry_run,
+                     changed=not unchanged and not dry_run, results=[])
+    if not as_json:
+        render.say(f"stack {spec.stack} ({spec.region}): scale {group} to {desired} node(s):")
+        for line in render.table(["group", "node group", "nodes now", "nodes after", "min",
+                                  "instance type", "on-demand $/h after"], rows):
+            render.say(line)
+        if added:
+            render.say(f"cost: ${usd(total)}/hour (${usd(total * 24)}/day) at on-demand rates of the "
+                       "first instance type; spot nodes cost less")
+        if unchanged or dry_run:
+            render.say("nothing to change" if unchanged else "dry run: nothing changed")
+    if unchanged or dry_run:
+        if as_json:
+            render.emit(document)
+        return
+    if added or desired < min(c.desired_now for c in changes):
+        confirm_or_exit("scale", f"Scale {group} to {desired} node(s)?", yes)
+    results = aws_call("scale", lambda: apply_scale(changes, autoscaling_client=client),
+                        f"scaling {group} to {desired} node(s)")
+    if as_json:
+        render.emit({**document, "results": [asdict(r) for r in results]})
+    else:
+        for r in results:
+            render.say(f"scaled {r.group} to {desired} node(s)" if r.action == "scaled"
+                       else f"not scaled {r.group}: {r.reason}")
+    if any(r.action != "scaled" for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+def stop(
+    stack: StackArg,
+    group: GroupOption = None,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Stop node groups (all, or one): runs the pre-stop hook on their nodes, then scales to zero.
+
+    Recorded as stopped-by `manual`: `status` shows it, `start` or `resume` restore the
+    capacity, schedules leave it alone, and a budget stop still outranks it. With --json it
+    cannot ask: give --yes, or --dry-run.
+    """
+    from gpucluster.ops.scale import plan_stop, stop_stack
+    from gpucluster.ops.status import stack_status
+
+    render.use_json(as_json)
+    spec = build_spec(stack)
+    client = common.client(spec, "autoscaling")
+    candidates = ops_call("stop", lambda: plan_stop(spec.identity, group, autoscaling_client=client),
+                           f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    running = [c for c in candidates if c.running]
+    hook = spec.autostop.pre_stop_command
+    document = head(spec, group=group, groups=[asdict(c) for c in candidates],
+                     to_stop=[c.group for c in running], pre_stop_command=hook, dry_run=dry_run)
+    if as_json and (not running or dry_run):
+        render.emit({**document, "stopped": {}, "errors": {}, "hook": None, "status": []})
+        return
+    if not running:
+        render.say(f"nothing to stop in stack {spec.stack} ({spec.region})"
+                   + (f", node group {group}" if group else "") + ":")
+        for c in candidates:
+            why = f"stopped by {c.stopped_by}" if c.stopped_by else "at 0 nodes by its own settings"
+            render.say(f"  {c.group}: {why}")
+        if not candidates:
+            render.say(f"  no Auto Scaling group is tagged gpucluster:stack={spec.identity}")
+        return
+    if not as_json:
+        show_stop(spec, running, hook)
+    if dry_run:
+        render.say("dry run: nothing changed")
+        return
+    confirm_or_exit("stop", f"Stop {len(running)} group(s)?", yes)
+    doing = f"running the pre-stop hook on {len(running)} group(s), then " if hook else ""
+    report = aws_call("stop", lambda: stop_stack(
+        running, autoscaling_client=client, ssm_client=common.client(spec, "ssm") if hook else None,
+        pre_stop_command=hook, hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds),
+        f"{doing}scaling {len(running)} group(s) to zero")
+    rows = aws_call("stop", lambda: stack_status(spec.identity, autoscaling_client=client))
+    if as_json:
+        hook_json = None if report.hook is None else {
+            "ok": report.hook.ok, "timed_out": report.hook.timed_out, "statuses": report.hook.statuses,
+            "errors": report.hook.errors}
+        render.emit({**document, "stopped": report.outcomes, "errors": report.errors, "hook": hook_json,
+                     "status": [asdict(r) for r in rows]})
+        raise typer.Exit(EXIT_BLOCKED if report.errors else EXIT_OK)
+    if report.hook is not None:
+        failed = ", ".join(f"{i} ({s})" for i, s in report.hook.failed.items())
+        timed_out = " (timed out)" if report.hook.timed_out else ""
+        render.say("pre-stop hook: " + ("ok on every node" if report.hook.ok
+                                        else f"did not succeed on {failed}{timed_out}"))
+    for name, outcome in report.outcomes.items():
+        render.say(f"{name}: {outcome}")
+    for name, error in report.errors.items():
+        render.say(f"{name}: not stopped: {error}")
+    for line in render_status(rows):
+        render.say(line)
+    if report.errors:
+        raise typer.Exit(EXIT_BLOCKED)
+
+
+def show_stop(spec: StackSpec, running: list[Any], hook: str | None) -> None:
+    """What `stop` is about to do: the groups, their nodes, the hook, what is erased."""
+    render.say(f"stack {spec.stack} ({spec.region}): stop {len(running)} group(s), "
+               f"{sum(c.desired_now for c in running)} node(s):")
+    for line in render.table(["group", "node group", "nodes now", "in service"],
+                             [[c.group, c.node_group, str(c.desired_now), str(c.in_service)]
+                              for c in running]):
+        render.say(line)
+    render.say(f"pre-stop hook first: {hook} (waits at most {spec.autostop.pre_stop_timeout_seconds} s)"
+               if hook else "no pre-stop hook (autostop.pre_stop_command): running jobs stop as they are")
+    render.say("instance-store scratch is erased; S3 and FSx data are untouched")
+
+
+def start(
+    stack: StackArg,
+    group: GroupOption = None,
+    yes: YesOption = False,
+    dry_run: DryRunOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Restart stopped node groups (all, or one) at their recorded capacity; never a budget stop.
+
+    With --json it cannot ask: give --yes, or --dry-run.
+    """
+    from gpucluster.lambdas.nodegroups import BUDGET
+    from gpucluster.ops.scale import plan_start, start_stack
+
+    render.use_json(as_json)
+    spec = build_spec(stack)
+    client = common.client(spec, "autoscaling")
+    candidates = ops_call("start", lambda: plan_start(spec.identity, group, autoscaling_client=client),
+                           f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    todo = [c for c in candidates if c.decision.action == "resume"]
+    document = head(spec, group=group, dry_run=dry_run, groups=[resume_json(spec, c) for c in candidates],
+                     started=[])
+    if as_json and (not todo or dry_run):
+        render.emit(document)
+        return
+    if as_json:
+        confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)  # --json: --yes or exit 2
+        results = aws_call("start", lambda: start_stack(
+            spec.identity, {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client),
+            f"restarting {len(todo)} group(s)")
+        render.emit({**document, "started": [asdict(r) for r in results]})
+        raise typer.Exit(EXIT_BLOCKED if any(r.action != "resumed" for r in results) else EXIT_OK)
+    for c in candidates:
+        if c.decision.stopped_by == BUDGET:
+            render.say(f"{c.group}: stopped by the budget action; start leaves it stopped "
+                       f"(`gpucluster resume {stack} --only budget` undoes it, with its warning)")
+    if not todo:
+        render.say(f"nothing to start in stack {spec.stack} ({spec.region})"
+                   + (f", node group {group}" if group else "")
+                   + ": no group stopped by manual, idle, schedule or lifetime"
+                   + (f" (`gpucluster scale {stack} --group G --desired N` for a group at 0 by "
+                      "its own settings)" if candidates else ""))
+        raise typer.Exit(EXIT_OK)
+    for line in render_resume_plan(spec, todo, action="start"):
+        render.say(line)
+    if dry_run:
+        render.say("dry run: nothing changed")
+        return
+    confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)
+    results = aws_call("start", lambda: start_stack(
+        spec.identity, {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client),
+        f"restarting {len(todo)} group(s)")
+    for line in restored_lines(todo, results, "started"):
+        render.say(line)
+    if any(r.action != "resumed" for r in results):
+        raise typer.Exit(EXIT_BLOCKED)
+
+

@@ -187,20 +187,6 @@ class ImportGraph:
         """`package` and every module below it."""
         return [m for m in self.modules if m == package or m.startswith(package + ".")]
 
-    def command_lines(self, module: str) -> list[int]:
-        """Lines registering a typer command: `@app.command`, `@app.command(...)`, `app.command(...)(f)`."""
-        found = set()
-        for node in ast.walk(self.modules[module].tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for decorator in node.decorator_list:
-                    func = decorator.func if isinstance(decorator, ast.Call) else decorator
-                    if isinstance(func, ast.Attribute) and func.attr == "command":
-                        found.add(decorator.lineno)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr == "command":
-                found.add(node.lineno)
-        return sorted(found)
-
     def private_uses(self, module: str) -> list[tuple[Import, str]]:
         """Private names (`_x`, not dunders) `module` takes from the package's other modules.
 

@@ -30,6 +30,10 @@ POLICY_RULES = ("gpucluster.policy.rules", "gpucluster.policy.records")
 """The pure side of the policy pack: what CrossGuard and `gpucluster plan` share."""
 LAMBDAS = "gpucluster.lambdas"
 CLI = "gpucluster.cli"
+CLI_TABLE = "gpucluster.cli.entry"
+"""The command table: registers every command module's commands on the app, in `--help` order."""
+CLI_SHARED = frozenset({CLI, f"{CLI}.__main__", f"{CLI}.common", f"{CLI}.render", CLI_TABLE})
+"""The CLI modules that hold no command: the shared options and helpers, the renderer, the table."""
 
 
 @cache
@@ -107,18 +111,18 @@ def cli_private_imports(graph: ImportGraph) -> list[str]:
             for (module, _, where, target), names in sorted(grouped.items())]
 
 
-def command_modules(graph: ImportGraph) -> list[str]:
-    """CLI modules that register a typer command (the shared module with the app registers none)."""
-    return [m for m in graph.under(CLI) if graph.command_lines(m)]
+def command_modules(graph: ImportGraph, shared: frozenset[str] = CLI_SHARED) -> list[str]:
+    """Every CLI module but the shared ones: each holds commands of one concern."""
+    return [m for m in graph.under(CLI) if m not in shared]
 
 
-def command_module_imports(graph: ImportGraph) -> list[str]:
-    """Imports from one command module of another."""
-    commands = set(command_modules(graph))
+def command_module_imports(graph: ImportGraph, shared: frozenset[str] = CLI_SHARED) -> list[str]:
+    """Imports from one command module of another, or of the command table (which imports them all)."""
+    commands = set(command_modules(graph, shared))
     edges = graph.edges()
     return [f"{module} ({'; '.join(i.where() for i in statements)}) imports command module {target}"
             for module in sorted(commands) for target, statements in sorted(edges[module].items())
-            if target in commands]
+            if target in commands or target == CLI_TABLE]
 
 
 def oversized_modules(graph: ImportGraph) -> list[str]:
@@ -162,6 +166,7 @@ def test_no_cli_module_imports_a_private_name() -> None:
 def test_no_command_module_imports_another() -> None:
     graph = repo_graph()
     report = command_module_imports(graph)
+    assert {f"{CLI}.{m}" for m in ("planning", "fleet", "jobs", "capacity")} <= set(command_modules(graph))
     assert not report, (f"command modules ({', '.join(command_modules(graph))}) import each other; they "
                         "share only the CLI's shared module:\n" + "\n".join(report))
 
@@ -307,12 +312,14 @@ GOOD = {
 
 def test_every_check_passes_on_a_package_laid_out_as_designed(tmp_path: Path) -> None:
     graph = write_package(tmp_path, GOOD)
-    assert command_modules(graph) == ["gpucluster.cli.nodes", "gpucluster.cli.plan"]
+    shared = frozenset({"gpucluster.cli", "gpucluster.cli.shared", "gpucluster.cli.main"})
+    assert command_modules(graph, shared) == ["gpucluster.cli.nodes", "gpucluster.cli.plan"]
     assert targets(graph, "gpucluster.cli.plan") == {"gpucluster.cli.shared": [1],
                                                      "gpucluster.ops.scale": [5]}
     for check in (import_cycles, spec_imports_above_it, lambda_imports_outside, policy_rule_imports_of_pulumi,
-                  cli_private_imports, command_module_imports, oversized_modules):
+                  cli_private_imports, oversized_modules):
         assert check(graph) == [], check.__name__
+    assert command_module_imports(graph, shared) == []
 
 
 BAD = {

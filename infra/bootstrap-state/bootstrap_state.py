@@ -65,7 +65,7 @@ DATA_DELETION = ["s3:DeleteObjectVersion", "s3:DeleteBucket", "fsx:DeleteFileSys
 
 # What the stacks' own roles may ever do (the workload boundary's allow list): the union of the
 # node role (SSM agent, CloudWatch agent, dataset reads and checkpoint writes) and the guardrail
-# Lambda and Scheduler roles (components/gpucluster/aws/guardrails.py). Sources: the AWS managed
+# Lambda and Scheduler roles (components/gpucluster/aws/guardrail_*.py). Sources: the AWS managed
 # policies AmazonSSMManagedInstanceCore and CloudWatchAgentServerPolicy (tests compare them).
 WORKLOAD_ACTIONS = [
     "autoscaling:Describe*", "autoscaling:UpdateAutoScalingGroup", "autoscaling:CreateOrUpdateTags",

@@ -3,14 +3,18 @@
 Each operation returns a result object and prints nothing, so the CLI, a notebook or a Lambda
 can call it alike. What the flows share is here: `Clients` (how an operation gets a boto3
 client for a service, in the stack's region) and `Spinner` (how it tells the caller what it
-is waiting for: a spinner in the CLI, nothing by default).
+is waiting for: a spinner in the CLI, nothing by default) and `node_groups` (the one place
+operations pick the node-group backend they act through).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpucluster.lambdas.nodegroups import NodeGroups
 
 Clients = Callable[[str], Any]
 """A service name -> a boto3 client in the stack's region."""
@@ -21,3 +25,16 @@ Spinner = Callable[[str], AbstractContextManager[Any]]
 def no_spinner(_what: str) -> AbstractContextManager[Any]:
     """The default `Spinner`: shows nothing (a notebook, a Lambda, a test)."""
     return nullcontext()
+
+
+def node_groups(autoscaling_client: Any = None) -> NodeGroups:
+    """The backend the stack's node groups are run by, as the guardrail handlers pick it.
+
+    Operations read and change node groups only through it (`lambdas.nodegroups.NodeGroups`);
+    boto3 loads here, on the first operation that needs AWS, not when `ops` is imported.
+    """
+    import boto3
+
+    from gpucluster.lambdas.stops import stack_node_groups
+
+    return stack_node_groups(lambda service: autoscaling_client or boto3.client(service))

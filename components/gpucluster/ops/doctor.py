@@ -42,7 +42,7 @@ QUOTAS: dict[tuple[str, str], tuple[str, str]] = {
     ("G", "spot"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
 }
 # The tags the budget can filter on: the deployment's identity and the cost centre (spec.tags).
-# The budget's own filter is the identity (aws/guardrails.py `tag_cost_filter`).
+# The budget's own filter is the identity (aws/guardrail_budget.py `tag_cost_filter`).
 COST_TAGS = (STACK_TAG, "cost_center")
 RESERVATION_SOON = timedelta(days=7)
 # Every API doctor calls, as IAM actions: read-only, none with resource-level permissions. The deploy

@@ -20,9 +20,9 @@ from typing import Any
 import boto3
 
 from gpucluster import catalog
-from gpucluster.lambdas.asg import AutoScalingGroups
 from gpucluster.lambdas.awsapi import AWS_ERRORS, batches
 from gpucluster.lambdas.nodegroups import NodeGroup
+from gpucluster.ops import node_groups
 
 # EC2 API reference, Instance.InstanceLifecycle: "spot", "scheduled" or "capacity-block"; absent
 # for on-demand instances (reservations included).
@@ -149,7 +149,7 @@ def stack_nodes(identity: str, *, node_group: str | None = None, autoscaling_cli
     `mig_per_gpu`: node group -> the MIG instances of each of its GPUs (the stack file's `mig`),
     so that their nodes count MIG devices as slots.
     """
-    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
+    backend = node_groups(autoscaling_client)
     groups = select_groups(backend.list_groups(identity), node_group)
     members = [(g, m) for g in groups for m in g.members]
     if not members:

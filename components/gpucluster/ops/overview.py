@@ -29,10 +29,10 @@ class StackOverview:
 def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
                    progress: Spinner = no_spinner) -> StackOverview:
     """The stack's groups with their health, its dashboard, the cost-tag check (`ce`: Cost Explorer)."""
+    from gpucluster.names import dashboard_name, dashboard_url
     from gpucluster.noderole import gpu_metric_namespace
     from gpucluster.ops.doctor import cost_tag_warning
     from gpucluster.ops.status import stack_status
-    from gpucluster.names import dashboard_name, dashboard_url
 
     url = dashboard_url(spec.region, dashboard_name(spec.cluster.name, spec.region))
     with progress(f"reading {spec.stack}'s Auto Scaling groups and GPU metrics in {spec.region}"):

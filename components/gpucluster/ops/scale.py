@@ -21,9 +21,9 @@ from typing import Any
 
 import boto3
 
-from gpucluster.lambdas.asg import AutoScalingGroups
 from gpucluster.lambdas.nodegroups import BUDGET, IDLE, LIFETIME, MANUAL, SCHEDULE
 from gpucluster.lambdas.stops import StopReport, stop_groups
+from gpucluster.ops import node_groups
 from gpucluster.ops.nodes import NodesError, select_groups
 from gpucluster.ops.status import ResumeCandidate, ResumeResult, plan_resume, resume_stack
 
@@ -62,7 +62,7 @@ def plan_scale(identity: str, node_group: str, desired: int, *,
     """
     if desired < 0:
         raise ScaleError(f"--desired: must be >= 0, got {desired}")
-    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
+    backend = node_groups(autoscaling_client)
     changes = []
     for group in select_groups(backend.list_groups(identity), node_group):
         name, max_size = group.name, group.max_size
@@ -90,7 +90,7 @@ class ScaleResult:
 
 def apply_scale(changes: list[ScaleChange], *, autoscaling_client: Any = None) -> list[ScaleResult]:
     """Write each planned change, unless the group was stopped since it was shown."""
-    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
+    backend = node_groups(autoscaling_client)
     results = []
     for change in changes:
         now = backend.read_groups([change.group])
@@ -128,7 +128,7 @@ class StopCandidate:
 def plan_stop(identity: str, node_group: str | None = None, *,
               autoscaling_client: Any = None) -> list[StopCandidate]:
     """The selected groups and their capacity now; read-only."""
-    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
+    backend = node_groups(autoscaling_client)
     return [StopCandidate(g.name, g.label, g.desired, len(g.in_service_ids), g.stopped_by)
             for g in select_groups(backend.list_groups(identity), node_group)]
 
@@ -140,7 +140,7 @@ def stop_stack(candidates: list[StopCandidate], *, autoscaling_client: Any = Non
     The groups are read again first; `stop_groups` reads them once more
     after the hook, so a budget stop that lands meanwhile keeps its label.
     """
-    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
+    backend = node_groups(autoscaling_client)
     groups = backend.read_groups([c.group for c in candidates if c.running])
     ssm = (ssm_client or boto3.client("ssm")) if pre_stop_command else None
     return stop_groups(backend, groups, MANUAL, ssm=ssm, pre_stop_command=pre_stop_command,

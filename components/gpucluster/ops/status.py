@@ -22,10 +22,10 @@ from typing import Any
 
 import boto3
 
-from gpucluster.lambdas.asg import AutoScalingGroups
 from gpucluster.lambdas.awsapi import batches
 from gpucluster.lambdas.nodegroups import ResumeResult, resume_decision
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
+from gpucluster.ops import node_groups
 
 __all__ = ["GroupStatus", "Replacement", "ResumeCandidate", "ResumeResult", "plan_resume", "resume_stack",
            "stack_status"]
@@ -105,7 +105,7 @@ def plan_resume(
     only_stopped_by: Collection[str] | None = None,
 ) -> list[ResumeCandidate]:
     """What resuming the stack would do to each of its groups, sorted by name; read-only."""
-    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
+    backend = node_groups(autoscaling_client)
     return [
         ResumeCandidate(
             decision=resume_decision(group, only_stopped_by),
@@ -133,7 +133,7 @@ def resume_stack(
     who confirmed undoing an idle stop has not agreed to undo a budget stop.
     Each group is described again right before its write.
     """
-    backend = AutoScalingGroups(autoscaling_client or boto3.client("autoscaling"))
+    backend = node_groups(autoscaling_client)
     names = [g.name for g in backend.list_groups(stack)]
     results = []
     for name in names:
@@ -166,7 +166,7 @@ def stack_status(
     GetMetricData for all groups, one activity page per group.
     """
     autoscaling = autoscaling_client or boto3.client("autoscaling")
-    groups = AutoScalingGroups(autoscaling).list_groups(stack)
+    groups = node_groups(autoscaling).list_groups(stack)
     usage: dict[str, tuple[float | None, float | None]] = {}
     if health and groups:
         cloudwatch = cloudwatch_client or boto3.client("cloudwatch")

@@ -3,7 +3,7 @@
 It maps each PlannedResource onto a `Resource` record (with the id and ARN the
 mock engine gave it, so references between resources resolve as they do in a
 deployed stack) and evaluates every rule with the stack's policy config. It
-never prints and never exits: components/gpucluster/cli/commands.py does that.
+never prints and never exits: components/gpucluster/cli/planning.py does that.
 """
 
 from __future__ import annotations

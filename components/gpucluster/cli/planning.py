@@ -54,7 +54,7 @@ def plan(
         "--tree", "-v", "--verbose", help="Also show the resource tree and the stack outputs.")] = False,
     policy_config: Annotated[Path | None, typer.Option(
         "--policy-config", help="Policy pack config JSON (Pulumi's --policy-pack-config format); "
-        "default: policies/config/<stack>.json when it exists.")] = None,
+        "default: policies/config/<stack>.json, else <environment>.json, when it exists.")] = None,
 ) -> None:
     """Show offline what a stack would create, what it costs and which policies it breaks.
 
@@ -380,6 +380,10 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
 def init(
     directory: Annotated[Path, typer.Argument(
         help="Where to create the project: a new or empty directory.")] = Path("."),
+    hardened: Annotated[bool, typer.Option(
+        "--hardened", help="Name a permissions boundary and a break-glass role in the dev stack and ship "
+                           "the bootstrap script that makes the boundary (run it once per account first).")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Create a Pulumi project that uses gpucluster: Pulumi.yaml, __main__.py, a dev stack, policies."""
@@ -387,19 +391,22 @@ def init(
 
     render.use_json(as_json)
     try:
-        written = create_project(directory)
+        written = create_project(directory, hardened=hardened)
     except ScaffoldError as err:
         fail_usage("init", str(err))
     here = directory.resolve() == Path.cwd().resolve()
     next_step = f"{'' if here else f'cd {directory} && '}gpucluster plan dev"
     if as_json:
         render.emit({"directory": str(directory), "created": [str(p.relative_to(directory)) for p in written],
-                     "next": next_step})
+                     "hardened": hardened, "next": next_step})
         raise typer.Exit(EXIT_OK)
     typer.echo(f"created a gpucluster project in {directory}:")
     for path in written:
         typer.echo(f"  {path.relative_to(directory)}")
     typer.echo("")
+    if hardened:
+        typer.echo("hardened: before the first `pulumi up`, an administrator runs infra/bootstrap_state.py "
+                   "once per account (README.md)")
     typer.echo(f"next: {next_step}   (README.md has the steps to deploy)")
 
 

@@ -221,16 +221,16 @@ def cost(
 
 def live_spot_rates(spec: StackSpec) -> dict[str, pricing.Rate]:
     """Live spot prices; on failure the catalog's typical discount, said on stderr."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
+    from gpucluster.ops.awserrors import AWS_ERRORS, describe, guard_default_session
     from gpucluster.ops.doctor import fetch_spot_prices
 
+    guard_default_session()
     try:
         with render.progress(f"reading spot prices in {spec.region}"):
             return fetch_spot_prices(spec)
-    except (BotoCoreError, ClientError) as err:
-        render.say(f"cost --live: no live spot prices ({err}); using the catalog's typical discount",
-                   err=True)
+    except AWS_ERRORS as err:
+        render.say(f"cost --live: no live spot prices ({describe(err)}); using the catalog's typical "
+                   "discount", err=True)
         return {}
 
 

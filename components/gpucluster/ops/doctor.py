@@ -28,6 +28,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from gpucluster import catalog
 from gpucluster.lambdas.awsapi import group_tags, stack_groups
 from gpucluster.lambdas.tags import NODE_GROUP_TAG
+from gpucluster.ops.awserrors import describe, from_parser, looks_like_markup
 from gpucluster.ops.capacity import WARNING_BEFORE_END as BLOCK_WARNING_BEFORE_END
 from gpucluster.pricing import Rate, split_nodes
 from gpucluster.spec import STACK_TAG, NodeGroupConfig, StackSpec
@@ -94,11 +95,14 @@ def _error_code(err: ClientError) -> str:
 
 
 def _not_checked(check: str, subject: str, err: ClientError) -> DoctorFinding:
+    """A check AWS refused (its error code, a warning); an answer with no AWS error code (an HTML
+    page from a proxy, a bare 5xx) means AWS was not reached at all: DoctorError, one line, exit 2."""
+    code = str(err.response.get("Error", {}).get("Code") or "")
     message = str(err.response.get("Error", {}).get("Message", "")).strip()
-    if message.startswith("<"):
-        message = ""  # an HTML error page (a proxy or a fake endpoint), not an AWS message
-    message = message.splitlines()[0][:160] if message else ""
-    detail = f"{_error_code(err)}: {message}" if message else _error_code(err)
+    if not code or code.isdigit() or looks_like_markup(message):
+        raise DoctorError(describe(err))
+    message = " ".join(message.split())
+    detail = f"{code}: {message}" if message else code
     return DoctorFinding("warning", check, subject, f"could not check ({detail})")
 
 
@@ -462,7 +466,11 @@ def run_checks(spec: StackSpec, clients: Clients | None = None, now: datetime | 
         raise DoctorError("no AWS credentials found (aws configure, AWS_PROFILE or environment "
                           "variables)") from None
     except BotoCoreError as err:
-        raise DoctorError(f"cannot reach AWS: {err}") from None
+        raise DoctorError(f"cannot reach AWS: {describe(err)}") from None
+    except Exception as err:  # ResponseParserError is no BotoCoreError: an HTML page, not an answer
+        if not from_parser(err):
+            raise
+        raise DoctorError(describe(err)) from None
     return findings
 
 

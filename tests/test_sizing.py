@@ -273,6 +273,27 @@ def test_parse_tokens(text: str, tokens: float) -> None:
     assert parse_tokens(text) == pytest.approx(tokens)
 
 
+@pytest.mark.parametrize("text", ["2", "500", "999999", "2.5"])
+def test_a_bare_small_token_count_is_refused_with_a_hint(text: str) -> None:
+    """`--tokens 2` meant 2t or 2b: a unitless count under a million cannot be a real job."""
+    with pytest.raises(SizingError) as raised:
+        parse_tokens(text)
+    assert raised.value.option == "--tokens"
+    assert f"{text} has no unit: did you mean {text}t" in str(raised.value)
+
+
+def test_cli_tokens_2_exits_2_with_the_hint() -> None:
+    from typer.testing import CliRunner
+
+    from gpucluster.cli import app
+
+    result = CliRunner().invoke(app, ["recommend", "--model", "llama-3.1-8b", "--mode", "train",
+                                      "--tokens", "2"])
+    assert result.exit_code == 2
+    assert " ".join(result.output.split()).startswith(
+        "recommend: --tokens: 2 has no unit: did you mean 2t (2 trillion) or 2b (2 billion)?")
+
+
 def test_params_alone_picks_the_model_of_that_size() -> None:
     assert make_workload("70b", "train").model is MODELS["llama-3.1-70b"]
     assert make_workload("8", "train").model is MODELS["llama-3.1-8b"]

@@ -247,12 +247,22 @@ def parse_params(text: str) -> float:
     return float(match.group(1)) * scale
 
 
+# A token count without a unit below this is taken for a forgotten unit (`--tokens 2` meant 2t or 2b,
+# not two tokens): no training or serving job worth sizing is under a million tokens.
+UNITLESS_TOKENS_MIN = 1e6
+
+
 def parse_tokens(text: str) -> float:
-    """'2t', '500b', '1e9', '300m', '1000000' -> tokens."""
+    """'2t', '500b', '1e9', '300m', '1000000' -> tokens; a bare number under a million is refused."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kKmMbBgGtT]?)\s*", text)
     if not match or float(match.group(1)) <= 0:
         raise SizingError("--tokens", f"must be a positive token count like 2t, 500b or 1e9, got {text!r}")
-    return float(match.group(1)) * _SCALE[match.group(2).lower()]
+    value, unit = float(match.group(1)), match.group(2).lower()
+    if not unit and value < UNITLESS_TOKENS_MIN:
+        raise SizingError("--tokens", f"{text.strip()} has no unit: did you mean {match.group(1)}t "
+                          f"({value:g} trillion) or {match.group(1)}b ({value:g} billion)? Give a unit "
+                          "(k, m, b, t) or the full count (e.g. 2000000000)")
+    return value * _SCALE[unit]
 
 
 def _bounded(option: str, value: int | None, hi: int) -> None:

@@ -68,7 +68,7 @@ COMMANDS = [
     ["run", "dev", "-g", "dev-a10", "--", "echo", "hi"], ["scale", "dev", "-g", "dev-a10", "--desired", "1",
                                                             "--yes"],
     ["stop", "dev", "--yes"], ["start", "dev", "--yes"], ["jobs", "dev"], ["logs", "dev", "job-1"],
-    ["cancel", "dev", "job-1", "--yes"], ["spend", "dev"], ["doctor", "dev"],
+    ["cancel", "dev", "job-1", "--yes"], ["spend", "dev"],
     ["capacity", "search", "--type", "p5.48xlarge", "--count", "1", "--days", "1", "--region", "us-east-1"],
 ]
 ANSWERS = {"html-200": (200, HTML), "html-403": (403, HTML), "html-502": (502, HTML),
@@ -95,6 +95,32 @@ def test_an_answer_that_is_not_aws_is_one_line_exit_2(monkeypatch: pytest.Monkey
     assert as_json.exit_code == 2, as_json.output
     document = json.loads(as_json.stdout)
     assert "<" not in json.dumps(document), document
+
+
+@pytest.mark.parametrize("answer", list(ANSWERS))
+def test_doctor_reports_each_check_it_could_not_make_without_markup(monkeypatch: pytest.MonkeyPatch,
+                                                                    answer: str) -> None:
+    """doctor is a report: an error page for one check is that check's warning (its HTTP status,
+    not the page), the other checks still run; an answer that cannot be read at all (an HTML page
+    with 200) stops it in one line, exit 2."""
+    answer_with(monkeypatch, *ANSWERS[answer])
+    result = runner.invoke(app, ["doctor", "dev"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    for marker in ("<", "html", "Traceback"):
+        assert marker not in result.output
+    if ANSWERS[answer][0] == 200 or result.exit_code == 2:  # 200 always; unreadable bodies may
+        assert result.exit_code == 2
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("doctor: "), lines
+        if ANSWERS[answer][0] == 200:
+            assert "got an HTML page with HTTP 200, not an AWS answer" in lines[0]
+        return
+    document = json.loads(runner.invoke(app, ["doctor", "dev", "--json"]).stdout)
+    status = ANSWERS[answer][0]
+    assert {f["check"] for f in document["findings"]} >= {"offering", "quota", "cost tag", "boundary"}
+    assert {f["message"] for f in document["findings"]} == {
+        f"could not check (HTTP {status} with no AWS error code: not an AWS answer)"}
+    assert result.exit_code == 0 and max(len(line) for line in result.output.splitlines()) <= 100
 
 
 def test_describe_names_what_came_back() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,13 +16,16 @@ from gpucluster.sizing import (
     Fit,
     SizingError,
     Workload,
+    decode_rate,
     estimate_memory,
     make_workload,
     multi_node_capable,
     node_group_snippet,
+    orderable,
     parse_params,
     parse_tokens,
     recommend,
+    recommendation_snippet,
     usable_gib_per_gpu,
 )
 
@@ -221,10 +225,64 @@ def test_without_tokens_rank_by_price_per_effective_tflop_hour() -> None:
     assert p5.usd_per_effective_tflop_hour == pytest.approx(55.04 / (8 * 989 * 0.5))
 
 
-def test_inference_tokens_cost_two_flops_per_active_parameter() -> None:
-    w = make_workload(model="llama-3.1-8b", mode="inference", tokens="10b", mfu=0.2)
+def test_inference_is_timed_by_memory_bandwidth() -> None:
+    """Decode on one L40S (864 GB/s, NVIDIA L40S data sheet) at 60 % of it: each step reads the
+    bf16 weights and the 8 sequences' KV cache at half length, and emits 8 tokens."""
+    w = make_workload(model="llama-3.1-8b", mode="inference", tokens="10b")
     g6 = next(f for f in recommend(w) if f.instance_type == "g6e.xlarge")
-    assert g6.hours == pytest.approx(2 * 8_030_261_248 * 10e9 / (362.05e12 * 0.2) / 3600)
+    params = 8_030_261_248
+    kv_cache = 2 * 32 * 8 * 128 * 4096 * 8 * 2  # layers, KV heads, head dim, tokens, sequences, bf16
+    step = (2 * params + kv_cache / 2) / (864e9 * 0.6)
+    assert g6.tensor_parallel == 1
+    assert g6.tokens_per_second == pytest.approx(8 / step)
+    assert g6.hours == pytest.approx(10e9 / (8 / step) / 3600)
+    assert g6.usd_per_million_tokens == pytest.approx(g6.usd_per_hour / (8 / step * 3600) * 1e6)
+    assert g6.job_usd == pytest.approx(g6.hours * g6.usd_per_hour)
+
+
+def test_a_compute_bound_step_takes_its_flops_time() -> None:
+    """Many sequences at once: the FLOPs (2 per active parameter per token) outlast the reads."""
+    w = make_workload(model="llama-3.2-1b", mode="inference", concurrency=4096, seq_len=128)
+    t = catalog.get("g6e.xlarge")
+    gpu = catalog.gpu_model("L40S")
+    assert t is not None and gpu is not None
+    rate, tp = decode_rate(w, t, gpu, 1, 362.05)
+    assert tp == 1
+    assert rate == pytest.approx(4096 / (2 * w.model.active_params * 4096 / (362.05e12 * 0.4)))
+
+
+def test_inference_for_an_8b_model_ranks_what_users_would_pick() -> None:
+    """Issue 25: by cost per generated token an 8B model is served on one GPU; an 8 x B200 node,
+    $113.93/h, does not rank above a $1.86/h g6e."""
+    fits = recommend(make_workload(model="llama-3.1-8b", mode="inference"))
+    order = [f.instance_type for f in fits]
+    assert fits[0].price_basis == "on-demand" and fits[0].gpus == 1
+    assert order.index("g6e.xlarge") < order.index("p6-b200.48xlarge")
+    assert order.index("g6e.xlarge") < order.index("p5.48xlarge")
+    assert [f.usd_per_million_tokens for f in fits] == sorted(f.usd_per_million_tokens for f in fits)
+
+
+def test_every_gpu_model_has_a_sourced_bandwidth() -> None:
+    for name, gpu in catalog.gpu_models().items():
+        assert gpu.memory_bandwidth_gbs and "data sheet" in gpu.bandwidth_source, name
+    assert catalog.gpu_model("A100").bandwidth_gbs(40960) == 1555  # p4d: A100 40 GB
+    assert catalog.gpu_model("A100").bandwidth_gbs(81920) == 2039  # p4de: A100 80 GB
+    assert catalog.gpu_model("H100").bandwidth_gbs(81920) == 3350
+
+
+def test_a_capacity_block_pick_comes_with_a_node_group_to_order_now() -> None:
+    w = make_workload(model="llama-3.1-70b", mode="inference")
+    fits = recommend(w)
+    on_demand = fits[0]
+    block = replace(next(f for f in fits if f.instance_type.startswith("p5")), price_basis="capacity block")
+    text = recommendation_snippet([block, on_demand], w)
+    assert text is not None
+    assert f"gpucluster capacity search --type {block.instance_type}" in text
+    assert "# or now, on demand (no block to buy)" in text
+    pasted = yaml.safe_load(text.split("# or now, on demand", 1)[1].split("\n", 1)[1])
+    assert pasted["gpucluster:node_groups"][0]["instance_types"] == [on_demand.instance_type]
+    assert orderable([block, on_demand]) is on_demand
+    assert "# or now" not in (recommendation_snippet([on_demand, block], w) or "")
 
 
 # ----------------------------------------------------------------- snippets, input

@@ -35,14 +35,20 @@ node-group snippet `gpucluster recommend` prints. The method, with its sources:
   Neural Language Models", C ≈ 6ND), 2 · N per generated or scored token for inference, N the
   parameters active per token (a mixture of experts computes with its routed experts only),
   over the GPUs' dense peak at the compute format (catalog `gpu_models`, NVIDIA data sheets) at
-  a stated model FLOPs utilisation (MFU, default 40 %). Ranked by the job's cost with
-  `tokens`, else by price per effective TFLOP-hour (the same order).
+  a stated model FLOPs utilisation (MFU, default 40 %). Training is ranked by the job's cost
+  with `tokens`, else by price per effective TFLOP-hour (the same order).
+- Inference is ranked by the cost of a generated token. Decoding reads every weight and the
+  sequences' KV cache once a step, so a step takes those bytes over the GPUs' memory bandwidth
+  (catalog `memory_bandwidth_gbs`, NVIDIA data sheets) at DECODE_MBU (60 %, Databricks' measured
+  model bandwidth utilisation), or its FLOPs over the peak at MFU when that is longer; each
+  replica spans the fewest GPUs that hold it (vLLM's advice) and the concurrency is spread over
+  the replicas. Tokens per second x 3600 over the nodes' price per hour gives $ per token.
 
 What it leaves out: tensor/pipeline-parallel training layouts, optimizer or parameter offload,
 activation memory without checkpointing, LoRA and other parameter-efficient fine-tuning, the
-KV cache's paging overhead and prefill activations at long context, communication time (MFU
-stands for all of it), and memory-bound decoding, where time follows memory bandwidth rather
-than FLOPs.
+KV cache's paging overhead and prefill activations at long context, prefill time (decode
+dominates generation), tensor-parallel communication and per-step launch latency (MBU and MFU
+stand for all of it).
 
 It is pure: no Pulumi, no AWS calls. It must not price anything itself: rates come from
 gpucluster.pricing, instance facts, GPU peaks and offerings from gpucluster.catalog.
@@ -61,6 +67,10 @@ GIB = 1024**3
 CUDA_CONTEXT_GIB = 1.0
 FRAGMENTATION = 0.05
 INFERENCE_OVERHEAD = 0.2  # "Transformer Math 101": inference memory ≈ 1.2 x weights
+# Decode reaches about this share of the GPU's memory bandwidth (model bandwidth utilisation, MBU):
+# Databricks, "LLM Inference Performance Engineering: Best Practices" (2023), measures MBU of about
+# 60 % for a 7B model decoding on A100 and H100 at small batch sizes. A planning figure.
+DECODE_MBU = 0.6
 # DeepSpeed's estimator: 18 B per parameter of model states, 4 B per parameter of the largest module.
 DEEPSPEED_STATE_BYTES = 18
 DEEPSPEED_LARGEST_MODULE_BYTES = 4
@@ -428,10 +438,23 @@ class Fit:
     hours: float | None
     """With tokens: how long the job runs."""
     job_usd: float | None
+    tokens_per_second: float | None = None
+    """Inference: generated tokens per second of all nodes at the workload's concurrency (decode)."""
+    usd_per_million_tokens: float | None = None
+    """Inference: what a million generated tokens cost on these nodes at that rate."""
+    tensor_parallel: int | None = None
+    """Inference: GPUs one model replica spans (the fewest that hold it and its sequences)."""
 
     @property
     def usd_per_effective_tflop_hour(self) -> float:
         return self.usd_per_hour / self.effective_tflops
+
+    @property
+    def rank_key(self) -> tuple[float, int, str]:
+        """Inference: cost per generated token; training: the job's cost (or $ per effective TFLOP-h)."""
+        cost = (self.usd_per_million_tokens if self.usd_per_million_tokens is not None
+                else self.job_usd if self.job_usd is not None else self.usd_per_effective_tflop_hour)
+        return (cost, self.nodes, self.instance_type)
 
 
 def _prices(t: catalog.InstanceType, region: str, nodes: int) -> tuple[float, str, float | None]:
@@ -446,10 +469,65 @@ def _fit(w: Workload, t: catalog.InstanceType, gpu: catalog.GpuModel, fmt: str, 
     peak = gpu.peak_tflops(fmt) or 0.0
     effective = nodes * t.gpus * peak * w.mfu
     usd, basis, spot = _prices(t, region, nodes)
+    if not w.training:
+        rate, tp = decode_rate(w, t, gpu, nodes, peak)
+        hours = None if w.tokens is None or rate is None else w.tokens / rate / 3600
+        per_million = None if rate is None else usd / (rate * 3600) * 1e6
+        return Fit(t.name, t.gpu_model, nodes, nodes * t.gpus, need, usable_gib_per_gpu(t), usd, basis,
+                   spot, nodes > 1, fmt, peak, effective, hours, None if hours is None else hours * usd,
+                   rate, per_million, tp)
     flops = w.flops
     hours = None if flops is None else flops / (effective * 1e12) / 3600
     return Fit(t.name, t.gpu_model, nodes, nodes * t.gpus, need, usable_gib_per_gpu(t), usd, basis, spot,
                nodes > 1, fmt, peak, effective, hours, None if hours is None else hours * usd)
+
+
+def tensor_parallel_degree(w: Workload, t: catalog.InstanceType, total_gpus: int) -> tuple[int, int]:
+    """(GPUs a replica spans, replicas): the fewest GPUs, a power of two or all of them, that hold
+    the weights and the KV cache of the sequences a replica serves; the other GPUs run replicas.
+
+    Serving stacks shard a model only when it does not fit one GPU (vLLM docs, "Distributed
+    inference and serving": "If your model fits in a single GPU, you probably don't need to use
+    distributed inference"): a small model over eight GPUs spends each step on all-reduces.
+    """
+    memory = estimate_memory(w)
+    weights = memory.weights + memory.overhead
+    kv_per_sequence = memory.kv_cache / w.concurrency
+    usable = usable_gib_per_gpu(t) * GIB
+    sizes = sorted({*(2**i for i in range(total_gpus.bit_length()) if 2**i <= total_gpus), total_gpus})
+    for tp in sizes:
+        replicas = total_gpus // tp
+        sequences = -(-w.concurrency // min(replicas, w.concurrency))
+        if (weights + kv_per_sequence * sequences) / tp <= usable:
+            return tp, replicas
+    return total_gpus, 1
+
+
+def decode_rate(w: Workload, t: catalog.InstanceType, gpu: catalog.GpuModel, nodes: int,
+                peak_tflops: float) -> tuple[float | None, int | None]:
+    """(generated tokens per second, tensor-parallel degree) of `nodes` x `t` serving `w`.
+
+    Decoding is bound by memory bandwidth: every step a replica reads its weights (a mixture of
+    experts: the experts its sequences route to, at most all) and its sequences' KV cache (at
+    half the sequence length on average), and emits one token per sequence. The step takes
+    bytes / (its GPUs' bandwidth x DECODE_MBU), or its FLOPs (2 per active parameter per token)
+    over their peak x MFU when that is longer. None without a bandwidth figure for the GPU.
+    """
+    bandwidth = gpu.bandwidth_gbs(t.gpu_memory_mib)
+    if bandwidth is None:
+        return None, None
+    total_gpus = nodes * t.gpus
+    tp, replicas = tensor_parallel_degree(w, t, total_gpus)
+    busy = min(replicas, w.concurrency)
+    sequences = w.concurrency / busy
+    m, memory = w.model, estimate_memory(w)
+    weight_bytes = INFERENCE_BYTES[w.precision] * min(m.params, m.active_params * sequences)
+    kv_bytes = memory.kv_cache / w.concurrency * sequences / 2
+    memory_seconds = (weight_bytes + kv_bytes) / (tp * bandwidth * 1e9 * DECODE_MBU)
+    compute_seconds = 2 * m.active_params * sequences / (tp * peak_tflops * 1e12 * w.mfu) \
+        if peak_tflops else 0.0
+    step = max(memory_seconds, compute_seconds)
+    return busy * sequences / step, tp
 
 
 def offered_types(region: str, zone: str | None = None) -> list[str]:
@@ -481,8 +559,26 @@ def recommend(w: Workload, region: str = "us-east-1", zone: str | None = None) -
                 break
             if memory.per_gpu / GIB > usable:
                 break  # the unsharded part alone does not fit: more nodes cannot help
-    return sorted(fits, key=lambda f: (f.job_usd if f.job_usd is not None else f.usd_per_effective_tflop_hour,
-                                       f.nodes, f.instance_type))
+    return sorted(fits, key=lambda f: f.rank_key)
+
+
+def orderable(fits: list[Fit]) -> Fit | None:
+    """The best fit that can be ordered at once (on demand or spot), not only as a Capacity Block."""
+    return next((f for f in fits if f.price_basis != "capacity block"), None)
+
+
+def recommendation_snippet(fits: list[Fit], w: Workload, region: str = "us-east-1",
+                           zone: str | None = None) -> str | None:
+    """What to paste: the best fit's node group; when that is a Capacity Block type, how to buy the
+    block and, beside it, the node group of the best type that can be ordered on demand today."""
+    if not fits:
+        return None
+    text = node_group_snippet(fits[0], w, region, zone)
+    other = orderable(fits)
+    if fits[0].price_basis == "capacity block" and other is not None:
+        text += ("#\n# or now, on demand (no block to buy): the best type that can be ordered at once\n"
+                 + node_group_snippet(other, w, region, zone))
+    return text
 
 
 def node_group_snippet(fit: Fit, w: Workload, region: str = "us-east-1", zone: str | None = None) -> str:
@@ -511,8 +607,8 @@ def node_group_snippet(fit: Fit, w: Workload, region: str = "us-east-1", zone: s
     # whatever else the network holds; the network must list them.
     offered = catalog.offered_zones(fit.instance_type, region) or []
     chosen = [zone] if zone else offered[:1] if fit.nodes > 1 else offered
-    zones = (f"    availability_zones: [{', '.join(chosen)}]   # network.availability_zones must list "
-             f"{'it' if len(chosen) == 1 else 'them'}\n") if chosen else ""
+    zones = (f"    # network.availability_zones must list {'it' if len(chosen) == 1 else 'them'}\n"
+             f"    availability_zones: [{', '.join(chosen)}]\n") if chosen else ""
     efa = "efa: on\n    placement_group: true" if fit.nodes > 1 else "efa: off"
     return (
         summary

@@ -289,7 +289,8 @@ def recommend(
     except pricing.PricingError as err:
         fail_usage("recommend", f"--region: {err}")
     memory = sizing.estimate_memory(workload)
-    snippet = sizing.node_group_snippet(fits[0], workload, region, zone) if fits else None
+    snippet = sizing.recommendation_snippet(fits, workload, region, zone)
+    on_demand = sizing.orderable(fits)
     if as_json:
         m = workload.model
         render.emit({
@@ -303,6 +304,8 @@ def recommend(
             "memory_gib": {k: round(v / sizing.GIB, 3) for k, v in vars(memory).items()},
             "fits": [{**vars(f), "usd_per_effective_tflop_hour": f.usd_per_effective_tflop_hour}
                      for f in fits[:top]],
+            "decode_bandwidth_utilisation": None if workload.training else sizing.DECODE_MBU,
+            "on_demand_pick": None if on_demand is None else on_demand.instance_type,
             "snippet": snippet})
     else:
         for line in render_recommendation(workload, memory, fits[:top], snippet, region, zone):
@@ -319,7 +322,7 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
                           snippet: str | None, region: str = "us-east-1",
                           zone: str | None = None) -> list[str]:
     """The human output of `gpucluster recommend`."""
-    from gpucluster.sizing import CUDA_CONTEXT_GIB, FRAGMENTATION, GIB
+    from gpucluster.sizing import CUDA_CONTEXT_GIB, DECODE_MBU, FRAGMENTATION, GIB
 
     w, m = workload, workload.model
     per = (f"micro-batch {w.batch}" if w.training else f"{w.concurrency} concurrent sequences")
@@ -344,7 +347,9 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
                f"{FRAGMENTATION * 100:g} % fragmentation; more than one node needs EFA on several "
                "network cards")
     where = f"zone {zone}" if zone else region
-    if w.flops is not None:
+    if w.flops is not None and not w.training:
+        out.append(f"job: {w.tokens:,.0f} generated tokens, at each type's decode rate below")
+    elif w.flops is not None:
         out.append(f"job: {w.tokens:,.0f} tokens x {6 if w.training else 2} x {billions(m.active_params)} "
                    f"parameters = {w.flops:,.3g} FLOPs at {w.mfu * 100:g} % of the GPUs' dense peak (MFU)")
     if not fits:
@@ -352,23 +357,42 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
                    "--batch or --concurrency, or try another --region")
         return render.wrap_lines(out)
     out = render.wrap_lines(out)
-    out += ["", f"types offered in {where}, ranked by "
-            + ("the job's cost:" if w.flops is not None else "price per effective TFLOP-hour:")]
-    headers = ["#", "instance type", "nodes", "GPUs", "need GiB/GPU", "usable", "$/h", "price", "spot $/h",
-               "EFA", "eff. TFLOPS"]
-    headers += ["hours", "job $"] if w.flops is not None else ["$/eff. TFLOP-h"]
+    if w.training:
+        ranked = "the job's cost:" if w.flops is not None else "price per effective TFLOP-hour:"
+    else:
+        ranked = (f"the cost of a generated token (decode is bound by memory bandwidth: {DECODE_MBU:.0%} "
+                  f"of the data sheet's, {w.concurrency} sequences at once):")
+    out += ["", *render.wrap(f"types offered in {where}, ranked by {ranked}")]
+    headers = ["#", "instance type", "nodes", "GPUs", "GiB/GPU", "$/h", "spot $/h"]
+    headers += ["EFA", "TFLOPS"] if w.training else ["TP", "tok/s", "$/M tok"]
+    headers += ["hours", "job $"] if w.tokens is not None else (["$/TFLOP-h"] if w.training else [])
     rows = []
     for i, f in enumerate(fits, 1):
+        block = " CB" if f.price_basis == "capacity block" else ""
         row = [str(i), f.instance_type, str(f.nodes), f"{f.gpus} x {f.gpu_model}",
-               f"{f.need_gib_per_gpu:.1f}", f"{f.usable_gib_per_gpu:.1f}", usd(f.usd_per_hour),
-               f.price_basis, "-" if f.spot_usd_per_hour is None else usd(f.spot_usd_per_hour),
-               "yes" if f.efa else "no", f"{f.effective_tflops:,.0f}"]
-        if f.hours is not None and f.job_usd is not None:
-            row += [f"{f.hours:,.1f}", usd(f.job_usd)]
+               f"{f.need_gib_per_gpu:.1f}/{f.usable_gib_per_gpu:.0f}", usd(f.usd_per_hour) + block,
+               "-" if f.spot_usd_per_hour is None else usd(f.spot_usd_per_hour)]
+        if w.training:
+            row += ["yes" if f.efa else "no", f"{f.effective_tflops:,.0f}"]
         else:
+            row += ["-" if f.tensor_parallel is None else str(f.tensor_parallel),
+                    "-" if f.tokens_per_second is None else f"{f.tokens_per_second:,.0f}",
+                    "-" if f.usd_per_million_tokens is None else f"{f.usd_per_million_tokens:,.2f}"]
+        if w.tokens is not None:
+            row += ["-" if f.hours is None else f"{f.hours:,.1f}",
+                    "-" if f.job_usd is None else usd(f.job_usd)]
+        elif w.training:
             row += [f"{f.usd_per_effective_tflop_hour:.5f}"]
         rows.append(row)
     out += render.table(headers, rows)
+    notes = ["GiB/GPU: needed/usable; $/h: on-demand, all nodes"]
+    if w.training:
+        notes.append(f"TFLOPS: effective, all GPUs at {w.mfu:.0%} of their dense peak (MFU)")
+    if any(f.price_basis == "capacity block" for f in fits):
+        notes.append("CB: sold only as a Capacity Block (its rate; `gpucluster capacity search`)")
+    if not w.training:
+        notes.append("TP: GPUs one replica spans (the rest serve more replicas)")
+    out += render.wrap("; ".join(notes))
     out += ["", "node group for the best fit (paste under `config:` in stacks/Pulumi.<env>.yaml):", ""]
     out += render.yaml_lines(snippet or "")
     return out

@@ -126,12 +126,14 @@ def clip(text: str, width: int = WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def table(headers: list[str], rows: list[list[str]], indent: str = "  ", width: int = WIDTH) -> list[str]:
+def table(headers: list[str], rows: list[list[str]], indent: str = "  ", width: int = WIDTH,
+          min_wrap: int | None = None) -> list[str]:
     """Columns padded to their widest cell; cells that look like numbers are right-aligned.
 
     A table wider than `width` keeps as many leading columns as fit and prints the rest of each
     row under it, indented, as `header: value` (a long last column of text, such as a finding,
-    wraps in its own column instead): every line fits `width`.
+    wraps in its own column instead, at least `min_wrap` wide when given, else under its row,
+    indented): every line fits `width`.
     """
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
 
@@ -148,13 +150,21 @@ def table(headers: list[str], rows: list[list[str]], indent: str = "  ", width: 
     if span(len(headers)) <= width:
         return [line(headers, len(headers)), *(line(r, len(headers)) for r in rows)]
     last = len(headers) - 1
-    if span(last) + 2 + 24 <= width and all(not numeric(str(r[last])) for r in rows):
+    text_last = all(not numeric(str(r[last])) for r in rows)
+    if span(last) + 2 + (min_wrap or 24) <= width and text_last:
         room = width - span(last) - 2  # the last column wraps within what is left
         pad = " " * (span(last) + 2)
-        out = [line(headers, last) + "  " + headers[last]]
+        out = [line(headers, last).ljust(span(last)) + "  " + headers[last]]
         for r in rows:
             parts = textwrap.wrap(str(r[last]), room, break_on_hyphens=False) or [""]
-            out += [(line(r, last) + "  " + parts[0]).rstrip(), *(pad + p for p in parts[1:])]
+            out += [(line(r, last).ljust(span(last)) + "  " + parts[0]).rstrip(),
+                    *(pad + p for p in parts[1:])]
+        return out
+    if text_last and min_wrap is not None and span(last) <= width:
+        under = indent + " " * (widths[0] + 4)  # deeper than a row: the second column, and then some
+        out = [line(headers, last) + "  " + headers[last]]
+        for r in rows:
+            out += [line(r, last), *wrap(str(r[last]), indent=under, width=width, hang="")]
         return out
     keep = max(c for c in range(1, len(headers) + 1) if c == 1 or span(c) <= width)
     out = [line(headers, keep)]

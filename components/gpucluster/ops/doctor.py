@@ -150,14 +150,15 @@ def _error_code(err: ClientError) -> str:
 
 
 def _not_checked(check: str, subject: str, err: ClientError) -> DoctorFinding:
-    """A check AWS refused (its error code, a warning); an answer with no AWS error code (an HTML
-    page from a proxy, a bare 5xx) means AWS was not reached at all: DoctorError, one line, exit 2."""
+    """A check AWS did not answer: a warning with its error code, or, for an answer with no AWS
+    error code (an HTML page from a proxy, a bare 5xx), its HTTP status; never the page itself."""
     code = str(err.response.get("Error", {}).get("Code") or "")
-    message = str(err.response.get("Error", {}).get("Message", "")).strip()
+    message = " ".join(str(err.response.get("Error", {}).get("Message", "")).split())
+    status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or code or "?"
     if not code or code.isdigit() or looks_like_markup(message):
-        raise DoctorError(describe(err))
-    message = " ".join(message.split())
-    detail = f"{code}: {message}" if message else code
+        detail = f"HTTP {status} with no AWS error code: not an AWS answer"
+    else:
+        detail = f"{code}: {message}" if message else code
     return DoctorFinding("warning", check, subject, f"could not check ({detail})")
 
 

@@ -73,6 +73,7 @@ def plan(
         document["cost"] = cost.as_json() if isinstance(cost, pricing.StackCost) else {"error": cost}
         document["violations"] = [v.as_json() for v in violations]
         document["notes"] = notes
+        document["node_groups"] = render.node_group_summary(result, cost)
         render.emit(document)
         raise typer.Exit(blocked)
     for line in render.plan_lines(result, cost, violations, tree, notes, [str(w) for w in warnings]):

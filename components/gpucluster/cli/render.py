@@ -121,11 +121,6 @@ def wrap(text: str, indent: str = "", width: int = WIDTH, hang: str = "  ") -> l
                          break_long_words=True, break_on_hyphens=False) or [indent]
 
 
-def clip(text: str, width: int = WIDTH) -> str:
-    """One line cut to `width` columns with an ellipsis."""
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def table(headers: list[str], rows: list[list[str]], indent: str = "  ", width: int = WIDTH,
           min_wrap: int | None = None) -> list[str]:
     """Columns padded to their widest cell; cells that look like numbers are right-aligned.
@@ -391,8 +386,9 @@ def violation_lines(violations: list[Violation]) -> list[str]:
     out = [verdict]
     for v in sorted(violations, key=lambda v: (not v.mandatory, v.policy, v.resource_name or "")):
         where = f"{kind(v.resource_type)} {v.resource_name}" if v.resource_type else "stack"
-        head = clip(f"  {v.level:<9}  {v.policy}  {where}")
-        out.append(head.replace(v.level, paint(v.level, "bad" if v.mandatory else "warn"), 1))
+        head = wrap(f"{v.level:<9}  {v.policy}  {where}", indent="  ", hang="      ")  # wrapped, never cut
+        head[0] = head[0].replace(v.level, paint(v.level, "bad" if v.mandatory else "warn"), 1)
+        out += head
         out += wrap(v.message, indent="      ", hang="")
     return out
 

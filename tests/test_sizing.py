@@ -364,7 +364,7 @@ def test_params_alone_picks_the_model_of_that_size() -> None:
     ({"mode": "train"}, "--params", "give --model NAME or --params"),
     ({"model": "gpt-5", "mode": "train"}, "--model", "unknown model 'gpt-5' (known: llama-3.2-1b"),
     ({"model": "mistral-7b", "params": "7", "mode": "train"}, "--model", "give --model alone"),
-    ({"params": "7", "mode": "fly"}, "--mode", "train, finetune, inference"),
+    ({"params": "7", "mode": "fly"}, "--mode", "train, finetune, lora, qlora, inference"),
     ({"params": "7", "mode": "train", "precision": "int4"}, "--precision", "bf16, fp16, fp32"),
     ({"params": "30", "mode": "train"}, "--layers", "no known shape for a 30B model"),
     ({"params": "30", "mode": "train", "layers": 60}, "--hidden", "give both"),
@@ -391,3 +391,54 @@ def test_another_model_by_its_shape() -> None:
     assert (w.model.heads, w.model.kv_heads, w.model.vocab) == (52, 52, 128_256)  # head_dim 128, MHA
     assert estimate_memory(w).kv_cache == 2 * 60 * 52 * 128 * 4096 * 2
     assert w.model.params == 30e9 and w.model.largest_module_params == 128_256 * 6656
+
+
+# ------------------------------------------------------------------ LoRA, QLoRA
+
+
+def test_lora_adapters_on_every_linear_layer() -> None:
+    """Llama 3.1 8B, rank 16 on q, k, v, o, gate, up, down: 41,943,040 trainable parameters (what
+    Hugging Face PEFT reports for this model and target set)."""
+    assert MODELS["llama-3.1-8b"].lora_params(16) == 41_943_040
+    w = make_workload(model="llama-3.1-8b", mode="lora")
+    memory = estimate_memory(w)
+    p = 8_030_261_248
+    assert memory.weights == 2 * p  # the frozen base in bf16, no gradients or optimizer states for it
+    assert memory.adapters == 2 * 41_943_040
+    assert memory.gradients == 2 * 41_943_040 and memory.optimizer == 12 * 41_943_040  # 16 B in all
+    assert memory.buffers == memory.kv_cache == 0
+
+
+def test_qlora_keeps_the_base_in_4_bits_and_the_embeddings_in_16() -> None:
+    """QLoRA section 3: NF4 plus double-quantised constants, 4.127 bits per parameter."""
+    w = make_workload(model="llama-3.1-8b", mode="qlora", lora_rank=64)
+    memory = estimate_memory(w)
+    p, embeddings = 8_030_261_248, 2 * 128_256 * 4096  # untied input embedding and output head
+    assert memory.weights == pytest.approx((p - embeddings) * 4.127 / 8 + 2 * embeddings)
+    assert memory.adapters == 2 * 4 * 41_943_040  # rank 64
+    assert w.flops_per_token == 4 and w.max_nodes == 1
+
+
+def test_adapter_training_counts_four_flops_per_parameter_and_token() -> None:
+    lora = make_workload(model="llama-3.1-8b", mode="lora", tokens="1b")
+    full = make_workload(model="llama-3.1-8b", mode="finetune", tokens="1b")
+    assert lora.flops == pytest.approx(4 * 8_030_261_248 * 1e9)
+    assert full.flops == pytest.approx(6 * 8_030_261_248 * 1e9)
+
+
+def test_qlora_fits_a_70b_model_on_one_large_gpu_where_lora_needs_a_node() -> None:
+    qlora = recommend(make_workload(model="llama-3.1-70b", mode="qlora"))
+    assert any(f.gpus == 1 for f in qlora)  # one 80 GB H100 (QLoRA: 65B on a single 48 GB GPU)
+    lora = recommend(make_workload(model="llama-3.1-70b", mode="lora", max_nodes=1))
+    assert lora and all(f.gpus >= 4 for f in lora)
+
+
+@pytest.mark.parametrize(("kwargs", "option", "words"), [
+    ({"params": "7", "mode": "train", "lora_rank": 8}, "--lora-rank", "is for --mode lora or qlora"),
+    ({"params": "7", "mode": "lora", "lora_rank": 0}, "--lora-rank", "must be 1..4096"),
+    ({"params": "7", "mode": "qlora", "precision": "fp32"}, "--precision", "computes in bf16 or fp16"),
+])
+def test_adapter_options_are_checked(kwargs: dict[str, Any], option: str, words: str) -> None:
+    with pytest.raises(SizingError) as raised:
+        make_workload(**kwargs)
+    assert raised.value.option == option and words in str(raised.value)

@@ -27,6 +27,17 @@ node-group snippet `gpucluster recommend` prints. The method, with its sources:
   101", EleutherAI: total ≈ 1.2 x model memory), + the KV cache of `concurrency` sequences of
   `seq_len` tokens, 2 · L · kv_heads · head_dim · s · 2 B each (fp32 models: 4 B), all sharded
   over the GPUs by tensor parallelism.
+- LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"): the base model
+  frozen in 16 bits (2 B per parameter, no gradients, no optimizer states) plus trainable
+  adapters of rank r on every linear layer, r·(inputs + outputs) parameters each, which carry
+  16 B per parameter as full training does (bf16 weights and gradients, fp32 master weights and
+  Adam's two moments). QLoRA (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized
+  LLMs", section 3): the frozen base in 4-bit NormalFloat with double-quantised constants,
+  (4 + 0.127) / 8 B per parameter, the embeddings and output head kept in 16 bits, the
+  adapters as LoRA's. Activations and logits as training, with gradient checkpointing (both
+  papers' setups); the frozen weights are sharded FSDP-style over the GPUs like the rest.
+  Compute: 4·N·D FLOPs (forward 2N, backward 2N for activation gradients, none for frozen
+  weights); the paged optimizer and dequantisation overheads are left out.
 - Usable memory per GPU: the card's memory less 1 GiB for the CUDA context (PyTorch, cuBLAS
   workspaces, NCCL buffers), then 95 % of the rest (allocator fragmentation).
 - More than one node needs EFA on several network cards (single-card EFA sizes lack the
@@ -45,7 +56,7 @@ node-group snippet `gpucluster recommend` prints. The method, with its sources:
   the replicas. Tokens per second x 3600 over the nodes' price per hour gives $ per token.
 
 What it leaves out: tensor/pipeline-parallel training layouts, optimizer or parameter offload,
-activation memory without checkpointing, LoRA and other parameter-efficient fine-tuning, the
+activation memory without checkpointing, parameter-efficient methods other than LoRA/QLoRA, the
 KV cache's paging overhead and prefill activations at long context, prefill time (decode
 dominates generation), tensor-parallel communication and per-step launch latency (MBU and MFU
 stand for all of it).
@@ -78,10 +89,18 @@ LOGIT_BYTES = 4
 DEFAULT_SEQ_LEN = 4096
 DEFAULT_CONCURRENCY = 8
 DEFAULT_MFU = 0.4
-DEFAULT_MAX_NODES = {"train": 64, "finetune": 64, "inference": 1}
+DEFAULT_MAX_NODES = {"train": 64, "finetune": 64, "lora": 8, "qlora": 1, "inference": 1}
+DEFAULT_LORA_RANK = 16
+# LoRA and QLoRA (module docstring): the frozen base's bytes per parameter, and the trainable
+# adapter's: bf16 weights and gradients, fp32 master weights and Adam's two moments (2+2+4+4+4).
+ADAPTER_STATE_BYTES = 16
+# QLoRA, section 3: NF4 weights (4 bits) with double-quantised constants, 0.127 bits per parameter
+# ("reduces the memory footprint from 0.5 bits per parameter to 0.127 bits").
+QLORA_BYTES = (4 + 0.127) / 8
 
-Mode = Literal["train", "finetune", "inference"]
-MODES: tuple[Mode, ...] = ("train", "finetune", "inference")
+Mode = Literal["train", "finetune", "lora", "qlora", "inference"]
+MODES: tuple[Mode, ...] = ("train", "finetune", "lora", "qlora", "inference")
+ADAPTER_MODES = ("lora", "qlora")
 TRAINING_PRECISIONS = ("bf16", "fp16", "fp32")
 INFERENCE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 WEIGHT_ONLY = ("int8", "int4")  # weight-only quantisation: the matmuls run in 16 bits
@@ -136,6 +155,23 @@ class ModelShape:
         per_layer = self._attention() + mlp + router + 2 * self.hidden  # + two RMSNorm weights
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
         return float(self.layers * per_layer + embeddings + self.hidden)  # + the final norm
+
+    def lora_params(self, rank: int) -> float:
+        """Trainable LoRA parameters at `rank` on every linear layer of every block (attention q, k,
+        v, o; MLP gate, up, down, per expert): rank x (inputs + outputs) per adapted matrix (Hu et
+        al. 2021, "LoRA", section 4.1: W + BA with B d x r, A r x k). All linear layers, as QLoRA
+        (Dettmers et al. 2023, section 4) finds it needs to match full fine-tuning. A shape given
+        on the command line has no MLP width: its MLP is taken as 4 x hidden (GPT's)."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        mlp_width = self.intermediate or 4 * h
+        attention = (h + q) + 2 * (h + kv) + (q + h)
+        mlp = max(self.experts, 1) * (2 * (h + mlp_width) + (mlp_width + h))
+        return float(rank * self.layers * (attention + mlp))
+
+    @property
+    def embedding_params(self) -> float:
+        """The token embedding and the output head (one matrix when tied): kept in 16 bits by QLoRA."""
+        return float(self.vocab * self.hidden * (1 if self.tied_embeddings else 2))
 
     @property
     def params(self) -> float:
@@ -218,6 +254,8 @@ class Workload:
     tokens: float | None = None
     """Training: tokens trained on; inference: tokens generated or scored."""
     mfu: float = DEFAULT_MFU
+    lora_rank: int = DEFAULT_LORA_RANK
+    """LoRA / QLoRA: the adapters' rank."""
 
     @property
     def params(self) -> float:
@@ -232,11 +270,18 @@ class Workload:
         return self.mode != "inference"
 
     @property
+    def flops_per_token(self) -> int:
+        """Per active parameter: 6 to train (forward 2, backward 4), 4 with frozen weights (LoRA,
+        QLoRA: the backward pass computes activation gradients, 2, but no weight gradients), 2 to
+        generate."""
+        return 2 if not self.training else 4 if self.mode in ADAPTER_MODES else 6
+
+    @property
     def flops(self) -> float | None:
-        """The job's FLOPs: 6·N·D to train, 2·N per token for inference (N active parameters)."""
+        """The job's FLOPs: flops_per_token x N x D (N active parameters, D tokens)."""
         if self.tokens is None:
             return None
-        return (6 if self.training else 2) * self.model.active_params * self.tokens
+        return self.flops_per_token * self.model.active_params * self.tokens
 
     def compute_format(self, gpu: catalog.GpuModel) -> str | None:
         """The number format the matmuls run in on `gpu`; None when the GPU cannot run this workload."""
@@ -284,7 +329,8 @@ def make_workload(params: str | None = None, mode: str = "train", precision: str
                   seq_len: int | None = None, batch: int | None = None, max_nodes: int | None = None,
                   layers: int | None = None, hidden: int | None = None, heads: int | None = None,
                   kv_heads: int | None = None, *, model: str | None = None, concurrency: int | None = None,
-                  vocab: int | None = None, tokens: str | None = None, mfu: float = DEFAULT_MFU) -> Workload:
+                  vocab: int | None = None, tokens: str | None = None, mfu: float = DEFAULT_MFU,
+                  lora_rank: int | None = None) -> Workload:
     """Validate command-line values into a Workload; SizingError names the option at fault."""
     if mode not in MODES:
         raise SizingError("--mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
@@ -304,10 +350,15 @@ def make_workload(params: str | None = None, mode: str = "train", precision: str
         raise SizingError("--concurrency", "is for inference; training takes --batch (micro-batch per GPU)")
     if not 0 < mfu <= 1:
         raise SizingError("--mfu", f"must be a fraction of the peak in (0, 1], e.g. 0.4, got {mfu:g}")
+    if lora_rank is not None and mode not in ADAPTER_MODES:
+        raise SizingError("--lora-rank", "is for --mode lora or qlora")
+    _bounded("--lora-rank", lora_rank, 4096)
+    if mode in ADAPTER_MODES and precision == "fp32":
+        raise SizingError("--precision", f"{mode} computes in bf16 or fp16, got 'fp32'")
     shape = _shape(params, model, layers, hidden, heads, kv_heads, vocab)
     return Workload(shape, mode, precision, seq_len or DEFAULT_SEQ_LEN, batch or 1,  # type: ignore[arg-type]
                     concurrency or DEFAULT_CONCURRENCY, max_nodes or DEFAULT_MAX_NODES[mode],
-                    None if tokens is None else parse_tokens(tokens), mfu)
+                    None if tokens is None else parse_tokens(tokens), mfu, lora_rank or DEFAULT_LORA_RANK)
 
 
 def _shape(params: str | None, model: str | None, layers: int | None, hidden: int | None,
@@ -362,11 +413,14 @@ class MemoryEstimate:
     """Per GPU (training)."""
     logits: float
     """Per GPU (training): the fp32 logits the loss needs."""
+    adapters: float = 0.0
+    """LoRA / QLoRA: the trainable adapters' weights (their gradients and optimizer states are in
+    `gradients` and `optimizer`)."""
 
     @property
     def sharded(self) -> float:
         return (self.weights + self.gradients + self.optimizer + self.buffers + self.overhead
-                + self.kv_cache)
+                + self.kv_cache + self.adapters)
 
     @property
     def per_gpu(self) -> float:
@@ -385,6 +439,19 @@ class MemoryEstimate:
 def estimate_memory(w: Workload) -> MemoryEstimate:
     """The memory of `w` by the method in the module docstring."""
     m, p = w.model, w.model.params
+    if w.mode in ADAPTER_MODES:
+        adapter = m.lora_params(w.lora_rank)
+        if w.mode == "qlora":
+            embeddings = min(m.embedding_params, p)
+            base = QLORA_BYTES * (p - embeddings) + 2 * embeddings
+        else:
+            base = 2.0 * p
+        activations = w.seq_len * w.batch * m.hidden * (2 * m.layers + 34)
+        return MemoryEstimate(
+            weights=base, gradients=2 * adapter, optimizer=(ADAPTER_STATE_BYTES - 4) * adapter,
+            buffers=0.0, overhead=0.0, kv_cache=0.0, adapters=2 * adapter,
+            largest_module=2.0 * m.largest_module_params, activations=activations,
+            logits=float(w.seq_len * w.batch * m.vocab * LOGIT_BYTES))
     if w.training:
         word = 4 if w.precision == "fp32" else 2
         optimizer = 8 * p if w.precision == "fp32" else 12 * p

@@ -245,9 +245,12 @@ def recommend(
     params: Annotated[str | None, typer.Option(
         help="Model size in parameters (7, 70b, 1.5t): a known model of that size, or with --layers "
              "and --hidden any model.")] = None,
-    mode: Annotated[str | None, typer.Option(help="train, finetune (full) or inference.")] = None,
+    mode: Annotated[str | None, typer.Option(
+        help="train, finetune (full), lora, qlora (4-bit base) or inference.")] = None,
     precision: Annotated[str, typer.Option(
-        help="bf16, fp16, fp32; inference also fp8, int8, int4.")] = "bf16",
+        help="bf16, fp16, fp32 (not lora/qlora); inference also fp8, int8, int4.")] = "bf16",
+    lora_rank: Annotated[int | None, typer.Option(
+        "--lora-rank", help="lora/qlora: the adapters' rank, on every linear layer (default 16).")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length (default 4096).")] = None,
     batch: Annotated[int | None, typer.Option(help="Training: micro-batch per GPU (default 1).")] = None,
     concurrency: Annotated[int | None, typer.Option(
@@ -277,13 +280,13 @@ def recommend(
     if model is None and params is None:
         fail_usage("recommend", "--model or --params is required (e.g. --model llama-3.1-8b or --params 70b)")
     if mode is None:
-        fail_usage("recommend", "--mode is required (train, finetune or inference)")
+        fail_usage("recommend", "--mode is required (train, finetune, lora, qlora or inference)")
     if top < 1:
         fail_usage("recommend", f"--top: must be >= 1, got {top}")
     try:
         workload = sizing.make_workload(params, mode, precision, seq_len, batch, max_nodes, layers, hidden,
                                         heads, kv_heads, model=model, concurrency=concurrency, vocab=vocab,
-                                        tokens=tokens, mfu=mfu)
+                                        tokens=tokens, mfu=mfu, lora_rank=lora_rank)
         fits = sizing.recommend(workload, region, zone)
     except sizing.SizingError as err:
         fail_usage("recommend", str(err))
@@ -300,6 +303,7 @@ def recommend(
                          "seq_len": workload.seq_len, "batch": workload.batch,
                          "concurrency": workload.concurrency, "max_nodes": workload.max_nodes,
                          "tokens": workload.tokens, "mfu": workload.mfu, "flops": workload.flops,
+                         "lora_rank": workload.lora_rank if workload.mode in ("lora", "qlora") else None,
                          "region": region, "zone": zone,
                          "shape": {k: v for k, v in vars(m).items() if k != "given_params"}},
             "memory_gib": {k: round(v / sizing.GIB, 3) for k, v in vars(memory).items()},
@@ -333,12 +337,15 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
            f"shape: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, {m.kv_heads} KV heads, vocabulary "
            f"{m.vocab} ({m.source})"]
     parts = [(label, getattr(memory, key) / GIB) for key, label in (
-        ("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer states"),
+        ("weights", "frozen weights" if w.mode in ("lora", "qlora") else "weights"),
+        ("adapters", f"rank-{w.lora_rank} adapters"), ("gradients", "gradients"),
+        ("optimizer", "optimizer states"),
         ("buffers", "ZeRO-3 buffers"), ("overhead", "runtime overhead"), ("kv_cache", "KV cache"))
         if getattr(memory, key)]
     out.append("memory: " + " + ".join(f"{label} {gib:,.1f}" for label, gib in parts)
                + f" = {memory.sharded / GIB:,.1f} GiB spread over all GPUs"
-               + (" (ZeRO-3 / FSDP, as DeepSpeed's estimator counts)" if w.training
+               + (" (4-bit NF4 base, QLoRA)" if w.mode == "qlora" else " (16-bit base, LoRA)"
+                  if w.mode == "lora" else " (ZeRO-3 / FSDP, as DeepSpeed's estimator counts)" if w.training
                   else " (tensor parallel)"))
     if w.training:
         out.append(f"  + per GPU: largest module {memory.largest_module / GIB:,.2f} GiB + activations "
@@ -351,7 +358,7 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
     if w.flops is not None and not w.training:
         out.append(f"job: {w.tokens:,.0f} generated tokens, at each type's decode rate below")
     elif w.flops is not None:
-        out.append(f"job: {w.tokens:,.0f} tokens x {6 if w.training else 2} x {billions(m.active_params)} "
+        out.append(f"job: {w.tokens:,.0f} tokens x {w.flops_per_token} x {billions(m.active_params)} "
                    f"parameters = {w.flops:,.3g} FLOPs at {w.mfu * 100:g} % of the GPUs' dense peak (MFU)")
     if not fits:
         out.append(f"nothing offered in {where} fits: raise --max-nodes, or lower --precision, --seq-len, "

@@ -131,7 +131,7 @@ def test_region_without_prices(base_config: dict[str, Any], write_stack: Callabl
     (["cost", "prod", "--dataset-gib", "-1"], "cost: --dataset-gib and --nat-gb must be >= 0"),
     (["recommend", "--mode", "train"],
      "recommend: --model or --params is required (e.g. --model llama-3.1-8b or --params 70b)"),
-    (["recommend", "--params", "7"], "recommend: --mode is required (train, finetune or inference)"),
+    (["recommend", "--params", "7"], "recommend: --mode is required (train, finetune, lora, qlora or inference)"),
     (["recommend", "--params", "7", "--mode", "train", "--precision", "int4"],
      "recommend: --precision: train takes bf16, fp16, fp32, got 'int4'"),
     (["recommend", "--params", "7", "--mode", "inference", "--region", "eu-west-1"],

@@ -14,13 +14,19 @@ from typing import Any
 
 import pytest
 import yaml
+
 from base_config import base, plan_config
 from fake_node import logged_calls, write_stubs
-
-from gpucluster.node.metrics import DCGM_FIELDS, UNKNOWN_WORKSPACE, dcgm_fields, group_metrics, remote_write_url_of
-from gpucluster.plan import MOCK_ACCOUNT
+from gpucluster.node.metrics import (
+    DCGM_FIELDS,
+    UNKNOWN_WORKSPACE,
+    dcgm_fields,
+    group_metrics,
+    remote_write_url_of,
+)
 from gpucluster.node.userdata import node_bootstrap, node_files, script
 from gpucluster.noderole import metrics_write_policy_document
+from gpucluster.plan import MOCK_ACCOUNT
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import SpecError, StackSpec
 from gpucluster.spec.observability import remote_write_workspace
@@ -28,6 +34,7 @@ from gpucluster.spec.observability import remote_write_workspace
 DIGEST = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04@sha256:" + "ab" * 32
 WS = "ws-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d"
 URL = f"https://aps-workspaces.us-west-2.amazonaws.com/workspaces/{WS}/api/v1/remote_write"
+CN_URL = URL.replace("us-west-2.amazonaws.com", "cn-north-1.amazonaws.com.cn")
 
 
 def with_observability(section: dict[str, Any], config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -52,8 +59,7 @@ ON = {"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST}}
     ({"prometheus": {"remote_write_url": "https://example.com/api/v1/write", "region": "us-east-1",
                      "dcgm_exporter_image": DIGEST}}, "observability.prometheus.remote_write_url",
      "Amazon Managed Prometheus remote-write URL"),
-    ({"prometheus": {"remote_write_url": URL.replace("us-west-2.amazonaws.com", "cn-north-1.amazonaws.com.cn"),
-                     "region": "cn-north-1", "dcgm_exporter_image": DIGEST}},
+    ({"prometheus": {"remote_write_url": CN_URL, "region": "cn-north-1", "dcgm_exporter_image": DIGEST}},
      "observability.prometheus.remote_write_url", "partition aws-cn"),
     ({"prometheus": {"remote_write_url": URL, "dcgm_exporter_image": DIGEST}},
      "observability.prometheus.region", "required with remote_write_url"),
@@ -63,7 +69,8 @@ ON = {"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST}}
     ({"prometheus": {"enabled": True, "dcgm_exporter_image": "nvcr.io/nvidia/k8s/dcgm-exporter:latest"}},
      "observability.prometheus.dcgm_exporter_image", "must be pinned by digest"),
     ({"prometheus": {"enabled": True, "remote_write_url": URL, "region": "us-west-2",
-                     "dcgm_exporter_image": DIGEST}}, "observability.prometheus.remote_write_url", "not both"),
+                     "dcgm_exporter_image": DIGEST}},
+     "observability.prometheus.remote_write_url", "not both"),
     ({"grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"]}}, "observability.grafana.enabled",
      "needs observability.prometheus"),
     ({"grafana": {"enabled": True, "authentication_providers": ["SAML"]}, **ON},
@@ -113,7 +120,8 @@ def test_the_node_may_only_remote_write_to_its_workspace() -> None:
     doc = metrics_write_policy_document(arn, "o/p/s/c")
     assert doc["Statement"] == [{"Sid": "RemoteWriteOwnWorkspaceOnly", "Effect": "Allow",
                                  "Action": ["aps:RemoteWrite"], "Resource": [arn],
-                                 "Condition": {"StringEquals": {"aws:ResourceTag/gpucluster:stack": "o/p/s/c"}}}]
+                                 "Condition": {"StringEquals": {
+                                     "aws:ResourceTag/gpucluster:stack": "o/p/s/c"}}}]
     assert "Condition" not in metrics_write_policy_document(arn)["Statement"][0]
 
 
@@ -128,7 +136,8 @@ def planned(kind: str) -> Any:
     sections = {
         "own": {"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST},
                 "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"], "editors": 2}},
-        "existing": {"prometheus": {"remote_write_url": URL, "region": "us-west-2", "dcgm_exporter_image": DIGEST}},
+        "existing": {"prometheus": {"remote_write_url": URL, "region": "us-west-2",
+                                    "dcgm_exporter_image": DIGEST}},
     }
     return plan_config(with_observability(sections[kind], config))
 
@@ -144,7 +153,8 @@ def test_plan_shows_the_workspace_encrypted_tagged_with_the_rules_and_grafana() 
     assert {r.get("alert") for r in groups[1]["rules"]} >= {"GpuXidError", "MigLayoutWrong"}
     [grafana] = plan.of_type("aws:grafana/workspace:Workspace")
     assert grafana.inputs["authenticationProviders"] == ["AWS_SSO"]
-    assert grafana.inputs["permissionType"] == "CUSTOMER_MANAGED" and grafana.inputs["dataSources"] == ["PROMETHEUS"]
+    assert grafana.inputs["permissionType"] == "CUSTOMER_MANAGED"
+    assert grafana.inputs["dataSources"] == ["PROMETHEUS"]
     [role] = [r for r in plan.of_type("aws:iam/role:Role") if "grafana" in r.name]
     trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
     assert trust["Principal"] == {"Service": "grafana.amazonaws.com"} and "aws:SourceAccount" in str(trust)
@@ -171,7 +181,8 @@ def test_each_node_role_gets_remote_write_on_that_workspace_only() -> None:
 
 def test_an_existing_workspace_makes_no_workspace_and_grants_its_arn() -> None:
     plan = planned("existing")
-    assert not plan.of_type("aws:amp/workspace:Workspace") and not plan.of_type("aws:grafana/workspace:Workspace")
+    assert not plan.of_type("aws:amp/workspace:Workspace")
+    assert not plan.of_type("aws:grafana/workspace:Workspace")
     grants = [r for r in plan.of_type("aws:iam/rolePolicy:RolePolicy") if "-metrics-write-" in r.name]
     arns = {json.loads(g.inputs["policy"])["Statement"][0]["Resource"][0] for g in grants}
     [arn] = arns
@@ -224,8 +235,11 @@ def run_metrics(tmp_path: Path, *args: str, bodies: dict[str, str],
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "GPUCLUSTER_NODE_ENV": str(tmp_path / "node.env"),
            "GPUCLUSTER_METRICS_ENV": str(tmp_path / "metrics.env"),
            "GPUCLUSTER_PROMETHEUS_CONFIG": str(tmp_path / "prometheus.yml"),
-           "GPUCLUSTER_METRICS_CHECK_SECONDS": "0", "GPUCLUSTER_DCGM_COUNTERS": str(tmp_path / "counters.csv"),
-           "GPUCLUSTER_METRICS_BINARIES": f"{tmp_path / 'bin' / 'prometheus'} {tmp_path / 'bin' / 'prometheus-node-exporter'}",
+           "GPUCLUSTER_METRICS_CHECK_SECONDS": "0",
+           "GPUCLUSTER_DCGM_COUNTERS": str(tmp_path / "counters.csv"),
+           # The collector counts as installed when these exist: the stubs (the real ones may be here too).
+           "GPUCLUSTER_METRICS_BINARIES": " ".join(str(tmp_path / "bin" / b)
+                                                   for b in ("prometheus", "prometheus-node-exporter")),
            **(extra_env or {})}
     result = subprocess.run(["bash", str(path), *args], env=env, capture_output=True, text=True, timeout=60)
     return result, log

@@ -62,7 +62,9 @@ class Exporter(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         name = self.path.strip("/")
-        body = (b"# TYPE node_load1 gauge\nnode_load1 0.25\n" if name == "node"
+        body = (b"# TYPE node_load1 gauge\nnode_load1 0.25\n"
+                b'# TYPE node_cpu_seconds_total counter\nnode_cpu_seconds_total{cpu="0",mode="idle"} 9.5\n'
+                if name == "node"
                 else (DATA / f"{name}.prom").read_bytes())
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -115,10 +117,12 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     exporter = f"127.0.0.1:{server.server_address[1]}"
     jobs: dict[str, list[dict[str, Any]]] = {}
+    relabel: dict[str, Any] = {}
     configs = {}
     for fixture, group, instance_id, instance_type in NODES:
         rendered_config = configs[instance_id] = node_config(tmp, group, instance_id, instance_type)
         for job in rendered_config["scrape_configs"]:
+            relabel[job["job_name"]] = job.get("metric_relabel_configs", [])
             for static in job["static_configs"]:
                 path = fixture if job["job_name"] == "dcgm-exporter" else "node"
                 jobs.setdefault(job["job_name"], []).append(
@@ -126,8 +130,8 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
     (tmp / "rules.yml").write_text(yaml.safe_dump(rules_document(SETTINGS)))
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
               "rule_files": [str(tmp / "rules.yml")],
-              "scrape_configs": [{"job_name": name, "static_configs": statics}
-                                 for name, statics in jobs.items()]}
+              "scrape_configs": [{"job_name": name, "static_configs": statics,
+                                  "metric_relabel_configs": relabel[name]} for name, statics in jobs.items()]}
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     assert PROMETHEUS is not None
@@ -180,6 +184,11 @@ def test_rules_load_and_the_node_config_is_a_valid_prometheus_config(prom: Prom,
         config.write_text(yaml.safe_dump(next(iter(prom.configs.values()))))
         result = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_node_exporter_keeps_only_the_families_priced(prom: Prom) -> None:
+    assert len(prom.query('node_load1{job="node-exporter"}')) == 3
+    assert prom.query('node_cpu_seconds_total{job="node-exporter"}') == []
 
 
 def test_the_nodes_labels_reach_every_dcgm_series(prom: Prom) -> None:

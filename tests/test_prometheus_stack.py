@@ -307,3 +307,42 @@ def test_metrics_script_lints() -> None:
     from test_bootstrap import lint
     path = Path(__file__).parent.parent / "components" / "gpucluster" / "node" / "metrics.sh"
     lint(path)
+
+
+# ------------------------------------------------------------------- cost
+
+
+def test_cost_prices_amp_by_the_sample_rate_and_amg_by_users() -> None:
+    from gpucluster.node.metrics import DCGM_FIELDS
+    from gpucluster.pricing import (
+        NODE_EXPORTER_SERIES,
+        amp_ingest_usd,
+        metric_series_per_node,
+        price_stack,
+        service_prices,
+    )
+    config = base()
+    config["gpucluster:node_groups"] = [
+        {"name": "train", "instance_types": ["p5.48xlarge"], "max_nodes": 4, "desired_nodes": 2}]
+    section = {"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST,
+                              "scrape_interval_seconds": 15},
+               "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"], "editors": 3,
+                           "viewers": 10}}
+    spec = parse_stack_config(with_observability(section, config), stack="t")
+    cost = price_stack(spec)
+    other = {o.kind: o for o in cost.other}
+    series = 8 * len(DCGM_FIELDS) + NODE_EXPORTER_SERIES + 10
+    assert metric_series_per_node(spec.node_groups[0]) == series
+    samples = series * 240 * 730 * 2  # 4 scrapes a minute, all month, 2 nodes
+    prices = service_prices("us-east-1")
+    stored_gb = samples * 2 * 150 / (730 / 24) / 1e9
+    assert other["amp"].desired_usd_per_month == pytest.approx(
+        amp_ingest_usd(samples, prices) + stored_gb * 0.03)
+    assert other["amp"].max_usd_per_month == pytest.approx(2 * other["amp"].desired_usd_per_month, rel=0.01)
+    assert other["amg"].desired_usd_per_month == 3 * 9 + 10 * 5
+    assert "15 s" in other["amp"].basis and other["amp"].source.startswith("Amazon Managed Service")
+    # The tier: the first 2 billion samples at $0.90 per 10 million, the rest at $0.35.
+    assert amp_ingest_usd(3e9, prices) == pytest.approx(2e9 / 1e7 * 0.90 + 1e9 / 1e7 * 0.35)
+    del config["gpucluster:observability"]
+    off = price_stack(parse_stack_config(config, stack="t"))
+    assert not {"amp", "amg"} & {o.kind for o in off.other}

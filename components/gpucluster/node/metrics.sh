@@ -35,6 +35,8 @@ imds() {
 # A YAML double-quoted scalar: backslashes and quotes escaped (the identity is free text).
 quoted() { local v=${1//\\/\\\\}; printf '"%s"' "${v//\"/\\\"}"; }
 
+# The node exporter's series are kept to a few families (load, memory, disk, network): a GPU node's
+# hundreds of CPU series would multiply AMP's bill (pricing.NODE_EXPORTER_SERIES counts these).
 render_config() {
   local instance_id=$1 instance_type=$2 labels
   labels="        labels:
@@ -54,6 +56,10 @@ $labels
     static_configs:
       - targets: ["127.0.0.1:$NODE_PORT"]
 $labels
+    metric_relabel_configs:
+      - source_labels: [__name__]
+        regex: node_(load1|memory_Mem(Available|Total)_bytes|filesystem_(avail|size)_bytes|network_(receive|transmit)_bytes_total)
+        action: keep
 remote_write:
   - url: $(quoted "$GPUCLUSTER_REMOTE_WRITE_URL")
     sigv4:

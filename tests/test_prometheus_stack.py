@@ -346,3 +346,24 @@ def test_cost_prices_amp_by_the_sample_rate_and_amg_by_users() -> None:
     del config["gpucluster:observability"]
     off = price_stack(parse_stack_config(config, stack="t"))
     assert not {"amp", "amg"} & {o.kind for o in off.other}
+
+
+def test_the_node_roles_inline_policy_size_counts_the_metrics_grant(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    import gpucluster.preflight as preflight
+    from gpucluster.noderole import longest_metrics_write_policy, policy_chars
+
+    monkeypatch.setattr(preflight, "ROLE_INLINE_POLICIES_MAX_CHARS", 0)  # every size is reported
+
+    def chars(config: dict[str, Any]) -> int:
+        [finding] = preflight.node_role_size(spec_of_config(config))
+        return int(re.search(r"reach (\d+) characters", finding.message)[1])  # type: ignore[index]
+
+    off, on = chars(base()), chars(with_observability(ON))
+    assert on - off == policy_chars(longest_metrics_write_policy(spec_of_config(base()).identity))
+
+
+def spec_of_config(config: dict[str, Any]) -> StackSpec:
+    from gpucluster.spec import parse_stack_config as parse_spec_only
+    return parse_spec_only(config, stack="t")

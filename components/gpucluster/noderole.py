@@ -332,3 +332,10 @@ def metrics_write_policy_document(workspace: str, identity: str | None = None) -
     if identity is not None:
         statement["Condition"] = {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": identity}}
     return {"Version": "2012-10-17", "Statement": [statement]}
+
+
+def longest_metrics_write_policy(identity: str) -> dict[str, Any]:
+    """The metrics write policy as long as it can be: a workspace ARN in the longest partition, with
+    the stack's tag condition (for sizing the node role's inline policies before deploying)."""
+    arn = workspace_arn(LONGEST_PARTITION, "ap-southeast-5", _ACCOUNT, "ws-" + _UUID)
+    return metrics_write_policy_document(arn, identity)

@@ -45,7 +45,7 @@ NODES = [("h100-clean", "train", "i-0a1b2c3d4e5f60001", "p5.48xlarge"),
 SETTINGS = MetricsSettings(
     identity=IDENTITY,
     groups=(GroupMetrics("train"), GroupMetrics("batch"), GroupMetrics("infer", mig_instances_per_gpu=2)),
-    idle_threshold_percent=5, idle_minutes=1, gpus_by_type={"p5.48xlarge": 8, "p4d.24xlarge": 8},
+    idle_threshold_percent=5, idle_minutes=0.1, gpus_by_type={"p5.48xlarge": 8, "p4d.24xlarge": 8},
     gpu_hour_usd_by_type={"p5.48xlarge": PRICE_H100}, evaluation_seconds=1, exporter_down_minutes=1)
 ALL_GPUS = 24
 MIG_INSTANCES = 16
@@ -145,6 +145,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
             assert proc.poll() is None, (tmp / "prometheus.log").read_text()[-3000:]
             try:
                 if (len(p.query("gpucluster:node_group:idle")) == 3
+                        and len(p.query("gpucluster:node_group:idle == 1")) == 1
                         and any(a["state"] == "firing" for a in p.get("/api/v1/alerts")["alerts"])
                         and len(p.query("sum_over_time(gpucluster:node_group:idle_gpus[1h])")) == 3):
                     break
@@ -288,3 +289,50 @@ def test_exported_dashboards_hold_exactly_the_queries_tested(prom: Prom) -> None
                 label = v["query"]["query"].rsplit(", ", 1)[1].rstrip(")")
                 expr = concrete(v["query"]["query"].split("(", 1)[1].rsplit(", ", 1)[0])
                 assert {s["metric"][label] for s in prom.query(expr)}, v["name"]
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="Debian's promtool is not installed (it comes with prometheus)")
+def test_idle_is_the_idle_stops_definition_in_simulated_time(tmp_path: Path) -> None:
+    """`promtool test rules`: a group whose busiest GPU stays below the threshold for the whole
+    window is idle, not before the window is covered (missing data is never idle), and not while one
+    busy minute is inside the window; its idle GPUs are priced by the GPU-hour."""
+    settings = MetricsSettings(identity="s", groups=(GroupMetrics("quiet"), GroupMetrics("burst")),
+                               idle_threshold_percent=5, idle_minutes=5,
+                               gpus_by_type={"p5.48xlarge": 8}, gpu_hour_usd_by_type={"p5.48xlarge": 12.5})
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules_document(settings)))
+
+    def gpu(group: str, index: int) -> str:
+        return (f'DCGM_FI_DEV_GPU_UTIL{{gpucluster_stack="s",node_group="{group}",instance_id="i-{group}",'
+                f'instance_type="p5.48xlarge",gpu="{index}",UUID="GPU-{group}-{index}"}}')
+
+    def idle(at: str, quiet: int, burst: int) -> dict[str, Any]:
+        return {"expr": "gpucluster:node_group:idle", "eval_time": at, "exp_samples": [
+            {"labels": f'gpucluster:node_group:idle{{gpucluster_stack="s",node_group="{g}"}}', "value": v}
+            for g, v in (("quiet", quiet), ("burst", burst))]}
+
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": gpu("quiet", 0), "values": "3x20"}, {"series": gpu("quiet", 1), "values": "0x20"},
+            {"series": gpu("burst", 0), "values": "0 0 0 0 0 0 80 " + "0 " * 14},
+        ],
+        "promql_expr_test": [
+            idle("3m", 0, 0),    # four of the window's five minutes: not covered yet
+            idle("5m", 1, 1),    # five minutes below 5 %: idle, both
+            idle("8m", 1, 0),    # the burst's 80 % at 6m is inside the window
+            idle("12m", 1, 1),   # and out of it again
+            {"expr": "gpucluster:node_group:idle_cost_usd_per_hour", "eval_time": "8m", "exp_samples": [
+                {"labels": 'gpucluster:node_group:idle_cost_usd_per_hour{gpucluster_stack="s",'
+                           'instance_type="p5.48xlarge",node_group="quiet"}', "value": 25},
+                {"labels": 'gpucluster:node_group:idle_cost_usd_per_hour{gpucluster_stack="s",'
+                           'instance_type="p5.48xlarge",node_group="burst"}', "value": 0}]},
+        ],
+    }]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
+    assert PROMTOOL is not None
+    result = subprocess.run([PROMTOOL, "test", "rules", str(tmp_path / "test.yml")], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -158,7 +158,7 @@ def overview_panels(s: MetricsSettings) -> tuple[Panel, ...]:
         Panel("GPUs", "GPUs reporting metrics.", (Target(f"count({GPU_UTIL}{{{sel}}}) or vector(0)"),),
               kind="stat"),
         Panel("Idle GPU-hours", f"GPU-hours of node groups whose busiest GPU stayed below {threshold} % for "
-              f"{s.idle_minutes} min (the idle stop's definition), over the dashboard's time range.",
+              f"{s.idle_minutes:g} min (the idle stop's definition), over the dashboard's time range.",
               (Target(idle_gpu_hours_expr(s, RANGE)),), kind="stat"),
         Panel("Idle GPU cost", "Those GPU-hours at the on-demand list price per GPU-hour (catalog).",
               (Target(idle_cost_expr(s, RANGE)),), unit="currencyUSD", kind="stat"),

@@ -20,6 +20,7 @@ activity (DCGM_FI_PROF_GR_ENGINE_ACTIVE); the CloudWatch idle stop does not see 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -47,7 +48,12 @@ PER_MIG = f"{PER_GPU}, {MIG_ID_LABEL}, {MIG_PROFILE_LABEL}"
 GPU_UTIL = "gpucluster:gpu_util:percent"
 TYPE_GPUS = "gpucluster:instance_type:gpus"
 TYPE_PRICE = "gpucluster:instance_type:gpu_hour_usd"
+GROUP_UTIL_NOW = "gpucluster:node_group:gpu_util_max"
 GROUP_UTIL_MAX = "gpucluster:node_group:gpu_util_max_over_idle_window"
+# Missing data is never idle (the idle alarm's treat_missing_data "missing", every one of its
+# datapoints below the threshold): a group is idle only once this share of the window's evaluations
+# recorded it (the rest: evaluations a restart or a slow rule group missed).
+IDLE_WINDOW_COVERAGE = 0.9
 GROUP_IDLE = "gpucluster:node_group:idle"
 GROUP_IDLE_GPUS = "gpucluster:node_group:idle_gpus"
 GROUP_IDLE_COST = "gpucluster:node_group:idle_cost_usd_per_hour"
@@ -70,7 +76,7 @@ class MetricsSettings:
     identity: str
     groups: tuple[GroupMetrics, ...]
     idle_threshold_percent: float = 5
-    idle_minutes: int = 60
+    idle_minutes: float = 60
     gpus_by_type: Mapping[str, int] = field(default_factory=dict)
     gpu_hour_usd_by_type: Mapping[str, float] = field(default_factory=dict)
     evaluation_seconds: int = DEFAULT_EVALUATION_SECONDS
@@ -118,16 +124,20 @@ def _static(by_type: Mapping[str, float]) -> str:
 
 def recording_rules(s: MetricsSettings) -> list[dict[str, Any]]:
     sel = s.stack_selector
-    window = f"{s.idle_minutes}m"
+    seconds = round(s.idle_minutes * 60)
+    window = f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+    needed = max(1, math.ceil(IDLE_WINDOW_COVERAGE * seconds / s.evaluation_seconds))
     return [
         {"record": GPU_UTIL, "expr": (
             f"max by ({PER_GPU}) (DCGM_FI_DEV_GPU_UTIL{{{sel}}})\nor\n"
             f"max by ({PER_GPU}) (100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE{{{sel}, {MIG_ID_LABEL}!=\"\"}})")},
         {"record": TYPE_GPUS, "expr": _static(s.gpus_by_type)},
         {"record": TYPE_PRICE, "expr": _static(s.gpu_hour_usd_by_type)},
-        {"record": GROUP_UTIL_MAX, "expr":
-            f"max by ({STACK_LABEL}, {GROUP_LABEL}) (max_over_time({GPU_UTIL}{{{sel}}}[{window}]))"},
-        {"record": GROUP_IDLE, "expr": f"{GROUP_UTIL_MAX} < bool {_number(s.idle_threshold_percent)}"},
+        {"record": GROUP_UTIL_NOW, "expr": f"max by ({STACK_LABEL}, {GROUP_LABEL}) ({GPU_UTIL}{{{sel}}})"},
+        {"record": GROUP_UTIL_MAX, "expr": f"max_over_time({GROUP_UTIL_NOW}{{{sel}}}[{window}])"},
+        {"record": GROUP_IDLE, "expr": (
+            f"({GROUP_UTIL_MAX} < bool {_number(s.idle_threshold_percent)})\n"
+            f"* (count_over_time({GROUP_UTIL_NOW}{{{sel}}}[{window}]) >= bool {needed})")},
         {"record": GROUP_IDLE_GPUS, "expr": (
             f"count by ({STACK_LABEL}, {GROUP_LABEL}, {TYPE_LABEL}) ({GPU_UTIL}{{{sel}}})\n"
             f"* on ({STACK_LABEL}, {GROUP_LABEL}) group_left {GROUP_IDLE}")},

@@ -76,7 +76,9 @@ def test_export_writes_every_dashboard_and_the_rule_file(tmp_path: Path) -> None
     assert all(spec.identity in t["expr"] for p in overview["panels"] for t in p["targets"])
     rules = yaml.safe_load(done.rules.read_text())
     idle = next(r for r in rules["groups"][0]["rules"] if r["record"] == "gpucluster:node_group:idle")
-    assert idle["expr"].endswith(f"< bool {spec.autostop.gpu_utilization_threshold_percent:g}")
+    threshold = f"{spec.autostop.gpu_utilization_threshold_percent:g}"
+    window_max = "gpucluster:node_group:gpu_util_max_over_idle_window"
+    assert idle["expr"].startswith(f"({window_max} < bool {threshold})")
 
 
 def test_export_uses_the_stacks_autostop_window_and_threshold() -> None:
@@ -86,7 +88,10 @@ def test_export_uses_the_stacks_autostop_window_and_threshold() -> None:
     from gpucluster.dashboards import from_spec, rules_document
     rules = {r.get("record"): r["expr"] for r in rules_document(from_spec(spec))["groups"][0]["rules"]}
     assert "[45m]" in rules["gpucluster:node_group:gpu_util_max_over_idle_window"]
-    assert rules["gpucluster:node_group:idle"].endswith("< bool 12.5")
+    assert rules["gpucluster:node_group:idle"] == (
+        "(gpucluster:node_group:gpu_util_max_over_idle_window < bool 12.5)\n"
+        f'* (count_over_time(gpucluster:node_group:gpu_util_max{{gpucluster_stack="{spec.identity}"}}[45m]) '
+        ">= bool 41)")  # 90 % of the window's 45 evaluations, rounded up
 
 
 def test_push_creates_or_updates_each_dashboard_with_the_token(server: Any) -> None:

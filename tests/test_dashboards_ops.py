@@ -8,6 +8,7 @@ import json
 import threading
 import urllib.parse
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -263,3 +264,18 @@ def test_status_overview_finds_the_grafana_workspace_only_when_the_stack_has_one
     asked.clear()
     assert stack_overview(spec_of(ON), clients=clients, ce=None).grafana_url is None
     assert "grafana" not in asked
+
+
+def test_nodes_shows_the_metrics_column_only_with_prometheus_on() -> None:
+    from gpucluster.cli.fleet import render_nodes
+    from gpucluster.ops.nodes import Node
+
+    node = Node(instance_id="i-0abc", node_group="train", asg="a", instance_type="p5.48xlarge",
+                zone="us-east-1a", private_ip="10.0.0.1", lifecycle="on-demand", state="running",
+                asg_state="InService", health="Healthy", launch_time=None, ssm="Online")
+    assert "metrics" not in " ".join(render_nodes([node]))
+    assert "metrics" not in node.as_json()
+    silent = replace(node, metrics="not writing")
+    table = " ".join(" ".join(render_nodes([silent])).split())  # folded columns wrap: one line
+    assert "metrics: not writing" in table
+    assert silent.as_json()["metrics"] == "not writing"

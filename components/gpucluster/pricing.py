@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpucluster import catalog, schedule
+from gpucluster.node.metrics import DCGM_FIELDS
 from gpucluster.spec import NodeGroupConfig, StackSpec
 
 PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "service_prices.yaml"
@@ -76,6 +77,11 @@ class ServicePrices:
     public_ipv4_usd_per_hour: float
     interface_endpoint_usd_per_hour: float
     s3_standard_usd_per_gb_month: float
+    amp_ingest_usd_per_10m_samples: float
+    amp_ingest_usd_per_10m_samples_over_2b: float
+    amp_storage_usd_per_gb_month: float
+    amg_editor_usd_per_month: float
+    amg_viewer_usd_per_month: float
     fsx_lustre_usd_per_gb_month: dict[str, float]
     sources: dict[str, str]
     as_of: str
@@ -287,7 +293,7 @@ class OtherCost:
     """A non-GPU cost of the stack, per month at desired and at max nodes."""
 
     name: str
-    kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3"]
+    kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
@@ -431,6 +437,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                  groups: Mapping[str, GroupCost]) -> Iterable[OtherCost]:
     src, as_of = prices.sources, prices.as_of
     gp3 = prices.ebs_gp3_usd_per_gb_month
+    yield from _observability_costs(spec, prices, groups)
     for g in spec.node_groups:
         size, priced = g.root_volume_size_gib, groups[g.name]
         # A root volume is deleted with its node: it is paid for the hours the node runs.
@@ -472,6 +479,62 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
         why = "the FSx capacity" if d.fsx is not None else "assumed, --dataset-gib"
         yield OtherCost(f"S3 {d.name}", "s3", gib * s3, gib * s3,
                         f"{gib:g} GiB ({why}) x ${s3}/GB-month", src["s3"], as_of)
+
+
+# The sample rate that drives AMP's bill: every node writes, each scrape, one sample per series.
+# Series per GPU are dcgm-exporter's fields (gpucluster.node.metrics.DCGM_FIELDS; a MIG GPU: per
+# instance); the node exporter's are kept to a few families by the collector (metrics.sh:
+# load, memory, filesystems, network interfaces: a p5's 32 EFA interfaces make most of them),
+# estimated per node; Prometheus adds 5 per target (up, scrape_*).
+NODE_EXPORTER_SERIES = 150
+SCRAPE_SERIES_PER_TARGET = 5
+AMP_FIRST_TIER_SAMPLES = 2_000_000_000
+AMP_BYTES_PER_SAMPLE = 2.0  # an assumption: AMP bills storage by compressed bytes, ~1-2 bytes a sample
+# AMP's default retention (AMP user guide, "Amazon Managed Service for Prometheus service quotas").
+AMP_RETENTION_DAYS = 150
+
+
+def metric_series_per_node(group: NodeGroupConfig) -> int:
+    """Series one node of `group` writes: its GPUs' dcgm-exporter fields, the node exporter, `up` & co."""
+    gpus = max((t.gpus for t in group.types), default=0)
+    return gpus * group.slots_per_gpu * len(DCGM_FIELDS) + NODE_EXPORTER_SERIES + 2 * SCRAPE_SERIES_PER_TARGET
+
+
+def amp_ingest_usd(samples: float, prices: ServicePrices) -> float:
+    first = min(samples, AMP_FIRST_TIER_SAMPLES)
+    return (first * prices.amp_ingest_usd_per_10m_samples
+            + max(samples - first, 0) * prices.amp_ingest_usd_per_10m_samples_over_2b) / 1e7
+
+
+def _observability_costs(spec: StackSpec, prices: ServicePrices,
+                         groups: Mapping[str, GroupCost]) -> Iterable[OtherCost]:
+    o, src, as_of = spec.observability, prices.sources, prices.as_of
+    if o.prometheus.active:
+        per_hour = 3600 / o.prometheus.scrape_interval_seconds
+        samples = {at: sum(metric_series_per_node(g) * per_hour * groups[g.name].hours_per_month
+                           * (g.desired_nodes if at == "desired" else g.max_nodes) for g in spec.node_groups)
+                   for at in ("desired", "max")}
+        series = ", ".join(f"{g.name} {metric_series_per_node(g)}" for g in spec.node_groups)
+        stored = {at: s * AMP_BYTES_PER_SAMPLE * AMP_RETENTION_DAYS / (HOURS_PER_MONTH / 24) / 1e9
+                  for at, s in samples.items()}
+        storage = prices.amp_storage_usd_per_gb_month
+        own = "" if o.prometheus.enabled else " (an existing workspace: billed to its account)"
+        yield OtherCost(
+            "Amazon Managed Prometheus" + own, "amp",
+            amp_ingest_usd(samples["desired"], prices) + stored["desired"] * storage,
+            amp_ingest_usd(samples["max"], prices) + stored["max"] * storage,
+            f"series per node ({series}) x {per_hour:g} scrapes/h (every "
+            f"{o.prometheus.scrape_interval_seconds} s) x node-hours = "
+            f"{samples['desired'] / 1e6:,.0f}M samples at desired: "
+            f"${prices.amp_ingest_usd_per_10m_samples}/10M (first 2B), "
+            f"${prices.amp_ingest_usd_per_10m_samples_over_2b}/10M after; storage {AMP_RETENTION_DAYS} days "
+            f"x {AMP_BYTES_PER_SAMPLE:g} B/sample x ${storage}/GB-month", src["amp"], as_of)
+    if o.grafana.enabled:
+        g = o.grafana
+        amg = g.editors * prices.amg_editor_usd_per_month + g.viewers * prices.amg_viewer_usd_per_month
+        yield OtherCost("Amazon Managed Grafana", "amg", amg, amg,
+                        f"{g.editors} editors x ${prices.amg_editor_usd_per_month:g} + {g.viewers} viewers x "
+                        f"${prices.amg_viewer_usd_per_month:g} a month (active users)", src["amg"], as_of)
 
 
 def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,

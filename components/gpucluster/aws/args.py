@@ -43,11 +43,14 @@ from gpucluster.spec import (
     DatasetConfig,
     Finding,
     FsxConfig,
+    GrafanaConfig,
     HealthCheckConfig,
     Name,
     NetworkConfig,
     NodeGroupConfig,
+    ObservabilityConfig,
     PolicyName,
+    PrometheusConfig,
     Region,
     RoleName,
     S3Prefix,
@@ -321,6 +324,47 @@ class SpotSettings(TypedDict):
     """Also run the hook on the earlier EC2 Instance Rebalance Recommendation."""
 
 
+class PrometheusSettings(TypedDict):
+    """The stack file's `observability.prometheus`: where the nodes' GPU metrics go."""
+
+    enabled: NotRequired[bool]
+    """Create an Amazon Managed Service for Prometheus workspace of the stack; every node writes to it."""
+    remote_write_url: NotRequired[str]
+    """Instead of enabled: the remote-write URL of an existing AMP workspace of the same partition."""
+    region: NotRequired[str]
+    """With remote_write_url: the workspace's region (SigV4 signs for it)."""
+    dcgm_exporter_image: NotRequired[str]
+    """NVIDIA's dcgm-exporter image pinned by digest (nvcr.io/nvidia/k8s/dcgm-exporter:<tag>@sha256:...)."""
+    scrape_interval_seconds: NotRequired[int]
+    """How often every node samples its GPUs; AMP's ingestion cost scales with 60 / this."""
+
+
+class GrafanaSettings(TypedDict):
+    """The stack file's `observability.grafana`: an Amazon Managed Grafana workspace, or none."""
+
+    enabled: NotRequired[bool]
+    """Create an Amazon Managed Grafana workspace reading the stack's Prometheus workspace."""
+    authentication_providers: NotRequired[list[str]]
+    """Required with enabled: AWS_SSO (IAM Identity Center) and/or SAML (Grafana has no other sign-in)."""
+    saml_metadata_url: NotRequired[str]
+    """With SAML: where the identity provider publishes its SAML metadata."""
+    saml_editor_role_values: NotRequired[list[str]]
+    """With SAML: the role attribute values that make a user an editor."""
+    editors: NotRequired[int]
+    """Editor (and admin) users, for the cost model (AMG bills each active user per month)."""
+    viewers: NotRequired[int]
+    """Viewer users, for the cost model."""
+
+
+class ObservabilitySettings(TypedDict):
+    """The stack file's `observability`: GPU metrics in Prometheus and Grafana (off by default)."""
+
+    prometheus: NotRequired[PrometheusSettings]
+    """dcgm-exporter, node exporter and a collector on every node, remote-writing to AMP."""
+    grafana: NotRequired[GrafanaSettings]
+    """An Amazon Managed Grafana workspace, or none when the team has its own Grafana."""
+
+
 # The pydantic model each settings type is checked with (a test keeps their keys in step).
 SETTINGS_MODELS: dict[type, type[BaseModel]] = {
     ClusterSettings: ClusterConfig,
@@ -331,6 +375,9 @@ SETTINGS_MODELS: dict[type, type[BaseModel]] = {
     AutoStopSettings: AutoStopConfig,
     SpotSettings: SpotConfig,
     HealthCheckSettings: HealthCheckConfig,
+    ObservabilitySettings: ObservabilityConfig,
+    PrometheusSettings: PrometheusConfig,
+    GrafanaSettings: GrafanaConfig,
 }
 
 # ----------------------------------------------------------------------- component plumbing
@@ -530,6 +577,8 @@ class GpuNodeGroupModel(StrictModel):
                                                        "must be an SNS topic ARN or empty")]) = ""
     notify_key_arn: input_of(Annotated[str, _matches(r"(arn:aws[a-z-]*:kms:[^\s]+)?",
                                                      "must be a KMS key ARN or empty")]) = ""
+    observability: ObservabilityConfig = ObservabilityConfig()
+    remote_write_url: input_of(str) = ""
 
 
 def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:

@@ -128,7 +128,7 @@ def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequ
                     security_group_ids: Sequence[Any], placement_group_name: Any,
                     instance_profile_arn: Any, data_mounts: Sequence[NodeDataMount],
                     node_role_name: Any = None, notify_topic_arn: Any = "",
-                    notify_key_arn: Any = "") -> GpuNodeGroupArgs:
+                    notify_key_arn: Any = "", remote_write_url: Any = None) -> GpuNodeGroupArgs:
     """One node group in the network's subnets for its zones, with every dataset mounted.
 
     `node_role_name` is the role of `instance_profile_arn` (it gets the group's health
@@ -144,6 +144,10 @@ def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequ
     }
     if node_role_name is not None:
         args["node_role_name"] = node_role_name
+    if spec.observability.prometheus.active:  # only then: a stack without it keeps its args as they were
+        args["observability"] = settings(spec.observability)
+        if remote_write_url is not None:
+            args["remote_write_url"] = remote_write_url
     if placement_group_name is not None:
         args["placement_group_name"] = placement_group_name
     return args  # type: ignore[return-value]

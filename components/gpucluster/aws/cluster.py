@@ -31,6 +31,7 @@ from gpucluster.aws.args import (
     DatasetSettings,
     NetworkSettings,
     NodeGroupSettings,
+    ObservabilitySettings,
     SpotSettings,
     component_options,
     owned_tags,
@@ -45,6 +46,7 @@ from gpucluster.aws.iam import NodeIdentity
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, NodeDataMount
 from gpucluster.aws.observability import ClusterDashboard
+from gpucluster.aws.prometheus import MetricsWorkspace
 from gpucluster.names import node_identity_name
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
@@ -70,6 +72,8 @@ class GpuClusterArgs(TypedDict):
     """Idle stop, schedules, maximum lifetime and the pre-stop hook (off when absent)."""
     spot: NotRequired[SpotSettings]
     """The spot-interruption hook."""
+    observability: NotRequired[ObservabilitySettings]
+    """GPU metrics to Amazon Managed Prometheus, Grafana dashboards (off when absent)."""
     region: str
     """AWS region, e.g. us-east-1 (the stack file's aws:region)."""
     stack: NotRequired[str]
@@ -253,6 +257,9 @@ class GpuCluster(pulumi.ComponentResource):
         self.run_logs = run_log_group(f"{name}-run-logs", spec, child)
         topic_arn, resolve_topic = pulumi.deferred_output()
         key_arn, resolve_key = pulumi.deferred_output()
+        # observability.prometheus: the workspace first, its remote-write URL goes into the user data.
+        self.metrics = (MetricsWorkspace(f"{name}-metrics", spec, opts=child)
+                        if spec.observability.prometheus.active else None)
         self.node_identities: dict[str, NodeIdentity] = {}
         self.groups: dict[str, GpuNodeGroup] = {}
         try:
@@ -261,13 +268,16 @@ class GpuCluster(pulumi.ComponentResource):
                 identity = self.node_identities[group.name] = NodeIdentity(
                     node_identity_name(name, group.name, first=i == 0),
                     children.node_identity_args(spec, parts.grants), opts=child)
+                if self.metrics is not None:
+                    self.metrics.grant_write(group.name, identity.role_name)
                 network = self.network.groups[group.name]
                 self.groups[group.name] = GpuNodeGroup(f"{name}-{group.name}", children.node_group_args(
                     spec, group, subnet_ids=network.subnet_ids,
                     security_group_ids=[network.security_group.id],
                     placement_group_name=network.placement_group.name if network.placement_group else None,
                     instance_profile_arn=identity.instance_profile_arn, data_mounts=mounts,
-                    node_role_name=identity.role_name, notify_topic_arn=topic_arn, notify_key_arn=key_arn),
+                    node_role_name=identity.role_name, notify_topic_arn=topic_arn, notify_key_arn=key_arn,
+                    remote_write_url=self.metrics.remote_write_url if self.metrics else None),
                     opts=child)
             self.guardrails = Guardrails(f"{name}-guardrails", children.guardrails_args(
                 spec, {g: (n.asg_name, n.asg_arn) for g, n in self.groups.items()}), opts=child)
@@ -310,6 +320,7 @@ class GpuCluster(pulumi.ComponentResource):
             "dashboard_name": self.dashboard.dashboard_name,
             "dashboard_url": self.dashboard.dashboard_url,
             "stuck_alarm_names": self.dashboard.stuck_alarm_names,
+            **(self.metrics.outputs if self.metrics is not None else {}),
         }
         self.cluster_name = pulumi.Output.from_input(spec.cluster.name)
         self.region = pulumi.Output.from_input(spec.region)

@@ -29,6 +29,7 @@ from gpucluster.aws.args import (
     AutoStopSettings,
     GpuNodeGroupModel,
     NodeGroupSettings,
+    ObservabilitySettings,
     SpotSettings,
     component_options,
     node_group_checks,
@@ -39,6 +40,7 @@ from gpucluster.aws.args import (
 from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_hook
 from gpucluster.aws.nics import network_interfaces
 from gpucluster.lambdas.tags import NODE_GROUP_TAG
+from gpucluster.node.metrics import group_metrics
 from gpucluster.node.userdata import encode_user_data, group_bootstrap, render_user_data
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.parts import DataMount
@@ -235,6 +237,10 @@ class GpuNodeGroupArgs(TypedDict):
     """SNS topic the nodes publish health findings to (empty or absent: none)."""
     notify_key_arn: NotRequired[pulumi.Input[str]]
     """The KMS key of an encrypted notify_topic_arn."""
+    observability: NotRequired[ObservabilitySettings]
+    """The stack's observability section: with prometheus on, nodes run dcgm-exporter and a collector."""
+    remote_write_url: NotRequired[pulumi.Input[str]]
+    """The stack's AMP workspace remote-write URL (observability.prometheus.enabled)."""
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -365,15 +371,16 @@ class GpuNodeGroup(pulumi.ComponentResource):
                   for v in (d.bucket_name, d.fsx_dns_name, d.fsx_mount_name, d.expected_bucket_owner)]
 
         def render(resolved: list[Any]) -> str:
-            topic, resolved = resolved[0], resolved[1:]
+            topic, url, resolved = resolved[0], resolved[1], resolved[2:]
             mounts = [replace(d, bucket_name=resolved[4 * i], fsx_dns_name=resolved[4 * i + 1],
                               fsx_mount_name=resolved[4 * i + 2], expected_bucket_owner=resolved[4 * i + 3])
                       for i, d in enumerate(data_mounts)]
             return encode_user_data(render_user_data(group_bootstrap(
                 m.node_group, stack=m.identity, cluster=m.cluster_name, region=m.region, spot=m.spot,
-                data_mounts=mounts, autostop=m.autostop, notify_topic_arn=topic or "")))
+                data_mounts=mounts, autostop=m.autostop, notify_topic_arn=topic or "",
+                metrics=group_metrics(m.observability, m.region, url or None))))
 
-        return pulumi.Output.all(m.notify_topic_arn, *values).apply(render)
+        return pulumi.Output.all(m.notify_topic_arn, m.remote_write_url, *values).apply(render)
 
     def _health_policy(self, m: GpuNodeGroupModel) -> pulumi.Output[str]:
         """This group's health statements, once its ARN and the topic and key are known."""

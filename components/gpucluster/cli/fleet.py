@@ -9,7 +9,7 @@ another command module.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -88,9 +88,12 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
     overview = aws_call("status", lambda: stack_overview(
         spec, clients=common.clients(spec), ce=common.cost_explorer(spec), progress=render.progress), None)
     rows, url, warning = overview.groups, overview.dashboard_url, overview.cost_tag_warning
+    observed = spec.observability
     if as_json:
         document = status_json(spec, rows, url)
         document["cost_tag_warning"] = warning
+        if observed.grafana.enabled:
+            document["grafana_url"] = overview.grafana_url
         render.emit(document)
         raise typer.Exit(EXIT_OK)
     if not rows:
@@ -101,6 +104,12 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
         out = [*render.wrap(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}:"),
                *render_status(rows), "", "GPU health and use:", *render_health(rows), "",
                f"dashboard: {url}"]  # a URL stays whole, however long
+        if observed.grafana.enabled:
+            out.append(f"grafana: {overview.grafana_url}" if overview.grafana_url else
+                       "grafana: no Amazon Managed Grafana workspace tagged "
+                       f"gpucluster:stack={spec.identity}")
+        elif observed.prometheus.active:
+            out.append(f"grafana dashboards: gpucluster dashboards export {stack} (for your own Grafana)")
     if warning:
         out += [render.paint(line, "warn") for line in render.wrap(warning)]
     for line in out:
@@ -289,13 +298,30 @@ def ago(when: datetime | None) -> str:
 
 
 def render_nodes(nodes: list[Node]) -> list[str]:
+    metrics = any(n.metrics is not None for n in nodes)  # the column only with observability.prometheus
     return render.table(
         ["instance", "node group", "type", "GPUs", "slots", "zone", "private IP", "lifecycle", "state",
-         "health", "launched (UTC)", "SSM"],
+         "health", "launched (UTC)", "SSM", *(["metrics"] if metrics else [])],
         [[n.instance_id, n.node_group, n.instance_type, str(n.gpus),
           f"{n.slots} MIG" if n.mig_per_gpu else str(n.slots), n.zone, n.private_ip or "-",
-          n.lifecycle, f"{n.state}/{n.asg_state}", n.health, ago(n.launch_time), n.ssm]
+          n.lifecycle, f"{n.state}/{n.asg_state}", n.health, ago(n.launch_time), n.ssm,
+          *([n.metrics or "-"] if metrics else [])]
          for n in nodes])
+
+
+def with_metrics(spec: StackSpec, found: list[Node]) -> list[Node]:
+    """`found` with each node's metrics verdict, when the stack writes to Prometheus."""
+    if not found or not spec.observability.prometheus.active:
+        return found
+    import boto3
+
+    from gpucluster.ops.metrics import metrics_status
+
+    with render.progress("asking the Prometheus workspace which nodes write"):
+        session = boto3.session.Session(region_name=spec.region)
+        status = metrics_status(spec, [n.instance_id for n in found], amp=common.client(spec, "amp"),
+                                credentials=session.get_credentials())
+    return [replace(n, metrics=status[n.instance_id]) for n in found]
 
 
 def nodes(
@@ -310,6 +336,7 @@ def nodes(
     spec = build_spec(stack)
     found = ops_call("nodes", lambda: find_nodes(spec, group, clients=common.clients(spec),
                                                  progress=render.progress), None)
+    found = with_metrics(spec, found)
     if as_json:
         render.emit(head(spec, nodes=[n.as_json() for n in found]))
         return

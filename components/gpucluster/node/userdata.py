@@ -27,6 +27,15 @@ from importlib import resources
 
 from gpucluster import catalog
 from gpucluster.catalog import family_of
+from gpucluster.node.metrics import (
+    METRICS_UNIT,
+    PROMETHEUS_DATA,
+    PROMETHEUS_RETENTION,
+    PROMETHEUS_UNIT,
+    NodeMetrics,
+    dcgm_fields,
+    group_metrics,
+)
 from gpucluster.noderole import gpu_metric_namespace, run_log_group_name
 from gpucluster.parts import DataMount
 from gpucluster.spec import AutoStopConfig, NodeGroupConfig, SpotConfig, StackSpec, read_project_file
@@ -166,6 +175,8 @@ class NodeBootstrap:
     """Where health findings are published (resolved; empty: nowhere but the node's journal)."""
     mig_layouts: tuple[tuple[str, str], ...] = ()
     """(instance type, or "*" for all, "<profile>:<start>,..."): every GPU's MIG instances (empty: off)."""
+    metrics: NodeMetrics | None = None
+    """dcgm-exporter, node exporter and Prometheus remote-writing to AMP (None: off)."""
 
 
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequence[DataMount] = (),
@@ -173,12 +184,13 @@ def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequenc
     """The bootstrap settings of `group` in `spec`, with already-resolved data mounts."""
     return group_bootstrap(group, stack=spec.identity, cluster=spec.cluster.name, region=spec.region,
                            spot=spec.spot, data_mounts=data_mounts, autostop=spec.autostop,
-                           notify_topic_arn=notify_topic_arn)
+                           notify_topic_arn=notify_topic_arn,
+                           metrics=group_metrics(spec.observability, spec.region))
 
 
 def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region: str, spot: SpotConfig,
                     data_mounts: Sequence[DataMount] = (), autostop: AutoStopConfig | None = None,
-                    notify_topic_arn: str = "") -> NodeBootstrap:
+                    notify_topic_arn: str = "", metrics: NodeMetrics | None = None) -> NodeBootstrap:
     """The bootstrap settings of one group outside any stack spec (a GpuNodeGroup's own args)."""
     cap = group.capacity
     can_be_spot = cap.market == "mixed" and cap.spot_percent > 0
@@ -199,6 +211,7 @@ def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region:
         health=node_health(group, autostop, spot),
         notify_topic_arn=notify_topic_arn,
         mig_layouts=mig_plans(group),
+        metrics=metrics,
     )
 
 
@@ -442,6 +455,8 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
     files += b.user_files
     if b.health is not None:
         files += health_files(b.health, mig=bool(b.mig_layouts))
+    if b.metrics is not None:
+        files += metrics_files(b.metrics)
     env = efa_environment(b)
     if env:
         files.append(NodeFile("/etc/profile.d/gpucluster-efa.sh",
@@ -476,6 +491,44 @@ def health_files(h: NodeHealth, mig: bool = False) -> list[NodeFile]:
                  f"[Unit]\nDescription=gpucluster: GPU health check every {h.interval_minutes} min\n"
                  f"\n[Timer]\nOnBootSec={h.interval_minutes}min\nOnUnitActiveSec={h.interval_minutes}min\n"
                  "AccuracySec=30s\n\n[Install]\nWantedBy=timers.target\n"),
+    ]
+
+
+def metrics_files(m: NodeMetrics) -> list[NodeFile]:
+    """The Prometheus path (observability.prometheus): settings, counters, script and two units.
+
+    gpucluster-metrics renders the collector's config and starts the exporters, then checks that
+    samples are written; it is ordered after the MIG layout (dcgm-exporter lists MIG instances when
+    it starts) and nothing waits for it: metrics never hold up a job, the health check or the hook.
+    """
+    report = f"{_SBIN}/gpucluster-report metrics"
+    env = {"GPUCLUSTER_REMOTE_WRITE_URL": m.remote_write_url, "GPUCLUSTER_REMOTE_WRITE_REGION": m.region,
+           "GPUCLUSTER_DCGM_EXPORTER_IMAGE": m.dcgm_exporter_image,
+           "GPUCLUSTER_METRICS_SCRAPE_SECONDS": str(m.scrape_interval_seconds),
+           "GPUCLUSTER_DCGM_FIELDS": dcgm_fields()}
+    return [
+        NodeFile("/etc/gpucluster/metrics.env", "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())),
+        NodeFile(f"{_SBIN}/gpucluster-metrics", script("metrics.sh"), "0755"),
+        NodeFile(f"{_UNITS}/{METRICS_UNIT}", _unit(
+            "GPU metrics to Prometheus",
+            f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=20min\n"
+            f"ExecStart={_SBIN}/gpucluster-metrics start\nExecStart={_SBIN}/gpucluster-metrics check\n"
+            f"ExecStartPost={report}\nExecStopPost={report}\nRestart=on-failure\n"
+            f"RestartSec={STEP_RESTART_SECONDS}",
+            after="network-online.target docker.service gpucluster-mig.service",
+            extra=f"Wants=network-online.target\nStartLimitIntervalSec={STEP_INTERVAL}\n"
+                  f"StartLimitBurst={STEP_BURST}\n")),
+        # Started with the CloudWatch agent's unit, which every node starts at every boot (bootstrap.sh):
+        # a drop-in's Wants= pulls this one in without a line of its own in the bootstrap.
+        NodeFile(f"{_UNITS}/gpucluster-agent.service.d/metrics.conf",
+                 f"[Unit]\nWants={METRICS_UNIT}\n", make_parent=True),
+        NodeFile(f"{_UNITS}/{PROMETHEUS_UNIT}", _unit(
+            "Prometheus remote-writing GPU metrics",
+            f"Type=simple\nRestart=always\nRestartSec=10\n"
+            f"ExecStart=/usr/bin/prometheus --config.file=/etc/gpucluster/prometheus.yml "
+            f"--storage.tsdb.path={PROMETHEUS_DATA} --storage.tsdb.retention.time={PROMETHEUS_RETENTION} "
+            "--web.listen-address=127.0.0.1:9090",
+            after="network-online.target")),
     ]
 
 

@@ -67,6 +67,8 @@ class Node:
     """Systems Manager ping status (Online, ConnectionLost, Inactive), `not registered` or `unknown`."""
     mig_per_gpu: int = 0
     """MIG instances each GPU is split into (its node group's `mig` layout); 0: whole GPUs."""
+    metrics: str | None = None
+    """With observability.prometheus: writing, exporter down, not writing or unknown (ops.metrics)."""
 
     @property
     def gpus(self) -> int:
@@ -96,7 +98,7 @@ class Node:
                 "private_ip": self.private_ip, "lifecycle": self.lifecycle, "state": self.state,
                 "asg_state": self.asg_state, "health": self.health,
                 "launch_time": self.launch_time.isoformat() if self.launch_time else None,
-                "ssm": self.ssm}
+                "ssm": self.ssm, **({"metrics": self.metrics} if self.metrics is not None else {})}
 
 
 def select_groups(groups: Sequence[NodeGroup], node_group: str | None) -> list[NodeGroup]:

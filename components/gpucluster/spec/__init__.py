@@ -17,7 +17,7 @@ from __future__ import annotations
 # The section modules register their checks on import, in the order findings are reported: first,
 # whatever module of the package a caller imports (no section module imports another).
 # isort: off
-from gpucluster.spec import network, node_groups, datasets, budget, autostop  # noqa: F401
+from gpucluster.spec import network, node_groups, datasets, budget, autostop, observability  # noqa: F401
 # isort: on
 from gpucluster.lambdas.tags import STACK_TAG
 from gpucluster.spec.autostop import autostop_findings
@@ -85,10 +85,13 @@ from gpucluster.spec.models import (
     CostTags,
     DatasetConfig,
     FsxConfig,
+    GrafanaConfig,
     HealthCheckConfig,
     MigConfig,
     NetworkConfig,
     NodeGroupConfig,
+    ObservabilityConfig,
+    PrometheusConfig,
     SpotConfig,
     StackConfig,
     StackSpec,
@@ -134,13 +137,16 @@ __all__ = [
     "DatasetConfig",
     "Finding",
     "FsxConfig",
+    "GrafanaConfig",
     "GroupCheck",
     "HealthCheckConfig",
     "MigConfig",
     "Name",
     "NetworkConfig",
     "NodeGroupConfig",
+    "ObservabilityConfig",
     "PolicyName",
+    "PrometheusConfig",
     "Region",
     "RoleName",
     "S3Prefix",

@@ -413,6 +413,61 @@ class SpotConfig(StrictModel):
     """Also run the hook on the earlier EC2 Instance Rebalance Recommendation."""
 
 
+class PrometheusConfig(StrictModel):
+    """Where the nodes' GPU metrics go: a workspace of the stack, or an existing one."""
+
+    enabled: bool = False
+    """Create an Amazon Managed Service for Prometheus workspace of the stack; every node writes to it."""
+    remote_write_url: Annotated[str, Field(max_length=512)] | None = None
+    """Instead of enabled: the remote-write URL of an existing AMP workspace of the same partition."""
+    region: Region | None = None
+    """With remote_write_url: the workspace's region (SigV4 signs for it)."""
+    dcgm_exporter_image: ContainerImage | None = None
+    """NVIDIA's dcgm-exporter image pinned by digest (nvcr.io/nvidia/k8s/dcgm-exporter:<tag>@sha256:...)."""
+    scrape_interval_seconds: Annotated[int, _in_range(10, 300)] = 30
+    """How often every node samples its GPUs; AMP's ingestion cost scales with 60 / this."""
+
+    @property
+    def active(self) -> bool:
+        """Metrics are written somewhere: a workspace of the stack or an existing one."""
+        return self.enabled or self.remote_write_url is not None
+
+
+GrafanaAuthentication = Literal["AWS_SSO", "SAML"]
+
+
+class GrafanaConfig(StrictModel):
+    """An Amazon Managed Grafana workspace with the dashboards, or none (a team's own Grafana)."""
+
+    enabled: bool = False
+    """Create an Amazon Managed Grafana workspace reading the stack's Prometheus workspace."""
+    authentication_providers: Annotated[list[GrafanaAuthentication], Field(max_length=2),
+                                        _unique("authentication providers")] = []
+    """Required with enabled: AWS_SSO (IAM Identity Center) and/or SAML (Grafana has no other sign-in)."""
+    saml_metadata_url: Annotated[str, _matches(r"https://[^\s]{1,500}", "must be an https:// URL of the "
+                                               "IdP's SAML metadata")] | None = None
+    """With SAML: where the identity provider publishes its SAML metadata."""
+    saml_editor_role_values: Annotated[list[TagValue], Field(max_length=10)] = []
+    """With SAML: the role attribute values that make a user an editor."""
+    editors: Annotated[int, _in_range(0, 10_000)] = 1
+    """Editor (and admin) users, for the cost model (AMG bills each active user per month)."""
+    viewers: Annotated[int, _in_range(0, 100_000)] = 0
+    """Viewer users, for the cost model."""
+
+
+class ObservabilityConfig(StrictModel):
+    """GPU metrics in Prometheus and Grafana, beside the CloudWatch dashboard (off by default)."""
+
+    prometheus: PrometheusConfig = PrometheusConfig()
+    """dcgm-exporter, node exporter and a collector on every node, remote-writing to AMP."""
+    grafana: GrafanaConfig = GrafanaConfig()
+    """An Amazon Managed Grafana workspace, or none when the team has its own Grafana."""
+
+    @property
+    def active(self) -> bool:
+        return self.prometheus.active or self.grafana.enabled
+
+
 class StackConfig(StrictModel):
     """Everything under the `gpucluster:` namespace of a stack file."""
 
@@ -430,6 +485,8 @@ class StackConfig(StrictModel):
     """Idle stop, schedules, maximum lifetime and the pre-stop hook (off when absent)."""
     spot: SpotConfig = SpotConfig()
     """The spot-interruption hook."""
+    observability: ObservabilityConfig = ObservabilityConfig()
+    """GPU metrics to Amazon Managed Prometheus, Grafana dashboards (off when absent)."""
 
 
 PulumiName = Annotated[str, _matches(PULUMI_NAME, "must be 1-100 characters of letters, digits, "

@@ -3,7 +3,9 @@
 #   launch    at boot, while the Auto Scaling launch lifecycle hook holds the node in Pending:Wait:
 #             check, report, then CompleteLifecycleAction CONTINUE (healthy) or ABANDON (a fatal
 #             finding with on_failure replace), so the group launches a replacement. XIDs count
-#             since boot. A node that never answers is abandoned at the hook's timeout.
+#             since boot. A node that never answers is abandoned at the hook's timeout. With
+#             GPUCLUSTER_READY_GATE (baked groups) a healthy node's CONTINUE is left to
+#             gpucluster-ready ($STATE/health-launch.ok), which answers once data and image are ready.
 #   periodic  from the timer, once the launch check is done: the same checks but DCGM's, with XIDs
 #             of the last GPUCLUSTER_HEALTH_XID_WINDOW_MINUTES only (the driver's counters are
 #             cumulative and never reset). A fatal finding with on_failure replace runs the pre-stop hook (bounded),
@@ -241,6 +243,7 @@ identify() {
     exit 1
   fi
   echo "$ASG" >"$STATE/asg"
+  echo "$LIFECYCLE_STATE" >"$STATE/lifecycle-state"
 }
 
 report() {  # report SUBJECT WHAT: the findings to the stack's topic (instance, group, findings)
@@ -310,7 +313,8 @@ launch() {
   decide
   local result=CONTINUE
   if [ "${#FATAL[@]}" -gt 0 ] && [ "$GPUCLUSTER_HEALTH_ON_FAILURE" = "replace" ]; then result=ABANDON; fi
-  if [ "$LIFECYCLE_STATE" != "Pending:Wait" ]; then
+  # Warmed:Pending:Wait: a warm pool's instance held by the same hook before it is stopped.
+  if [ "$LIFECYCLE_STATE" != "Pending:Wait" ] && [ "$LIFECYCLE_STATE" != "Warmed:Pending:Wait" ]; then
     # Rebooted, or a group without the hook: judge it as a running node would be judged.
     log "not held by a launch hook (lifecycle state $LIFECYCLE_STATE)"
     if [ "$result" = "ABANDON" ] && [ "$LIFECYCLE_STATE" = "InService" ]; then replace_self
@@ -324,6 +328,13 @@ launch() {
     count LaunchAbandons
   elif [ "${#FINDINGS[@]}" -gt 0 ]; then
     report_only
+  fi
+  if [ "$result" = "CONTINUE" ] && [ "${GPUCLUSTER_READY_GATE:-false}" = "true" ]; then
+    # In service means ready: gpucluster-ready completes the hook once data and image are there.
+    log "healthy: handing the launch lifecycle action to gpucluster-ready"
+    date -Is >"$STATE/health-launch.ok"
+    date -Is >"$LAUNCH_DONE"
+    return
   fi
   log "completing the launch lifecycle action: $result"
   retry "$LAUNCH_BUDGET" aws autoscaling complete-lifecycle-action --region "$GPUCLUSTER_REGION" \

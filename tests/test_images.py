@@ -230,3 +230,24 @@ def test_a_warm_pool_group_launches_one_type_from_a_plain_template() -> None:
     [lt] = [r for r in by_type(plan, "aws:ec2/launchTemplate:LaunchTemplate") if "eval" in r.name]
     assert lt.inputs["instanceType"] == "g6e.12xlarge"
     assert "GPUCLUSTER_READY_GATE=true" in user_data(lt)
+
+
+# ------------------------------------------------------------------------------ the cost
+
+
+def test_warm_pool_ebs_and_image_builds_are_in_the_cost_model() -> None:
+    from gpucluster.pricing import price_stack
+
+    config = baked_prod()
+    config["gpucluster:node_groups"][1].update({"capacity": {"spot_percent": 0}, "desired_nodes": 1,
+                                                "warm_pool": {"min_size": 1, "max_prepared": 3}})
+    cost = price_stack(parse_stack_config(config, stack="prod"))
+    other = {o.name: o for o in cost.other}
+    pool = other["Warm pool eval"]
+    # 3 prepared less the 1 running = 2 stopped x 200 GiB x $0.08; at max nodes (4) the floor, 1.
+    assert (pool.kind, pool.desired_usd_per_month, pool.max_usd_per_month) == ("warm_pool", 32.0, 16.0)
+    builds = other["Image builds"]
+    # one baked group (eval opts out), weekly: 4.35 builds x 1.5 h x g6.xlarge on-demand
+    assert builds.desired_usd_per_month == pytest.approx(4.35 * 1.5 * 0.805, rel=1e-3)
+    unbaked = price_stack(parse_stack_config(prod(), stack="prod"))
+    assert not [o for o in unbaked.other if o.kind in ("warm_pool", "images")]

@@ -15,7 +15,6 @@ group: a group moves to a new image only when its `images.groups.<group>.ami_id`
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, NotRequired, TypedDict
 
@@ -25,7 +24,7 @@ import pulumi_aws as aws
 from gpucluster.aws.args import type_token
 from gpucluster.aws.iam import assume_role_policy, boundary_arn
 from gpucluster.lambdas.tags import STACK_TAG
-from gpucluster.node.bake import IMAGE_TAGS, BakeSettings, component_document
+from gpucluster.node.bake import IMAGE_TAGS, BakeSettings, component_document, recipe_name
 from gpucluster.noderole import ECR_PULL_ACTIONS, ecr_repository
 
 # EC2 Image Builder user guide, "Set up IAM roles for Image Builder": the build and test instances'
@@ -35,13 +34,6 @@ BUILD_MANAGED_POLICIES = {"imagebuilder": "EC2InstanceProfileForImageBuilder",
 IMDS_HOP_LIMIT = 2  # as the nodes': containers (the pre-pull) reach IMDSv2
 BUILD_TIMEOUT_MINUTES = 120  # the image tests' timeout (Image Builder allows 60-1440)
 ROOT_DEVICE = "/dev/sda1"
-
-
-def recipe_name(cluster_name: str, identity: str, group: str) -> str:
-    """Image Builder names are per account and region, not per stack: the identity's hash keeps two
-    stacks with the same cluster name apart (names hold at most 126 characters)."""
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
-    return f"gpucluster-{cluster_name}-{group}-{digest}"
 
 
 def build_policy_document(identity: str, region: str, partition: str, images: list[str]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ and no AWS call; `gpucluster.aws.images` hands the document to `aws.imagebuilder
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,13 @@ CWA_CTL = "/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl"
 FI_INFO = "/opt/amazon/efa/bin/fi_info"  # the EFA installer's (EC2 user guide, "Get started with EFA")
 PACKAGE_UNITS = ("unattended-upgrades.service", "apt-daily.timer", "apt-daily-upgrade.timer",
                  "apt-daily.service", "apt-daily-upgrade.service")
+
+
+def recipe_name(cluster_name: str, identity: str, group: str) -> str:
+    """Image Builder names are per account and region, not per stack: the identity's hash keeps two
+    stacks with the same cluster name apart (names hold at most 126 characters)."""
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+    return f"gpucluster-{cluster_name}-{group}-{digest}"
 
 
 @dataclass(frozen=True)

@@ -139,3 +139,32 @@ def test_the_command_asks_prints_the_pin_and_the_json(write_stack: Callable[...,
     unbaked = runner.invoke(app, ["image", "build", str(path), "--group", "eval", "--yes"])
     assert unbaked.exit_code == 2 and "node group 'eval' is not baked" in unbaked.output
     assert len(unbaked.output.strip().splitlines()) == 1
+
+
+def test_the_operator_policy_allows_exactly_what_the_command_calls(spec: Any) -> None:
+    from gpucluster.ops.permissions import allowed_actions, operator_policy
+
+    made: list[str] = []
+
+    def record(service: str) -> Callable[..., None]:
+        prefix = {"imagebuilder": "imagebuilder", "ec2": "ec2"}[service]
+        return lambda model, **_: made.append(f"{prefix}:{model.name}")
+
+    ib, ib_stub = stubbed("imagebuilder")
+    ec2, ec2_stub = stubbed("ec2")
+    ib.meta.events.register("before-parameter-build", record("imagebuilder"))
+    ec2.meta.events.register("before-parameter-build", record("ec2"))
+    expect_pipeline(ib_stub, recipe_name("gpu-prod", spec.identity, "h100-train"))
+    ib_stub.add_response("start_image_pipeline_execution", {"imageBuildVersionArn": BUILD},
+                         {"imagePipelineArn": PIPELINE, "clientToken": ANY})
+    ib_stub.add_response("get_image", {"image": {"state": {"status": "AVAILABLE"}, "outputResources": {
+        "amis": [{"region": "us-east-1", "image": AMI}]}}}, {"imageBuildVersionArn": BUILD})
+    ec2_stub.add_response("describe_images", {"Images": [{"ImageId": AMI}]}, {"ImageIds": [AMI]})
+    with ib_stub, ec2_stub:
+        wait_builds(start_builds(spec, ib), ib, ec2, "us-east-1", sleep=lambda _: None, clock=lambda: 0.0)
+    policy = operator_policy(spec.identity)
+    assert set(made) == {"imagebuilder:ListImagePipelines", "imagebuilder:StartImagePipelineExecution",
+                         "imagebuilder:GetImage", "ec2:DescribeImages"}
+    assert set(made) <= allowed_actions(policy)
+    [start] = [st for st in policy["Statement"] if st["Sid"] == "BuildThisStacksImages"]
+    assert start["Condition"] == {"StringEquals": {"aws:ResourceTag/gpucluster:stack": spec.identity}}

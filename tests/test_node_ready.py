@@ -206,7 +206,7 @@ def test_the_hook_is_completed_only_after_the_data_is_mounted(node: ReadyNode) -
         proc.kill()
     assert proc.returncode == 0, out
     assert node.results() == ["CONTINUE"]
-    assert "waiting for: data,dataset corpus at /fsx" in out
+    assert "waiting for: dataset corpus at /fsx" in out
 
 
 def test_an_unbaked_gated_node_waits_for_data_and_its_pulled_image(tmp_path: Path) -> None:
@@ -228,7 +228,7 @@ def test_an_unbaked_gated_node_waits_for_data_and_its_pulled_image(tmp_path: Pat
         proc.kill()
     assert proc.returncode == 0, out
     assert node.results() == ["CONTINUE"]
-    assert "waiting for: data,dataset corpus at /fsx,container image " + IMAGE in out
+    assert "waiting for: dataset corpus at /fsx,container image " + IMAGE in out
     assert "waiting for: container image " + IMAGE in out
 
 
@@ -242,7 +242,7 @@ def test_a_node_never_ready_is_abandoned_with_the_reason(node: ReadyNode) -> Non
     done = node.ready()
     assert done.returncode == 1
     assert node.results() == ["ABANDON"]
-    reason = "not ready after 1s: still waiting for data,dataset corpus at /fsx"
+    reason = "not ready after 1s: still waiting for dataset corpus at /fsx"
     assert reason in done.stdout
     published = node.aws("publish")
     assert len(published) == 1 and reason in published[0] and TOPIC in published[0]

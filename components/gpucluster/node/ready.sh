@@ -56,8 +56,9 @@ baked_missing() {
 waiting_for() {
   local waiting=() access name path
   systemctl is-active --quiet gpucluster-agent.service || waiting+=("agent")
+  # Mounted datasets (FSx for Lustre, Mountpoint for S3) must be there; a copy to scratch goes on in
+  # the background (gpucluster-job waits for gpucluster-data before a job starts).
   if [ -s "$MOUNTS" ] && [ "$LIFECYCLE" != "Warmed:Pending:Wait" ]; then
-    systemctl is-active --quiet gpucluster-data.service || waiting+=("data")
     while IFS=$'\t' read -r access name _ _ path _; do
       if [ "$access" != "copy_to_scratch" ] && ! mountpoint -q "$path"; then waiting+=("dataset $name at $path"); fi
     done <"$MOUNTS"

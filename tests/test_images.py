@@ -94,6 +94,12 @@ def test_a_warm_pool_aws_would_refuse_is_refused(change: dict[str, Any], message
     assert found and any(message in f for f in found), found
 
 
+def test_baking_without_a_way_out_of_the_private_subnet_is_refused() -> None:
+    config = baked_prod()
+    config["gpucluster:network"]["nat_gateway"] = False
+    assert [f for f in problems(config) if f.startswith("images.bake: ")]
+
+
 def test_bad_schedule_is_one_line_and_exit_2(write_stack: Callable[..., Path]) -> None:
     config = baked_prod(schedule="cron(0 4 * * SUN *)")  # day-of-month and day-of-week both set
     result = runner.invoke(app, ["plan", str(write_stack(config))])
@@ -251,3 +257,13 @@ def test_warm_pool_ebs_and_image_builds_are_in_the_cost_model() -> None:
     assert builds.desired_usd_per_month == pytest.approx(4.35 * 1.5 * 0.805, rel=1e-3)
     unbaked = price_stack(parse_stack_config(prod(), stack="prod"))
     assert not [o for o in unbaked.other if o.kind in ("warm_pool", "images")]
+
+
+def test_plan_says_which_image_each_group_launches_from(write_stack: Callable[..., Path]) -> None:
+    result = runner.invoke(app, ["plan", str(write_stack(baked_prod(), "prod"))])
+    assert result.exit_code == 0, result.output
+    tail = result.output[result.output.index("images (EC2 Image Builder):"):]
+    assert f"h100-train: launches from {AMI} (driver 550.127.05, CUDA 12.4), installs nothing" in tail
+    assert "eval: not baked: installs at boot" in tail
+    plain = runner.invoke(app, ["plan", str(write_stack(prod(), "prod"))])
+    assert "images (EC2 Image Builder)" not in plain.output

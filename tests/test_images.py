@@ -267,3 +267,49 @@ def test_plan_says_which_image_each_group_launches_from(write_stack: Callable[..
     assert "eval: not baked: installs at boot" in tail
     plain = runner.invoke(app, ["plan", str(write_stack(prod(), "prod"))])
     assert "images (EC2 Image Builder)" not in plain.output
+
+
+# ------------------------------------------------------- unbaked: unattended upgrades stopped first
+
+
+APT_UNITS = ("unattended-upgrades.service apt-daily.timer apt-daily.service apt-daily-upgrade.timer "
+             "apt-daily-upgrade.service")
+
+
+def apt_block() -> str:
+    from gpucluster.node.userdata import script
+
+    text = script("bootstrap.sh")
+    start = text.index("apt=(")
+    return text[start:text.index("\n", text.index("systemctl stop", start)) + 1]
+
+
+@pytest.mark.parametrize("stop_fails", [False, True])
+def test_unattended_upgrades_are_stopped_and_masked_before_anything_installs(tmp_path: Path,
+                                                                             stop_fails: bool) -> None:
+    import os
+    import subprocess
+
+    from gpucluster.node.userdata import script
+
+    log = tmp_path / "calls"
+    (tmp_path / "systemctl").write_text(f'#!/bin/bash\necho "systemctl $*" >> {log}\n'
+                                        + ('[ "$1" != stop ]\n' if stop_fails else ""))
+    (tmp_path / "systemctl").chmod(0o755)
+    done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + apt_block() + "echo next"],
+                          env={"PATH": f"{tmp_path}:{os.environ['PATH']}"}, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.endswith("next\n")  # never stops the bootstrap
+    calls = log.read_text().splitlines()
+    if stop_fails:
+        assert calls == [f"systemctl stop {APT_UNITS}"] and "apt not stopped" in done.stdout
+    else:
+        assert calls == [f"systemctl stop {APT_UNITS}", f"systemctl mask {APT_UNITS}"]
+    text = script("bootstrap.sh")  # before the first unit that installs starts
+    assert text.index("apt=(") < text.index("gpucluster-mig.service") < text.index("gpucluster-agent.service")
+
+
+def test_groups_without_the_gate_get_no_gate_lines(baked_plan: Any) -> None:
+    templates = {r.name: user_data(r) for r in by_type(baked_plan, "aws:ec2/launchTemplate:LaunchTemplate")}
+    assert "health-launch.ok" in templates["gpu-prod-h100-train-lt"]
+    assert "health-launch.ok" not in templates["gpu-prod-eval-lt"]
+    assert "Warmed:Pending:Wait" not in templates["gpu-prod-eval-lt"]

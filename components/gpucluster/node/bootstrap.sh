@@ -22,12 +22,8 @@ systemctl daemon-reload
 # Before the first install: the AMI's own package updates (unattended-upgrades, apt-daily) would hold
 # the dpkg lock for minutes at first boot. Stopped and masked for this node's life (a baked image
 # has them off already); the installs still wait for the lock (gpucluster-install) in case one runs.
-if ! systemctl stop unattended-upgrades.service apt-daily.timer apt-daily-upgrade.timer \
-    apt-daily.service apt-daily-upgrade.service 2>/dev/null \
-  || ! systemctl mask unattended-upgrades.service apt-daily.timer apt-daily-upgrade.timer \
-    apt-daily.service apt-daily-upgrade.service 2>/dev/null; then
-  echo "gpucluster bootstrap: not every package-update unit could be stopped; installs wait for the dpkg lock"
-fi
+apt=(unattended-upgrades.service apt-daily{,-upgrade}.{timer,service})
+systemctl stop "${apt[@]}" && systemctl mask "${apt[@]}" || echo "gpucluster bootstrap: apt not stopped"
 
 # MIG first: nothing may run on a GPU before it is split (gpucluster-mig; setup requires it). The
 # units are enabled before, so the one reboot MIG mode may need (an A100 passed through to a VM

@@ -243,7 +243,6 @@ identify() {
     exit 1
   fi
   echo "$ASG" >"$STATE/asg"
-  echo "$LIFECYCLE_STATE" >"$STATE/lifecycle-state"
 }
 
 report() {  # report SUBJECT WHAT: the findings to the stack's topic (instance, group, findings)
@@ -309,12 +308,16 @@ report_only() {  # findings that replace nothing: reported once until they chang
 
 launch() {
   identify
+  # >>> ready gate (rendered only for gated groups: userdata.without_ready_gate)
+  echo "$LIFECYCLE_STATE" >"$STATE/lifecycle-state"
+  # A warm pool's instance is held by the same hook (Warmed:Pending:Wait) before it is stopped.
+  if [ "$LIFECYCLE_STATE" = Warmed:Pending:Wait ]; then LIFECYCLE_STATE=Pending:Wait; fi
+  # <<< ready gate
   run_checks 0 "since boot" dcgm
   decide
   local result=CONTINUE
   if [ "${#FATAL[@]}" -gt 0 ] && [ "$GPUCLUSTER_HEALTH_ON_FAILURE" = "replace" ]; then result=ABANDON; fi
-  # Warmed:Pending:Wait: a warm pool's instance held by the same hook before it is stopped.
-  if [ "$LIFECYCLE_STATE" != "Pending:Wait" ] && [ "$LIFECYCLE_STATE" != "Warmed:Pending:Wait" ]; then
+  if [ "$LIFECYCLE_STATE" != "Pending:Wait" ]; then
     # Rebooted, or a group without the hook: judge it as a running node would be judged.
     log "not held by a launch hook (lifecycle state $LIFECYCLE_STATE)"
     if [ "$result" = "ABANDON" ] && [ "$LIFECYCLE_STATE" = "InService" ]; then replace_self
@@ -329,13 +332,14 @@ launch() {
   elif [ "${#FINDINGS[@]}" -gt 0 ]; then
     report_only
   fi
-  if [ "$result" = "CONTINUE" ] && [ "${GPUCLUSTER_READY_GATE:-false}" = "true" ]; then
-    # In service means ready: gpucluster-ready completes the hook once data and image are there.
+  # >>> ready gate
+  # In service means ready: gpucluster-ready completes the hook once data and image are there.
+  if [ "$result" = CONTINUE ] && [ "${GPUCLUSTER_READY_GATE:-}" = true ]; then
     log "healthy: handing the launch lifecycle action to gpucluster-ready"
-    date -Is >"$STATE/health-launch.ok"
-    date -Is >"$LAUNCH_DONE"
+    date -Is | tee "$STATE/health-launch.ok" >"$LAUNCH_DONE"
     return
   fi
+  # <<< ready gate
   log "completing the launch lifecycle action: $result"
   retry "$LAUNCH_BUDGET" aws autoscaling complete-lifecycle-action --region "$GPUCLUSTER_REGION" \
     --lifecycle-hook-name "$GPUCLUSTER_HEALTH_LAUNCH_HOOK" --auto-scaling-group-name "$ASG" \

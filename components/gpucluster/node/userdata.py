@@ -518,6 +518,17 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
     return files
 
 
+READY_GATE_BLOCK = re.compile(r"^[ \t]*# >>> ready gate.*?^[ \t]*# <<< ready gate[^\n]*\n", re.M | re.S)
+
+
+@cache
+def without_ready_gate(name: str) -> str:
+    """A shipped script less its `# >>> ready gate` ... `# <<< ready gate` blocks, as groups without
+    the gate get it: user data is 16 KiB gzipped, and those lines would never run there."""
+    raw = resources.files(__package__).joinpath(name).read_text()
+    return compact_shell(READY_GATE_BLOCK.sub("", raw))
+
+
 def health_files(h: NodeHealth, mig: bool = False, ready: bool = False) -> list[NodeFile]:
     """The health-check script, its launch unit (every boot, pulling in gpucluster-ready when
     `ready`) and its timer."""
@@ -531,7 +542,8 @@ def health_files(h: NodeHealth, mig: bool = False, ready: bool = False) -> list[
     if ready:
         wants = f"{wants} gpucluster-ready.service"
     return [
-        NodeFile(HEALTH_CHECK, script("health-check.sh"), "0755"),
+        NodeFile(HEALTH_CHECK, script("health-check.sh") if ready else without_ready_gate("health-check.sh"),
+                 "0755"),
         NodeFile(f"{_UNITS}/gpucluster-health-launch.service", _unit(
             "GPU health check at boot (completes the launch lifecycle hook)",
             # No start timeout: the script bounds its own retries by the hook's timeout.

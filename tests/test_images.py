@@ -94,6 +94,12 @@ def test_a_warm_pool_aws_would_refuse_is_refused(change: dict[str, Any], message
     assert found and any(message in f for f in found), found
 
 
+def test_baking_a_group_without_health_checks_is_refused() -> None:
+    config = baked_prod()
+    config["gpucluster:node_groups"][0]["health_checks"] = {"enabled": False}
+    assert [f for f in problems(config) if f.startswith("node_groups[0].health_checks.enabled: ")]
+
+
 def test_baking_without_a_way_out_of_the_private_subnet_is_refused() -> None:
     config = baked_prod()
     config["gpucluster:network"]["nat_gateway"] = False

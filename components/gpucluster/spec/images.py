@@ -59,6 +59,10 @@ def images_rules(spec: StackSpec) -> Iterable[Finding]:
             continue
         if (problem := base_problem(g)) is not None:
             yield Finding(f"node_groups[{i}].ami_ssm_parameter", problem)
+        if not g.health_checks.enabled:
+            yield Finding(f"node_groups[{i}].health_checks.enabled", "a baked group needs health checks: "
+                          "the launch hook is what holds a node until its image is checked and its data "
+                          "mounted (or set images.groups.<group>.bake: false)")
 
 
 # Auto Scaling user guide, "Warm pools for Amazon EC2 Auto Scaling", Limitations: no warm pool for

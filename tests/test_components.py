@@ -478,7 +478,7 @@ def test_args_type_and_its_checking_model_have_the_same_keys(component: str) -> 
     assert is_typeddict(args_type)
     if component == "GpuCluster":  # checked as a stack file: the StackSpec model itself
         model_fields = {"cluster", "network", "node_groups", "datasets", "budget", "autostop", "spot",
-                        "observability", "stack", "region", "project", "organization"}
+                        "observability", "images", "stack", "region", "project", "organization"}
         assert set(args_type.__annotations__) == model_fields == set(StackSpec.model_fields)
         return
     model = getattr(component_args, f"{component}Model")

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from gpucluster import catalog, schedule
 from gpucluster.node.metrics import DCGM_FIELDS
-from gpucluster.spec import NodeGroupConfig, StackSpec
+from gpucluster.spec import NodeGroupConfig, StackSpec, baked_image
 
 PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "service_prices.yaml"
 HOURS_PER_MONTH = 730  # the month of the AWS Pricing Calculator and the EC2 pricing pages
@@ -42,6 +42,15 @@ AT: tuple[At, ...] = ("desired", "max")
 STRATEGIES: tuple[Strategy, ...] = ("all_on_demand", "mix", "all_spot")
 STRATEGY_LABELS: dict[Strategy, str] = {
     "all_on_demand": "all on-demand", "mix": "stack's mix", "all_spot": "all spot"}
+
+
+# One image build: the build instance installs, pre-pulls (a 10 GB container image) and snapshots,
+# then Image Builder launches a test instance from the new image. EC2 Image Builder user guide,
+# "Image Builder pricing": no charge for Image Builder itself, only the resources it runs (the
+# instances, billed per second as EC2 on-demand, and the AMI's EBS snapshots). 1.5 instance-hours
+# is a modelled figure for both instances, not a measured one.
+IMAGE_BUILD_HOURS = 1.5
+SCHEDULED_BUILDS_PER_MONTH = 4.35  # a weekly schedule: 52/12 builds (any schedule is priced so)
 
 
 class PricingError(ValueError):
@@ -101,6 +110,46 @@ def service_prices(region: str, path: Path = PRICES_FILE) -> ServicePrices:
     return ServicePrices(region=region, sources=dict(raw["sources"]), as_of=str(raw["as_of"]),
                          fsx_lustre_usd_per_gb_month=dict(rates["fsx_lustre_usd_per_gb_month"]),
                          **{k: float(v) for k, v in rates.items() if k != "fsx_lustre_usd_per_gb_month"})
+
+
+def warm_pool_nodes(group: NodeGroupConfig, nodes: int) -> int:
+    """Stopped instances a group's warm pool keeps while `nodes` run: its maximum prepared capacity
+    (default the group's max_nodes) less the running nodes, at least min_size (EC2 Auto Scaling user
+    guide, "Warm pools for Amazon EC2 Auto Scaling": warm pool size)."""
+    pool = group.warm_pool
+    if pool is None:
+        return 0
+    cap = pool.max_prepared if pool.max_prepared is not None else group.max_nodes
+    return max(pool.min_size, cap - nodes)
+
+
+def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> Iterable[OtherCost]:
+    """Warm pools (root volumes of stopped instances, all month: no instance hours) and image builds."""
+    src, as_of = prices.sources, prices.as_of
+    gp3 = prices.ebs_gp3_usd_per_gb_month
+    for g in spec.node_groups:
+        if g.warm_pool is None:
+            continue
+        size = g.root_volume_size_gib
+        at_desired, at_max = warm_pool_nodes(g, g.desired_nodes), warm_pool_nodes(g, g.max_nodes)
+        yield OtherCost(f"Warm pool {g.name}", "warm_pool", at_desired * size * gp3,
+                        at_max * size * gp3, f"{at_desired} stopped ({at_max} at max nodes) x {size} GiB "
+                        f"gp3 x ${gp3}/GB-month; stopped instances bill EBS only", src["ebs"], as_of)
+    images = spec.images
+    baked = [g for g in spec.node_groups if baked_image(images, g) is not None]
+    if not baked:
+        return
+    build = catalog.get(images.build_instance_type)
+    if build is None:
+        return
+    rate = on_demand_rate(build, spec.region)
+    builds = SCHEDULED_BUILDS_PER_MONTH if images.schedule else 1.0
+    usd = len(baked) * builds * assume.image_build_hours * rate.usd_per_hour
+    yield OtherCost("Image builds", "images", usd, usd,
+                    f"{len(baked)} group(s) x {builds:g} build(s)/month x {assume.image_build_hours:g} h "
+                    f"{build.name} x ${rate.usd_per_hour:.3f}/h "
+                    f"({'a weekly schedule' if images.schedule else 'one build on demand'}); "
+                    "Image Builder itself is free", rate.source, rate.as_of)
 
 
 def on_demand_rate(instance: catalog.InstanceType, region: str) -> Rate:
@@ -293,7 +342,7 @@ class OtherCost:
     """A non-GPU cost of the stack, per month at desired and at max nodes."""
 
     name: str
-    kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg"]
+    kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg", "warm_pool", "images"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
@@ -317,6 +366,8 @@ class Assumptions:
     """Data through the NAT gateway (package and image downloads; S3 goes through its endpoint)."""
     schedule_year: int | None = None
     """The year whose 52 weeks from 1 January give the scheduled share; None: this year."""
+    image_build_hours: float = IMAGE_BUILD_HOURS
+    """Instance-hours one image build takes (the build instance, then the test instance)."""
 
 
 @dataclass(frozen=True)
@@ -447,6 +498,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                         + (f" x {share:.3f} of the month" if share != 1 else ""),
                         src["ebs"], as_of,
                         scheduled_share=priced.scheduled_hours_per_month / priced.hours_per_month)
+    yield from _boot_costs(spec, prices, assume)
     if spec.network.vpc_cidr is None:
         return  # an existing VPC: its NAT and endpoints are paid for already
     if spec.network.nat_gateway:

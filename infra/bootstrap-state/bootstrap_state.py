@@ -47,14 +47,18 @@ PREVIEW_WORKFLOW = ".github/workflows/pr.yml"
 DEPLOY_BRANCH = "main"
 PREVIEW_ENVIRONMENT = "preview"
 SERVICE_LINKED = ["autoscaling.amazonaws.com", "spot.amazonaws.com", "fsx.amazonaws.com",
-                  "s3.data-source.lustre.fsx.amazonaws.com"]
+                  "s3.data-source.lustre.fsx.amazonaws.com",
+                  # EC2 Image Builder user guide, "Using service-linked roles for Image Builder"
+                  "imagebuilder.amazonaws.com"]
 # The services the stacks' roles are passed to: EC2 (node instance profile), Lambda (guardrail
 # functions), EventBridge Scheduler (the autostop schedules' role).
 PASSED_TO = ["ec2.amazonaws.com", "lambda.amazonaws.com", "scheduler.amazonaws.com",
              "grafana.amazonaws.com"]  # the last: observability.grafana's workspace role
 # The AWS managed policies the program attaches (components/gpucluster/aws/iam.py MANAGED_POLICIES);
 # attaching any other managed policy is refused (`iam:PolicyARN`).
-MANAGED_POLICIES = ["AmazonSSMManagedInstanceCore"]
+MANAGED_POLICIES = ["AmazonSSMManagedInstanceCore",
+                    # the image build instances' (components/gpucluster/aws/images.py BUILD_MANAGED_POLICIES)
+                    "EC2InstanceProfileForImageBuilder"]
 # Public SSM parameters the program reads (the Deep Learning AMI id, nodes.py DEFAULT_AMI_PARAMETER).
 PUBLIC_PARAMETERS = "parameter/aws/service/*"
 STACK_TAG = "gpucluster:stack"
@@ -99,6 +103,11 @@ WORKLOAD_ACTIONS = [
     # observability.grafana: the workspace role queries it (aws/prometheus.py QUERY_ACTIONS)
     "aps:RemoteWrite", "aps:GetLabels", "aps:GetMetricMetadata", "aps:GetSeries", "aps:QueryMetrics",
     "aps:ListWorkspaces",
+    # image build instances: EC2InstanceProfileForImageBuilder (its snapshot and tag actions carry
+    # its own CreatedBy conditions), and the image test's tags on the stack's own AMIs
+    # (gpucluster.aws.images.build_policy_document)
+    "imagebuilder:GetComponent", "imagebuilder:GetMarketplaceResource", "ec2:DescribeSnapshots",
+    "ec2:CreateSnapshot", "ec2:CreateTags",
 ]
 
 # What each resource type the program creates needs from the deploy role (create, read, update,
@@ -243,6 +252,27 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
         "sso:GetSharedSsoConfiguration", "organizations:DescribeOrganization"],
     "aws:grafana/workspaceSamlConfiguration:WorkspaceSamlConfiguration": [
         "grafana:UpdateWorkspaceAuthentication", "grafana:DescribeWorkspaceAuthentication"],
+    # EC2 Image Builder (gpucluster:images): Service Authorization Reference, "Actions defined by EC2
+    # Image Builder"; creating a recipe reads its parent image (ec2:DescribeImages, unscoped below).
+    "aws:imagebuilder/component:Component": [
+        "imagebuilder:CreateComponent", "imagebuilder:DeleteComponent", "imagebuilder:GetComponent",
+        "imagebuilder:TagResource", "imagebuilder:UntagResource", "imagebuilder:ListTagsForResource"],
+    "aws:imagebuilder/imageRecipe:ImageRecipe": [
+        "imagebuilder:CreateImageRecipe", "imagebuilder:DeleteImageRecipe", "imagebuilder:GetImageRecipe",
+        "imagebuilder:GetComponent", "imagebuilder:TagResource", "imagebuilder:UntagResource",
+        "imagebuilder:ListTagsForResource"],
+    "aws:imagebuilder/infrastructureConfiguration:InfrastructureConfiguration": [
+        "imagebuilder:CreateInfrastructureConfiguration", "imagebuilder:UpdateInfrastructureConfiguration",
+        "imagebuilder:DeleteInfrastructureConfiguration", "imagebuilder:GetInfrastructureConfiguration",
+        "imagebuilder:TagResource", "imagebuilder:UntagResource", "imagebuilder:ListTagsForResource"],
+    "aws:imagebuilder/distributionConfiguration:DistributionConfiguration": [
+        "imagebuilder:CreateDistributionConfiguration", "imagebuilder:UpdateDistributionConfiguration",
+        "imagebuilder:DeleteDistributionConfiguration", "imagebuilder:GetDistributionConfiguration",
+        "imagebuilder:TagResource", "imagebuilder:UntagResource", "imagebuilder:ListTagsForResource"],
+    "aws:imagebuilder/imagePipeline:ImagePipeline": [
+        "imagebuilder:CreateImagePipeline", "imagebuilder:UpdateImagePipeline",
+        "imagebuilder:DeleteImagePipeline", "imagebuilder:GetImagePipeline",
+        "imagebuilder:TagResource", "imagebuilder:UntagResource", "imagebuilder:ListTagsForResource"],
     "aws:budgets/budget:Budget": ["budgets:ModifyBudget", "budgets:ViewBudget", "budgets:TagResource",
                                   "budgets:UntagResource", "budgets:ListTagsForResource"],
 }
@@ -290,6 +320,10 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
         "grafana": [f"arn:{p}:grafana:*:{a}:/workspaces/*"],
         # Identity Center's and Organizations' reads and the managed application have no resource type.
         "sso": ["*"], "organizations": ["*"],
+        # Image Builder names are gpucluster-<cluster>-... (gpucluster.node.bake.recipe_name)
+        "imagebuilder": [f"arn:{p}:imagebuilder:*:{a}:{kind}/gpucluster-{prefix}*" for kind in (
+            "component", "image-recipe", "infrastructure-configuration", "distribution-configuration",
+            "image-pipeline")],
     }
 
 

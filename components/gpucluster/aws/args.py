@@ -45,6 +45,8 @@ from gpucluster.spec import (
     FsxConfig,
     GrafanaConfig,
     HealthCheckConfig,
+    ImageGroupConfig,
+    ImagesConfig,
     Name,
     NetworkConfig,
     NodeGroupConfig,
@@ -59,6 +61,7 @@ from gpucluster.spec import (
     StackSpec,
     StrictModel,
     TagValue,
+    WarmPoolConfig,
     _matches,
     autostop_findings,
     budget_findings,
@@ -186,6 +189,17 @@ class MigSettings(TypedDict):
     """Instead of profile: the instances of each GPU, e.g. [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]."""
 
 
+class WarmPoolSettings(TypedDict):
+    """A node group's `warm_pool`: stopped instances kept ready (EBS billed, no instance hours)."""
+
+    min_size: NotRequired[int]
+    """Stopped instances kept ready even when the group is at zero (EBS billed, no instance hours)."""
+    max_prepared: NotRequired[int]
+    """Cap on running + warm instances (default: the group's max_nodes)."""
+    reuse_on_scale_in: NotRequired[bool]
+    """Return a scaled-in node to the pool (stopped) instead of terminating it."""
+
+
 class NodeGroupSettings(TypedDict):
     """One entry of the stack file's `node_groups`: instance types, sizes, capacity, EFA, disks, AMI."""
 
@@ -227,6 +241,8 @@ class NodeGroupSettings(TypedDict):
     """GPU health checks at launch and while running, and what a failing node gets."""
     mig: NotRequired[MigSettings]
     """Split every GPU into MIG instances at boot (A100, H100, H200, B200); jobs get one per rank."""
+    warm_pool: NotRequired[WarmPoolSettings]
+    """An Auto Scaling warm pool of stopped nodes (one on-demand type, no spot, no Capacity Block)."""
 
 
 class FsxSettings(TypedDict):
@@ -363,6 +379,34 @@ class ObservabilitySettings(TypedDict):
     """dcgm-exporter, node exporter and a collector on every node, remote-writing to AMP."""
     grafana: NotRequired[GrafanaSettings]
     """An Amazon Managed Grafana workspace, or none when the team has its own Grafana."""
+class ImageGroupSettings(TypedDict):
+    """One entry of `images.groups`: opt out, and the pinned baked image."""
+
+    bake: NotRequired[bool]
+    """Bake this group's image (default: the section's bake); false opts the group out."""
+    ami_id: NotRequired[str]
+    """The baked image this group launches from: set or change it to move the group to a new build."""
+    driver: NotRequired[str]
+    """The NVIDIA driver the pinned image carries (as `gpucluster image build` recorded it)."""
+    cuda: NotRequired[str]
+    """The CUDA version the pinned image's driver supports (as recorded by the build)."""
+
+
+class ImagesSettings(TypedDict):
+    """The stack file's `images`: EC2 Image Builder baking for the node groups."""
+
+    bake: NotRequired[bool]
+    """Bake an EC2 Image Builder image for every node group (a group may opt out under groups)."""
+    version: NotRequired[str]
+    """The recipes' version: raise it to change what is baked (Image Builder recipes are immutable)."""
+    schedule: NotRequired[str]
+    """Also run the pipelines on this EventBridge-style cron (default: only `gpucluster image build`)."""
+    schedule_timezone: NotRequired[str]
+    """The timezone of schedule."""
+    build_instance_type: NotRequired[str]
+    """The GPU instance the image is built and tested on (any NVIDIA type runs the same driver)."""
+    groups: NotRequired[dict[str, ImageGroupSettings]]
+    """Per node group: opt out, and the pinned image it launches from."""
 
 
 # The pydantic model each settings type is checked with (a test keeps their keys in step).
@@ -378,6 +422,9 @@ SETTINGS_MODELS: dict[type, type[BaseModel]] = {
     ObservabilitySettings: ObservabilityConfig,
     PrometheusSettings: PrometheusConfig,
     GrafanaSettings: GrafanaConfig,
+    WarmPoolSettings: WarmPoolConfig,
+    ImagesSettings: ImagesConfig,
+    ImageGroupSettings: ImageGroupConfig,
 }
 
 # ----------------------------------------------------------------------- component plumbing
@@ -579,6 +626,7 @@ class GpuNodeGroupModel(StrictModel):
                                                      "must be a KMS key ARN or empty")]) = ""
     observability: ObservabilityConfig = ObservabilityConfig()
     remote_write_url: input_of(str) = ""
+    image: ImageGroupConfig | None = None
 
 
 def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:

@@ -57,6 +57,15 @@ def render_status(rows: list[GroupStatus]) -> list[str]:
          for r in rows])
 
 
+def render_getting_ready(rows: list[GroupStatus]) -> list[str]:
+    """Groups with nodes still getting ready (not in service, not targeted by `run`), and for how long."""
+    from gpucluster.ops.nodes import minutes
+
+    return [f"{r.name}: {r.getting_ready} node(s) getting ready"
+            + (f", the longest for {minutes(r.getting_ready_seconds)}" if r.getting_ready_seconds is not None
+               else "") for r in rows if r.getting_ready]
+
+
 def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}%"
 
@@ -102,8 +111,8 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
                           "or deployed from another Pulumi organization or project)")
     else:
         out = [*render.wrap(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}:"),
-               *render_status(rows), "", "GPU health and use:", *render_health(rows), "",
-               f"dashboard: {url}"]  # a URL stays whole, however long
+               *render_status(rows), *render_getting_ready(rows), "", "GPU health and use:",
+               *render_health(rows), "", f"dashboard: {url}"]  # a URL stays whole, however long
         if observed.grafana.enabled:
             out.append(f"grafana: {overview.grafana_url}" if overview.grafana_url else
                        "grafana: no Amazon Managed Grafana workspace tagged "
@@ -301,10 +310,10 @@ def render_nodes(nodes: list[Node]) -> list[str]:
     metrics = any(n.metrics is not None for n in nodes)  # the column only with observability.prometheus
     return render.table(
         ["instance", "node group", "type", "GPUs", "slots", "zone", "private IP", "lifecycle", "state",
-         "health", "launched (UTC)", "SSM", *(["metrics"] if metrics else [])],
+         "health", "launched (UTC)", "SSM", "ready", *(["metrics"] if metrics else [])],
         [[n.instance_id, n.node_group, n.instance_type, str(n.gpus),
           f"{n.slots} MIG" if n.mig_per_gpu else str(n.slots), n.zone, n.private_ip or "-",
-          n.lifecycle, f"{n.state}/{n.asg_state}", n.health, ago(n.launch_time), n.ssm,
+          n.lifecycle, f"{n.state}/{n.asg_state}", n.health, ago(n.launch_time), n.ssm, n.readiness,
           *([n.metrics or "-"] if metrics else [])]
          for n in nodes])
 
@@ -329,7 +338,7 @@ def nodes(
     group: GroupOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM."""
+    """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM, readiness."""
     from gpucluster.ops.launch import find_nodes
 
     render.use_json(as_json)
@@ -346,8 +355,10 @@ def nodes(
                    + f" (groups tagged gpucluster:stack={spec.identity} run none; "
                      f"see `gpucluster status {stack}`)")
         return
+    waiting = sum(n.getting_ready for n in found)
     render.say(f"stack {spec.stack} ({spec.region}): {len(found)} node(s), "
-               f"{sum(n.in_service for n in found)} in service")
+               f"{sum(n.in_service for n in found)} in service"
+               + (f", {waiting} getting ready (not targeted until ready)" if waiting else ""))
     for line in render_nodes(found):
         render.say(line)
 

@@ -1,7 +1,8 @@
 """What an operator's IAM identity needs for the day-two commands, as one policy document.
 
 `nodes`, `hostfile`, `run` (and `--nccl-test`), `jobs`, `logs` (and `--follow`),
-`cancel`, `scale`, `stop`, `start`, `status` (with its GPU health columns) and `resume`
+`cancel`, `scale`, `stop`, `start`, `status` (with its GPU health columns), `resume` and
+`image build`
 call only the actions below, and write only to groups and instances carrying the stack's
 identity tag, and to its own job records (`run --restart-on-replace`). The README shows
 this document (a test keeps the two equal, and checks every AWS call those commands make
@@ -50,6 +51,14 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
          "Condition": {**owned, "ForAllValues:StringEquals": {"aws:TagKeys": list(STATE_TAGS)}}},
         {"Sid": "ReadRunOutput", "Effect": "Allow", "Action": ["logs:GetLogEvents", "logs:FilterLogEvents"],
          "Resource": [f"arn:{partition}:logs:{region}:{account}:log-group:{run_log_group_name(identity)}:*"]},
+        # image build: find the stack's pipelines, start them (tagged with the stack: Image Builder
+        # authorizes on aws:ResourceTag), follow the build, read the AMI's test tags
+        {"Sid": "ReadImageBuilds", "Effect": "Allow", "Resource": "*",
+         "Action": ["imagebuilder:ListImagePipelines", "imagebuilder:GetImage", "ec2:DescribeImages"]},
+        {"Sid": "BuildThisStacksImages", "Effect": "Allow",
+         "Action": ["imagebuilder:StartImagePipelineExecution"],
+         "Resource": [f"arn:{partition}:imagebuilder:{region}:{account}:image-pipeline/*"],
+         "Condition": {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": identity}}},
         # run --detach [--restart-on-replace] stores or drops a job's record, cancel drops it
         {"Sid": "JobRecords", "Effect": "Allow", "Action": ["ssm:DeleteParameter", "ssm:PutParameter"],
          "Resource": [f"arn:{partition}:ssm:{region}:{account}:parameter{jobs_parameter_path(identity)}/*"]},

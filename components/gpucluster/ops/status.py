@@ -26,6 +26,7 @@ from gpucluster.lambdas.awsapi import batches
 from gpucluster.lambdas.nodegroups import ResumeResult, resume_decision
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 from gpucluster.ops import node_groups
+from gpucluster.ops.nodes import GETTING_READY, group_launches
 
 __all__ = ["GroupStatus", "Replacement", "ResumeCandidate", "ResumeResult", "plan_resume", "resume_stack",
            "stack_status"]
@@ -73,6 +74,10 @@ class GroupStatus:
     gpu_utilization_max: float | None = None
     """Busiest GPU's utilisation over the last 15 minutes, percent (None: no data)."""
     last_replacement: Replacement | None = None
+    getting_ready: int = 0
+    """Nodes launched but not yet in service (the launch hook holds them until they can run work)."""
+    getting_ready_seconds: float | None = None
+    """How long the longest of them has been getting ready (None: none, or unknown)."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,13 @@ def stack_status(
             extra = {"node_group": group.node_group, "healthy": group.healthy,
                      "gpu_utilization_avg": avg, "gpu_utilization_max": peak,
                      "last_replacement": last_replacement(autoscaling, name)}
+        waiting = [m.instance_id for m in group.members if m.lifecycle_state in GETTING_READY]
+        if waiting:  # only then one more activity page: how long they have been at it
+            launches = group_launches(autoscaling, name)
+            starts = [t for i in waiting if isinstance(t := launches.get(i, (None, None))[0], datetime)]
+            at = now or datetime.now(UTC)
+            longest = max((at - t).total_seconds() for t in starts) if starts else None
+            extra |= {"getting_ready": len(waiting), "getting_ready_seconds": longest}
         rows.append(
             GroupStatus(
                 name=name,

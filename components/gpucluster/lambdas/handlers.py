@@ -8,6 +8,24 @@ handler module: it is zipped with the handlers as the package ``lambdas``.
 
 from __future__ import annotations
 
+import hashlib
+import re
+
+STATE_TABLE_ENV = "GUARD_STATE_TABLE"
+"""The environment variable naming the stack's guard-state table (set: the handler uses `guardstate`)."""
+
+
+def state_table_name(identity: str) -> str:
+    """The guard-state table of a deployment identity: derived, so `ops` finds it without an output.
+
+    DynamoDB table names are 3-255 characters of a-z, A-Z, 0-9, '_', '-', '.' (DynamoDB developer
+    guide, "Supported data types and naming rules"); an identity holds '/', so it is folded to '-'
+    and a hash of the identity keeps two identities that fold alike apart.
+    """
+    folded = re.sub(r"[^A-Za-z0-9_.-]+", "-", identity).strip("-")[:200]
+    return f"gpucluster-guard-{folded}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
+
+
 # Lambda handler strings: the deploy zips `components/gpucluster/lambdas` as package `lambdas`.
 HANDLERS: dict[str, str] = {
     "budget_action": "lambdas.budget_action.handler",

@@ -110,7 +110,8 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
     "aws:dynamodb/table:Table": [
         "dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:UpdateTable",
         "dynamodb:DescribeContinuousBackups", "dynamodb:UpdateContinuousBackups",
-        "dynamodb:DescribeTimeToLive", "dynamodb:TagResource", "dynamodb:UntagResource", "dynamodb:ListTagsOfResource"],
+        "dynamodb:DescribeTimeToLive", "dynamodb:TagResource", "dynamodb:UntagResource",
+        "dynamodb:ListTagsOfResource"],
     "aws:ec2/vpc:Vpc": ["ec2:CreateVpc", "ec2:DeleteVpc", "ec2:ModifyVpcAttribute"],
     "aws:ec2/subnet:Subnet": ["ec2:CreateSubnet", "ec2:DeleteSubnet", "ec2:ModifySubnetAttribute"],
     "aws:ec2/internetGateway:InternetGateway": ["ec2:CreateInternetGateway", "ec2:DeleteInternetGateway",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ReadTimeoutError
 
 from conftest import Cluster, Recorded, shared_client
 from gpucluster.lambdas import budget_action, guardstate, nodegroups, runtime, stops
@@ -393,3 +393,89 @@ def test_status_says_stop_failed_never_stopped(cluster: Cluster) -> None:
         assert "stop failed on dev-train: still running" in text
     finally:
         dynamodb.delete_table(TableName=name)  # test cleanup in the fake account
+
+
+# --- every call of a budget stop, failing before or after it lands, then Lambda's retries ----------
+
+FAULTS = [("before", "Throttling"), ("before", "InternalError"), ("before", "AccessDeniedException"),
+          ("after", "ReadTimeout")]
+
+
+class Faulty:
+    """botocore event hooks on the Auto Scaling, DynamoDB and SNS clients: every call is counted
+    (paginated describes too); call number `at` fails as `fault` says.
+
+    "before": an AWS error and the call never lands; "after": the call lands, then the answer is
+    lost (a read timeout), as when Lambda's network drops the response.
+    """
+
+    SERVICES = ("autoscaling", "dynamodb", "sns")
+
+    def __init__(self, at: int, fault: tuple[str, str]) -> None:
+        self.at, self.fault, self.n = at, fault, 0
+        self.published = 0
+
+    def before(self, model: Any, **_: Any) -> None:
+        self.n += 1
+        when, code = self.fault
+        if self.n == self.at and when == "before":
+            raise ClientError({"Error": {"Code": code, "Message": "injected"}}, model.name)
+
+    def after(self, model: Any, **_: Any) -> None:
+        if model.name == "Publish":
+            self.published += 1
+        if self.n == self.at and self.fault[0] == "after":
+            raise ReadTimeoutError(endpoint_url=f"https://{model.service_model.service_name}")
+
+    def __enter__(self) -> Faulty:
+        for service in self.SERVICES:
+            events = shared_client(service).meta.events
+            events.register("before-call", self.before, unique_id=f"faulty-before-{service}")
+            events.register("after-call", self.after, unique_id=f"faulty-after-{service}")
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        for service in self.SERVICES:
+            events = shared_client(service).meta.events
+            events.unregister("before-call", unique_id=f"faulty-before-{service}")
+            events.unregister("after-call", unique_id=f"faulty-after-{service}")
+
+
+def test_a_clean_budget_run_makes_the_calls_the_fault_matrix_covers(
+        stored_env: str, cluster: Cluster, recorded: Recorded, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Faulty(at=0, fault=("before", "none")) as faulty:
+        budget_action.handler(BUDGET_EVENT, None)
+    assert faulty.n == CLEAN_RUN_CALLS  # if this moves, move the matrix below with it
+    assert faulty.published == 1
+
+
+# list: a describe and a query (2); per group: put stopping, update, put stopped, mirror tags (8);
+# confirm: a describe and a get per group (3); publish (1); told: a describe, a get and a put per
+# group (5).
+CLEAN_RUN_CALLS = 19
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f"{w}-{c}" for w, c in FAULTS])
+@pytest.mark.parametrize("at", range(1, CLEAN_RUN_CALLS + 1))
+def test_any_call_failing_then_lambdas_retries_leave_the_budget_stop_whole_and_told(
+        stored_env: str, cluster: Cluster, recorded: Recorded, monkeypatch: pytest.MonkeyPatch,
+        at: int, fault: tuple[str, str]) -> None:
+    failures = 0
+    with Faulty(at, fault) as faulty:
+        for _ in range(3):  # the invocation and Lambda's two asynchronous retries
+            try:
+                budget_action.handler(BUDGET_EVENT, None)
+                break
+            except Exception:
+                failures += 1
+        else:
+            pytest.fail("three invocations did not finish the budget stop")
+    assert failures <= 1  # one injected fault costs at most one invocation
+    assert_budget_stop_holds(cluster, stored_env, "dev-train", 2)
+    rec = record(stored_env, "dev-infer")
+    assert rec is not None and (rec["state"], rec["stopped_by"], rec["previous_desired"]) == (
+        "stopped", BUDGET, "1")
+    # Told at least once and recorded as told; at most once per invocation (a retry after a partial
+    # failure tells what it finished, which the failed invocation's message listed as an error).
+    assert 1 <= faulty.published <= failures + 1
+    assert all(record(stored_env, g)["notified"] is True for g in ("dev-infer", "dev-train"))

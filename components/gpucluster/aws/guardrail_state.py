@@ -85,7 +85,7 @@ class GuardrailAlarms(pulumi.ComponentResource):
     these reach a person when that destination itself fails, or when Lambda throttles the function.
     """
 
-    def __init__(self, name: str, ctx: GuardrailContext, functions: Mapping[str, pulumi.Input[str]],
+    def __init__(self, name: str, ctx: GuardrailContext, functions: Mapping[str, str],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(type_token("GuardrailAlarms"), name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -95,7 +95,7 @@ class GuardrailAlarms(pulumi.ComponentResource):
                 key = f"{module}-{metric}"
                 self.alarms[key] = aws.cloudwatch.MetricAlarm(
                     f"{name}-{module.replace('_', '-')}-{metric.lower()}",
-                    name=pulumi.Output.concat(function_name, "-", metric),
+                    name=f"{function_name}-{metric}",
                     alarm_description=f"gpucluster {ctx.identity}: guardrail {module} {metric}: it may not "
                                       "have stopped, started or told what it should (see its log group)",
                     namespace="AWS/Lambda", metric_name=metric, dimensions={"FunctionName": function_name},

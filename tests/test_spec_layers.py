@@ -33,7 +33,8 @@ def files(*parts: str) -> list[Path]:
     (("preflight",), ("gpucluster.spec", "gpucluster.names", "gpucluster.node.", "gpucluster.noderole",
                       "gpucluster.parts")),
     # lambdas.handlers: the handlers' deployment contract, standard library only (the guard-state table name)
-    (("names",), ("gpucluster.spec", "gpucluster.node.", "gpucluster.noderole", "gpucluster.lambdas.handlers")),
+    (("names",), ("gpucluster.spec", "gpucluster.node.", "gpucluster.noderole",
+                  "gpucluster.lambdas.handlers")),
 ])
 def test_a_layer_imports_only_what_is_below_it(where: tuple[str, ...], allowed: tuple[str, ...]) -> None:
     for path in files(*where):

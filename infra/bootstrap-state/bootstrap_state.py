@@ -66,7 +66,9 @@ STACK_TAG = "gpucluster:stack"
 # Data deletion that needs the break-glass role (issue 12, item 4): old object versions and whole
 # buckets (a plain DeleteObject on a versioned bucket only adds a delete marker), FSx file systems
 # and their backups.
-DATA_DELETION = ["s3:DeleteObjectVersion", "s3:DeleteBucket", "fsx:DeleteFileSystem", "fsx:DeleteBackup"]
+# The guard-state table (who stopped which group, the capacity to give back) is data too.
+DATA_DELETION = ["s3:DeleteObjectVersion", "s3:DeleteBucket", "fsx:DeleteFileSystem", "fsx:DeleteBackup",
+                 "dynamodb:DeleteTable"]
 
 # What the stacks' own roles may ever do (the workload boundary's allow list): the union of the
 # node role (SSM agent, CloudWatch agent, dataset reads and checkpoint writes) and the guardrail
@@ -96,6 +98,8 @@ WORKLOAD_ACTIONS = [
     "s3:ListMultipartUploadParts",
     # the job restart Lambda reads the run log group's end lines (its job records: JobRecords below)
     "logs:FilterLogEvents",
+    # the stopping Lambdas' guard state (lambdas.guardstate): items only, through the stack's key
+    "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "kms:Encrypt", "kms:DescribeKey",
     # nodes pulling a group's ECR image (gpucluster.noderole.ECR_PULL_ACTIONS)
     "ecr:GetAuthorizationToken", "ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage",
     "ecr:GetDownloadUrlForLayer",
@@ -114,6 +118,14 @@ WORKLOAD_ACTIONS = [
 # delete, tag), by Pulumi type token. IAM types are granted by `iam_statements` with their
 # conditions; the rest by `deploy_statements`, each on the resources `SCOPES` names.
 DEPLOY_ACTIONS: dict[str, list[str]] = {
+    # The guard-state table (pulumi-aws reads it with DescribeTable, DescribeContinuousBackups for
+    # point-in-time recovery, DescribeTimeToLive and ListTagsOfResource). No DeleteTable: the
+    # table is protected data (DATA_DELETION), like the buckets.
+    "aws:dynamodb/table:Table": [
+        "dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:UpdateTable",
+        "dynamodb:DescribeContinuousBackups", "dynamodb:UpdateContinuousBackups",
+        "dynamodb:DescribeTimeToLive", "dynamodb:TagResource", "dynamodb:UntagResource",
+        "dynamodb:ListTagsOfResource"],
     "aws:ec2/vpc:Vpc": ["ec2:CreateVpc", "ec2:DeleteVpc", "ec2:ModifyVpcAttribute"],
     "aws:ec2/subnet:Subnet": ["ec2:CreateSubnet", "ec2:DeleteSubnet", "ec2:ModifySubnetAttribute"],
     "aws:ec2/internetGateway:InternetGateway": ["ec2:CreateInternetGateway", "ec2:DeleteInternetGateway",
@@ -324,6 +336,8 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
         "imagebuilder": [f"arn:{p}:imagebuilder:*:{a}:{kind}/gpucluster-{prefix}*" for kind in (
             "component", "image-recipe", "infrastructure-configuration", "distribution-configuration",
             "image-pipeline")],
+        # lambdas.handlers.state_table_name: named from the identity, not the prefix
+        "dynamodb": [f"arn:{p}:dynamodb:*:{a}:table/gpucluster-guard-*"],
     }
 
 

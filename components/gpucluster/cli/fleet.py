@@ -47,14 +47,28 @@ def group_label(r: GroupStatus) -> str:
     return r.node_group or r.name
 
 
+def stopped_cell(r: GroupStatus) -> str:
+    """Who stopped the group; a stop that failed or is under way says so (never plain `stopped`)."""
+    if r.stop_failed:
+        return f"{r.stopped_by or '?'} (stop failed)"
+    if r.state in ("stopping", "starting"):
+        return f"{r.stopped_by or '-'} ({r.state})"
+    return r.stopped_by or "-"
+
+
 def render_status(rows: list[GroupStatus]) -> list[str]:
     """One row a group, named as `--group` wants it; the Auto Scaling group's name last."""
-    return render.table(
+    lines = render.table(
         ["group", "min", "desired", "max", "in service", "stopped by", "previous desired",
          "Auto Scaling group"],
         [[group_label(r), str(r.min_size), str(r.desired_capacity), str(r.max_size), str(r.in_service),
-          r.stopped_by or "-", "-" if r.previous_desired is None else str(r.previous_desired), r.name]
+          stopped_cell(r), "-" if r.previous_desired is None else str(r.previous_desired), r.name]
          for r in rows])
+    failed = [r.name for r in rows if r.stop_failed]
+    if failed:
+        lines.append(f"stop failed on {', '.join(failed)}: still running; the guardrail retries, "
+                     "or run `gpucluster stop` (see docs/guides/guard-state.md)")
+    return lines
 
 
 def render_getting_ready(rows: list[GroupStatus]) -> list[str]:
@@ -419,7 +433,8 @@ def scale(
         return
     if added or desired < min(c.desired_now for c in changes):
         confirm_or_exit("scale", f"Scale {group} to {desired} node(s)?", yes)
-    results = aws_call("scale", lambda: apply_scale(changes, autoscaling_client=client),
+    results = aws_call("scale", lambda: apply_scale(changes, autoscaling_client=client,
+                                                   identity=spec.identity),
                         f"scaling {group} to {desired} node(s)")
     if as_json:
         render.emit({**document, "results": [asdict(r) for r in results]})
@@ -477,7 +492,8 @@ def stop(
     doing = f"running the pre-stop hook on {len(running)} group(s), then " if hook else ""
     report = aws_call("stop", lambda: stop_stack(
         running, autoscaling_client=client, ssm_client=common.client(spec, "ssm") if hook else None,
-        pre_stop_command=hook, hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds),
+        pre_stop_command=hook, hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds,
+        identity=spec.identity),
         f"{doing}scaling {len(running)} group(s) to zero")
     rows = aws_call("stop", lambda: stack_status(spec.identity, autoscaling_client=client))
     if as_json:

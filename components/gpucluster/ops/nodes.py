@@ -221,7 +221,7 @@ def stack_nodes(identity: str, *, node_group: str | None = None, autoscaling_cli
     `mig_per_gpu`: node group -> the MIG instances of each of its GPUs (the stack file's `mig`),
     so that their nodes count MIG devices as slots.
     """
-    backend = node_groups(autoscaling_client)
+    backend = node_groups(autoscaling_client)  # members only: the tags' view of the stop state suffices
     groups = select_groups(backend.list_groups(identity), node_group)
     members = [(g, m) for g in groups for m in g.members]
     if not members:

@@ -23,7 +23,7 @@ from typing import Any
 import boto3
 
 from gpucluster.lambdas.awsapi import batches
-from gpucluster.lambdas.nodegroups import ResumeResult, resume_decision
+from gpucluster.lambdas.nodegroups import STOP_FAILED, ResumeResult, resume_decision
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 from gpucluster.ops import node_groups
 from gpucluster.ops.nodes import GETTING_READY, group_launches
@@ -78,6 +78,13 @@ class GroupStatus:
     """Nodes launched but not yet in service (the launch hook holds them until they can run work)."""
     getting_ready_seconds: float | None = None
     """How long the longest of them has been getting ready (None: none, or unknown)."""
+    state: str | None = None
+    """The stored guard state (running, starting, stopping, stopped, stop-failed); None: tags only."""
+
+    @property
+    def stop_failed(self) -> bool:
+        """A stop that could not set capacity to zero: the group may still run and cost."""
+        return self.state == STOP_FAILED
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,7 @@ def plan_resume(
     only_stopped_by: Collection[str] | None = None,
 ) -> list[ResumeCandidate]:
     """What resuming the stack would do to each of its groups, sorted by name; read-only."""
-    backend = node_groups(autoscaling_client)
+    backend = node_groups(autoscaling_client, identity=stack)
     return [
         ResumeCandidate(
             decision=resume_decision(group, only_stopped_by),
@@ -138,7 +145,7 @@ def resume_stack(
     who confirmed undoing an idle stop has not agreed to undo a budget stop.
     Each group is described again right before its write.
     """
-    backend = node_groups(autoscaling_client)
+    backend = node_groups(autoscaling_client, identity=stack)
     names = [g.name for g in backend.list_groups(stack)]
     results = []
     for name in names:
@@ -171,7 +178,7 @@ def stack_status(
     GetMetricData for all groups, one activity page per group.
     """
     autoscaling = autoscaling_client or boto3.client("autoscaling")
-    groups = node_groups(autoscaling).list_groups(stack)
+    groups = node_groups(autoscaling, identity=stack).list_groups(stack)
     usage: dict[str, tuple[float | None, float | None]] = {}
     if health and groups:
         cloudwatch = cloudwatch_client or boto3.client("cloudwatch")
@@ -203,6 +210,7 @@ def stack_status(
                 in_service=len(group.in_service_ids),
                 stopped_by=group.stopped_by,
                 previous_desired=int(previous) if previous and previous.isdigit() else None,
+                state=group.stop.state,
                 **extra,
             )
         )

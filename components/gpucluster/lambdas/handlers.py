@@ -16,6 +16,7 @@ HANDLERS: dict[str, str] = {
     "report": "lambdas.report.handler",
     "capacity_block": "lambdas.capacity_block.handler",
     "job_restart": "lambdas.job_restart.handler",
+    "spend_guard": "lambdas.spend_guard.handler",
 }
 
 # Environment each handler reads (GPUCLUSTER_STACK is required, the rest optional).
@@ -50,6 +51,14 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
         "NOTIFY_TOPIC_ARN",
     ),
     "job_restart": ("GPUCLUSTER_STACK", "RUN_LOG_GROUP", "NOTIFY_TOPIC_ARN"),
+    "spend_guard": (
+        "GPUCLUSTER_STACK",
+        "LIMIT_USD",
+        "PRICES_JSON",
+        "CHECK_MINUTES",
+        "MAX_USD_PER_HOUR",
+        "NOTIFY_TOPIC_ARN",
+    ),
 }
 
 # Least-privilege actions per handler, beyond CloudWatch Logs (AWSLambdaBasicExecutionRole).
@@ -103,6 +112,17 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "ssm:PutParameter",
         "ssm:SendCommand",
         "logs:FilterLogEvents",
+        "sns:Publish",
+    ),
+    # ce:GetCostAndUsage and ec2:DescribeSpotPriceHistory list no resource types
+    # (Service Authorization Reference): Resource "*", like the other reads.
+    "spend_guard": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:UpdateAutoScalingGroup",
+        "autoscaling:CreateOrUpdateTags",
+        "ec2:DescribeInstances",
+        "ec2:DescribeSpotPriceHistory",
+        "ce:GetCostAndUsage",
         "sns:Publish",
     ),
 }

@@ -1,0 +1,98 @@
+"""The spend guard's pure maths: rates by purchase option, accrual since the settled point, decisions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from gpucluster.lambdas.accrual import (
+    CAPACITY_BLOCK,
+    ON_DEMAND,
+    SPOT,
+    Instance,
+    PriceError,
+    Prices,
+    accrue,
+    cost_period,
+    decide,
+    instance_rates,
+    when_limit,
+)
+
+NOW = datetime(2026, 11, 20, 6, 0, tzinfo=UTC)
+PRICES = Prices(on_demand={"p5.48xlarge": 98.32, "g6e.xlarge": 1.861},
+                capacity_block={"p5.48xlarge": 31.464}, committed={"train": (1, 70.0)},
+                fixed_usd_per_hour=1.0)
+
+
+def inst(i: str, purchase: str = ON_DEMAND, hours: float = 2.0, group: str = "train",
+         kind: str = "p5.48xlarge", zone: str = "us-east-1a") -> Instance:
+    return Instance(i, kind, purchase, NOW - timedelta(hours=hours), group, zone)
+
+
+def test_rates_follow_how_each_instance_was_bought() -> None:
+    rates = instance_rates(
+        [inst("i-old", hours=5), inst("i-new", hours=1), inst("i-spot", SPOT),
+         inst("i-blk", CAPACITY_BLOCK), inst("i-inf", group="infer", kind="g6e.xlarge")],
+        PRICES, {("p5.48xlarge", "us-east-1a"): 40.0})
+    # The committed base covers the oldest on-demand node of its group only.
+    assert rates == {"i-old": 70.0, "i-new": 98.32, "i-spot": 40.0, "i-blk": 31.464, "i-inf": 1.861}
+
+
+def test_spot_without_a_price_for_its_zone_takes_the_highest_of_its_type_then_on_demand() -> None:
+    spot = {("p5.48xlarge", "us-east-1b"): 45.0, ("p5.48xlarge", "us-east-1c"): 41.0}
+    assert instance_rates([inst("i-1", SPOT)], PRICES, spot) == {"i-1": 45.0}
+    assert instance_rates([inst("i-1", SPOT)], PRICES, {}) == {"i-1": 98.32}
+
+
+def test_accrual_counts_from_midnight_or_launch_whichever_is_later() -> None:
+    # i-a launched yesterday: 6 h today; i-b 2 h ago. Fixed costs: 6 h.
+    spend = accrue(1000.0, [inst("i-a", hours=30, group="x"), inst("i-b", hours=2, group="x")],
+                   PRICES, NOW)
+    assert spend.settled_through == datetime(2026, 11, 20, tzinfo=UTC)
+    assert spend.accrued_usd == pytest.approx(6 * 98.32 + 2 * 98.32 + 6 * 1.0)
+    assert spend.total_usd == pytest.approx(1000 + 8 * 98.32 + 6)
+    assert spend.usd_per_hour == pytest.approx(2 * 98.32 + 1.0)
+
+
+def test_unpriced_type_is_an_error() -> None:
+    with pytest.raises(PriceError, match="p4d.24xlarge"):
+        accrue(0.0, [inst("i-1", kind="p4d.24xlarge")], PRICES, NOW)
+
+
+@pytest.mark.parametrize(("settled", "limit", "cap", "stop", "why"), [
+    (900.0, 2000.0, None, False, "within budget"),
+    (2100.0, 2000.0, None, True, "has reached"),
+    (1990.0, 2000.0, None, True, "before the next check"),  # $10 left at $197/h: 3 min
+    (1900.0, 2000.0, None, False, "within budget"),           # $100 left: 30 min
+    (900.0, 2000.0, 150.0, True, "max_usd_per_hour"),
+])
+def test_decide(settled, limit, cap, stop, why) -> None:
+    spend = accrue(settled, [inst("i-1", hours=0, group="x"), inst("i-2", hours=0, group="x")], PRICES, NOW)
+    decision = decide(spend, limit, 5, cap)
+    assert decision.stop is stop and why in decision.reason
+
+
+def test_nothing_to_stop_means_no_stop_but_the_breach_is_reported() -> None:
+    spend = accrue(2100.0, [], PRICES, NOW)
+    decision = decide(spend, 2000.0, 5, compute_running=False)
+    assert not decision.stop and "already at zero" in decision.reason
+
+
+def test_when_the_limit_is_hit() -> None:
+    spend = accrue(0.0, [], Prices(on_demand={}, fixed_usd_per_hour=10.0), NOW)  # $60 so far
+    decision = decide(spend, 100.0, 5)
+    assert when_limit(NOW, decision) == NOW + timedelta(hours=4)
+    assert when_limit(NOW, decide(accrue(0.0, [], Prices(on_demand={}), NOW), 100.0, 5)) is None
+
+
+def test_cost_period() -> None:
+    assert cost_period(NOW) == {"Start": "2026-11-01", "End": "2026-11-20"}
+    assert cost_period(datetime(2026, 12, 1, 8, tzinfo=UTC)) is None
+
+
+def test_malformed_price_tables() -> None:
+    for raw in ({}, {"on_demand": []}, {"on_demand": {"x": "nan"}}, {"on_demand": {}, "committed": {"a": [1]}}):
+        with pytest.raises(PriceError):
+            Prices.from_json(raw)

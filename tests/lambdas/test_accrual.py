@@ -57,7 +57,7 @@ def test_accrual_counts_from_midnight_or_launch_whichever_is_later() -> None:
 
 
 def test_unpriced_type_is_an_error() -> None:
-    with pytest.raises(PriceError, match="p4d.24xlarge"):
+    with pytest.raises(PriceError, match=r"p4d\.24xlarge"):
         accrue(0.0, [inst("i-1", kind="p4d.24xlarge")], PRICES, NOW)
 
 
@@ -93,6 +93,7 @@ def test_cost_period() -> None:
 
 
 def test_malformed_price_tables() -> None:
-    for raw in ({}, {"on_demand": []}, {"on_demand": {"x": "nan"}}, {"on_demand": {}, "committed": {"a": [1]}}):
+    bad = ({}, {"on_demand": []}, {"on_demand": {"x": "nan"}}, {"on_demand": {}, "committed": {"a": [1]}})
+    for raw in bad:
         with pytest.raises(PriceError):
             Prices.from_json(raw)

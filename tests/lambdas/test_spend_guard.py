@@ -56,7 +56,8 @@ def cost_explorer(*amounts: float | str, stack: str = "dev", now: datetime | Non
     end = now.date().isoformat()
     expected = {"TimePeriod": {"Start": start, "End": end}, "Granularity": "MONTHLY",
                 "Metrics": ["UnblendedCost"],
-                "Filter": {"Tags": {"Key": "gpucluster:stack", "Values": [stack], "MatchOptions": ["EQUALS"]}}}
+                "Filter": {"Tags": {"Key": "gpucluster:stack", "Values": [stack],
+                                    "MatchOptions": ["EQUALS"]}}}
     for amount in amounts:
         if isinstance(amount, str):
             stub.add_client_error("get_cost_and_usage", amount, "injected",
@@ -296,6 +297,6 @@ def test_bad_settings_are_config_errors(cluster, recorded, guard, monkeypatch, e
 def test_an_unpriced_instance_type_is_a_config_error(cluster, recorded, guard, monkeypatch) -> None:
     monkeypatch.setenv("PRICES_JSON", json.dumps({"on_demand": {"p5.48xlarge": 98.32}}))
     recorded.fakes["ce"] = cost_explorer(0.0, now=guard)
-    with pytest.raises(runtime.ConfigError, match="g5.xlarge"):
+    with pytest.raises(runtime.ConfigError, match=r"g5\.xlarge"):
         spend_guard.handler({}, None)
     assert cluster.capacity("dev-train") == (1, 2)

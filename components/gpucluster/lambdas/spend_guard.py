@@ -114,7 +114,8 @@ def running_instances(ec2: Any, groups: Sequence[NodeGroup]) -> list[Instance]:
     return found
 
 
-def spot_prices(ec2: Any, instances: Iterable[Instance], now: datetime) -> dict[tuple[str, str | None], float]:
+def spot_prices(ec2: Any, instances: Iterable[Instance],
+                now: datetime) -> dict[tuple[str, str | None], float]:
     """Current spot price per (type, zone) of the spot instances; {} (on-demand fallback) on error."""
     types = sorted({i.instance_type for i in instances if i.purchase == SPOT})
     if not types:

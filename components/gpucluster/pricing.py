@@ -76,6 +76,9 @@ class ServicePrices:
     public_ipv4_usd_per_hour: float
     interface_endpoint_usd_per_hour: float
     s3_standard_usd_per_gb_month: float
+    vended_logs_usd_per_gb: float
+    logs_storage_usd_per_gb_month: float
+    kms_key_usd_per_month: float
     fsx_lustre_usd_per_gb_month: dict[str, float]
     sources: dict[str, str]
     as_of: str
@@ -287,7 +290,7 @@ class OtherCost:
     """A non-GPU cost of the stack, per month at desired and at max nodes."""
 
     name: str
-    kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3"]
+    kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "flow_logs"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
@@ -309,6 +312,8 @@ class Assumptions:
     """S3 size of a created bucket that has no FSx file system to size it by."""
     nat_gb_per_month: float = 100
     """Data through the NAT gateway (package and image downloads; S3 goes through its endpoint)."""
+    flow_log_gb_per_month: float = 5
+    """VPC flow-log records a month with network.flow_logs: reject (ten times this with all)."""
     schedule_year: int | None = None
     """The year whose 52 weeks from 1 January give the scheduled share; None: this year."""
 
@@ -474,6 +479,20 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                         f"{gib:g} GiB ({why}) x ${s3}/GB-month", src["s3"], as_of)
 
 
+def _flow_log_cost(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> Iterable[OtherCost]:
+    """VPC flow logs (gpucluster.aws.network), on by default for created and existing VPCs alike."""
+    src, as_of = prices.sources, prices.as_of
+    if spec.network.flow_logs != "off":
+        gb = assume.flow_log_gb_per_month * (10 if spec.network.flow_logs == "all" else 1)
+        # Kept 90 days (gpucluster.aws.network): about three months of records stored at a time.
+        logs = (gb * prices.vended_logs_usd_per_gb + 3 * gb * prices.logs_storage_usd_per_gb_month
+                + prices.kms_key_usd_per_month)
+        yield OtherCost("VPC flow logs", "flow_logs", logs, logs,
+                        f"{gb:g} GB/month ({spec.network.flow_logs}) x ${prices.vended_logs_usd_per_gb}/GB "
+                        f"ingested + 3 months stored x ${prices.logs_storage_usd_per_gb_month}/GB-month + "
+                        f"1 KMS key x ${prices.kms_key_usd_per_month:g}/month", src["flow_logs"], as_of)
+
+
 def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
                 spot_rates: Mapping[str, Rate] | None = None) -> StackCost:
     """Price every node group and the other costs of `spec`.
@@ -486,7 +505,9 @@ def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
     plan = stack_schedule(spec, assume.schedule_year)
     groups = tuple(price_group(spec, g, spot_rates.get(g.name), plan.hours_per_month)
                    for g in spec.node_groups)
-    other = tuple(_other_costs(spec, service_prices(spec.region), assume, {g.name: g for g in groups}))
+    prices = service_prices(spec.region)
+    other = (*_other_costs(spec, prices, assume, {g.name: g for g in groups}),
+             *_flow_log_cost(spec, prices, assume))
     notes = (
         f"a month is {HOURS_PER_MONTH} hours; 24 x 7: every node running all month",
         f"as scheduled: {plan.basis}; an upper bound (idle and budget stops only remove hours); "
@@ -501,6 +522,8 @@ def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
         "bucket; existing buckets are not counted",
         f"{assume.nat_gb_per_month:g} GB/month through the NAT gateway; S3 traffic uses the free "
         "gateway endpoint; interface endpoints by the hour, their data (cents a GB) not counted",
+        f"VPC flow logs: {assume.flow_log_gb_per_month:g} GB/month of rejected-traffic records "
+        "(ten times that with flow_logs: all)",
         "not counted: data transfer out, requests, CloudWatch, Lambda, snapshots (small next to GPUs)",
     )
     budget = spec.budget.monthly_limit_usd if spec.budget else None
@@ -591,3 +614,46 @@ def cost_diff_markdown(base_doc: Mapping[str, Any], head_doc: Mapping[str, Any])
     if head["warnings"]:
         lines += ["", *[f"> warning: {w}" for w in head["warnings"]]]
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ spend guard
+
+
+def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dict[str, Any]:
+    """The price table the spend guard Lambda accrues with (gpucluster.lambdas.accrual.Prices).
+
+    Rendered at deploy into the Lambda's environment, so it carries only what the stack's
+    groups can launch: on-demand per instance type, the Capacity Block rate where a group
+    buys blocks, the Savings Plan rate of a committed base, and the other costs an hour
+    (their 24 x 7 month at desired nodes / 730, root volumes excluded: they follow nodes).
+    Types with no price for the region are left out: the guard then reports them as a
+    configuration error instead of guessing.
+    """
+    on_demand: dict[str, float] = {}
+    blocks: dict[str, float] = {}
+    committed: dict[str, list[float]] = {}
+    for g in spec.node_groups:
+        for name in g.instance_types:
+            instance = catalog.get(name)
+            if instance is None:
+                continue
+            try:
+                on_demand[name] = round(on_demand_rate(instance, spec.region).usd_per_hour, 4)
+                if g.capacity.market == "capacity_block":
+                    blocks[name] = round(capacity_block_rate(instance).usd_per_hour, 4)
+                if (g.capacity.base_commitment != "none" and g.capacity.on_demand_base
+                        and g.name not in committed):
+                    rate = savings_plan_rate(instance, spec.region).usd_per_hour
+                    committed[g.name] = [g.capacity.on_demand_base, round(rate, 4)]
+            except PricingError:
+                continue
+    try:
+        prices, assume = service_prices(spec.region), assumptions or Assumptions()
+        other = [*_other_costs(spec, prices, assume,
+                               {p.name: p for p in (price_group(spec, g) for g in spec.node_groups)}),
+                 *_flow_log_cost(spec, prices, assume)]
+        fixed = sum(o.desired_usd_per_month for o in other if o.kind != "ebs") / HOURS_PER_MONTH
+    except PricingError:
+        fixed = 0.0
+    return {"on_demand": on_demand, "capacity_block": blocks, "committed": committed,
+            "fixed_usd_per_hour": round(fixed, 4)}

@@ -113,6 +113,8 @@ class NetworkSettings(TypedDict):
     """Use this VPC instead of creating one."""
     existing_subnets: NotRequired[dict[str, str]]
     """With existing_vpc_id: the private subnet to use in each availability zone."""
+    flow_logs: NotRequired[str]
+    """VPC flow logs to a KMS-encrypted CloudWatch log group (90 days): rejected traffic, all, or off."""
 
 
 class CapacitySettings(TypedDict):
@@ -285,6 +287,11 @@ class BudgetSettings(TypedDict):
     """At this share of the limit every node group is scaled to zero (never deleted)."""
     report: NotRequired[str]
     """Opt-in spend report to the guardrail topic: Mondays, or the month's last day (08:00 UTC)."""
+    check_minutes: NotRequired[int]
+    """With action_threshold_percent: the spend guard checks month-to-date spend this often and stops
+    compute when it crosses the action threshold or will before the next check."""
+    max_usd_per_hour: NotRequired[float]
+    """Also stop compute when the stack burns more than this per hour (the spend guard's check)."""
 
 
 class AutoStopSettings(TypedDict):
@@ -494,6 +501,8 @@ class ClusterNetworkModel(StrictModel):
     existing_subnet_ids: dict[AvailabilityZone, input_of(SubnetId)] = Field(default_factory=dict)
     tags: Tags = Field(default_factory=dict)
     node_groups: list[GroupNetworkModel] = Field(default_factory=list)
+    flow_logs: field_rule(NetworkConfig, "flow_logs") = "reject"
+    permissions_boundary: PolicyName | None = None
 
 
 def network_checks(m: ClusterNetworkModel) -> Iterable[Finding]:

@@ -127,6 +127,8 @@ class NetworkConfig(StrictModel):
     existing_subnets: dict[AvailabilityZone, Annotated[str, _matches(
         r"subnet-[0-9a-f]{8,17}", "must be a subnet id like subnet-0abc12345def67890")]] = {}
     """With existing_vpc_id: the private subnet to use in each availability zone."""
+    flow_logs: Literal["reject", "all", "off"] = "reject"
+    """VPC flow logs to a KMS-encrypted CloudWatch log group (90 days): rejected traffic, all, or off."""
 
 
 CapacityMarket = Literal["mixed", "capacity_block"]
@@ -381,6 +383,11 @@ class BudgetConfig(StrictModel):
     """At this share of the limit every node group is scaled to zero (never deleted)."""
     report: Literal["weekly", "monthly"] | None = None
     """Opt-in spend report to the guardrail topic: Mondays, or the month's last day (08:00 UTC)."""
+    check_minutes: Annotated[int, _in_range(1, 15)] = 5
+    """With action_threshold_percent: the spend guard checks month-to-date spend this often and stops
+    compute when it crosses the action threshold or will before the next check."""
+    max_usd_per_hour: Annotated[float, _in_range(0.01, 1_000_000)] | None = None
+    """Also stop compute when the stack burns more than this per hour (the spend guard's check)."""
 
 
 class AutoStopConfig(StrictModel):

@@ -42,7 +42,9 @@ TOPIC_POLICY = "aws:sns/topicPolicy:TopicPolicy"
 
 # Actions that AWS authorises only on Resource "*" (Service Authorization Reference).
 DESCRIBE_ONLY = {"autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
-                 "ec2:DescribeInstances", "ssm:GetCommandInvocation"}
+                 "ec2:DescribeInstances", "ssm:GetCommandInvocation",
+                 # the spend guard's reads (no resource types either)
+                 "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory"}
 
 
 def asg_name(spec: StackSpec, group: str) -> str:
@@ -294,9 +296,9 @@ def test_idle_rule_passes_only_alarm_states_of_this_stacks_alarms_to_autostop(de
 
 def test_dev_schedules_run_in_berlin_time_and_name_their_purpose(dev: Built) -> None:
     autostop_arn = dev.arn(FUNCTION, dev.function("autostop").name)
-    role_arn = dev.arn(ROLE, "scheduler-role")
+    role_arn = dev.arn(ROLE, "autostop-scheduler-role")
     got = {}
-    for schedule in dev.all(SCHEDULE):
+    for schedule in autostop_schedules(dev):
         s = schedule.inputs
         event = json.loads(s["target"]["input"])
         assert (s["target"]["arn"], s["target"]["roleArn"]) == (autostop_arn, role_arn)
@@ -311,13 +313,18 @@ def test_dev_schedules_run_in_berlin_time_and_name_their_purpose(dev: Built) -> 
                    "gpu-dev-lifetime": ("rate(15 minutes)", None)}
 
 
+def autostop_schedules(built: Built) -> list[Any]:
+    """The auto-stop schedules (the spend guard's own schedule is tested in test_spend_guard_infra)."""
+    return [s for s in built.all(SCHEDULE) if "-spend-" not in s.name]
+
+
 def test_scheduler_role_may_only_invoke_autostop(dev: Built) -> None:
-    role = dev.one(ROLE, "scheduler-role").inputs
+    role = dev.one(ROLE, "autostop-scheduler-role").inputs
     trust = json.loads(role["assumeRolePolicy"])["Statement"]
     assert trust == [{"Effect": "Allow", "Principal": {"Service": "scheduler.amazonaws.com"},
                       "Action": "sts:AssumeRole",
                       "Condition": {"StringEquals": {"aws:SourceAccount": MOCK_ACCOUNT}}}]
-    policy = json.loads(dev.one(ROLE_POLICY, "scheduler-policy").inputs["policy"])["Statement"]
+    policy = json.loads(dev.one(ROLE_POLICY, "autostop-scheduler-policy").inputs["policy"])["Statement"]
     assert [(s["Action"], s["Resource"]) for s in policy] == [
         (["lambda:InvokeFunction"], [dev.arn(FUNCTION, dev.function("autostop").name)])]
 
@@ -379,7 +386,7 @@ def test_lambda_archive_is_stable_across_runs_and_ignores_build_noise() -> None:
 def test_failed_invocations_notify_and_spot_retries_stay_within_the_warning(dev: Built) -> None:
     configs = {c.inputs["functionName"]: c.inputs for c in dev.all(INVOKE_CONFIG)}
     assert set(configs) == {"gpu-dev-budget-action", "gpu-dev-autostop", "gpu-dev-spot-interruption",
-                            "gpu-dev-job-restart"}
+                            "gpu-dev-job-restart", "gpu-dev-spend-guard"}
     for config in configs.values():
         assert config["destinationConfig"] == {"onFailure": {"destination": dev.notify_topic}}
     spot = configs["gpu-dev-spot-interruption"]
@@ -488,7 +495,8 @@ def test_prod_is_patient_and_runs_its_hooks(prod: Built) -> None:
     assert (alarm["period"], alarm["evaluationPeriods"], alarm["threshold"]) == (300, 24, 3)
     assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-prod-h100-train-asg"}
     assert prod.one(ALARM, "eval").inputs["dimensions"] == {"AutoScalingGroupName": "gpu-prod-eval-asg"}
-    assert prod.all(SCHEDULE) == [] and not [r for r in prod.all(ROLE) if "scheduler" in r.name]
+    assert autostop_schedules(prod) == []
+    assert not [r for r in prod.all(ROLE) if "autostop-scheduler" in r.name]
     autostop = prod.function("autostop").inputs
     assert autostop["timeout"] == 600 + 60
     assert autostop["environment"]["variables"]["PRE_STOP_TIMEOUT_SECONDS"] == "600"
@@ -506,7 +514,7 @@ def test_prod_is_patient_and_runs_its_hooks(prod: Built) -> None:
 
 
 def test_staging_stops_at_night_in_its_region(staging: Built) -> None:
-    schedules = {s.inputs["name"]: s.inputs for s in staging.all(SCHEDULE)}
+    schedules = {s.inputs["name"]: s.inputs for s in autostop_schedules(staging)}
     assert list(schedules) == ["gpu-staging-stop"]
     stop = schedules["gpu-staging-stop"]
     assert (stop["scheduleExpression"], stop["scheduleExpressionTimezone"]) == (
@@ -624,7 +632,8 @@ def test_handlers_and_state_tags_match_the_lambda_package(lambdas: Any) -> None:
 def test_environment_and_iam_cover_what_each_handler_reads_and_calls(
         lambdas: Any, base_config: dict[str, Any]) -> None:
     everything = spec_of(
-        base_config, budget={"monthly_limit_usd": 100, "action_threshold_percent": 100, "report": "weekly"},
+        base_config, budget={"monthly_limit_usd": 100, "action_threshold_percent": 100, "report": "weekly",
+                             "max_usd_per_hour": 50},
         autostop={"enabled": True, "stop_schedule": "cron(0 19 ? * * *)",
                   "start_schedule": "cron(0 8 ? * MON-FRI *)", "max_lifetime_hours": 12,
                   "pre_stop_command": "/hook"},
@@ -640,7 +649,7 @@ def test_environment_and_iam_cover_what_each_handler_reads_and_calls(
 def test_the_autostop_handler_reads_schedule_and_alarm_events_as_wired(
         lambdas: Any, dev: Built) -> None:
     autostop = pytest.importorskip("gpucluster.lambdas.autostop")
-    for schedule in dev.all(SCHEDULE):
+    for schedule in autostop_schedules(dev):
         event = json.loads(schedule.inputs["target"]["input"])
         assert autostop.schedule_rule_name(event) == schedule.inputs["name"]
     assert autostop.IDLE_ALARM_SUFFIX == ge.IDLE_ALARM_SUFFIX

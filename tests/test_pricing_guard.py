@@ -63,5 +63,5 @@ def test_flow_logs_are_in_the_cost_model_by_default_and_leave_with_them() -> Non
     config["gpucluster:network"]["flow_logs"] = "off"
     assert not [o for o in price_stack(spec_of(config)).other if o.kind == "flow_logs"]
     assumed = price_stack(spec_of(all_config), Assumptions(flow_log_gb_per_month=1))
-    assert [o for o in assumed.other if o.kind == "flow_logs"][0].desired_usd_per_month == \
-        pytest.approx(10 * 0.5 + 30 * 0.03 + 1.0)
+    assumed_flow = next(o for o in assumed.other if o.kind == "flow_logs")
+    assert assumed_flow.desired_usd_per_month == pytest.approx(10 * 0.5 + 30 * 0.03 + 1.0)

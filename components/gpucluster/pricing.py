@@ -638,9 +638,11 @@ def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dic
             if instance is None:
                 continue
             try:
-                on_demand[name] = round(on_demand_rate(instance, spec.region).usd_per_hour, 4)
                 if g.capacity.market == "capacity_block":
                     blocks[name] = round(capacity_block_rate(instance).usd_per_hour, 4)
+                    # Some types are sold only as blocks (no on-demand list price).
+                    on_demand.setdefault(name, blocks[name])
+                on_demand[name] = round(on_demand_rate(instance, spec.region).usd_per_hour, 4)
                 if (g.capacity.base_commitment != "none" and g.capacity.on_demand_base
                         and g.name not in committed):
                     rate = savings_plan_rate(instance, spec.region).usd_per_hour
@@ -657,3 +659,20 @@ def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dic
         fixed = 0.0
     return {"on_demand": on_demand, "capacity_block": blocks, "committed": committed,
             "fixed_usd_per_hour": round(fixed, 4)}
+
+
+def region_guard_prices(region: str) -> dict[str, Any]:
+    """A price table for groups gpucluster did not describe: every catalog type's on-demand rate.
+
+    What `Guardrails` renders when it is not handed `spend_prices` (~800 bytes: fits the
+    Lambda's 4 KB environment); no fixed costs, no spot or block rates beyond on-demand.
+    """
+    on_demand: dict[str, float] = {}
+    for name in catalog.names():
+        instance = catalog.get(name)
+        try:
+            if instance is not None:
+                on_demand[name] = round(on_demand_rate(instance, region).usd_per_hour, 4)
+        except PricingError:
+            continue
+    return {"on_demand": on_demand, "fixed_usd_per_hour": 0.0}

@@ -646,6 +646,7 @@ class GuardrailsModel(StrictModel):
     spot: SpotConfig = SpotConfig()
     tag_groups: bool = False
     permissions_boundary: PolicyName | None = None
+    spend_prices: dict[str, Any] | None = None
     restart_jobs: bool = False
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
+from gpucluster.pricing import guard_prices
 from gpucluster.spec import DatasetConfig, FsxConfig, NodeGroupConfig, StackSpec, can_run_spot, dataset_path
 
 if TYPE_CHECKING:
@@ -168,6 +169,8 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
     }
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)
+        if spec.budget.action_threshold_percent is not None:
+            args["spend_prices"] = guard_prices(spec)
     return with_boundary(spec, args)  # type: ignore[return-value]
 
 

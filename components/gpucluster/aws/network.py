@@ -330,7 +330,8 @@ def flow_log_key_policy(partition: str, region: str, account: str, log_group_arn
          "Principal": {"AWS": f"arn:{partition}:iam::{account}:root"}, "Action": "kms:*", "Resource": "*"},
         {"Sid": "LogsEncryptTheFlowLogGroupOnly", "Effect": "Allow",
          "Principal": {"Service": f"logs.{region}.amazonaws.com"},
-         "Action": ["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+         "Action": ["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*",
+                    "kms:Describe*"],
          "Resource": "*",
          "Condition": {"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": log_group_arn}}},
     ]}, sort_keys=True)

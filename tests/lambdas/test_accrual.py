@@ -46,13 +46,13 @@ def test_spot_without_a_price_for_its_zone_takes_the_highest_of_its_type_then_on
     assert instance_rates([inst("i-1", SPOT)], PRICES, {}) == {"i-1": 98.32}
 
 
-def test_accrual_counts_from_midnight_or_launch_whichever_is_later() -> None:
-    # i-a launched yesterday: 6 h today; i-b 2 h ago. Fixed costs: 6 h.
-    spend = accrue(1000.0, [inst("i-a", hours=30, group="x"), inst("i-b", hours=2, group="x")],
+def test_accrual_counts_from_yesterday_midnight_or_launch_whichever_is_later() -> None:
+    # Settled through 19 Nov 00:00; i-a launched two days ago: 30 h; i-b 2 h ago. Fixed: 30 h.
+    spend = accrue(1000.0, [inst("i-a", hours=50, group="x"), inst("i-b", hours=2, group="x")],
                    PRICES, NOW)
-    assert spend.settled_through == datetime(2026, 11, 20, tzinfo=UTC)
-    assert spend.accrued_usd == pytest.approx(6 * 98.32 + 2 * 98.32 + 6 * 1.0)
-    assert spend.total_usd == pytest.approx(1000 + 8 * 98.32 + 6)
+    assert spend.settled_through == datetime(2026, 11, 19, tzinfo=UTC)
+    assert spend.accrued_usd == pytest.approx(30 * 98.32 + 2 * 98.32 + 30 * 1.0)
+    assert spend.total_usd == pytest.approx(1000 + 32 * 98.32 + 30)
     assert spend.usd_per_hour == pytest.approx(2 * 98.32 + 1.0)
 
 
@@ -64,8 +64,9 @@ def test_unpriced_type_is_an_error() -> None:
 @pytest.mark.parametrize(("settled", "limit", "cap", "stop", "why"), [
     (900.0, 2000.0, None, False, "within budget"),
     (2100.0, 2000.0, None, True, "has reached"),
-    (1990.0, 2000.0, None, True, "before the next check"),  # $10 left at $197/h: 3 min
-    (1900.0, 2000.0, None, False, "within budget"),           # $100 left: 30 min
+    # fixed costs accrued $30 since the settled point (30 h x $1)
+    (1960.0, 2000.0, None, True, "before the next check"),  # $10 left at $197.64/h: 3 min
+    (1870.0, 2000.0, None, False, "within budget"),           # $100 left: 30 min
     (900.0, 2000.0, 150.0, True, "max_usd_per_hour"),
 ])
 def test_decide(settled, limit, cap, stop, why) -> None:
@@ -81,15 +82,19 @@ def test_nothing_to_stop_means_no_stop_but_the_breach_is_reported() -> None:
 
 
 def test_when_the_limit_is_hit() -> None:
-    spend = accrue(0.0, [], Prices(on_demand={}, fixed_usd_per_hour=10.0), NOW)  # $60 so far
-    decision = decide(spend, 100.0, 5)
+    spend = accrue(0.0, [], Prices(on_demand={}, fixed_usd_per_hour=10.0), NOW)  # 30 h: $300 so far
+    decision = decide(spend, 340.0, 5)
     assert when_limit(NOW, decision) == NOW + timedelta(hours=4)
     assert when_limit(NOW, decide(accrue(0.0, [], Prices(on_demand={}), NOW), 100.0, 5)) is None
 
 
 def test_cost_period() -> None:
-    assert cost_period(NOW) == {"Start": "2026-11-01", "End": "2026-11-20"}
+    assert cost_period(NOW) == {"Start": "2026-11-01", "End": "2026-11-19"}
+    assert cost_period(datetime(2026, 12, 2, 8, tzinfo=UTC)) is None  # yesterday is the 1st
     assert cost_period(datetime(2026, 12, 1, 8, tzinfo=UTC)) is None
+    # On the 1st the accrual starts at the month's start, not in the month before.
+    assert accrue(0.0, [], Prices(on_demand={}, fixed_usd_per_hour=1.0),
+                  datetime(2026, 12, 1, 8, tzinfo=UTC)).accrued_usd == pytest.approx(8.0)
 
 
 def test_malformed_price_tables() -> None:

@@ -3,7 +3,7 @@
 Cost Explorer settles a day's costs hours after the day ends, and AWS Budgets
 refreshes "up to three times a day" (Budgets user guide, "Best practices for
 AWS Budgets"): both see GPU spend hours late. The spend guard therefore adds
-to the last settled figure (through the end of the last full UTC day) what
+to the last settled figure (through the day before yesterday, UTC) what
 accrued since: every in-service instance's hours since then x its price for
 how it was bought, plus the stack's fixed costs pro rata. The decision
 functions here (`accrue`, `decide`) are what the handler and the month-replay
@@ -23,6 +23,7 @@ from typing import Any
 # absent = on-demand; EC2 API reference, "Instance").
 ON_DEMAND, SPOT, CAPACITY_BLOCK, COMMITTED = "on-demand", "spot", "capacity-block", "committed"
 PURCHASE_OPTIONS = (ON_DEMAND, SPOT, CAPACITY_BLOCK, COMMITTED)
+SETTLED_LAG_DAYS = 1
 
 
 class PriceError(ValueError):
@@ -109,8 +110,16 @@ def month_start(now: datetime) -> datetime:
 
 
 def settled_through(now: datetime) -> datetime:
-    """End of the last full UTC day (Cost Explorer's End is exclusive): today at 00:00 UTC."""
-    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    """Where the settled figure ends: yesterday 00:00 UTC (never before the month's start).
+
+    Cost Explorer updates "at least once every 24 hours" (Cost Management user guide,
+    "Analyzing your costs with AWS Cost Explorer"): yesterday may still be filling in at any
+    hour of today, so the guard takes the days before it as settled and accrues yesterday and
+    today itself. An instance stopped since that point is no longer seen: that gap (at most
+    two days of stopped instances) is what AWS Budgets, the backstop, still catches.
+    """
+    midnight = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return max(month_start(now), midnight - timedelta(days=SETTLED_LAG_DAYS))
 
 
 def cost_period(now: datetime) -> dict[str, str] | None:

@@ -2,7 +2,7 @@
 
 Invoked by an EventBridge Scheduler schedule every CHECK_MINUTES (1-15). It
 reads the last settled Cost Explorer figure for the stack's identity tag
-(GetCostAndUsage through the last full UTC day), the stack's in-service
+(GetCostAndUsage through the day before yesterday, UTC: yesterday may still be filling in), the stack's in-service
 instances (their type, zone, purchase option and launch time), the current
 spot prices of the spot ones (DescribeSpotPriceHistory; the on-demand price
 when that fails: spot never costs more, so the fallback errs towards stopping
@@ -73,7 +73,7 @@ def settings() -> tuple[float, Prices, float, float | None]:
 
 
 def settled_cost(ce: Any, stack: str, now: datetime) -> float:
-    """Month-to-date cost of resources tagged with the stack, through the last full UTC day.
+    """Month-to-date cost of resources tagged with the stack, through `accrual.settled_through`.
 
     Budgets and Cost Explorer count only costs carrying an activated cost-allocation tag
     (Billing user guide, "Activating user-defined cost allocation tags").

@@ -2,11 +2,12 @@
 
 Invoked by an EventBridge Scheduler schedule every CHECK_MINUTES (1-15). It
 reads the last settled Cost Explorer figure for the stack's identity tag
-(GetCostAndUsage through the day before yesterday, UTC: yesterday may still be filling in), the stack's in-service
-instances (their type, zone, purchase option and launch time), the current
-spot prices of the spot ones (DescribeSpotPriceHistory; the on-demand price
-when that fails: spot never costs more, so the fallback errs towards stopping
-early), and accrues their hours since the settled point at the prices
+(GetCostAndUsage through the day before yesterday, UTC: yesterday may still
+be filling in), the stack's in-service instances (type, zone, purchase option,
+launch time), the current spot prices of the spot ones
+(DescribeSpotPriceHistory; the on-demand price when that fails: spot never
+costs more, so the fallback errs towards stopping early), and accrues their
+hours since the settled point at the prices
 rendered at deploy (PRICES_JSON, `accrual.Prices`). It stops every group of
 the stack exactly as the budget action does (`stops.stop_groups` with reason
 budget, confirmed after a settle time) when the spend has reached LIMIT_USD,

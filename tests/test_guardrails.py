@@ -44,7 +44,7 @@ TOPIC_POLICY = "aws:sns/topicPolicy:TopicPolicy"
 DESCRIBE_ONLY = {"autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
                  "ec2:DescribeInstances", "ssm:GetCommandInvocation",
                  # the spend guard's reads (no resource types either)
-                 "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory"}
+                 "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory", "cloudwatch:GetMetricData"}
 
 
 def asg_name(spec: StackSpec, group: str) -> str:

@@ -632,6 +632,7 @@ def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dic
     on_demand: dict[str, float] = {}
     blocks: dict[str, float] = {}
     committed: dict[str, list[float]] = {}
+    group_max: dict[str, float] = {}
     for g in spec.node_groups:
         for name in g.instance_types:
             instance = catalog.get(name)
@@ -649,6 +650,9 @@ def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dic
                     committed[g.name] = [g.capacity.on_demand_base, round(rate, 4)]
             except PricingError:
                 continue
+        rates = [blocks.get(t, on_demand.get(t, 0.0)) for t in g.instance_types]
+        if any(rates):
+            group_max[g.name] = max(rates)
     try:
         prices, assume = service_prices(spec.region), assumptions or Assumptions()
         other = [*_other_costs(spec, prices, assume,
@@ -658,7 +662,7 @@ def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dic
     except PricingError:
         fixed = 0.0
     return {"on_demand": on_demand, "capacity_block": blocks, "committed": committed,
-            "fixed_usd_per_hour": round(fixed, 4)}
+            "group_max": group_max, "fixed_usd_per_hour": round(fixed, 4)}
 
 
 def region_guard_prices(region: str) -> dict[str, Any]:

@@ -102,3 +102,18 @@ def test_malformed_price_tables() -> None:
     for raw in bad:
         with pytest.raises(PriceError):
             Prices.from_json(raw)
+
+
+def test_instances_gone_since_the_settled_point_are_counted_from_the_group_metric() -> None:
+    prices = Prices(on_demand={"p5.48xlarge": 98.32}, group_max={"train": 98.32})
+    still = inst("i-1", hours=3, group="train")
+    # The metric saw 3 h of i-1 plus 12 h of nodes stopped yesterday evening.
+    spend = accrue(0.0, [still], prices, NOW, group_hours={"train": 15.0})
+    assert spend.gone_hours == {"train": pytest.approx(12.0)}
+    assert spend.accrued_usd == pytest.approx(15 * 98.32)
+    assert spend.usd_per_hour == pytest.approx(98.32)  # gone nodes burn nothing now
+    # The metric never takes hours away from what is still running.
+    assert accrue(0.0, [still], prices, NOW, group_hours={"train": 1.0}).accrued_usd == \
+        pytest.approx(3 * 98.32)
+    # An unknown group is priced at the table's highest rate: too high, never too low.
+    assert accrue(0.0, [], PRICES, NOW, group_hours={"x": 1.0}).accrued_usd == pytest.approx(98.32 + 30)

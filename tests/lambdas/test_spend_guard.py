@@ -303,3 +303,40 @@ def test_an_unpriced_instance_type_is_a_config_error(cluster, recorded, guard, m
     with pytest.raises(runtime.ConfigError, match=r"g5\.xlarge"):
         spend_guard.handler({}, None)
     assert cluster.capacity("dev-train") == (1, 2)
+
+
+def test_group_hours_come_from_group_in_service_instances() -> None:
+    from gpucluster.lambdas.nodegroups import NodeGroup
+
+    cloudwatch = boto3.client("cloudwatch", region_name="us-east-1")
+    stub = Stubber(cloudwatch)
+    since, now = datetime(2026, 11, 19, tzinfo=UTC), datetime(2026, 11, 20, 6, tzinfo=UTC)
+    stub.add_response("get_metric_data", {"MetricDataResults": [
+        {"Id": "g0", "Values": [4.0] * 12 + [2.0] * 6, "StatusCode": "Complete"},  # 1 h at 4, 0.5 h at 2
+        {"Id": "g1", "Values": [], "StatusCode": "Complete"}]}, {
+        "MetricDataQueries": [{"Id": f"g{i}", "MetricStat": {
+            "Metric": {"Namespace": "AWS/AutoScaling", "MetricName": "GroupInServiceInstances",
+                       "Dimensions": [{"Name": "AutoScalingGroupName", "Value": name}]},
+            "Period": 300, "Stat": "Average"}, "ReturnData": True}
+            for i, name in enumerate(("gpu-train-asg", "gpu-eval-asg"))],
+        "StartTime": since, "EndTime": now})
+    stub.activate()
+    groups = [NodeGroup("gpu-train-asg", "train", "dev", 0, 4, 4),
+              NodeGroup("gpu-eval-asg", None, "dev", 0, 0, 1)]
+    assert spend_guard.group_instance_hours(cloudwatch, groups, since, now) == {
+        "train": pytest.approx(5.0), "gpu-eval-asg": 0.0}
+
+
+@pytest.mark.parametrize("code", ["Throttling", "AccessDenied", "InternalServiceError"])
+def test_metric_read_failure_is_raised(cluster, recorded, guard, code) -> None:
+    class Paginated:
+        """GetMetricData fails (the handler reads it through a paginator)."""
+
+        def get_paginator(self, name: str) -> Any:
+            raise ClientError({"Error": {"Code": code, "Message": "injected"}}, "GetMetricData")
+
+    recorded.fakes["cloudwatch"] = Paginated()
+    recorded.fakes["ce"] = cost_explorer(150.0, now=guard)
+    with pytest.raises(runtime.GuardrailError, match="could not read spend"):
+        spend_guard.handler({}, None)
+    assert cluster.capacity("dev-train") == (1, 2)

@@ -28,9 +28,10 @@ from gpucluster.aws.guardrail_lambda import (
 
 # The handler's reads: none of them supports resource-level permissions (Service Authorization
 # Reference: "AWS Cost Explorer Service" GetCostAndUsage, "Amazon EC2" DescribeInstances and
-# DescribeSpotPriceHistory, "Amazon EC2 Auto Scaling" DescribeAutoScalingGroups).
+# DescribeSpotPriceHistory, "Amazon EC2 Auto Scaling" DescribeAutoScalingGroups, "Amazon
+# CloudWatch" GetMetricData).
 SPEND_GUARD_READS = ("autoscaling:DescribeAutoScalingGroups", "ce:GetCostAndUsage",
-                     "ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory")
+                     "cloudwatch:GetMetricData", "ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory")
 SCHEDULE_RETRIES = 2
 
 

@@ -44,6 +44,12 @@ class Prices:
     capacity_block: Mapping[str, float] = field(default_factory=dict)
     committed: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     fixed_usd_per_hour: float = 0.0
+    group_max: Mapping[str, float] = field(default_factory=dict)
+    """node group -> the highest USD/h among its instance types: what an instance that already
+    left the group is priced at (its type is no longer known)."""
+
+    def gone_rate(self, node_group: str) -> float:
+        return self.group_max.get(node_group) or max(self.on_demand.values(), default=0.0)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Prices:
@@ -52,12 +58,14 @@ class Prices:
             blocks = {str(k): float(v) for k, v in raw.get("capacity_block", {}).items()}
             committed = {str(k): (int(v[0]), float(v[1])) for k, v in raw.get("committed", {}).items()}
             fixed = float(raw.get("fixed_usd_per_hour", 0.0))
+            group_max = {str(k): float(v) for k, v in raw.get("group_max", {}).items()}
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise PriceError(f"price table is malformed: {exc!r}") from None
-        values = [*on_demand.values(), *blocks.values(), *(c[1] for c in committed.values()), fixed]
+        values = [*on_demand.values(), *blocks.values(), *(c[1] for c in committed.values()), fixed,
+                  *group_max.values()]
         if any(not math.isfinite(v) or v < 0 for v in values):
             raise PriceError("price table holds a negative or non-finite price")
-        return cls(on_demand, blocks, committed, fixed)
+        return cls(on_demand, blocks, committed, fixed, group_max)
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,8 @@ class Spend:
     usd_per_hour: float
     priced: Mapping[str, float] = field(default_factory=dict)
     """instance id -> USD/h it is priced at."""
+    gone_hours: Mapping[str, float] = field(default_factory=dict)
+    """node group -> instance-hours since the settled point of instances no longer in service."""
 
     @property
     def total_usd(self) -> float:
@@ -160,18 +170,30 @@ def instance_rates(instances: Iterable[Instance], prices: Prices,
 
 
 def accrue(settled_usd: float, instances: Iterable[Instance], prices: Prices, now: datetime,
-           spot: Mapping[tuple[str, str | None], float] | None = None) -> Spend:
-    """Settled figure + each instance's hours since the settled point x its rate + fixed costs."""
+           spot: Mapping[tuple[str, str | None], float] | None = None,
+           group_hours: Mapping[str, float] | None = None) -> Spend:
+    """Settled figure + each instance's hours since the settled point x its rate + fixed costs.
+
+    `group_hours` (node group -> in-service instance-hours since the settled point, from the
+    groups' GroupInServiceInstances metric) adds the instances that ran since then but are gone
+    now (stopped, replaced, scaled in): the hours the metric counts beyond those of the instances
+    still in service, at the group's highest rate.
+    """
     since = settled_through(now)
     items = list(instances)
     rates = instance_rates(items, prices, spot or {})
     accrued = 0.0
+    seen: dict[str, float] = {}
     for inst in items:
-        start = max(inst.launched, since)
-        accrued += max(0.0, (now - start).total_seconds() / 3600) * rates[inst.instance_id]
+        hours = max(0.0, (now - max(inst.launched, since)).total_seconds() / 3600)
+        accrued += hours * rates[inst.instance_id]
+        seen[inst.node_group] = seen.get(inst.node_group, 0.0) + hours
+    gone = {g: h - seen.get(g, 0.0) for g, h in (group_hours or {}).items() if h - seen.get(g, 0.0) > 0}
+    accrued += sum(h * prices.gone_rate(g) for g, h in gone.items())
     fixed_hours = (now - since).total_seconds() / 3600
     accrued += fixed_hours * prices.fixed_usd_per_hour
-    return Spend(settled_usd, since, accrued, sum(rates.values()) + prices.fixed_usd_per_hour, rates)
+    return Spend(settled_usd, since, accrued, sum(rates.values()) + prices.fixed_usd_per_hour, rates,
+                 gone)
 
 
 def decide(spend: Spend, limit_usd: float, check_minutes: float,

@@ -114,7 +114,7 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "logs:FilterLogEvents",
         "sns:Publish",
     ),
-    # ce:GetCostAndUsage and ec2:DescribeSpotPriceHistory list no resource types
+    # ce:GetCostAndUsage, ec2:DescribeSpotPriceHistory and cloudwatch:GetMetricData list no resource types
     # (Service Authorization Reference): Resource "*", like the other reads.
     "spend_guard": (
         "autoscaling:DescribeAutoScalingGroups",
@@ -123,6 +123,7 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "ec2:DescribeInstances",
         "ec2:DescribeSpotPriceHistory",
         "ce:GetCostAndUsage",
+        "cloudwatch:GetMetricData",
         "sns:Publish",
     ),
 }

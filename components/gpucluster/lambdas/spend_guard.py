@@ -6,8 +6,9 @@ reads the last settled Cost Explorer figure for the stack's identity tag
 be filling in), the stack's in-service instances (type, zone, purchase option,
 launch time), the current spot prices of the spot ones
 (DescribeSpotPriceHistory; the on-demand price when that fails: spot never
-costs more, so the fallback errs towards stopping early), and accrues their
-hours since the settled point at the prices
+costs more, so the fallback errs towards stopping early), the groups'
+GroupInServiceInstances metric (instances that ran since the settled point but
+are gone), and accrues the hours since the settled point at the prices
 rendered at deploy (PRICES_JSON, `accrual.Prices`). It stops every group of
 the stack exactly as the budget action does (`stops.stop_groups` with reason
 budget, confirmed after a settle time) when the spend has reached LIMIT_USD,
@@ -45,6 +46,7 @@ from .accrual import (
     accrue,
     cost_period,
     decide,
+    settled_through,
     when_limit,
 )
 from .awsapi import AWS_ERRORS, batches, log_event
@@ -57,6 +59,7 @@ from .tags import STACK_TAG
 DEFAULT_CHECK_MINUTES = 5.0
 COST_METRIC = "UnblendedCost"
 SPOT_PRODUCT = "Linux/UNIX"
+METRIC_PERIOD_SECONDS = 300
 
 
 def settings() -> tuple[float, Prices, float, float | None]:
@@ -136,13 +139,41 @@ def spot_prices(ec2: Any, instances: Iterable[Instance],
     return {k: v[1] for k, v in prices.items()}
 
 
-def measure(stack: str, backend: NodeGroups, ec2: Any, ce: Any, prices: Prices,
+def group_instance_hours(cloudwatch: Any, groups: Sequence[NodeGroup], since: datetime,
+                         now: datetime) -> dict[str, float]:
+    """Node group -> in-service instance-hours since `since`, from GroupInServiceInstances.
+
+    gpucluster's groups collect it every minute (aws/health.py GROUP_METRICS); the Average of
+    a 5-minute period times its length is that period's instance-hours. CloudWatch keeps
+    1-minute data 15 days and 5-minute data 63 days (CloudWatch user guide, "Metrics
+    retention"), so a two-day window is always there. A group without the metric counts 0.
+    """
+    if not groups or now <= since:
+        return {}
+    queries = [{"Id": f"g{i}", "MetricStat": {
+        "Metric": {"Namespace": "AWS/AutoScaling", "MetricName": "GroupInServiceInstances",
+                   "Dimensions": [{"Name": "AutoScalingGroupName", "Value": g.name}]},
+        "Period": METRIC_PERIOD_SECONDS, "Stat": "Average"}, "ReturnData": True}
+        for i, g in enumerate(groups)]
+    label = {f"g{i}": g.node_group or g.name for i, g in enumerate(groups)}
+    hours: dict[str, float] = {}
+    # GetMetricData takes up to 500 queries a call; the groups of a stack are at most 20.
+    for page in cloudwatch.get_paginator("get_metric_data").paginate(
+            MetricDataQueries=queries, StartTime=since, EndTime=now):
+        for result in page["MetricDataResults"]:
+            name = label[result["Id"]]
+            hours[name] = hours.get(name, 0.0) + sum(result.get("Values", [])) * METRIC_PERIOD_SECONDS / 3600
+    return hours
+
+
+def measure(stack: str, backend: NodeGroups, ec2: Any, ce: Any, cloudwatch: Any, prices: Prices,
             now: datetime) -> tuple[list[NodeGroup], Spend]:
     """The stack's groups and its month-to-date spend now (AWS errors propagate)."""
     groups = backend.list_groups(stack)
     instances = running_instances(ec2, groups)
     settled = settled_cost(ce, stack, now)
-    return groups, accrue(settled, instances, prices, now, spot_prices(ec2, instances, now))
+    ran = group_instance_hours(cloudwatch, groups, settled_through(now), now)
+    return groups, accrue(settled, instances, prices, now, spot_prices(ec2, instances, now), ran)
 
 
 def _stop(stack: str, backend: NodeGroups, groups: list[NodeGroup], decision: Decision) -> dict[str, Any]:
@@ -166,7 +197,8 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     now = RUNTIME.now()
     backend = stack_node_groups()
     try:
-        groups, spend = measure(stack, backend, RUNTIME.client("ec2"), RUNTIME.client("ce"), prices, now)
+        groups, spend = measure(stack, backend, RUNTIME.client("ec2"), RUNTIME.client("ce"),
+                                RUNTIME.client("cloudwatch"), prices, now)
     except AWS_ERRORS as exc:
         # Without the figures nothing can be decided: fail, so the retry or the next tick
         # runs again and the on-failure destination tells the topic.

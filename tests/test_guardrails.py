@@ -25,6 +25,7 @@ from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import StackSpec, can_run_spot
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+COMPOSITE = "aws:cloudwatch/compositeAlarm:CompositeAlarm"
 BUDGET = "aws:budgets/budget:Budget"
 FUNCTION = "aws:lambda/function:Function"
 INVOKE_CONFIG = "aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig"
@@ -268,24 +269,37 @@ def test_budget_emails_subscribe_to_the_notify_topic(dev: Built) -> None:
 
 
 def test_dev_idle_alarm_stops_after_30_minutes_and_missing_data_only_notifies(dev: Built) -> None:
-    alarm = dev.one(ALARM).inputs
+    alarm = dev.one(ALARM, "autostop-idle-").inputs
     assert (alarm["namespace"], alarm["metricName"], alarm["statistic"]) == (
         "gpucluster/gpu-dev", "nvidia_smi_utilization_gpu", "Maximum")  # the cluster's own namespace
     assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-dev-dev-a10-asg"}
-    assert alarm["name"] == "gpu-dev-dev-a10-asg-idle"  # the autostop handler's fallback convention
+    assert alarm["name"] == "gpu-dev-dev-a10-asg-gpu-idle"
     assert (alarm["comparisonOperator"], alarm["threshold"]) == ("LessThanThreshold", 5)
-    assert alarm["period"] * alarm["evaluationPeriods"] == 30 * 60
+    # the second signal: GPUs held and unused; at least an hour, so loading data is not idle
+    assert alarm["period"] * alarm["evaluationPeriods"] == 60 * 60
     assert alarm["datapointsToAlarm"] == alarm["evaluationPeriods"]
     assert alarm["treatMissingData"] == "missing"  # not "breaching": no data is never idle
     assert alarm["insufficientDataActions"] == [dev.notify_topic]
     assert not alarm.get("alarmActions")  # stopping goes through the EventBridge rule
+    activity = dev.one(ALARM, "no-jobs").inputs
+    assert (activity["namespace"], activity["metricName"], activity["statistic"]) == (
+        "gpucluster/gpu-dev", "NodeActive", "Maximum")  # any node of the group running something
+    assert activity["dimensions"] == {"Stack": DEV_IDENTITY, "NodeGroup": "dev-a10"}
+    assert (activity["comparisonOperator"], activity["threshold"]) == ("LessThanThreshold", 1)
+    assert (activity["period"], activity["evaluationPeriods"], activity["datapointsToAlarm"]) == (60, 30, 30)
+    assert activity["treatMissingData"] == "missing" and not activity.get("alarmActions")
+    composite = dev.one(COMPOSITE).inputs
+    assert composite["alarmName"] == "gpu-dev-dev-a10-asg-idle"  # the autostop handler's fallback convention
+    assert composite["alarmRule"] == (
+        'ALARM("gpu-dev-dev-a10-asg-no-jobs") OR ALARM("gpu-dev-dev-a10-asg-gpu-idle")')
+    assert not composite.get("alarmActions")
 
 
 def test_idle_rule_passes_only_alarm_states_of_this_stacks_alarms_to_autostop(dev: Built) -> None:
     rule = dev.one(RULE, "idle-rule")
     pattern = json.loads(rule.inputs["eventPattern"])
     assert pattern == {"source": ["aws.cloudwatch"], "detail-type": ["CloudWatch Alarm State Change"],
-                       "resources": [dev.arn(ALARM)], "detail": {"state": {"value": ["ALARM"]}}}
+                       "resources": [dev.arn(COMPOSITE)], "detail": {"state": {"value": ["ALARM"]}}}
     autostop = dev.function("autostop")
     assert dev.one(TARGET, "idle-target").inputs == {"rule": "gpu-dev-idle",
                                                        "arn": dev.arn(FUNCTION, autostop.name)}
@@ -491,10 +505,10 @@ def test_prod_budget_action_at_110_percent_goes_to_the_action_topic_only(prod: B
 
 
 def test_prod_is_patient_and_runs_its_hooks(prod: Built) -> None:
-    alarm = prod.one(ALARM, "h100-train").inputs
+    alarm = prod.one(ALARM, "idle-h100-train").inputs
     assert (alarm["period"], alarm["evaluationPeriods"], alarm["threshold"]) == (300, 24, 3)
     assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-prod-h100-train-asg"}
-    assert prod.one(ALARM, "eval").inputs["dimensions"] == {"AutoScalingGroupName": "gpu-prod-eval-asg"}
+    assert prod.one(ALARM, "idle-eval").inputs["dimensions"] == {"AutoScalingGroupName": "gpu-prod-eval-asg"}
     assert autostop_schedules(prod) == []
     assert not [r for r in prod.all(ROLE) if "autostop-scheduler" in r.name]
     autostop = prod.function("autostop").inputs
@@ -521,7 +535,8 @@ def test_staging_stops_at_night_in_its_region(staging: Built) -> None:
         "cron(0 22 ? * * *)", "America/Los_Angeles")
     assert json.loads(stop["target"]["input"])["resources"][1] == (
         f"arn:aws:events:us-west-2:{MOCK_ACCOUNT}:rule/gpu-staging-stop")
-    assert staging.one(ALARM).inputs["period"] * staging.one(ALARM).inputs["evaluationPeriods"] == 3600
+    utilisation = staging.one(ALARM, "autostop-idle-").inputs
+    assert utilisation["period"] * utilisation["evaluationPeriods"] == 3600
     for fn in ("gpu-staging-budget-action", "gpu-staging-autostop", "gpu-staging-spot-interruption"):
         check_policy(staging, fn, scales=fn != "gpu-staging-spot-interruption",
                      runs_hooks=fn != "gpu-staging-budget-action")
@@ -593,12 +608,13 @@ def test_every_group_gets_an_alarm_and_every_role_names_every_group(base_config:
     spec = spec_of(base_config, node_groups=groups, autostop={"enabled": True, "idle_minutes": 7},
                    budget={"monthly_limit_usd": 100, "action_threshold_percent": 100})
     built = build(spec)
-    alarms = {a.inputs["dimensions"]["AutoScalingGroupName"]: a.inputs for a in built.all(ALARM)}
-    assert set(alarms) == {"test-small-asg", "test-big-asg"}
+    alarms = {a.inputs["dimensions"]["NodeGroup"]: a.inputs for a in built.all(ALARM) if "no-jobs" in a.name}
+    assert set(alarms) == {"small", "big"}
     for alarm in alarms.values():
         assert (alarm["period"], alarm["evaluationPeriods"]) == (60, 7)
     pattern = json.loads(built.one(RULE, "idle-rule").inputs["eventPattern"])
-    assert sorted(pattern["resources"]) == sorted(built.arn(ALARM, f"idle-{n}") for n in ("small", "big"))
+    assert sorted(pattern["resources"]) == sorted(
+        built.arn(COMPOSITE, f"composite-{n}") for n in ("small", "big"))
     check_policy(built, "test-budget-action", scales=True, runs_hooks=False)
     check_policy(built, "test-autostop", scales=True, runs_hooks=False)
     assert built.function("autostop").inputs["timeout"] == 120
@@ -653,10 +669,11 @@ def test_the_autostop_handler_reads_schedule_and_alarm_events_as_wired(
         event = json.loads(schedule.inputs["target"]["input"])
         assert autostop.schedule_rule_name(event) == schedule.inputs["name"]
     assert autostop.IDLE_ALARM_SUFFIX == ge.IDLE_ALARM_SUFFIX
-    alarm = dev.one(ALARM).inputs
-    detail = {"alarmName": alarm["name"], "state": {"value": "ALARM"}, "configuration": {"metrics": [
-        {"metricStat": {"metric": {"namespace": alarm["namespace"], "name": alarm["metricName"],
-                                   "dimensions": alarm["dimensions"]}}}]}}
+    composite = dev.one(COMPOSITE).inputs
+    # A composite alarm's event carries its rule, no metric (CloudWatch user guide, "Alarm events
+    # and EventBridge"): the group comes from the name.
+    detail = {"alarmName": composite["alarmName"], "state": {"value": "ALARM"},
+              "configuration": {"alarmRule": composite["alarmRule"], "description": "x"}}
     assert autostop.alarm_group_names(detail) == ["gpu-dev-dev-a10-asg"]
 
 

@@ -1,4 +1,4 @@
-"""Replay a month of a GPU stack on a fake clock: how late do the budget and idle stops come, and at what cost.
+"""Replay a month of a GPU stack on a fake clock: how late the budget and idle stops come, and what it costs.
 
     .venv/bin/python benchmarks/guard_latency.py [--nodes 4] [--type p5.48xlarge] [--check-minutes 5]
 
@@ -38,11 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "components"))
 
-from gpucluster import catalog  # noqa: E402
-from gpucluster.aws.guardrail_events import activity_window  # noqa: E402
-from gpucluster.lambdas.accrual import ON_DEMAND, Instance, Prices, accrue, decide, settled_through  # noqa: E402
-from gpucluster.plan import load_stack  # noqa: E402
-from gpucluster.pricing import guard_prices  # noqa: E402
+from gpucluster import catalog
+from gpucluster.aws.guardrail_events import activity_window
+from gpucluster.lambdas.accrual import ON_DEMAND, Instance, Prices, accrue, decide, settled_through
+from gpucluster.plan import load_stack
+from gpucluster.pricing import guard_prices
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)
 MONTH_END = datetime(2026, 12, 1, tzinfo=UTC)

@@ -268,7 +268,7 @@ def test_budget_emails_subscribe_to_the_notify_topic(dev: Built) -> None:
     assert emails == [{"topic": dev.notify_topic, "protocol": "email", "endpoint": "ml-platform@example.com"}]
 
 
-def test_dev_idle_alarm_stops_after_30_minutes_and_missing_data_only_notifies(dev: Built) -> None:
+def test_dev_idle_alarm_stops_after_15_idle_minutes_and_missing_data_only_notifies(dev: Built) -> None:
     alarm = dev.one(ALARM, "autostop-idle-").inputs
     assert (alarm["namespace"], alarm["metricName"], alarm["statistic"]) == (
         "gpucluster/gpu-dev", "nvidia_smi_utilization_gpu", "Maximum")  # the cluster's own namespace
@@ -286,7 +286,7 @@ def test_dev_idle_alarm_stops_after_30_minutes_and_missing_data_only_notifies(de
         "gpucluster/gpu-dev", "NodeActive", "Maximum")  # any node of the group running something
     assert activity["dimensions"] == {"Stack": DEV_IDENTITY, "NodeGroup": "dev-a10"}
     assert (activity["comparisonOperator"], activity["threshold"]) == ("LessThanThreshold", 1)
-    assert (activity["period"], activity["evaluationPeriods"], activity["datapointsToAlarm"]) == (60, 30, 30)
+    assert (activity["period"], activity["evaluationPeriods"], activity["datapointsToAlarm"]) == (60, 15, 15)
     assert activity["treatMissingData"] == "missing" and not activity.get("alarmActions")
     composite = dev.one(COMPOSITE).inputs
     assert composite["alarmName"] == "gpu-dev-dev-a10-asg-idle"  # the autostop handler's fallback convention

@@ -288,8 +288,7 @@ class BudgetSettings(TypedDict):
     report: NotRequired[str]
     """Opt-in spend report to the guardrail topic: Mondays, or the month's last day (08:00 UTC)."""
     check_minutes: NotRequired[int]
-    """With action_threshold_percent: the spend guard checks month-to-date spend this often and stops
-    compute when it crosses the action threshold or will before the next check."""
+    """With action_threshold_percent: check spend this often; stop before it crosses the threshold."""
     max_usd_per_hour: NotRequired[float]
     """Also stop compute when the stack burns more than this per hour (the spend guard's check)."""
 
@@ -300,9 +299,9 @@ class AutoStopSettings(TypedDict):
     enabled: NotRequired[bool]
     """Create the idle alarms, schedules and the auto-stop Lambda."""
     idle_minutes: NotRequired[int]
-    """GPU utilisation must stay below the threshold this long before a group is stopped."""
+    """No GPU process and no gpucluster job on any node of a group this long -> it is stopped."""
     gpu_utilization_threshold_percent: NotRequired[float]
-    """Idle when even the group's busiest GPU stays below this (CloudWatch Maximum)."""
+    """Also idle when even the busiest GPU stays below this for idle_minutes, at least an hour."""
     stop_schedule: NotRequired[str]
     """EventBridge cron, e.g. cron(0 20 ? * MON-FRI *): scale every group to zero."""
     start_schedule: NotRequired[str]

@@ -384,8 +384,7 @@ class BudgetConfig(StrictModel):
     report: Literal["weekly", "monthly"] | None = None
     """Opt-in spend report to the guardrail topic: Mondays, or the month's last day (08:00 UTC)."""
     check_minutes: Annotated[int, _in_range(1, 15)] = 5
-    """With action_threshold_percent: the spend guard checks month-to-date spend this often and stops
-    compute when it crosses the action threshold or will before the next check."""
+    """With action_threshold_percent: check spend this often; stop before it crosses the threshold."""
     max_usd_per_hour: Annotated[float, _in_range(0.01, 1_000_000)] | None = None
     """Also stop compute when the stack burns more than this per hour (the spend guard's check)."""
 
@@ -394,9 +393,9 @@ class AutoStopConfig(StrictModel):
     enabled: bool = True
     """Create the idle alarms, schedules and the auto-stop Lambda."""
     idle_minutes: Annotated[int, _in_range(5, 1440)] = 60
-    """GPU utilisation must stay below the threshold this long before a group is stopped."""
+    """No GPU process and no gpucluster job on any node of a group this long -> it is stopped."""
     gpu_utilization_threshold_percent: Annotated[float, _in_range(1, 100)] = 5
-    """Idle when even the group's busiest GPU stays below this (CloudWatch Maximum)."""
+    """Also idle when even the busiest GPU stays below this for idle_minutes, at least an hour."""
     stop_schedule: Cron | None = None
     """EventBridge cron, e.g. cron(0 20 ? * MON-FRI *): scale every group to zero."""
     start_schedule: Cron | None = None

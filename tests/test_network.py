@@ -143,7 +143,7 @@ def test_flow_logs_record_rejected_traffic_by_default_encrypted_and_kept() -> No
     assert flow["vpcId"] == "gpu-staging-network-vpc-id"
     group = next(r.inputs for r in plan.of_type("aws:cloudwatch/logGroup:LogGroup")
                  if r.name.endswith("-flow-logs"))
-    assert group["name"] == "/gpucluster/gpu-staging/vpc-flow-logs"
+    assert group["name"] == "/gpucluster/vpc-flow-logs/gpu-staging"
     assert group["retentionInDays"] == 90 and group["kmsKeyId"]
     import json
     key = next(r.inputs for r in plan.of_type("aws:kms/key:Key") if r.name.endswith("-flow-logs-key"))
@@ -151,11 +151,11 @@ def test_flow_logs_record_rejected_traffic_by_default_encrypted_and_kept() -> No
     logs = statements["LogsEncryptTheFlowLogGroupOnly"]
     assert logs["Principal"] == {"Service": "logs.us-west-2.amazonaws.com"}
     assert logs["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"].endswith(
-        ":log-group:/gpucluster/gpu-staging/vpc-flow-logs")
+        ":log-group:/gpucluster/vpc-flow-logs/gpu-staging")
     role_policy = next(r.inputs for r in plan.of_type("aws:iam/rolePolicy:RolePolicy")
                        if r.name.endswith("-flow-logs-policy"))
     [statement] = json.loads(role_policy["policy"])["Statement"]
-    assert all(res.split(":log-group:")[1].startswith("/gpucluster/gpu-staging/vpc-flow-logs")
+    assert all(res.split(":log-group:")[1].startswith("/gpucluster/vpc-flow-logs/gpu-staging")
                for res in statement["Resource"])
     assert not any("Delete" in a for a in statement["Action"])
 

@@ -161,7 +161,7 @@ class ClusterNetwork(pulumi.ComponentResource):
         invoke = pulumi.InvokeOutputOptions(parent=self)
         account = aws.get_caller_identity_output(opts=invoke).account_id
         partition = aws.get_partition_output(opts=invoke).partition
-        group_name = f"/gpucluster/{m.cluster_name}/vpc-flow-logs"
+        group_name = f"/gpucluster/vpc-flow-logs/{m.cluster_name}"
         group_arn = pulumi.Output.concat("arn:", partition, ":logs:", m.region, ":", account,
                                          ":log-group:", group_name)
         key = aws.kms.Key(

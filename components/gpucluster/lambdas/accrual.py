@@ -109,6 +109,9 @@ class Decision:
     limit_usd: float
     hours_to_limit: float | None
 
+    def to_limit_hours(self) -> float | None:
+        return None if self.hours_to_limit is None else round(self.hours_to_limit, 2)
+
     def as_json(self) -> dict[str, Any]:
         return {"stop": self.stop, "reason": self.reason, "spend_usd": round(self.spend_usd, 2),
                 "usd_per_hour": round(self.usd_per_hour, 2), "limit_usd": round(self.limit_usd, 2),

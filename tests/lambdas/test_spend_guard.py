@@ -340,3 +340,22 @@ def test_metric_read_failure_is_raised(cluster, recorded, guard, code) -> None:
     with pytest.raises(runtime.GuardrailError, match="could not read spend"):
         spend_guard.handler({}, None)
     assert cluster.capacity("dev-train") == (1, 2)
+
+
+def test_two_checks_at_once_stop_once_and_keep_one_record(cluster, recorded, guard, monkeypatch) -> None:
+    """A schedule retry overlapping the check it retries: the second runs inside the first's settle."""
+    recorded.fakes["ce"] = cost_explorer(150.0, 150.0, now=guard)
+    inner: list[dict[str, Any]] = []
+
+    def settle(seconds: float) -> None:
+        if not inner:
+            inner.append(spend_guard.handler({}, None))
+
+    monkeypatch.setattr(runtime.RUNTIME, "sleep", settle)
+    outer = spend_guard.handler({}, None)
+    assert sorted(outer["groups"]) == ["dev-infer", "dev-train"]
+    assert inner[0]["action"] == "unchanged"  # the groups were already at zero, labelled budget
+    for name, desired in (("dev-train", "2"), ("dev-infer", "1")):
+        assert cluster.capacity(name) == (0, 0)
+        assert cluster.tags(name)[STOPPED_BY_TAG] == "budget"
+        assert cluster.tags(name)[PREVIOUS_DESIRED_TAG] == desired  # the capacity it ran, not 0

@@ -1,4 +1,5 @@
-"""gpucluster-activity under bash with fake nvidia-smi, systemctl, aws and logger on PATH, and shellcheck."""
+"""`gpucluster-report activity` under bash with fake nvidia-smi, systemctl, aws and logger on PATH, and
+shellcheck."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def run(tmp_path: Path, *, apps: str = "", smi_fails: bool = False, units: str =
         "logger": "exit 0",
     })
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "GPUCLUSTER_NODE_ENV": str(env_file)}
-    return run_script(tmp_path, "activity.sh", env=env, timeout=30), log
+    return run_script(tmp_path, "report.sh", "activity", env=env, timeout=30), log
 
 
 def published(log: Path) -> list[str]:
@@ -45,14 +46,14 @@ def value(log: Path) -> str:
 
 
 def test_a_gpu_process_is_activity(tmp_path: Path) -> None:
-    result, log = run(tmp_path, apps="4242, python\n4343, python\n")
+    result, log = run(tmp_path, apps="4242\n4343\n")
     assert result.returncode == 0, result.stderr
     [call] = published(log)
     assert value(log) == "1"
     assert f"--metric-name {ACTIVITY_METRIC}" in call and "--namespace gpucluster/gpu-dev" in call
     assert "--dimensions Stack=organization/gpucluster/dev/gpu-dev,NodeGroup=dev-a10" in call
     assert "--region us-east-1" in call
-    assert logged_calls(log, "nvidia-smi") == ["--query-compute-apps=pid,process_name --format=csv,noheader"]
+    assert logged_calls(log, "nvidia-smi") == ["--query-compute-apps=pid --format=csv,noheader"]
 
 
 def test_a_job_unit_is_activity_even_before_it_touches_a_gpu(tmp_path: Path) -> None:
@@ -72,7 +73,7 @@ def test_a_broken_nvidia_smi_is_not_idle(tmp_path: Path) -> None:
     result, log = run(tmp_path, smi_fails=True)
     assert result.returncode == 0
     assert published(log) == []  # nothing published: missing data never stops a group
-    assert "not publishing" in result.stdout
+    assert logged_calls(log, "nvidia-smi")  # it asked
 
 
 def test_a_broken_nvidia_smi_with_a_job_running_is_still_active(tmp_path: Path) -> None:
@@ -81,31 +82,31 @@ def test_a_broken_nvidia_smi_with_a_job_running_is_still_active(tmp_path: Path) 
 
 
 def test_a_failed_publish_fails_the_unit(tmp_path: Path) -> None:
-    result, _ = run(tmp_path, apps="1, python\n", aws_fails=True)
-    assert result.returncode == 1
-    assert "could not publish NodeActive=1" in result.stdout
+    result, log = run(tmp_path, apps="1\n", aws_fails=True)
+    assert result.returncode != 0  # the unit fails: the journal shows it
+    assert len(published(log)) == 1
 
 
 def test_the_timer_runs_it_every_minute() -> None:
     files = {f.path: f for f in node_files(NODE)}
     timer = files["/etc/systemd/system/gpucluster-activity.timer"].content
-    assert "OnUnitActiveSec=1min" in timer and "WantedBy=timers.target" in timer
+    assert "OnCalendar=minutely" in timer and "WantedBy=timers.target" in timer
     service = files["/etc/systemd/system/gpucluster-activity.service"].content
-    assert "ExecStart=/usr/local/sbin/gpucluster-activity" in service
-    assert files["/usr/local/sbin/gpucluster-activity"].mode == "0755"
+    assert "ExecStart=/usr/local/sbin/gpucluster-report activity" in service
+    assert files["/usr/local/sbin/gpucluster-report"].mode == "0755"
     assert "systemctl enable --now gpucluster-activity.timer" in script("bootstrap.sh")
 
 
 def test_shellcheck(tmp_path: Path) -> None:
-    path = tmp_path / "activity.sh"
-    source = Path(__file__).resolve().parents[1] / "components/gpucluster/node/activity.sh"
+    path = tmp_path / "report.sh"
+    source = Path(__file__).resolve().parents[1] / "components/gpucluster/node/report.sh"
     path.write_text(source.read_text())
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     check = subprocess.run([SHELLCHECK, "-s", "bash", str(path)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout
 
 
-@pytest.mark.parametrize("name", ["activity.sh"])
+@pytest.mark.parametrize("name", ["report.sh"])
 def test_shipped_without_comments_still_lints(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
     path.write_text(script(name))

@@ -187,7 +187,7 @@ def published(plan: Plan) -> set[tuple[str, str, frozenset[tuple[str, str]]]]:
         # health-check.sh: `put-metric-data --namespace gpucluster/<cluster> --dimensions
         # AutoScalingGroupName=<its group>` (asserted call by call in test_node_health.py).
         out |= {(namespace, m, frozenset({("AutoScalingGroupName", name)})) for m in HEALTH_METRICS}
-        # activity.sh: `put-metric-data --metric-name NodeActive --dimensions
+        # report.sh activity: `put-metric-data --metric-name NodeActive --dimensions
         # Stack=$GPUCLUSTER_STACK,NodeGroup=$GPUCLUSTER_NODE_GROUP` (run under bash in test_node_activity.py),
         # with the values the group's rendered node.env gives them.
         env = rendered_node_env(plan, group.name)
@@ -236,7 +236,8 @@ def test_the_agent_publishes_what_the_dashboard_needs() -> None:
 def test_guardrail_stops_are_counted_from_what_the_lambdas_log(stuck: Plan, caplog: Any) -> None:
     filters = stuck.of_type(FILTER)
     groups = {f.inputs["logGroupName"] for f in filters}
-    assert groups == {"/aws/lambda/test-autostop", "/aws/lambda/test-budget-action"}
+    assert groups == {"/aws/lambda/test-autostop", "/aws/lambda/test-budget-action",
+                      "/aws/lambda/test-spend-guard"}
     for f in filters:
         assert f.inputs["pattern"] == f'"{STOP_LOG_PHRASE}"'
         assert f.inputs["metricTransformation"] == {

@@ -206,7 +206,7 @@ class AutoStop(pulumi.ComponentResource):
                 name=pulumi.Output.concat(group.asg_name, ACTIVITY_ALARM_SUFFIX),
                 alarm_description=(
                     f"gpucluster {ctx.identity}/{group.name}: no GPU process and no gpucluster job on any "
-                    f"node for {a.idle_minutes} min (NodeActive, gpucluster-activity)"),
+                    f"node for {a.idle_minutes} min (NodeActive, gpucluster-report activity)"),
                 namespace=namespace, metric_name=ACTIVITY_METRIC,
                 dimensions={"Stack": ctx.identity, "NodeGroup": group.name}, statistic="Maximum",
                 comparison_operator="LessThanThreshold", threshold=1,

@@ -63,7 +63,7 @@ fi
 # version from the regional bucket, its signature checked first (gpucluster-install).
 systemctl enable gpucluster-agent.service
 systemctl start --no-block gpucluster-agent.service
-# Every minute: does a GPU process or a gpucluster job run here (gpucluster-activity, NodeActive)?
+# Every minute: does a GPU process or a gpucluster job run here (gpucluster-report activity, NodeActive)?
 systemctl enable --now gpucluster-activity.timer
 
 # After the agent, so a node whose disks fail to assemble is still seen (and stopped) when idle.

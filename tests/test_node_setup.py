@@ -324,7 +324,8 @@ def test_what_the_spec_accepts_fits_ec2s_user_data_limit_when_planned(base_confi
         mid = (low + high) // 2
         low, high = (mid, high) if findings(mid) == [] else (low, mid)
     # room is left for the group's own files, even beside two 1500-byte incompressible hook commands
-    assert low > 500
+    # (500 bytes before issues 24 and 26 put the activity reporter and the apt stop on every node)
+    assert low > 400
     [(path, message)] = findings(high)  # one character more: one finding, at the group
     assert path == "node_groups[0]" and message.startswith("node user data would be")
     plan = plan_config(with_file(low))  # the launch template's user data is rendered (and packed) here

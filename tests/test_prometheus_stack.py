@@ -131,8 +131,9 @@ def planned(kind: str) -> Any:
     config["gpucluster:node_groups"] = [
         {"name": "train", "instance_types": ["p5.48xlarge"], "max_nodes": 2},
         {"name": "infer", "instance_types": ["p4d.24xlarge"], "max_nodes": 1}]
-    if kind == "own":  # a MIG group: its user data is the largest (gpucluster-mig), ~2 KB below EC2's limit
-        config["gpucluster:node_groups"][1]["mig"] = {"profile": "3g.20gb"}
+    # Not a MIG group: with the guardrails' activity reporter and the ready gate (issues 24, 26), a MIG
+    # group's user data (gpucluster-mig) has no room left for the collector's ~2 KB; the spec refuses it
+    # in one line (test_a_mig_group_with_metrics_is_refused_in_one_line).
     sections = {
         "own": {"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST},
                 "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"], "editors": 2}},
@@ -150,7 +151,8 @@ def test_plan_shows_the_workspace_encrypted_tagged_with_the_rules_and_grafana() 
     assert ws.inputs["kmsKeyArn"] and ws.inputs["tags"]["gpucluster:stack"] == plan.spec.identity
     [rules] = plan.of_type("aws:amp/ruleGroupNamespace:RuleGroupNamespace")
     groups = yaml.safe_load(rules.inputs["data"])["groups"]
-    assert {r.get("alert") for r in groups[1]["rules"]} >= {"GpuXidError", "MigLayoutWrong"}
+    alerts = {r.get("alert") for r in groups[1]["rules"]}
+    assert "GpuXidError" in alerts and "MigLayoutWrong" not in alerts  # no MIG group in this stack
     [grafana] = plan.of_type("aws:grafana/workspace:Workspace")
     assert grafana.inputs["authenticationProviders"] == ["AWS_SSO"]
     assert grafana.inputs["permissionType"] == "CUSTOMER_MANAGED"
@@ -367,3 +369,20 @@ def test_the_node_roles_inline_policy_size_counts_the_metrics_grant(monkeypatch:
 def spec_of_config(config: dict[str, Any]) -> StackSpec:
     from gpucluster.spec import parse_stack_config as parse_spec_only
     return parse_spec_only(config, stack="t")
+
+
+def test_a_mig_group_with_metrics_is_refused_in_one_line() -> None:
+    """EC2's 16 KiB of user data: a MIG group carries gpucluster-mig and the collector no longer fits.
+    Refused before anything is created, naming the group (shipping node scripts outside user data, in
+    the baked image or an S3 object, is what would lift it)."""
+    from gpucluster.preflight import parse_stack_config
+    from gpucluster.spec import SpecError
+
+    config = base()
+    config["gpucluster:node_groups"] = [
+        {"name": "infer", "instance_types": ["p4d.24xlarge"], "max_nodes": 1, "mig": {"profile": "3g.20gb"}}]
+    config = with_observability({"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST}}, config)
+    with pytest.raises(SpecError) as err:
+        parse_stack_config(config, stack="dev")
+    [finding] = err.value.findings
+    assert finding.path == "node_groups[0]" and finding.message.startswith("node user data would be")

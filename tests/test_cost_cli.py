@@ -102,7 +102,7 @@ def test_cost_dev_shows_the_scheduled_hours_next_to_24x7() -> None:
             "cron(0 8 ? * MON-FRI *), max lifetime 12 h in Europe/Berlin: 2,860 of the 8,736 "
             "hours") in " ".join(out.split())
     assert "total: 24 x 7 (730 h/month) and as scheduled (238.99 h/month)" in out
-    # the worked figure of docs/guides/cost-and-spend.md: 381.38 24 x 7 and 197.74 as scheduled at desired nodes
+    # docs/guides/cost-and-spend.md's figure: 381.38 24 x 7 and 197.74 as scheduled at desired nodes
     assert "  stack's mix           0.52           381.38        197.74" in out
     assert "  NAT gateway public IPv4              3.65         3.65  1 Elastic IP x $0.005/h" in out
     assert "VPC interface endpoints             43.80        43.80  3 endpoints" in out

@@ -303,7 +303,7 @@ def test_a_mig_groups_stuck_alarm_watches_for_silence_not_utilisation(base_confi
 
 
 def test_every_finding_is_checked_on_the_node_and_documented() -> None:
-    """The names `fatal` takes are the ones health-check.sh reports and the health-check guide's table explains."""
+    """The names `fatal` takes are the ones health-check.sh reports and its guide's table explains."""
     from gpucluster.spec import HEALTH_FINDINGS
 
     script = (Path(__file__).parent.parent / "components/gpucluster/node/health-check.sh").read_text()

@@ -1,4 +1,4 @@
-"""The operator's IAM policy: the run-a-job guide shows it, and it allows every call the day-two commands make."""
+"""The operator's IAM policy: its guide shows it, and it allows every call the day-two commands make."""
 
 from __future__ import annotations
 

@@ -63,7 +63,8 @@ def _declared() -> list[tuple[str, Requirement]]:
     """Every dependency pyproject declares, with its group ("" for the runtime ones)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     found = [("", Requirement(d)) for d in project["dependencies"]]
-    found += [(group, Requirement(d)) for group, deps in project["optional-dependencies"].items() for d in deps]
+    found += [(group, Requirement(d))
+              for group, deps in project["optional-dependencies"].items() for d in deps]
     return found
 
 
@@ -127,8 +128,9 @@ def _commands() -> list[tuple[str, str]]:
 
 def test_every_install_checks_hashes_then_installs_the_project_without_dependencies() -> None:
     commands = _commands()
-    assert {where for where, _ in commands} == {"README.md", "getting-started.md", "development.md", ".ci/run",
-                                                "pr.yml", "deploy.yml", "deploy-stack.yml", "release.yml"}
+    assert {where for where, _ in commands} == {"README.md", "getting-started.md", "development.md",
+                                                ".ci/run", "pr.yml", "deploy.yml", "deploy-stack.yml",
+                                                "release.yml"}
     for where, command in commands:
         installs = [part.strip() for part in re.split(r"&&|\n", command) if "pip install" in part]
         assert installs, (where, command)

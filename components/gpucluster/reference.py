@@ -195,7 +195,8 @@ def render_config_page() -> str:
             "[Stack files](../guides/stack-files.md).\n\n" + render_config_reference() + "\n")
 
 
-PAGES = {"config.md": render_config_page, "cli.md": render_cli_reference, "policies.md": render_policy_reference}
+PAGES = {"config.md": render_config_page, "cli.md": render_cli_reference,
+         "policies.md": render_policy_reference}
 """The generated pages under docs/reference/, by file name."""
 
 

@@ -261,8 +261,8 @@ def test_a_new_environment_is_told_which_limits_it_fell_back_to(tmp_path: Path) 
     note = " ".join(result.output.split("note: ", 1)[1].split("(--tree")[0].split())
     assert note == ("environment fourth has no limits in the environment-limits policy config, so the "
                     "dev limits apply: allowed instance types g4dn.*, g5.*, g6.*, g6e.*; at most 8 GPUs; "
-                    "spot only. Add \"fourth\" under environments in policies/config/<stack>.json to set "
-                    "its own.")
+                    "spot only. Add \"fourth\" under environments in policies/config/fourth.json (or the "
+                    "stack's own <stack>.json) to set its own.")
     assert json.loads(runner.invoke(app, ["plan", str(qa), "--json"]).stdout)["notes"] == [note]
     # its own policy config: its own limits, no note
     config = tmp_path / "qa.json"

@@ -21,7 +21,7 @@ from moto.server import ThreadedMotoServer
 from typer.testing import CliRunner
 
 from base_config import policy_clean
-from cli_text import folded, joined_lines
+from cli_text import joined_lines
 from gpucluster.chart import chart_series, draw_chart
 from gpucluster.cli import app
 from gpucluster.plan import load_stack
@@ -131,7 +131,8 @@ def test_region_without_prices(base_config: dict[str, Any], write_stack: Callabl
     (["cost", "prod", "--dataset-gib", "-1"], "cost: --dataset-gib and --nat-gb must be >= 0"),
     (["recommend", "--mode", "train"],
      "recommend: --model or --params is required (e.g. --model llama-3.1-8b or --params 70b)"),
-    (["recommend", "--params", "7"], "recommend: --mode is required (train, finetune or inference)"),
+    (["recommend", "--params", "7"],
+     "recommend: --mode is required (train, finetune, lora, qlora or inference)"),
     (["recommend", "--params", "7", "--mode", "train", "--precision", "int4"],
      "recommend: --precision: train takes bf16, fp16, fp32, got 'int4'"),
     (["recommend", "--params", "7", "--mode", "inference", "--region", "eu-west-1"],
@@ -270,9 +271,9 @@ def test_cost_live_without_aws_falls_back_to_the_catalog(monkeypatch: pytest.Mon
 def test_recommend_prints_fits_and_a_pasteable_snippet(base_config: dict[str, Any]) -> None:
     result = runner.invoke(app, ["recommend", "--params", "70b", "--mode", "train"])
     assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()  # each fit's row, and the columns folded under it (100 columns)
-    rows = [[*line.split(), folded(lines[i + 1])["$/eff. TFLOP-h"]] for i, line in enumerate(lines)
-            if re.match(r"\s+\d+\s+[a-z0-9-]+\.", line)]
+    lines = result.output.splitlines()  # each fit's row, whole within 100 columns
+    assert max(len(line) for line in lines) <= 100
+    rows = [line.split() for line in lines if re.match(r"\s+\d+\s+[a-z0-9-]+\.", line)]
     assert rows[0][:3] == ["1", "p6-b200.48xlarge", "1"]
     assert "llama-3.1-70b train" in result.output
     assert "ranked by price per effective TFLOP-hour" in result.output
@@ -293,9 +294,13 @@ def test_recommend_with_tokens_shows_hours_and_job_cost() -> None:
     assert result.exit_code == 0, result.output
     assert "job: 1,000,000,000 tokens x 6 x 8.03B parameters = 4.82e+19 FLOPs at 40 % of" in result.output
     lines = result.output.splitlines()
-    rows = {r.split()[1]: folded(lines[i + 1]) for i, r in enumerate(lines) if re.match(r"\s+\d+\s+[a-z]", r)}
+    header = next(re.split(r"\s{2,}", line.strip()) for line in lines
+                  if line.startswith("  #  instance type"))
+    rows = {r.split()[1]: dict(zip(header, re.split(r"\s{2,}", r.strip()), strict=True))
+            for r in lines if re.match(r"\s+\d+\s+[a-z]", r)}
     assert [rows["p5.48xlarge"][k] for k in ("hours", "job $")] == ["4.2", "232.76"]  # tests/test_sizing.py
     assert [rows["g6e.12xlarge"][k] for k in ("hours", "job $")] == ["23.1", "242.42"]
+    assert max(len(line) for line in lines) <= 100, "recommend fits 100 columns"
 
 
 def test_recommend_json() -> None:
@@ -303,10 +308,16 @@ def test_recommend_json() -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     assert doc["workload"]["model"] == "mistral-7b" and doc["workload"]["concurrency"] == 8
-    assert [f["instance_type"] for f in doc["fits"]] == ["g6e.xlarge", "g6e.2xlarge"]
+    # by cost per generated token: one A10G (600 GB/s for $1.006/h) beats one L40S (864 GB/s, $1.861/h)
+    assert [f["instance_type"] for f in doc["fits"]] == ["g5.xlarge", "g5.2xlarge"]
     assert doc["memory_gib"]["kv_cache"] == 4.0   # 8 sequences x 4096 tokens x 0.5 GiB / 4096 tokens
-    assert doc["fits"][0]["usd_per_effective_tflop_hour"] == pytest.approx(1.861 / (362.05 * 0.4))
-    assert doc["snippet"].startswith("# 1 x g6e.xlarge (1 x L40S) for mistral-7b inference (bf16)")
+    first = doc["fits"][0]
+    assert first["usd_per_effective_tflop_hour"] == pytest.approx(1.006 / (70 * 0.4))  # still there
+    assert first["usd_per_million_tokens"] == pytest.approx(
+        first["usd_per_hour"] / (first["tokens_per_second"] * 3600) * 1e6)
+    assert first["tensor_parallel"] == 1 and doc["decode_bandwidth_utilisation"] == 0.6
+    assert doc["on_demand_pick"] == "g5.xlarge"
+    assert doc["snippet"].startswith("# 1 x g5.xlarge (1 x A10G) for mistral-7b inference (bf16)")
 
 
 def test_recommend_nothing_fits_exits_1() -> None:
@@ -338,6 +349,24 @@ def run_doctor(stack: str, endpoint: str) -> subprocess.CompletedProcess[str]:
 
 def test_doctor_against_a_moto_server(moto_endpoint: str, base_config: dict[str, Any],
                                       write_stack: Callable[..., Path]) -> None:
+    # prod names a permissions boundary and a break-glass role: before they exist, the boundary blocks
+    missing = run_doctor("prod", moto_endpoint)
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    rows = [" ".join(line.split()) for line in joined_lines(missing.stdout)[2:-1]]
+    assert any(r.startswith("blocker boundary gpucluster-workload-boundary gpucluster:cluster.permissions_"
+                            "boundary: arn:aws:iam::123456789012:policy/gpucluster-workload-boundary does "
+                            "not exist") for r in rows), rows
+    assert any(r.startswith("warning break-glass acme-break-glass gpucluster:cluster.break_glass_role: no "
+                            "role acme-break-glass") for r in rows), rows
+    assert max(len(line) for line in missing.stdout.splitlines()) <= 100
+    iam = boto3.client("iam", endpoint_url=moto_endpoint, region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    iam.create_policy(PolicyName="gpucluster-workload-boundary", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    iam.create_role(RoleName="acme-break-glass", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"AWS": "arn:aws:iam::123456789012:root"}}]}))
+
     prod = run_doctor("prod", moto_endpoint)
     assert prod.returncode == 0, prod.stdout + prod.stderr
     rows = [" ".join(line.split()) for line in joined_lines(prod.stdout)[2:-1]]
@@ -345,10 +374,13 @@ def test_doctor_against_a_moto_server(moto_endpoint: str, base_config: dict[str,
     assert "ok offering h100-train us-east-1d p5.48xlarge offered" in rows
     assert "ok offering eval us-east-1d g6e.12xlarge offered" in rows
     # moto has no EC2 service quotas or cost allocation tags: reported as not checked, not a crash
-    assert "warning quota Running On-Demand P instances (L-417A185B) could not check (500)" in rows
+    assert ("warning quota Running On-Demand P instances (L-417A185B) could not check (HTTP 500 with no AWS "
+            "error code: not an AWS answer)") in rows
     assert any(r.startswith("ok identity organization/gpucluster/prod/gpu-prod no other Auto Scaling group")
                for r in rows)
-    assert prod.stdout.splitlines()[-1] == "5 ok, 3 warning(s), 0 blocker(s)"
+    assert "ok boundary gpucluster-workload-boundary arn:aws:iam::123456789012:policy/" \
+           "gpucluster-workload-boundary exists" in rows
+    assert prod.stdout.splitlines()[-1] == "7 ok, 3 warning(s), 0 blocker(s)"
 
     # A type the shipped offerings do not place in the zone is refused offline, before AWS is asked
     # (doctor's own offering blocker, for an account whose zones differ, is in tests/test_doctor.py).

@@ -7,6 +7,7 @@ answers are stubbed with botocore's Stubber (which checks them against the API m
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,6 +23,7 @@ from gpucluster.ops.doctor import (
     DoctorError,
     check_cost_tags,
     check_efa,
+    check_iam_names,
     check_identity,
     check_quotas,
     check_reservations,
@@ -240,7 +242,7 @@ def test_expired_reservation_through_run_checks(base_config: dict[str, Any],
     healthy_quotas_and_tags(stubbed)
     clients = clients_of(ec2.client, stubbed)
     called: set[str] = set()
-    for client in vars(clients).values():  # every API call, as the IAM action it needs
+    for client in filter(None, vars(clients).values()):  # every API call, as the IAM action it needs
         prefix = client.meta.service_model.signing_name.replace("service-quotas", "servicequotas")
         client.meta.events.register("before-parameter-build", lambda model, prefix=prefix, **_: called.add(
             f"{prefix}:{model.name}"))
@@ -511,3 +513,74 @@ def test_an_unlisted_budget_tag_blocks_once_the_stack_itself_is_deployed(
         findings = run_checks(spec, clients, own_groups=own)
     [tag] = [f for f in findings if f.subject == "gpucluster:stack"]
     assert tag.level == level
+
+
+# ------------------------------------------- the boundary and break-glass role the stack names
+
+
+def iam_stack(base_config: dict[str, Any], **cluster: Any) -> StackSpec:
+    config = dict(base_config)
+    config["gpucluster:cluster"] = {**base_config["gpucluster:cluster"], **cluster}
+    return parse_stack_config(config, stack="t")
+
+
+def test_a_missing_boundary_blocks_and_a_missing_break_glass_role_warns(base_config: dict[str, Any]) -> None:
+    with mock_aws():
+        iam, sts = boto3.client("iam", region_name="us-east-1"), boto3.client("sts", region_name="us-east-1")
+        spec = iam_stack(base_config, permissions_boundary="gpucluster-workload-boundary",
+                         break_glass_role="acme-break-glass")
+        findings = list(check_iam_names(spec, iam, sts))
+        assert [(f.level, f.check, f.subject) for f in findings] == [
+            ("blocker", "boundary", "gpucluster-workload-boundary"),
+            ("warning", "break-glass", "acme-break-glass")]
+        account = sts.get_caller_identity()["Account"]
+        assert findings[0].message.startswith(
+            f"gpucluster:cluster.permissions_boundary: arn:aws:iam::{account}:policy/"
+            "gpucluster-workload-boundary does not exist, so IAM refuses every role the stack creates")
+        assert "bootstrap_state.py" in findings[0].message and "--hardened" in findings[0].message
+        assert findings[1].message.startswith("gpucluster:cluster.break_glass_role: no role acme-break-glass")
+
+        # once both exist (as the bootstrap script and the administrators make them): ok
+        iam.create_policy(PolicyName="gpucluster-workload-boundary", PolicyDocument=json.dumps({
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        iam.create_role(RoleName="acme-break-glass", AssumeRolePolicyDocument=json.dumps({
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                    "Principal": {"AWS": f"arn:aws:iam::{account}:root"}}]}))
+        assert [(f.level, f.check) for f in check_iam_names(spec, iam, sts)] == [
+            ("ok", "boundary"), ("ok", "break-glass")]
+
+
+def test_a_stack_without_them_asks_iam_nothing(base_config: dict[str, Any]) -> None:
+    spec = iam_stack(base_config)
+    assert spec.cluster.permissions_boundary is None
+    assert list(check_iam_names(spec, None, None)) == []  # None clients: any call would raise
+
+
+def test_iam_access_denied_is_a_warning(base_config: dict[str, Any]) -> None:
+    iam, sts = boto3.client("iam", region_name="us-east-1"), boto3.client("sts", region_name="us-east-1")
+    with Stubber(iam) as iam_stub, Stubber(sts) as sts_stub:
+        sts_stub.add_response("get_caller_identity", {"Account": "123456789012", "UserId": "AIDA",
+                                                      "Arn": "arn:aws:iam::123456789012:user/ci"})
+        iam_stub.add_client_error("get_policy", "AccessDenied", "not allowed")
+        iam_stub.add_client_error("get_role", "AccessDenied", "not allowed")
+        spec = iam_stack(base_config, permissions_boundary="b", break_glass_role="r")
+        assert [(f.level, f.message) for f in check_iam_names(spec, iam, sts)] == [
+            ("warning", "could not check (AccessDenied: not allowed)"),
+            ("warning", "could not check (AccessDenied: not allowed)")]
+
+
+def test_run_checks_includes_the_iam_names(base_config: dict[str, Any],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_checks asks IAM for what the stack names (here: a break-glass role that is missing)."""
+    from gpucluster.ops import doctor
+
+    for name in ("check_offerings", "check_efa", "check_reservations", "check_quotas", "check_cost_tags"):
+        monkeypatch.setattr(doctor, name, lambda *a, **k: [])
+    monkeypatch.setattr(doctor, "identity_groups", lambda *a, **k: [])
+    spec = iam_stack(base_config, break_glass_role="nobody-here")
+    with mock_aws():
+        clients = Clients(ec2=None, quotas=None, ce=None, autoscaling=None,
+                          iam=boto3.client("iam", region_name="us-east-1"), sts=None)
+        findings = run_checks(spec, clients, now=NOW, own_groups=set())
+    assert [(f.level, f.check, f.subject) for f in findings if f.check == "break-glass"] == [
+        ("warning", "break-glass", "nobody-here")]

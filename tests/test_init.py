@@ -33,7 +33,7 @@ def test_init_writes_the_project_and_plan_dev_plans_it(tmp_path: Path,
     assert result.exit_code == 0, result.output
     target = tmp_path / "gpu-lab"
     files = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
-    assert files == sorted(scaffold.TEMPLATES)
+    assert files == sorted([*scaffold.TEMPLATES, "policies/config/dev.json"])
     assert result.output.rstrip().endswith("next: cd gpu-lab && gpucluster plan dev   "
                                            "(README.md has the steps to deploy)")
 
@@ -42,9 +42,22 @@ def test_init_writes_the_project_and_plan_dev_plans_it(tmp_path: Path,
     assert pulumi_yaml["runtime"] == {"name": "python",
                                       "options": {"toolchain": "pip", "virtualenv": ".venv"}}
     assert pulumi_yaml["stackConfigDir"] == "stacks"
-    assert (target / "requirements.txt").read_text().splitlines()[-1] == f"gpucluster=={VERSION}"
+    assert (target / "requirements.txt").read_text().splitlines()[-1] == scaffold.requirement_line(
+        VERSION, scaffold._installed_direct_url())
     assert "from gpucluster.program import run\n\nrun()\n" in (target / "__main__.py").read_text()
-    assert (target / "policies" / "config" / "README.md").read_text().count("\n") == 1
+    stack = (target / "stacks" / "Pulumi.dev.yaml").read_text()
+    assert "permissions_boundary" not in stack and "break_glass_role" not in stack
+    assert json.loads((target / "policies" / "config" / "dev.json").read_text()) == {"environment-limits": {
+        "enforcementLevel": "mandatory", "environments": {"dev": {
+            "allowed_instance_types": ["g4dn.*", "g5.*", "g6.*", "g6e.*"], "max_gpus": 8,
+            "spot_only": True}}}}
+    readme = (target / "README.md").read_text()
+    commands = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [c.split("#")[0].strip() for c in commands] == [
+        "python3 -m venv .venv && . .venv/bin/activate && pip install -r requirements.txt",
+        "gpucluster plan dev", "gpucluster cost dev", "pulumi stack init dev",
+        "pulumi up -s dev --policy-pack policies --policy-pack-config policies/config/dev.json"]
+    assert "bootstrap" not in readme
 
     monkeypatch.chdir(target)
     planned = runner.invoke(app, ["plan", "dev", "--json"])
@@ -80,10 +93,38 @@ def test_init_refuses_a_file(tmp_path: Path) -> None:
 
 
 def test_template_dev_stack_is_the_repository_dev_stack_and_validates() -> None:
-    text = scaffold.render("p", VERSION, "gpucluster")["stacks/Pulumi.dev.yaml"]
-    assert text == (REPO / "stacks" / "Pulumi.dev.yaml").read_text(), "copy stacks/Pulumi.dev.yaml over it"
-    spec = parse_stack_config(yaml.safe_load(text)["config"], stack="dev")
+    """The repository's dev stack is the hardened one; the default differs only by the boundary lines."""
+    hardened = scaffold.render("p", VERSION, "gpucluster", hardened=True)["stacks/Pulumi.dev.yaml"]
+    plain = scaffold.render("p", VERSION, "gpucluster")["stacks/Pulumi.dev.yaml"]
+    repo_stack = (REPO / "stacks" / "Pulumi.dev.yaml").read_text()
+    assert yaml.safe_load(hardened) == yaml.safe_load(repo_stack), "copy stacks/Pulumi.dev.yaml over it"
+    assert plain == hardened.replace(scaffold.HARDENED_CLUSTER, "")
+    spec = parse_stack_config(yaml.safe_load(plain)["config"], stack="dev")
     assert spec.cluster.name == "gpu-dev" and [g.name for g in spec.node_groups] == ["dev-a10"]
+    assert spec.cluster.permissions_boundary is None and spec.cluster.break_glass_role is None
+    spec = parse_stack_config(yaml.safe_load(hardened)["config"], stack="dev")
+    assert (spec.cluster.permissions_boundary, spec.cluster.break_glass_role) == (
+        "gpucluster-workload-boundary", "acme-break-glass")
+
+
+def test_init_hardened_ships_the_bootstrap_script_and_says_what_to_run_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["init", "lab", "--hardened"])
+    assert result.exit_code == 0, result.output
+    assert "an administrator runs infra/bootstrap_state.py once per account" in result.output
+    target = tmp_path / "lab"
+    script = target / "infra" / "bootstrap_state.py"
+    assert script.read_text() == (REPO / "infra" / "bootstrap-state" / "bootstrap_state.py").read_text(), (
+        "copy infra/bootstrap-state/bootstrap_state.py over scaffold/templates/bootstrap_state.py.tmpl")
+    assert "permissions_boundary: gpucluster-workload-boundary" in (
+        target / "stacks" / "Pulumi.dev.yaml").read_text()
+    readme = (target / "README.md").read_text()
+    assert readme.index("python infra/bootstrap_state.py") < readme.index("gpucluster plan dev")
+    assert "--break-glass-role acme-break-glass" in readme
+    other = runner.invoke(app, ["init", str(tmp_path / "other"), "--hardened", "--json"])
+    document = json.loads(other.stdout)
+    assert document["hardened"] is True and "infra/bootstrap_state.py" in document["created"]
 
 
 def test_scaffold_policy_pack_is_the_repository_pack() -> None:
@@ -95,8 +136,14 @@ def test_scaffold_policy_pack_is_the_repository_pack() -> None:
 
 
 @pytest.mark.parametrize(("direct_url", "line"), [
-    (None, "gpucluster==1.2.3"),
-    ({"url": "file:///home/me/gpucluster", "dir_info": {"editable": True}}, "gpucluster==1.2.3"),
+    (None, "gpucluster>=1.2.3,<2"),
+    ({"url": "file:///home/me/gpucluster", "dir_info": {"editable": True}},
+     "gpucluster @ file:///home/me/gpucluster"),
+    ({"url": "file:///home/me/gpucluster", "dir_info": {}}, "gpucluster @ file:///home/me/gpucluster"),
+    ({"url": "file:///tmp/dist/gpucluster-1.2.3-py3-none-any.whl", "archive_info": {"hashes": {}}},
+     "gpucluster @ file:///tmp/dist/gpucluster-1.2.3-py3-none-any.whl"),
+    ({"url": "https://user:pw@files.example.com/gpucluster-1.2.3.tar.gz", "archive_info": {}},
+     "gpucluster @ https://files.example.com/gpucluster-1.2.3.tar.gz"),
     ({"url": "https://github.com/acme/gpucluster", "vcs_info": {
         "vcs": "git", "requested_revision": "v1.2.3", "commit_id": "0123abc"}},
      "gpucluster @ git+https://github.com/acme/gpucluster@0123abc"),
@@ -106,6 +153,14 @@ def test_scaffold_policy_pack_is_the_repository_pack() -> None:
 ])
 def test_requirement_line_names_how_gpucluster_was_installed(direct_url: dict | None, line: str) -> None:
     assert scaffold.requirement_line("1.2.3", direct_url) == line
+
+
+@pytest.mark.parametrize(("version", "spec"), [
+    ("1.2.3", ">=1.2.3,<2"), ("0.1.0", ">=0.1.0,<0.2"), ("0.4.2.post1", ">=0.4.2.post1,<0.5"),
+    ("2.0.0rc1", ">=2.0.0rc1,<3"),
+])
+def test_a_published_version_becomes_a_compatible_range(version: str, spec: str) -> None:
+    assert scaffold.version_range(version) == spec
 
 
 def test_version_comes_from_the_installed_metadata() -> None:

@@ -284,6 +284,26 @@ def test_cli_run_sends_one_command_per_node(aws: dict[str, Any], monkeypatch: py
         assert call["CloudWatchOutputConfig"] == {"CloudWatchOutputEnabled": True,
                                                   "CloudWatchLogGroupName": run_log_group_name(PROD)}
     assert "run: all 3 node(s) succeeded" in result.output
+    first = " ".join(" ".join(result.output.split("\n", 2)[:2]).split())  # the first line, wrapped
+    assert first.startswith("run on 3 node(s) of h100-train, MASTER_ADDR ") and first.endswith(
+        ", stopped after 600 s (--timeout): nvidia-smi -L"), first
+
+
+def test_the_first_line_states_the_time_limit() -> None:
+    """Issue 25: a plain run stops at 3,600 s unless --timeout; its first line says so."""
+    from types import SimpleNamespace
+
+    from gpucluster.cli.jobs import time_limit
+    from gpucluster.ops.run import DEFAULT_TIMEOUT_SECONDS
+
+    assert DEFAULT_TIMEOUT_SECONDS == 3600
+    plain = SimpleNamespace(detach=None, timeout_seconds=DEFAULT_TIMEOUT_SECONDS, job_timeout_seconds=None)
+    assert time_limit(plain, None) == ("stopped after 3,600 s (the default; --timeout N to change, "
+                                       "up to 172800)")
+    detached = SimpleNamespace(detach="job-1", timeout_seconds=300, job_timeout_seconds=None)
+    assert time_limit(detached, None) == "no time limit (detached)"
+    limited = SimpleNamespace(detach="job-1", timeout_seconds=300, job_timeout_seconds=86400)
+    assert time_limit(limited, 86400) == "stopped after 86400 s (--timeout)"
 
 
 def _invocation(status: str, code: int, out: str = "", err: str = "") -> dict[str, Any]:

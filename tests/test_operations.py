@@ -127,8 +127,8 @@ def test_cli_status_and_resume_of_a_stack(autoscaling: Any) -> None:
     assert result.exit_code == 0, result.output
     capacity = result.output.split("\n\n")[0].splitlines()[2:]  # the first table: capacity and stops
     rows = {line.split()[0]: line.split() for line in capacity}
-    assert rows["dev-train"] == ["dev-train", "0", "0", "4", "0", "budget", "2"]
-    assert rows["dev-infer"][5:] == ["-", "-"]
+    assert rows["dev-train"] == ["dev-train", "0", "0", "4", "0", "budget", "2", "dev-train"]  # no tag
+    assert rows["dev-infer"][5:] == ["-", "-", "dev-infer"]
     assert "prod-train" not in rows
 
     result = runner.invoke(app, ["resume", "dev", "--only", "idle"])
@@ -342,3 +342,16 @@ def test_resume_never_prints_guardrail_log_lines(autoscaling: Any, capsys) -> No
     assert any(isinstance(h, logging.NullHandler) for h in awsapi.LOG.handlers)
     awsapi.log_event("cannot resume: no previous capacity", logging.WARNING, group="x")
     assert capsys.readouterr().err == ""
+
+
+def test_status_names_each_group_as_group_takes_it() -> None:
+    """Issue 25: the first column is the node group `--group` wants; the Auto Scaling group's name last."""
+    from gpucluster.cli.fleet import render_health, render_status
+
+    rows = [GroupStatus("gpu-dev-dev-a10-asg-7f3a", 0, 1, 2, 1, None, None, node_group="dev-a10", healthy=1),
+            GroupStatus("legacy-asg", 0, 0, 1, 0, "idle", 1, node_group=None, healthy=0)]
+    table = [line.split() for line in render_status(rows)]
+    assert table[0][0] == "group" and table[0][-3:] == ["Auto", "Scaling", "group"]
+    assert table[1] == ["dev-a10", "0", "1", "2", "1", "-", "-", "gpu-dev-dev-a10-asg-7f3a"]
+    assert table[2] == ["legacy-asg", "0", "0", "1", "0", "idle", "1", "legacy-asg"]
+    assert [line.split()[0] for line in render_health(rows)[1:]] == ["dev-a10", "legacy-asg"]

@@ -24,11 +24,20 @@ runner = CliRunner()
 
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_plan_shipped_stacks_exit_0(stack: str, cli_plans_once: None) -> None:
-    """The verdict first, in 100 columns: what, by kind; what it costs; which policies it breaks."""
+    """At a glance, in 100 columns: one line per node group; what it costs; which policies it breaks;
+    the resource kinds only with --tree."""
+    from gpucluster.project import load_stack
+
     result = runner.invoke(app, ["plan", stack])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].startswith(f"stack {stack} (") and lines[1] == "resources by kind:"
+    groups = [g.name for g in load_stack(stack)[2].node_groups]
+    assert lines[0].startswith(f"stack {stack} (") and f"): {len(groups)} node group(s), " in lines[0]
+    assert lines[1].split() == ["node", "group", "type", "x", "desired/max", "GPUs", "zone", "EFA",
+                                "purchase", "$/h"]
+    assert [line.split()[0] for line in lines[2:2 + len(groups)]] == groups
+    assert lines[2 + len(groups)].startswith("cost: ")
+    assert "resources by kind:" not in result.output
     headings = [i for i, line in enumerate(lines) if line.startswith(("cost: ", "policies: "))]
     assert [lines[i].split(":")[0] for i in headings] == ["cost", "policies"]
     assert lines[headings[1]] == "policies: no violations"
@@ -36,6 +45,7 @@ def test_plan_shipped_stacks_exit_0(stack: str, cli_plans_once: None) -> None:
     assert len(lines) < 40 and "gpucluster.GpuCluster" not in result.output, "the tree only with --tree"
     tree = runner.invoke(app, ["plan", stack, "-v"])
     assert tree.exit_code == 0 and tree.output.startswith(result.output.rsplit("(--tree", 1)[0])
+    assert "\nresources by kind:\n" in tree.output
     assert f"  gpucluster.GpuCluster  gpu-{stack}" in tree.output.splitlines()
     assert max(len(line) for line in tree.output.splitlines()) <= 100
 
@@ -127,3 +137,29 @@ def test_plan_depends_on_follows_the_chain() -> None:
     assert plan.depends_on(asg, template) and plan.depends_on(asg, subnet)
     assert plan.depends_on(asg, vpc), "transitively, through the subnet"
     assert not plan.depends_on(template, asg)
+
+
+def test_plan_json_gains_the_node_group_summary(cli_plans_once: None) -> None:
+    """Issue 25: `plan --json` only gains fields: `node_groups`, the per-group line as values."""
+    doc = json.loads(runner.invoke(app, ["plan", "prod", "--json"]).output)
+    assert {"stack", "region", "resources", "outputs", "warnings", "cost", "violations", "notes"} < set(doc)
+    train = next(g for g in doc["node_groups"] if g["name"] == "h100-train")
+    assert train == {
+        "name": "h100-train", "instance_types": ["p5.48xlarge"], "desired_nodes": 8, "max_nodes": 16,
+        "gpus_per_node": 8, "gpus_desired": 64, "gpus_max": 128, "availability_zones": ["us-east-1d"],
+        "efa": True, "purchase": {"base": 4, "on_demand": 4, "spot": 0, "capacity_block": False},
+        "usd_per_hour": train["usd_per_hour"]}
+    priced = next(g for g in doc["cost"]["node_groups"] if g["name"] == "h100-train")
+    assert train["usd_per_hour"] == pytest.approx(priced["desired"]["usd_per_hour"]["mix"])
+
+
+def test_a_warning_is_never_cut() -> None:
+    """A warning is our advice about a valid spec, ending in what to do: kept whole (JSON too), while
+    an error, which may echo hostile input, stays within MAX_LINE_CHARS."""
+    from gpucluster.spec import MAX_LINE_CHARS
+    from gpucluster.spec.findings import Finding
+
+    advice = "x " * 200 + "pin it (README: Datasets)"
+    assert Finding("datasets[0]", advice, "warning").message == advice
+    assert len(str(Finding("datasets[0]", advice))) <= MAX_LINE_CHARS
+    assert Finding("p", "a\nb", "warning").message == "a\\nb"  # still one printable line

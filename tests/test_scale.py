@@ -139,7 +139,7 @@ def test_cli_resume_only_manual_and_status_show_a_manual_stop(autoscaling: Any, 
     status = runner.invoke(app, ["status", "dev"])
     assert status.exit_code == 0, status.output
     row = next(line.split() for line in status.output.splitlines() if line.startswith("  dev-a10"))
-    assert row == ["dev-a10", "0", "0", "3", "0", "manual", "2"]
+    assert row == ["dev-a10", "0", "0", "3", "0", "manual", "2", "dev-a10"]  # here both are named dev-a10
     result = runner.invoke(app, ["resume", "dev", "--only", "manual", "--yes"])
     assert result.exit_code == 0, result.output
     assert "resumed dev-a10 (stopped by manual): 0 -> 2 node(s), min 1" in result.output
@@ -192,7 +192,7 @@ def test_budget_stop_still_wins(autoscaling: Any, ssm: RecordingSsm, monkeypatch
 
     result = runner.invoke(app, ["scale", "dev", "--group", "dev-a10", "--desired", "1", "--yes"])
     assert result.exit_code == 2
-    assert "dev-a10 is stopped by budget; restore it with `gpucluster resume STACK --only budget`" \
+    assert "dev-a10 is stopped by budget; restore it with `gpucluster resume dev --only budget`" \
         in result.output
 
     result = runner.invoke(app, ["stop", "dev", "--group", "dev-a10", "--yes"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,13 +16,16 @@ from gpucluster.sizing import (
     Fit,
     SizingError,
     Workload,
+    decode_rate,
     estimate_memory,
     make_workload,
     multi_node_capable,
     node_group_snippet,
+    orderable,
     parse_params,
     parse_tokens,
     recommend,
+    recommendation_snippet,
     usable_gib_per_gpu,
 )
 
@@ -221,10 +225,64 @@ def test_without_tokens_rank_by_price_per_effective_tflop_hour() -> None:
     assert p5.usd_per_effective_tflop_hour == pytest.approx(55.04 / (8 * 989 * 0.5))
 
 
-def test_inference_tokens_cost_two_flops_per_active_parameter() -> None:
-    w = make_workload(model="llama-3.1-8b", mode="inference", tokens="10b", mfu=0.2)
+def test_inference_is_timed_by_memory_bandwidth() -> None:
+    """Decode on one L40S (864 GB/s, NVIDIA L40S data sheet) at 60 % of it: each step reads the
+    bf16 weights and the 8 sequences' KV cache at half length, and emits 8 tokens."""
+    w = make_workload(model="llama-3.1-8b", mode="inference", tokens="10b")
     g6 = next(f for f in recommend(w) if f.instance_type == "g6e.xlarge")
-    assert g6.hours == pytest.approx(2 * 8_030_261_248 * 10e9 / (362.05e12 * 0.2) / 3600)
+    params = 8_030_261_248
+    kv_cache = 2 * 32 * 8 * 128 * 4096 * 8 * 2  # layers, KV heads, head dim, tokens, sequences, bf16
+    step = (2 * params + kv_cache / 2) / (864e9 * 0.6)
+    assert g6.tensor_parallel == 1
+    assert g6.tokens_per_second == pytest.approx(8 / step)
+    assert g6.hours == pytest.approx(10e9 / (8 / step) / 3600)
+    assert g6.usd_per_million_tokens == pytest.approx(g6.usd_per_hour / (8 / step * 3600) * 1e6)
+    assert g6.job_usd == pytest.approx(g6.hours * g6.usd_per_hour)
+
+
+def test_a_compute_bound_step_takes_its_flops_time() -> None:
+    """Many sequences at once: the FLOPs (2 per active parameter per token) outlast the reads."""
+    w = make_workload(model="llama-3.2-1b", mode="inference", concurrency=4096, seq_len=128)
+    t = catalog.get("g6e.xlarge")
+    gpu = catalog.gpu_model("L40S")
+    assert t is not None and gpu is not None
+    rate, tp = decode_rate(w, t, gpu, 1, 362.05)
+    assert tp == 1
+    assert rate == pytest.approx(4096 / (2 * w.model.active_params * 4096 / (362.05e12 * 0.4)))
+
+
+def test_inference_for_an_8b_model_ranks_what_users_would_pick() -> None:
+    """Issue 25: by cost per generated token an 8B model is served on one GPU; an 8 x B200 node,
+    $113.93/h, does not rank above a $1.86/h g6e."""
+    fits = recommend(make_workload(model="llama-3.1-8b", mode="inference"))
+    order = [f.instance_type for f in fits]
+    assert fits[0].price_basis == "on-demand" and fits[0].gpus == 1
+    assert order.index("g6e.xlarge") < order.index("p6-b200.48xlarge")
+    assert order.index("g6e.xlarge") < order.index("p5.48xlarge")
+    assert [f.usd_per_million_tokens for f in fits] == sorted(f.usd_per_million_tokens for f in fits)
+
+
+def test_every_gpu_model_has_a_sourced_bandwidth() -> None:
+    for name, gpu in catalog.gpu_models().items():
+        assert gpu.memory_bandwidth_gbs and "data sheet" in gpu.bandwidth_source, name
+    assert catalog.gpu_model("A100").bandwidth_gbs(40960) == 1555  # p4d: A100 40 GB
+    assert catalog.gpu_model("A100").bandwidth_gbs(81920) == 2039  # p4de: A100 80 GB
+    assert catalog.gpu_model("H100").bandwidth_gbs(81920) == 3350
+
+
+def test_a_capacity_block_pick_comes_with_a_node_group_to_order_now() -> None:
+    w = make_workload(model="llama-3.1-70b", mode="inference")
+    fits = recommend(w)
+    on_demand = fits[0]
+    block = replace(next(f for f in fits if f.instance_type.startswith("p5")), price_basis="capacity block")
+    text = recommendation_snippet([block, on_demand], w)
+    assert text is not None
+    assert f"gpucluster capacity search --type {block.instance_type}" in text
+    assert "# or now, on demand (no block to buy)" in text
+    pasted = yaml.safe_load(text.split("# or now, on demand", 1)[1].split("\n", 1)[1])
+    assert pasted["gpucluster:node_groups"][0]["instance_types"] == [on_demand.instance_type]
+    assert orderable([block, on_demand]) is on_demand
+    assert "# or now" not in (recommendation_snippet([on_demand, block], w) or "")
 
 
 # ----------------------------------------------------------------- snippets, input
@@ -273,6 +331,27 @@ def test_parse_tokens(text: str, tokens: float) -> None:
     assert parse_tokens(text) == pytest.approx(tokens)
 
 
+@pytest.mark.parametrize("text", ["2", "500", "999999", "2.5"])
+def test_a_bare_small_token_count_is_refused_with_a_hint(text: str) -> None:
+    """`--tokens 2` meant 2t or 2b: a unitless count under a million cannot be a real job."""
+    with pytest.raises(SizingError) as raised:
+        parse_tokens(text)
+    assert raised.value.option == "--tokens"
+    assert f"{text} has no unit: did you mean {text}t" in str(raised.value)
+
+
+def test_cli_tokens_2_exits_2_with_the_hint() -> None:
+    from typer.testing import CliRunner
+
+    from gpucluster.cli import app
+
+    result = CliRunner().invoke(app, ["recommend", "--model", "llama-3.1-8b", "--mode", "train",
+                                      "--tokens", "2"])
+    assert result.exit_code == 2
+    assert " ".join(result.output.split()).startswith(
+        "recommend: --tokens: 2 has no unit: did you mean 2t (2 trillion) or 2b (2 billion)?")
+
+
 def test_params_alone_picks_the_model_of_that_size() -> None:
     assert make_workload("70b", "train").model is MODELS["llama-3.1-70b"]
     assert make_workload("8", "train").model is MODELS["llama-3.1-8b"]
@@ -285,7 +364,7 @@ def test_params_alone_picks_the_model_of_that_size() -> None:
     ({"mode": "train"}, "--params", "give --model NAME or --params"),
     ({"model": "gpt-5", "mode": "train"}, "--model", "unknown model 'gpt-5' (known: llama-3.2-1b"),
     ({"model": "mistral-7b", "params": "7", "mode": "train"}, "--model", "give --model alone"),
-    ({"params": "7", "mode": "fly"}, "--mode", "train, finetune, inference"),
+    ({"params": "7", "mode": "fly"}, "--mode", "train, finetune, lora, qlora, inference"),
     ({"params": "7", "mode": "train", "precision": "int4"}, "--precision", "bf16, fp16, fp32"),
     ({"params": "30", "mode": "train"}, "--layers", "no known shape for a 30B model"),
     ({"params": "30", "mode": "train", "layers": 60}, "--hidden", "give both"),
@@ -312,3 +391,54 @@ def test_another_model_by_its_shape() -> None:
     assert (w.model.heads, w.model.kv_heads, w.model.vocab) == (52, 52, 128_256)  # head_dim 128, MHA
     assert estimate_memory(w).kv_cache == 2 * 60 * 52 * 128 * 4096 * 2
     assert w.model.params == 30e9 and w.model.largest_module_params == 128_256 * 6656
+
+
+# ------------------------------------------------------------------ LoRA, QLoRA
+
+
+def test_lora_adapters_on_every_linear_layer() -> None:
+    """Llama 3.1 8B, rank 16 on q, k, v, o, gate, up, down: 41,943,040 trainable parameters (what
+    Hugging Face PEFT reports for this model and target set)."""
+    assert MODELS["llama-3.1-8b"].lora_params(16) == 41_943_040
+    w = make_workload(model="llama-3.1-8b", mode="lora")
+    memory = estimate_memory(w)
+    p = 8_030_261_248
+    assert memory.weights == 2 * p  # the frozen base in bf16, no gradients or optimizer states for it
+    assert memory.adapters == 2 * 41_943_040
+    assert memory.gradients == 2 * 41_943_040 and memory.optimizer == 12 * 41_943_040  # 16 B in all
+    assert memory.buffers == memory.kv_cache == 0
+
+
+def test_qlora_keeps_the_base_in_4_bits_and_the_embeddings_in_16() -> None:
+    """QLoRA section 3: NF4 plus double-quantised constants, 4.127 bits per parameter."""
+    w = make_workload(model="llama-3.1-8b", mode="qlora", lora_rank=64)
+    memory = estimate_memory(w)
+    p, embeddings = 8_030_261_248, 2 * 128_256 * 4096  # untied input embedding and output head
+    assert memory.weights == pytest.approx((p - embeddings) * 4.127 / 8 + 2 * embeddings)
+    assert memory.adapters == 2 * 4 * 41_943_040  # rank 64
+    assert w.flops_per_token == 4 and w.max_nodes == 1
+
+
+def test_adapter_training_counts_four_flops_per_parameter_and_token() -> None:
+    lora = make_workload(model="llama-3.1-8b", mode="lora", tokens="1b")
+    full = make_workload(model="llama-3.1-8b", mode="finetune", tokens="1b")
+    assert lora.flops == pytest.approx(4 * 8_030_261_248 * 1e9)
+    assert full.flops == pytest.approx(6 * 8_030_261_248 * 1e9)
+
+
+def test_qlora_fits_a_70b_model_on_one_large_gpu_where_lora_needs_a_node() -> None:
+    qlora = recommend(make_workload(model="llama-3.1-70b", mode="qlora"))
+    assert any(f.gpus == 1 for f in qlora)  # one 80 GB H100 (QLoRA: 65B on a single 48 GB GPU)
+    lora = recommend(make_workload(model="llama-3.1-70b", mode="lora", max_nodes=1))
+    assert lora and all(f.gpus >= 4 for f in lora)
+
+
+@pytest.mark.parametrize(("kwargs", "option", "words"), [
+    ({"params": "7", "mode": "train", "lora_rank": 8}, "--lora-rank", "is for --mode lora or qlora"),
+    ({"params": "7", "mode": "lora", "lora_rank": 0}, "--lora-rank", "must be 1..4096"),
+    ({"params": "7", "mode": "qlora", "precision": "fp32"}, "--precision", "computes in bf16 or fp16"),
+])
+def test_adapter_options_are_checked(kwargs: dict[str, Any], option: str, words: str) -> None:
+    with pytest.raises(SizingError) as raised:
+        make_workload(**kwargs)
+    assert raised.value.option == option and words in str(raised.value)

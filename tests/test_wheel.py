@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
-from wheel_venv import PACKAGE_SOURCE, REPO, Venv, clean_env
+from wheel_venv import PACKAGE_SOURCE, REPO, Venv, clean_env, site_packages
 
 
 def test_wheel_installs_only_gpucluster_with_its_data(wheel: Path) -> None:
@@ -36,14 +38,40 @@ def test_only_the_wheels_gpucluster_is_importable(venv: Venv, tmp_path: Path) ->
     assert out[1:3] == ["True", "None None"]
 
 
-def test_init_then_plan_dev_outside_the_repository(venv: Venv, tmp_path: Path) -> None:
-    gpucluster = str(venv.bin / "gpucluster")
+def test_init_then_install_its_requirements_then_plan_dev_outside_the_repository(
+        venv: Venv, wheel: Path, tmp_path: Path) -> None:
+    """Issue 25's "Done when": wheel -> venv -> `gpucluster init demo` -> `pip install -r
+    requirements.txt` (into the project's own .venv, as `pulumi install` does) resolving gpucluster
+    from the same wheel -> `gpucluster plan dev` exit 0, no boundary or break-glass role in the stack.
+
+    Offline: the requirement names the wheel by its path, and the other dependencies are the outer
+    venv's (a .pth line), so pip checks them and downloads nothing (`--no-index`).
+    """
     assert not tmp_path.is_relative_to(REPO)
-    created = subprocess.run([gpucluster, "init", "proj"], cwd=tmp_path, capture_output=True, text=True,
-                             env=clean_env())
+    created = subprocess.run([str(venv.bin / "gpucluster"), "init", "demo"], cwd=tmp_path,
+                             capture_output=True, text=True, env=clean_env())
     assert created.returncode == 0, created.stderr
-    planned = subprocess.run([gpucluster, "plan", "dev"], cwd=tmp_path / "proj", capture_output=True,
-                             text=True, env=clean_env())
+    demo = tmp_path / "demo"
+    requirement = (demo / "requirements.txt").read_text().splitlines()[-1]
+    assert requirement == f"gpucluster @ {wheel.resolve().as_uri()}"
+    stack = (demo / "stacks" / "Pulumi.dev.yaml").read_text()
+    assert "permissions_boundary" not in stack and "break_glass_role" not in stack
+
+    project_venv = demo / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(project_venv)], check=True)
+    python = project_venv / "bin" / "python"
+    (site_packages(python) / "outer-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
+                                "-r", "requirements.txt"], cwd=demo, capture_output=True, text=True,
+                               env=clean_env())
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert "Successfully installed gpucluster" in installed.stdout
+    where = subprocess.run([python, "-c", "import gpucluster; print(gpucluster.__file__)"], cwd=demo,
+                           check=True, capture_output=True, text=True, env=clean_env()).stdout.strip()
+    assert Path(where).is_relative_to(site_packages(python)), where
+
+    planned = subprocess.run([str(project_venv / "bin" / "gpucluster"), "plan", "dev"], cwd=demo,
+                             capture_output=True, text=True, env=clean_env())
     assert planned.returncode == 0, planned.stdout + planned.stderr
     assert planned.stdout.startswith("stack dev (us-east-1): ")
     assert "policies: no violations" in planned.stdout

@@ -27,6 +27,17 @@ node-group snippet `gpucluster recommend` prints. The method, with its sources:
   101", EleutherAI: total ≈ 1.2 x model memory), + the KV cache of `concurrency` sequences of
   `seq_len` tokens, 2 · L · kv_heads · head_dim · s · 2 B each (fp32 models: 4 B), all sharded
   over the GPUs by tensor parallelism.
+- LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"): the base model
+  frozen in 16 bits (2 B per parameter, no gradients, no optimizer states) plus trainable
+  adapters of rank r on every linear layer, r·(inputs + outputs) parameters each, which carry
+  16 B per parameter as full training does (bf16 weights and gradients, fp32 master weights and
+  Adam's two moments). QLoRA (Dettmers et al. 2023, "QLoRA: Efficient Finetuning of Quantized
+  LLMs", section 3): the frozen base in 4-bit NormalFloat with double-quantised constants,
+  (4 + 0.127) / 8 B per parameter, the embeddings and output head kept in 16 bits, the
+  adapters as LoRA's. Activations and logits as training, with gradient checkpointing (both
+  papers' setups); the frozen weights are sharded FSDP-style over the GPUs like the rest.
+  Compute: 4·N·D FLOPs (forward 2N, backward 2N for activation gradients, none for frozen
+  weights); the paged optimizer and dequantisation overheads are left out.
 - Usable memory per GPU: the card's memory less 1 GiB for the CUDA context (PyTorch, cuBLAS
   workspaces, NCCL buffers), then 95 % of the rest (allocator fragmentation).
 - More than one node needs EFA on several network cards (single-card EFA sizes lack the
@@ -35,14 +46,20 @@ node-group snippet `gpucluster recommend` prints. The method, with its sources:
   Neural Language Models", C ≈ 6ND), 2 · N per generated or scored token for inference, N the
   parameters active per token (a mixture of experts computes with its routed experts only),
   over the GPUs' dense peak at the compute format (catalog `gpu_models`, NVIDIA data sheets) at
-  a stated model FLOPs utilisation (MFU, default 40 %). Ranked by the job's cost with
-  `tokens`, else by price per effective TFLOP-hour (the same order).
+  a stated model FLOPs utilisation (MFU, default 40 %). Training is ranked by the job's cost
+  with `tokens`, else by price per effective TFLOP-hour (the same order).
+- Inference is ranked by the cost of a generated token. Decoding reads every weight and the
+  sequences' KV cache once a step, so a step takes those bytes over the GPUs' memory bandwidth
+  (catalog `memory_bandwidth_gbs`, NVIDIA data sheets) at DECODE_MBU (60 %, Databricks' measured
+  model bandwidth utilisation), or its FLOPs over the peak at MFU when that is longer; each
+  replica spans the fewest GPUs that hold it (vLLM's advice) and the concurrency is spread over
+  the replicas. Tokens per second x 3600 over the nodes' price per hour gives $ per token.
 
 What it leaves out: tensor/pipeline-parallel training layouts, optimizer or parameter offload,
-activation memory without checkpointing, LoRA and other parameter-efficient fine-tuning, the
-KV cache's paging overhead and prefill activations at long context, communication time (MFU
-stands for all of it), and memory-bound decoding, where time follows memory bandwidth rather
-than FLOPs.
+activation memory without checkpointing, parameter-efficient methods other than LoRA/QLoRA, the
+KV cache's paging overhead and prefill activations at long context, prefill time (decode
+dominates generation), tensor-parallel communication and per-step launch latency (MBU and MFU
+stand for all of it).
 
 It is pure: no Pulumi, no AWS calls. It must not price anything itself: rates come from
 gpucluster.pricing, instance facts, GPU peaks and offerings from gpucluster.catalog.
@@ -61,6 +78,10 @@ GIB = 1024**3
 CUDA_CONTEXT_GIB = 1.0
 FRAGMENTATION = 0.05
 INFERENCE_OVERHEAD = 0.2  # "Transformer Math 101": inference memory ≈ 1.2 x weights
+# Decode reaches about this share of the GPU's memory bandwidth (model bandwidth utilisation, MBU):
+# Databricks, "LLM Inference Performance Engineering: Best Practices" (2023), measures MBU of about
+# 60 % for a 7B model decoding on A100 and H100 at small batch sizes. A planning figure.
+DECODE_MBU = 0.6
 # DeepSpeed's estimator: 18 B per parameter of model states, 4 B per parameter of the largest module.
 DEEPSPEED_STATE_BYTES = 18
 DEEPSPEED_LARGEST_MODULE_BYTES = 4
@@ -68,10 +89,18 @@ LOGIT_BYTES = 4
 DEFAULT_SEQ_LEN = 4096
 DEFAULT_CONCURRENCY = 8
 DEFAULT_MFU = 0.4
-DEFAULT_MAX_NODES = {"train": 64, "finetune": 64, "inference": 1}
+DEFAULT_MAX_NODES = {"train": 64, "finetune": 64, "lora": 8, "qlora": 1, "inference": 1}
+DEFAULT_LORA_RANK = 16
+# LoRA and QLoRA (module docstring): the frozen base's bytes per parameter, and the trainable
+# adapter's: bf16 weights and gradients, fp32 master weights and Adam's two moments (2+2+4+4+4).
+ADAPTER_STATE_BYTES = 16
+# QLoRA, section 3: NF4 weights (4 bits) with double-quantised constants, 0.127 bits per parameter
+# ("reduces the memory footprint from 0.5 bits per parameter to 0.127 bits").
+QLORA_BYTES = (4 + 0.127) / 8
 
-Mode = Literal["train", "finetune", "inference"]
-MODES: tuple[Mode, ...] = ("train", "finetune", "inference")
+Mode = Literal["train", "finetune", "lora", "qlora", "inference"]
+MODES: tuple[Mode, ...] = ("train", "finetune", "lora", "qlora", "inference")
+ADAPTER_MODES = ("lora", "qlora")
 TRAINING_PRECISIONS = ("bf16", "fp16", "fp32")
 INFERENCE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 WEIGHT_ONLY = ("int8", "int4")  # weight-only quantisation: the matmuls run in 16 bits
@@ -126,6 +155,23 @@ class ModelShape:
         per_layer = self._attention() + mlp + router + 2 * self.hidden  # + two RMSNorm weights
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
         return float(self.layers * per_layer + embeddings + self.hidden)  # + the final norm
+
+    def lora_params(self, rank: int) -> float:
+        """Trainable LoRA parameters at `rank` on every linear layer of every block (attention q, k,
+        v, o; MLP gate, up, down, per expert): rank x (inputs + outputs) per adapted matrix (Hu et
+        al. 2021, "LoRA", section 4.1: W + BA with B d x r, A r x k). All linear layers, as QLoRA
+        (Dettmers et al. 2023, section 4) finds it needs to match full fine-tuning. A shape given
+        on the command line has no MLP width: its MLP is taken as 4 x hidden (GPT's)."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        mlp_width = self.intermediate or 4 * h
+        attention = (h + q) + 2 * (h + kv) + (q + h)
+        mlp = max(self.experts, 1) * (2 * (h + mlp_width) + (mlp_width + h))
+        return float(rank * self.layers * (attention + mlp))
+
+    @property
+    def embedding_params(self) -> float:
+        """The token embedding and the output head (one matrix when tied): kept in 16 bits by QLoRA."""
+        return float(self.vocab * self.hidden * (1 if self.tied_embeddings else 2))
 
     @property
     def params(self) -> float:
@@ -208,6 +254,8 @@ class Workload:
     tokens: float | None = None
     """Training: tokens trained on; inference: tokens generated or scored."""
     mfu: float = DEFAULT_MFU
+    lora_rank: int = DEFAULT_LORA_RANK
+    """LoRA / QLoRA: the adapters' rank."""
 
     @property
     def params(self) -> float:
@@ -222,11 +270,18 @@ class Workload:
         return self.mode != "inference"
 
     @property
+    def flops_per_token(self) -> int:
+        """Per active parameter: 6 to train (forward 2, backward 4), 4 with frozen weights (LoRA,
+        QLoRA: the backward pass computes activation gradients, 2, but no weight gradients), 2 to
+        generate."""
+        return 2 if not self.training else 4 if self.mode in ADAPTER_MODES else 6
+
+    @property
     def flops(self) -> float | None:
-        """The job's FLOPs: 6·N·D to train, 2·N per token for inference (N active parameters)."""
+        """The job's FLOPs: flops_per_token x N x D (N active parameters, D tokens)."""
         if self.tokens is None:
             return None
-        return (6 if self.training else 2) * self.model.active_params * self.tokens
+        return self.flops_per_token * self.model.active_params * self.tokens
 
     def compute_format(self, gpu: catalog.GpuModel) -> str | None:
         """The number format the matmuls run in on `gpu`; None when the GPU cannot run this workload."""
@@ -247,12 +302,22 @@ def parse_params(text: str) -> float:
     return float(match.group(1)) * scale
 
 
+# A token count without a unit below this is taken for a forgotten unit (`--tokens 2` meant 2t or 2b,
+# not two tokens): no training or serving job worth sizing is under a million tokens.
+UNITLESS_TOKENS_MIN = 1e6
+
+
 def parse_tokens(text: str) -> float:
-    """'2t', '500b', '1e9', '300m', '1000000' -> tokens."""
+    """'2t', '500b', '1e9', '300m', '1000000' -> tokens; a bare number under a million is refused."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kKmMbBgGtT]?)\s*", text)
     if not match or float(match.group(1)) <= 0:
         raise SizingError("--tokens", f"must be a positive token count like 2t, 500b or 1e9, got {text!r}")
-    return float(match.group(1)) * _SCALE[match.group(2).lower()]
+    value, unit = float(match.group(1)), match.group(2).lower()
+    if not unit and value < UNITLESS_TOKENS_MIN:
+        raise SizingError("--tokens", f"{text.strip()} has no unit: did you mean {match.group(1)}t "
+                          f"({value:g} trillion) or {match.group(1)}b ({value:g} billion)? Give a unit "
+                          "(k, m, b, t) or the full count (e.g. 2000000000)")
+    return value * _SCALE[unit]
 
 
 def _bounded(option: str, value: int | None, hi: int) -> None:
@@ -264,7 +329,8 @@ def make_workload(params: str | None = None, mode: str = "train", precision: str
                   seq_len: int | None = None, batch: int | None = None, max_nodes: int | None = None,
                   layers: int | None = None, hidden: int | None = None, heads: int | None = None,
                   kv_heads: int | None = None, *, model: str | None = None, concurrency: int | None = None,
-                  vocab: int | None = None, tokens: str | None = None, mfu: float = DEFAULT_MFU) -> Workload:
+                  vocab: int | None = None, tokens: str | None = None, mfu: float = DEFAULT_MFU,
+                  lora_rank: int | None = None) -> Workload:
     """Validate command-line values into a Workload; SizingError names the option at fault."""
     if mode not in MODES:
         raise SizingError("--mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
@@ -284,10 +350,15 @@ def make_workload(params: str | None = None, mode: str = "train", precision: str
         raise SizingError("--concurrency", "is for inference; training takes --batch (micro-batch per GPU)")
     if not 0 < mfu <= 1:
         raise SizingError("--mfu", f"must be a fraction of the peak in (0, 1], e.g. 0.4, got {mfu:g}")
+    if lora_rank is not None and mode not in ADAPTER_MODES:
+        raise SizingError("--lora-rank", "is for --mode lora or qlora")
+    _bounded("--lora-rank", lora_rank, 4096)
+    if mode in ADAPTER_MODES and precision == "fp32":
+        raise SizingError("--precision", f"{mode} computes in bf16 or fp16, got 'fp32'")
     shape = _shape(params, model, layers, hidden, heads, kv_heads, vocab)
     return Workload(shape, mode, precision, seq_len or DEFAULT_SEQ_LEN, batch or 1,  # type: ignore[arg-type]
                     concurrency or DEFAULT_CONCURRENCY, max_nodes or DEFAULT_MAX_NODES[mode],
-                    None if tokens is None else parse_tokens(tokens), mfu)
+                    None if tokens is None else parse_tokens(tokens), mfu, lora_rank or DEFAULT_LORA_RANK)
 
 
 def _shape(params: str | None, model: str | None, layers: int | None, hidden: int | None,
@@ -342,11 +413,14 @@ class MemoryEstimate:
     """Per GPU (training)."""
     logits: float
     """Per GPU (training): the fp32 logits the loss needs."""
+    adapters: float = 0.0
+    """LoRA / QLoRA: the trainable adapters' weights (their gradients and optimizer states are in
+    `gradients` and `optimizer`)."""
 
     @property
     def sharded(self) -> float:
         return (self.weights + self.gradients + self.optimizer + self.buffers + self.overhead
-                + self.kv_cache)
+                + self.kv_cache + self.adapters)
 
     @property
     def per_gpu(self) -> float:
@@ -365,6 +439,19 @@ class MemoryEstimate:
 def estimate_memory(w: Workload) -> MemoryEstimate:
     """The memory of `w` by the method in the module docstring."""
     m, p = w.model, w.model.params
+    if w.mode in ADAPTER_MODES:
+        adapter = m.lora_params(w.lora_rank)
+        if w.mode == "qlora":
+            embeddings = min(m.embedding_params, p)
+            base = QLORA_BYTES * (p - embeddings) + 2 * embeddings
+        else:
+            base = 2.0 * p
+        activations = w.seq_len * w.batch * m.hidden * (2 * m.layers + 34)
+        return MemoryEstimate(
+            weights=base, gradients=2 * adapter, optimizer=(ADAPTER_STATE_BYTES - 4) * adapter,
+            buffers=0.0, overhead=0.0, kv_cache=0.0, adapters=2 * adapter,
+            largest_module=2.0 * m.largest_module_params, activations=activations,
+            logits=float(w.seq_len * w.batch * m.vocab * LOGIT_BYTES))
     if w.training:
         word = 4 if w.precision == "fp32" else 2
         optimizer = 8 * p if w.precision == "fp32" else 12 * p
@@ -418,10 +505,23 @@ class Fit:
     hours: float | None
     """With tokens: how long the job runs."""
     job_usd: float | None
+    tokens_per_second: float | None = None
+    """Inference: generated tokens per second of all nodes at the workload's concurrency (decode)."""
+    usd_per_million_tokens: float | None = None
+    """Inference: what a million generated tokens cost on these nodes at that rate."""
+    tensor_parallel: int | None = None
+    """Inference: GPUs one model replica spans (the fewest that hold it and its sequences)."""
 
     @property
     def usd_per_effective_tflop_hour(self) -> float:
         return self.usd_per_hour / self.effective_tflops
+
+    @property
+    def rank_key(self) -> tuple[float, int, str]:
+        """Inference: cost per generated token; training: the job's cost (or $ per effective TFLOP-h)."""
+        cost = (self.usd_per_million_tokens if self.usd_per_million_tokens is not None
+                else self.job_usd if self.job_usd is not None else self.usd_per_effective_tflop_hour)
+        return (cost, self.nodes, self.instance_type)
 
 
 def _prices(t: catalog.InstanceType, region: str, nodes: int) -> tuple[float, str, float | None]:
@@ -436,10 +536,65 @@ def _fit(w: Workload, t: catalog.InstanceType, gpu: catalog.GpuModel, fmt: str, 
     peak = gpu.peak_tflops(fmt) or 0.0
     effective = nodes * t.gpus * peak * w.mfu
     usd, basis, spot = _prices(t, region, nodes)
+    if not w.training:
+        rate, tp = decode_rate(w, t, gpu, nodes, peak)
+        hours = None if w.tokens is None or rate is None else w.tokens / rate / 3600
+        per_million = None if rate is None else usd / (rate * 3600) * 1e6
+        return Fit(t.name, t.gpu_model, nodes, nodes * t.gpus, need, usable_gib_per_gpu(t), usd, basis,
+                   spot, nodes > 1, fmt, peak, effective, hours, None if hours is None else hours * usd,
+                   rate, per_million, tp)
     flops = w.flops
     hours = None if flops is None else flops / (effective * 1e12) / 3600
     return Fit(t.name, t.gpu_model, nodes, nodes * t.gpus, need, usable_gib_per_gpu(t), usd, basis, spot,
                nodes > 1, fmt, peak, effective, hours, None if hours is None else hours * usd)
+
+
+def tensor_parallel_degree(w: Workload, t: catalog.InstanceType, total_gpus: int) -> tuple[int, int]:
+    """(GPUs a replica spans, replicas): the fewest GPUs, a power of two or all of them, that hold
+    the weights and the KV cache of the sequences a replica serves; the other GPUs run replicas.
+
+    Serving stacks shard a model only when it does not fit one GPU (vLLM docs, "Distributed
+    inference and serving": "If your model fits in a single GPU, you probably don't need to use
+    distributed inference"): a small model over eight GPUs spends each step on all-reduces.
+    """
+    memory = estimate_memory(w)
+    weights = memory.weights + memory.overhead
+    kv_per_sequence = memory.kv_cache / w.concurrency
+    usable = usable_gib_per_gpu(t) * GIB
+    sizes = sorted({*(2**i for i in range(total_gpus.bit_length()) if 2**i <= total_gpus), total_gpus})
+    for tp in sizes:
+        replicas = total_gpus // tp
+        sequences = -(-w.concurrency // min(replicas, w.concurrency))
+        if (weights + kv_per_sequence * sequences) / tp <= usable:
+            return tp, replicas
+    return total_gpus, 1
+
+
+def decode_rate(w: Workload, t: catalog.InstanceType, gpu: catalog.GpuModel, nodes: int,
+                peak_tflops: float) -> tuple[float | None, int | None]:
+    """(generated tokens per second, tensor-parallel degree) of `nodes` x `t` serving `w`.
+
+    Decoding is bound by memory bandwidth: every step a replica reads its weights (a mixture of
+    experts: the experts its sequences route to, at most all) and its sequences' KV cache (at
+    half the sequence length on average), and emits one token per sequence. The step takes
+    bytes / (its GPUs' bandwidth x DECODE_MBU), or its FLOPs (2 per active parameter per token)
+    over their peak x MFU when that is longer. None without a bandwidth figure for the GPU.
+    """
+    bandwidth = gpu.bandwidth_gbs(t.gpu_memory_mib)
+    if bandwidth is None:
+        return None, None
+    total_gpus = nodes * t.gpus
+    tp, replicas = tensor_parallel_degree(w, t, total_gpus)
+    busy = min(replicas, w.concurrency)
+    sequences = w.concurrency / busy
+    m, memory = w.model, estimate_memory(w)
+    weight_bytes = INFERENCE_BYTES[w.precision] * min(m.params, m.active_params * sequences)
+    kv_bytes = memory.kv_cache / w.concurrency * sequences / 2
+    memory_seconds = (weight_bytes + kv_bytes) / (tp * bandwidth * 1e9 * DECODE_MBU)
+    compute_seconds = 2 * m.active_params * sequences / (tp * peak_tflops * 1e12 * w.mfu) \
+        if peak_tflops else 0.0
+    step = max(memory_seconds, compute_seconds)
+    return busy * sequences / step, tp
 
 
 def offered_types(region: str, zone: str | None = None) -> list[str]:
@@ -471,8 +626,26 @@ def recommend(w: Workload, region: str = "us-east-1", zone: str | None = None) -
                 break
             if memory.per_gpu / GIB > usable:
                 break  # the unsharded part alone does not fit: more nodes cannot help
-    return sorted(fits, key=lambda f: (f.job_usd if f.job_usd is not None else f.usd_per_effective_tflop_hour,
-                                       f.nodes, f.instance_type))
+    return sorted(fits, key=lambda f: f.rank_key)
+
+
+def orderable(fits: list[Fit]) -> Fit | None:
+    """The best fit that can be ordered at once (on demand or spot), not only as a Capacity Block."""
+    return next((f for f in fits if f.price_basis != "capacity block"), None)
+
+
+def recommendation_snippet(fits: list[Fit], w: Workload, region: str = "us-east-1",
+                           zone: str | None = None) -> str | None:
+    """What to paste: the best fit's node group; when that is a Capacity Block type, how to buy the
+    block and, beside it, the node group of the best type that can be ordered on demand today."""
+    if not fits:
+        return None
+    text = node_group_snippet(fits[0], w, region, zone)
+    other = orderable(fits)
+    if fits[0].price_basis == "capacity block" and other is not None:
+        text += ("#\n# or now, on demand (no block to buy): the best type that can be ordered at once\n"
+                 + node_group_snippet(other, w, region, zone))
+    return text
 
 
 def node_group_snippet(fit: Fit, w: Workload, region: str = "us-east-1", zone: str | None = None) -> str:
@@ -501,8 +674,8 @@ def node_group_snippet(fit: Fit, w: Workload, region: str = "us-east-1", zone: s
     # whatever else the network holds; the network must list them.
     offered = catalog.offered_zones(fit.instance_type, region) or []
     chosen = [zone] if zone else offered[:1] if fit.nodes > 1 else offered
-    zones = (f"    availability_zones: [{', '.join(chosen)}]   # network.availability_zones must list "
-             f"{'it' if len(chosen) == 1 else 'them'}\n") if chosen else ""
+    zones = (f"    # network.availability_zones must list {'it' if len(chosen) == 1 else 'them'}\n"
+             f"    availability_zones: [{', '.join(chosen)}]\n") if chosen else ""
     efa = "efa: on\n    placement_group: true" if fit.nodes > 1 else "efa: off"
     return (
         summary

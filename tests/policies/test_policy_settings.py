@@ -88,3 +88,25 @@ def test_stack_config_path() -> None:
     assert settings.stack_config_path("prod") == settings.policy_config_dir() / "prod.json"
     assert settings.policy_config_dir() == Path(__file__).resolve().parents[2] / "policies" / "config"
     assert settings.stack_config_path("dev") is None
+    # keyed by environment: a second prod-like stack shares prod.json; a stack's own file wins
+    assert settings.stack_config_path("prod-eu", "prod") == settings.policy_config_dir() / "prod.json"
+    assert settings.stack_config_path("prod", "staging") == settings.policy_config_dir() / "prod.json"
+    assert settings.stack_config_path("qa", "qa") is None
+
+
+def test_a_second_prod_stack_gets_prods_limits_from_its_environment(tmp_path: Path) -> None:
+    """prod.json caps prod at 256 GPUs (the built-in prod limit is 512): a stack named prod-eu tagged
+    environment: prod is held to 256 too, with no file of its own."""
+    from typer.testing import CliRunner
+
+    from gpucluster.cli import app
+
+    repo = Path(__file__).resolve().parents[2]
+    prod = (repo / "stacks" / "Pulumi.prod.yaml").read_text()
+    big = tmp_path / "Pulumi.prod-eu.yaml"
+    big.write_text(prod.replace("max_nodes: 16", "max_nodes: 40"))
+    assert big.read_text() != prod
+    result = CliRunner().invoke(app, ["plan", str(big), "--json"])
+    document = json.loads(result.stdout)
+    limits = [v for v in document["violations"] if v["policy"] == "environment-limits"]
+    assert limits and "over the prod limit of 256" in limits[0]["message"], document["violations"]

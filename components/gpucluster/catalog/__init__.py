@@ -12,7 +12,7 @@ than carrying its own copy.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -95,9 +95,19 @@ class GpuModel:
     dense_tflops: dict[str, float]
     """Format (fp32, fp16, bf16, fp8) -> peak; a format the GPU lacks is absent."""
     source: str
+    memory_bandwidth_gbs: dict[int, float] = field(default_factory=dict)
+    """Memory size of the variant (GB) -> its memory bandwidth, GB/s per GPU (data sheet)."""
+    bandwidth_source: str = ""
 
     def peak_tflops(self, fmt: str) -> float | None:
         return self.dense_tflops.get(fmt)
+
+    def bandwidth_gbs(self, memory_mib: int) -> float | None:
+        """The bandwidth of the variant with this much memory (the nearest listed size)."""
+        if not self.memory_bandwidth_gbs:
+            return None
+        gb = memory_mib * 2**20 / 1e9
+        return self.memory_bandwidth_gbs[min(self.memory_bandwidth_gbs, key=lambda size: abs(size - gb))]
 
 
 def family_of(instance_type: str) -> str:
@@ -140,7 +150,9 @@ def load_catalog(path: Path = DATA_FILE) -> dict[str, InstanceType]:
 def gpu_models(path: Path = DATA_FILE) -> dict[str, GpuModel]:
     """GPU model name (H100, L40S, ...) -> its peaks and their data sheet."""
     raw = read_data_file(path)
-    return {name: GpuModel(name, {k: float(v) for k, v in g["dense_tflops"].items()}, g["source"])
+    return {name: GpuModel(name, {k: float(v) for k, v in g["dense_tflops"].items()}, g["source"],
+                           {int(k): float(v) for k, v in (g.get("memory_bandwidth_gbs") or {}).items()},
+                           g.get("bandwidth_source", ""))
             for name, g in raw["gpu_models"].items()}
 
 

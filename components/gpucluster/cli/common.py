@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_BLOCKED, EXIT_INVALID = 0, 1, 2
 EXIT_INTERRUPTED = 130
+# Commands that ask AWS nothing (`cost --live` guards its own clients).
+OFFLINE_COMMANDS = frozenset({"plan", "cost", "recommend", "init"})
 T = TypeVar("T")
 
 app = typer.Typer(
@@ -73,6 +75,10 @@ def root(
 ) -> None:
     """Plan, price and operate GPU clusters on AWS built with Pulumi."""
     render.use_json("--json" in ctx.args)  # each command sets it again; this covers --stacks-dir
+    if ctx.invoked_subcommand not in OFFLINE_COMMANDS:  # these never load boto3
+        from gpucluster.ops.awserrors import guard_default_session
+
+        guard_default_session()
     if stacks_dir is not None and not stacks_dir.is_dir():
         fail_usage("--stacks-dir", f"{stacks_dir} is not a directory")
     project.use_stacks_dir(stacks_dir)
@@ -111,14 +117,19 @@ def confirm_or_exit(command: str, question: str, yes: bool, declined: str | None
 
 def aws_call(command: str, call: Callable[[], T], doing: str | None = "asking AWS") -> T:
     """Run an AWS call (a spinner saying `doing` after a second; None: no spinner, the caller
-    shows progress); no credentials or an AWS error: one line (JSON with --json), exit 2."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    shows progress); no credentials, an AWS error, an answer that cannot be parsed (an HTML page
+    from a proxy) or an error without a code: one line, never markup (JSON with --json), exit 2."""
+    from gpucluster.ops.awserrors import AWS_ERRORS, describe, from_parser
 
     try:
         with render.progress(doing) if doing else nullcontext():
             return call()
-    except (BotoCoreError, ClientError) as err:
-        fail_usage(command, f"AWS said: {err}")
+    except AWS_ERRORS as err:
+        fail_usage(command, describe(err))
+    except Exception as err:
+        if not from_parser(err):
+            raise
+        fail_usage(command, describe(err))
 
 
 def ops_call(command: str, call: Callable[[], T], doing: str | None = "asking AWS") -> T:

@@ -69,8 +69,10 @@ def doctor(
                             "pre-flight checks against the AWS account"):
         render.echo(line)
     styles = {"blocker": "bad", "warning": "warn"}
+    # The finding wraps in its own column when it has 40 columns, else under its row (a long
+    # subject, such as a quota's name, would leave it a ragged strip at the right edge).
     for line in render.table(["level", "check", "subject", "finding"],
-                             [[f.level, f.check, f.subject, f.message] for f in findings]):
+                             [[f.level, f.check, f.subject, f.message] for f in findings], min_wrap=40):
         level = line[2:].split(" ", 1)[0]  # a row's first line starts with its level
         render.echo(line.replace(level, render.paint(level, styles[level]), 1) if level in styles else line)
     summary = f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['blocker']} blocker(s)"

@@ -41,11 +41,19 @@ if TYPE_CHECKING:
     from gpucluster.spec import StackSpec
 
 
+def group_label(r: GroupStatus) -> str:
+    """What `--group` takes: the node group's name from the stack file (the Auto Scaling group's
+    name only for a group without the node-group tag)."""
+    return r.node_group or r.name
+
+
 def render_status(rows: list[GroupStatus]) -> list[str]:
+    """One row a group, named as `--group` wants it; the Auto Scaling group's name last."""
     return render.table(
-        ["group", "min", "desired", "max", "in service", "stopped by", "previous desired"],
-        [[r.name, str(r.min_size), str(r.desired_capacity), str(r.max_size), str(r.in_service),
-          r.stopped_by or "-", "-" if r.previous_desired is None else str(r.previous_desired)]
+        ["group", "min", "desired", "max", "in service", "stopped by", "previous desired",
+         "Auto Scaling group"],
+        [[group_label(r), str(r.min_size), str(r.desired_capacity), str(r.max_size), str(r.in_service),
+          r.stopped_by or "-", "-" if r.previous_desired is None else str(r.previous_desired), r.name]
          for r in rows])
 
 
@@ -61,7 +69,7 @@ def render_health(rows: list[GroupStatus]) -> list[str]:
 
     return render.table(
         ["group", "healthy/in service", "gpu avg 15m", "gpu max 15m", "last health replacement"],
-        [[r.name, f"{r.healthy}/{r.in_service}", percent(r.gpu_utilization_avg),
+        [[group_label(r), f"{r.healthy}/{r.in_service}", percent(r.gpu_utilization_avg),
           percent(r.gpu_utilization_max), replaced(r)] for r in rows])
 
 
@@ -342,7 +350,7 @@ def scale(
     spec = build_spec(stack)
     client = common.client(spec, "autoscaling")
     changes = ops_call("scale", lambda: plan_scale(spec.identity, group, desired,
-                                                    autoscaling_client=client),
+                                                    autoscaling_client=client, stack=spec.stack),
                         f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
     rows, total, priced = [], 0.0, []
     for c in changes:

@@ -55,6 +55,16 @@ def result_json(plan: JobPlan, result: NodeResult) -> dict[str, Any]:
 # --------------------------------------------------------------------------- run
 
 
+def time_limit(plan: JobPlan, timeout: int | None) -> str:
+    """The run's time limit as its first line states it, so nobody learns of the default by losing
+    a training run to it: a detached job has none unless given; a plain run stops at --timeout."""
+    if plan.detach:
+        return f"stopped after {plan.job_timeout_seconds} s (--timeout)" if plan.job_timeout_seconds \
+            else "no time limit (detached)"
+    how = "--timeout" if timeout else "the default; --timeout N to change, up to 172800"
+    return f"stopped after {plan.timeout_seconds:,} s ({how})"
+
+
 def render_dry_run(plan: JobPlan) -> list[str]:
     """Each rank's script as it would be sent (verbatim: a shell line is not wrapped)."""
     out = render.wrap(f"dry run: {len(plan.ranks)} node(s); each would run (AWS-RunShellScript, timeout "
@@ -166,7 +176,8 @@ def run(
         return
     ssm = common.client(spec, "ssm")
     if not as_json:
-        render.say(f"run on {len(plan.ranks)} node(s) of {group}, MASTER_ADDR {launch.master_addr}: {text}")
+        render.say(f"run on {len(plan.ranks)} node(s) of {group}, MASTER_ADDR {launch.master_addr}, "
+                   f"{time_limit(plan, timeout)}: {text}")
 
     def progress(result: NodeResult) -> None:  # each node's status as it changes: no spinner while waiting
         if not as_json:

@@ -54,7 +54,7 @@ def plan(
         "--tree", "-v", "--verbose", help="Also show the resource tree and the stack outputs.")] = False,
     policy_config: Annotated[Path | None, typer.Option(
         "--policy-config", help="Policy pack config JSON (Pulumi's --policy-pack-config format); "
-        "default: policies/config/<stack>.json when it exists.")] = None,
+        "default: policies/config/<stack>.json, else <environment>.json, when it exists.")] = None,
 ) -> None:
     """Show offline what a stack would create, what it costs and which policies it breaks.
 
@@ -73,6 +73,7 @@ def plan(
         document["cost"] = cost.as_json() if isinstance(cost, pricing.StackCost) else {"error": cost}
         document["violations"] = [v.as_json() for v in violations]
         document["notes"] = notes
+        document["node_groups"] = render.node_group_summary(result, cost)
         render.emit(document)
         raise typer.Exit(blocked)
     for line in render.plan_lines(result, cost, violations, tree, notes, [str(w) for w in warnings]):
@@ -221,16 +222,16 @@ def cost(
 
 def live_spot_rates(spec: StackSpec) -> dict[str, pricing.Rate]:
     """Live spot prices; on failure the catalog's typical discount, said on stderr."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
+    from gpucluster.ops.awserrors import AWS_ERRORS, describe, guard_default_session
     from gpucluster.ops.doctor import fetch_spot_prices
 
+    guard_default_session()
     try:
         with render.progress(f"reading spot prices in {spec.region}"):
             return fetch_spot_prices(spec)
-    except (BotoCoreError, ClientError) as err:
-        render.say(f"cost --live: no live spot prices ({err}); using the catalog's typical discount",
-                   err=True)
+    except AWS_ERRORS as err:
+        render.say(f"cost --live: no live spot prices ({describe(err)}); using the catalog's typical "
+                   "discount", err=True)
         return {}
 
 
@@ -244,9 +245,12 @@ def recommend(
     params: Annotated[str | None, typer.Option(
         help="Model size in parameters (7, 70b, 1.5t): a known model of that size, or with --layers "
              "and --hidden any model.")] = None,
-    mode: Annotated[str | None, typer.Option(help="train, finetune (full) or inference.")] = None,
+    mode: Annotated[str | None, typer.Option(
+        help="train, finetune (full), lora, qlora (4-bit base) or inference.")] = None,
     precision: Annotated[str, typer.Option(
-        help="bf16, fp16, fp32; inference also fp8, int8, int4.")] = "bf16",
+        help="bf16, fp16, fp32 (not lora/qlora); inference also fp8, int8, int4.")] = "bf16",
+    lora_rank: Annotated[int | None, typer.Option(
+        "--lora-rank", help="lora/qlora: the adapters' rank, on every linear layer (default 16).")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Sequence length (default 4096).")] = None,
     batch: Annotated[int | None, typer.Option(help="Training: micro-batch per GPU (default 1).")] = None,
     concurrency: Annotated[int | None, typer.Option(
@@ -276,20 +280,21 @@ def recommend(
     if model is None and params is None:
         fail_usage("recommend", "--model or --params is required (e.g. --model llama-3.1-8b or --params 70b)")
     if mode is None:
-        fail_usage("recommend", "--mode is required (train, finetune or inference)")
+        fail_usage("recommend", "--mode is required (train, finetune, lora, qlora or inference)")
     if top < 1:
         fail_usage("recommend", f"--top: must be >= 1, got {top}")
     try:
         workload = sizing.make_workload(params, mode, precision, seq_len, batch, max_nodes, layers, hidden,
                                         heads, kv_heads, model=model, concurrency=concurrency, vocab=vocab,
-                                        tokens=tokens, mfu=mfu)
+                                        tokens=tokens, mfu=mfu, lora_rank=lora_rank)
         fits = sizing.recommend(workload, region, zone)
     except sizing.SizingError as err:
         fail_usage("recommend", str(err))
     except pricing.PricingError as err:
         fail_usage("recommend", f"--region: {err}")
     memory = sizing.estimate_memory(workload)
-    snippet = sizing.node_group_snippet(fits[0], workload, region, zone) if fits else None
+    snippet = sizing.recommendation_snippet(fits, workload, region, zone)
+    on_demand = sizing.orderable(fits)
     if as_json:
         m = workload.model
         render.emit({
@@ -298,11 +303,14 @@ def recommend(
                          "seq_len": workload.seq_len, "batch": workload.batch,
                          "concurrency": workload.concurrency, "max_nodes": workload.max_nodes,
                          "tokens": workload.tokens, "mfu": workload.mfu, "flops": workload.flops,
+                         "lora_rank": workload.lora_rank if workload.mode in ("lora", "qlora") else None,
                          "region": region, "zone": zone,
                          "shape": {k: v for k, v in vars(m).items() if k != "given_params"}},
             "memory_gib": {k: round(v / sizing.GIB, 3) for k, v in vars(memory).items()},
             "fits": [{**vars(f), "usd_per_effective_tflop_hour": f.usd_per_effective_tflop_hour}
                      for f in fits[:top]],
+            "decode_bandwidth_utilisation": None if workload.training else sizing.DECODE_MBU,
+            "on_demand_pick": None if on_demand is None else on_demand.instance_type,
             "snippet": snippet})
     else:
         for line in render_recommendation(workload, memory, fits[:top], snippet, region, zone):
@@ -319,7 +327,7 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
                           snippet: str | None, region: str = "us-east-1",
                           zone: str | None = None) -> list[str]:
     """The human output of `gpucluster recommend`."""
-    from gpucluster.sizing import CUDA_CONTEXT_GIB, FRAGMENTATION, GIB
+    from gpucluster.sizing import CUDA_CONTEXT_GIB, DECODE_MBU, FRAGMENTATION, GIB
 
     w, m = workload, workload.model
     per = (f"micro-batch {w.batch}" if w.training else f"{w.concurrency} concurrent sequences")
@@ -329,12 +337,15 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
            f"shape: {m.layers} layers, hidden {m.hidden}, {m.heads} heads, {m.kv_heads} KV heads, vocabulary "
            f"{m.vocab} ({m.source})"]
     parts = [(label, getattr(memory, key) / GIB) for key, label in (
-        ("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer states"),
+        ("weights", "frozen weights" if w.mode in ("lora", "qlora") else "weights"),
+        ("adapters", f"rank-{w.lora_rank} adapters"), ("gradients", "gradients"),
+        ("optimizer", "optimizer states"),
         ("buffers", "ZeRO-3 buffers"), ("overhead", "runtime overhead"), ("kv_cache", "KV cache"))
         if getattr(memory, key)]
     out.append("memory: " + " + ".join(f"{label} {gib:,.1f}" for label, gib in parts)
                + f" = {memory.sharded / GIB:,.1f} GiB spread over all GPUs"
-               + (" (ZeRO-3 / FSDP, as DeepSpeed's estimator counts)" if w.training
+               + (" (4-bit NF4 base, QLoRA)" if w.mode == "qlora" else " (16-bit base, LoRA)"
+                  if w.mode == "lora" else " (ZeRO-3 / FSDP, as DeepSpeed's estimator counts)" if w.training
                   else " (tensor parallel)"))
     if w.training:
         out.append(f"  + per GPU: largest module {memory.largest_module / GIB:,.2f} GiB + activations "
@@ -344,31 +355,52 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
                f"{FRAGMENTATION * 100:g} % fragmentation; more than one node needs EFA on several "
                "network cards")
     where = f"zone {zone}" if zone else region
-    if w.flops is not None:
-        out.append(f"job: {w.tokens:,.0f} tokens x {6 if w.training else 2} x {billions(m.active_params)} "
+    if w.flops is not None and not w.training:
+        out.append(f"job: {w.tokens:,.0f} generated tokens, at each type's decode rate below")
+    elif w.flops is not None:
+        out.append(f"job: {w.tokens:,.0f} tokens x {w.flops_per_token} x {billions(m.active_params)} "
                    f"parameters = {w.flops:,.3g} FLOPs at {w.mfu * 100:g} % of the GPUs' dense peak (MFU)")
     if not fits:
         out.append(f"nothing offered in {where} fits: raise --max-nodes, or lower --precision, --seq-len, "
                    "--batch or --concurrency, or try another --region")
         return render.wrap_lines(out)
     out = render.wrap_lines(out)
-    out += ["", f"types offered in {where}, ranked by "
-            + ("the job's cost:" if w.flops is not None else "price per effective TFLOP-hour:")]
-    headers = ["#", "instance type", "nodes", "GPUs", "need GiB/GPU", "usable", "$/h", "price", "spot $/h",
-               "EFA", "eff. TFLOPS"]
-    headers += ["hours", "job $"] if w.flops is not None else ["$/eff. TFLOP-h"]
+    if w.training:
+        ranked = "the job's cost:" if w.flops is not None else "price per effective TFLOP-hour:"
+    else:
+        ranked = (f"the cost of a generated token (decode is bound by memory bandwidth: {DECODE_MBU:.0%} "
+                  f"of the data sheet's, {w.concurrency} sequences at once):")
+    out += ["", *render.wrap(f"types offered in {where}, ranked by {ranked}")]
+    headers = ["#", "instance type", "nodes", "GPUs", "GiB/GPU", "$/h", "spot $/h"]
+    headers += ["EFA", "TFLOPS"] if w.training else ["TP", "tok/s", "$/M tok"]
+    headers += ["hours", "job $"] if w.tokens is not None else (["$/TFLOP-h"] if w.training else [])
     rows = []
     for i, f in enumerate(fits, 1):
+        block = " CB" if f.price_basis == "capacity block" else ""
         row = [str(i), f.instance_type, str(f.nodes), f"{f.gpus} x {f.gpu_model}",
-               f"{f.need_gib_per_gpu:.1f}", f"{f.usable_gib_per_gpu:.1f}", usd(f.usd_per_hour),
-               f.price_basis, "-" if f.spot_usd_per_hour is None else usd(f.spot_usd_per_hour),
-               "yes" if f.efa else "no", f"{f.effective_tflops:,.0f}"]
-        if f.hours is not None and f.job_usd is not None:
-            row += [f"{f.hours:,.1f}", usd(f.job_usd)]
+               f"{f.need_gib_per_gpu:.1f}/{f.usable_gib_per_gpu:.0f}", usd(f.usd_per_hour) + block,
+               "-" if f.spot_usd_per_hour is None else usd(f.spot_usd_per_hour)]
+        if w.training:
+            row += ["yes" if f.efa else "no", f"{f.effective_tflops:,.0f}"]
         else:
+            row += ["-" if f.tensor_parallel is None else str(f.tensor_parallel),
+                    "-" if f.tokens_per_second is None else f"{f.tokens_per_second:,.0f}",
+                    "-" if f.usd_per_million_tokens is None else f"{f.usd_per_million_tokens:,.2f}"]
+        if w.tokens is not None:
+            row += ["-" if f.hours is None else f"{f.hours:,.1f}",
+                    "-" if f.job_usd is None else usd(f.job_usd)]
+        elif w.training:
             row += [f"{f.usd_per_effective_tflop_hour:.5f}"]
         rows.append(row)
     out += render.table(headers, rows)
+    notes = ["GiB/GPU: needed/usable; $/h: on-demand, all nodes"]
+    if w.training:
+        notes.append(f"TFLOPS: effective, all GPUs at {w.mfu:.0%} of their dense peak (MFU)")
+    if any(f.price_basis == "capacity block" for f in fits):
+        notes.append("CB: sold only as a Capacity Block (its rate; `gpucluster capacity search`)")
+    if not w.training:
+        notes.append("TP: GPUs one replica spans (the rest serve more replicas)")
+    out += render.wrap("; ".join(notes))
     out += ["", "node group for the best fit (paste under `config:` in stacks/Pulumi.<env>.yaml):", ""]
     out += render.yaml_lines(snippet or "")
     return out
@@ -380,6 +412,10 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
 def init(
     directory: Annotated[Path, typer.Argument(
         help="Where to create the project: a new or empty directory.")] = Path("."),
+    hardened: Annotated[bool, typer.Option(
+        "--hardened", help="Name a permissions boundary and a break-glass role in the dev stack and ship "
+                           "the bootstrap script that makes the boundary (run it once per account first).")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Create a Pulumi project that uses gpucluster: Pulumi.yaml, __main__.py, a dev stack, policies."""
@@ -387,19 +423,22 @@ def init(
 
     render.use_json(as_json)
     try:
-        written = create_project(directory)
+        written = create_project(directory, hardened=hardened)
     except ScaffoldError as err:
         fail_usage("init", str(err))
     here = directory.resolve() == Path.cwd().resolve()
     next_step = f"{'' if here else f'cd {directory} && '}gpucluster plan dev"
     if as_json:
         render.emit({"directory": str(directory), "created": [str(p.relative_to(directory)) for p in written],
-                     "next": next_step})
+                     "hardened": hardened, "next": next_step})
         raise typer.Exit(EXIT_OK)
     typer.echo(f"created a gpucluster project in {directory}:")
     for path in written:
         typer.echo(f"  {path.relative_to(directory)}")
     typer.echo("")
+    if hardened:
+        typer.echo("hardened: before the first `pulumi up`, an administrator runs infra/bootstrap_state.py "
+                   "once per account (README.md)")
     typer.echo(f"next: {next_step}   (README.md has the steps to deploy)")
 
 

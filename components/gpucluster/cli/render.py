@@ -121,17 +121,14 @@ def wrap(text: str, indent: str = "", width: int = WIDTH, hang: str = "  ") -> l
                          break_long_words=True, break_on_hyphens=False) or [indent]
 
 
-def clip(text: str, width: int = WIDTH) -> str:
-    """One line cut to `width` columns with an ellipsis."""
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def table(headers: list[str], rows: list[list[str]], indent: str = "  ", width: int = WIDTH) -> list[str]:
+def table(headers: list[str], rows: list[list[str]], indent: str = "  ", width: int = WIDTH,
+          min_wrap: int | None = None) -> list[str]:
     """Columns padded to their widest cell; cells that look like numbers are right-aligned.
 
     A table wider than `width` keeps as many leading columns as fit and prints the rest of each
     row under it, indented, as `header: value` (a long last column of text, such as a finding,
-    wraps in its own column instead): every line fits `width`.
+    wraps in its own column instead, at least `min_wrap` wide when given, else under its row,
+    indented): every line fits `width`.
     """
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
 
@@ -148,13 +145,21 @@ def table(headers: list[str], rows: list[list[str]], indent: str = "  ", width: 
     if span(len(headers)) <= width:
         return [line(headers, len(headers)), *(line(r, len(headers)) for r in rows)]
     last = len(headers) - 1
-    if span(last) + 2 + 24 <= width and all(not numeric(str(r[last])) for r in rows):
+    text_last = all(not numeric(str(r[last])) for r in rows)
+    if span(last) + 2 + (min_wrap or 24) <= width and text_last:
         room = width - span(last) - 2  # the last column wraps within what is left
         pad = " " * (span(last) + 2)
-        out = [line(headers, last) + "  " + headers[last]]
+        out = [line(headers, last).ljust(span(last)) + "  " + headers[last]]
         for r in rows:
             parts = textwrap.wrap(str(r[last]), room, break_on_hyphens=False) or [""]
-            out += [(line(r, last) + "  " + parts[0]).rstrip(), *(pad + p for p in parts[1:])]
+            out += [(line(r, last).ljust(span(last)) + "  " + parts[0]).rstrip(),
+                    *(pad + p for p in parts[1:])]
+        return out
+    if text_last and min_wrap is not None and span(last) <= width:
+        under = indent + " " * (widths[0] + 4)  # deeper than a row: the second column, and then some
+        out = [line(headers, last) + "  " + headers[last]]
+        for r in rows:
+            out += [line(r, last), *wrap(str(r[last]), indent=under, width=width, hang="")]
         return out
     keep = max(c for c in range(1, len(headers) + 1) if c == 1 or span(c) <= width)
     out = [line(headers, keep)]
@@ -257,34 +262,98 @@ def kind(type_token: str) -> str:
 
 def plan_lines(result: Plan, cost: StackCost | str, violations: list[Violation], tree: bool,
                notes: Sequence[str] = (), warnings: Sequence[str] = ()) -> list[str]:
-    """`gpucluster plan`: the verdict first (what, what it costs, which policies it breaks), then the
-    details that ask for it (`--tree`: the resource tree and the stack outputs).
+    """`gpucluster plan` at a glance: one line per node group (what runs where, at what price), the
+    verdict (cost, policies), then each problem in full (violations, warnings, notes, wrapped, never
+    cut); `--tree` adds the resource kinds, the resource tree and the stack outputs.
 
     `warnings`: the spec's advice (valid config against it), each `path: message`.
     """
     custom = [r for r in result.resources if r.custom]
-    out = [paint(f"stack {result.stack} ({result.spec.region}): {len(custom)} resources in "
-                 f"{len(result.resources) - len(custom)} components", "bold")]
-    counts: dict[str, int] = {}
-    for r in custom:
-        counts[kind(r.type)] = counts.get(kind(r.type), 0) + 1
-    out.append("resources by kind:")
-    out += grid(f"{n:3d} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-    for warning in warnings:  # valid, but against advice (e.g. spot in a multi-node EFA group)
-        out += [paint(line, "warn") for line in wrap(f"warning: {warning}")]
+    spec = result.spec
+    out = [paint(f"stack {result.stack} ({spec.region}): {len(spec.node_groups)} node group(s), "
+                 f"{len(custom)} resources in {len(result.resources) - len(custom)} components", "bold")]
+    out += node_group_lines(result, cost)
     out += cost_lines(result.stack, cost)
     out += violation_lines(violations)
+    for warning in warnings:  # valid, but against advice (e.g. spot in a multi-node EFA group)
+        out += [paint(line, "warn") for line in wrap(f"warning: {warning}")]
     for note in notes:
         out += [paint(line, "warn") for line in wrap(f"note: {note}")]
     if tree:
+        counts: dict[str, int] = {}
+        for r in custom:
+            counts[kind(r.type)] = counts.get(kind(r.type), 0) + 1
+        out += ["", "resources by kind:"]
+        out += grid(f"{n:3d} {k}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
         out += ["", "resource tree:"]
         for line in tree_lines(result.resources):
             depth = len(line) - len(line.lstrip())
             out += wrap(line.lstrip(), indent=" " * (depth + 2), hang="    ")
         out += ["", "outputs:", *summarise(result.outputs)]
     else:
-        out.append(paint("(--tree: the resource tree and the stack outputs)", "dim"))
+        out.append(paint("(--tree: the resources by kind, the resource tree and the stack outputs)", "dim"))
     return out
+
+
+def node_group_lines(result: Plan, cost: StackCost | str) -> list[str]:
+    """One row per node group: name, type x desired/max nodes, GPUs, zones, EFA, purchase mix
+    (at desired nodes: on-demand base, on-demand above it, spot; or a Capacity Block) and $/h."""
+    spec = result.spec
+    priced = {g.name: g for g in cost.groups} if not isinstance(cost, str) else {}
+    rows = []
+    for group in spec.node_groups:
+        first = group.types[0] if group.types else None
+        gpus = first.gpus if first else 0
+        more = f" (+{len(group.instance_types) - 1})" if len(group.instance_types) > 1 else ""
+        priced_group = priced.get(group.name)
+        rows.append([
+            group.name, f"{group.instance_types[0]}{more} x {group.desired_nodes}/{group.max_nodes}",
+            f"{gpus * group.desired_nodes}/{gpus * group.max_nodes}", zone_list(spec.azs_of(group)),
+            "EFA" if group.efa_enabled else "-", purchase_mix(priced_group),
+            "-" if priced_group is None else f"${priced_group.usd_per_hour('desired'):,.2f}"])
+    return table(["node group", "type x desired/max", "GPUs", "zone", "EFA", "purchase", "$/h"], rows)
+
+
+def zone_list(zones: Sequence[str]) -> str:
+    """`us-west-2a/b/c` for zones of one region (their letters after the first), else comma-separated."""
+    region = zones[0][:-1] if zones else ""
+    if len(zones) > 1 and all(z[:-1] == region and len(z) == len(region) + 1 for z in zones):
+        return zones[0] + "".join(f"/{z[-1]}" for z in zones[1:])
+    return ",".join(zones)
+
+
+def node_group_summary(result: Plan, cost: StackCost | str) -> list[dict[str, Any]]:
+    """`plan --json`'s `node_groups`: what node_group_lines prints, as values."""
+    spec = result.spec
+    priced = {g.name: g for g in cost.groups} if not isinstance(cost, str) else {}
+    out = []
+    for group in spec.node_groups:
+        gpus = group.types[0].gpus if group.types else 0
+        priced_group = priced.get(group.name)
+        split = priced_group.desired if priced_group is not None else None
+        out.append({
+            "name": group.name, "instance_types": list(group.instance_types),
+            "desired_nodes": group.desired_nodes, "max_nodes": group.max_nodes,
+            "gpus_per_node": gpus, "gpus_desired": gpus * group.desired_nodes,
+            "gpus_max": gpus * group.max_nodes, "availability_zones": spec.azs_of(group),
+            "efa": group.efa_enabled,
+            "purchase": None if split is None else {
+                "base": split.base, "on_demand": split.on_demand, "spot": split.spot,
+                "capacity_block": priced_group.capacity_block},
+            "usd_per_hour": None if priced_group is None else round(priced_group.usd_per_hour("desired"), 4)})
+    return out
+
+
+def purchase_mix(group: Any) -> str:
+    """`2 base + 1 on-demand + 5 spot` at desired nodes (a pricing.GroupCost), or `capacity block`."""
+    if group is None:
+        return "-"
+    if group.capacity_block:
+        return "capacity block"
+    split = group.desired
+    parts = [f"{n} {label}" for n, label in ((split.base, "base"), (split.on_demand, "on-demand"),
+                                             (split.spot, "spot")) if n]
+    return " + ".join(parts) or "none (0 nodes)"
 
 
 def cost_lines(stack: str, cost: StackCost | str) -> list[str]:
@@ -317,8 +386,9 @@ def violation_lines(violations: list[Violation]) -> list[str]:
     out = [verdict]
     for v in sorted(violations, key=lambda v: (not v.mandatory, v.policy, v.resource_name or "")):
         where = f"{kind(v.resource_type)} {v.resource_name}" if v.resource_type else "stack"
-        head = clip(f"  {v.level:<9}  {v.policy}  {where}")
-        out.append(head.replace(v.level, paint(v.level, "bad" if v.mandatory else "warn"), 1))
+        head = wrap(f"{v.level:<9}  {v.policy}  {where}", indent="  ", hang="      ")  # wrapped, never cut
+        head[0] = head[0].replace(v.level, paint(v.level, "bad" if v.mandatory else "warn"), 1)
+        out += head
         out += wrap(v.message, indent="      ", hang="")
     return out
 

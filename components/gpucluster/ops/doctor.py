@@ -28,6 +28,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from gpucluster import catalog
 from gpucluster.lambdas.awsapi import group_tags, stack_groups
 from gpucluster.lambdas.tags import NODE_GROUP_TAG
+from gpucluster.ops.awserrors import describe, from_parser, looks_like_markup
 from gpucluster.ops.capacity import WARNING_BEFORE_END as BLOCK_WARNING_BEFORE_END
 from gpucluster.pricing import Rate, split_nodes
 from gpucluster.spec import STACK_TAG, NodeGroupConfig, StackSpec
@@ -51,6 +52,9 @@ IAM_ACTIONS = ("ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
                "ec2:DescribeCapacityReservations", "servicequotas:GetServiceQuota",
                "servicequotas:GetAWSDefaultServiceQuota", "ce:ListCostAllocationTags",
                "autoscaling:DescribeAutoScalingGroups")
+# Asked only for a stack that names a permissions boundary or a break-glass role (check_iam_names);
+# without them that check is a warning ("could not check"), never a crash, so the deploy gate holds.
+IAM_NAME_ACTIONS = ("sts:GetCallerIdentity", "iam:GetPolicy", "iam:GetRole")
 # The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
 ACTIVATE_TAG = ("activate it in the paying account (the Organization's management account): Billing > "
                 "Cost allocation tags, or `aws ce update-cost-allocation-tags-status "
@@ -80,13 +84,65 @@ class Clients:
     quotas: Any
     ce: Any
     autoscaling: Any
+    iam: Any = None  # IAM and STS: only for a stack that names a boundary or a break-glass role
+    sts: Any = None
 
     @classmethod
     def for_region(cls, region: str) -> Clients:
         return cls(ec2=boto3.client("ec2", region_name=region),
                    quotas=boto3.client("service-quotas", region_name=region),
                    ce=boto3.client("ce", region_name=region),
-                   autoscaling=boto3.client("autoscaling", region_name=region))
+                   autoscaling=boto3.client("autoscaling", region_name=region),
+                   iam=boto3.client("iam", region_name=region),
+                   sts=boto3.client("sts", region_name=region))
+
+
+def check_iam_names(spec: StackSpec, iam: Any, sts: Any) -> Iterable[DoctorFinding]:
+    """The permissions boundary and the break-glass role the stack names exist in this account.
+
+    Neither is created by the stack: the boundary by infra/bootstrap-state (`gpucluster init
+    --hardened` ships the script), the break-glass role by the account's administrators. A missing
+    boundary blocks: IAM refuses to create a role with a boundary that does not exist (IAM API
+    reference, CreateRole: PermissionsBoundary must be an existing managed policy's ARN), so
+    `pulumi up` fails half-way. A missing break-glass role only warns: the bucket policies name it
+    in a condition (aws:PrincipalArn), which IAM does not resolve, so the deploy succeeds but nobody
+    can delete old dataset versions or buckets until the role exists.
+    """
+    boundary, role = spec.cluster.permissions_boundary, spec.cluster.break_glass_role
+    if boundary is None and role is None:
+        return
+    caller = ""
+    if boundary is not None:
+        try:
+            caller = str(sts.get_caller_identity()["Arn"])
+        except ClientError as err:
+            yield _not_checked("boundary", boundary, err)
+    if boundary is not None and caller:
+        partition, account = caller.split(":")[1], caller.split(":")[4]
+        arn = f"arn:{partition}:iam::{account}:policy/{boundary}"
+        try:
+            iam.get_policy(PolicyArn=arn)
+            yield DoctorFinding("ok", "boundary", boundary, f"{arn} exists")
+        except ClientError as err:
+            if _error_code(err) != "NoSuchEntity":
+                yield _not_checked("boundary", boundary, err)
+            else:
+                yield DoctorFinding("blocker", "boundary", boundary, (
+                    f"gpucluster:cluster.permissions_boundary: {arn} does not exist, so IAM refuses "
+                    "every role the stack creates; run the bootstrap script first (infra/bootstrap-state/"
+                    "bootstrap_state.py; `gpucluster init --hardened` ships it), or remove the key"))
+    if role is not None:
+        try:
+            iam.get_role(RoleName=role)
+            yield DoctorFinding("ok", "break-glass", role, "the role exists")
+        except ClientError as err:
+            if _error_code(err) != "NoSuchEntity":
+                yield _not_checked("break-glass", role, err)
+            else:
+                yield DoctorFinding("warning", "break-glass", role, (
+                    f"gpucluster:cluster.break_glass_role: no role {role} in this account: the stack "
+                    "deploys, but nobody can delete old dataset versions or the buckets until an "
+                    "administrator creates it (or the key names an existing role)"))
 
 
 def _error_code(err: ClientError) -> str:
@@ -94,11 +150,15 @@ def _error_code(err: ClientError) -> str:
 
 
 def _not_checked(check: str, subject: str, err: ClientError) -> DoctorFinding:
-    message = str(err.response.get("Error", {}).get("Message", "")).strip()
-    if message.startswith("<"):
-        message = ""  # an HTML error page (a proxy or a fake endpoint), not an AWS message
-    message = message.splitlines()[0][:160] if message else ""
-    detail = f"{_error_code(err)}: {message}" if message else _error_code(err)
+    """A check AWS did not answer: a warning with its error code, or, for an answer with no AWS
+    error code (an HTML page from a proxy, a bare 5xx), its HTTP status; never the page itself."""
+    code = str(err.response.get("Error", {}).get("Code") or "")
+    message = " ".join(str(err.response.get("Error", {}).get("Message", "")).split())
+    status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or code or "?"
+    if not code or code.isdigit() or looks_like_markup(message):
+        detail = f"HTTP {status} with no AWS error code: not an AWS answer"
+    else:
+        detail = f"{code}: {message}" if message else code
     return DoctorFinding("warning", check, subject, f"could not check ({detail})")
 
 
@@ -453,6 +513,7 @@ def run_checks(spec: StackSpec, clients: Clients | None = None, now: datetime | 
         lambda: check_quotas(spec, clients.quotas),
         identity,
         cost_tags,
+        lambda: check_iam_names(spec, clients.iam, clients.sts),
     ]
     findings: list[DoctorFinding] = []
     try:
@@ -462,7 +523,11 @@ def run_checks(spec: StackSpec, clients: Clients | None = None, now: datetime | 
         raise DoctorError("no AWS credentials found (aws configure, AWS_PROFILE or environment "
                           "variables)") from None
     except BotoCoreError as err:
-        raise DoctorError(f"cannot reach AWS: {err}") from None
+        raise DoctorError(f"cannot reach AWS: {describe(err)}") from None
+    except Exception as err:  # ResponseParserError is no BotoCoreError: an HTML page, not an answer
+        if not from_parser(err):
+            raise
+        raise DoctorError(describe(err)) from None
     return findings
 
 

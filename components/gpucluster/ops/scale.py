@@ -53,7 +53,7 @@ class ScaleChange:
 
 
 def plan_scale(identity: str, node_group: str, desired: int, *,
-               autoscaling_client: Any = None) -> list[ScaleChange]:
+               autoscaling_client: Any = None, stack: str = "<stack>") -> list[ScaleChange]:
     """What setting `node_group` to `desired` nodes changes; read-only.
 
     MinSize comes down with desired (never up); desired above MaxSize is refused
@@ -72,8 +72,8 @@ def plan_scale(identity: str, node_group: str, desired: int, *,
                              "file and `pulumi up` first")
         stopped_by = group.stopped_by
         if stopped_by and desired > 0:
-            how = ("gpucluster resume STACK --only budget" if stopped_by == BUDGET
-                   else f"gpucluster start STACK --group {group.label}")
+            how = (f"gpucluster resume {stack} --only budget" if stopped_by == BUDGET
+                   else f"gpucluster start {stack} --group {group.label}")
             raise ScaleError(f"{name} is stopped by {stopped_by}; restore it with `{how}`, then scale")
         changes.append(ScaleChange(name, group.label, group.min_size, group.desired, max_size,
                                    min(group.min_size, desired), desired))

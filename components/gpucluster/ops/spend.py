@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from gpucluster import pricing, schedule
 from gpucluster.lambdas.awsapi import stack_groups
 from gpucluster.lambdas.report import (
@@ -41,6 +39,7 @@ from gpucluster.lambdas.report import (
 )
 from gpucluster.lambdas.tags import STACK_TAG
 from gpucluster.noderole import gpu_metric_namespace
+from gpucluster.ops.awserrors import AWS_ERRORS, describe
 from gpucluster.spec import StackSpec
 
 # Cost Explorer keeps 13 months (the last 12 and this one): API reference, GetCostAndUsage TimePeriod.
@@ -247,8 +246,8 @@ def tag_status(ce: Any, keys: Sequence[str]) -> dict[str, str]:
             if not page.get("NextToken"):
                 break
             request["NextToken"] = page["NextToken"]
-    except (ClientError, BotoCoreError) as err:
-        return {key: f"unknown ({err})" for key in keys}
+    except AWS_ERRORS as err:
+        return {key: f"unknown ({describe(err)})" for key in keys}
     return {key: found.get(key, "not seen") for key in keys}
 
 

@@ -40,7 +40,8 @@ def plan_records(plan: Plan) -> list[Resource]:
 
 
 def check_plan(plan: Plan, config_file: Path | None = None) -> list[Violation]:
-    """Run the policy pack over a plan with the given config file, else the stack's own, else defaults.
+    """Run the policy pack over a plan with the given config file, else the stack's or its environment's,
+    else defaults.
 
     Raises settings.PolicyConfigError for an unreadable or invalid config file.
     """
@@ -59,5 +60,5 @@ def policy_notes(plan: Plan, config_file: Path | None = None) -> list[str]:
 
 
 def _config(plan: Plan, config_file: Path | None) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    path = config_file or settings.stack_config_path(plan.stack)
+    path = config_file or settings.stack_config_path(plan.stack, plan.spec.cluster.tags.environment)
     return settings.load(path) if path else ({}, {})

@@ -5,7 +5,7 @@ Pulumi's `--policy-pack-config FILE` is a JSON object: each key a policy name
 `enforcementLevel` plus the policy's own properties. `resolve` validates such a
 document against the rules' schemas (so a typo fails `gpucluster plan` the way
 it fails `pulumi preview`) and returns per-policy levels and settings. It owns
-where per-stack config files live; it never runs a rule.
+where the config files live (per environment, or per stack); it never runs a rule.
 """
 
 from __future__ import annotations
@@ -29,10 +29,19 @@ class PolicyConfigError(ValueError):
         super().__init__("\n".join(problems))
 
 
-def stack_config_path(stack: str) -> Path | None:
-    """The stack's own policy config file, when the repository has one."""
-    path = policy_config_dir() / f"{stack}.json"
-    return path if path.is_file() else None
+def stack_config_path(stack: str, environment: str | None = None) -> Path | None:
+    """The policy config file for a stack: its own (`<stack>.json`), else its environment's
+    (`<environment>.json`, shared by every stack tagged with that environment), else none.
+
+    Keyed by environment so a second prod-like stack needs no file of its own; a stack's own
+    file wins so one stack can differ from its environment.
+    """
+    folder = policy_config_dir()
+    for name in dict.fromkeys(n for n in (stack, environment) if n):
+        path = folder / f"{name}.json"
+        if path.is_file():
+            return path
+    return None
 
 
 def load(path: Path) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:

@@ -2,11 +2,21 @@
 
 The project is what this repository's root is, minus the package: a
 Pulumi.yaml (Python, pip, `.venv`, `stackConfigDir: stacks`), a `__main__.py`
-that runs `gpucluster.program`, a requirements.txt naming gpucluster, a small
-dev stack, the CrossGuard policy pack entry and a README with next steps, so
-`gpucluster plan dev` plans it at once. The templates ship inside the package
-(`templates/*.tmpl`; `.tmpl` so pip does not byte-compile them or pytest
-collect them) and are filled with `string.Template`.
+that runs `gpucluster.program`, a requirements.txt naming gpucluster the way
+the running one was installed (so `pip install -r requirements.txt`, what
+`pulumi install` runs, installs the same thing), a small dev stack, the
+CrossGuard policy pack entry with the dev environment's limits spelled out
+(`policies/config/dev.json`) and a README with the next five commands, so
+`gpucluster plan dev` plans it at once and `pulumi up` deploys it as generated.
+
+The default stack names no permissions boundary and no break-glass role: both
+exist only after an administrator runs the bootstrap script, and IAM refuses
+`pulumi up` for a boundary that does not exist. `--hardened` adds them, ships
+the script (`infra/bootstrap_state.py`, a copy of the repository's
+infra/bootstrap-state/bootstrap_state.py) and says in the README what to run
+first. The templates ship inside the package (`templates/*.tmpl`; `.tmpl` so
+pip does not byte-compile them or pytest collect them) and are filled with
+`string.Template` (the bootstrap script is copied as it is).
 """
 
 from __future__ import annotations
@@ -32,6 +42,18 @@ TEMPLATES: dict[str, str] = {
     "policies/__main__.py": "policy_main.py.tmpl",
     "policies/config/README.md": "policy_config_README.md.tmpl",
 }
+# What `--hardened` adds, copied without substitution (project file -> template).
+HARDENED_FILES: dict[str, str] = {"infra/bootstrap_state.py": "bootstrap_state.py.tmpl"}
+
+# The stack-file lines `--hardened` adds under gpucluster:cluster (the names the bootstrap script's
+# defaults and the README use).
+HARDENED_CLUSTER = """\
+    # Made by infra/bootstrap_state.py (an administrator runs it once per account, see README.md):
+    # the stack's roles carry this boundary, and only the break-glass role deletes dataset versions
+    # or buckets. IAM refuses `pulumi up` while either does not exist; `gpucluster doctor dev` checks.
+    permissions_boundary: gpucluster-workload-boundary
+    break_glass_role: acme-break-glass
+"""
 
 
 class ScaffoldError(ValueError):
@@ -44,19 +66,37 @@ def installed_version() -> str:
 
 
 def requirement_line(version: str, direct_url: dict | None) -> str:
-    """How the new project's requirements.txt names gpucluster.
+    """How the new project's requirements.txt names gpucluster: the way the running one was installed.
 
-    Installed from git (PEP 610 `direct_url.json` with `vcs_info`): that
-    repository at that commit, without any credentials in the URL. Otherwise
-    the installed version from your package index.
+    From PEP 610's `direct_url.json` (pip writes it for anything not installed
+    from an index): a git repository at the commit installed (credentials
+    stripped from the URL); a wheel or sdist file, or a local directory, by its
+    `file://` URL (an editable checkout too: the project gets a regular install
+    of it). Without one (installed from a package index) a compatible-release
+    range: the same major version (the same minor while 0.x, semantic
+    versioning), at least this version.
     """
-    vcs = (direct_url or {}).get("vcs_info") or {}
-    url = (direct_url or {}).get("url")
+    info = direct_url or {}
+    vcs = info.get("vcs_info") or {}
+    url = info.get("url")
     if vcs.get("vcs") == "git" and url and vcs.get("commit_id"):
         parts = urlsplit(url)
         clean = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         return f"{DISTRIBUTION} @ git+{clean}@{vcs['commit_id']}"
-    return f"{DISTRIBUTION}=={version}"
+    if isinstance(url, str) and url.startswith("file://") and ("archive_info" in info or "dir_info" in info):
+        return f"{DISTRIBUTION} @ {url}"
+    if isinstance(url, str) and url.startswith(("https://", "http://")) and "archive_info" in info:
+        parts = urlsplit(url)
+        return f"{DISTRIBUTION} @ {urlunsplit(parts._replace(netloc=parts.netloc.rpartition('@')[2]))}"
+    return f"{DISTRIBUTION}{version_range(version)}"
+
+
+def version_range(version: str) -> str:
+    """`>=1.4.2,<2` for 1.4.2; `>=0.3.1,<0.4` while 0.x (a minor release may break then)."""
+    numbers = [int(n) for n in re.findall(r"\d+", version.split("+")[0])[:2]] + [0, 0]
+    major, minor = numbers[0], numbers[1]
+    upper = f"{major + 1}" if major else f"0.{minor + 1}"
+    return f">={version},<{upper}"
 
 
 def _installed_direct_url() -> dict | None:
@@ -73,15 +113,32 @@ def project_name(directory: Path) -> str:
     return name or "gpucluster-project"
 
 
-def render(name: str, version: str, requirement: str) -> dict[str, str]:
+def dev_policy_config() -> str:
+    """policies/config/dev.json: the dev environment's limits spelled out (the built-in defaults)."""
+    from gpucluster.policy.rules.capacity import DEFAULT_ENVIRONMENTS
+
+    document = {"environment-limits": {"enforcementLevel": "mandatory",
+                                       "environments": {"dev": DEFAULT_ENVIRONMENTS["dev"]}}}
+    return json.dumps(document, indent=2) + "\n"
+
+
+def render(name: str, version: str, requirement: str, *, hardened: bool = False) -> dict[str, str]:
     """Every project file's text (project path -> text)."""
-    values = {"name": name, "version": version, "requirement": requirement}
-    folder = resources.files(__package__).joinpath("templates")
-    return {path: Template(folder.joinpath(template).read_text()).substitute(values)
-            for path, template in TEMPLATES.items()}
+    values = {"name": name, "version": version, "requirement": requirement,
+              "hardening": HARDENED_CLUSTER if hardened else "",
+              "hardened_steps": _template("README.hardened.md.tmpl").strip() + "\n\n" if hardened else ""}
+    files = {path: Template(_template(template)).substitute(values) for path, template in TEMPLATES.items()}
+    files["policies/config/dev.json"] = dev_policy_config()
+    if hardened:
+        files.update({path: _template(template) for path, template in HARDENED_FILES.items()})
+    return files
 
 
-def create_project(directory: Path) -> list[Path]:
+def _template(name: str) -> str:
+    return resources.files(__package__).joinpath("templates", name).read_text()
+
+
+def create_project(directory: Path, *, hardened: bool = False) -> list[Path]:
     """Write a new project into `directory` (created if missing, else it must be empty).
 
     Returns the files written. ScaffoldError, before anything is written, when
@@ -92,7 +149,8 @@ def create_project(directory: Path) -> list[Path]:
     if directory.is_dir() and any(directory.iterdir()):
         raise ScaffoldError(f"{directory} is not empty; give a new or empty directory")
     version = installed_version()
-    files = render(project_name(directory), version, requirement_line(version, _installed_direct_url()))
+    files = render(project_name(directory), version, requirement_line(version, _installed_direct_url()),
+                   hardened=hardened)
     written = []
     try:
         for relative, text in files.items():

@@ -39,8 +39,13 @@ def clip(text: str, limit: int) -> str:
     """`text` on one printable line of at most `limit` characters (cut ones end in '…')."""
     if len(text) > 4 * limit:
         text = text[:4 * limit]
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    text = printable(text)
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def printable(text: str) -> str:
+    """`text` on one printable line: control characters (newlines too) as their escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def shown(value: Any) -> str:
@@ -62,7 +67,9 @@ class Finding:
     """One problem in a stack's config, at a key path such as `node_groups[0].max_nodes`.
 
     Path and message are cut on creation, so every consumer (terminal, JSON) gets one
-    printable line of at most MAX_LINE_CHARS, however long the key or value was.
+    printable line of at most MAX_LINE_CHARS, however long the key or value was. A warning's
+    message is ours (about a valid spec; any value in it already cut by `shown`) and ends in its
+    advice, so it is never cut: a terminal wraps it, JSON carries it whole.
     """
 
     path: str
@@ -72,7 +79,9 @@ class Finding:
     def __post_init__(self) -> None:
         path = clip(str(self.path), MAX_PATH_CHARS)
         object.__setattr__(self, "path", path)
-        object.__setattr__(self, "message", clip(str(self.message), MAX_LINE_CHARS - len(path) - 2))
+        message = str(self.message)
+        object.__setattr__(self, "message", printable(message) if self.level == "warning"
+                           else clip(message, MAX_LINE_CHARS - len(path) - 2))
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"

@@ -102,4 +102,4 @@ def fallback_note(env: str, config: Mapping[str, Any]) -> str | None:
     spelled.append("spot only" if limits.get("spot_only") else "on-demand allowed")
     return (f"environment {env} has no limits in the environment-limits policy config, so the {whose} "
             f"limits apply: {'; '.join(spelled)}. Add \"{env}\" under environments in "
-            f"policies/config/<stack>.json to set its own.")
+            f"policies/config/{env}.json (or the stack's own <stack>.json) to set its own.")

@@ -105,7 +105,9 @@ def test_the_lowest_lock_holds_every_runtime_dependency_at_its_lower_bound() -> 
         "pulumi"][0].split()[0], "the lowest job tests a pulumi other than the locked one"
 
 
-CONSUMER_INSTALL = re.compile(r'pip install "gpucluster @ git\+https://|pip install dist/gpucluster-')
+CONSUMER_INSTALL = re.compile(r'pip install "gpucluster @ git\+https://'
+                              r'|pip install (dist/)?gpucluster-[\w.]+-py3-none-any\.whl'
+                              r'|pip install -r requirements\.txt')
 
 
 def _commands() -> list[tuple[str, str]]:
@@ -113,8 +115,9 @@ def _commands() -> list[tuple[str, str]]:
     found = []
     for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
         for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.DOTALL):
-            # Installing gpucluster itself into a user's own program is that program's lock to pin,
-            # not this repository's environment: those lines are the one exception.
+            # Installing gpucluster itself into a user's own program (a wheel, a git tag, the
+            # requirements.txt `init` writes) is that program's to pin, not this repository's
+            # environment: those lines are the one exception.
             found += [(page.name, line) for line in block.splitlines()
                       if "pip install" in line and not CONSUMER_INSTALL.search(line)]
     found += [(".ci/run", line) for line in (REPO / ".ci" / "run").read_text().splitlines()

@@ -347,8 +347,13 @@ def test_the_preview_role_reads_state_writes_only_locks_and_reads_nothing_else(r
 
 @pytest.fixture(scope="module")
 def plans() -> list[Any]:
+    from base_config import plan_config
     from shipped import shipped_plan
-    return [shipped_plan(stack) for stack in ("dev", "staging", "prod")]
+    from test_images import baked_prod
+    # and prod baked, with a warm pool: the Image Builder resources and the build role
+    baked = baked_prod()
+    baked["gpucluster:node_groups"][1].update({"capacity": {"spot_percent": 0}, "warm_pool": {"min_size": 1}})
+    return [*(shipped_plan(stack) for stack in ("dev", "staging", "prod")), plan_config(baked, "prod")]
 
 
 def test_every_resource_type_the_program_creates_is_granted(plans: list[Any], roles: dict[str, Role]) -> None:

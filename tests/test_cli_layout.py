@@ -14,7 +14,7 @@ from test_architecture import command_modules, repo_graph
 
 CLI = Path(entry.__file__).parent
 COMMAND_MODULES = sorted({command.__module__.rsplit(".", 1)[-1] for _, command in entry.COMMANDS}
-                         | {"capacity"})  # a typer group of its own
+                         | {"capacity", "dashboards", "images"})  # typer groups of their own
 
 
 def _imports(path: Path) -> list[tuple[str, str]]:
@@ -32,8 +32,9 @@ def test_every_command_is_in_the_table_once() -> None:
     names = [name for name, _ in entry.COMMANDS]
     assert len(names) == len(set(names))
     assert [c.name for c in app.registered_commands] == names
-    assert [g.name for g in app.registered_groups] == ["capacity"]
-    assert set(COMMAND_MODULES) == {"capacity", "doctor", "fleet", "jobs", "planning", "spend"}
+    assert [g.name for g in app.registered_groups] == ["capacity", "dashboards", "image"]
+    assert set(COMMAND_MODULES) == {"capacity", "dashboards", "doctor", "fleet", "images", "jobs", "planning",
+                                    "spend"}
     assert {f"gpucluster.cli.{m}" for m in COMMAND_MODULES} == set(command_modules(repo_graph()))
 
 

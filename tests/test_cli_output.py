@@ -79,7 +79,8 @@ def test_status_json(moto_stack: Any) -> None:
                               "in_service": 0, "stopped_by": "idle", "previous_desired": 2,
                               "node_group": None, "healthy": 0, "gpu_utilization_avg": None,
                               "gpu_utilization_max": None,
-                              "last_replacement": None}]
+                              "last_replacement": None, "getting_ready": 0,
+                              "getting_ready_seconds": None, "state": None}]  # no guard-state table here
 
 
 def test_resume_json_dry_run_then_yes(moto_stack: Any) -> None:

@@ -324,7 +324,8 @@ def test_guardrail_roles_act_only_on_the_external_group_while_it_carries_the_tag
             "StringEquals": {"ssm:resourceTag/gpucluster:stack": "team-a-eks-prod"}}
     functions = [r.inputs for r in external if r.type == FUNCTION]
     assert {f["environment"]["variables"]["GPUCLUSTER_STACK"] for f in functions} == {"team-a-eks-prod"}
-    alarm = one(external, "aws:cloudwatch/metricAlarm:MetricAlarm").inputs
+    idle = [r for r in external if "autostop-idle-" in r.name]
+    alarm = one(idle, "aws:cloudwatch/metricAlarm:MetricAlarm").inputs
     assert alarm["dimensions"] == {"AutoScalingGroupName": EKS_ASG} and alarm["name"] == f"{EKS_ASG}-idle"
     budget = one(external, "aws:budgets/budget:Budget").inputs
     assert budget["costFilters"] == [
@@ -478,7 +479,7 @@ def test_args_type_and_its_checking_model_have_the_same_keys(component: str) -> 
     assert is_typeddict(args_type)
     if component == "GpuCluster":  # checked as a stack file: the StackSpec model itself
         model_fields = {"cluster", "network", "node_groups", "datasets", "budget", "autostop", "spot",
-                        "stack", "region", "project", "organization"}
+                        "observability", "images", "stack", "region", "project", "organization"}
         assert set(args_type.__annotations__) == model_fields == set(StackSpec.model_fields)
         return
     model = getattr(component_args, f"{component}Model")
@@ -519,7 +520,7 @@ OLD_TOKENS = {
 
 
 # Components added since: nothing to alias (their resources are created, not taken over).
-NEW_COMPONENTS = {"ClusterDashboard", "JobRestart"}
+NEW_COMPONENTS = {"ClusterDashboard", "JobRestart", "GuardState", "GuardrailAlarms"}
 
 
 def old_type(token: str) -> str:

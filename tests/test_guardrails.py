@@ -20,11 +20,13 @@ from gpucluster.aws import guardrail_lambda as gl
 from gpucluster.aws import guardrails as g
 from gpucluster.aws.children import guardrails_args
 from gpucluster.aws.guardrails import Guardrails
+from gpucluster.lambdas.handlers import state_table_name
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources, run_plan
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import StackSpec, can_run_spot
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+IDLE = "autostop-idle-"  # the idle alarms' names (the guardrail functions' own alarms are "-watch-")
 BUDGET = "aws:budgets/budget:Budget"
 FUNCTION = "aws:lambda/function:Function"
 INVOKE_CONFIG = "aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig"
@@ -230,7 +232,8 @@ def test_only_the_budget_lambda_listens_to_the_action_topic(dev: Built) -> None:
     assert permission == {"action": "lambda:InvokeFunction", "function": "gpu-dev-budget-action",
                           "principal": "sns.amazonaws.com", "sourceArn": action_topic}
     assert budget_fn.inputs["environment"]["variables"] == {
-        "GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic}
+        "GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic,
+        "GUARD_STATE_TABLE": state_table_name(DEV_IDENTITY)}
 
 
 def test_topics_are_encrypted_with_a_key_budgets_and_cloudwatch_may_use(dev: Built) -> None:
@@ -266,7 +269,7 @@ def test_budget_emails_subscribe_to_the_notify_topic(dev: Built) -> None:
 
 
 def test_dev_idle_alarm_stops_after_30_minutes_and_missing_data_only_notifies(dev: Built) -> None:
-    alarm = dev.one(ALARM).inputs
+    alarm = dev.one(ALARM, IDLE).inputs
     assert (alarm["namespace"], alarm["metricName"], alarm["statistic"]) == (
         "gpucluster/gpu-dev", "nvidia_smi_utilization_gpu", "Maximum")  # the cluster's own namespace
     assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-dev-dev-a10-asg"}
@@ -283,7 +286,7 @@ def test_idle_rule_passes_only_alarm_states_of_this_stacks_alarms_to_autostop(de
     rule = dev.one(RULE, "idle-rule")
     pattern = json.loads(rule.inputs["eventPattern"])
     assert pattern == {"source": ["aws.cloudwatch"], "detail-type": ["CloudWatch Alarm State Change"],
-                       "resources": [dev.arn(ALARM)], "detail": {"state": {"value": ["ALARM"]}}}
+                       "resources": [dev.arn(ALARM, IDLE)], "detail": {"state": {"value": ["ALARM"]}}}
     autostop = dev.function("autostop")
     assert dev.one(TARGET, "idle-target").inputs == {"rule": "gpu-dev-idle",
                                                        "arn": dev.arn(FUNCTION, autostop.name)}
@@ -324,8 +327,10 @@ def test_scheduler_role_may_only_invoke_autostop(dev: Built) -> None:
 
 def test_dev_lambdas_settings_and_environment(dev: Built) -> None:
     expected_env = {
-        "budget_action": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic},
+        "budget_action": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic,
+                          "GUARD_STATE_TABLE": state_table_name(DEV_IDENTITY)},
         "autostop": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic,
+                     "GUARD_STATE_TABLE": state_table_name(DEV_IDENTITY),
                      "PRE_STOP_COMMAND": "/usr/local/sbin/gpucluster-checkpoint 100",
                      "PRE_STOP_TIMEOUT_SECONDS": "120", "MAX_LIFETIME_HOURS": "12"},
         "spot_interruption": {"GPUCLUSTER_STACK": DEV_IDENTITY, "NOTIFY_TOPIC_ARN": dev.notify_topic,
@@ -513,7 +518,8 @@ def test_staging_stops_at_night_in_its_region(staging: Built) -> None:
         "cron(0 22 ? * * *)", "America/Los_Angeles")
     assert json.loads(stop["target"]["input"])["resources"][1] == (
         f"arn:aws:events:us-west-2:{MOCK_ACCOUNT}:rule/gpu-staging-stop")
-    assert staging.one(ALARM).inputs["period"] * staging.one(ALARM).inputs["evaluationPeriods"] == 3600
+    idle = staging.one(ALARM, IDLE).inputs
+    assert idle["period"] * idle["evaluationPeriods"] == 3600
     for fn in ("gpu-staging-budget-action", "gpu-staging-autostop", "gpu-staging-spot-interruption"):
         check_policy(staging, fn, scales=fn != "gpu-staging-spot-interruption",
                      runs_hooks=fn != "gpu-staging-budget-action")
@@ -585,7 +591,8 @@ def test_every_group_gets_an_alarm_and_every_role_names_every_group(base_config:
     spec = spec_of(base_config, node_groups=groups, autostop={"enabled": True, "idle_minutes": 7},
                    budget={"monthly_limit_usd": 100, "action_threshold_percent": 100})
     built = build(spec)
-    alarms = {a.inputs["dimensions"]["AutoScalingGroupName"]: a.inputs for a in built.all(ALARM)}
+    alarms = {a.inputs["dimensions"]["AutoScalingGroupName"]: a.inputs
+              for a in built.all(ALARM) if IDLE in a.name}
     assert set(alarms) == {"test-small-asg", "test-big-asg"}
     for alarm in alarms.values():
         assert (alarm["period"], alarm["evaluationPeriods"]) == (60, 7)
@@ -644,7 +651,7 @@ def test_the_autostop_handler_reads_schedule_and_alarm_events_as_wired(
         event = json.loads(schedule.inputs["target"]["input"])
         assert autostop.schedule_rule_name(event) == schedule.inputs["name"]
     assert autostop.IDLE_ALARM_SUFFIX == ge.IDLE_ALARM_SUFFIX
-    alarm = dev.one(ALARM).inputs
+    alarm = dev.one(ALARM, IDLE).inputs
     detail = {"alarmName": alarm["name"], "state": {"value": "ALARM"}, "configuration": {"metrics": [
         {"metricStat": {"metric": {"namespace": alarm["namespace"], "name": alarm["metricName"],
                                    "dimensions": alarm["dimensions"]}}}]}}
@@ -694,3 +701,51 @@ def test_no_block_expiry_guardrail_without_a_block(dev: Built, prod: Built) -> N
     for built in (dev, prod):
         assert not [r for r in built.all(RULE) if "-blocks-" in r.name or "capacity-block" in r.name]
         assert not [r for r in built.all(FUNCTION) if r.inputs["handler"] == gl.HANDLERS["capacity_block"]]
+
+
+TABLE = "aws:dynamodb/table:Table"
+
+
+def test_the_guard_state_table_is_protected_encrypted_and_named_from_the_identity(dev: Built) -> None:
+    table = dev.one(TABLE)
+    inputs = table.inputs
+    assert inputs["name"] == state_table_name(DEV_IDENTITY)
+    assert (inputs["hashKey"], inputs["rangeKey"]) == ("stack", "group")
+    assert inputs["billingMode"] == "PAY_PER_REQUEST"
+    assert inputs["serverSideEncryption"] == {"enabled": True, "kmsKeyArn": dev.arn(KEY)}
+    assert inputs["pointInTimeRecovery"] == {"enabled": True}
+    assert inputs["deletionProtectionEnabled"] is True
+    assert inputs["tags"]["gpucluster:stack"] == DEV_IDENTITY
+
+
+def test_only_the_stopping_handlers_reach_the_table_and_only_this_stacks_items(dev: Built) -> None:
+    table_arn = dev.arn(TABLE)
+    for module in ("budget_action", "autostop", "spot_interruption", "job_restart"):
+        fn = dev.function(module).inputs
+        state = [s for s in dev.policy(fn["name"]) if s["Sid"] == "GuardStateOfThisStack"]
+        if module in ("spot_interruption", "job_restart"):
+            assert state == [] and "GUARD_STATE_TABLE" not in fn["environment"]["variables"], module
+            continue
+        assert state == [{"Sid": "GuardStateOfThisStack", "Effect": "Allow",
+                          "Action": ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query"],
+                          "Resource": [table_arn],
+                          "Condition": {"ForAllValues:StringEquals": {
+                              "dynamodb:LeadingKeys": [DEV_IDENTITY]}}}]
+        key = next(s for s in dev.policy(fn["name"]) if s["Sid"] == "GuardStateKeyThroughDynamoDB")
+        assert key["Resource"] == [dev.arn(KEY)]
+        assert key["Condition"] == {"StringEquals": {"kms:ViaService": "dynamodb.us-east-1.amazonaws.com"}}
+
+
+def test_each_function_has_errors_throttles_and_delivery_failure_alarms_to_the_topic(dev: Built) -> None:
+    watched = {}
+    for alarm in dev.all(ALARM):
+        a = alarm.inputs
+        if a.get("namespace") != "AWS/Lambda":
+            continue
+        watched.setdefault(a["dimensions"]["FunctionName"], set()).add(a["metricName"])
+        assert a["alarmActions"] == [dev.notify_topic]
+        assert (a["threshold"], a["comparisonOperator"], a["treatMissingData"]) == (
+            0, "GreaterThanThreshold", "notBreaching")
+    functions = {r.inputs["name"] for r in dev.all(FUNCTION)}
+    assert set(watched) == functions
+    assert all(m == {"Errors", "Throttles", "DestinationDeliveryFailures"} for m in watched.values())

@@ -116,7 +116,7 @@ def test_init_hardened_ships_the_bootstrap_script_and_says_what_to_run_first(
     target = tmp_path / "lab"
     script = target / "infra" / "bootstrap_state.py"
     assert script.read_text() == (REPO / "infra" / "bootstrap-state" / "bootstrap_state.py").read_text(), (
-        "copy infra/bootstrap-state/bootstrap_state.py over scaffold/templates/bootstrap_state.py.tmpl")
+        "scaffold/templates/bootstrap_state.py.tmpl must stay a link to the infra script")
     assert "permissions_boundary: gpucluster-workload-boundary" in (
         target / "stacks" / "Pulumi.dev.yaml").read_text()
     readme = (target / "README.md").read_text()

@@ -176,6 +176,11 @@ def published(plan: Plan) -> set[tuple[str, str, frozenset[tuple[str, str]]]]:
     for f in plan.of_type(FILTER):
         t = f.inputs["metricTransformation"]
         out.add((t["namespace"], t["name"], frozenset((t.get("dimensions") or {}).items())))
+    # Lambda publishes each function's invocation metrics itself (Lambda developer guide, "Types of
+    # metrics for Lambda functions"): what the guardrail functions' own alarms read.
+    for fn in plan.of_type("aws:lambda/function:Function"):
+        out |= {("AWS/Lambda", m, frozenset({("FunctionName", fn.inputs["name"])}))
+                for m in ("Errors", "Throttles", "DestinationDeliveryFailures")}
     return out
 
 

@@ -32,7 +32,9 @@ def files(*parts: str) -> list[Path]:
     (("spec",), ("gpucluster.spec", "gpucluster.catalog", "gpucluster.lambdas.tags")),
     (("preflight",), ("gpucluster.spec", "gpucluster.names", "gpucluster.node.", "gpucluster.noderole",
                       "gpucluster.parts")),
-    (("names",), ("gpucluster.spec", "gpucluster.node.", "gpucluster.noderole")),
+    # lambdas.handlers: the handlers' deployment contract, standard library only (the guard-state table name)
+    (("names",), ("gpucluster.spec", "gpucluster.node.", "gpucluster.noderole",
+                  "gpucluster.lambdas.handlers")),
 ])
 def test_a_layer_imports_only_what_is_below_it(where: tuple[str, ...], allowed: tuple[str, ...]) -> None:
     for path in files(*where):

@@ -166,4 +166,5 @@ def test_cli_status_prints_health_and_the_dashboard(aws: tuple[Any, Any],
                      "gpu_utilization_avg": 60.0, "gpu_utilization_max": 70.0,
                      "last_replacement": {"time": "2026-11-21T08:00:01+00:00",
                                           "instance_id": "i-0bbb111122223333b",
-                                          "reason": "abandoned at launch: failed its health check"}}
+                                          "reason": "abandoned at launch: failed its health check"},
+                     "getting_ready": 0, "getting_ready_seconds": None, "state": None}

@@ -26,7 +26,8 @@ _COMPONENTS = {
     # The stack file's sections as typed dicts, and the error every component raises on bad args.
     "gpucluster.aws.args": ("ArgsError", "AutoStopSettings", "BudgetSettings", "CapacitySettings",
                             "ClusterSettings", "CostTagSettings", "DatasetSettings", "FsxSettings",
-                            "HealthCheckSettings", "NetworkSettings", "NodeGroupSettings", "SpotSettings"),
+                            "GrafanaSettings", "HealthCheckSettings", "NetworkSettings", "NodeGroupSettings",
+                            "ObservabilitySettings", "PrometheusSettings", "SpotSettings"),
 }
 _EXPORTS = {name: module for module, names in _COMPONENTS.items() for name in names}
 COMPONENTS = ("ClusterNetwork", "GpuNodeGroup", "NodeIdentity", "DatasetBucket", "LustreFileSystem",

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpucluster.lambdas.handlers import state_table_name
 from gpucluster.node.userdata import LAUNCH_HOOK_NAME
 from gpucluster.noderole import run_log_group_name
 from gpucluster.spec import Finding, StackSpec, can_run_spot, generated_bucket_prefix
@@ -88,6 +89,9 @@ NAME_RULES: dict[str, NameRule] = {
     "aws:cloudwatch/dashboard:Dashboard": NameRule("CloudWatch dashboard name", "dashboardName", 255,
                                                    autonamed=False),
     "aws:cloudwatch/logMetricFilter:LogMetricFilter": NameRule("metric filter name", "name", 512),
+    # DynamoDB CreateTable TableName (255; DynamoDB developer guide, "Supported data types and naming
+    # rules"): the guard-state table, named from the identity (lambdas.handlers.state_table_name).
+    "aws:dynamodb/table:Table": NameRule("DynamoDB table name", "name", 255),
 }
 
 
@@ -259,7 +263,10 @@ def _guardrail_names(spec: StackSpec) -> list[ExpectedName]:
     out = [_entry(key, "aws:kms/alias:Alias", f"{g}-notify-key-alias", f"alias/{c}-guardrails"),
            _entry(key, "aws:sns/topic:Topic", f"{g}-notify-topic", f"{c}-guardrails")]
 
+    functions: list[tuple[str, str]] = []  # (module, function name): each gets its own alarms
+
     def function(name: str, function_name: str) -> None:
+        functions.append((name.removeprefix(f"{g}-").removesuffix("-handler"), function_name))
         out.extend([
             _entry(key, "aws:cloudwatch/logGroup:LogGroup", f"{name}-logs", f"/aws/lambda/{function_name}"),
             _entry(key, "aws:iam/role:Role", f"{name}-role"),
@@ -306,6 +313,18 @@ def _guardrail_names(spec: StackSpec) -> list[ExpectedName]:
             kinds.append("rebalance")
         for kind in kinds:
             invoked_by_rule(f"{g}-spot-{kind}", f"{c}-spot-{kind}")
+    stoppers = (autostop.enabled or blocks
+                or (budget is not None and budget.action_threshold_percent is not None))
+    if stoppers:  # aws/guardrail_state.py: the guard-state table
+        out.append(_entry(key, "aws:dynamodb/table:Table", f"{g}-state-table",
+                          state_table_name(spec.identity)))
+    # aws/guardrail_state.py GuardrailAlarms: each function's Errors, Throttles, DestinationDeliveryFailures
+    modules = {"budget": "budget-action", "report": "report", "autostop": "autostop",
+               "blocks": "capacity-block", "jobs": "job-restart", "spot": "spot-interruption"}
+    for part, function_name in functions:
+        for metric in ("Errors", "Throttles", "DestinationDeliveryFailures"):
+            out.append(_entry(key, "aws:cloudwatch/metricAlarm:MetricAlarm",
+                              f"{g}-watch-{modules[part]}-{metric.lower()}", f"{function_name}-{metric}"))
     return out
 
 

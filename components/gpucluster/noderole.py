@@ -309,3 +309,33 @@ def node_inline_policies_chars(cluster_name: str, grants: Iterable[S3Grant],
     if jobs is not None:
         documents.append(jobs)
     return inline_policies_chars(documents)
+
+
+# ------------------------------------------------------------------- metrics: AMP remote write
+
+
+def workspace_arn(partition: str, region: str, account: str, workspace_id: str) -> str:
+    """An AMP workspace's ARN (Service Authorization Reference, "Amazon Managed Service for Prometheus":
+    resource type workspace, arn:${Partition}:aps:${Region}:${Account}:workspace/${WorkspaceId})."""
+    return f"arn:{partition}:aps:{region}:{account}:workspace/{workspace_id}"
+
+
+def metrics_write_policy_document(workspace: str, identity: str | None = None) -> dict[str, Any]:
+    """The node's only Prometheus permission: aps:RemoteWrite on the one workspace, nothing to read.
+
+    For the stack's own workspace (`identity` given) the write also requires the workspace's
+    gpucluster:stack tag (AMP supports aws:ResourceTag on workspaces), so a role shared by
+    mistake cannot feed another stack's workspace of the same ARN after a re-creation.
+    """
+    statement: dict[str, Any] = {"Sid": "RemoteWriteOwnWorkspaceOnly", "Effect": "Allow",
+                                 "Action": ["aps:RemoteWrite"], "Resource": [workspace]}
+    if identity is not None:
+        statement["Condition"] = {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": identity}}
+    return {"Version": "2012-10-17", "Statement": [statement]}
+
+
+def longest_metrics_write_policy(identity: str) -> dict[str, Any]:
+    """The metrics write policy as long as it can be: a workspace ARN in the longest partition, with
+    the stack's tag condition (for sizing the node role's inline policies before deploying)."""
+    arn = workspace_arn(LONGEST_PARTITION, "ap-southeast-5", _ACCOUNT, "ws-" + _UUID)
+    return metrics_write_policy_document(arn, identity)

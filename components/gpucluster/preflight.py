@@ -23,6 +23,7 @@ from gpucluster.noderole import (
     dataset_grants,
     longest_bucket_name,
     longest_health_policy,
+    longest_metrics_write_policy,
     node_inline_policies_chars,
     run_log_group_name,
 )
@@ -70,6 +71,8 @@ def node_role_size(spec: StackSpec) -> Iterable[Finding]:
     health = [[longest_health_policy(identity=spec.identity, cluster_name=spec.cluster.name, group=g.name,
                                      region=spec.region, replace=g.health_checks.on_failure == "replace")]
               if g.health_checks.enabled else [] for g in spec.node_groups]
+    if spec.observability.prometheus.active:  # aps:RemoteWrite on the workspace, on every node role
+        health = [[*more, longest_metrics_write_policy(spec.identity)] for more in health]
     images = [g.container_image for g in spec.node_groups if g.container_image]
     chars = max(node_inline_policies_chars(spec.cluster.name, grants, more,
                                            run_log_group=run_log_group_name(spec.identity), images=images)

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpucluster import catalog, schedule
-from gpucluster.spec import NodeGroupConfig, StackSpec
+from gpucluster.node.metrics import DCGM_FIELDS
+from gpucluster.spec import NodeGroupConfig, StackSpec, baked_image
 
 PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "service_prices.yaml"
 HOURS_PER_MONTH = 730  # the month of the AWS Pricing Calculator and the EC2 pricing pages
@@ -41,6 +42,15 @@ AT: tuple[At, ...] = ("desired", "max")
 STRATEGIES: tuple[Strategy, ...] = ("all_on_demand", "mix", "all_spot")
 STRATEGY_LABELS: dict[Strategy, str] = {
     "all_on_demand": "all on-demand", "mix": "stack's mix", "all_spot": "all spot"}
+
+
+# One image build: the build instance installs, pre-pulls (a 10 GB container image) and snapshots,
+# then Image Builder launches a test instance from the new image. EC2 Image Builder user guide,
+# "Image Builder pricing": no charge for Image Builder itself, only the resources it runs (the
+# instances, billed per second as EC2 on-demand, and the AMI's EBS snapshots). 1.5 instance-hours
+# is a modelled figure for both instances, not a measured one.
+IMAGE_BUILD_HOURS = 1.5
+SCHEDULED_BUILDS_PER_MONTH = 4.35  # a weekly schedule: 52/12 builds (any schedule is priced so)
 
 
 class PricingError(ValueError):
@@ -76,6 +86,11 @@ class ServicePrices:
     public_ipv4_usd_per_hour: float
     interface_endpoint_usd_per_hour: float
     s3_standard_usd_per_gb_month: float
+    amp_ingest_usd_per_10m_samples: float
+    amp_ingest_usd_per_10m_samples_over_2b: float
+    amp_storage_usd_per_gb_month: float
+    amg_editor_usd_per_month: float
+    amg_viewer_usd_per_month: float
     fsx_lustre_usd_per_gb_month: dict[str, float]
     sources: dict[str, str]
     as_of: str
@@ -95,6 +110,46 @@ def service_prices(region: str, path: Path = PRICES_FILE) -> ServicePrices:
     return ServicePrices(region=region, sources=dict(raw["sources"]), as_of=str(raw["as_of"]),
                          fsx_lustre_usd_per_gb_month=dict(rates["fsx_lustre_usd_per_gb_month"]),
                          **{k: float(v) for k, v in rates.items() if k != "fsx_lustre_usd_per_gb_month"})
+
+
+def warm_pool_nodes(group: NodeGroupConfig, nodes: int) -> int:
+    """Stopped instances a group's warm pool keeps while `nodes` run: its maximum prepared capacity
+    (default the group's max_nodes) less the running nodes, at least min_size (EC2 Auto Scaling user
+    guide, "Warm pools for Amazon EC2 Auto Scaling": warm pool size)."""
+    pool = group.warm_pool
+    if pool is None:
+        return 0
+    cap = pool.max_prepared if pool.max_prepared is not None else group.max_nodes
+    return max(pool.min_size, cap - nodes)
+
+
+def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> Iterable[OtherCost]:
+    """Warm pools (root volumes of stopped instances, all month: no instance hours) and image builds."""
+    src, as_of = prices.sources, prices.as_of
+    gp3 = prices.ebs_gp3_usd_per_gb_month
+    for g in spec.node_groups:
+        if g.warm_pool is None:
+            continue
+        size = g.root_volume_size_gib
+        at_desired, at_max = warm_pool_nodes(g, g.desired_nodes), warm_pool_nodes(g, g.max_nodes)
+        yield OtherCost(f"Warm pool {g.name}", "warm_pool", at_desired * size * gp3,
+                        at_max * size * gp3, f"{at_desired} stopped ({at_max} at max nodes) x {size} GiB "
+                        f"gp3 x ${gp3}/GB-month; stopped instances bill EBS only", src["ebs"], as_of)
+    images = spec.images
+    baked = [g for g in spec.node_groups if baked_image(images, g) is not None]
+    if not baked:
+        return
+    build = catalog.get(images.build_instance_type)
+    if build is None:
+        return
+    rate = on_demand_rate(build, spec.region)
+    builds = SCHEDULED_BUILDS_PER_MONTH if images.schedule else 1.0
+    usd = len(baked) * builds * assume.image_build_hours * rate.usd_per_hour
+    yield OtherCost("Image builds", "images", usd, usd,
+                    f"{len(baked)} group(s) x {builds:g} build(s)/month x {assume.image_build_hours:g} h "
+                    f"{build.name} x ${rate.usd_per_hour:.3f}/h "
+                    f"({'a weekly schedule' if images.schedule else 'one build on demand'}); "
+                    "Image Builder itself is free", rate.source, rate.as_of)
 
 
 def on_demand_rate(instance: catalog.InstanceType, region: str) -> Rate:
@@ -287,7 +342,7 @@ class OtherCost:
     """A non-GPU cost of the stack, per month at desired and at max nodes."""
 
     name: str
-    kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3"]
+    kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg", "warm_pool", "images"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
@@ -311,6 +366,8 @@ class Assumptions:
     """Data through the NAT gateway (package and image downloads; S3 goes through its endpoint)."""
     schedule_year: int | None = None
     """The year whose 52 weeks from 1 January give the scheduled share; None: this year."""
+    image_build_hours: float = IMAGE_BUILD_HOURS
+    """Instance-hours one image build takes (the build instance, then the test instance)."""
 
 
 @dataclass(frozen=True)
@@ -431,6 +488,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                  groups: Mapping[str, GroupCost]) -> Iterable[OtherCost]:
     src, as_of = prices.sources, prices.as_of
     gp3 = prices.ebs_gp3_usd_per_gb_month
+    yield from _observability_costs(spec, prices, groups)
     for g in spec.node_groups:
         size, priced = g.root_volume_size_gib, groups[g.name]
         # A root volume is deleted with its node: it is paid for the hours the node runs.
@@ -440,6 +498,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                         + (f" x {share:.3f} of the month" if share != 1 else ""),
                         src["ebs"], as_of,
                         scheduled_share=priced.scheduled_hours_per_month / priced.hours_per_month)
+    yield from _boot_costs(spec, prices, assume)
     if spec.network.vpc_cidr is None:
         return  # an existing VPC: its NAT and endpoints are paid for already
     if spec.network.nat_gateway:
@@ -472,6 +531,62 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
         why = "the FSx capacity" if d.fsx is not None else "assumed, --dataset-gib"
         yield OtherCost(f"S3 {d.name}", "s3", gib * s3, gib * s3,
                         f"{gib:g} GiB ({why}) x ${s3}/GB-month", src["s3"], as_of)
+
+
+# The sample rate that drives AMP's bill: every node writes, each scrape, one sample per series.
+# Series per GPU are dcgm-exporter's fields (gpucluster.node.metrics.DCGM_FIELDS; a MIG GPU: per
+# instance); the node exporter's are kept to a few families by the collector (metrics.sh:
+# load, memory, filesystems, network interfaces: a p5's 32 EFA interfaces make most of them),
+# estimated per node; Prometheus adds 5 per target (up, scrape_*).
+NODE_EXPORTER_SERIES = 150
+SCRAPE_SERIES_PER_TARGET = 5
+AMP_FIRST_TIER_SAMPLES = 2_000_000_000
+AMP_BYTES_PER_SAMPLE = 2.0  # an assumption: AMP bills storage by compressed bytes, ~1-2 bytes a sample
+# AMP's default retention (AMP user guide, "Amazon Managed Service for Prometheus service quotas").
+AMP_RETENTION_DAYS = 150
+
+
+def metric_series_per_node(group: NodeGroupConfig) -> int:
+    """Series one node of `group` writes: its GPUs' dcgm-exporter fields, the node exporter, `up` & co."""
+    gpus = max((t.gpus for t in group.types), default=0)
+    return gpus * group.slots_per_gpu * len(DCGM_FIELDS) + NODE_EXPORTER_SERIES + 2 * SCRAPE_SERIES_PER_TARGET
+
+
+def amp_ingest_usd(samples: float, prices: ServicePrices) -> float:
+    first = min(samples, AMP_FIRST_TIER_SAMPLES)
+    return (first * prices.amp_ingest_usd_per_10m_samples
+            + max(samples - first, 0) * prices.amp_ingest_usd_per_10m_samples_over_2b) / 1e7
+
+
+def _observability_costs(spec: StackSpec, prices: ServicePrices,
+                         groups: Mapping[str, GroupCost]) -> Iterable[OtherCost]:
+    o, src, as_of = spec.observability, prices.sources, prices.as_of
+    if o.prometheus.active:
+        per_hour = 3600 / o.prometheus.scrape_interval_seconds
+        samples = {at: sum(metric_series_per_node(g) * per_hour * groups[g.name].hours_per_month
+                           * (g.desired_nodes if at == "desired" else g.max_nodes) for g in spec.node_groups)
+                   for at in ("desired", "max")}
+        series = ", ".join(f"{g.name} {metric_series_per_node(g)}" for g in spec.node_groups)
+        stored = {at: s * AMP_BYTES_PER_SAMPLE * AMP_RETENTION_DAYS / (HOURS_PER_MONTH / 24) / 1e9
+                  for at, s in samples.items()}
+        storage = prices.amp_storage_usd_per_gb_month
+        own = "" if o.prometheus.enabled else " (an existing workspace: billed to its account)"
+        yield OtherCost(
+            "Amazon Managed Prometheus" + own, "amp",
+            amp_ingest_usd(samples["desired"], prices) + stored["desired"] * storage,
+            amp_ingest_usd(samples["max"], prices) + stored["max"] * storage,
+            f"series per node ({series}) x {per_hour:g} scrapes/h (every "
+            f"{o.prometheus.scrape_interval_seconds} s) x node-hours = "
+            f"{samples['desired'] / 1e6:,.0f}M samples at desired: "
+            f"${prices.amp_ingest_usd_per_10m_samples}/10M (first 2B), "
+            f"${prices.amp_ingest_usd_per_10m_samples_over_2b}/10M after; storage {AMP_RETENTION_DAYS} days "
+            f"x {AMP_BYTES_PER_SAMPLE:g} B/sample x ${storage}/GB-month", src["amp"], as_of)
+    if o.grafana.enabled:
+        g = o.grafana
+        amg = g.editors * prices.amg_editor_usd_per_month + g.viewers * prices.amg_viewer_usd_per_month
+        yield OtherCost("Amazon Managed Grafana", "amg", amg, amg,
+                        f"{g.editors} editors x ${prices.amg_editor_usd_per_month:g} + {g.viewers} viewers x "
+                        f"${prices.amg_viewer_usd_per_month:g} a month (active users)", src["amg"], as_of)
 
 
 def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,

@@ -47,13 +47,18 @@ PREVIEW_WORKFLOW = ".github/workflows/pr.yml"
 DEPLOY_BRANCH = "main"
 PREVIEW_ENVIRONMENT = "preview"
 SERVICE_LINKED = ["autoscaling.amazonaws.com", "spot.amazonaws.com", "fsx.amazonaws.com",
-                  "s3.data-source.lustre.fsx.amazonaws.com"]
+                  "s3.data-source.lustre.fsx.amazonaws.com",
+                  # EC2 Image Builder user guide, "Using service-linked roles for Image Builder"
+                  "imagebuilder.amazonaws.com"]
 # The services the stacks' roles are passed to: EC2 (node instance profile), Lambda (guardrail
 # functions), EventBridge Scheduler (the autostop schedules' role).
-PASSED_TO = ["ec2.amazonaws.com", "lambda.amazonaws.com", "scheduler.amazonaws.com"]
+PASSED_TO = ["ec2.amazonaws.com", "lambda.amazonaws.com", "scheduler.amazonaws.com",
+             "grafana.amazonaws.com"]  # the last: observability.grafana's workspace role
 # The AWS managed policies the program attaches (components/gpucluster/aws/iam.py MANAGED_POLICIES);
 # attaching any other managed policy is refused (`iam:PolicyARN`).
-MANAGED_POLICIES = ["AmazonSSMManagedInstanceCore"]
+MANAGED_POLICIES = ["AmazonSSMManagedInstanceCore",
+                    # the image build instances' (components/gpucluster/aws/images.py BUILD_MANAGED_POLICIES)
+                    "EC2InstanceProfileForImageBuilder"]
 # Public SSM parameters the program reads (the Deep Learning AMI id, nodes.py DEFAULT_AMI_PARAMETER).
 PUBLIC_PARAMETERS = "parameter/aws/service/*"
 STACK_TAG = "gpucluster:stack"
@@ -61,7 +66,9 @@ STACK_TAG = "gpucluster:stack"
 # Data deletion that needs the break-glass role (issue 12, item 4): old object versions and whole
 # buckets (a plain DeleteObject on a versioned bucket only adds a delete marker), FSx file systems
 # and their backups.
-DATA_DELETION = ["s3:DeleteObjectVersion", "s3:DeleteBucket", "fsx:DeleteFileSystem", "fsx:DeleteBackup"]
+# The guard-state table (who stopped which group, the capacity to give back) is data too.
+DATA_DELETION = ["s3:DeleteObjectVersion", "s3:DeleteBucket", "fsx:DeleteFileSystem", "fsx:DeleteBackup",
+                 "dynamodb:DeleteTable"]
 
 # What the stacks' own roles may ever do (the workload boundary's allow list): the union of the
 # node role (SSM agent, CloudWatch agent, dataset reads and checkpoint writes) and the guardrail
@@ -91,15 +98,34 @@ WORKLOAD_ACTIONS = [
     "s3:ListMultipartUploadParts",
     # the job restart Lambda reads the run log group's end lines (its job records: JobRecords below)
     "logs:FilterLogEvents",
+    # the stopping Lambdas' guard state (lambdas.guardstate): items only, through the stack's key
+    "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "kms:Encrypt", "kms:DescribeKey",
     # nodes pulling a group's ECR image (gpucluster.noderole.ECR_PULL_ACTIONS)
     "ecr:GetAuthorizationToken", "ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage",
     "ecr:GetDownloadUrlForLayer",
+    # observability.prometheus: nodes write to the stack's workspace (noderole.metrics_write_policy_document);
+    # observability.grafana: the workspace role queries it (aws/prometheus.py QUERY_ACTIONS)
+    "aps:RemoteWrite", "aps:GetLabels", "aps:GetMetricMetadata", "aps:GetSeries", "aps:QueryMetrics",
+    "aps:ListWorkspaces",
+    # image build instances: EC2InstanceProfileForImageBuilder (its snapshot and tag actions carry
+    # its own CreatedBy conditions), and the image test's tags on the stack's own AMIs
+    # (gpucluster.aws.images.build_policy_document)
+    "imagebuilder:GetComponent", "imagebuilder:GetMarketplaceResource", "ec2:DescribeSnapshots",
+    "ec2:CreateSnapshot", "ec2:CreateTags",
 ]
 
 # What each resource type the program creates needs from the deploy role (create, read, update,
 # delete, tag), by Pulumi type token. IAM types are granted by `iam_statements` with their
 # conditions; the rest by `deploy_statements`, each on the resources `SCOPES` names.
 DEPLOY_ACTIONS: dict[str, list[str]] = {
+    # The guard-state table (pulumi-aws reads it with DescribeTable, DescribeContinuousBackups for
+    # point-in-time recovery, DescribeTimeToLive and ListTagsOfResource). No DeleteTable: the
+    # table is protected data (DATA_DELETION), like the buckets.
+    "aws:dynamodb/table:Table": [
+        "dynamodb:CreateTable", "dynamodb:DescribeTable", "dynamodb:UpdateTable",
+        "dynamodb:DescribeContinuousBackups", "dynamodb:UpdateContinuousBackups",
+        "dynamodb:DescribeTimeToLive", "dynamodb:TagResource", "dynamodb:UntagResource",
+        "dynamodb:ListTagsOfResource"],
     "aws:ec2/vpc:Vpc": ["ec2:CreateVpc", "ec2:DeleteVpc", "ec2:ModifyVpcAttribute"],
     "aws:ec2/subnet:Subnet": ["ec2:CreateSubnet", "ec2:DeleteSubnet", "ec2:ModifySubnetAttribute"],
     "aws:ec2/internetGateway:InternetGateway": ["ec2:CreateInternetGateway", "ec2:DeleteInternetGateway",
@@ -217,6 +243,48 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
         "lambda:GetFunctionEventInvokeConfig", "lambda:DeleteFunctionEventInvokeConfig"],
     "aws:lambda/permission:Permission": ["lambda:AddPermission", "lambda:RemovePermission",
                                          "lambda:GetPolicy"],
+    # observability (aws/prometheus.py). AMP with a customer managed key makes grants on it (AMP user
+    # guide, "Encryption at rest"): kms:CreateGrant on the stack's own keys (KEY_ADMIN is denied on any
+    # other), its data-key use through AMP only (`deploy_statements`).
+    "aws:amp/workspace:Workspace": [
+        "aps:CreateWorkspace", "aps:DescribeWorkspace", "aps:UpdateWorkspaceAlias", "aps:DeleteWorkspace",
+        "aps:TagResource", "aps:UntagResource", "aps:ListTagsForResource", "kms:CreateGrant",
+        "kms:DescribeKey"],
+    "aws:amp/ruleGroupNamespace:RuleGroupNamespace": [
+        "aps:CreateRuleGroupsNamespace", "aps:DescribeRuleGroupsNamespace", "aps:PutRuleGroupsNamespace",
+        "aps:DeleteRuleGroupsNamespace", "aps:TagResource", "aps:ListTagsForResource"],
+    # A workspace signing in with IAM Identity Center registers a managed application there (Amazon
+    # Managed Grafana user guide, "Create a workspace": the permissions it needs).
+    "aws:grafana/workspace:Workspace": [
+        "grafana:CreateWorkspace", "grafana:DescribeWorkspace", "grafana:UpdateWorkspace",
+        "grafana:DeleteWorkspace", "grafana:DescribeWorkspaceConfiguration",
+        "grafana:UpdateWorkspaceConfiguration", "grafana:TagResource", "grafana:UntagResource",
+        "grafana:ListTagsForResource", "sso:CreateManagedApplicationInstance",
+        "sso:DeleteManagedApplicationInstance", "sso:DescribeRegisteredRegions",
+        "sso:GetSharedSsoConfiguration", "organizations:DescribeOrganization"],
+    "aws:grafana/workspaceSamlConfiguration:WorkspaceSamlConfiguration": [
+        "grafana:UpdateWorkspaceAuthentication", "grafana:DescribeWorkspaceAuthentication"],
+    # EC2 Image Builder (gpucluster:images): Service Authorization Reference, "Actions defined by EC2
+    # Image Builder"; creating a recipe reads its parent image (ec2:DescribeImages, unscoped below).
+    "aws:imagebuilder/component:Component": [
+        "imagebuilder:CreateComponent", "imagebuilder:DeleteComponent", "imagebuilder:GetComponent",
+        "imagebuilder:TagResource", "imagebuilder:UntagResource", "imagebuilder:ListTagsForResource"],
+    "aws:imagebuilder/imageRecipe:ImageRecipe": [
+        "imagebuilder:CreateImageRecipe", "imagebuilder:DeleteImageRecipe", "imagebuilder:GetImageRecipe",
+        "imagebuilder:GetComponent", "imagebuilder:TagResource", "imagebuilder:UntagResource",
+        "imagebuilder:ListTagsForResource"],
+    "aws:imagebuilder/infrastructureConfiguration:InfrastructureConfiguration": [
+        "imagebuilder:CreateInfrastructureConfiguration", "imagebuilder:UpdateInfrastructureConfiguration",
+        "imagebuilder:DeleteInfrastructureConfiguration", "imagebuilder:GetInfrastructureConfiguration",
+        "imagebuilder:TagResource", "imagebuilder:UntagResource", "imagebuilder:ListTagsForResource"],
+    "aws:imagebuilder/distributionConfiguration:DistributionConfiguration": [
+        "imagebuilder:CreateDistributionConfiguration", "imagebuilder:UpdateDistributionConfiguration",
+        "imagebuilder:DeleteDistributionConfiguration", "imagebuilder:GetDistributionConfiguration",
+        "imagebuilder:TagResource", "imagebuilder:UntagResource", "imagebuilder:ListTagsForResource"],
+    "aws:imagebuilder/imagePipeline:ImagePipeline": [
+        "imagebuilder:CreateImagePipeline", "imagebuilder:UpdateImagePipeline",
+        "imagebuilder:DeleteImagePipeline", "imagebuilder:GetImagePipeline",
+        "imagebuilder:TagResource", "imagebuilder:UntagResource", "imagebuilder:ListTagsForResource"],
     "aws:budgets/budget:Budget": ["budgets:ModifyBudget", "budgets:ViewBudget", "budgets:TagResource",
                                   "budgets:UntagResource", "budgets:ListTagsForResource"],
 }
@@ -227,6 +295,7 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
 # `gpucluster doctor`, the deploy workflow's gate, also reads quotas and the cost-allocation tags'
 # status (gpucluster.ops.doctor.IAM_ACTIONS).
 UNSCOPED_ACTIONS = ["ec2:Describe*", "autoscaling:Describe*", "fsx:Describe*", "kms:ListAliases",
+                    "aps:ListWorkspaces", "grafana:ListWorkspaces",
                     "logs:DescribeLogGroups", "logs:DescribeMetricFilters", "cloudwatch:DescribeAlarms",
                     "kms:CreateKey", "kms:TagResource",
                     "servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota",
@@ -258,6 +327,17 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
         "scheduler": [f"arn:{p}:scheduler:*:{a}:schedule/default/{prefix}*"],
         "lambda": [f"arn:{p}:lambda:*:{a}:function:{prefix}*"],
         "budgets": [f"arn:{p}:budgets::{a}:budget/{prefix}*"],
+        # Workspace ids are generated by AWS (ws-<uuid>, g-<id>): the account's, any region.
+        "aps": [f"arn:{p}:aps:*:{a}:workspace/*", f"arn:{p}:aps:*:{a}:rulegroupsnamespace/*"],
+        "grafana": [f"arn:{p}:grafana:*:{a}:/workspaces/*"],
+        # Identity Center's and Organizations' reads and the managed application have no resource type.
+        "sso": ["*"], "organizations": ["*"],
+        # Image Builder names are gpucluster-<cluster>-... (gpucluster.node.bake.recipe_name)
+        "imagebuilder": [f"arn:{p}:imagebuilder:*:{a}:{kind}/gpucluster-{prefix}*" for kind in (
+            "component", "image-recipe", "infrastructure-configuration", "distribution-configuration",
+            "image-pipeline")],
+        # lambdas.handlers.state_table_name: named from the identity, not the prefix
+        "dynamodb": [f"arn:{p}:dynamodb:*:{a}:table/gpucluster-guard-*"],
     }
 
 
@@ -541,6 +621,11 @@ def deploy_statements(partition: str, account: str, prefix: str,
     bucket_objects = [f"{b}/*" for b in scope["s3"]]
     statements += [
         {"Sid": "ReadsWithoutResourceScope", "Effect": "Allow", "Action": UNSCOPED_ACTIONS, "Resource": "*"},
+        # AMP encrypts a workspace with the stack's key through grants, and uses its data keys only
+        # when AMP asks (kms:ViaService).
+        {"Sid": "StackKeysThroughAmp", "Effect": "Allow", "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+         "Resource": f"arn:{partition}:kms:*:{account}:key/*",
+         "Condition": {"StringLike": {"kms:ViaService": "aps.*.amazonaws.com"}}},
         {"Sid": "FsxLinksReadTheBucket", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
          "Resource": bucket_objects},
         public_parameters(partition),

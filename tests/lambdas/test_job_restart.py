@@ -209,7 +209,76 @@ def test_a_start_that_cannot_be_sent_fails_the_invocation_for_a_retry(cluster, r
     recorded.fakes["ssm"] = RefusingSsm()
     with pytest.raises(runtime.GuardrailError, match="the start was not sent to"):
         job_restart.handler(launch_event("dev-train", current[0]), None)
-    assert stored(name)["restarts"] == 0  # unchanged: the retry tries again
+    # The relaunch was recorded before any send, with nothing sent: the retry resumes it.
+    pending = stored(name)
+    assert (pending["restarts"], pending["sent"], sorted(pending["nodes"])) == (1, [], sorted(current))
+    del recorded.fakes["ssm"]
+    job_restart.handler(launch_event("dev-train", current[0]), None)
+    done = stored(name)
+    assert done["restarts"] == 1 and sorted(done["sent"]) == sorted(current)  # one restart, not two
+
+
+def test_a_retry_sends_only_to_the_ranks_that_never_got_the_start(cluster, recorded, parameters) -> None:
+    current = cluster.instances("dev-train")
+    name = job_parameter_name(STACK, "pretrain")
+    store(name, record_for("dev-train", ["i-0000000000000dead", current[1]]))
+
+    class SecondRefused:
+        def __init__(self) -> None:
+            self.real, self.sends = shared_client("ssm"), 0
+
+        def send_command(self, **kwargs: Any) -> Any:
+            self.sends += 1
+            if self.sends == 2:
+                error = {"Error": {"Code": "ThrottlingException", "Message": "slow"}}
+                raise ClientError(error, "SendCommand")
+            return self.real.send_command(**kwargs)
+
+        def __getattr__(self, item: str) -> Any:
+            return getattr(self.real, item)
+
+    recorded.fakes["ssm"] = SecondRefused()
+    with pytest.raises(runtime.GuardrailError, match="the start was not sent to"):
+        job_restart.handler(launch_event("dev-train", current[0]), None)
+    first = [s["InstanceIds"][0] for s in recorded.of("ssm", "send_command")]
+    assert stored(name)["sent"] == first[:1]
+    del recorded.fakes["ssm"]
+    job_restart.handler(launch_event("dev-train", current[1]), None)  # Lambda's retry, or the next event
+    sends = [s["InstanceIds"][0] for s in recorded.of("ssm", "send_command")]
+    assert sends[2:] == [first[1]]  # only the rank that never got it; rank 0 is not started twice
+    assert sorted(stored(name)["sent"]) == sorted(current) and stored(name)["restarts"] == 1
+
+
+def test_two_invocations_at_once_relaunch_once(cluster, recorded, parameters) -> None:
+    current = cluster.instances("dev-train")
+    name = job_parameter_name(STACK, "pretrain")
+    store(name, record_for("dev-train", ["i-0000000000000dead", current[1]]))
+    inner: list[Any] = []
+
+    class Racing:
+        """The second launch event's invocation runs between this one's read and its first write."""
+
+        def __init__(self) -> None:
+            self.real, self.raced = shared_client("ssm"), False
+
+        def put_parameter(self, **kwargs: Any) -> Any:
+            if not self.raced:
+                self.raced = True
+                recorded.fakes.pop("ssm")
+                inner.append(job_restart.handler(launch_event("dev-train", current[1]), None))
+                recorded.fakes["ssm"] = self
+            return self.real.put_parameter(**kwargs)
+
+        def __getattr__(self, item: str) -> Any:
+            return getattr(self.real, item)
+
+    recorded.fakes["ssm"] = Racing()
+    outer = job_restart.handler(launch_event("dev-train", current[0]), None)
+    assert inner[0]["action"] == "relaunched"
+    assert "left to the invocation that recorded it first" in outer["jobs"]["pretrain"]
+    sends = [s["InstanceIds"][0] for s in recorded.of("ssm", "send_command")]
+    assert sorted(sends) == sorted(current)  # each node got the start once
+    assert stored(name)["restarts"] == 1
 
 
 def test_record_size_is_bounded_by_the_standard_tier() -> None:

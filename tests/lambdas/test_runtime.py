@@ -10,13 +10,14 @@ from botocore.exceptions import ClientError
 from gpucluster.lambdas import runtime
 
 
-def test_notify_failure_is_swallowed() -> None:
+def test_a_failed_notification_raises_so_the_invocation_fails() -> None:
     class DownSNS:
         def publish(self, **kwargs: Any) -> None:
             raise ClientError({"Error": {"Code": "NotFound", "Message": "gone"}}, "Publish")
 
-    assert runtime.notify(DownSNS(), "arn:aws:sns:us-east-1:1:t", "s\nubject", {}) is False
-    assert runtime.notify(DownSNS(), None, "s", {}) is False
+    with pytest.raises(runtime.NotifyError, match="NotFound"):
+        runtime.notify(DownSNS(), "arn:aws:sns:us-east-1:1:t", "s\nubject", {})
+    assert runtime.notify(DownSNS(), None, "s", {}) is False  # no topic configured: nothing to fail
 
 
 @pytest.mark.parametrize(

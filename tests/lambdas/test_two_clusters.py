@@ -85,8 +85,18 @@ def teams(tmp_path_factory: pytest.TempPathFactory) -> tuple[Team, Team]:
 
 @pytest.fixture
 def account(moto_account: str, teams: tuple[Team, Team]) -> Iterator[Any]:
-    """Each team's group (2 nodes, the planned tags) in the module's moto account."""
+    """Each team's group (2 nodes, the planned tags) and guard-state table in the module's moto account."""
     autoscaling = shared_client("autoscaling")
+    dynamodb = shared_client("dynamodb")
+    tables = sorted({t.lambda_env["budget_action"]["GUARD_STATE_TABLE"] for t in teams})
+    assert len(tables) == 2  # one table per deployment, named from its identity
+    for table in tables:
+        dynamodb.create_table(
+            TableName=table, BillingMode="PAY_PER_REQUEST",
+            KeySchema=[{"AttributeName": "stack", "KeyType": "HASH"},
+                       {"AttributeName": "group", "KeyType": "RANGE"}],
+            AttributeDefinitions=[{"AttributeName": "stack", "AttributeType": "S"},
+                                  {"AttributeName": "group", "AttributeType": "S"}])
     for t in teams:
         autoscaling.create_auto_scaling_group(
             AutoScalingGroupName=t.group, MinSize=1, DesiredCapacity=2, MaxSize=2,
@@ -97,6 +107,8 @@ def account(moto_account: str, teams: tuple[Team, Team]) -> Iterator[Any]:
     yield autoscaling
     for t in teams:  # test cleanup in the fake account only
         autoscaling.delete_auto_scaling_group(AutoScalingGroupName=t.group, ForceDelete=True)
+    for table in tables:
+        dynamodb.delete_table(TableName=table)
 
 
 def lambda_of(t: Team, module: str, monkeypatch: pytest.MonkeyPatch, topic: str) -> None:

@@ -43,11 +43,16 @@ from gpucluster.spec import (
     DatasetConfig,
     Finding,
     FsxConfig,
+    GrafanaConfig,
     HealthCheckConfig,
+    ImageGroupConfig,
+    ImagesConfig,
     Name,
     NetworkConfig,
     NodeGroupConfig,
+    ObservabilityConfig,
     PolicyName,
+    PrometheusConfig,
     Region,
     RoleName,
     S3Prefix,
@@ -56,6 +61,7 @@ from gpucluster.spec import (
     StackSpec,
     StrictModel,
     TagValue,
+    WarmPoolConfig,
     _matches,
     autostop_findings,
     budget_findings,
@@ -183,6 +189,17 @@ class MigSettings(TypedDict):
     """Instead of profile: the instances of each GPU, e.g. [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]."""
 
 
+class WarmPoolSettings(TypedDict):
+    """A node group's `warm_pool`: stopped instances kept ready (EBS billed, no instance hours)."""
+
+    min_size: NotRequired[int]
+    """Stopped instances kept ready even when the group is at zero (EBS billed, no instance hours)."""
+    max_prepared: NotRequired[int]
+    """Cap on running + warm instances (default: the group's max_nodes)."""
+    reuse_on_scale_in: NotRequired[bool]
+    """Return a scaled-in node to the pool (stopped) instead of terminating it."""
+
+
 class NodeGroupSettings(TypedDict):
     """One entry of the stack file's `node_groups`: instance types, sizes, capacity, EFA, disks, AMI."""
 
@@ -224,6 +241,8 @@ class NodeGroupSettings(TypedDict):
     """GPU health checks at launch and while running, and what a failing node gets."""
     mig: NotRequired[MigSettings]
     """Split every GPU into MIG instances at boot (A100, H100, H200, B200); jobs get one per rank."""
+    warm_pool: NotRequired[WarmPoolSettings]
+    """An Auto Scaling warm pool of stopped nodes (one on-demand type, no spot, no Capacity Block)."""
 
 
 class FsxSettings(TypedDict):
@@ -321,6 +340,75 @@ class SpotSettings(TypedDict):
     """Also run the hook on the earlier EC2 Instance Rebalance Recommendation."""
 
 
+class PrometheusSettings(TypedDict):
+    """The stack file's `observability.prometheus`: where the nodes' GPU metrics go."""
+
+    enabled: NotRequired[bool]
+    """Create an Amazon Managed Service for Prometheus workspace of the stack; every node writes to it."""
+    remote_write_url: NotRequired[str]
+    """Instead of enabled: the remote-write URL of an existing AMP workspace of the same partition."""
+    region: NotRequired[str]
+    """With remote_write_url: the workspace's region (SigV4 signs for it)."""
+    dcgm_exporter_image: NotRequired[str]
+    """NVIDIA's dcgm-exporter image pinned by digest (nvcr.io/nvidia/k8s/dcgm-exporter:<tag>@sha256:...)."""
+    scrape_interval_seconds: NotRequired[int]
+    """How often every node samples its GPUs; AMP's ingestion cost scales with 60 / this."""
+
+
+class GrafanaSettings(TypedDict):
+    """The stack file's `observability.grafana`: an Amazon Managed Grafana workspace, or none."""
+
+    enabled: NotRequired[bool]
+    """Create an Amazon Managed Grafana workspace reading the stack's Prometheus workspace."""
+    authentication_providers: NotRequired[list[str]]
+    """Required with enabled: AWS_SSO (IAM Identity Center) and/or SAML (Grafana has no other sign-in)."""
+    saml_metadata_url: NotRequired[str]
+    """With SAML: where the identity provider publishes its SAML metadata."""
+    saml_editor_role_values: NotRequired[list[str]]
+    """With SAML: the role attribute values that make a user an editor."""
+    editors: NotRequired[int]
+    """Editor (and admin) users, for the cost model (AMG bills each active user per month)."""
+    viewers: NotRequired[int]
+    """Viewer users, for the cost model."""
+
+
+class ObservabilitySettings(TypedDict):
+    """The stack file's `observability`: GPU metrics in Prometheus and Grafana (off by default)."""
+
+    prometheus: NotRequired[PrometheusSettings]
+    """dcgm-exporter, node exporter and a collector on every node, remote-writing to AMP."""
+    grafana: NotRequired[GrafanaSettings]
+    """An Amazon Managed Grafana workspace, or none when the team has its own Grafana."""
+class ImageGroupSettings(TypedDict):
+    """One entry of `images.groups`: opt out, and the pinned baked image."""
+
+    bake: NotRequired[bool]
+    """Bake this group's image (default: the section's bake); false opts the group out."""
+    ami_id: NotRequired[str]
+    """The baked image this group launches from: set or change it to move the group to a new build."""
+    driver: NotRequired[str]
+    """The NVIDIA driver the pinned image carries (as `gpucluster image build` recorded it)."""
+    cuda: NotRequired[str]
+    """The CUDA version the pinned image's driver supports (as recorded by the build)."""
+
+
+class ImagesSettings(TypedDict):
+    """The stack file's `images`: EC2 Image Builder baking for the node groups."""
+
+    bake: NotRequired[bool]
+    """Bake an EC2 Image Builder image for every node group (a group may opt out under groups)."""
+    version: NotRequired[str]
+    """The recipes' version: raise it to change what is baked (Image Builder recipes are immutable)."""
+    schedule: NotRequired[str]
+    """Also run the pipelines on this EventBridge-style cron (default: only `gpucluster image build`)."""
+    schedule_timezone: NotRequired[str]
+    """The timezone of schedule."""
+    build_instance_type: NotRequired[str]
+    """The GPU instance the image is built and tested on (any NVIDIA type runs the same driver)."""
+    groups: NotRequired[dict[str, ImageGroupSettings]]
+    """Per node group: opt out, and the pinned image it launches from."""
+
+
 # The pydantic model each settings type is checked with (a test keeps their keys in step).
 SETTINGS_MODELS: dict[type, type[BaseModel]] = {
     ClusterSettings: ClusterConfig,
@@ -331,6 +419,12 @@ SETTINGS_MODELS: dict[type, type[BaseModel]] = {
     AutoStopSettings: AutoStopConfig,
     SpotSettings: SpotConfig,
     HealthCheckSettings: HealthCheckConfig,
+    ObservabilitySettings: ObservabilityConfig,
+    PrometheusSettings: PrometheusConfig,
+    GrafanaSettings: GrafanaConfig,
+    WarmPoolSettings: WarmPoolConfig,
+    ImagesSettings: ImagesConfig,
+    ImageGroupSettings: ImageGroupConfig,
 }
 
 # ----------------------------------------------------------------------- component plumbing
@@ -530,6 +624,9 @@ class GpuNodeGroupModel(StrictModel):
                                                        "must be an SNS topic ARN or empty")]) = ""
     notify_key_arn: input_of(Annotated[str, _matches(r"(arn:aws[a-z-]*:kms:[^\s]+)?",
                                                      "must be a KMS key ARN or empty")]) = ""
+    observability: ObservabilityConfig = ObservabilityConfig()
+    remote_write_url: input_of(str) = ""
+    image: ImageGroupConfig | None = None
 
 
 def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:

@@ -15,14 +15,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpucluster import catalog
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
-from gpucluster.spec import DatasetConfig, FsxConfig, NodeGroupConfig, StackSpec, can_run_spot, dataset_path
+from gpucluster.spec import (
+    DatasetConfig,
+    FsxConfig,
+    NodeGroupConfig,
+    StackSpec,
+    baked_image,
+    can_run_spot,
+    dataset_path,
+    launches_baked,
+)
 
 if TYPE_CHECKING:
     from gpucluster.aws.datasets import DatasetBucketArgs, LustreFileSystemArgs
     from gpucluster.aws.guardrails import GuardrailsArgs
     from gpucluster.aws.iam import NodeIdentityArgs
+    from gpucluster.aws.images import NodeImagesArgs
     from gpucluster.aws.network import ClusterNetworkArgs
     from gpucluster.aws.nodes import GpuNodeGroupArgs, NodeDataMount
     from gpucluster.aws.observability import ClusterDashboardArgs
@@ -128,7 +139,7 @@ def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequ
                     security_group_ids: Sequence[Any], placement_group_name: Any,
                     instance_profile_arn: Any, data_mounts: Sequence[NodeDataMount],
                     node_role_name: Any = None, notify_topic_arn: Any = "",
-                    notify_key_arn: Any = "") -> GpuNodeGroupArgs:
+                    notify_key_arn: Any = "", remote_write_url: Any = None) -> GpuNodeGroupArgs:
     """One node group in the network's subnets for its zones, with every dataset mounted.
 
     `node_role_name` is the role of `instance_profile_arn` (it gets the group's health
@@ -144,6 +155,12 @@ def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequ
     }
     if node_role_name is not None:
         args["node_role_name"] = node_role_name
+    if spec.observability.prometheus.active:  # only then: a stack without it keeps its args as they were
+        args["observability"] = settings(spec.observability)
+        if remote_write_url is not None:
+            args["remote_write_url"] = remote_write_url
+    if launches_baked(spec.images, group):
+        args["image"] = settings(baked_image(spec.images, group))
     if placement_group_name is not None:
         args["placement_group_name"] = placement_group_name
     return args  # type: ignore[return-value]
@@ -193,3 +210,38 @@ def dashboard_args(spec: StackSpec, asg_names: Mapping[str, Any], *, notify_topi
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)
     return args  # type: ignore[return-value]
+
+
+def baked_groups(spec: StackSpec) -> list[NodeGroupConfig]:
+    """The groups Image Builder bakes an image for (`images.bake`, less the groups that opt out)."""
+    return [g for g in spec.node_groups if baked_image(spec.images, g) is not None]
+
+
+def images_args(spec: StackSpec, *, vpc_id: Any, subnet_id: Any,
+                parent_images: Mapping[str, Any]) -> NodeImagesArgs:
+    """The stack's image pipelines: one per baked group, on its resolved base (`parent_images`)."""
+    images = spec.images
+    build = catalog.get(images.build_instance_type)
+    groups = []
+    for g in baked_groups(spec):
+        mounts = spec.datasets  # every dataset reaches every node group
+        entry: dict[str, Any] = {
+            "name": g.name, "parent_image": parent_images[g.name],
+            "root_volume_size_gib": g.root_volume_size_gib,
+            "fsx": any(d.access == "fsx" for d in mounts),
+            "mount_s3": any(d.access == "mount" for d in mounts), "efa": g.efa_enabled,
+            "lustre_key_fingerprints": sorted({fpr for d in mounts if d.fsx
+                                               for fpr in d.fsx.client_key_fingerprints}),
+        }
+        if g.container_image:
+            entry["container_image"] = g.container_image
+        groups.append(entry)
+    args: dict[str, Any] = {
+        "cluster_name": spec.cluster.name, "identity": spec.identity, "region": spec.region,
+        "vpc_id": vpc_id, "subnet_id": subnet_id, "groups": groups, "version": images.version,
+        "build_instance_type": images.build_instance_type, "build_gpus": build.gpus if build else 1,
+        "schedule_timezone": images.schedule_timezone, "tags": spec.tags,
+    }
+    if images.schedule is not None:
+        args["schedule"] = images.schedule
+    return with_boundary(spec, args)  # type: ignore[return-value]

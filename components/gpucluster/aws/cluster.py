@@ -29,8 +29,10 @@ from gpucluster.aws.args import (
     BudgetSettings,
     ClusterSettings,
     DatasetSettings,
+    ImagesSettings,
     NetworkSettings,
     NodeGroupSettings,
+    ObservabilitySettings,
     SpotSettings,
     component_options,
     owned_tags,
@@ -42,13 +44,15 @@ from gpucluster.aws.datasets import DatasetBucket, DatasetStore, LustreFileSyste
 from gpucluster.aws.guardrail_lambda import LOG_RETENTION_DAYS
 from gpucluster.aws.guardrails import Guardrails
 from gpucluster.aws.iam import NodeIdentity
+from gpucluster.aws.images import NodeImages
 from gpucluster.aws.network import ClusterNetwork
-from gpucluster.aws.nodes import GpuNodeGroup, NodeDataMount
+from gpucluster.aws.nodes import DEFAULT_AMI_PARAMETER, GpuNodeGroup, NodeDataMount
 from gpucluster.aws.observability import ClusterDashboard
+from gpucluster.aws.prometheus import MetricsWorkspace
 from gpucluster.names import node_identity_name
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
-from gpucluster.spec import DIY_ORGANIZATION, StackSpec
+from gpucluster.spec import DIY_ORGANIZATION, StackSpec, baked_image, launches_baked
 
 OLD_TYPE = "gpucluster:cluster:GpuCluster"
 
@@ -70,6 +74,10 @@ class GpuClusterArgs(TypedDict):
     """Idle stop, schedules, maximum lifetime and the pre-stop hook (off when absent)."""
     spot: NotRequired[SpotSettings]
     """The spot-interruption hook."""
+    observability: NotRequired[ObservabilitySettings]
+    """GPU metrics to Amazon Managed Prometheus, Grafana dashboards (off when absent)."""
+    images: NotRequired[ImagesSettings]
+    """Images baked by EC2 Image Builder for the node groups (off when absent)."""
     region: str
     """AWS region, e.g. us-east-1 (the stack file's aws:region)."""
     stack: NotRequired[str]
@@ -97,6 +105,8 @@ class NodeGroupSummary(TypedDict):
     """Its nodes' security group."""
     placement_group_name: NotRequired[str]
     """Its cluster placement group, if it has one."""
+    image: NotRequired[dict[str, Any]]
+    """A baked group: its pinned image (ami_id, driver, cuda)."""
 
 
 class DatasetSummary(TypedDict):
@@ -180,6 +190,33 @@ def run_log_group(name: str, spec: StackSpec, opts: pulumi.ResourceOptions) -> a
         tags=owned_tags(spec.tags, spec.identity, spec.cluster.name), opts=opts)
 
 
+def build_images(name: str, spec: StackSpec, network: ClusterNetwork,
+                 opts: pulumi.ResourceOptions) -> NodeImages | None:
+    """The Image Builder pipelines of the baked groups (None when nothing is baked), built in the
+    first zone's private subnet, each recipe on its group's base resolved once."""
+    baked = children.baked_groups(spec)
+    if not baked:
+        return None
+    invoke = pulumi.InvokeOptions(parent=opts.parent)
+    bases = {g.name: g.ami_id or aws.ssm.get_parameter_output(
+        name=g.ami_ssm_parameter or DEFAULT_AMI_PARAMETER, opts=invoke).value for g in baked}
+    return NodeImages(name, children.images_args(
+        spec, vpc_id=network.vpc_id, subnet_id=network.subnets[spec.network.availability_zones[0]],
+        parent_images=bases), opts=opts)
+
+
+def image_summary(spec: StackSpec, group: Any) -> dict[str, Any]:
+    """What a baked group's summary adds: the image it launches from and what that image carries."""
+    image = baked_image(spec.images, group)
+    if image is None:
+        return {}
+    if not launches_baked(spec.images, group):
+        return {"image": {"baked": True, "ami_id": None,
+                          "note": "no image pinned yet: launches on the unbaked path until "
+                                  f"images.groups.{group.name}.ami_id is set"}}
+    return {"image": {"baked": True, "ami_id": image.ami_id, "driver": image.driver, "cuda": image.cuda}}
+
+
 def cluster_spec(name: str, args: Any) -> StackSpec:
     """GpuClusterArgs checked as a stack file is: every model and named check, or ArgsError.
 
@@ -251,8 +288,12 @@ class GpuCluster(pulumi.ComponentResource):
         self.dataset_store, self.buckets, self.file_systems = parts.store, parts.buckets, parts.file_systems
         mounts, datasets = parts.mounts, parts.outputs
         self.run_logs = run_log_group(f"{name}-run-logs", spec, child)
+        self.images = build_images(f"{name}-images", spec, self.network, child)
         topic_arn, resolve_topic = pulumi.deferred_output()
         key_arn, resolve_key = pulumi.deferred_output()
+        # observability.prometheus: the workspace first, its remote-write URL goes into the user data.
+        self.metrics = (MetricsWorkspace(f"{name}-metrics", spec, opts=child)
+                        if spec.observability.prometheus.active else None)
         self.node_identities: dict[str, NodeIdentity] = {}
         self.groups: dict[str, GpuNodeGroup] = {}
         try:
@@ -261,13 +302,16 @@ class GpuCluster(pulumi.ComponentResource):
                 identity = self.node_identities[group.name] = NodeIdentity(
                     node_identity_name(name, group.name, first=i == 0),
                     children.node_identity_args(spec, parts.grants), opts=child)
+                if self.metrics is not None:
+                    self.metrics.grant_write(group.name, identity.role_name)
                 network = self.network.groups[group.name]
                 self.groups[group.name] = GpuNodeGroup(f"{name}-{group.name}", children.node_group_args(
                     spec, group, subnet_ids=network.subnet_ids,
                     security_group_ids=[network.security_group.id],
                     placement_group_name=network.placement_group.name if network.placement_group else None,
                     instance_profile_arn=identity.instance_profile_arn, data_mounts=mounts,
-                    node_role_name=identity.role_name, notify_topic_arn=topic_arn, notify_key_arn=key_arn),
+                    node_role_name=identity.role_name, notify_topic_arn=topic_arn, notify_key_arn=key_arn,
+                    remote_write_url=self.metrics.remote_write_url if self.metrics else None),
                     opts=child)
             self.guardrails = Guardrails(f"{name}-guardrails", children.guardrails_args(
                 spec, {g: (n.asg_name, n.asg_arn) for g, n in self.groups.items()}), opts=child)
@@ -296,6 +340,7 @@ class GpuCluster(pulumi.ComponentResource):
                 "launch_template_id": self.groups[group.name].launch_template_id,
                 "security_group_id": (network := self.network.groups[group.name]).security_group.id,
                 "placement_group_name": pg.name if (pg := network.placement_group) else None,
+                **image_summary(spec, group),
             }
             for group in spec.node_groups
         }
@@ -307,9 +352,11 @@ class GpuCluster(pulumi.ComponentResource):
             "node_groups": node_groups,
             "datasets": datasets,
             **self.guardrails.outputs,
+            **({"image_pipeline_arns": self.images.pipeline_arns} if self.images else {}),
             "dashboard_name": self.dashboard.dashboard_name,
             "dashboard_url": self.dashboard.dashboard_url,
             "stuck_alarm_names": self.dashboard.stuck_alarm_names,
+            **(self.metrics.outputs if self.metrics is not None else {}),
         }
         self.cluster_name = pulumi.Output.from_input(spec.cluster.name)
         self.region = pulumi.Output.from_input(spec.region)

@@ -23,6 +23,7 @@ from gpucluster.aws.guardrail_lambda import (
     rule_invokes,
     scaling_statements,
 )
+from gpucluster.aws.guardrail_state import with_state
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.spec import BudgetConfig
 
@@ -180,13 +181,15 @@ class Budget(pulumi.ComponentResource):
                     lambda v: topic_policy(v[0], v[1], ctx.region, v[2], alarms=False)),
                 opts=child)
             ready.append(action_policy)
+            environment = ctx.environment()
             self.function = GuardrailFunction(
                 f"{name}-handler", ctx, module="budget_action", function_name=f"{ctx.prefix}-budget-action",
                 timeout=BASE_TIMEOUT_SECONDS,
-                environment=ctx.environment(),
+                environment=environment,
                 statements=[
                     describe_statement(["autoscaling:DescribeAutoScalingGroups"]),
                     *scaling_statements(ctx.asg_arns, ctx.identity, delete_tags=False),
+                    *with_state(ctx, environment),
                     *publish_statements(ctx.notify_topic_arn, ctx.key_arn),
                 ],
                 opts=child)

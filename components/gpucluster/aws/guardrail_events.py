@@ -33,6 +33,7 @@ from gpucluster.aws.guardrail_lambda import (
     scaling_statements,
     service_trust,
 )
+from gpucluster.aws.guardrail_state import with_state
 from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, jobs_parameter_path  # not job_restart: boto3
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 from gpucluster.noderole import gpu_metric_namespace, run_log_group_name
@@ -164,7 +165,8 @@ class AutoStop(pulumi.ComponentResource):
             describe.append("ec2:DescribeInstances")  # instance launch times
         statements = [describe_statement(describe),
                       *scaling_statements(ctx.asg_arns, ctx.identity, delete_tags=bool(a.start_schedule)),
-                      *statements, *publish_statements(ctx.notify_topic_arn, ctx.key_arn)]
+                      *statements, *with_state(ctx, environment),
+                      *publish_statements(ctx.notify_topic_arn, ctx.key_arn)]
         self.function = GuardrailFunction(
             f"{name}-handler", ctx, module="autostop", function_name=f"{ctx.prefix}-autostop",
             timeout=autostop_timeout(a), environment=environment, statements=statements, opts=child)
@@ -306,6 +308,7 @@ class CapacityBlockExpiry(pulumi.ComponentResource):
             timeout=capacity_block_timeout(a), environment=environment,
             statements=[describe_statement(describe),
                         *scaling_statements(arns, ctx.identity, delete_tags=False), *hook,
+                        *with_state(ctx, environment),
                         *publish_statements(ctx.notify_topic_arn, ctx.key_arn)],
             max_event_age_seconds=CAPACITY_BLOCK_MAX_EVENT_AGE_SECONDS, retries=2, opts=child)
         self.rule = aws.cloudwatch.EventRule(

@@ -167,6 +167,8 @@ class GuardrailContext:
     key_arn: pulumi.Output[str]
     permissions_boundary: pulumi.Output[str] | None = None
     """ARN of the boundary every guardrail role carries (GuardrailsArgs.permissions_boundary)."""
+    state_table_arn: pulumi.Output[str] | None = None
+    """The guard-state table (`guardrail_state.GuardState`) the stopping handlers keep their state in."""
 
     @property
     def identity(self) -> str:

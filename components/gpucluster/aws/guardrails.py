@@ -30,6 +30,7 @@ from gpucluster.aws.args import (
     SpotSettings,
     component_options,
     guardrails_checks,
+    owned_tags,
     type_token,
     validate,
 )
@@ -43,6 +44,7 @@ from gpucluster.aws.guardrail_events import (
     uses_spot,
 )
 from gpucluster.aws.guardrail_lambda import GuardrailContext, old_type
+from gpucluster.aws.guardrail_state import GuardrailAlarms, GuardState
 from gpucluster.aws.iam import boundary_arn
 
 __all__ = ["STACK_TAG", "GuardedGroup", "Guardrails", "GuardrailsArgs"]
@@ -159,10 +161,19 @@ class Guardrails(pulumi.ComponentResource):
         partition = aws.get_partition_output(opts=invoke).partition
         prefix = m.cluster_name
         self.notifications = Notifications(f"{name}-notify", m, prefix, partition, account, opts=child)
+        # The stopping handlers (budget action, autostop, Capacity Block) keep their state in a table.
+        stops = ((m.budget is not None and m.budget.action_threshold_percent is not None)
+                 or m.autostop.enabled or bool(blocks))
+        self.state: GuardState | None = None
+        if stops:
+            self.state = GuardState(f"{name}-state", identity=m.identity, key_arn=self.notifications.key.arn,
+                                    tags=owned_tags(m.tags, m.identity, m.cluster_name), opts=child)
+            self.outputs["state_table_name"] = self.state.table_name
         ctx = GuardrailContext(args=m, prefix=prefix, partition=partition, account=account,
                        notify_topic_arn=self.notifications.topic.arn, key_arn=self.notifications.key.arn,
                        permissions_boundary=boundary_arn(partition, account, m.permissions_boundary)
-                       if m.permissions_boundary else None)
+                       if m.permissions_boundary else None,
+                       state_table_arn=self.state.table.arn if self.state else None)
         self.outputs["notify_topic_arn"] = self.notify_topic_arn = ctx.notify_topic_arn
         functions: dict[str, str] = {}
         if m.budget is not None:
@@ -196,4 +207,6 @@ class Guardrails(pulumi.ComponentResource):
             functions["job_restart"] = self.job_restart.function.function_name
         self.outputs["function_names"] = functions
         self.function_names = pulumi.Output.from_input(functions)
+        # A guardrail that fails, is throttled or cannot reach its on-failure destination tells a person.
+        self.alarms = GuardrailAlarms(f"{name}-watch", ctx, functions, opts=child)
         self.register_outputs(self.outputs)

@@ -28,7 +28,9 @@ import pulumi_aws as aws
 from gpucluster.aws.args import (
     AutoStopSettings,
     GpuNodeGroupModel,
+    ImageGroupSettings,
     NodeGroupSettings,
+    ObservabilitySettings,
     SpotSettings,
     component_options,
     node_group_checks,
@@ -39,6 +41,7 @@ from gpucluster.aws.args import (
 from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_hook
 from gpucluster.aws.nics import network_interfaces
 from gpucluster.lambdas.tags import NODE_GROUP_TAG
+from gpucluster.node.metrics import group_metrics
 from gpucluster.node.userdata import encode_user_data, group_bootstrap, render_user_data
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.parts import DataMount
@@ -172,6 +175,34 @@ def asg_ignore_tags(configured: Any = None) -> aws.ProviderIgnoreTagsArgs:
     return aws.ProviderIgnoreTagsArgs(keys=list(configured.get("keys", [])) or None, key_prefixes=prefixes)
 
 
+def baked_ami(m: GpuNodeGroupModel) -> str | None:
+    """The pinned baked image the group launches from, or None (today's path)."""
+    return m.image.ami_id if m.image is not None else None
+
+
+def plain_template(group: NodeGroupConfig) -> bool:
+    """A plain launch template naming the one instance type (no mixed instances policy): Capacity
+    Blocks and warm-pool groups."""
+    return group.capacity.market == "capacity_block" or group.warm_pool is not None
+
+
+def warm_pool(group: NodeGroupConfig) -> dict[str, Any]:
+    """The Auto Scaling warm pool of a group that asks for one: stopped instances (EBS only).
+
+    EC2 Auto Scaling user guide, "Warm pools for Amazon EC2 Auto Scaling": `Stopped` instances
+    are charged for their EBS volumes, not instance hours; a warm instance goes through the same
+    launch lifecycle hook (Warmed:Pending:Wait) before it is stopped, and again when it is started
+    into service. max_group_prepared_capacity -1 (the default) means the group's maximum.
+    """
+    pool = group.warm_pool
+    if pool is None:
+        return {}
+    return {"warm_pool": {
+        "pool_state": "Stopped", "min_size": pool.min_size,
+        "max_group_prepared_capacity": pool.max_prepared if pool.max_prepared is not None else -1,
+        "instance_reuse_policy": {"reuse_on_scale_in": pool.reuse_on_scale_in}}}
+
+
 def can_hold_spot(group: NodeGroupConfig) -> bool:
     return group.capacity.market == "mixed" and group.capacity.spot_percent > 0
 
@@ -235,6 +266,12 @@ class GpuNodeGroupArgs(TypedDict):
     """SNS topic the nodes publish health findings to (empty or absent: none)."""
     notify_key_arn: NotRequired[pulumi.Input[str]]
     """The KMS key of an encrypted notify_topic_arn."""
+    observability: NotRequired[ObservabilitySettings]
+    """The stack's observability section: with prometheus on, nodes run dcgm-exporter and a collector."""
+    remote_write_url: NotRequired[pulumi.Input[str]]
+    """The stack's AMP workspace remote-write URL (observability.prometheus.enabled)."""
+    image: NotRequired[ImageGroupSettings]
+    """The group's pinned baked image (ami_id, driver, cuda): launch from it, install nothing at boot."""
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -268,8 +305,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
             description=f"gpucluster {m.cluster_name}/{group.name} GPU nodes",
-            image_id=self._image_id(group),
-            instance_type=group.instance_types[0] if group.capacity.market == "capacity_block" else None,
+            image_id=self._image_id(group, m),
+            instance_type=group.instance_types[0] if plain_template(group) else None,
             iam_instance_profile={"arn": m.instance_profile_arn},
             user_data=self._user_data(m, mounts),
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
@@ -287,7 +324,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
                                 for kind in ("instance", "volume", "network-interface")],
             update_default_version=True,
             tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=ami_ignore_changes(group)),
+            # A pinned baked image is followed: changing the pin is how the user moves the group.
+            opts=pulumi.ResourceOptions(parent=self,
+                                        ignore_changes=[] if baked_ami(m) else ami_ignore_changes(group)),
             **capacity_block_options(group.capacity),
         )
         health = group.health_checks
@@ -313,6 +352,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 "desiredCapacity", "minSize", "initialLifecycleHooks"],
                 provider=self._asg_provider(name, m.region)),
             **hooks,
+            **warm_pool(group),
             **self._capacity(group),
         )
         self.launch_hook: aws.autoscaling.LifecycleHook | None = None
@@ -352,7 +392,9 @@ class GpuNodeGroup(pulumi.ComponentResource):
         args["region"] = region
         return aws.Provider(f"{name}-asg-provider", **args, opts=pulumi.ResourceOptions(parent=self))
 
-    def _image_id(self, group: NodeGroupConfig) -> pulumi.Input[str]:
+    def _image_id(self, group: NodeGroupConfig, m: GpuNodeGroupModel) -> pulumi.Input[str]:
+        if (ami := baked_ami(m)) is not None:
+            return ami
         if group.ami_id:
             return group.ami_id
         parameter = group.ami_ssm_parameter or DEFAULT_AMI_PARAMETER
@@ -365,15 +407,17 @@ class GpuNodeGroup(pulumi.ComponentResource):
                   for v in (d.bucket_name, d.fsx_dns_name, d.fsx_mount_name, d.expected_bucket_owner)]
 
         def render(resolved: list[Any]) -> str:
-            topic, resolved = resolved[0], resolved[1:]
+            topic, url, resolved = resolved[0], resolved[1], resolved[2:]
             mounts = [replace(d, bucket_name=resolved[4 * i], fsx_dns_name=resolved[4 * i + 1],
                               fsx_mount_name=resolved[4 * i + 2], expected_bucket_owner=resolved[4 * i + 3])
                       for i, d in enumerate(data_mounts)]
             return encode_user_data(render_user_data(group_bootstrap(
                 m.node_group, stack=m.identity, cluster=m.cluster_name, region=m.region, spot=m.spot,
-                data_mounts=mounts, autostop=m.autostop, notify_topic_arn=topic or "")))
+                data_mounts=mounts, autostop=m.autostop, notify_topic_arn=topic or "",
+                metrics=group_metrics(m.observability, m.region, url or None),
+                baked=baked_ami(m) is not None)))
 
-        return pulumi.Output.all(m.notify_topic_arn, *values).apply(render)
+        return pulumi.Output.all(m.notify_topic_arn, m.remote_write_url, *values).apply(render)
 
     def _health_policy(self, m: GpuNodeGroupModel) -> pulumi.Output[str]:
         """This group's health statements, once its ARN and the topic and key are known."""
@@ -393,6 +437,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
         if group.capacity.market == "capacity_block":
             # A Capacity Block is one instance type in one zone: a plain launch template.
             return {"launch_template": {"id": self.launch_template.id, "version": LATEST}}
+        if group.warm_pool is not None:
+            # Auto Scaling keeps no warm pool for a group with a mixed instances policy (the spec
+            # allows a warm pool on one on-demand type only): a plain launch template.
+            return {"launch_template": {"id": self.launch_template.id, "version": LATEST},
+                    "capacity_reservation_specification": asg_capacity_reservation(group.capacity)}
         return {
             "mixed_instances_policy": {
                 "instances_distribution": instances_distribution(group.capacity),

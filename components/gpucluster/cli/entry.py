@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from gpucluster.cli import capacity, doctor, fleet, jobs, planning, render, spend
+from gpucluster.cli import capacity, dashboards, doctor, fleet, images, jobs, planning, render, spend
 from gpucluster.cli.common import EXIT_BLOCKED, EXIT_INVALID, app
 
 # (name, function): the order of `gpucluster --help`.
@@ -27,6 +27,8 @@ COMMANDS = (
 for _name, _command in COMMANDS:
     app.command(_name)(_command)
 app.add_typer(capacity.capacity_app, name="capacity")
+app.add_typer(dashboards.dashboards_app, name="dashboards")
+app.add_typer(images.image_app, name="image")
 
 
 def invoked(args: list[str]) -> str | None:

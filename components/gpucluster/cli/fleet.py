@@ -9,7 +9,7 @@ another command module.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -47,14 +47,37 @@ def group_label(r: GroupStatus) -> str:
     return r.node_group or r.name
 
 
+def stopped_cell(r: GroupStatus) -> str:
+    """Who stopped the group; a stop that failed or is under way says so (never plain `stopped`)."""
+    if r.stop_failed:
+        return f"{r.stopped_by or '?'} (stop failed)"
+    if r.state in ("stopping", "starting"):
+        return f"{r.stopped_by or '-'} ({r.state})"
+    return r.stopped_by or "-"
+
+
 def render_status(rows: list[GroupStatus]) -> list[str]:
     """One row a group, named as `--group` wants it; the Auto Scaling group's name last."""
-    return render.table(
+    lines = render.table(
         ["group", "min", "desired", "max", "in service", "stopped by", "previous desired",
          "Auto Scaling group"],
         [[group_label(r), str(r.min_size), str(r.desired_capacity), str(r.max_size), str(r.in_service),
-          r.stopped_by or "-", "-" if r.previous_desired is None else str(r.previous_desired), r.name]
+          stopped_cell(r), "-" if r.previous_desired is None else str(r.previous_desired), r.name]
          for r in rows])
+    failed = [r.name for r in rows if r.stop_failed]
+    if failed:
+        lines.append(f"stop failed on {', '.join(failed)}: still running; the guardrail retries, "
+                     "or run `gpucluster stop` (see docs/guides/guard-state.md)")
+    return lines
+
+
+def render_getting_ready(rows: list[GroupStatus]) -> list[str]:
+    """Groups with nodes still getting ready (not in service, not targeted by `run`), and for how long."""
+    from gpucluster.ops.nodes import minutes
+
+    return [f"{r.name}: {r.getting_ready} node(s) getting ready"
+            + (f", the longest for {minutes(r.getting_ready_seconds)}" if r.getting_ready_seconds is not None
+               else "") for r in rows if r.getting_ready]
 
 
 def percent(value: float | None) -> str:
@@ -88,9 +111,12 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
     overview = aws_call("status", lambda: stack_overview(
         spec, clients=common.clients(spec), ce=common.cost_explorer(spec), progress=render.progress), None)
     rows, url, warning = overview.groups, overview.dashboard_url, overview.cost_tag_warning
+    observed = spec.observability
     if as_json:
         document = status_json(spec, rows, url)
         document["cost_tag_warning"] = warning
+        if observed.grafana.enabled:
+            document["grafana_url"] = overview.grafana_url
         render.emit(document)
         raise typer.Exit(EXIT_OK)
     if not rows:
@@ -99,8 +125,14 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
                           "or deployed from another Pulumi organization or project)")
     else:
         out = [*render.wrap(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}:"),
-               *render_status(rows), "", "GPU health and use:", *render_health(rows), "",
-               f"dashboard: {url}"]  # a URL stays whole, however long
+               *render_status(rows), *render_getting_ready(rows), "", "GPU health and use:",
+               *render_health(rows), "", f"dashboard: {url}"]  # a URL stays whole, however long
+        if observed.grafana.enabled:
+            out.append(f"grafana: {overview.grafana_url}" if overview.grafana_url else
+                       "grafana: no Amazon Managed Grafana workspace tagged "
+                       f"gpucluster:stack={spec.identity}")
+        elif observed.prometheus.active:
+            out.append(f"grafana dashboards: gpucluster dashboards export {stack} (for your own Grafana)")
     if warning:
         out += [render.paint(line, "warn") for line in render.wrap(warning)]
     for line in out:
@@ -289,13 +321,30 @@ def ago(when: datetime | None) -> str:
 
 
 def render_nodes(nodes: list[Node]) -> list[str]:
+    metrics = any(n.metrics is not None for n in nodes)  # the column only with observability.prometheus
     return render.table(
         ["instance", "node group", "type", "GPUs", "slots", "zone", "private IP", "lifecycle", "state",
-         "health", "launched (UTC)", "SSM"],
+         "health", "launched (UTC)", "SSM", "ready", *(["metrics"] if metrics else [])],
         [[n.instance_id, n.node_group, n.instance_type, str(n.gpus),
           f"{n.slots} MIG" if n.mig_per_gpu else str(n.slots), n.zone, n.private_ip or "-",
-          n.lifecycle, f"{n.state}/{n.asg_state}", n.health, ago(n.launch_time), n.ssm]
+          n.lifecycle, f"{n.state}/{n.asg_state}", n.health, ago(n.launch_time), n.ssm, n.readiness,
+          *([n.metrics or "-"] if metrics else [])]
          for n in nodes])
+
+
+def with_metrics(spec: StackSpec, found: list[Node]) -> list[Node]:
+    """`found` with each node's metrics verdict, when the stack writes to Prometheus."""
+    if not found or not spec.observability.prometheus.active:
+        return found
+    import boto3
+
+    from gpucluster.ops.metrics import metrics_status
+
+    with render.progress("asking the Prometheus workspace which nodes write"):
+        session = boto3.session.Session(region_name=spec.region)
+        status = metrics_status(spec, [n.instance_id for n in found], amp=common.client(spec, "amp"),
+                                credentials=session.get_credentials())
+    return [replace(n, metrics=status[n.instance_id]) for n in found]
 
 
 def nodes(
@@ -303,13 +352,14 @@ def nodes(
     group: GroupOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM."""
+    """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM, readiness."""
     from gpucluster.ops.launch import find_nodes
 
     render.use_json(as_json)
     spec = build_spec(stack)
     found = ops_call("nodes", lambda: find_nodes(spec, group, clients=common.clients(spec),
                                                  progress=render.progress), None)
+    found = with_metrics(spec, found)
     if as_json:
         render.emit(head(spec, nodes=[n.as_json() for n in found]))
         return
@@ -319,8 +369,10 @@ def nodes(
                    + f" (groups tagged gpucluster:stack={spec.identity} run none; "
                      f"see `gpucluster status {stack}`)")
         return
+    waiting = sum(n.getting_ready for n in found)
     render.say(f"stack {spec.stack} ({spec.region}): {len(found)} node(s), "
-               f"{sum(n.in_service for n in found)} in service")
+               f"{sum(n.in_service for n in found)} in service"
+               + (f", {waiting} getting ready (not targeted until ready)" if waiting else ""))
     for line in render_nodes(found):
         render.say(line)
 
@@ -381,7 +433,8 @@ def scale(
         return
     if added or desired < min(c.desired_now for c in changes):
         confirm_or_exit("scale", f"Scale {group} to {desired} node(s)?", yes)
-    results = aws_call("scale", lambda: apply_scale(changes, autoscaling_client=client),
+    results = aws_call("scale", lambda: apply_scale(changes, autoscaling_client=client,
+                                                   identity=spec.identity),
                         f"scaling {group} to {desired} node(s)")
     if as_json:
         render.emit({**document, "results": [asdict(r) for r in results]})
@@ -439,7 +492,8 @@ def stop(
     doing = f"running the pre-stop hook on {len(running)} group(s), then " if hook else ""
     report = aws_call("stop", lambda: stop_stack(
         running, autoscaling_client=client, ssm_client=common.client(spec, "ssm") if hook else None,
-        pre_stop_command=hook, hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds),
+        pre_stop_command=hook, hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds,
+        identity=spec.identity),
         f"{doing}scaling {len(running)} group(s) to zero")
     rows = aws_call("stop", lambda: stack_status(spec.identity, autoscaling_client=client))
     if as_json:

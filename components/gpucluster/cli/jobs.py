@@ -81,6 +81,20 @@ def label(plan: JobPlan, result: NodeResult) -> str:
     return f"rank {result.rank} {result.instance_id} {node.private_ip}"
 
 
+def cancelled_note(results: list[NodeResult]) -> str:
+    """What a launch that failed on a node did to the others: cancelled, the job stopped, or not."""
+    failed = [r.rank for r in results if r.status == "CancelFailed"]
+    stopped = [r.rank for r in results if "job stop sent" in r.error]
+    unstopped = [r.rank for r in results if "job stop not sent" in r.error]
+    note = "not started on every node, so cancelled where it was sent"
+    if stopped:
+        note += f"; the job's stop sent to rank(s) {', '.join(map(str, stopped))}"
+    if failed or unstopped:
+        note += (f"; NOT cancelled on rank(s) {', '.join(map(str, sorted({*failed, *unstopped})))}: it may "
+                 "still run there (see each rank's line)")
+    return note
+
+
 def render_results(plan: JobPlan, results: list[NodeResult]) -> list[str]:
     """Each node's end and its output's tail (the node's own lines verbatim, not wrapped)."""
     out = []
@@ -194,11 +208,12 @@ def run(
         raise typer.Exit(code)
 
     if job.cancelled:
+        note = cancelled_note(job.results)
         if not as_json:
             for line in render_results(plan, job.results):
                 typer.echo(line)
-            render.say("run: not started on every node, so cancelled on all (nothing half-runs)")
-        finish(False, EXIT_BLOCKED, "not started on every node, so cancelled on all")
+            render.say(f"run: {note}")
+        finish(False, EXIT_BLOCKED, note)
     if outcome.interrupted:
         message = "interrupted: the command was cancelled on every node still running it"
         if as_json:

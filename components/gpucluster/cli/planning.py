@@ -27,7 +27,7 @@ from gpucluster.cli.common import (
     fail_usage,
     usd,
 )
-from gpucluster.spec import StackSpec, stack_warnings
+from gpucluster.spec import StackSpec, baked_image, stack_warnings
 
 if TYPE_CHECKING:
     from gpucluster.plan import Plan
@@ -78,7 +78,29 @@ def plan(
         raise typer.Exit(blocked)
     for line in render.plan_lines(result, cost, violations, tree, notes, [str(w) for w in warnings]):
         render.echo(line)
+    for line in image_lines(result.spec):
+        render.echo(line)
     raise typer.Exit(blocked)
+
+
+def image_lines(spec: StackSpec) -> list[str]:
+    """Which image each group launches from and what it carries (stacks that bake only)."""
+    baked = {g.name: baked_image(spec.images, g) for g in spec.node_groups}
+    if not any(baked.values()):
+        return []
+    out = ["images (EC2 Image Builder):"]
+    for name, image in baked.items():
+        if image is None:
+            text = "not baked: installs at boot"
+        elif image.ami_id is None:
+            text = (f"baked, no image pinned yet: installs at boot until images.groups.{name}.ami_id is "
+                    f"set (gpucluster image build {spec.stack})")
+        else:
+            carries = ", ".join(f"{k} {v}" for k, v in (("driver", image.driver), ("CUDA", image.cuda)) if v)
+            text = (f"launches from {image.ami_id}" + (f" ({carries})" if carries else "")
+                    + ", installs nothing")
+        out += render.wrap(f"{name}: {text}", indent="  ")
+    return out
 
 
 # -------------------------------------------------------------------------- cost

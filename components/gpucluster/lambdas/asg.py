@@ -218,3 +218,6 @@ class AutoScalingGroups:
     def set_capacity(self, name: str, min_size: int, desired: int) -> None:
         self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
                                                    DesiredCapacity=desired)
+
+    def mark_notified(self, group: NodeGroup) -> None:
+        """Tags cannot say whether a stop was told: nothing recorded (`StopState.notified` stays None)."""

@@ -49,7 +49,7 @@ from .runtime import (
     notify_from_env,
     stack_from_env,
 )
-from .stops import raise_if_failed, stack_node_groups, stop_groups
+from .stops import mark_told, raise_if_failed, stack_node_groups, stop_groups
 
 ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
 SCHEDULE_DETAIL_TYPE = "Scheduled Event"
@@ -109,11 +109,11 @@ def _stop(stack: str, groups: list[NodeGroup], reason: str, context: Any) -> dic
     )
     summary = {"stack": stack, **report.summary(reason)}
     hook_failed = report.hook is not None and not report.hook.ok
-    if report.changed or report.errors or hook_failed:
-        subject = f"gpucluster {stack}: {reason} stop of {len(report.changed)} group(s)"
+    if report.to_tell or report.errors or hook_failed:
+        subject = f"gpucluster {stack}: {reason} stop of {len(report.to_tell)} group(s)"
         if hook_failed and report.hook is not None:
             subject += f"; pre-stop hook failed on {len(report.hook.failed)} node(s)"
-        notify_from_env(subject, summary)
+        mark_told(backend, report, notify_from_env(subject, summary))
     log_event("autostop done", **summary)
     raise_if_failed(report, stack)
     return summary

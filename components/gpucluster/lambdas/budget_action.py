@@ -19,7 +19,7 @@ from typing import Any
 from .awsapi import log_event
 from .nodegroups import BUDGET
 from .runtime import RUNTIME, ignored, notify_from_env, stack_from_env
-from .stops import confirm_budget_stops, raise_if_failed, stack_node_groups, stop_groups
+from .stops import confirm_budget_stops, mark_told, raise_if_failed, stack_node_groups, stop_groups
 
 # Long enough for a schedule start or stop that read a group just before our write to land its
 # own write (a describe and two updates, well under a second), short next to the Lambda timeout.
@@ -63,11 +63,12 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
         RUNTIME.sleep(SETTLE_SECONDS)
         confirm_budget_stops(backend, report)
     summary = {"stack": stack, **report.summary(BUDGET)}
-    if report.changed or report.errors:
-        notify_from_env(
+    if report.to_tell or report.errors:
+        sent = notify_from_env(
             f"gpucluster {stack}: budget breached, compute scaled to zero",
             {**summary, "budget_subjects": subjects},
         )
+        mark_told(backend, report, sent)
     log_event("budget action done", **summary)
     raise_if_failed(report, stack)
     return summary

@@ -35,7 +35,7 @@ from .runtime import (
     notify_from_env,
     stack_from_env,
 )
-from .stops import raise_if_failed, stack_node_groups, stop_groups
+from .stops import mark_told, raise_if_failed, stack_node_groups, stop_groups
 
 DETAIL_TYPES = ("Capacity Block Reservation Expiration Warning", "Capacity Block Expiration Warning")
 # From the warning to the first terminations: 10 minutes. The hook gets 8 of them, the stop the rest.
@@ -97,7 +97,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     subject = f"gpucluster {stack}: block {reservation} ends, {len(report.changed)} group(s) stopped"
     if report.hook is not None and not report.hook.ok:
         subject += f"; hook failed on {len(report.hook.failed)} node(s)"
-    notify_from_env(subject, summary)
+    mark_told(backend, report, notify_from_env(subject, summary))
     log_event("capacity block expiry done", logging.INFO, **summary)
     raise_if_failed(report, stack)
     return summary

@@ -8,6 +8,24 @@ handler module: it is zipped with the handlers as the package ``lambdas``.
 
 from __future__ import annotations
 
+import hashlib
+import re
+
+STATE_TABLE_ENV = "GUARD_STATE_TABLE"
+"""The environment variable naming the stack's guard-state table (set: the handler uses `guardstate`)."""
+
+
+def state_table_name(identity: str) -> str:
+    """The guard-state table of a deployment identity: derived, so `ops` finds it without an output.
+
+    DynamoDB table names are 3-255 characters of a-z, A-Z, 0-9, '_', '-', '.' (DynamoDB developer
+    guide, "Supported data types and naming rules"); an identity holds '/', so it is folded to '-'
+    and a hash of the identity keeps two identities that fold alike apart.
+    """
+    folded = re.sub(r"[^A-Za-z0-9_.-]+", "-", identity).strip("-")[:200]
+    return f"gpucluster-guard-{folded}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
+
+
 # Lambda handler strings: the deploy zips `components/gpucluster/lambdas` as package `lambdas`.
 HANDLERS: dict[str, str] = {
     "budget_action": "lambdas.budget_action.handler",
@@ -20,13 +38,14 @@ HANDLERS: dict[str, str] = {
 
 # Environment each handler reads (GPUCLUSTER_STACK is required, the rest optional).
 ENVIRONMENT: dict[str, tuple[str, ...]] = {
-    "budget_action": ("GPUCLUSTER_STACK", "NOTIFY_TOPIC_ARN"),
+    "budget_action": ("GPUCLUSTER_STACK", "NOTIFY_TOPIC_ARN", STATE_TABLE_ENV),
     "autostop": (
         "GPUCLUSTER_STACK",
         "PRE_STOP_COMMAND",
         "PRE_STOP_TIMEOUT_SECONDS",
         "MAX_LIFETIME_HOURS",
         "NOTIFY_TOPIC_ARN",
+        STATE_TABLE_ENV,
     ),
     "spot_interruption": (
         "GPUCLUSTER_STACK",
@@ -48,6 +67,7 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
         "PRE_STOP_COMMAND",
         "PRE_STOP_TIMEOUT_SECONDS",
         "NOTIFY_TOPIC_ARN",
+        STATE_TABLE_ENV,
     ),
     "job_restart": ("GPUCLUSTER_STACK", "RUN_LOG_GROUP", "NOTIFY_TOPIC_ARN"),
 }
@@ -57,13 +77,16 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
 # actions can be limited with the condition aws:ResourceTag/gpucluster:stack = <stack>;
 # ssm:SendCommand needs the AWS-RunShellScript document ARN and the instance ARNs
 # (condition ssm:resourceTag/gpucluster:stack, the tag propagates at launch);
-# sns:Publish needs only the notify topic.
+# sns:Publish needs only the notify topic; the guard-state calls only the table, and only items whose
+# partition key is the stack (dynamodb:LeadingKeys).
+STATE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query")
 IAM_ACTIONS: dict[str, tuple[str, ...]] = {
     "budget_action": (
         "autoscaling:DescribeAutoScalingGroups",
         "autoscaling:UpdateAutoScalingGroup",
         "autoscaling:CreateOrUpdateTags",
         "sns:Publish",
+        *STATE_ACTIONS,
     ),
     "autostop": (
         "autoscaling:DescribeAutoScalingGroups",
@@ -74,6 +97,7 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "ssm:SendCommand",
         "ssm:GetCommandInvocation",
         "sns:Publish",
+        *STATE_ACTIONS,
     ),
     "spot_interruption": (
         "autoscaling:DescribeAutoScalingInstances",
@@ -95,6 +119,7 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "ssm:SendCommand",
         "ssm:GetCommandInvocation",
         "sns:Publish",
+        *STATE_ACTIONS,
     ),
     "job_restart": (
         "autoscaling:DescribeAutoScalingGroups",

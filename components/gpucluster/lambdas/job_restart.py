@@ -123,7 +123,10 @@ def restart_lines(environment: Mapping[str, str], record: Mapping[str, Any], res
 
 
 def load_records(ssm: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
-    """(parameter name, record) of every job record under the stack's path; unreadable ones skipped."""
+    """(parameter name, record) of every job record under the stack's path; unreadable ones skipped.
+
+    Each record carries the parameter's version it was read at under VERSION_KEY (not stored).
+    """
     records = []
     for page in ssm.get_paginator("get_parameters_by_path").paginate(Path=path, Recursive=False):
         for parameter in page["Parameters"]:
@@ -133,8 +136,32 @@ def load_records(ssm: Any, path: str) -> list[tuple[str, dict[str, Any]]]:
                 log_event("unreadable job record", logging.WARNING, name=parameter["Name"])
                 continue
             if isinstance(record, dict) and record.get("version") == RECORD_VERSION:
+                record[VERSION_KEY] = parameter.get("Version")
                 records.append((parameter["Name"], record))
     return records
+
+
+VERSION_KEY = "_parameter_version"
+
+
+class RecordConflict(GuardrailError):
+    """Another invocation wrote the job's record since this one read it: it does the relaunch."""
+
+
+def write_record(ssm: Any, name: str, record: dict[str, Any]) -> dict[str, Any]:
+    """Overwrite the job's record only if nobody wrote it since it was read; the record as written.
+
+    SSM PutParameter has no condition, but every write makes a new version: a write that does not
+    land on the version after the one read had another writer in between (two launch events of one
+    replacement, a retry). The loser raises `RecordConflict` and sends nothing.
+    """
+    expected = record.get(VERSION_KEY)
+    body = {k: v for k, v in record.items() if k != VERSION_KEY}
+    answer = ssm.put_parameter(Name=name, Value=encode_record(body), Type="String", Overwrite=True)
+    version = answer.get("Version")
+    if isinstance(expected, int) and isinstance(version, int) and version != expected + 1:
+        raise RecordConflict(f"job record {name} changed since read (version {expected} -> {version})")
+    return {**body, VERSION_KEY: version}
 
 
 def members(group: Mapping[str, Any]) -> list[str]:
@@ -181,23 +208,39 @@ def finished(logs: Any, log_group: str | None, record: Mapping[str, Any]) -> boo
         raise
 
 
-def relaunch(record: dict[str, Any], instances: Sequence[Mapping[str, Any]], *, ssm: Any,
-             log_group: str | None) -> dict[str, Any]:
-    """Send the job's start to every node of the new set; the record as it now stands."""
-    restart = int(record.get("restarts", 0)) + 1
-    gpus = [int(record.get("gpus", {}).get(i.get("InstanceType", ""), 1)) for i in instances]
+def plan_relaunch(record: dict[str, Any], instances: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The record of a relaunch on `instances` before anything is sent: who runs which rank, none sent."""
     ips = [i.get("PrivateIpAddress") for i in instances]
     if not all(ips):
         raise GuardrailError("a node of the new set has no private address yet: try again")
-    environments = rank_environments([str(ip) for ip in ips], gpus, master_port=int(record["master_port"]),
+    return {**record, "nodes": [i["InstanceId"] for i in instances],
+            "restarts": int(record.get("restarts", 0)) + 1, "launched_at": RUNTIME.now().isoformat(),
+            "master_addr": ips[0], "sent": []}
+
+
+def relaunch(ssm: Any, name: str, record: dict[str, Any], instances: Sequence[Mapping[str, Any]], *,
+             log_group: str | None) -> dict[str, Any]:
+    """Send the job's start to each rank of the recorded node set not sent yet; the record as it stands.
+
+    The record names the new set before any send (`plan_relaunch`, written by the caller), and each
+    rank's send is recorded right after it lands, so a retried invocation sends only to the ranks
+    that never got it: the job starts once per node.
+    """
+    by_id = {i["InstanceId"]: i for i in instances}
+    nodes = [by_id[n] for n in record["nodes"]]
+    gpus = [int(record.get("gpus", {}).get(i.get("InstanceType", ""), 1)) for i in nodes]
+    ips = [str(i.get("PrivateIpAddress")) for i in nodes]
+    environments = rank_environments(ips, gpus, master_port=int(record["master_port"]),
                                      group_environment=record.get("environment"))
     errors = {}
-    for rank, (instance, environment) in enumerate(zip(instances, environments, strict=True)):
+    for rank, (instance, environment) in enumerate(zip(nodes, environments, strict=True)):
+        if instance["InstanceId"] in record.get("sent", []):
+            continue
         kwargs: dict[str, Any] = {
             "InstanceIds": [instance["InstanceId"]], "DocumentName": RUN_SHELL_DOCUMENT,
             "Comment": f"gpucluster restart {record['job']} rank {rank}"[:100],
             "TimeoutSeconds": DELIVERY_TIMEOUT_SECONDS,
-            "Parameters": {"commands": restart_lines(environment, record, restart),
+            "Parameters": {"commands": restart_lines(environment, record, int(record["restarts"])),
                            "executionTimeout": [str(EXECUTION_TIMEOUT_SECONDS)]}}
         if log_group:
             kwargs["CloudWatchOutputConfig"] = {"CloudWatchOutputEnabled": True,
@@ -206,10 +249,12 @@ def relaunch(record: dict[str, Any], instances: Sequence[Mapping[str, Any]], *, 
             ssm.send_command(**kwargs)
         except AWS_ERRORS as exc:
             errors[instance["InstanceId"]] = str(exc)
+            continue
+        sent = [*record.get("sent", []), instance["InstanceId"]]
+        record = write_record(ssm, name, {**record, "sent": sent})
     if errors:
         raise GuardrailError(f"job {record['job']}: the start was not sent to {sorted(errors)}: {errors}")
-    return {**record, "nodes": [i["InstanceId"] for i in instances], "restarts": restart,
-            "launched_at": RUNTIME.now().isoformat(), "master_addr": ips[0]}
+    return record
 
 
 def handler(event: Any, context: Any) -> dict[str, Any]:
@@ -243,21 +288,27 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
         if len(current) != desired or desired != int(record["nnodes"]):
             summary["jobs"][job] = f"waiting: {len(current)} of {record['nnodes']} node(s)"
             continue
-        if sorted(current) == sorted(record.get("nodes", [])):
+        resuming = sorted(current) == sorted(record.get("nodes", []))
+        if resuming and set(record.get("sent", record.get("nodes", []))) >= set(record["nodes"]):
             summary["jobs"][job] = "already runs on this node set"
             continue
         if record.get("finished"):
             summary["jobs"][job] = "finished: not started again"
             continue
-        if finished(RUNTIME.client("logs"), log_group, record):
+        if not resuming and finished(RUNTIME.client("logs"), log_group, record):
             ssm.put_parameter(Name=name, Value=encode_record({**record, "finished": True}), Type="String",
                               Overwrite=True)
             summary["jobs"][job] = "finished: not started again"
             continue
         if instances is None:
             instances = ranked_instances(RUNTIME.client("ec2"), current)
-        updated = relaunch(record, instances, ssm=ssm, log_group=log_group)
-        ssm.put_parameter(Name=name, Value=encode_record(updated), Type="String", Overwrite=True)
+        try:
+            # The record names the new set before anything is sent (a retry resumes it, never redoes it).
+            pending = record if resuming else write_record(ssm, name, plan_relaunch(record, instances))
+        except RecordConflict as exc:
+            summary["jobs"][job] = f"left to the invocation that recorded it first ({exc})"
+            continue
+        updated = relaunch(ssm, name, pending, instances, log_group=log_group)
         summary["jobs"][job] = (f"re-launched (restart {updated['restarts']}), "
                                 f"MASTER_ADDR {updated['master_addr']}")
         summary["action"] = "relaunched"

@@ -36,6 +36,15 @@ GONE = "gone"  # the group disappeared while the pre-stop hook ran: nothing to s
 
 IN_SERVICE = "InService"
 
+# States of a stored guard record (a backend with a store: `guardstate`).
+RUNNING, STARTING, STOPPING, STOP_FAILED = "running", "starting", "stopping", "stop-failed"
+STATE_STOPPED = "stopped"
+GROUP_STATES = (RUNNING, STARTING, STOPPING, STATE_STOPPED, STOP_FAILED)
+
+
+class StateConflict(RuntimeError):
+    """A conditional write lost: the group changed since it was read (the caller re-reads or skips)."""
+
 
 @dataclass(frozen=True)
 class Member:
@@ -57,6 +66,12 @@ class StopState:
     stopped_by: str | None = None
     previous_desired: str | None = None
     previous_min: str | None = None
+    state: str | None = None
+    """The stored state (RUNNING, STARTING, STOPPING, STOPPED, STOP_FAILED); None: the backend keeps none."""
+    version: int | None = None
+    """The stored record's version, what a conditional write expects; None: no record (yet)."""
+    notified: bool | None = None
+    """Whether the stop's notification went out; None: the backend does not know."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +164,14 @@ class NodeGroups(Protocol):
         ...
 
     def set_capacity(self, name: str, min_size: int, desired: int) -> None:
-        """Set min and desired (max is the stack file's), leaving the stop state alone."""
+        """Set min and desired (max is the stack file's), leaving the stop state alone.
+
+        A backend with a store raises `StateConflict` rather than raise a stopped group.
+        """
+        ...
+
+    def mark_notified(self, group: NodeGroup) -> None:
+        """Record that the stop of `group` (as read) was told; a backend without a store does nothing."""
         ...
 
 

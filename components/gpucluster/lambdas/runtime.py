@@ -95,8 +95,16 @@ def ignored(reason: str, **fields: Any) -> dict[str, Any]:
 # --- notifications ---------------------------------------------------------------------------
 
 
+class NotifyError(GuardrailError):
+    """SNS refused a notification: raised after the work, so Lambda retries and the on-failure
+    destination (or, past the retries, the function's Errors alarm) gets it."""
+
+
 def notify(sns: Any, topic_arn: str | None, subject: str, message: Mapping[str, Any]) -> bool:
-    """Publish a summary to SNS if a topic is configured; failures are logged, not raised."""
+    """Publish a summary to SNS if a topic is configured; a failed publish raises `NotifyError`.
+
+    A guardrail that acted and could not say so must not return success: nobody would know.
+    """
     if not topic_arn or sns is None:
         return False
     # SNS subject: ASCII, no line breaks, at most 100 characters (API reference, Publish).
@@ -108,8 +116,8 @@ def notify(sns: Any, topic_arn: str | None, subject: str, message: Mapping[str, 
             Message=json.dumps(message, indent=2, sort_keys=True, default=str),
         )
     except AWS_ERRORS as exc:
-        log_event("notification failed", logging.WARNING, topic=topic_arn, error=str(exc))
-        return False
+        log_event("notification failed", logging.ERROR, topic=topic_arn, error=str(exc))
+        raise NotifyError(f"notification to {topic_arn} failed: {exc}") from exc
     return True
 
 

@@ -20,14 +20,40 @@ from typing import Any
 
 from .asg import AutoScalingGroups
 from .awsapi import AWS_ERRORS, log_event
-from .nodegroups import BUDGET, CHANGED, GONE, NodeGroup, NodeGroups, StopState, previous_capacity
+from .guardstate import StoredNodeGroups
+from .handlers import STATE_TABLE_ENV
+from .nodegroups import (
+    ALREADY_STOPPED,
+    BUDGET,
+    CHANGED,
+    GONE,
+    NodeGroup,
+    NodeGroups,
+    StateConflict,
+    StopState,
+    previous_capacity,
+)
 from .runcommand import CommandResult, run_command
-from .runtime import RUNTIME, GuardrailError
+from .runtime import RUNTIME, GuardrailError, env_text
+
+# What a stop can fail with and still let the other groups be stopped.
+STOP_ERRORS = (*AWS_ERRORS, StateConflict)
 
 
-def stack_node_groups(client: Callable[[str], Any] | None = None) -> NodeGroups:
-    """The backend this deployment's node groups are run by: its Auto Scaling groups."""
-    return AutoScalingGroups((client or RUNTIME.client)("autoscaling"))
+def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | None = None,
+                      actor: str = "gpucluster") -> NodeGroups:
+    """The backend this deployment's node groups are run by.
+
+    The stored backend (`guardstate`) when a guard-state table is named (`table`, or the
+    handler's GUARD_STATE_TABLE), else the Auto Scaling groups' tags alone (a stack deployed
+    before the table, or one without guardrails).
+    """
+    make = client or RUNTIME.client
+    table = table or env_text(STATE_TABLE_ENV)
+    if table:
+        return StoredNodeGroups(make("autoscaling"), make("dynamodb"), table,
+                                actor=env_text("AWS_LAMBDA_FUNCTION_NAME") or actor)
+    return AutoScalingGroups(make("autoscaling"))
 
 
 @dataclass
@@ -43,10 +69,17 @@ class StopReport:
     hook: CommandResult | None = None
     recorded: dict[str, StopState] = field(default_factory=dict)
     corrections: dict[str, str] = field(default_factory=dict)
+    untold: list[str] = field(default_factory=list)
+    """Groups found already stopped by this reason whose stop was never told (a retried invocation)."""
 
     @property
     def changed(self) -> list[str]:
         return [name for name, outcome in self.outcomes.items() if outcome in CHANGED]
+
+    @property
+    def to_tell(self) -> list[str]:
+        """What a notification must cover: the groups changed now and the stops not yet told."""
+        return sorted({*self.changed, *self.untold})
 
     def summary(self, reason: str) -> dict[str, Any]:
         """The handler's return value: small, JSON-serialisable."""
@@ -58,6 +91,8 @@ class StopReport:
         }
         if self.errors:
             summary["errors"] = self.errors
+        if self.untold:
+            summary["untold"] = self.untold  # stopped by an earlier attempt that could not say so
         if self.hook is not None:
             summary["hook"] = self.hook.summary()
         if self.corrections:
@@ -97,7 +132,7 @@ def stop_groups(
         names = [g.name for g in groups]
         try:
             fresh = {g.name: g for g in backend.read_groups(names)}
-        except AWS_ERRORS as exc:
+        except STOP_ERRORS as exc:
             log_event("cannot read groups after the hook", logging.ERROR, error=str(exc))
             report.errors.update(dict.fromkeys(names, f"not described after the hook: {exc}"))
             return report
@@ -110,13 +145,28 @@ def stop_groups(
         try:
             previous = previous_capacity(group)
             report.outcomes[group.name] = backend.stop(group, reason)
-        except AWS_ERRORS as exc:
+        except STOP_ERRORS as exc:
             log_event("stop failed", logging.ERROR, group=group.name, error=str(exc))
             report.errors[group.name] = str(exc)
             continue
         if report.outcomes[group.name] in CHANGED:
             report.recorded[group.name] = previous
+        elif (report.outcomes[group.name] == ALREADY_STOPPED and group.stop.notified is False
+              and group.stopped_by in (reason, BUDGET)):
+            report.untold.append(group.name)
     return report
+
+
+def mark_told(backend: NodeGroups, report: StopReport, sent: bool) -> None:
+    """Record, once the notification went out (`sent`), that each stop it covered was told.
+
+    A failure here raises (the invocation is retried and tells again: told twice, never never).
+    """
+    if not sent or not report.to_tell:
+        return
+    groups = backend.read_groups(report.to_tell)
+    for group in groups:
+        backend.mark_notified(group)
 
 
 def confirm_budget_stops(backend: NodeGroups, report: StopReport) -> dict[str, str]:
@@ -136,7 +186,7 @@ def confirm_budget_stops(backend: NodeGroups, report: StopReport) -> dict[str, s
         return {}
     try:
         groups = backend.read_groups(names)
-    except AWS_ERRORS as exc:
+    except STOP_ERRORS as exc:
         report.errors.update(dict.fromkeys(names, f"budget stop not confirmed: {exc}"))
         return {}
     for group in groups:
@@ -156,7 +206,7 @@ def confirm_budget_stops(backend: NodeGroups, report: StopReport) -> dict[str, s
                 fix = f"label {group.stopped_by or 'removed'}: set back to budget"
             else:
                 continue
-        except AWS_ERRORS as exc:
+        except STOP_ERRORS as exc:
             report.errors[name] = f"budget stop not confirmed: {exc}"
             continue
         log_event("budget stop restored", logging.WARNING, group=name, correction=fix)

@@ -19,6 +19,12 @@ install -d -m 0755 /etc/gpucluster /usr/local/sbin /etc/systemd/system \
 . /etc/gpucluster/node.env
 systemctl daemon-reload
 
+# Before the first install: the AMI's own package updates (unattended-upgrades, apt-daily) would hold
+# the dpkg lock for minutes at first boot. Stopped and masked for this node's life (a baked image
+# has them off already); the installs still wait for the lock (gpucluster-install) in case one runs.
+apt=(unattended-upgrades.service apt-daily{,-upgrade}.{timer,service})
+systemctl stop "${apt[@]}" && systemctl mask "${apt[@]}" || echo "gpucluster bootstrap: apt not stopped"
+
 # MIG first: nothing may run on a GPU before it is split (gpucluster-mig; setup requires it). The
 # units are enabled before, so the one reboot MIG mode may need (an A100 passed through to a VM
 # leaves it pending) brings the node up complete: systemd then starts them all, MIG first, and the

@@ -3,7 +3,9 @@
 #   launch    at boot, while the Auto Scaling launch lifecycle hook holds the node in Pending:Wait:
 #             check, report, then CompleteLifecycleAction CONTINUE (healthy) or ABANDON (a fatal
 #             finding with on_failure replace), so the group launches a replacement. XIDs count
-#             since boot. A node that never answers is abandoned at the hook's timeout.
+#             since boot. A node that never answers is abandoned at the hook's timeout. With
+#             GPUCLUSTER_READY_GATE (baked groups) a healthy node's CONTINUE is left to
+#             gpucluster-ready ($STATE/health-launch.ok), which answers once data and image are ready.
 #   periodic  from the timer, once the launch check is done: the same checks but DCGM's, with XIDs
 #             of the last GPUCLUSTER_HEALTH_XID_WINDOW_MINUTES only (the driver's counters are
 #             cumulative and never reset). A fatal finding with on_failure replace runs the pre-stop hook (bounded),
@@ -306,6 +308,11 @@ report_only() {  # findings that replace nothing: reported once until they chang
 
 launch() {
   identify
+  # >>> ready gate (rendered only for gated groups: userdata.without_ready_gate)
+  echo "$LIFECYCLE_STATE" >"$STATE/lifecycle-state"
+  # A warm pool's instance is held by the same hook (Warmed:Pending:Wait) before it is stopped.
+  if [ "$LIFECYCLE_STATE" = Warmed:Pending:Wait ]; then LIFECYCLE_STATE=Pending:Wait; fi
+  # <<< ready gate
   run_checks 0 "since boot" dcgm
   decide
   local result=CONTINUE
@@ -325,6 +332,14 @@ launch() {
   elif [ "${#FINDINGS[@]}" -gt 0 ]; then
     report_only
   fi
+  # >>> ready gate
+  # In service means ready: gpucluster-ready completes the hook once data and image are there.
+  if [ "$result" = CONTINUE ] && [ "${GPUCLUSTER_READY_GATE:-}" = true ]; then
+    log "healthy: handing the launch lifecycle action to gpucluster-ready"
+    date -Is | tee "$STATE/health-launch.ok" >"$LAUNCH_DONE"
+    return
+  fi
+  # <<< ready gate
   log "completing the launch lifecycle action: $result"
   retry "$LAUNCH_BUDGET" aws autoscaling complete-lifecycle-action --region "$GPUCLUSTER_REGION" \
     --lifecycle-hook-name "$GPUCLUSTER_HEALTH_LAUNCH_HOOK" --auto-scaling-group-name "$ASG" \

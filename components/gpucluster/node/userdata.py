@@ -27,9 +27,25 @@ from importlib import resources
 
 from gpucluster import catalog
 from gpucluster.catalog import family_of
+from gpucluster.node.metrics import (
+    METRICS_UNIT,
+    PROMETHEUS_DATA,
+    PROMETHEUS_RETENTION,
+    PROMETHEUS_UNIT,
+    NodeMetrics,
+    dcgm_fields,
+    group_metrics,
+)
 from gpucluster.noderole import gpu_metric_namespace, run_log_group_name
 from gpucluster.parts import DataMount
-from gpucluster.spec import AutoStopConfig, NodeGroupConfig, SpotConfig, StackSpec, read_project_file
+from gpucluster.spec import (
+    AutoStopConfig,
+    NodeGroupConfig,
+    SpotConfig,
+    StackSpec,
+    launches_baked,
+    read_project_file,
+)
 
 # --- the contract with auto-stop (guardrails): where GPU utilisation is published.
 # CloudWatch user guide, "Collect NVIDIA GPU metrics": the agent's nvidia_gpu plugin
@@ -166,6 +182,12 @@ class NodeBootstrap:
     """Where health findings are published (resolved; empty: nowhere but the node's journal)."""
     mig_layouts: tuple[tuple[str, str], ...] = ()
     """(instance type, or "*" for all, "<profile>:<start>,..."): every GPU's MIG instances (empty: off)."""
+    metrics: NodeMetrics | None = None
+    """dcgm-exporter, node exporter and Prometheus remote-writing to AMP (None: off)."""
+    baked: bool = False
+    """Launched from a baked image: nothing installed or pulled at boot, only checked (launch_path)."""
+    ready_gate: bool = False
+    """gpucluster-ready completes the launch hook once data and image are ready (ready_gate_files)."""
 
 
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequence[DataMount] = (),
@@ -173,13 +195,21 @@ def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequenc
     """The bootstrap settings of `group` in `spec`, with already-resolved data mounts."""
     return group_bootstrap(group, stack=spec.identity, cluster=spec.cluster.name, region=spec.region,
                            spot=spec.spot, data_mounts=data_mounts, autostop=spec.autostop,
-                           notify_topic_arn=notify_topic_arn)
+                           notify_topic_arn=notify_topic_arn,
+                           metrics=group_metrics(spec.observability, spec.region),
+                           baked=launches_baked(spec.images, group))
 
 
 def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region: str, spot: SpotConfig,
                     data_mounts: Sequence[DataMount] = (), autostop: AutoStopConfig | None = None,
-                    notify_topic_arn: str = "") -> NodeBootstrap:
-    """The bootstrap settings of one group outside any stack spec (a GpuNodeGroup's own args)."""
+                    notify_topic_arn: str = "", metrics: NodeMetrics | None = None,
+                    baked: bool = False) -> NodeBootstrap:
+    """The bootstrap settings of one group outside any stack spec (a GpuNodeGroup's own args).
+
+    `baked`: the group launches from its pinned baked image. The ready gate is on where the launch
+    hook exists (health checks) and the group is baked or keeps a warm pool (a warming node must
+    finish its installs before the hook lets it be stopped).
+    """
     cap = group.capacity
     can_be_spot = cap.market == "mixed" and cap.spot_percent > 0
     return NodeBootstrap(
@@ -199,6 +229,9 @@ def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region:
         health=node_health(group, autostop, spot),
         notify_topic_arn=notify_topic_arn,
         mig_layouts=mig_plans(group),
+        metrics=metrics,
+        baked=baked,
+        ready_gate=group.health_checks.enabled and (baked or group.warm_pool is not None),
     )
 
 
@@ -280,12 +313,59 @@ def node_env(b: NodeBootstrap) -> str:
             "GPUCLUSTER_HEALTH_HOOK_COMMAND": h.hook_command or "",
             "GPUCLUSTER_HEALTH_HOOK_TIMEOUT_SECONDS": str(h.hook_timeout_seconds),
         }
+    values |= launch_path_env(b)
     if any("\0" in value for value in values.values()):
         raise ValueError("node settings cannot hold NUL characters (bash variables cannot)")
     lines = ["# gpucluster node settings (rendered; sourced by the gpucluster-* scripts)"]
     # shlex.quote: one single-quoted word, newlines and all, exactly as given.
     lines += [f"{key}={shlex.quote(value)}" for key, value in values.items()]
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------- the launch path of baked / ready-gated groups
+
+READY_TOOL = "/usr/local/sbin/gpucluster-ready"
+READY_MARGIN_SECONDS = 120
+"""gpucluster-ready gives up this long before the hook's own timeout, so its ABANDON (with the
+reason) lands before the hook's silent default ABANDON would."""
+
+
+def launch_path_env(b: NodeBootstrap) -> dict[str, str]:
+    """node.env keys of the baked launch path and the ready gate (none for other groups: their
+    user data stays as it was).
+
+    A baked node pulls nothing: GPUCLUSTER_CONTAINER_IMAGE is emptied (gpucluster-setup pulls only
+    that) and the image is only checked, as GPUCLUSTER_READY_IMAGE.
+    """
+    values: dict[str, str] = {}
+    if b.baked:
+        values |= {"GPUCLUSTER_BAKED": "true", "GPUCLUSTER_CONTAINER_IMAGE": ""}
+    if b.ready_gate and b.health is not None:
+        values |= {
+            "GPUCLUSTER_READY_GATE": "true",
+            "GPUCLUSTER_READY_IMAGE": b.container_image or "",
+            "GPUCLUSTER_READY_GATE_SECONDS": str(max(
+                60, b.health.launch_timeout_seconds - READY_MARGIN_SECONDS)),
+        }
+    return values
+
+
+def launch_path_files(b: NodeBootstrap, files: list[NodeFile]) -> list[NodeFile]:
+    """`files` with a baked node's gpucluster-install swapped for one that refuses (nothing is
+    installed on its launch path: a unit that asks for a package found the image lacking it, and
+    fails loudly), plus gpucluster-ready when the ready gate is on."""
+    if b.baked:
+        files = [NodeFile(f.path, script("baked-install.sh"), f.mode)
+                 if f.path == f"{_SBIN}/gpucluster-install" else f for f in files]
+    if b.ready_gate and b.health is not None:
+        files.append(NodeFile(READY_TOOL, script("ready.sh"), "0755"))
+        # Pulled in by the launch health check's unit (Wants=), at every boot: a warm pool's node is
+        # held again when it is started into service. It polls by itself: no After= on the steps.
+        files.append(NodeFile(f"{_UNITS}/gpucluster-ready.service", _unit(
+            "ready for work: completes the launch lifecycle hook (data, image, health)",
+            f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={READY_TOOL}",
+            after="network-online.target", extra="Wants=network-online.target\n")))
+    return files
 
 
 def efa_environment(b: NodeBootstrap) -> dict[str, str]:
@@ -441,7 +521,10 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         files.append(NodeFile(USER_SETUP, b.user_setup, "0700"))
     files += b.user_files
     if b.health is not None:
-        files += health_files(b.health, mig=bool(b.mig_layouts))
+        files += health_files(b.health, mig=bool(b.mig_layouts), ready=b.ready_gate)
+    if b.metrics is not None:
+        files += metrics_files(b.metrics)
+    files = launch_path_files(b, files)
     env = efa_environment(b)
     if env:
         files.append(NodeFile("/etc/profile.d/gpucluster-efa.sh",
@@ -452,8 +535,20 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
     return files
 
 
-def health_files(h: NodeHealth, mig: bool = False) -> list[NodeFile]:
-    """The health-check script, its launch unit (every boot) and its timer."""
+READY_GATE_BLOCK = re.compile(r"^[ \t]*# >>> ready gate.*?^[ \t]*# <<< ready gate[^\n]*\n", re.M | re.S)
+
+
+@cache
+def without_ready_gate(name: str) -> str:
+    """A shipped script less its `# >>> ready gate` ... `# <<< ready gate` blocks, as groups without
+    the gate get it: user data is 16 KiB gzipped, and those lines would never run there."""
+    raw = resources.files(__package__).joinpath(name).read_text()
+    return compact_shell(READY_GATE_BLOCK.sub("", raw))
+
+
+def health_files(h: NodeHealth, mig: bool = False, ready: bool = False) -> list[NodeFile]:
+    """The health-check script, its launch unit (every boot, pulling in gpucluster-ready when
+    `ready`) and its timer."""
     # After the driver's own services, so the GPUs and NVSwitches are up when counted, and in a MIG
     # group after the layout is applied (its `mig` finding checks it; Wants: not Requires, so a
     # failed apply is still checked, and the node abandoned with the finding, not left to time out).
@@ -461,8 +556,11 @@ def health_files(h: NodeHealth, mig: bool = False) -> list[NodeFile]:
     wants = "network-online.target"
     if mig:
         after, wants = f"{after} gpucluster-mig.service", f"{wants} gpucluster-mig.service"
+    if ready:
+        wants = f"{wants} gpucluster-ready.service"
     return [
-        NodeFile(HEALTH_CHECK, script("health-check.sh"), "0755"),
+        NodeFile(HEALTH_CHECK, script("health-check.sh") if ready else without_ready_gate("health-check.sh"),
+                 "0755"),
         NodeFile(f"{_UNITS}/gpucluster-health-launch.service", _unit(
             "GPU health check at boot (completes the launch lifecycle hook)",
             # No start timeout: the script bounds its own retries by the hook's timeout.
@@ -476,6 +574,44 @@ def health_files(h: NodeHealth, mig: bool = False) -> list[NodeFile]:
                  f"[Unit]\nDescription=gpucluster: GPU health check every {h.interval_minutes} min\n"
                  f"\n[Timer]\nOnBootSec={h.interval_minutes}min\nOnUnitActiveSec={h.interval_minutes}min\n"
                  "AccuracySec=30s\n\n[Install]\nWantedBy=timers.target\n"),
+    ]
+
+
+def metrics_files(m: NodeMetrics) -> list[NodeFile]:
+    """The Prometheus path (observability.prometheus): settings, counters, script and two units.
+
+    gpucluster-metrics renders the collector's config and starts the exporters, then checks that
+    samples are written; it is ordered after the MIG layout (dcgm-exporter lists MIG instances when
+    it starts) and nothing waits for it: metrics never hold up a job, the health check or the hook.
+    """
+    report = f"{_SBIN}/gpucluster-report metrics"
+    env = {"GPUCLUSTER_REMOTE_WRITE_URL": m.remote_write_url, "GPUCLUSTER_REMOTE_WRITE_REGION": m.region,
+           "GPUCLUSTER_DCGM_EXPORTER_IMAGE": m.dcgm_exporter_image,
+           "GPUCLUSTER_METRICS_SCRAPE_SECONDS": str(m.scrape_interval_seconds),
+           "GPUCLUSTER_DCGM_FIELDS": dcgm_fields()}
+    return [
+        NodeFile("/etc/gpucluster/metrics.env", "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())),
+        NodeFile(f"{_SBIN}/gpucluster-metrics", script("metrics.sh"), "0755"),
+        NodeFile(f"{_UNITS}/{METRICS_UNIT}", _unit(
+            "GPU metrics to Prometheus",
+            f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=20min\n"
+            f"ExecStart={_SBIN}/gpucluster-metrics start\nExecStart={_SBIN}/gpucluster-metrics check\n"
+            f"ExecStartPost={report}\nExecStopPost={report}\nRestart=on-failure\n"
+            f"RestartSec={STEP_RESTART_SECONDS}",
+            after="network-online.target docker.service gpucluster-mig.service",
+            extra=f"Wants=network-online.target\nStartLimitIntervalSec={STEP_INTERVAL}\n"
+                  f"StartLimitBurst={STEP_BURST}\n")),
+        # Started with the CloudWatch agent's unit, which every node starts at every boot (bootstrap.sh):
+        # a drop-in's Wants= pulls this one in without a line of its own in the bootstrap.
+        NodeFile(f"{_UNITS}/gpucluster-agent.service.d/metrics.conf",
+                 f"[Unit]\nWants={METRICS_UNIT}\n", make_parent=True),
+        NodeFile(f"{_UNITS}/{PROMETHEUS_UNIT}", _unit(
+            "Prometheus remote-writing GPU metrics",
+            f"Type=simple\nRestart=always\nRestartSec=10\n"
+            f"ExecStart=/usr/bin/prometheus --config.file=/etc/gpucluster/prometheus.yml "
+            f"--storage.tsdb.path={PROMETHEUS_DATA} --storage.tsdb.retention.time={PROMETHEUS_RETENTION} "
+            "--web.listen-address=127.0.0.1:9090",
+            after="network-online.target")),
     ]
 
 

@@ -27,14 +27,41 @@ def no_spinner(_what: str) -> AbstractContextManager[Any]:
     return nullcontext()
 
 
-def node_groups(autoscaling_client: Any = None) -> NodeGroups:
+def node_groups(autoscaling_client: Any = None, *, identity: str | None = None,
+                dynamodb_client: Any = None) -> NodeGroups:
     """The backend the stack's node groups are run by, as the guardrail handlers pick it.
 
-    Operations read and change node groups only through it (`lambdas.nodegroups.NodeGroups`);
-    boto3 loads here, on the first operation that needs AWS, not when `ops` is imported.
+    With the stack's `identity`, its guard-state table (named from the identity by
+    `lambdas.handlers.state_table_name`, as the stack creates it) is looked up: when it exists,
+    operations go through the stored backend, so a person's start or scale takes part in the
+    same conditional writes as the guardrails; a stack without guardrails (or deployed before
+    the table) has none, and its groups' tags are the state. Operations read and change node
+    groups only through it (`lambdas.nodegroups.NodeGroups`); boto3 loads here, on the first
+    operation that needs AWS, not when `ops` is imported.
     """
     import boto3
+    from botocore.exceptions import ClientError
 
+    from gpucluster.lambdas.handlers import state_table_name
     from gpucluster.lambdas.stops import stack_node_groups
 
-    return stack_node_groups(lambda service: autoscaling_client or boto3.client(service))
+    # The table is in the groups' region: the Auto Scaling client's, when one is handed in.
+    region = getattr(getattr(autoscaling_client, "meta", None), "region_name", None)
+
+    def client(service: str) -> Any:
+        if service == "autoscaling":
+            return autoscaling_client or boto3.client(service)
+        if service == "dynamodb":
+            return dynamodb_client or boto3.client(service, region_name=region)
+        return boto3.client(service, region_name=region)
+
+    table = None
+    if identity is not None:
+        name = state_table_name(identity)
+        try:
+            client("dynamodb").describe_table(TableName=name)
+            table = name
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+                raise
+    return stack_node_groups(client, table=table, actor="gpucluster-cli")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import boto3
@@ -33,6 +33,10 @@ SSM_ONLINE = "Online"
 SSM_UNREGISTERED = "not registered"
 SSM_UNKNOWN = "unknown"
 IN_SERVICE = "InService"
+# Auto Scaling lifecycle states of a node launched but not yet in service: the launch hook holds it
+# in Pending:Wait until it is ready (gpucluster-ready), so `run` never targets it.
+GETTING_READY = frozenset({"Pending", "Pending:Wait", "Pending:Proceed"})
+ACTIVITY_RECORDS = 100  # the group's newest scaling activities (DescribeScalingActivities' maximum)
 # DescribeInstances takes up to 1000 ids per call; DescribeInstanceInformation's InstanceIds
 # filter up to 50 values (API references).
 EC2_IDS_PER_CALL = 1000
@@ -67,6 +71,26 @@ class Node:
     """Systems Manager ping status (Online, ConnectionLost, Inactive), `not registered` or `unknown`."""
     mig_per_gpu: int = 0
     """MIG instances each GPU is split into (its node group's `mig` layout); 0: whole GPUs."""
+    metrics: str | None = None
+    """With observability.prometheus: writing, exporter down, not writing or unknown (ops.metrics)."""
+    ready_seconds: float | None = None
+    """In service: from its launch activity's start to in service (the hook completed); None: unknown."""
+    getting_ready_seconds: float | None = None
+    """Not yet in service: how long it has been getting ready so far."""
+
+    @property
+    def getting_ready(self) -> bool:
+        """Launched, not yet in service (held by the launch hook until it can run work)."""
+        return self.asg_state in GETTING_READY
+
+    @property
+    def readiness(self) -> str:
+        """`ready in 3m12s`, `getting ready 5m02s`, or `-`."""
+        if self.getting_ready_seconds is not None:
+            return f"getting ready {minutes(self.getting_ready_seconds)}"
+        if self.ready_seconds is not None:
+            return f"ready in {minutes(self.ready_seconds)}"
+        return "-"
 
     @property
     def gpus(self) -> int:
@@ -96,7 +120,55 @@ class Node:
                 "private_ip": self.private_ip, "lifecycle": self.lifecycle, "state": self.state,
                 "asg_state": self.asg_state, "health": self.health,
                 "launch_time": self.launch_time.isoformat() if self.launch_time else None,
-                "ssm": self.ssm}
+                "ssm": self.ssm, "ready_seconds": self.ready_seconds,
+                "getting_ready_seconds": self.getting_ready_seconds,
+                **({"metrics": self.metrics} if self.metrics is not None else {})}
+
+
+def minutes(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole // 60}m{whole % 60:02d}s"
+
+
+def launch_activities(activities: Iterable[Mapping[str, Any]]) -> dict[str, tuple[Any, Any]]:
+    """Instance id -> (start, end) of its launch activity ("Launching a new EC2 instance: i-..."):
+    the end is set once the activity succeeded, i.e. the launch hook completed and the node went in
+    service (EC2 Auto Scaling user guide, "Verify a scaling activity"); None while it is held."""
+    found: dict[str, tuple[Any, Any]] = {}
+    for activity in activities:
+        text = str(activity.get("Description", ""))
+        if not text.startswith("Launching a new EC2 instance"):
+            continue
+        instance = next((w for w in text.replace(".", " ").replace(":", " ").split() if w.startswith("i-")),
+                        None)
+        if instance is None or instance in found:
+            continue
+        done = activity.get("StatusCode") == "Successful"
+        found[instance] = (activity.get("StartTime"), activity.get("EndTime") if done else None)
+    return found
+
+
+def group_launches(autoscaling: Any, asg_name: str) -> dict[str, tuple[Any, Any]]:
+    """`launch_activities` of one group's newest activities; empty when they cannot be read (the
+    listing is still worth having without readiness times)."""
+    try:
+        page = autoscaling.describe_scaling_activities(AutoScalingGroupName=asg_name,
+                                                       MaxRecords=ACTIVITY_RECORDS)
+    except AWS_ERRORS:
+        return {}
+    return launch_activities(page.get("Activities", []))
+
+
+def readiness(state: str, launch: tuple[Any, Any] | None, launch_time: datetime | None,
+              now: datetime) -> tuple[float | None, float | None]:
+    """(ready_seconds, getting_ready_seconds) of one member, from its launch activity or EC2 launch time."""
+    start, end = launch if launch else (None, None)
+    if state in GETTING_READY:
+        since = start if isinstance(start, datetime) else launch_time
+        return None, (now - since).total_seconds() if since else None
+    if state == IN_SERVICE and isinstance(start, datetime) and isinstance(end, datetime):
+        return (end - start).total_seconds(), None
+    return None, None
 
 
 def select_groups(groups: Sequence[NodeGroup], node_group: str | None) -> list[NodeGroup]:
@@ -143,13 +215,13 @@ def ssm_ping(ssm: Any, instance_ids: Sequence[str]) -> dict[str, str]:
 
 def stack_nodes(identity: str, *, node_group: str | None = None, autoscaling_client: Any = None,
                 ec2_client: Any = None, ssm_client: Any = None,
-                mig_per_gpu: Mapping[str, int] | None = None) -> list[Node]:
+                mig_per_gpu: Mapping[str, int] | None = None, now: datetime | None = None) -> list[Node]:
     """Every instance of the stack's groups (of one node group when given), in rank order.
 
     `mig_per_gpu`: node group -> the MIG instances of each of its GPUs (the stack file's `mig`),
     so that their nodes count MIG devices as slots.
     """
-    backend = node_groups(autoscaling_client)
+    backend = node_groups(autoscaling_client)  # members only: the tags' view of the stop state suffices
     groups = select_groups(backend.list_groups(identity), node_group)
     members = [(g, m) for g in groups for m in g.members]
     if not members:
@@ -157,9 +229,14 @@ def stack_nodes(identity: str, *, node_group: str | None = None, autoscaling_cli
     ids = [m.instance_id for _, m in members]
     described = describe_instances(ec2_client or boto3.client("ec2"), ids)
     ping = ssm_ping(ssm_client or boto3.client("ssm"), ids)
+    autoscaling = autoscaling_client or boto3.client("autoscaling")
+    launches = {g.name: group_launches(autoscaling, g.name) for g in groups if g.members}
+    now = now or datetime.now(UTC)
     nodes = []
     for group, member in members:
         instance = described.get(member.instance_id, {})
+        ready, getting_ready = readiness(member.lifecycle_state, launches[group.name].get(member.instance_id),
+                                         instance.get("LaunchTime"), now)
         nodes.append(Node(
             instance_id=member.instance_id,
             node_group=group.label,
@@ -174,6 +251,7 @@ def stack_nodes(identity: str, *, node_group: str | None = None, autoscaling_cli
             launch_time=instance.get("LaunchTime"),
             ssm=ping[member.instance_id],
             mig_per_gpu=(mig_per_gpu or {}).get(group.label, 0),
+            ready_seconds=ready, getting_ready_seconds=getting_ready,
         ))
     return ranked(nodes)
 

@@ -24,6 +24,8 @@ class StackOverview:
     dashboard_url: str
     cost_tag_warning: str | None
     """Why the budget may see $0 of the stack's spend (None: its tag is active)."""
+    grafana_url: str | None = None
+    """The stack's Amazon Managed Grafana workspace (observability.grafana; None: none found)."""
 
 
 def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
@@ -41,4 +43,10 @@ def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
                               metric_namespace=gpu_metric_namespace(spec.cluster.name))
     with progress("checking the budget's cost-allocation tag"):
         warning = cost_tag_warning(spec, ce)
-    return StackOverview(groups, url, warning)
+    grafana = None
+    if spec.observability.grafana.enabled:
+        from gpucluster.ops.dashboards import grafana_url
+
+        with progress("finding the stack's Grafana workspace"):
+            grafana = grafana_url(spec, clients("grafana"))
+    return StackOverview(groups, url, warning, grafana)

@@ -1,7 +1,8 @@
 """What an operator's IAM identity needs for the day-two commands, as one policy document.
 
 `nodes`, `hostfile`, `run` (and `--nccl-test`), `jobs`, `logs` (and `--follow`),
-`cancel`, `scale`, `stop`, `start`, `status` (with its GPU health columns) and `resume`
+`cancel`, `scale`, `stop`, `start`, `status` (with its GPU health columns), `resume` and
+`image build`
 call only the actions below, and write only to groups and instances carrying the stack's
 identity tag, and to its own job records (`run --restart-on-replace`). The README shows
 this document (a test keeps the two equal, and checks every AWS call those commands make
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpucluster.lambdas.handlers import STATE_ACTIONS, state_table_name
 from gpucluster.lambdas.jobnames import jobs_parameter_path
 from gpucluster.lambdas.runcommand import RUN_SHELL_DOCUMENT
 from gpucluster.lambdas.tags import STACK_TAG, STATE_TAGS
@@ -30,6 +32,7 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
     limited to groups tagged with the stack, and tag writes to the stop-state tags.
     """
     owned = {"StringEquals": {f"autoscaling:ResourceTag/{STACK_TAG}": identity}}
+    state_table = f"arn:{partition}:dynamodb:{region}:{account}:table/{state_table_name(identity)}"
     return {"Version": "2012-10-17", "Statement": [
         {"Sid": "ReadTheStack", "Effect": "Allow", "Resource": "*",
          "Action": ["autoscaling:DescribeAutoScalingGroups", "ec2:DescribeInstances",
@@ -50,6 +53,27 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
          "Condition": {**owned, "ForAllValues:StringEquals": {"aws:TagKeys": list(STATE_TAGS)}}},
         {"Sid": "ReadRunOutput", "Effect": "Allow", "Action": ["logs:GetLogEvents", "logs:FilterLogEvents"],
          "Resource": [f"arn:{partition}:logs:{region}:{account}:log-group:{run_log_group_name(identity)}:*"]},
+        # image build: find the stack's pipelines, start them (tagged with the stack: Image Builder
+        # authorizes on aws:ResourceTag), follow the build, read the AMI's test tags
+        {"Sid": "ReadImageBuilds", "Effect": "Allow", "Resource": "*",
+         "Action": ["imagebuilder:ListImagePipelines", "imagebuilder:GetImage", "ec2:DescribeImages"]},
+        {"Sid": "BuildThisStacksImages", "Effect": "Allow",
+         "Action": ["imagebuilder:StartImagePipelineExecution"],
+         "Resource": [f"arn:{partition}:imagebuilder:{region}:{account}:image-pipeline/*"],
+         "Condition": {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": identity}}},
+        # the stack's guard state (lambdas.guardstate): status reads it, stop/start/scale/resume write it
+        # conditionally, only this stack's items (dynamodb:LeadingKeys); DescribeTable finds the table
+        {"Sid": "FindGuardState", "Effect": "Allow", "Action": ["dynamodb:DescribeTable"],
+         "Resource": [state_table]},
+        {"Sid": "GuardStateOfThisStack", "Effect": "Allow", "Action": list(STATE_ACTIONS),
+         "Resource": [state_table],
+         "Condition": {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [identity]}}},
+        # the table is encrypted with the stack's guardrail key, used through DynamoDB only
+        {"Sid": "GuardStateKeyThroughDynamoDB", "Effect": "Allow",
+         "Action": ["kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey"],
+         "Resource": [f"arn:{partition}:kms:{region}:{account}:key/*"],
+         "Condition": {"StringEquals": {"kms:ViaService": f"dynamodb.{region}.amazonaws.com",
+                                        f"aws:ResourceTag/{STACK_TAG}": identity}}},
         # run --detach [--restart-on-replace] stores or drops a job's record, cancel drops it
         {"Sid": "JobRecords", "Effect": "Allow", "Action": ["ssm:DeleteParameter", "ssm:PutParameter"],
          "Resource": [f"arn:{partition}:ssm:{region}:{account}:parameter{jobs_parameter_path(identity)}/*"]},

@@ -234,7 +234,7 @@ class NodeResult:
 
     @property
     def done(self) -> bool:
-        return self.status in TERMINAL_STATUSES or self.status == "NotSent"
+        return self.status in TERMINAL_STATUSES or self.status in ENDED_HERE
 
     def tail(self, lines: int = TAIL_LINES) -> list[str]:
         """The last lines of what SSM returned (stderr after stdout)."""
@@ -270,6 +270,12 @@ class JobResult:
 
 Progress = Callable[[NodeResult], None]
 
+# Statuses `run` gives a node itself, beyond SSM's: never sent; the command's status cannot be read
+# (AccessDenied on every poll is not "still running"); a cancel that AWS refused.
+NOT_SENT_STATUS, ACCESS_DENIED_STATUS, CANCEL_FAILED_STATUS = "NotSent", "AccessDenied", "CancelFailed"
+ENDED_HERE = frozenset({NOT_SENT_STATUS, ACCESS_DENIED_STATUS, CANCEL_FAILED_STATUS})
+DENIED_CODES = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"})
+
 
 def send_job(ssm: Any, plan: JobPlan, *, comment: str = "gpucluster run") -> JobResult:
     """Send one command per node; if any send fails, cancel those already sent (nothing half-runs)."""
@@ -298,16 +304,52 @@ def send_job(ssm: Any, plan: JobPlan, *, comment: str = "gpucluster run") -> Job
                 cancel(ssm, result)
             elif result.status != "NotSent":
                 result.status, result.error = "NotSent", "not sent: the launch failed on another node"
+        if plan.detach:
+            stop_started(ssm, plan, job)
     return job
 
 
 def cancel(ssm: Any, result: NodeResult) -> None:
-    """Cancel one node's command (best effort: it may have finished meanwhile)."""
+    """Cancel one node's command; a cancel AWS refuses is reported as such (CancelFailed), not as done.
+
+    A command that finished meanwhile keeps its final status.
+    """
     try:
         ssm.cancel_command(CommandId=result.command_id, InstanceIds=[result.instance_id])
     except AWS_ERRORS as exc:
-        result.error = f"cancel failed: {exc}"
+        if result.status not in TERMINAL_STATUSES:
+            result.status = CANCEL_FAILED_STATUS
+        result.error = f"cancel failed: {error_code(exc) or type(exc).__name__}: {exc}"
+        return
     result.status = "Cancelled" if result.status not in TERMINAL_STATUSES else result.status
+
+
+def stop_started(ssm: Any, plan: JobPlan, job: JobResult) -> list[int]:
+    """Stop a detached job's unit on every node its command reached; the ranks a stop was sent to.
+
+    CancelCommand cannot stop a systemd unit the command already started, so each node that got
+    the command is also sent the job's own stop (`gpucluster-job cancel <name>`: systemctl stop of
+    its unit; on a node where the unit never started it stops nothing). A stop AWS refuses is
+    written on that rank's result.
+    """
+    sent = []
+    for result in job.results:
+        if not result.command_id:
+            continue
+        try:
+            answer = ssm.send_command(
+                InstanceIds=[result.instance_id], DocumentName=RUN_SHELL_DOCUMENT,
+                Comment=f"gpucluster run: stop {plan.detach} (launch failed)"[:100],
+                TimeoutSeconds=DELIVERY_TIMEOUT_SECONDS,
+                Parameters={"commands": [f"{JOB_TOOL} cancel {plan.detach}"]})
+        except AWS_ERRORS as exc:
+            note = f"job stop not sent: {error_code(exc) or type(exc).__name__}: {exc}"
+            result.error = f"{result.error}; {note}" if result.error else note
+            continue
+        note = f"job stop sent ({JOB_TOOL} cancel, command {answer['Command']['CommandId']})"
+        result.error = f"{result.error}; {note}" if result.error else note
+        sent.append(result.rank)
+    return sent
 
 
 def wait_job(ssm: Any, job: JobResult, *, timeout_seconds: float, on_change: Progress | None = None,
@@ -325,7 +367,12 @@ def wait_job(ssm: Any, job: JobResult, *, timeout_seconds: float, on_change: Pro
             try:
                 response = ssm.get_command_invocation(CommandId=result.command_id,
                                                       InstanceId=result.instance_id)
-            except AWS_ERRORS:
+            except AWS_ERRORS as exc:
+                if error_code(exc) in DENIED_CODES:  # asking again will not help: say so, not "running"
+                    result.status = ACCESS_DENIED_STATUS
+                    result.error = f"cannot read the command's status: {error_code(exc)}: {exc}"
+                    if on_change is not None:
+                        on_change(result)
                 continue  # InvocationDoesNotExist right after sending, or throttling: ask again
             status = response.get("Status", "Pending")
             changed = status != result.status

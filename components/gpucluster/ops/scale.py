@@ -21,7 +21,7 @@ from typing import Any
 
 import boto3
 
-from gpucluster.lambdas.nodegroups import BUDGET, IDLE, LIFETIME, MANUAL, SCHEDULE
+from gpucluster.lambdas.nodegroups import BUDGET, IDLE, LIFETIME, MANUAL, SCHEDULE, StateConflict
 from gpucluster.lambdas.stops import StopReport, stop_groups
 from gpucluster.ops import node_groups
 from gpucluster.ops.nodes import NodesError, select_groups
@@ -62,7 +62,7 @@ def plan_scale(identity: str, node_group: str, desired: int, *,
     """
     if desired < 0:
         raise ScaleError(f"--desired: must be >= 0, got {desired}")
-    backend = node_groups(autoscaling_client)
+    backend = node_groups(autoscaling_client, identity=identity)
     changes = []
     for group in select_groups(backend.list_groups(identity), node_group):
         name, max_size = group.name, group.max_size
@@ -88,9 +88,14 @@ class ScaleResult:
     reason: str = ""
 
 
-def apply_scale(changes: list[ScaleChange], *, autoscaling_client: Any = None) -> list[ScaleResult]:
-    """Write each planned change, unless the group was stopped since it was shown."""
-    backend = node_groups(autoscaling_client)
+def apply_scale(changes: list[ScaleChange], *, autoscaling_client: Any = None,
+                identity: str | None = None) -> list[ScaleResult]:
+    """Write each planned change, unless the group was stopped since it was shown.
+
+    With the stack's `identity` and its guard-state table, the write is conditional on the
+    stored state: a stop landing meanwhile wins and the change is reported skipped.
+    """
+    backend = node_groups(autoscaling_client, identity=identity)
     results = []
     for change in changes:
         now = backend.read_groups([change.group])
@@ -102,7 +107,11 @@ def apply_scale(changes: list[ScaleChange], *, autoscaling_client: Any = None) -
             results.append(ScaleResult(change.group, "skipped",
                                        f"stopped by {label} since shown; left stopped"))
             continue
-        backend.set_capacity(change.group, change.min_after, change.desired_after)
+        try:
+            backend.set_capacity(change.group, change.min_after, change.desired_after)
+        except StateConflict as exc:
+            results.append(ScaleResult(change.group, "skipped", str(exc)))
+            continue
         results.append(ScaleResult(change.group, "scaled"))
     return results
 
@@ -128,19 +137,20 @@ class StopCandidate:
 def plan_stop(identity: str, node_group: str | None = None, *,
               autoscaling_client: Any = None) -> list[StopCandidate]:
     """The selected groups and their capacity now; read-only."""
-    backend = node_groups(autoscaling_client)
+    backend = node_groups(autoscaling_client, identity=identity)
     return [StopCandidate(g.name, g.label, g.desired, len(g.in_service_ids), g.stopped_by)
             for g in select_groups(backend.list_groups(identity), node_group)]
 
 
 def stop_stack(candidates: list[StopCandidate], *, autoscaling_client: Any = None, ssm_client: Any = None,
-               pre_stop_command: str | None = None, hook_timeout_seconds: float = 300.0) -> StopReport:
+               pre_stop_command: str | None = None, hook_timeout_seconds: float = 300.0,
+               identity: str | None = None) -> StopReport:
     """Run the pre-stop hook on the running groups' nodes, then scale them to zero (reason manual).
 
     The groups are read again first; `stop_groups` reads them once more
     after the hook, so a budget stop that lands meanwhile keeps its label.
     """
-    backend = node_groups(autoscaling_client)
+    backend = node_groups(autoscaling_client, identity=identity)
     groups = backend.read_groups([c.group for c in candidates if c.running])
     ssm = (ssm_client or boto3.client("ssm")) if pre_stop_command else None
     return stop_groups(backend, groups, MANUAL, ssm=ssm, pre_stop_command=pre_stop_command,

@@ -23,9 +23,10 @@ from typing import Any
 import boto3
 
 from gpucluster.lambdas.awsapi import batches
-from gpucluster.lambdas.nodegroups import ResumeResult, resume_decision
+from gpucluster.lambdas.nodegroups import STOP_FAILED, ResumeResult, resume_decision
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 from gpucluster.ops import node_groups
+from gpucluster.ops.nodes import GETTING_READY, group_launches
 
 __all__ = ["GroupStatus", "Replacement", "ResumeCandidate", "ResumeResult", "plan_resume", "resume_stack",
            "stack_status"]
@@ -73,6 +74,17 @@ class GroupStatus:
     gpu_utilization_max: float | None = None
     """Busiest GPU's utilisation over the last 15 minutes, percent (None: no data)."""
     last_replacement: Replacement | None = None
+    getting_ready: int = 0
+    """Nodes launched but not yet in service (the launch hook holds them until they can run work)."""
+    getting_ready_seconds: float | None = None
+    """How long the longest of them has been getting ready (None: none, or unknown)."""
+    state: str | None = None
+    """The stored guard state (running, starting, stopping, stopped, stop-failed); None: tags only."""
+
+    @property
+    def stop_failed(self) -> bool:
+        """A stop that could not set capacity to zero: the group may still run and cost."""
+        return self.state == STOP_FAILED
 
 
 @dataclass(frozen=True)
@@ -105,7 +117,7 @@ def plan_resume(
     only_stopped_by: Collection[str] | None = None,
 ) -> list[ResumeCandidate]:
     """What resuming the stack would do to each of its groups, sorted by name; read-only."""
-    backend = node_groups(autoscaling_client)
+    backend = node_groups(autoscaling_client, identity=stack)
     return [
         ResumeCandidate(
             decision=resume_decision(group, only_stopped_by),
@@ -133,7 +145,7 @@ def resume_stack(
     who confirmed undoing an idle stop has not agreed to undo a budget stop.
     Each group is described again right before its write.
     """
-    backend = node_groups(autoscaling_client)
+    backend = node_groups(autoscaling_client, identity=stack)
     names = [g.name for g in backend.list_groups(stack)]
     results = []
     for name in names:
@@ -166,7 +178,7 @@ def stack_status(
     GetMetricData for all groups, one activity page per group.
     """
     autoscaling = autoscaling_client or boto3.client("autoscaling")
-    groups = node_groups(autoscaling).list_groups(stack)
+    groups = node_groups(autoscaling, identity=stack).list_groups(stack)
     usage: dict[str, tuple[float | None, float | None]] = {}
     if health and groups:
         cloudwatch = cloudwatch_client or boto3.client("cloudwatch")
@@ -182,6 +194,13 @@ def stack_status(
             extra = {"node_group": group.node_group, "healthy": group.healthy,
                      "gpu_utilization_avg": avg, "gpu_utilization_max": peak,
                      "last_replacement": last_replacement(autoscaling, name)}
+        waiting = [m.instance_id for m in group.members if m.lifecycle_state in GETTING_READY]
+        if waiting:  # only then one more activity page: how long they have been at it
+            launches = group_launches(autoscaling, name)
+            starts = [t for i in waiting if isinstance(t := launches.get(i, (None, None))[0], datetime)]
+            at = now or datetime.now(UTC)
+            longest = max((at - t).total_seconds() for t in starts) if starts else None
+            extra |= {"getting_ready": len(waiting), "getting_ready_seconds": longest}
         rows.append(
             GroupStatus(
                 name=name,
@@ -191,6 +210,7 @@ def stack_status(
                 in_service=len(group.in_service_ids),
                 stopped_by=group.stopped_by,
                 previous_desired=int(previous) if previous and previous.isdigit() else None,
+                state=group.stop.state,
                 **extra,
             )
         )

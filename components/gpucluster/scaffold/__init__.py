@@ -12,7 +12,7 @@ CrossGuard policy pack entry with the dev environment's limits spelled out
 The default stack names no permissions boundary and no break-glass role: both
 exist only after an administrator runs the bootstrap script, and IAM refuses
 `pulumi up` for a boundary that does not exist. `--hardened` adds them, ships
-the script (`infra/bootstrap_state.py`, a copy of the repository's
+the script (`infra/bootstrap_state.py`: the package ships the repository's
 infra/bootstrap-state/bootstrap_state.py) and says in the README what to run
 first. The templates ship inside the package (`templates/*.tmpl`; `.tmpl` so
 pip does not byte-compile them or pytest collect them) and are filled with

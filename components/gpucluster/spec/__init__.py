@@ -1,7 +1,8 @@
 """The stack-file language: every key a stack file may hold, and every rule on it that needs no rendering.
 
 A stack file (`stacks/Pulumi.<env>.yaml`) holds `aws:region` and the keys `gpucluster:cluster`,
-`network`, `node_groups`, `datasets`, `budget`, `autostop` and `spot`. `parse_stack_config` turns that
+`network`, `node_groups`, `datasets`, `budget`, `autostop`, `spot` and `images`.
+`parse_stack_config` turns that
 mapping into a frozen `StackSpec` or raises `SpecError` listing every problem at once, each as
 `<key path>: <message>`. By concern: `findings` (the finding type and its wording), `fields` (field
 types and validators), `models` (the pydantic models), `checks` (the registry of named checks) with
@@ -17,7 +18,7 @@ from __future__ import annotations
 # The section modules register their checks on import, in the order findings are reported: first,
 # whatever module of the package a caller imports (no section module imports another).
 # isort: off
-from gpucluster.spec import network, node_groups, datasets, budget, autostop  # noqa: F401
+from gpucluster.spec import network, node_groups, datasets, budget, autostop, observability, images  # noqa: F401
 # isort: on
 from gpucluster.lambdas.tags import STACK_TAG
 from gpucluster.spec.autostop import autostop_findings
@@ -85,16 +86,24 @@ from gpucluster.spec.models import (
     CostTags,
     DatasetConfig,
     FsxConfig,
+    GrafanaConfig,
     HealthCheckConfig,
+    ImageGroupConfig,
+    ImagesConfig,
     MigConfig,
     NetworkConfig,
     NodeGroupConfig,
+    ObservabilityConfig,
+    PrometheusConfig,
     SpotConfig,
     StackConfig,
     StackSpec,
     StrictModel,
+    WarmPoolConfig,
+    baked_image,
     can_run_spot,
     field_docs,
+    launches_baked,
 )
 from gpucluster.spec.network import network_findings, zone_region_findings
 from gpucluster.spec.node_groups import CAPACITY_BLOCK_PLACEMENT, group_zone_findings, single_zone_findings
@@ -134,13 +143,18 @@ __all__ = [
     "DatasetConfig",
     "Finding",
     "FsxConfig",
+    "GrafanaConfig",
     "GroupCheck",
     "HealthCheckConfig",
+    "ImageGroupConfig",
+    "ImagesConfig",
     "MigConfig",
     "Name",
     "NetworkConfig",
     "NodeGroupConfig",
+    "ObservabilityConfig",
     "PolicyName",
+    "PrometheusConfig",
     "Region",
     "RoleName",
     "S3Prefix",
@@ -150,8 +164,10 @@ __all__ = [
     "StackSpec",
     "StrictModel",
     "TagValue",
+    "WarmPoolConfig",
     "_matches",
     "autostop_findings",
+    "baked_image",
     "budget_findings",
     "can_run_spot",
     "check",
@@ -164,6 +180,7 @@ __all__ = [
     "generated_bucket_prefix",
     "group_check",
     "group_zone_findings",
+    "launches_baked",
     "model_in",
     "network_findings",
     "node_group_findings",

@@ -224,6 +224,15 @@ class MigConfig(StrictModel):
     """Instead of profile: the instances of each GPU, e.g. [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]."""
 
 
+class WarmPoolConfig(StrictModel):
+    min_size: Annotated[int, _in_range(0, 2000)] = 0
+    """Stopped instances kept ready even when the group is at zero (EBS billed, no instance hours)."""
+    max_prepared: Annotated[int, _in_range(0, 2000)] | None = None
+    """Cap on running + warm instances (default: the group's max_nodes)."""
+    reuse_on_scale_in: bool = False
+    """Return a scaled-in node to the pool (stopped) instead of terminating it."""
+
+
 class NodeGroupConfig(StrictModel):
     name: Name
     """Unique within the stack; used in resource names and the ASG tag."""
@@ -267,6 +276,8 @@ class NodeGroupConfig(StrictModel):
     """GPU health checks at launch and while running, and what a failing node gets."""
     mig: MigConfig | None = None
     """Split every GPU into MIG instances at boot (A100, H100, H200, B200); jobs get one per rank."""
+    warm_pool: WarmPoolConfig | None = None
+    """An Auto Scaling warm pool of stopped nodes (one on-demand type, no spot, no Capacity Block)."""
 
     @property
     def types(self) -> list[catalog.InstanceType]:
@@ -413,6 +424,91 @@ class SpotConfig(StrictModel):
     """Also run the hook on the earlier EC2 Instance Rebalance Recommendation."""
 
 
+class PrometheusConfig(StrictModel):
+    """Where the nodes' GPU metrics go: a workspace of the stack, or an existing one."""
+
+    enabled: bool = False
+    """Create an Amazon Managed Service for Prometheus workspace of the stack; every node writes to it."""
+    remote_write_url: Annotated[str, Field(max_length=512)] | None = None
+    """Instead of enabled: the remote-write URL of an existing AMP workspace of the same partition."""
+    region: Region | None = None
+    """With remote_write_url: the workspace's region (SigV4 signs for it)."""
+    dcgm_exporter_image: ContainerImage | None = None
+    """NVIDIA's dcgm-exporter image pinned by digest (nvcr.io/nvidia/k8s/dcgm-exporter:<tag>@sha256:...)."""
+    scrape_interval_seconds: Annotated[int, _in_range(10, 300)] = 30
+    """How often every node samples its GPUs; AMP's ingestion cost scales with 60 / this."""
+
+    @property
+    def active(self) -> bool:
+        """Metrics are written somewhere: a workspace of the stack or an existing one."""
+        return self.enabled or self.remote_write_url is not None
+
+
+GrafanaAuthentication = Literal["AWS_SSO", "SAML"]
+
+
+class GrafanaConfig(StrictModel):
+    """An Amazon Managed Grafana workspace with the dashboards, or none (a team's own Grafana)."""
+
+    enabled: bool = False
+    """Create an Amazon Managed Grafana workspace reading the stack's Prometheus workspace."""
+    authentication_providers: Annotated[list[GrafanaAuthentication], Field(max_length=2),
+                                        _unique("authentication providers")] = []
+    """Required with enabled: AWS_SSO (IAM Identity Center) and/or SAML (Grafana has no other sign-in)."""
+    saml_metadata_url: Annotated[str, _matches(r"https://[^\s]{1,500}", "must be an https:// URL of the "
+                                               "IdP's SAML metadata")] | None = None
+    """With SAML: where the identity provider publishes its SAML metadata."""
+    saml_editor_role_values: Annotated[list[TagValue], Field(max_length=10)] = []
+    """With SAML: the role attribute values that make a user an editor."""
+    editors: Annotated[int, _in_range(0, 10_000)] = 1
+    """Editor (and admin) users, for the cost model (AMG bills each active user per month)."""
+    viewers: Annotated[int, _in_range(0, 100_000)] = 0
+    """Viewer users, for the cost model."""
+
+
+class ObservabilityConfig(StrictModel):
+    """GPU metrics in Prometheus and Grafana, beside the CloudWatch dashboard (off by default)."""
+
+    prometheus: PrometheusConfig = PrometheusConfig()
+    """dcgm-exporter, node exporter and a collector on every node, remote-writing to AMP."""
+    grafana: GrafanaConfig = GrafanaConfig()
+    """An Amazon Managed Grafana workspace, or none when the team has its own Grafana."""
+
+    @property
+    def active(self) -> bool:
+        return self.prometheus.active or self.grafana.enabled
+AmiId = Annotated[str, _matches(r"ami-[0-9a-f]{8,17}", "must be an AMI id like ami-0abc12345def67890")]
+ImageVersion = Annotated[str, _matches(r"\d{1,4}\.\d{1,4}\.\d{1,4}",
+                                       "must be a semantic version like 1.0.0 (Image Builder's x.y.z)")]
+
+
+class ImageGroupConfig(StrictModel):
+    bake: bool | None = None
+    """Bake this group's image (default: the section's bake); false opts the group out."""
+    ami_id: AmiId | None = None
+    """The baked image this group launches from: set or change it to move the group to a new build."""
+    driver: Annotated[str, _matches(r"[0-9][0-9.]{0,31}",
+                                    "must be a driver version like 550.127.05")] | None = None
+    """The NVIDIA driver the pinned image carries (as `gpucluster image build` recorded it)."""
+    cuda: Annotated[str, _matches(r"[0-9][0-9.]{0,15}", "must be a CUDA version like 12.4")] | None = None
+    """The CUDA version the pinned image's driver supports (as recorded by the build)."""
+
+
+class ImagesConfig(StrictModel):
+    bake: bool = False
+    """Bake an EC2 Image Builder image for every node group (a group may opt out under groups)."""
+    version: ImageVersion = "1.0.0"
+    """The recipes' version: raise it to change what is baked (Image Builder recipes are immutable)."""
+    schedule: Cron | None = None
+    """Also run the pipelines on this EventBridge-style cron (default: only `gpucluster image build`)."""
+    schedule_timezone: Annotated[str, AfterValidator(_check_timezone)] = "UTC"
+    """The timezone of schedule."""
+    build_instance_type: InstanceTypeName = "g6.xlarge"
+    """The GPU instance the image is built and tested on (any NVIDIA type runs the same driver)."""
+    groups: dict[Name, ImageGroupConfig] = {}
+    """Per node group: opt out, and the pinned image it launches from."""
+
+
 class StackConfig(StrictModel):
     """Everything under the `gpucluster:` namespace of a stack file."""
 
@@ -430,6 +526,10 @@ class StackConfig(StrictModel):
     """Idle stop, schedules, maximum lifetime and the pre-stop hook (off when absent)."""
     spot: SpotConfig = SpotConfig()
     """The spot-interruption hook."""
+    observability: ObservabilityConfig = ObservabilityConfig()
+    """GPU metrics to Amazon Managed Prometheus, Grafana dashboards (off when absent)."""
+    images: ImagesConfig = ImagesConfig()
+    """Images baked by EC2 Image Builder for the node groups (off when absent)."""
 
 
 PulumiName = Annotated[str, _matches(PULUMI_NAME, "must be 1-100 characters of letters, digits, "
@@ -479,3 +579,15 @@ def can_run_spot(group: NodeGroupConfig) -> bool:
     cap = group.capacity
     return cap.market == "mixed" and cap.spot_percent > 0 and group.max_nodes > cap.on_demand_base
 
+
+def baked_image(images: ImagesConfig, group: NodeGroupConfig) -> ImageGroupConfig | None:
+    """The group's image settings when it is baked (the section's bake, or its own opt-in/out), else None."""
+    own = images.groups.get(group.name, ImageGroupConfig())
+    bake = own.bake if own.bake is not None else images.bake
+    return own if bake else None
+
+
+def launches_baked(images: ImagesConfig, group: NodeGroupConfig) -> bool:
+    """True when the group launches from a pinned baked image (its launch path installs nothing)."""
+    image = baked_image(images, group)
+    return image is not None and image.ami_id is not None

@@ -1,0 +1,257 @@
+"""Benchmark the boot budget: from EC2 `running` (billing starts) to "ready for a job", modelled.
+
+For every node group of the shipped stacks, and of a baked variant of prod (`images.bake: true`, each
+group pinned to its image), it prints the steps a node takes, which of them are on the critical path
+to ready, what each downloads, and a modelled time per step. The steps come from what the group's
+rendered bootstrap does (`gpucluster.node.userdata.node_bootstrap`: baked or not, its container
+image, its datasets' access, its health checks and MIG layout), so a change that adds boot work to a
+group shows up here; the times come from the FIGURES table below, each with where it comes from.
+The node measures the same steps for real (gpucluster-ready logs each step's start and end and
+publishes BootStepSeconds and TimeToReadySeconds): replace an assumed figure by a measured one.
+
+Ready means what the launch hook waits for on a gated group: the health check passed, the mounted
+datasets are there, the container image is present, the CloudWatch agent runs. Copies to scratch
+continue in the background (a job waits for them, not `ready`). Unbaked groups without a warm pool
+are still counted InService when the health check answers: `InService at` shows how much earlier
+than ready that is (the gap `run` could hit before this issue).
+
+    .venv/bin/python benchmarks/boot_time.py [--json]
+
+Target (issue 26): baked prod's h100-train ready in under 4 minutes (exit 1 if the model says not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpucluster.node.userdata import NodeBootstrap, node_bootstrap
+from gpucluster.parts import DataMount
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import StackSpec, dataset_path
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_SECONDS = 240
+
+# (seconds or size, source). "assumed" marks a figure no AWS or NVIDIA page states: the node's own
+# BootStepSeconds are the measurement to replace it with.
+FIGURES: dict[str, tuple[float, str]] = {
+    "os_boot_s": (60, "assumed: EC2 running to cloud-init running the user data on the Ubuntu 22.04 "
+                      "Deep Learning AMI (no published figure; gpucluster-ready measures it as the "
+                      "start of its first step)"),
+    "nvidia_ready_s": (30, "assumed: nvidia-persistenced and, on NVSwitch systems (p4d, p5), "
+                           "nvidia-fabricmanager up before the health check may count GPUs"),
+    "checks_s": (5, "health-check.sh: nvidia-smi queries, the kernel log, fi_info"),
+    "dcgm_r1_s": (45, "DCGM user guide, 'Diagnostics': run level 1 is the quick (seconds to about a "
+                      "minute) deployment check"),
+    "mig_apply_s": (90, "assumed: MIG mode on resets each GPU (nvidia-smi -mig 1), then the layout"),
+    "dpkg_lock_before_s": (450, "issue 26: first-boot package updates hold the dpkg lock, '15-20 "
+                                "minutes' to ready instead of 7-10; the midpoint of that difference"),
+    "cwa_mb": (110, "assumed: amazon-cloudwatch-agent.deb and its signature from the regional bucket"),
+    "cwa_install_s": (15, "assumed: gpg verify + dpkg -i of the agent"),
+    "agent_start_s": (5, "assumed: amazon-cloudwatch-agent-ctl fetch-config and status"),
+    "apt_update_s": (40, "assumed: apt-get update of the AMI's sources plus the FSx Lustre repository"),
+    "lustre_install_s": (25, "assumed: lustre-client-modules-$(uname -r) download and dkms-free install "
+                             "(the FSx for Lustre user guide's prebuilt kernel packages)"),
+    "lustre_mb": (15, "assumed: lustre-client-modules and lustre-client-utils .debs"),
+    "mountpoint_mb": (12, "assumed: the mount-s3 .deb and its signature"),
+    "mountpoint_install_s": (8, "assumed: gpg verify + apt-get install of the .deb"),
+    "mount_s": (5, "assumed: mount -t lustre / mount-s3 once the client is installed"),
+    "s3_mb_per_s": (100, "assumed: a single-stream HTTPS download from the region's S3 endpoint"),
+    "pull_mb_per_s": (35, "issue 26: about 10 GB of nvcr.io/nvidia/pytorch:24.12-py3 through the NAT "
+                          "gateway in 4-6 minutes (~35 MB/s with layer decompression)"),
+    "hook_s": (5, "assumed: CompleteLifecycleAction to InService (EC2 Auto Scaling user guide, "
+                  "'Amazon EC2 Auto Scaling lifecycle hooks')"),
+}
+# Compressed sizes of the container images the shipped stacks name (MB).
+IMAGE_MB: dict[str, tuple[float, str]] = {
+    "nvcr.io/nvidia/pytorch:24.12-py3": (10_000, "issue 26: 'about 10 GB'"),
+}
+UNKNOWN_IMAGE_MB = (5_000, "assumed for an image not in IMAGE_MB")
+
+
+def figure(name: str) -> float:
+    return FIGURES[name][0]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    branch: str
+    """Steps of a branch run one after another; branches run side by side after the user data."""
+    seconds: float
+    downloads: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Boot:
+    stack: str
+    group: str
+    baked: bool
+    steps: tuple[Step, ...]
+
+    def branch_seconds(self) -> dict[str, float]:
+        total: dict[str, float] = {}
+        for s in self.steps:
+            if s.branch != "start":
+                total[s.branch] = total.get(s.branch, 0.0) + s.seconds
+        return total
+
+    @property
+    def start_seconds(self) -> float:
+        return sum(s.seconds for s in self.steps if s.branch == "start")
+
+    @property
+    def critical_branch(self) -> str:
+        branches = self.branch_seconds()
+        return max(branches, key=branches.__getitem__)
+
+    @property
+    def ready_seconds(self) -> float:
+        return self.start_seconds + max(self.branch_seconds().values()) + figure("hook_s")
+
+    @property
+    def in_service_seconds(self) -> float:
+        """When Auto Scaling counts it InService: at ready on gated (baked, warm pool) groups, else
+        when the health check answers."""
+        return self.ready_seconds if self.gated else (self.start_seconds + self.branch_seconds()["health"]
+                                                      + figure("hook_s"))
+
+    gated: bool = False
+
+
+def boot_steps(stack: str, b: NodeBootstrap, *, unattended_stopped: bool = True) -> Boot:
+    """What a node of this bootstrap does from `running` to ready, and for how long (modelled)."""
+    steps = [Step("OS boot, cloud-init", "start", figure("os_boot_s"), "-", "os_boot_s"),
+             Step("user data writes files, daemon-reload", "start", 2, "-", "assumed: 2 s")]
+    health = [Step("NVIDIA driver services", "health", figure("nvidia_ready_s"), "-",
+                   "nvidia_ready_s")]
+    if b.mig_layouts:
+        health.append(Step("MIG layout", "health", figure("mig_apply_s"), "-", "mig_apply_s"))
+    if b.health is not None:
+        health.append(Step("health checks", "health", figure("checks_s"), "-", "checks_s"))
+        if b.health.dcgm_diag:
+            health.append(Step("dcgmi diag -r 1", "health", figure("dcgm_r1_s"), "-", "dcgm_r1_s"))
+    steps += health
+    lock = 0.0 if b.baked or unattended_stopped else figure("dpkg_lock_before_s")
+    if lock:
+        steps.append(Step("wait for the dpkg lock", "agent", lock, "-", "dpkg_lock_before_s"))
+    if not b.baked:
+        mb = figure("cwa_mb")
+        steps += [Step("download CloudWatch agent", "agent", mb / figure("s3_mb_per_s"), f"{mb:g} MB",
+                       "cwa_mb"),
+                  Step("install CloudWatch agent", "agent", figure("cwa_install_s"), "-",
+                       "cwa_install_s")]
+    steps.append(Step("start CloudWatch agent", "agent", figure("agent_start_s"), "-",
+                      "agent_start_s"))
+    kinds = {m.access for m in b.data_mounts}
+    if "fsx" in kinds:
+        if not b.baked:
+            steps += [Step("apt-get update (Lustre repository)", "data", figure("apt_update_s"),
+                           "package lists", "apt_update_s"),
+                      Step("install the Lustre client", "data", figure("lustre_install_s"),
+                           f"{figure('lustre_mb'):g} MB", "lustre_install_s")]
+        steps.append(Step("mount FSx for Lustre", "data", figure("mount_s"), "-", "mount_s"))
+    if "mount" in kinds:
+        if not b.baked:
+            mb = figure("mountpoint_mb")
+            steps.append(Step("download + install Mountpoint for S3", "data",
+                              mb / figure("s3_mb_per_s") + figure("mountpoint_install_s"), f"{mb:g} MB",
+                              "mountpoint_install_s"))
+        steps.append(Step("mount-s3", "data", figure("mount_s"), "-", "mount_s"))
+    image = b.container_image
+    if image:
+        mb, source = IMAGE_MB.get(image, UNKNOWN_IMAGE_MB)
+        if b.baked:
+            steps.append(Step(f"check {image} is present", "image", 1, "-", "docker image inspect"))
+        else:
+            steps.append(Step(f"docker pull {image}", "image", mb / figure("pull_mb_per_s"), f"{mb:g} MB",
+                              f"pull_mb_per_s; size: {source}"))
+    return Boot(stack, b.node_group, b.baked, tuple(steps), gated=b.ready_gate)
+
+
+def stack_config(name: str) -> dict[str, Any]:
+    return yaml.safe_load((REPO / f"stacks/Pulumi.{name}.yaml").read_text())["config"]
+
+
+def mounts(spec: StackSpec) -> list[DataMount]:
+    """The stack's datasets as nodes mount them (names made up: only the access kinds matter here)."""
+    return [DataMount(name=d.name, access=d.access, bucket_name="bucket", prefix=d.prefix,
+                      path=dataset_path(spec, d), fsx_dns_name="fs.example" if d.access == "fsx" else None,
+                      fsx_mount_name="m" if d.access == "fsx" else None) for d in spec.datasets]
+
+
+def baked_prod_config() -> dict[str, Any]:
+    config = copy.deepcopy(stack_config("prod"))
+    config["gpucluster:images"] = {"bake": True, "groups": {
+        g["name"]: {"ami_id": "ami-0123456789abcdef0"} for g in config["gpucluster:node_groups"]}}
+    return config
+
+
+def boots() -> list[Boot]:
+    cases = [(name, stack_config(name)) for name in ("dev", "staging", "prod")]
+    cases.append(("prod (baked)", baked_prod_config()))
+    found = []
+    for label, config in cases:
+        spec = parse_stack_config(config, stack=label.split()[0])
+        for group in spec.node_groups:
+            found.append(boot_steps(label, node_bootstrap(spec, group, data_mounts=mounts(spec))))
+    # prod as it was before this issue: unattended upgrades holding the dpkg lock at first boot
+    spec = parse_stack_config(stack_config("prod"), stack="prod")
+    found.append(boot_steps("prod (before: dpkg lock held)",
+                            node_bootstrap(spec, spec.node_groups[0], data_mounts=mounts(spec)),
+                            unattended_stopped=False))
+    return found
+
+
+def minutes(seconds: float) -> str:
+    return f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
+
+
+def report(all_boots: list[Boot]) -> list[str]:
+    lines = []
+    for boot in all_boots:
+        branches = boot.branch_seconds()
+        lines += ["", f"{boot.stack} / {boot.group}: ready {minutes(boot.ready_seconds)} after `running`"
+                  f" (InService at {minutes(boot.in_service_seconds)}; critical path: {boot.critical_branch}"
+                  f"{', baked' if boot.baked else ''})"]
+        for s in boot.steps:
+            critical = s.branch in ("start", boot.critical_branch)
+            lines.append(f"  {'*' if critical else ' '} {s.branch:<7} {s.name:<48} {s.seconds:7.1f} s  "
+                         f"{s.downloads:<14} {s.source}")
+        lines.append("    branches: " + ", ".join(f"{k} {v:.0f} s" for k, v in branches.items()))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    all_boots = boots()
+    baked = next(b for b in all_boots if b.stack == "prod (baked)" and b.group == "h100-train")
+    if args.json:
+        print(json.dumps({"figures": {k: {"value": v, "source": src} for k, (v, src) in FIGURES.items()},
+                          "boots": [{**asdict(b), "ready_seconds": b.ready_seconds,
+                                     "in_service_seconds": b.in_service_seconds} for b in all_boots]},
+                         indent=2))
+    else:
+        print("* on the critical path; the last column names the figure used (sources below)")
+        print("\n".join(report(all_boots)))
+        print("\nfigures:")
+        for key, (value, source) in FIGURES.items():
+            print(f"  {key} = {value:g}: {source}")
+        print(f"\nbaked prod h100-train: ready in {minutes(baked.ready_seconds)} "
+              f"(target: under {minutes(TARGET_SECONDS)})")
+    return 0 if baked.ready_seconds < TARGET_SECONDS else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,318 @@
+"""The stored backend of the node-group seam: guard state in a DynamoDB table, capacity in Auto Scaling.
+
+One item per node group, keyed (stack identity, Auto Scaling group name):
+its state (running / starting / stopping / stopped / stop-failed), who stopped
+it, the capacity it had (previous min/desired/max, recorded once by the stop
+that found it), whether that stop was told (notified) and a version number.
+Every transition is a conditional PutItem on the version it read (DynamoDB
+developer guide, "Condition expressions": the write fails with
+ConditionalCheckFailedException when the item changed), so two actors can no
+longer both win: the loser re-reads and decides again (a stop) or gives up
+and says so (a start, a scale). Capacity still goes through the Auto Scaling
+API; a start or a scale first writes `starting`, so a stop landing before its
+capacity change sees a group to stop, and the start checks its own record
+again afterwards and puts capacity back to zero if a stop won. The stop-state
+tags on the group are written after the record, for a person reading the
+console: they never decide. A group stopped by tags before the table existed
+has no item: its tags are read once and the first write records them (a
+migration). It never deletes an item nor anything in AWS but its own mirror
+tags, never changes MaxSize, and never imports Pulumi: it is zipped with the
+handlers as the package ``lambdas``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from .asg import describe_groups, node_group, set_tags, stack_groups
+from .awsapi import AWS_ERRORS, error_code, log_event
+from .nodegroups import (
+    ALREADY_AT_ZERO,
+    ALREADY_STOPPED,
+    BUDGET,
+    ESCALATED,
+    GONE,
+    RUNNING,
+    STARTING,
+    STATE_STOPPED,
+    STOP_FAILED,
+    STOP_REASONS,
+    STOPPED,
+    STOPPING,
+    NodeGroup,
+    ResumeResult,
+    StateConflict,
+    StopState,
+    resume_decision,
+    stop_label,
+)
+from .tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
+
+# A stop that loses a conditional write reads again and decides again; more than a few losses in a
+# row means something writes the item in a loop: give up loudly.
+CONFLICT_RETRIES = 5
+CONDITION_FAILED = "ConditionalCheckFailedException"
+
+
+def _number(value: str | None) -> dict[str, str] | None:
+    return {"N": value} if value is not None and value.isdigit() else None
+
+
+class StoredNodeGroups:
+    """`NodeGroups` keeping the guard state in DynamoDB table `table`; capacity through `autoscaling`."""
+
+    def __init__(self, autoscaling: Any, dynamodb: Any, table: str, actor: str = "gpucluster") -> None:
+        self.autoscaling = autoscaling
+        self.dynamodb = dynamodb
+        self.table = table
+        self.actor = actor
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def _item(self, stack: str, name: str) -> dict[str, Any] | None:
+        # Strongly consistent: a decision is only as fresh as its read (conditions catch the rest).
+        key = {"stack": {"S": stack}, "group": {"S": name}}
+        answer = self.dynamodb.get_item(TableName=self.table, Key=key, ConsistentRead=True)
+        item = answer.get("Item")
+        return item if isinstance(item, dict) else None
+
+    def _items(self, stack: str) -> dict[str, dict[str, Any]]:
+        items: dict[str, dict[str, Any]] = {}
+        kwargs: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True,
+                                  "KeyConditionExpression": "#s = :s",
+                                  "ExpressionAttributeNames": {"#s": "stack"},
+                                  "ExpressionAttributeValues": {":s": {"S": stack}}}
+        while True:
+            page = self.dynamodb.query(**kwargs)
+            for item in page.get("Items", []):
+                items[item["group"]["S"]] = item
+            if not page.get("LastEvaluatedKey"):
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    @staticmethod
+    def _merge(description: Mapping[str, Any], item: Mapping[str, Any] | None) -> NodeGroup:
+        """The group as Auto Scaling describes it, with its stop state from the item (tags without one)."""
+        group = node_group(description)
+        if item is None:
+            # Not recorded yet (stopped before the table existed, or never stopped): the tags, once.
+            state = STATE_STOPPED if group.stopped_by else None
+            stop = StopState(group.stop.stopped_by, group.stop.previous_desired, group.stop.previous_min,
+                             state=state)
+        else:
+            def text(key: str) -> str | None:
+                value = item.get(key)
+                return next(iter(value.values())) if isinstance(value, dict) and value else None
+
+            state = text("state") or RUNNING
+            stop = StopState(None if state == RUNNING else text("stopped_by"), text("previous_desired"),
+                             text("previous_min"), state=state, version=int(text("version") or 0),
+                             notified=bool(item.get("notified", {}).get("BOOL", False)))
+        return NodeGroup(group.name, group.node_group, group.stack, group.min_size, group.desired,
+                         group.max_size, stop, group.members)
+
+    def list_groups(self, stack: str) -> list[NodeGroup]:
+        descriptions = stack_groups(self.autoscaling, stack)
+        items = self._items(stack) if descriptions else {}
+        return [self._merge(d, items.get(d["AutoScalingGroupName"])) for d in descriptions]
+
+    def read_groups(self, names: Iterable[str]) -> list[NodeGroup]:
+        groups = []
+        for description in describe_groups(self.autoscaling, names):
+            stack = node_group(description).stack
+            item = self._item(stack, description["AutoScalingGroupName"]) if stack else None
+            groups.append(self._merge(description, item))
+        return groups
+
+    def _read(self, name: str) -> NodeGroup | None:
+        now = self.read_groups([name])
+        return now[0] if now else None
+
+    # --- the one write -----------------------------------------------------------------------
+
+    def _put(self, group: NodeGroup, expected: int | None, state: str, *, stopped_by: str | None = None,
+             previous: StopState | None = None, notified: bool = False) -> int:
+        """Write the group's whole record if its version is still `expected` (None: no record); new version.
+
+        Raises `StateConflict` when another write landed since the read.
+        """
+        if not group.stack:
+            raise StateConflict(f"{group.name} carries no stack identity: its state cannot be stored")
+        version = (expected or 0) + 1
+        item: dict[str, Any] = {"stack": {"S": group.stack}, "group": {"S": group.name},
+                                "state": {"S": state}, "version": {"N": str(version)},
+                                "notified": {"BOOL": notified}, "by": {"S": self.actor},
+                                "max_size": {"N": str(group.max_size)}}
+        if stopped_by is not None:
+            item["stopped_by"] = {"S": stopped_by}
+        for key, value in (("previous_desired", previous and previous.previous_desired),
+                           ("previous_min", previous and previous.previous_min)):
+            number = _number(value)
+            if number is not None:
+                item[key] = number
+        kwargs: dict[str, Any] = {"TableName": self.table, "Item": item,
+                                  "ExpressionAttributeNames": {"#v": "version"}}
+        if expected is None:
+            kwargs["ConditionExpression"] = "attribute_not_exists(#v)"
+        else:
+            kwargs["ConditionExpression"] = "#v = :v"
+            kwargs["ExpressionAttributeValues"] = {":v": {"N": str(expected)}}
+        try:
+            self.dynamodb.put_item(**kwargs)
+        except AWS_ERRORS as exc:
+            if error_code(exc) == CONDITION_FAILED:
+                raise StateConflict(f"{group.name}: changed since read (version {expected})") from exc
+            raise
+        log_event("guard state written", group=group.name, state=state, stopped_by=stopped_by,
+                  version=version, by=self.actor)
+        return version
+
+    def _capacity(self, name: str, min_size: int, desired: int) -> None:
+        self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
+                                                   DesiredCapacity=desired)
+
+    # --- stop --------------------------------------------------------------------------------
+
+    def stop(self, group: NodeGroup, reason: str) -> str:
+        if reason not in STOP_REASONS:
+            raise ValueError(f"unknown stop reason {reason!r}; expected one of {STOP_REASONS}")
+        current: NodeGroup | None = group
+        for _ in range(CONFLICT_RETRIES):
+            if current is None:
+                return GONE
+            try:
+                return self._stop_once(current, reason)
+            except StateConflict:
+                log_event("stop lost a race: reading again", logging.WARNING, group=group.name, reason=reason)
+                current = self._read(group.name)
+        raise StateConflict(f"{group.name}: the state changed {CONFLICT_RETRIES} times while stopping")
+
+    def _stop_once(self, group: NodeGroup, reason: str) -> str:
+        stop = group.stop
+        state = stop.state or RUNNING
+        if state == RUNNING and not group.running:
+            log_event("group already at zero", group=group.name, reason=reason)
+            return ALREADY_AT_ZERO
+        if state == STATE_STOPPED and not group.running:
+            if reason == BUDGET and stop.stopped_by != BUDGET:
+                self._put(group, stop.version, STATE_STOPPED, stopped_by=BUDGET, previous=stop)
+                self._mirror(group.name, BUDGET, stop)
+                log_event("stop escalated to budget", group=group.name, previous_stopped_by=stop.stopped_by)
+                return ESCALATED
+            if stop.version is None:  # stopped by tags before the table: record it now, once
+                self._put(group, None, STATE_STOPPED, stopped_by=stop.stopped_by, previous=stop,
+                          notified=True)
+            log_event("group already stopped", group=group.name, stopped_by=stop.stopped_by, reason=reason)
+            return ALREADY_STOPPED
+        # Running, starting, half-stopped, stop-failed, or stopped but running again: stop it now.
+        # The capacity is recorded once: what an earlier stop or a start's target recorded stands.
+        label = stop_label(group, reason) if state != STARTING else reason
+        if stop.previous_desired is not None and state != RUNNING:
+            previous = StopState(None, stop.previous_desired, stop.previous_min)
+        else:
+            previous = StopState(None, str(group.desired), str(group.min_size))
+        version = self._put(group, stop.version, STOPPING, stopped_by=label, previous=previous)
+        try:
+            self._capacity(group.name, 0, 0)
+        except AWS_ERRORS as exc:
+            log_event("stop failed", logging.ERROR, group=group.name, stopped_by=label, error=str(exc))
+            try:
+                self._put(group, version, STOP_FAILED, stopped_by=label, previous=previous)
+            except (StateConflict, *AWS_ERRORS) as again:
+                log_event("stop failure not recorded", logging.ERROR, group=group.name, error=str(again))
+            raise
+        try:
+            self._put(group, version, STATE_STOPPED, stopped_by=label, previous=previous)
+        except StateConflict:
+            # Another stop moved the record on after ours (an escalation, a retry): its record stands.
+            log_event("stop recorded by another writer", logging.WARNING, group=group.name)
+        self._mirror(group.name, label, previous)
+        log_event("group scaled to zero", group=group.name, stopped_by=label,
+                  previous_desired=previous.previous_desired, previous_min=previous.previous_min)
+        return STOPPED
+
+    def _mirror(self, name: str, stopped_by: str, previous: StopState) -> None:
+        """The stop state as tags on the group, for a person reading the console (never read to decide)."""
+        tags = {STOPPED_BY_TAG: stopped_by}
+        if previous.previous_desired is not None:
+            tags[PREVIOUS_DESIRED_TAG] = previous.previous_desired
+        if previous.previous_min is not None:
+            tags[PREVIOUS_MIN_TAG] = previous.previous_min
+        set_tags(self.autoscaling, name, tags)
+
+    def relabel(self, group: NodeGroup, stopped_by: str, previous: StopState) -> None:
+        kept = StopState(None, previous.previous_desired or group.stop.previous_desired,
+                         previous.previous_min or group.stop.previous_min)
+        state = group.stop.state if group.stop.state not in (None, RUNNING) else STATE_STOPPED
+        self._put(group, group.stop.version, state, stopped_by=stopped_by, previous=kept)
+        self._mirror(group.name, stopped_by, kept)
+
+    def mark_notified(self, group: NodeGroup) -> None:
+        stop = group.stop
+        if stop.notified or stop.state in (None, RUNNING):
+            return
+        self._put(group, stop.version, stop.state, stopped_by=stop.stopped_by, previous=stop, notified=True)
+
+    # --- start -------------------------------------------------------------------------------
+
+    def restore(self, group: NodeGroup, only_stopped_by: Collection[str] | None = None) -> ResumeResult:
+        decision = resume_decision(group, only_stopped_by)
+        name = decision.group
+        if decision.action != "resume":
+            return decision
+        if group.stop.state == STOPPING:
+            return ResumeResult(name, "skipped", decision.stopped_by, reason="a stop is in progress; retry")
+        target = StopState(None, str(decision.desired_capacity), str(decision.min_size))
+        try:
+            # Only from the state it read: a stop landing since makes this write fail.
+            version = self._put(group, group.stop.version, STARTING, previous=target)
+        except StateConflict:
+            now = self._read(name)
+            label = now.stopped_by if now else None
+            now_text = f"stopped by {label}" if label else "running"
+            return ResumeResult(name, "skipped", label, reason=f"changed since read: now {now_text}")
+        self._capacity(name, decision.min_size or 0, decision.desired_capacity or 0)
+        try:
+            self._put(group, version, RUNNING)
+        except StateConflict:
+            # A stop read our `starting` and won: its capacity (zero) must be the last word.
+            self._capacity(name, 0, 0)
+            now = self._read(name)
+            label = now.stopped_by if now else None
+            log_event("resume undone: stopped again meanwhile", logging.WARNING, group=name, stopped_by=label)
+            return ResumeResult(name, "skipped", label,
+                                reason=f"stopped by {label} while resuming; left stopped")
+        self._unmirror(name)
+        log_event("group resumed", group=name, stopped_by=decision.stopped_by, min=decision.min_size,
+                  desired=decision.desired_capacity)
+        return ResumeResult(name, "resumed", decision.stopped_by, decision.min_size,
+                            decision.desired_capacity)
+
+    def _unmirror(self, name: str) -> None:
+        now = describe_groups(self.autoscaling, [name])
+        present = [k for k in STATE_TAGS if now and any(t["Key"] == k for t in now[0].get("Tags", []))]
+        if present:
+            self.autoscaling.delete_tags(Tags=[{"ResourceId": name, "ResourceType": "auto-scaling-group",
+                                                "Key": key} for key in present])
+
+    def set_capacity(self, name: str, min_size: int, desired: int) -> None:
+        """Scale a running group; raises `StateConflict` for a stopped one or when a stop wins meanwhile."""
+        if desired == 0:
+            self._capacity(name, min_size, 0)  # down to zero never undoes a stop
+            return
+        group = self._read(name)
+        if group is None:
+            raise StateConflict(f"{name}: the group no longer exists")
+        if group.stopped_by or group.stop.state not in (None, RUNNING):
+            state = group.stop.state or STATE_STOPPED
+            raise StateConflict(f"{name}: {state} by {group.stopped_by}; left as it is")
+        target = StopState(None, str(desired), str(min_size))
+        version = self._put(group, group.stop.version, STARTING, previous=target)
+        self._capacity(name, min_size, desired)
+        try:
+            self._put(group, version, RUNNING)
+        except StateConflict:
+            self._capacity(name, 0, 0)
+            raise StateConflict(f"{name}: stopped while scaling; left stopped") from None

@@ -1,0 +1,189 @@
+"""What EC2 Image Builder bakes into a node group's image: the component document, rendered per group.
+
+It owns the build-once half of a node's boot: disable the AMI's first-boot package updates, install
+the CloudWatch agent, the Lustre client for the AMI's kernel and Mountpoint for S3 (through the same
+pinned, signature-checked `gpucluster-install` the unbaked path runs at boot), DCGM, check the EFA
+software, and pull the group's container image; then validate that all of it is there, and, on an
+instance launched from the new image, test the GPUs and record their count, the driver and the CUDA
+version in the image's tags (what `gpucluster image build` and `plan` show). Pure: no Pulumi import
+and no AWS call; `gpucluster.aws.images` hands the document to `aws.imagebuilder.Component`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gpucluster.node.userdata import script
+
+# EC2 Image Builder user guide, "Use the component document framework": CreateComponent's `data`
+# holds at most 16,000 characters (the document is refused beyond).
+MAX_COMPONENT_CHARS = 16000
+# The tags the image test writes on the new AMI; the build instance's role may write only these.
+IMAGE_TAGS = ("gpucluster:gpus", "gpucluster:driver", "gpucluster:cuda")
+CWA_CTL = "/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl"
+FI_INFO = "/opt/amazon/efa/bin/fi_info"  # the EFA installer's (EC2 user guide, "Get started with EFA")
+PACKAGE_UNITS = ("unattended-upgrades.service", "apt-daily.timer", "apt-daily-upgrade.timer",
+                 "apt-daily.service", "apt-daily-upgrade.service")
+
+
+def recipe_name(cluster_name: str, identity: str, group: str) -> str:
+    """Image Builder names are per account and region, not per stack: the identity's hash keeps two
+    stacks with the same cluster name apart (names hold at most 126 characters)."""
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+    return f"gpucluster-{cluster_name}-{group}-{digest}"
+
+
+@dataclass(frozen=True)
+class BakeSettings:
+    """Everything one group's image needs (plain values)."""
+
+    node_group: str
+    region: str
+    container_image: str | None
+    fsx: bool
+    """A dataset is mounted from FSx for Lustre: bake the Lustre client."""
+    mount_s3: bool
+    """A dataset is mounted with Mountpoint for S3: bake it."""
+    efa: bool
+    """The group uses EFA: the image must carry the EFA software."""
+    build_gpus: int
+    """GPUs the build/test instance type has: the test fails below that."""
+    lustre_key_fingerprints: tuple[str, ...] = ()
+
+
+def _bash(name: str, commands: str) -> dict[str, Any]:
+    return {"name": name, "action": "ExecuteBash", "inputs": {"commands": [commands]}}
+
+
+def build_steps(s: BakeSettings) -> list[dict[str, Any]]:
+    units = " ".join(PACKAGE_UNITS)
+    steps = [
+        # First: nothing else may race the installs for the dpkg lock, in the build or at any boot.
+        _bash("DisableUnattendedUpgrades",
+              "set -euo pipefail\n"
+              f"systemctl stop {units} || true\nsystemctl disable {units} || true\nsystemctl mask {units}\n"
+              "printf 'APT::Periodic::Update-Package-Lists \"0\";\\n"
+              "APT::Periodic::Unattended-Upgrade \"0\";\\n' > /etc/apt/apt.conf.d/20auto-upgrades\n"),
+        _bash("InstallNodeTools",
+              "set -euo pipefail\ninstall -d -m 0755 /etc/gpucluster /usr/local/sbin\n"
+              "cat > /usr/local/sbin/gpucluster-install <<'GPUCLUSTER_FILE_EOF'\n"
+              + script("install.sh") + "GPUCLUSTER_FILE_EOF\n"
+              "chmod 0755 /usr/local/sbin/gpucluster-install\n"
+              # Only what install.sh reads; the node's own node.env replaces it at boot.
+              f"printf '%s\\n' GPUCLUSTER_REGION={s.region} "
+              f"\"GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS='{' '.join(s.lustre_key_fingerprints)}'\""
+              " > /etc/gpucluster/node.env\n"
+              f"[ -x {CWA_CTL} ] || /usr/local/sbin/gpucluster-install cloudwatch-agent\n"
+              + ("modinfo lustre >/dev/null 2>&1 || /usr/local/sbin/gpucluster-install lustre-client\n"
+                 if s.fsx else "")
+              + ("command -v mount-s3 >/dev/null || /usr/local/sbin/gpucluster-install mount-s3\n"
+                 if s.mount_s3 else "")),
+        # DCGM from NVIDIA's CUDA repository, which the Deep Learning AMI configures (DCGM user
+        # guide, "Getting Started": package datacenter-gpu-manager).
+        _bash("InstallDcgm",
+              "set -euo pipefail\nexport DEBIAN_FRONTEND=noninteractive\n"
+              "if ! command -v dcgmi >/dev/null; then\n"
+              "  apt-get -o DPkg::Lock::Timeout=600 update\n"
+              "  apt-get -o DPkg::Lock::Timeout=600 install -y datacenter-gpu-manager\nfi\n"
+              "systemctl enable nvidia-dcgm.service || true\n"),
+    ]
+    if s.efa:
+        steps.append(_bash("CheckEfa", f"set -euo pipefail\n[ -x {FI_INFO} ] || {{ echo 'the base "
+                           "image has no EFA software (fi_info)'; exit 1; }}\n"))
+    if s.container_image:
+        steps.append(_bash("PullContainerImage", pull_commands(s.container_image)))
+    return steps
+
+
+def pull_commands(image: str) -> str:
+    """docker pull, logging in first to an ECR registry (ECR user guide, "Private registry
+    authentication"): the build's role may pull from the stack's ECR repositories only."""
+    registry = image.split("/", 1)[0] if "/" in image else ""
+    lines = ["set -euo pipefail", "systemctl start docker"]
+    if ".dkr.ecr." in registry:
+        region = registry.split(".dkr.ecr.", 1)[1].split(".", 1)[0]
+        lines.append(f"aws ecr get-login-password --region {region} | docker login --username AWS "
+                     f"--password-stdin {registry}")
+    lines.append(f"docker pull --quiet '{image}'")
+    return "\n".join(lines) + "\n"
+
+
+def validate_steps(s: BakeSettings) -> list[dict[str, Any]]:
+    """What the launch path of a baked node (gpucluster-ready) checks, checked here first."""
+    checks = [f"[ -x {CWA_CTL} ] || missing+=(cloudwatch-agent)",
+              "command -v dcgmi >/dev/null || missing+=(dcgm)",
+              "systemctl is-enabled unattended-upgrades.service 2>/dev/null | grep -q masked"
+              " || missing+=(unattended-upgrades-masked)"]
+    if s.fsx:
+        checks.append("modinfo lustre >/dev/null 2>&1 || missing+=(lustre-client)")
+    if s.mount_s3:
+        checks.append("command -v mount-s3 >/dev/null || missing+=(mount-s3)")
+    if s.efa:
+        checks.append(f"[ -x {FI_INFO} ] || missing+=(efa)")
+    if s.container_image:
+        checks.append(f"docker image inspect '{s.container_image}' >/dev/null || missing+=(container-image)")
+    return [_bash("CheckBaked", "set -uo pipefail\nmissing=()\n" + "\n".join(checks) + "\n"
+                  "if [ ${#missing[@]} -gt 0 ]; then echo \"missing: ${missing[*]}\"; exit 1; fi\n")]
+
+
+def test_steps(s: BakeSettings) -> list[dict[str, Any]]:
+    """On an instance launched from the new image: count the GPUs, read driver and CUDA, tag the AMI."""
+    return [_bash("RecordGpuAndDriver", (
+        "set -euo pipefail\n"
+        "count=$(nvidia-smi --query-gpu=index --format=csv,noheader | grep -c '^[0-9]')\n"
+        f"if [ \"$count\" -lt {s.build_gpus} ]; then echo \"$count of {s.build_gpus} GPUs\"; exit 1; fi\n"
+        "driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)\n"
+        # nvidia-smi's banner prints the highest CUDA version the driver supports.
+        "cuda=$(nvidia-smi | sed -n 's/.*CUDA Version: *\\([0-9.]*\\).*/\\1/p' | head -n 1)\n"
+        "token=$(curl -fsS -X PUT http://169.254.169.254/latest/api/token"
+        " -H 'X-aws-ec2-metadata-token-ttl-seconds: 300')\n"
+        "ami=$(curl -fsS -H \"X-aws-ec2-metadata-token: $token\""
+        " http://169.254.169.254/latest/meta-data/ami-id)\n"
+        f"aws ec2 create-tags --region {s.region} --resources \"$ami\" --tags"
+        " \"Key=gpucluster:gpus,Value=$count\" \"Key=gpucluster:driver,Value=$driver\""
+        " \"Key=gpucluster:cuda,Value=$cuda\"\n"
+        "echo \"image $ami: $count GPUs, driver $driver, CUDA $cuda\"\n"))]
+
+
+class _Literal(str):
+    """A multi-line string dumped as a YAML literal block (readable in the console)."""
+
+
+def _literal(dumper: yaml.SafeDumper, value: _Literal) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Literal, _literal)
+
+
+def component_document(s: BakeSettings) -> str:
+    """The AWSTOE document (schemaVersion 1.0: build, validate and test phases) for one group.
+
+    EC2 Image Builder user guide, "Use the component document framework": phases `build`,
+    `validate` (on the build instance) and `test` (on an instance launched from the new image).
+    """
+    def steps(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**st, "inputs": {"commands": [_Literal(c) for c in st["inputs"]["commands"]]}}
+                for st in items]
+
+    doc = {
+        "name": f"gpucluster-{s.node_group}",
+        "description": f"gpucluster node group {s.node_group}: installed once, checked at every launch",
+        "schemaVersion": 1.0,
+        "phases": [{"name": "build", "steps": steps(build_steps(s))},
+                   {"name": "validate", "steps": steps(validate_steps(s))},
+                   {"name": "test", "steps": steps(test_steps(s))}],
+    }
+    text = yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000)
+    if len(text) > MAX_COMPONENT_CHARS:
+        raise ValueError(f"the Image Builder component of {s.node_group} is {len(text)} characters; "
+                         f"Image Builder allows {MAX_COMPONENT_CHARS}")
+    return text

@@ -1,0 +1,55 @@
+"""benchmarks/boot_time.py: the modelled boot budget (issue 26's target: baked prod ready in < 4 min)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpucluster.node.userdata import node_bootstrap
+from gpucluster.preflight import parse_stack_config
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks/boot_time.py"
+
+
+def _module() -> Any:
+    spec = importlib.util.spec_from_file_location("boot_time", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+boot_time = _module()
+
+
+def test_baked_prod_is_ready_in_under_four_minutes_and_downloads_nothing() -> None:
+    boots = {(b.stack, b.group): b for b in boot_time.boots()}
+    baked = boots["prod (baked)", "h100-train"]
+    assert baked.ready_seconds < boot_time.TARGET_SECONDS
+    assert all(s.downloads == "-" for s in baked.steps)
+    unbaked = boots["prod", "h100-train"]
+    assert unbaked.critical_branch == "image" and unbaked.ready_seconds > 300
+    assert unbaked.in_service_seconds < unbaked.ready_seconds  # InService before the image is there
+    assert baked.in_service_seconds == baked.ready_seconds  # gated: in service means ready
+    before = boots["prod (before: dpkg lock held)", "h100-train"]
+    assert before.ready_seconds > unbaked.ready_seconds
+    assert boot_time.main([]) == 0
+
+
+def test_a_group_that_adds_boot_work_shows_it() -> None:
+    config = boot_time.stack_config("dev")
+    spec = parse_stack_config(config, stack="dev")
+    plain = boot_time.boot_steps("dev", node_bootstrap(spec, spec.node_groups[0]))
+    config["gpucluster:node_groups"][0]["container_image"] = "nvcr.io/nvidia/pytorch:24.12-py3"
+    spec = parse_stack_config(config, stack="dev")
+    pulled = boot_time.boot_steps("dev", node_bootstrap(spec, spec.node_groups[0]))
+    assert pulled.ready_seconds > plain.ready_seconds
+    assert any(s.name.startswith("docker pull") and s.downloads == "10000 MB" for s in pulled.steps)
+
+
+def test_every_figure_names_its_source() -> None:
+    for key, (value, source) in boot_time.FIGURES.items():
+        assert value > 0 and len(source) > 10, key

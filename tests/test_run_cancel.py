@@ -1,0 +1,73 @@
+"""`run` under faults (issue 24, item 5): a detached launch that fails half-way stops the ranks that
+started through the job's own stop, a refused cancel is reported as refused, and AccessDenied on
+every status poll is AccessDenied, not "still running". botocore Stubber: the calls are the contract."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import boto3
+from botocore.stub import ANY, Stubber
+
+from gpucluster.cli.jobs import cancelled_note
+from gpucluster.ops.nodes import Node, ranked
+from gpucluster.ops.run import JOB_TOOL, plan_job, send_job, wait_job
+
+CMD_A, CMD_B, STOP_A = "a" * 36, "b" * 36, "s" * 36
+
+
+def node(instance_id: str, ip: str, launched: int) -> Node:
+    return Node(instance_id, "g", "asg", "p5.48xlarge", "us-east-1a", ip, "on-demand", "running",
+                "InService", "Healthy", datetime(2025, 1, 1, tzinfo=UTC) + timedelta(minutes=launched),
+                "Online")
+
+
+NODES = ranked([node("i-0a", "10.0.0.5", 0), node("i-0b", "10.0.0.6", 1), node("i-0c", "10.0.0.7", 2)])
+
+
+def test_a_detached_launch_that_fails_on_a_node_stops_the_job_where_it_started() -> None:
+    plan = plan_job(NODES, "python train.py", log_group="/x", detach="train")
+    ssm = boto3.client("ssm", region_name="us-east-1")
+    with Stubber(ssm) as stub:
+        stub.add_response("send_command", {"Command": {"CommandId": CMD_A}})
+        stub.add_response("send_command", {"Command": {"CommandId": CMD_B}})
+        stub.add_client_error("send_command", "InvalidInstanceId", "not a managed node")
+        stub.add_response("cancel_command", {}, {"CommandId": CMD_A, "InstanceIds": ["i-0a"]})
+        # rank 1's cancel is refused: it is reported, not called cancelled
+        stub.add_client_error("cancel_command", "AccessDeniedException", "not allowed",
+                              expected_params={"CommandId": CMD_B, "InstanceIds": ["i-0b"]})
+        # the job's own stop, on both nodes the command reached (its unit may have started)
+        stub.add_response("send_command", {"Command": {"CommandId": STOP_A}},
+                          {"InstanceIds": ["i-0a"], "DocumentName": "AWS-RunShellScript", "Comment": ANY,
+                           "TimeoutSeconds": ANY, "Parameters": {"commands": [f"{JOB_TOOL} cancel train"]}})
+        stub.add_client_error("send_command", "ThrottlingException", "slow down")
+        job = send_job(ssm, plan)
+        stub.assert_no_pending_responses()
+    assert job.cancelled
+    assert [r.status for r in job.results] == ["Cancelled", "CancelFailed", "NotSent"]
+    assert f"job stop sent ({JOB_TOOL} cancel, command {STOP_A})" in job.results[0].error
+    assert "cancel failed: AccessDeniedException" in job.results[1].error
+    assert "job stop not sent: ThrottlingException" in job.results[1].error
+    note = cancelled_note(job.results)
+    assert "the job's stop sent to rank(s) 0" in note
+    assert "NOT cancelled on rank(s) 1: it may still run there" in note
+
+
+def test_a_run_that_cannot_read_its_status_says_access_denied_not_still_running() -> None:
+    plan = plan_job(NODES[:2], "true", log_group="/x")
+    ssm = boto3.client("ssm", region_name="us-east-1")
+    seen = []
+    with Stubber(ssm) as stub:
+        stub.add_response("send_command", {"Command": {"CommandId": CMD_A}})
+        stub.add_response("send_command", {"Command": {"CommandId": CMD_B}})
+        job = send_job(ssm, plan)
+        stub.add_client_error("get_command_invocation", "AccessDeniedException", "no GetCommandInvocation")
+        stub.add_response("get_command_invocation", {"Status": "Success", "ResponseCode": 0,
+                                                     "StandardOutputContent": "", "StandardErrorContent": ""})
+        job = wait_job(ssm, job, timeout_seconds=60, sleep=lambda s: None, clock=lambda: 0.0,
+                       on_change=lambda r: seen.append((r.rank, r.status)))
+        stub.assert_no_pending_responses()
+    assert [(r.status, r.done) for r in job.results] == [("AccessDenied", True), ("Success", True)]
+    assert job.results[0].error.startswith("cannot read the command's status: AccessDeniedException")
+    assert "still running" not in job.results[0].error
+    assert seen == [(0, "AccessDenied"), (1, "Success")]

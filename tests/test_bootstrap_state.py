@@ -479,3 +479,66 @@ def test_main_rejects_bad_arguments_in_one_line(argv: list[str], message: str,
         bootstrap_state.main(base + argv)
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------- issue 24 item 6 (parliament, SNS)
+
+
+@pytest.fixture(scope="module")
+def with_datasets() -> Any:
+    """An account bootstrapped with an existing dataset bucket passed as --dataset-bucket."""
+    with mock_aws(config=MANAGED):
+        session = boto3.session.Session(region_name="us-west-2")
+        bootstrap_state.bootstrap(session, BUCKET, "us-west-2", "acme/gpucluster", ["prod"],
+                                  "acme-break-glass", dataset_buckets=["acme-imagenet"])
+        yield Role(session.client("iam"), "gpucluster-deploy-prod")
+
+
+def test_an_existing_dataset_bucket_gets_only_what_the_fsx_link_needs(with_datasets: Role) -> None:
+    deploy, bucket = with_datasets, "arn:aws:s3:::acme-imagenet"
+    # FSx for Lustre user guide, "Adding permissions to use data repositories in Amazon S3"
+    for action in ("s3:GetBucketLocation", "s3:GetBucketPolicy", "s3:ListBucket"):
+        assert deploy.can(action, bucket), action
+    assert deploy.can("s3:PutObject", f"{bucket}/export/x") and deploy.can("s3:GetObject", f"{bucket}/x")
+    for action in ("s3:PutBucketPolicy", "s3:DeleteBucketPolicy", "s3:PutLifecycleConfiguration",
+                   "s3:PutBucketPublicAccessBlock", "s3:PutEncryptionConfiguration", "s3:PutBucketAcl",
+                   "s3:PutBucketVersioning", "s3:PutBucketTagging", "s3:DeleteBucket",
+                   "s3:PutReplicationConfiguration", "s3:PutBucketOwnershipControls"):
+        assert not deploy.can(action, bucket), action
+    # the buckets the stacks create keep their settings deployable
+    assert deploy.can("s3:PutBucketPolicy", "arn:aws:s3:::gpu-prod-checkpoints-1")
+    assert deploy.can("s3:PutBucketPublicAccessBlock", "arn:aws:s3:::gpu-prod-checkpoints-1")
+
+
+def test_even_a_broader_grant_cannot_rewrite_a_dataset_bucket(with_datasets: Role) -> None:
+    anything = {"Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+    for action in ("s3:PutBucketPolicy", "s3:PutLifecycleConfiguration", "s3:PutBucketPublicAccessBlock"):
+        assert not allowed([anything], with_datasets.boundary, action, "arn:aws:s3:::acme-imagenet")
+
+
+def test_subscription_actions_are_granted_where_iam_can_match_them(roles: dict[str, Role]) -> None:
+    """Subscribe and ListSubscriptionsByTopic act on a topic; Unsubscribe and the subscription
+    attributes have no resource type (Service Authorization Reference, "Amazon SNS"), so only "*"
+    matches them: granted on a topic ARN they would be denied at `pulumi up`."""
+    deploy = roles["deploy-prod"]
+    topic = f"arn:aws:sns:us-east-1:{ACCOUNT}:gpu-prod-guardrails"
+    assert deploy.can("sns:Subscribe", topic) and deploy.can("sns:ListSubscriptionsByTopic", topic)
+    assert not deploy.can("sns:Subscribe", f"arn:aws:sns:us-east-1:{ACCOUNT}:foreign-topic")
+    for action in ("sns:Unsubscribe", "sns:GetSubscriptionAttributes", "sns:SetSubscriptionAttributes"):
+        assert deploy.can(action, "*"), action
+    statements = [s for document in deploy.identity for s in document["Statement"]]
+    scoped = {a for s in statements if s.get("Resource", "*") != "*"
+              for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
+    assert not scoped & {"sns:Unsubscribe", "sns:GetSubscriptionAttributes", "sns:SetSubscriptionAttributes"}
+
+
+def test_flow_logs_and_the_composite_idle_alarm_are_deployable(roles: dict[str, Role]) -> None:
+    deploy = roles["deploy-prod"]
+    assert deploy.can("ec2:CreateFlowLogs", "*")
+    assert deploy.can("iam:PassRole", f"{IAM}:role/gpu-prod-network-flow-logs-role",
+                      **{"iam:PassedToService": "vpc-flow-logs.amazonaws.com"})
+    group = f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/gpucluster/vpc-flow-logs/gpu-prod"
+    assert deploy.can("logs:CreateLogGroup", group) and deploy.can("logs:AssociateKmsKey", group)
+    alarm = f"arn:aws:cloudwatch:us-east-1:{ACCOUNT}:alarm:gpu-prod-x"
+    assert deploy.can("cloudwatch:PutCompositeAlarm", alarm)

@@ -324,9 +324,13 @@ def test_guardrail_roles_act_only_on_the_external_group_while_it_carries_the_tag
             "StringEquals": {"ssm:resourceTag/gpucluster:stack": "team-a-eks-prod"}}
     functions = [r.inputs for r in external if r.type == FUNCTION]
     assert {f["environment"]["variables"]["GPUCLUSTER_STACK"] for f in functions} == {"team-a-eks-prod"}
-    idle = [r for r in external if "autostop-idle-" in r.name]
-    alarm = one(idle, "aws:cloudwatch/metricAlarm:MetricAlarm").inputs
-    assert alarm["dimensions"] == {"AutoScalingGroupName": EKS_ASG} and alarm["name"] == f"{EKS_ASG}-idle"
+    [alarm] = [r.inputs for r in external
+               if r.type == "aws:cloudwatch/metricAlarm:MetricAlarm" and "autostop-idle-" in r.name
+               and "no-jobs" not in r.name]
+    assert alarm["dimensions"] == {"AutoScalingGroupName": EKS_ASG} and alarm["name"] == f"{EKS_ASG}-gpu-idle"
+    # The idle alarm the Lambda acts on is the composite, named after the group.
+    composite = one(external, "aws:cloudwatch/compositeAlarm:CompositeAlarm").inputs
+    assert composite["alarmName"] == f"{EKS_ASG}-idle"
     budget = one(external, "aws:budgets/budget:Budget").inputs
     assert budget["costFilters"] == [
         {"name": "TagKeyValue", "values": ["user:gpucluster:stack$team-a-eks-prod"]}]
@@ -520,7 +524,7 @@ OLD_TOKENS = {
 
 
 # Components added since: nothing to alias (their resources are created, not taken over).
-NEW_COMPONENTS = {"ClusterDashboard", "JobRestart", "GuardState", "GuardrailAlarms"}
+NEW_COMPONENTS = {"ClusterDashboard", "JobRestart", "GuardState", "GuardrailAlarms", "SpendGuard"}
 
 
 def old_type(token: str) -> str:

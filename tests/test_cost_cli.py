@@ -54,7 +54,7 @@ def test_cost_prod_says_how_much_the_mix_saves() -> None:
     assert "FSx for Lustre pretrain-corpus         3,264.00" in result.output
     total = f"{cost.usd_per_month('desired'):,.2f}"
     # prod has no schedule: as scheduled is the 24 x 7 figure
-    assert f"  stack's mix         379.57       {total}    {total}" in result.output
+    assert f"  stack's mix         379.58       {total}    {total}" in result.output
     assert "EC2 Spot Instance Advisor, typical savings of the family (2026-11-21)" in " ".join(
         result.output.split())
 
@@ -89,8 +89,8 @@ def test_plan_prints_one_cost_line(cli_plans_once: None) -> None:
     cost = price_stack(load_stack("dev")[2])
     assert lines[at:at + 3] == [
         f"cost: ${cost.usd_per_month('desired'):,.0f}/month at desired nodes, "
-        f"${cost.usd_per_month('max'):,.0f} at max (55.6 % / 59.3 % below all on-demand)",
-        "  as scheduled (239 h/month) $198 at desired nodes",
+        f"${cost.usd_per_month('max'):,.0f} at max (55.3 % / 59.2 % below all on-demand)",
+        "  as scheduled (239 h/month) $202 at desired nodes",
         "  `gpucluster cost dev` for the breakdown"]
 
 
@@ -102,8 +102,9 @@ def test_cost_dev_shows_the_scheduled_hours_next_to_24x7() -> None:
             "cron(0 8 ? * MON-FRI *), max lifetime 12 h in Europe/Berlin: 2,860 of the 8,736 "
             "hours") in " ".join(out.split())
     assert "total: 24 x 7 (730 h/month) and as scheduled (238.99 h/month)" in out
-    # docs/guides/cost-and-spend.md's figure: 381.38 24 x 7 and 197.74 as scheduled at desired nodes
-    assert "  stack's mix           0.52           381.38        197.74" in out
+    # docs/guides/cost-and-spend.md's figure: 385.33 24 x 7 and 201.69 as scheduled at desired nodes
+    # (flow logs, $3.95/month, run all month whatever the schedule)
+    assert "  stack's mix           0.53           385.33        201.69" in out
     assert "  NAT gateway public IPv4              3.65         3.65  1 Elastic IP x $0.005/h" in out
     assert "VPC interface endpoints             43.80        43.80  3 endpoints" in out
 
@@ -207,7 +208,7 @@ def test_chart_bars_are_the_cost_model() -> None:
                                             "EBS root volumes h100-train", "EBS root volumes eval",
                                             "NAT gateway", "NAT gateway public IPv4",
                                             "VPC interface endpoints", "FSx for Lustre pretrain-corpus",
-                                            "S3 pretrain-corpus"]
+                                            "S3 pretrain-corpus", "VPC flow logs"]
 
 
 def test_chart_without_matplotlib_says_how_to_install(tmp_path: Path,

@@ -94,7 +94,8 @@ def test_guardrails_guard_groups_gpucluster_did_not_create(venv: Venv, tmp_path:
     assert budget["inputs"]["limitAmount"] == "20000"
     assert budget["inputs"]["costFilters"][0]["values"] == ["user:gpucluster:stack$gpu-guardrails/dev"]
     functions = {f["inputs"]["name"] for f in of_type(plan, "aws:lambda/function:Function")}
-    assert functions == {"eks-gpu-budget-action", "eks-gpu-autostop", "eks-gpu-spot-interruption"}
+    assert functions == {"eks-gpu-budget-action", "eks-gpu-autostop", "eks-gpu-spot-interruption",
+                         "eks-gpu-spend-guard"}
     # The scaling permission names exactly the given group.
     policies = [json.loads(p["inputs"]["policy"]) for p in of_type(plan, "aws:iam/rolePolicy:RolePolicy")]
     scale = [s for doc in policies for s in doc["Statement"]

@@ -27,6 +27,7 @@ from gpucluster.spec import StackSpec, can_run_spot
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 IDLE = "autostop-idle-"  # the idle alarms' names (the guardrail functions' own alarms are "-watch-")
+COMPOSITE = "aws:cloudwatch/compositeAlarm:CompositeAlarm"
 BUDGET = "aws:budgets/budget:Budget"
 FUNCTION = "aws:lambda/function:Function"
 INVOKE_CONFIG = "aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig"
@@ -44,7 +45,9 @@ TOPIC_POLICY = "aws:sns/topicPolicy:TopicPolicy"
 
 # Actions that AWS authorises only on Resource "*" (Service Authorization Reference).
 DESCRIBE_ONLY = {"autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
-                 "ec2:DescribeInstances", "ssm:GetCommandInvocation"}
+                 "ec2:DescribeInstances", "ssm:GetCommandInvocation",
+                 # the spend guard's reads (no resource types either)
+                 "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory", "cloudwatch:GetMetricData"}
 
 
 def asg_name(spec: StackSpec, group: str) -> str:
@@ -268,25 +271,38 @@ def test_budget_emails_subscribe_to_the_notify_topic(dev: Built) -> None:
     assert emails == [{"topic": dev.notify_topic, "protocol": "email", "endpoint": "ml-platform@example.com"}]
 
 
-def test_dev_idle_alarm_stops_after_30_minutes_and_missing_data_only_notifies(dev: Built) -> None:
+def test_dev_idle_alarm_stops_after_15_idle_minutes_and_missing_data_only_notifies(dev: Built) -> None:
     alarm = dev.one(ALARM, IDLE).inputs
     assert (alarm["namespace"], alarm["metricName"], alarm["statistic"]) == (
         "gpucluster/gpu-dev", "nvidia_smi_utilization_gpu", "Maximum")  # the cluster's own namespace
     assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-dev-dev-a10-asg"}
-    assert alarm["name"] == "gpu-dev-dev-a10-asg-idle"  # the autostop handler's fallback convention
+    assert alarm["name"] == "gpu-dev-dev-a10-asg-gpu-idle"
     assert (alarm["comparisonOperator"], alarm["threshold"]) == ("LessThanThreshold", 5)
-    assert alarm["period"] * alarm["evaluationPeriods"] == 30 * 60
+    # the second signal: GPUs held and unused; at least an hour, so loading data is not idle
+    assert alarm["period"] * alarm["evaluationPeriods"] == 60 * 60
     assert alarm["datapointsToAlarm"] == alarm["evaluationPeriods"]
     assert alarm["treatMissingData"] == "missing"  # not "breaching": no data is never idle
     assert alarm["insufficientDataActions"] == [dev.notify_topic]
     assert not alarm.get("alarmActions")  # stopping goes through the EventBridge rule
+    activity = dev.one(ALARM, "no-jobs").inputs
+    assert (activity["namespace"], activity["metricName"], activity["statistic"]) == (
+        "gpucluster/gpu-dev", "NodeActive", "Maximum")  # any node of the group running something
+    assert activity["dimensions"] == {"Stack": DEV_IDENTITY, "NodeGroup": "dev-a10"}
+    assert (activity["comparisonOperator"], activity["threshold"]) == ("LessThanThreshold", 1)
+    assert (activity["period"], activity["evaluationPeriods"], activity["datapointsToAlarm"]) == (60, 15, 15)
+    assert activity["treatMissingData"] == "missing" and not activity.get("alarmActions")
+    composite = dev.one(COMPOSITE).inputs
+    assert composite["alarmName"] == "gpu-dev-dev-a10-asg-idle"  # the autostop handler's fallback convention
+    assert composite["alarmRule"] == (
+        'ALARM("gpu-dev-dev-a10-asg-no-jobs") OR ALARM("gpu-dev-dev-a10-asg-gpu-idle")')
+    assert not composite.get("alarmActions")
 
 
 def test_idle_rule_passes_only_alarm_states_of_this_stacks_alarms_to_autostop(dev: Built) -> None:
     rule = dev.one(RULE, "idle-rule")
     pattern = json.loads(rule.inputs["eventPattern"])
     assert pattern == {"source": ["aws.cloudwatch"], "detail-type": ["CloudWatch Alarm State Change"],
-                       "resources": [dev.arn(ALARM, IDLE)], "detail": {"state": {"value": ["ALARM"]}}}
+                       "resources": [dev.arn(COMPOSITE)], "detail": {"state": {"value": ["ALARM"]}}}
     autostop = dev.function("autostop")
     assert dev.one(TARGET, "idle-target").inputs == {"rule": "gpu-dev-idle",
                                                        "arn": dev.arn(FUNCTION, autostop.name)}
@@ -297,9 +313,9 @@ def test_idle_rule_passes_only_alarm_states_of_this_stacks_alarms_to_autostop(de
 
 def test_dev_schedules_run_in_berlin_time_and_name_their_purpose(dev: Built) -> None:
     autostop_arn = dev.arn(FUNCTION, dev.function("autostop").name)
-    role_arn = dev.arn(ROLE, "scheduler-role")
+    role_arn = dev.arn(ROLE, "autostop-scheduler-role")
     got = {}
-    for schedule in dev.all(SCHEDULE):
+    for schedule in autostop_schedules(dev):
         s = schedule.inputs
         event = json.loads(s["target"]["input"])
         assert (s["target"]["arn"], s["target"]["roleArn"]) == (autostop_arn, role_arn)
@@ -314,13 +330,18 @@ def test_dev_schedules_run_in_berlin_time_and_name_their_purpose(dev: Built) -> 
                    "gpu-dev-lifetime": ("rate(15 minutes)", None)}
 
 
+def autostop_schedules(built: Built) -> list[Any]:
+    """The auto-stop schedules (the spend guard's own schedule is tested in test_spend_guard_infra)."""
+    return [s for s in built.all(SCHEDULE) if "-spend-" not in s.name]
+
+
 def test_scheduler_role_may_only_invoke_autostop(dev: Built) -> None:
-    role = dev.one(ROLE, "scheduler-role").inputs
+    role = dev.one(ROLE, "autostop-scheduler-role").inputs
     trust = json.loads(role["assumeRolePolicy"])["Statement"]
     assert trust == [{"Effect": "Allow", "Principal": {"Service": "scheduler.amazonaws.com"},
                       "Action": "sts:AssumeRole",
                       "Condition": {"StringEquals": {"aws:SourceAccount": MOCK_ACCOUNT}}}]
-    policy = json.loads(dev.one(ROLE_POLICY, "scheduler-policy").inputs["policy"])["Statement"]
+    policy = json.loads(dev.one(ROLE_POLICY, "autostop-scheduler-policy").inputs["policy"])["Statement"]
     assert [(s["Action"], s["Resource"]) for s in policy] == [
         (["lambda:InvokeFunction"], [dev.arn(FUNCTION, dev.function("autostop").name)])]
 
@@ -384,7 +405,7 @@ def test_lambda_archive_is_stable_across_runs_and_ignores_build_noise() -> None:
 def test_failed_invocations_notify_and_spot_retries_stay_within_the_warning(dev: Built) -> None:
     configs = {c.inputs["functionName"]: c.inputs for c in dev.all(INVOKE_CONFIG)}
     assert set(configs) == {"gpu-dev-budget-action", "gpu-dev-autostop", "gpu-dev-spot-interruption",
-                            "gpu-dev-job-restart"}
+                            "gpu-dev-job-restart", "gpu-dev-spend-guard"}
     for config in configs.values():
         assert config["destinationConfig"] == {"onFailure": {"destination": dev.notify_topic}}
     spot = configs["gpu-dev-spot-interruption"]
@@ -489,11 +510,12 @@ def test_prod_budget_action_at_110_percent_goes_to_the_action_topic_only(prod: B
 
 
 def test_prod_is_patient_and_runs_its_hooks(prod: Built) -> None:
-    alarm = prod.one(ALARM, "h100-train").inputs
+    alarm = prod.one(ALARM, "idle-h100-train").inputs
     assert (alarm["period"], alarm["evaluationPeriods"], alarm["threshold"]) == (300, 24, 3)
     assert alarm["dimensions"] == {"AutoScalingGroupName": "gpu-prod-h100-train-asg"}
-    assert prod.one(ALARM, "eval").inputs["dimensions"] == {"AutoScalingGroupName": "gpu-prod-eval-asg"}
-    assert prod.all(SCHEDULE) == [] and not [r for r in prod.all(ROLE) if "scheduler" in r.name]
+    assert prod.one(ALARM, "idle-eval").inputs["dimensions"] == {"AutoScalingGroupName": "gpu-prod-eval-asg"}
+    assert autostop_schedules(prod) == []
+    assert not [r for r in prod.all(ROLE) if "autostop-scheduler" in r.name]
     autostop = prod.function("autostop").inputs
     assert autostop["timeout"] == 600 + 60
     assert autostop["environment"]["variables"]["PRE_STOP_TIMEOUT_SECONDS"] == "600"
@@ -511,15 +533,15 @@ def test_prod_is_patient_and_runs_its_hooks(prod: Built) -> None:
 
 
 def test_staging_stops_at_night_in_its_region(staging: Built) -> None:
-    schedules = {s.inputs["name"]: s.inputs for s in staging.all(SCHEDULE)}
+    schedules = {s.inputs["name"]: s.inputs for s in autostop_schedules(staging)}
     assert list(schedules) == ["gpu-staging-stop"]
     stop = schedules["gpu-staging-stop"]
     assert (stop["scheduleExpression"], stop["scheduleExpressionTimezone"]) == (
         "cron(0 22 ? * * *)", "America/Los_Angeles")
     assert json.loads(stop["target"]["input"])["resources"][1] == (
         f"arn:aws:events:us-west-2:{MOCK_ACCOUNT}:rule/gpu-staging-stop")
-    idle = staging.one(ALARM, IDLE).inputs
-    assert idle["period"] * idle["evaluationPeriods"] == 3600
+    utilisation = staging.one(ALARM, IDLE).inputs
+    assert utilisation["period"] * utilisation["evaluationPeriods"] == 3600
     for fn in ("gpu-staging-budget-action", "gpu-staging-autostop", "gpu-staging-spot-interruption"):
         check_policy(staging, fn, scales=fn != "gpu-staging-spot-interruption",
                      runs_hooks=fn != "gpu-staging-budget-action")
@@ -591,13 +613,13 @@ def test_every_group_gets_an_alarm_and_every_role_names_every_group(base_config:
     spec = spec_of(base_config, node_groups=groups, autostop={"enabled": True, "idle_minutes": 7},
                    budget={"monthly_limit_usd": 100, "action_threshold_percent": 100})
     built = build(spec)
-    alarms = {a.inputs["dimensions"]["AutoScalingGroupName"]: a.inputs
-              for a in built.all(ALARM) if IDLE in a.name}
-    assert set(alarms) == {"test-small-asg", "test-big-asg"}
+    alarms = {a.inputs["dimensions"]["NodeGroup"]: a.inputs for a in built.all(ALARM) if "no-jobs" in a.name}
+    assert set(alarms) == {"small", "big"}
     for alarm in alarms.values():
         assert (alarm["period"], alarm["evaluationPeriods"]) == (60, 7)
     pattern = json.loads(built.one(RULE, "idle-rule").inputs["eventPattern"])
-    assert sorted(pattern["resources"]) == sorted(built.arn(ALARM, f"idle-{n}") for n in ("small", "big"))
+    assert sorted(pattern["resources"]) == sorted(
+        built.arn(COMPOSITE, f"composite-{n}") for n in ("small", "big"))
     check_policy(built, "test-budget-action", scales=True, runs_hooks=False)
     check_policy(built, "test-autostop", scales=True, runs_hooks=False)
     assert built.function("autostop").inputs["timeout"] == 120
@@ -631,7 +653,8 @@ def test_handlers_and_state_tags_match_the_lambda_package(lambdas: Any) -> None:
 def test_environment_and_iam_cover_what_each_handler_reads_and_calls(
         lambdas: Any, base_config: dict[str, Any]) -> None:
     everything = spec_of(
-        base_config, budget={"monthly_limit_usd": 100, "action_threshold_percent": 100, "report": "weekly"},
+        base_config, budget={"monthly_limit_usd": 100, "action_threshold_percent": 100, "report": "weekly",
+                             "max_usd_per_hour": 50},
         autostop={"enabled": True, "stop_schedule": "cron(0 19 ? * * *)",
                   "start_schedule": "cron(0 8 ? * MON-FRI *)", "max_lifetime_hours": 12,
                   "pre_stop_command": "/hook"},
@@ -647,14 +670,15 @@ def test_environment_and_iam_cover_what_each_handler_reads_and_calls(
 def test_the_autostop_handler_reads_schedule_and_alarm_events_as_wired(
         lambdas: Any, dev: Built) -> None:
     autostop = pytest.importorskip("gpucluster.lambdas.autostop")
-    for schedule in dev.all(SCHEDULE):
+    for schedule in autostop_schedules(dev):
         event = json.loads(schedule.inputs["target"]["input"])
         assert autostop.schedule_rule_name(event) == schedule.inputs["name"]
     assert autostop.IDLE_ALARM_SUFFIX == ge.IDLE_ALARM_SUFFIX
-    alarm = dev.one(ALARM, IDLE).inputs
-    detail = {"alarmName": alarm["name"], "state": {"value": "ALARM"}, "configuration": {"metrics": [
-        {"metricStat": {"metric": {"namespace": alarm["namespace"], "name": alarm["metricName"],
-                                   "dimensions": alarm["dimensions"]}}}]}}
+    composite = dev.one(COMPOSITE).inputs
+    # A composite alarm's event carries its rule, no metric (CloudWatch user guide, "Alarm events
+    # and EventBridge"): the group comes from the name.
+    detail = {"alarmName": composite["alarmName"], "state": {"value": "ALARM"},
+              "configuration": {"alarmRule": composite["alarmRule"], "description": "x"}}
     assert autostop.alarm_group_names(detail) == ["gpu-dev-dev-a10-asg"]
 
 

@@ -239,7 +239,7 @@ def test_a_node_cannot_fake_another_cluster_s_gpu_metric_or_touch_logs_or_parame
 
 def test_metric_namespace_of_agent_role_and_alarm_is_one(prod: Plan) -> None:
     """The agent publishes where its role may and the idle alarms look: one contract, three places."""
-    assert '"namespace": "gpucluster/gpu-prod"' in user_data(prod)
+    assert '"namespace":"gpucluster/gpu-prod"' in user_data(prod)  # the agent config, compact JSON
     # The guardrail functions' own alarms (AWS/Lambda Errors, Throttles...) watch no GPU metric.
     alarms = [a for a in prod.of_type("aws:cloudwatch/metricAlarm:MetricAlarm")
               if a.inputs["namespace"] != "AWS/Lambda"]

@@ -342,7 +342,9 @@ def test_a_mig_p4d_group_with_health_checks_fits_ec2s_user_data(base_config: dic
     plan = plan_config(config)  # validates first: user_data_size among the checks
     [template] = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
     packed = base64.b64decode(template.inputs["userData"])
-    assert len(packed) <= MAX_USER_DATA_BYTES - USER_DATA_MARGIN_BYTES - 1500, len(packed)
+    # 1,400 bytes left for the group's own files in this heaviest case (1,500 before issue 24's activity
+    # reporter took ~110 of them: `gpucluster-report activity` and its timer)
+    assert len(packed) <= MAX_USER_DATA_BYTES - USER_DATA_MARGIN_BYTES - 1400, len(packed)
     text = gzip.decompress(packed).decode()
     assert "GPUCLUSTER_MIG_LAYOUTS='*=1g.5gb:0," in text and "GPUCLUSTER_HEALTH_CHECKS=true" in text
     assert "GPUCLUSTER_HEALTH_EXPECTED_EFA=4" in text

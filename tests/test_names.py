@@ -202,7 +202,7 @@ def test_physical_names_as_pulumi_and_the_provider_make_them() -> None:
 def test_the_mock_engine_answers_provider_made_names(full_plan: Plan) -> None:
     """Names built from another resource's name (an alarm after its group) are as long as in AWS."""
     plan = full_plan
-    alarm = next(r for r in plan.resources if r.name == "full-guardrails-autostop-idle-train")
-    assert alarm.inputs["name"] == f"{autoname('full-train-asg')}-idle"
-    assert len(alarm.inputs["name"]) == len("full-train-asg-idle") + 8
+    alarm = next(r for r in plan.resources if r.name == "full-guardrails-autostop-idle-composite-train")
+    assert alarm.inputs["alarmName"] == f"{autoname('full-train-asg')}-idle"
+    assert len(alarm.inputs["alarmName"]) == len("full-train-asg-idle") + 8
     assert names.generated_state("aws:iam/role:Role", "r", {"name": "given"}) == {}

@@ -131,3 +131,48 @@ def test_multi_node_groups_reach_each_other_and_nothing_else_gets_in(stack: str)
             assert peer == sg or (peer.endswith("-fsx-sg-id") and rule["ipProtocol"] == "tcp"
                                   and rule["fromPort"] in (988, 1018)), rule
 
+
+
+FLOW_LOG = "aws:ec2/flowLog:FlowLog"
+
+
+def test_flow_logs_record_rejected_traffic_by_default_encrypted_and_kept() -> None:
+    plan = shipped_plan("staging")
+    flow = one(plan, FLOW_LOG).inputs
+    assert flow["trafficType"] == "REJECT" and flow["logDestinationType"] == "cloud-watch-logs"
+    assert flow["vpcId"] == "gpu-staging-network-vpc-id"
+    group = next(r.inputs for r in plan.of_type("aws:cloudwatch/logGroup:LogGroup")
+                 if r.name.endswith("-flow-logs"))
+    assert group["name"] == "/gpucluster/vpc-flow-logs/gpu-staging"
+    assert group["retentionInDays"] == 90 and group["kmsKeyId"]
+    import json
+    key = next(r.inputs for r in plan.of_type("aws:kms/key:Key") if r.name.endswith("-flow-logs-key"))
+    statements = {s["Sid"]: s for s in json.loads(key["policy"])["Statement"]}
+    logs = statements["LogsEncryptTheFlowLogGroupOnly"]
+    assert logs["Principal"] == {"Service": "logs.us-west-2.amazonaws.com"}
+    assert logs["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"].endswith(
+        ":log-group:/gpucluster/vpc-flow-logs/gpu-staging")
+    role_policy = next(r.inputs for r in plan.of_type("aws:iam/rolePolicy:RolePolicy")
+                       if r.name.endswith("-flow-logs-policy"))
+    [statement] = json.loads(role_policy["policy"])["Statement"]
+    assert all(res.split(":log-group:")[1].startswith("/gpucluster/vpc-flow-logs/gpu-staging")
+               for res in statement["Resource"])
+    assert not any("Delete" in a for a in statement["Action"])
+
+
+def test_flow_logs_can_record_all_traffic_or_be_turned_off() -> None:
+    config = base()
+    config["gpucluster:network"]["flow_logs"] = "all"
+    assert one(plan_config(config), FLOW_LOG).inputs["trafficType"] == "ALL"
+    config["gpucluster:network"]["flow_logs"] = "off"
+    plan = plan_config(config)
+    assert plan.of_type(FLOW_LOG) == []
+    assert not [r for r in plan.resources if "flow-logs" in r.name]
+
+
+def test_an_existing_vpc_gets_flow_logs_too() -> None:
+    config = base()
+    config["gpucluster:network"] = {
+        "availability_zones": ["us-east-1a"], "existing_vpc_id": "vpc-0123456789abcdef0",
+        "existing_subnets": {"us-east-1a": "subnet-0aaaaaaaaaaaaaaaa"}}
+    assert one(plan_config(config), FLOW_LOG).inputs["vpcId"] == "vpc-0123456789abcdef0"

@@ -10,7 +10,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
+import pytest
 from botocore.stub import ANY, Stubber
+from moto import mock_aws
 
 from gpucluster.cli.fleet import render_getting_ready, render_nodes
 from gpucluster.lambdas.tags import NODE_GROUP_TAG, STACK_TAG
@@ -18,6 +20,14 @@ from gpucluster.ops.nodes import launch_activities, readiness, stack_nodes
 from gpucluster.ops.status import stack_status
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def no_guard_state_table() -> Any:
+    """`status` looks the stack's guard-state table up (DynamoDB, moto here): this stack has none."""
+    with mock_aws():
+        yield
+
 STACK = "organization/gpucluster/prod/gpu-prod"
 ASG = "gpu-prod-h100-train-asg-5c65739"
 READY, WAITING = "i-0aaaaaaaaaaaaaaa1", "i-0bbbbbbbbbbbbbbb2"

@@ -23,6 +23,7 @@ from gpucluster.plan import Plan, PlannedResource, record_resources
 from shipped import shipped_plan
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
+COMPOSITE = "aws:cloudwatch/compositeAlarm:CompositeAlarm"
 ASG = "aws:autoscaling/group:Group"
 DASHBOARD = "aws:cloudwatch/dashboard:Dashboard"
 FILTER = "aws:cloudwatch/logMetricFilter:LogMetricFilter"
@@ -126,7 +127,8 @@ def test_budget_and_alarms_are_on_the_dashboard(prod: Plan) -> None:
     assert prod.spec.budget is not None and prod.spec.budget.monthly_limit_usd == 650_000
     assert "$650,000 a month" in budget and "Alerts at 50 %, 75 %, 90 %, 100 %." in budget
     assert "At 110 % every group is scaled to zero." in budget
-    idle = [a for g in ("h100-train", "eval") for a in prod.of_type(ALARM) if a.name.endswith(f"-idle-{g}")]
+    idle = [a for g in ("h100-train", "eval") for a in prod.of_type(COMPOSITE)
+            if a.name.endswith(f"-idle-composite-{g}")]
     assert len(idle) == 2  # one idle alarm per group, each on the dashboard
     alarms = next(w for w in body(prod)["widgets"] if w["type"] == "alarm")["properties"]["alarms"]
     assert alarms == [f"arn:aws:cloudwatch:us-east-1:123456789012:{a.name}" for a in idle]
@@ -152,6 +154,18 @@ def rendered_agent_config(plan: Plan, group: str) -> dict[str, Any]:
     return json.loads(text.split("\nGPUCLUSTER_FILE_EOF\n", 1)[0])
 
 
+def rendered_node_env(plan: Plan, group: str) -> dict[str, str]:
+    """/etc/gpucluster/node.env as a group's user data writes it (shell assignments, quoted)."""
+    import shlex
+
+    [lt] = [t for t in plan.of_type(LT) if t.name == f"{plan.spec.cluster.name}-{group}-lt"]
+    script = gzip.decompress(base64.b64decode(lt.inputs["userData"])).decode()
+    text = script.split("cat > /etc/gpucluster/node.env <<'GPUCLUSTER_FILE_EOF'\n", 1)[1]
+    lines = text.split("\nGPUCLUSTER_FILE_EOF\n", 1)[0].splitlines()
+    pairs = (line.partition("=") for line in lines if "=" in line)
+    return {k: shlex.split(v)[0] if v else "" for k, _, v in pairs}
+
+
 def published(plan: Plan) -> set[tuple[str, str, frozenset[tuple[str, str]]]]:
     """(namespace, metric, dimensions) of every series some part of the stack publishes."""
     namespace = gpu_metric_namespace(plan.spec.cluster.name)
@@ -173,6 +187,12 @@ def published(plan: Plan) -> set[tuple[str, str, frozenset[tuple[str, str]]]]:
         # health-check.sh: `put-metric-data --namespace gpucluster/<cluster> --dimensions
         # AutoScalingGroupName=<its group>` (asserted call by call in test_node_health.py).
         out |= {(namespace, m, frozenset({("AutoScalingGroupName", name)})) for m in HEALTH_METRICS}
+        # report.sh activity: `put-metric-data --metric-name NodeActive --dimensions
+        # Stack=$GPUCLUSTER_STACK,NodeGroup=$GPUCLUSTER_NODE_GROUP` (run under bash in test_node_activity.py),
+        # with the values the group's rendered node.env gives them.
+        env = rendered_node_env(plan, group.name)
+        out.add((env["GPUCLUSTER_METRIC_NAMESPACE"], "NodeActive", frozenset(
+            {("Stack", env["GPUCLUSTER_STACK"]), ("NodeGroup", env["GPUCLUSTER_NODE_GROUP"])})))
     for f in plan.of_type(FILTER):
         t = f.inputs["metricTransformation"]
         out.add((t["namespace"], t["name"], frozenset((t.get("dimensions") or {}).items())))
@@ -221,7 +241,8 @@ def test_the_agent_publishes_what_the_dashboard_needs() -> None:
 def test_guardrail_stops_are_counted_from_what_the_lambdas_log(stuck: Plan, caplog: Any) -> None:
     filters = stuck.of_type(FILTER)
     groups = {f.inputs["logGroupName"] for f in filters}
-    assert groups == {"/aws/lambda/test-autostop", "/aws/lambda/test-budget-action"}
+    assert groups == {"/aws/lambda/test-autostop", "/aws/lambda/test-budget-action",
+                      "/aws/lambda/test-spend-guard"}
     for f in filters:
         assert f.inputs["pattern"] == f'"{STOP_LOG_PHRASE}"'
         assert f.inputs["metricTransformation"] == {

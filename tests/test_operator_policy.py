@@ -98,8 +98,9 @@ def test_every_call_the_commands_make_is_allowed(calls: list[str]) -> None:
     assert set(calls) <= allowed, set(calls) - allowed
     # and nothing in the policy is there for no reason
     # (the guard-state items and key are used only when the stack has its table: here it has none;
-    # image build: Image Builder is not in moto; tests/test_image_build.py checks its calls are allowed)
+    # image build: Image Builder is not in moto; tests/test_image_build.py checks its calls are allowed;
+    # DescribeSpotPriceHistory: status prices spot nodes at the spot price; these nodes are on-demand)
     assert allowed - set(calls) <= {"ssm:CancelCommand", "logs:GetLogEvents", "logs:FilterLogEvents",
                                     "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "kms:Decrypt",
                                     "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey",
-                                    *IMAGE_BUILD_ACTIONS}
+                                    "ec2:DescribeSpotPriceHistory", *IMAGE_BUILD_ACTIONS}

@@ -144,9 +144,12 @@ def test_the_overview_reads_groups_dashboard_and_cost_tag(aws: dict[str, Any]) -
         stub.add_response("list_cost_allocation_tags", {"CostAllocationTags": [
             {"TagKey": "gpucluster:stack", "Type": "UserDefined", "Status": "Inactive"}]})
         overview = stack_overview(SPEC, clients=_clients(), ce=ce, progress=shown)
+        # this Cost Explorer answers the tag check only: the spend is reported unread, never raised
+        assert overview.spend is None and overview.spend_error is not None
     assert {g.name for g in overview.groups} == {"prod-h100", "prod-other"}
     assert overview.dashboard_url.startswith("https://") and SPEC.region in overview.dashboard_url
     assert overview.cost_tag_warning is not None
     assert overview.cost_tag_warning.startswith("warning: cost-allocation tag gpucluster:stack is inactive")
     assert shown.said == [f"reading {SPEC.stack}'s Auto Scaling groups and GPU metrics in {SPEC.region}",
-                          "checking the budget's cost-allocation tag"]
+                          "checking the budget's cost-allocation tag",
+                          "measuring spend so far (Cost Explorer + running instances)"]

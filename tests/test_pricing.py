@@ -30,6 +30,7 @@ G6E_12X_ON_DEMAND = 10.49264  # g6e.12xlarge, us-east-1
 G6E_SPOT = 0.55               # g6e family typical spot discount
 GP3, S3, NAT_HOUR, NAT_GB, FSX_P2_500 = 0.08, 0.023, 0.045, 0.045, 0.34
 IPV4_HOUR, ENDPOINT_HOUR = 0.005, 0.01   # a public IPv4 address; an interface endpoint per zone
+FLOW_LOGS = 5 * 0.50 + 15 * 0.03 + 1.0   # VPC flow logs: 5 GB ingested, 3 months stored, a KMS key
 
 
 def spec_of(config: dict[str, Any], stack: str = "t"):
@@ -91,10 +92,10 @@ def test_prod_against_hand_computed_figures() -> None:
     # ssm, ssmmessages, ec2messages in the one zone of prod's network
     endpoints = other["VPC interface endpoints"]
     assert endpoints.desired_usd_per_month == pytest.approx(3 * 1 * ENDPOINT_HOUR * 730)  # 21.90
-    rest = 320 + 37.35 + 3.65 + 21.9 + 3264 + 220.8
-    assert cost.usd_per_month("desired") == pytest.approx(374.272 * 730 + rest)            # 277,086.26
+    rest = 320 + 37.35 + 3.65 + 21.9 + 3264 + 220.8 + FLOW_LOGS
+    assert cost.usd_per_month("desired") == pytest.approx(374.272 * 730 + rest)            # 277,090.21
     assert cost.usd_per_month("desired", "all_on_demand") == pytest.approx(8 * 55.04 * 730 + rest)
-    rest_max = 640 + 64 + 37.35 + 3.65 + 21.9 + 3264 + 220.8
+    rest_max = 640 + 64 + 37.35 + 3.65 + 21.9 + 3264 + 220.8 + FLOW_LOGS
     assert cost.usd_per_month("max") == pytest.approx((814.592 + 4 * eval_spot) * 730 + rest_max)  # 612,691
 
 
@@ -114,7 +115,7 @@ def test_budget_warning_when_max_nodes_exceed_it() -> None:
         "budget": shipped.budget.model_copy(update={"monthly_limit_usd": 500})}))
     spot = 1.006 * (1 - 0.65)
     expected_max = (2 * spot * 730 + 2 * 200 * GP3 + NAT_HOUR * 730 + NAT_GB * 100 + 1024 * S3
-                    + IPV4_HOUR * 730 + 3 * 2 * ENDPOINT_HOUR * 730)
+                    + IPV4_HOUR * 730 + 3 * 2 * ENDPOINT_HOUR * 730 + FLOW_LOGS)
     assert dev.usd_per_month("max") == pytest.approx(expected_max)
     assert dev.warnings == [f"at max nodes the stack's mix costs ${expected_max:,.0f}/month, "
                             f"{100 * (expected_max / 500 - 1):.0f} % over the $500 budget "
@@ -234,7 +235,7 @@ def test_existing_buckets_and_no_nat_add_no_nat_but_more_endpoints(base_config: 
     base_config["gpucluster:network"]["nat_gateway"] = False
     base_config["gpucluster:datasets"] = [{"name": "old", "bucket_name": "team-data", "existing": True}]
     other = {o.kind: o for o in price_stack(spec_of(base_config)).other}
-    assert set(other) == {"ebs", "endpoints"}
+    assert set(other) == {"ebs", "endpoints", "flow_logs"}
     # without NAT the nodes also need the monitoring and ec2 endpoints (the CloudWatch agent) and
     # autoscaling and sns (the GPU health check): 7 x 2 zones
     assert other["endpoints"].desired_usd_per_month == pytest.approx(7 * 2 * ENDPOINT_HOUR * 730)
@@ -245,7 +246,8 @@ def test_an_existing_vpc_adds_no_network_costs(base_config: dict[str, Any]) -> N
     base_config["gpucluster:network"] = {
         "availability_zones": ["us-east-1a"], "existing_vpc_id": "vpc-0abc12345def67890",
         "existing_subnets": {"us-east-1a": "subnet-0abc12345def67890"}}
-    assert {o.kind for o in price_stack(spec_of(base_config)).other} == {"ebs"}
+    # its NAT and endpoints are paid for already; the stack's flow log on it is not
+    assert {o.kind for o in price_stack(spec_of(base_config)).other} == {"ebs", "flow_logs"}
 
 
 def test_endpoint_list_is_the_networks() -> None:

@@ -40,6 +40,7 @@ LATER = datetime(2027, 1, 20, tzinfo=UTC)
 CLUSTER_NAME = "test"  # base_config's cluster.name: nodes publish into gpucluster/test
 SP_12XL, SPOT_12XL, SPOT_XL = 5.672 * (1 - 0.28), 5.672 * (1 - 0.65), 1.006 * (1 - 0.65)
 GP3, NAT_MONTH, IPV4_HOUR, ENDPOINT_HOUR = 0.08, 0.045 * 730 + 0.045 * 100, 0.005, 0.01
+FLOW_LOGS_MONTH = 5 * 0.50 + 15 * 0.03 + 1.0  # VPC flow logs: 5 GB ingested, 3 months stored, the key
 
 
 def training_spec(base_config: dict[str, Any]) -> StackSpec:
@@ -166,8 +167,8 @@ def estimate_by_hand() -> float:
     hours = 5 * 10                                            # weekdays 08:00-18:00 UTC
     train = (SP_12XL + SPOT_12XL) * hours + 2 * 200 * GP3 * hours / 730
     infer = SPOT_XL * hours + 200 * GP3 * hours / 730
-    other = (NAT_MONTH + IPV4_HOUR * 730 + 3 * 2 * ENDPOINT_HOUR * 730) * 7 * 24 / 730
-    return train + infer + other                              # 343.86
+    other = (NAT_MONTH + IPV4_HOUR * 730 + 3 * 2 * ENDPOINT_HOUR * 730 + FLOW_LOGS_MONTH) * 7 * 24 / 730
+    return train + infer + other                              # 344.77
 
 
 def test_spend_reads_every_page_and_groups_by_node_group_and_purchase_option(account: dict[str, Any]) -> None:
@@ -339,7 +340,7 @@ def test_spend_cli_table_and_chart(cli_clients: dict[str, Any], base_config: dic
     train_estimate = (SP_12XL + SPOT_12XL) * 50 + 32 * 50 / 730
     row = f"  node group train      66.36      {train_estimate:.2f}         5.67{' ' * 19}40.84   19.85"
     assert row in out
-    assert "  non-GPU remainder     19.53       19.52        19.53" in out
+    assert "  non-GPU remainder     19.53       20.42        19.53" in out  # estimate: flow logs too
     share = 100 * 33.18 / (TRAIN_USD + INFER_USD)
     assert f"idle waste: $33.18, {share:.1f} % of the GPU spend ($83.96)" in flat
     assert "why the gap is large (most likely first):" in out
@@ -399,7 +400,7 @@ def test_estimate_prices_the_same_days_with_pricing(account: dict[str, Any]) -> 
     est = ops.estimate_window(cost, account["spec"], WINDOW)
     assert est.node_hours == {"train": 2 * 50, "infer": 1 * 50}
     assert est.by_day[D[0]] == pytest.approx((SP_12XL + SPOT_12XL + SPOT_XL) * 10 + 3 * 200 * GP3 * 10 / 730
-                                             + (NAT_MONTH + 3.65 + 43.8) * 24 / 730)
+                                             + (NAT_MONTH + 3.65 + 43.8 + FLOW_LOGS_MONTH) * 24 / 730)
 
 
 def test_a_capacity_block_is_spread_over_the_days_whatever_the_schedule(base_config: dict[str, Any]) -> None:

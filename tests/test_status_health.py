@@ -153,7 +153,10 @@ def test_cli_status_prints_health_and_the_dashboard(aws: tuple[Any, Any],
     assert lines["dev-train"].endswith("2026-11-21T08:00:01+00:00 i-0bbb111122223333b: abandoned at launch: "
                                        "failed its health check")
     assert lines["dev-idle"].split() == ["dev-idle", "1/1", "-", "-", "-"]
-    assert dashboard == f"dashboard: {URL}"
+    # The spend line comes first (here unread: this Cost Explorer stub answers only the tag check).
+    *spend_lines, dashboard_line = dashboard.splitlines()
+    assert spend_lines[0].startswith("spend: spend not read:")
+    assert dashboard_line == f"dashboard: {URL}"
 
     result = runner.invoke(app, ["status", "dev", "--json"])
     assert result.exit_code == 0, result.output
@@ -168,3 +171,47 @@ def test_cli_status_prints_health_and_the_dashboard(aws: tuple[Any, Any],
                                           "instance_id": "i-0bbb111122223333b",
                                           "reason": "abandoned at launch: failed its health check"},
                      "getting_ready": 0, "getting_ready_seconds": None, "state": None}
+
+
+def spend_explorer(settled: float) -> Any:
+    """Cost Explorer: the cost tag is active, then the settled month-to-date figure."""
+    from botocore.stub import ANY, Stubber
+
+    client = boto3.client("ce", region_name="us-east-1")
+    stub = Stubber(client)
+    stub.add_response("list_cost_allocation_tags", ACTIVE,
+                      {"TagKeys": ["gpucluster:stack"], "Type": "UserDefined"})
+    stub.add_response("get_cost_and_usage", {"ResultsByTime": [
+        {"Total": {"UnblendedCost": {"Amount": str(settled), "Unit": "USD"}}}]},
+        {"TimePeriod": ANY, "Granularity": "MONTHLY", "Metrics": ["UnblendedCost"],
+         "Filter": {"Tags": {"Key": "gpucluster:stack", "Values": [DEV], "MatchOptions": ["EQUALS"]}}})
+    stub.activate()
+    return client
+
+
+def test_status_shows_spend_burn_rate_and_when_the_limit_is_hit(aws: tuple[Any, Any],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpucluster.lambdas.accrual import cost_period
+
+    if cost_period(datetime.now(UTC)) is None:
+        pytest.skip("the first two days of a month have no settled figure to stub")
+    monkeypatch.setattr(common, "cost_explorer", lambda spec: spend_explorer(120.0))
+    result = runner.invoke(app, ["status", "dev", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    spend, spec = data["spend"], load_stack("dev")[2]
+    assert data["spend_error"] is None and data["groups"]  # the old keys stay
+    # 3 g5.xlarge in service (moto launches them now) at the dev stack's rendered on-demand price,
+    # plus its fixed costs an hour: the spend guard's own price table.
+    from gpucluster.pricing import guard_prices
+
+    table = guard_prices(spec)
+    assert spend["usd_per_hour"] == pytest.approx(3 * table["on_demand"]["g5.xlarge"]
+                                                  + table["fixed_usd_per_hour"], abs=0.01)
+    assert spend["settled_usd"] == 120.0 and spend["month_to_date_usd"] > 120.0
+    assert spend["limit_usd"] == 700.0 and spend["guard"] == "on"  # 700 x 100 %
+    assert spend["hours_to_limit"] == pytest.approx(
+        (700.0 - spend["month_to_date_usd"]) / spend["usd_per_hour"], rel=0.01)  # rounded cents
+    monkeypatch.setattr(common, "cost_explorer", lambda spec: spend_explorer(120.0))
+    text = runner.invoke(app, ["status", "dev"]).output
+    assert "spend: $" in text and "burning $" in text and "limit $700.00: limit in" in " ".join(text.split())

@@ -79,6 +79,9 @@ NAME_RULES: dict[str, NameRule] = {
     "aws:sns/topic:Topic": NameRule("SNS topic name", "name", 256),
     "aws:cloudwatch/logGroup:LogGroup": NameRule("CloudWatch log group name", "name", 512),
     "aws:cloudwatch/metricAlarm:MetricAlarm": NameRule("CloudWatch alarm name", "name", 255),
+    # PutCompositeAlarm AlarmName (255); required, never auto-named
+    "aws:cloudwatch/compositeAlarm:CompositeAlarm": NameRule("CloudWatch alarm name", "alarmName", 255,
+                                                             autonamed=False),
     "aws:kms/alias:Alias": NameRule("KMS alias name", "name", 256),
     "aws:ec2/launchTemplate:LaunchTemplate": NameRule("launch template name", "name", 128),
     "aws:ec2/securityGroup:SecurityGroup": NameRule("security group name", "name", 255),
@@ -193,6 +196,11 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
     policy = "aws:iam/rolePolicy:RolePolicy"
     if spec.network.vpc_cidr is not None:
         add("cluster.name", sg, f"{c}-network-endpoints")
+    if spec.network.flow_logs != "off":  # aws/network.py: the flow log's group and delivery role
+        add("cluster.name", "aws:cloudwatch/logGroup:LogGroup", f"{c}-network-flow-logs",
+            f"/gpucluster/vpc-flow-logs/{c}")
+        add("cluster.name", role, f"{c}-network-flow-logs-role")
+        add("cluster.name", policy, f"{c}-network-flow-logs-policy")
     for i, g in enumerate(spec.node_groups):
         key = f"node_groups[{i}].name"
         add(key, sg, f"{c}-network-{g.name}-nodes")
@@ -238,8 +246,8 @@ def _dashboard_names(spec: StackSpec) -> list[ExpectedName]:
     d = f"{c}-dashboard"
     out = [_entry(key, "aws:cloudwatch/dashboard:Dashboard", f"{d}-dashboard",
                   dashboard_name(c, spec.region))]
-    stoppers = [spec.autostop.enabled,
-                spec.budget is not None and spec.budget.action_threshold_percent is not None,
+    guarded = spec.budget is not None and spec.budget.action_threshold_percent is not None
+    stoppers = [spec.autostop.enabled, guarded, guarded,  # the budget action and the spend guard
                 any(group.capacity.market == "capacity_block" for group in spec.node_groups)]
     out += [_entry(key, "aws:cloudwatch/logMetricFilter:LogMetricFilter", f"{d}-stops-{i}")
             for i in range(sum(stoppers))]
@@ -284,6 +292,11 @@ def _guardrail_names(spec: StackSpec) -> list[ExpectedName]:
             out.append(_entry(key, "aws:sns/topic:Topic", f"{g}-budget-action-topic", f"{c}-budget-action"))
             function(f"{g}-budget-handler", f"{c}-budget-action")
             out.append(_entry(key, "aws:lambda/permission:Permission", f"{g}-budget-action-permission"))
+            # aws/guardrail_spend.py: the spend guard and its schedule
+            function(f"{g}-spend-handler", f"{c}-spend-guard")
+            out += [_entry(key, "aws:iam/role:Role", f"{g}-spend-scheduler-role"),
+                    _entry(key, "aws:iam/rolePolicy:RolePolicy", f"{g}-spend-scheduler-policy"),
+                    _entry(key, "aws:scheduler/schedule:Schedule", f"{g}-spend-schedule", f"{c}-spend-guard")]
         if budget.report is not None:
             function(f"{g}-report-handler", f"{c}-spend-report")
             invoked_by_rule(f"{g}-report", f"{c}-spend-report")
@@ -291,8 +304,12 @@ def _guardrail_names(spec: StackSpec) -> list[ExpectedName]:
         function(f"{g}-autostop-handler", f"{c}-autostop")
         for i, group in enumerate(spec.node_groups):
             asg = autoname(f"{c}-{group.name}-asg")
-            out.append(_entry(f"node_groups[{i}].name", "aws:cloudwatch/metricAlarm:MetricAlarm",
-                              f"{g}-autostop-idle-{group.name}", f"{asg}-idle"))
+            gkey = f"node_groups[{i}].name"
+            alarm = "aws:cloudwatch/metricAlarm:MetricAlarm"
+            out += [_entry(gkey, alarm, f"{g}-autostop-idle-{group.name}", f"{asg}-gpu-idle"),
+                    _entry(gkey, alarm, f"{g}-autostop-no-jobs-{group.name}", f"{asg}-no-jobs"),
+                    _entry(gkey, "aws:cloudwatch/compositeAlarm:CompositeAlarm",
+                           f"{g}-autostop-idle-composite-{group.name}", f"{asg}-idle")]
         invoked_by_rule(f"{g}-autostop-idle", f"{c}-idle")
         schedules = {"stop": autostop.stop_schedule, "start": autostop.start_schedule,
                      "lifetime": autostop.max_lifetime_hours}
@@ -320,7 +337,8 @@ def _guardrail_names(spec: StackSpec) -> list[ExpectedName]:
                           state_table_name(spec.identity)))
     # aws/guardrail_state.py GuardrailAlarms: each function's Errors, Throttles, DestinationDeliveryFailures
     modules = {"budget": "budget-action", "report": "report", "autostop": "autostop",
-               "blocks": "capacity-block", "jobs": "job-restart", "spot": "spot-interruption"}
+               "blocks": "capacity-block", "jobs": "job-restart", "spot": "spot-interruption",
+               "spend": "spend-guard"}
     for part, function_name in functions:
         for metric in ("Errors", "Throttles", "DestinationDeliveryFailures"):
             out.append(_entry(key, "aws:cloudwatch/metricAlarm:MetricAlarm",

@@ -91,6 +91,9 @@ class ServicePrices:
     amp_storage_usd_per_gb_month: float
     amg_editor_usd_per_month: float
     amg_viewer_usd_per_month: float
+    vended_logs_usd_per_gb: float
+    logs_storage_usd_per_gb_month: float
+    kms_key_usd_per_month: float
     fsx_lustre_usd_per_gb_month: dict[str, float]
     sources: dict[str, str]
     as_of: str
@@ -342,7 +345,8 @@ class OtherCost:
     """A non-GPU cost of the stack, per month at desired and at max nodes."""
 
     name: str
-    kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg", "warm_pool", "images"]
+    kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg", "warm_pool", "images",
+                  "flow_logs"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
@@ -364,6 +368,8 @@ class Assumptions:
     """S3 size of a created bucket that has no FSx file system to size it by."""
     nat_gb_per_month: float = 100
     """Data through the NAT gateway (package and image downloads; S3 goes through its endpoint)."""
+    flow_log_gb_per_month: float = 5
+    """VPC flow-log records a month with network.flow_logs: reject (ten times this with all)."""
     schedule_year: int | None = None
     """The year whose 52 weeks from 1 January give the scheduled share; None: this year."""
     image_build_hours: float = IMAGE_BUILD_HOURS
@@ -587,6 +593,18 @@ def _observability_costs(spec: StackSpec, prices: ServicePrices,
         yield OtherCost("Amazon Managed Grafana", "amg", amg, amg,
                         f"{g.editors} editors x ${prices.amg_editor_usd_per_month:g} + {g.viewers} viewers x "
                         f"${prices.amg_viewer_usd_per_month:g} a month (active users)", src["amg"], as_of)
+def _flow_log_cost(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> Iterable[OtherCost]:
+    """VPC flow logs (gpucluster.aws.network), on by default for created and existing VPCs alike."""
+    src, as_of = prices.sources, prices.as_of
+    if spec.network.flow_logs != "off":
+        gb = assume.flow_log_gb_per_month * (10 if spec.network.flow_logs == "all" else 1)
+        # Kept 90 days (gpucluster.aws.network): about three months of records stored at a time.
+        logs = (gb * prices.vended_logs_usd_per_gb + 3 * gb * prices.logs_storage_usd_per_gb_month
+                + prices.kms_key_usd_per_month)
+        yield OtherCost("VPC flow logs", "flow_logs", logs, logs,
+                        f"{gb:g} GB/month ({spec.network.flow_logs}) x ${prices.vended_logs_usd_per_gb}/GB "
+                        f"ingested + 3 months stored x ${prices.logs_storage_usd_per_gb_month}/GB-month + "
+                        f"1 KMS key x ${prices.kms_key_usd_per_month:g}/month", src["flow_logs"], as_of)
 
 
 def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
@@ -601,7 +619,9 @@ def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
     plan = stack_schedule(spec, assume.schedule_year)
     groups = tuple(price_group(spec, g, spot_rates.get(g.name), plan.hours_per_month)
                    for g in spec.node_groups)
-    other = tuple(_other_costs(spec, service_prices(spec.region), assume, {g.name: g for g in groups}))
+    prices = service_prices(spec.region)
+    other = (*_other_costs(spec, prices, assume, {g.name: g for g in groups}),
+             *_flow_log_cost(spec, prices, assume))
     notes = (
         f"a month is {HOURS_PER_MONTH} hours; 24 x 7: every node running all month",
         f"as scheduled: {plan.basis}; an upper bound (idle and budget stops only remove hours); "
@@ -616,6 +636,8 @@ def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
         "bucket; existing buckets are not counted",
         f"{assume.nat_gb_per_month:g} GB/month through the NAT gateway; S3 traffic uses the free "
         "gateway endpoint; interface endpoints by the hour, their data (cents a GB) not counted",
+        f"VPC flow logs: {assume.flow_log_gb_per_month:g} GB/month of rejected-traffic records "
+        "(ten times that with flow_logs: all)",
         "not counted: data transfer out, requests, CloudWatch, Lambda, snapshots (small next to GPUs)",
     )
     budget = spec.budget.monthly_limit_usd if spec.budget else None
@@ -706,3 +728,69 @@ def cost_diff_markdown(base_doc: Mapping[str, Any], head_doc: Mapping[str, Any])
     if head["warnings"]:
         lines += ["", *[f"> warning: {w}" for w in head["warnings"]]]
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ spend guard
+
+
+def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dict[str, Any]:
+    """The price table the spend guard Lambda accrues with (gpucluster.lambdas.accrual.Prices).
+
+    Rendered at deploy into the Lambda's environment, so it carries only what the stack's
+    groups can launch: on-demand per instance type, the Capacity Block rate where a group
+    buys blocks, the Savings Plan rate of a committed base, and the other costs an hour
+    (their 24 x 7 month at desired nodes / 730, root volumes excluded: they follow nodes).
+    Types with no price for the region are left out: the guard then reports them as a
+    configuration error instead of guessing.
+    """
+    on_demand: dict[str, float] = {}
+    blocks: dict[str, float] = {}
+    committed: dict[str, list[float]] = {}
+    group_max: dict[str, float] = {}
+    for g in spec.node_groups:
+        for name in g.instance_types:
+            instance = catalog.get(name)
+            if instance is None:
+                continue
+            try:
+                if g.capacity.market == "capacity_block":
+                    blocks[name] = round(capacity_block_rate(instance).usd_per_hour, 4)
+                    # Some types are sold only as blocks (no on-demand list price).
+                    on_demand.setdefault(name, blocks[name])
+                on_demand[name] = round(on_demand_rate(instance, spec.region).usd_per_hour, 4)
+                if (g.capacity.base_commitment != "none" and g.capacity.on_demand_base
+                        and g.name not in committed):
+                    rate = savings_plan_rate(instance, spec.region).usd_per_hour
+                    committed[g.name] = [g.capacity.on_demand_base, round(rate, 4)]
+            except PricingError:
+                continue
+        rates = [blocks.get(t, on_demand.get(t, 0.0)) for t in g.instance_types]
+        if any(rates):
+            group_max[g.name] = max(rates)
+    try:
+        prices, assume = service_prices(spec.region), assumptions or Assumptions()
+        other = [*_other_costs(spec, prices, assume,
+                               {p.name: p for p in (price_group(spec, g) for g in spec.node_groups)}),
+                 *_flow_log_cost(spec, prices, assume)]
+        fixed = sum(o.desired_usd_per_month for o in other if o.kind != "ebs") / HOURS_PER_MONTH
+    except PricingError:
+        fixed = 0.0
+    return {"on_demand": on_demand, "capacity_block": blocks, "committed": committed,
+            "group_max": group_max, "fixed_usd_per_hour": round(fixed, 4)}
+
+
+def region_guard_prices(region: str) -> dict[str, Any]:
+    """A price table for groups gpucluster did not describe: every catalog type's on-demand rate.
+
+    What `Guardrails` renders when it is not handed `spend_prices` (~800 bytes: fits the
+    Lambda's 4 KB environment); no fixed costs, no spot or block rates beyond on-demand.
+    """
+    on_demand: dict[str, float] = {}
+    for name in catalog.names():
+        instance = catalog.get(name)
+        try:
+            if instance is not None:
+                on_demand[name] = round(on_demand_rate(instance, region).usd_per_hour, 4)
+        except PricingError:
+            continue
+    return {"on_demand": on_demand, "fixed_usd_per_hour": 0.0}

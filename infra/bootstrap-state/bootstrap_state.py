@@ -51,8 +51,11 @@ SERVICE_LINKED = ["autoscaling.amazonaws.com", "spot.amazonaws.com", "fsx.amazon
                   # EC2 Image Builder user guide, "Using service-linked roles for Image Builder"
                   "imagebuilder.amazonaws.com"]
 # The services the stacks' roles are passed to: EC2 (node instance profile), Lambda (guardrail
-# functions), EventBridge Scheduler (the autostop schedules' role).
+# functions), EventBridge Scheduler (the autostop and spend guard schedules' roles), VPC Flow Logs
+# (the flow-log delivery role: CreateFlowLogs passes it, VPC user guide "IAM role for publishing
+# flow logs to CloudWatch Logs").
 PASSED_TO = ["ec2.amazonaws.com", "lambda.amazonaws.com", "scheduler.amazonaws.com",
+             "vpc-flow-logs.amazonaws.com",
              "grafana.amazonaws.com"]  # the last: observability.grafana's workspace role
 # The AWS managed policies the program attaches (components/gpucluster/aws/iam.py MANAGED_POLICIES);
 # attaching any other managed policy is refused (`iam:PolicyARN`).
@@ -112,6 +115,8 @@ WORKLOAD_ACTIONS = [
     # (gpucluster.aws.images.build_policy_document)
     "imagebuilder:GetComponent", "imagebuilder:GetMarketplaceResource", "ec2:DescribeSnapshots",
     "ec2:CreateSnapshot", "ec2:CreateTags",
+    # the spend guard's and the spend report's reads (lambdas/spend_guard.py, lambdas/report.py)
+    "ce:GetCostAndUsage", "ce:GetCostForecast", "cloudwatch:GetMetricData", "ec2:DescribeSpotPriceHistory",
 ]
 
 # What each resource type the program creates needs from the deploy role (create, read, update,
@@ -210,16 +215,26 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
                             "sns:SetTopicAttributes", "sns:TagResource", "sns:UntagResource",
                             "sns:ListTagsForResource"],
     "aws:sns/topicPolicy:TopicPolicy": ["sns:SetTopicAttributes", "sns:GetTopicAttributes"],
-    "aws:sns/topicSubscription:TopicSubscription": [
-        "sns:Subscribe", "sns:Unsubscribe", "sns:GetSubscriptionAttributes", "sns:SetSubscriptionAttributes",
-        "sns:ListSubscriptionsByTopic"],
+    # Subscribe and ListSubscriptionsByTopic act on the topic; Unsubscribe, Get/SetSubscriptionAttributes
+    # have no resource type (Service Authorization Reference, "Amazon SNS": a subscription is not an IAM
+    # resource), so a topic ARN never matches them: they are in UNSCOPED_ACTIONS, on "*".
+    "aws:sns/topicSubscription:TopicSubscription": ["sns:Subscribe", "sns:ListSubscriptionsByTopic"],
     "aws:cloudwatch/logGroup:LogGroup": [
         "logs:CreateLogGroup", "logs:DeleteLogGroup", "logs:PutRetentionPolicy", "logs:DeleteRetentionPolicy",
+        # the flow-log group is KMS-encrypted (kms_key_id)
+        "logs:AssociateKmsKey", "logs:DisassociateKmsKey",
         "logs:TagResource", "logs:UntagResource", "logs:ListTagsForResource", "logs:TagLogGroup",
         "logs:ListTagsLogGroup"],
     "aws:cloudwatch/metricAlarm:MetricAlarm": [
         "cloudwatch:PutMetricAlarm", "cloudwatch:DeleteAlarms", "cloudwatch:TagResource",
         "cloudwatch:UntagResource", "cloudwatch:ListTagsForResource"],
+    # the idle alarm: nothing runs OR GPUs idle (aws/guardrail_events.py)
+    "aws:cloudwatch/compositeAlarm:CompositeAlarm": [
+        "cloudwatch:PutCompositeAlarm", "cloudwatch:DeleteAlarms", "cloudwatch:TagResource",
+        "cloudwatch:UntagResource", "cloudwatch:ListTagsForResource"],
+    # VPC flow logs to a CloudWatch log group (aws/network.py); the delivery role is passed
+    # (PASSED_TO). CreateFlowLogs/DeleteFlowLogs act on the VPC and the flow log (ec2 scope "*").
+    "aws:ec2/flowLog:FlowLog": ["ec2:CreateFlowLogs", "ec2:DeleteFlowLogs"],
     "aws:cloudwatch/dashboard:Dashboard": ["cloudwatch:PutDashboard", "cloudwatch:GetDashboard",
                                            "cloudwatch:DeleteDashboards"],
     "aws:cloudwatch/logMetricFilter:LogMetricFilter": ["logs:PutMetricFilter", "logs:DeleteMetricFilter"],
@@ -299,7 +314,12 @@ UNSCOPED_ACTIONS = ["ec2:Describe*", "autoscaling:Describe*", "fsx:Describe*", "
                     "logs:DescribeLogGroups", "logs:DescribeMetricFilters", "cloudwatch:DescribeAlarms",
                     "kms:CreateKey", "kms:TagResource",
                     "servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota",
-                    "ce:ListCostAllocationTags"]
+                    "ce:ListCostAllocationTags",
+                    "sns:Unsubscribe", "sns:GetSubscriptionAttributes", "sns:SetSubscriptionAttributes"]
+# What rewrites a bucket's settings (policy, ACL, lifecycle, public access, encryption, replication):
+# never allowed on the state bucket nor on existing dataset buckets.
+BUCKET_SETTINGS_WRITES = ["s3:PutBucket*", "s3:DeleteBucket*", "s3:PutLifecycleConfiguration",
+                          "s3:PutEncryptionConfiguration", "s3:PutReplicationConfiguration"]
 KEY_ADMIN = ["kms:PutKeyPolicy", "kms:ScheduleKeyDeletion", "kms:DisableKey", "kms:CreateGrant",
              "kms:TagResource", "kms:UntagResource", "kms:UpdateKeyDescription", "kms:EnableKeyRotation",
              "kms:DisableKeyRotation", "kms:CreateAlias", "kms:UpdateAlias", "kms:DeleteAlias"]
@@ -309,11 +329,12 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
     """The resources a service's deploy actions may touch: named with the stacks' prefix where the
     API allows (EC2 and FSx ids are generated by AWS, so those services get "*")."""
     p, a = partition, account
-    bucket_arns = [f"arn:{p}:s3:::{prefix}*"] + [f"arn:{p}:s3:::{b}" for b in buckets]
     return {
         "ec2": ["*"], "route53": ["*"], "fsx": ["*"],
         "autoscaling": [f"arn:{p}:autoscaling:*:{a}:autoScalingGroup:*:autoScalingGroupName/{prefix}*"],
-        "s3": bucket_arns,
+        # the buckets the stacks create; existing dataset buckets get only the FSx link's reads
+        # (`dataset_bucket_statements`), never a bucket-configuration write
+        "s3": [f"arn:{p}:s3:::{prefix}*"],
         "kms": [f"arn:{p}:kms:*:{a}:alias/{prefix}*", f"arn:{p}:kms:*:{a}:key/*"],
         "sns": [f"arn:{p}:sns:*:{a}:{prefix}*"],
         # the Lambdas' log groups, and the run log group /gpucluster/<org>/<project>/<stack>/<cluster>/run
@@ -539,10 +560,14 @@ def workload_boundary(partition: str, account: str, break_glass_role: str) -> di
 
 def deploy_boundary(partition: str, account: str, break_glass_role: str, role_prefix: str,
                     boundary_arns: Sequence[str], workload_arn: str, bucket: str,
-                    key_arn: str) -> dict[str, Any]:
+                    key_arn: str, dataset_buckets: Sequence[str] = ()) -> dict[str, Any]:
     """The deploy roles' own boundary: whatever is attached to them later, these denies hold."""
     iam = f"arn:{partition}:iam::{account}"
+    datasets = ([{"Sid": "DatasetBucketsKeepTheirSettings", "Effect": "Deny",
+                  "Resource": [f"arn:{partition}:s3:::{b}" for b in dataset_buckets],
+                  "Action": BUCKET_SETTINGS_WRITES}] if dataset_buckets else [])
     return _document([
+        *datasets,
         # a cap, not a grant: what a deploy role can do is its identity policies (deploy_statements)
         {"Sid": "CapOnly", "Effect": "Allow", "Action": "*", "Resource": "*"},
         data_deletion_deny(partition, break_glass_role, account),
@@ -563,8 +588,7 @@ def deploy_boundary(partition: str, account: str, break_glass_role: str, role_pr
             "iam:CreatePolicy", "iam:CreateOpenIDConnectProvider", "iam:CreateSAMLProvider",
             "iam:UpdateOpenIDConnectProviderThumbprint", "sts:AssumeRole"]},
         {"Sid": "StateBucketIsTheAdminsJob", "Effect": "Deny", "Resource": f"arn:{partition}:s3:::{bucket}",
-         "Action": ["s3:PutBucket*", "s3:DeleteBucket*", "s3:PutLifecycleConfiguration",
-                    "s3:PutEncryptionConfiguration", "s3:PutReplicationConfiguration"]},
+         "Action": BUCKET_SETTINGS_WRITES},
         {"Sid": "StateKeyIsTheAdminsJob", "Effect": "Deny", "Resource": key_arn, "Action": KEY_ADMIN},
         {"Sid": "OnlyKeysOfAStack", "Effect": "Deny", "Action": KEY_ADMIN,
          "Resource": f"arn:{partition}:kms:*:{account}:key/*",
@@ -628,6 +652,7 @@ def deploy_statements(partition: str, account: str, prefix: str,
          "Condition": {"StringLike": {"kms:ViaService": "aps.*.amazonaws.com"}}},
         {"Sid": "FsxLinksReadTheBucket", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
          "Resource": bucket_objects},
+        *dataset_bucket_statements(partition, buckets),
         public_parameters(partition),
         # Tags on what the program creates; never on an existing instance, so a deploy role cannot
         # re-tag one into a stack (the workload boundary scopes Run Command by that tag).
@@ -635,6 +660,24 @@ def deploy_statements(partition: str, account: str, prefix: str,
          "NotResource": f"arn:{partition}:ec2:*:*:instance/*"},
     ]
     return statements
+
+
+def dataset_bucket_statements(partition: str, buckets: Sequence[str]) -> list[dict[str, Any]]:
+    """What linking FSx for Lustre to an existing `--dataset-bucket` needs, and nothing more.
+
+    The FSx for Lustre user guide ("Adding permissions to use data repositories in Amazon S3") lists
+    s3:Get*, s3:List* and s3:PutObject on the bucket for whoever creates the link; the program
+    never changes such a bucket's policy, lifecycle, encryption or public-access settings (it does
+    not create those resources for an existing bucket: aws/datasets.py), so no bucket write is
+    granted, and the deploy boundary denies them outright (`deploy_boundary`).
+    """
+    if not buckets:
+        return []
+    arns = [f"arn:{partition}:s3:::{b}" for b in buckets]
+    return [{"Sid": "FsxLinkToDatasetBuckets", "Effect": "Allow", "Action": ["s3:Get*", "s3:List*"],
+             "Resource": arns},
+            {"Sid": "FsxLinkDatasetObjects", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
+             "Resource": [f"{arn}/*" for arn in arns]}]
 
 
 def packed(statements: Sequence[dict[str, Any]], limit: int = 6144) -> list[dict[str, Any]]:
@@ -746,7 +789,7 @@ def bootstrap(session: Any, bucket: str, region: str, github_repo: str, environm
                           "gpucluster: permissions boundary of every role a stack creates")
     ensure_managed_policy(iam, arns["deploy"], names["deploy"], deploy_boundary(
         partition, account, break_glass_role, role_prefix, list(arns.values()), arns["workload"], bucket,
-        key_arn), "gpucluster: permissions boundary of the CI deploy roles")
+        key_arn, dataset_buckets), "gpucluster: permissions boundary of the CI deploy roles")
     ensure_managed_policy(iam, arns["deploy-iam"], names["deploy-iam"], _document(
         iam_statements(partition, account, iam_prefix, arns["workload"])), "gpucluster deploy: stack IAM")
     for i, document in enumerate(resources, 1):

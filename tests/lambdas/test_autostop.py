@@ -443,3 +443,35 @@ def test_one_unreachable_node_does_not_cancel_the_others_checkpoint(
     assert len(published) == 1
     assert "pre-stop hook failed on 1 node(s)" in published[0]["Subject"]
     assert bad in published[0]["Message"] and "InvalidInstanceId" in published[0]["Message"]
+
+
+def composite_event(alarm_name: str = "dev-train-idle", state: str = "ALARM") -> dict[str, Any]:
+    """A composite alarm's state change: its rule, no metrics (CloudWatch user guide, "Alarm events and
+    EventBridge", composite alarm example)."""
+    return {
+        "version": "0", "id": "2dde0eb1-528b-d2d5-9ca6-6d590caf2329",
+        "detail-type": "CloudWatch Alarm State Change", "source": "aws.cloudwatch",
+        "account": "123456789012", "time": "2026-11-26T20:03:00Z", "region": "us-east-1",
+        "resources": [f"arn:aws:cloudwatch:us-east-1:123456789012:alarm:{alarm_name}"],
+        "detail": {
+            "alarmName": alarm_name,
+            "state": {"value": state, "reason": "arn:...:alarm:dev-train-no-jobs transitioned to ALARM",
+                      "timestamp": "2026-11-26T20:03:00.000+0000"},
+            "previousState": {"value": "OK", "timestamp": "2026-11-26T19:00:00.000+0000"},
+            "configuration": {"alarmRule": 'ALARM("dev-train-no-jobs") OR ALARM("dev-train-gpu-idle")',
+                              "actionsSuppressor": "", "description": "nothing runs for 15 min"},
+        },
+    }
+
+
+def test_the_composite_idle_alarm_stops_the_group_it_is_named_after(cluster, recorded) -> None:
+    result = autostop.handler(composite_event(), None)
+    assert result["action"] == "stopped" and result["groups"] == ["dev-train"]
+    assert cluster.capacity("dev-train") == (0, 0)
+    assert cluster.capacity("dev-infer") == (0, 1)  # only the group the alarm names
+
+
+def test_a_composite_alarm_of_another_stack_or_back_to_ok_stops_nothing(cluster, recorded) -> None:
+    assert autostop.handler(composite_event("prod-train-idle"), None)["action"] == "ignored"
+    assert autostop.handler(composite_event(state="OK"), None)["action"] == "ignored"
+    assert cluster.capacity("prod-train") == (1, 1) and cluster.capacity("dev-train") == (1, 2)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from typer.testing import CliRunner
 
 from conftest import shared_client
 from gpucluster.cli import app, common
-from gpucluster.lambdas import asg, autostop, awsapi, budget_action, spot_interruption
+from gpucluster.lambdas import asg, autostop, awsapi, budget_action, runtime, spot_interruption
 from gpucluster.lambdas.tags import STOPPED_BY_TAG
 from gpucluster.plan import PlannedResource, load_stack
 from gpucluster.project import stacks_dir
@@ -135,7 +136,8 @@ def test_the_two_dev_stacks_have_two_identities(teams: tuple[Team, Team]) -> Non
     for t in teams:  # what the CLI computes is what the plan tags and hands the Lambdas
         assert t.asg_tags["gpucluster:stack"] == t.identity
         assert {env["GPUCLUSTER_STACK"] for env in t.lambda_env.values()} == {t.identity}
-        assert set(t.lambda_env) == {"budget_action", "autostop", "spot_interruption", "job_restart"}
+        assert set(t.lambda_env) == {"budget_action", "autostop", "spot_interruption", "job_restart",
+                                     "spend_guard"}
 
 
 def test_budget_stops_its_own_group_only(account, teams, recorded, monkeypatch, moto_account) -> None:
@@ -228,3 +230,24 @@ def test_status_and_resume_from_each_stack_file_see_their_own_group(account, tea
     assert b.group not in resumed.output
     assert state(account, a.group) == (2, None)
     assert state(account, b.group) == (0, "budget")  # `resume dev` never restarts the other team's dev
+
+
+def test_the_spend_guard_stops_its_own_group_only(account, teams, recorded, monkeypatch,
+                                                  moto_account) -> None:
+    """Team a's guard, with the environment its plan renders, over its limit: b's group runs on."""
+    from test_spend_guard import cost_explorer
+
+    from gpucluster.lambdas import spend_guard
+    from gpucluster.lambdas.accrual import cost_period
+
+    a, b = teams
+    lambda_of(a, "spend_guard", monkeypatch, moto_account)
+    now = datetime.now(UTC)
+    if cost_period(now) is None:
+        pytest.skip("the first two days of a month have no settled figure to stub")
+    monkeypatch.setattr(runtime.RUNTIME, "now", lambda: now)
+    limit = float(a.lambda_env["spend_guard"]["LIMIT_USD"])
+    recorded.fakes["ce"] = cost_explorer(limit + 1, stack=a.identity, now=now)
+    result = spend_guard.handler({}, None)
+    assert result["groups"] == [a.group]
+    assert state(account, a.group) == (0, "budget") and state(account, b.group) == (2, None)

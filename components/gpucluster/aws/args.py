@@ -119,6 +119,8 @@ class NetworkSettings(TypedDict):
     """Use this VPC instead of creating one."""
     existing_subnets: NotRequired[dict[str, str]]
     """With existing_vpc_id: the private subnet to use in each availability zone."""
+    flow_logs: NotRequired[str]
+    """VPC flow logs to a KMS-encrypted CloudWatch log group (90 days): rejected traffic, all, or off."""
 
 
 class CapacitySettings(TypedDict):
@@ -304,6 +306,10 @@ class BudgetSettings(TypedDict):
     """At this share of the limit every node group is scaled to zero (never deleted)."""
     report: NotRequired[str]
     """Opt-in spend report to the guardrail topic: Mondays, or the month's last day (08:00 UTC)."""
+    check_minutes: NotRequired[int]
+    """With action_threshold_percent: check spend this often; stop before it crosses the threshold."""
+    max_usd_per_hour: NotRequired[float]
+    """Also stop compute when the stack burns more than this per hour (the spend guard's check)."""
 
 
 class AutoStopSettings(TypedDict):
@@ -312,9 +318,9 @@ class AutoStopSettings(TypedDict):
     enabled: NotRequired[bool]
     """Create the idle alarms, schedules and the auto-stop Lambda."""
     idle_minutes: NotRequired[int]
-    """GPU utilisation must stay below the threshold this long before a group is stopped."""
+    """No GPU process and no gpucluster job on any node of a group this long -> it is stopped."""
     gpu_utilization_threshold_percent: NotRequired[float]
-    """Idle when even the group's busiest GPU stays below this (CloudWatch Maximum)."""
+    """Also idle when even the busiest GPU stays below this for idle_minutes, at least an hour."""
     stop_schedule: NotRequired[str]
     """EventBridge cron, e.g. cron(0 20 ? * MON-FRI *): scale every group to zero."""
     start_schedule: NotRequired[str]
@@ -588,6 +594,8 @@ class ClusterNetworkModel(StrictModel):
     existing_subnet_ids: dict[AvailabilityZone, input_of(SubnetId)] = Field(default_factory=dict)
     tags: Tags = Field(default_factory=dict)
     node_groups: list[GroupNetworkModel] = Field(default_factory=list)
+    flow_logs: field_rule(NetworkConfig, "flow_logs") = "reject"
+    permissions_boundary: PolicyName | None = None
 
 
 def network_checks(m: ClusterNetworkModel) -> Iterable[Finding]:
@@ -734,6 +742,7 @@ class GuardrailsModel(StrictModel):
     spot: SpotConfig = SpotConfig()
     tag_groups: bool = False
     permissions_boundary: PolicyName | None = None
+    spend_prices: dict[str, Any] | None = None
     restart_jobs: bool = False
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gpucluster import catalog
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
+from gpucluster.pricing import guard_prices
 from gpucluster.spec import (
     DatasetConfig,
     FsxConfig,
@@ -51,7 +52,7 @@ def network_args(spec: StackSpec) -> ClusterNetworkArgs:
     args: dict[str, Any] = {
         "cluster_name": spec.cluster.name, "region": spec.region,
         "availability_zones": list(net.availability_zones), "nat_gateway": net.nat_gateway,
-        "tags": spec.tags,
+        "tags": spec.tags, "flow_logs": net.flow_logs,
         "node_groups": [{"name": g.name, "availability_zones": spec.azs_of(g), "efa": g.efa_enabled,
                          "multi_node": g.max_nodes > 1, "placement_group": g.uses_placement_group}
                         for g in spec.node_groups],
@@ -61,7 +62,7 @@ def network_args(spec: StackSpec) -> ClusterNetworkArgs:
     if net.existing_vpc_id is not None:
         args["existing_vpc_id"] = net.existing_vpc_id
         args["existing_subnet_ids"] = dict(net.existing_subnets)
-    return args  # type: ignore[return-value]
+    return with_boundary(spec, args)  # type: ignore[return-value]
 
 
 def dataset_bucket_args(spec: StackSpec, dataset: DatasetConfig) -> DatasetBucketArgs:
@@ -185,6 +186,8 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
     }
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)
+        if spec.budget.action_threshold_percent is not None:
+            args["spend_prices"] = guard_prices(spec)
     return with_boundary(spec, args)  # type: ignore[return-value]
 
 

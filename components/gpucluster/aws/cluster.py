@@ -324,7 +324,8 @@ class GpuCluster(pulumi.ComponentResource):
         self.node_identity = self.node_identities[spec.node_groups[0].name]
         guard = self.guardrails
         # Every guardrail Lambda that scales groups to zero (asg.scale_to_zero logs each stop).
-        stoppers = [part.function for part in (guard.autostop, guard.budget, guard.capacity_block)
+        stoppers = [part.function for part in (guard.autostop, guard.budget, guard.spend_guard,
+                                               guard.capacity_block)
                     if part is not None and getattr(part, "function", None) is not None]
         self.dashboard = ClusterDashboard(f"{name}-dashboard", children.dashboard_args(
             spec, {g: n.asg_name for g, n in self.groups.items()}, notify_topic_arn=guard.notify_topic_arn,

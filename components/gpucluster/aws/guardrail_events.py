@@ -35,7 +35,7 @@ from gpucluster.aws.guardrail_lambda import (
 )
 from gpucluster.aws.guardrail_state import with_state
 from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, jobs_parameter_path  # not job_restart: boto3
-from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
+from gpucluster.node.userdata import ACTIVITY_METRIC, GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 from gpucluster.noderole import gpu_metric_namespace, run_log_group_name
 from gpucluster.spec import AutoStopConfig, SpotConfig
 
@@ -54,8 +54,13 @@ LIFETIME_CHECK_EXPRESSION = "rate(15 minutes)"
 # Maximum, not Average: a group is idle only when even its busiest GPU is. An 8-GPU node
 # training on one GPU at 30 % averages 3.75 % and would be stopped mid-job by an average.
 GPU_STATISTIC = "Maximum"
-# The autostop handler's fallback: an idle alarm is named after its group plus this suffix.
+# The autostop handler's fallback: an idle alarm is named after its group plus this suffix. The
+# idle alarm is a composite (no metric dimension in its events), so the handler always uses it.
 IDLE_ALARM_SUFFIX = "-idle"
+ACTIVITY_ALARM_SUFFIX, UTILISATION_ALARM_SUFFIX = "-no-jobs", "-gpu-idle"
+# Low utilisation is the second signal (a process that holds GPUs and does nothing): a job loading
+# data or compiling looks the same for a while, so it never stops a group in less than an hour.
+UTILISATION_MIN_MINUTES = 60
 # The autostop handler reads a schedule's purpose from the rule name's suffix.
 SCHEDULE_SUFFIXES = {"stop": "-stop", "start": "-start", "lifetime": "-lifetime"}
 
@@ -79,6 +84,21 @@ def idle_window(idle_minutes: int) -> tuple[int, int]:
     """
     period = 300 if idle_minutes >= 15 and idle_minutes % 5 == 0 else 60
     return period, idle_minutes * 60 // period
+
+
+def activity_window(idle_minutes: int) -> tuple[int, int]:
+    """(period, evaluation periods) of the activity alarm: 1-minute periods, one per idle minute.
+
+    Nodes report every minute, so 1-minute periods let the alarm fire within a minute or two of
+    `idle_minutes` after the last job ends (a 5-minute period holding a job's last minute is not
+    idle: up to 5 minutes more). 1440 periods of 60 s is CloudWatch's one-day maximum.
+    """
+    return 60, idle_minutes
+
+
+def utilisation_minutes(idle_minutes: int) -> int:
+    """How long the busiest GPU must stay under the threshold: idle_minutes, at least an hour."""
+    return max(idle_minutes, UTILISATION_MIN_MINUTES)
 
 
 
@@ -146,10 +166,13 @@ def scheduled_event_input(schedule_name: str, partition: str, region: str, accou
 class AutoStop(pulumi.ComponentResource):
     """Idle alarms per node group and stop/start/lifetime schedules, all driving the autostop Lambda.
 
-    An alarm goes to ALARM only on datapoints below the threshold for the whole
-    idle time; missing data is never idle (treat_missing_data "missing"): the
-    alarm goes to INSUFFICIENT_DATA and notifies instead. The Lambda runs the
-    pre-stop hook through SSM, waits a bounded time, then scales to zero.
+    A group is idle when nothing runs on any of its nodes for `idle_minutes` (the node reporter's
+    NodeActive, Maximum over the group, stays 0: the `-no-jobs` alarm), or when its busiest GPU
+    stays under the utilisation threshold for `utilisation_minutes` (a process holding GPUs and
+    doing nothing: the `-gpu-idle` alarm). The composite `<group>-idle` alarm is their OR and is
+    what EventBridge passes to the Lambda. Missing data is never idle (treat_missing_data
+    "missing"): the utilisation alarm goes to INSUFFICIENT_DATA and notifies instead. The Lambda
+    runs the pre-stop hook through SSM, waits a bounded time, then scales to zero.
     """
 
     def __init__(self, name: str, ctx: GuardrailContext, opts: pulumi.ResourceOptions | None = None) -> None:
@@ -172,21 +195,48 @@ class AutoStop(pulumi.ComponentResource):
             timeout=autostop_timeout(a), environment=environment, statements=statements, opts=child)
         fn = self.function.function
 
-        period, evaluations = idle_window(a.idle_minutes)
-        self.alarms: dict[str, aws.cloudwatch.MetricAlarm] = {}
+        minutes = utilisation_minutes(a.idle_minutes)
+        period, evaluations = idle_window(minutes)
+        active_period, active_evaluations = activity_window(a.idle_minutes)
+        namespace = gpu_metric_namespace(ctx.args.cluster_name)
+        self.alarms: dict[str, aws.cloudwatch.CompositeAlarm] = {}
+        self.utilisation_alarms: dict[str, aws.cloudwatch.MetricAlarm] = {}
+        self.activity_alarms: dict[str, aws.cloudwatch.MetricAlarm] = {}
         for group in ctx.args.groups:
-            self.alarms[group.name] = aws.cloudwatch.MetricAlarm(
+            activity = aws.cloudwatch.MetricAlarm(
+                f"{name}-no-jobs-{group.name}",
+                name=pulumi.Output.concat(group.asg_name, ACTIVITY_ALARM_SUFFIX),
+                alarm_description=(
+                    f"gpucluster {ctx.identity}/{group.name}: no GPU process and no gpucluster job on any "
+                    f"node for {a.idle_minutes} min (NodeActive, gpucluster-report activity)"),
+                namespace=namespace, metric_name=ACTIVITY_METRIC,
+                dimensions={"Stack": ctx.identity, "NodeGroup": group.name}, statistic="Maximum",
+                comparison_operator="LessThanThreshold", threshold=1,
+                period=active_period, evaluation_periods=active_evaluations,
+                datapoints_to_alarm=active_evaluations, treat_missing_data="missing",
+                tags=ctx.tags, opts=child)
+            self.activity_alarms[group.name] = activity
+            self.utilisation_alarms[group.name] = utilisation = aws.cloudwatch.MetricAlarm(
                 f"{name}-idle-{group.name}",
-                name=pulumi.Output.concat(group.asg_name, IDLE_ALARM_SUFFIX),
+                name=pulumi.Output.concat(group.asg_name, UTILISATION_ALARM_SUFFIX),
                 alarm_description=(
                     f"gpucluster {ctx.identity}/{group.name}: busiest GPU under "
-                    f"{a.gpu_utilization_threshold_percent:g}% for {a.idle_minutes} min -> scale to zero "
+                    f"{a.gpu_utilization_threshold_percent:g}% for {minutes} min "
                     "(missing data notifies, never stops)"),
                 namespace=gpu_metric_namespace(ctx.args.cluster_name), metric_name=GPU_UTILIZATION_METRIC,
                 dimensions={GPU_METRIC_DIMENSION: group.asg_name}, statistic=GPU_STATISTIC,
                 comparison_operator="LessThanThreshold", threshold=a.gpu_utilization_threshold_percent,
                 period=period, evaluation_periods=evaluations, datapoints_to_alarm=evaluations,
                 treat_missing_data="missing", insufficient_data_actions=[ctx.notify_topic_arn],
+                tags=ctx.tags, opts=child)
+            self.alarms[group.name] = aws.cloudwatch.CompositeAlarm(
+                f"{name}-idle-composite-{group.name}",
+                alarm_name=pulumi.Output.concat(group.asg_name, IDLE_ALARM_SUFFIX),
+                alarm_description=(
+                    f"gpucluster {ctx.identity}/{group.name}: nothing runs for {a.idle_minutes} min, or the "
+                    f"GPUs idle for {minutes} min -> scale to zero"),
+                alarm_rule=pulumi.Output.all(activity.name, utilisation.name).apply(
+                    lambda names: f'ALARM("{names[0]}") OR ALARM("{names[1]}")'),
                 tags=ctx.tags, opts=child)
         # CloudWatch sends every alarm state change to EventBridge; the rule passes ALARM only.
         self.idle_rule = aws.cloudwatch.EventRule(
@@ -235,7 +285,7 @@ class AutoStop(pulumi.ComponentResource):
                     **args, opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke_policy]))
         self.register_outputs({
             "function_name": self.function.function_name,
-            "alarm_names": {g: alarm.name for g, alarm in self.alarms.items()},
+            "alarm_names": {g: alarm.alarm_name for g, alarm in self.alarms.items()},
             "schedule_names": {p: s.name for p, s in self.schedules.items()},
         })
 

@@ -14,7 +14,8 @@ Lambdas' lookups and IAM conditions select groups and instances by.
 
 This module holds the component, its args and which parts it builds; the parts are in
 `guardrail_lambda` (the functions, their packaging and roles), `guardrail_budget` (topic, budget,
-spend report) and `guardrail_events` (idle alarms, schedules, spot, Capacity Block, job restart).
+spend report), `guardrail_spend` (the spend guard's schedule) and `guardrail_events` (idle alarms,
+schedules, spot, Capacity Block, job restart).
 """
 
 from typing import Any, NotRequired, TypedDict
@@ -44,8 +45,10 @@ from gpucluster.aws.guardrail_events import (
     uses_spot,
 )
 from gpucluster.aws.guardrail_lambda import GuardrailContext, old_type
+from gpucluster.aws.guardrail_spend import SpendGuard
 from gpucluster.aws.guardrail_state import GuardrailAlarms, GuardState
 from gpucluster.aws.iam import boundary_arn
+from gpucluster.pricing import region_guard_prices
 
 __all__ = ["STACK_TAG", "GuardedGroup", "Guardrails", "GuardrailsArgs"]
 
@@ -88,6 +91,9 @@ class GuardrailsArgs(TypedDict):
     """Give each group the gpucluster:stack tag (for groups gpucluster did not create; default false)."""
     permissions_boundary: NotRequired[str]
     """Name of a customer managed policy every guardrail role (Lambdas, Scheduler) carries as its boundary."""
+    spend_prices: NotRequired[dict[str, Any]]
+    """The spend guard's price table (gpucluster.pricing.guard_prices: on-demand, Capacity Block and
+    committed-base rates, fixed costs per hour); default: the catalog's on-demand rate of every type."""
     restart_jobs: NotRequired[bool]
     """Re-launch `gpucluster run --restart-on-replace` jobs when a replacement brings their group back to
     size (the groups' nodes must run gpucluster's node bootstrap; default false)."""
@@ -135,6 +141,7 @@ class Guardrails(pulumi.ComponentResource):
         self.autostop: AutoStop | None = None
         self.spot: SpotInterruption | None = None
         self.report: SpendReport | None = None
+        self.spend_guard: SpendGuard | None = None
         self.capacity_block: CapacityBlockExpiry | None = None
         self.job_restart: JobRestart | None = None
         self.notifications: Notifications | None = None
@@ -185,13 +192,17 @@ class Guardrails(pulumi.ComponentResource):
                 self.outputs["budget_action_topic_arn"] = self.budget_action_topic_arn = \
                     self.budget.action_topic.arn
                 functions["budget_action"] = self.budget.function.function_name
+        if m.budget is not None and m.budget.action_threshold_percent is not None:
+            self.spend_guard = SpendGuard(f"{name}-spend", ctx,
+                                          m.spend_prices or region_guard_prices(m.region), opts=child)
+            functions["spend_guard"] = self.spend_guard.function.function_name
         if m.budget is not None and m.budget.report is not None:
             self.report = SpendReport(f"{name}-report", ctx, opts=child)
             functions["report"] = self.report.function.function_name
         if m.autostop.enabled:
             self.autostop = AutoStop(f"{name}-autostop", ctx, opts=child)
             functions["autostop"] = self.autostop.function.function_name
-            self.outputs["idle_alarm_names"] = {g: a.name for g, a in self.autostop.alarms.items()}
+            self.outputs["idle_alarm_names"] = {g: a.alarm_name for g, a in self.autostop.alarms.items()}
             self.outputs["schedule_names"] = {p: s.name for p, s in self.autostop.schedules.items()}
             self.idle_alarm_names = pulumi.Output.from_input(self.outputs["idle_alarm_names"])
             self.schedule_names = pulumi.Output.from_input(self.outputs["schedule_names"])

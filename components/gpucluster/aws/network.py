@@ -4,8 +4,10 @@ It owns the VPC side of a cluster: either a created VPC (private subnets, one
 per zone, an S3 gateway endpoint, the interface endpoints SSM needs, and
 internet egress through one NAT gateway unless turned off) or an existing VPC
 and its subnets (ids, plain or Outputs); and per node group the node security
-group and, where asked for, the cluster placement group. It never gives a GPU
-node a public address or opens ingress from anywhere but the group itself.
+group and, where asked for, the cluster placement group; and the VPC's flow
+logs (rejected traffic by default) in a KMS-encrypted log group with a
+retention. It never gives a GPU node a public address or opens ingress from
+anywhere but the group itself.
 
 Security groups are per node group, not per cluster: the all-traffic self
 rules that EFA and NCCL need (NCCL picks its ports at run time) then cover
@@ -13,6 +15,7 @@ exactly the nodes of one group, every group that can hold more than one node
 gets them, and a single-node group (say, inference next to training) gets none.
 """
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NotRequired, TypedDict
@@ -29,6 +32,12 @@ from gpucluster.aws.args import (
     validate,
 )
 from gpucluster.subnets import plan_subnets
+
+# Flow logs are kept 90 days: long enough to trace where data went after an incident noticed
+# weeks later, short enough that their storage stays cents (pricing.py counts it).
+FLOW_LOG_RETENTION_DAYS = 90
+# Aggregate records over 10 minutes (the default; 1 minute multiplies the record count).
+FLOW_LOG_AGGREGATION_SECONDS = 600
 
 # Systems Manager user guide, "Improve the security of EC2 instances by using VPC endpoints
 # for Systems Manager": Session Manager and Run Command need these three.
@@ -78,6 +87,10 @@ class ClusterNetworkArgs(TypedDict):
     """Tags for every resource (keys not under aws:)."""
     node_groups: NotRequired[list[NodeGroupNetwork]]
     """The node groups to give a security group (and placement group) each."""
+    flow_logs: NotRequired[str]
+    """VPC flow logs to a KMS-encrypted CloudWatch log group (90 days): reject (default), all, or off."""
+    permissions_boundary: NotRequired[str]
+    """Name of a customer managed policy the flow-log role carries as its boundary."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,9 @@ class ClusterNetwork(pulumi.ComponentResource):
             self.internet_egress = m.nat_gateway
             vpc_id = self._create_vpc()
         self._vpc_id = vpc_id
+        self.flow_log: aws.ec2.FlowLog | None = None
+        if m.flow_logs != "off":
+            self.flow_log = self._flow_logs(vpc_id)
         self.groups = {group.name: self._group_network(group) for group in m.node_groups}
         self.vpc_id = pulumi.Output.from_input(vpc_id)
         self.subnet_ids = pulumi.Output.from_input(self.subnets)
@@ -132,6 +148,56 @@ class ClusterNetwork(pulumi.ComponentResource):
         self.register_outputs({"vpc_id": self.vpc_id, "subnet_ids": self.subnet_ids,
                                "security_group_ids": self.security_group_ids,
                                "placement_group_names": self.placement_group_names})
+
+    def _flow_logs(self, vpc_id: pulumi.Input[str]) -> aws.ec2.FlowLog:
+        """Flow logs of the VPC into an encrypted log group only this stack's flow-log role writes.
+
+        The key policy lets CloudWatch Logs use the key for this one log group only
+        (CloudWatch Logs user guide, "Encrypt log data in CloudWatch Logs using AWS KMS");
+        the role's trust and actions are the VPC user guide's ("IAM role for publishing flow
+        logs to CloudWatch Logs"), narrowed to the log group and to this account.
+        """
+        m, name, child = self._args, self._name, self._child
+        invoke = pulumi.InvokeOutputOptions(parent=self)
+        account = aws.get_caller_identity_output(opts=invoke).account_id
+        partition = aws.get_partition_output(opts=invoke).partition
+        group_name = f"/gpucluster/vpc-flow-logs/{m.cluster_name}"
+        group_arn = pulumi.Output.concat("arn:", partition, ":logs:", m.region, ":", account,
+                                         ":log-group:", group_name)
+        key = aws.kms.Key(
+            f"{name}-flow-logs-key", description=f"gpucluster {m.cluster_name}: VPC flow logs",
+            enable_key_rotation=True, deletion_window_in_days=30,
+            policy=pulumi.Output.all(partition, account, group_arn).apply(
+                lambda v: flow_log_key_policy(v[0], m.region, v[1], v[2])),
+            tags=self._tags(f"{m.cluster_name}-flow-logs"), opts=child)
+        log_group = aws.cloudwatch.LogGroup(
+            f"{name}-flow-logs", name=group_name, retention_in_days=FLOW_LOG_RETENTION_DAYS,
+            kms_key_id=key.arn, tags=self._tags(f"{m.cluster_name}-flow-logs"), opts=child)
+        role = aws.iam.Role(
+            f"{name}-flow-logs-role", description=f"gpucluster {m.cluster_name}: VPC flow logs delivery",
+            assume_role_policy=account.apply(lambda a: json.dumps({
+                "Version": "2012-10-17", "Statement": [{
+                    "Effect": "Allow", "Principal": {"Service": "vpc-flow-logs.amazonaws.com"},
+                    "Action": "sts:AssumeRole",
+                    "Condition": {"StringEquals": {"aws:SourceAccount": a}}}]}, sort_keys=True)),
+            permissions_boundary=pulumi.Output.concat("arn:", partition, ":iam::", account, ":policy/",
+                                                      m.permissions_boundary)
+            if m.permissions_boundary else None,
+            tags=self._tags(f"{m.cluster_name}-flow-logs"), opts=child)
+        policy = aws.iam.RolePolicy(
+            f"{name}-flow-logs-policy", role=role.id,
+            policy=group_arn.apply(lambda arn: json.dumps({
+                "Version": "2012-10-17", "Statement": [{
+                    "Sid": "DeliverToTheFlowLogGroupOnly", "Effect": "Allow",
+                    "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+                    "Resource": [arn, f"{arn}:*"]}]}, sort_keys=True)),
+            opts=child)
+        return aws.ec2.FlowLog(
+            f"{name}-flow-log", vpc_id=vpc_id, traffic_type=m.flow_logs.upper(),
+            log_destination_type="cloud-watch-logs", log_destination=log_group.arn, iam_role_arn=role.arn,
+            max_aggregation_interval=FLOW_LOG_AGGREGATION_SECONDS,
+            tags=self._tags(f"{m.cluster_name}-flow-log"),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy]))
 
     def _tags(self, name: str) -> dict[str, str]:
         return {**self._args.tags, "Name": name}
@@ -255,3 +321,17 @@ class ClusterNetwork(pulumi.ComponentResource):
         assert cidr is not None and self.s3_prefix_list_id is not None
         return [("endpoints", {"cidr_ipv4": cidr}, 443, "HTTPS to the VPC interface endpoints"),
                 ("s3", {"prefix_list_id": self.s3_prefix_list_id}, 443, "HTTPS to S3 (gateway endpoint)")]
+
+
+def flow_log_key_policy(partition: str, region: str, account: str, log_group_arn: str) -> str:
+    """The account administers the key through IAM; CloudWatch Logs may use it for one log group."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "AccountAdministersThroughIam", "Effect": "Allow",
+         "Principal": {"AWS": f"arn:{partition}:iam::{account}:root"}, "Action": "kms:*", "Resource": "*"},
+        {"Sid": "LogsEncryptTheFlowLogGroupOnly", "Effect": "Allow",
+         "Principal": {"Service": f"logs.{region}.amazonaws.com"},
+         "Action": ["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*",
+                    "kms:Describe*"],
+         "Resource": "*",
+         "Condition": {"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": log_group_arn}}},
+    ]}, sort_keys=True)

@@ -96,6 +96,26 @@ def render_health(rows: list[GroupStatus]) -> list[str]:
           percent(r.gpu_utilization_max), replaced(r)] for r in rows])
 
 
+def render_spend(spend: dict[str, Any] | None, error: str | None) -> list[str]:
+    """One line or two: spend so far, burn rate, when the limit is hit (the spend guard's view)."""
+    if error:
+        return render.wrap(f"spend: {error}")
+    if spend is None:
+        return []
+    hours = spend["hours_to_limit"]
+    if spend["over_limit"]:
+        when = "limit reached"
+    elif hours is None:
+        when = "nothing burns: the limit is not reached at this rate"
+    else:
+        when = f"limit in {hours:,.1f} h ({spend['limit_at']} UTC)"
+    return render.wrap(
+        f"spend: ${spend['month_to_date_usd']:,.2f} this month (${spend['settled_usd']:,.2f} settled before "
+        f"{spend['settled_through']} + ${spend['accrued_usd']:,.2f} accrued), burning "
+        f"${spend['usd_per_hour']:,.2f}/h; limit ${spend['limit_usd']:,.2f}: {when}; spend guard "
+        f"{spend['guard']}")
+
+
 def status_json(spec: StackSpec, rows: list[GroupStatus], url: str) -> dict[str, Any]:
     """`status --json`: the same facts as the tables, one object per group."""
     return {"stack": spec.stack, "identity": spec.identity, "region": spec.region, "dashboard_url": url,
@@ -117,6 +137,7 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
         document["cost_tag_warning"] = warning
         if observed.grafana.enabled:
             document["grafana_url"] = overview.grafana_url
+        document["spend"], document["spend_error"] = overview.spend, overview.spend_error
         render.emit(document)
         raise typer.Exit(EXIT_OK)
     if not rows:
@@ -126,7 +147,8 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
     else:
         out = [*render.wrap(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}:"),
                *render_status(rows), *render_getting_ready(rows), "", "GPU health and use:",
-               *render_health(rows), "", f"dashboard: {url}"]  # a URL stays whole, however long
+               *render_health(rows), "", *render_spend(overview.spend, overview.spend_error),
+               f"dashboard: {url}"]  # a URL stays whole, however long
         if observed.grafana.enabled:
             out.append(f"grafana: {overview.grafana_url}" if overview.grafana_url else
                        "grafana: no Amazon Managed Grafana workspace tagged "

@@ -7,10 +7,12 @@ Two EventBridge event kinds arrive here, passed through raw (no target `input`):
   dimension ``AutoScalingGroupName`` in
   ``detail.configuration.metrics[].metricStat.metric.dimensions`` (a name->value
   map, as in the CloudWatch user guide, "Alarm events and EventBridge"); every
-  metric of a metric-math alarm is read. Fallback when no metric carries that
-  dimension (composite alarms, math over instances): an alarm named
-  ``<group-name>-idle`` names its group. Only groups tagged with this stack are
-  stopped, with stopped-by=idle.
+  metric of a metric-math alarm is read. When no metric carries that
+  dimension (composite alarms, math over instances) an alarm named
+  ``<group-name>-idle`` names its group: gpucluster's idle alarm is such a
+  composite (nothing runs on the group's nodes, OR its GPUs idle; see
+  ``gpucluster.aws.guardrail_events.AutoStop``). Only groups tagged with this
+  stack are stopped, with stopped-by=idle.
 * ``Scheduled Event`` (source aws.events). The purpose is the suffix of the rule
   name, taken from the rule ARN in ``resources``
   (``arn:aws:events:<region>:<account>:rule/[<bus>/]<name>``):

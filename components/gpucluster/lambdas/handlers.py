@@ -34,6 +34,7 @@ HANDLERS: dict[str, str] = {
     "report": "lambdas.report.handler",
     "capacity_block": "lambdas.capacity_block.handler",
     "job_restart": "lambdas.job_restart.handler",
+    "spend_guard": "lambdas.spend_guard.handler",
 }
 
 # Environment each handler reads (GPUCLUSTER_STACK is required, the rest optional).
@@ -70,6 +71,15 @@ ENVIRONMENT: dict[str, tuple[str, ...]] = {
         STATE_TABLE_ENV,
     ),
     "job_restart": ("GPUCLUSTER_STACK", "RUN_LOG_GROUP", "NOTIFY_TOPIC_ARN"),
+    "spend_guard": (
+        "GPUCLUSTER_STACK",
+        "LIMIT_USD",
+        "PRICES_JSON",
+        "CHECK_MINUTES",
+        "MAX_USD_PER_HOUR",
+        "NOTIFY_TOPIC_ARN",
+        STATE_TABLE_ENV,
+    ),
 }
 
 # Least-privilege actions per handler, beyond CloudWatch Logs (AWSLambdaBasicExecutionRole).
@@ -129,5 +139,18 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "ssm:SendCommand",
         "logs:FilterLogEvents",
         "sns:Publish",
+    ),
+    # ce:GetCostAndUsage, ec2:DescribeSpotPriceHistory and cloudwatch:GetMetricData list no resource types
+    # (Service Authorization Reference): Resource "*", like the other reads.
+    "spend_guard": (
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:UpdateAutoScalingGroup",
+        "autoscaling:CreateOrUpdateTags",
+        "ec2:DescribeInstances",
+        "ec2:DescribeSpotPriceHistory",
+        "ce:GetCostAndUsage",
+        "cloudwatch:GetMetricData",
+        "sns:Publish",
+        *STATE_ACTIONS,
     ),
 }

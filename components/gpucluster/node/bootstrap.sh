@@ -32,7 +32,7 @@ systemctl stop "${apt[@]}" && systemctl mask "${apt[@]}" || echo "gpucluster boo
 mig_failed=""
 if [ -n "$GPUCLUSTER_MIG_LAYOUTS" ]; then
   systemctl enable gpucluster-mig.service gpucluster-agent.service gpucluster-scratch.service \
-    gpucluster-data.service gpucluster-setup.service
+    gpucluster-data.service gpucluster-setup.service gpucluster-activity.timer
   if [ "$GPUCLUSTER_WATCH_SPOT" = "true" ]; then systemctl enable gpucluster-spot-watcher.service; fi
   if [ "$GPUCLUSTER_HEALTH_CHECKS" = "true" ]; then
     systemctl enable gpucluster-health-launch.service gpucluster-health-check.timer
@@ -69,6 +69,8 @@ fi
 # version from the regional bucket, its signature checked first (gpucluster-install).
 systemctl enable gpucluster-agent.service
 systemctl start --no-block gpucluster-agent.service
+# Every minute: does a GPU process or a gpucluster job run here (gpucluster-report activity, NodeActive)?
+systemctl enable --now gpucluster-activity.timer
 
 # After the agent, so a node whose disks fail to assemble is still seen (and stopped) when idle.
 if ! systemctl enable --now gpucluster-scratch.service; then

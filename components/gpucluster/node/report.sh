@@ -5,23 +5,42 @@
 # EXIT_STATUS, systemd.service(5); publishes 1 unless the result is success). Each report is the
 # CloudWatch metric <cluster namespace> / NodeStepFailed by Stack (the gpucluster:stack identity), NodeGroup
 # and Step, plus a journal line. It never fails the unit: reporting must not cause a retry.
+# `gpucluster-report activity` (its timer, every minute) says whether anything runs on this node: a
+# gpucluster job unit (gpucluster-job-*.service) or a process on a GPU (nvidia-smi
+# --query-compute-apps): NodeActive = 1 or 0 by Stack and NodeGroup, which the group's idle alarm
+# reads (Maximum over its nodes). A job unit counts even before it touches a GPU. When it cannot
+# tell (nvidia-smi fails, no job unit) it publishes nothing: missing data is never idle. A failed publish fails that run. It lives here, not in a
+# script of its own, because user data is 16 KiB gzipped and this shares the publishing code.
 set -uo pipefail
 # shellcheck source=/dev/null
 . "${GPUCLUSTER_NODE_ENV:-/etc/gpucluster/node.env}"
-step="${1:?usage: gpucluster-report STEP}"
+step="${1:?usage: gpucluster-report STEP|activity}"
 result="${SERVICE_RESULT:-}"
 
 log() { echo "gpucluster-report: $*"; logger -t gpucluster-report -- "$*" || true; }
+# publish METRIC VALUE [,MORE=DIMENSIONS]: by Stack and NodeGroup, in the cluster's namespace
+publish() {
+  aws cloudwatch put-metric-data --cli-connect-timeout 5 --cli-read-timeout 10 \
+    --region "$GPUCLUSTER_REGION" --namespace "$GPUCLUSTER_METRIC_NAMESPACE" --metric-name "$1" \
+    --unit Count --value "$2" --dimensions "Stack=$GPUCLUSTER_STACK,NodeGroup=$GPUCLUSTER_NODE_GROUP${3:-}"
+}
+
+if [ "$step" = activity ]; then
+  value=1
+  if [ -z "$(systemctl list-units --state=active --no-legend --plain 'gpucluster-job-*')" ]; then
+    apps=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader) || exit 0
+    case "$apps" in *[0-9]*) ;; *) value=0 ;; esac
+  fi
+  publish NodeActive "$value"
+  exit
+fi
 
 case "$result" in
   "") value=0; log "step $step succeeded" ;;
   success) exit 0 ;;  # the unit stopping normally (shutdown): nothing new to say
   *) value=1; log "step $step FAILED ($result, ${EXIT_CODE:-?} ${EXIT_STATUS:-?}): see journalctl -u gpucluster-$step" ;;
 esac
-if ! aws cloudwatch put-metric-data --cli-connect-timeout 5 --cli-read-timeout 10 \
-    --region "$GPUCLUSTER_REGION" --namespace "$GPUCLUSTER_METRIC_NAMESPACE" --metric-name NodeStepFailed \
-    --unit Count --value "$value" \
-    --dimensions "Stack=$GPUCLUSTER_STACK,NodeGroup=$GPUCLUSTER_NODE_GROUP,Step=$step"; then
+if ! publish NodeStepFailed "$value" ",Step=$step"; then
   log "could not publish NodeStepFailed=$value for step $step"
 fi
 exit 0

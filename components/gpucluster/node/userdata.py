@@ -54,6 +54,9 @@ from gpucluster.spec import (
 # another cluster's idle alarms.
 GPU_UTILIZATION_METRIC = "nvidia_smi_utilization_gpu"
 GPU_METRIC_DIMENSION = "AutoScalingGroupName"
+# `gpucluster-report activity` (report.sh): 1 while a GPU process or a gpucluster job runs, by Stack
+# and NodeGroup, every minute; the idle alarm's first signal.
+ACTIVITY_METRIC = "NodeActive"
 """The agent also publishes an aggregate carrying only this dimension (one series per group)."""
 GPU_METRIC_PERIOD_SECONDS = 60
 # Every nvidia_gpu measurement the agent publishes (`nvidia_smi_<name>`), per GPU and per group:
@@ -494,8 +497,17 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
             after="gpucluster-scratch.service network-online.target",
             extra="Wants=network-online.target\nRequires=gpucluster-scratch.service\n")),
         NodeFile("/opt/aws/amazon-cloudwatch-agent/etc/gpucluster.json",
-                 json.dumps(cloudwatch_agent_config(b.cluster, run_log_group_name(b.stack)), indent=2)
+                 # no indentation: user data is 16 KiB gzipped
+                 json.dumps(cloudwatch_agent_config(b.cluster, run_log_group_name(b.stack)),
+                            separators=(",", ":"))
                  + "\n"),
+        # Minimal units (user data is 16 KiB gzipped): a service runs to its end whatever its Type;
+        # a datapoint a minute: systemd fires it at the same offset into every minute (AccuracySec's
+        # default window, a per-host fixed offset: systemd.timer(5)).
+        NodeFile(f"{_UNITS}/gpucluster-activity.service",
+                 f"[Service]\nExecStart={_SBIN}/gpucluster-report activity\n"),
+        NodeFile(f"{_UNITS}/gpucluster-activity.timer",
+                 "[Timer]\nOnCalendar=minutely\n[Install]\nWantedBy=timers.target\n"),
         NodeFile(CHECKPOINT_HOOK, script("checkpoint.sh"), "0755"),
         NodeFile(JOB_TOOL, script("job.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-setup", script("setup.sh"), "0755"),

@@ -1,13 +1,17 @@
-"""A deployed stack at a glance: its node groups' capacity, stops, GPU health and use, its dashboard.
+"""A deployed stack at a glance: its node groups' capacity, stops, GPU health and use, its dashboard,
+and its spend so far as the spend guard sees it.
 
 This is `gpucluster status` without the command line: one call reads the stack's Auto
-Scaling groups and GPU metrics (`gpucluster.ops.status`), names its CloudWatch dashboard and
-checks that the budget's cost-allocation tag is active. Read-only; it prints nothing.
+Scaling groups and GPU metrics (`gpucluster.ops.status`), names its CloudWatch dashboard,
+checks that the budget's cost-allocation tag is active, and measures month-to-date spend,
+burn rate and when the limit will be hit with the spend guard's own functions
+(`gpucluster.lambdas.spend_guard.measure`, `accrual.decide`). Read-only; it prints nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gpucluster.ops import Clients, Spinner, no_spinner
@@ -26,6 +30,47 @@ class StackOverview:
     """Why the budget may see $0 of the stack's spend (None: its tag is active)."""
     grafana_url: str | None = None
     """The stack's Amazon Managed Grafana workspace (observability.grafana; None: none found)."""
+    spend: dict[str, Any] | None = None
+    """Month-to-date spend, burn rate and when the limit is hit (`spend_now`; None: no budget)."""
+    spend_error: str | None = None
+    """Why the spend could not be read (Cost Explorer denied, throttled...)."""
+
+
+def spend_now(spec: StackSpec, *, clients: Clients, ce: Any,
+              now: datetime | None = None) -> tuple[dict[str, Any] | None, str | None]:
+    """(spend document, error): what the spend guard would compute now, read-only.
+
+    The limit is the budget's action threshold (the guard's stop), or the monthly limit when the
+    stack has no action. None, None without a budget.
+    """
+    from gpucluster.lambdas.accrual import PriceError, Prices, decide, when_limit
+    from gpucluster.lambdas.awsapi import AWS_ERRORS
+    from gpucluster.lambdas.spend_guard import measure
+    from gpucluster.ops import node_groups
+    from gpucluster.pricing import guard_prices
+
+    budget = spec.budget
+    if budget is None:
+        return None, None
+    now = now or datetime.now(UTC)
+    limit = budget.monthly_limit_usd * (budget.action_threshold_percent or 100) / 100
+    try:
+        groups, spend = measure(spec.identity, node_groups(clients("autoscaling")), clients("ec2"), ce,
+                                clients("cloudwatch"), Prices.from_json(guard_prices(spec)), now)
+    except AWS_ERRORS as exc:
+        return None, f"spend not read: {exc}"
+    except PriceError as exc:
+        return None, f"spend not priced: {exc}"
+    decision = decide(spend, limit, budget.check_minutes, budget.max_usd_per_hour,
+                      compute_running=any(g.running for g in groups))
+    hit = when_limit(now, decision)
+    return {"month_to_date_usd": round(spend.total_usd, 2), "settled_usd": round(spend.settled_usd, 2),
+            "settled_through": spend.settled_through.date().isoformat(),
+            "accrued_usd": round(spend.accrued_usd, 2), "usd_per_hour": round(spend.usd_per_hour, 2),
+            "limit_usd": round(limit, 2), "hours_to_limit": decision.to_limit_hours(),
+            "limit_at": hit.isoformat(timespec="minutes") if hit else None,
+            "over_limit": spend.total_usd >= limit,
+            "guard": "on" if budget.action_threshold_percent is not None else "off"}, None
 
 
 def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
@@ -49,4 +94,6 @@ def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
 
         with progress("finding the stack's Grafana workspace"):
             grafana = grafana_url(spec, clients("grafana"))
-    return StackOverview(groups, url, warning, grafana)
+    with progress("measuring spend so far (Cost Explorer + running instances)"):
+        spend, error = spend_now(spec, clients=clients, ce=ce)
+    return StackOverview(groups, url, warning, grafana_url=grafana, spend=spend, spend_error=error)

@@ -40,7 +40,9 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
                     # status: is the budget's cost-allocation tag active (Cost Explorer, account-wide)?
                     "ce:ListCostAllocationTags",
                     # status: each group's last health replacement, and its GPU use of the last 15 min
-                    "autoscaling:DescribeScalingActivities", "cloudwatch:GetMetricData"]},
+                    "autoscaling:DescribeScalingActivities", "cloudwatch:GetMetricData",
+                    # status: spend so far, as the spend guard measures it (no resource types either)
+                    "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory"]},
         {"Sid": "RunShellDocument", "Effect": "Allow", "Action": ["ssm:SendCommand"],
          "Resource": [f"arn:{partition}:ssm:{region}::document/{RUN_SHELL_DOCUMENT}"]},
         {"Sid": "OnThisStacksInstances", "Effect": "Allow", "Action": ["ssm:SendCommand"],

@@ -1,4 +1,5 @@
-"""Named checks of the `budget` section: thresholds ascending and within AWS Budgets' notification limit.
+"""Named checks of the `budget` section: thresholds ascending, within AWS Budgets' notification limit,
+and a burn-rate cap only with a stop to enforce it.
 
 Small functions returning findings; never imports Pulumi or AWS.
 """
@@ -23,6 +24,9 @@ def budget_rules(spec: StackSpec) -> Iterable[Finding]:
 
 
 def budget_findings(b: BudgetConfig, path: str = "budget") -> Iterable[Finding]:
+    if b.max_usd_per_hour is not None and b.action_threshold_percent is None:
+        yield Finding(f"{path}.max_usd_per_hour",
+                      "needs action_threshold_percent: the spend guard that enforces it stops compute")
     t = b.alert_thresholds_percent
     if any(later <= earlier for earlier, later in pairwise(t)):
         yield Finding(f"{path}.alert_thresholds_percent",

@@ -127,6 +127,8 @@ class NetworkConfig(StrictModel):
     existing_subnets: dict[AvailabilityZone, Annotated[str, _matches(
         r"subnet-[0-9a-f]{8,17}", "must be a subnet id like subnet-0abc12345def67890")]] = {}
     """With existing_vpc_id: the private subnet to use in each availability zone."""
+    flow_logs: Literal["reject", "all", "off"] = "reject"
+    """VPC flow logs to a KMS-encrypted CloudWatch log group (90 days): rejected traffic, all, or off."""
 
 
 CapacityMarket = Literal["mixed", "capacity_block"]
@@ -392,15 +394,19 @@ class BudgetConfig(StrictModel):
     """At this share of the limit every node group is scaled to zero (never deleted)."""
     report: Literal["weekly", "monthly"] | None = None
     """Opt-in spend report to the guardrail topic: Mondays, or the month's last day (08:00 UTC)."""
+    check_minutes: Annotated[int, _in_range(1, 15)] = 5
+    """With action_threshold_percent: check spend this often; stop before it crosses the threshold."""
+    max_usd_per_hour: Annotated[float, _in_range(0.01, 1_000_000)] | None = None
+    """Also stop compute when the stack burns more than this per hour (the spend guard's check)."""
 
 
 class AutoStopConfig(StrictModel):
     enabled: bool = True
     """Create the idle alarms, schedules and the auto-stop Lambda."""
     idle_minutes: Annotated[int, _in_range(5, 1440)] = 60
-    """GPU utilisation must stay below the threshold this long before a group is stopped."""
+    """No GPU process and no gpucluster job on any node of a group this long -> it is stopped."""
     gpu_utilization_threshold_percent: Annotated[float, _in_range(1, 100)] = 5
-    """Idle when even the group's busiest GPU stays below this (CloudWatch Maximum)."""
+    """Also idle when even the busiest GPU stays below this for idle_minutes, at least an hour."""
     stop_schedule: Cron | None = None
     """EventBridge cron, e.g. cron(0 20 ? * MON-FRI *): scale every group to zero."""
     start_schedule: Cron | None = None

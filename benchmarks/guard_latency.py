@@ -1,0 +1,192 @@
+"""Replay a month of a GPU stack on a fake clock: how late the budget and idle stops come, and what it costs.
+
+    .venv/bin/python benchmarks/guard_latency.py [--nodes 4] [--type p5.48xlarge] [--check-minutes 5]
+
+Budget. A stack of `--nodes` on-demand `--type` nodes (catalog price) plus the shipped prod stack's
+fixed costs runs weekdays 08:00-20:00 UTC; on the third Friday nobody stops it and it runs on. The
+limit is set so that the month crosses it that weekend. Ground truth is the integral of what runs.
+- before: AWS Budgets evaluates "up to three times a day" (8-12 h apart) on billing data that lags
+  hours (DESIGN.md, AWS Budgets user guide "Best practices"): the stop comes at the first refresh whose
+  lagged figure is over the limit. Best case: refreshes every 8 h on data 4 h old; worst: every 12 h,
+  data 12 h old; each over every phase of the refresh clock (worst phase reported).
+- after: the spend guard every `--check-minutes`, with the handler's own functions
+  (`gpucluster.lambdas.accrual.accrue` and `decide`): Cost Explorer's settled figure is the true cost
+  through `settled_through` (the day before yesterday), the in-service instances are the timeline's,
+  and the group metric's instance-hours are the timeline's too (`group_hours`).
+Either way capacity reaches 0 `STOP_MINUTES` after the stop call (termination), and the nodes bill
+until then. Printed: minutes from the crossing to capacity 0 and dollars past the limit.
+
+Idle. The last job on the group ends; the group sits idle.
+- before: the utilisation alarm of prod (idle_minutes 120, 5-minute periods) plus the alarm's
+  evaluation delay, 4-9 minutes as measured in issue 24.
+- after: the activity alarm over the node reporter's 1-minute datapoints, with the alarm window of
+  `gpucluster.aws.guardrail_events.activity_window` (the function that builds the alarm) at the new
+  dev default `idle_minutes` 15, the period the job ended in (up to one more period), the datapoint
+  published a minute late (`REPORT_DELAY_MINUTES`) and the alarm-to-Lambda delay (EventBridge, a
+  minute assumed).
+Both as minutes from the job's end to capacity 0 and dollars at the group's burn rate.
+These are models with their assumptions printed, not measurements of AWS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "components"))
+
+from gpucluster import catalog
+from gpucluster.aws.guardrail_events import activity_window
+from gpucluster.lambdas.accrual import ON_DEMAND, Instance, Prices, accrue, decide, settled_through
+from gpucluster.plan import load_stack
+from gpucluster.pricing import guard_prices
+
+MONTH = datetime(2026, 11, 1, tzinfo=UTC)
+MONTH_END = datetime(2026, 12, 1, tzinfo=UTC)
+STOP_MINUTES = 2.0  # UpdateAutoScalingGroup to terminated instances (the guard's 5 s settle included)
+REPORT_DELAY_MINUTES = 1.0  # a node's put-metric-data lands about a minute after the minute it covers
+EVENT_DELAY_MINUTES = 1.0  # alarm state change -> EventBridge -> autostop Lambda
+OLD_IDLE_MINUTES, OLD_ALARM_DELAY = 120, (4.0, 9.0)  # prod's idle_minutes; issue 24's measured delay
+NEW_IDLE_MINUTES = 15
+
+
+@dataclass
+class Run:
+    """One instance's life: [start, end)."""
+
+    instance_id: str
+    start: datetime
+    end: datetime
+
+
+def hours(a: datetime, b: datetime) -> float:
+    return max(0.0, (b - a).total_seconds() / 3600)
+
+
+class Month:
+    """The timeline: who runs when, and what it truly costs up to any moment."""
+
+    def __init__(self, nodes: int, rate: float, fixed: float, runaway_day: int) -> None:
+        self.rate, self.fixed, self.runs = rate, fixed, []
+        day = MONTH
+        while day < MONTH_END:
+            if day.weekday() < 5:
+                start = day + timedelta(hours=8)
+                end = MONTH_END if day.day == runaway_day else day + timedelta(hours=20)
+                self.runs += [Run(f"i-{day.day:02d}{n}", start, end) for n in range(nodes)]
+                if day.day == runaway_day:
+                    break
+            day += timedelta(days=1)
+
+    def cost(self, t: datetime) -> float:
+        return (sum(hours(r.start, min(r.end, t)) for r in self.runs) * self.rate
+                + hours(MONTH, t) * self.fixed)
+
+    def running(self, t: datetime) -> list[Run]:
+        return [r for r in self.runs if r.start <= t < r.end]
+
+    def crossing(self, limit: float) -> datetime:
+        lo, hi = MONTH, MONTH_END
+        while (hi - lo) > timedelta(seconds=1):
+            mid = lo + (hi - lo) / 2
+            lo, hi = (mid, hi) if self.cost(mid) < limit else (lo, mid)
+        return hi
+
+    def stopped_at(self, t: datetime) -> Month:
+        """The same month with everything ended at `t` (what the stop does)."""
+        copy = Month.__new__(Month)
+        copy.rate, copy.fixed = self.rate, self.fixed
+        copy.runs = [Run(r.instance_id, r.start, min(r.end, t)) for r in self.runs if r.start < t]
+        return copy
+
+
+def guard_stop(month: Month, prices: Prices, limit: float, check_minutes: int, node_type: str) -> datetime:
+    """First check at which the handler's own decision says stop."""
+    t = MONTH
+    while t < MONTH_END:
+        since = settled_through(t)
+        running = month.running(t)
+        instances = [Instance(r.instance_id, node_type, ON_DEMAND, r.start, "train") for r in running]
+        ran = sum(hours(max(r.start, since), min(r.end, t)) for r in month.runs)
+        spend = accrue(month.cost(since), instances, prices, t, group_hours={"train": ran})
+        if decide(spend, limit, check_minutes, compute_running=bool(running)).stop:
+            return t
+        t += timedelta(minutes=check_minutes)
+    raise SystemExit("the guard never stopped: the scenario does not cross its limit")
+
+
+def budgets_stop(month: Month, limit: float, every_h: float, lag_h: float) -> datetime:
+    """Worst phase of a refresh clock every `every_h` hours over data `lag_h` hours old."""
+    worst = MONTH
+    for phase in range(int(every_h * 4)):
+        t = MONTH + timedelta(minutes=15 * phase)
+        while t < MONTH_END and month.cost(t - timedelta(hours=lag_h)) < limit:
+            t += timedelta(hours=every_h)
+        worst = max(worst, t)
+    return worst
+
+
+def row(label: str, month: Month, crossing: datetime, stop: datetime, limit: float) -> str:
+    zero = stop + timedelta(minutes=STOP_MINUTES)
+    minutes = (zero - crossing).total_seconds() / 60
+    over = month.stopped_at(zero).cost(zero) - limit
+    return f"  {label:<44} {minutes:>9,.0f} min  {over:>+12,.0f} USD past the limit"
+
+
+def idle_rows(rate_per_hour: float) -> list[str]:
+    old = [OLD_IDLE_MINUTES + d + STOP_MINUTES for d in OLD_ALARM_DELAY]
+    period, evaluations = activity_window(NEW_IDLE_MINUTES)
+    # The job ends somewhere in a period: that period still holds a 1 (Maximum), so the alarm needs
+    # `evaluations` whole periods after it, each published a report delay late: up to one period more.
+    window = period / 60 * evaluations
+    new = [window + extra + REPORT_DELAY_MINUTES + EVENT_DELAY_MINUTES + STOP_MINUTES
+           for extra in (0.0, period / 60)]
+    lines = []
+    for label, (best, worst) in (("before: utilisation, idle_minutes 120", old),
+                                 (f"after: activity, idle_minutes {NEW_IDLE_MINUTES} "
+                                  f"({evaluations} x {period} s)", new)):
+        lines.append(f"  {label:<44} {best:>5.0f}-{worst:<4.0f}min  "
+                     f"{best / 60 * rate_per_hour:>8,.0f}-{worst / 60 * rate_per_hour:,.0f} USD")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--type", default="p5.48xlarge")
+    parser.add_argument("--check-minutes", type=int, default=5)
+    parser.add_argument("--runaway-day", type=int, default=20, help="the Friday nobody stops it")
+    args = parser.parse_args()
+    instance = catalog.get(args.type)
+    if instance is None:
+        raise SystemExit(f"{args.type} is not in the catalog")
+    rate = instance.on_demand_price("us-east-1")
+    fixed = guard_prices(load_stack("prod")[2])["fixed_usd_per_hour"]
+    month = Month(args.nodes, rate, fixed, args.runaway_day)
+    # A limit the month crosses 30 hours into the runaway weekend.
+    runaway = next(r.start for r in month.runs if r.start.day == args.runaway_day)
+    limit = round(month.cost(runaway + timedelta(hours=30)), -2)
+    crossing = month.crossing(limit)
+    prices = Prices(on_demand={args.type: rate}, group_max={"train": rate}, fixed_usd_per_hour=fixed)
+    burn = args.nodes * rate + fixed
+    print(f"stack: {args.nodes} x {args.type} on-demand at ${rate:,.2f}/h + fixed ${fixed:,.2f}/h "
+          f"= ${burn:,.2f}/h running; weekdays 08-20 UTC, left running from "
+          f"{runaway:%a %d %b %H:%M}")
+    print(f"budget: limit ${limit:,.0f}, crossed {crossing:%a %d %b %H:%M} UTC; capacity 0 comes "
+          f"{STOP_MINUTES:g} min after the stop call")
+    print(row("before: Budgets every 8 h, data 4 h late", month, crossing,
+              budgets_stop(month, limit, 8, 4), limit))
+    print(row("before: Budgets every 12 h, data 12 h late", month, crossing,
+              budgets_stop(month, limit, 12, 12), limit))
+    print(row(f"after: spend guard every {args.check_minutes} min", month, crossing,
+              guard_stop(month, prices, limit, args.check_minutes, args.type), limit))
+    print(f"idle: {args.nodes} x {args.type} idle after the last job (${args.nodes * rate:,.2f}/h)")
+    for line in idle_rows(args.nodes * rate):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

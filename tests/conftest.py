@@ -4,7 +4,7 @@ Pulumi's mock engine must be configured before a module that declares
 resources is imported (Pulumi unit-testing docs); `gpucluster.plan`
 re-installs fresh mocks for every plan it runs.
 
-Speed (README, "Benchmarks"): the suite runs in pytest-xdist workers, each its own
+Speed (docs/development.md, "Benchmarks"): the suite runs in pytest-xdist workers, each its own
 process (the mock engine's state and moto's patches are per process), with the
 cyclic garbage collector off after collection; each stack file is planned once
 per worker for the tests that only read its plan (`shipped.py`: `shipped_plan`,

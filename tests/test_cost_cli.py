@@ -102,7 +102,7 @@ def test_cost_dev_shows_the_scheduled_hours_next_to_24x7() -> None:
             "cron(0 8 ? * MON-FRI *), max lifetime 12 h in Europe/Berlin: 2,860 of the 8,736 "
             "hours") in " ".join(out.split())
     assert "total: 24 x 7 (730 h/month) and as scheduled (238.99 h/month)" in out
-    # the README's worked figure: 385.33 24 x 7 and 201.69 as scheduled at desired nodes
+    # docs/guides/cost-and-spend.md's figure: 385.33 24 x 7 and 201.69 as scheduled at desired nodes
     # (flow logs, $3.95/month, run all month whatever the schedule)
     assert "  stack's mix           0.53           385.33        201.69" in out
     assert "  NAT gateway public IPv4              3.65         3.65  1 Elastic IP x $0.005/h" in out

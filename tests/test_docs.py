@@ -1,40 +1,81 @@
-"""The README tells the truth: its config reference and test command match the code and CI."""
+"""The docs tell the truth: generated references match the code, commands run, the README stays short.
+
+The README is the front page (under 200 lines); the site is docs/ (mkdocs.yml, built with
+`mkdocs build --strict` in .ci/run). Every shell command in the README and on the getting-started
+page either runs here (in a scratch copy of the project, with the venv activated the way the page
+says) or is marked `# needs AWS` / `# needs the Pulumi CLI`, and then its syntax (`bash -n`) and,
+for `gpucluster`, its command and options are checked against the typer app. The quick start's
+install commands are not run here: .ci/run runs them verbatim (checked below).
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
+import yaml
 
-from gpucluster.reference import BEGIN, END, render_config_reference
+from gpucluster.cli.entry import app
+from gpucluster.reference import BEGIN, END, PAGES, render_config_reference
 from gpucluster.spec import StackConfig
 
 REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
 README = (REPO / "README.md").read_text()
+GETTING_STARTED = (DOCS / "getting-started.md").read_text()
+NEEDS = re.compile(r"#\s*needs (AWS|the Pulumi CLI)\b")
+QUICK_START_GUARD = "python3 -c \"import sys; sys.exit(sys.version_info < (3, 11)"
 
 
-def test_readme_config_reference_matches_the_models() -> None:
-    start, end = README.index(BEGIN), README.index(END) + len(END)
-    assert README[start:end] == render_config_reference(), (
-        "README config reference is stale: regenerate with `python -m gpucluster.reference`")
+def ci_command(marker: str) -> str:
+    """The command .ci/run runs between `$(cat <<'MARKER'` and `MARKER`."""
+    ci = (REPO / ".ci" / "run").read_text()
+    return ci.split(f"=$(cat <<'{marker}'\n", 1)[1].split(f"\n{marker}\n)", 1)[0]
 
 
-def test_every_config_field_is_documented() -> None:
-    reference = render_config_reference()
-    assert "|  |" not in reference, "a config field has no docstring"
-    for name in StackConfig.model_fields:
-        assert f"`gpucluster:{name}`" in reference
+def shell_lines(markdown: str) -> list[str]:
+    """Every command line of the page's ```bash blocks, continuation lines joined."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", markdown, re.DOTALL):
+        lines += [line.strip() for line in re.sub(r"\\\n\s*", " ", block).splitlines() if line.strip()]
+    return lines
+
+
+def runnable(markdown: str) -> list[str]:
+    """The lines a test runs: not marked as needing AWS or the Pulumi CLI, not the quick start's installs."""
+    return [line for line in shell_lines(markdown)
+            if not NEEDS.search(line) and not line.startswith(QUICK_START_GUARD)]
+
+
+# ----------------------------------------------------------------------------------- the front page
+
+
+def test_the_readme_is_a_front_page_under_200_lines() -> None:
+    assert README.count("\n") < 200
+    for page in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (REPO / page).is_file(), page
 
 
 def test_ci_runs_the_readme_test_command() -> None:
-    ci = (REPO / ".ci" / "run").read_text()
-    command = ci.split("readme_test_command=$(cat <<'README'\n", 1)[1].split("\nREADME\n)", 1)[0]
+    command = ci_command("README")
     assert "\n" not in command and command.endswith("python -m pytest")
     assert f"```bash\n{command}\n```" in README
+    assert f"```bash\n{command}\n```" in (DOCS / "development.md").read_text()
+
+
+def test_ci_runs_the_quick_start_command_and_the_getting_started_page_shows_it() -> None:
+    quick = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    first = quick.split("```bash\n", 1)[1].split("\n", 1)[0]
+    assert first == ci_command("QUICK_START")
+    assert f"```bash\n{first}\n```" in GETTING_STARTED.split("## 1. Install", 1)[1].split("\n## ", 1)[0]
 
 
 def test_readme_has_exactly_two_quick_start_commands() -> None:
@@ -45,15 +86,19 @@ def test_readme_has_exactly_two_quick_start_commands() -> None:
     assert commands[1].endswith("python -m pytest")
 
 
-def test_readme_shell_commands_work_in_zsh_too() -> None:
+@pytest.mark.parametrize("page", ["README.md", *sorted(str(p.relative_to(REPO)) for p in DOCS.rglob("*.md"))])
+def test_shell_commands_work_in_zsh_too(page: str) -> None:
     """zsh expands an unquoted `.[chart]` (or any `[`, `*`, `?`) as a glob and stops ("no matches
     found"): extras and patterns are quoted, in the command blocks and in the text alike."""
-    assert not re.search(r"(?<![\"'])\.\[\w+\]", README)
-    assert "pip install -e '.[chart]'" in README
-    for block in re.findall(r"```bash\n(.*?)```", README, re.DOTALL):
-        for line in block.splitlines():
-            bare = re.sub(r"'[^']*'|\"[^\"]*\"", "", line.split(" #", 1)[0])
-            assert not re.search(r"[\[\]*?]", bare), line
+    text = (REPO / page).read_text()
+    assert not re.search(r"(?<![\"'])\.\[\w+\]", text)
+    for line in shell_lines(text):
+        bare = re.sub(r"'[^']*'|\"[^\"]*\"", "", line.split(" #", 1)[0])
+        assert not re.search(r"[\[\]*?]", bare), line
+
+
+def test_the_chart_extra_is_quoted_where_the_cost_command_is_explained() -> None:
+    assert "pip install -e '.[chart]'" in (DOCS / "guides" / "cli.md").read_text()
 
 
 def test_an_older_python_stops_at_the_first_step_with_one_line() -> None:
@@ -80,3 +125,210 @@ def _an_older_python() -> str | None:
         if probe.returncode == 0 and probe.stdout.strip() == "True":
             return candidate
     return None
+
+
+# ------------------------------------------------------------------------------ commands that run
+
+
+def scratch_project(tmp_path: Path) -> Path:
+    """This repository's project files in `tmp_path`, with `.venv` the venv running the tests.
+
+    `bin/` of that venv is taken off PATH, so bare `gpucluster` works only once the page's own
+    `source .venv/bin/activate` has run.
+    """
+    for name in ("Pulumi.yaml", "__main__.py"):
+        shutil.copy(REPO / name, tmp_path / name)
+    for name in ("stacks", "policies"):
+        shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix))
+    return tmp_path
+
+
+def run_page(lines: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    venv_bin = str(Path(sys.prefix) / "bin")
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p.rstrip("/") != venv_bin)
+    env = {**os.environ, "PATH": path, "NO_COLOR": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    script = "set -euo pipefail\n" + "\n".join(lines) + "\n"
+    return subprocess.run(["bash", "-c", script], cwd=cwd, env=env, capture_output=True, text=True,
+                          check=False, timeout=300)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_every_unmarked_command_runs(page: str, tmp_path: Path) -> None:
+    lines = runnable((REPO / page).read_text())
+    assert lines[0] == "source .venv/bin/activate", "the page activates the venv before bare `gpucluster`"
+    assert any(line.startswith("gpucluster init ") for line in lines)
+    assert sum(line.startswith("gpucluster plan ") for line in lines) >= 2
+    done = run_page(lines, scratch_project(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "no violations" in done.stdout or '"violations": []' in done.stdout or "[]" in done.stdout
+
+
+def test_without_the_activation_bare_gpucluster_is_not_found(tmp_path: Path) -> None:
+    """The scratch environment really hides the venv: the pages' activation is what makes it work."""
+    done = run_page(["gpucluster --version"], scratch_project(tmp_path))
+    assert done.returncode == 127
+
+
+def _command(words: list[str]) -> tuple[str, Any, list[str]]:
+    """(`gpucluster cmd [sub]`, its typer command, the words after it) for a gpucluster command line."""
+    root = typer.main.get_command(app)
+    rest = words[1:]
+    while rest and rest[0].startswith("--stacks-dir"):
+        rest = rest[1:] if "=" in rest[0] else rest[2:]
+    if rest and rest[0] == "--version":
+        return "gpucluster", root, rest
+    assert rest and rest[0] in root.commands, f"no command {rest[:1]}"
+    command, name, rest = root.commands[rest[0]], f"gpucluster {rest[0]}", rest[1:]
+    if getattr(command, "commands", None):
+        assert rest and rest[0] in command.commands, f"no command {name} {rest[:1]}"
+        command, name, rest = command.commands[rest[0]], f"{name} {rest[0]}", rest[1:]
+    return name, command, rest
+
+
+def unknown_options(line: str) -> list[str]:
+    """The options of a `gpucluster ...` line its command does not take (before a `--`)."""
+    words = shlex.split(line, comments=True)
+    name, command, rest = _command(words)
+    known = {"--help"} | {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+    options = []
+    for word in rest:
+        if word == "--":
+            break
+        if word.startswith("-") and not re.fullmatch(r"-\d.*", word):
+            options.append(word.split("=", 1)[0])
+    return [f"{name} {o}" for o in options if o not in known]
+
+
+def doc_pages() -> list[Path]:
+    return [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+@pytest.mark.parametrize("page", doc_pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_gpucluster_command_in_the_docs_has_its_options(page: Path) -> None:
+    for line in shell_lines(page.read_text()):
+        for part in re.split(r"\s*(?:&&|\|\||;|\|)\s*", line.split(" #", 1)[0]):
+            if part.startswith("gpucluster "):
+                assert unknown_options(part) == [], (page.name, line)
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_commands_marked_as_needing_aws_or_pulumi_parse(page: str) -> None:
+    marked = [line for line in shell_lines((REPO / page).read_text()) if NEEDS.search(line)]
+    assert marked, "the page shows the deploy"
+    for line in marked:
+        done = subprocess.run(["bash", "-n", "-c", line], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, (line, done.stderr)
+        program = shlex.split(line, comments=True)[0]
+        assert program in {"gpucluster", "pulumi", "aws"}, line
+        if program == "pulumi":
+            assert "needs the Pulumi CLI" in line, line
+        if program == "aws":
+            assert "needs AWS" in line, line
+
+
+def test_the_option_check_catches_a_wrong_option_and_command() -> None:
+    assert unknown_options("gpucluster plan dev --tree --json") == []
+    assert unknown_options("gpucluster run prod --group g --detach -- torchrun --nnodes=2") == []
+    assert unknown_options("gpucluster capacity search --type p5.48xlarge --count 4") == []
+    assert unknown_options("gpucluster plan dev --trees") == ["gpucluster plan --trees"]
+    with pytest.raises(AssertionError, match="no command"):
+        unknown_options("gpucluster plna dev")
+
+
+# ----------------------------------------------------------------------------- generated references
+
+
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_generated_reference_pages_match_the_code(name: str) -> None:
+    assert (DOCS / "reference" / name).read_text() == PAGES[name](), (
+        f"docs/reference/{name} is stale: regenerate with `python -m gpucluster.reference --write`")
+
+
+def test_the_config_page_embeds_the_config_reference() -> None:
+    page = (DOCS / "reference" / "config.md").read_text()
+    assert page[page.index(BEGIN):page.index(END) + len(END)] == render_config_reference()
+
+
+def test_every_config_field_is_documented() -> None:
+    reference = render_config_reference()
+    assert "|  |" not in reference, "a config field has no docstring"
+    for name in StackConfig.model_fields:
+        assert f"`gpucluster:{name}`" in reference
+
+
+def test_every_command_option_and_rule_is_in_its_reference() -> None:
+    from gpucluster.policy.rules import RULES
+
+    cli = (DOCS / "reference" / "cli.md").read_text()
+    root = typer.main.get_command(app)
+    for name, command in root.commands.items():
+        for sub_name, sub in (getattr(command, "commands", None) or {name: command}).items():
+            path = f"gpucluster {name}" + (f" {sub_name}" if sub is not command else "")
+            section = cli.split(f"## `{path}`\n", 1)[1].split("\n## ", 1)[0]
+            for param in sub.params:
+                shown = param.opts[0] if param.param_type_name == "option" else param.name.upper()
+                assert f"`{shown}" in section, (path, shown)
+    policies = (DOCS / "reference" / "policies.md").read_text()
+    for rule in RULES:
+        assert f"## `{rule.name}`" in policies
+        for key in rule.schema:
+            assert f"| `{key}` |" in policies.split(f"## `{rule.name}`", 1)[1].split("\n## ", 1)[0]
+
+
+# ------------------------------------------------------------------------------------ the site
+
+
+def nav_hook() -> Any:
+    """docs/hooks/nav.py, the MkDocs hook (loaded by path: docs/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_nav_hook", DOCS / "hooks" / "nav.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def nav_pages(nav: Any) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [p for v in nav.values() for p in nav_pages(v)]
+    return [p for v in nav for p in nav_pages(v)]
+
+
+def test_the_nav_names_existing_pages_and_every_page_is_reachable() -> None:
+    missing_guides = nav_hook().missing_guides
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    named = nav_pages(config["nav"])
+    assert len(named) == len(set(named))
+    for page in named:
+        assert (DOCS / page).is_file(), page
+    reachable = set(named) | {next(iter(e.values())) for e in missing_guides(DOCS, config["nav"])}
+    pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
+    assert pages == reachable
+    for must in ("getting-started.md", "guides/multi-node-training.md", "guides/capacity-blocks.md",
+                 "guides/datasets.md", "guides/guardrails.md", "guides/cost-and-spend.md",
+                 "guides/ci-and-policies.md", "guides/security.md", "guides/component-package.md",
+                 "reference/cli.md", "reference/config.md", "reference/policies.md", "releases.md"):
+        assert must in named, must
+
+
+def test_a_guide_the_nav_does_not_name_is_listed_under_guides(tmp_path: Path) -> None:
+    on_config = nav_hook().on_config
+    (tmp_path / "guides").mkdir()
+    (tmp_path / "guides" / "slurm.md").write_text("intro\n# Slurm on AWS PCS\n")
+    (tmp_path / "guides" / "named.md").write_text("# Named\n")
+    nav: list[Any] = [{"Home": "index.md"}, {"Guides": [{"Named": "guides/named.md"}]}]
+    on_config({"nav": nav, "docs_dir": str(tmp_path)})
+    assert nav[1] == {"Guides": [{"Named": "guides/named.md"}, {"Slurm on AWS PCS": "guides/slurm.md"}]}
+
+
+def test_semantic_versioning_and_the_changelog() -> None:
+    releases = (DOCS / "releases.md").read_text()
+    assert "[Semantic Versioning](https://semver.org/spec/v2.0.0.html)" in releases
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert "[Keep a Changelog](https://keepachangelog.com/en/1.1.0/)" in changelog
+    assert changelog.split("\n## ", 1)[1].startswith("[Unreleased]")

@@ -331,10 +331,10 @@ def test_a_mig_group_plans_and_its_nodes_boot_with_the_layout(base_config: dict[
     assert "cat > /usr/local/sbin/gpucluster-mig <<" in user_data
 
 
-def test_the_readmes_profile_table_is_the_catalogs() -> None:
+def test_the_mig_guides_profile_table_is_the_catalogs() -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parent.parent / "docs" / "guides" / "mig.md").read_text()
     rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in readme.splitlines()
             if re.match(r"\| (A100|H100|H200|B200)-\d+GB \|", line)}
     assert rows == {name: ", ".join(f"{p} ({q.max_instances})" for p, q in gpu.profiles.items())

@@ -268,7 +268,7 @@ def test_dcgm_is_off_on_mig_groups_and_an_explicit_ask_warns(base_config: dict[s
 # ------------------------------------------------------------------------ the stuck-job alarm
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
-# What the agent cannot read on a GPU in MIG mode, and so never publishes (README, "MIG partitions":
+# What the agent cannot read on a GPU in MIG mode, and so never publishes (docs/guides/mig.md:
 # NVML reports no utilisation there).
 MIG_UNREPORTED = {"nvidia_smi_utilization_gpu", "nvidia_smi_utilization_memory"}
 
@@ -303,11 +303,11 @@ def test_a_mig_groups_stuck_alarm_watches_for_silence_not_utilisation(base_confi
 
 
 def test_every_finding_is_checked_on_the_node_and_documented() -> None:
-    """The names `fatal` takes are the ones health-check.sh reports and the README's table explains."""
+    """The names `fatal` takes are the ones health-check.sh reports and its guide's table explains."""
     from gpucluster.spec import HEALTH_FINDINGS
 
     script = (Path(__file__).parent.parent / "components/gpucluster/node/health-check.sh").read_text()
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parent.parent / "docs" / "guides" / "health-checks.md").read_text()
     assert "mig" in HEALTH_FINDINGS
     for name in HEALTH_FINDINGS:
         assert f"finding {name} " in script, name

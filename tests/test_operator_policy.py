@@ -1,4 +1,4 @@
-"""The operator's IAM policy: the README shows it, and it allows every call the day-two commands make."""
+"""The operator's IAM policy: its guide shows it, and it allows every call the day-two commands make."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from gpucluster.ops.permissions import allowed_actions, operator_policy
 from gpucluster.plan import load_stack
 from moto_groups import create_stack_groups, tag_node_group
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+GUIDE = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "run-a-job.md").read_text()
 runner = CliRunner()
 # Services whose IAM action prefix is not their endpoint's (Service Authorization Reference).
 IAM_PREFIX = {"monitoring": "cloudwatch"}
 
 
-def test_readme_shows_the_operator_policy() -> None:
-    section = README.split("## Run a job", 1)[1].split("\n## ", 1)[0]
+def test_the_run_a_job_guide_shows_the_operator_policy() -> None:
+    section = GUIDE.split("# Run a job", 1)[1]
     block = section.split("```json\n", 1)[1].split("\n```", 1)[0]
     assert json.loads(block) == operator_policy("STACK_IDENTITY")
     assert block == json.dumps(operator_policy("STACK_IDENTITY"), indent=2)

@@ -8,11 +8,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
-LOCKS = ["requirements.lock", "requirements-dev.lock"]
-HASHED_INSTALL = re.compile(r"pip install -q --require-hashes -r (requirements(?:-dev)?\.lock)")
+LOCKS = ["requirements.lock", "requirements-dev.lock", "requirements-lowest.lock"]
+HASHED_INSTALL = re.compile(r"pip install -q --require-hashes -r (requirements(?:-dev|-lowest)?\.lock)")
 SELF_INSTALL = "pip install -q --no-deps --no-build-isolation -e ."
+# The release workflow tests the wheel it built (after the hashed lock), nothing from an index.
+WHEEL_INSTALL = "pip install -q --no-deps --no-index dist/gpucluster-*.whl"
 
 
 def requirements(text: str) -> dict[str, tuple[str, list[str]]]:
@@ -55,14 +59,33 @@ def test_the_check_catches_an_unpinned_or_unhashed_line() -> None:
     assert unpinned_or_unhashed(good + "-e .\n") == ["-e"]
 
 
-def test_pyproject_pins_match_the_locks() -> None:
+def _declared() -> list[tuple[str, Requirement]]:
+    """Every dependency pyproject declares, with its group ("" for the runtime ones)."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    found = [("", Requirement(d)) for d in project["dependencies"]]
+    found += [(group, Requirement(d))
+              for group, deps in project["optional-dependencies"].items() for d in deps]
+    return found
+
+
+def test_pyproject_declares_ranges_not_pins() -> None:
+    """A library installs beside others: a lower bound and the next major (minor for 0.x) as the top."""
+    for group, req in _declared():
+        operators = sorted(s.operator for s in req.specifier)
+        assert operators == ["<", ">="], (group, str(req))
+        upper = Version(next(s.version for s in req.specifier if s.operator == "<"))
+        lower = Version(next(s.version for s in req.specifier if s.operator == ">="))
+        assert upper.release == ((lower.major + 1,) if lower.major else (0, lower.minor + 1)), str(req)
+
+
+def test_the_locks_pin_versions_inside_pyprojects_ranges() -> None:
     runtime = requirements((REPO / "requirements.lock").read_text())
     dev = requirements((REPO / "requirements-dev.lock").read_text())
-    extras = [dep for group in project["optional-dependencies"].values() for dep in group]
-    for dep, lock in [(d, runtime) for d in project["dependencies"]] + [(d, dev) for d in extras]:
-        name, version = re.fullmatch(r"([\w-]+)(?:\[[\w,]+\])?==([\w.]+)", dep).groups()  # type: ignore[union-attr]
-        assert lock[name.lower()][0].split()[0].endswith(f"=={version}"), dep
+    for group, req in _declared():
+        lock = runtime if group == "" else dev
+        for where in ([runtime, dev] if group == "" else [lock]):
+            pinned = where[req.name.lower()][0].split()[0].split("==")[1]
+            assert req.specifier.contains(pinned), (str(req), pinned)
     # the build backend `--no-build-isolation` uses comes from the locks, hashed
     for lock in (runtime, dev):
         assert "setuptools" in lock
@@ -70,18 +93,33 @@ def test_pyproject_pins_match_the_locks() -> None:
     assert setuptools >= 68  # pyproject's build-system requires setuptools>=68
 
 
-CONSUMER_INSTALL = re.compile(r'pip install "gpucluster @ git\+https://|pip install dist/gpucluster-')
+def test_the_lowest_lock_holds_every_runtime_dependency_at_its_lower_bound() -> None:
+    """What the `lowest` CI job tests is what pyproject promises works: every lower bound, exactly."""
+    lowest = requirements((REPO / "requirements-lowest.lock").read_text())
+    assert "--resolution lowest-direct" in (REPO / "requirements-lowest.lock").read_text().splitlines()[1]
+    for group, req in _declared():
+        if group in ("", "dev"):
+            bound = next(s.version for s in req.specifier if s.operator == ">=")
+            assert lowest[req.name.lower()][0].split()[0].split("==")[1] == bound, str(req)
+    assert lowest["pulumi"][0].split()[0] != requirements((REPO / "requirements.lock").read_text())[
+        "pulumi"][0].split()[0], "the lowest job tests a pulumi other than the locked one"
+
+
+CONSUMER_INSTALL = re.compile(r'pip install "gpucluster @ git\+https://'
+                              r'|pip install (dist/)?gpucluster-[\w.]+-py3-none-any\.whl'
+                              r'|pip install -r requirements\.txt')
 
 
 def _commands() -> list[tuple[str, str]]:
     """Every shell command that installs Python packages, with where it is."""
     found = []
-    readme = (REPO / "README.md").read_text()
-    for block in re.findall(r"```bash\n(.*?)```", readme, re.DOTALL):
-        # Installing gpucluster itself into a user's own program is that program's lock to pin,
-        # not this repository's environment: those lines are the one exception.
-        found += [("README.md", line) for line in block.splitlines()
-                  if "pip install" in line and not CONSUMER_INSTALL.search(line)]
+    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.DOTALL):
+            # Installing gpucluster itself into a user's own program (a wheel, a git tag, the
+            # requirements.txt `init` writes) is that program's to pin, not this repository's
+            # environment: those lines are the one exception.
+            found += [(page.name, line) for line in block.splitlines()
+                      if "pip install" in line and not CONSUMER_INSTALL.search(line)]
     found += [(".ci/run", line) for line in (REPO / ".ci" / "run").read_text().splitlines()
               if "pip install" in line]
     for workflow in sorted((REPO / ".github" / "workflows").glob("*.yml")):
@@ -93,11 +131,13 @@ def _commands() -> list[tuple[str, str]]:
 
 def test_every_install_checks_hashes_then_installs_the_project_without_dependencies() -> None:
     commands = _commands()
-    assert {where for where, _ in commands} == {"README.md", ".ci/run", "pr.yml", "deploy.yml",
-                                                "deploy-stack.yml"}
+    assert {where for where, _ in commands} == {"README.md", "getting-started.md", "development.md",
+                                                ".ci/run", "pr.yml", "deploy.yml", "deploy-stack.yml",
+                                                "release.yml"}
     for where, command in commands:
-        installs = [part.strip() for part in command.split("&&") if "pip install" in part]
+        installs = [part.strip() for part in re.split(r"&&|\n", command) if "pip install" in part]
         assert installs, (where, command)
         for part in installs:
-            assert HASHED_INSTALL.search(part) or part.endswith(SELF_INSTALL), (where, part)
+            assert (HASHED_INSTALL.search(part) or part.endswith(SELF_INSTALL)
+                    or (where == "release.yml" and part.endswith(WHEEL_INSTALL))), (where, part)
         assert HASHED_INSTALL.search(installs[0]), f"{where}: the locked set comes first"

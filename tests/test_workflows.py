@@ -33,10 +33,11 @@ def step_using(job: dict[str, Any], action: str, command: str | None = None) -> 
 
 
 def test_the_workflows_exist() -> None:
-    assert sorted(p.name for p in WORKFLOWS.glob("*.yml")) == ["deploy-stack.yml", "deploy.yml", "pr.yml"]
+    assert sorted(p.name for p in WORKFLOWS.glob("*.yml")) == ["deploy-stack.yml", "deploy.yml", "pr.yml",
+                                                                "release.yml"]
 
 
-@pytest.mark.parametrize("name", ["pr.yml", "deploy.yml", "deploy-stack.yml"])
+@pytest.mark.parametrize("name", ["pr.yml", "deploy.yml", "deploy-stack.yml", "release.yml"])
 def test_actions_are_pinned_by_commit_and_checkouts_keep_no_token(name: str) -> None:
     text = (WORKFLOWS / name).read_text()
     for uses in re.findall(r"uses: (\S+)(.*)", text):
@@ -215,12 +216,12 @@ def test_the_jobs_that_assume_aws_roles_are_the_ones_the_roles_trust() -> None:
     up = load(Path(bootstrap_state.DEPLOY_WORKFLOW).name)["jobs"]["up"]
     assert up["environment"] == "${{ inputs.stack }}" and up["permissions"]["id-token"] == "write"
     # only these two jobs may ask for an OIDC token
-    for name in ("pr.yml", "deploy.yml", "deploy-stack.yml"):
+    for name in ("pr.yml", "deploy.yml", "deploy-stack.yml", "release.yml"):
         for job_name, job in load(name)["jobs"].items():
             if job.get("permissions", {}).get("id-token") == "write":
                 assert (name, job_name) in {("pr.yml", "preview"), ("deploy-stack.yml", "up"),
                                             ("deploy.yml", "dev"), ("deploy.yml", "staging"),
-                                            ("deploy.yml", "prod")}
+                                            ("deploy.yml", "prod"), ("release.yml", "publish")}
 
 
 def test_a_new_stack_is_a_file_the_workflows_pick_up(tmp_path: Path) -> None:
@@ -240,3 +241,32 @@ def test_a_new_stack_is_a_file_the_workflows_pick_up(tmp_path: Path) -> None:
     shipped = _ci_script("stacks").waves()
     assert shipped["all"] == stack_names(REPO / "stacks")
     assert sorted(shipped["first"] + shipped["staging"] + shipped["prod"]) == shipped["all"]
+
+
+def test_pull_requests_also_test_the_lowest_declared_pulumi_and_pulumi_aws() -> None:
+    lowest = load("pr.yml")["jobs"]["lowest"]
+    assert lowest["permissions"] == {"contents": "read"}
+    runs = [s.get("run", "") for s in steps(lowest)]
+    assert any("--require-hashes -r requirements-lowest.lock" in r for r in runs)
+    assert any("gpucluster plan" in r for r in runs)
+    assert runs[-1] == ".venv/bin/python -m pytest"
+
+
+def test_a_version_tag_builds_tests_the_wheel_publishes_with_trusted_publishing_and_releases() -> None:
+    release = load("release.yml")
+    assert release["on"] == {"push": {"tags": ["v*"]}}
+    jobs = release["jobs"]
+    build, publish, github = jobs["build"], jobs["publish"], jobs["github-release"]
+    assert build["permissions"] == {"contents": "read"}
+    runs = "\n".join(s.get("run", "") for s in steps(build))
+    assert 'if [ "$TAG" != "v$version" ]' in runs  # the tag is pyproject's version
+    assert "build_meta.build_sdist('dist')" in runs and "-w dist build/sdist/gpucluster-*" in runs
+    test = next(s for s in steps(build) if s.get("name") == "Test the wheel")["run"]
+    assert "-e ." not in test and "dist/gpucluster-*.whl" in test and test.rstrip().endswith("-m pytest")
+    # trusted publishing: an OIDC token in this job only, no password or token input
+    assert publish["needs"] == ["build"] and publish["permissions"] == {"id-token": "write"}
+    assert publish["environment"]["name"] == "pypi"
+    pypi = step_using(publish, "pypa/gh-action-pypi-publish")
+    assert set(pypi.get("with", {})) <= {"packages-dir"}
+    assert github["permissions"] == {"contents": "write"} and github["needs"] == ["build", "publish"]
+    assert "gh release create" in steps(github)[-1]["run"] and "dist/*" in steps(github)[-1]["run"]

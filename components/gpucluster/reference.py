@@ -1,12 +1,18 @@
-"""The stack config reference, rendered from the spec models themselves.
+"""The docs site's references, rendered from the code itself: stack keys, CLI commands, policy rules.
 
-README.md embeds this text between markers, and a test keeps the two equal,
-so the documented keys, types and defaults are always the ones the code takes.
+`docs/reference/{config,cli,policies}.md` are written by `python -m gpucluster.reference --write`
+and checked in; tests/test_docs.py renders them again and fails when a page differs, so the
+documented keys, options, defaults and rules are always the ones the code takes. (Checked-in
+pages rather than a build-time hook: they read on GitHub too, and a stale page fails the
+tests, not only the site build.) The CLI and policy renderers import their subject only when
+called, so rendering the config reference loads neither the CLI nor the policy pack.
 """
 
 from __future__ import annotations
 
+import sys
 import types
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
@@ -89,5 +95,124 @@ def render_config_reference() -> str:
     return "\n".join(lines)
 
 
+def _cell(text: str) -> str:
+    """One Markdown table cell: no line breaks, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _default_of(param: Any) -> str:
+    if getattr(param, "is_flag", False) or param.required:
+        return "**required**" if param.required else "-"
+    value = param.default
+    if value is None or value == "" or value == ():
+        return "-"
+    return f"`{getattr(value, 'value', value)}`"
+
+
+def _usage_name(param: Any) -> str:
+    if param.param_type_name == "argument":
+        name = param.name.upper()
+        return f"{name}..." if param.nargs == -1 else name
+    return ", ".join(f"`{o}`" for o in [*param.opts, *param.secondary_opts])
+
+
+def _command_section(command: Any, path: str, lines: list[str]) -> None:
+    lines += ["", f"## `{path}`", ""]
+    if command.help:
+        lines += [command.help.strip().replace("\b\n", ""), ""]
+    params = [p for p in command.params if not getattr(p, "hidden", False)]
+    arguments = [p for p in params if p.param_type_name == "argument"]
+    usage = " ".join([path, *(("[" + _usage_name(a) + "]") if not a.required else _usage_name(a)
+                              for a in arguments)])
+    options = [p for p in params if p.param_type_name == "option"]
+    lines += ["```", usage + (" [OPTIONS]" if options else ""), "```"]
+    if params:
+        lines += ["", "| argument or option | default | meaning |", "|---|---|---|"]
+        for param in params:
+            name = _usage_name(param) if param.param_type_name == "option" else f"`{_usage_name(param)}`"
+            lines.append(f"| {name} | {_default_of(param)} | {_cell(param.help or '')} |")
+
+
+def render_cli_reference() -> str:
+    """Every `gpucluster` command and option, in `--help` order, from the typer app itself."""
+    import typer
+
+    from gpucluster.cli.entry import app
+
+    root = typer.main.get_command(app)
+    lines = ["# CLI reference", "",
+             "Generated from the typer app (`gpucluster.cli.entry.app`) by `python -m gpucluster.reference "
+             "--write`; `tests/test_docs.py` fails when this page and the code differ. "
+             "[The gpucluster command](../guides/cli.md) explains exit codes, `--json` and output.", "",
+             "## `gpucluster`", "", "Options before the command:", "",
+             "| option | default | meaning |", "|---|---|---|"]
+    lines += [f"| {_usage_name(p)} | {_default_of(p)} | {_cell(p.help or '')} |" for p in root.params]
+    for name, command in root.commands.items():
+        if getattr(command, "hidden", False):
+            continue
+        subcommands = getattr(command, "commands", None)
+        if subcommands:
+            for sub_name, sub in subcommands.items():
+                _command_section(sub, f"gpucluster {name} {sub_name}", lines)
+        else:
+            _command_section(command, f"gpucluster {name}", lines)
+    return "\n".join(lines) + "\n"
+
+
+def render_policy_reference() -> str:
+    """Every rule of the policy pack, in the pack's order, with its default level and settings."""
+    import json
+
+    from gpucluster.policy.rules import RULES
+
+    lines = ["# Policy rules", "",
+             "Generated from `gpucluster.policy.rules.RULES` (the pack `pulumi preview --policy-pack "
+             "policies` runs and `gpucluster plan` evaluates offline) by `python -m gpucluster.reference "
+             "--write`. Levels and settings are changed per stack in `policies/config/` "
+             "([CI and policies](../guides/ci-and-policies.md)).", "",
+             "| rule | checks | default level | description |", "|---|---|---|---|"]
+    lines += [f"| [`{r.name}`](#{r.name}) | one {r.kind if r.kind == 'resource' else 'stack'} "
+              f"| `{r.level}` | {_cell(r.description)} |" for r in RULES]
+    for r in RULES:
+        lines += ["", f"## `{r.name}`", "", _cell(r.description), "",
+                  f"Checks {'each resource' if r.kind == 'resource' else 'the whole stack'}; "
+                  f"default level `{r.level}`."]
+        if r.schema:
+            lines += ["", "| setting | type | default | meaning |", "|---|---|---|---|"]
+            for key, schema in r.schema.items():
+                default = json.dumps(r.defaults[key], sort_keys=True) if key in r.defaults else "-"
+                lines.append(f"| `{key}` | {schema.get('type', '-')} | `{default}` "
+                             f"| {_cell(schema.get('description', ''))} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_config_page() -> str:
+    """docs/reference/config.md: the config reference with its introduction."""
+    return ("# Stack file reference\n\n"
+            "Every key a stack file (`stacks/Pulumi.<env>.yaml`) takes, generated from the spec models "
+            "(`gpucluster.spec`) by `python -m gpucluster.reference --write`; `tests/test_docs.py` fails "
+            "when this page and the models differ. How a stack file is laid out: "
+            "[Stack files](../guides/stack-files.md).\n\n" + render_config_reference() + "\n")
+
+
+PAGES = {"config.md": render_config_page, "cli.md": render_cli_reference,
+         "policies.md": render_policy_reference}
+"""The generated pages under docs/reference/, by file name."""
+
+
+def write_pages(directory: Path) -> list[Path]:
+    """Write every generated page into `directory` (docs/reference); returns the paths written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, render in PAGES.items():
+        (directory / name).write_text(render())
+        written.append(directory / name)
+    return written
+
+
 if __name__ == "__main__":
-    print(render_config_reference())
+    if sys.argv[1:] == ["--write"]:
+        for path in write_pages(Path("docs") / "reference"):
+            print(f"wrote {path}")
+    else:
+        print(render_config_reference())

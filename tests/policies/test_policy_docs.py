@@ -1,4 +1,4 @@
-"""The README's policy table and limits are the pack's own."""
+"""The policy guide's table and limits (docs/guides/ci-and-policies.md) are the pack's own."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from gpucluster.policy.rules import RULES
 from gpucluster.policy.rules.capacity import DEFAULT_ENVIRONMENTS
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "ci-and-policies.md").read_text()
 POLICIES = README.split("## Policies", 1)[1].split("\n## ", 1)[0]
 
 

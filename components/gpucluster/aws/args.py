@@ -184,7 +184,7 @@ class MigSettings(TypedDict):
     """A node group's `mig`: the MIG instances every GPU is split into."""
 
     profile: NotRequired[str]
-    """Split every GPU into instances of this profile, e.g. 1g.10gb (README, "MIG partitions")."""
+    """Split every GPU into instances of this profile, e.g. 1g.10gb (docs: guides/mig.md)."""
     count: NotRequired[int]
     """With profile: instances per GPU (default: as many as fit, e.g. 7 x 1g.10gb on an H100)."""
     profiles: NotRequired[list[str]]

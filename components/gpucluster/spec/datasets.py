@@ -104,7 +104,8 @@ def _fsx_rules(d: DatasetConfig, node_group_zones: set[str] | None, dataset: str
     if not fsx.client_key_fingerprints:
         yield Finding(f"{path}.client_key_fingerprints",
                       "not set: where the AMI lacks the Lustre client, nodes trust the apt key AWS serves "
-                      "over TLS unchecked; pin it (README: Datasets, Lustre client key)", level="warning")
+                      "over TLS unchecked; pin it (docs: guides/datasets.md, Lustre client key)",
+                      level="warning")
     if d.checkpoint_prefix and not d.prefix:
         # The data association would link the whole bucket, checkpoints included: what the
         # checkpoint association exports would come back as a second copy under /data.

@@ -219,7 +219,7 @@ class MigConfig(StrictModel):
     """The MIG instances every GPU of a node group is split into: one profile `count` times, or a list."""
 
     profile: MigProfileName | None = None
-    """Split every GPU into instances of this profile, e.g. 1g.10gb (README, "MIG partitions")."""
+    """Split every GPU into instances of this profile, e.g. 1g.10gb (docs: guides/mig.md)."""
     count: Annotated[int, _in_range(1, 7)] | None = None
     """With profile: instances per GPU (default: as many as fit, e.g. 7 x 1g.10gb on an H100)."""
     profiles: Annotated[list[MigProfileName], Field(min_length=1, max_length=7)] | None = None

@@ -31,7 +31,7 @@ from gpucluster.aws.args import (
 )
 from gpucluster.noderole import dataset_grants
 from gpucluster.parts import S3Grant
-from gpucluster.spec import DatasetConfig, generated_bucket_prefix
+from gpucluster.spec import DatasetConfig, generated_bucket_prefix, partition_of
 
 # FSx for Lustre user guide, "File system access control with Amazon VPC": Lustre uses TCP 988
 # and 1018-1023, between file servers and clients in both directions and among the file servers.
@@ -59,15 +59,6 @@ OLD_LUSTRE_TYPE = "gpucluster:datasets:LustreFileSystem"
 OLD_STORE_TYPE = "gpucluster:datasets:DatasetStore"
 # What loses data for good on a versioned bucket (infra/bootstrap-state DATA_DELETION, S3 part).
 DATA_DELETION = ["s3:DeleteObjectVersion", "s3:DeleteBucket"]
-
-
-def partition_of(region: str) -> str:
-    """The ARN partition of a region (AWS general reference, "Amazon Resource Names")."""
-    if region.startswith("cn-"):
-        return "aws-cn"
-    if region.startswith("us-gov-"):
-        return "aws-us-gov"
-    return "aws"
 
 
 def bucket_arn(bucket_name: str, region: str) -> str:

@@ -26,12 +26,11 @@ from gpucluster.aws.guardrail_lambda import (
     hook_statements,
     json_output,
     old_type,
-    policy_output,
     publish_statements,
     rule_invokes,
     run_command_statements,
     scaling_statements,
-    service_trust,
+    scheduler_invoker,
 )
 from gpucluster.aws.guardrail_state import with_state
 from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, jobs_parameter_path  # not job_restart: boto3
@@ -254,16 +253,8 @@ class AutoStop(pulumi.ComponentResource):
         expressions = {"stop": a.stop_schedule, "start": a.start_schedule,
                        "lifetime": LIFETIME_CHECK_EXPRESSION if a.max_lifetime_hours else None}
         if any(expressions.values()):
-            self.scheduler_role = aws.iam.Role(
-                f"{name}-scheduler-role",
-                assume_role_policy=service_trust("scheduler.amazonaws.com", ctx.account),
-                description=f"EventBridge Scheduler invokes {self.function.function_name} only",
-                permissions_boundary=ctx.permissions_boundary, tags=ctx.tags, opts=child)
-            invoke_policy = aws.iam.RolePolicy(
-                f"{name}-scheduler-policy", role=self.scheduler_role.id,
-                policy=policy_output([{"Sid": "InvokeAutostopOnly", "Effect": "Allow",
-                                 "Action": ["lambda:InvokeFunction"], "Resource": [fn.arn]}]),
-                opts=child)
+            self.scheduler_role, invoke_policy = scheduler_invoker(name, ctx, self.function,
+                                                                   "InvokeAutostopOnly", child)
             for purpose, expression in expressions.items():
                 if expression is None:
                     continue

@@ -263,3 +263,19 @@ def rule_invokes(name: str, rule: aws.cloudwatch.EventRule,
     aws.lambda_.Permission(f"{name}-permission", action="lambda:InvokeFunction", function=fn.name,
                            principal="events.amazonaws.com", source_arn=rule.arn, opts=child)
     aws.cloudwatch.EventTarget(f"{name}-target", rule=rule.name, arn=fn.arn, opts=child)
+
+
+def scheduler_invoker(name: str, ctx: GuardrailContext, function: GuardrailFunction, sid: str,
+                      opts: pulumi.ResourceOptions) -> tuple[aws.iam.Role, aws.iam.RolePolicy]:
+    """The role EventBridge Scheduler assumes to invoke `function`, and nothing else (its policy)."""
+    role = aws.iam.Role(
+        f"{name}-scheduler-role",
+        assume_role_policy=service_trust("scheduler.amazonaws.com", ctx.account),
+        description=f"EventBridge Scheduler invokes {function.function_name} only",
+        permissions_boundary=ctx.permissions_boundary, tags=ctx.tags, opts=opts)
+    policy = aws.iam.RolePolicy(
+        f"{name}-scheduler-policy", role=role.id,
+        policy=policy_output([{"Sid": sid, "Effect": "Allow", "Action": ["lambda:InvokeFunction"],
+                               "Resource": [function.function.arn]}]),
+        opts=opts)
+    return role, policy

@@ -20,10 +20,9 @@ from gpucluster.aws.guardrail_lambda import (
     GuardrailContext,
     GuardrailFunction,
     describe_statement,
-    policy_output,
     publish_statements,
     scaling_statements,
-    service_trust,
+    scheduler_invoker,
 )
 from gpucluster.aws.guardrail_state import with_state
 
@@ -77,16 +76,8 @@ class SpendGuard(pulumi.ComponentResource):
                         *with_state(ctx, environment)],
             max_event_age_seconds=age, retries=SCHEDULE_RETRIES, opts=child)
         fn = self.function.function
-        self.scheduler_role = aws.iam.Role(
-            f"{name}-scheduler-role",
-            assume_role_policy=service_trust("scheduler.amazonaws.com", ctx.account),
-            description=f"EventBridge Scheduler invokes {self.function.function_name} only",
-            permissions_boundary=ctx.permissions_boundary, tags=ctx.tags, opts=child)
-        invoke_policy = aws.iam.RolePolicy(
-            f"{name}-scheduler-policy", role=self.scheduler_role.id,
-            policy=policy_output([{"Sid": "InvokeSpendGuardOnly", "Effect": "Allow",
-                                   "Action": ["lambda:InvokeFunction"], "Resource": [fn.arn]}]),
-            opts=child)
+        self.scheduler_role, invoke_policy = scheduler_invoker(name, ctx, self.function,
+                                                               "InvokeSpendGuardOnly", child)
         self.schedule = aws.scheduler.Schedule(
             f"{name}-schedule", name=f"{ctx.prefix}-spend-guard", group_name="default",
             description=f"gpucluster {ctx.identity}: spend check every {budget.check_minutes} min",

@@ -55,6 +55,7 @@ from gpucluster.spec.fields import (
     TagValue,
     _matches,
     generated_bucket_prefix,
+    partition_of,
     stack_identity,
     tag_key,
 )
@@ -185,6 +186,7 @@ __all__ = [
     "network_findings",
     "node_group_findings",
     "parse_stack_config",
+    "partition_of",
     "plain_value_problem",
     "read_project_file",
     "shown",

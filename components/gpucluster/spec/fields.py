@@ -374,3 +374,12 @@ def stack_identity(organization: str, project: str, stack: str, cluster: str) ->
         return full
     digest = hashlib.sha256(full.encode()).hexdigest()[:_IDENTITY_HASH]
     return f"{full[:IDENTITY_MAX - _IDENTITY_HASH - 1]}+{digest}"
+
+
+def partition_of(region: str) -> str:
+    """The ARN partition of a region (AWS general reference, "Amazon Resource Names")."""
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"

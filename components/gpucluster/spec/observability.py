@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable
 
 from gpucluster.spec.checks import check
+from gpucluster.spec.fields import partition_of
 from gpucluster.spec.findings import Finding
 from gpucluster.spec.models import ObservabilityConfig, StackSpec
 
@@ -24,15 +25,6 @@ REMOTE_WRITE_URL = re.compile(
     r"/api/v1/remote_write")
 # An image pinned by content: the same bytes on every node, whatever the tag points to later.
 DIGEST = re.compile(r".+@sha256:[0-9a-f]{64}")
-
-
-def partition_of(region: str) -> str:
-    """The AWS partition a region belongs to (aws, aws-cn, aws-us-gov)."""
-    if region.startswith("cn-"):
-        return "aws-cn"
-    if region.startswith("us-gov-"):
-        return "aws-us-gov"
-    return "aws"
 
 
 def remote_write_workspace(url: str) -> tuple[str, str] | None:

@@ -151,12 +151,13 @@ def test_bad_input_is_refused_naming_the_option(job: BatchJob, option: str) -> N
 HOSTILE = "echo \"it's $HOME\" 'a b' ; echo done > /dev/null && printf '%s\\n' \"$NODE_RANK\""
 
 
-def run_with_stub_slurm(tmp_path: Path, script: str, nodes: list[str]) -> list[dict[str, str]]:
+def run_stub(tmp_path: Path, script: str, nodes: list[str],
+             hostnames: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run `script` under bash with stub scontrol/srun: srun runs its command once per node with
-    SLURM_NODEID set, as Slurm does; each task dumps its environment to task<N>.env."""
+    SLURM_NODEID set, as Slurm does; scontrol prints `hostnames` (default: the nodes)."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     write_stubs(bin_dir, log, {
-        "scontrol": 'printf "%s\\n" ' + " ".join(nodes),
+        "scontrol": hostnames if hostnames is not None else 'printf "%s\\n" ' + " ".join(nodes),
         "srun": ('while [ "${1#--}" != "$1" ]; do shift; done\n'
                  f'for i in $(seq 0 $(({len(nodes)} - 1))); do SLURM_NODEID=$i "$@" || exit $?; done'),
     })
@@ -164,7 +165,12 @@ def run_with_stub_slurm(tmp_path: Path, script: str, nodes: list[str]) -> list[d
     path.write_text(script)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[1-2]",
            "SLURM_NNODES": str(len(nodes)), "OUT": str(tmp_path), "HOME": "/home/u"}
-    done = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=20)
+    return subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=20)
+
+
+def run_with_stub_slurm(tmp_path: Path, script: str, nodes: list[str]) -> list[dict[str, str]]:
+    """Each task's environment, as it dumped it to task<N>.env."""
+    done = run_stub(tmp_path, script, nodes)
     assert done.returncode == 0, done.stderr
     tasks = []
     for i in range(len(nodes)):
@@ -185,6 +191,19 @@ def test_each_task_gets_its_rank_and_the_shared_rendezvous_from_slurms_variables
             ("efa", "1", "^docker,lo,veth")
     # The user's command reached bash intact: quotes, $ and ; as the user wrote them.
     assert (tmp_path / "hostile1.txt").read_text() == "it's /home/u a b\n1\n"
+
+
+def test_a_host_list_longer_than_the_pipe_is_no_failure_and_an_empty_one_is(tmp_path: Path) -> None:
+    # head -n1 closes the pipe after the first host: scontrol then dies of SIGPIPE, which with
+    # pipefail would end the job (exit 141) on a large allocation. Here deterministically: 200,000 hosts.
+    script = sbatch_script(BatchJob(name="a", command='echo "$MASTER_ADDR $NODE_RANK"', nodes=2),
+                           group_of(P5))
+    many = run_stub(tmp_path / "many", script, ["n1", "n2"],
+                    hostnames='for i in $(seq 200000); do echo "ip-$i"; done')
+    assert (many.returncode, many.stdout) == (0, "ip-1 0\nip-1 1\n"), many.stderr
+    none = run_stub(tmp_path / "none", script, ["n1", "n2"], hostnames="true")
+    assert none.returncode == 1 and "no first host in SLURM_JOB_NODELIST=node[1-2]" in none.stderr
+    assert none.stdout == ""  # srun never ran
 
 
 def test_the_srun_line_quotes_the_command_as_one_word() -> None:

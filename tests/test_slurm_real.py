@@ -157,7 +157,14 @@ PartitionName={partition} Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP 
 """
 
 
+SETPRIV = shutil.which("setpriv")
+
+
 def spawn(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A daemon in its own process group; killed with the test process if that dies first (a
+    pytest killed by a timeout runs no teardown), where util-linux's setpriv is there to ask it."""
+    if SETPRIV is not None:
+        cmd = [SETPRIV, "--pdeathsig", "KILL", "--", *cmd]
     with log.open("ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 

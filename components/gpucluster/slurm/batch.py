@@ -175,10 +175,16 @@ def sbatch_script(job: BatchJob, group: SlurmGroup) -> str:
     lines = ["#!/bin/bash",
              f"# gpucluster job {job.name} on node group {group.name} (Slurm partition {group.queue}).",
              *(f"#SBATCH {h}" for h in header),
-             "set -euo pipefail",
+             # No pipefail: `head -n1` closing the pipe early is scontrol's SIGPIPE, not a failure
+             # (a large allocation's host list outlasts the pipe buffer); an empty result is checked.
+             "set -eu",
              "",
              "# What torchrun/DeepSpeed read, from Slurm's allocation (NODE_RANK is set per task below).",
              'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+             'if [ -z "$MASTER_ADDR" ]; then',
+             '  echo "gpucluster: no first host in SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST" >&2',
+             "  exit 1",
+             "fi",
              f"MASTER_PORT={job.master_port}",
              'NNODES="$SLURM_NNODES"',
              f"NPROC_PER_NODE={group.procs_per_node}",

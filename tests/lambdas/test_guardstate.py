@@ -11,11 +11,12 @@ record is lost, and the other stack's group is untouched.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
+from test_races import Interposed
 
 from conftest import Cluster, Recorded, shared_client
 from gpucluster.lambdas import budget_action, guardstate, nodegroups, runtime, stops
@@ -39,28 +40,6 @@ def create_table(dynamodb: Any, name: str | None = None) -> str:
         AttributeDefinitions=[{"AttributeName": "stack", "AttributeType": "S"},
                               {"AttributeName": "group", "AttributeType": "S"}])
     return name
-
-
-class Interposed:
-    """An Auto Scaling client that runs `meanwhile` once, right before the first matching call."""
-
-    def __init__(self, real: Any, method: str, meanwhile: Callable[[], Any],
-                 when: Callable[[dict[str, Any]], bool] = lambda kwargs: True) -> None:
-        self.real, self.method, self.meanwhile, self.when = real, method, meanwhile, when
-        self.results: list[Any] = []
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.real, name)
-        if name != self.method:
-            return attr
-
-        def call(**kwargs: Any) -> Any:
-            if self.meanwhile is not None and self.when(kwargs):
-                meanwhile, self.meanwhile = self.meanwhile, None
-                self.results.append(meanwhile())
-            return attr(**kwargs)
-
-        return call
 
 
 @pytest.fixture

@@ -66,15 +66,19 @@ class SlowHook:
         return getattr(self.real, name)
 
 
+def moto_autoscaling() -> Any:
+    return boto3.client("autoscaling", region_name="us-east-1")
+
+
 class Interposed:
-    """The moto Auto Scaling client; the first call to `method` runs `meanwhile` first.
+    """An Auto Scaling client whose first call to `method` (matching `when`) runs `meanwhile` first.
 
     `meanwhile` sees the plain client: only the outer handler's call is interposed.
     """
 
-    def __init__(self, method: str, meanwhile: Callable[[], Any]) -> None:
-        self.real = boto3.client("autoscaling", region_name="us-east-1")
-        self.method = method
+    def __init__(self, real: Any, method: str, meanwhile: Callable[[], Any],
+                 when: Callable[[dict[str, Any]], bool] = lambda kwargs: True) -> None:
+        self.real, self.method, self.when = real, method, when
         self.meanwhile: Callable[[], Any] | None = meanwhile
         self.results: list[Any] = []
 
@@ -84,7 +88,7 @@ class Interposed:
             return attr
 
         def call(**kwargs: Any) -> Any:
-            if self.meanwhile is not None:
+            if self.meanwhile is not None and self.when(kwargs):
                 meanwhile, self.meanwhile = self.meanwhile, None
                 self.results.append(meanwhile())
             return attr(**kwargs)
@@ -160,7 +164,7 @@ def test_schedule_start_between_the_budgets_read_and_write_is_undone(cluster, re
     Without the budget's confirmation the groups run on, labelled budget.
     """
     schedule_stop()
-    interposed = Interposed("create_or_update_tags", schedule_start)
+    interposed = Interposed(moto_autoscaling(), "create_or_update_tags", schedule_start)
     recorded.fakes["autoscaling"] = interposed
 
     result = budget_breach()
@@ -179,7 +183,7 @@ def test_budget_between_the_starts_read_and_write_keeps_the_group_stopped(
 ) -> None:
     """The start read `schedule`, the budget relabels, then the start writes its capacity."""
     schedule_stop()
-    interposed = Interposed("update_auto_scaling_group", budget_breach)
+    interposed = Interposed(moto_autoscaling(), "update_auto_scaling_group", budget_breach)
     recorded.fakes["autoscaling"] = interposed
 
     result = schedule_start()

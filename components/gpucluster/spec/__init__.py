@@ -18,7 +18,7 @@ from __future__ import annotations
 # The section modules register their checks on import, in the order findings are reported: first,
 # whatever module of the package a caller imports (no section module imports another).
 # isort: off
-from gpucluster.spec import network, node_groups, datasets, budget, autostop, observability, images  # noqa: F401
+from gpucluster.spec import network, node_groups, datasets, budget, autostop, observability, images, scheduler  # noqa: F401
 # isort: on
 from gpucluster.lambdas.tags import STACK_TAG
 from gpucluster.spec.autostop import autostop_findings
@@ -80,6 +80,7 @@ from gpucluster.spec.models import (
     HEALTH_FINDINGS,
     LAUNCH_TIMEOUT_MINUTES,
     MIG_LAUNCH_TIMEOUT_MINUTES,
+    PCS_SLURM_VERSIONS,
     AutoStopConfig,
     BudgetConfig,
     CapacityConfig,
@@ -96,6 +97,8 @@ from gpucluster.spec.models import (
     NodeGroupConfig,
     ObservabilityConfig,
     PrometheusConfig,
+    SchedulerConfig,
+    SlurmLoginConfig,
     SpotConfig,
     StackConfig,
     StackSpec,
@@ -127,6 +130,7 @@ __all__ = [
     "MAX_VALUES",
     "MIG_LAUNCH_TIMEOUT_MINUTES",
     "ORGANIZATION_KEY",
+    "PCS_SLURM_VERSIONS",
     "PROJECT",
     "SHOWN_CHARS",
     "STACK_TAG",
@@ -159,6 +163,8 @@ __all__ = [
     "Region",
     "RoleName",
     "S3Prefix",
+    "SchedulerConfig",
+    "SlurmLoginConfig",
     "SpecError",
     "SpotConfig",
     "StackConfig",

@@ -515,6 +515,44 @@ class ImagesConfig(StrictModel):
     """Per node group: opt out, and the pinned image it launches from."""
 
 
+# Slurm versions an AWS PCS cluster can run: 24.11 or newer (the issue's floor; accounting needs 24.11,
+# AWS PCS user guide "Slurm accounting in AWS PCS"), 25.05 (PCS since 2025-10, "AWS PCS supports Slurm
+# v25.05") and 25.11 (the PCS Slurm installer's current version, "Software installers to build custom AMIs
+# for AWS PCS"). See "Slurm versions in AWS PCS" for each version's end of support.
+PCS_SLURM_VERSIONS = ("24.11", "25.05", "25.11")
+SchedulerType = Literal["none", "slurm"]
+
+
+class SlurmLoginConfig(StrictModel):
+    """The login node group: where users run sbatch/srun/squeue (reached through SSM, no SSH port)."""
+
+    instance_type: InstanceTypeName = "m7i.large"
+    """A CPU instance type: users submit jobs here, they do not run them (no GPUs)."""
+    count: Annotated[int, _in_range(1, 4)] = 1
+    """Login nodes, always running (static capacity)."""
+
+
+class SchedulerConfig(StrictModel):
+    """How work reaches the node groups: gpucluster's own launcher, or Slurm on an AWS PCS cluster."""
+
+    type: SchedulerType = "none"
+    """`none`: Auto Scaling groups and `gpucluster run`; `slurm`: an AWS PCS cluster, jobs through sbatch."""
+    slurm_version: str = "25.05"
+    """The PCS cluster's Slurm major version (24.11, 25.05 or 25.11); the AMI must carry the same."""
+    size: Literal["small", "medium", "large"] = "small"
+    """The PCS controller size (how many nodes and jobs it manages; priced by size)."""
+    accounting: bool = True
+    """Slurm accounting (sacct, `spend --by user/job`); PCS cannot turn it off later without a new cluster."""
+    ami_id: AmiId | None = None
+    """An AMI with the AWS PCS agent and Slurm of slurm_version, for every group without a baked image."""
+    login: SlurmLoginConfig = SlurmLoginConfig()
+    """The login node group."""
+
+    @property
+    def slurm(self) -> bool:
+        return self.type == "slurm"
+
+
 class StackConfig(StrictModel):
     """Everything under the `gpucluster:` namespace of a stack file."""
 
@@ -536,6 +574,8 @@ class StackConfig(StrictModel):
     """GPU metrics to Amazon Managed Prometheus, Grafana dashboards (off when absent)."""
     images: ImagesConfig = ImagesConfig()
     """Images baked by EC2 Image Builder for the node groups (off when absent)."""
+    scheduler: SchedulerConfig = SchedulerConfig()
+    """`none` (the launcher, the default) or `slurm`: an AWS PCS cluster with a queue per node group."""
 
 
 PulumiName = Annotated[str, _matches(PULUMI_NAME, "must be 1-100 characters of letters, digits, "

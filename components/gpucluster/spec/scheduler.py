@@ -1,0 +1,55 @@
+"""Named checks of the `scheduler` section: a Slurm version AWS PCS runs, a login group without GPUs,
+and node groups PCS can launch.
+
+PCS launches compute nodes itself (EC2 Fleet, not an Auto Scaling group), one purchase option per compute
+node group: on-demand, spot or a Capacity Block (AWS PCS API reference, "CreateComputeNodeGroup",
+purchaseOption). So a Slurm stack's node group is either all on-demand or all spot, and has no Auto Scaling
+warm pool. Small functions returning findings; never imports Pulumi or AWS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpucluster import catalog
+from gpucluster.spec.checks import check
+from gpucluster.spec.findings import Finding
+from gpucluster.spec.models import PCS_SLURM_VERSIONS, NodeGroupConfig, SchedulerConfig, StackSpec
+
+PATH = "scheduler"
+
+
+@check
+def scheduler_rules(spec: StackSpec) -> Iterable[Finding]:
+    s = spec.scheduler
+    if not s.slurm:
+        yield from _slurm_only_keys(s)
+        return
+    if s.slurm_version not in PCS_SLURM_VERSIONS:
+        yield Finding(f"{PATH}.slurm_version", f"must be a Slurm version AWS PCS runs "
+                      f"({', '.join(PCS_SLURM_VERSIONS)}), got {s.slurm_version!r}")
+    login = catalog.get(s.login.instance_type)
+    if login is not None and login.gpus > 0:
+        yield Finding(f"{PATH}.login.instance_type", f"{login.name} has {login.gpus} GPUs: the login group "
+                      "only submits jobs; pick a CPU type like m7i.large")
+    for i, g in enumerate(spec.node_groups):
+        yield from pcs_group_findings(g, f"node_groups[{i}]")
+
+
+def _slurm_only_keys(s: SchedulerConfig) -> Iterable[Finding]:
+    for key in sorted(s.model_fields_set - {"type"}):
+        yield Finding(f"{PATH}.{key}", "only used with type: slurm")
+
+
+def pcs_group_findings(g: NodeGroupConfig, path: str) -> Iterable[Finding]:
+    """What a node group must be for AWS PCS to launch it as one compute node group."""
+    cap = g.capacity
+    if g.warm_pool is not None:
+        yield Finding(f"{path}.warm_pool", "AWS PCS launches a Slurm stack's nodes itself: no Auto Scaling "
+                      "warm pool (remove it, or use scheduler type none)")
+    if cap.market == "mixed" and 0 < cap.spot_percent < 100:
+        yield Finding(f"{path}.capacity.spot_percent", "an AWS PCS compute node group is all on-demand or "
+                      f"all spot: must be 0 or 100 on a Slurm stack, got {cap.spot_percent:g}")
+    elif cap.market == "mixed" and cap.spot_percent == 100 and cap.on_demand_base > 0:
+        yield Finding(f"{path}.capacity.on_demand_base", "an all-spot AWS PCS compute node group has no "
+                      f"on-demand base: must be 0 on a Slurm stack, got {cap.on_demand_base}")

@@ -1,0 +1,68 @@
+"""The `scheduler` section: Slurm on AWS PCS is opt-in, and what PCS cannot launch is refused offline
+with one finding naming the key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from base_config import base
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import PCS_SLURM_VERSIONS, SpecError
+
+
+def slurm(**scheduler: Any) -> dict[str, Any]:
+    config = base()
+    config["gpucluster:scheduler"] = {"type": "slurm", **scheduler}
+    return config
+
+
+def findings(config: dict[str, Any]) -> list[tuple[str, str]]:
+    with pytest.raises(SpecError) as err:
+        parse_stack_config(config, stack="t")
+    return [(f.path, f.message) for f in err.value.findings]
+
+
+def test_the_default_is_the_launcher_and_slurm_defaults_are_a_supported_version() -> None:
+    assert parse_stack_config(base(), stack="t").scheduler.type == "none"
+    spec = parse_stack_config(slurm(), stack="t")
+    assert spec.scheduler.slurm and spec.scheduler.accounting
+    assert spec.scheduler.slurm_version in PCS_SLURM_VERSIONS
+    assert spec.scheduler.login.instance_type == "m7i.large"
+
+
+def test_an_unknown_slurm_version_names_the_key() -> None:
+    [(path, message)] = findings(slurm(slurm_version="22.05"))
+    assert path == "scheduler.slurm_version"
+    assert "24.11, 25.05, 25.11" in message and "'22.05'" in message
+
+
+def test_a_login_group_with_gpus_is_refused() -> None:
+    [(path, message)] = findings(slurm(login={"instance_type": "g5.xlarge"}))
+    assert path == "scheduler.login.instance_type"
+    assert "1 GPUs" in message
+
+
+def test_slurm_keys_without_slurm_are_refused() -> None:
+    config = base()
+    config["gpucluster:scheduler"] = {"slurm_version": "25.05", "accounting": False}
+    assert findings(config) == [("scheduler.accounting", "only used with type: slurm"),
+                                ("scheduler.slurm_version", "only used with type: slurm")]
+
+
+def test_a_group_pcs_cannot_launch_names_its_key() -> None:
+    config = slurm()
+    config["gpucluster:node_groups"][0]["capacity"] = {"spot_percent": 50}
+    [(path, message)] = findings(config)
+    assert path == "node_groups[0].capacity.spot_percent" and "got 50" in message
+    config["gpucluster:node_groups"][0]["capacity"] = {"spot_percent": 100, "on_demand_base": 1}
+    [(path, _)] = findings(config)
+    assert path == "node_groups[0].capacity.on_demand_base"
+
+
+def test_an_all_on_demand_or_all_spot_group_is_fine() -> None:
+    for capacity in ({"spot_percent": 0, "on_demand_base": 2}, {"spot_percent": 100}):
+        config = slurm()
+        config["gpucluster:node_groups"][0]["capacity"] = capacity
+        assert parse_stack_config(config, stack="t").scheduler.slurm

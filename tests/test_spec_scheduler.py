@@ -66,3 +66,12 @@ def test_an_all_on_demand_or_all_spot_group_is_fine() -> None:
         config = slurm()
         config["gpucluster:node_groups"][0]["capacity"] = capacity
         assert parse_stack_config(config, stack="t").scheduler.slurm
+
+
+def test_the_login_groups_name_is_reserved_on_a_slurm_stack() -> None:
+    config = slurm()
+    config["gpucluster:node_groups"][0]["name"] = "login"
+    [(path, message)] = findings(config)
+    assert path == "node_groups[0].name" and "'login'" in message
+    config["gpucluster:scheduler"] = {"type": "none"}
+    assert parse_stack_config(config, stack="t").node_groups[0].name == "login"

@@ -12,6 +12,8 @@ STACK_TAG = "gpucluster:stack"
 CLUSTER_TAG = "gpucluster:cluster"
 NODE_GROUP_TAG = "gpucluster:node-group"
 """The node group (as named in the stack file) an Auto Scaling group or instance belongs to."""
+SLURM_LOGIN_GROUP = "login"
+"""A Slurm stack's login node group: its NODE_GROUP_TAG value and PCS name (no node group may take it)."""
 
 STOPPED_BY_TAG = "gpucluster:stopped-by"
 PREVIOUS_DESIRED_TAG = "gpucluster:previous-desired"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpucluster import catalog
+from gpucluster.lambdas.tags import SLURM_LOGIN_GROUP
 from gpucluster.spec.checks import check
 from gpucluster.spec.findings import Finding
 from gpucluster.spec.models import PCS_SLURM_VERSIONS, NodeGroupConfig, SchedulerConfig, StackSpec
@@ -33,6 +34,9 @@ def scheduler_rules(spec: StackSpec) -> Iterable[Finding]:
         yield Finding(f"{PATH}.login.instance_type", f"{login.name} has {login.gpus} GPUs: the login group "
                       "only submits jobs; pick a CPU type like m7i.large")
     for i, g in enumerate(spec.node_groups):
+        if g.name == SLURM_LOGIN_GROUP:
+            yield Finding(f"node_groups[{i}].name", f"{SLURM_LOGIN_GROUP!r} is the Slurm login group's name "
+                          "on a Slurm stack: rename this node group")
         yield from pcs_group_findings(g, f"node_groups[{i}]")
 
 

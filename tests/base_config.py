@@ -19,6 +19,7 @@ BASE_CONFIG: dict[str, Any] = {
         {"name": "gpu", "instance_types": ["g5.xlarge", "g6.xlarge"], "min_nodes": 0,
          "desired_nodes": 1, "max_nodes": 2, "capacity": {"spot_percent": 100}},
     ],
+    "gpucluster:notifications": {"emails": ["ml@example.com"]},
 }
 
 

@@ -228,7 +228,7 @@ def test_cluster_from_a_programs_own_args_takes_the_current_stack_as_identity() 
             "network": {"availability_zones": ["us-east-1a"], "vpc_cidr": "10.8.0.0/16",
                         "nat_gateway": False},
             "node_groups": [{"name": "gpu", "instance_types": ["g5.xlarge"], "max_nodes": 1}],
-            "region": "us-east-1"}
+            "notifications": {"emails": ["ml@example.com"]}, "region": "us-east-1"}
     resources, outputs = build(lambda: GpuCluster("lab", args),  # type: ignore[arg-type]
                                lambda c: {"groups": c.node_groups, "vpc": c.vpc_id})
     asg_tags = {t["key"]: t["value"] for t in one(resources, ASG).inputs["tags"]}
@@ -482,7 +482,8 @@ def test_args_type_and_its_checking_model_have_the_same_keys(component: str) -> 
     args_type = get_type_hints(getattr(gpucluster, component).__init__)["args"]
     assert is_typeddict(args_type)
     if component == "GpuCluster":  # checked as a stack file: the StackSpec model itself
-        model_fields = {"cluster", "network", "node_groups", "datasets", "budget", "autostop", "spot",
+        model_fields = {"cluster", "network", "node_groups", "datasets", "budget", "notifications",
+                        "autostop", "spot", "scheduler",
                         "observability", "images", "stack", "region", "project", "organization"}
         assert set(args_type.__annotations__) == model_fields == set(StackSpec.model_fields)
         return

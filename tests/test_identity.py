@@ -214,7 +214,8 @@ def test_a_cluster_built_in_a_programs_own_code_takes_the_deployments_identity()
     args = {"cluster": {"name": "lab", "tags": {"owner": "ml", "cost_center": "cc-1", "environment": "dev"}},
             "network": {"availability_zones": ["us-east-1a"], "vpc_cidr": "10.8.0.0/16"},
             "node_groups": [{"name": "gpu", "instance_types": ["g5.xlarge"], "max_nodes": 1}],
-            "budget": {"monthly_limit_usd": 100}, "region": "us-east-1"}
+            "budget": {"monthly_limit_usd": 100}, "notifications": {"emails": ["ml@example.com"]},
+            "region": "us-east-1"}
     resources, _ = record_resources(lambda: GpuCluster("lab", args), stack="prod",  # type: ignore[arg-type]
                                     project="platform", organization="acme")
     found = identity_everywhere(resources)

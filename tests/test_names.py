@@ -47,6 +47,7 @@ FULL: dict[str, Any] = {
     "gpucluster:autostop": {"stop_schedule": "cron(0 20 ? * MON-FRI *)",
                             "start_schedule": "cron(0 8 ? * MON-FRI *)", "max_lifetime_hours": 24},
     "gpucluster:spot": {"interruption_command": "/opt/hooks/checkpoint.sh"},
+    "gpucluster:notifications": {"emails": ["ml@example.com"]},
 }
 LONGEST = 24  # spec.Name: 2-24 characters
 

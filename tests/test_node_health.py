@@ -94,6 +94,7 @@ def health_config(**health: Any) -> dict[str, Any]:
                                                         "environment": "dev"}},
         "gpucluster:network": {"availability_zones": ["us-east-1a"], "vpc_cidr": "10.0.0.0/16"},
         "gpucluster:node_groups": [group],
+        "gpucluster:notifications": {"emails": ["ml@example.com"]},
         "gpucluster:autostop": {"pre_stop_command": "echo checkpoint $GPUCLUSTER_STOP_REASON >> HOOK_LOG",
                                 "pre_stop_timeout_seconds": 30},
     }

@@ -68,6 +68,7 @@ def ready_config(**extra: Any) -> dict[str, Any]:
                                                         "environment": "dev"}},
         "gpucluster:network": {"availability_zones": ["us-east-1a"], "vpc_cidr": "10.0.0.0/16"},
         "gpucluster:node_groups": [group],
+        "gpucluster:notifications": {"emails": ["ml@example.com"]},
         "gpucluster:images": {"bake": True, "groups": {"train": {"ami_id": "ami-0123456789abcdef0"}}},
     }
 

@@ -50,6 +50,7 @@ from gpucluster.spec import (
     Name,
     NetworkConfig,
     NodeGroupConfig,
+    NotificationsConfig,
     ObservabilityConfig,
     PolicyName,
     PrometheusConfig,
@@ -310,6 +311,39 @@ class BudgetSettings(TypedDict):
     """With action_threshold_percent: check spend this often; stop before it crosses the threshold."""
     max_usd_per_hour: NotRequired[float]
     """Also stop compute when the stack burns more than this per hour (the spend guard's check)."""
+
+
+class NotificationsSettings(TypedDict):
+    """The stack file's `notifications`: who the guardrail topic tells."""
+
+    emails: NotRequired[list[str]]
+    """E-mail subscribers of the guardrail topic (budget.emails are subscribed too)."""
+
+
+class SlurmLoginSettings(TypedDict):
+    """The stack file's `scheduler.login`: the Slurm login node group."""
+
+    instance_type: NotRequired[str]
+    """A CPU instance type (no GPUs); default m7i.large."""
+    count: NotRequired[int]
+    """Login nodes, always running (1-4)."""
+
+
+class SchedulerSettings(TypedDict):
+    """The stack file's `scheduler`: gpucluster's launcher (none) or Slurm on an AWS PCS cluster."""
+
+    type: NotRequired[str]
+    """none (the default) or slurm."""
+    slurm_version: NotRequired[str]
+    """The PCS cluster's Slurm version: 24.11, 25.05 (default) or 25.11."""
+    size: NotRequired[str]
+    """The PCS controller size: small, medium or large."""
+    accounting: NotRequired[bool]
+    """Slurm accounting (default true)."""
+    ami_id: NotRequired[str]
+    """An AMI with the AWS PCS agent and Slurm, for groups without a baked image."""
+    login: NotRequired[SlurmLoginSettings]
+    """The login node group."""
 
 
 class AutoStopSettings(TypedDict):
@@ -744,6 +778,7 @@ class GuardrailsModel(StrictModel):
     permissions_boundary: PolicyName | None = None
     spend_prices: dict[str, Any] | None = None
     restart_jobs: bool = False
+    notify_emails: field_rule(NotificationsConfig, "emails") = Field(default_factory=list)
 
 
 def guardrails_checks(m: GuardrailsModel) -> Iterable[Finding]:

@@ -180,7 +180,7 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
                    for g in spec.node_groups],
         "cluster_name": spec.cluster.name, "identity": spec.identity, "region": spec.region,
         "tags": spec.tags, "autostop": settings(spec.autostop), "spot": settings(spec.spot),
-        "tag_groups": False,
+        "tag_groups": False, "notify_emails": list(spec.notifications.emails),
         # gpucluster's own nodes run gpucluster-job: `run --restart-on-replace` works on them
         "restart_jobs": True,
     }

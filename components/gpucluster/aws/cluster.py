@@ -32,7 +32,9 @@ from gpucluster.aws.args import (
     ImagesSettings,
     NetworkSettings,
     NodeGroupSettings,
+    NotificationsSettings,
     ObservabilitySettings,
+    SchedulerSettings,
     SpotSettings,
     component_options,
     owned_tags,
@@ -70,6 +72,8 @@ class GpuClusterArgs(TypedDict):
     """S3 datasets and how they reach the GPUs."""
     budget: NotRequired[BudgetSettings]
     """Monthly budget, alerts and the scale-to-zero action."""
+    notifications: NotRequired[NotificationsSettings]
+    """Who is told what the guardrails did and when they failed (required unless budget.emails is set)."""
     autostop: NotRequired[AutoStopSettings]
     """Idle stop, schedules, maximum lifetime and the pre-stop hook (off when absent)."""
     spot: NotRequired[SpotSettings]
@@ -78,6 +82,8 @@ class GpuClusterArgs(TypedDict):
     """GPU metrics to Amazon Managed Prometheus, Grafana dashboards (off when absent)."""
     images: NotRequired[ImagesSettings]
     """Images baked by EC2 Image Builder for the node groups (off when absent)."""
+    scheduler: NotRequired[SchedulerSettings]
+    """none (the launcher, the default) or slurm: an AWS PCS cluster with a queue per node group."""
     region: str
     """AWS region, e.g. us-east-1 (the stack file's aws:region)."""
     stack: NotRequired[str]

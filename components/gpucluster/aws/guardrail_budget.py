@@ -118,7 +118,7 @@ def topic_policy(topic_arn: str, partition: str, region: str, account: str, *, a
 
 
 class Notifications(pulumi.ComponentResource):
-    """The stack's guardrail topic (KMS-encrypted) with e-mail subscriptions from budget.emails.
+    """The stack's guardrail topic (KMS-encrypted), e-mail subscriptions: notify_emails, then budget.emails.
 
     Guardrail Lambdas report what they stopped here, idle alarms report missing
     data here, and budget alerts below the action threshold arrive here.
@@ -145,7 +145,8 @@ class Notifications(pulumi.ComponentResource):
             policy=pulumi.Output.all(self.topic.arn, partition, account).apply(
                 lambda v: topic_policy(v[0], v[1], args.region, v[2], alarms=True)),
             opts=child)
-        emails = list(args.budget.emails) if args.budget else []
+        emails = list(args.notify_emails)
+        emails += [e for e in (args.budget.emails if args.budget else []) if e not in emails]
         self.subscriptions = [
             aws.sns.TopicSubscription(f"{name}-email-{email}", topic=self.topic.arn,
                                       protocol="email", endpoint=email, opts=child)

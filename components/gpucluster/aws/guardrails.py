@@ -94,6 +94,8 @@ class GuardrailsArgs(TypedDict):
     spend_prices: NotRequired[dict[str, Any]]
     """The spend guard's price table (gpucluster.pricing.guard_prices: on-demand, Capacity Block and
     committed-base rates, fixed costs per hour); default: the catalog's on-demand rate of every type."""
+    notify_emails: NotRequired[list[str]]
+    """E-mail subscribers of the guardrail topic, besides budget.emails (a stack's notifications.emails)."""
     restart_jobs: NotRequired[bool]
     """Re-launch `gpucluster run --restart-on-replace` jobs when a replacement brings their group back to
     size (the groups' nodes must run gpucluster's node bootstrap; default false)."""

@@ -18,7 +18,8 @@ from __future__ import annotations
 # The section modules register their checks on import, in the order findings are reported: first,
 # whatever module of the package a caller imports (no section module imports another).
 # isort: off
-from gpucluster.spec import network, node_groups, datasets, budget, autostop, observability, images, scheduler  # noqa: F401
+from gpucluster.spec import network, node_groups, datasets, budget, autostop, observability, images  # noqa: F401
+from gpucluster.spec import scheduler, notifications  # noqa: F401
 # isort: on
 from gpucluster.lambdas.tags import STACK_TAG
 from gpucluster.spec.autostop import autostop_findings
@@ -95,6 +96,7 @@ from gpucluster.spec.models import (
     MigConfig,
     NetworkConfig,
     NodeGroupConfig,
+    NotificationsConfig,
     ObservabilityConfig,
     PrometheusConfig,
     SchedulerConfig,
@@ -157,6 +159,7 @@ __all__ = [
     "Name",
     "NetworkConfig",
     "NodeGroupConfig",
+    "NotificationsConfig",
     "ObservabilityConfig",
     "PolicyName",
     "PrometheusConfig",

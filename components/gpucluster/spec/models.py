@@ -400,6 +400,13 @@ class BudgetConfig(StrictModel):
     """Also stop compute when the stack burns more than this per hour (the spend guard's check)."""
 
 
+class NotificationsConfig(StrictModel):
+    """Who the stack's guardrail topic tells: every stop and start, each failure after its retries."""
+
+    emails: Annotated[list[Email], Field(max_length=10), _unique("e-mails")] = []
+    """E-mail subscribers of the guardrail topic (budget.emails are subscribed too); each confirms once."""
+
+
 class AutoStopConfig(StrictModel):
     enabled: bool = True
     """Create the idle alarms, schedules and the auto-stop Lambda."""
@@ -566,6 +573,8 @@ class StackConfig(StrictModel):
     """S3 datasets and how they reach the GPUs."""
     budget: BudgetConfig | None = None
     """Monthly budget, alerts and the scale-to-zero action."""
+    notifications: NotificationsConfig = NotificationsConfig()
+    """Who is told what the guardrails did and when they failed (required: every stack has guardrails)."""
     autostop: AutoStopConfig = AutoStopConfig(enabled=False)
     """Idle stop, schedules, maximum lifetime and the pre-stop hook (off when absent)."""
     spot: SpotConfig = SpotConfig()
@@ -590,6 +599,12 @@ class StackSpec(StackConfig):
     organization: PulumiName = DIY_ORGANIZATION
     """The Pulumi organization (`gpucluster:organization`; a self-managed backend's is `organization`)."""
     region: Region
+
+    @property
+    def subscribers(self) -> list[str]:
+        """The guardrail topic's e-mail subscribers: notifications.emails, then the other budget.emails."""
+        emails = list(self.notifications.emails)
+        return emails + [e for e in (self.budget.emails if self.budget else []) if e not in emails]
 
     @property
     def identity(self) -> str:

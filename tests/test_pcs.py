@@ -243,6 +243,8 @@ def test_each_node_group_is_a_compute_node_group_on_its_own_launch_template(plan
         assert inputs["tags"]["gpucluster:node-group"] == name
         assert plan.outputs["node_groups"][name]["pcs_compute_node_group_id"].startswith("pcs_")
         assert "asg_name" not in plan.outputs["node_groups"][name]
+        assert groups[name].ignore_changes == ("scalingConfiguration",)  # the guardrails' after creation
+    assert groups["login"].ignore_changes == ()
     assert groups["eval"].inputs["spotOptions"] == {"allocationStrategy": "price-capacity-optimized"}
     assert "spotOptions" not in groups["h100-train"].inputs
 
@@ -429,7 +431,9 @@ def test_gpucluster_plan_prints_the_pcs_resources_and_no_policy_violation(write_
     assert result.exit_code == 0, result.output
     out = result.output
     assert "policies: no violations" in out
-    for line in ("pcs.Cluster  gpu-prod-pcs-cluster", "pcs.ComputeNodeGroup  gpu-prod-pcs-h100-train",
+    assert ("slurm: AWS PCS cluster, Slurm 25.05, small, accounting on; queues eval, h100-train; login 1 x "
+            "m7i.large (no queue)") in " ".join(out.split())
+    for line in ("pcs.Cluster  gpu-prod-pcs", "pcs.ComputeNodeGroup  gpu-prod-pcs-h100-train",
                  "pcs.ComputeNodeGroup  gpu-prod-pcs-login", "pcs.Queue  gpu-prod-pcs-eval-queue"):
         assert line in out
     assert "autoscaling.Group" not in out

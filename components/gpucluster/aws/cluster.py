@@ -14,6 +14,11 @@ only) and its GpuNodeGroup, then the guardrails that act on those groups'
 Auto Scaling groups, then the dashboard. The guardrails' topic, where nodes
 report health findings, is handed to the groups as a deferred Output resolved
 once the guardrails exist (no resource cycle: the topic depends on no group).
+
+On a Slurm stack (`scheduler: {type: slurm}`) the AWS PCS cluster and its login group come after the
+network (`gpucluster.aws.pcs`, loaded only then), every node group's launch template carries the Slurm
+security group too, and each group becomes a PCS compute node group and queue on its own launch
+template instead of an Auto Scaling group; the stack exports `pcs_cluster_id`.
 """
 
 from collections.abc import Mapping
@@ -272,7 +277,9 @@ class GpuCluster(pulumi.ComponentResource):
     NodeIdentity; `node_identity` is the first group's), `groups`
     (node group name -> GpuNodeGroup, whose `.asg` the guardrails act on), `guardrails`, `dashboard`
     (ClusterDashboard), `spec`
-    (the checked StackSpec) and `outputs` (what the stack exports).
+    (the checked StackSpec), `outputs` (what the stack exports) and `pcs` (None on a `type: none`
+    stack; on a Slurm stack the `SlurmCluster`: `cluster_id`, `cluster_arn`, `node_group_ids`: group
+    name, `login` included -> its PCS compute node group id).
     """
 
     cluster_name: pulumi.Output[str]

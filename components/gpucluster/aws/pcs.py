@@ -248,8 +248,12 @@ class SlurmCluster(pulumi.ComponentResource):
                 from_port=rule.from_port, to_port=rule.to_port, description=rule.why,
                 tags={**self._tags, "Name": f"{label}-slurm-{rule.name}"}, opts=child)
         idle = args.get("idle_minutes")
+        # Named by pulumi-aws-native from its logical name (`<name>-` and a random suffix), so a replacement
+        # (every SlurmConfiguration change replaces a PCS cluster) never meets the old name: the
+        # component's own name keeps it within PCS's 40 characters for the longest cluster name (24,
+        # `-pcs`, 8; from memory of CreateCluster's clusterName limit).
         self.cluster = aws_native.pcs.Cluster(
-            f"{name}-cluster",
+            name,
             scheduler={"type": "SLURM", "version": args["slurm_version"]},
             size=args["size"].upper(),
             networking={"subnet_ids": [args["subnet_id"]],
@@ -328,7 +332,13 @@ class SlurmCluster(pulumi.ComponentResource):
                                    "max_instance_count": group["max_nodes"]},
             subnet_ids=group["subnet_ids"], purchase_option=group["purchase_option"],
             **({"ami_id": group["ami_id"]} if "ami_id" in group else {}), **spot,
-            tags=tags, opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
+            tags=tags, opts=pulumi.ResourceOptions(
+                parent=self, delete_before_replace=True,
+                # The guardrails stop a group by setting its minimum and maximum to 0 and resume it by
+                # restoring them (SLURM.md, contract 4): after creation the scaling belongs to them, as an
+                # Auto Scaling group's minimum does (GpuNodeGroup), or `pulumi up` would restart what they
+                # stopped. The login group keeps its count from the stack file.
+                ignore_changes=["scalingConfiguration"] if queue else []))
         if queue:
             self.queues[gname] = aws_native.pcs.Queue(
                 f"{name}-{gname}-queue", name=gname, cluster_id=self.cluster.aws_id,

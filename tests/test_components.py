@@ -384,7 +384,7 @@ def test_budget_lambda_stops_the_external_group_once_the_tag_resource_is_applied
 # Outputs of every component, exactly: anything more is a Python attribute leaking into the schema.
 OUTPUTS = {
     "ClusterNetwork": {"vpcId", "subnetIds", "securityGroupIds", "placementGroupNames"},
-    "GpuNodeGroup": {"asgName", "asgArn", "launchTemplateId"},
+    "GpuNodeGroup": {"asgName", "asgArn", "launchTemplateId", "launchTemplateVersion"},
     "NodeIdentity": {"roleName", "roleArn", "instanceProfileName", "instanceProfileArn"},
     "DatasetBucket": {"bucketName", "bucketArn"},
     "LustreFileSystem": {"fileSystemId", "dnsName", "mountName", "securityGroupId"},
@@ -393,7 +393,7 @@ OUTPUTS = {
     "ClusterDashboard": {"dashboardName", "dashboardUrl", "stuckAlarmNames"},
     "GpuCluster": {"clusterName", "region", "vpcId", "subnetIds", "nodeGroups", "datasets", "notifyTopicArn",
                    "budgetName", "budgetActionTopicArn", "functionNames", "idleAlarmNames", "scheduleNames",
-                   "dashboardName", "dashboardUrl", "stuckAlarmNames"},
+                   "dashboardName", "dashboardUrl", "stuckAlarmNames", "pcsClusterId"},
 }
 # Required inputs of every component (the rest are optional).
 REQUIRED = {
@@ -436,9 +436,11 @@ def test_schema_types_of_the_drop_in_components(schema: Any) -> None:
     assert not subnets.plain  # an Input: another resource's output fits
     assert nodes.inputs["instanceProfileArn"].type == PropertyType.STRING and not nodes.inputs[
         "instanceProfileArn"].plain
+    # No Auto Scaling group on a Slurm stack (AWS PCS launches the nodes): its name and ARN are optional.
     assert {k: (p.type, p.optional) for k, p in nodes.outputs.items()} == {
-        "asgName": (PropertyType.STRING, False), "asgArn": (PropertyType.STRING, False),
-        "launchTemplateId": (PropertyType.STRING, False)}
+        "asgName": (PropertyType.STRING, True), "asgArn": (PropertyType.STRING, True),
+        "launchTemplateId": (PropertyType.STRING, False),
+        "launchTemplateVersion": (PropertyType.INTEGER, False)}
     guard = schema["component_definitions"]["Guardrails"]
     assert guard.inputs["groups"].items.ref == "#/types/gpucluster:index:GuardedGroup"
     assert guard.inputs["tagGroups"].type == PropertyType.BOOLEAN

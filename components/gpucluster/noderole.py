@@ -144,13 +144,15 @@ def node_health_statements(*, asg_arn: str, identity: str, group: str, namespace
     own = {"StringEquals": {f"autoscaling:ResourceTag/{STACK_TAG}": identity,
                             f"autoscaling:ResourceTag/{NODE_GROUP_TAG}": group}}
     writes = ["autoscaling:CompleteLifecycleAction"] + (["autoscaling:SetInstanceHealth"] if replace else [])
+    # No Auto Scaling group (`asg_arn` empty: AWS PCS launches a Slurm stack's nodes): no group to act on.
     statements: list[dict[str, Any]] = [
         {"Sid": "FindOwnGroup", "Effect": "Allow", "Action": [FIND_GROUP_ACTION], "Resource": "*"},
         {"Sid": "ReportOwnHealth", "Effect": "Allow", "Action": writes, "Resource": [asg_arn],
          "Condition": own},
+    ] if asg_arn else []
+    statements.append(
         {"Sid": "CountHealthEvents", "Effect": "Allow", "Action": ["cloudwatch:PutMetricData"],
-         "Resource": "*", "Condition": {"StringEquals": {"cloudwatch:namespace": namespace}}},
-    ]
+         "Resource": "*", "Condition": {"StringEquals": {"cloudwatch:namespace": namespace}}})
     if topic_arn:
         statements.append({"Sid": "NotifyStackTopic", "Effect": "Allow", "Action": ["sns:Publish"],
                            "Resource": [topic_arn]})
@@ -185,6 +187,22 @@ def longest_health_policy(*, identity: str, cluster_name: str, group: str, regio
         identity=identity, group=group, namespace=gpu_metric_namespace(cluster_name), region=region,
         replace=replace, topic_arn=f"{arn}:sns:{region}:{_ACCOUNT}:{cluster_name}-guardrails",
         key_arn=f"{arn}:kms:{region}:{_ACCOUNT}:key/{_UUID}")
+
+
+# ------------------------------------------------------------------- AWS PCS: node registration
+
+# "IAM instance profiles for AWS Parallel Computing Service",
+# https://docs.aws.amazon.com/pcs/latest/userguide/security-instance-profiles.html: the role of a PCS
+# node's instance profile is named AWSPCS... or sits under the path /aws-pcs/, and allows
+# pcs:RegisterComputeNodeGroupInstance (Resource "*" in AWS's own example policy).
+PCS_IAM_PATH = "/aws-pcs/"
+PCS_REGISTER_ACTION = "pcs:RegisterComputeNodeGroupInstance"
+
+
+def pcs_register_policy_document() -> dict[str, Any]:
+    """What a node of a Slurm stack needs to join its AWS PCS compute node group, and nothing more."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "RegisterWithPcs", "Effect": "Allow", "Action": [PCS_REGISTER_ACTION], "Resource": "*"}]}
 
 
 # ------------------------------------------------------------------- jobs: run logs, ECR images

@@ -161,6 +161,13 @@ def _provider_computed(typ: str, name: str, inputs: dict[str, Any], region: str)
                 "arn": f"arn:aws:fsx:{region}:{MOCK_ACCOUNT}:file-system/{fs_id}"}
     if typ == "aws:ec2/vpcEndpoint:VpcEndpoint" and inputs.get("vpcEndpointType") == "Gateway":
         return {"prefixListId": "pl-63a5400a"}  # the shape of a real S3 prefix list id
+    if typ == "aws:ec2/launchTemplate:LaunchTemplate":
+        return {"latestVersion": 1}  # a new template's first version
+    if typ.startswith("aws-native:pcs:"):
+        # AWS PCS ids are `pcs_` and 10 characters (why names may not start with `pcs_`).
+        kind = typ.rsplit(":", 1)[1].lower()
+        return {"awsId": f"pcs_{digest[:10]}",
+                "arn": f"arn:aws:pcs:{region}:{MOCK_ACCOUNT}:{kind}/pcs_{digest[:10]}"}
     return {}
 
 

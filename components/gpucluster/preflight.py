@@ -17,6 +17,7 @@ from typing import Any
 
 from gpucluster import spec as stack_spec
 from gpucluster.names import name_findings
+from gpucluster.node.multipart import PCS_USER_DATA_BYTES, multipart_size
 from gpucluster.node.userdata import MAX_USER_DATA_BYTES, gzipped_size, node_bootstrap
 from gpucluster.noderole import (
     ROLE_INLINE_POLICIES_MAX_CHARS,
@@ -25,6 +26,7 @@ from gpucluster.noderole import (
     longest_health_policy,
     longest_metrics_write_policy,
     node_inline_policies_chars,
+    pcs_register_policy_document,
     run_log_group_name,
 )
 from gpucluster.parts import DataMount
@@ -55,10 +57,17 @@ def user_data_size(spec: StackSpec) -> Iterable[Finding]:
             size = gzipped_size(node_bootstrap(spec, g, mounts, notify_topic_arn=topic))
         except ValueError:
             continue  # a value bash cannot hold: reported by its own check
-        if size > limit:
+        if spec.scheduler.slurm:
+            # AWS PCS takes a MIME multi-part document (the script gzipped, base64) and adds its own part.
+            size, form, room = multipart_size(size), "as a MIME multi-part document", PCS_USER_DATA_BYTES
+        else:
+            form, room = "gzipped", 0
+        if size > limit - room:
             yield Finding(f"node_groups[{i}]", (
-                f"node user data would be {size} bytes gzipped, over {limit} (EC2's {MAX_USER_DATA_BYTES} "
-                "less room for deploy-time names): move files or setup to S3, or shorten hook commands"))
+                f"node user data would be {size} bytes {form}, over {limit - room} (EC2's "
+                f"{MAX_USER_DATA_BYTES} less room for deploy-time names"
+                f"{' and the part AWS PCS adds' if room else ''}): move files or setup to S3, or shorten "
+                "hook commands"))
 
 
 def node_role_size(spec: StackSpec) -> Iterable[Finding]:
@@ -73,6 +82,8 @@ def node_role_size(spec: StackSpec) -> Iterable[Finding]:
               if g.health_checks.enabled else [] for g in spec.node_groups]
     if spec.observability.prometheus.active:  # aps:RemoteWrite on the workspace, on every node role
         health = [[*more, longest_metrics_write_policy(spec.identity)] for more in health]
+    if spec.scheduler.slurm:  # AWS PCS registration, on every node role of a Slurm stack
+        health = [[*more, pcs_register_policy_document()] for more in health]
     images = [g.container_image for g in spec.node_groups if g.container_image]
     chars = max(node_inline_policies_chars(spec.cluster.name, grants, more,
                                            run_log_group=run_log_group_name(spec.identity), images=images)

@@ -19,7 +19,7 @@ modules: the schema analyzer reads these annotations at runtime.
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Annotated, Any, NotRequired, TypedDict, TypeVar, get_args
+from typing import Annotated, Any, Literal, NotRequired, TypedDict, TypeVar, get_args
 
 import pulumi
 from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError
@@ -57,6 +57,8 @@ from gpucluster.spec import (
     Region,
     RoleName,
     S3Prefix,
+    SchedulerConfig,
+    SlurmLoginConfig,
     SpecError,
     SpotConfig,
     StackSpec,
@@ -317,33 +319,7 @@ class NotificationsSettings(TypedDict):
     """The stack file's `notifications`: who the guardrail topic tells."""
 
     emails: NotRequired[list[str]]
-    """E-mail subscribers of the guardrail topic (budget.emails are subscribed too)."""
-
-
-class SlurmLoginSettings(TypedDict):
-    """The stack file's `scheduler.login`: the Slurm login node group."""
-
-    instance_type: NotRequired[str]
-    """A CPU instance type (no GPUs); default m7i.large."""
-    count: NotRequired[int]
-    """Login nodes, always running (1-4)."""
-
-
-class SchedulerSettings(TypedDict):
-    """The stack file's `scheduler`: gpucluster's launcher (none) or Slurm on an AWS PCS cluster."""
-
-    type: NotRequired[str]
-    """none (the default) or slurm."""
-    slurm_version: NotRequired[str]
-    """The PCS cluster's Slurm version: 24.11, 25.05 (default) or 25.11."""
-    size: NotRequired[str]
-    """The PCS controller size: small, medium or large."""
-    accounting: NotRequired[bool]
-    """Slurm accounting (default true)."""
-    ami_id: NotRequired[str]
-    """An AMI with the AWS PCS agent and Slurm, for groups without a baked image."""
-    login: NotRequired[SlurmLoginSettings]
-    """The login node group."""
+    """E-mail subscribers of the guardrail topic (budget.emails are subscribed too); each confirms once."""
 
 
 class AutoStopSettings(TypedDict):
@@ -449,6 +425,32 @@ class ImagesSettings(TypedDict):
     """Per node group: opt out, and the pinned image it launches from."""
 
 
+class SlurmLoginSettings(TypedDict):
+    """The login node group: where users run sbatch/srun/squeue (reached through SSM, no SSH port)."""
+
+    instance_type: NotRequired[str]
+    """A CPU instance type: users submit jobs here, they do not run them (no GPUs)."""
+    count: NotRequired[int]
+    """Login nodes, always running (static capacity)."""
+
+
+class SchedulerSettings(TypedDict):
+    """The stack file's `scheduler`: gpucluster's own launcher, or Slurm on an AWS PCS cluster."""
+
+    type: NotRequired[str]
+    """`none`: Auto Scaling groups and `gpucluster run`; `slurm`: an AWS PCS cluster, jobs through sbatch."""
+    slurm_version: NotRequired[str]
+    """The PCS cluster's Slurm major version (24.11, 25.05 or 25.11); the AMI must carry the same."""
+    size: NotRequired[str]
+    """The PCS controller size (how many nodes and jobs it manages; priced by size)."""
+    accounting: NotRequired[bool]
+    """Slurm accounting (sacct, `spend --by user/job`); PCS cannot turn it off later without a new cluster."""
+    ami_id: NotRequired[str]
+    """An AMI with the AWS PCS agent and Slurm of slurm_version, for every group without a baked image."""
+    login: NotRequired[SlurmLoginSettings]
+    """The login node group."""
+
+
 # The pydantic model each settings type is checked with (a test keeps their keys in step).
 SETTINGS_MODELS: dict[type, type[BaseModel]] = {
     ClusterSettings: ClusterConfig,
@@ -465,6 +467,9 @@ SETTINGS_MODELS: dict[type, type[BaseModel]] = {
     WarmPoolSettings: WarmPoolConfig,
     ImagesSettings: ImagesConfig,
     ImageGroupSettings: ImageGroupConfig,
+    SchedulerSettings: SchedulerConfig,
+    SlurmLoginSettings: SlurmLoginConfig,
+    NotificationsSettings: NotificationsConfig,
 }
 
 # ----------------------------------------------------------------------- component plumbing
@@ -669,6 +674,8 @@ class GpuNodeGroupModel(StrictModel):
     observability: ObservabilityConfig = ObservabilityConfig()
     remote_write_url: input_of(str) = ""
     image: ImageGroupConfig | None = None
+    scheduler: Literal["none", "slurm"] = "none"
+    slurm_ami_id: field_rule(NodeGroupConfig, "ami_id") = None
 
 
 def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
@@ -704,6 +711,7 @@ class NodeIdentityModel(StrictModel):
     permissions_boundary: PolicyName | None = None
     run_log_group: LogGroupName | None = None
     container_images: list[ContainerImage] = Field(default_factory=list)
+    pcs: bool = False
 
 
 def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:

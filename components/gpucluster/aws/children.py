@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from gpucluster.aws.network import ClusterNetworkArgs
     from gpucluster.aws.nodes import GpuNodeGroupArgs, NodeDataMount
     from gpucluster.aws.observability import ClusterDashboardArgs
+    from gpucluster.aws.pcs import SlurmClusterArgs, SlurmComputeGroup
 
 
 def settings(section: Any) -> Any:
@@ -119,6 +120,8 @@ def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant]) -> NodeIdenti
     images = sorted({g.container_image for g in spec.node_groups if g.container_image})
     if images:
         args["container_images"] = images
+    if spec.scheduler.slurm:  # AWS PCS launches the nodes: the profile PCS accepts, registration
+        args["pcs"] = True
     return with_boundary(spec, args)  # type: ignore[return-value]
 
 
@@ -164,6 +167,10 @@ def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequ
         args["image"] = settings(baked_image(spec.images, group))
     if placement_group_name is not None:
         args["placement_group_name"] = placement_group_name
+    if spec.scheduler.slurm:  # only then: a stack without it keeps its args as they were
+        args["scheduler"] = "slurm"
+        if spec.scheduler.ami_id is not None:
+            args["slurm_ami_id"] = spec.scheduler.ami_id
     return args  # type: ignore[return-value]
 
 
@@ -181,8 +188,9 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
         "cluster_name": spec.cluster.name, "identity": spec.identity, "region": spec.region,
         "tags": spec.tags, "autostop": settings(spec.autostop), "spot": settings(spec.spot),
         "tag_groups": False, "notify_emails": list(spec.notifications.emails),
-        # gpucluster's own nodes run gpucluster-job: `run --restart-on-replace` works on them
-        "restart_jobs": True,
+        # gpucluster's own nodes run gpucluster-job: `run --restart-on-replace` works on them (not on a
+        # Slurm stack: no Auto Scaling group to watch; Slurm requeues its jobs)
+        "restart_jobs": not spec.scheduler.slurm,
     }
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)
@@ -213,6 +221,55 @@ def dashboard_args(spec: StackSpec, asg_names: Mapping[str, Any], *, notify_topi
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)
     return args  # type: ignore[return-value]
+
+
+def slurm_cluster_args(spec: StackSpec, *, vpc_id: Any, subnet_ids_by_zone: Mapping[str, Any],
+                       egress: Sequence[tuple[str, Mapping[str, Any], int, str]]) -> SlurmClusterArgs:
+    """A Slurm stack's AWS PCS cluster: the scheduler section, the controller's interface (and the login
+    nodes) in the subnet of the first group's first zone, idle scale-down from autostop.idle_minutes."""
+    s = spec.scheduler
+    args: dict[str, Any] = {
+        "cluster_name": spec.cluster.name, "identity": spec.identity, "region": spec.region,
+        "tags": spec.tags, "slurm_version": s.slurm_version, "size": s.size, "accounting": s.accounting,
+        "vpc_id": vpc_id, "subnet_id": subnet_ids_by_zone[spec.azs_of(spec.node_groups[0])[0]],
+        "egress": [{"name": name, "port": port, "why": why, **target} for name, target, port, why in egress],
+        "login_instance_type": s.login.instance_type, "login_count": s.login.count,
+    }
+    if spec.autostop.enabled:
+        args["idle_minutes"] = spec.autostop.idle_minutes
+    if s.ami_id is not None:
+        args["login_ami_id"] = s.ami_id
+    return with_boundary(spec, args)  # type: ignore[return-value]
+
+
+def pcs_purchase_option(market: str, spot_percent: float) -> str:
+    """ONDEMAND, SPOT or CAPACITY_BLOCK: one per compute node group (the spec allows 0 or 100 % spot)."""
+    if market == "capacity_block":
+        return "CAPACITY_BLOCK"
+    return "SPOT" if spot_percent >= 100 else "ONDEMAND"
+
+
+def slurm_compute_group(spec: StackSpec, group: NodeGroupConfig, *, launch_template_id: Any,
+                        launch_template_version: Any, instance_profile_arn: Any,
+                        subnet_ids: Sequence[Any]) -> SlurmComputeGroup:
+    """One node group as an AWS PCS compute node group (and its queue) on its own launch template:
+    min_nodes stay up (static capacity), max_nodes is the most the queue scales to."""
+    cap = group.capacity
+    option = pcs_purchase_option(cap.market, cap.spot_percent)
+    entry: dict[str, Any] = {
+        "name": group.name, "launch_template_id": launch_template_id,
+        "launch_template_version": launch_template_version, "instance_profile_arn": instance_profile_arn,
+        "instance_types": list(group.instance_types), "min_nodes": group.min_nodes,
+        "max_nodes": group.max_nodes, "subnet_ids": list(subnet_ids), "purchase_option": option,
+    }
+    if option == "SPOT":
+        entry["spot_allocation_strategy"] = cap.spot_allocation_strategy
+    image = baked_image(spec.images, group)
+    ami = (image.ami_id if image is not None and launches_baked(spec.images, group) else None) \
+        or group.ami_id or spec.scheduler.ami_id
+    if ami is not None:
+        entry["ami_id"] = ami
+    return entry  # type: ignore[return-value]
 
 
 def baked_groups(spec: StackSpec) -> list[NodeGroupConfig]:

@@ -14,11 +14,16 @@ only) and its GpuNodeGroup, then the guardrails that act on those groups'
 Auto Scaling groups, then the dashboard. The guardrails' topic, where nodes
 report health findings, is handed to the groups as a deferred Output resolved
 once the guardrails exist (no resource cycle: the topic depends on no group).
+
+On a Slurm stack (`scheduler: {type: slurm}`) the AWS PCS cluster and its login group come after the
+network (`gpucluster.aws.pcs`, loaded only then), every node group's launch template carries the Slurm
+security group too, and each group becomes a PCS compute node group and queue on its own launch
+template instead of an Auto Scaling group; the stack exports `pcs_cluster_id`.
 """
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import pulumi
 import pulumi_aws as aws
@@ -55,6 +60,9 @@ from gpucluster.names import node_identity_name
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
 from gpucluster.spec import DIY_ORGANIZATION, StackSpec, baked_image, launches_baked
+
+if TYPE_CHECKING:
+    from gpucluster.aws.pcs import SlurmCluster
 
 OLD_TYPE = "gpucluster:cluster:GpuCluster"
 
@@ -103,8 +111,11 @@ class NodeGroupSummary(TypedDict):
     """EFA is on."""
     availability_zones: list[str]
     """Zones the group runs in."""
-    asg_name: str
-    """Its Auto Scaling group."""
+    asg_name: NotRequired[str]
+    """Its Auto Scaling group (scheduler type none)."""
+    pcs_compute_node_group_id: NotRequired[str]
+    """Its AWS PCS compute node group (scheduler type slurm: PCS launches the nodes, no Auto Scaling
+    group)."""
     launch_template_id: str
     """Its launch template."""
     security_group_id: str
@@ -223,6 +234,28 @@ def image_summary(spec: StackSpec, group: Any) -> dict[str, Any]:
     return {"image": {"baked": True, "ami_id": image.ami_id, "driver": image.driver, "cuda": image.cuda}}
 
 
+def build_slurm(name: str, spec: StackSpec, network: ClusterNetwork,
+                opts: pulumi.ResourceOptions) -> "SlurmCluster | None":
+    """A Slurm stack's AWS PCS cluster and login group (None on a `type: none` stack, which never loads
+    pulumi-aws-native); node groups are added as their launch templates exist."""
+    if not spec.scheduler.slurm:
+        return None
+    from gpucluster.aws.pcs import SlurmCluster
+
+    return SlurmCluster(name, children.slurm_cluster_args(
+        spec, vpc_id=network.vpc_id, subnet_ids_by_zone=network.subnets, egress=network.egress_targets()),
+        opts=opts)
+
+
+def group_handles(groups: Mapping[str, GpuNodeGroup],
+                  pcs: "SlurmCluster | None") -> dict[str, tuple[Any, Any]]:
+    """Node group name -> (name, ARN) the guardrails and the dashboard act on: its Auto Scaling group's,
+    or on a Slurm stack its PCS compute node group's (until the guardrails have a PCS backend)."""
+    if pcs is None:
+        return {g: (n.asg_name, n.asg_arn) for g, n in groups.items()}
+    return {g: (pcs.node_groups[g].name, pcs.node_groups[g].arn) for g in groups}
+
+
 def cluster_spec(name: str, args: Any) -> StackSpec:
     """GpuClusterArgs checked as a stack file is: every model and named check, or ArgsError.
 
@@ -247,7 +280,9 @@ class GpuCluster(pulumi.ComponentResource):
     NodeIdentity; `node_identity` is the first group's), `groups`
     (node group name -> GpuNodeGroup, whose `.asg` the guardrails act on), `guardrails`, `dashboard`
     (ClusterDashboard), `spec`
-    (the checked StackSpec) and `outputs` (what the stack exports).
+    (the checked StackSpec), `outputs` (what the stack exports) and `pcs` (None on a `type: none`
+    stack; on a Slurm stack the `SlurmCluster`: `cluster_id`, `cluster_arn`, `node_group_ids`: group
+    name, `login` included -> its PCS compute node group id).
     """
 
     cluster_name: pulumi.Output[str]
@@ -280,6 +315,8 @@ class GpuCluster(pulumi.ComponentResource):
     """The dashboard in the CloudWatch console (`gpucluster status` prints it too)."""
     stuck_alarm_names: pulumi.Output[dict[str, str]]
     """Node group name -> its stuck-job alarm (groups with health_checks.stuck_alarm_minutes)."""
+    pcs_cluster_id: pulumi.Output[str] | None
+    """A Slurm stack's AWS PCS cluster (scheduler type slurm)."""
 
     def __init__(self, name: str, args: GpuClusterArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
@@ -302,6 +339,7 @@ class GpuCluster(pulumi.ComponentResource):
                         if spec.observability.prometheus.active else None)
         self.node_identities: dict[str, NodeIdentity] = {}
         self.groups: dict[str, GpuNodeGroup] = {}
+        self.pcs = build_slurm(f"{name}-pcs", spec, self.network, child)
         try:
             for i, group in enumerate(spec.node_groups):
                 # One role per group: IAM scopes SetInstanceHealth to a group, not to an instance.
@@ -311,16 +349,26 @@ class GpuCluster(pulumi.ComponentResource):
                 if self.metrics is not None:
                     self.metrics.grant_write(group.name, identity.role_name)
                 network = self.network.groups[group.name]
+                # A Slurm stack's nodes also carry the Slurm security group, on every interface.
+                slurm_sg = [self.pcs.node_security_group.id] if self.pcs is not None else []
                 self.groups[group.name] = GpuNodeGroup(f"{name}-{group.name}", children.node_group_args(
                     spec, group, subnet_ids=network.subnet_ids,
-                    security_group_ids=[network.security_group.id],
+                    security_group_ids=[network.security_group.id, *slurm_sg],
                     placement_group_name=network.placement_group.name if network.placement_group else None,
                     instance_profile_arn=identity.instance_profile_arn, data_mounts=mounts,
                     node_role_name=identity.role_name, notify_topic_arn=topic_arn, notify_key_arn=key_arn,
                     remote_write_url=self.metrics.remote_write_url if self.metrics else None),
                     opts=child)
+                if self.pcs is not None:
+                    nodes = self.groups[group.name]
+                    self.pcs.add_node_group(children.slurm_compute_group(
+                        spec, group, launch_template_id=nodes.launch_template_id,
+                        launch_template_version=nodes.launch_template_version,
+                        instance_profile_arn=identity.instance_profile_arn, subnet_ids=network.subnet_ids))
+            if self.pcs is not None:
+                self.pcs.finish()
             self.guardrails = Guardrails(f"{name}-guardrails", children.guardrails_args(
-                spec, {g: (n.asg_name, n.asg_arn) for g, n in self.groups.items()}), opts=child)
+                spec, group_handles(self.groups, self.pcs)), opts=child)
         finally:
             # Always resolved, so a failure above surfaces as itself, never as a hung program.
             notify = getattr(self, "guardrails", None)
@@ -334,7 +382,8 @@ class GpuCluster(pulumi.ComponentResource):
                                                guard.capacity_block)
                     if part is not None and getattr(part, "function", None) is not None]
         self.dashboard = ClusterDashboard(f"{name}-dashboard", children.dashboard_args(
-            spec, {g: n.asg_name for g, n in self.groups.items()}, notify_topic_arn=guard.notify_topic_arn,
+            spec, {g: handle[0] for g, handle in group_handles(self.groups, self.pcs).items()},
+            notify_topic_arn=guard.notify_topic_arn,
             guardrail_log_groups=[f.log_group.name for f in stoppers],
             alarm_arns=[a.arn for a in guard.autostop.alarms.values()] if guard.autostop else []),
             opts=child)
@@ -343,7 +392,8 @@ class GpuCluster(pulumi.ComponentResource):
                 "instance_types": list(group.instance_types),
                 "efa": group.efa_enabled,
                 "availability_zones": spec.azs_of(group),
-                "asg_name": self.groups[group.name].asg_name,
+                **({"pcs_compute_node_group_id": self.pcs.node_groups[group.name].aws_id}
+                   if self.pcs is not None else {"asg_name": self.groups[group.name].asg_name}),
                 "launch_template_id": self.groups[group.name].launch_template_id,
                 "security_group_id": (network := self.network.groups[group.name]).security_group.id,
                 "placement_group_name": pg.name if (pg := network.placement_group) else None,
@@ -358,6 +408,7 @@ class GpuCluster(pulumi.ComponentResource):
             "subnet_ids": self.network.subnet_ids,
             "node_groups": node_groups,
             "datasets": datasets,
+            **({"pcs_cluster_id": self.pcs.cluster_id} if self.pcs is not None else {}),
             **self.guardrails.outputs,
             **({"image_pipeline_arns": self.images.pipeline_arns} if self.images else {}),
             "dashboard_name": self.dashboard.dashboard_name,
@@ -380,4 +431,5 @@ class GpuCluster(pulumi.ComponentResource):
         self.dashboard_name = self.dashboard.dashboard_name
         self.dashboard_url = self.dashboard.dashboard_url
         self.stuck_alarm_names = self.dashboard.stuck_alarm_names
+        self.pcs_cluster_id = self.pcs.cluster_id if self.pcs is not None else None
         self.register_outputs(self.outputs)

@@ -17,9 +17,11 @@ import pulumi_aws as aws
 
 from gpucluster.aws.args import NodeIdentityModel, component_options, identity_checks, type_token, validate
 from gpucluster.noderole import (
+    PCS_IAM_PATH,
     agent_policy_document,
     gpu_metric_namespace,
     jobs_policy_document,
+    pcs_register_policy_document,
     s3_policy_document,
 )
 
@@ -74,6 +76,8 @@ class NodeIdentityArgs(TypedDict):
     """The stack's run log group (its name): the only log group nodes may write job output to."""
     container_images: NotRequired[list[str]]
     """The node groups' container images: nodes may pull those in private ECR (their repositories only)."""
+    pcs: NotRequired[bool]
+    """Nodes AWS PCS launches (a Slurm stack): role and profile under /aws-pcs/, may register with PCS."""
 
 
 class NodeIdentity(pulumi.ComponentResource):
@@ -102,8 +106,10 @@ class NodeIdentity(pulumi.ComponentResource):
         invoke = pulumi.InvokeOutputOptions(parent=self)
         partition = aws.get_partition_output(opts=invoke).partition
         account = aws.get_caller_identity_output(opts=invoke).account_id
+        # AWS PCS takes only a profile whose role is named AWSPCS... or sits under /aws-pcs/ (noderole).
+        path = PCS_IAM_PATH if m.pcs else None
         self.role = aws.iam.Role(
-            f"{name}-role", assume_role_policy=assume_role_policy(),
+            f"{name}-role", assume_role_policy=assume_role_policy(), path=path,
             description="gpucluster GPU nodes: SSM, GPU metrics of their cluster, dataset S3 access",
             permissions_boundary=boundary_arn(partition, account, m.permissions_boundary)
             if m.permissions_boundary else None,
@@ -126,7 +132,12 @@ class NodeIdentity(pulumi.ComponentResource):
             self.s3_policy = aws.iam.RolePolicy(f"{name}-s3", role=self.role.id, policy=document, opts=child)
         self.jobs_policy = self._jobs_policy(name, m.run_log_group, m.container_images, partition, account,
                                              child)
-        self.instance_profile = aws.iam.InstanceProfile(f"{name}-profile", role=self.role.name,
+        self.pcs_policy: aws.iam.RolePolicy | None = None
+        if m.pcs:
+            self.pcs_policy = aws.iam.RolePolicy(
+                f"{name}-pcs", role=self.role.id, policy=json.dumps(pcs_register_policy_document()),
+                opts=child)
+        self.instance_profile = aws.iam.InstanceProfile(f"{name}-profile", role=self.role.name, path=path,
                                                         tags=dict(tags), opts=child)
         self.role_name = self.role.name
         self.role_arn = self.role.arn

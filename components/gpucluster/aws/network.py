@@ -308,6 +308,10 @@ class ClusterNetwork(pulumi.ComponentResource):
                       opts=pulumi.ResourceOptions(parent=self, aliases=[
                           pulumi.Alias(name=f"{name}-efa-{direction}")]))
 
+    def egress_targets(self) -> list[tuple[str, Mapping[str, pulumi.Input[str]], int, str]]:
+        """The node groups' outbound rules (name, target, port, why); a Slurm stack's login nodes' too."""
+        return self._egress_targets()
+
     def _egress_targets(self) -> list[tuple[str, Mapping[str, pulumi.Input[str]], int, str]]:
         """Outbound rules of node groups: only what SSM, S3, CloudWatch and packages need.
 

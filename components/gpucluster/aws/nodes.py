@@ -13,7 +13,10 @@ group's own provider ignores them). With `health_checks` on, a launch lifecycle 
 holds every new node until its own GPU check answers (`aws/health.py`), and the
 nodes' role gets a policy to answer for this group only. It never gives a node a public address. It takes
 its subnets, security groups, placement group and instance profile as ids, so
-it drops into a VPC gpucluster did not build.
+it drops into a VPC gpucluster did not build. On a Slurm stack (`scheduler: slurm`) AWS PCS
+launches the nodes from the launch template alone (`gpucluster.aws.pcs`): no Auto Scaling group, no
+launch hook; the placement group and an on-demand reservation go in the template, the user data is
+a MIME multi-part document (`node/multipart.py`).
 """
 
 import inspect
@@ -42,7 +45,13 @@ from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_
 from gpucluster.aws.nics import network_interfaces
 from gpucluster.lambdas.tags import NODE_GROUP_TAG
 from gpucluster.node.metrics import group_metrics
-from gpucluster.node.userdata import encode_user_data, group_bootstrap, render_user_data
+from gpucluster.node.multipart import PCS_USER_DATA_BYTES, encode_multipart_user_data
+from gpucluster.node.userdata import (
+    MAX_USER_DATA_BYTES,
+    encode_user_data,
+    group_bootstrap,
+    render_user_data,
+)
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.parts import DataMount
 from gpucluster.spec import CapacityConfig, NodeGroupConfig
@@ -203,6 +212,34 @@ def warm_pool(group: NodeGroupConfig) -> dict[str, Any]:
         "instance_reuse_policy": {"reuse_on_scale_in": pool.reuse_on_scale_in}}}
 
 
+def pinned_ami(m: GpuNodeGroupModel) -> str | None:
+    """The AMI the group launches from when one is named: its baked image, its ami_id, or (a Slurm
+    stack) the scheduler's AMI; None: the default SSM parameter's, resolved at creation."""
+    return baked_ami(m) or m.node_group.ami_id or (m.slurm_ami_id if m.scheduler == "slurm" else None)
+
+
+def pcs_launch_options(group: NodeGroupConfig, placement_group: pulumi.Input[str] | None) -> dict[str, Any]:
+    """What a Slurm stack's launch template carries that an Auto Scaling group would have held.
+
+    AWS PCS launches from the template alone, so the cluster placement group (EFA) goes in the
+    template's placement, and an on-demand group's capacity reservation in its
+    capacity_reservation_specification (EC2 user guide, "Launch instances into an existing Capacity
+    Reservation"; AWS PCS user guide, "Using Amazon EC2 Capacity Reservations with AWS PCS", from
+    memory). A Capacity Block's market type and reservation are there already (`capacity_block_options`).
+    """
+    # Unlike the Auto Scaling group's capacity-reservations-first, a template's target does not fall
+    # back to plain on-demand when the reservation is full.
+    options: dict[str, Any] = {}
+    if placement_group is not None:
+        options["placement"] = {"group_name": placement_group}
+    capacity = group.capacity
+    if (capacity.market == "mixed" and capacity.capacity_reservation_id is not None
+            and capacity.spot_percent == 0):
+        options["capacity_reservation_specification"] = {
+            "capacity_reservation_target": {"capacity_reservation_id": capacity.capacity_reservation_id}}
+    return options
+
+
 def can_hold_spot(group: NodeGroupConfig) -> bool:
     return group.capacity.market == "mixed" and group.capacity.spot_percent > 0
 
@@ -272,6 +309,11 @@ class GpuNodeGroupArgs(TypedDict):
     """The stack's AMP workspace remote-write URL (observability.prometheus.enabled)."""
     image: NotRequired[ImageGroupSettings]
     """The group's pinned baked image (ami_id, driver, cuda): launch from it, install nothing at boot."""
+    scheduler: NotRequired[str]
+    """none (default): an Auto Scaling group launches the nodes; slurm: AWS PCS does, from the launch
+    template alone (no Auto Scaling group, placement and reservation in the template, MIME user data)."""
+    slurm_ami_id: NotRequired[str]
+    """slurm: the AMI (PCS agent and Slurm) of a group with neither a baked image nor an ami_id."""
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -284,12 +326,14 @@ class GpuNodeGroup(pulumi.ComponentResource):
     `aws.ec2.LaunchTemplate`).
     """
 
-    asg_name: pulumi.Output[str]
-    """The Auto Scaling group's name."""
-    asg_arn: pulumi.Output[str]
-    """The Auto Scaling group's ARN (what guardrails scope their IAM to)."""
+    asg_name: pulumi.Output[str] | None
+    """The Auto Scaling group's name (none on a Slurm stack: AWS PCS launches the nodes)."""
+    asg_arn: pulumi.Output[str] | None
+    """The Auto Scaling group's ARN (what guardrails scope their IAM to; none on a Slurm stack)."""
     launch_template_id: pulumi.Output[str]
     """The launch template's id."""
+    launch_template_version: pulumi.Output[int]
+    """The launch template's latest version (what an AWS PCS compute node group launches)."""
 
     def __init__(self, name: str, args: GpuNodeGroupArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
@@ -302,12 +346,15 @@ class GpuNodeGroup(pulumi.ComponentResource):
                             fsx_client_key_fingerprints=tuple(d.fsx_client_key_fingerprints),
                             expected_bucket_owner=d.expected_bucket_owner)
                   for d in m.data_mounts]
+        slurm = m.scheduler == "slurm"
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
             description=f"gpucluster {m.cluster_name}/{group.name} GPU nodes",
             image_id=self._image_id(group, m),
-            instance_type=group.instance_types[0] if plain_template(group) else None,
-            iam_instance_profile={"arn": m.instance_profile_arn},
+            # AWS PCS picks the type from its instance configs and passes the compute node group's
+            # instance profile itself: a Slurm stack's template names neither.
+            instance_type=group.instance_types[0] if plain_template(group) and not slurm else None,
+            iam_instance_profile=None if slurm else {"arn": m.instance_profile_arn},
             user_data=self._user_data(m, mounts),
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
                               "http_put_response_hop_limit": IMDS_HOP_LIMIT,
@@ -326,12 +373,29 @@ class GpuNodeGroup(pulumi.ComponentResource):
             tags=tags,
             # A pinned baked image is followed: changing the pin is how the user moves the group.
             opts=pulumi.ResourceOptions(parent=self,
-                                        ignore_changes=[] if baked_ami(m) else ami_ignore_changes(group)),
+                                        ignore_changes=[] if pinned_ami(m) else ami_ignore_changes(group)),
             **capacity_block_options(group.capacity),
+            **(pcs_launch_options(group, m.placement_group_name) if slurm else {}),
         )
+        self.launch_template_version = self.launch_template.latest_version
         health = group.health_checks
+        self.asg: aws.autoscaling.Group | None = None
+        self.launch_hook: aws.autoscaling.LifecycleHook | None = None
+        self.health_policy: aws.iam.RolePolicy | None = None
+        if slurm:
+            # AWS PCS launches the nodes (no Auto Scaling group, so no launch hook); the health check
+            # keeps its metrics and reports.
+            if health.enabled:
+                self.health_policy = aws.iam.RolePolicy(
+                    f"{name}-health", role=m.node_role_name, policy=self._health_policy(m, None),
+                    opts=pulumi.ResourceOptions(parent=self))
+            self.asg_name = self.asg_arn = None
+            self.launch_template_id = self.launch_template.id
+            self.register_outputs({"launch_template_id": self.launch_template_id,
+                                   "launch_template_version": self.launch_template_version})
+            return
         hooks = {"initial_lifecycle_hooks": [launch_hook(group)]} if health.enabled else {}
-        self.asg = aws.autoscaling.Group(
+        asg = self.asg = aws.autoscaling.Group(
             f"{name}-asg",
             min_size=group.min_nodes,
             max_size=group.max_nodes,
@@ -355,19 +419,18 @@ class GpuNodeGroup(pulumi.ComponentResource):
             **warm_pool(group),
             **self._capacity(group),
         )
-        self.launch_hook: aws.autoscaling.LifecycleHook | None = None
-        self.health_policy: aws.iam.RolePolicy | None = None
         child = pulumi.ResourceOptions(parent=self)
         if health.enabled:
             # The same hook by name (PutLifecycleHook creates or updates): it reaches groups created
             # before health checks, applies timeout changes, and is deleted when checks are turned off.
             self.launch_hook = aws.autoscaling.LifecycleHook(
-                f"{name}-launch-check", autoscaling_group_name=self.asg.name, **launch_hook(group),
+                f"{name}-launch-check", autoscaling_group_name=asg.name, **launch_hook(group),
                 opts=child)
             self.health_policy = aws.iam.RolePolicy(
-                f"{name}-health", role=m.node_role_name, policy=self._health_policy(m), opts=child)
-        self.asg_name = self.asg.name
-        self.asg_arn = self.asg.arn
+                f"{name}-health", role=m.node_role_name, policy=self._health_policy(m, asg.arn),
+                opts=child)
+        self.asg_name = asg.name
+        self.asg_arn = asg.arn
         self.launch_template_id = self.launch_template.id
         self.register_outputs({"asg_name": self.asg_name, "asg_arn": self.asg_arn,
                                "launch_template_id": self.launch_template_id})
@@ -393,10 +456,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
         return aws.Provider(f"{name}-asg-provider", **args, opts=pulumi.ResourceOptions(parent=self))
 
     def _image_id(self, group: NodeGroupConfig, m: GpuNodeGroupModel) -> pulumi.Input[str]:
-        if (ami := baked_ami(m)) is not None:
+        if (ami := pinned_ami(m)) is not None:
             return ami
-        if group.ami_id:
-            return group.ami_id
         parameter = group.ami_ssm_parameter or DEFAULT_AMI_PARAMETER
         return aws.ssm.get_parameter_output(name=parameter, opts=pulumi.InvokeOptions(parent=self)).value
 
@@ -411,16 +472,21 @@ class GpuNodeGroup(pulumi.ComponentResource):
             mounts = [replace(d, bucket_name=resolved[4 * i], fsx_dns_name=resolved[4 * i + 1],
                               fsx_mount_name=resolved[4 * i + 2], expected_bucket_owner=resolved[4 * i + 3])
                       for i, d in enumerate(data_mounts)]
-            return encode_user_data(render_user_data(group_bootstrap(
+            script = render_user_data(group_bootstrap(
                 m.node_group, stack=m.identity, cluster=m.cluster_name, region=m.region, spot=m.spot,
                 data_mounts=mounts, autostop=m.autostop, notify_topic_arn=topic or "",
                 metrics=group_metrics(m.observability, m.region, url or None),
-                baked=baked_ami(m) is not None)))
+                baked=baked_ami(m) is not None))
+            if m.scheduler == "slurm":
+                return encode_multipart_user_data(script, MAX_USER_DATA_BYTES - PCS_USER_DATA_BYTES)
+            return encode_user_data(script)
 
         return pulumi.Output.all(m.notify_topic_arn, m.remote_write_url, *values).apply(render)
 
-    def _health_policy(self, m: GpuNodeGroupModel) -> pulumi.Output[str]:
-        """This group's health statements, once its ARN and the topic and key are known."""
+    @staticmethod
+    def _health_policy(m: GpuNodeGroupModel, asg_arn: pulumi.Input[str] | None) -> pulumi.Output[str]:
+        """This group's health statements, once its ARN (none: no Auto Scaling group) and the topic and
+        key are known."""
         health = m.node_group.health_checks
 
         def document(values: list[Any]) -> str:
@@ -430,7 +496,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 namespace=gpu_metric_namespace(m.cluster_name), region=m.region,
                 replace=health.on_failure == "replace", topic_arn=topic or "", key_arn=key or ""))
 
-        return pulumi.Output.all(self.asg.arn, m.notify_topic_arn, m.notify_key_arn).apply(document)
+        return pulumi.Output.all(asg_arn or "", m.notify_topic_arn, m.notify_key_arn).apply(document)
 
     def _capacity(self, group: NodeGroupConfig) -> dict[str, Any]:
         template = {"launch_template_id": self.launch_template.id, "version": LATEST}

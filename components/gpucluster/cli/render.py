@@ -273,6 +273,7 @@ def plan_lines(result: Plan, cost: StackCost | str, violations: list[Violation],
     out = [paint(f"stack {result.stack} ({spec.region}): {len(spec.node_groups)} node group(s), "
                  f"{len(custom)} resources in {len(result.resources) - len(custom)} components", "bold")]
     out += node_group_lines(result, cost)
+    out += slurm_lines(result)
     out += cost_lines(result.stack, cost)
     out += violation_lines(violations)
     for warning in warnings:  # valid, but against advice (e.g. spot in a multi-node EFA group)
@@ -293,6 +294,26 @@ def plan_lines(result: Plan, cost: StackCost | str, violations: list[Violation],
     else:
         out.append(paint("(--tree: the resources by kind, the resource tree and the stack outputs)", "dim"))
     return out
+
+
+def slurm_lines(result: Plan) -> list[str]:
+    """A Slurm stack's AWS PCS cluster as planned: the Slurm version, size and accounting, the queues
+    (one per node group, each its partition) and the login group; nothing on a `type: none` stack."""
+    clusters = result.of_type("aws-native:pcs:Cluster")
+    if not clusters:
+        return []
+    inputs = clusters[0].inputs
+    accounting = inputs.get("slurmConfiguration", {}).get("accounting", {}).get("mode") == "STANDARD"
+    queues = sorted(q.inputs.get("name", q.name) for q in result.of_type("aws-native:pcs:Queue"))
+    queued = set(queues)
+    others = [g.inputs for g in result.of_type("aws-native:pcs:ComputeNodeGroup")
+              if g.inputs.get("name") not in queued]
+    login = ", ".join(f"{g.get('name')} {g.get('scalingConfiguration', {}).get('minInstanceCount', 0):g} x "
+                      f"{'/'.join(c.get('instanceType', '?') for c in g.get('instanceConfigs', []))}"
+                      for g in others)
+    return wrap(f"slurm: AWS PCS cluster, Slurm {inputs.get('scheduler', {}).get('version')}, "
+                f"{str(inputs.get('size', '')).lower()}, accounting {'on' if accounting else 'off'}; "
+                f"queues {', '.join(queues) or 'none'}; {login or 'no login group'} (no queue)")
 
 
 def node_group_lines(result: Plan, cost: StackCost | str) -> list[str]:

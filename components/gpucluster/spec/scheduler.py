@@ -38,6 +38,7 @@ def scheduler_rules(spec: StackSpec) -> Iterable[Finding]:
             yield Finding(f"node_groups[{i}].name", f"{SLURM_LOGIN_GROUP!r} is the Slurm login group's name "
                           "on a Slurm stack: rename this node group")
         yield from pcs_group_findings(g, f"node_groups[{i}]")
+        yield from pcs_name_findings(g, f"node_groups[{i}]")
 
 
 def _slurm_only_keys(s: SchedulerConfig) -> Iterable[Finding]:
@@ -57,3 +58,24 @@ def pcs_group_findings(g: NodeGroupConfig, path: str) -> Iterable[Finding]:
     elif cap.market == "mixed" and cap.spot_percent == 100 and cap.on_demand_base > 0:
         yield Finding(f"{path}.capacity.on_demand_base", "an all-spot AWS PCS compute node group has no "
                       f"on-demand base: must be 0 on a Slurm stack, got {cap.on_demand_base}")
+
+
+# AWS PCS names of compute node groups and queues: 3-25 characters, a letter first (AWS PCS API reference,
+# CreateComputeNodeGroup / CreateQueue; from memory: pulumi-aws-native 1.84's docstrings give no limit).
+# The spec's group names are 2-24 characters of a-z, 0-9 and '-', a letter first: only the length can miss.
+PCS_NAME_MIN = 3
+# pulumi-aws-native 1.84, ComputeNodeGroupSpotOptionsPropertiesAllocationStrategy: "AWS PCS supports lowest
+# price, capacity optimized, and price capacity optimized".
+PCS_SPOT_STRATEGIES = ("lowest-price", "capacity-optimized", "price-capacity-optimized")
+
+
+def pcs_name_findings(g: NodeGroupConfig, path: str) -> Iterable[Finding]:
+    """The group's name is its PCS compute node group's and queue's: what AWS PCS accepts as one."""
+    if len(g.name) < PCS_NAME_MIN:
+        yield Finding(f"{path}.name", f"names the AWS PCS compute node group and queue: at least "
+                      f"{PCS_NAME_MIN} characters on a Slurm stack, got {g.name!r}")
+    cap = g.capacity
+    spot = cap.market == "mixed" and cap.spot_percent == 100
+    if spot and cap.spot_allocation_strategy not in PCS_SPOT_STRATEGIES:
+        yield Finding(f"{path}.capacity.spot_allocation_strategy", "AWS PCS supports "
+                      f"{', '.join(PCS_SPOT_STRATEGIES)}; got {cap.spot_allocation_strategy!r}")

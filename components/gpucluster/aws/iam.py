@@ -15,12 +15,20 @@ from typing import NotRequired, TypedDict
 import pulumi
 import pulumi_aws as aws
 
-from gpucluster.aws.args import NodeIdentityModel, component_options, identity_checks, type_token, validate
+from gpucluster.aws.args import (
+    NodeIdentityModel,
+    NodeScriptsSource,
+    component_options,
+    identity_checks,
+    type_token,
+    validate,
+)
 from gpucluster.noderole import (
     agent_policy_document,
     gpu_metric_namespace,
     jobs_policy_document,
     s3_policy_document,
+    scripts_policy_document,
 )
 
 # AWS managed policies: Systems Manager user guide ("Configure instance permissions"). The CloudWatch
@@ -74,14 +82,17 @@ class NodeIdentityArgs(TypedDict):
     """The stack's run log group (its name): the only log group nodes may write job output to."""
     container_images: NotRequired[list[str]]
     """The node groups' container images: nodes may pull those in private ECR (their repositories only)."""
+    node_scripts: NotRequired[NodeScriptsSource]
+    """A NodeScripts bucket: nodes may read its node-scripts/ prefix (s3:GetObject only), nothing else."""
 
 
 class NodeIdentity(pulumi.ComponentResource):
     """The node role, its managed, agent and S3 policies, and the instance profile launch templates use.
 
     Python users also get `role` (`aws.iam.Role`), `instance_profile` (`aws.iam.InstanceProfile`),
-    `agent_policy`, `s3_policy` and `jobs_policy` (`aws.iam.RolePolicy`; `s3_policy` None without
-    grants, `jobs_policy` None without a run log group or an ECR image).
+    `agent_policy`, `s3_policy`, `jobs_policy` and `scripts_policy` (`aws.iam.RolePolicy`; `s3_policy`
+    None without grants, `jobs_policy` None without a run log group or an ECR image, `scripts_policy`
+    None without node_scripts).
     """
 
     role_name: pulumi.Output[str]
@@ -126,6 +137,13 @@ class NodeIdentity(pulumi.ComponentResource):
             self.s3_policy = aws.iam.RolePolicy(f"{name}-s3", role=self.role.id, policy=document, opts=child)
         self.jobs_policy = self._jobs_policy(name, m.run_log_group, m.container_images, partition, account,
                                              child)
+        self.scripts_policy: aws.iam.RolePolicy | None = None
+        if m.node_scripts is not None:
+            scripts = m.node_scripts
+            self.scripts_policy = aws.iam.RolePolicy(
+                f"{name}-scripts", role=self.role.id,
+                policy=pulumi.Output.all(partition, scripts.bucket_name, scripts.owner).apply(
+                    lambda v: json.dumps(scripts_policy_document(v[1], v[2], v[0]))), opts=child)
         self.instance_profile = aws.iam.InstanceProfile(f"{name}-profile", role=self.role.name,
                                                         tags=dict(tags), opts=child)
         self.role_name = self.role.name

@@ -30,6 +30,7 @@ from gpucluster.aws.args import (
     GpuNodeGroupModel,
     ImageGroupSettings,
     NodeGroupSettings,
+    NodeScriptsSource,
     ObservabilitySettings,
     SpotSettings,
     component_options,
@@ -41,6 +42,7 @@ from gpucluster.aws.args import (
 from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_hook
 from gpucluster.aws.nics import network_interfaces
 from gpucluster.lambdas.tags import NODE_GROUP_TAG
+from gpucluster.node.bundle import scripts_source
 from gpucluster.node.metrics import group_metrics
 from gpucluster.node.userdata import encode_user_data, group_bootstrap, render_user_data
 from gpucluster.noderole import gpu_metric_namespace
@@ -272,6 +274,10 @@ class GpuNodeGroupArgs(TypedDict):
     """The stack's AMP workspace remote-write URL (observability.prometheus.enabled)."""
     image: NotRequired[ImageGroupSettings]
     """The group's pinned baked image (ami_id, driver, cuda): launch from it, install nothing at boot."""
+    node_scripts: NotRequired[NodeScriptsSource]
+    """A NodeScripts bucket (its `source`): nodes fetch the shipped scripts from it and check their
+    sha256, the user data keeps only the loader and settings (absent: every script in the user data,
+    within EC2's 16 KiB). The role of instance_profile_arn needs NodeIdentityArgs.node_scripts."""
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -407,7 +413,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
                   for v in (d.bucket_name, d.fsx_dns_name, d.fsx_mount_name, d.expected_bucket_owner)]
 
         def render(resolved: list[Any]) -> str:
-            topic, url, resolved = resolved[0], resolved[1], resolved[2:]
+            topic, url, bucket, owner, resolved = (resolved[0], resolved[1], resolved[2], resolved[3],
+                                                   resolved[4:])
             mounts = [replace(d, bucket_name=resolved[4 * i], fsx_dns_name=resolved[4 * i + 1],
                               fsx_mount_name=resolved[4 * i + 2], expected_bucket_owner=resolved[4 * i + 3])
                       for i, d in enumerate(data_mounts)]
@@ -415,9 +422,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 m.node_group, stack=m.identity, cluster=m.cluster_name, region=m.region, spot=m.spot,
                 data_mounts=mounts, autostop=m.autostop, notify_topic_arn=topic or "",
                 metrics=group_metrics(m.observability, m.region, url or None),
-                baked=baked_ami(m) is not None)))
+                baked=baked_ami(m) is not None), scripts_source(bucket, owner) if bucket else None))
 
-        return pulumi.Output.all(m.notify_topic_arn, m.remote_write_url, *values).apply(render)
+        scripts = m.node_scripts
+        return pulumi.Output.all(m.notify_topic_arn, m.remote_write_url,
+                                 scripts.bucket_name if scripts else "", scripts.owner if scripts else "",
+                                 *values).apply(render)
 
     def _health_policy(self, m: GpuNodeGroupModel) -> pulumi.Output[str]:
         """This group's health statements, once its ARN and the topic and key are known."""

@@ -524,7 +524,8 @@ OLD_TOKENS = {
 
 
 # Components added since: nothing to alias (their resources are created, not taken over).
-NEW_COMPONENTS = {"ClusterDashboard", "JobRestart", "GuardState", "GuardrailAlarms", "SpendGuard"}
+NEW_COMPONENTS = {"ClusterDashboard", "JobRestart", "GuardState", "GuardrailAlarms", "SpendGuard",
+                  "NodeScripts"}
 
 
 def old_type(token: str) -> str:

@@ -197,6 +197,10 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
     "aws:s3/bucketOwnershipControls:BucketOwnershipControls": [
         "s3:PutBucketOwnershipControls", "s3:GetBucketOwnershipControls"],
     "aws:s3/bucketPolicy:BucketPolicy": ["s3:PutBucketPolicy", "s3:GetBucketPolicy", "s3:DeleteBucketPolicy"],
+    # the node scripts bundle (components/gpucluster/aws/nodescripts.py): uploaded with its tags and
+    # SHA-256 checksum, read back; retained on delete, so never deleted by a deploy
+    "aws:s3/bucketObjectv2:BucketObjectv2": ["s3:PutObject", "s3:GetObject", "s3:GetObjectTagging",
+                                             "s3:PutObjectTagging", "s3:GetObjectAttributes"],
     "aws:fsx/lustreFileSystem:LustreFileSystem": [
         "fsx:CreateFileSystem", "fsx:UpdateFileSystem", "fsx:TagResource", "fsx:UntagResource",
         "fsx:ListTagsForResource"],

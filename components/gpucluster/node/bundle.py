@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
+from collections.abc import Mapping
 from functools import cache
 
 from gpucluster.node.userdata import ScriptsSource, bundle_members
@@ -30,10 +31,15 @@ BUNDLE_CONTENT_TYPE = "application/x-tar"
 
 @cache
 def bundle_bytes() -> bytes:
-    """The bundle: each member of `bundle_members` as a regular file, mode 0644, owned by root, time 0."""
+    """The bundle: every member of `bundle_members` (`pack`)."""
+    return pack(bundle_members())
+
+
+def pack(members: Mapping[str, str]) -> bytes:
+    """A reproducible tar of `members`: by name, regular files, mode 0644, owned by root, time 0."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name, text in bundle_members().items():  # sorted by name
+        for name, text in sorted(members.items()):
             data = text.encode()
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, 0

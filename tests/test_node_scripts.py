@@ -193,6 +193,11 @@ def test_the_loader_and_the_user_data_with_it_lint_clean(tmp_path: Path) -> None
     lint(path)
 
 
+def test_a_groups_own_files_cannot_land_where_the_bundle_is_unpacked() -> None:
+    from gpucluster.spec.node_groups import RESERVED_NODE_PATHS
+    assert SCRIPTS_DIR.startswith(RESERVED_NODE_PATHS)
+
+
 def test_without_a_source_every_script_stays_in_the_user_data() -> None:
     """GpuNodeGroup given no node_scripts: today's user data, byte for byte, no loader."""
     b = settings()

@@ -128,7 +128,8 @@ def test_a_bundle_with_the_expected_digest_is_unpacked_and_the_bootstrap_runs(tm
     assert result.returncode == 0, result.stdout + result.stderr
     [fetch] = node.calls("aws")
     target = f"{node.root}/usr/local/lib/gpucluster/scripts"
-    assert fetch.startswith(f"s3api get-object --region us-east-1 --bucket {BUCKET} --key {bundle_key()} "
+    assert fetch.startswith("s3api get-object --cli-connect-timeout 10 --cli-read-timeout 60 "
+                            f"--region us-east-1 --bucket {BUCKET} --key {bundle_key()} "
                             f"--expected-bucket-owner {OWNER} ")
     assert f"gpucluster bootstrap: node scripts {bundle_sha256()} verified" in result.stdout
     for f in node.files:  # every file in place, the shipped scripts from the bundle, byte for byte
@@ -180,9 +181,21 @@ def test_a_fetch_that_never_lands_fails_the_boot_in_one_line(tmp_path: Path) -> 
     assert node.calls("systemctl") == [] and not node.path(SCRIPTS_DIR).exists()
 
 
+def test_a_bundle_that_cannot_be_unpacked_fails_the_boot_in_one_line(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    blocker = node.path(SCRIPTS_DIR)
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("a file where the directory goes")
+    result = node.boot()
+    assert result.returncode == 1
+    assert (f"gpucluster bootstrap: FAILED: node scripts {bundle_sha256()} verified but not unpacked into "
+            f"{blocker}") in result.stdout
+    assert node.calls("systemctl") == []
+
+
 def test_the_loader_refuses_to_guess_its_arguments(tmp_path: Path) -> None:
-    result = subprocess.run(["bash", str(NODE / "fetch-scripts.sh"), "us-east-1", BUCKET], capture_output=True,
-                            text=True)
+    result = subprocess.run(["bash", str(NODE / "fetch-scripts.sh"), "us-east-1", BUCKET],
+                            capture_output=True, text=True)
     assert result.returncode == 2 and "usage: gpucluster-fetch-scripts" in result.stderr
 
 
@@ -222,7 +235,8 @@ def one(plan: Plan, type_: str, name_part: str = "-node-scripts-") -> Any:
 def test_the_scripts_bucket_is_private_encrypted_versioned_tls_only_and_protected(prod: Plan) -> None:
     bucket = one(prod, "aws:s3/bucket:Bucket")
     assert bucket.name == "gpu-prod-node-scripts-bucket" and bucket.protect and bucket.retain_on_delete
-    assert bucket.inputs["bucketPrefix"] == "gpu-prod-node-scripts-" and bucket.inputs["forceDestroy"] is False
+    assert bucket.inputs["bucketPrefix"] == "gpu-prod-node-scripts-"
+    assert bucket.inputs["forceDestroy"] is False
     assert bucket.inputs["tags"]["gpucluster:stack"] == prod.spec.identity
     assert bucket.inputs["tags"]["gpucluster:purpose"] == "node-scripts"
     parts = {t: one(prod, t) for t in (
@@ -240,7 +254,8 @@ def test_the_scripts_bucket_is_private_encrypted_versioned_tls_only_and_protecte
     assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
     policy = json.loads(parts["aws:s3/bucketPolicy:BucketPolicy"].inputs["policy"])
     tls, deletion = policy["Statement"]
-    assert tls["Sid"] == "DenyInsecureTransport" and tls["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    assert tls["Sid"] == "DenyInsecureTransport"
+    assert tls["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
     assert deletion["Sid"] == "DataDeletionNeedsBreakGlass"
     assert deletion["Action"] == ["s3:DeleteObjectVersion", "s3:DeleteBucket"]
     assert deletion["Condition"] == {"ArnNotEquals": {"aws:PrincipalArn": f"arn:aws:iam::{MOCK_ACCOUNT}:role/"
@@ -258,7 +273,7 @@ def test_the_bundle_object_is_the_one_every_launch_template_names(prod: Plan) ->
     assert len(templates) == len(prod.spec.node_groups)
     for template in templates:
         text = gzip.decompress(base64.b64decode(template.inputs["userData"])).decode()
-        fetch = next(line for line in text.splitlines() if line.startswith("/usr/local/sbin/gpucluster-fetch"))
+        [fetch] = [line for line in text.splitlines() if line.startswith("/usr/local/sbin/gpucluster-fetch")]
         assert fetch.split()[1:] == ["us-east-1", prod.outputs["node_scripts"]["bucket_name"], bundle_key(),
                                      MOCK_ACCOUNT, bundle_sha256(), SCRIPTS_DIR]
         assert "cat > /usr/local/sbin/gpucluster-health-check" not in text  # from the bundle

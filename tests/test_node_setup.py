@@ -292,8 +292,8 @@ def test_bad_setup_is_one_finding_at_its_key_path(base_config: dict[str, Any], g
     assert [(f.path, message in f.message) for f in err.value.findings] == [(path, True)], err.value
 
 
-def test_what_the_spec_accepts_fits_ec2s_user_data_limit_when_planned(base_config: dict[str, Any],
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_what_the_spec_accepts_fits_ec2s_user_data_limit_when_planned(
+        base_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole user data is checked as rendered (health checks, hooks, datasets included): the
     largest file the spec accepts still deploys, and a little more is one finding at the group."""
     rng = random.Random(14)

@@ -357,7 +357,8 @@ def scripts_policy_document(bucket: str, owner: str, partition: str = "aws",
     belongs to `owner`. No listing (a missing key reads as AccessDenied, which the loader reports),
     no write, no KMS (the bucket is SSE-S3: aws/nodescripts.py)."""
     if not bucket or "*" in bucket or not prefix.endswith("/"):
-        raise ValueError(f"the node scripts grant needs a concrete bucket and a prefix, got {bucket!r}/{prefix!r}")
+        raise ValueError(f"the node scripts grant needs a concrete bucket and a prefix, got "
+                         f"{bucket!r}/{prefix!r}")
     return {"Version": "2012-10-17", "Statement": [
         {"Sid": "ReadNodeScriptsOnly", "Effect": "Allow", "Action": ["s3:GetObject"],
          "Resource": [f"arn:{partition}:s3:::{bucket}/{prefix}*"], "Condition": _owned(owner)}]}

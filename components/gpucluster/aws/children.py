@@ -119,7 +119,8 @@ def node_scripts_args(spec: StackSpec) -> NodeScriptsArgs:
     return args  # type: ignore[return-value]
 
 
-def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant], node_scripts: Any = None) -> NodeIdentityArgs:
+def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant],
+                       node_scripts: Any = None) -> NodeIdentityArgs:
     """The nodes' role: the datasets' grants (each pinned to its bucket's owner), the run log group,
     the node groups' container images (ECR pulls), the node scripts bundle's read and the boundary."""
     args: dict[str, Any] = {

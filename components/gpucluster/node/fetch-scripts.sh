@@ -24,9 +24,10 @@ say() { echo "gpucluster bootstrap: $*"; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for ((attempt = 1; ; attempt++)); do
-  # --expected-bucket-owner: a bucket of that name in another account is never read.
-  if err=$(aws s3api get-object --region "$region" --bucket "$bucket" --key "$key" \
-      --expected-bucket-owner "$owner" "$work/bundle.tar" 2>&1 >/dev/null); then
+  # --expected-bucket-owner: a bucket of that name in another account is never read. Bounded
+  # connect and read timeouts: a connection that hangs is one failed attempt, not a hung boot.
+  if err=$(aws s3api get-object --cli-connect-timeout 10 --cli-read-timeout 60 --region "$region" \
+      --bucket "$bucket" --key "$key" --expected-bucket-owner "$owner" "$work/bundle.tar" 2>&1 >/dev/null); then
     break
   fi
   if [ "$attempt" -ge "$attempts" ]; then
@@ -44,6 +45,9 @@ if [ "$got" != "$want" ]; then
   say "FAILED: node scripts s3://$bucket/$key have sha256 $got, the stack expects $want: refusing to run them"
   exit 1
 fi
-install -d -m 0755 "$dest"
-tar -xf "$work/bundle.tar" -C "$dest" --no-same-owner --no-same-permissions
+if ! install -d -m 0755 "$dest" || ! tar -xf "$work/bundle.tar" -C "$dest" --no-same-owner \
+    --no-same-permissions; then
+  say "FAILED: node scripts $want verified but not unpacked into $dest (disk full?)"
+  exit 1
+fi
 say "node scripts $want verified ($key)"

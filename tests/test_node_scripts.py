@@ -316,3 +316,38 @@ def test_a_changed_script_changes_the_digest_the_object_and_every_launch_templat
     [old], [new] = (p.of_type("aws:ec2/launchTemplate:LaunchTemplate") for p in (before, after))
     assert old.inputs["userData"] != new.inputs["userData"]
     assert changed in gzip.decompress(base64.b64decode(new.inputs["userData"])).decode()
+
+
+def test_components_on_their_own_take_the_bucket_or_keep_the_scripts_inline() -> None:
+    """GpuNodeGroup and NodeIdentity outside GpuCluster: with a NodeScripts' `source` the group's user
+    data fetches the bundle and the role reads that prefix; without, everything is in the user data."""
+    from gpucluster import GpuNodeGroup, NodeIdentity, NodeScripts
+    from gpucluster.plan import record_resources
+
+    def build() -> None:
+        scripts = NodeScripts("research-scripts", {"cluster_name": "research",
+                                                   "identity": "o/p/s/research", "region": "us-east-1"})
+        for name, source in (("fetched", scripts.source), ("inline", None)):
+            extra = {"node_scripts": source} if source is not None else {}
+            identity = NodeIdentity(f"{name}-nodes",
+                                    {"cluster_name": "research", **extra})  # type: ignore[typeddict-item]
+            GpuNodeGroup(name, {  # type: ignore[typeddict-item]
+                "cluster_name": "research", "region": "us-east-1", "identity": "o/p/s/research",
+                "subnet_ids": ["subnet-0123456789abcdef0"],
+                "security_group_ids": ["sg-0123456789abcdef0"],
+                "instance_profile_arn": identity.instance_profile_arn,
+                "node_role_name": identity.role_name,
+                "node_group": {"name": name, "instance_types": ["g6.xlarge"], "max_nodes": 1,
+                               "availability_zones": ["us-east-1a"]}, **extra})
+
+    resources, _ = record_resources(build)
+    texts = {r.name: gzip.decompress(base64.b64decode(r.inputs["userData"])).decode()
+             for r in resources if r.type == "aws:ec2/launchTemplate:LaunchTemplate"}
+    assert f" {bundle_key()} {MOCK_ACCOUNT} {bundle_sha256()} " in texts["fetched-lt"]
+    assert "gpucluster-fetch-scripts" not in texts["inline-lt"]
+    assert bundle_members()[UNGATED_HEALTH_CHECK] in texts["inline-lt"]
+    scripts = [r for r in resources
+               if r.type == "aws:iam/rolePolicy:RolePolicy" and r.name.endswith("-scripts")]
+    assert [r.name for r in scripts] == ["fetched-nodes-scripts"]
+    [objects] = [[r for r in resources if r.type == "aws:s3/bucketObjectv2:BucketObjectv2"]]
+    assert [o.inputs["key"] for o in objects] == [bundle_key()]

@@ -7,7 +7,10 @@ health checks (at launch, under the group's lifecycle hook, and on a timer), the
 spot-interruption watcher and hook, the dataset mounts, the checkpoint hook, and
 the node group's own files, setup and container image. The
 shell lives in the `*.sh` files next to this module; this module only renders
-settings into them (values shell-quoted) and packs them into one script. It is
+settings into them (values shell-quoted) and packs them into one script. With a
+`ScriptsSource` (what GpuCluster gives every group), the shipped scripts are not in
+it: its loader fetches the node scripts bundle (`gpucluster.node.bundle`), checks its
+sha256 and installs them from it, so the user data keeps to settings and units. It is
 pure: no Pulumi import and no AWS call, so the output can be linted (`bash -n`,
 shellcheck) and inspected offline. Values that are Pulumi Outputs (bucket or
 FSx names of created resources) must be resolved by the caller first.

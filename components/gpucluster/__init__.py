@@ -33,7 +33,7 @@ _COMPONENTS = {
 }
 _EXPORTS = {name: module for module, names in _COMPONENTS.items() for name in names}
 COMPONENTS = ("ClusterNetwork", "GpuNodeGroup", "NodeIdentity", "DatasetBucket", "LustreFileSystem",
-              "Guardrails", "ClusterDashboard", "GpuCluster")
+              "Guardrails", "ClusterDashboard", "GpuCluster", "NodeScripts")
 """The component package: what `pulumi package add` of this repository exposes."""
 
 __all__ = sorted(_EXPORTS)

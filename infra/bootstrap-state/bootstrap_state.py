@@ -283,6 +283,17 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
         "sso:GetSharedSsoConfiguration", "organizations:DescribeOrganization"],
     "aws:grafana/workspaceSamlConfiguration:WorkspaceSamlConfiguration": [
         "grafana:UpdateWorkspaceAuthentication", "grafana:DescribeWorkspaceAuthentication"],
+    # `pulumi up` provisions the dashboards (components/gpucluster/aws/grafana_dashboards.py): a Grafana
+    # service account of the stack's workspace and a short-lived token (AMG API reference, service
+    # accounts; resource type: the workspace).
+    "aws:grafana/workspaceServiceAccount:WorkspaceServiceAccount": [
+        "grafana:CreateWorkspaceServiceAccount", "grafana:DeleteWorkspaceServiceAccount",
+        "grafana:ListWorkspaceServiceAccounts"],
+    "aws:grafana/workspaceServiceAccountToken:WorkspaceServiceAccountToken": [
+        "grafana:CreateWorkspaceServiceAccountToken", "grafana:DeleteWorkspaceServiceAccountToken",
+        "grafana:ListWorkspaceServiceAccountTokens"],
+    # The dynamic resource that posts them calls Grafana's HTTP API with that token: no AWS action.
+    "pulumi-python:dynamic:Resource": [],
     # EC2 Image Builder (gpucluster:images): Service Authorization Reference, "Actions defined by EC2
     # Image Builder"; creating a recipe reads its parent image (ec2:DescribeImages, unscoped below).
     "aws:imagebuilder/component:Component": [

@@ -342,7 +342,7 @@ def test_what_the_spec_accepts_fits_ec2s_user_data_limit_when_planned(
     monkeypatch.setattr("gpucluster.spec.node_groups.NODE_SETUP_MAX_GZIP_BYTES", 64 * 1024)
     hooks(2000)
     low = largest_accepted()
-    assert low > 5000  # measured 12,419 characters of noise beside two 2,000-byte hooks
+    assert low > 5000  # measured 12,320 characters of noise beside two 2,000-byte hooks
     [(path, message)] = findings(low + 1)  # one character more: one finding, at the group
     assert path == "node_groups[0]" and message.startswith("node user data would be")
     plan = plan_config(with_file(low))  # the launch template's user data is rendered (and packed) here

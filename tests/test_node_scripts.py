@@ -351,3 +351,17 @@ def test_components_on_their_own_take_the_bucket_or_keep_the_scripts_inline() ->
     assert [r.name for r in scripts] == ["fetched-nodes-scripts"]
     [objects] = [[r for r in resources if r.type == "aws:s3/bucketObjectv2:BucketObjectv2"]]
     assert [o.inputs["key"] for o in objects] == [bundle_key()]
+
+
+def test_no_node_launches_before_the_bundle_is_uploaded_and_the_bucket_set_up(prod: Plan) -> None:
+    """The user data is rendered from the bucket's name, which resolves only once the bundle object
+    and every protection exist: the engine creates them before any launch template names them."""
+    [obj] = prod.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
+    protections = [one(prod, t).urn for t in ("aws:s3/bucketPolicy:BucketPolicy",
+                                              "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock",
+                                              "aws:s3/bucketVersioning:BucketVersioning")]
+    for template in prod.of_type("aws:ec2/launchTemplate:LaunchTemplate"):
+        user_data = set(template.property_dependencies.get("userData", ()))
+        assert obj.urn in user_data and set(protections) <= user_data, template.name
+    for policy in (p for p in prod.of_type("aws:iam/rolePolicy:RolePolicy") if p.name.endswith("-scripts")):
+        assert obj.urn in policy.property_dependencies.get("policy", ()), policy.name

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from gpucluster.node.bundle import bundle_bytes
 from gpucluster.node.userdata import NodeBootstrap, node_bootstrap
 from gpucluster.parts import DataMount
 from gpucluster.preflight import parse_stack_config
@@ -67,6 +68,12 @@ FIGURES: dict[str, tuple[float, str]] = {
     "s3_mb_per_s": (100, "assumed: a single-stream HTTPS download from the region's S3 endpoint"),
     "pull_mb_per_s": (35, "issue 26: about 10 GB of nvcr.io/nvidia/pytorch:24.12-py3 through the NAT "
                           "gateway in 4-6 minutes (~35 MB/s with layer decompression)"),
+    # The node scripts bundle (gpucluster.node.bundle): one GetObject of ~80 KB (its size is measured
+    # below, at the S3 rate above) and the sha256 check; what dominates is the AWS CLI's own start
+    # and the request's round trip.
+    "cli_request_s": (1.5, "assumed: AWS CLI v2 start-up plus one S3 GetObject round trip from the VPC's "
+                           "gateway endpoint (no published figure; the boot log's 'node scripts ... "
+                           "verified' line, next to 'bootstrap: start', measures it)"),
     "hook_s": (5, "assumed: CompleteLifecycleAction to InService (EC2 Auto Scaling user guide, "
                   "'Amazon EC2 Auto Scaling lifecycle hooks')"),
 }
@@ -130,7 +137,12 @@ class Boot:
 
 def boot_steps(stack: str, b: NodeBootstrap, *, unattended_stopped: bool = True) -> Boot:
     """What a node of this bootstrap does from `running` to ready, and for how long (modelled)."""
+    kb = len(bundle_bytes()) / 1000
     steps = [Step("OS boot, cloud-init", "start", figure("os_boot_s"), "-", "os_boot_s"),
+             # every node, baked or not: the shipped scripts are not in the user data (nor the image)
+             Step("fetch + verify the node scripts bundle", "start",
+                  figure("cli_request_s") + kb / 1000 / figure("s3_mb_per_s"), f"{kb:.0f} KB",
+                  "cli_request_s, s3_mb_per_s"),
              Step("user data writes files, daemon-reload", "start", 2, "-", "assumed: 2 s")]
     health = [Step("NVIDIA driver services", "health", figure("nvidia_ready_s"), "-",
                    "nvidia_ready_s")]

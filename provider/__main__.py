@@ -22,10 +22,11 @@ from gpucluster import (
     Guardrails,
     LustreFileSystem,
     NodeIdentity,
+    NodeScripts,
 )
 
 COMPONENTS = [ClusterNetwork, GpuNodeGroup, NodeIdentity, DatasetBucket, LustreFileSystem, Guardrails,
-              ClusterDashboard, GpuCluster]
+              ClusterDashboard, GpuCluster, NodeScripts]
 
 if __name__ == "__main__":
     component_provider_host(COMPONENTS, name="gpucluster", version=version("gpucluster"))

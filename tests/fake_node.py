@@ -7,11 +7,12 @@ with `logged_calls`.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpucluster.node.userdata import script
+from gpucluster.node.userdata import SCRIPTS_DIR, bundle_members, script
 
 
 def write_stubs(bin_dir: Path, log: Path, bodies: Mapping[str, str]) -> None:
@@ -37,3 +38,11 @@ def run_script(root: Path, name: str, *args: str, env: Mapping[str, str],
     path.write_text(script(name))
     return subprocess.run(["bash", str(path), *args], env=dict(env), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def with_bundled_scripts(user_data: str) -> str:
+    """Rendered user data with each script it installs from the node scripts bundle written out in
+    full, as the node ends up with it (the bundle's text in place of `install -m MODE <bundle>/NAME PATH`)."""
+    members = bundle_members()
+    return re.sub(rf"^install -m \d+ {re.escape(SCRIPTS_DIR)}/(\S+) (\S+)$",
+                  lambda m: f"cat > {m[2]} <<'BUNDLED'\n{members[m[1]]}BUNDLED", user_data, flags=re.M)

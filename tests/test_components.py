@@ -391,6 +391,7 @@ OUTPUTS = {
     "Guardrails": {"notifyTopicArn", "budgetName", "budgetActionTopicArn", "functionNames", "idleAlarmNames",
                    "scheduleNames"},
     "ClusterDashboard": {"dashboardName", "dashboardUrl", "stuckAlarmNames"},
+    "NodeScripts": {"bucketName", "bucketArn", "bucketOwner", "bundleKey", "bundleSha256"},
     "GpuCluster": {"clusterName", "region", "vpcId", "subnetIds", "nodeGroups", "datasets", "notifyTopicArn",
                    "budgetName", "budgetActionTopicArn", "functionNames", "idleAlarmNames", "scheduleNames",
                    "dashboardName", "dashboardUrl", "stuckAlarmNames", "pcsClusterId"},
@@ -405,6 +406,7 @@ REQUIRED = {
     "LustreFileSystem": {"dataset", "bucketName", "vpcId", "subnetId"},
     "Guardrails": {"groups", "clusterName", "identity", "region"},
     "ClusterDashboard": {"clusterName", "identity", "region", "groups"},
+    "NodeScripts": {"clusterName", "identity", "region"},
     "GpuCluster": {"cluster", "network", "nodeGroups", "region"},
 }
 
@@ -527,7 +529,8 @@ OLD_TOKENS = {
 
 
 # Components added since: nothing to alias (their resources are created, not taken over).
-NEW_COMPONENTS = {"ClusterDashboard", "JobRestart", "GuardState", "GuardrailAlarms", "SpendGuard"}
+NEW_COMPONENTS = {"ClusterDashboard", "JobRestart", "GuardState", "GuardrailAlarms", "SpendGuard",
+                  "NodeScripts"}
 
 
 def old_type(token: str) -> str:

@@ -187,10 +187,10 @@ def test_nodes_attach_only_the_ssm_core_policy_and_a_scoped_agent_policy(prod: P
          "Action": ["ssm:GetParameter", "ssm:GetParameters", "ssm:GetParametersByPath",
                     "ssm:GetParameterHistory"], "Resource": "*"},
     ]
-    # Exactly the agent, S3, jobs (run log group) and this group's health policies on the role.
+    # Exactly the agent, S3, jobs (run log group), node scripts and this group's health policies on the role.
     documents = role_documents(prod, identity)
-    assert len(documents) == 4
-    assert all(node_policy(prod, part, identity) in documents for part in ("agent", "s3", "jobs"))
+    assert len(documents) == 5
+    assert all(node_policy(prod, part, identity) in documents for part in ("agent", "s3", "jobs", "scripts"))
     # `*` only where the action has no resource type (PutMetricData: scoped by its condition;
     # DescribeTags, DescribeAutoScalingInstances), and in the deny
     for document in documents:
@@ -312,9 +312,10 @@ def largest_accepted(prefix_chars: int) -> int:
 
 
 def node_inline_chars(plan: Plan) -> int:
-    """Every inline policy on the (first) group's node role: agent, S3, jobs and the group's health policy."""
+    """Every inline policy on the (first) group's node role: agent, S3, jobs, node scripts and the
+    group's health policy."""
     documents = role_documents(plan, f"{plan.spec.cluster.name}-node-identity")
-    assert len(documents) == 4
+    assert len(documents) == 5
     return inline_policies_chars(documents)
 
 
@@ -327,7 +328,8 @@ def test_the_most_datasets_the_spec_accepts_fit_the_node_role() -> None:
     assert node_inline_chars(plan) <= ROLE_INLINE_POLICIES_MAX_CHARS
     # Tight: one more dataset (about 1000 characters) would not fit; the spec counts every ARN at its
     # longest (partition, the group's and the key's UUID ARNs), a few hundred more than the mock's.
-    assert node_inline_chars(plan) > ROLE_INLINE_POLICIES_MAX_CHARS - 1200
+    # (1,278 left with the node scripts read on the role: less than a dataset at its longest)
+    assert node_inline_chars(plan) > ROLE_INLINE_POLICIES_MAX_CHARS - 1300
     with pytest.raises(SpecError) as err:
         parse_stack_config(datasets_config(most + 1), stack="t")
     [line] = str(err.value).splitlines()

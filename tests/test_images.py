@@ -17,6 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from base_config import plan_config
+from fake_node import with_bundled_scripts
 from gpucluster.cli import app
 from gpucluster.node.bake import IMAGE_TAGS, BakeSettings, component_document
 from gpucluster.preflight import parse_stack_config
@@ -157,7 +158,8 @@ def by_type(plan: Any, token: str) -> list[Any]:
 
 
 def user_data(resource: Any) -> str:
-    return gzip.decompress(base64.b64decode(resource.inputs["userData"])).decode()
+    """A launch template's user data, with the scripts it installs from the bundle written out."""
+    return with_bundled_scripts(gzip.decompress(base64.b64decode(resource.inputs["userData"])).decode())
 
 
 def test_baked_prod_plans_image_builder_for_the_baked_group_only(baked_plan: Any) -> None:

@@ -328,7 +328,9 @@ def test_a_mig_group_plans_and_its_nodes_boot_with_the_layout(base_config: dict[
     [template] = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
     user_data = gzip.decompress(base64.b64decode(template.inputs["userData"])).decode()
     assert "GPUCLUSTER_MIG_LAYOUTS='*=3g.40gb:0,3g.40gb:4'" in user_data
-    assert "cat > /usr/local/sbin/gpucluster-mig <<" in user_data
+    # from the node scripts bundle the user data fetches and verifies first
+    assert ("install -m 0755 /usr/local/lib/gpucluster/scripts/mig.sh /usr/local/sbin/gpucluster-mig\n"
+            in user_data)
 
 
 def test_the_mig_guides_profile_table_is_the_catalogs() -> None:

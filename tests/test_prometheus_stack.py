@@ -131,9 +131,8 @@ def planned(kind: str) -> Any:
     config["gpucluster:node_groups"] = [
         {"name": "train", "instance_types": ["p5.48xlarge"], "max_nodes": 2},
         {"name": "infer", "instance_types": ["p4d.24xlarge"], "max_nodes": 1}]
-    # Not a MIG group: with the guardrails' activity reporter and the ready gate (issues 24, 26), a MIG
-    # group's user data (gpucluster-mig) has no room left for the collector's ~2 KB; the spec refuses it
-    # in one line (test_a_mig_group_with_metrics_is_refused_in_one_line).
+    # Not a MIG group here: a MIG group with the collector has its own test
+    # (test_a_mig_p4d_group_with_metrics_plans_its_scripts_fetched_from_the_bundle).
     sections = {
         "own": {"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST},
                 "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"], "editors": 2}},
@@ -371,18 +370,30 @@ def spec_of_config(config: dict[str, Any]) -> StackSpec:
     return parse_spec_only(config, stack="t")
 
 
-def test_a_mig_group_with_metrics_is_refused_in_one_line() -> None:
-    """EC2's 16 KiB of user data: a MIG group carries gpucluster-mig and the collector no longer fits.
-    Refused before anything is created, naming the group (shipping node scripts outside user data, in
-    the baked image or an S3 object, is what would lift it)."""
-    from gpucluster.preflight import parse_stack_config
-    from gpucluster.spec import SpecError
+def test_a_mig_p4d_group_with_metrics_plans_its_scripts_fetched_from_the_bundle() -> None:
+    """EC2's 16 KiB of user data: inline, a MIG group with gpucluster-mig and the collector rendered
+    16,451 bytes gzipped and was refused. The shipped scripts now come from the stack's node scripts
+    bundle (gpucluster.node.bundle), so it plans, with its user data measured at 4,049 bytes
+    gzipped at preflight's longest names (4,084 of the 16,256 allowed as planned)."""
+    from gpucluster.node.bundle import bundle_key, bundle_sha256
+    from gpucluster.node.userdata import MAX_USER_DATA_BYTES, gzipped_size
+    from gpucluster.preflight import USER_DATA_MARGIN_BYTES
 
     config = base()
     config["gpucluster:node_groups"] = [
         {"name": "infer", "instance_types": ["p4d.24xlarge"], "max_nodes": 1, "mig": {"profile": "3g.20gb"}}]
     config = with_observability({"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST}}, config)
-    with pytest.raises(SpecError) as err:
-        parse_stack_config(config, stack="dev")
-    [finding] = err.value.findings
-    assert finding.path == "node_groups[0]" and finding.message.startswith("node user data would be")
+    spec = parse_stack_config(config, stack="dev")  # user_data_size among the checks: no finding
+    group = spec.node_groups[0]
+    assert gzipped_size(node_bootstrap(spec, group)) > MAX_USER_DATA_BYTES  # what inline would need
+    plan = plan_config(config, stack="dev")
+    [template] = plan.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+    packed = base64.b64decode(template.inputs["userData"])
+    assert len(packed) < 4300, len(packed)  # measured 4,084 bytes
+    assert len(packed) <= MAX_USER_DATA_BYTES - USER_DATA_MARGIN_BYTES - 12_000
+    text = gzip.decompress(packed).decode()
+    assert f" {bundle_key()} {MOCK_ACCOUNT} {bundle_sha256()} " in text
+    assert "install -m 0755 /usr/local/lib/gpucluster/scripts/mig.sh /usr/local/sbin/gpucluster-mig" in text
+    assert ("install -m 0755 /usr/local/lib/gpucluster/scripts/metrics.sh "
+            "/usr/local/sbin/gpucluster-metrics") in text
+    assert "GPUCLUSTER_MIG_LAYOUTS=" in text and "GPUCLUSTER_REMOTE_WRITE_URL=" in text

@@ -15,9 +15,6 @@ from gpucluster.spec import PCS_SLURM_VERSIONS, SpecError
 def slurm(**scheduler: Any) -> dict[str, Any]:
     config = base()
     config["gpucluster:scheduler"] = {"type": "slurm", **scheduler}
-    # AWS PCS takes the user data as a MIME multi-part document (the gzipped script base64 in it, a third
-    # larger): with the node scripts inside the user data, a group with health checks does not fit.
-    config["gpucluster:node_groups"][0]["health_checks"] = {"enabled": False}
     return config
 
 

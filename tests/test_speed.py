@@ -130,7 +130,8 @@ def test_each_groups_user_data_is_rendered_once_however_often_the_stack_is_check
 
     rendered: list[str] = []
     real = userdata.render_user_data
-    monkeypatch.setattr(userdata, "render_user_data", lambda b: rendered.append(b.node_group) or real(b))
+    monkeypatch.setattr(userdata, "render_user_data",
+                        lambda b, source=None: rendered.append(b.node_group) or real(b, source))
     userdata.gzipped_size.cache_clear()
     stack = str(REPO / "stacks" / "Pulumi.prod.yaml")
     specs = [load_stack(stack)[2], load_stack(stack)[2]]

@@ -23,15 +23,17 @@ _COMPONENTS = {
     "gpucluster.aws.guardrails": ("Guardrails", "GuardrailsArgs", "GuardedGroup"),
     "gpucluster.aws.observability": ("ClusterDashboard", "ClusterDashboardArgs", "DashboardGroup"),
     "gpucluster.aws.cluster": ("GpuCluster", "GpuClusterArgs"),
+    "gpucluster.aws.nodescripts": ("NodeScripts", "NodeScriptsArgs"),
     # The stack file's sections as typed dicts, and the error every component raises on bad args.
     "gpucluster.aws.args": ("ArgsError", "AutoStopSettings", "BudgetSettings", "CapacitySettings",
                             "ClusterSettings", "CostTagSettings", "DatasetSettings", "FsxSettings",
                             "GrafanaSettings", "HealthCheckSettings", "NetworkSettings", "NodeGroupSettings",
-                            "ObservabilitySettings", "PrometheusSettings", "SpotSettings"),
+                            "NodeScriptsSource", "ObservabilitySettings", "PrometheusSettings",
+                            "SpotSettings"),
 }
 _EXPORTS = {name: module for module, names in _COMPONENTS.items() for name in names}
 COMPONENTS = ("ClusterNetwork", "GpuNodeGroup", "NodeIdentity", "DatasetBucket", "LustreFileSystem",
-              "Guardrails", "ClusterDashboard", "GpuCluster")
+              "Guardrails", "ClusterDashboard", "GpuCluster", "NodeScripts")
 """The component package: what `pulumi package add` of this repository exposes."""
 
 __all__ = sorted(_EXPORTS)

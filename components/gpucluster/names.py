@@ -221,6 +221,7 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
         if spec.datasets:
             add(identity_key, policy, f"{identity}-s3")
         add(identity_key, policy, f"{identity}-jobs")  # the run log group, the groups' ECR images
+        add(identity_key, policy, f"{identity}-scripts")  # the node scripts bundle (aws/nodescripts.py)
     for i, d in enumerate(spec.datasets):
         if not d.existing:
             if d.bucket_name:
@@ -233,6 +234,9 @@ def expected_names(spec: StackSpec) -> list[ExpectedName]:
             add(f"datasets[{i}].name", sg, f"{c}-datasets-{d.name}-fsx-sg")
     add("cluster.name", "aws:cloudwatch/logGroup:LogGroup", f"{c}-run-logs",
         run_log_group_name(spec.identity))
+    # aws/nodescripts.py: the stack's node-scripts bucket
+    add("cluster.name", "aws:s3/bucket:Bucket", f"{c}-node-scripts-bucket",
+        prefix=generated_bucket_prefix(c, "node-scripts"))
     names += _guardrail_names(spec)
     names += _dashboard_names(spec)
     return names

@@ -315,12 +315,14 @@ def longest_log_group_arn(name: str) -> str:
 
 def node_inline_policies_chars(cluster_name: str, grants: Iterable[S3Grant],
                                more: Iterable[dict[str, Any]] = (), *, run_log_group: str | None = None,
-                               images: Iterable[str] = ()) -> int:
+                               images: Iterable[str] = (), node_scripts: bool = False) -> int:
     """The most the node role's inline policies can weigh with these grants, the run log group
-    (its name) and the groups' images, in any partition, and with the `more` documents (a group's
-    `longest_health_policy`) on the same role."""
+    (its name), the groups' images and the node scripts bundle's read (`node_scripts`), in any
+    partition, and with the `more` documents (a group's `longest_health_policy`) on the same role."""
     resolved = worst_case_grants(grants)
     documents = [agent_policy_document(gpu_metric_namespace(cluster_name)), *more]
+    if node_scripts:
+        documents.append(scripts_policy_document(longest_bucket_name(0), _ACCOUNT, LONGEST_PARTITION))
     if resolved:
         documents.append(s3_policy_document(resolved, partition=LONGEST_PARTITION))
     jobs = jobs_policy_document(longest_log_group_arn(run_log_group) if run_log_group else None, images)
@@ -357,3 +359,24 @@ def longest_metrics_write_policy(identity: str) -> dict[str, Any]:
     the stack's tag condition (for sizing the node role's inline policies before deploying)."""
     arn = workspace_arn(LONGEST_PARTITION, "ap-southeast-5", _ACCOUNT, "ws-" + _UUID)
     return metrics_write_policy_document(arn, identity)
+
+
+# ------------------------------------------------------------------- the node scripts bundle
+
+
+NODE_SCRIPTS_PREFIX = "node-scripts/"
+"""Where the stack's node-scripts bucket keeps the bundles (gpucluster.node.bundle.bundle_key)."""
+
+
+def scripts_policy_document(bucket: str, owner: str, partition: str = "aws",
+                            prefix: str = NODE_SCRIPTS_PREFIX) -> dict[str, Any]:
+    """What the loader needs to fetch the node scripts bundle (gpucluster.node.bundle) and no more:
+    s3:GetObject under the bundle prefix of the stack's node-scripts bucket, while the bucket
+    belongs to `owner`. No listing (a missing key reads as AccessDenied, which the loader reports),
+    no write, no KMS (the bucket is SSE-S3: aws/nodescripts.py)."""
+    if not bucket or "*" in bucket or not prefix.endswith("/"):
+        raise ValueError(f"the node scripts grant needs a concrete bucket and a prefix, got "
+                         f"{bucket!r}/{prefix!r}")
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "ReadNodeScriptsOnly", "Effect": "Allow", "Action": ["s3:GetObject"],
+         "Resource": [f"arn:{partition}:s3:::{bucket}/{prefix}*"], "Condition": _owned(owner)}]}

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpucluster import spec as stack_spec
 from gpucluster.names import name_findings
+from gpucluster.node.bundle import scripts_source
 from gpucluster.node.multipart import PCS_USER_DATA_BYTES, multipart_size
 from gpucluster.node.userdata import MAX_USER_DATA_BYTES, gzipped_size, node_bootstrap
 from gpucluster.noderole import (
@@ -41,7 +42,11 @@ USER_DATA_MARGIN_BYTES = 128
 
 def user_data_size(spec: StackSpec) -> Iterable[Finding]:
     """Each group's user data, rendered as its nodes get it, fits EC2's 16 KiB gzipped: what
-    validates must deploy (the launch template's user data is rendered only during `pulumi up`)."""
+    validates must deploy (the launch template's user data is rendered only during `pulumi up`).
+
+    As GpuCluster renders it: the shipped scripts in the node scripts bundle (fetched from the
+    stack's bucket, at its longest name), the loader, settings, units and the group's own files inline.
+    """
     mounts = [DataMount(
         name=d.name, access=d.access, bucket_name=d.bucket_name or longest_bucket_name(i), prefix=d.prefix,
         path=dataset_path(spec, d),
@@ -49,12 +54,13 @@ def user_data_size(spec: StackSpec) -> Iterable[Finding]:
         fsx_mount_name="x" * 8 if d.access == "fsx" else None,
         expected_bucket_owner=d.expected_bucket_owner or "0" * 12) for i, d in enumerate(spec.datasets)]
     topic = f"arn:aws-us-gov:sns:{spec.region}:{'0' * 12}:{spec.cluster.name}-guardrails"
+    source = scripts_source(longest_bucket_name(len(spec.datasets)), "0" * 12)
     limit = MAX_USER_DATA_BYTES - USER_DATA_MARGIN_BYTES
     for i, g in enumerate(spec.node_groups):
         if any(group_node_setup(g, None, "")):
             continue  # its files or setup are reported already (unreadable, ambiguous or too big alone)
         try:
-            size = gzipped_size(node_bootstrap(spec, g, mounts, notify_topic_arn=topic))
+            size = gzipped_size(node_bootstrap(spec, g, mounts, notify_topic_arn=topic), source)
         except ValueError:
             continue  # a value bash cannot hold: reported by its own check
         if spec.scheduler.slurm:
@@ -86,7 +92,8 @@ def node_role_size(spec: StackSpec) -> Iterable[Finding]:
         health = [[*more, pcs_register_policy_document()] for more in health]
     images = [g.container_image for g in spec.node_groups if g.container_image]
     chars = max(node_inline_policies_chars(spec.cluster.name, grants, more,
-                                           run_log_group=run_log_group_name(spec.identity), images=images)
+                                           run_log_group=run_log_group_name(spec.identity), images=images,
+                                           node_scripts=True)
                 for more in health)
     if chars > ROLE_INLINE_POLICIES_MAX_CHARS:
         yield Finding("datasets", f"the node role's policies for {len(spec.datasets)} dataset(s) would "

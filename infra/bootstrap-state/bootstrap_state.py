@@ -197,6 +197,10 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
     "aws:s3/bucketOwnershipControls:BucketOwnershipControls": [
         "s3:PutBucketOwnershipControls", "s3:GetBucketOwnershipControls"],
     "aws:s3/bucketPolicy:BucketPolicy": ["s3:PutBucketPolicy", "s3:GetBucketPolicy", "s3:DeleteBucketPolicy"],
+    # the node scripts bundle (components/gpucluster/aws/nodescripts.py): uploaded with its tags and
+    # SHA-256 checksum, read back; retained on delete, so never deleted by a deploy
+    "aws:s3/bucketObjectv2:BucketObjectv2": ["s3:PutObject", "s3:GetObject", "s3:GetObjectTagging",
+                                             "s3:PutObjectTagging", "s3:GetObjectAttributes"],
     "aws:fsx/lustreFileSystem:LustreFileSystem": [
         "fsx:CreateFileSystem", "fsx:UpdateFileSystem", "fsx:TagResource", "fsx:UntagResource",
         "fsx:ListTagsForResource"],
@@ -279,6 +283,17 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
         "sso:GetSharedSsoConfiguration", "organizations:DescribeOrganization"],
     "aws:grafana/workspaceSamlConfiguration:WorkspaceSamlConfiguration": [
         "grafana:UpdateWorkspaceAuthentication", "grafana:DescribeWorkspaceAuthentication"],
+    # `pulumi up` provisions the dashboards (components/gpucluster/aws/grafana_dashboards.py): a Grafana
+    # service account of the stack's workspace and a short-lived token (AMG API reference, service
+    # accounts; resource type: the workspace).
+    "aws:grafana/workspaceServiceAccount:WorkspaceServiceAccount": [
+        "grafana:CreateWorkspaceServiceAccount", "grafana:DeleteWorkspaceServiceAccount",
+        "grafana:ListWorkspaceServiceAccounts"],
+    "aws:grafana/workspaceServiceAccountToken:WorkspaceServiceAccountToken": [
+        "grafana:CreateWorkspaceServiceAccountToken", "grafana:DeleteWorkspaceServiceAccountToken",
+        "grafana:ListWorkspaceServiceAccountTokens"],
+    # The dynamic resource that posts them calls Grafana's HTTP API with that token: no AWS action.
+    "pulumi-python:dynamic:Resource": [],
     # EC2 Image Builder (gpucluster:images): Service Authorization Reference, "Actions defined by EC2
     # Image Builder"; creating a recipe reads its parent image (ec2:DescribeImages, unscoped below).
     "aws:imagebuilder/component:Component": [

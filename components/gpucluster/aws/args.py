@@ -449,6 +449,13 @@ class SchedulerSettings(TypedDict):
     """An AMI with the AWS PCS agent and Slurm of slurm_version, for every group without a baked image."""
     login: NotRequired[SlurmLoginSettings]
     """The login node group."""
+class NodeScriptsSource(TypedDict):
+    """Where nodes fetch the node scripts bundle: a NodeScripts component's bucket and its account."""
+
+    bucket_name: pulumi.Input[str]
+    """The bucket holding node-scripts/<sha256>.tar (NodeScripts.bucket_name)."""
+    owner: pulumi.Input[str]
+    """The 12-digit account owning it (NodeScripts.bucket_owner): nodes read it only from that account."""
 
 
 # The pydantic model each settings type is checked with (a test keeps their keys in step).
@@ -650,6 +657,13 @@ def network_checks(m: ClusterNetworkModel) -> Iterable[Finding]:
         yield from single_zone_findings(g.efa, g.placement_group, g.availability_zones, f"node_groups[{i}]")
 
 
+class NodeScriptsSourceModel(StrictModel):
+    """Where nodes fetch the node scripts bundle (GpuNodeGroupArgs / NodeIdentityArgs.node_scripts)."""
+
+    bucket_name: input_of(BucketName)
+    owner: input_of(AccountId)
+
+
 class GpuNodeGroupModel(StrictModel):
     """GpuNodeGroupArgs, checked: the node group as the stack file checks it, plus where it runs."""
 
@@ -676,6 +690,7 @@ class GpuNodeGroupModel(StrictModel):
     image: ImageGroupConfig | None = None
     scheduler: Literal["none", "slurm"] = "none"
     slurm_ami_id: field_rule(NodeGroupConfig, "ami_id") = None
+    node_scripts: NodeScriptsSourceModel | None = None
 
 
 def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
@@ -712,6 +727,7 @@ class NodeIdentityModel(StrictModel):
     run_log_group: LogGroupName | None = None
     container_images: list[ContainerImage] = Field(default_factory=list)
     pcs: bool = False
+    node_scripts: NodeScriptsSourceModel | None = None
 
 
 def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
@@ -722,10 +738,20 @@ def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:
                           "'checkpoints/', not the whole bucket (nodes get write access to it)")
     grants = [S3Grant(g.bucket_name, g.prefix, g.write, g.expected_bucket_owner) for g in m.s3_grants]
     chars = node_inline_policies_chars(m.cluster_name, grants, run_log_group=m.run_log_group,
-                                       images=m.container_images)
+                                       images=m.container_images, node_scripts=m.node_scripts is not None)
     if chars > ROLE_INLINE_POLICIES_MAX_CHARS:  # the stack file's node_role_size rule, for grants
         yield Finding("s3_grants", f"the node role's policies for {len(grants)} grant(s) would reach "
                       f"{chars} characters; IAM allows {ROLE_INLINE_POLICIES_MAX_CHARS} per role")
+
+
+class NodeScriptsModel(StrictModel):
+    """NodeScriptsArgs, checked."""
+
+    cluster_name: Name
+    identity: Identity
+    region: Region
+    tags: Tags = Field(default_factory=dict)
+    break_glass_role: RoleName | None = None
 
 
 class DatasetBucketModel(StrictModel):

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from gpucluster.aws.images import NodeImagesArgs
     from gpucluster.aws.network import ClusterNetworkArgs
     from gpucluster.aws.nodes import GpuNodeGroupArgs, NodeDataMount
+    from gpucluster.aws.nodescripts import NodeScriptsArgs
     from gpucluster.aws.observability import ClusterDashboardArgs
     from gpucluster.aws.pcs import SlurmClusterArgs, SlurmComputeGroup
 
@@ -110,13 +111,25 @@ def data_mount(spec: StackSpec, dataset: DatasetConfig, bucket_name: Any, fsx_dn
     return mount  # type: ignore[return-value]
 
 
-def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant]) -> NodeIdentityArgs:
+def node_scripts_args(spec: StackSpec) -> NodeScriptsArgs:
+    """The stack's node-scripts bucket: tagged as the stack, deletable only by the break-glass role."""
+    args: dict[str, Any] = {"cluster_name": spec.cluster.name, "identity": spec.identity,
+                            "region": spec.region, "tags": spec.tags}
+    if spec.cluster.break_glass_role is not None:
+        args["break_glass_role"] = spec.cluster.break_glass_role
+    return args  # type: ignore[return-value]
+
+
+def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant],
+                       node_scripts: Any = None) -> NodeIdentityArgs:
     """The nodes' role: the datasets' grants (each pinned to its bucket's owner), the run log group,
-    the node groups' container images (ECR pulls) and the boundary."""
+    the node groups' container images (ECR pulls), the node scripts bundle's read and the boundary."""
     args: dict[str, Any] = {
         "cluster_name": spec.cluster.name,
         "s3_grants": [grant_args(g) for g in grants],
         "tags": spec.tags, "run_log_group": run_log_group_name(spec.identity)}
+    if node_scripts is not None:
+        args["node_scripts"] = node_scripts
     images = sorted({g.container_image for g in spec.node_groups if g.container_image})
     if images:
         args["container_images"] = images
@@ -143,7 +156,8 @@ def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequ
                     security_group_ids: Sequence[Any], placement_group_name: Any,
                     instance_profile_arn: Any, data_mounts: Sequence[NodeDataMount],
                     node_role_name: Any = None, notify_topic_arn: Any = "",
-                    notify_key_arn: Any = "", remote_write_url: Any = None) -> GpuNodeGroupArgs:
+                    notify_key_arn: Any = "", remote_write_url: Any = None,
+                    node_scripts: Any = None) -> GpuNodeGroupArgs:
     """One node group in the network's subnets for its zones, with every dataset mounted.
 
     `node_role_name` is the role of `instance_profile_arn` (it gets the group's health
@@ -159,6 +173,8 @@ def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequ
     }
     if node_role_name is not None:
         args["node_role_name"] = node_role_name
+    if node_scripts is not None:
+        args["node_scripts"] = node_scripts
     if spec.observability.prometheus.active:  # only then: a stack without it keeps its args as they were
         args["observability"] = settings(spec.observability)
         if remote_write_url is not None:

@@ -54,6 +54,7 @@ from gpucluster.aws.iam import NodeIdentity
 from gpucluster.aws.images import NodeImages
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import DEFAULT_AMI_PARAMETER, GpuNodeGroup, NodeDataMount
+from gpucluster.aws.nodescripts import NodeScripts
 from gpucluster.aws.observability import ClusterDashboard
 from gpucluster.aws.prometheus import MetricsWorkspace
 from gpucluster.names import node_identity_name
@@ -275,6 +276,7 @@ class GpuCluster(pulumi.ComponentResource):
     """A GPU cluster: network, datasets, node identities, node groups, guardrails and a dashboard.
 
     Python users also get the parts: `network` (ClusterNetwork), `run_logs` (the run log group),
+    `node_scripts` (NodeScripts: the bucket of the scripts bundle every node fetches),
     `buckets` and `file_systems`
     (dataset name -> DatasetBucket / LustreFileSystem), `node_identities` (node group name ->
     NodeIdentity; `node_identity` is the first group's), `groups`
@@ -331,6 +333,9 @@ class GpuCluster(pulumi.ComponentResource):
         self.dataset_store, self.buckets, self.file_systems = parts.store, parts.buckets, parts.file_systems
         mounts, datasets = parts.mounts, parts.outputs
         self.run_logs = run_log_group(f"{name}-run-logs", spec, child)
+        # The shipped node scripts, outside EC2's 16 KiB of user data: every group's nodes fetch and
+        # verify this one bundle (gpucluster.node.bundle).
+        self.node_scripts = NodeScripts(f"{name}-node-scripts", children.node_scripts_args(spec), opts=child)
         self.images = build_images(f"{name}-images", spec, self.network, child)
         topic_arn, resolve_topic = pulumi.deferred_output()
         key_arn, resolve_key = pulumi.deferred_output()
@@ -345,7 +350,7 @@ class GpuCluster(pulumi.ComponentResource):
                 # One role per group: IAM scopes SetInstanceHealth to a group, not to an instance.
                 identity = self.node_identities[group.name] = NodeIdentity(
                     node_identity_name(name, group.name, first=i == 0),
-                    children.node_identity_args(spec, parts.grants), opts=child)
+                    children.node_identity_args(spec, parts.grants, self.node_scripts.source), opts=child)
                 if self.metrics is not None:
                     self.metrics.grant_write(group.name, identity.role_name)
                 network = self.network.groups[group.name]
@@ -357,7 +362,8 @@ class GpuCluster(pulumi.ComponentResource):
                     placement_group_name=network.placement_group.name if network.placement_group else None,
                     instance_profile_arn=identity.instance_profile_arn, data_mounts=mounts,
                     node_role_name=identity.role_name, notify_topic_arn=topic_arn, notify_key_arn=key_arn,
-                    remote_write_url=self.metrics.remote_write_url if self.metrics else None),
+                    remote_write_url=self.metrics.remote_write_url if self.metrics else None,
+                    node_scripts=self.node_scripts.source),
                     opts=child)
                 if self.pcs is not None:
                     nodes = self.groups[group.name]
@@ -415,6 +421,9 @@ class GpuCluster(pulumi.ComponentResource):
             "dashboard_url": self.dashboard.dashboard_url,
             "stuck_alarm_names": self.dashboard.stuck_alarm_names,
             **(self.metrics.outputs if self.metrics is not None else {}),
+            "node_scripts": {"bucket_name": self.node_scripts.bucket_name,
+                             "bundle_key": self.node_scripts.bundle_key,
+                             "bundle_sha256": self.node_scripts.bundle_sha256},
         }
         self.cluster_name = pulumi.Output.from_input(spec.cluster.name)
         self.region = pulumi.Output.from_input(spec.region)

@@ -15,7 +15,14 @@ from typing import NotRequired, TypedDict
 import pulumi
 import pulumi_aws as aws
 
-from gpucluster.aws.args import NodeIdentityModel, component_options, identity_checks, type_token, validate
+from gpucluster.aws.args import (
+    NodeIdentityModel,
+    NodeScriptsSource,
+    component_options,
+    identity_checks,
+    type_token,
+    validate,
+)
 from gpucluster.noderole import (
     PCS_IAM_PATH,
     agent_policy_document,
@@ -23,6 +30,7 @@ from gpucluster.noderole import (
     jobs_policy_document,
     pcs_register_policy_document,
     s3_policy_document,
+    scripts_policy_document,
 )
 
 # AWS managed policies: Systems Manager user guide ("Configure instance permissions"). The CloudWatch
@@ -78,14 +86,17 @@ class NodeIdentityArgs(TypedDict):
     """The node groups' container images: nodes may pull those in private ECR (their repositories only)."""
     pcs: NotRequired[bool]
     """Nodes AWS PCS launches (a Slurm stack): role and profile under /aws-pcs/, may register with PCS."""
+    node_scripts: NotRequired[NodeScriptsSource]
+    """A NodeScripts bucket: nodes may read its node-scripts/ prefix (s3:GetObject only), nothing else."""
 
 
 class NodeIdentity(pulumi.ComponentResource):
     """The node role, its managed, agent and S3 policies, and the instance profile launch templates use.
 
     Python users also get `role` (`aws.iam.Role`), `instance_profile` (`aws.iam.InstanceProfile`),
-    `agent_policy`, `s3_policy` and `jobs_policy` (`aws.iam.RolePolicy`; `s3_policy` None without
-    grants, `jobs_policy` None without a run log group or an ECR image).
+    `agent_policy`, `s3_policy`, `jobs_policy` and `scripts_policy` (`aws.iam.RolePolicy`; `s3_policy`
+    None without grants, `jobs_policy` None without a run log group or an ECR image, `scripts_policy`
+    None without node_scripts).
     """
 
     role_name: pulumi.Output[str]
@@ -137,6 +148,13 @@ class NodeIdentity(pulumi.ComponentResource):
             self.pcs_policy = aws.iam.RolePolicy(
                 f"{name}-pcs", role=self.role.id, policy=json.dumps(pcs_register_policy_document()),
                 opts=child)
+        self.scripts_policy: aws.iam.RolePolicy | None = None
+        if m.node_scripts is not None:
+            scripts = m.node_scripts
+            self.scripts_policy = aws.iam.RolePolicy(
+                f"{name}-scripts", role=self.role.id,
+                policy=pulumi.Output.all(partition, scripts.bucket_name, scripts.owner).apply(
+                    lambda v: json.dumps(scripts_policy_document(v[1], v[2], v[0]))), opts=child)
         self.instance_profile = aws.iam.InstanceProfile(f"{name}-profile", role=self.role.name, path=path,
                                                         tags=dict(tags), opts=child)
         self.role_name = self.role.name

@@ -33,6 +33,7 @@ from gpucluster.aws.args import (
     GpuNodeGroupModel,
     ImageGroupSettings,
     NodeGroupSettings,
+    NodeScriptsSource,
     ObservabilitySettings,
     SpotSettings,
     component_options,
@@ -44,6 +45,7 @@ from gpucluster.aws.args import (
 from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_hook
 from gpucluster.aws.nics import network_interfaces
 from gpucluster.lambdas.tags import NODE_GROUP_TAG
+from gpucluster.node.bundle import scripts_source
 from gpucluster.node.metrics import group_metrics
 from gpucluster.node.multipart import PCS_USER_DATA_BYTES, encode_multipart_user_data
 from gpucluster.node.userdata import (
@@ -314,6 +316,10 @@ class GpuNodeGroupArgs(TypedDict):
     template alone (no Auto Scaling group, placement and reservation in the template, MIME user data)."""
     slurm_ami_id: NotRequired[str]
     """slurm: the AMI (PCS agent and Slurm) of a group with neither a baked image nor an ami_id."""
+    node_scripts: NotRequired[NodeScriptsSource]
+    """A NodeScripts bucket (its `source`): nodes fetch the shipped scripts from it and check their
+    sha256, the user data keeps only the loader and settings (absent: every script in the user data,
+    within EC2's 16 KiB). The role of instance_profile_arn needs NodeIdentityArgs.node_scripts."""
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -468,7 +474,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
                   for v in (d.bucket_name, d.fsx_dns_name, d.fsx_mount_name, d.expected_bucket_owner)]
 
         def render(resolved: list[Any]) -> str:
-            topic, url, resolved = resolved[0], resolved[1], resolved[2:]
+            topic, url, bucket, owner, resolved = (resolved[0], resolved[1], resolved[2], resolved[3],
+                                                   resolved[4:])
             mounts = [replace(d, bucket_name=resolved[4 * i], fsx_dns_name=resolved[4 * i + 1],
                               fsx_mount_name=resolved[4 * i + 2], expected_bucket_owner=resolved[4 * i + 3])
                       for i, d in enumerate(data_mounts)]
@@ -476,12 +483,15 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 m.node_group, stack=m.identity, cluster=m.cluster_name, region=m.region, spot=m.spot,
                 data_mounts=mounts, autostop=m.autostop, notify_topic_arn=topic or "",
                 metrics=group_metrics(m.observability, m.region, url or None),
-                baked=baked_ami(m) is not None))
+                baked=baked_ami(m) is not None), scripts_source(bucket, owner) if bucket else None)
             if m.scheduler == "slurm":
                 return encode_multipart_user_data(script, MAX_USER_DATA_BYTES - PCS_USER_DATA_BYTES)
             return encode_user_data(script)
 
-        return pulumi.Output.all(m.notify_topic_arn, m.remote_write_url, *values).apply(render)
+        scripts = m.node_scripts
+        return pulumi.Output.all(m.notify_topic_arn, m.remote_write_url,
+                                 scripts.bucket_name if scripts else "", scripts.owner if scripts else "",
+                                 *values).apply(render)
 
     @staticmethod
     def _health_policy(m: GpuNodeGroupModel, asg_arn: pulumi.Input[str] | None) -> pulumi.Output[str]:

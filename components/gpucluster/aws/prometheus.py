@@ -7,7 +7,8 @@ workspace; each node role's one permission on it (`aps:RemoteWrite`,
 `noderole.metrics_write_policy_document`);
 and, when asked, an Amazon Managed Grafana workspace with its authentication provider (IAM Identity
 Center or SAML, never none: the spec refuses it), a service role that may only query this workspace,
-and the SAML configuration. It never deletes data and creates nothing when observability is off
+the SAML configuration, and the stack's dashboards provisioned into that workspace
+(`gpucluster.aws.grafana_dashboards`). It never deletes data and creates nothing when observability is off
 (`GpuCluster` does not build it). Facts: AMP user guide ("Encryption at rest": customer managed keys),
 AMG user guide ("Service-managed permissions", "Customer-managed permissions"; data source IAM
 policies as AmazonPrometheusQueryAccess lists them).
@@ -22,6 +23,7 @@ import pulumi_aws as aws
 import yaml
 
 from gpucluster.aws.args import owned_tags, type_token
+from gpucluster.aws.grafana_dashboards import GrafanaDashboards, provision_dashboards
 from gpucluster.aws.iam import boundary_arn
 from gpucluster.dashboards.promql import from_spec, rules_document
 from gpucluster.node.metrics import remote_write_url_of
@@ -150,3 +152,6 @@ class MetricsWorkspace(pulumi.ComponentResource):
                 f"{name}-grafana-saml", workspace_id=self.grafana.id, idp_metadata_url=g.saml_metadata_url,
                 editor_role_values=list(g.saml_editor_role_values), opts=child)
         self.grafana_url = self.grafana.endpoint.apply(lambda host: f"https://{host}")
+        # `pulumi up` puts the data source and the dashboards into it (aws/grafana_dashboards.py)
+        self.dashboards: GrafanaDashboards = provision_dashboards(
+            name, spec, self.grafana, self.remote_write_url, self.grafana_url, child)

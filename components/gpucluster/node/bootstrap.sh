@@ -13,6 +13,9 @@ umask 022
 install -d -m 0755 /etc/gpucluster /usr/local/sbin /etc/systemd/system \
   /opt/aws/amazon-cloudwatch-agent/etc
 
+# The node scripts, when they ship outside the user data: fetched from the stack's bucket, checked
+# against the sha256 rendered here, unpacked; a bundle that fails either ends the boot here.
+@@SCRIPTS@@
 @@FILES@@
 
 # shellcheck source=/dev/null

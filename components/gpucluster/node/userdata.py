@@ -7,7 +7,10 @@ health checks (at launch, under the group's lifecycle hook, and on a timer), the
 spot-interruption watcher and hook, the dataset mounts, the checkpoint hook, and
 the node group's own files, setup and container image. The
 shell lives in the `*.sh` files next to this module; this module only renders
-settings into them (values shell-quoted) and packs them into one script. It is
+settings into them (values shell-quoted) and packs them into one script. With a
+`ScriptsSource` (what GpuCluster gives every group), the shipped scripts are not in
+it: its loader fetches the node scripts bundle (`gpucluster.node.bundle`), checks its
+sha256 and installs them from it, so the user data keeps to settings and units. It is
 pure: no Pulumi import and no AWS call, so the output can be linted (`bash -n`,
 shellcheck) and inspected offline. Values that are Pulumi Outputs (bucket or
 FSx names of created resources) must be resolved by the caller first.
@@ -99,6 +102,15 @@ RDMA_FAMILIES = frozenset({"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200"})
 _SBIN = "/usr/local/sbin"
 _UNITS = "/etc/systemd/system"
 _EOF = "GPUCLUSTER_FILE_EOF"
+FETCH_TOOL = f"{_SBIN}/gpucluster-fetch-scripts"
+SCRIPTS_DIR = "/usr/local/lib/gpucluster/scripts"
+"""Where a node unpacks the verified bundle; each script is installed from there to its path."""
+UNGATED_HEALTH_CHECK = "health-check-ungated.sh"
+"""The bundle's name for health-check.sh without its ready-gate blocks (`without_ready_gate`)."""
+BUNDLE_SCRIPTS = ("agent.sh", "baked-install.sh", "checkpoint.sh", "data.sh", "health-check.sh",
+                  "install.sh", "interruption-hook.sh", "job.sh", "metrics.sh", "mig.sh", "ready.sh",
+                  "report.sh", "scratch.sh", "setup.sh", "spot-watcher.sh")
+"""Every shipped script a node may run (with UNGATED_HEALTH_CHECK: the bundle's members)."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,24 @@ class NodeFile:
     mode: str = "0644"
     make_parent: bool = False
     """Create the file's directory first (the group's own files go anywhere)."""
+    member: str | None = None
+    """A shipped script: its name in the node scripts bundle (`bundle_members`), which a node
+    given a `ScriptsSource` copies it from instead of reading it from the user data."""
+
+
+@dataclass(frozen=True)
+class ScriptsSource:
+    """Where a node fetches the node scripts bundle from, and the digest it must have (plain values).
+
+    The bundle (`gpucluster.node.bundle`) holds every shipped script; the user data then carries
+    only the loader (fetch-scripts.sh), the node's settings and units, and the group's own files.
+    """
+
+    bucket: str
+    key: str
+    sha256: str
+    owner: str
+    """The 12-digit account that must own the bucket (the fetch names it: --expected-bucket-owner)."""
 
 
 @dataclass(frozen=True)
@@ -358,10 +388,10 @@ def launch_path_files(b: NodeBootstrap, files: list[NodeFile]) -> list[NodeFile]
     installed on its launch path: a unit that asks for a package found the image lacking it, and
     fails loudly), plus gpucluster-ready when the ready gate is on."""
     if b.baked:
-        files = [NodeFile(f.path, script("baked-install.sh"), f.mode)
+        files = [shipped(f.path, "baked-install.sh", f.mode)
                  if f.path == f"{_SBIN}/gpucluster-install" else f for f in files]
     if b.ready_gate and b.health is not None:
-        files.append(NodeFile(READY_TOOL, script("ready.sh"), "0755"))
+        files.append(shipped(READY_TOOL, "ready.sh"))
         # Pulled in by the launch health check's unit (Wants=), at every boot: a warm pool's node is
         # held again when it is started into service. It polls by itself: no After= on the steps.
         files.append(NodeFile(f"{_UNITS}/gpucluster-ready.service", _unit(
@@ -476,12 +506,12 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
     files = [
         NodeFile(NODE_ENV, node_env(b)),
         NodeFile("/etc/gpucluster/data-mounts.tsv", data_mounts_table(b)),
-        NodeFile(f"{_SBIN}/gpucluster-scratch", script("scratch.sh"), "0755"),
-        NodeFile(f"{_SBIN}/gpucluster-data", script("data.sh"), "0755"),
-        NodeFile(f"{_SBIN}/gpucluster-install", script("install.sh"), "0755"),
-        NodeFile(f"{_SBIN}/gpucluster-agent", script("agent.sh"), "0755"),
-        NodeFile(f"{_SBIN}/gpucluster-report", script("report.sh"), "0755"),
-        NodeFile(INTERRUPTION_HOOK, script("interruption-hook.sh"), "0755"),
+        shipped(f"{_SBIN}/gpucluster-scratch", "scratch.sh"),
+        shipped(f"{_SBIN}/gpucluster-data", "data.sh"),
+        shipped(f"{_SBIN}/gpucluster-install", "install.sh"),
+        shipped(f"{_SBIN}/gpucluster-agent", "agent.sh"),
+        shipped(f"{_SBIN}/gpucluster-report", "report.sh"),
+        shipped(INTERRUPTION_HOOK, "interruption-hook.sh"),
         NodeFile(f"{_UNITS}/gpucluster-scratch.service", _unit(
             "NVMe instance-store scratch (RAID0)",
             f"Type=oneshot\nRemainAfterExit=yes\nExecStart={_SBIN}/gpucluster-scratch\n"
@@ -508,9 +538,9 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
                  f"[Service]\nExecStart={_SBIN}/gpucluster-report activity\n"),
         NodeFile(f"{_UNITS}/gpucluster-activity.timer",
                  "[Timer]\nOnCalendar=minutely\n[Install]\nWantedBy=timers.target\n"),
-        NodeFile(CHECKPOINT_HOOK, script("checkpoint.sh"), "0755"),
-        NodeFile(JOB_TOOL, script("job.sh"), "0755"),
-        NodeFile(f"{_SBIN}/gpucluster-setup", script("setup.sh"), "0755"),
+        shipped(CHECKPOINT_HOOK, "checkpoint.sh"),
+        shipped(JOB_TOOL, "job.sh"),
+        shipped(f"{_SBIN}/gpucluster-setup", "setup.sh"),
         NodeFile(f"{_UNITS}/gpucluster-setup.service", _unit(
             "node group setup (container image, the group's setup commands)",
             f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=0\nExecStart={_SBIN}/gpucluster-setup",
@@ -522,7 +552,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
     ]
     if b.watch_spot:  # only groups that can hold spot nodes and have a hook (user data is 16 KiB)
         files += [
-            NodeFile(f"{_SBIN}/gpucluster-spot-watcher", script("spot-watcher.sh"), "0755"),
+            shipped(f"{_SBIN}/gpucluster-spot-watcher", "spot-watcher.sh"),
             NodeFile(f"{_UNITS}/gpucluster-spot-watcher.service", _unit(
                 "spot interruption watcher (IMDSv2)",
                 f"Type=simple\nRestart=on-failure\nRestartSec=5\nExecStart={_SBIN}/gpucluster-spot-watcher",
@@ -571,8 +601,7 @@ def health_files(h: NodeHealth, mig: bool = False, ready: bool = False) -> list[
     if ready:
         wants = f"{wants} gpucluster-ready.service"
     return [
-        NodeFile(HEALTH_CHECK, script("health-check.sh") if ready else without_ready_gate("health-check.sh"),
-                 "0755"),
+        shipped(HEALTH_CHECK, "health-check.sh") if ready else shipped(HEALTH_CHECK, UNGATED_HEALTH_CHECK),
         NodeFile(f"{_UNITS}/gpucluster-health-launch.service", _unit(
             "GPU health check at boot (completes the launch lifecycle hook)",
             # No start timeout: the script bounds its own retries by the hook's timeout.
@@ -603,7 +632,7 @@ def metrics_files(m: NodeMetrics) -> list[NodeFile]:
            "GPUCLUSTER_DCGM_FIELDS": dcgm_fields()}
     return [
         NodeFile("/etc/gpucluster/metrics.env", "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())),
-        NodeFile(f"{_SBIN}/gpucluster-metrics", script("metrics.sh"), "0755"),
+        shipped(f"{_SBIN}/gpucluster-metrics", "metrics.sh"),
         NodeFile(f"{_UNITS}/{METRICS_UNIT}", _unit(
             "GPU metrics to Prometheus",
             f"Type=oneshot\nRemainAfterExit=yes\nTimeoutStartSec=20min\n"
@@ -631,7 +660,7 @@ def mig_files() -> list[NodeFile]:
     """gpucluster-mig and its unit: the layout at every boot, before setup (MIG groups only)."""
     report = f"{_SBIN}/gpucluster-report mig"
     return [
-        NodeFile(MIG_TOOL, script("mig.sh"), "0755"),
+        shipped(MIG_TOOL, "mig.sh"),
         # Turning MIG mode on resets each GPU (a minute or so); no retries: apply is all or nothing.
         NodeFile(f"{_UNITS}/gpucluster-mig.service", _unit(
             "MIG partitions of the GPUs (before setup and jobs)",
@@ -640,6 +669,25 @@ def mig_files() -> list[NodeFile]:
             after="nvidia-persistenced.service nvidia-fabricmanager.service",
             extra="Before=gpucluster-setup.service\n")),
     ]
+
+
+def bundle_member(name: str) -> str:
+    """One member of the node scripts bundle, as the node runs it (compacted; the ungated health check)."""
+    if name == UNGATED_HEALTH_CHECK:
+        return without_ready_gate("health-check.sh")
+    if name not in BUNDLE_SCRIPTS:
+        raise ValueError(f"{name!r} is not a shipped node script (BUNDLE_SCRIPTS)")
+    return script(name)
+
+
+def bundle_members() -> dict[str, str]:
+    """Every member of the node scripts bundle by name: whatever `node_files` may install from it."""
+    return {name: bundle_member(name) for name in sorted((*BUNDLE_SCRIPTS, UNGATED_HEALTH_CHECK))}
+
+
+def shipped(path: str, name: str, mode: str = "0755") -> NodeFile:
+    """A shipped script at `path`: in the user data itself, or installed from the verified bundle."""
+    return NodeFile(path, bundle_member(name), mode, member=name)
 
 
 @cache
@@ -699,7 +747,9 @@ def heredoc_delimiter(content: str) -> str:
     return delimiter
 
 
-def _write(f: NodeFile) -> str:
+def _write(f: NodeFile, bundled: bool = False) -> str:
+    if bundled and f.member is not None:  # unpacked and verified by the loader, before any file
+        return f"install -m {f.mode} {SCRIPTS_DIR}/{f.member} {f.path}\n"
     end = heredoc_delimiter(f.content)
     body = f.content if f.content.endswith("\n") or not f.content else f.content + "\n"
     parent = f"install -d -m 0755 {f.path.rsplit('/', 1)[0] or '/'}\n" if f.make_parent else ""
@@ -707,15 +757,30 @@ def _write(f: NodeFile) -> str:
             f"chmod {f.mode} {f.path}\n")
 
 
-def render_user_data(b: NodeBootstrap) -> str:
+def scripts_loader(b: NodeBootstrap, source: ScriptsSource) -> str:
+    """The user data's first step with a `source`: write the loader, fetch the bundle, verify its
+    sha256 against the one rendered here, unpack it into SCRIPTS_DIR (fetch-scripts.sh); `set -e`
+    ends the boot when it fails."""
+    loader = NodeFile(FETCH_TOOL, script("fetch-scripts.sh"), "0755")
+    args = " ".join(shlex.quote(v) for v in (b.region, source.bucket, source.key, source.owner,
+                                             source.sha256, SCRIPTS_DIR))
+    return f"{_write(loader)}{FETCH_TOOL} {args}\n"
+
+
+def render_user_data(b: NodeBootstrap, source: ScriptsSource | None = None) -> str:
     """The node's user data: one bash script that writes every file and starts the units.
 
-    The placeholders of bootstrap.sh are filled in one pass, so text inside the values
-    (a hook command holding `@@FILES@@`) is never read as a placeholder.
+    With a `source`, the shipped scripts are not in it: the loader fetches and verifies the bundle
+    first, and each script is installed from it; without, every file is written from the user data
+    itself (GpuNodeGroup given no node_scripts). The placeholders of bootstrap.sh are filled in one
+    pass, so text inside the values (a hook command holding `@@FILES@@`) is never read as a placeholder.
     """
     template = script("bootstrap.sh")
     label = re.sub(r"[^\w./() -]", "?", f"{b.cluster}/{b.node_group} (stack {b.stack})")  # a comment
-    values = {"@@LABEL@@": label, "@@FILES@@\n": "".join(_write(f) for f in node_files(b))}
+    bundled = source is not None
+    values = {"@@LABEL@@": label,
+              "@@SCRIPTS@@\n": scripts_loader(b, source) if source is not None else "",
+              "@@FILES@@\n": "".join(_write(f, bundled) for f in node_files(b))}
     found = re.findall(r"@@\w+@@\n?", template)
     if sorted(found) != sorted(values):
         raise ValueError(f"bootstrap.sh has placeholders {found}, the renderer fills {list(values)}")
@@ -723,7 +788,7 @@ def render_user_data(b: NodeBootstrap) -> str:
 
 
 @lru_cache(maxsize=256)
-def gzipped_size(b: NodeBootstrap) -> int:
+def gzipped_size(b: NodeBootstrap, source: ScriptsSource | None = None) -> int:
     """Bytes of `b`'s user data gzipped, as EC2 counts them against its 16 KiB.
 
     Memoised (a NodeBootstrap is frozen, plain values): the spec's size check runs on every
@@ -731,7 +796,7 @@ def gzipped_size(b: NodeBootstrap) -> int:
     warnings and as the component's args: four renders and gzips of each group's user data,
     now one (a sixth of a 20-group plan's own time).
     """
-    return len(gzip.compress(render_user_data(b).encode(), mtime=0))
+    return len(gzip.compress(render_user_data(b, source).encode(), mtime=0))
 
 
 def encode_user_data(text: str) -> str:

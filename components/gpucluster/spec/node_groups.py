@@ -219,10 +219,12 @@ def group_ami(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Ite
 
 # Paths the bootstrap owns: a user file there would be overwritten, or would overwrite ours.
 RESERVED_NODE_PATHS = ("/etc/gpucluster/", "/usr/local/sbin/gpucluster-", "/etc/systemd/system/gpucluster-",
-                       "/opt/aws/amazon-cloudwatch-agent/", "/etc/profile.d/gpucluster-")
-# EC2 user data is 16 KiB gzipped in all (EC2 user guide, "Run commands at launch"); the bootstrap
-# and its scripts take about 11.5 KiB of it with the GPU health checks, the group's own files and
-# setup may take this much (and `user_data_size` checks the whole, rendered).
+                       "/opt/aws/amazon-cloudwatch-agent/", "/etc/profile.d/gpucluster-",
+                       "/usr/local/lib/gpucluster/")  # the node scripts bundle, unpacked
+# EC2 user data is 16 KiB gzipped in all (EC2 user guide, "Run commands at launch"); the bootstrap's
+# settings, units and loader take about 4 KiB of it with a MIG layout, health checks and metrics (the
+# scripts ship in the node scripts bundle), the group's own files and setup may take this much (and
+# `user_data_size` checks the whole, rendered).
 NODE_SETUP_MAX_GZIP_BYTES = 4096
 
 

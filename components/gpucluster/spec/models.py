@@ -154,6 +154,8 @@ class CapacityConfig(StrictModel):
     """Targeted on-demand capacity reservation, or the Capacity Block's reservation id."""
     duration_hours: Annotated[int, _in_range(24, 4368)] | None = None
     """capacity_block only: the block's length in hours; the cost model prices the block for it."""
+    instance_count: Annotated[int, _in_range(1, 2000)] | None = None
+    """capacity_block only: the instances the block holds; max_nodes may not exceed it (Slurm: required)."""
 
 
 class NodeFileConfig(StrictModel):

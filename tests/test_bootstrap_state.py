@@ -569,7 +569,7 @@ def test_a_deploy_role_runs_pcs_only_on_the_stacks_tagged_resources(roles: dict[
         assert not deploy.can("pcs:UntagResource", resource)
     # nothing PCS beyond what the program does: no node registration, no other account's clusters
     assert not deploy.can("pcs:RegisterComputeNodeGroupInstance", PCS_GROUP, **TAGGED)
-    assert not deploy.can("pcs:CreateCluster", f"arn:aws:pcs:us-east-1:999999999999:cluster/x",
+    assert not deploy.can("pcs:CreateCluster", "arn:aws:pcs:us-east-1:999999999999:cluster/x",
                           **{"aws:RequestTag/gpucluster:stack": "prod"})
     assert deploy.can("pcs:ListClusters", "*")
     # pulumi-aws-native goes through Cloud Control (which acts with these same permissions)
@@ -580,7 +580,8 @@ def test_a_deploy_role_runs_pcs_only_on_the_stacks_tagged_resources(roles: dict[
     secret = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:pcs!slurm-secret-pcs_abc123-AbCdEf"
     assert deploy.can("secretsmanager:CreateSecret", secret)
     assert not deploy.can("secretsmanager:GetSecretValue", secret)
-    assert not deploy.can("secretsmanager:CreateSecret", f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:db")
+    other = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:db"
+    assert not deploy.can("secretsmanager:CreateSecret", other)
 
 
 def test_the_pcs_node_role_is_made_bounded_and_passed_only_to_pcs_and_ec2(roles: dict[str, Role]) -> None:
@@ -616,7 +617,8 @@ def test_the_pcs_statements_are_exactly_these(roles: dict[str, Role]) -> None:
                                         (s["Action"] if isinstance(s["Action"], list) else [s["Action"]]))]
     by_sid = {s["Sid"]: s for s in pcs}
     assert set(by_sid) == {"StackPcsCreateTagged", "StackPcsTagged", "ReadsWithoutResourceScope"}
-    assert by_sid["StackPcsCreateTagged"]["Condition"] == {"Null": {"aws:RequestTag/gpucluster:stack": "false"}}
+    assert by_sid["StackPcsCreateTagged"]["Condition"] == {
+        "Null": {"aws:RequestTag/gpucluster:stack": "false"}}
     assert by_sid["StackPcsTagged"]["Condition"] == {"Null": {"aws:ResourceTag/gpucluster:stack": "false"}}
     assert sorted(by_sid["StackPcsCreateTagged"]["Action"]) == [
         "pcs:CreateCluster", "pcs:CreateComputeNodeGroup", "pcs:CreateQueue", "pcs:TagResource"]

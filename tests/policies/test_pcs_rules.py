@@ -176,9 +176,16 @@ def test_pcs_launch_template_unknowns_pass() -> None:
 # ------------------------------------------------------------------ pcs-slurm-traffic
 
 
-def _port_rules(*, ctld: bool = True, slurmd: bool = True, egress: bool = True) -> list[Resource]:
-    """A controller group and a node group with the restrictive Slurm ports (PCS's second example)."""
+def _port_rules(*, ctld: bool = True, slurmd: bool = True, egress: bool = True,
+                peers: bool = True) -> list[Resource]:
+    """A controller group and a node group with the restrictive Slurm ports (PCS's second example); the
+    nodes' group lets them reach each other (all traffic to and from itself) unless `peers` is False."""
     rules = [res(SG, "ctl", tags=PROD), res(SG, "nodes", tags=PROD)]
+    if peers:
+        rules += [res(SG_IN, "nodes-self-in", securityGroupId="nodes-id",
+                      referencedSecurityGroupId="nodes-id", ipProtocol="-1"),
+                  res(SG_OUT, "nodes-self-out", securityGroupId="nodes-id",
+                      referencedSecurityGroupId="nodes-id", ipProtocol="-1")]
     if ctld:
         rules.append(res(SG_IN, "ctl-6817", securityGroupId="ctl-id", referencedSecurityGroupId="nodes-id",
                          ipProtocol="tcp", fromPort=6817, toPort=6817))
@@ -203,8 +210,10 @@ def test_pcs_slurm_traffic_passes_with_a_port_range_inline() -> None:
                                     "securityGroups": ["nodes-id"]}],
                egress=[{"protocol": "-1", "fromPort": 0, "toPort": 0, "cidrBlocks": ["0.0.0.0/0"]}]),
            res(SG, "nodes", ingress=[{"protocol": "tcp", "fromPort": 6818, "toPort": 6818,
-                                      "securityGroups": ["ctl-id"]}],
-               egress=[{"protocol": "-1", "fromPort": 0, "toPort": 0, "cidrBlocks": ["0.0.0.0/0"]}])]
+                                      "securityGroups": ["ctl-id"]},
+                                     {"protocol": "-1", "fromPort": 0, "toPort": 0, "self": True}],
+               egress=[{"protocol": "-1", "fromPort": 0, "toPort": 0, "cidrBlocks": ["0.0.0.0/0"]},
+                       {"protocol": "-1", "fromPort": 0, "toPort": 0, "self": True}])]
     assert found("pcs-slurm-traffic", pcs_stack(cluster=SPLIT, sgs=sgs)) == []
 
 
@@ -232,6 +241,7 @@ def test_pcs_slurm_traffic_without_egress_says_so_both_ways() -> None:
 def test_pcs_slurm_traffic_shared_group_without_a_self_rule_fails() -> None:
     sgs = [res(SG, "nodes", tags=PROD)]
     assert [m for _, m in found("pcs-slurm-traffic", pcs_stack(sgs=sgs))] == [
+        PEERS,
         "node group gpu: no security group admits TCP 6817 (slurmctld) from the nodes to the controller; "
         "allow it, or share one group that allows all traffic to and from itself",
         "node group gpu: no security group admits TCP 6818 (slurmd) from the controller to the nodes; "
@@ -305,3 +315,18 @@ def test_pcs_accounting_reads_the_clusters_own_environment_tag() -> None:
     stack = [r for r in pcs_stack(tags=DEV) if r.type != CLUSTER]
     stack.append(res(CLUSTER, "slurm", tags=PROD, slurmConfiguration={"accounting": {"mode": "NONE"}}))
     assert [name for name, _ in found("pcs-accounting", stack)] == ["slurm"]
+
+
+PEERS = ("node group gpu: up to 2 nodes, but no security group of its launch template allows all traffic "
+         "to and from itself: its nodes cannot reach each other (srun, NCCL)")
+
+
+def test_pcs_slurm_traffic_multi_node_group_needs_a_self_referencing_group() -> None:
+    stack = pcs_stack(cluster=SPLIT, sgs=_port_rules(peers=False))
+    assert found("pcs-slurm-traffic", stack) == [("gpu-cng", PEERS)]
+    one_node = pcs_stack(cluster=SPLIT, sgs=_port_rules(peers=False),
+                         group={"scalingConfiguration": {"minInstanceCount": 0, "maxInstanceCount": 1}})
+    assert found("pcs-slurm-traffic", one_node) == []
+    efa = pcs_stack(cluster=SPLIT, sgs=_port_rules(peers=False),
+                    lt={"networkInterfaces": [nic(interfaceType="efa")]})
+    assert found("pcs-slurm-traffic", efa) == []  # efa-wiring judges EFA templates

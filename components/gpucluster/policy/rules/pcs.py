@@ -190,7 +190,8 @@ def pcs_launch_template(stack: Stack, config: Mapping[str, Any]) -> Iterable[tup
 @rule("pcs-slurm-traffic",
       "The AWS PCS cluster's security groups and each compute node group's allow Slurm both ways: the "
       "nodes to slurmctld (TCP 6817) and the controller to slurmd (TCP 6818), or one group shared by "
-      "both that allows all traffic to and from itself.",
+      "both that allows all traffic to and from itself; a group of more than one node also has a group "
+      "allowing all traffic to and from itself (srun, NCCL).",
       "stack")
 def pcs_slurm_traffic(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple[Resource | None, str]]:
     clusters = stack.of_type(PCS_CLUSTER)
@@ -212,6 +213,7 @@ def pcs_slurm_traffic(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple
             continue
         if not nodes:
             continue  # pcs-launch-template reports a group without a launch template
+        yield from ((group, m) for m in _peer_traffic(stack, group, nodes, self_rules))
         shared = [sg for sg in controller if any(sg is n for n in nodes)]
         verdicts = [self_rules.verdict(sg) for sg in shared]
         if any(v == (True, True) for v in verdicts) or any(None in v for v in verdicts):
@@ -228,6 +230,28 @@ def pcs_slurm_traffic(stack: Stack, config: Mapping[str, Any]) -> Iterable[tuple
             elif outbound is False:
                 yield group, (f"node group {name}: no security group lets TCP {port} ({daemon}) out {where}; "
                               "allow it, or share one group that allows all traffic to and from itself")
+
+
+def _peer_traffic(stack: Stack, group: Resource, nodes: list[Resource],
+                  self_rules: SelfRules) -> Iterable[str]:
+    """A node group that can hold two nodes needs them to reach each other on any port: srun's port range
+    and NCCL's are picked at run time ("Security groups in AWS PCS": the all-traffic self-referencing
+    group). On an Auto Scaling stack intra-group-traffic judges this; it does not see PCS groups. EFA
+    launch templates are efa-wiring's to judge, on either kind of stack."""
+    most = dig(group.props, "scalingConfiguration", "maxInstanceCount")
+    if most is UNKNOWN or number(most, 0) <= 1:
+        return
+    ref = dig(group.props, "customLaunchTemplate", "templateId")
+    lt = stack.resolve(group, "customLaunchTemplate", ref, [LAUNCH_TEMPLATE])
+    nics = items(lt.props.get("networkInterfaces")) if isinstance(lt, Resource) else UNKNOWN
+    if nics is UNKNOWN or any(dig(n, "interfaceType") in ("efa", "efa-only") for n in nics):
+        return
+    verdicts = [self_rules.verdict(sg) for sg in nodes]
+    if any(v == (True, True) for v in verdicts) or any(None in v for v in verdicts):
+        return
+    yield (f"node group {_group_name(group)}: up to {number(most, 0):g} nodes, but no security group of its "
+           "launch template allows all traffic to and from itself: its nodes cannot reach each other (srun, "
+           "NCCL)")
 
 
 def _cluster_groups(stack: Stack, cluster: Resource) -> list[Resource] | None:

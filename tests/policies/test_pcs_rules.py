@@ -330,3 +330,38 @@ def test_pcs_slurm_traffic_multi_node_group_needs_a_self_referencing_group() -> 
     efa = pcs_stack(cluster=SPLIT, sgs=_port_rules(peers=False),
                     lt={"networkInterfaces": [nic(interfaceType="efa")]})
     assert found("pcs-slurm-traffic", efa) == []  # efa-wiring judges EFA templates
+
+
+# ------------------------------------------------------------------ the existing stack rules see PCS groups
+
+
+def _cng(name: str, instance_type: str, most: int, option: str | None,
+         tags: dict[str, str] = DEV) -> Resource:
+    props: dict[str, Any] = {"clusterId": "slurm-id", "name": name,
+                             "instanceConfigs": [{"instanceType": instance_type}],
+                             "scalingConfiguration": {"minInstanceCount": 0, "maxInstanceCount": most}}
+    if option is not None:
+        props["purchaseOption"] = option
+    return res(CNG, f"{name}-cng", tags=tags, **props)
+
+
+def test_environment_limits_apply_to_pcs_node_groups() -> None:
+    stack = [_cng("train", "p5.48xlarge", 2, None), _cng("login", "m7i.large", 1, None)]
+    assert found("environment-limits", stack) == [
+        ("train-cng", "p5.48xlarge is not allowed in dev (allowed: g4dn.*, g5.*, g6.*, g6e.*; see the "
+                      "environment-limits policy config)"),
+        ("train-cng", "dev is spot-only, but its purchaseOption is ONDEMAND (the default)"),
+        (None, "at maximum size the stack runs 16 GPUs (train-cng 2 x 8), over the dev limit of 8")]
+    assert found("environment-limits", [_cng("train", "g5.xlarge", 2, "SPOT"),
+                                        _cng("login", "m7i.large", 1, None)]) == []
+    assert [m for _, m in found("environment-limits", [_cng("train", "g5.xlarge", 2, "CAPACITY_BLOCK")])] == [
+        "dev is spot-only, but it buys a Capacity Block (on-demand capacity)"]
+
+
+def test_a_pcs_gpu_group_needs_a_budget_that_acts_and_nonprod_autostop() -> None:
+    stack = [_cng("train", "g5.xlarge", 2, "SPOT"), _cng("login", "m7i.large", 1, None)]
+    assert found("gpu-budget-with-action", stack) == [
+        (None, "GPU groups (train-cng) but no aws:budgets/budget:Budget")]
+    assert [m.split(" has ")[0] for _, m in found("nonprod-autostop", stack)] == [
+        "dev stack with GPU groups (train-cng)"]
+    assert found("gpu-budget-with-action", [_cng("login", "m7i.large", 1, None)]) == []

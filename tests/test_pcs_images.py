@@ -10,15 +10,18 @@ import os
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from base_config import base
 from fake_node import logged_calls, write_stubs
 from gpucluster.aws.children import images_args
+from gpucluster.cli import app
 from gpucluster.node.bake import BakeSettings, component_document, pcs_install_commands
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import SpecError
@@ -248,3 +251,17 @@ def test_the_instance_count_is_only_for_blocks() -> None:
     config["gpucluster:node_groups"][0]["capacity"]["instance_count"] = 2
     assert findings(config) == [("node_groups[0].capacity.instance_count", "only used with market: "
                                                                             "capacity_block")]
+
+
+@pytest.mark.parametrize(("config", "key"), [
+    (slurm_config(), "scheduler.ami_id"),
+    (block_config(slurm=True, max_nodes=4, instance_count=2), "node_groups[0].max_nodes"),
+    (block_config(slurm=True), "node_groups[0].capacity.instance_count"),
+])
+def test_plan_refuses_in_one_line_naming_the_key_and_exits_2(write_stack: Callable[..., Path],
+                                                              config: dict[str, Any], key: str) -> None:
+    result = CliRunner().invoke(app, ["plan", str(write_stack(config))])
+    assert result.exit_code == 2
+    assert len([line for line in result.output.splitlines() if line.lstrip().startswith(key)]) == 1, \
+        result.output
+    assert "Traceback" not in result.output

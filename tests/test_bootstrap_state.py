@@ -363,7 +363,8 @@ def test_every_resource_type_the_program_creates_is_granted(plans: list[Any], ro
     deploy = roles["deploy-prod"]
     scope = bootstrap_state.scopes("aws", ACCOUNT, "gpu-", [])
     context = {"iam:PermissionsBoundary": WORKLOAD, "iam:PolicyARN": SSM_CORE,
-               "iam:PassedToService": "ec2.amazonaws.com", "aws:ResourceTag/gpucluster:stack": "prod"}
+               "iam:PassedToService": "ec2.amazonaws.com", "aws:ResourceTag/gpucluster:stack": "prod",
+               "aws:RequestTag/gpucluster:stack": "prod"}  # PCS: tagged at creation, acted on by tag
     samples = {**{s: r[0].replace("*", "x") for s, r in scope.items()},
                "iam": f"{IAM}:role/gpu-prod-x", "kms": f"arn:aws:kms:us-east-1:{ACCOUNT}:key/k"}
     for token, actions in bootstrap_state.DEPLOY_ACTIONS.items():
@@ -542,3 +543,111 @@ def test_flow_logs_and_the_composite_idle_alarm_are_deployable(roles: dict[str, 
     assert deploy.can("logs:CreateLogGroup", group) and deploy.can("logs:AssociateKmsKey", group)
     alarm = f"arn:aws:cloudwatch:us-east-1:{ACCOUNT}:alarm:gpu-prod-x"
     assert deploy.can("cloudwatch:PutCompositeAlarm", alarm)
+
+
+# ------------------------------------------------------------------ AWS PCS (issue 28)
+
+PCS_CLUSTER = f"arn:aws:pcs:us-east-1:{ACCOUNT}:cluster/pcs_abc123"
+PCS_GROUP = f"{PCS_CLUSTER}/computenodegroup/pcs_def456"
+PCS_QUEUE = f"{PCS_CLUSTER}/queue/pcs_ghi789"
+PCS_NODE_ROLE = f"{IAM}:role/aws-pcs/gpu-prod-node-identity-role-abc1234"
+TAGGED = {"aws:ResourceTag/gpucluster:stack": "prod"}
+
+
+def test_a_deploy_role_runs_pcs_only_on_the_stacks_tagged_resources(roles: dict[str, Role]) -> None:
+    deploy = roles["deploy-prod"]
+    for action in ("pcs:CreateCluster", "pcs:CreateComputeNodeGroup", "pcs:CreateQueue"):
+        assert deploy.can(action, PCS_CLUSTER, **{"aws:RequestTag/gpucluster:stack": "prod"}), action
+        assert not deploy.can(action, PCS_CLUSTER), action  # untagged: refused
+    for resource in (PCS_CLUSTER, PCS_GROUP, PCS_QUEUE):
+        for verb in ("Get", "Update", "Delete"):
+            kind = "Cluster" if resource == PCS_CLUSTER else (
+                "ComputeNodeGroup" if "computenodegroup" in resource else "Queue")
+            assert deploy.can(f"pcs:{verb}{kind}", resource, **TAGGED), (verb, resource)
+            assert not deploy.can(f"pcs:{verb}{kind}", resource), (verb, resource)  # not a stack's
+        assert deploy.can("pcs:UntagResource", resource, **TAGGED)
+        assert not deploy.can("pcs:UntagResource", resource)
+    # nothing PCS beyond what the program does: no node registration, no other account's clusters
+    assert not deploy.can("pcs:RegisterComputeNodeGroupInstance", PCS_GROUP, **TAGGED)
+    assert not deploy.can("pcs:CreateCluster", "arn:aws:pcs:us-east-1:999999999999:cluster/x",
+                          **{"aws:RequestTag/gpucluster:stack": "prod"})
+    assert deploy.can("pcs:ListClusters", "*")
+    # pulumi-aws-native goes through Cloud Control (which acts with these same permissions)
+    for action in ("cloudformation:CreateResource", "cloudformation:GetResourceRequestStatus"):
+        assert deploy.can(action, "*")
+    assert not deploy.can("cloudformation:CreateStack", "*")
+    # the cluster's Slurm key secret: created, never read back
+    secret = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:pcs!slurm-secret-pcs_abc123-AbCdEf"
+    assert deploy.can("secretsmanager:CreateSecret", secret)
+    assert not deploy.can("secretsmanager:GetSecretValue", secret)
+    other = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:db"
+    assert not deploy.can("secretsmanager:CreateSecret", other)
+
+
+def test_the_pcs_node_role_is_made_bounded_and_passed_only_to_pcs_and_ec2(roles: dict[str, Role]) -> None:
+    deploy = roles["deploy-prod"]
+    bounded = {"iam:PermissionsBoundary": WORKLOAD}
+    assert deploy.can("iam:CreateRole", PCS_NODE_ROLE, **bounded)
+    assert not deploy.can("iam:CreateRole", PCS_NODE_ROLE)
+    assert deploy.can("iam:PutRolePolicy", PCS_NODE_ROLE, **bounded)
+    assert deploy.can("iam:CreateInstanceProfile", f"{IAM}:instance-profile/aws-pcs/gpu-prod-node-profile")
+    for service in ("pcs.amazonaws.com", "ec2.amazonaws.com"):
+        assert deploy.can("iam:PassRole", PCS_NODE_ROLE, **{"iam:PassedToService": service}), service
+    for service in ("lambda.amazonaws.com", "scheduler.amazonaws.com", "cloudformation.amazonaws.com"):
+        assert not deploy.can("iam:PassRole", PCS_NODE_ROLE, **{"iam:PassedToService": service}), service
+    assert not deploy.can("iam:PassRole", PCS_NODE_ROLE)
+    # the stacks' other roles are not passed to PCS, and /aws-pcs/ roles outside the prefix not at all
+    assert not deploy.can("iam:PassRole", f"{IAM}:role/gpu-prod-guardrails-role",
+                          **{"iam:PassedToService": "pcs.amazonaws.com"})
+    assert not deploy.can("iam:PassRole", f"{IAM}:role/aws-pcs/someone-elses",
+                          **{"iam:PassedToService": "pcs.amazonaws.com"})
+    # PCS's service-linked role, and no other through this grant
+    slr = f"{IAM}:role/aws-service-role/pcs.amazonaws.com/AWSServiceRoleForPCS"
+    assert deploy.can("iam:CreateServiceLinkedRole", slr, **{"iam:AWSServiceName": "pcs.amazonaws.com"})
+    assert not deploy.can("iam:CreateServiceLinkedRole", f"{IAM}:role/aws-service-role/x.amazonaws.com/X",
+                          **{"iam:AWSServiceName": "x.amazonaws.com"})
+    assert not deploy.can("iam:CreateServiceLinkedRole", slr,
+                          **{"iam:AWSServiceName": "elasticmapreduce.amazonaws.com"})
+
+
+def test_the_pcs_statements_are_exactly_these(roles: dict[str, Role]) -> None:
+    """Nothing broader than the tag-scoped PCS grants: no pcs:* and no PCS action on "*" but the lists."""
+    statements = [s for document in roles["deploy-prod"].identity for s in document["Statement"]]
+    pcs = [s for s in statements if any(str(a).startswith("pcs:") for a in
+                                        (s["Action"] if isinstance(s["Action"], list) else [s["Action"]]))]
+    by_sid = {s["Sid"]: s for s in pcs}
+    assert set(by_sid) == {"StackPcsCreateTagged", "StackPcsTagged", "ReadsWithoutResourceScope"}
+    assert by_sid["StackPcsCreateTagged"]["Condition"] == {
+        "Null": {"aws:RequestTag/gpucluster:stack": "false"}}
+    assert by_sid["StackPcsTagged"]["Condition"] == {"Null": {"aws:ResourceTag/gpucluster:stack": "false"}}
+    assert sorted(by_sid["StackPcsCreateTagged"]["Action"]) == [
+        "pcs:CreateCluster", "pcs:CreateComputeNodeGroup", "pcs:CreateQueue", "pcs:TagResource"]
+    unscoped = [a for a in by_sid["ReadsWithoutResourceScope"]["Action"] if a.startswith("pcs:")]
+    assert unscoped == ["pcs:ListClusters", "pcs:ListComputeNodeGroups", "pcs:ListQueues"]
+    assert not any("pcs:*" in s["Action"] for s in pcs)
+
+
+def test_the_preview_role_reads_pcs_and_changes_nothing(roles: dict[str, Role]) -> None:
+    preview = roles["preview"]
+    for action, resource in (("pcs:GetCluster", PCS_CLUSTER), ("pcs:GetComputeNodeGroup", PCS_GROUP),
+                             ("pcs:GetQueue", PCS_QUEUE)):
+        assert preview.can(action, resource, **TAGGED)
+        assert not preview.can(action, resource)  # not a stack's
+    assert preview.can("pcs:ListClusters", "*") and preview.can("cloudformation:GetResource", "*")
+    for action in ("pcs:CreateCluster", "pcs:UpdateComputeNodeGroup", "pcs:DeleteCluster", "pcs:TagResource",
+                   "pcs:DeleteQueue", "pcs:RegisterComputeNodeGroupInstance", "cloudformation:CreateResource",
+                   "cloudformation:UpdateResource", "cloudformation:DeleteResource"):
+        assert not preview.can(action, PCS_CLUSTER, **TAGGED), action
+        assert not preview.can(action, "*", **TAGGED), action
+
+
+def test_the_workload_boundary_lets_pcs_nodes_register_and_the_guard_scale(made: Any) -> None:
+    iam = made[0].client("iam")
+    boundary = managed_document(iam, WORKLOAD)
+    anything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+    for action in ("pcs:RegisterComputeNodeGroupInstance", "pcs:GetComputeNodeGroup",
+                   "pcs:UpdateComputeNodeGroup", "pcs:ListComputeNodeGroups"):
+        assert allowed([anything], boundary, action, PCS_GROUP), action
+    for action in ("pcs:CreateCluster", "pcs:DeleteCluster", "pcs:DeleteComputeNodeGroup",
+                   "pcs:CreateComputeNodeGroup", "pcs:TagResource"):
+        assert not allowed([anything], boundary, action, PCS_GROUP), action

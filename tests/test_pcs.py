@@ -161,7 +161,7 @@ def test_health_policy_without_an_auto_scaling_group_names_no_group() -> None:
 
 def slurm_base() -> dict[str, Any]:
     config = base()
-    config["gpucluster:scheduler"] = {"type": "slurm"}
+    config["gpucluster:scheduler"] = {"type": "slurm", "ami_id": AMI}
     return config
 
 
@@ -357,7 +357,7 @@ def test_accounting_off_and_autostop_off() -> None:
     login = next(r for r in result.of_type(NODE_GROUP) if r.inputs["name"] == "login")
     assert login.inputs["scalingConfiguration"] == {"minInstanceCount": 2, "maxInstanceCount": 2}
     assert login.inputs["instanceConfigs"] == [{"instanceType": "m7i.large"}]
-    assert "amiId" not in login.inputs  # no scheduler AMI: the template's (resolved once)
+    assert login.inputs["amiId"] == AMI  # scheduler.ami_id: the login group's only image with the PCS agent
     ports = {r.inputs.get("fromPort") for r in [*result.of_type(INGRESS), *result.of_type(EGRESS)]}
     assert 6819 not in ports
     [gpu] = [r for r in result.of_type(NODE_GROUP) if r.inputs["name"] == "gpu"]

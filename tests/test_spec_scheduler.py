@@ -13,8 +13,9 @@ from gpucluster.spec import PCS_SLURM_VERSIONS, SpecError
 
 
 def slurm(**scheduler: Any) -> dict[str, Any]:
+    """A Slurm stack whose groups boot an AMI with the PCS agent and Slurm (test_pcs_images: without one)."""
     config = base()
-    config["gpucluster:scheduler"] = {"type": "slurm", **scheduler}
+    config["gpucluster:scheduler"] = {"type": "slurm", "ami_id": "ami-0123456789abcdef0", **scheduler}
     return config
 
 

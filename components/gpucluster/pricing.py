@@ -29,6 +29,7 @@ from gpucluster.node.metrics import DCGM_FIELDS
 from gpucluster.spec import NodeGroupConfig, StackSpec, baked_image
 
 PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "service_prices.yaml"
+PCS_PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "pcs_prices.yaml"
 HOURS_PER_MONTH = 730  # the month of the AWS Pricing Calculator and the EC2 pricing pages
 # The interface endpoints a created VPC gets (gpucluster.aws.network SSM_ENDPOINTS and
 # NO_NAT_ENDPOINTS, not imported: that module loads Pulumi; a test keeps them equal), each
@@ -346,7 +347,7 @@ class OtherCost:
 
     name: str
     kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg", "warm_pool", "images",
-                  "flow_logs"]
+                  "flow_logs", "pcs"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
@@ -505,6 +506,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                         src["ebs"], as_of,
                         scheduled_share=priced.scheduled_hours_per_month / priced.hours_per_month)
     yield from _boot_costs(spec, prices, assume)
+    yield from _pcs_costs(spec, groups)
     if spec.network.vpc_cidr is None:
         return  # an existing VPC: its NAT and endpoints are paid for already
     if spec.network.nat_gateway:
@@ -593,6 +595,50 @@ def _observability_costs(spec: StackSpec, prices: ServicePrices,
         yield OtherCost("Amazon Managed Grafana", "amg", amg, amg,
                         f"{g.editors} editors x ${prices.amg_editor_usd_per_month:g} + {g.viewers} viewers x "
                         f"${prices.amg_viewer_usd_per_month:g} a month (active users)", src["amg"], as_of)
+def _pcs_costs(spec: StackSpec, groups: Mapping[str, GroupCost],
+               path: Path = PCS_PRICES_FILE) -> Iterable[OtherCost]:
+    """AWS PCS fees of a Slurm stack (data/pcs_prices.yaml, figures not re-checked: see its header), each
+    its own line: the controller and accounting by cluster size all month, node management per node-hour
+    (compute nodes as their groups run, the login nodes all month) and the login nodes' EC2 hours."""
+    s = spec.scheduler
+    if not s.slurm:
+        return
+    raw = catalog.read_data_file(path)
+    rates = raw["regions"].get(spec.region)
+    if rates is None:
+        raise PricingError(f"no AWS PCS prices for region {spec.region} (have: "
+                           f"{', '.join(sorted(raw['regions']))})")
+    source, as_of = str(raw["source"]), str(raw["as_of"])
+    hourly = rates["controller_usd_per_hour"][s.size]
+    controller = hourly * HOURS_PER_MONTH
+    yield OtherCost(f"AWS PCS Slurm controller ({s.size})", "pcs", controller, controller,
+                    f"1 cluster x ${hourly}/h ({s.size}), all month", source, as_of)
+    fee, login = rates["node_management_usd_per_instance_hour"], s.login
+    node_hours = {at: sum((g.desired_nodes if at == "desired" else g.max_nodes)
+                          * groups[g.name].hours_per_month for g in spec.node_groups)
+                  + login.count * HOURS_PER_MONTH for at in AT}
+    scheduled_hours = sum(g.desired_nodes * groups[g.name].scheduled_hours_per_month
+                          for g in spec.node_groups)
+    yield OtherCost("AWS PCS node management", "pcs", node_hours["desired"] * fee, node_hours["max"] * fee,
+                    f"{node_hours['desired']:,.0f} node-hours at desired ({node_hours['max']:,.0f} at max; "
+                    f"{login.count} login node(s) all month) x ${fee}/instance-hour", source, as_of,
+                    scheduled_share=(scheduled_hours + login.count * HOURS_PER_MONTH) / node_hours["desired"]
+                    if node_hours["desired"] else 1.0)
+    if s.accounting:
+        accounting = rates["accounting_usd_per_hour"][s.size] * HOURS_PER_MONTH
+        yield OtherCost("AWS PCS Slurm accounting", "pcs", accounting, accounting,
+                        f"1 cluster x ${rates['accounting_usd_per_hour'][s.size]}/h ({s.size}), all month; "
+                        "accounting storage not counted", source, as_of)
+    login_rate = rates["login_instance_usd_per_hour"].get(login.instance_type)
+    if login_rate is None:
+        raise PricingError(f"scheduler.login.instance_type: no price for {login.instance_type} in "
+                           f"{spec.region} (have: {', '.join(sorted(rates['login_instance_usd_per_hour']))})")
+    hosts = login.count * login_rate * HOURS_PER_MONTH
+    yield OtherCost("AWS PCS login nodes", "pcs", hosts, hosts,
+                    f"{login.count} x {login.instance_type} x ${login_rate}/h on-demand, all month",
+                    str(raw["login_source"]), as_of)
+
+
 def _flow_log_cost(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> Iterable[OtherCost]:
     """VPC flow logs (gpucluster.aws.network), on by default for created and existing VPCs alike."""
     src, as_of = prices.sources, prices.as_of
@@ -639,7 +685,9 @@ def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
         f"VPC flow logs: {assume.flow_log_gb_per_month:g} GB/month of rejected-traffic records "
         "(ten times that with flow_logs: all)",
         "not counted: data transfer out, requests, CloudWatch, Lambda, snapshots (small next to GPUs)",
-    )
+    ) + ((f"AWS PCS fees ({PCS_PRICES_FILE.name}) are from memory of https://aws.amazon.com/pcs/pricing/, "
+          "not re-checked: each is its own 'AWS PCS' line; node management follows the nodes",)
+         if spec.scheduler.slurm else ())
     budget = spec.budget.monthly_limit_usd if spec.budget else None
     return StackCost(spec.stack, spec.region, groups, other, budget, notes, plan)
 

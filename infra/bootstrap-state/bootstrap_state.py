@@ -117,6 +117,11 @@ WORKLOAD_ACTIONS = [
     "ec2:CreateSnapshot", "ec2:CreateTags",
     # the spend guard's and the spend report's reads (lambdas/spend_guard.py, lambdas/report.py)
     "ce:GetCostAndUsage", "ce:GetCostForecast", "cloudwatch:GetMetricData", "ec2:DescribeSpotPriceHistory",
+    # AWS PCS (scheduler type slurm): a node registers with its compute node group ("IAM instance profiles
+    # for AWS Parallel Computing Service"); the guardrail Lambdas read the cluster's node groups and set
+    # a group's scaling to stop and resume it (the node-group seam's PCS backend)
+    "pcs:RegisterComputeNodeGroupInstance", "pcs:GetCluster", "pcs:GetComputeNodeGroup",
+    "pcs:ListComputeNodeGroups", "pcs:UpdateComputeNodeGroup",
 ]
 
 # What each resource type the program creates needs from the deploy role (create, read, update,
@@ -317,7 +322,48 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
         "imagebuilder:TagResource", "imagebuilder:UntagResource", "imagebuilder:ListTagsForResource"],
     "aws:budgets/budget:Budget": ["budgets:ModifyBudget", "budgets:ViewBudget", "budgets:TagResource",
                                   "budgets:UntagResource", "budgets:ListTagsForResource"],
+    # AWS PCS (gpucluster:scheduler type slurm), made by pulumi-aws-native, which goes through the Cloud
+    # Control API (CLOUD_CONTROL: it calls PCS with the caller's own permissions, so it reaches nothing the
+    # role could not). PCS ids are generated, so `deploy_statements` scopes these by the stack tag
+    # (`pcs_statements`). Beyond the pcs: actions, from memory of the PCS user guide's "Minimum permissions
+    # for AWS PCS" (not re-checked from this machine): CreateCluster makes the controller's network
+    # interface, reads the VPC's security groups and keeps the Slurm key in a Secrets Manager secret;
+    # CreateComputeNodeGroup checks the caller may launch (RunInstances, CreateFleet) and pass the node
+    # role (iam_statements: PassPcsNodeRoles); PCS's service-linked role launches the instances.
+    "aws-native:pcs:Cluster": [
+        "pcs:CreateCluster", "pcs:GetCluster", "pcs:UpdateCluster", "pcs:DeleteCluster", "pcs:TagResource",
+        "pcs:UntagResource", "pcs:ListTagsForResource", "ec2:CreateNetworkInterface",
+        "ec2:GetSecurityGroupsForVpc", "secretsmanager:CreateSecret", "secretsmanager:TagResource"],
+    "aws-native:pcs:ComputeNodeGroup": [
+        "pcs:CreateComputeNodeGroup", "pcs:GetComputeNodeGroup", "pcs:UpdateComputeNodeGroup",
+        "pcs:DeleteComputeNodeGroup", "pcs:TagResource", "pcs:UntagResource", "pcs:ListTagsForResource",
+        "ec2:RunInstances", "ec2:CreateFleet"],
+    "aws-native:pcs:Queue": [
+        "pcs:CreateQueue", "pcs:GetQueue", "pcs:UpdateQueue", "pcs:DeleteQueue", "pcs:TagResource",
+        "pcs:UntagResource", "pcs:ListTagsForResource"],
 }
+# The Cloud Control API, through which pulumi-aws-native creates, reads, updates and deletes (AWS Cloud
+# Control API user guide, "Identity and access management": it acts with the caller's permissions for the
+# resource type's own service). Its actions have no resource type (Service Authorization Reference,
+# "AWS Cloud Control API"): granted on "*".
+CLOUD_CONTROL = ["cloudformation:CreateResource", "cloudformation:GetResource",
+                 "cloudformation:UpdateResource", "cloudformation:DeleteResource",
+                 "cloudformation:GetResourceRequestStatus", "cloudformation:ListResources"]
+CLOUD_CONTROL_READS = ["cloudformation:GetResource", "cloudformation:ListResources",
+                       "cloudformation:GetResourceRequestStatus"]
+for _token in ("aws-native:pcs:Cluster", "aws-native:pcs:ComputeNodeGroup", "aws-native:pcs:Queue"):
+    DEPLOY_ACTIONS[_token] += CLOUD_CONTROL
+# A PCS resource's ARN carries its generated id, not a name (arn:...:pcs:<region>:<account>:cluster/<id>,
+# its node groups and queues under it), so the stack tag scopes them: a request that creates one must
+# carry the tag, and anything else acts only on a resource that has it.
+PCS_CREATES = ["pcs:CreateCluster", "pcs:CreateComputeNodeGroup", "pcs:CreateQueue", "pcs:TagResource"]
+PCS_READS = ["pcs:GetCluster", "pcs:GetComputeNodeGroup", "pcs:GetQueue", "pcs:ListTagsForResource"]
+PCS_LISTS = ["pcs:ListClusters", "pcs:ListComputeNodeGroups", "pcs:ListQueues"]
+# AWS PCS makes its service-linked role at the first CreateCluster ("Using service-linked roles for AWS
+# PCS": AWSServiceRoleForPCS, service pcs.amazonaws.com); the node role, under /aws-pcs/, is passed only
+# to PCS (CreateComputeNodeGroup) and EC2 (the instances).
+PCS_SERVICE = "pcs.amazonaws.com"
+PCS_NODE_ROLE_PASSED_TO = [PCS_SERVICE, "ec2.amazonaws.com"]
 # Actions with no resource-level permissions (the Service Authorization Reference lists no resource
 # type for them), granted on "*". Tags on a new KMS key need kms:TagResource not restricted to
 # particular keys (KMS developer guide, "Controlling access to tags"); the deploy boundary denies
@@ -330,7 +376,8 @@ UNSCOPED_ACTIONS = ["ec2:Describe*", "autoscaling:Describe*", "fsx:Describe*", "
                     "kms:CreateKey", "kms:TagResource",
                     "servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota",
                     "ce:ListCostAllocationTags",
-                    "sns:Unsubscribe", "sns:GetSubscriptionAttributes", "sns:SetSubscriptionAttributes"]
+                    "sns:Unsubscribe", "sns:GetSubscriptionAttributes", "sns:SetSubscriptionAttributes",
+                    *PCS_LISTS]
 # What rewrites a bucket's settings (policy, ACL, lifecycle, public access, encryption, replication):
 # never allowed on the state bucket nor on existing dataset buckets.
 BUCKET_SETTINGS_WRITES = ["s3:PutBucket*", "s3:DeleteBucket*", "s3:PutLifecycleConfiguration",
@@ -374,6 +421,11 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
             "image-pipeline")],
         # lambdas.handlers.state_table_name: named from the identity, not the prefix
         "dynamodb": [f"arn:{p}:dynamodb:*:{a}:table/gpucluster-guard-*"],
+        # AWS PCS: every cluster and what lies under it, narrowed by the stack tag (`pcs_statements`)
+        "pcs": [f"arn:{p}:pcs:*:{a}:cluster/*"],
+        "cloudformation": ["*"],  # CLOUD_CONTROL: no resource type
+        # the cluster's Slurm key; the name pattern is from memory of the PCS user guide (not re-checked)
+        "secretsmanager": [f"arn:{p}:secretsmanager:*:{a}:secret:pcs!*"],
     }
 
 
@@ -618,6 +670,10 @@ def iam_statements(partition: str, account: str, prefix: str, workload_arn: str)
     services that run them (`iam:PassedToService`)."""
     iam = f"arn:{partition}:iam::{account}"
     role, profile = f"{iam}:role/{prefix}*", f"{iam}:instance-profile/{prefix}*"
+    # AWS PCS accepts a node role (and profile) named AWSPCS* or under the path /aws-pcs/ ("IAM instance
+    # profiles for AWS Parallel Computing Service"): the stacks' PCS node role is <prefix>* under /aws-pcs/.
+    pcs_role, pcs_profile = f"{iam}:role/aws-pcs/{prefix}*", f"{iam}:instance-profile/aws-pcs/{prefix}*"
+    roles = [role, pcs_role]
     bounded = {"StringEquals": {"iam:PermissionsBoundary": workload_arn}}
     managed = [f"arn:{partition}:iam::aws:policy/{name}" for name in MANAGED_POLICIES]
     conditioned = {"iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy", "iam:AttachRolePolicy",
@@ -626,14 +682,20 @@ def iam_statements(partition: str, account: str, prefix: str, workload_arn: str)
                     for a in actions} - conditioned)
     fsx_s3_role = f"{iam}:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/*"
     return [
-        {"Sid": "StackRolesAndProfiles", "Effect": "Allow", "Action": plain, "Resource": [role, profile]},
-        {"Sid": "RolesOnlyWithTheBoundary", "Effect": "Allow", "Resource": role, "Condition": bounded,
+        {"Sid": "StackRolesAndProfiles", "Effect": "Allow", "Action": plain,
+         "Resource": [role, profile, pcs_role, pcs_profile]},
+        {"Sid": "RolesOnlyWithTheBoundary", "Effect": "Allow", "Resource": roles, "Condition": bounded,
          "Action": ["iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy",
                     "iam:PutRolePermissionsBoundary", "iam:DetachRolePolicy"]},
         {"Sid": "OnlyTheProgramsManagedPolicies", "Effect": "Allow", "Action": "iam:AttachRolePolicy",
-         "Resource": role, "Condition": {**bounded, "ArnEquals": {"iam:PolicyARN": managed}}},
+         "Resource": roles, "Condition": {**bounded, "ArnEquals": {"iam:PolicyARN": managed}}},
         {"Sid": "PassOnlyToTheServicesThatRunThem", "Effect": "Allow", "Action": "iam:PassRole",
          "Resource": role, "Condition": {"StringEquals": {"iam:PassedToService": PASSED_TO}}},
+        {"Sid": "PassPcsNodeRoles", "Effect": "Allow", "Action": "iam:PassRole", "Resource": pcs_role,
+         "Condition": {"StringEquals": {"iam:PassedToService": PCS_NODE_ROLE_PASSED_TO}}},
+        {"Sid": "PcsServiceLinkedRole", "Effect": "Allow", "Action": "iam:CreateServiceLinkedRole",
+         "Resource": f"{iam}:role/aws-service-role/{PCS_SERVICE}/AWSServiceRoleForPCS",
+         "Condition": {"StringEquals": {"iam:AWSServiceName": PCS_SERVICE}}},
         {"Sid": "ServiceLinkedRoles", "Effect": "Allow", "Action": "iam:CreateServiceLinkedRole",
          "Resource": f"{iam}:role/aws-service-role/*",
          "Condition": {"StringEquals": {"iam:AWSServiceName": SERVICE_LINKED}}},
@@ -656,7 +718,9 @@ def deploy_statements(partition: str, account: str, prefix: str,
             by_service.setdefault(action.split(":")[0], set()).add(action)
     scope = scopes(partition, account, prefix, buckets)
     statements = [{"Sid": f"Stack{service.capitalize()}", "Effect": "Allow", "Action": sorted(actions),
-                   "Resource": scope[service]} for service, actions in sorted(by_service.items())]
+                   "Resource": scope[service]} for service, actions in sorted(by_service.items())
+                  if service != "pcs"]
+    statements += pcs_statements(partition, account, sorted(by_service.get("pcs", ())))
     bucket_objects = [f"{b}/*" for b in scope["s3"]]
     statements += [
         {"Sid": "ReadsWithoutResourceScope", "Effect": "Allow", "Action": UNSCOPED_ACTIONS, "Resource": "*"},
@@ -675,6 +739,34 @@ def deploy_statements(partition: str, account: str, prefix: str,
          "NotResource": f"arn:{partition}:ec2:*:*:instance/*"},
     ]
     return statements
+
+
+def pcs_statements(partition: str, account: str, actions: Sequence[str]) -> list[dict[str, Any]]:
+    """The PCS deploy actions, scoped by the stack tag: creating (and tagging) only with the tag in the
+    request, everything else only on a cluster, node group or queue that carries it."""
+    if not actions:
+        return []
+    clusters = f"arn:{partition}:pcs:*:{account}:cluster/*"
+    tag = f"aws:{{}}Tag/{STACK_TAG}"
+    return [
+        {"Sid": "StackPcsCreateTagged", "Effect": "Allow", "Resource": clusters,
+         "Action": [a for a in actions if a in PCS_CREATES],
+         "Condition": {"Null": {tag.format("Request"): "false"}}},
+        {"Sid": "StackPcsTagged", "Effect": "Allow", "Resource": clusters,
+         "Action": [a for a in actions if a not in PCS_CREATES or a == "pcs:TagResource"],
+         "Condition": {"Null": {tag.format("Resource"): "false"}}},
+    ]
+
+
+def pcs_read_statements(partition: str, account: str) -> list[dict[str, Any]]:
+    """What a preview may read of PCS: the stacks' tagged clusters, node groups and queues, the lists, and
+    Cloud Control's reads (pulumi-aws-native reads through it); nothing that creates or changes."""
+    return [
+        {"Sid": "PcsReadsOfStacks", "Effect": "Allow", "Action": PCS_READS,
+         "Resource": f"arn:{partition}:pcs:*:{account}:cluster/*",
+         "Condition": {"Null": {f"aws:ResourceTag/{STACK_TAG}": "false"}}},
+        {"Sid": "PcsLists", "Effect": "Allow", "Action": PCS_LISTS + CLOUD_CONTROL_READS, "Resource": "*"},
+    ]
 
 
 def dataset_bucket_statements(partition: str, buckets: Sequence[str]) -> list[dict[str, Any]]:
@@ -816,7 +908,7 @@ def bootstrap(session: Any, bucket: str, region: str, github_repo: str, environm
         "pulumi-state": state_access_policy(bucket, key_arn, region, pulumi_project, environments,
                                             write=False,
                                             partition=partition),
-        "preview": _document([public_parameters(partition)])})
+        "preview": _document([public_parameters(partition), *pcs_read_statements(partition, account)])})
     result = Bootstrap(bucket, region, key_arn, key_alias, provider, preview, github_repo,
                        arns["workload"], arns["deploy"])
     for env in environments:

@@ -225,5 +225,38 @@ def broken_stack() -> list[Resource]:
                                comparison_operator="GREATER_THAN", threshold=100,
                                threshold_type="PERCENTAGE", notification_type="ACTUAL",
                                subscriber_email_addresses=["ml-platform@example.com"])])
+        _broken_pcs(t, lt, serve_lt)
 
     return _record(build)
+
+
+def _broken_pcs(t: dict[str, str], train_lt: aws.ec2.LaunchTemplate,
+                serve_lt: aws.ec2.LaunchTemplate) -> None:
+    """The AWS PCS part of the broken stack, as pulumi-aws-native records it (engine names, camelCase).
+
+    Built as plain custom resources of the aws-native type tokens: the rules read only the tokens and inputs.
+    """
+    # pcs-node-instance-profile: a role neither AWSPCS... nor /aws-pcs/, and not allowed to register
+    role = aws.iam.Role("b-pcs-node", name="gpu-nodes", tags=t, assume_role_policy=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"Service": "ec2.amazonaws.com"}}]}))
+    profile = aws.iam.InstanceProfile("b-pcs-profile", name="gpu-nodes", role=role.name, tags=t)
+    # pcs-slurm-traffic: the controller's group admits nothing from the nodes
+    ctl_sg = aws.ec2.SecurityGroup("b-pcs-ctl", vpc_id="vpc-0abc12345def67890", tags=t)
+    # pcs-accounting: a prod-tagged cluster without accounting
+    cluster = pulumi.CustomResource("aws-native:pcs:Cluster", "b-pcs", {
+        "scheduler": {"type": "SLURM", "version": "25.05"}, "size": "SMALL",
+        "networking": {"subnetIds": ["subnet-0aaaaaaaaaaaaaaaa"], "securityGroupIds": [ctl_sg.id]},
+        "slurmConfiguration": {"accounting": {"mode": "NONE"}}, "tags": tags("prod")})
+    # pcs-launch-template: the b-train template allows IMDSv1 and gives a public IP
+    pulumi.CustomResource("aws-native:pcs:ComputeNodeGroup", "b-pcs-train", {
+        "clusterId": cluster.id, "name": "train", "iamInstanceProfileArn": profile.arn,
+        "customLaunchTemplate": {"templateId": train_lt.id, "version": "1"},
+        "instanceConfigs": [{"instanceType": "p5.48xlarge"}], "subnetIds": ["subnet-0aaaaaaaaaaaaaaaa"],
+        "scalingConfiguration": {"minInstanceCount": 0, "maxInstanceCount": 2}, "tags": t})
+    # pcs-login-no-gpu: a GPU login group
+    pulumi.CustomResource("aws-native:pcs:ComputeNodeGroup", "b-pcs-login", {
+        "clusterId": cluster.id, "name": "login", "iamInstanceProfileArn": profile.arn,
+        "customLaunchTemplate": {"templateId": serve_lt.id, "version": "1"},
+        "instanceConfigs": [{"instanceType": "g5.xlarge"}], "subnetIds": ["subnet-0aaaaaaaaaaaaaaaa"],
+        "scalingConfiguration": {"minInstanceCount": 1, "maxInstanceCount": 1}, "tags": t})

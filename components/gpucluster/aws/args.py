@@ -145,6 +145,8 @@ class CapacitySettings(TypedDict):
     """Targeted on-demand capacity reservation, or the Capacity Block's reservation id."""
     duration_hours: NotRequired[int]
     """capacity_block only: the block's length in hours; the cost model prices the block for it."""
+    instance_count: NotRequired[int]
+    """capacity_block only: the instances the block holds; max_nodes may not exceed it (Slurm: required)."""
 
 
 class NodeFileSettings(TypedDict):

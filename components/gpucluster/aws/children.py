@@ -311,6 +311,8 @@ def images_args(spec: StackSpec, *, vpc_id: Any, subnet_id: Any,
         }
         if g.container_image:
             entry["container_image"] = g.container_image
+        if spec.scheduler.slurm:  # the PCS agent and Slurm baked in (gpucluster.node.bake)
+            entry["slurm_version"] = spec.scheduler.slurm_version
         groups.append(entry)
     args: dict[str, Any] = {
         "cluster_name": spec.cluster.name, "identity": spec.identity, "region": spec.region,

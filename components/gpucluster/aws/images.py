@@ -72,6 +72,8 @@ class ImageGroupArgs(TypedDict):
     """Check the EFA software is in the base."""
     lustre_key_fingerprints: NotRequired[list[str]]
     """Pinned keys of AWS's Lustre client repository."""
+    slurm_version: NotRequired[str]
+    """A Slurm stack's Slurm version: bake the AWS PCS agent and Slurm installers (absent: neither)."""
 
 
 class NodeImagesArgs(TypedDict):
@@ -180,7 +182,8 @@ class NodeImages(pulumi.ComponentResource):
             node_group=group, region=args["region"], container_image=g.get("container_image"),
             fsx=g.get("fsx", False), mount_s3=g.get("mount_s3", False), efa=g.get("efa", False),
             build_gpus=args.get("build_gpus", 1),
-            lustre_key_fingerprints=tuple(g.get("lustre_key_fingerprints", []))))
+            lustre_key_fingerprints=tuple(g.get("lustre_key_fingerprints", [])),
+            slurm_version=g.get("slurm_version")))
         component = self.components[group] = aws.imagebuilder.Component(
             f"{name}-{group}-component", name=base, platform="Linux", version=version, data=document,
             description=f"gpucluster {cluster}/{group}: node software installed once",

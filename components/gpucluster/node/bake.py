@@ -3,7 +3,8 @@
 It owns the build-once half of a node's boot: disable the AMI's first-boot package updates, install
 the CloudWatch agent, the Lustre client for the AMI's kernel and Mountpoint for S3 (through the same
 pinned, signature-checked `gpucluster-install` the unbaked path runs at boot), DCGM, check the EFA
-software, and pull the group's container image; then validate that all of it is there, and, on an
+software, pull the group's container image and, on a Slurm stack, install AWS's PCS agent and Slurm;
+then validate that all of it is there, and, on an
 instance launched from the new image, test the GPUs and record their count, the driver and the CUDA
 version in the image's tags (what `gpucluster image build` and `plan` show). Pure: no Pulumi import
 and no AWS call; `gpucluster.aws.images` hands the document to `aws.imagebuilder.Component`.
@@ -53,6 +54,40 @@ class BakeSettings:
     build_gpus: int
     """GPUs the build/test instance type has: the test fails below that."""
     lustre_key_fingerprints: tuple[str, ...] = ()
+    slurm_version: str | None = None
+    """A Slurm stack's version (scheduler.slurm_version): bake AWS's PCS agent and Slurm installers."""
+
+
+# "Software installers to build custom AMIs for AWS PCS",
+# https://docs.aws.amazon.com/pcs/latest/userguide/working-with_ami_installers.html: a custom AMI needs the
+# AWS PCS agent and AWS's Slurm build (installed under /opt/aws/pcs/scheduler/slurm-<version>, the
+# documented path). FROM MEMORY, not re-checked from this machine: the per-region bucket
+# aws-pcs-repo-<region>.s3.<region>.amazonaws.com, the object names aws-pcs-agent/aws-pcs-agent-v1-latest
+# .tar.gz and aws-pcs-slurm/aws-pcs-slurm-<version>-installer-latest.tar.gz, each with its SHA-256 beside
+# it as <name>.sha256, the directories they unpack to and `installer.sh` (`-y` for Slurm's). A wrong name
+# fails the build (curl -f), never installs something unchecked.
+PCS_REPO = "https://aws-pcs-repo-{region}.s3.{region}.amazonaws.com"
+PCS_SLURM_ROOT = "/opt/aws/pcs/scheduler/slurm-{version}"
+
+
+def pcs_install_commands(region: str, slurm_version: str) -> str:
+    """Download the PCS agent and Slurm installers, check each against its published SHA-256, install."""
+    repo = PCS_REPO.format(region=region)
+    return (
+        "set -euo pipefail\n"
+        f"repo='{repo}'\nwork=$(mktemp -d)\ncd \"$work\"\n"
+        "fetch() {  # $1: object name, $2: its folder; nothing unpacks before its checksum matches\n"
+        "  curl -fsSL --retry 5 -o \"$1\" \"$repo/$2/$1\"\n"
+        "  curl -fsSL --retry 5 -o \"$1.sha256\" \"$repo/$2/$1.sha256\"\n"
+        "  sum=$(awk 'NR==1 {print $1}' \"$1.sha256\")\n"
+        "  [[ $sum =~ ^[0-9a-f]{64}$ ]] || { echo \"no SHA-256 in $1.sha256\"; exit 1; }\n"
+        "  echo \"$sum  $1\" | sha256sum -c --quiet - || { echo \"$1: checksum mismatch\"; exit 1; }\n"
+        "  tar -xzf \"$1\"\n}\n"
+        "fetch aws-pcs-agent-v1-latest.tar.gz aws-pcs-agent\n"
+        "(cd aws-pcs-agent && ./installer.sh)\n"
+        f"fetch aws-pcs-slurm-{slurm_version}-installer-latest.tar.gz aws-pcs-slurm\n"
+        f"(cd aws-pcs-slurm-{slurm_version}-installer && ./installer.sh -y)\n"
+        "cd / && rm -rf \"$work\"\n")
 
 
 def _bash(name: str, commands: str) -> dict[str, Any]:
@@ -96,6 +131,8 @@ def build_steps(s: BakeSettings) -> list[dict[str, Any]]:
                            "image has no EFA software (fi_info)'; exit 1; }}\n"))
     if s.container_image:
         steps.append(_bash("PullContainerImage", pull_commands(s.container_image)))
+    if s.slurm_version:
+        steps.append(_bash("InstallAwsPcs", pcs_install_commands(s.region, s.slurm_version)))
     return steps
 
 
@@ -126,6 +163,9 @@ def validate_steps(s: BakeSettings) -> list[dict[str, Any]]:
         checks.append(f"[ -x {FI_INFO} ] || missing+=(efa)")
     if s.container_image:
         checks.append(f"docker image inspect '{s.container_image}' >/dev/null || missing+=(container-image)")
+    if s.slurm_version:
+        root = PCS_SLURM_ROOT.format(version=s.slurm_version)
+        checks.append(f"[ -d {root} ] || missing+=(slurm-{s.slurm_version})")
     return [_bash("CheckBaked", "set -uo pipefail\nmissing=()\n" + "\n".join(checks) + "\n"
                   "if [ ${#missing[@]} -gt 0 ]; then echo \"missing: ${missing[*]}\"; exit 1; fi\n")]
 

@@ -154,6 +154,8 @@ class CapacityConfig(StrictModel):
     """Targeted on-demand capacity reservation, or the Capacity Block's reservation id."""
     duration_hours: Annotated[int, _in_range(24, 4368)] | None = None
     """capacity_block only: the block's length in hours; the cost model prices the block for it."""
+    instance_count: Annotated[int, _in_range(1, 2000)] | None = None
+    """capacity_block only: the instances the block holds; max_nodes may not exceed it (Slurm: required)."""
 
 
 class NodeFileConfig(StrictModel):
@@ -533,7 +535,10 @@ SchedulerType = Literal["none", "slurm"]
 class SlurmLoginConfig(StrictModel):
     """The login node group: where users run sbatch/srun/squeue (reached through SSM, no SSH port)."""
 
-    instance_type: InstanceTypeName = "m7i.large"
+    # Any EC2 type by its name's shape: the catalog holds GPU types only, so InstanceTypeName would refuse
+    # every CPU type (scheduler.py refuses a GPU one; the cost model prices the ones pcs_prices.yaml has).
+    instance_type: Annotated[str, _matches(r"[a-z][a-z0-9-]*\.[a-z0-9-]+",
+                                           "must be an EC2 instance type like m7i.large")] = "m7i.large"
     """A CPU instance type: users submit jobs here, they do not run them (no GPUs)."""
     count: Annotated[int, _in_range(1, 4)] = 1
     """Login nodes, always running (static capacity)."""

@@ -176,6 +176,13 @@ def group_capacity(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -
                       f"percent; use a whole number, got {number_text(cap.spot_percent)}")
     if cap.market != "capacity_block" and cap.duration_hours is not None:
         yield Finding(f"{cap_path}.duration_hours", "only used with market: capacity_block")
+    if cap.market != "capacity_block" and cap.instance_count is not None:
+        yield Finding(f"{cap_path}.instance_count", "only used with market: capacity_block")
+    elif cap.instance_count is not None and g.max_nodes > cap.instance_count:
+        # A Capacity Block holds the instances bought, no more: a launch beyond them fails for want of
+        # capacity (EC2 user guide, "Capacity Blocks for ML").
+        yield Finding(f"{path}.max_nodes", f"the Capacity Block holds {cap.instance_count} instances "
+                      f"(capacity.instance_count): must be <= {cap.instance_count}, got {g.max_nodes}")
     elif cap.duration_hours is not None:
         yield from _block_duration(cap.duration_hours, f"{cap_path}.duration_hours")
     if cap.market == "mixed" and cap.capacity_reservation_id and cap.on_demand_base == 0 \

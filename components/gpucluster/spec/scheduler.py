@@ -1,10 +1,12 @@
 """Named checks of the `scheduler` section: a Slurm version AWS PCS runs, a login group without GPUs,
-and node groups PCS can launch.
+node groups PCS can launch, images that carry the PCS agent and Slurm, and Capacity Blocks of known size.
 
 PCS launches compute nodes itself (EC2 Fleet, not an Auto Scaling group), one purchase option per compute
 node group: on-demand, spot or a Capacity Block (AWS PCS API reference, "CreateComputeNodeGroup",
 purchaseOption). So a Slurm stack's node group is either all on-demand or all spot, and has no Auto Scaling
-warm pool. Small functions returning findings; never imports Pulumi or AWS.
+warm pool. Every instance PCS launches (compute and login) must run the AWS PCS agent and Slurm of the
+cluster's version ("Software installers to build custom AMIs for AWS PCS"): from an image baked with them
+or a pinned AMI the user vouches for. Small functions returning findings; never imports Pulumi or AWS.
 """
 
 from __future__ import annotations
@@ -15,7 +17,13 @@ from gpucluster import catalog
 from gpucluster.lambdas.tags import SLURM_LOGIN_GROUP
 from gpucluster.spec.checks import check
 from gpucluster.spec.findings import Finding
-from gpucluster.spec.models import PCS_SLURM_VERSIONS, NodeGroupConfig, SchedulerConfig, StackSpec
+from gpucluster.spec.models import (
+    PCS_SLURM_VERSIONS,
+    NodeGroupConfig,
+    SchedulerConfig,
+    StackSpec,
+    baked_image,
+)
 
 PATH = "scheduler"
 
@@ -39,6 +47,25 @@ def scheduler_rules(spec: StackSpec) -> Iterable[Finding]:
                           "on a Slurm stack: rename this node group")
         yield from pcs_group_findings(g, f"node_groups[{i}]")
         yield from pcs_name_findings(g, f"node_groups[{i}]")
+    yield from _image_findings(spec)
+
+
+def _image_findings(spec: StackSpec) -> Iterable[Finding]:
+    """One finding when some instance PCS launches would boot an image without the PCS agent and Slurm.
+
+    A node group is covered by scheduler.ami_id, its own ami_id, or a baked image (images.bake: on a
+    Slurm stack the recipe installs both, gpucluster.node.bake). The login group has no image to bake
+    and no ami_id of its own: scheduler.ami_id is its only way.
+    """
+    s = spec.scheduler
+    if s.ami_id is not None:
+        return
+    bare = [g.name for g in spec.node_groups if g.ami_id is None and baked_image(spec.images, g) is None]
+    # One line of at most 200 characters (spec.findings): the way for the node groups, then the login group's.
+    what = f"node groups {', '.join(bare)} and login" if bare else "the login group"
+    yield Finding(f"{PATH}.ami_id", f"{what} would boot without the PCS agent and Slurm {s.slurm_version}: "
+                  "set an AMI with both here, or bake (images.bake) or pin (ami_id) the node groups; login "
+                  "needs it here")
 
 
 def _slurm_only_keys(s: SchedulerConfig) -> Iterable[Finding]:
@@ -55,6 +82,9 @@ def pcs_group_findings(g: NodeGroupConfig, path: str) -> Iterable[Finding]:
     if cap.market == "mixed" and 0 < cap.spot_percent < 100:
         yield Finding(f"{path}.capacity.spot_percent", "an AWS PCS compute node group is all on-demand or "
                       f"all spot: must be 0 or 100 on a Slurm stack, got {cap.spot_percent:g}")
+    elif cap.market == "capacity_block" and cap.instance_count is None:
+        yield Finding(f"{path}.capacity.instance_count", "required for a Capacity Block on a Slurm stack: "
+                      "the block's instance count, which caps the PCS compute node group (max_nodes)")
     elif cap.market == "mixed" and cap.spot_percent == 100 and cap.on_demand_base > 0:
         yield Finding(f"{path}.capacity.on_demand_base", "an all-spot AWS PCS compute node group has no "
                       f"on-demand base: must be 0 on a Slurm stack, got {cap.on_demand_base}")

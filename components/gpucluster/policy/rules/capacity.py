@@ -14,7 +14,7 @@ from typing import Any
 
 from gpucluster import catalog
 from gpucluster.policy.records import Resource, Stack
-from gpucluster.policy.rules.groups import node_groups
+from gpucluster.policy.rules.groups import node_groups, pcs_node_groups
 from gpucluster.policy.rules.registry import rule
 
 
@@ -65,7 +65,7 @@ def environment_limits(stack: Stack, config: Mapping[str, Any]) -> Iterable[tupl
     allowed = list(limits.get("allowed_instance_types", ["*"]))
     where = env if whose == env else f"{env} (no limits of its own in the policy config: {whose}'s apply)"
     total, parts = 0, []
-    for group in node_groups(stack):
+    for group in (*node_groups(stack), *pcs_node_groups(stack)):  # Auto Scaling and PCS groups alike
         for t in group.instance_types:
             if not any(fnmatchcase(t, pattern) for pattern in allowed):
                 yield group.resource, (f"{t} is not allowed in {where} (allowed: {', '.join(allowed)}; "

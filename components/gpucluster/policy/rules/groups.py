@@ -1,7 +1,8 @@
 """Node groups as the stack-level rules see them: what an Auto Scaling group can buy at its maximum.
 
-Owns `NodeGroup` and `node_groups` (instance types, maximum size, why it may
-run on-demand, its launch template), and what counts as a GPU instance type;
+Owns `NodeGroup`, `node_groups` (instance types, maximum size, why it may
+run on-demand, its launch template) and `pcs_node_groups` (the same of AWS PCS
+compute node groups), and what counts as a GPU instance type;
 the capacity, guardrail, EFA and security-group rules read groups through it.
 Declares no rule. Pure: reads resource records and the catalog, never Pulumi or AWS.
 """
@@ -14,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucluster import catalog
+from gpucluster.lambdas.tags import SLURM_LOGIN_GROUP
 from gpucluster.policy.records import EXTERNAL, UNKNOWN, Resource, Stack, dig, items, known_str, number
-from gpucluster.policy.rules.tokens import ASG, INSTANCE, LAUNCH_TEMPLATE
+from gpucluster.policy.rules.tokens import ASG, INSTANCE, LAUNCH_TEMPLATE, PCS_NODE_GROUP
 
 
 def is_gpu_type(instance_type: str) -> bool:
@@ -90,10 +92,35 @@ def _on_demand_reason(distribution: Any, market: Any, max_nodes: float | None, l
     return None
 
 
+def pcs_node_groups(stack: Stack) -> list[NodeGroup]:
+    """AWS PCS compute node groups (a Slurm stack's node groups) read like Auto Scaling groups: instance
+    types, maximum size, why they may run on-demand. The login group is left out: it runs no GPU
+    (pcs-login-no-gpu) and is no capacity the per-environment limits are about."""
+    groups = []
+    for r in stack.of_type(PCS_NODE_GROUP):
+        if r.props.get("name") == SLURM_LOGIN_GROUP:
+            continue
+        configs = items(r.props.get("instanceConfigs"))
+        types = [t for c in (configs if configs is not UNKNOWN else [])
+                 if known_str(t := dig(c, "instanceType"))]
+        most = dig(r.props, "scalingConfiguration", "maxInstanceCount")
+        max_nodes = None if most is None or most is UNKNOWN else number(most, 0)
+        # AWS PCS API reference, CreateComputeNodeGroup purchaseOption: ONDEMAND (the default), SPOT or
+        # CAPACITY_BLOCK.
+        option = r.props.get("purchaseOption")
+        on_demand = (None if option in ("SPOT", UNKNOWN) else
+                     "it buys a Capacity Block (on-demand capacity)" if option == "CAPACITY_BLOCK" else
+                     f"its purchaseOption is {option or 'ONDEMAND (the default)'}")
+        ref = dig(r.props, "customLaunchTemplate", "templateId")
+        lt = UNKNOWN if ref is UNKNOWN else stack.resolve(r, "customLaunchTemplate", ref, [LAUNCH_TEMPLATE])
+        groups.append(NodeGroup(r, tuple(types), max_nodes, on_demand, lt))
+    return groups
+
+
 def gpu_groups(stack: Stack) -> list[str]:
-    """Names of the stack's GPU Auto Scaling groups and GPU instances (resources only)."""
-    names = [g.resource.name for g in node_groups(stack)
-             if g.resource.type == ASG and any(is_gpu_type(t) for t in g.instance_types)]
+    """Names of the stack's GPU Auto Scaling groups, PCS compute node groups and GPU instances."""
+    names = [g.resource.name for g in (*node_groups(stack), *pcs_node_groups(stack))
+             if g.resource.type in (ASG, PCS_NODE_GROUP) and any(is_gpu_type(t) for t in g.instance_types)]
     names += [r.name for r in stack.of_type(INSTANCE)
               if known_str(t := r.props.get("instanceType")) and is_gpu_type(t)]
     return names

@@ -46,3 +46,11 @@ IAM_ATTACHMENTS = ("aws:iam/rolePolicyAttachment:RolePolicyAttachment",
                    "aws:iam/policyAttachment:PolicyAttachment",
                    "aws:iam/userPolicyAttachment:UserPolicyAttachment",
                    "aws:iam/groupPolicyAttachment:GroupPolicyAttachment")
+IAM_INSTANCE_PROFILE = "aws:iam/instanceProfile:InstanceProfile"
+IAM_MANAGED_POLICY = "aws:iam/policy:Policy"
+IAM_ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+# AWS PCS has no resources in pulumi-aws 7: the stack makes them with pulumi-aws-native (CloudFormation's
+# AWS::PCS::* schema, camelCase inputs: clusterId, customLaunchTemplate, iamInstanceProfileArn ...).
+PCS_CLUSTER = "aws-native:pcs:Cluster"
+PCS_NODE_GROUP = "aws-native:pcs:ComputeNodeGroup"
+PCS_QUEUE = "aws-native:pcs:Queue"

@@ -1,0 +1,267 @@
+"""What AWS PCS needs of a Slurm stack's images and Capacity Blocks, checked offline: an image with the PCS
+agent and Slurm for every group PCS launches (baked or pinned), the bake recipe that installs both, and a
+Capacity Block group no larger than its block."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from base_config import base
+from fake_node import logged_calls, write_stubs
+from gpucluster.aws.children import images_args
+from gpucluster.cli import app
+from gpucluster.node.bake import BakeSettings, component_document, pcs_install_commands
+from gpucluster.preflight import parse_stack_config
+from gpucluster.spec import SpecError
+
+AMI = "ami-0123456789abcdef0"
+SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
+BLOCK = {"market": "capacity_block", "capacity_reservation_id": "cr-0123456789abcdef0"}
+
+
+def slurm_config(**scheduler: Any) -> dict[str, Any]:
+    config = base()
+    config["gpucluster:scheduler"] = {"type": "slurm", **scheduler}
+    return config
+
+
+def findings(config: dict[str, Any]) -> list[tuple[str, str]]:
+    with pytest.raises(SpecError) as err:
+        parse_stack_config(config, stack="t")
+    return [(f.path, f.message) for f in err.value.findings]
+
+
+# ------------------------------------------------------------------------ the AMI requirement
+
+
+def test_a_slurm_stack_without_any_pcs_image_is_one_finding_naming_scheduler_ami_id() -> None:
+    [(path, message)] = findings(slurm_config())
+    assert path == "scheduler.ami_id"
+    # both ways said, whole (not cut at the 200 characters of a finding)
+    assert message == ("node groups gpu and login would boot without the PCS agent and Slurm 25.05: set an "
+                       "AMI with both here, or bake (images.bake) or pin (ami_id) the node groups; login "
+                       "needs it here")
+
+
+def test_scheduler_ami_id_covers_every_group_and_the_login_group() -> None:
+    spec = parse_stack_config(slurm_config(ami_id=AMI, slurm_version="24.11"), stack="t")
+    assert spec.scheduler.ami_id == AMI
+
+
+@pytest.mark.parametrize("cover", ["baked", "group ami"])
+def test_a_baked_or_pinned_group_leaves_only_the_login_group(cover: str) -> None:
+    config = slurm_config()
+    if cover == "baked":
+        config["gpucluster:images"] = {"bake": True}
+        config["gpucluster:network"]["nat_gateway"] = True
+    else:
+        config["gpucluster:node_groups"][0]["ami_id"] = AMI
+    [(path, message)] = findings(config)
+    assert path == "scheduler.ami_id"
+    assert message.startswith("the login group would boot without the PCS agent and Slurm 25.05: ")
+
+
+def test_a_group_opted_out_of_baking_is_named() -> None:
+    config = slurm_config()
+    config["gpucluster:node_groups"].append({"name": "eval", "instance_types": ["g5.xlarge"], "max_nodes": 1,
+                                             "capacity": {"spot_percent": 100}})
+    config["gpucluster:network"]["nat_gateway"] = True
+    config["gpucluster:images"] = {"bake": True, "groups": {"eval": {"bake": False}}}
+    [(_, message)] = findings(config)
+    assert message.startswith("node groups eval and login would boot")
+
+
+def test_a_type_none_stack_needs_no_pcs_image() -> None:
+    assert parse_stack_config(base(), stack="t").scheduler.ami_id is None
+
+
+# ------------------------------------------------------------------------ the bake recipe
+
+
+def phases(settings: BakeSettings) -> dict[str, dict[str, str]]:
+    doc = yaml.safe_load(component_document(settings))
+    return {p["name"]: {s["name"]: s["inputs"]["commands"][0] for s in p["steps"]} for p in doc["phases"]}
+
+
+SETTINGS = dict(node_group="train", region="us-west-2", container_image=None, fsx=False, mount_s3=False,
+                efa=True, build_gpus=1)
+
+
+def test_a_slurm_recipe_installs_and_validates_the_pcs_agent_and_slurm() -> None:
+    found = phases(BakeSettings(**SETTINGS, slurm_version="25.11"))
+    assert list(found["build"])[-1] == "InstallAwsPcs"
+    install = found["build"]["InstallAwsPcs"]
+    assert "https://aws-pcs-repo-us-west-2.s3.us-west-2.amazonaws.com" in install
+    assert "fetch aws-pcs-slurm-25.11-installer-latest.tar.gz aws-pcs-slurm" in install
+    assert "sha256sum -c" in install
+    check = found["validate"]["CheckBaked"]
+    assert "[ -d /opt/aws/pcs/scheduler/slurm-25.11 ] || missing+=(slurm-25.11)" in check
+
+
+def test_a_type_none_recipe_is_unchanged() -> None:
+    plain = phases(BakeSettings(**SETTINGS))
+    assert "InstallAwsPcs" not in plain["build"]
+    assert "aws-pcs" not in component_document(BakeSettings(**SETTINGS))
+    assert component_document(BakeSettings(**SETTINGS)) == component_document(
+        BakeSettings(**SETTINGS, slurm_version=None))
+
+
+def _baked(scheduler: dict[str, Any] | None) -> Any:
+    config = base()
+    config["gpucluster:network"]["nat_gateway"] = True
+    config["gpucluster:images"] = {"bake": True}
+    if scheduler is not None:
+        config["gpucluster:scheduler"] = scheduler
+    spec = parse_stack_config(config, stack="t")
+    return images_args(spec, vpc_id="vpc-1", subnet_id="subnet-1", parent_images={"gpu": AMI})
+
+
+def test_the_image_pipelines_get_the_slurm_version_only_on_a_slurm_stack() -> None:
+    [group] = _baked({"type": "slurm", "ami_id": AMI, "slurm_version": "24.11"})["groups"]
+    assert group["slurm_version"] == "24.11"
+    [plain] = _baked(None)["groups"]
+    assert "slurm_version" not in plain
+
+
+def test_the_install_commands_pass_shellcheck(tmp_path: Path) -> None:
+    path = tmp_path / "install.sh"
+    path.write_text(pcs_install_commands("us-east-1", "25.05"))
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    check = subprocess.run([SHELLCHECK, "-s", "bash", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+
+
+def _installer(folder: str, log: Path) -> bytes:
+    """A tarball holding `<folder>/installer.sh`, which logs that it ran and with which arguments."""
+    body = f'#!/bin/bash\necho "{folder} $*" >> {log}\n'.encode()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        info = tarfile.TarInfo(f"{folder}/installer.sh")
+        info.size, info.mode = len(body), 0o755
+        tar.addfile(info, io.BytesIO(body))
+    return out.getvalue()
+
+
+def _run(tmp_path: Path, corrupt: str | None = None) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The install commands under bash, with a curl that serves files from a local 'bucket'."""
+    bucket, log = tmp_path / "bucket", tmp_path / "calls"
+    bucket.mkdir()
+    for name, folder in (("aws-pcs-agent-v1-latest.tar.gz", "aws-pcs-agent"),
+                         ("aws-pcs-slurm-25.05-installer-latest.tar.gz", "aws-pcs-slurm-25.05-installer")):
+        data = _installer(folder, log)
+        (bucket / name).write_bytes(data)
+        digest = hashlib.sha256(b"tampered" if name == corrupt else data).hexdigest()
+        (bucket / f"{name}.sha256").write_text(f"{digest}  {name}\n")
+    # curl -fsSL --retry 5 -o FILE URL: copy the URL's last part from the bucket, fail as -f does if absent
+    write_stubs(tmp_path / "bin", log, {"curl": f'src="{bucket}/${{6##*/}}"; [ -f "$src" ] || exit 22; '
+                                                 'cp "$src" "$5"'})
+    done = subprocess.run(["bash", "-c", pcs_install_commands("us-east-1", "25.05")], capture_output=True,
+                          text=True, env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+                                          "TMPDIR": str(tmp_path)}, timeout=60)
+    return done, log
+
+
+def test_the_installers_run_after_their_checksums_match(tmp_path: Path) -> None:
+    done, log = _run(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    repo = "https://aws-pcs-repo-us-east-1.s3.us-east-1.amazonaws.com"
+    assert [c.split()[-1] for c in logged_calls(log, "curl")] == [
+        f"{repo}/aws-pcs-agent/aws-pcs-agent-v1-latest.tar.gz",
+        f"{repo}/aws-pcs-agent/aws-pcs-agent-v1-latest.tar.gz.sha256",
+        f"{repo}/aws-pcs-slurm/aws-pcs-slurm-25.05-installer-latest.tar.gz",
+        f"{repo}/aws-pcs-slurm/aws-pcs-slurm-25.05-installer-latest.tar.gz.sha256"]
+    assert logged_calls(log, "aws-pcs-agent") == [""]
+    assert logged_calls(log, "aws-pcs-slurm-25.05-installer") == ["-y"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("tmp")] == []  # work dir removed
+
+
+@pytest.mark.parametrize("corrupt", ["aws-pcs-agent-v1-latest.tar.gz",
+                                     "aws-pcs-slurm-25.05-installer-latest.tar.gz"])
+def test_a_checksum_mismatch_fails_the_build_before_that_installer_runs(tmp_path: Path,
+                                                                         corrupt: str) -> None:
+    done, log = _run(tmp_path, corrupt)
+    assert done.returncode != 0
+    assert f"{corrupt}: checksum mismatch" in done.stdout
+    assert logged_calls(log, "aws-pcs-slurm-25.05-installer") == []
+    assert logged_calls(log, "aws-pcs-agent") == ([] if "agent" in corrupt else [""])
+
+
+def test_a_missing_installer_fails_the_build(tmp_path: Path) -> None:
+    done, log = _run(tmp_path)
+    assert done.returncode == 0
+    (tmp_path / "bucket" / "aws-pcs-agent-v1-latest.tar.gz.sha256").unlink()
+    log.unlink()
+    done = subprocess.run(["bash", "-c", pcs_install_commands("us-east-1", "25.05")], capture_output=True,
+                          text=True, env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+                                          "TMPDIR": str(tmp_path)}, timeout=60)
+    assert done.returncode != 0 and logged_calls(log, "aws-pcs-agent") == []
+
+
+# ------------------------------------------------------------------------ Capacity Block size
+
+
+def block_config(*, slurm: bool, max_nodes: int = 4, **capacity: Any) -> dict[str, Any]:
+    config = slurm_config(ami_id=AMI) if slurm else base()
+    config["gpucluster:network"]["availability_zones"] = ["us-east-1a"]
+    config["gpucluster:node_groups"] = [{"name": "train", "instance_types": ["p5.48xlarge"], "min_nodes": 0,
+                                         "desired_nodes": 0, "max_nodes": max_nodes,
+                                         "capacity": {**BLOCK, **capacity}}]
+    return config
+
+
+@pytest.mark.parametrize("slurm", [True, False])
+def test_a_block_group_larger_than_its_block_names_max_nodes(slurm: bool) -> None:
+    assert findings(block_config(slurm=slurm, max_nodes=4, instance_count=2)) == [
+        ("node_groups[0].max_nodes",
+         "the Capacity Block holds 2 instances (capacity.instance_count): must be <= 2, got 4")]
+
+
+@pytest.mark.parametrize("slurm", [True, False])
+def test_a_block_group_within_its_block_passes(slurm: bool) -> None:
+    spec = parse_stack_config(block_config(slurm=slurm, max_nodes=2, instance_count=2), stack="t")
+    assert spec.node_groups[0].capacity.instance_count == 2
+
+
+def test_a_slurm_block_group_needs_the_instance_count() -> None:
+    assert findings(block_config(slurm=True)) == [
+        ("node_groups[0].capacity.instance_count", "required for a Capacity Block on a Slurm stack: the "
+                                                   "block's instance count, which caps the PCS compute node "
+                                                   "group (max_nodes)")]
+
+
+def test_a_type_none_block_group_may_leave_the_count_out() -> None:
+    assert parse_stack_config(block_config(slurm=False), stack="t").node_groups[0].capacity.instance_count \
+        is None
+
+
+def test_the_instance_count_is_only_for_blocks() -> None:
+    config = base()
+    config["gpucluster:node_groups"][0]["capacity"]["instance_count"] = 2
+    assert findings(config) == [("node_groups[0].capacity.instance_count", "only used with market: "
+                                                                            "capacity_block")]
+
+
+@pytest.mark.parametrize(("config", "key"), [
+    (slurm_config(), "scheduler.ami_id"),
+    (block_config(slurm=True, max_nodes=4, instance_count=2), "node_groups[0].max_nodes"),
+    (block_config(slurm=True), "node_groups[0].capacity.instance_count"),
+])
+def test_plan_refuses_in_one_line_naming_the_key_and_exits_2(write_stack: Callable[..., Path],
+                                                              config: dict[str, Any], key: str) -> None:
+    result = CliRunner().invoke(app, ["plan", str(write_stack(config))])
+    assert result.exit_code == 2
+    assert len([line for line in result.output.splitlines() if line.lstrip().startswith(key)]) == 1, \
+        result.output
+    assert "Traceback" not in result.output

@@ -22,6 +22,7 @@ from .asg import AutoScalingGroups
 from .awsapi import AWS_ERRORS, log_event
 from .guardstate import StoredNodeGroups
 from .handlers import STATE_TABLE_ENV
+from .pcs import PCS_CLUSTER_ENV, PcsCapacity
 from .nodegroups import (
     ALREADY_STOPPED,
     BUDGET,
@@ -34,25 +35,38 @@ from .nodegroups import (
     previous_capacity,
 )
 from .runcommand import CommandResult, run_command
-from .runtime import RUNTIME, GuardrailError, env_text
+from .runtime import RUNTIME, ConfigError, GuardrailError, env_text
 
 # What a stop can fail with and still let the other groups be stopped.
 STOP_ERRORS = (*AWS_ERRORS, StateConflict)
 
 
 def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | None = None,
-                      actor: str = "gpucluster") -> NodeGroups:
+                      actor: str = "gpucluster", *, pcs_cluster_id: str | None = None,
+                      stack: str | None = None) -> NodeGroups:
     """The backend this deployment's node groups are run by.
 
-    The stored backend (`guardstate`) when a guard-state table is named (`table`, or the
-    handler's GUARD_STATE_TABLE), else the Auto Scaling groups' tags alone (a stack deployed
-    before the table, or one without guardrails).
+    On a Slurm stack (`pcs_cluster_id`, or the handler's PCS_CLUSTER_ID) the node groups are the
+    PCS cluster's compute node groups, and their stop state lives only in the guard-state table
+    (PCS has no tags the guardrails write): the stored backend over `pcs.PcsCapacity`, for the
+    deployment identity `stack` (or GPUCLUSTER_STACK). Otherwise the stored backend (`guardstate`)
+    when a guard-state table is named (`table`, or the handler's GUARD_STATE_TABLE), else the Auto
+    Scaling groups' tags alone (a stack deployed before the table, or one without guardrails).
     """
     make = client or RUNTIME.client
     table = table or env_text(STATE_TABLE_ENV)
+    actor = env_text("AWS_LAMBDA_FUNCTION_NAME") or actor
+    cluster = pcs_cluster_id or env_text(PCS_CLUSTER_ENV)
+    if cluster:
+        stack = stack or env_text("GPUCLUSTER_STACK")
+        if not table or not stack:
+            raise ConfigError(f"PCS cluster {cluster}: its node groups are stopped and started only through "
+                              "the stack's guard-state table (a stack with a budget action, autostop or a "
+                              "Capacity Block has one); none found")
+        return StoredNodeGroups(None, make("dynamodb"), table, actor=actor,
+                                capacity=PcsCapacity(make("pcs"), cluster, stack))
     if table:
-        return StoredNodeGroups(make("autoscaling"), make("dynamodb"), table,
-                                actor=env_text("AWS_LAMBDA_FUNCTION_NAME") or actor)
+        return StoredNodeGroups(make("autoscaling"), make("dynamodb"), table, actor=actor)
     return AutoScalingGroups(make("autoscaling"))
 
 

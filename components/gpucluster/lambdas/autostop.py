@@ -41,9 +41,12 @@ from datetime import timedelta
 from typing import Any
 
 from .awsapi import batches, log_event
-from .nodegroups import IDLE, LIFETIME, SCHEDULE, NodeGroup
+from .nodegroups import IDLE, LIFETIME, SCHEDULE, NodeGroup, NodeGroups
+from .pcs import PCS_CLUSTER_ENV
+from .runcommand import CommandResult
 from .runtime import (
     RUNTIME,
+    GuardrailError,
     bounded_timeout,
     env_number,
     env_text,
@@ -51,6 +54,7 @@ from .runtime import (
     notify_from_env,
     stack_from_env,
 )
+from .slurmhold import release_partitions
 from .stops import mark_told, raise_if_failed, stack_node_groups, stop_groups
 
 ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
@@ -163,6 +167,20 @@ def _older_than(groups: list[NodeGroup], max_age: timedelta) -> list[NodeGroup]:
     return [g for g in groups if g.name in oldest and oldest[g.name] < cutoff]
 
 
+def release_running_partitions(backend: NodeGroups, stack: str) -> CommandResult | None:
+    """On a Slurm stack, set UP the partitions of every group running and not stopped (None elsewhere).
+
+    Every group, not only those this start restored: a retried start (its restores already
+    done) still releases what the first attempt could not.
+    """
+    if not env_text(PCS_CLUSTER_ENV):
+        return None
+    partitions = [g.label for g in backend.list_groups(stack) if g.running and not g.stopped_by]
+    if not partitions:
+        return None
+    return release_partitions(RUNTIME.client("ssm"), RUNTIME.client("ec2"), stack, partitions)
+
+
 def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, Any]:
     """A scheduled rule fired: its name suffix says stop, start or enforce the lifetime."""
     if event.get("source") != "aws.events":
@@ -189,11 +207,17 @@ def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, An
             "groups": resumed,
             "skipped": {r.group: r.reason for r in results if r.action != "resumed"},
         }
-        if resumed:
+        released = release_running_partitions(backend, stack)
+        if released is not None:
+            summary["slurm_release"] = released.summary()
+        if resumed or (released is not None and not released.ok):
             notify_from_env(
                 f"gpucluster {stack}: schedule started {len(resumed)} group(s)", summary
             )
         log_event("autostop done", **summary)
+        if released is not None and not released.ok:
+            # Capacity is back but the partitions are held: the retry releases them (idempotent).
+            raise GuardrailError(f"stack {stack}: partitions not released: {released.summary()}")
         return summary
     if rule.endswith(LIFETIME_SUFFIX):
         hours = env_number("MAX_LIFETIME_HOURS", 0.0)

@@ -46,7 +46,7 @@ from .tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
 # before it reaches a shell.
 PARTITION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 REQUEUE_REFUSED_EXIT = 3
-DEFAULT_GRACE_SECONDS = 60.0
+DEFAULT_GRACE_SECONDS = 30.0
 
 
 def _partitions(partitions: Sequence[str]) -> list[str]:
@@ -162,3 +162,17 @@ def on_login_node(ssm: Any, ec2: Any, stack: str, script: str, *, timeout_second
         return CommandResult({"login": NOT_SENT}, errors={"login": "no running login node"})
     return run_command(ssm, nodes[:1], script, timeout_seconds=timeout_seconds, comment=comment,
                        poll_seconds=2.0)
+
+
+def hold_partitions(ssm: Any, ec2: Any, stack: str, partitions: Sequence[str], *,
+                    grace_seconds: float, timeout_seconds: float) -> CommandResult:
+    """`hold_script` on the stack's login node (what a stop of PCS groups runs first)."""
+    return on_login_node(ssm, ec2, stack, hold_script(partitions, grace_seconds),
+                         timeout_seconds=timeout_seconds, comment="gpucluster stop: hold partitions, requeue")
+
+
+def release_partitions(ssm: Any, ec2: Any, stack: str, partitions: Sequence[str], *,
+                       timeout_seconds: float = 60.0) -> CommandResult:
+    """`release_script` on the stack's login node (what a start of PCS groups runs after the capacity)."""
+    return on_login_node(ssm, ec2, stack, release_script(partitions), timeout_seconds=timeout_seconds,
+                         comment="gpucluster start: release partitions")

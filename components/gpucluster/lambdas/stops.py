@@ -35,10 +35,35 @@ from .nodegroups import (
     previous_capacity,
 )
 from .runcommand import CommandResult, run_command
-from .runtime import RUNTIME, ConfigError, GuardrailError, env_text
+from .runtime import RUNTIME, ConfigError, GuardrailError, env_number, env_text
+from .slurmhold import DEFAULT_GRACE_SECONDS, hold_partitions
 
 # What a stop can fail with and still let the other groups be stopped.
 STOP_ERRORS = (*AWS_ERRORS, StateConflict)
+
+SlurmHold = Callable[[list[str]], CommandResult]
+"""Holds the named partitions and requeues their running jobs (on a Slurm stack), returning the result."""
+
+
+def slurm_hold_from_env(timeout_seconds: float | None = None) -> SlurmHold | None:
+    """On a Slurm stack (PCS_CLUSTER_ID), what a handler's stop runs first: `slurmhold.hold_partitions`.
+
+    The grace between the signal and the requeue is PRE_STOP_TIMEOUT_SECONDS (default 30 s),
+    and the wait for the login node's command is that plus 30 s, or `timeout_seconds` when given
+    (the budget action's 120 s Lambda fits the default: 30 s grace, 60 s wait, then the stop).
+    """
+    if not env_text(PCS_CLUSTER_ENV):
+        return None
+    stack = env_text("GPUCLUSTER_STACK") or ""
+    grace = env_number("PRE_STOP_TIMEOUT_SECONDS", DEFAULT_GRACE_SECONDS)
+    wait = timeout_seconds if timeout_seconds is not None else grace + 30.0
+    grace = max(0.0, min(grace, wait - 30.0))
+
+    def hold(partitions: list[str]) -> CommandResult:
+        return hold_partitions(RUNTIME.client("ssm"), RUNTIME.client("ec2"), stack, partitions,
+                               grace_seconds=grace, timeout_seconds=wait)
+
+    return hold
 
 
 def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | None = None,
@@ -122,6 +147,7 @@ def stop_groups(
     ssm: Any = None,
     pre_stop_command: str | None = None,
     hook_timeout_seconds: float = 300.0,
+    slurm_hold: SlurmHold | None = None,
 ) -> StopReport:
     """Run the pre-stop hook once on all groups about to stop, then scale each to zero.
 
@@ -130,11 +156,20 @@ def stop_groups(
     logged and the stop goes on. The hook can take minutes, during which a budget
     stop or a person may act: the groups are read again after it, and each
     write is decided on that fresh state. AWS errors on one group do not spare
-    the others.
+    the others. On a Slurm stack (`slurm_hold`, by default `slurm_hold_from_env`) the
+    hook is Slurm's: the running groups' partitions are held and their jobs signalled
+    and requeued from the login node (`slurmhold`), then the groups stop; a hold that
+    fails is reported (`hook`) and the stop goes on.
     """
     report = StopReport()
     instances = [i for g in groups if g.running for i in g.in_service_ids]
-    if pre_stop_command and ssm is not None and instances:
+    slurm_hold = slurm_hold if slurm_hold is not None else slurm_hold_from_env()
+    partitions = sorted(g.label for g in groups if g.running)
+    hooked = False
+    if slurm_hold is not None and partitions:
+        report.hook = slurm_hold(partitions)
+        hooked = True
+    elif pre_stop_command and ssm is not None and instances:
         report.hook = run_command(
             ssm,
             instances,
@@ -143,6 +178,8 @@ def stop_groups(
             environment={"GPUCLUSTER_STOP_REASON": reason},
             comment=f"gpucluster pre-stop hook ({reason})",
         )
+        hooked = True
+    if hooked:
         names = [g.name for g in groups]
         try:
             fresh = {g.name: g for g in backend.read_groups(names)}

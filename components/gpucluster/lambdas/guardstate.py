@@ -1,4 +1,4 @@
-"""The stored backend of the node-group seam: guard state in a DynamoDB table, capacity in Auto Scaling or PCS.
+"""The stored backend of the node-group seam: guard state in DynamoDB, capacity in Auto Scaling or PCS.
 
 One item per node group, keyed (stack identity, the group's name: the Auto Scaling
 group's, or the PCS compute node group's):
@@ -11,7 +11,8 @@ ConditionalCheckFailedException when the item changed), so two actors can no
 longer both win: the loser re-reads and decides again (a stop) or gives up
 and says so (a start, a scale). Capacity goes through a `Capacity` (the Auto
 Scaling API, `asg.AutoScalingCapacity`, or AWS PCS's compute node groups,
-`pcs.PcsCapacity`, whose stop zeroes the maximum too); a start or a scale first writes `starting`, so a stop landing before its
+`pcs.PcsCapacity`, whose stop zeroes the maximum too); a start or a scale
+first writes `starting`, so a stop landing before its
 capacity change sees a group to stop, and the start checks its own record
 again afterwards and puts capacity back to zero if a stop won. The stop-state
 tags on the group are written after the record, for a person reading the
@@ -43,10 +44,10 @@ from .nodegroups import (
     STOP_REASONS,
     STOPPED,
     STOPPING,
+    Capacity,
     NodeGroup,
     ResumeResult,
     StateConflict,
-    Capacity,
     StopState,
     resume_decision,
     stop_label,
@@ -100,7 +101,7 @@ class StoredNodeGroups:
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def _merge(self, group: NodeGroup, item: Mapping[str, Any] | None) -> NodeGroup:
-        """The group as its capacity service describes it, with its stop state from the item (tags without one)."""
+        """The group as its capacity service describes it, with its stop state from the item (else tags)."""
         if item is None:
             # Not recorded yet (stopped before the table existed, or never stopped): the tags, once.
             state = STATE_STOPPED if group.stopped_by else None

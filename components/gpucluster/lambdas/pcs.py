@@ -28,11 +28,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .awsapi import AWS_ERRORS, error_code
+from .handlers import PCS_CLUSTER_ENV
 from .nodegroups import NodeGroup, StateConflict, StopState
 from .tags import SLURM_LOGIN_GROUP
 
-PCS_CLUSTER_ENV = "PCS_CLUSTER_ID"
-"""The environment variable naming the stack's PCS cluster (set: the handlers act on PCS groups)."""
+__all__ = ["PCS_CLUSTER_ENV", "PcsCapacity", "pcs_node_group"]
 # Compute node groups that exist no more or are on their way out (ComputeNodeGroupStatus).
 GONE_STATUSES = frozenset({"DELETING", "DELETED", "DELETE_FAILED"})
 NOT_FOUND = "ResourceNotFoundException"

@@ -1,4 +1,4 @@
-"""What a stop and a start do to Slurm on a Slurm stack: the exact commands, and sending them to the login node.
+"""What a stop and a start do to Slurm on a Slurm stack: the exact commands, sent to the login node.
 
 A stop of PCS node groups (budget, the idle fallback, schedule, lifetime, Capacity Block,
 `gpucluster stop`) first runs `hold_script` on the stack's login node through SSM Run Command:
@@ -113,7 +113,7 @@ def requeue_node_script(private_ip: str, host: str, grace_seconds: float, reason
     lines = [
         "set -u",
         "node=$(" + NODE_OF.format(ip=shlex.quote(private_ip), host=shlex.quote(host)) + ")",
-        'if [ -z "$node" ]; then echo "gpucluster: no Slurm node for ' + f'{private_ip} {host}' + '"; exit 4; fi',
+        f'if [ -z "$node" ]; then echo "gpucluster: no Slurm node for {private_ip} {host}"; exit 4; fi',
         f'scontrol update NodeName="$node" State=DRAIN Reason={shlex.quote("gpucluster: " + reason)}',
         'jobs=$(squeue --noheader --nodelist="$node" --states=RUNNING,CONFIGURING --format=%i | sort -u)',
         'if [ -z "$jobs" ]; then echo "gpucluster: no job on $node"; exit 0; fi',

@@ -22,7 +22,6 @@ from .asg import AutoScalingGroups
 from .awsapi import AWS_ERRORS, log_event
 from .guardstate import StoredNodeGroups
 from .handlers import STATE_TABLE_ENV
-from .pcs import PCS_CLUSTER_ENV, PcsCapacity
 from .nodegroups import (
     ALREADY_STOPPED,
     BUDGET,
@@ -34,6 +33,7 @@ from .nodegroups import (
     StopState,
     previous_capacity,
 )
+from .pcs import PCS_CLUSTER_ENV, PcsCapacity
 from .runcommand import CommandResult, run_command
 from .runtime import RUNTIME, ConfigError, GuardrailError, env_number, env_text
 from .slurmhold import DEFAULT_GRACE_SECONDS, hold_partitions

@@ -191,6 +191,8 @@ class NodeBootstrap:
     """Launched from a baked image: nothing installed or pulled at boot, only checked (launch_path)."""
     ready_gate: bool = False
     """gpucluster-ready completes the launch hook once data and image are ready (ready_gate_files)."""
+    slurm: bool = False
+    """A Slurm stack's group (AWS PCS launches it): the health check drains its Slurm node."""
 
 
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequence[DataMount] = (),
@@ -200,13 +202,13 @@ def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequenc
                            spot=spec.spot, data_mounts=data_mounts, autostop=spec.autostop,
                            notify_topic_arn=notify_topic_arn,
                            metrics=group_metrics(spec.observability, spec.region),
-                           baked=launches_baked(spec.images, group))
+                           baked=launches_baked(spec.images, group), slurm=spec.scheduler.slurm)
 
 
 def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region: str, spot: SpotConfig,
                     data_mounts: Sequence[DataMount] = (), autostop: AutoStopConfig | None = None,
                     notify_topic_arn: str = "", metrics: NodeMetrics | None = None,
-                    baked: bool = False) -> NodeBootstrap:
+                    baked: bool = False, slurm: bool = False) -> NodeBootstrap:
     """The bootstrap settings of one group outside any stack spec (a GpuNodeGroup's own args).
 
     `baked`: the group launches from its pinned baked image. The ready gate is on where the launch
@@ -235,6 +237,7 @@ def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region:
         metrics=metrics,
         baked=baked,
         ready_gate=group.health_checks.enabled and (baked or group.warm_pool is not None),
+        slurm=slurm,
     )
 
 
@@ -316,6 +319,8 @@ def node_env(b: NodeBootstrap) -> str:
             "GPUCLUSTER_HEALTH_HOOK_COMMAND": h.hook_command or "",
             "GPUCLUSTER_HEALTH_HOOK_TIMEOUT_SECONDS": str(h.hook_timeout_seconds),
         }
+    if b.slurm:
+        values["GPUCLUSTER_SCHEDULER"] = "slurm"  # health-check.sh drains the node in Slurm
     values |= launch_path_env(b)
     if any("\0" in value for value in values.values()):
         raise ValueError("node settings cannot hold NUL characters (bash variables cannot)")
@@ -533,7 +538,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         files.append(NodeFile(USER_SETUP, b.user_setup, "0700"))
     files += b.user_files
     if b.health is not None:
-        files += health_files(b.health, mig=bool(b.mig_layouts), ready=b.ready_gate)
+        files += health_files(b.health, mig=bool(b.mig_layouts), ready=b.ready_gate, slurm=b.slurm)
     if b.metrics is not None:
         files += metrics_files(b.metrics)
     files = launch_path_files(b, files)
@@ -548,6 +553,19 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
 
 
 READY_GATE_BLOCK = re.compile(r"^[ \t]*# >>> ready gate.*?^[ \t]*# <<< ready gate[^\n]*\n", re.M | re.S)
+SLURM_BLOCK = re.compile(r"^[ \t]*# >>> slurm.*?^[ \t]*# <<< slurm[^\n]*\n", re.M | re.S)
+
+
+@cache
+def health_check_script(ready: bool, slurm: bool) -> str:
+    """health-check.sh as a group gets it: less its ready-gate blocks without the gate, and less its
+    `# >>> slurm` ... `# <<< slurm` blocks on a stack without Slurm (those lines never run there)."""
+    raw = resources.files(__package__).joinpath("health-check.sh").read_text()
+    if not ready:
+        raw = READY_GATE_BLOCK.sub("", raw)
+    if not slurm:
+        raw = SLURM_BLOCK.sub("", raw)
+    return compact_shell(raw)
 
 
 @cache
@@ -558,7 +576,7 @@ def without_ready_gate(name: str) -> str:
     return compact_shell(READY_GATE_BLOCK.sub("", raw))
 
 
-def health_files(h: NodeHealth, mig: bool = False, ready: bool = False) -> list[NodeFile]:
+def health_files(h: NodeHealth, mig: bool = False, ready: bool = False, slurm: bool = False) -> list[NodeFile]:
     """The health-check script, its launch unit (every boot, pulling in gpucluster-ready when
     `ready`) and its timer."""
     # After the driver's own services, so the GPUs and NVSwitches are up when counted, and in a MIG
@@ -571,8 +589,7 @@ def health_files(h: NodeHealth, mig: bool = False, ready: bool = False) -> list[
     if ready:
         wants = f"{wants} gpucluster-ready.service"
     return [
-        NodeFile(HEALTH_CHECK, script("health-check.sh") if ready else without_ready_gate("health-check.sh"),
-                 "0755"),
+        NodeFile(HEALTH_CHECK, health_check_script(ready, slurm), "0755"),
         NodeFile(f"{_UNITS}/gpucluster-health-launch.service", _unit(
             "GPU health check at boot (completes the launch lifecycle hook)",
             # No start timeout: the script bounds its own retries by the hook's timeout.

@@ -10,33 +10,45 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from test_guardrails import FUNCTION, Built, actions_of, build, spec_of, targets
-
 from gpucluster.aws.children import guardrails_args
 from gpucluster.aws.guardrails import Guardrails, PcsGuard
 from gpucluster.lambdas.handlers import HANDLERS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS
 from gpucluster.plan import record_resources
+from test_guardrails import FUNCTION, Built, actions_of, build, spec_of, targets
 
 CLUSTER_ARN = "arn:aws:pcs:us-east-1:123456789012:cluster/pcs_abc123"
-PCS = PcsGuard(cluster_id="pcs_abc123", cluster_arn=CLUSTER_ARN,
-               node_group_ids={"train": "pcs_cng_train", "login": "pcs_cng_login"})
+PCS = PcsGuard(
+    cluster_id="pcs_abc123",
+    cluster_arn=CLUSTER_ARN,
+    node_group_ids={"train": "pcs_cng_train", "login": "pcs_cng_login"},
+)
 
 
 def build_pcs(spec: Any) -> Built:
     args = guardrails_args(spec, targets(spec))
-    resources, _ = record_resources(lambda: Guardrails(f"{spec.cluster.name}-guardrails", args, pcs=PCS),
-                                    stack=spec.stack, region=spec.region)
+    resources, _ = record_resources(
+        lambda: Guardrails(f"{spec.cluster.name}-guardrails", args, pcs=PCS),
+        stack=spec.stack,
+        region=spec.region,
+    )
     return Built(spec, resources)
 
 
 def everything(base_config: dict[str, Any]) -> Any:
-    return spec_of(base_config, budget={"monthly_limit_usd": 100, "action_threshold_percent": 100},
-                   autostop={"enabled": True, "stop_schedule": "cron(0 19 ? * * *)",
-                             "start_schedule": "cron(0 8 ? * MON-FRI *)"})
+    return spec_of(
+        base_config,
+        budget={"monthly_limit_usd": 100, "action_threshold_percent": 100},
+        autostop={
+            "enabled": True,
+            "stop_schedule": "cron(0 19 ? * * *)",
+            "start_schedule": "cron(0 8 ? * MON-FRI *)",
+        },
+    )
 
 
 def test_the_stopping_functions_get_the_cluster_id_and_may_scale_only_its_node_groups(
-        base_config: dict[str, Any]) -> None:
+    base_config: dict[str, Any],
+) -> None:
     built = build_pcs(everything(base_config))
     seen = set()
     for fn in built.all(FUNCTION):
@@ -44,7 +56,9 @@ def test_the_stopping_functions_get_the_cluster_id_and_may_scale_only_its_node_g
         env = fn.inputs["environment"]["variables"]
         statements = built.policy(fn.inputs["name"])
         if module not in PCS_IAM_ACTIONS:
-            assert PCS_CLUSTER_ENV not in env and not any(a.startswith("pcs:") for a in actions_of(statements))
+            assert PCS_CLUSTER_ENV not in env and not any(
+                a.startswith("pcs:") for a in actions_of(statements)
+            )
             continue
         seen.add(module)
         assert env[PCS_CLUSTER_ENV] == "pcs_abc123"
@@ -52,11 +66,16 @@ def test_the_stopping_functions_get_the_cluster_id_and_may_scale_only_its_node_g
         by_sid = {s["Sid"]: s for s in statements}
         assert by_sid["PcsListThisCluster"]["Resource"] == [CLUSTER_ARN]
         assert by_sid["PcsScaleThisClustersGroups"]["Resource"] == [
-            CLUSTER_ARN, f"{CLUSTER_ARN}/computenodegroup/pcs_cng_train"]  # never the login group
+            CLUSTER_ARN,
+            f"{CLUSTER_ARN}/computenodegroup/pcs_cng_train",
+        ]  # never the login group
         assert sorted(by_sid["PcsScaleThisClustersGroups"]["Action"]) == [
-            "pcs:GetComputeNodeGroup", "pcs:UpdateComputeNodeGroup"]
+            "pcs:GetComputeNodeGroup",
+            "pcs:UpdateComputeNodeGroup",
+        ]
         assert by_sid["PcsOnThisStacksLoginNode"]["Condition"] == {
-            "StringEquals": {"ssm:resourceTag/gpucluster:stack": built.spec.identity}}
+            "StringEquals": {"ssm:resourceTag/gpucluster:stack": built.spec.identity}
+        }
         assert not any("iam:PassRole" in json.dumps(s) for s in statements)
         assert len(by_sid) == len(statements)  # Sids stay unique in each policy
     assert seen == {"budget_action", "autostop", "spend_guard"}

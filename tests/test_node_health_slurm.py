@@ -13,21 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_node_health import INSTANCE, SHELLCHECK, TOPIC, Node, counted, health_config, published
 
 from gpucluster.node import userdata
 from gpucluster.node.userdata import health_check_script, node_bootstrap, node_env, node_files
 from gpucluster.preflight import parse_stack_config
+from test_node_health import INSTANCE, SHELLCHECK, TOPIC, Node, counted, health_config, published
 
 SHOW_NODES = (
     "NodeName=train-1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.1.17 NodeHostName=ip-10-0-1-17 State=IDLE\n"
-    "NodeName=train-2 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.1.42 NodeHostName=ip-10-0-1-42 State=MIXED\n")
+    "NodeName=train-2 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.0.1.42 NodeHostName=ip-10-0-1-42 State=MIXED\n"
+)
 SCONTROL = f"""
 case "$*" in
   "--oneliner show node") printf '%s' '{SHOW_NODES}' ;;
   update*)
     if [ -n "${{FAKE_SCONTROL_REFUSALS:-}}" ]; then
-      n=$(( $(cat "$FAKE_SCONTROL_REFUSALS" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$FAKE_SCONTROL_REFUSALS"
+      n=$(( $(cat "$FAKE_SCONTROL_REFUSALS" 2>/dev/null || echo 0) + 1 ))
+      echo "$n" > "$FAKE_SCONTROL_REFUSALS"
       [ "$n" -gt 2 ] || {{ echo "slurm_update error: Unable to contact slurm controller"; exit 1; }}
     fi ;;
 esac"""
@@ -62,8 +64,9 @@ class SlurmNode(Node):
     def run(self, mode: str, **env: str) -> subprocess.CompletedProcess[str]:
         path = self.root / "health-check.sh"
         path.write_text(health_check_script(ready=False, slurm=True))  # what a Slurm group ships
-        return subprocess.run(["bash", str(path), mode], env={**self.env, **env}, capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(
+            ["bash", str(path), mode], env={**self.env, **env}, capture_output=True, text=True, timeout=60
+        )
 
 
 def test_an_xid_drains_this_instances_slurm_node_found_by_its_address(tmp_path: Path) -> None:
@@ -74,11 +77,16 @@ def test_an_xid_drains_this_instances_slurm_node_found_by_its_address(tmp_path: 
     assert result.returncode == 0, result.stdout + result.stderr
     assert node.calls("scontrol")[-1] == (
         "update NodeName=train-2 State=DRAIN "
-        "Reason=gpucluster: xid: Xid 79 on PCI:0000:10:1c, 1 time(s) in the last 15 min")
+        "Reason=gpucluster: xid: Xid 79 on PCI:0000:10:1c, 1 time(s) in the last 15 min"
+    )
     assert "drained in Slurm (train-2)" in published(node) and INSTANCE in published(node)
     assert counted(node) == ["HealthReplacements"]
     metric = node.aws("put-metric-data")[0]
-    assert "--dimensions Stack=" in metric and "NodeGroup=train" in metric and "AutoScalingGroupName" not in metric
+    assert (
+        "--dimensions Stack=" in metric
+        and "NodeGroup=train" in metric
+        and "AutoScalingGroupName" not in metric
+    )
     # No Auto Scaling on a Slurm stack: no group lookup, no instance health, no lifecycle call.
     assert [c for c in node.calls("aws") if c.startswith("autoscaling")] == []
     assert node.hook_log.exists() is False  # the job is Slurm's to checkpoint: the drain lets it finish

@@ -576,7 +576,8 @@ def without_ready_gate(name: str) -> str:
     return compact_shell(READY_GATE_BLOCK.sub("", raw))
 
 
-def health_files(h: NodeHealth, mig: bool = False, ready: bool = False, slurm: bool = False) -> list[NodeFile]:
+def health_files(h: NodeHealth, mig: bool = False, ready: bool = False,
+                 slurm: bool = False) -> list[NodeFile]:
     """The health-check script, its launch unit (every boot, pulling in gpucluster-ready when
     `ready`) and its timer."""
     # After the driver's own services, so the GPUs and NVSwitches are up when counted, and in a MIG

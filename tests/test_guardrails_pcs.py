@@ -35,8 +35,11 @@ def build_pcs(spec: Any) -> Built:
 
 
 def everything(base_config: dict[str, Any]) -> Any:
+    spot = {**base_config["gpucluster:node_groups"][0], "capacity": {"spot_percent": 100}}
     return spec_of(
         base_config,
+        node_groups=[spot],
+        spot={"interruption_command": "/hook"},
         budget={"monthly_limit_usd": 100, "action_threshold_percent": 100},
         autostop={
             "enabled": True,
@@ -64,6 +67,16 @@ def test_the_stopping_functions_get_the_cluster_id_and_may_scale_only_its_node_g
         assert env[PCS_CLUSTER_ENV] == "pcs_abc123"
         assert actions_of(statements) >= set(PCS_IAM_ACTIONS[module])
         by_sid = {s["Sid"]: s for s in statements}
+        assert by_sid["PcsOnThisStacksLoginNode"]["Condition"] == {
+            "StringEquals": {
+                "ssm:resourceTag/gpucluster:stack": built.spec.identity,
+                "ssm:resourceTag/gpucluster:node-group": "login",
+            }
+        }
+        assert len(by_sid) == len(statements)  # Sids stay unique in each policy
+        if module == "spot_interruption":  # requeues from the login node, changes no capacity
+            assert not any(a.startswith("pcs:") for a in actions_of(statements))
+            continue
         assert by_sid["PcsListThisCluster"]["Resource"] == [CLUSTER_ARN]
         assert by_sid["PcsScaleThisClustersGroups"]["Resource"] == [
             CLUSTER_ARN,
@@ -73,12 +86,8 @@ def test_the_stopping_functions_get_the_cluster_id_and_may_scale_only_its_node_g
             "pcs:GetComputeNodeGroup",
             "pcs:UpdateComputeNodeGroup",
         ]
-        assert by_sid["PcsOnThisStacksLoginNode"]["Condition"] == {
-            "StringEquals": {"ssm:resourceTag/gpucluster:stack": built.spec.identity}
-        }
         assert not any("iam:PassRole" in json.dumps(s) for s in statements)
-        assert len(by_sid) == len(statements)  # Sids stay unique in each policy
-    assert seen == {"budget_action", "autostop", "spend_guard"}
+    assert seen == {"budget_action", "autostop", "spend_guard", "spot_interruption"}
 
 
 def test_without_pcs_the_guardrails_are_as_before(base_config: dict[str, Any]) -> None:

@@ -204,10 +204,16 @@ class FakeSsm:
 
 
 class FakeEc2:
-    """DescribeInstances answering the login node for the filters the handler sends."""
+    """DescribeInstances: the login node for the handler's filters, compute nodes by id."""
 
     def __init__(self) -> None:
         self.filters: list[Any] = []
+        self.instances: dict[str, dict[str, Any]] = {}
+
+    def describe_instances(self, InstanceIds: list[str]) -> dict[str, Any]:
+        return {
+            "Reservations": [{"Instances": [self.instances[i] for i in InstanceIds if i in self.instances]}]
+        }
 
     def get_paginator(self, name: str) -> Any:
         assert name == "describe_instances"
@@ -576,3 +582,62 @@ def test_the_pcs_calls_carry_only_this_clusters_ids(slurm_stack) -> None:
     budget_action.handler(BUDGET_EVENT, None)
     assert {p["clusterIdentifier"] for _, p in slurm_stack["pcs"].calls} == {CLUSTER}
     assert json.dumps(slurm_stack["ec2"].filters[0]).count(STACK) == 1
+
+
+# --- a spot warning on a Slurm stack -----------------------------------------------------------
+
+SPOT_EVENT = {
+    "source": "aws.ec2",
+    "detail-type": "EC2 Spot Instance Interruption Warning",
+    "detail": {"instance-id": "i-0aaaaaaaaaaaaaaa1", "instance-action": "terminate"},
+}
+
+
+def compute_node(stack: str = STACK, group: str = "train") -> dict[str, Any]:
+    return {
+        "InstanceId": "i-0aaaaaaaaaaaaaaa1",
+        "PrivateIpAddress": "10.0.1.42",
+        "PrivateDnsName": "ip-10-0-1-42.ec2.internal",
+        "Tags": [
+            {"Key": "gpucluster:stack", "Value": stack},
+            {"Key": "gpucluster:node-group", "Value": group},
+        ],
+    }
+
+
+def test_a_spot_warning_requeues_the_nodes_jobs_from_the_login_node(slurm_stack, monkeypatch) -> None:
+    from gpucluster.lambdas import spot_interruption
+    from gpucluster.lambdas.slurmhold import requeue_node_script
+
+    monkeypatch.setenv("INTERRUPTION_TIMEOUT_SECONDS", "90")
+    slurm_stack["ec2"].instances["i-0aaaaaaaaaaaaaaa1"] = compute_node()
+    summary = spot_interruption.handler(SPOT_EVENT, None)
+    assert (summary["action"], summary["group"]) == ("requeued", "train")
+    [(instances, script)] = slurm_stack["ssm"].sent
+    assert instances == [LOGIN_INSTANCE]
+    assert script == requeue_node_script(
+        "10.0.1.42", "ip-10-0-1-42", grace_seconds=60, reason="spot-interruption-warning"
+    )
+    assert slurm_stack["pcs"].calls == []  # no capacity change: PCS replaces the instance
+
+
+@pytest.mark.parametrize("node", [compute_node(stack="prod"), compute_node(group="login")])
+def test_a_spot_warning_for_another_stacks_node_or_the_login_node_is_ignored(slurm_stack, node) -> None:
+    from gpucluster.lambdas import spot_interruption
+
+    slurm_stack["ec2"].instances["i-0aaaaaaaaaaaaaaa1"] = node
+    summary = spot_interruption.handler(SPOT_EVENT, None)
+    assert summary["action"] == "ignored" and slurm_stack["ssm"].sent == []
+
+
+def test_a_failed_requeue_is_notified_as_failed(slurm_stack, monkeypatch) -> None:
+    from gpucluster.lambdas import spot_interruption
+
+    sent: list[str] = []
+    monkeypatch.setattr(
+        spot_interruption, "notify_from_env", lambda subject, message: sent.append(subject) or True
+    )
+    slurm_stack["ec2"].instances["i-0aaaaaaaaaaaaaaa1"] = compute_node()
+    slurm_stack["ssm"].status = "Failed"
+    summary = spot_interruption.handler(SPOT_EVENT, None)
+    assert summary["action"] == "requeue-failed" and sent[0].endswith("requeue failed")

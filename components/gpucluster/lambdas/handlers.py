@@ -171,6 +171,8 @@ LOGIN_NODE_ACTIONS = ("ec2:DescribeInstances", "ssm:SendCommand", "ssm:GetComman
 # The handlers that stop or start groups, and so read PCS_CLUSTER_ID on a Slurm stack (the environment
 # beyond ENVIRONMENT, set only there).
 PCS_IAM_ACTIONS: dict[str, tuple[str, ...]] = {
-    name: (*PCS_ACTIONS, *LOGIN_NODE_ACTIONS)
-    for name in ("budget_action", "autostop", "capacity_block", "spend_guard")
+    **{name: (*PCS_ACTIONS, *LOGIN_NODE_ACTIONS)
+       for name in ("budget_action", "autostop", "capacity_block", "spend_guard")},
+    # A spot warning requeues the node's jobs from the login node; it changes no capacity.
+    "spot_interruption": LOGIN_NODE_ACTIONS,
 }

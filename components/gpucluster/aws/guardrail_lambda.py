@@ -18,6 +18,7 @@ import pulumi_aws as aws
 
 from gpucluster.aws.args import STACK_TAG, GuardrailsModel, component_options, owned_tags, type_token
 from gpucluster.lambdas.handlers import HANDLERS, PCS_ACTIONS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS
+
 # STATE_TAGS: what the Lambdas write on a group they stop; the others select a Slurm stack's login node.
 from gpucluster.lambdas.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STATE_TAGS
 

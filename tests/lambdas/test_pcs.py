@@ -641,3 +641,38 @@ def test_a_failed_requeue_is_notified_as_failed(slurm_stack, monkeypatch) -> Non
     slurm_stack["ssm"].status = "Failed"
     summary = spot_interruption.handler(SPOT_EVENT, None)
     assert summary["action"] == "requeue-failed" and sent[0].endswith("requeue failed")
+
+
+# --- the idle fallback alarm on a Slurm stack ---------------------------------------------------
+
+
+def test_the_autostop_handler_stops_the_pcs_group_its_alarm_names(slurm_stack: dict[str, Any]) -> None:
+    from gpucluster.lambdas import autostop
+
+    event = {
+        "source": "aws.cloudwatch",
+        "detail-type": "CloudWatch Alarm State Change",
+        "detail": {
+            "alarmName": "gpu-dev-train-gpu-idle",
+            "state": {"value": "ALARM"},
+            "configuration": {
+                "metrics": [
+                    {
+                        "metricStat": {
+                            "metric": {
+                                "namespace": "gpucluster/gpu-dev",
+                                "name": "GpuUtilizationMax",
+                                "dimensions": {"Stack": "dev", "NodeGroup": "train"},
+                            }
+                        }
+                    }
+                ]
+            },
+        },
+    }
+    summary = autostop.handler(event, None)
+    assert summary["groups"] == ["train"]
+    fake = slurm_stack["pcs"]
+    assert fake.scaling("train") == (0, 0) and fake.scaling("infer") == (0, 2)
+    [(_, script)] = slurm_stack["ssm"].sent
+    assert "scontrol update PartitionName=train State=DOWN" in script and "infer" not in script

@@ -205,7 +205,7 @@ class Guardrails(pulumi.ComponentResource):
         if m.autostop.enabled:
             self.autostop = AutoStop(f"{name}-autostop", ctx, opts=child)
             functions["autostop"] = self.autostop.function.function_name
-            self.outputs["idle_alarm_names"] = {g: a.alarm_name for g, a in self.autostop.alarms.items()}
+            self.outputs["idle_alarm_names"] = dict(self.autostop.alarm_names)
             self.outputs["schedule_names"] = {p: s.name for p, s in self.autostop.schedules.items()}
             self.idle_alarm_names = pulumi.Output.from_input(self.outputs["idle_alarm_names"])
             self.schedule_names = pulumi.Output.from_input(self.outputs["schedule_names"])

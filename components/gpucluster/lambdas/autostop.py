@@ -60,6 +60,7 @@ from .stops import mark_told, raise_if_failed, stack_node_groups, stop_groups
 ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
 SCHEDULE_DETAIL_TYPE = "Scheduled Event"
 GROUP_DIMENSION = "AutoScalingGroupName"
+SLURM_GROUP_DIMENSION = "NodeGroup"
 # Fallback convention: the Pulumi side names an idle alarm after its group plus this suffix.
 IDLE_ALARM_SUFFIX = "-idle"
 # Schedule purposes, from the rule name's suffix.
@@ -76,7 +77,9 @@ def alarm_group_names(detail: dict[str, Any]) -> list[str]:
         stat = metric.get("metricStat") if isinstance(metric, dict) else None
         inner = stat.get("metric") if isinstance(stat, dict) else None
         dimensions = inner.get("dimensions") if isinstance(inner, dict) else None
-        value = dimensions.get(GROUP_DIMENSION) if isinstance(dimensions, dict) else None
+        # A Slurm stack's fallback alarm names the PCS group (named as the node group) by NodeGroup.
+        key = SLURM_GROUP_DIMENSION if env_text(PCS_CLUSTER_ENV) else GROUP_DIMENSION
+        value = dimensions.get(key) if isinstance(dimensions, dict) else None
         if isinstance(value, str) and value and value not in names:
             names.append(value)
     alarm_name = detail.get("alarmName")

@@ -57,6 +57,9 @@ GPU_METRIC_DIMENSION = "AutoScalingGroupName"
 # `gpucluster-report activity` (report.sh): 1 while a GPU process or a gpucluster job runs, by Stack
 # and NodeGroup, every minute; the idle alarm's first signal.
 ACTIVITY_METRIC = "NodeActive"
+# On a Slurm stack, `gpucluster-report activity` also publishes the busiest GPU's utilisation while a
+# process holds a GPU, by Stack and NodeGroup (no Auto Scaling group there): the idle fallback's metric.
+SLURM_GPU_METRIC = "GpuUtilizationMax"
 """The agent also publishes an aggregate carrying only this dimension (one series per group)."""
 GPU_METRIC_PERIOD_SECONDS = 60
 # Every nvidia_gpu measurement the agent publishes (`nvidia_smi_<name>`), per GPU and per group:
@@ -485,7 +488,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         NodeFile(f"{_SBIN}/gpucluster-data", script("data.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-install", script("install.sh"), "0755"),
         NodeFile(f"{_SBIN}/gpucluster-agent", script("agent.sh"), "0755"),
-        NodeFile(f"{_SBIN}/gpucluster-report", script("report.sh"), "0755"),
+        NodeFile(f"{_SBIN}/gpucluster-report", slurm_script("report.sh", b.slurm), "0755"),
         NodeFile(INTERRUPTION_HOOK, script("interruption-hook.sh"), "0755"),
         NodeFile(f"{_UNITS}/gpucluster-scratch.service", _unit(
             "NVMe instance-store scratch (RAID0)",
@@ -557,15 +560,20 @@ SLURM_BLOCK = re.compile(r"^[ \t]*# >>> slurm.*?^[ \t]*# <<< slurm[^\n]*\n", re.
 
 
 @cache
-def health_check_script(ready: bool, slurm: bool) -> str:
-    """health-check.sh as a group gets it: less its ready-gate blocks without the gate, and less its
+def slurm_script(name: str, slurm: bool, ready: bool = True) -> str:
+    """A shipped script as a group gets it: less its ready-gate blocks without the gate, and less its
     `# >>> slurm` ... `# <<< slurm` blocks on a stack without Slurm (those lines never run there)."""
-    raw = resources.files(__package__).joinpath("health-check.sh").read_text()
+    raw = resources.files(__package__).joinpath(name).read_text()
     if not ready:
         raw = READY_GATE_BLOCK.sub("", raw)
     if not slurm:
         raw = SLURM_BLOCK.sub("", raw)
     return compact_shell(raw)
+
+
+def health_check_script(ready: bool, slurm: bool) -> str:
+    """health-check.sh as a group gets it (`slurm_script`)."""
+    return slurm_script("health-check.sh", slurm, ready)
 
 
 @cache

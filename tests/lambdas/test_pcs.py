@@ -676,3 +676,84 @@ def test_the_autostop_handler_stops_the_pcs_group_its_alarm_names(slurm_stack: d
     assert fake.scaling("train") == (0, 0) and fake.scaling("infer") == (0, 2)
     [(_, script)] = slurm_stack["ssm"].sent
     assert "scontrol update PartitionName=train State=DOWN" in script and "infer" not in script
+
+
+# --- the CLI's operations on a Slurm stack (ops.scale / ops.status) ----------------------------
+
+
+@pytest.fixture
+def ops_stack(slurm_stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The Slurm stack as the CLI sees it: the table found by the identity, clients handed in."""
+    from gpucluster.lambdas.handlers import state_table_name
+
+    monkeypatch.delenv("PCS_CLUSTER_ID")
+    monkeypatch.delenv("GUARD_STATE_TABLE")
+    name = state_table_name(STACK)
+    if name not in shared_client("dynamodb").list_tables()["TableNames"]:
+        create_table(shared_client("dynamodb"), name)
+    slurm_stack["state_table"] = name
+    fake = slurm_stack["pcs"]
+    real_node_groups = node_groups
+
+    def cli_node_groups(autoscaling_client: Any = None, **kwargs: Any) -> Any:
+        return real_node_groups(
+            autoscaling_client,
+            dynamodb_client=shared_client("dynamodb"),
+            pcs_client=fake.client,
+            **{k: v for k, v in kwargs.items() if k not in ("dynamodb_client", "pcs_client")},
+        )
+
+    from gpucluster.ops import scale, status
+
+    monkeypatch.setattr(scale, "node_groups", cli_node_groups)
+    monkeypatch.setattr(status, "node_groups", cli_node_groups)
+    return slurm_stack
+
+
+def test_gpucluster_stop_then_start_hold_and_release_the_partitions(ops_stack: dict[str, Any]) -> None:
+    from gpucluster.ops.scale import plan_start, plan_stop, start_stack, stop_stack
+
+    fake, ssm, ec2 = ops_stack["pcs"], ops_stack["ssm"], ops_stack["ec2"]
+    candidates = plan_stop(STACK, pcs_cluster_id=CLUSTER)
+    assert [(c.group, c.desired_now) for c in candidates] == [("infer", 2), ("train", 4)]
+    report = stop_stack(
+        candidates,
+        identity=STACK,
+        pcs_cluster_id=CLUSTER,
+        ssm_client=ssm,
+        ec2_client=ec2,
+        hook_timeout_seconds=45,
+    )
+    assert sorted(report.changed) == ["infer", "train"]
+    assert ssm.sent[-1] == ([LOGIN_INSTANCE], hold_script(["infer", "train"], grace_seconds=45))
+    assert fake.scaling("train") == (0, 0) and fake.scaling("infer") == (0, 0)
+    shown = {c.decision.group: c.decision.stopped_by for c in plan_start(STACK, pcs_cluster_id=CLUSTER)}
+    assert shown == {"infer": "manual", "train": "manual"}
+    results = start_stack(STACK, shown, pcs_cluster_id=CLUSTER, ssm_client=ssm, ec2_client=ec2)
+    assert [r.action for r in results] == ["resumed", "resumed"]
+    assert fake.scaling("train") == (1, 4) and fake.scaling("infer") == (0, 2)
+    assert ssm.sent[-1] == ([LOGIN_INSTANCE], release_script(["infer", "train"]))
+
+
+def test_a_resume_whose_release_fails_says_so_and_running_it_again_releases(
+    ops_stack: dict[str, Any],
+) -> None:
+    from gpucluster.ops.status import SlurmReleaseError, resume_stack
+
+    ssm, ec2 = ops_stack["ssm"], ops_stack["ec2"]
+    backend = node_groups(
+        identity=STACK,
+        dynamodb_client=shared_client("dynamodb"),
+        pcs_cluster_id=CLUSTER,
+        pcs_client=ops_stack["pcs"].client,
+    )
+    for g in backend.list_groups(STACK):
+        backend.stop(g, BUDGET)
+    ssm.status = "Failed"
+    with pytest.raises(SlurmReleaseError, match="partitions infer, train still held"):
+        resume_stack(STACK, pcs_cluster_id=CLUSTER, ssm_client=ssm, ec2_client=ec2)
+    assert ops_stack["pcs"].scaling("train") == (1, 4)  # the capacity is back
+    ssm.status = "Success"
+    results = resume_stack(STACK, pcs_cluster_id=CLUSTER, ssm_client=ssm, ec2_client=ec2)
+    assert {r.action for r in results} == {"skipped"}
+    assert ssm.sent[-1][1] == release_script(["infer", "train"])

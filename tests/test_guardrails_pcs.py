@@ -96,3 +96,14 @@ def test_without_pcs_the_guardrails_are_as_before(base_config: dict[str, Any]) -
     for fn in plain.all(FUNCTION):
         assert PCS_CLUSTER_ENV not in fn.inputs["environment"]["variables"]
         assert not any(a.startswith("pcs:") for a in actions_of(plain.policy(fn.inputs["name"])))
+
+
+def test_the_workload_boundary_lets_the_guardrails_act_on_pcs() -> None:
+    """Guardrail roles carry the workload boundary (infra/bootstrap-state): it must allow what they need."""
+    from test_bootstrap_state import bootstrap_state
+
+    boundary = bootstrap_state.workload_boundary("aws", "123456789012", "break-glass")
+    allowed = {a for s in boundary["Statement"] if s["Effect"] == "Allow"
+               for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    needed = {a for actions in PCS_IAM_ACTIONS.values() for a in actions}
+    assert needed - allowed == set()

@@ -117,6 +117,8 @@ WORKLOAD_ACTIONS = [
     "ec2:CreateSnapshot", "ec2:CreateTags",
     # the spend guard's and the spend report's reads (lambdas/spend_guard.py, lambdas/report.py)
     "ce:GetCostAndUsage", "ce:GetCostForecast", "cloudwatch:GetMetricData", "ec2:DescribeSpotPriceHistory",
+    # a Slurm stack's stopping Lambdas scale its PCS compute node groups (lambdas/pcs.py; ARN-scoped there)
+    "pcs:ListComputeNodeGroups", "pcs:GetComputeNodeGroup", "pcs:UpdateComputeNodeGroup",
 ]
 
 # What each resource type the program creates needs from the deploy role (create, read, update,

@@ -203,17 +203,51 @@ class FakeSsm:
         return {"Status": self.status}
 
 
+def instance(iid: str, stack: str, group: str, state: str = "running") -> dict[str, Any]:
+    return {
+        "InstanceId": iid,
+        "InstanceType": "p5.48xlarge",
+        "State": {"Name": state},
+        "Placement": {"AvailabilityZone": "us-east-1a"},
+        "PrivateIpAddress": "10.0.1.42",
+        "PrivateDnsName": "ip-10-0-1-42.ec2.internal",
+        "Tags": [
+            {"Key": "gpucluster:stack", "Value": stack},
+            {"Key": "gpucluster:node-group", "Value": group},
+        ],
+    }
+
+
 class FakeEc2:
-    """DescribeInstances: the login node for the handler's filters, compute nodes by id."""
+    """DescribeInstances over a list of instances, applying the tag and state filters EC2 applies."""
 
     def __init__(self) -> None:
         self.filters: list[Any] = []
-        self.instances: dict[str, dict[str, Any]] = {}
+        self.instances: dict[str, dict[str, Any]] = {
+            i["InstanceId"]: i
+            for i in (
+                instance(LOGIN_INSTANCE, STACK, "login"),
+                instance("i-0ther", "prod", "login"),
+                instance("i-0train00000000001", STACK, "train"),
+                instance("i-0train00000000002", STACK, "train", state="pending"),
+                instance("i-0gone000000000001", STACK, "train", state="terminated"),
+                instance("i-0prod000000000001", "prod", "train"),
+            )
+        }
 
     def describe_instances(self, InstanceIds: list[str]) -> dict[str, Any]:
         return {
             "Reservations": [{"Instances": [self.instances[i] for i in InstanceIds if i in self.instances]}]
         }
+
+    def matching(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        def ok(inst: dict[str, Any], f: dict[str, Any]) -> bool:
+            if f["Name"] == "instance-state-name":
+                return inst["State"]["Name"] in f["Values"]
+            key = f["Name"].removeprefix("tag:")
+            return any(t["Key"] == key and t["Value"] in f["Values"] for t in inst["Tags"])
+
+        return [i for i in self.instances.values() if all(ok(i, f) for f in filters)]
 
     def get_paginator(self, name: str) -> Any:
         assert name == "describe_instances"
@@ -222,32 +256,7 @@ class FakeEc2:
         class Pages:
             def paginate(self, Filters: list[Any]) -> Iterator[dict[str, Any]]:
                 outer.filters.append(Filters)
-                yield {
-                    "Reservations": [
-                        {
-                            "Instances": [
-                                {
-                                    "InstanceId": LOGIN_INSTANCE,
-                                    "Tags": [
-                                        {"Key": "gpucluster:stack", "Value": STACK},
-                                        {"Key": "gpucluster:node-group", "Value": "login"},
-                                    ],
-                                }
-                            ]
-                        },
-                        {
-                            "Instances": [
-                                {
-                                    "InstanceId": "i-0ther",
-                                    "Tags": [
-                                        {"Key": "gpucluster:stack", "Value": "prod"},
-                                        {"Key": "gpucluster:node-group", "Value": "login"},
-                                    ],
-                                }
-                            ]
-                        },
-                    ]
-                }
+                yield {"Reservations": [{"Instances": outer.matching(Filters)}]}
 
         return Pages()
 
@@ -533,15 +542,9 @@ def test_two_budget_stops_at_once_record_the_capacity_once(slurm_stack) -> None:
 
 
 def test_no_login_node_is_reported_and_the_stop_still_happens(slurm_stack, monkeypatch) -> None:
-    class NoLogin(FakeEc2):
-        def get_paginator(self, name: str) -> Any:
-            class Pages:
-                def paginate(self, Filters: list[Any]) -> Iterator[dict[str, Any]]:
-                    yield {"Reservations": []}
-
-            return Pages()
-
-    clients = {"pcs": slurm_stack["pcs"].client, "ssm": slurm_stack["ssm"], "ec2": NoLogin()}
+    no_login = FakeEc2()
+    no_login.instances = {k: v for k, v in no_login.instances.items() if "login" not in json.dumps(v["Tags"])}
+    clients = {"pcs": slurm_stack["pcs"].client, "ssm": slurm_stack["ssm"], "ec2": no_login}
     monkeypatch.setattr(runtime.RUNTIME, "client", lambda s: clients.get(s) or shared_client(s))
     summary = budget_action.handler(BUDGET_EVENT, None)
     assert summary["hook"]["ok"] is False and summary["hook"]["not_sent"] == {
@@ -581,7 +584,8 @@ def test_a_slurm_stack_without_a_guard_state_table_is_a_config_error(slurm_stack
 def test_the_pcs_calls_carry_only_this_clusters_ids(slurm_stack) -> None:
     budget_action.handler(BUDGET_EVENT, None)
     assert {p["clusterIdentifier"] for _, p in slurm_stack["pcs"].calls} == {CLUSTER}
-    assert json.dumps(slurm_stack["ec2"].filters[0]).count(STACK) == 1
+    login_lookup = next(f for f in slurm_stack["ec2"].filters if "login" in json.dumps(f))
+    assert {"Name": "tag:gpucluster:stack", "Values": [STACK]} in login_lookup
 
 
 # --- a spot warning on a Slurm stack -----------------------------------------------------------
@@ -757,3 +761,14 @@ def test_a_resume_whose_release_fails_says_so_and_running_it_again_releases(
     results = resume_stack(STACK, pcs_cluster_id=CLUSTER, ssm_client=ssm, ec2_client=ec2)
     assert {r.action for r in results} == {"skipped"}
     assert ssm.sent[-1][1] == release_script(["infer", "train"])
+
+
+def test_a_pcs_group_carries_its_live_instances_as_members(slurm_stack: dict[str, Any]) -> None:
+    """What the spend guard prices and the lifetime limit dates: the stack's instances of the group."""
+    groups = {g.name: g for g in stops.stack_node_groups().list_groups(STACK)}
+    assert [(m.instance_id, m.lifecycle_state) for m in groups["train"].members] == [
+        ("i-0train00000000001", "InService"),
+        ("i-0train00000000002", "Pending"),
+    ]
+    assert groups["train"].in_service_ids == ["i-0train00000000001"]
+    assert groups["infer"].members == ()

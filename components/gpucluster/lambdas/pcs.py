@@ -19,18 +19,20 @@ failed and raises, so Lambda's retry (or the spend guard's next check) tries aga
 update carries botocore's automatic clientToken (the API's idempotency token), so a retry of
 the same call inside botocore is one update. No stop state is mirrored on PCS: its tags
 would need pcs:TagResource, and the guard-state table is the state (`gpucluster status` reads
-it). Never deletes anything, never imports Pulumi: zipped with the handlers as ``lambdas``.
+it). A group's members are its live EC2 instances, found by our launch template's tags
+(`group_members`). Never deletes anything, never imports Pulumi: zipped with the handlers as ``lambdas``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .awsapi import AWS_ERRORS, error_code
 from .handlers import PCS_CLUSTER_ENV
-from .nodegroups import NodeGroup, StateConflict, StopState
-from .tags import SLURM_LOGIN_GROUP
+from .nodegroups import IN_SERVICE, Member, NodeGroup, StateConflict, StopState
+from .tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
 
 __all__ = ["PCS_CLUSTER_ENV", "PcsCapacity", "pcs_node_group"]
 # Compute node groups that exist no more or are on their way out (ComputeNodeGroupStatus).
@@ -47,16 +49,56 @@ def pcs_node_group(description: Mapping[str, Any], stack: str) -> NodeGroup:
                      min_size=minimum, desired=maximum, max_size=maximum, stop=StopState())
 
 
+# EC2 states of an instance PCS launched that still costs or will (DescribeInstances filter values).
+LIVE_STATES = ("pending", "running")
+
+
+def group_members(ec2: Any, stack: str) -> dict[str, tuple[Member, ...]]:
+    """Node group -> its live instances, by our launch template's tags (SLURM.md contract 1).
+
+    PCS launches from our launch template, so its instances carry STACK_TAG and NODE_GROUP_TAG;
+    a running one counts as in service (it can run a hook and it accrues cost); its health is
+    Slurm's to say, not EC2's ("?").
+    """
+    filters = [{"Name": f"tag:{STACK_TAG}", "Values": [stack]},
+               {"Name": "instance-state-name", "Values": list(LIVE_STATES)}]
+    members: dict[str, list[Member]] = {}
+    for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
+        for reservation in page.get("Reservations", []):
+            for instance in reservation.get("Instances", []):
+                tags = {t["Key"]: t.get("Value", "") for t in instance.get("Tags", [])}
+                group = tags.get(NODE_GROUP_TAG)
+                if tags.get(STACK_TAG) != stack or not group or group == SLURM_LOGIN_GROUP:
+                    continue
+                state = instance.get("State", {}).get("Name")
+                members.setdefault(group, []).append(Member(
+                    instance["InstanceId"], IN_SERVICE if state == "running" else "Pending",
+                    instance_type=instance.get("InstanceType"),
+                    zone=instance.get("Placement", {}).get("AvailabilityZone")))
+    return {g: tuple(sorted(m, key=lambda x: x.instance_id)) for g, m in members.items()}
+
+
 class PcsCapacity:
-    """`Capacity` of the compute node groups of PCS cluster `cluster_id`, which belongs to `stack`."""
+    """`Capacity` of the compute node groups of PCS cluster `cluster_id`, which belongs to `stack`.
+
+    With `ec2`, each group carries its live instances as members (what the spend guard prices and
+    the lifetime limit dates); without, none.
+    """
 
     stop_zeroes_max = True
 
-    def __init__(self, pcs: Any, cluster_id: str, stack: str) -> None:
+    def __init__(self, pcs: Any, cluster_id: str, stack: str, ec2: Any = None) -> None:
         self.pcs = pcs
         self.cluster_id = cluster_id
         self.stack = stack
+        self.ec2 = ec2
         self._ids: dict[str, str] = {}
+
+    def _with_members(self, groups: list[NodeGroup]) -> list[NodeGroup]:
+        if self.ec2 is None or not groups:
+            return groups
+        members = group_members(self.ec2, self.stack)
+        return [dataclasses.replace(g, members=members.get(g.name, ())) for g in groups]
 
     def _summaries(self) -> dict[str, str]:
         """Name -> id of the cluster's node groups (not the login group, not those being deleted)."""
@@ -91,14 +133,16 @@ class PcsCapacity:
         if stack != self.stack:
             return []  # the cluster is this stack's alone
         ids = self._summaries()
-        return [g for name in sorted(ids) if (g := self._describe(name, ids[name])) is not None]
+        described = [self._describe(name, ids[name]) for name in sorted(ids)]
+        return self._with_members([g for g in described if g is not None])
 
     def read(self, names: Iterable[str]) -> list[NodeGroup]:
         wanted = sorted(set(names))
         if not wanted:
             return []
         ids = self._summaries()
-        return [g for name in wanted if name in ids and (g := self._describe(name, ids[name])) is not None]
+        return self._with_members([g for name in wanted
+                                   if name in ids and (g := self._describe(name, ids[name])) is not None])
 
     def set(self, name: str, min_size: int, desired: int) -> None:
         """min and max (`desired` is the maximum on PCS); a stop is set(name, 0, 0)."""

@@ -89,7 +89,7 @@ def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | N
                               "the stack's guard-state table (a stack with a budget action, autostop or a "
                               "Capacity Block has one); none found")
         return StoredNodeGroups(None, make("dynamodb"), table, actor=actor,
-                                capacity=PcsCapacity(make("pcs"), cluster, stack))
+                                capacity=PcsCapacity(make("pcs"), cluster, stack, ec2=make("ec2")))
     if table:
         return StoredNodeGroups(make("autoscaling"), make("dynamodb"), table, actor=actor)
     return AutoScalingGroups(make("autoscaling"))

@@ -772,3 +772,47 @@ def test_a_pcs_group_carries_its_live_instances_as_members(slurm_stack: dict[str
     ]
     assert groups["train"].in_service_ids == ["i-0train00000000001"]
     assert groups["infer"].members == ()
+
+
+class CountingSns:
+    """SNS that records each published subject; fails (or kills) the first publish when asked."""
+
+    def __init__(self, first: BaseException | None = None) -> None:
+        self.subjects: list[str] = []
+        self.first = first
+
+    def publish(self, **kwargs: Any) -> dict[str, Any]:
+        if self.first is not None:
+            first, self.first = self.first, None
+            raise first
+        self.subjects.append(kwargs["Subject"])
+        return {"MessageId": "m-1"}
+
+
+@pytest.mark.parametrize("fault", [Killed("killed at the publish"), error("InternalError", 500)])
+def test_a_stop_whose_notification_was_lost_is_told_once_by_the_retry(
+    slurm_stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fault: BaseException
+) -> None:
+    sns = CountingSns(first=fault)
+    clients = {
+        "pcs": slurm_stack["pcs"].client,
+        "ssm": slurm_stack["ssm"],
+        "ec2": slurm_stack["ec2"],
+        "sns": sns,
+    }
+    monkeypatch.setattr(runtime.RUNTIME, "client", lambda s: clients.get(s) or shared_client(s))
+    monkeypatch.setenv("NOTIFY_TOPIC_ARN", "arn:aws:sns:us-east-1:123456789012:gpu-dev-guardrails")
+    with pytest.raises((Killed, GuardrailError)):
+        budget_action.handler(BUDGET_EVENT, None)
+    assert_budget_stopped(slurm_stack)
+    assert sns.subjects == []
+    summary = budget_action.handler(
+        BUDGET_EVENT, None
+    )  # Lambda's retry: the work is done, the telling is not
+    assert summary["untold"] == ["infer", "train"]
+    assert len(sns.subjects) == 1 and "budget breached" in sns.subjects[0]
+    budget_action.handler(BUDGET_EVENT, None)  # a third delivery: already told, says nothing more
+    assert len(sns.subjects) == 1
+    assert (
+        len(slurm_stack["ssm"].sent) == 1
+    )  # the partitions were held once (the retry found nothing running)

@@ -816,3 +816,57 @@ def test_a_stop_whose_notification_was_lost_is_told_once_by_the_retry(
     assert (
         len(slurm_stack["ssm"].sent) == 1
     )  # the partitions were held once (the retry found nothing running)
+
+
+class FailingSsm(FakeSsm):
+    def __init__(self, code: str, status: int) -> None:
+        super().__init__()
+        self.code, self.status_code = code, status
+
+    def send_command(self, **kwargs: Any) -> dict[str, Any]:
+        raise error(self.code, self.status_code)
+
+
+class FailingEc2(FakeEc2):
+    def __init__(self, code: str, status: int) -> None:
+        super().__init__()
+        self.code, self.status_code = code, status
+
+    def get_paginator(self, name: str) -> Any:
+        raise error(self.code, self.status_code)
+
+
+@pytest.mark.parametrize("service", ["ssm", "ec2"])
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("ThrottlingException", 400), ("AccessDeniedException", 403), ("InternalServerError", 500)],
+)
+def test_a_login_node_call_that_fails_is_reported_and_the_budget_stop_still_lands(
+    slurm_stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch, service: str, code: str, status: int
+) -> None:
+    broken = FailingSsm(code, status) if service == "ssm" else FailingEc2(code, status)
+    clients = {
+        "pcs": slurm_stack["pcs"].client,
+        "ssm": slurm_stack["ssm"],
+        "ec2": slurm_stack["ec2"],
+        service: broken,
+    }
+    monkeypatch.setattr(runtime.RUNTIME, "client", lambda s: clients.get(s) or shared_client(s))
+    summary = budget_action.handler(BUDGET_EVENT, None)
+    assert summary["hook"]["ok"] is False and code in json.dumps(summary["hook"])
+    assert_budget_stopped(slurm_stack)  # EC2 refusing even the members' lookup does not block it
+
+
+def test_the_spend_guard_and_the_lifetime_check_fail_when_ec2_hides_the_members(
+    slurm_stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clients = {
+        "pcs": slurm_stack["pcs"].client,
+        "ssm": slurm_stack["ssm"],
+        "ec2": FailingEc2("AccessDeniedException", 403),
+    }
+    monkeypatch.setattr(runtime.RUNTIME, "client", lambda s: clients.get(s) or shared_client(s))
+    strict = stops.stack_node_groups(strict_members=True)
+    with pytest.raises(ClientError, match="AccessDenied"):
+        strict.list_groups(STACK)  # pricing or dating no instance would pass for "nothing runs"
+    assert [g.members for g in stops.stack_node_groups().list_groups(STACK)] == [(), ()]

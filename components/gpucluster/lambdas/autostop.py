@@ -226,7 +226,9 @@ def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, An
         hours = env_number("MAX_LIFETIME_HOURS", 0.0)
         if hours <= 0:
             return ignored("lifetime rule but MAX_LIFETIME_HOURS is not set", rule=rule)
-        expired = _older_than(backend.list_groups(stack), timedelta(hours=hours))
+        # It dates the members: none known (EC2 refused the lookup) must fail, not pass as "young".
+        dated = stack_node_groups(strict_members=True)
+        expired = _older_than(dated.list_groups(stack), timedelta(hours=hours))
         if not expired:
             log_event("no group over its lifetime", stack=stack, max_hours=hours)
             return {"action": "unchanged", "stack": stack, "groups": []}

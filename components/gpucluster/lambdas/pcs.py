@@ -26,10 +26,11 @@ it). A group's members are its live EC2 instances, found by our launch template'
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .awsapi import AWS_ERRORS, error_code
+from .awsapi import AWS_ERRORS, error_code, log_event
 from .handlers import PCS_CLUSTER_ENV
 from .nodegroups import IN_SERVICE, Member, NodeGroup, StateConflict, StopState
 from .tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
@@ -82,22 +83,34 @@ class PcsCapacity:
     """`Capacity` of the compute node groups of PCS cluster `cluster_id`, which belongs to `stack`.
 
     With `ec2`, each group carries its live instances as members (what the spend guard prices and
-    the lifetime limit dates); without, none.
+    the lifetime limit dates); without, none. A stop needs no members: when EC2 refuses the lookup
+    the groups come without them (logged as an error), so a throttled or denied DescribeInstances
+    never blocks a budget stop; with `strict_members` (the spend guard, the lifetime check, which
+    would price or date nothing) the error is raised instead.
     """
 
     stop_zeroes_max = True
 
-    def __init__(self, pcs: Any, cluster_id: str, stack: str, ec2: Any = None) -> None:
+    def __init__(self, pcs: Any, cluster_id: str, stack: str, ec2: Any = None, *,
+                 strict_members: bool = False) -> None:
         self.pcs = pcs
         self.cluster_id = cluster_id
         self.stack = stack
         self.ec2 = ec2
+        self.strict_members = strict_members
         self._ids: dict[str, str] = {}
 
     def _with_members(self, groups: list[NodeGroup]) -> list[NodeGroup]:
         if self.ec2 is None or not groups:
             return groups
-        members = group_members(self.ec2, self.stack)
+        try:
+            members = group_members(self.ec2, self.stack)
+        except AWS_ERRORS as exc:
+            if self.strict_members:
+                raise
+            log_event("node group members unknown: EC2 refused the lookup", logging.ERROR,
+                      stack=self.stack, error=str(exc))
+            return groups
         return [dataclasses.replace(g, members=members.get(g.name, ())) for g in groups]
 
     def _summaries(self) -> dict[str, str]:

@@ -68,7 +68,7 @@ def slurm_hold_from_env(timeout_seconds: float | None = None) -> SlurmHold | Non
 
 def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | None = None,
                       actor: str = "gpucluster", *, pcs_cluster_id: str | None = None,
-                      stack: str | None = None) -> NodeGroups:
+                      stack: str | None = None, strict_members: bool = False) -> NodeGroups:
     """The backend this deployment's node groups are run by.
 
     On a Slurm stack (`pcs_cluster_id`, or the handler's PCS_CLUSTER_ID) the node groups are the
@@ -77,6 +77,7 @@ def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | N
     deployment identity `stack` (or GPUCLUSTER_STACK). Otherwise the stored backend (`guardstate`)
     when a guard-state table is named (`table`, or the handler's GUARD_STATE_TABLE), else the Auto
     Scaling groups' tags alone (a stack deployed before the table, or one without guardrails).
+    `strict_members`: on PCS, fail rather than read groups without their instances (`PcsCapacity`).
     """
     make = client or RUNTIME.client
     table = table or env_text(STATE_TABLE_ENV)
@@ -89,7 +90,8 @@ def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | N
                               "the stack's guard-state table (a stack with a budget action, autostop or a "
                               "Capacity Block has one); none found")
         return StoredNodeGroups(None, make("dynamodb"), table, actor=actor,
-                                capacity=PcsCapacity(make("pcs"), cluster, stack, ec2=make("ec2")))
+                                capacity=PcsCapacity(make("pcs"), cluster, stack, ec2=make("ec2"),
+                                                     strict_members=strict_members))
     if table:
         return StoredNodeGroups(make("autoscaling"), make("dynamodb"), table, actor=actor)
     return AutoScalingGroups(make("autoscaling"))

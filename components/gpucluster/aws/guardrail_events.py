@@ -34,7 +34,12 @@ from gpucluster.aws.guardrail_lambda import (
 )
 from gpucluster.aws.guardrail_state import with_state
 from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, jobs_parameter_path  # not job_restart: boto3
-from gpucluster.node.userdata import ACTIVITY_METRIC, GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
+from gpucluster.node.userdata import (
+    ACTIVITY_METRIC,
+    GPU_METRIC_DIMENSION,
+    GPU_UTILIZATION_METRIC,
+    SLURM_GPU_METRIC,
+)
 from gpucluster.noderole import gpu_metric_namespace, run_log_group_name
 from gpucluster.spec import AutoStopConfig, SpotConfig
 
@@ -172,6 +177,14 @@ class AutoStop(pulumi.ComponentResource):
     what EventBridge passes to the Lambda. Missing data is never idle (treat_missing_data
     "missing"): the utilisation alarm goes to INSUFFICIENT_DATA and notifies instead. The Lambda
     runs the pre-stop hook through SSM, waits a bounded time, then scales to zero.
+
+    On a Slurm stack (`ctx.pcs`) idle means no running job, and PCS's idle scale-down (the
+    cluster's scale_down_idle_time from idle_minutes) stops idle nodes itself: a stop of ours
+    would also hold the partition. So only the fallback is built there, as a plain metric alarm
+    routed to the Lambda: `<prefix>-<group>-gpu-idle` on the busiest GPU's utilisation while a
+    process holds one (SLURM_GPU_METRIC by Stack and NodeGroup, from `gpucluster-report activity`;
+    no Auto Scaling group name exists there). No data (no node, or no process on a GPU) is the
+    normal state of a queue-driven group: it neither stops nor notifies.
     """
 
     def __init__(self, name: str, ctx: GuardrailContext, opts: pulumi.ResourceOptions | None = None) -> None:
@@ -201,7 +214,26 @@ class AutoStop(pulumi.ComponentResource):
         self.alarms: dict[str, aws.cloudwatch.CompositeAlarm] = {}
         self.utilisation_alarms: dict[str, aws.cloudwatch.MetricAlarm] = {}
         self.activity_alarms: dict[str, aws.cloudwatch.MetricAlarm] = {}
+        self.routed: list[pulumi.Output[str]] = []
+        """The alarms EventBridge passes to the Lambda: the composites (the Slurm fallbacks on Slurm)."""
+        self.alarm_names: dict[str, pulumi.Output[str]] = {}
         for group in ctx.args.groups:
+            if ctx.pcs is not None:
+                self.utilisation_alarms[group.name] = slurm_alarm = aws.cloudwatch.MetricAlarm(
+                    f"{name}-idle-{group.name}",
+                    name=f"{ctx.prefix}-{group.name}{UTILISATION_ALARM_SUFFIX}",
+                    alarm_description=(
+                        f"gpucluster {ctx.identity}/{group.name}: a job holds GPUs and the busiest stays "
+                        f"under {a.gpu_utilization_threshold_percent:g}% for {minutes} min -> hold the "
+                        "partition, requeue, scale to zero (idle nodes: PCS's idle scale-down)"),
+                    namespace=namespace, metric_name=SLURM_GPU_METRIC,
+                    dimensions={"Stack": ctx.identity, "NodeGroup": group.name}, statistic=GPU_STATISTIC,
+                    comparison_operator="LessThanThreshold", threshold=a.gpu_utilization_threshold_percent,
+                    period=period, evaluation_periods=evaluations, datapoints_to_alarm=evaluations,
+                    treat_missing_data="missing", tags=ctx.tags, opts=child)
+                self.alarm_names[group.name] = slurm_alarm.name
+                self.routed.append(slurm_alarm.arn)
+                continue
             activity = aws.cloudwatch.MetricAlarm(
                 f"{name}-no-jobs-{group.name}",
                 name=pulumi.Output.concat(group.asg_name, ACTIVITY_ALARM_SUFFIX),
@@ -237,13 +269,15 @@ class AutoStop(pulumi.ComponentResource):
                 alarm_rule=pulumi.Output.all(activity.name, utilisation.name).apply(
                     lambda names: f'ALARM("{names[0]}") OR ALARM("{names[1]}")'),
                 tags=ctx.tags, opts=child)
+            self.alarm_names[group.name] = self.alarms[group.name].alarm_name
+            self.routed.append(self.alarms[group.name].arn)
         # CloudWatch sends every alarm state change to EventBridge; the rule passes ALARM only.
         self.idle_rule = aws.cloudwatch.EventRule(
             f"{name}-idle-rule", name=f"{ctx.prefix}-idle",
             description=f"gpucluster {ctx.identity}: idle alarms -> autostop",
             event_pattern=json_output({
                 "source": ["aws.cloudwatch"], "detail-type": [ALARM_STATE_CHANGE],
-                "resources": [alarm.arn for alarm in self.alarms.values()],
+                "resources": self.routed,
                 "detail": {"state": {"value": ["ALARM"]}},
             }),
             tags=ctx.tags, opts=child)
@@ -276,7 +310,7 @@ class AutoStop(pulumi.ComponentResource):
                     **args, opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke_policy]))
         self.register_outputs({
             "function_name": self.function.function_name,
-            "alarm_names": {g: alarm.alarm_name for g, alarm in self.alarms.items()},
+            "alarm_names": dict(self.alarm_names),
             "schedule_names": {p: s.name for p, s in self.schedules.items()},
         })
 

@@ -17,8 +17,10 @@ import pulumi
 import pulumi_aws as aws
 
 from gpucluster.aws.args import STACK_TAG, GuardrailsModel, component_options, owned_tags, type_token
-from gpucluster.lambdas.handlers import HANDLERS
-from gpucluster.lambdas.tags import STATE_TAGS  # what the Lambdas write on a group they stop
+from gpucluster.lambdas.handlers import HANDLERS, PCS_ACTIONS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS
+
+# STATE_TAGS: what the Lambdas write on a group they stop; the others select a Slurm stack's login node.
+from gpucluster.lambdas.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STATE_TAGS
 
 LAMBDA_DIR = Path(__file__).resolve().parent.parent / "lambdas"
 # Zipped as the package `lambdas` (its modules import each other relatively).
@@ -130,6 +132,55 @@ def publish_statements(topic_arn: pulumi.Input[str], key_arn: pulumi.Input[str])
 
 
 
+@dataclass(frozen=True)
+class PcsGuard:
+    """A Slurm stack's PCS cluster, as the guardrails need it (from `GpuCluster.pcs`, SLURM.md contract 2)."""
+
+    cluster_id: pulumi.Input[str]
+    cluster_arn: pulumi.Input[str]
+    node_group_ids: Mapping[str, pulumi.Input[str]]
+    """gpucluster node group -> PCS compute node group id; the login group's is left out (never stopped)."""
+
+
+def pcs_statements(ctx: "GuardrailContext", pcs: PcsGuard, *, scale: bool = True) -> list[dict[str, Any]]:
+    """Read and scale only this stack's PCS node groups; hold and release partitions on its login node.
+
+    PCS resource ARNs (Service Authorization Reference, "AWS Parallel Computing Service", from memory:
+    cluster `arn:${Partition}:pcs:${Region}:${Account}:cluster/${ClusterId}`, compute node group
+    `.../cluster/${ClusterId}/computenodegroup/${ComputeNodeGroupId}`): ListComputeNodeGroups is
+    on the cluster, Get/UpdateComputeNodeGroup on the node group (the cluster ARN is listed with
+    them too, in case the service also authorises them on the cluster). The login group's ARN is
+    not listed: no guardrail can change it. No iam:PassRole (`handlers.PCS_IAM_ACTIONS`). Without
+    `scale` (the spot handler) only the login-node statements.
+    """
+    groups = [pulumi.Output.concat(pcs.cluster_arn, "/computenodegroup/", gid)
+              for name, gid in sorted(pcs.node_group_ids.items()) if name != SLURM_LOGIN_GROUP]
+    document = pulumi.Output.concat("arn:", ctx.partition, ":ssm:", ctx.region, "::document/",
+                                    RUN_SHELL_DOCUMENT)
+    instances = pulumi.Output.concat("arn:", ctx.partition, ":ec2:", ctx.region, ":", ctx.account,
+                                     ":instance/*")
+    login = {"StringEquals": {f"ssm:resourceTag/{STACK_TAG}": ctx.identity,
+                              f"ssm:resourceTag/{NODE_GROUP_TAG}": SLURM_LOGIN_GROUP}}
+    scaling = [
+        {"Sid": "PcsListThisCluster", "Effect": "Allow", "Action": ["pcs:ListComputeNodeGroups"],
+         "Resource": [pcs.cluster_arn]},
+        {"Sid": "PcsScaleThisClustersGroups", "Effect": "Allow",
+         "Action": sorted(a for a in PCS_ACTIONS if a != "pcs:ListComputeNodeGroups"),
+         "Resource": [pcs.cluster_arn, *groups]},
+    ]
+    return [
+        *(scaling if scale else []),
+        # The login node: found by its tags (DescribeInstances lists no resource types), sent the
+        # Slurm commands only while it carries this stack's tag and the login group's.
+        {"Sid": "PcsFindLoginNode", "Effect": "Allow",
+         "Action": ["ec2:DescribeInstances", "ssm:GetCommandInvocation"], "Resource": "*"},
+        {"Sid": "PcsLoginShellDocument", "Effect": "Allow", "Action": ["ssm:SendCommand"],
+         "Resource": [document]},
+        {"Sid": "PcsOnThisStacksLoginNode", "Effect": "Allow", "Action": ["ssm:SendCommand"],
+         "Resource": [instances], "Condition": login},
+    ]
+
+
 def json_output(value: Any) -> pulumi.Output[str]:
     """JSON text of a structure that may hold Outputs anywhere inside."""
     return pulumi.Output.from_input(value).apply(lambda v: json.dumps(v, sort_keys=True))
@@ -169,6 +220,8 @@ class GuardrailContext:
     """ARN of the boundary every guardrail role carries (GuardrailsArgs.permissions_boundary)."""
     state_table_arn: pulumi.Output[str] | None = None
     """The guard-state table (`guardrail_state.GuardState`) the stopping handlers keep their state in."""
+    pcs: PcsGuard | None = None
+    """A Slurm stack's PCS cluster: the stopping handlers act on its node groups (None: Auto Scaling)."""
 
     @property
     def identity(self) -> str:
@@ -222,6 +275,10 @@ class GuardrailFunction(pulumi.ComponentResource):
             raise ValueError(f"{function_name}: timeout {timeout}s exceeds Lambda's 900 s")
         child = pulumi.ResourceOptions(parent=self)
         self.function_name = function_name
+        if ctx.pcs is not None and module in PCS_IAM_ACTIONS:
+            environment = {**environment, PCS_CLUSTER_ENV: ctx.pcs.cluster_id}
+            scale = any(a.startswith("pcs:") for a in PCS_IAM_ACTIONS[module])
+            statements = [*statements, *pcs_statements(ctx, ctx.pcs, scale=scale)]
         log_group_name = f"/aws/lambda/{function_name}"
         self.log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", name=log_group_name, retention_in_days=LOG_RETENTION_DAYS,

@@ -44,13 +44,13 @@ from gpucluster.aws.guardrail_events import (
     capacity_block_groups,
     uses_spot,
 )
-from gpucluster.aws.guardrail_lambda import GuardrailContext, old_type
+from gpucluster.aws.guardrail_lambda import GuardrailContext, PcsGuard, old_type
 from gpucluster.aws.guardrail_spend import SpendGuard
 from gpucluster.aws.guardrail_state import GuardrailAlarms, GuardState
 from gpucluster.aws.iam import boundary_arn
 from gpucluster.pricing import region_guard_prices
 
-__all__ = ["STACK_TAG", "GuardedGroup", "Guardrails", "GuardrailsArgs"]
+__all__ = ["STACK_TAG", "GuardedGroup", "Guardrails", "GuardrailsArgs", "PcsGuard"]
 
 
 class GuardedGroup(TypedDict):
@@ -134,7 +134,10 @@ class Guardrails(pulumi.ComponentResource):
     schedule_names: pulumi.Output[dict[str, str]] | None
     """stop / start / lifetime -> its EventBridge Scheduler schedule (those configured)."""
 
-    def __init__(self, name: str, args: GuardrailsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, name: str, args: GuardrailsArgs, opts: pulumi.ResourceOptions | None = None, *,
+                 pcs: PcsGuard | None = None) -> None:
+        """`pcs`: a Slurm stack's PCS cluster (`GpuCluster.pcs` as a `PcsGuard`): the stopping Lambdas get
+        PCS_CLUSTER_ID and may scale only its node groups and reach only its login node."""
         m = validate("Guardrails", name, GuardrailsModel, args, guardrails_checks)
         super().__init__(type_token("Guardrails"), name, None,
                          component_options(opts, old_type("Guardrails")))
@@ -182,7 +185,7 @@ class Guardrails(pulumi.ComponentResource):
                        notify_topic_arn=self.notifications.topic.arn, key_arn=self.notifications.key.arn,
                        permissions_boundary=boundary_arn(partition, account, m.permissions_boundary)
                        if m.permissions_boundary else None,
-                       state_table_arn=self.state.table.arn if self.state else None)
+                       state_table_arn=self.state.table.arn if self.state else None, pcs=pcs)
         self.outputs["notify_topic_arn"] = self.notify_topic_arn = ctx.notify_topic_arn
         functions: dict[str, str] = {}
         if m.budget is not None:
@@ -204,7 +207,7 @@ class Guardrails(pulumi.ComponentResource):
         if m.autostop.enabled:
             self.autostop = AutoStop(f"{name}-autostop", ctx, opts=child)
             functions["autostop"] = self.autostop.function.function_name
-            self.outputs["idle_alarm_names"] = {g: a.alarm_name for g, a in self.autostop.alarms.items()}
+            self.outputs["idle_alarm_names"] = dict(self.autostop.alarm_names)
             self.outputs["schedule_names"] = {p: s.name for p, s in self.autostop.schedules.items()}
             self.idle_alarm_names = pulumi.Output.from_input(self.outputs["idle_alarm_names"])
             self.schedule_names = pulumi.Output.from_input(self.outputs["schedule_names"])

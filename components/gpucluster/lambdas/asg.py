@@ -221,3 +221,41 @@ class AutoScalingGroups:
 
     def mark_notified(self, group: NodeGroup) -> None:
         """Tags cannot say whether a stop was told: nothing recorded (`StopState.notified` stays None)."""
+
+
+class AutoScalingCapacity:
+    """`Capacity` of Auto Scaling groups: what the stored backend (`guardstate`) sets and mirrors on them.
+
+    Reads carry the stop-state tags (a stop recorded before the guard-state table existed);
+    the mirror is the same tags, written after the stored record, never read to decide.
+    """
+
+    stop_zeroes_max = False  # a stop leaves MaxSize alone
+
+    def __init__(self, autoscaling: Any) -> None:
+        self.autoscaling = autoscaling
+
+    def list(self, stack: str) -> list[NodeGroup]:
+        return [node_group(g) for g in stack_groups(self.autoscaling, stack)]
+
+    def read(self, names: Iterable[str]) -> list[NodeGroup]:
+        return [node_group(g) for g in describe_groups(self.autoscaling, names)]
+
+    def set(self, name: str, min_size: int, desired: int) -> None:
+        self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
+                                                   DesiredCapacity=desired)
+
+    def mirror(self, name: str, stopped_by: str, previous: StopState) -> None:
+        tags = {STOPPED_BY_TAG: stopped_by}
+        if previous.previous_desired is not None:
+            tags[PREVIOUS_DESIRED_TAG] = previous.previous_desired
+        if previous.previous_min is not None:
+            tags[PREVIOUS_MIN_TAG] = previous.previous_min
+        set_tags(self.autoscaling, name, tags)
+
+    def unmirror(self, name: str) -> None:
+        now = describe_groups(self.autoscaling, [name])
+        present = [k for k in STATE_TAGS if now and any(t["Key"] == k for t in now[0].get("Tags", []))]
+        if present:
+            self.autoscaling.delete_tags(Tags=[{"ResourceId": name, "ResourceType": "auto-scaling-group",
+                                                "Key": key} for key in present])

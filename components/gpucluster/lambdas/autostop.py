@@ -41,9 +41,12 @@ from datetime import timedelta
 from typing import Any
 
 from .awsapi import batches, log_event
-from .nodegroups import IDLE, LIFETIME, SCHEDULE, NodeGroup
+from .nodegroups import IDLE, LIFETIME, SCHEDULE, NodeGroup, NodeGroups
+from .pcs import PCS_CLUSTER_ENV
+from .runcommand import CommandResult
 from .runtime import (
     RUNTIME,
+    GuardrailError,
     bounded_timeout,
     env_number,
     env_text,
@@ -51,11 +54,13 @@ from .runtime import (
     notify_from_env,
     stack_from_env,
 )
+from .slurmhold import release_partitions
 from .stops import mark_told, raise_if_failed, stack_node_groups, stop_groups
 
 ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
 SCHEDULE_DETAIL_TYPE = "Scheduled Event"
 GROUP_DIMENSION = "AutoScalingGroupName"
+SLURM_GROUP_DIMENSION = "NodeGroup"
 # Fallback convention: the Pulumi side names an idle alarm after its group plus this suffix.
 IDLE_ALARM_SUFFIX = "-idle"
 # Schedule purposes, from the rule name's suffix.
@@ -72,7 +77,9 @@ def alarm_group_names(detail: dict[str, Any]) -> list[str]:
         stat = metric.get("metricStat") if isinstance(metric, dict) else None
         inner = stat.get("metric") if isinstance(stat, dict) else None
         dimensions = inner.get("dimensions") if isinstance(inner, dict) else None
-        value = dimensions.get(GROUP_DIMENSION) if isinstance(dimensions, dict) else None
+        # A Slurm stack's fallback alarm names the PCS group (named as the node group) by NodeGroup.
+        key = SLURM_GROUP_DIMENSION if env_text(PCS_CLUSTER_ENV) else GROUP_DIMENSION
+        value = dimensions.get(key) if isinstance(dimensions, dict) else None
         if isinstance(value, str) and value and value not in names:
             names.append(value)
     alarm_name = detail.get("alarmName")
@@ -163,6 +170,20 @@ def _older_than(groups: list[NodeGroup], max_age: timedelta) -> list[NodeGroup]:
     return [g for g in groups if g.name in oldest and oldest[g.name] < cutoff]
 
 
+def release_running_partitions(backend: NodeGroups, stack: str) -> CommandResult | None:
+    """On a Slurm stack, set UP the partitions of every group running and not stopped (None elsewhere).
+
+    Every group, not only those this start restored: a retried start (its restores already
+    done) still releases what the first attempt could not.
+    """
+    if not env_text(PCS_CLUSTER_ENV):
+        return None
+    partitions = [g.label for g in backend.list_groups(stack) if g.running and not g.stopped_by]
+    if not partitions:
+        return None
+    return release_partitions(RUNTIME.client("ssm"), RUNTIME.client("ec2"), stack, partitions)
+
+
 def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, Any]:
     """A scheduled rule fired: its name suffix says stop, start or enforce the lifetime."""
     if event.get("source") != "aws.events":
@@ -189,17 +210,25 @@ def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, An
             "groups": resumed,
             "skipped": {r.group: r.reason for r in results if r.action != "resumed"},
         }
-        if resumed:
+        released = release_running_partitions(backend, stack)
+        if released is not None:
+            summary["slurm_release"] = released.summary()
+        if resumed or (released is not None and not released.ok):
             notify_from_env(
                 f"gpucluster {stack}: schedule started {len(resumed)} group(s)", summary
             )
         log_event("autostop done", **summary)
+        if released is not None and not released.ok:
+            # Capacity is back but the partitions are held: the retry releases them (idempotent).
+            raise GuardrailError(f"stack {stack}: partitions not released: {released.summary()}")
         return summary
     if rule.endswith(LIFETIME_SUFFIX):
         hours = env_number("MAX_LIFETIME_HOURS", 0.0)
         if hours <= 0:
             return ignored("lifetime rule but MAX_LIFETIME_HOURS is not set", rule=rule)
-        expired = _older_than(backend.list_groups(stack), timedelta(hours=hours))
+        # It dates the members: none known (EC2 refused the lookup) must fail, not pass as "young".
+        dated = stack_node_groups(strict_members=True)
+        expired = _older_than(dated.list_groups(stack), timedelta(hours=hours))
         if not expired:
             log_event("no group over its lifetime", stack=stack, max_hours=hours)
             return {"action": "unchanged", "stack": stack, "groups": []}

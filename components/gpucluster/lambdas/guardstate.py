@@ -1,6 +1,7 @@
-"""The stored backend of the node-group seam: guard state in a DynamoDB table, capacity in Auto Scaling.
+"""The stored backend of the node-group seam: guard state in DynamoDB, capacity in Auto Scaling or PCS.
 
-One item per node group, keyed (stack identity, Auto Scaling group name):
+One item per node group, keyed (stack identity, the group's name: the Auto Scaling
+group's, or the PCS compute node group's):
 its state (running / starting / stopping / stopped / stop-failed), who stopped
 it, the capacity it had (previous min/desired/max, recorded once by the stop
 that found it), whether that stop was told (notified) and a version number.
@@ -8,8 +9,10 @@ Every transition is a conditional PutItem on the version it read (DynamoDB
 developer guide, "Condition expressions": the write fails with
 ConditionalCheckFailedException when the item changed), so two actors can no
 longer both win: the loser re-reads and decides again (a stop) or gives up
-and says so (a start, a scale). Capacity still goes through the Auto Scaling
-API; a start or a scale first writes `starting`, so a stop landing before its
+and says so (a start, a scale). Capacity goes through a `Capacity` (the Auto
+Scaling API, `asg.AutoScalingCapacity`, or AWS PCS's compute node groups,
+`pcs.PcsCapacity`, whose stop zeroes the maximum too); a start or a scale
+first writes `starting`, so a stop landing before its
 capacity change sees a group to stop, and the start checks its own record
 again afterwards and puts capacity back to zero if a stop won. The stop-state
 tags on the group are written after the record, for a person reading the
@@ -26,7 +29,7 @@ import logging
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from .asg import describe_groups, node_group, set_tags, stack_groups
+from .asg import AutoScalingCapacity
 from .awsapi import AWS_ERRORS, error_code, log_event
 from .nodegroups import (
     ALREADY_AT_ZERO,
@@ -41,6 +44,7 @@ from .nodegroups import (
     STOP_REASONS,
     STOPPED,
     STOPPING,
+    Capacity,
     NodeGroup,
     ResumeResult,
     StateConflict,
@@ -48,7 +52,6 @@ from .nodegroups import (
     resume_decision,
     stop_label,
 )
-from .tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
 
 # A stop that loses a conditional write reads again and decides again; more than a few losses in a
 # row means something writes the item in a loop: give up loudly.
@@ -61,10 +64,15 @@ def _number(value: str | None) -> dict[str, str] | None:
 
 
 class StoredNodeGroups:
-    """`NodeGroups` keeping the guard state in DynamoDB table `table`; capacity through `autoscaling`."""
+    """`NodeGroups` keeping the guard state in DynamoDB table `table`; capacity through `capacity`.
 
-    def __init__(self, autoscaling: Any, dynamodb: Any, table: str, actor: str = "gpucluster") -> None:
+    `capacity` defaults to the Auto Scaling groups of client `autoscaling`.
+    """
+
+    def __init__(self, autoscaling: Any, dynamodb: Any, table: str, actor: str = "gpucluster", *,
+                 capacity: Capacity | None = None) -> None:
         self.autoscaling = autoscaling
+        self.capacity: Capacity = capacity if capacity is not None else AutoScalingCapacity(autoscaling)
         self.dynamodb = dynamodb
         self.table = table
         self.actor = actor
@@ -92,10 +100,8 @@ class StoredNodeGroups:
                 return items
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    @staticmethod
-    def _merge(description: Mapping[str, Any], item: Mapping[str, Any] | None) -> NodeGroup:
-        """The group as Auto Scaling describes it, with its stop state from the item (tags without one)."""
-        group = node_group(description)
+    def _merge(self, group: NodeGroup, item: Mapping[str, Any] | None) -> NodeGroup:
+        """The group as its capacity service describes it, with its stop state from the item (else tags)."""
         if item is None:
             # Not recorded yet (stopped before the table existed, or never stopped): the tags, once.
             state = STATE_STOPPED if group.stopped_by else None
@@ -110,20 +116,24 @@ class StoredNodeGroups:
             stop = StopState(None if state == RUNNING else text("stopped_by"), text("previous_desired"),
                              text("previous_min"), state=state, version=int(text("version") or 0),
                              notified=bool(item.get("notified", {}).get("BOOL", False)))
+        max_size = group.max_size
+        if self.capacity.stop_zeroes_max and stop.state not in (None, RUNNING):
+            # A PCS stop zeroed the maximum: while stopped, the maximum it recorded is the ceiling.
+            recorded = (stop.previous_desired or "").isdigit() and int(stop.previous_desired or 0)
+            max_size = max(max_size, int(recorded or 0))
         return NodeGroup(group.name, group.node_group, group.stack, group.min_size, group.desired,
-                         group.max_size, stop, group.members)
+                         max_size, stop, group.members)
 
     def list_groups(self, stack: str) -> list[NodeGroup]:
-        descriptions = stack_groups(self.autoscaling, stack)
-        items = self._items(stack) if descriptions else {}
-        return [self._merge(d, items.get(d["AutoScalingGroupName"])) for d in descriptions]
+        described = self.capacity.list(stack)
+        items = self._items(stack) if described else {}
+        return [self._merge(g, items.get(g.name)) for g in described]
 
     def read_groups(self, names: Iterable[str]) -> list[NodeGroup]:
         groups = []
-        for description in describe_groups(self.autoscaling, names):
-            stack = node_group(description).stack
-            item = self._item(stack, description["AutoScalingGroupName"]) if stack else None
-            groups.append(self._merge(description, item))
+        for group in self.capacity.read(names):
+            item = self._item(group.stack, group.name) if group.stack else None
+            groups.append(self._merge(group, item))
         return groups
 
     def _read(self, name: str) -> NodeGroup | None:
@@ -170,8 +180,7 @@ class StoredNodeGroups:
         return version
 
     def _capacity(self, name: str, min_size: int, desired: int) -> None:
-        self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
-                                                   DesiredCapacity=desired)
+        self.capacity.set(name, min_size, desired)
 
     # --- stop --------------------------------------------------------------------------------
 
@@ -235,12 +244,7 @@ class StoredNodeGroups:
 
     def _mirror(self, name: str, stopped_by: str, previous: StopState) -> None:
         """The stop state as tags on the group, for a person reading the console (never read to decide)."""
-        tags = {STOPPED_BY_TAG: stopped_by}
-        if previous.previous_desired is not None:
-            tags[PREVIOUS_DESIRED_TAG] = previous.previous_desired
-        if previous.previous_min is not None:
-            tags[PREVIOUS_MIN_TAG] = previous.previous_min
-        set_tags(self.autoscaling, name, tags)
+        self.capacity.mirror(name, stopped_by, previous)
 
     def relabel(self, group: NodeGroup, stopped_by: str, previous: StopState) -> None:
         kept = StopState(None, previous.previous_desired or group.stop.previous_desired,
@@ -291,11 +295,7 @@ class StoredNodeGroups:
                             decision.desired_capacity)
 
     def _unmirror(self, name: str) -> None:
-        now = describe_groups(self.autoscaling, [name])
-        present = [k for k in STATE_TAGS if now and any(t["Key"] == k for t in now[0].get("Tags", []))]
-        if present:
-            self.autoscaling.delete_tags(Tags=[{"ResourceId": name, "ResourceType": "auto-scaling-group",
-                                                "Key": key} for key in present])
+        self.capacity.unmirror(name)
 
     def set_capacity(self, name: str, min_size: int, desired: int) -> None:
         """Scale a running group; raises `StateConflict` for a stopped one or when a stop wins meanwhile."""

@@ -12,6 +12,8 @@ import hashlib
 import re
 
 STATE_TABLE_ENV = "GUARD_STATE_TABLE"
+PCS_CLUSTER_ENV = "PCS_CLUSTER_ID"
+"""The environment variable naming a Slurm stack's PCS cluster (set: the handler acts on PCS groups)."""
 """The environment variable naming the stack's guard-state table (set: the handler uses `guardstate`)."""
 
 
@@ -153,4 +155,24 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "sns:Publish",
         *STATE_ACTIONS,
     ),
+}
+
+
+# On a Slurm stack (PCS_CLUSTER_ID set), what the stopping handlers do besides the above: read and set
+# the PCS compute node groups' scaling (pcs:*, only on the stack's cluster and its node groups: the
+# Pulumi side scopes them by ARN, `guardrail_lambda.pcs_statements`), and hold/release the partitions
+# on the login node (ec2:DescribeInstances to find it, ssm:SendCommand on instances of this stack,
+# ssm:GetCommandInvocation for the result). UpdateComputeNodeGroup with only scalingConfiguration
+# passes no role, so no iam:PassRole (IAM user guide, "Grant a user permissions to pass a role to an
+# AWS service": PassRole is checked when a request hands a role to a service; from memory, not
+# checked against the PCS minimum-permissions page from this machine).
+PCS_ACTIONS = ("pcs:ListComputeNodeGroups", "pcs:GetComputeNodeGroup", "pcs:UpdateComputeNodeGroup")
+LOGIN_NODE_ACTIONS = ("ec2:DescribeInstances", "ssm:SendCommand", "ssm:GetCommandInvocation")
+# The handlers that stop or start groups, and so read PCS_CLUSTER_ID on a Slurm stack (the environment
+# beyond ENVIRONMENT, set only there).
+PCS_IAM_ACTIONS: dict[str, tuple[str, ...]] = {
+    **{name: (*PCS_ACTIONS, *LOGIN_NODE_ACTIONS)
+       for name in ("budget_action", "autostop", "capacity_block", "spend_guard")},
+    # A spot warning requeues the node's jobs from the login node; it changes no capacity.
+    "spot_interruption": LOGIN_NODE_ACTIONS,
 }

@@ -175,6 +175,37 @@ class NodeGroups(Protocol):
         ...
 
 
+class Capacity(Protocol):
+    """Where a stored backend (`guardstate`) reads and sets a group's capacity: Auto Scaling or AWS PCS.
+
+    Its reads carry the stop state the service itself holds (the Auto Scaling groups' tags: a
+    migration source) or none (PCS); its mirror is for people reading the console, never decides.
+    """
+
+    stop_zeroes_max: bool
+    """A stop sets the maximum to zero too (PCS): while stopped, the recorded maximum is the ceiling."""
+
+    def list(self, stack: str) -> list[NodeGroup]:
+        """Every group of the deployment identity `stack`, sorted by name."""
+        ...
+
+    def read(self, names: Iterable[str]) -> list[NodeGroup]:
+        """Groups by name, sorted; names that no longer exist are absent."""
+        ...
+
+    def set(self, name: str, min_size: int, desired: int) -> None:
+        """Set the capacity a group may run (Auto Scaling: min and desired; PCS: min and max)."""
+        ...
+
+    def mirror(self, name: str, stopped_by: str, previous: StopState) -> None:
+        """Show the stop state where a person looks (tags), or nothing."""
+        ...
+
+    def unmirror(self, name: str) -> None:
+        """Remove what `mirror` showed."""
+        ...
+
+
 def stop_label(group: NodeGroup, reason: str) -> str:
     """The stopped-by a stop of a running `group` records: budget outranks every other reason."""
     return BUDGET if BUDGET in (reason, group.stopped_by) else reason

@@ -196,7 +196,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     stack = stack_from_env()
     limit, prices, check_minutes, cap = settings()
     now = RUNTIME.now()
-    backend = stack_node_groups()
+    backend = stack_node_groups(strict_members=True)  # it prices the members: none known is an error
     try:
         groups, spend = measure(stack, backend, RUNTIME.client("ec2"), RUNTIME.client("ce"),
                                 RUNTIME.client("cloudwatch"), prices, now)

@@ -19,8 +19,13 @@ notifies SNS with the hook's outcome. INTERRUPTION_COMMAND only says that a
 hook is configured. It never scales or deletes anything; the Auto Scaling
 group replaces the instance itself.
 
+On a Slurm stack (PCS_CLUSTER_ID set) the instance is in no Auto Scaling group: it is the
+stack's when its own tags say so (our launch template's STACK_TAG, not the login group), and
+the job is Slurm's: the login node drains the instance's Slurm node, signals its jobs and
+requeues them (`slurmhold.requeue_node_script`), within INTERRUPTION_TIMEOUT_SECONDS.
+
 Environment: GPUCLUSTER_STACK (required), INTERRUPTION_COMMAND,
-INTERRUPTION_TIMEOUT_SECONDS, NOTIFY_TOPIC_ARN (optional).
+INTERRUPTION_TIMEOUT_SECONDS, NOTIFY_TOPIC_ARN, PCS_CLUSTER_ID (optional).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import shlex
 from typing import Any
 
 from .awsapi import describe_groups, group_tags, log_event
+from .handlers import PCS_CLUSTER_ENV
 from .runcommand import run_command
 from .runtime import (
     RUNTIME,
@@ -40,7 +46,8 @@ from .runtime import (
     notify_from_env,
     stack_from_env,
 )
-from .tags import STACK_TAG
+from .slurmhold import on_login_node, requeue_node_script
+from .tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
 
 EVENT_KINDS = {
     "EC2 Spot Instance Interruption Warning": "spot-interruption-warning",
@@ -69,6 +76,42 @@ def instance_group(autoscaling: Any, instance_id: str, stack: str) -> str | None
     return None
 
 
+def slurm_instance(ec2: Any, instance_id: str, stack: str) -> dict[str, Any] | None:
+    """The instance, if it is one of this stack's compute nodes (its own tags; not the login node)."""
+    reservations = ec2.describe_instances(InstanceIds=[instance_id]).get("Reservations", [])
+    for reservation in reservations:
+        for instance in reservation.get("Instances", []):
+            tags = {t["Key"]: t.get("Value", "") for t in instance.get("Tags", [])}
+            group = tags.get(NODE_GROUP_TAG, SLURM_LOGIN_GROUP)
+            if tags.get(STACK_TAG) == stack and group != SLURM_LOGIN_GROUP:
+                return {**instance, "Tags": tags}
+    return None
+
+
+def on_slurm_stack(stack: str, kind: str, instance_id: str, action: object, context: Any) -> dict[str, Any]:
+    """Drain the instance's Slurm node and requeue its jobs from the login node; notify the outcome."""
+    instance = slurm_instance(RUNTIME.client("ec2"), instance_id, stack)
+    if instance is None:
+        return ignored("instance is not a compute node of this stack", instance=instance_id, stack=stack)
+    group = instance["Tags"].get(NODE_GROUP_TAG)
+    host = str(instance.get("PrivateDnsName") or "").split(".")[0] or instance_id
+    requested = env_number("INTERRUPTION_TIMEOUT_SECONDS", DEFAULT_INTERRUPTION_TIMEOUT_SECONDS)
+    timeout = bounded_timeout(requested, context, reserve_seconds=5.0)
+    script = requeue_node_script(str(instance.get("PrivateIpAddress") or "none"), host,
+                                 grace_seconds=max(0.0, timeout - 30.0), reason=kind)
+    result = on_login_node(RUNTIME.client("ssm"), RUNTIME.client("ec2"), stack, script,
+                           timeout_seconds=timeout, comment=f"gpucluster {kind}: requeue the node's jobs")
+    summary: dict[str, Any] = {"action": "requeued" if result.ok else "requeue-failed", "stack": stack,
+                               "event": kind, "instance": instance_id, "instance_action": action,
+                               "group": group, "slurm": result.summary()}
+    subject = f"gpucluster {stack}: {kind} for {instance_id} ({group})"
+    if not result.ok:
+        subject += ": requeue failed"
+    notify_from_env(subject, summary)
+    log_event("spot event handled", **summary)
+    return summary
+
+
 def handler(event: Any, context: Any) -> dict[str, Any]:
     """Lambda entry point for the spot warning and rebalance rules."""
     stack = stack_from_env()
@@ -87,6 +130,8 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     if not isinstance(instance_id, str) or not INSTANCE_ID.match(instance_id):
         return ignored("event has no valid instance-id", kind=kind, instance=instance_id)
     action = detail.get("instance-action") if isinstance(detail, dict) else None
+    if env_text(PCS_CLUSTER_ENV):
+        return on_slurm_stack(stack, kind, instance_id, action, context)
     group = instance_group(RUNTIME.client("autoscaling"), instance_id, stack)
     if group is None:
         return ignored(

@@ -33,26 +33,67 @@ from .nodegroups import (
     StopState,
     previous_capacity,
 )
+from .pcs import PCS_CLUSTER_ENV, PcsCapacity
 from .runcommand import CommandResult, run_command
-from .runtime import RUNTIME, GuardrailError, env_text
+from .runtime import RUNTIME, ConfigError, GuardrailError, env_number, env_text
+from .slurmhold import DEFAULT_GRACE_SECONDS, hold_partitions
 
 # What a stop can fail with and still let the other groups be stopped.
 STOP_ERRORS = (*AWS_ERRORS, StateConflict)
 
+SlurmHold = Callable[[list[str]], CommandResult]
+"""Holds the named partitions and requeues their running jobs (on a Slurm stack), returning the result."""
+
+
+def slurm_hold_from_env(timeout_seconds: float | None = None) -> SlurmHold | None:
+    """On a Slurm stack (PCS_CLUSTER_ID), what a handler's stop runs first: `slurmhold.hold_partitions`.
+
+    The grace between the signal and the requeue is PRE_STOP_TIMEOUT_SECONDS (default 30 s),
+    and the wait for the login node's command is that plus 30 s, or `timeout_seconds` when given
+    (the budget action's 120 s Lambda fits the default: 30 s grace, 60 s wait, then the stop).
+    """
+    if not env_text(PCS_CLUSTER_ENV):
+        return None
+    stack = env_text("GPUCLUSTER_STACK") or ""
+    grace = env_number("PRE_STOP_TIMEOUT_SECONDS", DEFAULT_GRACE_SECONDS)
+    wait = timeout_seconds if timeout_seconds is not None else grace + 30.0
+    grace = max(0.0, min(grace, wait - 30.0))
+
+    def hold(partitions: list[str]) -> CommandResult:
+        return hold_partitions(RUNTIME.client("ssm"), RUNTIME.client("ec2"), stack, partitions,
+                               grace_seconds=grace, timeout_seconds=wait)
+
+    return hold
+
 
 def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | None = None,
-                      actor: str = "gpucluster") -> NodeGroups:
+                      actor: str = "gpucluster", *, pcs_cluster_id: str | None = None,
+                      stack: str | None = None, strict_members: bool = False) -> NodeGroups:
     """The backend this deployment's node groups are run by.
 
-    The stored backend (`guardstate`) when a guard-state table is named (`table`, or the
-    handler's GUARD_STATE_TABLE), else the Auto Scaling groups' tags alone (a stack deployed
-    before the table, or one without guardrails).
+    On a Slurm stack (`pcs_cluster_id`, or the handler's PCS_CLUSTER_ID) the node groups are the
+    PCS cluster's compute node groups, and their stop state lives only in the guard-state table
+    (PCS has no tags the guardrails write): the stored backend over `pcs.PcsCapacity`, for the
+    deployment identity `stack` (or GPUCLUSTER_STACK). Otherwise the stored backend (`guardstate`)
+    when a guard-state table is named (`table`, or the handler's GUARD_STATE_TABLE), else the Auto
+    Scaling groups' tags alone (a stack deployed before the table, or one without guardrails).
+    `strict_members`: on PCS, fail rather than read groups without their instances (`PcsCapacity`).
     """
     make = client or RUNTIME.client
     table = table or env_text(STATE_TABLE_ENV)
+    actor = env_text("AWS_LAMBDA_FUNCTION_NAME") or actor
+    cluster = pcs_cluster_id or env_text(PCS_CLUSTER_ENV)
+    if cluster:
+        stack = stack or env_text("GPUCLUSTER_STACK")
+        if not table or not stack:
+            raise ConfigError(f"PCS cluster {cluster}: its node groups are stopped and started only through "
+                              "the stack's guard-state table (a stack with a budget action, autostop or a "
+                              "Capacity Block has one); none found")
+        return StoredNodeGroups(None, make("dynamodb"), table, actor=actor,
+                                capacity=PcsCapacity(make("pcs"), cluster, stack, ec2=make("ec2"),
+                                                     strict_members=strict_members))
     if table:
-        return StoredNodeGroups(make("autoscaling"), make("dynamodb"), table,
-                                actor=env_text("AWS_LAMBDA_FUNCTION_NAME") or actor)
+        return StoredNodeGroups(make("autoscaling"), make("dynamodb"), table, actor=actor)
     return AutoScalingGroups(make("autoscaling"))
 
 
@@ -108,6 +149,7 @@ def stop_groups(
     ssm: Any = None,
     pre_stop_command: str | None = None,
     hook_timeout_seconds: float = 300.0,
+    slurm_hold: SlurmHold | None = None,
 ) -> StopReport:
     """Run the pre-stop hook once on all groups about to stop, then scale each to zero.
 
@@ -116,11 +158,20 @@ def stop_groups(
     logged and the stop goes on. The hook can take minutes, during which a budget
     stop or a person may act: the groups are read again after it, and each
     write is decided on that fresh state. AWS errors on one group do not spare
-    the others.
+    the others. On a Slurm stack (`slurm_hold`, by default `slurm_hold_from_env`) the
+    hook is Slurm's: the running groups' partitions are held and their jobs signalled
+    and requeued from the login node (`slurmhold`), then the groups stop; a hold that
+    fails is reported (`hook`) and the stop goes on.
     """
     report = StopReport()
     instances = [i for g in groups if g.running for i in g.in_service_ids]
-    if pre_stop_command and ssm is not None and instances:
+    slurm_hold = slurm_hold if slurm_hold is not None else slurm_hold_from_env()
+    partitions = sorted(g.label for g in groups if g.running)
+    hooked = False
+    if slurm_hold is not None and partitions:
+        report.hook = slurm_hold(partitions)
+        hooked = True
+    elif pre_stop_command and ssm is not None and instances:
         report.hook = run_command(
             ssm,
             instances,
@@ -129,6 +180,8 @@ def stop_groups(
             environment={"GPUCLUSTER_STOP_REASON": reason},
             comment=f"gpucluster pre-stop hook ({reason})",
         )
+        hooked = True
+    if hooked:
         names = [g.name for g in groups]
         try:
             fresh = {g.name: g for g in backend.read_groups(names)}

@@ -11,6 +11,14 @@
 #             cumulative and never reset). A fatal finding with on_failure replace runs the pre-stop hook (bounded),
 #             reports, and marks the instance Unhealthy (SetInstanceHealth), so the group replaces it.
 #   check     the checks alone, for an operator: findings on stdout, exit 1 when one is fatal.
+# On a Slurm stack (GPUCLUSTER_SCHEDULER=slurm: AWS PCS launches the node, no Auto Scaling group and
+# no lifecycle hook) a fatal finding with on_failure replace drains the node in Slurm instead:
+# `scontrol update NodeName=<node> State=DRAIN Reason="gpucluster: <finding>"` (scontrol(1): DRAIN
+# lets the running job finish and starts no new one there), reports, and counts. The node's Slurm
+# name is SLURMD_NODENAME when slurmd runs us, else the node whose NodeAddr/NodeHostName is this
+# instance's private IP or host name (PCS names Slurm nodes itself, from memory; matching the address
+# does not depend on its naming). A drained node that no job holds is powered down by Slurm's power
+# saving, which PCS turns into terminating the instance (from memory, to check on a PCS cluster).
 # Checks: GPUs visible to the driver vs the instance type's count (nvidia-smi), uncorrectable ECC
 # errors and pending page retirement / row remapping (nvidia-smi), XID errors in the kernel log
 # (journalctl, or dmesg), EFA devices vs the launch template's (fi_info -p efa), and at launch DCGM's
@@ -222,12 +230,24 @@ retry() {
   done
 }
 
+# >>> slurm (rendered only for a Slurm stack's groups: userdata.health_files)
+SLURM=false
+if [ "${GPUCLUSTER_SCHEDULER:-none}" = slurm ]; then SLURM=true; fi
+# <<< slurm
+
 identify() {
   local line
   if ! INSTANCE_ID=$(imds instance-id) || ! INSTANCE_TYPE=$(imds instance-type); then
     log "instance metadata (IMDSv2) not readable"
     exit 1
   fi
+  # >>> slurm
+  if [ "$SLURM" = true ]; then
+    # PCS launched it: no Auto Scaling group, no launch hook holding it.
+    ASG="" LIFECYCLE_STATE=InService
+    return
+  fi
+  # <<< slurm
   if [ "$MODE" = "periodic" ] && [ -s "$STATE/asg" ]; then
     ASG=$(cat "$STATE/asg") LIFECYCLE_STATE=InService
     return
@@ -248,6 +268,11 @@ identify() {
 report() {  # report SUBJECT WHAT: the findings to the stack's topic (instance, group, findings)
   local message f
   message="gpucluster stack $GPUCLUSTER_STACK, node group $GPUCLUSTER_NODE_GROUP (Auto Scaling group $ASG)"
+  # >>> slurm
+  if [ "$SLURM" = true ]; then
+    message="gpucluster stack $GPUCLUSTER_STACK, node group $GPUCLUSTER_NODE_GROUP (Slurm node ${NODE:-?})"
+  fi
+  # <<< slurm
   message+=$'\n'"instance $INSTANCE_ID ($INSTANCE_TYPE): $2"$'\n'"findings:"
   for f in "${FINDINGS[@]}"; do message+=$'\n'"- $f"; done
   log "$2"
@@ -261,10 +286,55 @@ report() {  # report SUBJECT WHAT: the findings to the stack's topic (instance, 
 }
 
 count() {  # count METRIC: +1 on the group's series
+  # >>> slurm
+  if [ "$SLURM" = true ]; then
+    # A Slurm stack has no Auto Scaling group: the series is the stack's node group.
+    retry 60 aws cloudwatch put-metric-data --region "$GPUCLUSTER_REGION" \
+      --namespace "$GPUCLUSTER_METRIC_NAMESPACE" --metric-name "$1" \
+      --dimensions "Stack=$GPUCLUSTER_STACK,NodeGroup=$GPUCLUSTER_NODE_GROUP" --value 1 --unit Count \
+      >/dev/null || true
+    return
+  fi
+  # <<< slurm
   retry 60 aws cloudwatch put-metric-data --region "$GPUCLUSTER_REGION" \
     --namespace "$GPUCLUSTER_METRIC_NAMESPACE" --metric-name "$1" \
     --dimensions "AutoScalingGroupName=$ASG" --value 1 --unit Count >/dev/null || true
 }
+
+# >>> slurm
+
+slurm_node() {  # this instance's Slurm node name (see the header)
+  local ip host
+  if [ -n "${SLURMD_NODENAME:-}" ]; then echo "$SLURMD_NODENAME"; return; fi
+  ip=$(imds local-ipv4) || ip=""
+  host=$(hostname -s 2>/dev/null || hostname)
+  scontrol --oneliner show node 2>/dev/null | awk -v ip="$ip" -v host="$host" '{
+    n = ""; a = ""; h = ""
+    for (i = 1; i <= NF; i++) {
+      if ($i ~ /^NodeName=/) n = substr($i, 10)
+      if ($i ~ /^NodeAddr=/) a = substr($i, 10)
+      if ($i ~ /^NodeHostName=/) h = substr($i, 14)
+    }
+    if ((ip != "" && a == ip) || h == host || n == host) { print n; exit } }'
+}
+
+drain_self() {  # a Slurm node with a fatal finding: drain it with the finding as the reason (once)
+  local reason
+  NODE=$(slurm_node)
+  if [ -z "$NODE" ]; then
+    log "no Slurm node found for $INSTANCE_ID; cannot drain"
+    report "gpucluster $GPUCLUSTER_CLUSTER/$GPUCLUSTER_NODE_GROUP: unhealthy node $INSTANCE_ID not drained" \
+      "no Slurm node found for this instance: drain it by hand"
+    exit 1
+  fi
+  reason="gpucluster: ${FATAL[0]}"
+  retry 60 scontrol update NodeName="$NODE" State=DRAIN Reason="${reason:0:200}" >/dev/null || exit 1
+  date -Is >"$REPLACING"
+  report "gpucluster $GPUCLUSTER_CLUSTER/$GPUCLUSTER_NODE_GROUP: draining unhealthy node $INSTANCE_ID" \
+    "drained in Slurm ($NODE): no new job starts there, the running one may finish"
+  count HealthReplacements
+}
+# <<< slurm
 
 run_hook() {
   local rc
@@ -280,6 +350,9 @@ run_hook() {
 }
 
 replace_self() {  # a running node with a fatal finding: checkpoint, report, mark Unhealthy (once)
+  # >>> slurm
+  if [ "$SLURM" = true ]; then drain_self; return; fi
+  # <<< slurm
   date -Is >"$REPLACING"
   run_hook
   report "gpucluster $GPUCLUSTER_CLUSTER/$GPUCLUSTER_NODE_GROUP: replacing unhealthy node $INSTANCE_ID" \

@@ -32,6 +32,23 @@ if [ "$step" = activity ]; then
     case "$apps" in *[0-9]*) ;; *) value=0 ;; esac
   fi
   publish NodeActive "$value"
+  # >>> slurm (rendered only for a Slurm stack's groups: userdata.slurm_script)
+  # A Slurm stack's idle fallback (PCS's idle scale-down does the rest): while a process holds a
+  # GPU, the busiest GPU's utilisation, GpuUtilizationMax by Stack and NodeGroup; the group's alarm
+  # stops it when even the busiest stays low. Nothing while no process holds one: missing data.
+  active=$?
+  if [ "${GPUCLUSTER_SCHEDULER:-none}" = slurm ] && [ "$value" = 1 ]; then
+    busiest=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | sort -n | tail -n 1)
+    busiest="${busiest//[[:space:]]/}"
+    if [[ $busiest =~ ^[0-9]+$ ]]; then
+      aws cloudwatch put-metric-data --cli-connect-timeout 5 --cli-read-timeout 10 \
+        --region "$GPUCLUSTER_REGION" --namespace "$GPUCLUSTER_METRIC_NAMESPACE" \
+        --metric-name GpuUtilizationMax --unit Percent --value "$busiest" \
+        --dimensions "Stack=$GPUCLUSTER_STACK,NodeGroup=$GPUCLUSTER_NODE_GROUP" || active=1
+    fi
+  fi
+  (exit "$active")
+  # <<< slurm
   exit
 fi
 

@@ -60,6 +60,9 @@ GPU_METRIC_DIMENSION = "AutoScalingGroupName"
 # `gpucluster-report activity` (report.sh): 1 while a GPU process or a gpucluster job runs, by Stack
 # and NodeGroup, every minute; the idle alarm's first signal.
 ACTIVITY_METRIC = "NodeActive"
+# On a Slurm stack, `gpucluster-report activity` also publishes the busiest GPU's utilisation while a
+# process holds a GPU, by Stack and NodeGroup (no Auto Scaling group there): the idle fallback's metric.
+SLURM_GPU_METRIC = "GpuUtilizationMax"
 """The agent also publishes an aggregate carrying only this dimension (one series per group)."""
 GPU_METRIC_PERIOD_SECONDS = 60
 # Every nvidia_gpu measurement the agent publishes (`nvidia_smi_<name>`), per GPU and per group:
@@ -221,6 +224,8 @@ class NodeBootstrap:
     """Launched from a baked image: nothing installed or pulled at boot, only checked (launch_path)."""
     ready_gate: bool = False
     """gpucluster-ready completes the launch hook once data and image are ready (ready_gate_files)."""
+    slurm: bool = False
+    """A Slurm stack's group (AWS PCS launches it): the health check drains its Slurm node."""
 
 
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequence[DataMount] = (),
@@ -230,13 +235,13 @@ def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequenc
                            spot=spec.spot, data_mounts=data_mounts, autostop=spec.autostop,
                            notify_topic_arn=notify_topic_arn,
                            metrics=group_metrics(spec.observability, spec.region),
-                           baked=launches_baked(spec.images, group))
+                           baked=launches_baked(spec.images, group), slurm=spec.scheduler.slurm)
 
 
 def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region: str, spot: SpotConfig,
                     data_mounts: Sequence[DataMount] = (), autostop: AutoStopConfig | None = None,
                     notify_topic_arn: str = "", metrics: NodeMetrics | None = None,
-                    baked: bool = False) -> NodeBootstrap:
+                    baked: bool = False, slurm: bool = False) -> NodeBootstrap:
     """The bootstrap settings of one group outside any stack spec (a GpuNodeGroup's own args).
 
     `baked`: the group launches from its pinned baked image. The ready gate is on where the launch
@@ -265,6 +270,7 @@ def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region:
         metrics=metrics,
         baked=baked,
         ready_gate=group.health_checks.enabled and (baked or group.warm_pool is not None),
+        slurm=slurm,
     )
 
 
@@ -346,6 +352,8 @@ def node_env(b: NodeBootstrap) -> str:
             "GPUCLUSTER_HEALTH_HOOK_COMMAND": h.hook_command or "",
             "GPUCLUSTER_HEALTH_HOOK_TIMEOUT_SECONDS": str(h.hook_timeout_seconds),
         }
+    if b.slurm:
+        values["GPUCLUSTER_SCHEDULER"] = "slurm"  # health-check.sh drains the node in Slurm
     values |= launch_path_env(b)
     if any("\0" in value for value in values.values()):
         raise ValueError("node settings cannot hold NUL characters (bash variables cannot)")
@@ -563,7 +571,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         files.append(NodeFile(USER_SETUP, b.user_setup, "0700"))
     files += b.user_files
     if b.health is not None:
-        files += health_files(b.health, mig=bool(b.mig_layouts), ready=b.ready_gate)
+        files += health_files(b.health, mig=bool(b.mig_layouts), ready=b.ready_gate, slurm=b.slurm)
     if b.metrics is not None:
         files += metrics_files(b.metrics)
     files = launch_path_files(b, files)
@@ -588,7 +596,8 @@ def without_ready_gate(name: str) -> str:
     return compact_shell(READY_GATE_BLOCK.sub("", raw))
 
 
-def health_files(h: NodeHealth, mig: bool = False, ready: bool = False) -> list[NodeFile]:
+def health_files(h: NodeHealth, mig: bool = False, ready: bool = False,
+                 slurm: bool = False) -> list[NodeFile]:
     """The health-check script, its launch unit (every boot, pulling in gpucluster-ready when
     `ready`) and its timer."""
     # After the driver's own services, so the GPUs and NVSwitches are up when counted, and in a MIG

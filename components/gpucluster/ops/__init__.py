@@ -28,14 +28,17 @@ def no_spinner(_what: str) -> AbstractContextManager[Any]:
 
 
 def node_groups(autoscaling_client: Any = None, *, identity: str | None = None,
-                dynamodb_client: Any = None) -> NodeGroups:
+                dynamodb_client: Any = None, pcs_cluster_id: str | None = None,
+                pcs_client: Any = None) -> NodeGroups:
     """The backend the stack's node groups are run by, as the guardrail handlers pick it.
 
     With the stack's `identity`, its guard-state table (named from the identity by
     `lambdas.handlers.state_table_name`, as the stack creates it) is looked up: when it exists,
     operations go through the stored backend, so a person's start or scale takes part in the
     same conditional writes as the guardrails; a stack without guardrails (or deployed before
-    the table) has none, and its groups' tags are the state. Operations read and change node
+    the table) has none, and its groups' tags are the state. A Slurm stack names its PCS cluster
+    (`pcs_cluster_id`, the stack's `pcs_cluster_id` output): its node groups are the cluster's
+    compute node groups, through the same table (it needs `identity`). Operations read and change node
     groups only through it (`lambdas.nodegroups.NodeGroups`); boto3 loads here, on the first
     operation that needs AWS, not when `ops` is imported.
     """
@@ -45,14 +48,16 @@ def node_groups(autoscaling_client: Any = None, *, identity: str | None = None,
     from gpucluster.lambdas.handlers import state_table_name
     from gpucluster.lambdas.stops import stack_node_groups
 
-    # The table is in the groups' region: the Auto Scaling client's, when one is handed in.
-    region = getattr(getattr(autoscaling_client, "meta", None), "region_name", None)
+    # The table is in the groups' region: the Auto Scaling (or PCS) client's, when one is handed in.
+    region = getattr(getattr(autoscaling_client or pcs_client, "meta", None), "region_name", None)
 
     def client(service: str) -> Any:
         if service == "autoscaling":
             return autoscaling_client or boto3.client(service)
         if service == "dynamodb":
             return dynamodb_client or boto3.client(service, region_name=region)
+        if service == "pcs" and pcs_client is not None:
+            return pcs_client
         return boto3.client(service, region_name=region)
 
     table = None
@@ -64,4 +69,5 @@ def node_groups(autoscaling_client: Any = None, *, identity: str | None = None,
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
                 raise
-    return stack_node_groups(client, table=table, actor="gpucluster-cli")
+    return stack_node_groups(client, table=table, actor="gpucluster-cli", pcs_cluster_id=pcs_cluster_id,
+                             stack=identity)

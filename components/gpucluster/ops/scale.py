@@ -135,23 +135,37 @@ class StopCandidate:
 
 
 def plan_stop(identity: str, node_group: str | None = None, *,
-              autoscaling_client: Any = None) -> list[StopCandidate]:
+              autoscaling_client: Any = None, pcs_cluster_id: str | None = None) -> list[StopCandidate]:
     """The selected groups and their capacity now; read-only."""
-    backend = node_groups(autoscaling_client, identity=identity)
+    backend = node_groups(autoscaling_client, identity=identity, pcs_cluster_id=pcs_cluster_id)
     return [StopCandidate(g.name, g.label, g.desired, len(g.in_service_ids), g.stopped_by)
             for g in select_groups(backend.list_groups(identity), node_group)]
 
 
 def stop_stack(candidates: list[StopCandidate], *, autoscaling_client: Any = None, ssm_client: Any = None,
                pre_stop_command: str | None = None, hook_timeout_seconds: float = 300.0,
-               identity: str | None = None) -> StopReport:
+               identity: str | None = None, pcs_cluster_id: str | None = None,
+               ec2_client: Any = None) -> StopReport:
     """Run the pre-stop hook on the running groups' nodes, then scale them to zero (reason manual).
 
     The groups are read again first; `stop_groups` reads them once more
-    after the hook, so a budget stop that lands meanwhile keeps its label.
+    after the hook, so a budget stop that lands meanwhile keeps its label. On a Slurm stack
+    (`pcs_cluster_id`) the hook is Slurm's: the partitions are held and their jobs signalled and
+    requeued on the login node (grace: `hook_timeout_seconds`), as a guardrail's stop does.
     """
-    backend = node_groups(autoscaling_client, identity=identity)
+    backend = node_groups(autoscaling_client, identity=identity, pcs_cluster_id=pcs_cluster_id)
     groups = backend.read_groups([c.group for c in candidates if c.running])
+    if pcs_cluster_id and identity:
+        from gpucluster.lambdas.slurmhold import hold_partitions
+
+        ssm, ec2 = ssm_client or boto3.client("ssm"), ec2_client or boto3.client("ec2")
+        stack = identity
+
+        def hold(partitions: list[str]) -> Any:
+            return hold_partitions(ssm, ec2, stack, partitions, grace_seconds=hook_timeout_seconds,
+                                   timeout_seconds=hook_timeout_seconds + 30.0)
+
+        return stop_groups(backend, groups, MANUAL, slurm_hold=hold)
     ssm = (ssm_client or boto3.client("ssm")) if pre_stop_command else None
     return stop_groups(backend, groups, MANUAL, ssm=ssm, pre_stop_command=pre_stop_command,
                        hook_timeout_seconds=hook_timeout_seconds)
@@ -161,10 +175,11 @@ def stop_stack(candidates: list[StopCandidate], *, autoscaling_client: Any = Non
 
 
 def plan_start(identity: str, node_group: str | None = None, *,
-               autoscaling_client: Any = None) -> list[ResumeCandidate]:
+               autoscaling_client: Any = None, pcs_cluster_id: str | None = None) -> list[ResumeCandidate]:
     """What `start` would restore in the selection (budget stops left out); read-only."""
-    autoscaling = autoscaling_client or boto3.client("autoscaling")
-    candidates = plan_resume(identity, autoscaling_client=autoscaling, only_stopped_by=START_REASONS)
+    autoscaling = autoscaling_client or (None if pcs_cluster_id else boto3.client("autoscaling"))
+    candidates = plan_resume(identity, autoscaling_client=autoscaling, only_stopped_by=START_REASONS,
+                             pcs_cluster_id=pcs_cluster_id)
     if node_group is None:
         return candidates
     chosen = [c for c in candidates if node_group in (c.node_group, c.group)]
@@ -175,7 +190,10 @@ def plan_start(identity: str, node_group: str | None = None, *,
 
 
 def start_stack(identity: str, shown: Mapping[str, str | None], *,
-                autoscaling_client: Any = None) -> list[ResumeResult]:
-    """Restore the shown groups to their recorded capacity (a stop that changed since is skipped)."""
+                autoscaling_client: Any = None, pcs_cluster_id: str | None = None,
+                ssm_client: Any = None, ec2_client: Any = None) -> list[ResumeResult]:
+    """Restore the shown groups to their recorded capacity (a stop that changed since is skipped);
+    on a Slurm stack then set their partitions UP (`ops.status.resume_stack`)."""
     return resume_stack(identity, autoscaling_client=autoscaling_client,
-                        only_stopped_by=START_REASONS, shown=shown)
+                        only_stopped_by=START_REASONS, shown=shown, pcs_cluster_id=pcs_cluster_id,
+                        ssm_client=ssm_client, ec2_client=ec2_client)

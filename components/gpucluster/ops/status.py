@@ -115,9 +115,13 @@ def plan_resume(
     *,
     autoscaling_client: Any = None,
     only_stopped_by: Collection[str] | None = None,
+    pcs_cluster_id: str | None = None,
 ) -> list[ResumeCandidate]:
-    """What resuming the stack would do to each of its groups, sorted by name; read-only."""
-    backend = node_groups(autoscaling_client, identity=stack)
+    """What resuming the stack would do to each of its groups, sorted by name; read-only.
+
+    `pcs_cluster_id`: a Slurm stack's PCS cluster (its `pcs_cluster_id` output): its groups are the
+    cluster's compute node groups (`ops.node_groups`)."""
+    backend = node_groups(autoscaling_client, identity=stack, pcs_cluster_id=pcs_cluster_id)
     return [
         ResumeCandidate(
             decision=resume_decision(group, only_stopped_by),
@@ -135,6 +139,9 @@ def resume_stack(
     autoscaling_client: Any = None,
     only_stopped_by: Collection[str] | None = None,
     shown: Mapping[str, str | None] | None = None,
+    pcs_cluster_id: str | None = None,
+    ssm_client: Any = None,
+    ec2_client: Any = None,
 ) -> list[ResumeResult]:
     """Restore every guardrail-stopped group of the stack to its recorded min/desired.
 
@@ -143,9 +150,11 @@ def resume_stack(
     `shown` (group -> the stopped-by the operator saw and confirmed) limits the
     resume to those groups, and skips any whose stop changed since: a person
     who confirmed undoing an idle stop has not agreed to undo a budget stop.
-    Each group is described again right before its write.
+    Each group is described again right before its write. On a Slurm stack (`pcs_cluster_id`) the
+    running groups' partitions are then set UP on the login node (`lambdas.slurmhold`); a release
+    that fails raises `SlurmReleaseError` (capacity is back; running resume again releases them).
     """
-    backend = node_groups(autoscaling_client, identity=stack)
+    backend = node_groups(autoscaling_client, identity=stack, pcs_cluster_id=pcs_cluster_id)
     names = [g.name for g in backend.list_groups(stack)]
     results = []
     for name in names:
@@ -159,7 +168,29 @@ def resume_stack(
                                             reason=f"changed since shown: now {now}"))
                 continue
             results.append(backend.restore(group, only_stopped_by=only_stopped_by))
+    if pcs_cluster_id:
+        release_partitions_after(backend, stack, ssm_client, ec2_client)
     return results
+
+
+class SlurmReleaseError(RuntimeError):
+    """The capacity is back but the partitions stay held: the login node did not set them UP."""
+
+
+def release_partitions_after(backend: Any, stack: str, ssm_client: Any = None,
+                             ec2_client: Any = None) -> None:
+    """Set UP the partitions of every running group not stopped (idempotent: a second run is harmless)."""
+    from gpucluster.lambdas.slurmhold import release_partitions
+
+    partitions = [g.label for g in backend.list_groups(stack) if g.running and not g.stopped_by]
+    if not partitions:
+        return
+    result = release_partitions(ssm_client or boto3.client("ssm"), ec2_client or boto3.client("ec2"), stack,
+                                partitions)
+    if not result.ok:
+        held = ", ".join(partitions)
+        raise SlurmReleaseError(f"partitions {held} still held (login node: {result.summary()}); "
+                                "run the command again")
 
 
 def stack_status(

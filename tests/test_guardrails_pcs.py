@@ -1,0 +1,109 @@
+"""The guardrails on a Slurm stack under the mock engine: PCS_CLUSTER_ID and the PCS-scoped policy.
+
+`Guardrails(..., pcs=PcsGuard(...))` takes the PCS ids as plain args (GpuCluster.pcs hands them in
+once pcsa's side is merged); without `pcs` nothing changes (the type-none stacks' plans are
+compared byte for byte by the snapshot, and test_guardrails covers them).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpucluster.aws.children import guardrails_args
+from gpucluster.aws.guardrails import Guardrails, PcsGuard
+from gpucluster.lambdas.handlers import HANDLERS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS
+from gpucluster.plan import record_resources
+from test_guardrails import FUNCTION, Built, actions_of, build, spec_of, targets
+
+CLUSTER_ARN = "arn:aws:pcs:us-east-1:123456789012:cluster/pcs_abc123"
+PCS = PcsGuard(
+    cluster_id="pcs_abc123",
+    cluster_arn=CLUSTER_ARN,
+    node_group_ids={"train": "pcs_cng_train", "login": "pcs_cng_login"},
+)
+
+
+def build_pcs(spec: Any) -> Built:
+    args = guardrails_args(spec, targets(spec))
+    resources, _ = record_resources(
+        lambda: Guardrails(f"{spec.cluster.name}-guardrails", args, pcs=PCS),
+        stack=spec.stack,
+        region=spec.region,
+    )
+    return Built(spec, resources)
+
+
+def everything(base_config: dict[str, Any]) -> Any:
+    spot = {**base_config["gpucluster:node_groups"][0], "capacity": {"spot_percent": 100}}
+    return spec_of(
+        base_config,
+        node_groups=[spot],
+        spot={"interruption_command": "/hook"},
+        budget={"monthly_limit_usd": 100, "action_threshold_percent": 100},
+        autostop={
+            "enabled": True,
+            "stop_schedule": "cron(0 19 ? * * *)",
+            "start_schedule": "cron(0 8 ? * MON-FRI *)",
+        },
+    )
+
+
+def test_the_stopping_functions_get_the_cluster_id_and_may_scale_only_its_node_groups(
+    base_config: dict[str, Any],
+) -> None:
+    built = build_pcs(everything(base_config))
+    seen = set()
+    for fn in built.all(FUNCTION):
+        module = next(m for m, h in HANDLERS.items() if h == fn.inputs["handler"])
+        env = fn.inputs["environment"]["variables"]
+        statements = built.policy(fn.inputs["name"])
+        if module not in PCS_IAM_ACTIONS:
+            assert PCS_CLUSTER_ENV not in env and not any(
+                a.startswith("pcs:") for a in actions_of(statements)
+            )
+            continue
+        seen.add(module)
+        assert env[PCS_CLUSTER_ENV] == "pcs_abc123"
+        assert actions_of(statements) >= set(PCS_IAM_ACTIONS[module])
+        by_sid = {s["Sid"]: s for s in statements}
+        assert by_sid["PcsOnThisStacksLoginNode"]["Condition"] == {
+            "StringEquals": {
+                "ssm:resourceTag/gpucluster:stack": built.spec.identity,
+                "ssm:resourceTag/gpucluster:node-group": "login",
+            }
+        }
+        assert len(by_sid) == len(statements)  # Sids stay unique in each policy
+        if module == "spot_interruption":  # requeues from the login node, changes no capacity
+            assert not any(a.startswith("pcs:") for a in actions_of(statements))
+            continue
+        assert by_sid["PcsListThisCluster"]["Resource"] == [CLUSTER_ARN]
+        assert by_sid["PcsScaleThisClustersGroups"]["Resource"] == [
+            CLUSTER_ARN,
+            f"{CLUSTER_ARN}/computenodegroup/pcs_cng_train",
+        ]  # never the login group
+        assert sorted(by_sid["PcsScaleThisClustersGroups"]["Action"]) == [
+            "pcs:GetComputeNodeGroup",
+            "pcs:UpdateComputeNodeGroup",
+        ]
+        assert not any("iam:PassRole" in json.dumps(s) for s in statements)
+    assert seen == {"budget_action", "autostop", "spend_guard", "spot_interruption"}
+
+
+def test_without_pcs_the_guardrails_are_as_before(base_config: dict[str, Any]) -> None:
+    spec = everything(base_config)
+    plain = build(spec, restart_jobs=False)
+    for fn in plain.all(FUNCTION):
+        assert PCS_CLUSTER_ENV not in fn.inputs["environment"]["variables"]
+        assert not any(a.startswith("pcs:") for a in actions_of(plain.policy(fn.inputs["name"])))
+
+
+def test_the_workload_boundary_lets_the_guardrails_act_on_pcs() -> None:
+    """Guardrail roles carry the workload boundary (infra/bootstrap-state): it must allow what they need."""
+    from test_bootstrap_state import bootstrap_state
+
+    boundary = bootstrap_state.workload_boundary("aws", "123456789012", "break-glass")
+    allowed = {a for s in boundary["Statement"] if s["Effect"] == "Allow"
+               for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    needed = {a for actions in PCS_IAM_ACTIONS.values() for a in actions}
+    assert needed - allowed == set()

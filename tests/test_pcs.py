@@ -450,3 +450,27 @@ def test_only_a_slurm_stack_loads_pulumi_aws_native(slurm: bool, loaded: str) ->
                           cwd=REPO, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == loaded
+
+
+def test_the_guardrails_act_on_this_pcs_cluster_and_nothing_of_auto_scaling(plan: Plan) -> None:
+    """GpuCluster hands its PCS cluster to the guardrails: the stopping Lambdas get PCS_CLUSTER_ID and
+    pcs: statements on its compute node groups (never login), and no Auto Scaling write at all."""
+    functions = {f.inputs["name"]: f.inputs["environment"]["variables"]
+                 for f in plan.of_type("aws:lambda/function:Function")}
+    stoppers = {n: env for n, env in functions.items()
+                if n.endswith(("-budget-action", "-autostop", "-spend-guard"))}
+    assert len(stoppers) == 3
+    ids = {env["PCS_CLUSTER_ID"] for env in stoppers.values()}
+    assert len(ids) == 1 and ids.pop().startswith("pcs_")
+    for policy in plan.of_type("aws:iam/rolePolicy:RolePolicy"):
+        if "guardrails" not in policy.name:
+            continue
+        statements = json.loads(policy.inputs["policy"])["Statement"]
+        actions = [a for s in statements
+                   for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])]
+        writes = [a for a in actions
+                  if a.startswith("autoscaling:") and not a.startswith("autoscaling:Describe")]
+        assert writes == [], policy.name
+        for s in statements:
+            if s.get("Sid") == "PcsScaleThisClustersGroups":  # cluster + 2 GPU groups, no login
+                assert len(s["Resource"]) == 3 and len(set(s["Resource"])) == 3

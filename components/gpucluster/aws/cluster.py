@@ -49,7 +49,7 @@ from gpucluster.aws.args import (
 )
 from gpucluster.aws.datasets import DatasetBucket, DatasetStore, LustreFileSystem
 from gpucluster.aws.guardrail_lambda import LOG_RETENTION_DAYS
-from gpucluster.aws.guardrails import Guardrails
+from gpucluster.aws.guardrails import Guardrails, PcsGuard
 from gpucluster.aws.iam import NodeIdentity
 from gpucluster.aws.images import NodeImages
 from gpucluster.aws.network import ClusterNetwork
@@ -257,6 +257,15 @@ def group_handles(groups: Mapping[str, GpuNodeGroup],
     return {g: (pcs.node_groups[g].name, pcs.node_groups[g].arn) for g in groups}
 
 
+def pcs_guard(pcs: "SlurmCluster | None") -> PcsGuard | None:
+    """What the guardrails act on, on a Slurm stack: the PCS cluster and its compute node groups
+    (`PCS_CLUSTER_ID` in the stopping Lambdas, pcs: statements scoped to these ARNs)."""
+    if pcs is None:
+        return None
+    return PcsGuard(cluster_id=pcs.cluster_id, cluster_arn=pcs.cluster_arn,
+                    node_group_ids={g: n.aws_id for g, n in pcs.node_groups.items()})
+
+
 def cluster_spec(name: str, args: Any) -> StackSpec:
     """GpuClusterArgs checked as a stack file is: every model and named check, or ArgsError.
 
@@ -374,7 +383,7 @@ class GpuCluster(pulumi.ComponentResource):
             if self.pcs is not None:
                 self.pcs.finish()
             self.guardrails = Guardrails(f"{name}-guardrails", children.guardrails_args(
-                spec, group_handles(self.groups, self.pcs)), opts=child)
+                spec, group_handles(self.groups, self.pcs)), opts=child, pcs=pcs_guard(self.pcs))
         finally:
             # Always resolved, so a failure above surfaces as itself, never as a hung program.
             notify = getattr(self, "guardrails", None)

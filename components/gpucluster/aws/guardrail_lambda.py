@@ -142,6 +142,14 @@ class PcsGuard:
     """gpucluster node group -> PCS compute node group id; the login group's is left out (never stopped)."""
 
 
+def without_auto_scaling(statements: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """`statements` less those granting only Auto Scaling actions (on a Slurm stack, PCS runs the nodes)."""
+    def actions(st: Mapping[str, Any]) -> list[str]:
+        a = st.get("Action", [])
+        return [a] if isinstance(a, str) else list(a)
+    return [st for st in statements if not all(a.startswith("autoscaling:") for a in actions(st))]
+
+
 def pcs_statements(ctx: "GuardrailContext", pcs: PcsGuard, *, scale: bool = True) -> list[dict[str, Any]]:
     """Read and scale only this stack's PCS node groups; hold and release partitions on its login node.
 
@@ -278,7 +286,8 @@ class GuardrailFunction(pulumi.ComponentResource):
         if ctx.pcs is not None and module in PCS_IAM_ACTIONS:
             environment = {**environment, PCS_CLUSTER_ENV: ctx.pcs.cluster_id}
             scale = any(a.startswith("pcs:") for a in PCS_IAM_ACTIONS[module])
-            statements = [*statements, *pcs_statements(ctx, ctx.pcs, scale=scale)]
+            # A Slurm stack has no Auto Scaling group: its statements would name PCS ARNs for nothing.
+            statements = [*without_auto_scaling(statements), *pcs_statements(ctx, ctx.pcs, scale=scale)]
         log_group_name = f"/aws/lambda/{function_name}"
         self.log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", name=log_group_name, retention_in_days=LOG_RETENTION_DAYS,

@@ -166,14 +166,17 @@ def run_script(ssm: Any, instance_id: str, script: str, *, comment: str,
         status = answer.get("Status", "Pending")
         if status in TERMINAL_STATUSES:
             return RemoteResult(instance_id, command_id, status, answer.get("ResponseCode"),
-                                answer.get("StandardOutputContent", ""), answer.get("StandardErrorContent", ""))
+                                answer.get("StandardOutputContent", ""),
+                                answer.get("StandardErrorContent", ""))
         if clock() >= deadline:
             return RemoteResult(instance_id, command_id, "NoAnswer", None, "", "")
         sleep(poll_seconds)
 
 
 def on_login(spec: StackSpec, script: str, *, clients: Clients, comment: str,
-             progress: Spinner = no_spinner, login: LoginNode | None = None) -> tuple[LoginNode, RemoteResult]:
+             progress: Spinner = no_spinner,
+             login: LoginNode | None = None) -> tuple[LoginNode, RemoteResult]:
+    """Run `script` on the stack's login node (found, unless given)."""
     login = login or find_login_node(spec, clients=clients, progress=progress)
     with progress(f"asking Slurm on the login node {login.instance_id}"):
         return login, run_script(clients("ssm"), login.instance_id, script, comment=comment)
@@ -284,7 +287,8 @@ class CancelOutcome:
     """The job's state afterwards (None: the controller does not know it)."""
 
 
-def cancel(spec: StackSpec, job_id: str, *, clients: Clients, progress: Spinner = no_spinner) -> CancelOutcome:
+def cancel(spec: StackSpec, job_id: str, *, clients: Clients,
+           progress: Spinner = no_spinner) -> CancelOutcome:
     """scancel the job on the login node: what became of it, or why it was not cancelled."""
     from gpucluster.slurm.queue import QueueError
     from gpucluster.slurm.remote import RemoteError, cancel_script, parse_cancel
@@ -300,13 +304,13 @@ def cancel(spec: StackSpec, job_id: str, *, clients: Clients, progress: Spinner 
         raise SlurmError(str(err)) from None
     after = answer.job.state if answer.job else None
     if answer.before is None:
-        return CancelOutcome(job_id, False, f"Slurm has no job {job_id} (it never existed, or ended "
-                             "longer ago than the controller keeps jobs)", after)
+        return CancelOutcome(job_id, False, "Slurm has no such job (it never existed, or ended longer "
+                             "ago than the controller keeps jobs)", after)
     if not answer.before.active:
-        return CancelOutcome(job_id, False, f"job {job_id} had already ended ({answer.before.state})", after)
+        return CancelOutcome(job_id, False, f"it had already ended ({answer.before.state})", after)
     if answer.exit_status != 0 or answer.message:
-        return CancelOutcome(job_id, False, f"scancel refused: {answer.message or f'exit {answer.exit_status}'}",
-                             after)
+        why = answer.message or f"exit {answer.exit_status}"
+        return CancelOutcome(job_id, False, f"scancel refused: {why}", after)
     return CancelOutcome(job_id, True, "", after)
 
 
@@ -336,7 +340,7 @@ def locate_output(spec: StackSpec, job_id: str, *, clients: Clients,
         script = locate_script(job_id)
     except QueueError as err:
         raise SlurmError(str(err)) from None
-    login, result = on_login(spec, script, clients=clients, progress=progress, comment="gpucluster logs")
+    _, result = on_login(spec, script, clients=clients, progress=progress, comment="gpucluster logs")
     try:
         place = parse_locate(result.stdout)
     except (QueueError, RemoteError) as err:
@@ -395,7 +399,8 @@ def follow_output(spec: StackSpec, job_id: str, on_text: Callable[[str], None], 
     followed = Followed(place.job, place.stdout, instance)
     offset, job = 0, place.job
     while True:
-        result = run_script(ssm, instance, tail_script(place.stdout, offset=offset), comment="gpucluster logs")
+        result = run_script(ssm, instance, tail_script(place.stdout, offset=offset),
+                            comment="gpucluster logs")
         if result.ok:
             try:
                 size, text = parse_tail(result.stdout)
@@ -449,7 +454,7 @@ def slurm_nodes(spec: StackSpec, *, group: str | None = None, clients: Clients,
     """
     from gpucluster.slurm.remote import RemoteError, nodes_script, parse_sinfo
 
-    login, result = on_login(spec, nodes_script(), clients=clients, progress=progress,
+    _, result = on_login(spec, nodes_script(), clients=clients, progress=progress,
                              comment="gpucluster nodes")
     try:
         found = parse_sinfo(checked(result, "sinfo"))

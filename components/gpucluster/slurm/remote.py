@@ -36,7 +36,6 @@ from gpucluster.slurm.queue import (
     parse_scontrol_job,
     parse_squeue,
     sacct_command,
-    scancel_command,
     shell,
     squeue_command,
 )
@@ -217,7 +216,8 @@ def tail_script(path: str, *, lines: int | None = None, offset: int | None = Non
 
     Exit 4 when the file is not there (the job has not started, or wrote elsewhere).
     """
-    read = f'tail -n {int(lines)} -- "$f"' if lines is not None else f'tail -c +{int(offset or 0) + 1} -- "$f"'
+    read = (f'tail -n {int(lines)} -- "$f"' if lines is not None
+            else f'tail -c +{int(offset or 0) + 1} -- "$f"')
     return "\n".join([
         "set -eu",
         f"f={shlex.quote(path)}",

@@ -125,7 +125,8 @@ def one_line(result: Any) -> str:
 # ---------------------------------------------------------------------------- run
 
 
-def test_run_detach_submits_the_groups_batch_script_on_the_login_node(aws: dict[str, Any], stack: str) -> None:
+def test_run_detach_submits_the_groups_batch_script_on_the_login_node(aws: dict[str, Any],
+                                                                      stack: str) -> None:
     spec = load_stack(stack)[2]
     with Stubber(aws["ssm"]) as stub:
         answer(stub, "4242\n")
@@ -156,7 +157,8 @@ def test_run_on_a_spot_group_requeues_and_dry_run_json_shows_the_exact_script(aw
     spec = load_stack(stack)[2]
     group = slurm_group(spec.node_groups[1], stack=spec.identity, cluster=spec.cluster.name,
                         region=spec.region, spot=spec.spot)
-    assert doc["sbatch_script"] == sbatch_script(BatchJob(name="j1", command="python eval.py", nodes=1), group)
+    job = BatchJob(name="j1", command="python eval.py", nodes=1)
+    assert doc["sbatch_script"] == sbatch_script(job, group)
     assert "#SBATCH --requeue" in doc["sbatch_script"] and doc["nodes"] == 1  # desired_nodes
     assert doc["login_node_script"] == submit_script(doc["sbatch_script"])
     assert aws["sent"] == []  # a dry run sends nothing
@@ -170,8 +172,10 @@ def test_run_refusals_are_one_line_exit_2(aws: dict[str, Any], stack: str) -> No
     result = cli("run", stack, "--group", "nope", "--detach", "--", "true")
     assert result.exit_code == 2 and "no node group 'nope'" in one_line(result)
     result = cli("run", stack, "--group", "train", "--detach", "--nodes", "9", "--", "true")
-    assert result.exit_code == 2 and "--nodes: 9 is more than node group train's max_nodes (4)" in one_line(result)
-    for args in (("hostfile", stack, "--group", "train"), ("scale", stack, "--group", "train", "--desired", "1")):
+    assert result.exit_code == 2
+    assert "--nodes: 9 is more than node group train's max_nodes (4)" in one_line(result)
+    for args in (("hostfile", stack, "--group", "train"),
+                 ("scale", stack, "--group", "train", "--desired", "1")):
         result = cli(*args)
         assert result.exit_code == 2 and "runs Slurm" in one_line(result), args
     assert aws["sent"] == []
@@ -237,7 +241,8 @@ def test_jobs_without_accounting_read_scontrol(aws: dict[str, Any], tmp_path: Pa
     path = str(write_stack(slurm_config(accounting=False), "slurmy"))
     with Stubber(aws["ssm"]) as stub:
         answer(stub, "==gpucluster:squeue\n==gpucluster:scontrol\nJobId=7 JobName=a b UserId=ec2-user(1000) "
-                     "JobState=COMPLETED Reason=None ExitCode=0:0 NumNodes=1 Partition=train NodeList=train-1\n")
+                     "JobState=COMPLETED Reason=None ExitCode=0:0 NumNodes=1 Partition=train "
+                     "NodeList=train-1\n")
         result = cli("jobs", path, "--json")
     assert result.exit_code == 0, result.output
     assert [(j["job_id"], j["name"], j["state"]) for j in json.loads(result.output)["jobs"]] == [
@@ -336,8 +341,8 @@ def test_logs_follow_streams_until_the_job_ends(aws: dict[str, Any], stack: str,
     assert result.exit_code == 0, result.output
     assert result.stdout == "step 1\nstep 2\n"
     tails = [s for i, s in scripts(aws) if i == aws["ids"]["train-1"]]
-    assert ['tail -c +1 -- "$f"' in tails[0], 'tail -c +7 -- "$f"' in tails[1], 'tail -c +14 -- "$f"' in tails[2]] \
-        == [True, True, True]
+    assert ['tail -c +1 -- "$f"' in tails[0], 'tail -c +7 -- "$f"' in tails[1],
+            'tail -c +14 -- "$f"' in tails[2]] == [True, True, True]  # each read from the last size
     assert "job 4243: COMPLETED" in result.stderr
 
 
@@ -353,18 +358,19 @@ def test_nodes_show_slurm_state_beside_ec2(aws: dict[str, Any], stack: str) -> N
         result = cli("nodes", stack, "--json")
     assert result.exit_code == 0, result.output
     nodes = json.loads(result.output)["nodes"]
-    assert [(n["slurm_node"], n["slurm_state"], n["instance_id"], n["ec2_state"], n["reason"]) for n in nodes] == [
+    assert [(n["slurm_node"], n["slurm_state"], n["instance_id"], n["ec2_state"], n["reason"])
+            for n in nodes] == [
         ("train-1", "allocated", aws["ids"]["train-1"], "running", None),
         ("train-2", "drained", aws["ids"]["train-2"], "running", "gpucluster: xid 79"),
         ("train-3", "idle~", None, None, None),
-        (None, None, aws["ids"]["login"], "running", None)]  # the login node: an instance Slurm has no node for
+        (None, None, aws["ids"]["login"], "running", None)]  # the login node: no Slurm node for it
     assert "sinfo --noheader --Node '--format=%N|%R|%T|%o|%n|%E'" in scripts(aws)[0][1]
     with Stubber(aws["ssm"]) as stub:
         answer(stub, sinfo)
         result = cli("nodes", stack, "--group", "train")
     assert result.exit_code == 0
-    assert re.search(r"train-2\s+train\s+drained\s+i-\w+\s+p5.48xlarge\s+10.0.1.12\s+running\s+gpucluster: xid 79",
-                     result.output), result.output
+    assert re.search(r"train-2\s+train\s+drained\s+i-\w+\s+p5.48xlarge\s+10.0.1.12\s+running\s+"
+                     r"gpucluster: xid 79", result.output), result.output
 
 
 # --------------------------------------------------------------------------- login
@@ -399,7 +405,7 @@ def test_run_script_waits_past_invocation_does_not_exist_and_stops_at_its_deadli
         stub.add_response("send_command", {"Command": {"CommandId": "c" * 36}})
         stub.add_client_error("get_command_invocation", "InvocationDoesNotExist")
         stub.add_response("get_command_invocation", {"Status": "Success", "ResponseCode": 0,
-                                                     "StandardOutputContent": "ok", "StandardErrorContent": ""})
+                                                     "StandardOutputContent": "ok"})
         done = run_script(ssm, "i-1", "true", comment="t", sleep=slept.append, clock=lambda: 0.0)
     assert (done.ok, done.stdout, slept) == (True, "ok", [1.0])
     with Stubber(ssm) as stub:
@@ -440,14 +446,17 @@ def test_a_none_stack_refuses_nodes_option(base_config: dict[str, Any], write_st
 
 # sacct --noheader --parsable2 --allocations --allusers --format=JobID,User,Partition,NNodes,ElapsedRaw,
 # Start,End,State,AllocTRES,JobName, as Slurm prints it (a pending job: Start/End Unknown, no AllocTRES).
-SACCT = """\
-41|alice|train|2|3600|2026-11-20T10:00:00|2026-11-20T11:00:00|COMPLETED|billing=384,cpu=384,gres/gpu=16,mem=4000G,node=2|pretrain
-42|bob|train|1|1800|2026-11-20T12:00:00|2026-11-20T12:30:00|FAILED|billing=192,cpu=192,gres/gpu=8,mem=2000G,node=1|eval
-43|alice|train|2|0|Unknown|Unknown|PENDING||next
-44|carol|train|2|7200|2026-11-19T23:00:00|2026-11-20T01:00:00|CANCELLED by 1001|billing=384,cpu=384,gres/gpu=16,node=2|spans|with bar
-45|bob|spot-a10|1|600|2026-11-20T23:30:00|Unknown|RUNNING|billing=4,cpu=4,gres/gpu=1,node=1|live
-46|dave|debug|1|3600|2026-11-20T05:00:00|2026-11-20T06:00:00|COMPLETED|cpu=2,node=1|elsewhere
-"""
+SACCT = "".join(line + "\n" for line in (
+    "41|alice|train|2|3600|2026-11-20T10:00:00|2026-11-20T11:00:00|COMPLETED|"
+    "billing=384,cpu=384,gres/gpu=16,mem=4000G,node=2|pretrain",
+    "42|bob|train|1|1800|2026-11-20T12:00:00|2026-11-20T12:30:00|FAILED|"
+    "billing=192,cpu=192,gres/gpu=8,mem=2000G,node=1|eval",
+    "43|alice|train|2|0|Unknown|Unknown|PENDING||next",
+    "44|carol|train|2|7200|2026-11-19T23:00:00|2026-11-20T01:00:00|CANCELLED by 1001|"
+    "billing=384,cpu=384,gres/gpu=16,node=2|spans|with bar",
+    "45|bob|spot-a10|1|600|2026-11-20T23:30:00|Unknown|RUNNING|billing=4,cpu=4,gres/gpu=1,node=1|live",
+    "46|dave|debug|1|3600|2026-11-20T05:00:00|2026-11-20T06:00:00|COMPLETED|cpu=2,node=1|elsewhere",
+))
 START, END = datetime(2026, 11, 20, tzinfo=UTC), datetime(2026, 11, 21, tzinfo=UTC)
 
 

@@ -331,18 +331,19 @@ def test_logs_follow_streams_until_the_job_ends(aws: dict[str, Any], stack: str,
     monkeypatch.setattr(slurmjobs.time, "sleep", lambda _s: None)
     with Stubber(aws["ssm"]) as stub:
         answer(stub, LOCATE)
-        answer(stub, "==gpucluster:size\n6\n==gpucluster:output\nstep 1\n", n=1)
-        answer(stub, LOCATE, n=2)  # still running
-        answer(stub, "==gpucluster:size\n13\n==gpucluster:output\nstep 2\n", n=3)
-        answer(stub, LOCATE.replace("JobState=RUNNING", "JobState=COMPLETED"), n=4)
-        answer(stub, "==gpucluster:size\n13\n==gpucluster:output\n", n=5)
+        answer(stub, "==gpucluster:size\n13\n==gpucluster:read\n7\n==gpucluster:output\nstep 1\n", n=1)
+        # 6 of the 13 bytes left: read on at once, no sleep, no question to the controller
+        answer(stub, "==gpucluster:size\n13\n==gpucluster:read\n6\n==gpucluster:output\nstep 2", n=2)
+        answer(stub, LOCATE, n=3)  # still running
+        answer(stub, "==gpucluster:size\n20\n==gpucluster:read\n7\n==gpucluster:output\n\nstep 3", n=4)
+        answer(stub, LOCATE.replace("JobState=RUNNING", "JobState=COMPLETED"), n=5)
+        answer(stub, "==gpucluster:size\n20\n==gpucluster:read\n0\n==gpucluster:output\n", n=6)
         result = cli("logs", stack, "4243", "--follow")
         stub.assert_no_pending_responses()
     assert result.exit_code == 0, result.output
-    assert result.stdout == "step 1\nstep 2\n"
+    assert result.stdout == "step 1\nstep 2\nstep 3"
     tails = [s for i, s in scripts(aws) if i == aws["ids"]["train-1"]]
-    assert ['tail -c +1 -- "$f"' in tails[0], 'tail -c +7 -- "$f"' in tails[1],
-            'tail -c +14 -- "$f"' in tails[2]] == [True, True, True]  # each read from the last size
+    assert [re.search(r"tail -c \+(\d+) ", t).group(1) for t in tails] == ["1", "8", "14", "21"]
     assert "job 4243: COMPLETED" in result.stderr
 
 

@@ -31,6 +31,7 @@ from gpucluster.ops.slurmjobs import plan_submit
 from gpucluster.preflight import parse_stack_config
 from gpucluster.slurm.batch import slurm_group
 from gpucluster.slurm.remote import (
+    CHUNK_BYTES,
     cancel_script,
     decoded,
     jobs_script,
@@ -167,11 +168,17 @@ def test_jobs_logs_and_cancel_read_and_drive_the_real_slurm(cluster: Slurm) -> N
     assert (place.batch_host, place.node_addr, place.job.state) == ("node1", "localhost", "RUNNING")
     cluster.wait("both tasks' lines", lambda: Path(place.stdout).exists() and
                  Path(place.stdout).read_text().count("started") == 2)
-    size, text = parse_tail(on_login(cluster, tail_script(place.stdout, lines=5)).stdout)
-    assert sorted(text.splitlines()) == ["started 0", "started 1"]
-    assert size == len(Path(place.stdout).read_bytes())
-    size_then, rest = parse_tail(on_login(cluster, tail_script(place.stdout, offset=size)).stdout)
-    assert (size_then, rest) == (size, "")
+    tail = parse_tail(on_login(cluster, tail_script(place.stdout, lines=5)).stdout)
+    assert sorted(tail.text.splitlines()) == ["started 0", "started 1"] and tail.read is None
+    assert tail.size == len(Path(place.stdout).read_bytes())
+    first = parse_tail(on_login(cluster, tail_script(place.stdout, offset=0)).stdout)
+    assert (first.size, first.read, first.text) == (tail.size, tail.size, Path(place.stdout).read_text())
+    rest = parse_tail(on_login(cluster, tail_script(place.stdout, offset=tail.size - 2)).stdout)
+    assert (rest.read, rest.text) == (2, "1\n")  # from a byte offset: the last line's end
+    big = cluster.root / "work" / "big.out"
+    big.write_bytes(b"x" * 50_000)
+    chunk = parse_tail(on_login(cluster, tail_script(str(big), offset=10)).stdout)
+    assert (chunk.size, chunk.read, len(chunk.text)) == (50_000, CHUNK_BYTES, CHUNK_BYTES)
     missing = on_login(cluster, tail_script(f"{cluster.root}/work/none.out", lines=5))
     assert missing.returncode == 4 and "no file" in missing.stderr
 

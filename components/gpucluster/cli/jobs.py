@@ -708,10 +708,13 @@ def slurm_logs(spec: StackSpec, job: str, *, group: str | None, node: str | None
                                               progress=render.progress), None)
     if as_json:
         render.emit(head(spec, job_id=job_id, state=out.job.state, path=out.path, instance_id=out.instance_id,
-                         size_bytes=out.size, output=out.text.splitlines()))
+                         size_bytes=out.size, truncated=out.truncated, output=out.text.splitlines()))
         return
     render.say(f"== job {job_id} ({out.job.state}): {out.path} on {out.instance_id}", err=True)
     typer.echo(out.text, nl=False)
+    if out.truncated:
+        render.say("(SSM returns only the first 24,000 characters: ask for fewer --lines, or --follow "
+                   "for the whole file)", err=True)
 
 
 def slurm_cancel(spec: StackSpec, job: str, *, group: str | None, yes: bool, as_json: bool) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from gpucluster.slurm.usage import UsageRow
     from gpucluster.spec import StackSpec
 
+SSM_STDOUT_LIMIT = 24000
+"""GetCommandInvocation returns the first 24,000 characters of stdout (API reference)."""
 REMOTE_TIMEOUT_SECONDS = 120
 """How long a login-node command may run (AWS-RunShellScript executionTimeout)."""
 POLL_SECONDS = 1.0
@@ -324,6 +326,8 @@ class JobOutput:
     instance_id: str
     size: int
     text: str
+    truncated: bool = False
+    """SSM returned only the first 24,000 characters: fewer lines than asked for."""
 
 
 def locate_output(spec: StackSpec, job_id: str, *, clients: Clients,
@@ -367,10 +371,11 @@ def job_output(spec: StackSpec, job_id: str, *, lines: int, clients: Clients,
         result = run_script(clients("ssm"), instance, tail_script(place.stdout, lines=lines),
                             comment="gpucluster logs")
     try:
-        size, text = parse_tail(checked(result, f"reading {place.stdout}"))
+        tail = parse_tail(checked(result, f"reading {place.stdout}"))
     except RemoteError as err:
         raise SlurmError(str(err)) from None
-    return JobOutput(place.job, place.stdout, instance, size, text)
+    return JobOutput(place.job, place.stdout, instance, tail.size, tail.text,
+                     truncated=len(result.stdout) >= SSM_STDOUT_LIMIT)
 
 
 @dataclass
@@ -401,16 +406,20 @@ def follow_output(spec: StackSpec, job_id: str, on_text: Callable[[str], None], 
     while True:
         result = run_script(ssm, instance, tail_script(place.stdout, offset=offset),
                             comment="gpucluster logs")
+        more = False
         if result.ok:
             try:
-                size, text = parse_tail(result.stdout)
+                tail = parse_tail(result.stdout)
             except RemoteError as err:
                 raise SlurmError(str(err)) from None
-            if text:
-                on_text(text)
-            offset = max(offset, size)
+            if tail.text:
+                on_text(tail.text)
+            offset += tail.read or 0
+            more = offset < tail.size  # a long file: read on before asking the controller again
         elif result.exit_code != 4:  # 4: no file yet
             raise SlurmError(f"reading {place.stdout} on {instance}: {result.error_line()}")
+        if more:
+            continue
         if not job.active:
             break
         sleep(poll_seconds)
@@ -418,7 +427,7 @@ def follow_output(spec: StackSpec, job_id: str, on_text: Callable[[str], None], 
         try:
             job = parse_locate(state.stdout).job
         except (RemoteError, ValueError):
-            break  # the controller no longer has it: it ended; one more read above took the rest
+            job = replace(job, state="ENDED")  # the controller no longer has it: read the rest, stop
     followed.state, followed.exit_code = job.state, job.exit_code
     return followed
 

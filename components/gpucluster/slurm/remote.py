@@ -211,32 +211,58 @@ def parse_locate(output: str) -> JobPlace:
                     node_hostname=node.get("NodeHostName", ""))
 
 
+CHUNK_BYTES = 20000
+"""What one read of a followed file takes at most: SSM returns the first 24,000 characters of a
+command's output (API reference, GetCommandInvocation StandardOutputContent), and a UTF-8
+character is at least one byte, so a chunk always arrives whole."""
+
+
 def tail_script(path: str, *, lines: int | None = None, offset: int | None = None) -> str:
-    """The file's size, then its last `lines` (or everything from byte `offset`, for following).
+    """The file's size, then its last `lines`, or (following) up to CHUNK_BYTES from byte `offset`
+    with the count of bytes read first, so the next read starts where this one ended.
 
     Exit 4 when the file is not there (the job has not started, or wrote elsewhere).
     """
-    read = (f'tail -n {int(lines)} -- "$f"' if lines is not None
-            else f'tail -c +{int(offset or 0) + 1} -- "$f"')
-    return "\n".join([
+    head = [
         "set -eu",
+        SLURM_PATH,
         f"f={shlex.quote(path)}",
         'if [ ! -e "$f" ]; then echo "gpucluster: no file $f on $(hostname)" >&2; exit 4; fi',
         _section("size"),
-        'stat -c %s -- "$f"',
+        'stat -c %s -- "$f"']
+    if lines is not None:
+        return "\n".join([*head, _section("output"), f'tail -n {int(lines)} -- "$f"', ""])
+    return "\n".join([
+        *head,
+        "chunk=$(mktemp)",
+        "trap 'rm -f \"$chunk\"' EXIT",
+        f'tail -c +{int(offset or 0) + 1} -- "$f" | head -c {CHUNK_BYTES} > "$chunk"',
+        _section("read"),
+        'stat -c %s -- "$chunk"',
         _section("output"),
-        read,
+        'cat -- "$chunk"',
         ""])
 
 
-def parse_tail(output: str) -> tuple[int, str]:
-    """(the file's size in bytes when read, the text read); the file's own lines are never parsed."""
+@dataclass(frozen=True)
+class Tail:
+    size: int
+    """The file's size in bytes when read."""
+    text: str
+    read: int | None = None
+    """Following: the bytes this read took (the next starts after them)."""
+
+
+def parse_tail(output: str) -> Tail:
+    """What `tail_script` printed; the file's own lines are never parsed."""
     head, marker, text = output.partition(SECTION + "output\n")
+    parts = sections(head)
     try:
-        size = int(sections(head).get("size", "").strip())
+        size = int(parts.get("size", "").strip())
+        read = int(parts["read"].strip()) if "read" in parts else None
     except ValueError:
         raise RemoteError(f"tail: no file size in {output.strip()[:200]!r}") from None
-    return size, text if marker else ""
+    return Tail(size, text if marker else "", read)
 
 
 def cancel_script(job_id: str) -> str:

@@ -68,7 +68,7 @@ SLURM_SCHEDULER = """
   gpucluster:scheduler:
     type: slurm
     slurm_version: "25.05"            # what the PCS cluster runs; the AMI must carry the same
-    accounting: true                  # sacct and `gpucluster spend dev --by user` (cannot be turned off later)
+    accounting: true                  # sacct, `gpucluster spend dev --by user`; fixed at creation
     # ami_id: ami-0123456789abcdef0   # an AMI with the AWS PCS agent and Slurm 25.05 for the nodes
     # login: {instance_type: m7i.large, count: 1}   # the default login node: submits jobs, no GPUs
 """

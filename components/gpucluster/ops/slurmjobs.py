@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ from gpucluster.ops.run import RunError
 if TYPE_CHECKING:
     from gpucluster.slurm.batch import BatchJob
     from gpucluster.slurm.queue import SlurmJob
-    from gpucluster.slurm.remote import SlurmNode
+    from gpucluster.slurm.remote import JobPlace, SlurmNode
     from gpucluster.slurm.usage import UsageRow
     from gpucluster.spec import StackSpec
 
@@ -331,7 +331,7 @@ class JobOutput:
 
 
 def locate_output(spec: StackSpec, job_id: str, *, clients: Clients,
-                  progress: Spinner = no_spinner) -> tuple[Any, str]:
+                  progress: Spinner = no_spinner) -> tuple[JobPlace, str]:
     """The job's place (scontrol: StdOut, BatchHost and its address) and the batch host's instance.
 
     The output file is written by the job's batch host (the first node), on its own disk unless
@@ -385,7 +385,6 @@ class Followed:
     instance_id: str
     state: str = ""
     exit_code: int | None = None
-    chunks: list[str] = field(default_factory=list)
 
 
 def follow_output(spec: StackSpec, job_id: str, on_text: Callable[[str], None], *, clients: Clients,

@@ -382,6 +382,9 @@ def test_login_prints_the_session_command(aws: dict[str, Any], stack: str, base_
     result = cli("login", stack)
     assert result.exit_code == 0
     assert result.output.strip() == f"aws ssm start-session --target {aws['ids']['login']} --region us-east-1"
+    doc = json.loads(cli("login", stack, "--json").output)
+    assert (doc["instance_id"], doc["private_ip"]) == (aws["ids"]["login"], "10.0.1.10")
+    assert doc["command"][:4] == ["aws", "ssm", "start-session", "--target"]
     result = cli("login", str(write_stack(base_config, "plain")))
     assert result.exit_code == 2 and "scheduler type none" in one_line(result)
 
@@ -522,4 +525,6 @@ def test_spend_by_is_refused_without_slurm_accounting(aws: dict[str, Any], base_
     assert result.exit_code == 2 and "accounting off" in one_line(result)
     result = cli("spend", str(write_stack(slurm_config(), "ok")), "--by", "team")
     assert result.exit_code == 2 and "--by: must be user or job" in one_line(result)
+    result = cli("spend", str(write_stack(slurm_config(), "ok")), "--by", "user", "--chart", "x.png")
+    assert result.exit_code == 2 and "--chart draws the bill" in one_line(result)
     assert aws["sent"] == []

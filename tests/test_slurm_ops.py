@@ -102,13 +102,25 @@ def answer(stub: Stubber, out: str = "", *, status: str = "Success", code: int =
                                                  "StandardOutputContent": out, "StandardErrorContent": err})
 
 
+def page(out: str) -> str:
+    """What `captured_script` prints when the whole output fits one SSM answer."""
+    size = len(out.encode())
+    return (f"==gpucluster:capture\n/tmp/gpucluster-out.AbCd1234\n==gpucluster:rc\n0\n==gpucluster:size\n"
+            f"{size}\n==gpucluster:read\n{size}\n==gpucluster:output\n{out}")
+
+
+CAPTURED = re.compile(r'bash -c "\$\(echo [A-Za-z0-9+/=]+ \| base64 -d\)" gpucluster > "\$f"')
+
+
 def scripts(aws: dict[str, Any]) -> list[tuple[str, str]]:
-    """(instance, decoded script) of every command sent, in order."""
+    """(instance, decoded script) of every command sent, in order; a captured one: the script inside."""
     out = []
     for params in aws["sent"]:
         assert params["DocumentName"] == "AWS-RunShellScript"
         [line] = params["Parameters"]["commands"]
-        out.append((params["InstanceIds"][0], decoded(line)))
+        script = decoded(line)
+        inner = CAPTURED.search(script)
+        out.append((params["InstanceIds"][0], decoded(inner.group(0)[:-len(' > "$f"')]) if inner else script))
     return out
 
 
@@ -221,7 +233,7 @@ SQUEUE_SACCT = """==gpucluster:squeue
 
 def test_jobs_lists_squeue_and_sacct_of_the_last_week(aws: dict[str, Any], stack: str) -> None:
     with Stubber(aws["ssm"]) as stub:
-        answer(stub, SQUEUE_SACCT)
+        answer(stub, page(SQUEUE_SACCT))
         result = cli("jobs", stack, "--json")
     assert result.exit_code == 0, result.output
     jobs = {j["job_id"]: j for j in json.loads(result.output)["jobs"]}
@@ -232,7 +244,7 @@ def test_jobs_lists_squeue_and_sacct_of_the_last_week(aws: dict[str, Any], stack
     assert "squeue --noheader '--format=%i|%j|%T|%D|%N|%P|%r'" in script
     assert re.search(r"sacct .*--starttime=\d{4}-\d\d-\d\dT", script)
     with Stubber(aws["ssm"]) as stub:
-        answer(stub, SQUEUE_SACCT)
+        answer(stub, page(SQUEUE_SACCT))
         result = cli("jobs", stack)
     assert re.search(r"4241\s+broken\s+train\s+FAILED\s+2\s+train-\[1-2\]\s+1", result.output), result.output
 
@@ -240,14 +252,36 @@ def test_jobs_lists_squeue_and_sacct_of_the_last_week(aws: dict[str, Any], stack
 def test_jobs_without_accounting_read_scontrol(aws: dict[str, Any], tmp_path: Path, write_stack: Any) -> None:
     path = str(write_stack(slurm_config(accounting=False), "slurmy"))
     with Stubber(aws["ssm"]) as stub:
-        answer(stub, "==gpucluster:squeue\n==gpucluster:scontrol\nJobId=7 JobName=a b UserId=ec2-user(1000) "
-                     "JobState=COMPLETED Reason=None ExitCode=0:0 NumNodes=1 Partition=train "
-                     "NodeList=train-1\n")
+        answer(stub, page("==gpucluster:squeue\n==gpucluster:scontrol\nJobId=7 JobName=a b "
+                          "UserId=ec2-user(1000) JobState=COMPLETED Reason=None ExitCode=0:0 NumNodes=1 "
+                          "Partition=train NodeList=train-1\n"))
         result = cli("jobs", path, "--json")
     assert result.exit_code == 0, result.output
     assert [(j["job_id"], j["name"], j["state"]) for j in json.loads(result.output)["jobs"]] == [
         ("7", "a b", "COMPLETED")]
     assert "sacct" not in scripts(aws)[0][1]
+
+
+def test_a_long_listing_is_read_a_page_at_a_time(aws: dict[str, Any], stack: str) -> None:
+    lines = "".join(f"{n}|job-{n}|PENDING|2||train|Priority\n" for n in range(1000, 2400))
+    out = "==gpucluster:squeue\n" + lines + "==gpucluster:sacct\n"
+    total = len(out.encode())
+    assert 40_000 < total <= 60_000  # three pages: more than SSM returns at once
+    first = (f"==gpucluster:capture\n/tmp/gpucluster-out.AbCd1234\n==gpucluster:rc\n0\n"
+             f"==gpucluster:size\n{total}\n==gpucluster:read\n20000\n==gpucluster:output\n{out[:20000]}")
+    with Stubber(aws["ssm"]) as stub:
+        answer(stub, first)
+        for n, start in enumerate((20000, 40000), start=1):
+            part = out[start:start + 20000]
+            answer(stub, f"==gpucluster:size\n{total}\n==gpucluster:read\n{len(part)}\n==gpucluster:output\n"
+                         f"{part}", n=n)
+        result = cli("jobs", stack, "--json")
+        stub.assert_no_pending_responses()
+    assert result.exit_code == 0, result.output
+    assert [j["job_id"] for j in json.loads(result.output)["jobs"]] == [str(n) for n in range(1000, 2400)]
+    reads = [script for _, script in scripts(aws)[1:]]
+    assert ["f=/tmp/gpucluster-out.AbCd1234" in r and f"tail -c +{start + 1} " in r and 'rm -f -- "$f"' in r
+            for r, start in zip(reads, (20000, 40000), strict=True)] == [True, True]
 
 
 CANCEL = """==gpucluster:before
@@ -355,7 +389,7 @@ def test_nodes_show_slurm_state_beside_ec2(aws: dict[str, Any], stack: str) -> N
              "train-2|train|drained|ip-10-0-1-12|ip-10-0-1-12|gpucluster: xid 79\n"
              "train-3|train|idle~|train-3|train-3|none\n")
     with Stubber(aws["ssm"]) as stub:
-        answer(stub, sinfo)
+        answer(stub, page(sinfo))
         result = cli("nodes", stack, "--json")
     assert result.exit_code == 0, result.output
     nodes = json.loads(result.output)["nodes"]
@@ -367,7 +401,7 @@ def test_nodes_show_slurm_state_beside_ec2(aws: dict[str, Any], stack: str) -> N
         (None, None, aws["ids"]["login"], "running", None)]  # the login node: no Slurm node for it
     assert "sinfo --noheader --Node '--format=%N|%R|%T|%o|%n|%E'" in scripts(aws)[0][1]
     with Stubber(aws["ssm"]) as stub:
-        answer(stub, sinfo)
+        answer(stub, page(sinfo))
         result = cli("nodes", stack, "--group", "train")
     assert result.exit_code == 0
     assert re.search(r"train-2\s+train\s+drained\s+i-\w+\s+p5.48xlarge\s+10.0.1.12\s+running\s+"
@@ -497,7 +531,7 @@ def test_spend_by_user_and_job_prices_sacct_like_cost(aws: dict[str, Any], stack
     prices = node_hour_prices(spec)
     assert prices["train"] > 50  # a p5.48xlarge node-hour, on demand
     with Stubber(aws["ssm"]) as stub:
-        answer(stub, SACCT)
+        answer(stub, page(SACCT))
         result = cli("spend", stack, "--by", "user", "--days", "3", "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
@@ -510,7 +544,7 @@ def test_spend_by_user_and_job_prices_sacct_like_cost(aws: dict[str, Any], stack
     assert "export TZ=UTC" in script and "--format=JobID,User,Partition,NNodes,ElapsedRaw,Start,End,State," \
         "AllocTRES,JobName" in script
     with Stubber(aws["ssm"]) as stub:
-        answer(stub, SACCT)
+        answer(stub, page(SACCT))
         result = cli("spend", stack, "--by", "job", "--days", "3")
     assert result.exit_code == 0, result.output
     assert re.search(r"41\s+2.00\s+16.00\s+[\d,.]+\s+pretrain \(alice, train, COMPLETED\)", result.output)

@@ -34,11 +34,13 @@ from gpucluster.slurm.queue import parse_squeue, scancel_command, squeue_command
 from gpucluster.slurm.remote import (
     CHUNK_BYTES,
     cancel_script,
+    captured_script,
     decoded,
     jobs_script,
     locate_script,
     nodes_script,
     parse_cancel,
+    parse_captured,
     parse_jobs,
     parse_locate,
     parse_sinfo,
@@ -228,3 +230,24 @@ def test_nodes_parse_the_real_sinfo(quiet: Slurm) -> None:
         assert (drained["node2"].state, drained["node2"].reason) == ("drained", "gpucluster: xid 79")
     finally:
         cluster.run("scontrol", "update", "nodename=node2", "state=resume")
+
+
+def test_a_long_output_is_kept_on_the_node_and_read_a_page_at_a_time(quiet: Slurm) -> None:
+    cluster = quiet
+    done = on_login(cluster, captured_script("set -eu\nseq 1 30000\necho oops >&2\nexit 3\n"))
+    assert done.returncode == 3 and done.stderr == "oops\n"  # the script's own status and stderr
+    page = parse_captured(done.stdout)
+    whole = "".join(f"{n}\n" for n in range(1, 30001))
+    assert (page.rc, page.size, page.read, page.text) == (3, len(whole), CHUNK_BYTES, whole[:CHUNK_BYTES])
+    text, offset = [page.text], page.read
+    while offset < page.size:
+        script = tail_script(page.path, offset=offset, remove_when_read=True)
+        tail = parse_tail(on_login(cluster, script).stdout)
+        text.append(tail.text)
+        offset += tail.read or 0
+    assert "".join(text) == whole
+    assert not Path(page.path).exists()  # the last page removed it
+    small = parse_captured(on_login(cluster, captured_script(nodes_script())).stdout)
+    assert (small.size, small.read, small.rc) == (small.read, len(small.text.encode()), 0)
+    assert [n.name for n in parse_sinfo(small.text)] == ["node1", "node2"]
+    assert not Path(small.path).exists()  # one page: gone at once

@@ -175,13 +175,39 @@ def run_script(ssm: Any, instance_id: str, script: str, *, comment: str,
         sleep(poll_seconds)
 
 
+def run_captured(ssm: Any, instance_id: str, script: str, *, comment: str) -> RemoteResult:
+    """`run_script`, with the whole of the script's output however long: SSM returns only its
+    first 24,000 characters, so the output is kept in a file on the node and read a page at a time
+    (`slurm.remote.captured_script`); the file goes with the last page."""
+    from gpucluster.slurm.remote import RemoteError, captured_script, parse_captured, parse_tail, tail_script
+
+    first = run_script(ssm, instance_id, captured_script(script), comment=comment)
+    if not first.ok:
+        return first
+    try:
+        page = parse_captured(first.stdout)
+        text, offset = [page.text], page.read
+        while offset < page.size:
+            more = run_script(ssm, instance_id, tail_script(page.path, offset=offset, remove_when_read=True),
+                              comment=comment)
+            tail = parse_tail(checked(more, "reading the rest of the output"))
+            if not tail.read:
+                raise SlurmError(f"reading {page.path} on {instance_id}: no progress at byte {offset}")
+            text.append(tail.text)
+            offset += tail.read
+    except RemoteError as err:
+        raise SlurmError(str(err)) from None
+    return replace(first, stdout="".join(text))
+
+
 def on_login(spec: StackSpec, script: str, *, clients: Clients, comment: str,
-             progress: Spinner = no_spinner,
-             login: LoginNode | None = None) -> tuple[LoginNode, RemoteResult]:
-    """Run `script` on the stack's login node (found, unless given)."""
+             progress: Spinner = no_spinner, login: LoginNode | None = None,
+             paged: bool = False) -> tuple[LoginNode, RemoteResult]:
+    """Run `script` on the stack's login node (found, unless given); `paged`: all of a long output."""
     login = login or find_login_node(spec, clients=clients, progress=progress)
+    run = run_captured if paged else run_script
     with progress(f"asking Slurm on the login node {login.instance_id}"):
-        return login, run_script(clients("ssm"), login.instance_id, script, comment=comment)
+        return login, run(clients("ssm"), login.instance_id, script, comment=comment)
 
 
 def checked(result: RemoteResult, what: str) -> str:
@@ -271,7 +297,8 @@ def list_jobs(spec: StackSpec, group: str | None, *, clients: Clients, progress:
         raise SlurmError(f"--group: no node group {group!r} in stack {spec.stack}")
     since = sacct_time((now or datetime.now(UTC)) - timedelta(days=FINISHED_DAYS))
     script = jobs_script(partition=group, accounting=spec.scheduler.accounting, since=since)
-    _, result = on_login(spec, script, clients=clients, progress=progress, comment="gpucluster jobs")
+    _, result = on_login(spec, script, clients=clients, progress=progress, comment="gpucluster jobs",
+                         paged=True)
     try:
         return parse_jobs(checked(result, "squeue"), partition=group)
     except (QueueError, RemoteError) as err:
@@ -463,7 +490,7 @@ def slurm_nodes(spec: StackSpec, *, group: str | None = None, clients: Clients,
     from gpucluster.slurm.remote import RemoteError, nodes_script, parse_sinfo
 
     _, result = on_login(spec, nodes_script(), clients=clients, progress=progress,
-                             comment="gpucluster nodes")
+                         comment="gpucluster nodes", paged=True)
     try:
         found = parse_sinfo(checked(result, "sinfo"))
     except RemoteError as err:
@@ -529,7 +556,7 @@ def usage(spec: StackSpec, by: str, start: datetime, end: datetime, *, clients: 
                          "false): there is no sacct to read")
     prices = node_hour_prices(spec)
     _, result = on_login(spec, usage_script(start, end), clients=clients, progress=progress,
-                         comment="gpucluster spend")
+                         comment="gpucluster spend", paged=True)
     try:
         jobs = parse_usage(checked(result, "sacct"), start, end, now or datetime.now(UTC))
     except QueueError as err:

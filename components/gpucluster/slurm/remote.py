@@ -218,9 +218,27 @@ command's output (API reference, GetCommandInvocation StandardOutputContent), an
 character is at least one byte, so a chunk always arrives whole."""
 
 
-def tail_script(path: str, *, lines: int | None = None, offset: int | None = None) -> str:
-    """The file's size, then its last `lines`, or (following) up to CHUNK_BYTES from byte `offset`
-    with the count of bytes read first, so the next read starts where this one ended.
+def _chunk(offset: int, *, remove_when_read: bool = False) -> list[str]:
+    """Lines printing `$f`'s size, then up to CHUNK_BYTES from byte `offset` with their count first;
+    with `remove_when_read`, the file goes once this read reaches its end."""
+    lines = [_section("size"),
+             'size=$(stat -c %s -- "$f")',
+             'echo "$size"',
+             "chunk=$(mktemp)",
+             "trap 'rm -f \"$chunk\"' EXIT",
+             f'tail -c +{int(offset) + 1} -- "$f" | head -c {CHUNK_BYTES} > "$chunk"',
+             _section("read"),
+             'read=$(stat -c %s -- "$chunk")',
+             'echo "$read"']
+    if remove_when_read:
+        lines.append(f'if [ $(({int(offset)} + read)) -ge "$size" ]; then rm -f -- "$f"; fi')
+    return [*lines, _section("output"), 'cat -- "$chunk"']
+
+
+def tail_script(path: str, *, lines: int | None = None, offset: int | None = None,
+                remove_when_read: bool = False) -> str:
+    """The file's size, then its last `lines`, or (following, paging) up to CHUNK_BYTES from byte
+    `offset` with the count of bytes read first, so the next read starts where this one ended.
 
     Exit 4 when the file is not there (the job has not started, or wrote elsewhere).
     """
@@ -228,21 +246,56 @@ def tail_script(path: str, *, lines: int | None = None, offset: int | None = Non
         "set -eu",
         SLURM_PATH,
         f"f={shlex.quote(path)}",
-        'if [ ! -e "$f" ]; then echo "gpucluster: no file $f on $(hostname)" >&2; exit 4; fi',
-        _section("size"),
-        'stat -c %s -- "$f"']
+        'if [ ! -e "$f" ]; then echo "gpucluster: no file $f on $(hostname)" >&2; exit 4; fi']
     if lines is not None:
-        return "\n".join([*head, _section("output"), f'tail -n {int(lines)} -- "$f"', ""])
+        return "\n".join([*head, _section("size"), 'stat -c %s -- "$f"', _section("output"),
+                          f'tail -n {int(lines)} -- "$f"', ""])
+    return "\n".join([*head, *_chunk(offset or 0, remove_when_read=remove_when_read), ""])
+
+
+CAPTURE = re.compile(r"/tmp/gpucluster-out\.[A-Za-z0-9]{8}")
+"""Where `captured_script` keeps a command's whole output until it has been read."""
+
+
+def captured_script(script: str) -> str:
+    """`script` with its stdout kept in a file on the node: its path and exit status, then the
+    first CHUNK_BYTES (as `tail_script` pages). What does not fit in one SSM answer is read with
+    `tail_script(path, offset=..., remove_when_read=True)`; the file goes with the last read. The
+    script's stderr and exit status stay the command's own."""
+    encoded = base64.b64encode(script.encode()).decode()
     return "\n".join([
-        *head,
-        "chunk=$(mktemp)",
-        "trap 'rm -f \"$chunk\"' EXIT",
-        f'tail -c +{int(offset or 0) + 1} -- "$f" | head -c {CHUNK_BYTES} > "$chunk"',
-        _section("read"),
-        'stat -c %s -- "$chunk"',
-        _section("output"),
-        'cat -- "$chunk"',
+        "set -u",
+        "f=$(mktemp /tmp/gpucluster-out.XXXXXXXX)",
+        f'bash -c "$(echo {encoded} | base64 -d)" gpucluster > "$f"',
+        "rc=$?",
+        _section("capture"),
+        'echo "$f"',
+        _section("rc"),
+        'echo "$rc"',
+        *_chunk(0, remove_when_read=True),
+        'exit "$rc"',
         ""])
+
+
+@dataclass(frozen=True)
+class Page:
+    """The first page of a captured command's output."""
+
+    path: str
+    rc: int
+    size: int
+    read: int
+    text: str
+
+
+def parse_captured(output: str) -> Page:
+    head = output.partition(SECTION + "output\n")[0]
+    parts = sections(head)
+    path = parts.get("capture", "").strip()
+    tail = parse_tail(output)
+    if not CAPTURE.fullmatch(path) or tail.read is None or not parts.get("rc", "").strip().isdigit():
+        raise RemoteError(f"captured output: no file, status or size in {output.strip()[:200]!r}")
+    return Page(path, int(parts["rc"]), tail.size, tail.read, tail.text)
 
 
 @dataclass(frozen=True)

@@ -168,3 +168,31 @@ def test_version_comes_from_the_installed_metadata() -> None:
     assert result.exit_code == 0
     assert result.output == f"gpucluster {VERSION}\n"
     assert gpucluster.__version__ == VERSION, "gpucluster.__version__ and pyproject's version differ"
+
+
+def test_init_scheduler_slurm_scaffolds_a_slurm_dev_stack_that_passes_preflight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpucluster.spec.scheduler import pcs_group_findings
+
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["init", "lab", "--scheduler", "slurm"])
+    assert result.exit_code == 0, result.output
+    assert "runs Slurm on AWS PCS" in result.output
+    text = (tmp_path / "lab" / "stacks" / "Pulumi.dev.yaml").read_text()
+    plain_text = scaffold.render("lab", VERSION, "gpucluster")["stacks/Pulumi.dev.yaml"]
+    assert text == plain_text + scaffold.SLURM_SCHEDULER
+    config = yaml.safe_load(text)["config"]
+    assert config["gpucluster:scheduler"] == {"type": "slurm", "slurm_version": "25.05", "accounting": True}
+    spec = parse_stack_config(config, stack="dev")  # the spec's checks and preflight: no finding
+    assert spec.scheduler.slurm and spec.scheduler.accounting
+    assert [list(pcs_group_findings(g, "g")) for g in spec.node_groups] == [[]]  # groups PCS can launch
+    readme = (tmp_path / "lab" / "README.md").read_text()
+    assert "## Jobs through Slurm" in readme and "gpucluster run dev --group dev-a10 --detach" in readme
+    plain = runner.invoke(app, ["init", str(tmp_path / "plain"), "--json"])
+    assert json.loads(plain.stdout)["scheduler"] == "none"
+    assert "gpucluster:scheduler" not in (tmp_path / "plain" / "stacks" / "Pulumi.dev.yaml").read_text()
+    assert "Jobs through Slurm" not in (tmp_path / "plain" / "README.md").read_text()
+    bad = runner.invoke(app, ["init", str(tmp_path / "bad"), "--scheduler", "pbs"])
+    assert bad.exit_code == 2
+    assert bad.output.strip() == "init: --scheduler: must be none or slurm, got 'pbs'"
+    assert not (tmp_path / "bad").exists()

@@ -22,7 +22,7 @@ COMMANDS = (
     ("doctor", doctor.doctor), ("status", fleet.status), ("resume", fleet.resume), ("init", planning.init),
     ("nodes", fleet.nodes), ("run", jobs.run), ("hostfile", jobs.hostfile), ("scale", fleet.scale),
     ("stop", fleet.stop), ("start", fleet.start), ("jobs", jobs.list_jobs), ("logs", jobs.logs),
-    ("cancel", jobs.cancel), ("spend", spend.spend),
+    ("cancel", jobs.cancel), ("login", jobs.login), ("spend", spend.spend),
 )
 for _name, _command in COMMANDS:
     app.command(_name)(_command)

@@ -379,6 +379,9 @@ def nodes(
 
     render.use_json(as_json)
     spec = build_spec(stack)
+    if spec.scheduler.slurm:
+        slurm_nodes(spec, group, as_json)
+        return
     found = ops_call("nodes", lambda: find_nodes(spec, group, clients=common.clients(spec),
                                                  progress=render.progress), None)
     found = with_metrics(spec, found)
@@ -396,6 +399,24 @@ def nodes(
                f"{sum(n.in_service for n in found)} in service"
                + (f", {waiting} getting ready (not targeted until ready)" if waiting else ""))
     for line in render_nodes(found):
+        render.say(line)
+
+
+def slurm_nodes(spec: StackSpec, group: str | None, as_json: bool) -> None:
+    """`nodes` on a Slurm stack: sinfo's nodes (through the login node) beside the stack's instances."""
+    from gpucluster.ops.slurmjobs import slurm_nodes as views_of
+
+    views = ops_call("nodes", lambda: views_of(spec, group=group, clients=common.clients(spec),
+                                               progress=render.progress), None)
+    if as_json:
+        render.emit(head(spec, scheduler="slurm", nodes=[v.as_json() for v in views]))
+        return
+    known = [v for v in views if v.slurm is not None]
+    running = sum(1 for v in views if v.as_json()["ec2_state"] == "running")
+    render.say(f"stack {spec.stack} ({spec.region}), Slurm: {len(known)} Slurm node(s)"
+               f"{f' in partition {group}' if group else ''}, {running} running instance(s) "
+               "(a Slurm node with no instance is powered down: PCS launches it for a job)")
+    for line in render.slurm_node_lines(views):
         render.say(line)
 
 
@@ -422,6 +443,10 @@ def scale(
     if desired is None:
         fail_usage("scale", "--desired is required")
     spec = build_spec(stack)
+    from gpucluster.ops.slurmjobs import refusal
+
+    if (reason := refusal(spec, "scale")) is not None:
+        fail_usage("scale", reason)
     client = common.client(spec, "autoscaling")
     changes = ops_call("scale", lambda: plan_scale(spec.identity, group, desired,
                                                     autoscaling_client=client, stack=spec.stack),

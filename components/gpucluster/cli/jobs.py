@@ -139,6 +139,9 @@ def run(
     nccl_max_bytes: Annotated[str, typer.Option("--nccl-max-bytes", help="With --nccl-test: the largest "
                                                                          "message size (8 B up to this).")]
     = "4G",
+    nodes: Annotated[int | None, typer.Option("--nodes", help=(
+        "Slurm stacks: nodes the batch job asks for (default: the group's desired_nodes, or max_nodes "
+        "when that is 0)."))] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Run CMD on every in-service node of a group through SSM, with torchrun's rank environment.
@@ -166,6 +169,14 @@ def run(
         fail_usage("run", "--restart-on-replace restarts detached jobs: add --detach")
     spec = build_spec(stack)
     text = " ".join(command or [])
+    if spec.scheduler.slurm:
+        slurm_run(spec, group, text, detach=detach, dry_run=dry_run, name=name, nodes=nodes,
+                  restart_on_replace=restart_on_replace, master_port=master_port, workdir=workdir,
+                  timeout=timeout, as_json=as_json)
+        return
+    if nodes is not None:
+        fail_usage("run", "--nodes: only on a Slurm stack (the launcher runs on every in-service node of "
+                          "the group)")
     launch = ops_call("run", lambda: plan_run(
         spec, group, text, clients=common.clients(spec), progress=render.progress, detach=detach, name=name,
         restart_on_replace=restart_on_replace, master_port=master_port, workdir=workdir, timeout=timeout),
@@ -262,6 +273,7 @@ def nccl_test_command(stack: str, group: str, *, dry_run: bool, max_bytes: str, 
     from gpucluster.ops.nccl import execute_nccl_test, human_bytes, prepare_nccl_test
 
     spec = build_spec(stack)
+    refuse(spec, "run", "nccl-test")
     setup = ops_call("run", lambda: prepare_nccl_test(spec, group, clients=common.clients(spec),
                                                       max_bytes=max_bytes, progress=render.progress), None)
     base, expected, efa, gpus = setup.base, setup.expected, setup.efa, setup.gpus_per_node
@@ -370,6 +382,7 @@ def hostfile(
     if fmt not in HOSTFILE_FORMATS:
         fail_usage("hostfile", f"--format: must be mpi, deepspeed or plain, got {fmt!r}")
     spec = build_spec(stack)
+    refuse(spec, "hostfile")
     found = ops_call("hostfile", lambda: find_nodes(spec, group, clients=common.clients(spec),
                                                     progress=render.progress), None)
     lines = render_hostfile(found, fmt)
@@ -403,6 +416,9 @@ def list_jobs(stack: StackArg, group: GroupOption = None, as_json: JsonOption = 
 
     render.use_json(as_json)
     spec = build_spec(stack)
+    if spec.scheduler.slurm:
+        slurm_jobs(spec, group, as_json)
+        return
     listing = ops_call("jobs", lambda: jobs_on_nodes(spec, group, clients=common.clients(spec),
                                                      progress=render.progress), None)
     results = listing.results
@@ -426,7 +442,8 @@ def list_jobs(stack: StackArg, group: GroupOption = None, as_json: JsonOption = 
 
 def logs(
     stack: StackArg,
-    job: Annotated[str, typer.Argument(help="The job's name (see `gpucluster jobs`).")],
+    job: Annotated[str, typer.Argument(help="The job's name (see `gpucluster jobs`); on a Slurm stack "
+                                            "its job id.")],
     group: GroupOption = None,
     node: Annotated[str | None, typer.Option("--node", help="Only this node: its rank, instance id or "
                                                             "private IP.")] = None,
@@ -448,6 +465,9 @@ def logs(
     if not 1 <= lines <= 5000:
         fail_usage("logs", f"--lines: must be 1..5000, got {lines}")
     spec = build_spec(stack)
+    if spec.scheduler.slurm:
+        slurm_logs(spec, name, group=group, node=node, lines=lines, follow=follow, as_json=as_json)
+        return
     if follow:
         follow_logs(spec, name, group, node, as_json)
         return
@@ -531,7 +551,8 @@ def ending_json(instance_id: str, ending: Ending | None) -> dict[str, Any]:
 
 def cancel(
     stack: StackArg,
-    job: Annotated[str, typer.Argument(help="The job's name (see `gpucluster jobs`).")],
+    job: Annotated[str, typer.Argument(help="The job's name (see `gpucluster jobs`); on a Slurm stack "
+                                            "its job id.")],
     group: GroupOption = None,
     yes: YesOption = False,
     as_json: JsonOption = False,
@@ -545,6 +566,9 @@ def cancel(
     render.use_json(as_json)
     name = job_name("cancel", job)
     spec = build_spec(stack)
+    if spec.scheduler.slurm:
+        slurm_cancel(spec, name, group=group, yes=yes, as_json=as_json)
+        return
     confirm_or_exit("cancel", f"Stop job {name} on every node of {group or 'the stack'}?", yes)
 
     def removed() -> None:
@@ -563,3 +587,186 @@ def cancel(
                    + "".join(f"\n  | {line}" for line in r.tail(3) if not r.ok))
     if any(not r.ok for r in results):
         raise typer.Exit(EXIT_BLOCKED)
+
+
+# ------------------------------------------------------------------ Slurm stacks
+
+
+def refuse(spec: StackSpec, command: str, what: str | None = None) -> None:
+    """One line and exit 2 when `what` (default: the command) makes no sense on this stack."""
+    from gpucluster.ops.slurmjobs import refusal
+
+    reason = refusal(spec, what or command)
+    if reason is not None:
+        fail_usage(command, reason)
+
+
+def slurm_job_id(command: str, job: str, group: str | None, node: str | None = None) -> str:
+    """A Slurm job id as given (digits), or one line saying what it must be (exit 2)."""
+    from gpucluster.slurm.queue import JOB_ID
+
+    if not JOB_ID.fullmatch(job):
+        fail_usage(command, f"job: on a Slurm stack, a Slurm job id (digits; see `gpucluster jobs`), "
+                            f"got {job!r}")
+    for option, value in (("--group", group), ("--node", node)):
+        if value is not None:
+            fail_usage(command, f"{option}: a Slurm job id names one job; give no {option}")
+    return job
+
+
+def slurm_run(spec: StackSpec, group: str, text: str, *, detach: bool, dry_run: bool, name: str | None,
+              nodes: int | None, restart_on_replace: bool, master_port: int, workdir: str | None,
+              timeout: int | None, as_json: bool) -> None:
+    """`run --detach` on a Slurm stack: sbatch on the login node, the job id back.
+
+    Without --detach it refuses (one line): a batch job outlives the command, and following its
+    output is `logs --follow`'s job.
+    """
+    from gpucluster.ops.slurmjobs import plan_submit, refusal, submit
+    from gpucluster.slurm.remote import JOB_UID
+
+    if not detach:
+        fail_usage("run", refusal(spec, "run") or "add --detach")
+    sub = ops_call("run", lambda: plan_submit(
+        spec, group, text, name=name, nodes=nodes, restart_on_replace=restart_on_replace,
+        master_port=master_port, workdir=workdir, timeout=timeout), None)
+    top = head(spec, group=group, command=text, scheduler="slurm", partition=group, job_name=sub.job.name,
+               nodes=sub.job.nodes, run_as_uid=JOB_UID)
+    if dry_run:
+        if as_json:
+            render.emit({**top, "dry_run": True, "sbatch_script": sub.sbatch_script,
+                         "login_node_script": sub.script})
+            return
+        render.say(f"dry run: would submit to partition {group} on the login node through SSM, as uid "
+                   f"{JOB_UID} (`sbatch --parsable`), this batch script:")
+        for line in sub.sbatch_script.splitlines():  # verbatim: a shell line is not wrapped
+            typer.echo(f"  {line}")
+        render.say("dry run: nothing sent")
+        return
+    done = ops_call("run", lambda: submit(spec, sub, clients=common.clients(spec), progress=render.progress),
+                    None)
+    if done.job_id is None:
+        render.fail([("run", f"sbatch refused the job on the login node {done.login.instance_id}: "
+                             f"{done.result.error_line()}")], EXIT_BLOCKED)
+    if as_json:
+        render.emit({**top, "dry_run": False, "job_id": done.job_id,
+                     "login_instance": done.login.instance_id})
+        return
+    render.say(f"run: submitted job {done.job_id} ({sub.job.name}, {sub.job.nodes} node(s)) to partition "
+               f"{group}; follow it with `gpucluster logs {spec.stack} {done.job_id} --follow`, list with "
+               f"`gpucluster jobs {spec.stack}`, stop it with `gpucluster cancel {spec.stack} {done.job_id}`")
+    typer.echo(done.job_id)
+
+
+def slurm_jobs(spec: StackSpec, group: str | None, as_json: bool) -> None:
+    from gpucluster.ops.slurmjobs import list_jobs as queue
+
+    found = ops_call("jobs", lambda: queue(spec, group, clients=common.clients(spec),
+                                           progress=render.progress), None)
+    if as_json:
+        render.emit(head(spec, group=group, scheduler="slurm", accounting=spec.scheduler.accounting,
+                         jobs=[{**asdict(j), "active": j.active} for j in found]))
+        return
+    if not found:
+        off = "" if spec.scheduler.accounting else (" (accounting is off: finished jobs show only while "
+                                                    "the controller keeps them)")
+        render.say(f"no Slurm jobs{f' in partition {group}' if group else ''}{off}")
+        return
+    for line in render.slurm_job_lines(found):
+        render.say(line)
+
+
+def slurm_logs(spec: StackSpec, job: str, *, group: str | None, node: str | None, lines: int, follow: bool,
+               as_json: bool) -> None:
+    """The job's output file, read on its batch host; --follow streams it until the job ends."""
+    from gpucluster.ops.slurmjobs import follow_output, job_output
+
+    job_id = slurm_job_id("logs", job, group, node)
+    clients = common.clients(spec)
+    if follow:
+        def show(text: str) -> None:
+            if as_json:
+                render.emit({"event": "output", "job_id": job_id, "text": text})
+            else:
+                typer.echo(text, nl=False)
+
+        try:
+            ended = ops_call("logs", lambda: follow_output(spec, job_id, show, clients=clients,
+                                                           progress=render.progress), None)
+        except KeyboardInterrupt:
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        ok = ended.state == "COMPLETED"
+        if as_json:
+            render.emit({"event": "end", **head(spec, job_id=job_id, state=ended.state,
+                                                exit_code=ended.exit_code, ok=ok, path=ended.path,
+                                                instance_id=ended.instance_id)})
+        else:
+            render.say(f"job {job_id}: {ended.state}"
+                       + ("" if ended.exit_code is None else f", exit {ended.exit_code}"), err=True)
+        raise typer.Exit(EXIT_OK if ok else EXIT_BLOCKED)
+    out = ops_call("logs", lambda: job_output(spec, job_id, lines=lines, clients=clients,
+                                              progress=render.progress), None)
+    if as_json:
+        render.emit(head(spec, job_id=job_id, state=out.job.state, path=out.path, instance_id=out.instance_id,
+                         size_bytes=out.size, truncated=out.truncated, output=out.text.splitlines()))
+        return
+    render.say(f"== job {job_id} ({out.job.state}): {out.path} on {out.instance_id}", err=True)
+    typer.echo(out.text, nl=False)
+    if out.truncated:
+        render.say("(SSM returns only the first 24,000 characters: ask for fewer --lines, or --follow "
+                   "for the whole file)", err=True)
+
+
+def slurm_cancel(spec: StackSpec, job: str, *, group: str | None, yes: bool, as_json: bool) -> None:
+    from gpucluster.ops.slurmjobs import cancel as scancel
+
+    job_id = slurm_job_id("cancel", job, group)
+    confirm_or_exit("cancel", f"Cancel Slurm job {job_id}?", yes)
+    done = ops_call("cancel", lambda: scancel(spec, job_id, clients=common.clients(spec),
+                                              progress=render.progress), None)
+    if as_json:
+        render.emit(head(spec, job_id=job_id, cancelled=done.cancelled, state=done.state,
+                         message=done.message or None))
+        raise typer.Exit(EXIT_OK if done.cancelled else EXIT_BLOCKED)
+    if not done.cancelled:
+        render.fail([("cancel", f"job {job_id} not cancelled: {done.message}")], EXIT_BLOCKED)
+    render.say(f"job {job_id}: cancelled (Slurm state now {done.state or 'gone'})")
+
+
+def login(
+    stack: StackArg,
+    start: Annotated[bool, typer.Option("--start", help="Start the session (runs the AWS CLI with the "
+                                                        "Session Manager plugin) instead of printing it.")]
+    = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Print the command that opens a shell on a Slurm stack's login node (Session Manager, no SSH).
+
+    There you run sbatch, srun and squeue; become the job user first (`sudo -iu ec2-user`, or
+    `ubuntu` on Ubuntu AMIs) so your jobs run as the user every node has.
+    """
+    import os
+    import shlex
+    import shutil
+
+    from gpucluster.ops.slurmjobs import find_login_node
+
+    render.use_json(as_json)
+    spec = build_spec(stack)
+    if not spec.scheduler.slurm:
+        fail_usage("login", f"stack {spec.stack} has no Slurm login node (scheduler type none): open a "
+                            "shell on a node with `aws ssm start-session --target <instance id>` (see "
+                            "`gpucluster nodes`)")
+    node = ops_call("login", lambda: find_login_node(spec, clients=common.clients(spec),
+                                                     progress=render.progress), None)
+    command = node.session_command(spec.region)
+    if as_json:
+        render.emit(head(spec, instance_id=node.instance_id, private_ip=node.private_ip, command=command))
+        return
+    if not start:
+        typer.echo(shlex.join(command))
+        return
+    if shutil.which("aws") is None:
+        fail_usage("login", f"--start needs the AWS CLI with the Session Manager plugin; run it elsewhere: "
+                            f"{shlex.join(command)}")
+    os.execvp(command[0], command)

@@ -438,6 +438,10 @@ def init(
         "--hardened", help="Name a permissions boundary and a break-glass role in the dev stack and ship "
                            "the bootstrap script that makes the boundary (run it once per account first).")
     ] = False,
+    scheduler: Annotated[str, typer.Option(
+        "--scheduler", metavar="none|slurm",
+        help="slurm: the dev stack runs Slurm on AWS PCS (a partition per node group, a login node, "
+             "jobs through sbatch); none: gpucluster's own launcher.")] = "none",
     as_json: JsonOption = False,
 ) -> None:
     """Create a Pulumi project that uses gpucluster: Pulumi.yaml, __main__.py, a dev stack, policies."""
@@ -445,14 +449,14 @@ def init(
 
     render.use_json(as_json)
     try:
-        written = create_project(directory, hardened=hardened)
+        written = create_project(directory, hardened=hardened, scheduler=scheduler)
     except ScaffoldError as err:
         fail_usage("init", str(err))
     here = directory.resolve() == Path.cwd().resolve()
     next_step = f"{'' if here else f'cd {directory} && '}gpucluster plan dev"
     if as_json:
         render.emit({"directory": str(directory), "created": [str(p.relative_to(directory)) for p in written],
-                     "hardened": hardened, "next": next_step})
+                     "hardened": hardened, "scheduler": scheduler, "next": next_step})
         raise typer.Exit(EXIT_OK)
     typer.echo(f"created a gpucluster project in {directory}:")
     for path in written:
@@ -461,6 +465,9 @@ def init(
     if hardened:
         typer.echo("hardened: before the first `pulumi up`, an administrator runs infra/bootstrap_state.py "
                    "once per account (README.md)")
+    if scheduler == "slurm":
+        typer.echo("slurm: the dev stack runs Slurm on AWS PCS; its nodes need an AMI with the PCS agent and "
+                   "Slurm (gpucluster:scheduler.ami_id, README.md \"Jobs through Slurm\")")
     typer.echo(f"next: {next_step}   (README.md has the steps to deploy)")
 
 

@@ -26,9 +26,12 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 import typer
 
 if TYPE_CHECKING:
+    from gpucluster.ops.slurmjobs import NodeView
     from gpucluster.plan import Plan, PlannedResource
     from gpucluster.policy.records import Violation
     from gpucluster.pricing import StackCost
+    from gpucluster.slurm.queue import SlurmJob
+    from gpucluster.slurm.usage import UsageRow
 
 WIDTH = 100
 """Every human line fits a 100-column terminal."""
@@ -477,3 +480,42 @@ def _interactive(stream: IO[str]) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+# ------------------------------------------------------------------------- Slurm
+
+
+def slurm_job_lines(jobs: Sequence[SlurmJob]) -> list[str]:
+    """`gpucluster jobs` on a Slurm stack: Slurm's own words for each job (state, reason, exit)."""
+    def exit_text(j: SlurmJob) -> str:
+        if j.exit_code is None:
+            return "-"
+        return f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else "")
+
+    rows = [[j.job_id, j.name, j.partition or "-", j.state, str(j.nodes), j.node_list or "-", exit_text(j),
+             j.reason or "-"] for j in jobs]
+    return table(["job", "name", "partition", "state", "nodes", "node list", "exit", "reason"], rows)
+
+
+def slurm_node_lines(views: Sequence[NodeView]) -> list[str]:
+    """`gpucluster nodes` on a Slurm stack: each Slurm node's state beside its instance's."""
+    rows = []
+    for v in views:
+        d = v.as_json()
+        rows.append([d["slurm_node"] or "-", ",".join(d["partitions"]) or "-", d["slurm_state"] or "-",
+                     d["instance_id"] or "-", d["instance_type"] or "-", d["private_ip"] or "-",
+                     d["ec2_state"] or "-", d["reason"] or ""])
+    return table(["slurm node", "partition", "slurm state", "instance", "type", "private IP", "EC2 state",
+                  "reason"], rows, min_wrap=16)
+
+
+def usage_lines(rows: Sequence[UsageRow], by: str) -> list[str]:
+    """`spend --by user|job`: GPU-hours and their cost, largest first."""
+    money = [f"{r.usd:,.2f}" if r.usd is not None else "unpriced" for r in rows]
+    if by == "user":
+        return table(["user", "jobs", "node-hours", "GPU-hours", "cost $"],
+                     [[r.key, str(r.jobs), f"{r.node_hours:,.2f}", f"{r.gpu_hours:,.2f}", m]
+                      for r, m in zip(rows, money, strict=True)])
+    return table(["job", "node-hours", "GPU-hours", "cost $", "name (user, partition, state)"],
+                 [[r.key, f"{r.node_hours:,.2f}", f"{r.gpu_hours:,.2f}", m, r.detail]
+                  for r, m in zip(rows, money, strict=True)], min_wrap=24)

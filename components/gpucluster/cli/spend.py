@@ -14,18 +14,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpucluster.cli import render
+from gpucluster.cli import common, render
 from gpucluster.cli.common import (
     JsonOption,
     StackArg,
     aws_call,
     build_spec,
     fail_usage,
+    ops_call,
     usd,
 )
 
 if TYPE_CHECKING:
     from gpucluster.ops.spend import Spend
+    from gpucluster.spec import StackSpec
 
 # Cost Explorer's API is served from us-east-1 for the commercial partition
 # (AWS General Reference, "AWS Cost Explorer endpoints and quotas").
@@ -92,6 +94,36 @@ def render_spend(s: Spend) -> list[str]:
     return out
 
 
+def spend_by(spec: StackSpec, by: str, start: datetime, end: datetime, as_json: bool) -> None:
+    """`spend --by user|job`: Slurm accounting's hours priced as `cost` prices each node group."""
+    from gpucluster.ops.slurmjobs import usage
+
+    if by not in ("user", "job"):
+        fail_usage("spend", f"--by: must be user or job, got {by!r}")
+    found = ops_call("spend", lambda: usage(spec, by, start, end, clients=common.clients(spec),
+                                            progress=render.progress), None)
+    if as_json:
+        render.emit({"stack": spec.stack, "identity": spec.identity, "region": spec.region, "currency": "USD",
+                     "by": by, "period": {"start": start.isoformat(), "end": end.isoformat()},
+                     "usd_per_node_hour": {k: round(v, 4) for k, v in sorted(found.prices.items())},
+                     "total_usd": round(found.usd, 2),
+                     "rows": [{"key": r.key, "jobs": r.jobs, "node_hours": round(r.node_hours, 4),
+                               "gpu_hours": round(r.gpu_hours, 4),
+                               "usd": None if r.usd is None else round(r.usd, 2), "detail": r.detail or None}
+                              for r in found.rows]})
+        return
+    render.say(f"stack {spec.stack} ({spec.region}): Slurm accounting (sacct), {start:%Y-%m-%d} .. "
+               f"{end:%Y-%m-%d} (exclusive), UTC, by {by}; node-hours at each node group's price as "
+               "`gpucluster cost` gives it")
+    if not found.rows:
+        render.say("no job ran in these days")
+        return
+    for line in render.usage_lines(found.rows, by):
+        render.say(line)
+    render.say(f"total ${usd(found.usd)}" + (" (unpriced rows ran on a partition that is no node group's)"
+                                              if any(r.usd is None for r in found.rows) else ""))
+
+
 def spend(
     stack: StackArg,
     days: Annotated[int | None, typer.Option(
@@ -101,8 +133,15 @@ def spend(
     as_json: JsonOption = False,
     chart: Annotated[Path | None, typer.Option(
         "--chart", metavar="FILE.png", help="Also draw actual against estimate per day.")] = None,
+    by: Annotated[str | None, typer.Option(
+        "--by", metavar="user|job", help="Slurm stacks with accounting: GPU-hours and their cost per user or "
+                                         "per job (sacct on the login node), instead of the bill.")] = None,
 ) -> None:
-    """Actual cost (Cost Explorer) by node group and purchase option, next to the estimate, and idle waste."""
+    """Actual cost (Cost Explorer) by node group and purchase option, next to the estimate, and idle waste.
+
+    With --by user|job on a Slurm stack with accounting: GPU-hours per user or job from sacct, priced
+    at each node group's node-hour price.
+    """
     from gpucluster.ops.spend import SpendError, stack_spend, window_for
 
     render.use_json(as_json)
@@ -111,6 +150,11 @@ def spend(
     except SpendError as err:
         fail_usage("spend", str(err))
     spec = build_spec(stack)
+    if by is not None:
+        if chart is not None:
+            fail_usage("spend", "--chart draws the bill: give no --by with it")
+        spend_by(spec, by, window.start_time, window.end_time, as_json)
+        return
     clients = _clients(spec.region)
     try:
         result = aws_call("spend", lambda: stack_spend(spec, window, **clients),

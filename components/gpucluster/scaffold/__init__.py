@@ -17,6 +17,10 @@ infra/bootstrap-state/bootstrap_state.py) and says in the README what to run
 first. The templates ship inside the package (`templates/*.tmpl`; `.tmpl` so
 pip does not byte-compile them or pytest collect them) and are filled with
 `string.Template` (the bootstrap script is copied as it is).
+
+`--scheduler slurm` adds `gpucluster:scheduler: {type: slurm}` to the dev stack (its node group is
+one AWS PCS can launch: all spot, no warm pool) and the Slurm steps (log in, submit, watch) to the
+README.
 """
 
 from __future__ import annotations
@@ -54,6 +58,22 @@ HARDENED_CLUSTER = """\
     permissions_boundary: gpucluster-workload-boundary
     break_glass_role: acme-break-glass
 """
+
+
+# The stack-file section `--scheduler slurm` adds (spec/models.py SchedulerConfig; the node group above
+# is all spot with no warm pool, which AWS PCS can launch: spec/scheduler.py).
+SLURM_SCHEDULER = """
+  # Slurm on AWS Parallel Computing Service: a queue (Slurm partition) per node group, named as the
+  # group, and a login node you reach with `gpucluster login dev`. See the Slurm guide.
+  gpucluster:scheduler:
+    type: slurm
+    slurm_version: "25.05"            # what the PCS cluster runs; the AMI must carry the same
+    accounting: true                  # sacct, `gpucluster spend dev --by user`; fixed at creation
+    # ami_id: ami-0123456789abcdef0   # an AMI with the AWS PCS agent and Slurm 25.05 for the nodes
+    # login: {instance_type: m7i.large, count: 1}   # the default login node: submits jobs, no GPUs
+"""
+
+SCHEDULERS = ("none", "slurm")
 
 
 class ScaffoldError(ValueError):
@@ -122,11 +142,17 @@ def dev_policy_config() -> str:
     return json.dumps(document, indent=2) + "\n"
 
 
-def render(name: str, version: str, requirement: str, *, hardened: bool = False) -> dict[str, str]:
-    """Every project file's text (project path -> text)."""
+def render(name: str, version: str, requirement: str, *, hardened: bool = False,
+           scheduler: str = "none") -> dict[str, str]:
+    """Every project file's text (project path -> text); `scheduler` slurm adds the Slurm section."""
+    if scheduler not in SCHEDULERS:
+        raise ScaffoldError(f"--scheduler: must be none or slurm, got {scheduler!r}")
+    slurm = scheduler == "slurm"
     values = {"name": name, "version": version, "requirement": requirement,
               "hardening": HARDENED_CLUSTER if hardened else "",
-              "hardened_steps": _template("README.hardened.md.tmpl").strip() + "\n\n" if hardened else ""}
+              "hardened_steps": _template("README.hardened.md.tmpl").strip() + "\n\n" if hardened else "",
+              "scheduler": SLURM_SCHEDULER if slurm else "",
+              "slurm_steps": "\n" + _template("README.slurm.md.tmpl").strip() + "\n" if slurm else ""}
     files = {path: Template(_template(template)).substitute(values) for path, template in TEMPLATES.items()}
     files["policies/config/dev.json"] = dev_policy_config()
     if hardened:
@@ -138,7 +164,7 @@ def _template(name: str) -> str:
     return resources.files(__package__).joinpath("templates", name).read_text()
 
 
-def create_project(directory: Path, *, hardened: bool = False) -> list[Path]:
+def create_project(directory: Path, *, hardened: bool = False, scheduler: str = "none") -> list[Path]:
     """Write a new project into `directory` (created if missing, else it must be empty).
 
     Returns the files written. ScaffoldError, before anything is written, when
@@ -148,9 +174,11 @@ def create_project(directory: Path, *, hardened: bool = False) -> list[Path]:
         raise ScaffoldError(f"{directory} exists and is not a directory")
     if directory.is_dir() and any(directory.iterdir()):
         raise ScaffoldError(f"{directory} is not empty; give a new or empty directory")
+    if scheduler not in SCHEDULERS:
+        raise ScaffoldError(f"--scheduler: must be none or slurm, got {scheduler!r}")
     version = installed_version()
     files = render(project_name(directory), version, requirement_line(version, _installed_direct_url()),
-                   hardened=hardened)
+                   hardened=hardened, scheduler=scheduler)
     written = []
     try:
         for relative, text in files.items():

@@ -175,14 +175,18 @@ def test_init_scheduler_slurm_scaffolds_a_slurm_dev_stack_that_passes_preflight(
     from gpucluster.spec.scheduler import pcs_group_findings
 
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(app, ["init", "lab", "--scheduler", "slurm"])
+    needs = runner.invoke(app, ["init", "lab", "--scheduler", "slurm"])
+    assert needs.exit_code == 2 and not (tmp_path / "lab").exists()
+    assert needs.output.strip().startswith("init: --scheduler slurm needs --ami-id: an AMI with the AWS PCS")
+    result = runner.invoke(app, ["init", "lab", "--scheduler", "slurm", "--ami-id", "ami-0123456789abcdef0"])
     assert result.exit_code == 0, result.output
-    assert "runs Slurm on AWS PCS" in result.output
+    assert "runs Slurm on AWS PCS" in result.output and "ami-0123456789abcdef0" in result.output
     text = (tmp_path / "lab" / "stacks" / "Pulumi.dev.yaml").read_text()
     plain_text = scaffold.render("lab", VERSION, "gpucluster")["stacks/Pulumi.dev.yaml"]
-    assert text == plain_text + scaffold.SLURM_SCHEDULER
+    assert text == plain_text + scaffold.slurm_scheduler("ami-0123456789abcdef0")
     config = yaml.safe_load(text)["config"]
-    assert config["gpucluster:scheduler"] == {"type": "slurm", "slurm_version": "25.05", "accounting": True}
+    assert config["gpucluster:scheduler"] == {"type": "slurm", "slurm_version": "25.05", "accounting": True,
+                                              "ami_id": "ami-0123456789abcdef0"}
     spec = parse_stack_config(config, stack="dev")  # the spec's checks and preflight: no finding
     assert spec.scheduler.slurm and spec.scheduler.accounting
     assert [list(pcs_group_findings(g, "g")) for g in spec.node_groups] == [[]]  # groups PCS can launch

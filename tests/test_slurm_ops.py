@@ -54,7 +54,7 @@ def slurm_config(**scheduler: Any) -> dict[str, Any]:
         {"name": "spot-a10", "instance_types": ["g5.xlarge"], "max_nodes": 2, "desired_nodes": 1,
          "capacity": {"spot_percent": 100}},
     ]
-    config["gpucluster:scheduler"] = {"type": "slurm", **scheduler}
+    config["gpucluster:scheduler"] = {"type": "slurm", "ami_id": "ami-0123456789abcdef0", **scheduler}
     return config
 
 

@@ -63,7 +63,7 @@ NOBODY = 65534
 def stack_config() -> dict:
     config = base()
     config["gpucluster:node_groups"] = [{"name": "train", "instance_types": ["p5.48xlarge"], "max_nodes": 4}]
-    config["gpucluster:scheduler"] = {"type": "slurm"}
+    config["gpucluster:scheduler"] = {"type": "slurm", "ami_id": "ami-0123456789abcdef0"}
     return config
 
 

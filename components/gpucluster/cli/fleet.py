@@ -122,14 +122,34 @@ def status_json(spec: StackSpec, rows: list[GroupStatus], url: str) -> dict[str,
             "groups": [asdict(r) for r in rows]}
 
 
+def slurm_cluster(command: str, spec: StackSpec) -> str | None:
+    """A Slurm stack's PCS cluster id (found by the stack's tag), None on a `type: none` stack: the
+    ops then act on its PCS compute node groups instead of Auto Scaling groups."""
+    if not spec.scheduler.slurm:
+        return None
+    from gpucluster.ops.pcsclusters import stack_pcs_cluster
+
+    return ops_call(command, lambda: stack_pcs_cluster(spec.identity, common.client(spec, "pcs")),
+                    f"finding {spec.stack}'s AWS PCS cluster in {spec.region}")
+
+
+def slurm_clients(spec: StackSpec) -> dict[str, Any]:
+    """The login-node clients a Slurm stack's stop and start need (partitions held and released)."""
+    if not spec.scheduler.slurm:
+        return {}
+    return {"ssm_client": common.client(spec, "ssm"), "ec2_client": common.client(spec, "ec2")}
+
+
 def status(stack: StackArg, as_json: JsonOption = False) -> None:
     """List the stack's node groups: capacity, who stopped them, GPU health and use, and the dashboard."""
     from gpucluster.ops.overview import stack_overview  # boto3: only the AWS commands pay for it
 
     render.use_json(as_json)
     spec = build_spec(stack)
+    pcs = slurm_cluster("status", spec)
     overview = aws_call("status", lambda: stack_overview(
-        spec, clients=common.clients(spec), ce=common.cost_explorer(spec), progress=render.progress), None)
+        spec, clients=common.clients(spec), ce=common.cost_explorer(spec), progress=render.progress,
+        pcs_cluster_id=pcs), None)
     rows, url, warning = overview.groups, overview.dashboard_url, overview.cost_tag_warning
     observed = spec.observability
     if as_json:
@@ -297,8 +317,9 @@ def resume(
         fail_usage("resume", f"--only: unknown reason {', '.join(unknown)} "
                              f"(one of {', '.join(STOP_REASONS)})")
     client = common.client(spec, "autoscaling")
+    pcs = slurm_cluster("resume", spec)
     candidates = aws_call("resume", lambda: plan_resume(spec.identity, autoscaling_client=client,
-                                                         only_stopped_by=only or None),
+                                                         only_stopped_by=only or None, pcs_cluster_id=pcs),
                            f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
     todo = [c for c in candidates if c.decision.action == "resume"]
     if as_json:
@@ -306,10 +327,11 @@ def resume(
                     "groups": [resume_json(spec, c) for c in candidates], "resumed": [], "status": []}
         if todo and not dry_run:
             shown = {c.group: c.decision.stopped_by for c in todo}
-            document["resumed"] = [asdict(r) for r in aws_call("resume", lambda: resume_stack(
-                spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown))]
+            document["resumed"] = [asdict(r) for r in ops_call("resume", lambda: resume_stack(
+                spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown,
+                pcs_cluster_id=pcs, **slurm_clients(spec)))]
             document["status"] = [asdict(r) for r in aws_call(
-                "resume", lambda: stack_status(spec.identity, autoscaling_client=client))]
+                "resume", lambda: stack_status(spec.identity, autoscaling_client=client, pcs_cluster_id=pcs))]
         render.emit(document)
         raise typer.Exit(EXIT_OK)
     if not todo:
@@ -323,12 +345,14 @@ def resume(
         raise typer.Exit(EXIT_OK)
     confirm_or_exit("resume", f"Restart {len(todo)} group(s)?", yes)
     shown = {c.group: c.decision.stopped_by for c in todo}
-    results = aws_call("resume", lambda: resume_stack(
-        spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown),
+    results = ops_call("resume", lambda: resume_stack(
+        spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown,
+        pcs_cluster_id=pcs, **slurm_clients(spec)),
         f"restarting {len(todo)} group(s)")
     for line in restored_lines(todo, results, "resumed"):
         render.say(line)
-    rows = aws_call("resume", lambda: stack_status(spec.identity, autoscaling_client=client))
+    rows = aws_call("resume", lambda: stack_status(spec.identity, autoscaling_client=client,
+                                                   pcs_cluster_id=pcs))
     for line in render_status(rows):
         render.say(line)
 
@@ -512,7 +536,9 @@ def stop(
     render.use_json(as_json)
     spec = build_spec(stack)
     client = common.client(spec, "autoscaling")
-    candidates = ops_call("stop", lambda: plan_stop(spec.identity, group, autoscaling_client=client),
+    pcs = slurm_cluster("stop", spec)
+    candidates = ops_call("stop", lambda: plan_stop(spec.identity, group, autoscaling_client=client,
+                                                    pcs_cluster_id=pcs),
                            f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
     running = [c for c in candidates if c.running]
     hook = spec.autostop.pre_stop_command
@@ -538,11 +564,13 @@ def stop(
     confirm_or_exit("stop", f"Stop {len(running)} group(s)?", yes)
     doing = f"running the pre-stop hook on {len(running)} group(s), then " if hook else ""
     report = aws_call("stop", lambda: stop_stack(
-        running, autoscaling_client=client, ssm_client=common.client(spec, "ssm") if hook else None,
+        running, autoscaling_client=client, ssm_client=common.client(spec, "ssm") if hook or pcs else None,
         pre_stop_command=hook, hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds,
-        identity=spec.identity),
+        identity=spec.identity, pcs_cluster_id=pcs,
+        ec2_client=common.client(spec, "ec2") if pcs else None),
         f"{doing}scaling {len(running)} group(s) to zero")
-    rows = aws_call("stop", lambda: stack_status(spec.identity, autoscaling_client=client))
+    rows = aws_call("stop", lambda: stack_status(spec.identity, autoscaling_client=client,
+                                                 pcs_cluster_id=pcs))
     if as_json:
         hook_json = None if report.hook is None else {
             "ok": report.hook.ok, "timed_out": report.hook.timed_out, "statuses": report.hook.statuses,
@@ -595,7 +623,9 @@ def start(
     render.use_json(as_json)
     spec = build_spec(stack)
     client = common.client(spec, "autoscaling")
-    candidates = ops_call("start", lambda: plan_start(spec.identity, group, autoscaling_client=client),
+    pcs = slurm_cluster("start", spec)
+    candidates = ops_call("start", lambda: plan_start(spec.identity, group, autoscaling_client=client,
+                                                      pcs_cluster_id=pcs),
                            f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
     todo = [c for c in candidates if c.decision.action == "resume"]
     document = head(spec, group=group, dry_run=dry_run, groups=[resume_json(spec, c) for c in candidates],
@@ -605,8 +635,9 @@ def start(
         return
     if as_json:
         confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)  # --json: --yes or exit 2
-        results = aws_call("start", lambda: start_stack(
-            spec.identity, {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client),
+        results = ops_call("start", lambda: start_stack(
+            spec.identity, {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client,
+            pcs_cluster_id=pcs, **slurm_clients(spec)),
             f"restarting {len(todo)} group(s)")
         render.emit({**document, "started": [asdict(r) for r in results]})
         raise typer.Exit(EXIT_BLOCKED if any(r.action != "resumed" for r in results) else EXIT_OK)
@@ -627,8 +658,9 @@ def start(
         render.say("dry run: nothing changed")
         return
     confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)
-    results = aws_call("start", lambda: start_stack(
-        spec.identity, {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client),
+    results = ops_call("start", lambda: start_stack(
+        spec.identity, {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client,
+        pcs_cluster_id=pcs, **slurm_clients(spec)),
         f"restarting {len(todo)} group(s)")
     for line in restored_lines(todo, results, "started"):
         render.say(line)

@@ -442,6 +442,10 @@ def init(
         "--scheduler", metavar="none|slurm",
         help="slurm: the dev stack runs Slurm on AWS PCS (a partition per node group, a login node, "
              "jobs through sbatch); none: gpucluster's own launcher.")] = "none",
+    ami_id: Annotated[str | None, typer.Option(
+        "--ami-id", metavar="AMI",
+        help="With --scheduler slurm (required): the AMI the login and compute nodes boot, carrying the AWS "
+             "PCS agent and Slurm 25.05.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Create a Pulumi project that uses gpucluster: Pulumi.yaml, __main__.py, a dev stack, policies."""
@@ -449,7 +453,7 @@ def init(
 
     render.use_json(as_json)
     try:
-        written = create_project(directory, hardened=hardened, scheduler=scheduler)
+        written = create_project(directory, hardened=hardened, scheduler=scheduler, ami_id=ami_id)
     except ScaffoldError as err:
         fail_usage("init", str(err))
     here = directory.resolve() == Path.cwd().resolve()
@@ -466,8 +470,8 @@ def init(
         typer.echo("hardened: before the first `pulumi up`, an administrator runs infra/bootstrap_state.py "
                    "once per account (README.md)")
     if scheduler == "slurm":
-        typer.echo("slurm: the dev stack runs Slurm on AWS PCS; its nodes need an AMI with the PCS agent and "
-                   "Slurm (gpucluster:scheduler.ami_id, README.md \"Jobs through Slurm\")")
+        typer.echo(f"slurm: the dev stack runs Slurm on AWS PCS; its login and compute nodes boot {ami_id} "
+                   "(gpucluster:scheduler.ami_id, README.md \"Jobs through Slurm\")")
     typer.echo(f"next: {next_step}   (README.md has the steps to deploy)")
 
 

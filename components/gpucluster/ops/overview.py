@@ -36,8 +36,8 @@ class StackOverview:
     """Why the spend could not be read (Cost Explorer denied, throttled...)."""
 
 
-def spend_now(spec: StackSpec, *, clients: Clients, ce: Any,
-              now: datetime | None = None) -> tuple[dict[str, Any] | None, str | None]:
+def spend_now(spec: StackSpec, *, clients: Clients, ce: Any, now: datetime | None = None,
+              pcs_cluster_id: str | None = None) -> tuple[dict[str, Any] | None, str | None]:
     """(spend document, error): what the spend guard would compute now, read-only.
 
     The limit is the budget's action threshold (the guard's stop), or the monthly limit when the
@@ -55,7 +55,9 @@ def spend_now(spec: StackSpec, *, clients: Clients, ce: Any,
     now = now or datetime.now(UTC)
     limit = budget.monthly_limit_usd * (budget.action_threshold_percent or 100) / 100
     try:
-        groups, spend = measure(spec.identity, node_groups(clients("autoscaling")), clients("ec2"), ce,
+        backend = (node_groups(clients("autoscaling"), identity=spec.identity, pcs_cluster_id=pcs_cluster_id)
+                   if pcs_cluster_id else node_groups(clients("autoscaling")))
+        groups, spend = measure(spec.identity, backend, clients("ec2"), ce,
                                 clients("cloudwatch"), Prices.from_json(guard_prices(spec)), now)
     except AWS_ERRORS as exc:
         return None, f"spend not read: {exc}"
@@ -74,7 +76,7 @@ def spend_now(spec: StackSpec, *, clients: Clients, ce: Any,
 
 
 def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
-                   progress: Spinner = no_spinner) -> StackOverview:
+                   progress: Spinner = no_spinner, pcs_cluster_id: str | None = None) -> StackOverview:
     """The stack's groups with their health, its dashboard, the cost-tag check (`ce`: Cost Explorer)."""
     from gpucluster.names import dashboard_name, dashboard_url
     from gpucluster.noderole import gpu_metric_namespace
@@ -85,7 +87,8 @@ def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
     with progress(f"reading {spec.stack}'s Auto Scaling groups and GPU metrics in {spec.region}"):
         groups = stack_status(spec.identity, autoscaling_client=clients("autoscaling"),
                               cloudwatch_client=clients("cloudwatch"), health=True,
-                              metric_namespace=gpu_metric_namespace(spec.cluster.name))
+                              metric_namespace=gpu_metric_namespace(spec.cluster.name),
+                              pcs_cluster_id=pcs_cluster_id)
     with progress("checking the budget's cost-allocation tag"):
         warning = cost_tag_warning(spec, ce)
     grafana = None
@@ -95,5 +98,5 @@ def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
         with progress("finding the stack's Grafana workspace"):
             grafana = grafana_url(spec, clients("grafana"))
     with progress("measuring spend so far (Cost Explorer + running instances)"):
-        spend, error = spend_now(spec, clients=clients, ce=ce)
+        spend, error = spend_now(spec, clients=clients, ce=ce, pcs_cluster_id=pcs_cluster_id)
     return StackOverview(groups, url, warning, grafana_url=grafana, spend=spend, spend_error=error)

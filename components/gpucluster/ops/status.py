@@ -26,7 +26,7 @@ from gpucluster.lambdas.awsapi import batches
 from gpucluster.lambdas.nodegroups import STOP_FAILED, ResumeResult, resume_decision
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 from gpucluster.ops import node_groups
-from gpucluster.ops.nodes import GETTING_READY, group_launches
+from gpucluster.ops.nodes import GETTING_READY, NodesError, group_launches
 
 __all__ = ["GroupStatus", "Replacement", "ResumeCandidate", "ResumeResult", "plan_resume", "resume_stack",
            "stack_status"]
@@ -173,7 +173,7 @@ def resume_stack(
     return results
 
 
-class SlurmReleaseError(RuntimeError):
+class SlurmReleaseError(NodesError):
     """The capacity is back but the partitions stay held: the login node did not set them UP."""
 
 
@@ -201,6 +201,7 @@ def stack_status(
     health: bool = False,
     metric_namespace: str = "",
     now: datetime | None = None,
+    pcs_cluster_id: str | None = None,
 ) -> list[GroupStatus]:
     """Capacity and guardrail state of each group of the stack, sorted by name.
 
@@ -209,7 +210,7 @@ def stack_status(
     GetMetricData for all groups, one activity page per group.
     """
     autoscaling = autoscaling_client or boto3.client("autoscaling")
-    groups = node_groups(autoscaling, identity=stack).list_groups(stack)
+    groups = node_groups(autoscaling, identity=stack, pcs_cluster_id=pcs_cluster_id).list_groups(stack)
     usage: dict[str, tuple[float | None, float | None]] = {}
     if health and groups:
         cloudwatch = cloudwatch_client or boto3.client("cloudwatch")

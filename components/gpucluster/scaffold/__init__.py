@@ -69,11 +69,17 @@ SLURM_SCHEDULER = """
     type: slurm
     slurm_version: "25.05"            # what the PCS cluster runs; the AMI must carry the same
     accounting: true                  # sacct, `gpucluster spend dev --by user`; fixed at creation
-    # ami_id: ami-0123456789abcdef0   # an AMI with the AWS PCS agent and Slurm 25.05 for the nodes
+    ami_id: AMI_ID   # --ami-id: an AMI with the AWS PCS agent and Slurm 25.05 (login and nodes)
     # login: {instance_type: m7i.large, count: 1}   # the default login node: submits jobs, no GPUs
 """
 
 SCHEDULERS = ("none", "slurm")
+AMI_PATTERN = re.compile(r"ami-[0-9a-f]{8,17}")
+
+
+def slurm_scheduler(ami_id: str) -> str:
+    """The Slurm section of the dev stack, with the AMI its login and compute nodes boot."""
+    return SLURM_SCHEDULER.replace("AMI_ID", ami_id, 1)
 
 
 class ScaffoldError(ValueError):
@@ -143,15 +149,26 @@ def dev_policy_config() -> str:
 
 
 def render(name: str, version: str, requirement: str, *, hardened: bool = False,
-           scheduler: str = "none") -> dict[str, str]:
-    """Every project file's text (project path -> text); `scheduler` slurm adds the Slurm section."""
+           scheduler: str = "none", ami_id: str | None = None) -> dict[str, str]:
+    """Every project file's text (project path -> text); `scheduler` slurm adds the Slurm section.
+
+    A Slurm stack's nodes boot an AMI carrying the AWS PCS agent and Slurm (spec/scheduler.py): the
+    scaffold asks for it rather than writing a placeholder that would validate and not deploy.
+    """
     if scheduler not in SCHEDULERS:
         raise ScaffoldError(f"--scheduler: must be none or slurm, got {scheduler!r}")
     slurm = scheduler == "slurm"
+    if slurm and ami_id is None:
+        raise ScaffoldError("--scheduler slurm needs --ami-id: an AMI with the AWS PCS agent and Slurm 25.05 "
+                            "(docs/guides/slurm.md says where to get one)")
+    if ami_id is not None and not slurm:
+        raise ScaffoldError("--ami-id: only used with --scheduler slurm")
+    if ami_id is not None and not AMI_PATTERN.fullmatch(ami_id):
+        raise ScaffoldError(f"--ami-id: must be an AMI id like ami-0abc12345def67890, got {ami_id!r}")
     values = {"name": name, "version": version, "requirement": requirement,
               "hardening": HARDENED_CLUSTER if hardened else "",
               "hardened_steps": _template("README.hardened.md.tmpl").strip() + "\n\n" if hardened else "",
-              "scheduler": SLURM_SCHEDULER if slurm else "",
+              "scheduler": slurm_scheduler(ami_id) if slurm and ami_id else "",
               "slurm_steps": "\n" + _template("README.slurm.md.tmpl").strip() + "\n" if slurm else ""}
     files = {path: Template(_template(template)).substitute(values) for path, template in TEMPLATES.items()}
     files["policies/config/dev.json"] = dev_policy_config()
@@ -164,7 +181,8 @@ def _template(name: str) -> str:
     return resources.files(__package__).joinpath("templates", name).read_text()
 
 
-def create_project(directory: Path, *, hardened: bool = False, scheduler: str = "none") -> list[Path]:
+def create_project(directory: Path, *, hardened: bool = False, scheduler: str = "none",
+                   ami_id: str | None = None) -> list[Path]:
     """Write a new project into `directory` (created if missing, else it must be empty).
 
     Returns the files written. ScaffoldError, before anything is written, when
@@ -178,7 +196,7 @@ def create_project(directory: Path, *, hardened: bool = False, scheduler: str = 
         raise ScaffoldError(f"--scheduler: must be none or slurm, got {scheduler!r}")
     version = installed_version()
     files = render(project_name(directory), version, requirement_line(version, _installed_direct_url()),
-                   hardened=hardened, scheduler=scheduler)
+                   hardened=hardened, scheduler=scheduler, ami_id=ami_id)
     written = []
     try:
         for relative, text in files.items():

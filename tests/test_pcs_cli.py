@@ -1,0 +1,79 @@
+"""`stop`, `start`, `resume` and `status` on a Slurm stack act on its AWS PCS cluster, found by the
+stack's tag (ops.pcsclusters; PCS answered by botocore's Stubber: moto has no PCS)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from typer.testing import CliRunner
+
+from gpucluster.cli import app, common
+from gpucluster.lambdas.tags import STACK_TAG
+from gpucluster.ops.pcsclusters import NoPcsCluster, stack_pcs_cluster
+from gpucluster.project import load_stack
+from test_slurm_ops import slurm_config
+
+runner = CliRunner()
+ARN = "arn:aws:pcs:us-east-1:123456789012:cluster/{}"
+
+
+def clusters(stub: Stubber, tagged: dict[str, str]) -> None:
+    """ListClusters answers the ids of `tagged` (id -> its gpucluster:stack tag); one tag read each."""
+    stub.add_response("list_clusters", {"clusters": [
+        {"name": f"c-{cid}", "id": cid, "arn": ARN.format(cid), "createdAt": "2026-11-01T00:00:00Z",
+         "modifiedAt": "2026-11-01T00:00:00Z", "status": "ACTIVE"} for cid in tagged]})
+    for cid, owner in tagged.items():
+        stub.add_response("list_tags_for_resource", {"tags": {STACK_TAG: owner}},
+                          {"resourceArn": ARN.format(cid)})
+
+
+def test_the_stacks_cluster_is_the_one_with_its_tag() -> None:
+    pcs = boto3.client("pcs", region_name="us-east-1")
+    with Stubber(pcs) as stub:
+        clusters(stub, {"pcs_other1234": "someone-else", "pcs_mine56789": "acme/gpucluster/dev/lab"})
+        assert stack_pcs_cluster("acme/gpucluster/dev/lab", pcs) == "pcs_mine56789"
+        stub.assert_no_pending_responses()
+
+
+@pytest.mark.parametrize("tagged, says", [
+    ({"pcs_other1234": "someone-else"}, "no AWS PCS cluster in us-east-1 is tagged"),
+    ({"pcs_a12345678": "me", "pcs_b12345678": "me"}, "2 AWS PCS clusters are tagged"),
+])
+def test_none_or_two_clusters_is_one_clear_error(tagged: dict[str, str], says: str) -> None:
+    pcs = boto3.client("pcs", region_name="us-east-1")
+    with Stubber(pcs) as stub:
+        clusters(stub, tagged)
+        with pytest.raises(NoPcsCluster, match=says):
+            stack_pcs_cluster("me", pcs)
+
+
+@pytest.mark.parametrize("command", [["stop", "--dry-run"], ["start", "--dry-run"], ["resume", "--dry-run"],
+                                     ["status"]])
+def test_a_slurm_stack_not_deployed_says_so_in_one_line(command: list[str], write_stack: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    stack = str(write_stack(slurm_config(), "slurmy"))
+    identity = load_stack(stack)[2].identity
+    pcs = boto3.client("pcs", region_name="us-east-1")
+    stub = Stubber(pcs)
+    clusters(stub, {"pcs_other1234": "someone-else"})
+    stub.activate()
+    silent: dict[str, Any] = {}
+
+    def client(spec: Any, service: str) -> Any:
+        if service == "pcs":
+            return pcs
+        if service not in silent:  # a client that fails any call: nothing else is asked
+            silent[service] = boto3.client(service, region_name="us-east-1")
+            Stubber(silent[service]).activate()
+        return silent[service]
+
+    monkeypatch.setattr(common, "client", client)
+    result = runner.invoke(app, [command[0], stack, *command[1:]])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.strip().splitlines()
+    assert line == (f"{command[0]}: no AWS PCS cluster in us-east-1 is tagged {STACK_TAG}={identity}: "
+                    "deploy the stack first (`pulumi up`)")
+    stub.assert_no_pending_responses()

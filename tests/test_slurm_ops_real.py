@@ -50,7 +50,7 @@ from gpucluster.slurm.remote import (
     submit_script,
     tail_script,
 )
-from test_slurm_real import MISSING, START_TIMEOUT, Slurm, free_ports, slurm_conf, spawn, stop
+from test_slurm_real import MISSING, Slurm, running_slurm
 
 pytestmark = [
     pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing ({', '.join(MISSING)})"),
@@ -75,40 +75,14 @@ def cluster() -> Iterator[Slurm]:
     """test_slurm_real's cluster under a directory `nobody` can reach (and a work dir it can write)."""
     root = Path(tempfile.mkdtemp(prefix="gpucluster-slurm-", dir="/tmp"))
     root.chmod(0o755)
-    for d in ("state", "spool/node1", "spool/node2", "munge", "dev"):
-        (root / d).mkdir(parents=True)
-    (root / "munge").chmod(0o755)  # the socket's directory: clients of every user connect
-    (root / "work").mkdir(mode=0o777)
+    (root / "work").mkdir()
     (root / "work").chmod(0o777)
-    key = root / "munge" / "munge.key"
-    key.write_bytes(os.urandom(1024))
-    key.chmod(0o400)
-    munge_socket = root / "munge" / "munge.socket"
     group = slurm_group(SPEC.node_groups[0], stack=SPEC.identity, cluster=SPEC.cluster.name,
                         region=SPEC.region, spot=SPEC.spot)
-    conf = root / "slurm.conf"
-    conf.write_text(slurm_conf(root, free_ports(4), munge_socket, group.queue))
-    for i in range(8):
-        (root / "dev" / f"nvidia{i}").symlink_to("/dev/null")
-    (root / "gres.conf").write_text(f"NodeName=node[1-2] Name=gpu File={root}/dev/nvidia[0-7]\n")
-    env = {**os.environ, "SLURM_CONF": str(conf)}
-    slurm = Slurm(root, env, group)
     try:
-        slurm.procs.append(spawn(["munged", "--foreground", "--force", f"--key-file={key}",
-                                  f"--socket={munge_socket}", f"--pid-file={root / 'munge' / 'munged.pid'}",
-                                  f"--seed-file={root / 'munge' / 'munged.seed'}",
-                                  f"--log-file={root / 'munged.log'}"], root / "munged.out.log", env))
-        slurm.wait("munged's socket", munge_socket.exists, timeout=10)
-        munge_socket.chmod(0o777)
-        slurm.procs.append(spawn(["slurmctld", "-D", "-i", "-f", str(conf)], root / "slurmctld.out.log", env))
-        for node in ("node1", "node2"):
-            slurm.procs.append(spawn(["slurmd", "-D", "-N", node, "-f", str(conf)],
-                                     root / f"slurmd-{node}.out.log", env))
-        slurm.wait("both nodes idle", lambda: sorted(slurm.node_states().values()) == ["idle", "idle"]
-                   if slurm.run("sinfo", check=False).returncode == 0 else False, timeout=START_TIMEOUT)
-        yield slurm
+        with running_slurm(root, group, every_user=True) as slurm:
+            yield slurm
     finally:
-        stop(slurm.procs)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -40,6 +40,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,20 +183,20 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait(timeout=5)
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
-    root = tmp_path_factory.mktemp("slurm")
-    root.chmod(0o755)
+@contextmanager
+def running_slurm(root: Path, group: SlurmGroup, *, every_user: bool = False) -> Iterator[Slurm]:
+    """munged, slurmctld and two slurmd (node1, node2: 8 "GPUs" each) under `root`, stopped on exit.
+
+    `every_user`: munged's socket reachable by any local user, so jobs can run as `nobody`
+    (test_slurm_ops_real); otherwise only root talks to it.
+    """
     for d in ("state", "spool/node1", "spool/node2", "munge", "out", "dev"):
         (root / d).mkdir(parents=True)
-    (root / "munge").chmod(0o700)
+    (root / "munge").chmod(0o755 if every_user else 0o700)
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     munge_socket = root / "munge" / "munge.socket"
-    spec = parse_stack_config({**base(), "gpucluster:node_groups": [GROUP]}, stack="t")
-    group = slurm_group(spec.node_groups[0], stack=spec.identity, cluster=spec.cluster.name,
-                        region=spec.region, spot=spec.spot)
     conf = root / "slurm.conf"
     conf.write_text(slurm_conf(root, free_ports(4), munge_socket, group.queue))
     # 8 "GPUs" a node: slurmd wants character devices (a Count-only gpu line registers none in
@@ -211,6 +212,8 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
                                     f"--seed-file={root / 'munge' / 'munged.seed'}",
                                     f"--log-file={root / 'munged.log'}"], root / "munged.out.log", env))
         cluster.wait("munged's socket", munge_socket.exists, timeout=10)
+        if every_user:
+            munge_socket.chmod(0o777)
         cluster.procs.append(spawn(["slurmctld", "-D", "-i", "-f", str(conf)], root / "slurmctld.out.log",
                                    env))
         for node in ("node1", "node2"):
@@ -225,6 +228,17 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
         yield cluster
     finally:
         stop(cluster.procs)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
+    root = tmp_path_factory.mktemp("slurm")
+    root.chmod(0o755)
+    spec = parse_stack_config({**base(), "gpucluster:node_groups": [GROUP]}, stack="t")
+    group = slurm_group(spec.node_groups[0], stack=spec.identity, cluster=spec.cluster.name,
+                        region=spec.region, spot=spec.spot)
+    with running_slurm(root, group) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -60,7 +60,16 @@ def test_pull_requests_test_plan_and_preview() -> None:
     pr = load("pr.yml")
     assert pr["on"] == {"pull_request": {"branches": ["main"]}}
     jobs = pr["jobs"]
-    assert steps(jobs["test"])[-1]["run"] == "bash .ci/run"
+    test = {s["name"]: s for s in steps(jobs["test"]) if "name" in s}
+    assert test[".ci/run"]["run"] == "bash .ci/run"
+    # the real-Slurm tests need root: run under sudo after .ci/run, a skip failing the step
+    real = test["Real Slurm 22.05 (root)"]
+    assert real["shell"] == "bash"  # -eo pipefail: pytest's exit code survives the tee
+    assert real["run"].startswith("sudo -E .venv/bin/python -m pytest -n0")
+    for module in ("test_slurm_real.py", "test_slurm_ops_real.py", "test_slurm_guard_real.py"):
+        assert f"tests/{module}" in real["run"]
+    assert real["run"].rstrip().endswith("! grep -q '^SKIPPED' slurm.log")
+    assert list(test).index(".ci/run") < list(test).index("Real Slurm 22.05 (root)")
     plan = jobs["plan"]
     stacks_step = next(s for s in steps(plan) if s.get("id") == "stacks")
     assert stacks_step["run"] == '.venv/bin/python .ci/stacks.py --github-output >> "$GITHUB_OUTPUT"'

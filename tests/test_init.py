@@ -14,6 +14,7 @@ import gpucluster
 from gpucluster import project, scaffold
 from gpucluster.cli import app
 from gpucluster.preflight import parse_stack_config
+from gpucluster.pricing import price_stack
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION = metadata.version("gpucluster")
@@ -183,12 +184,17 @@ def test_init_scheduler_slurm_scaffolds_a_slurm_dev_stack_that_passes_preflight(
     assert "runs Slurm on AWS PCS" in result.output and "ami-0123456789abcdef0" in result.output
     text = (tmp_path / "lab" / "stacks" / "Pulumi.dev.yaml").read_text()
     plain_text = scaffold.render("lab", VERSION, "gpucluster")["stacks/Pulumi.dev.yaml"]
-    assert text == plain_text + scaffold.slurm_scheduler("ami-0123456789abcdef0")
+    assert text == plain_text.replace(
+        f"monthly_limit_usd: {scaffold.DEV_BUDGET_USD}\n",
+        f"monthly_limit_usd: {scaffold.SLURM_DEV_BUDGET_USD}           # with the PCS controller, "
+        "accounting and login node\n") + scaffold.slurm_scheduler("ami-0123456789abcdef0")
     config = yaml.safe_load(text)["config"]
     assert config["gpucluster:scheduler"] == {"type": "slurm", "slurm_version": "25.05", "accounting": True,
                                               "ami_id": "ami-0123456789abcdef0"}
     spec = parse_stack_config(config, stack="dev")  # the spec's checks and preflight: no finding
     assert spec.scheduler.slurm and spec.scheduler.accounting
+    # within its budget at max nodes with the PCS fees (the launcher's $700 would warn before any job)
+    assert price_stack(spec).warnings == []
     assert [list(pcs_group_findings(g, "g")) for g in spec.node_groups] == [[]]  # groups PCS can launch
     readme = (tmp_path / "lab" / "README.md").read_text()
     assert "## Jobs through Slurm" in readme and "gpucluster run dev --group dev-a10 --detach" in readme

@@ -74,6 +74,10 @@ SLURM_SCHEDULER = """
 """
 
 SCHEDULERS = ("none", "slurm")
+DEV_BUDGET_USD = 700
+"""The dev stack's monthly budget (templates/Pulumi.dev.yaml.tmpl)."""
+SLURM_DEV_BUDGET_USD = 1300
+"""A Slurm dev stack's: the launcher's dev group at its maximum plus AWS PCS's fixed monthly fees."""
 AMI_PATTERN = re.compile(r"ami-[0-9a-f]{8,17}")
 
 
@@ -171,6 +175,13 @@ def render(name: str, version: str, requirement: str, *, hardened: bool = False,
               "scheduler": slurm_scheduler(ami_id) if slurm and ami_id else "",
               "slurm_steps": "\n" + _template("README.slurm.md.tmpl").strip() + "\n" if slurm else ""}
     files = {path: Template(_template(template)).substitute(values) for path, template in TEMPLATES.items()}
+    if slurm:
+        # The PCS controller, its accounting and the login node run all month (about $550 of it at the
+        # cost model's PCS prices): the launcher's $700 would be over budget before a job runs.
+        files["stacks/Pulumi.dev.yaml"] = files["stacks/Pulumi.dev.yaml"].replace(
+            f"    monthly_limit_usd: {DEV_BUDGET_USD}\n",
+            f"    monthly_limit_usd: {SLURM_DEV_BUDGET_USD}           # with the PCS controller, accounting "
+            "and login node\n", 1)
     files["policies/config/dev.json"] = dev_policy_config()
     if hardened:
         files.update({path: _template(template) for path, template in HARDENED_FILES.items()})

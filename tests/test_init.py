@@ -184,6 +184,7 @@ def test_init_scheduler_slurm_scaffolds_a_slurm_dev_stack_that_passes_preflight(
     assert "runs Slurm on AWS PCS" in result.output and "ami-0123456789abcdef0" in result.output
     text = (tmp_path / "lab" / "stacks" / "Pulumi.dev.yaml").read_text()
     plain_text = scaffold.render("lab", VERSION, "gpucluster")["stacks/Pulumi.dev.yaml"]
+    assert f"monthly_limit_usd: {scaffold.DEV_BUDGET_USD}\n" in plain_text
     assert text == plain_text.replace(
         f"monthly_limit_usd: {scaffold.DEV_BUDGET_USD}\n",
         f"monthly_limit_usd: {scaffold.SLURM_DEV_BUDGET_USD}           # with the PCS controller, "

@@ -60,12 +60,9 @@ def prod_config() -> dict[str, Any]:
     return yaml.safe_load((REPO / "stacks" / "Pulumi.prod.yaml").read_text())["config"]
 
 
-def slurm_prod(health_checks: bool = True) -> dict[str, Any]:
+def slurm_prod() -> dict[str, Any]:
     config = prod_config()
     config["gpucluster:scheduler"] = {"type": "slurm", "ami_id": AMI}
-    if not health_checks:
-        for group in config["gpucluster:node_groups"]:
-            group["health_checks"] = {"enabled": False}
     return config
 
 

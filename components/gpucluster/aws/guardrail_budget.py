@@ -145,8 +145,7 @@ class Notifications(pulumi.ComponentResource):
             policy=pulumi.Output.all(self.topic.arn, partition, account).apply(
                 lambda v: topic_policy(v[0], v[1], args.region, v[2], alarms=True)),
             opts=child)
-        emails = list(args.notify_emails)
-        emails += [e for e in (args.budget.emails if args.budget else []) if e not in emails]
+        emails = dict.fromkeys([*args.notify_emails, *(args.budget.emails if args.budget else [])])
         self.subscriptions = [
             aws.sns.TopicSubscription(f"{name}-email-{email}", topic=self.topic.arn,
                                       protocol="email", endpoint=email, opts=child)

@@ -57,25 +57,33 @@ def _partitions(partitions: Sequence[str]) -> list[str]:
     return names
 
 
-def hold_script(partitions: Sequence[str], grace_seconds: float) -> str:
-    """The shell the login node runs before a stop: partitions DOWN, running jobs signalled, then requeued."""
-    names = _partitions(partitions)
-    joined = ",".join(names)
-    grace = max(0, int(grace_seconds))
-    lines = ["set -u"]
-    lines += [f"scontrol update PartitionName={p} State=DOWN" for p in names]
-    lines += [
-        # Listed once: a job that starts later cannot (the partitions are DOWN).
-        f"jobs=$(squeue --noheader --partition={joined} --states=RUNNING,CONFIGURING --format=%i | sort -u)",
-        'if [ -z "$jobs" ]; then echo "gpucluster: no running job"; exit 0; fi',
-        'echo "gpucluster: signalling jobs" $jobs',
-        "for j in $jobs; do scancel --signal=USR1 --full \"$j\" || true; done",
-        f"sleep {grace}",
+def signal_then_requeue(grace_seconds: float, *, none: str, signalling: str) -> list[str]:
+    """Shell lines over `$jobs`: none -> say `none` and exit 0; else SIGUSR1 to every job (its batch
+    script and its tasks: --full), the grace time to checkpoint, then each requeued; a job Slurm
+    refuses to requeue (--no-requeue) is named and the script exits REQUEUE_REFUSED_EXIT."""
+    return [
+        f'if [ -z "$jobs" ]; then echo "gpucluster: {none}"; exit 0; fi',
+        f'echo "gpucluster: {signalling}" $jobs',
+        'for j in $jobs; do scancel --signal=USR1 --full "$j" || true; done',
+        f"sleep {max(0, int(grace_seconds))}",
         "refused=''",
         'for j in $jobs; do scontrol requeue "$j" || refused="$refused $j"; done',
         'if [ -n "$refused" ]; then echo "gpucluster: not requeued (--no-requeue?):$refused"; '
         f"exit {REQUEUE_REFUSED_EXIT}; fi",
         'echo "gpucluster: requeued" $jobs',
+    ]
+
+
+def hold_script(partitions: Sequence[str], grace_seconds: float) -> str:
+    """The shell the login node runs before a stop: partitions DOWN, running jobs signalled, then requeued."""
+    names = _partitions(partitions)
+    joined = ",".join(names)
+    lines = ["set -u"]
+    lines += [f"scontrol update PartitionName={p} State=DOWN" for p in names]
+    lines += [
+        # Listed once: a job that starts later cannot (the partitions are DOWN).
+        f"jobs=$(squeue --noheader --partition={joined} --states=RUNNING,CONFIGURING --format=%i | sort -u)",
+        *signal_then_requeue(grace_seconds, none="no running job", signalling="signalling jobs"),
     ]
     return "\n".join(lines)
 
@@ -116,15 +124,7 @@ def requeue_node_script(private_ip: str, host: str, grace_seconds: float, reason
         f'if [ -z "$node" ]; then echo "gpucluster: no Slurm node for {private_ip} {host}"; exit 4; fi',
         f'scontrol update NodeName="$node" State=DRAIN Reason={shlex.quote("gpucluster: " + reason)}',
         'jobs=$(squeue --noheader --nodelist="$node" --states=RUNNING,CONFIGURING --format=%i | sort -u)',
-        'if [ -z "$jobs" ]; then echo "gpucluster: no job on $node"; exit 0; fi',
-        'echo "gpucluster: signalling jobs on $node:" $jobs',
-        'for j in $jobs; do scancel --signal=USR1 --full "$j" || true; done',
-        f"sleep {max(0, int(grace_seconds))}",
-        "refused=''",
-        'for j in $jobs; do scontrol requeue "$j" || refused="$refused $j"; done',
-        'if [ -n "$refused" ]; then echo "gpucluster: not requeued (--no-requeue?):$refused"; '
-        f"exit {REQUEUE_REFUSED_EXIT}; fi",
-        'echo "gpucluster: requeued" $jobs',
+        *signal_then_requeue(grace_seconds, none="no job on $node", signalling="signalling jobs on $node:"),
     ]
     return "\n".join(lines)
 

@@ -230,10 +230,9 @@ retry() {
   done
 }
 
-# >>> slurm (rendered only for a Slurm stack's groups: userdata.health_files)
+# Slurm stacks only: these lines act where node.env sets GPUCLUSTER_SCHEDULER=slurm
 SLURM=false
 if [ "${GPUCLUSTER_SCHEDULER:-none}" = slurm ]; then SLURM=true; fi
-# <<< slurm
 
 identify() {
   local line
@@ -241,13 +240,11 @@ identify() {
     log "instance metadata (IMDSv2) not readable"
     exit 1
   fi
-  # >>> slurm
   if [ "$SLURM" = true ]; then
     # PCS launched it: no Auto Scaling group, no launch hook holding it.
     ASG="" LIFECYCLE_STATE=InService
     return
   fi
-  # <<< slurm
   if [ "$MODE" = "periodic" ] && [ -s "$STATE/asg" ]; then
     ASG=$(cat "$STATE/asg") LIFECYCLE_STATE=InService
     return
@@ -268,11 +265,9 @@ identify() {
 report() {  # report SUBJECT WHAT: the findings to the stack's topic (instance, group, findings)
   local message f
   message="gpucluster stack $GPUCLUSTER_STACK, node group $GPUCLUSTER_NODE_GROUP (Auto Scaling group $ASG)"
-  # >>> slurm
   if [ "$SLURM" = true ]; then
     message="gpucluster stack $GPUCLUSTER_STACK, node group $GPUCLUSTER_NODE_GROUP (Slurm node ${NODE:-?})"
   fi
-  # <<< slurm
   message+=$'\n'"instance $INSTANCE_ID ($INSTANCE_TYPE): $2"$'\n'"findings:"
   for f in "${FINDINGS[@]}"; do message+=$'\n'"- $f"; done
   log "$2"
@@ -286,7 +281,6 @@ report() {  # report SUBJECT WHAT: the findings to the stack's topic (instance, 
 }
 
 count() {  # count METRIC: +1 on the group's series
-  # >>> slurm
   if [ "$SLURM" = true ]; then
     # A Slurm stack has no Auto Scaling group: the series is the stack's node group.
     retry 60 aws cloudwatch put-metric-data --region "$GPUCLUSTER_REGION" \
@@ -295,13 +289,11 @@ count() {  # count METRIC: +1 on the group's series
       >/dev/null || true
     return
   fi
-  # <<< slurm
   retry 60 aws cloudwatch put-metric-data --region "$GPUCLUSTER_REGION" \
     --namespace "$GPUCLUSTER_METRIC_NAMESPACE" --metric-name "$1" \
     --dimensions "AutoScalingGroupName=$ASG" --value 1 --unit Count >/dev/null || true
 }
 
-# >>> slurm
 
 slurm_node() {  # this instance's Slurm node name (see the header)
   local ip host
@@ -334,7 +326,6 @@ drain_self() {  # a Slurm node with a fatal finding: drain it with the finding a
     "drained in Slurm ($NODE): no new job starts there, the running one may finish"
   count HealthReplacements
 }
-# <<< slurm
 
 run_hook() {
   local rc
@@ -350,9 +341,7 @@ run_hook() {
 }
 
 replace_self() {  # a running node with a fatal finding: checkpoint, report, mark Unhealthy (once)
-  # >>> slurm
   if [ "$SLURM" = true ]; then drain_self; return; fi
-  # <<< slurm
   date -Is >"$REPLACING"
   run_hook
   report "gpucluster $GPUCLUSTER_CLUSTER/$GPUCLUSTER_NODE_GROUP: replacing unhealthy node $INSTANCE_ID" \

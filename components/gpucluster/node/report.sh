@@ -32,7 +32,7 @@ if [ "$step" = activity ]; then
     case "$apps" in *[0-9]*) ;; *) value=0 ;; esac
   fi
   publish NodeActive "$value"
-  # >>> slurm (rendered only for a Slurm stack's groups: userdata.slurm_script)
+  # Slurm stacks only: these lines act where node.env sets GPUCLUSTER_SCHEDULER=slurm
   # A Slurm stack's idle fallback (PCS's idle scale-down does the rest): while a process holds a
   # GPU, the busiest GPU's utilisation, GpuUtilizationMax by Stack and NodeGroup; the group's alarm
   # stops it when even the busiest stays low. Nothing while no process holds one: missing data.
@@ -48,7 +48,6 @@ if [ "$step" = activity ]; then
     fi
   fi
   (exit "$active")
-  # <<< slurm
   exit
 fi
 

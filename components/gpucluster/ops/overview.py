@@ -55,8 +55,9 @@ def spend_now(spec: StackSpec, *, clients: Clients, ce: Any, now: datetime | Non
     now = now or datetime.now(UTC)
     limit = budget.monthly_limit_usd * (budget.action_threshold_percent or 100) / 100
     try:
-        backend = (node_groups(clients("autoscaling"), identity=spec.identity, pcs_cluster_id=pcs_cluster_id)
-                   if pcs_cluster_id else node_groups(clients("autoscaling")))
+        # A Slurm stack's groups are its PCS cluster's, through the guard state (which needs the identity).
+        backend = node_groups(clients("autoscaling"), identity=spec.identity if pcs_cluster_id else None,
+                              pcs_cluster_id=pcs_cluster_id)
         groups, spend = measure(spec.identity, backend, clients("ec2"), ce,
                                 clients("cloudwatch"), Prices.from_json(guard_prices(spec)), now)
     except AWS_ERRORS as exc:

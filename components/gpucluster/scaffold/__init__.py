@@ -173,15 +173,12 @@ def render(name: str, version: str, requirement: str, *, hardened: bool = False,
               "hardening": HARDENED_CLUSTER if hardened else "",
               "hardened_steps": _template("README.hardened.md.tmpl").strip() + "\n\n" if hardened else "",
               "scheduler": slurm_scheduler(ami_id) if slurm and ami_id else "",
+              # The PCS controller, its accounting and the login node run all month (about $550 of it at
+              # the cost model's PCS prices): the launcher's budget would be over before a job runs.
+              "budget": f"{SLURM_DEV_BUDGET_USD}           # with the PCS controller, accounting and login "
+                        "node" if slurm else str(DEV_BUDGET_USD),
               "slurm_steps": "\n" + _template("README.slurm.md.tmpl").strip() + "\n" if slurm else ""}
     files = {path: Template(_template(template)).substitute(values) for path, template in TEMPLATES.items()}
-    if slurm:
-        # The PCS controller, its accounting and the login node run all month (about $550 of it at the
-        # cost model's PCS prices): the launcher's $700 would be over budget before a job runs.
-        files["stacks/Pulumi.dev.yaml"] = files["stacks/Pulumi.dev.yaml"].replace(
-            f"    monthly_limit_usd: {DEV_BUDGET_USD}\n",
-            f"    monthly_limit_usd: {SLURM_DEV_BUDGET_USD}           # with the PCS controller, accounting "
-            "and login node\n", 1)
     files["policies/config/dev.json"] = dev_policy_config()
     if hardened:
         files.update({path: _template(template) for path, template in HARDENED_FILES.items()})

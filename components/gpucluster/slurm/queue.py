@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 DELIMITER = "|"
@@ -177,11 +177,24 @@ def _lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.strip()]
 
 
-def _fields(line: str, count: int, command: str) -> list[str]:
-    """Split on the delimiter; extra delimiters belong to the name (the second field)."""
+def _split(line: str, count: int, command: str) -> list[str]:
     parts = line.split(DELIMITER)
     if len(parts) < count:
         raise QueueError(f"{command}: expected {count} '{DELIMITER}'-separated fields, got {line!r}")
+    return parts
+
+
+def delimited_records(output: str, count: int, command: str) -> Iterator[list[str]]:
+    """Each non-empty line of `command`'s output as `count` fields; extra delimiters belong to the
+    last field (free text: a drain reason, a job name)."""
+    for line in _lines(output):
+        parts = _split(line, count, command)
+        yield [*parts[:count - 1], DELIMITER.join(parts[count - 1:])]
+
+
+def _fields(line: str, count: int, command: str) -> list[str]:
+    """Split on the delimiter; extra delimiters belong to the name (the second field)."""
+    parts = _split(line, count, command)
     extra = len(parts) - count
     return [parts[0], DELIMITER.join(parts[1:2 + extra]), *parts[2 + extra:]]
 

@@ -32,6 +32,7 @@ from gpucluster.slurm.queue import (
     JOB_ID,
     QueueError,
     SlurmJob,
+    delimited_records,
     merged,
     parse_sacct,
     parse_scontrol_job,
@@ -396,15 +397,11 @@ class SlurmNode:
 def parse_sinfo(output: str) -> list[SlurmNode]:
     """Records from `nodes_script`'s output, one a node."""
     found: dict[str, SlurmNode] = {}
-    for line in output.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split(DELIMITER)
-        if len(parts) < len(SINFO_FIELDS):
-            raise RemoteError(f"sinfo: expected {len(SINFO_FIELDS)} '{DELIMITER}'-separated fields, got "
-                              f"{line!r}")
-        name, partition, state, address, hostname = parts[:5]
-        reason = DELIMITER.join(parts[5:])
+    try:
+        records = list(delimited_records(output, len(SINFO_FIELDS), "sinfo"))
+    except QueueError as err:
+        raise RemoteError(str(err)) from None
+    for name, partition, state, address, hostname, reason in records:
         before = found.get(name)
         partitions = (*before.partitions, partition) if before else (partition,)
         found[name] = SlurmNode(name, partitions, state, address, hostname,

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gpucluster.slurm.queue import DELIMITER, QueueError
+from gpucluster.slurm.queue import DELIMITER, QueueError, delimited_records
 from gpucluster.slurm.remote import SLURM_PATH
 
 USAGE_FIELDS = ("JobID", "User", "Partition", "NNodes", "ElapsedRaw", "Start", "End", "State",
@@ -85,21 +85,14 @@ def _time(value: str) -> datetime | None:
 def parse_usage(output: str, start: datetime, end: datetime, now: datetime) -> list[JobUsage]:
     """Each job's hours inside [start, end) from `usage_script`'s output (a running job: to now)."""
     jobs = []
-    for line in output.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split(DELIMITER)
-        if len(parts) < len(USAGE_FIELDS):
-            raise QueueError(f"sacct: expected {len(USAGE_FIELDS)} '{DELIMITER}'-separated fields, got "
-                             f"{line!r}")
-        job_id, user, partition, nodes, elapsed, began, ended, state, tres = parts[:9]
-        name = DELIMITER.join(parts[9:])
+    for record in delimited_records(output, len(USAGE_FIELDS), "sacct"):
+        job_id, user, partition, nodes, elapsed, began, ended, state, tres, name = record
         if "." in job_id:
             continue
         try:
             count, seconds = int(nodes), int(elapsed)
         except ValueError:
-            raise QueueError(f"sacct: not a node count or seconds in {line!r}") from None
+            raise QueueError(f"sacct: not a node count or seconds in {DELIMITER.join(record)!r}") from None
         first, last = _time(began), _time(ended)
         if first is None:  # never started (pending, cancelled while pending)
             hours = 0.0

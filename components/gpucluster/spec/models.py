@@ -608,8 +608,7 @@ class StackSpec(StackConfig):
     @property
     def subscribers(self) -> list[str]:
         """The guardrail topic's e-mail subscribers: notifications.emails, then the other budget.emails."""
-        emails = list(self.notifications.emails)
-        return emails + [e for e in (self.budget.emails if self.budget else []) if e not in emails]
+        return list(dict.fromkeys([*self.notifications.emails, *(self.budget.emails if self.budget else [])]))
 
     @property
     def identity(self) -> str:

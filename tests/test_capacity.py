@@ -234,6 +234,9 @@ def test_the_bought_node_group_plans_without_a_blocking_policy() -> None:
         "capacityReservationTarget": {"capacityReservationId": CR}}
     assert not plan.of_type("aws:ec2/placementGroup:PlacementGroup")
     assert [str(v) for v in check_plan(plan) if v.mandatory] == []
+    # the block's size travels with it: a Slurm stack requires it, and max_nodes stays within it
+    assert yaml.safe_load(node_group_snippet(block))["gpucluster:node_groups"][0]["capacity"][
+        "instance_count"] == 4
 
 
 def test_no_region_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

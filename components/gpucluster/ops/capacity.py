@@ -183,6 +183,7 @@ def node_group_snippet(block: Block, name: str | None = None) -> str:
         "    capacity:\n"
         "      market: capacity_block\n"
         f"      capacity_reservation_id: {block.reservation_id}\n"
+        f"      instance_count: {block.instance_count}   # the block's size: max_nodes stays within it\n"
         f"    efa: {'on' if efa else 'off'}\n"
         "    placement_group: false   # a Capacity Block is already placed in an UltraCluster\n"
     )

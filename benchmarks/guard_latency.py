@@ -10,7 +10,7 @@ limit is set so that the month crosses it that weekend. Ground truth is the inte
   lagged figure is over the limit. Best case: refreshes every 8 h on data 4 h old; worst: every 12 h,
   data 12 h old; each over every phase of the refresh clock (worst phase reported).
 - after: the spend guard every `--check-minutes`, with the handler's own functions
-  (`gpucluster.lambdas.accrual.accrue` and `decide`): Cost Explorer's settled figure is the true cost
+  (`gpucluster.fleet.accrual.accrue` and `decide`): Cost Explorer's settled figure is the true cost
   through `settled_through` (the day before yesterday), the in-service instances are the timeline's,
   and the group metric's instance-hours are the timeline's too (`group_hours`).
 Either way capacity reaches 0 `STOP_MINUTES` after the stop call (termination), and the nodes bill
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "components"))
 
 from gpucluster import catalog
 from gpucluster.aws.guardrail_events import activity_window
-from gpucluster.lambdas.accrual import ON_DEMAND, Instance, Prices, accrue, decide, settled_through
+from gpucluster.fleet.accrual import ON_DEMAND, Instance, Prices, accrue, decide, settled_through
 from gpucluster.plan import load_stack
 from gpucluster.pricing import guard_prices
 

@@ -8,7 +8,7 @@ from typing import Any
 import boto3
 from botocore.stub import Stubber
 
-from gpucluster.lambdas.tags import STACK_TAG
+from gpucluster.fleet.tags import STACK_TAG
 
 # The identities of stacks/Pulumi.dev.yaml and Pulumi.prod.yaml (self-managed backend, project gpucluster).
 DEV = "organization/gpucluster/dev/gpu-dev"

@@ -12,6 +12,7 @@ tmp_path, so none of them can pass for want of reading anything.
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from collections import defaultdict
 from functools import cache
@@ -29,6 +30,11 @@ ABOVE_SPEC = ("aws", "node", "names", "project", "stack", "ops", "cli", "preflig
 POLICY_RULES = ("gpucluster.policy.rules", "gpucluster.policy.records")
 """The pure side of the policy pack: what CrossGuard and `gpucluster plan` share."""
 LAMBDAS = "gpucluster.lambdas"
+"""The guardrail handlers: thin entry points, each importing the fleet core and nothing else of gpucluster."""
+FLEET = "gpucluster.fleet"
+"""The fleet core (node groups, guard state, stops, SSM, Slurm holds): carried into the Lambda archive."""
+LAMBDA_RUNTIME = frozenset({"boto3", "botocore"})
+"""What a Lambda's Python runtime has besides the standard library."""
 CLI = "gpucluster.cli"
 CLI_TABLE = "gpucluster.cli.entry"
 """The command table: registers every command module's commands on the app, in `--help` order."""
@@ -79,12 +85,30 @@ def spec_imports_above_it(graph: ImportGraph) -> list[str]:
             for module, chain in sorted(graph.reach(spec, above).items()) if above(module)]
 
 
+def _outside_lambda_runtime(target: str) -> bool:
+    top = target.split(".")[0]
+    return top not in sys.stdlib_module_names and top not in LAMBDA_RUNTIME
+
+
+def fleet_imports_outside(graph: ImportGraph) -> list[str]:
+    """Imports of the fleet core reaching outside it: any other gpucluster module, Pulumi, or a package
+    a Lambda's runtime lacks (the archive carries the core alone)."""
+    own = set(graph.under(FLEET))
+    assert own, f"no {FLEET} in {graph.root}"
+    return [f"{i.source} ({i.where()}) imports {i.target}" for i in graph.imports if i.source in own
+            and ((i.internal and i.target not in own)
+                 or (not i.internal and _outside_lambda_runtime(i.target)))]
+
+
 def lambda_imports_outside(graph: ImportGraph) -> list[str]:
-    """Imports of the Lambda package reaching outside it: other gpucluster modules, or Pulumi."""
+    """Imports of a handler reaching past the fleet core: another handler, any other gpucluster module,
+    Pulumi, or a package a Lambda's runtime lacks."""
     own = set(graph.under(LAMBDAS))
     assert own, f"no {LAMBDAS} in {graph.root}"
+    core = set(graph.under(FLEET))
     return [f"{i.source} ({i.where()}) imports {i.target}" for i in graph.imports if i.source in own
-            and ((i.internal and i.target not in own) or (not i.internal and _pulumi(i.target)))]
+            and ((i.internal and i.target not in core and i.target != LAMBDAS)
+                 or (not i.internal and _outside_lambda_runtime(i.target)))]
 
 
 def policy_rule_imports_of_pulumi(graph: ImportGraph) -> list[str]:
@@ -145,10 +169,16 @@ def test_spec_imports_nothing_above_it() -> None:
                         "rendered artefacts belong in preflight); it reaches:\n" + "\n".join(report))
 
 
-def test_lambdas_import_only_lambdas_and_no_pulumi() -> None:
+def test_fleet_core_imports_only_itself_the_standard_library_and_boto3() -> None:
+    report = fleet_imports_outside(repo_graph())
+    assert not report, (f"{FLEET} is carried into the Lambda archive on its own: it may import only its "
+                        "own modules, the standard library and boto3:\n" + "\n".join(report))
+
+
+def test_handlers_import_only_the_fleet_core() -> None:
     report = lambda_imports_outside(repo_graph())
-    assert not report, (f"{LAMBDAS} is zipped on its own: it may import only its own modules, the "
-                        "standard library and boto3:\n" + "\n".join(report))
+    assert not report, (f"{LAMBDAS} holds thin handlers: each may import the fleet core ({FLEET}), the "
+                        "standard library and boto3, never another handler:\n" + "\n".join(report))
 
 
 def test_policy_rules_import_no_pulumi() -> None:
@@ -272,11 +302,14 @@ GOOD = {
     "aws/__init__.py": "",
     "aws/nodes.py": "import pulumi\nfrom gpucluster import preflight\nfrom gpucluster.node import userdata\n",
     "stack.py": "from gpucluster.aws import nodes\n",
+    "fleet/__init__.py": "",
+    "fleet/shared.py": "import boto3\nimport json\n",
+    "fleet/stops.py": "from . import shared\nfrom .shared import batches\n",
     "lambdas/__init__.py": "",
-    "lambdas/shared.py": "import boto3\n",
-    "lambdas/autostop.py": "from . import shared\nfrom .shared import batches\n",
+    "lambdas/autostop.py": "from gpucluster.fleet import stops\nfrom gpucluster.fleet.shared import batches\n"
+                           "import json\n",
     "ops/__init__.py": "",
-    "ops/scale.py": "import boto3\nfrom gpucluster.lambdas import shared\nfrom gpucluster import stack\n",
+    "ops/scale.py": "import boto3\nfrom gpucluster.fleet import shared\nfrom gpucluster import stack\n",
     "policy/__init__.py": "",
     "policy/records.py": "from collections.abc import Mapping\n",
     "policy/rules/__init__.py": "from gpucluster.policy.rules import iam\nRULES = [iam.rule]\n",
@@ -316,8 +349,8 @@ def test_every_check_passes_on_a_package_laid_out_as_designed(tmp_path: Path) ->
     assert command_modules(graph, shared) == ["gpucluster.cli.nodes", "gpucluster.cli.plan"]
     assert targets(graph, "gpucluster.cli.plan") == {"gpucluster.cli.shared": [1],
                                                      "gpucluster.ops.scale": [5]}
-    for check in (import_cycles, spec_imports_above_it, lambda_imports_outside, policy_rule_imports_of_pulumi,
-                  cli_private_imports, oversized_modules):
+    for check in (import_cycles, spec_imports_above_it, fleet_imports_outside, lambda_imports_outside,
+                  policy_rule_imports_of_pulumi, cli_private_imports, oversized_modules):
         assert check(graph) == [], check.__name__
     assert command_module_imports(graph, shared) == []
 
@@ -338,8 +371,11 @@ BAD = {
         """,
     "project.py": "",
     "names.py": "from gpucluster.spec import StackSpec\n",
+    "fleet/__init__.py": "",
+    "fleet/stops.py": "import boto3\nimport yaml\nfrom gpucluster.lambdas import autostop\n",
     "lambdas/__init__.py": "",
     "lambdas/autostop.py": "import boto3\nimport pulumi\nfrom gpucluster.spec import STACK_TAG\n",
+    "lambdas/report.py": "from gpucluster.fleet import stops\nfrom gpucluster.lambdas import autostop\n",
     "policy/__init__.py": "",
     "policy/rules.py": "from gpucluster.policy import helpers\n",
     "policy/helpers.py": "def engine() -> None:\n    import pulumi_aws\n",
@@ -380,8 +416,11 @@ BAD = {
         "gpucluster.names: gpucluster.spec (line 4) -> gpucluster.names",
         "gpucluster.project: gpucluster.spec (line 1) -> gpucluster.noderole (line 3, type-only) -> "
         "gpucluster.project"]),
+    (fleet_imports_outside, ["gpucluster.fleet.stops (line 2) imports yaml",
+                             "gpucluster.fleet.stops (line 3) imports gpucluster.lambdas.autostop"]),
     (lambda_imports_outside, ["gpucluster.lambdas.autostop (line 2) imports pulumi",
-                              "gpucluster.lambdas.autostop (line 3) imports gpucluster.spec"]),
+                              "gpucluster.lambdas.autostop (line 3) imports gpucluster.spec",
+                              "gpucluster.lambdas.report (line 2) imports gpucluster.lambdas.autostop"]),
     (policy_rule_imports_of_pulumi, [
         "gpucluster.policy.helpers (line 2) imports pulumi_aws, reached by gpucluster.policy.rules "
         "(line 1) -> gpucluster.policy.helpers"]),

@@ -13,7 +13,7 @@ from botocore.stub import ANY, Stubber
 from typer.testing import CliRunner
 
 from gpucluster.cli import app, common
-from gpucluster.lambdas.jobnames import job_parameter_name
+from gpucluster.fleet.jobnames import job_parameter_name
 from test_capacity import OFFERING, ec2, offering, purchased, searched  # noqa: F401  (ec2: fixture)
 from test_detached_jobs import _stub_ssm
 from test_job_logs import GROUP, T0, _stub_logs, ended, event

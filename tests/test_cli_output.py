@@ -20,7 +20,7 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from gpucluster.cli import app, common, entry, render
-from gpucluster.lambdas import asg
+from gpucluster.fleet import asg
 from gpucluster.ops.doctor import DoctorFinding
 from gpucluster.project import stack_names
 from moto_groups import ACTIVE, DEV, cost_explorer, create_stack_groups

@@ -30,8 +30,9 @@ from gpucluster.aws.cluster import GpuCluster
 from gpucluster.aws.guardrails import Guardrails, GuardrailsArgs
 from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import GpuNodeGroup, GpuNodeGroupArgs
-from gpucluster.lambdas import awsapi, budget_action, nodegroups, runtime
-from gpucluster.lambdas.tags import STOPPED_BY_TAG
+from gpucluster.fleet import awsapi, nodegroups, runtime
+from gpucluster.fleet.tags import STOPPED_BY_TAG
+from gpucluster.lambdas import budget_action
 from gpucluster.names import autoname
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, RecordingMonitor, record_resources, run_plan
 from gpucluster.preflight import parse_stack_config

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from base_config import base
 from gpucluster.cli.entry import app
-from gpucluster.lambdas.tags import STACK_TAG
+from gpucluster.fleet.tags import STACK_TAG
 from gpucluster.ops.dashboards import DashboardsError, export_dashboards, grafana_url, push_dashboards
 from gpucluster.ops.metrics import metrics_status, writers_query
 from gpucluster.preflight import parse_stack_config

@@ -9,8 +9,12 @@ and every statement of every role policy.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import boto3
 import pulumi
 import pytest
 
@@ -20,7 +24,7 @@ from gpucluster.aws import guardrail_lambda as gl
 from gpucluster.aws import guardrails as g
 from gpucluster.aws.children import guardrails_args
 from gpucluster.aws.guardrails import Guardrails
-from gpucluster.lambdas.handlers import state_table_name
+from gpucluster.fleet.deployment import state_table_name
 from gpucluster.plan import MOCK_ACCOUNT, PlannedResource, load_stack, record_resources, run_plan
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import StackSpec, can_run_spot
@@ -370,23 +374,57 @@ def test_dev_lambdas_settings_and_environment(dev: Built) -> None:
         assert log_group["retentionInDays"] == 30
 
 
-def test_lambda_code_is_the_handler_modules_as_package_lambdas() -> None:
+def test_lambda_code_is_the_handlers_as_package_lambdas_beside_the_fleet_core() -> None:
     archive = gl.lambda_code()
-    modules = sorted(p.name for p in gl.LAMBDA_DIR.glob("*.py"))
-    handlers = {h.split(".")[1] + ".py" for h in gl.HANDLERS.values()}
-    shared = {"__init__.py", "awsapi.py", "runtime.py", "runcommand.py", "nodegroups.py", "asg.py",
-              "stops.py", "handlers.py"}
-    assert {*shared, *handlers} <= set(modules)
-    assert sorted(archive.assets) == [f"lambdas/{m}" for m in modules]
-    assert all(isinstance(a, pulumi.FileAsset) for a in archive.assets.values())
+    handlers = sorted(p.name for p in gl.LAMBDA_DIR.glob("*.py"))
+    core = sorted(p.name for p in gl.FLEET_DIR.glob("*.py"))
+    assert {h.split(".")[1] + ".py" for h in gl.HANDLERS.values()} | {"__init__.py"} == set(handlers)
+    assert {"__init__.py", "awsapi.py", "runtime.py", "runcommand.py", "nodegroups.py", "asg.py",
+            "stops.py", "deployment.py"} <= set(core)
+    assert sorted(archive.assets) == sorted([f"lambdas/{m}" for m in handlers]
+                                            + [f"gpucluster/fleet/{m}" for m in core]
+                                            + ["gpucluster/__init__.py"])
+    assert isinstance(archive.assets["gpucluster/__init__.py"], pulumi.StringAsset)
+    assert all(isinstance(a, pulumi.FileAsset) for n, a in archive.assets.items()
+               if n != "gpucluster/__init__.py")
     assert gl.LAMBDA_DIR.parts[-3:] == ("components", "gpucluster", "lambdas")
+    assert gl.FLEET_DIR.parts[-3:] == ("components", "gpucluster", "fleet")
+
+
+def test_every_handler_imports_from_the_archive_alone(tmp_path: Path) -> None:
+    """The archive as Lambda unpacks it: each handler imports with nothing of the checkout on the path."""
+    for name, asset in gl.lambda_code().assets.items():
+        target = tmp_path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(asset, pulumi.StringAsset):
+            target.write_text(asset.text)
+        else:
+            target.write_bytes(Path(asset.path).read_bytes())
+    handlers = " ".join(sorted(gl.HANDLERS.values()))
+    # boto3's folder alone (as the Lambda runtime has it): `-S` skips site, so no .pth of the editable
+    # install puts the checkout's gpucluster on the path.
+    site_packages = str(Path(boto3.__file__).parents[1])
+    script = (
+        "import importlib, sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        f"sys.path.append({site_packages!r})\n"
+        "for target in sys.argv[1:]:\n"
+        "    module, _, function = target.rpartition('.')\n"
+        "    assert callable(getattr(importlib.import_module(module), function)), target\n"
+        "import gpucluster\n"
+        f"assert gpucluster.__file__ == {str(tmp_path / 'gpucluster' / '__init__.py')!r}, "
+        "gpucluster.__file__\n"
+        "assert not [m for m in sys.modules if m.split('.')[0].startswith('pulumi')], 'pulumi loaded'\n")
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", script, *handlers.split()], capture_output=True,
+                            text=True, cwd=tmp_path, check=False)
+    assert result.returncode == 0, result.stderr
 
 
 def test_lambda_archive_is_stable_across_runs_and_ignores_build_noise() -> None:
-    """A second plan after a local test run (bytecode in lambdas/) shows the same code hash."""
+    """A second plan after a local test run (bytecode in lambdas/ and fleet/) shows the same code hash."""
     first = {f.inputs["name"]: f.inputs["code"] for f in run_plan("dev").of_type(FUNCTION)}
     noise = [gl.LAMBDA_DIR / "__pycache__" / "gpucluster-noise.cpython-313.pyc", gl.LAMBDA_DIR / "stray.pyc",
-             gl.LAMBDA_DIR / ".coverage"]
+             gl.LAMBDA_DIR / ".coverage", gl.FLEET_DIR / "stray.pyc"]
     try:
         for path in noise:
             path.parent.mkdir(exist_ok=True)
@@ -396,9 +434,9 @@ def test_lambda_archive_is_stable_across_runs_and_ignores_build_noise() -> None:
         for path in noise:
             path.unlink(missing_ok=True)
     assert first == second
-    modules = {f"lambdas/{p.name}" for p in gl.LAMBDA_DIR.glob("*.py")}
+    modules = {*gl.lambda_sources(), "gpucluster/__init__.py"}
     for code in second.values():
-        assert set(code["files"]) == modules, "only the handler modules, by content"
+        assert set(code["files"]) == modules, "only the handler and fleet modules, by content"
         assert len(code["sha256"]) == 64
 
 
@@ -639,11 +677,11 @@ def test_each_node_group_needs_its_target(base_config: dict[str, Any]) -> None:
 @pytest.fixture(scope="module")
 def lambdas() -> Any:
     """The handler package (built on another branch); these checks run once both are merged."""
-    return pytest.importorskip("gpucluster.lambdas.handlers")
+    return pytest.importorskip("gpucluster.fleet.deployment")
 
 
 def test_handlers_and_state_tags_match_the_lambda_package(lambdas: Any) -> None:
-    from gpucluster.lambdas import tags
+    from gpucluster.fleet import tags
 
     assert lambdas.HANDLERS == gl.HANDLERS
     assert tags.STATE_TAGS == gl.STATE_TAGS

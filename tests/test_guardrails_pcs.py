@@ -12,7 +12,7 @@ from typing import Any
 
 from gpucluster.aws.children import guardrails_args
 from gpucluster.aws.guardrails import Guardrails, PcsGuard
-from gpucluster.lambdas.handlers import HANDLERS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS
+from gpucluster.fleet.deployment import HANDLERS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS
 from gpucluster.plan import record_resources
 from test_guardrails import FUNCTION, Built, actions_of, build, spec_of, targets
 

@@ -15,7 +15,7 @@ from botocore.stub import ANY, Stubber
 from moto import mock_aws
 
 from gpucluster.cli.fleet import render_getting_ready, render_nodes
-from gpucluster.lambdas.tags import NODE_GROUP_TAG, STACK_TAG
+from gpucluster.fleet.tags import NODE_GROUP_TAG, STACK_TAG
 from gpucluster.ops.nodes import launch_activities, readiness, stack_nodes
 from gpucluster.ops.status import stack_status
 

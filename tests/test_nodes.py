@@ -25,7 +25,7 @@ from gpucluster.aws.nodes import (
     instances_distribution,
 )
 from gpucluster.cli import app
-from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
+from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
 from gpucluster.names import autoname
 from gpucluster.plan import (
     MOCK_AMI,

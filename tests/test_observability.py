@@ -15,7 +15,7 @@ import pytest
 from base_config import BASE_CONFIG, plan_config
 from gpucluster.aws.args import ArgsError
 from gpucluster.aws.observability import GUARDRAIL_STOPS_METRIC, STOP_LOG_PHRASE, ClusterDashboard
-from gpucluster.lambdas import asg, nodegroups
+from gpucluster.fleet import asg, nodegroups
 from gpucluster.names import dashboard_url, physical_name
 from gpucluster.node.userdata import HEALTH_METRICS, cloudwatch_agent_config
 from gpucluster.noderole import gpu_metric_namespace

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from cli_text import joined_lines
 from gpucluster.cli import app, common
-from gpucluster.lambdas import asg, awsapi
-from gpucluster.lambdas.tags import STATE_TAGS, STOPPED_BY_TAG
+from gpucluster.fleet import asg, awsapi
+from gpucluster.fleet.tags import STATE_TAGS, STOPPED_BY_TAG
 from gpucluster.ops.status import GroupStatus, resume_stack, stack_status
 from moto_groups import ACTIVE, DEV, PROD, cost_explorer, create_stack_groups
 
@@ -204,7 +204,7 @@ def _tag_node_group(client: Any, name: str, node_group: str) -> None:
 
 def test_node_group_tag_matches_the_one_the_nodes_carry() -> None:
     from gpucluster.aws.nodes import NODE_GROUP_TAG
-    from gpucluster.lambdas import asg
+    from gpucluster.fleet import asg
 
     assert asg.NODE_GROUP_TAG == NODE_GROUP_TAG == "gpucluster:node-group"  # what deployed groups carry
 

@@ -12,7 +12,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from gpucluster.lambdas.jobnames import job_log_stream, job_parameter_name
+from gpucluster.fleet.jobnames import job_log_stream, job_parameter_name
 from gpucluster.ops.jobs import (
     cancel_job,
     follow_job,

@@ -15,7 +15,7 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from gpucluster.lambdas.jobnames import job_parameter_name
+from gpucluster.fleet.jobnames import job_parameter_name
 from gpucluster.noderole import run_log_group_name
 from gpucluster.ops.launch import (
     RestartRecord,

@@ -11,7 +11,7 @@ from botocore.stub import Stubber
 from typer.testing import CliRunner
 
 from gpucluster.cli import app, common
-from gpucluster.lambdas.tags import STACK_TAG
+from gpucluster.fleet.tags import STACK_TAG
 from gpucluster.ops.pcsclusters import NoPcsCluster, stack_pcs_cluster
 from gpucluster.project import load_stack
 from test_slurm_ops import slurm_config

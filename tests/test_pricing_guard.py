@@ -9,7 +9,7 @@ import pytest
 
 from base_config import base
 from gpucluster import catalog
-from gpucluster.lambdas.accrual import Prices
+from gpucluster.fleet.accrual import Prices
 from gpucluster.preflight import parse_stack_config
 from gpucluster.pricing import Assumptions, guard_prices, price_stack
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from cli_text import said
 from gpucluster.cli import app, common
-from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, job_parameter_name, jobs_parameter_path
+from gpucluster.fleet.jobnames import LAUNCH_SUCCESSFUL, job_parameter_name, jobs_parameter_path
 from gpucluster.plan import Plan
 from iam_eval import allowed
 from shipped import shipped_plan

@@ -11,8 +11,9 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from gpucluster.cli import app, common
-from gpucluster.lambdas import asg, autostop, awsapi, nodegroups
-from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
+from gpucluster.fleet import asg, awsapi, nodegroups
+from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
+from gpucluster.lambdas import autostop
 from gpucluster.ops.scale import plan_scale, plan_stop, stop_stack
 from gpucluster.ops.status import resume_stack
 from gpucluster.plan import load_stack

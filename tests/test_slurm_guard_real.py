@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fake_node import logged_calls, run_script, write_stubs
-from gpucluster.lambdas.slurmhold import (
+from gpucluster.fleet.slurmhold import (
     REQUEUE_REFUSED_EXIT,
     hold_script,
     release_script,

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from base_config import base
 from gpucluster.cli import app, common
-from gpucluster.lambdas.tags import NODE_GROUP_TAG, STACK_TAG
+from gpucluster.fleet.tags import NODE_GROUP_TAG, STACK_TAG
 from gpucluster.ops.slurmjobs import (
     SlurmError,
     find_login_node,

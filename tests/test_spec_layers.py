@@ -29,12 +29,12 @@ def files(*parts: str) -> list[Path]:
 
 
 @pytest.mark.parametrize(("where", "allowed"), [
-    (("spec",), ("gpucluster.spec", "gpucluster.catalog", "gpucluster.lambdas.tags")),
+    (("spec",), ("gpucluster.spec", "gpucluster.catalog", "gpucluster.fleet.tags")),
     (("preflight",), ("gpucluster.spec", "gpucluster.names", "gpucluster.node.", "gpucluster.noderole",
                       "gpucluster.parts")),
     # lambdas.handlers: the handlers' deployment contract, standard library only (the guard-state table name)
     (("names",), ("gpucluster.spec", "gpucluster.node.", "gpucluster.noderole",
-                  "gpucluster.lambdas.handlers")),
+                  "gpucluster.fleet.deployment")),
 ])
 def test_a_layer_imports_only_what_is_below_it(where: tuple[str, ...], allowed: tuple[str, ...]) -> None:
     for path in files(*where):

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from base_config import base
 from gpucluster import pricing
 from gpucluster.cli import app
-from gpucluster.lambdas import report
+from gpucluster.fleet import spendreport
 from gpucluster.node import userdata
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.ops import spend as ops
@@ -212,19 +212,20 @@ def test_idle_waste_of_a_group_idle_half_the_time_is_half_its_cost(account: dict
 def test_gpu_usage_at_one_minute_and_five_minute_periods(account: dict[str, Any]) -> None:
     start = datetime(2026, 11, 16, 7, tzinfo=UTC)
     for period in (60, 300):
-        usage = report.gpu_usage(account["cloudwatch"], gpu_metric_namespace(CLUSTER_NAME),
+        usage = spendreport.gpu_usage(account["cloudwatch"], gpu_metric_namespace(CLUSTER_NAME),
                                  ["test-train-asg", "test-infer-asg"], start,
                                  start + timedelta(hours=10), 5.0, period)
-        assert usage["test-train-asg"] == {MONDAY: report.Usage(40, 20)}
+        assert usage["test-train-asg"] == {MONDAY: spendreport.Usage(40, 20)}
         assert usage["test-infer-asg"] == {}
 
 
 def test_the_metric_contract_is_the_node_bootstraps() -> None:
-    assert (report.GPU_UTILIZATION_METRIC, report.GPU_METRIC_DIMENSION, report.GPU_SAMPLE_SECONDS) == (
+    assert (spendreport.GPU_UTILIZATION_METRIC, spendreport.GPU_METRIC_DIMENSION,
+            spendreport.GPU_SAMPLE_SECONDS) == (
         userdata.GPU_UTILIZATION_METRIC, userdata.GPU_METRIC_DIMENSION, userdata.GPU_METRIC_PERIOD_SECONDS)
     from gpucluster.aws import nodes
 
-    assert report.NODE_GROUP_TAG == nodes.NODE_GROUP_TAG == "gpucluster:node-group"
+    assert spendreport.NODE_GROUP_TAG == nodes.NODE_GROUP_TAG == "gpucluster:node-group"
 
 
 def test_the_gap_names_inactive_tags_and_short_spot(account: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpucluster.lambdas.accrual import Prices
+from gpucluster.fleet.accrual import Prices
 from gpucluster.plan import load_stack
 from gpucluster.pricing import guard_prices
 from gpucluster.spec import SpecError

@@ -191,7 +191,7 @@ def spend_explorer(settled: float) -> Any:
 
 def test_status_shows_spend_burn_rate_and_when_the_limit_is_hit(aws: tuple[Any, Any],
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpucluster.lambdas.accrual import cost_period
+    from gpucluster.fleet.accrual import cost_period
 
     if cost_period(datetime.now(UTC)) is None:
         pytest.skip("the first two days of a month have no settled figure to stub")

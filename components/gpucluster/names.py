@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpucluster.lambdas.handlers import state_table_name
+from gpucluster.fleet.deployment import state_table_name
 from gpucluster.node.userdata import LAUNCH_HOOK_NAME
 from gpucluster.noderole import run_log_group_name
 from gpucluster.spec import Finding, StackSpec, can_run_spot, generated_bucket_prefix

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpucluster.lambdas.tags import NODE_GROUP_TAG, STACK_TAG
+from gpucluster.fleet.tags import NODE_GROUP_TAG, STACK_TAG
 from gpucluster.parts import S3Grant
 
 # IAM user guide, "IAM and AWS STS quotas": the inline policies of one role hold at most 10,240

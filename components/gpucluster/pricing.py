@@ -782,7 +782,7 @@ def cost_diff_markdown(base_doc: Mapping[str, Any], head_doc: Mapping[str, Any])
 
 
 def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dict[str, Any]:
-    """The price table the spend guard Lambda accrues with (gpucluster.lambdas.accrual.Prices).
+    """The price table the spend guard Lambda accrues with (gpucluster.fleet.accrual.Prices).
 
     Rendered at deploy into the Lambda's environment, so it carries only what the stack's
     groups can launch: on-demand per instance type, the Capacity Block rate where a group

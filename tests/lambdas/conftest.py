@@ -15,7 +15,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from gpucluster.lambdas import awsapi, runtime
+from gpucluster.fleet import awsapi, runtime
 from moto_groups import create_stack_groups
 
 STACK = "dev"

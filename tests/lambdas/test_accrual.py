@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpucluster.lambdas.accrual import (
+from gpucluster.fleet.accrual import (
     CAPACITY_BLOCK,
     ON_DEMAND,
     SPOT,

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from gpucluster.lambdas import asg, nodegroups, runtime, stops
-from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, STATE_TAGS, STOPPED_BY_TAG
+from gpucluster.fleet import asg, nodegroups, runtime, stops
+from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, STATE_TAGS, STOPPED_BY_TAG
 
 
 def test_stop_records_capacity_then_zeroes_it(cluster, recorded) -> None:

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from gpucluster.lambdas import asg, autostop, nodegroups, runtime
-from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
+from gpucluster.fleet import asg, nodegroups, runtime
+from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
+from gpucluster.lambdas import autostop
 
 HOOK = "/opt/gpucluster/checkpoint.sh --reason stop"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpucluster.lambdas import awsapi
+from gpucluster.fleet import awsapi
 
 
 def test_batches_keep_the_order_and_the_per_call_limit() -> None:

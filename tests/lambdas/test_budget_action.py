@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from gpucluster.lambdas import asg, budget_action, nodegroups, runtime
-from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STOPPED_BY_TAG
+from gpucluster.fleet import asg, nodegroups, runtime
+from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STOPPED_BY_TAG
+from gpucluster.lambdas import budget_action
 
 BUDGET_MESSAGE = """AWS Budget Notification November 21, 2026
 AWS Account 123456789012

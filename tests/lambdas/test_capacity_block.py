@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from gpucluster.lambdas import asg, capacity_block, nodegroups, runtime
-from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
+from gpucluster.fleet import asg, nodegroups, runtime
+from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
+from gpucluster.lambdas import capacity_block
 
 HOOK = "/opt/gpucluster/hooks/checkpoint.sh"
 CR = "cr-0123456789abcdef0"

@@ -19,11 +19,12 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 from test_races import Interposed
 
 from conftest import Cluster, Recorded, shared_client
-from gpucluster.lambdas import budget_action, guardstate, nodegroups, runtime, stops
-from gpucluster.lambdas.asg import AutoScalingGroups
-from gpucluster.lambdas.handlers import STATE_TABLE_ENV
-from gpucluster.lambdas.nodegroups import BUDGET, IDLE, MANUAL, SCHEDULE, StateConflict
-from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
+from gpucluster.fleet import guardstate, nodegroups, runtime, stops
+from gpucluster.fleet.asg import AutoScalingGroups
+from gpucluster.fleet.deployment import STATE_TABLE_ENV
+from gpucluster.fleet.nodegroups import BUDGET, IDLE, MANUAL, SCHEDULE, StateConflict
+from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
+from gpucluster.lambdas import budget_action
 
 BUDGET_EVENT = {"Records": [{"EventSource": "aws:sns", "Sns": {
     "Type": "Notification", "Subject": "AWS Budgets: exceeded", "Message": "ACTUAL Amount: $104.17",
@@ -329,7 +330,7 @@ def test_two_budget_invocations_at_once_stop_once_and_record_once(
 
 
 def test_ops_pick_the_stored_backend_when_the_stack_has_its_table(cluster: Cluster) -> None:
-    from gpucluster.lambdas.handlers import state_table_name
+    from gpucluster.fleet.deployment import state_table_name
     from gpucluster.ops import node_groups
 
     dynamodb = shared_client("dynamodb")
@@ -345,7 +346,7 @@ def test_ops_pick_the_stored_backend_when_the_stack_has_its_table(cluster: Clust
 
 
 def test_state_table_names_are_valid_and_apart() -> None:
-    from gpucluster.lambdas.handlers import state_table_name
+    from gpucluster.fleet.deployment import state_table_name
 
     a = state_table_name("organization/gpucluster/dev/gpu-dev")
     b = state_table_name("organization-gpucluster-dev-gpu-dev")
@@ -356,7 +357,7 @@ def test_state_table_names_are_valid_and_apart() -> None:
 
 def test_status_says_stop_failed_never_stopped(cluster: Cluster) -> None:
     from gpucluster.cli.fleet import render_status
-    from gpucluster.lambdas.handlers import state_table_name
+    from gpucluster.fleet.deployment import state_table_name
     from gpucluster.ops.status import stack_status
 
     dynamodb = shared_client("dynamodb")

@@ -15,8 +15,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from conftest import STACK, shared_client
-from gpucluster.lambdas import job_restart, runtime
-from gpucluster.lambdas.jobnames import job_parameter_name, jobs_parameter_path
+from gpucluster.fleet import jobrecords, runtime
+from gpucluster.fleet.jobnames import job_parameter_name, jobs_parameter_path
+from gpucluster.lambdas import job_restart
 from gpucluster.ops.nodes import Node
 from gpucluster.ops.run import job_record, plan_job
 
@@ -108,7 +109,7 @@ def test_a_replacement_restarts_the_job_on_the_new_node_set(cluster, recorded, p
         assert lines[0] == "cloud-init status --wait >/dev/null 2>&1 || true"  # a node still booting
         assert lines[-1] == "exec /usr/local/sbin/gpucluster-job start pretrain /fsx/code 'torchrun train.py'"
         assert command["DocumentName"] == "AWS-RunShellScript"
-        assert command["TimeoutSeconds"] == job_restart.DELIVERY_TIMEOUT_SECONDS
+        assert command["TimeoutSeconds"] == jobrecords.DELIVERY_TIMEOUT_SECONDS
         assert command["CloudWatchOutputConfig"]["CloudWatchLogGroupName"] == LOG_GROUP
         assert instance["InstanceId"] != replaced
     record = stored(name)
@@ -284,6 +285,6 @@ def test_two_invocations_at_once_relaunch_once(cluster, recorded, parameters) ->
 def test_record_size_is_bounded_by_the_standard_tier() -> None:
     record = record_for("dev-train", ["i-0000000000000001"])
     assert record["gpus"] == {"g5.12xlarge": 4, "g5.xlarge": 1}  # every type the group may launch
-    assert len(job_restart.encode_record(record)) < job_restart.MAX_RECORD_CHARS
+    assert len(jobrecords.encode_record(record)) < jobrecords.MAX_RECORD_CHARS
     with pytest.raises(ValueError, match="SSM's Standard parameters hold 4096"):
-        job_restart.encode_record({**record, "command": "x" * 4096})
+        jobrecords.encode_record({**record, "command": "x" * 4096})

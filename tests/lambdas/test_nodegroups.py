@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gpucluster.lambdas import nodegroups, stops
-from gpucluster.lambdas.asg import AutoScalingGroups
-from gpucluster.lambdas.nodegroups import (
+from gpucluster.fleet import nodegroups, stops
+from gpucluster.fleet.asg import AutoScalingGroups
+from gpucluster.fleet.nodegroups import (
     ALREADY_AT_ZERO,
     ALREADY_STOPPED,
     BUDGET,
@@ -23,7 +23,7 @@ from gpucluster.lambdas.nodegroups import (
     NodeGroups,
     StopState,
 )
-from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
+from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
 from moto_groups import tag_node_group
 
 

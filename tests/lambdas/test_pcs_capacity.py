@@ -24,11 +24,12 @@ from botocore.validate import validate_parameters
 from test_guardstate import create_table
 
 from conftest import shared_client
-from gpucluster.lambdas import budget_action, guardstate, nodegroups, runtime, stops
-from gpucluster.lambdas.nodegroups import BUDGET, IDLE, SCHEDULE
-from gpucluster.lambdas.pcs import PcsCapacity
-from gpucluster.lambdas.runtime import GuardrailError
-from gpucluster.lambdas.slurmhold import hold_script, release_script
+from gpucluster.fleet import guardstate, nodegroups, runtime, stops
+from gpucluster.fleet.nodegroups import BUDGET, IDLE, SCHEDULE
+from gpucluster.fleet.pcsgroups import PcsCapacity
+from gpucluster.fleet.runtime import GuardrailError
+from gpucluster.fleet.slurmhold import hold_script, release_script
+from gpucluster.lambdas import budget_action
 from gpucluster.ops import node_groups
 
 CLUSTER = "pcs_abc123"
@@ -350,13 +351,13 @@ def test_the_capacity_calls_are_exactly_these() -> None:
                 "scalingConfiguration": {"minInstanceCount": 0, "maxInstanceCount": 0},
             },
         )
-        listed = capacity.list(STACK)
-        capacity.set("train", 0, 0)
+        listed = capacity.describe_stack(STACK)
+        capacity.resize("train", 0, 0)
         stub.assert_no_pending_responses()
     assert [(g.name, g.min_size, g.desired, g.max_size, g.stack) for g in listed] == [
         ("train", 1, 4, 4, STACK)
     ]
-    assert capacity.list("prod") == []  # another stack's identity: not this cluster's groups
+    assert capacity.describe_stack("prod") == []  # another stack's identity: not this cluster's groups
 
 
 def test_boto3_has_the_pcs_model_offline() -> None:
@@ -562,7 +563,7 @@ def test_handlers_and_ops_pick_the_pcs_backend_for_a_slurm_stack(slurm_stack, mo
     assert chosen.capacity.cluster_id == CLUSTER and chosen.capacity.stack == STACK
     monkeypatch.delenv("PCS_CLUSTER_ID")
     monkeypatch.delenv("GUARD_STATE_TABLE")
-    from gpucluster.lambdas.handlers import state_table_name
+    from gpucluster.fleet.deployment import state_table_name
 
     create_table(shared_client("dynamodb"), state_table_name(STACK))
     ops_backend = node_groups(
@@ -610,8 +611,8 @@ def compute_node(stack: str = STACK, group: str = "train") -> dict[str, Any]:
 
 
 def test_a_spot_warning_requeues_the_nodes_jobs_from_the_login_node(slurm_stack, monkeypatch) -> None:
+    from gpucluster.fleet.slurmhold import requeue_node_script
     from gpucluster.lambdas import spot_interruption
-    from gpucluster.lambdas.slurmhold import requeue_node_script
 
     monkeypatch.setenv("INTERRUPTION_TIMEOUT_SECONDS", "90")
     slurm_stack["ec2"].instances["i-0aaaaaaaaaaaaaaa1"] = compute_node()
@@ -688,7 +689,7 @@ def test_the_autostop_handler_stops_the_pcs_group_its_alarm_names(slurm_stack: d
 @pytest.fixture
 def ops_stack(slurm_stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """The Slurm stack as the CLI sees it: the table found by the identity, clients handed in."""
-    from gpucluster.lambdas.handlers import state_table_name
+    from gpucluster.fleet.deployment import state_table_name
 
     monkeypatch.delenv("PCS_CLUSTER_ID")
     monkeypatch.delenv("GUARD_STATE_TABLE")

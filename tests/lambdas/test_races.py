@@ -18,8 +18,9 @@ import boto3
 import pytest
 from test_autostop import alarm_event, schedule_event
 
-from gpucluster.lambdas import autostop, budget_action, nodegroups, runtime
-from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STOPPED_BY_TAG
+from gpucluster.fleet import nodegroups, runtime, stops
+from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STOPPED_BY_TAG
+from gpucluster.lambdas import autostop, budget_action
 
 HOOK = "/opt/gpucluster/checkpoint.sh"
 BUDGET_EVENT = {
@@ -173,7 +174,7 @@ def test_schedule_start_between_the_budgets_read_and_write_is_undone(cluster, re
     assert_budget_stopped(cluster, "dev-train", desired=2, min_size=1)
     assert_budget_stopped(cluster, "dev-infer", desired=1, min_size=0)
     assert set(result["corrections"]) == {"dev-infer", "dev-train"}
-    assert recorded.clock.sleeps == [budget_action.SETTLE_SECONDS]
+    assert recorded.clock.sleeps == [stops.SETTLE_SECONDS]
     assert schedule_start()["groups"] == []
     assert cluster.capacity("dev-train") == (0, 0)
 

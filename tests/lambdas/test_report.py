@@ -11,6 +11,7 @@ import pytest
 from botocore.stub import Stubber
 
 from conftest import Cluster, Recorded, shared_client
+from gpucluster.fleet import spendreport
 from gpucluster.lambdas import report
 
 NOW = datetime(2026, 11, 23, 8, 0, tzinfo=UTC)  # a Monday: the weekly rule's time
@@ -36,7 +37,7 @@ def period(start: date, end: date, groups: list[dict[str, Any]]) -> dict[str, An
 
 def ce_request(start: str, end: str, granularity: str) -> dict[str, Any]:
     return {"TimePeriod": {"Start": start, "End": end}, "Granularity": granularity,
-            "Metrics": ["AmortizedCost"], "Filter": FILTER, "GroupBy": report.GROUP_BY}
+            "Metrics": ["AmortizedCost"], "Filter": FILTER, "GroupBy": spendreport.GROUP_BY}
 
 
 def stubbed_ce(forecast: float | None) -> Any:
@@ -68,8 +69,8 @@ def stubbed_ce(forecast: float | None) -> Any:
 def publish(asg: str, busy_minutes: int, idle_minutes: int) -> None:
     """Two GPUs, a sample each a minute from Monday 09:00 UTC: busy first, then idle."""
     start = datetime(2026, 11, 16, 9, tzinfo=UTC)
-    data = [{"MetricName": report.GPU_UTILIZATION_METRIC,
-             "Dimensions": [{"Name": report.GPU_METRIC_DIMENSION, "Value": asg}],
+    data = [{"MetricName": spendreport.GPU_UTILIZATION_METRIC,
+             "Dimensions": [{"Name": spendreport.GPU_METRIC_DIMENSION, "Value": asg}],
              "Timestamp": start + timedelta(minutes=m),
              "Values": [40.0, 10.0] if m < busy_minutes else [1.0, 0.0]}
             for m in range(busy_minutes + idle_minutes)]
@@ -87,9 +88,9 @@ def reporting(cluster: Cluster, recorded: Recorded, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("MONTHLY_LIMIT_USD", "700")
     monkeypatch.setenv("IDLE_THRESHOLD_PERCENT", "5")
     monkeypatch.setenv("GPU_METRIC_NAMESPACE", NAMESPACE)
-    monkeypatch.setattr(report.RUNTIME, "now", lambda: NOW)
+    monkeypatch.setattr(spendreport.RUNTIME, "now", lambda: NOW)
     # Hourly periods: moto's GetMetricData scans every datapoint for every period it returns.
-    monkeypatch.setattr(report, "metric_period", lambda start, now: 3600)
+    monkeypatch.setattr(spendreport, "metric_period", lambda start, now: 3600)
     return recorded
 
 
@@ -139,8 +140,8 @@ def test_other_events_are_ignored(reporting: Recorded) -> None:
     ("monthly", date(2026, 11, 30), (date(2026, 11, 1), date(2026, 11, 30))),   # the rule's L: last day
 ])
 def test_report_windows(period_name: str, today: date, window: tuple[date, date]) -> None:
-    assert report.report_window(period_name, today) == window
-    assert report.next_month(today) == date(2026, 12, 1)
+    assert spendreport.report_window(period_name, today) == window
+    assert spendreport.next_month(today) == date(2026, 12, 1)
 
 
 @pytest.mark.parametrize(("value", "option"), [
@@ -149,4 +150,4 @@ def test_report_windows(period_name: str, today: date, window: tuple[date, date]
     ("Dedicated Host", "Dedicated Host"),   # unknown: kept as AWS wrote it
 ])
 def test_purchase_options(value: str, option: str) -> None:
-    assert report.purchase_option(value) == option
+    assert spendreport.purchase_option(value) == option

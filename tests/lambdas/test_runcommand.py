@@ -6,7 +6,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from gpucluster.lambdas import runcommand
+from gpucluster.fleet import runcommand
 
 
 class ScriptedSSM:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from gpucluster.lambdas import runtime
+from gpucluster.fleet import runtime
 
 
 def test_a_failed_notification_raises_so_the_invocation_fails() -> None:

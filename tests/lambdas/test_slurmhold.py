@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpucluster.lambdas import stops
-from gpucluster.lambdas.slurmhold import hold_script, release_script, requeue_node_script
+from gpucluster.fleet import stops
+from gpucluster.fleet.slurmhold import hold_script, release_script, requeue_node_script
 
 
 @pytest.mark.parametrize("bad", ["train;reboot", "a b", "$(id)", "", "-x"])

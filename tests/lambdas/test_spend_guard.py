@@ -16,9 +16,10 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from gpucluster.lambdas import runtime, spend_guard
-from gpucluster.lambdas.accrual import cost_period, settled_through
-from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
+from gpucluster.fleet import runtime, spendguard
+from gpucluster.fleet.accrual import cost_period, settled_through
+from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
+from gpucluster.lambdas import spend_guard
 
 G5 = 1.006  # test price per hour of the launch template's g5.xlarge
 PRICES = {"on_demand": {"g5.xlarge": G5}, "fixed_usd_per_hour": 0.5}
@@ -237,7 +238,7 @@ def test_killed_after_the_stop_and_retried_changes_nothing_more(cluster, recorde
 
 
 def test_spot_price_failure_falls_back_to_on_demand() -> None:
-    from gpucluster.lambdas.accrual import SPOT, Instance
+    from gpucluster.fleet.accrual import SPOT, Instance
 
     ec2 = boto3.client("ec2", region_name="us-east-1")
     stub = Stubber(ec2)
@@ -245,11 +246,11 @@ def test_spot_price_failure_falls_back_to_on_demand() -> None:
     stub.activate()
     now = datetime(2026, 11, 20, 12, tzinfo=UTC)
     spot = [Instance("i-1", "p5.48xlarge", SPOT, now - timedelta(hours=1), "train", "us-east-1a")]
-    assert spend_guard.spot_prices(ec2, spot, now) == {}
+    assert spendguard.spot_prices(ec2, spot, now) == {}
 
 
 def test_spot_prices_take_the_latest_per_zone() -> None:
-    from gpucluster.lambdas.accrual import SPOT, Instance
+    from gpucluster.fleet.accrual import SPOT, Instance
 
     ec2 = boto3.client("ec2", region_name="us-east-1")
     stub = Stubber(ec2)
@@ -263,11 +264,11 @@ def test_spot_prices_take_the_latest_per_zone() -> None:
          "StartTime": now - timedelta(hours=1)})
     stub.activate()
     spot = [Instance("i-1", "p5.48xlarge", SPOT, now, "train", "us-east-1a")]
-    assert spend_guard.spot_prices(ec2, spot, now) == {("p5.48xlarge", "us-east-1a"): 42.5}
+    assert spendguard.spot_prices(ec2, spot, now) == {("p5.48xlarge", "us-east-1a"): 42.5}
 
 
 def test_first_day_of_the_month_skips_cost_explorer() -> None:
-    assert spend_guard.settled_cost(object(), "dev", datetime(2026, 12, 1, 3, tzinfo=UTC)) == 0.0
+    assert spendguard.settled_cost(object(), "dev", datetime(2026, 12, 1, 3, tzinfo=UTC)) == 0.0
 
 
 def test_cost_explorer_pages_are_summed() -> None:
@@ -280,7 +281,7 @@ def test_cost_explorer_pages_are_summed() -> None:
             answer["NextPageToken"] = token
         stub.add_response("get_cost_and_usage", answer)
     stub.activate()
-    assert spend_guard.settled_cost(ce, "dev", datetime(2026, 11, 20, 9, tzinfo=UTC)) == 12.5
+    assert spendguard.settled_cost(ce, "dev", datetime(2026, 11, 20, 9, tzinfo=UTC)) == 12.5
 
 
 @pytest.mark.parametrize(("env", "value", "message"), [
@@ -306,7 +307,7 @@ def test_an_unpriced_instance_type_is_a_config_error(cluster, recorded, guard, m
 
 
 def test_group_hours_come_from_group_in_service_instances() -> None:
-    from gpucluster.lambdas.nodegroups import NodeGroup
+    from gpucluster.fleet.nodegroups import NodeGroup
 
     cloudwatch = boto3.client("cloudwatch", region_name="us-east-1")
     stub = Stubber(cloudwatch)
@@ -323,7 +324,7 @@ def test_group_hours_come_from_group_in_service_instances() -> None:
     stub.activate()
     groups = [NodeGroup("gpu-train-asg", "train", "dev", 0, 4, 4),
               NodeGroup("gpu-eval-asg", None, "dev", 0, 0, 1)]
-    assert spend_guard.group_instance_hours(cloudwatch, groups, since, now) == {
+    assert spendguard.group_instance_hours(cloudwatch, groups, since, now) == {
         "train": pytest.approx(5.0), "gpu-eval-asg": 0.0}
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from gpucluster.fleet.tags import STOPPED_BY_TAG
 from gpucluster.lambdas import spot_interruption
-from gpucluster.lambdas.tags import STOPPED_BY_TAG
 
 HOOK = "/opt/gpucluster/checkpoint.sh"
 

@@ -29,8 +29,9 @@ from typer.testing import CliRunner
 
 from conftest import shared_client
 from gpucluster.cli import app, common
-from gpucluster.lambdas import asg, autostop, awsapi, budget_action, runtime, spot_interruption
-from gpucluster.lambdas.tags import STOPPED_BY_TAG
+from gpucluster.fleet import asg, awsapi, runtime
+from gpucluster.fleet.tags import STOPPED_BY_TAG
+from gpucluster.lambdas import autostop, budget_action, spot_interruption
 from gpucluster.plan import PlannedResource, load_stack
 from gpucluster.project import stacks_dir
 from test_identity import deploy
@@ -237,8 +238,8 @@ def test_the_spend_guard_stops_its_own_group_only(account, teams, recorded, monk
     """Team a's guard, with the environment its plan renders, over its limit: b's group runs on."""
     from test_spend_guard import cost_explorer
 
+    from gpucluster.fleet.accrual import cost_period
     from gpucluster.lambdas import spend_guard
-    from gpucluster.lambdas.accrual import cost_period
 
     a, b = teams
     lambda_of(a, "spend_guard", monkeypatch, moto_account)

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict, TypeVar, get
 import pulumi
 from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError
 
-from gpucluster.lambdas.tags import CLUSTER_TAG, STACK_TAG
+from gpucluster.fleet.tags import CLUSTER_TAG, STACK_TAG
 from gpucluster.noderole import ROLE_INLINE_POLICIES_MAX_CHARS, node_inline_policies_chars
 from gpucluster.parts import S3Grant
 from gpucluster.preflight import CHECKS

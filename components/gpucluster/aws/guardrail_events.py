@@ -33,7 +33,7 @@ from gpucluster.aws.guardrail_lambda import (
     scheduler_invoker,
 )
 from gpucluster.aws.guardrail_state import with_state
-from gpucluster.lambdas.jobnames import LAUNCH_SUCCESSFUL, jobs_parameter_path  # not job_restart: boto3
+from gpucluster.fleet.jobnames import LAUNCH_SUCCESSFUL, jobs_parameter_path  # not job_restart: boto3
 from gpucluster.node.userdata import (
     ACTIVITY_METRIC,
     GPU_METRIC_DIMENSION,

@@ -17,14 +17,20 @@ import pulumi
 import pulumi_aws as aws
 
 from gpucluster.aws.args import STACK_TAG, GuardrailsModel, component_options, owned_tags, type_token
-from gpucluster.lambdas.handlers import HANDLERS, PCS_ACTIONS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS
+from gpucluster.fleet.deployment import HANDLERS, PCS_ACTIONS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS
 
 # STATE_TAGS: what the Lambdas write on a group they stop; the others select a Slurm stack's login node.
-from gpucluster.lambdas.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STATE_TAGS
+from gpucluster.fleet.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STATE_TAGS
 
 LAMBDA_DIR = Path(__file__).resolve().parent.parent / "lambdas"
-# Zipped as the package `lambdas` (its modules import each other relatively).
+FLEET_DIR = Path(__file__).resolve().parent.parent / "fleet"
+# The handlers are zipped as the package `lambdas`; the core they call as `gpucluster/fleet/` (its
+# modules import each other relatively, the handlers import it as `gpucluster.fleet`).
 LAMBDA_PACKAGE = "lambdas"
+FLEET_PACKAGE = "gpucluster/fleet"
+# The archive's own `gpucluster/__init__.py`: the installed one lists the Pulumi components, which a
+# Lambda has no use for (they load lazily, but the archive carries nothing of gpucluster but the core).
+ARCHIVE_PACKAGE_INIT = '"""gpucluster in a guardrail Lambda: only its fleet core (gpucluster.fleet)."""\n'
 # pulumi-aws 7 lambda Runtime enum; python3.13 runs on Amazon Linux 2023 and ships boto3.
 LAMBDA_RUNTIME = "python3.13"
 LAMBDA_ARCHITECTURE = "arm64"
@@ -134,7 +140,7 @@ def publish_statements(topic_arn: pulumi.Input[str], key_arn: pulumi.Input[str])
 
 @dataclass(frozen=True)
 class PcsGuard:
-    """A Slurm stack's PCS cluster, as the guardrails need it (from `GpuCluster.pcs`, SLURM.md contract 2)."""
+    """A Slurm stack's PCS cluster, as the guardrails need it (from `GpuCluster.pcs`)."""
 
     cluster_id: pulumi.Input[str]
     cluster_arn: pulumi.Input[str]
@@ -198,20 +204,24 @@ def policy_output(statements: Sequence[Mapping[str, Any]]) -> pulumi.Output[str]
     return pulumi.Output.from_input(list(statements)).apply(policy_document)
 
 
-def lambda_sources() -> list[Path]:
-    """The handlers' modules: every `*.py` of the package, by name, and nothing else.
+def lambda_sources() -> dict[str, Path]:
+    """Every `*.py` of the handlers and of the fleet core, by its path in the archive, and nothing else.
 
-    Listed file by file rather than zipping the directory, so `__pycache__`, `*.pyc` and other
+    Listed file by file rather than zipping the directories, so `__pycache__`, `*.pyc` and other
     build noise left by a local test run never change the archive: the same sources give the same
     archive, and a second `pulumi up` with nothing changed updates no function.
     """
-    return sorted(LAMBDA_DIR.glob("*.py"))
+    return {f"{package}/{path.name}": path
+            for package, folder in ((LAMBDA_PACKAGE, LAMBDA_DIR), (FLEET_PACKAGE, FLEET_DIR))
+            for path in sorted(folder.glob("*.py"))}
 
 
 def lambda_code() -> pulumi.AssetArchive:
-    """The handlers zipped as the package `lambdas` (handler `lambdas.<module>.handler`)."""
-    return pulumi.AssetArchive({f"{LAMBDA_PACKAGE}/{path.name}": pulumi.FileAsset(str(path))
-                                for path in lambda_sources()})
+    """The handlers as package `lambdas` (handler `lambdas.<module>.handler`) beside `gpucluster.fleet`."""
+    assets: dict[str, pulumi.Asset | pulumi.Archive] = {
+        name: pulumi.FileAsset(str(path)) for name, path in lambda_sources().items()}
+    assets["gpucluster/__init__.py"] = pulumi.StringAsset(ARCHIVE_PACKAGE_INIT)
+    return pulumi.AssetArchive(dict(sorted(assets.items())))
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from gpucluster.aws.guardrail_lambda import GuardrailContext
 
 # STATE_ACTIONS: the calls `lambdas.guardstate` makes (no DeleteItem, no Scan, no UpdateItem: a
 # transition is a conditional PutItem of the whole record).
-from gpucluster.lambdas.handlers import STATE_ACTIONS, STATE_TABLE_ENV, state_table_name
+from gpucluster.fleet.deployment import STATE_ACTIONS, STATE_TABLE_ENV, state_table_name
 
 # A customer managed key on a DynamoDB table: the principals reading and writing the table use the key
 # through DynamoDB only (DynamoDB developer guide, "How Amazon DynamoDB uses AWS KMS", "Authorizing use

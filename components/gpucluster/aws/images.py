@@ -23,7 +23,7 @@ import pulumi_aws as aws
 
 from gpucluster.aws.args import type_token
 from gpucluster.aws.iam import assume_role_policy, boundary_arn
-from gpucluster.lambdas.tags import STACK_TAG
+from gpucluster.fleet.tags import STACK_TAG
 from gpucluster.node.bake import IMAGE_TAGS, BakeSettings, component_document, recipe_name
 from gpucluster.noderole import ECR_PULL_ACTIONS, ecr_repository
 

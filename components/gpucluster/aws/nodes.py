@@ -44,7 +44,7 @@ from gpucluster.aws.args import (
 )
 from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_hook
 from gpucluster.aws.nics import network_interfaces
-from gpucluster.lambdas.tags import NODE_GROUP_TAG
+from gpucluster.fleet.tags import NODE_GROUP_TAG
 from gpucluster.node.bundle import scripts_source
 from gpucluster.node.metrics import group_metrics
 from gpucluster.node.multipart import PCS_USER_DATA_BYTES, encode_multipart_user_data
@@ -66,7 +66,7 @@ ROOT_DEVICE = "/dev/sda1"  # the root device name of Ubuntu AMIs, the DLAMI incl
 IMDS_HOP_LIMIT = 2  # one hop more than the host, so containers reach IMDSv2 (EC2 user guide, IMDS)
 LATEST = "$Latest"
 OLD_TYPE = "gpucluster:nodes:GpuNodeGroup"
-# The tags the guardrail Lambdas write on a group they stop (components/gpucluster/lambdas/tags.py:
+# The tags the guardrail Lambdas write on a group they stop (components/gpucluster/fleet/tags.py:
 # gpucluster:stopped-by, gpucluster:previous-desired, gpucluster:previous-min). `resume` and the start
 # schedule need them, so Pulumi must never take them into its state.
 STOP_STATE_TAG_PREFIXES = ("gpucluster:stopped-", "gpucluster:previous-")

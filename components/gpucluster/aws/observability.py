@@ -39,7 +39,7 @@ from gpucluster.noderole import gpu_metric_namespace
 AUTOSCALING_NAMESPACE = "AWS/AutoScaling"
 GUARDRAIL_STOPS_METRIC = "GuardrailStops"
 # What the guardrail Lambdas log, once per group they scale to zero
-# (gpucluster.lambdas.asg.scale_to_zero: log_event("group scaled to zero", ...)). A quoted term
+# (gpucluster.fleet.asg.scale_to_zero: log_event("group scaled to zero", ...)). A quoted term
 # matches the exact phrase anywhere in the event (CloudWatch Logs, "Filter pattern syntax").
 STOP_LOG_PHRASE = "group scaled to zero"
 # The stuck-job alarm: every GPU of the group at or above BUSY percent, within FLAT points of each

@@ -36,7 +36,7 @@ import pulumi_aws_native as aws_native
 
 from gpucluster.aws.args import component_options, owned_tags, type_token
 from gpucluster.aws.iam import NodeIdentity
-from gpucluster.lambdas.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP
+from gpucluster.fleet.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP
 from gpucluster.node.multipart import PCS_USER_DATA_BYTES, encode_multipart_user_data
 from gpucluster.node.userdata import MAX_USER_DATA_BYTES
 
@@ -335,7 +335,7 @@ class SlurmCluster(pulumi.ComponentResource):
             tags=tags, opts=pulumi.ResourceOptions(
                 parent=self, delete_before_replace=True,
                 # The guardrails stop a group by setting its minimum and maximum to 0 and resume it by
-                # restoring them (SLURM.md, contract 4): after creation the scaling belongs to them, as an
+                # restoring them (`fleet.pcsgroups`): after creation the scaling belongs to them, as an
                 # Auto Scaling group's minimum does (GpuNodeGroup), or `pulumi up` would restart what they
                 # stopped. The login group keeps its count from the stack file.
                 ignore_changes=["scalingConfiguration"] if queue else []))

@@ -262,7 +262,7 @@ def restored_lines(todo: list[ResumeCandidate], results: list[ResumeResult], ver
 def explain_nothing_to_resume(stack: str, spec: StackSpec, candidates: list[ResumeCandidate],
                               only: list[str]) -> list[str]:
     """Why `resume` has nothing to do, per group, and what to do instead."""
-    from gpucluster.lambdas.tags import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
+    from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, STOPPED_BY_TAG
 
     if not candidates:
         return [*render.wrap(f"nothing to resume: no Auto Scaling group is tagged "
@@ -305,7 +305,7 @@ def resume(
 
     With --json it cannot ask: give --yes (resume) or --dry-run (only show).
     """
-    from gpucluster.lambdas.nodegroups import STOP_REASONS
+    from gpucluster.fleet.nodegroups import STOP_REASONS
     from gpucluster.ops.status import plan_resume, resume_stack, stack_status
 
     render.use_json(as_json)
@@ -617,7 +617,7 @@ def start(
 
     With --json it cannot ask: give --yes, or --dry-run.
     """
-    from gpucluster.lambdas.nodegroups import BUDGET
+    from gpucluster.fleet.nodegroups import BUDGET
     from gpucluster.ops.scale import plan_start, start_stack
 
     render.use_json(as_json)

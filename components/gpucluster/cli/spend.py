@@ -48,7 +48,7 @@ def _percent(part: float, whole: float) -> str:
 
 def render_spend(s: Spend) -> list[str]:
     """The human output of `gpucluster spend STACK`."""
-    from gpucluster.lambdas.report import purchase_label
+    from gpucluster.fleet.spendreport import purchase_label
 
     w = s.window
     out = [f"stack {s.stack} ({s.region}), tag gpucluster:stack={s.identity}: "

@@ -1,11 +1,9 @@
-"""Guardrail Lambda handlers: boto3 only, never Pulumi.
+"""Guardrail Lambda handlers: thin entry points that read their event and environment, then call the core.
 
-The deploy zips this directory as the Python package ``lambdas``, so the
-handlers are ``lambdas.<module>.handler`` (see ``handlers.HANDLERS``) and
-modules here import each other relatively. Nothing here ever deletes an AWS
-resource: guardrails only scale node groups to zero and back, through the
-``nodegroups`` seam (``stops`` for several at once, ``asg`` its Auto Scaling
-backend, ``guardstate`` the stored one over Auto Scaling or ``pcs``'s PCS compute node
-groups, ``slurmhold`` the Slurm commands on a Slurm stack); ``awsapi`` holds the AWS
-helpers they share with ``gpucluster.ops``.
+The deploy zips this directory as the package ``lambdas`` beside ``gpucluster/fleet/`` (the core
+they call, imported absolutely as ``gpucluster.fleet``), so the handlers are
+``lambdas.<module>.handler`` (see ``gpucluster.fleet.deployment.HANDLERS``). A module here holds
+one handler: event parsing, the environment it reads, and the calls into the core; what a stop, a
+start or a spend decision means lives in ``gpucluster.fleet``. They import nothing else of
+gpucluster and never Pulumi.
 """

@@ -40,11 +40,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from .awsapi import batches, log_event
-from .nodegroups import IDLE, LIFETIME, SCHEDULE, NodeGroup, NodeGroups
-from .pcs import PCS_CLUSTER_ENV
-from .runcommand import CommandResult
-from .runtime import (
+from gpucluster.fleet.awsapi import batches, log_event
+from gpucluster.fleet.nodegroups import IDLE, LIFETIME, SCHEDULE, NodeGroup, NodeGroups
+from gpucluster.fleet.pcsgroups import PCS_CLUSTER_ENV
+from gpucluster.fleet.runcommand import CommandResult
+from gpucluster.fleet.runtime import (
     RUNTIME,
     GuardrailError,
     bounded_timeout,
@@ -54,8 +54,8 @@ from .runtime import (
     notify_from_env,
     stack_from_env,
 )
-from .slurmhold import release_partitions
-from .stops import mark_told, raise_if_failed, stack_node_groups, stop_groups
+from gpucluster.fleet.slurmhold import release_partitions
+from gpucluster.fleet.stops import mark_told, raise_if_failed, stack_node_groups, stop_groups
 
 ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
 SCHEDULE_DETAIL_TYPE = "Scheduled Event"

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .awsapi import log_event
-from .nodegroups import BUDGET
-from .runtime import RUNTIME, ignored, notify_from_env, stack_from_env
-from .stops import confirm_budget_stops, mark_told, raise_if_failed, stack_node_groups, stop_groups
-
-# Long enough for a schedule start or stop that read a group just before our write to land its
-# own write (a describe and two updates, well under a second), short next to the Lambda timeout.
-SETTLE_SECONDS = 5.0
+from gpucluster.fleet.awsapi import log_event
+from gpucluster.fleet.nodegroups import BUDGET
+from gpucluster.fleet.runtime import RUNTIME, ignored, notify_from_env, stack_from_env
+from gpucluster.fleet.stops import (
+    SETTLE_SECONDS,
+    confirm_budget_stops,
+    mark_told,
+    raise_if_failed,
+    stack_node_groups,
+    stop_groups,
+)
 
 
 def breach_records(event: Any) -> list[dict[str, Any]]:

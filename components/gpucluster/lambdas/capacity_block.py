@@ -23,9 +23,9 @@ import logging
 import os
 from typing import Any
 
-from .awsapi import log_event
-from .nodegroups import CAPACITY_BLOCK
-from .runtime import (
+from gpucluster.fleet.awsapi import log_event
+from gpucluster.fleet.nodegroups import CAPACITY_BLOCK
+from gpucluster.fleet.runtime import (
     RUNTIME,
     ConfigError,
     bounded_timeout,
@@ -35,7 +35,7 @@ from .runtime import (
     notify_from_env,
     stack_from_env,
 )
-from .stops import mark_told, raise_if_failed, stack_node_groups, stop_groups
+from gpucluster.fleet.stops import mark_told, raise_if_failed, stack_node_groups, stop_groups
 
 DETAIL_TYPES = ("Capacity Block Reservation Expiration Warning", "Capacity Block Expiration Warning")
 # From the warning to the first terminations: 10 minutes. The hook gets 8 of them, the stop the rest.

@@ -34,10 +34,10 @@ import re
 import shlex
 from typing import Any
 
-from .awsapi import describe_groups, group_tags, log_event
-from .handlers import PCS_CLUSTER_ENV
-from .runcommand import run_command
-from .runtime import (
+from gpucluster.fleet.awsapi import describe_groups, group_tags, log_event
+from gpucluster.fleet.deployment import PCS_CLUSTER_ENV
+from gpucluster.fleet.runcommand import run_command
+from gpucluster.fleet.runtime import (
     RUNTIME,
     bounded_timeout,
     env_number,
@@ -46,8 +46,8 @@ from .runtime import (
     notify_from_env,
     stack_from_env,
 )
-from .slurmhold import on_login_node, requeue_node_script
-from .tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
+from gpucluster.fleet.slurmhold import on_login_node, requeue_node_script
+from gpucluster.fleet.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
 
 EVENT_KINDS = {
     "EC2 Spot Instance Interruption Warning": "spot-interruption-warning",

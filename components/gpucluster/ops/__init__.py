@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpucluster.lambdas.nodegroups import NodeGroups
+    from gpucluster.fleet.nodegroups import NodeGroups
 
 Clients = Callable[[str], Any]
 """A service name -> a boto3 client in the stack's region."""
@@ -45,8 +45,8 @@ def node_groups(autoscaling_client: Any = None, *, identity: str | None = None,
     import boto3
     from botocore.exceptions import ClientError
 
-    from gpucluster.lambdas.handlers import state_table_name
-    from gpucluster.lambdas.stops import stack_node_groups
+    from gpucluster.fleet.deployment import state_table_name
+    from gpucluster.fleet.stops import stack_node_groups
 
     # The table is in the groups' region: the Auto Scaling (or PCS) client's, when one is handed in.
     region = getattr(getattr(autoscaling_client or pcs_client, "meta", None), "region_name", None)

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from gpucluster.dashboards import from_spec, rendered, rules_document
-from gpucluster.lambdas.tags import STACK_TAG
+from gpucluster.fleet.tags import STACK_TAG
 from gpucluster.spec import StackSpec
 
 RULES_FILE = "gpucluster-rules.yml"

@@ -26,8 +26,8 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from gpucluster import catalog
-from gpucluster.lambdas.awsapi import group_tags, stack_groups
-from gpucluster.lambdas.tags import NODE_GROUP_TAG
+from gpucluster.fleet.awsapi import group_tags, stack_groups
+from gpucluster.fleet.tags import NODE_GROUP_TAG
 from gpucluster.ops.awserrors import describe, from_parser, looks_like_markup
 from gpucluster.ops.capacity import WARNING_BEFORE_END as BLOCK_WARNING_BEFORE_END
 from gpucluster.pricing import Rate, split_nodes

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpucluster.lambdas.awsapi import AWS_ERRORS, batches, error_code
-from gpucluster.lambdas.jobnames import job_log_stream
+from gpucluster.fleet.awsapi import AWS_ERRORS, batches, error_code
+from gpucluster.fleet.jobnames import job_log_stream
 
 __all__ = ["job_log_stream"]  # named in lambdas.jobnames: the restart handler reads it too
 MIN_POLL_SECONDS = 2.0

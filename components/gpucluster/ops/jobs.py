@@ -118,7 +118,7 @@ def cancel_job(spec: StackSpec, name: str, group: str | None, *, clients: Client
                progress: Spinner = no_spinner,
                on_record_removed: Callable[[], None] | None = None) -> Cancelled:
     """Stop a detached job on every node; its restart record goes first (`on_record_removed` then)."""
-    from gpucluster.lambdas.jobnames import job_parameter_name
+    from gpucluster.fleet.jobnames import job_parameter_name
     from gpucluster.ops.run import JOB_TOOL
 
     parameter = job_parameter_name(spec.identity, name)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from gpucluster.lambdas.awsapi import AWS_ERRORS, error_code
+from gpucluster.fleet.awsapi import AWS_ERRORS, error_code
 from gpucluster.noderole import run_log_group_name
 from gpucluster.ops import Clients, Spinner, no_spinner
 
@@ -94,7 +94,7 @@ class RunPlan:
     @property
     def record_parameter(self) -> str:
         """The SSM parameter that holds (or would hold) the job's restart record."""
-        from gpucluster.lambdas.jobnames import job_parameter_name
+        from gpucluster.fleet.jobnames import job_parameter_name
 
         return job_parameter_name(self.identity, self.plan.detach or "")
 
@@ -186,7 +186,7 @@ def record_restart(ssm: Any, parameter: str, job: str, group: str, record: dict[
 
     A job started again under the same name without the flag must not inherit an older record.
     """
-    from gpucluster.lambdas.job_restart import encode_record
+    from gpucluster.fleet.jobrecords import encode_record
 
     if record is None:
         outcome = RestartRecord(parameter)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpucluster.dashboards.promql import DCGM_JOB, INSTANCE_LABEL, STACK_LABEL
-from gpucluster.lambdas.awsapi import AWS_ERRORS
+from gpucluster.fleet.awsapi import AWS_ERRORS
 from gpucluster.spec import StackSpec
 from gpucluster.spec.observability import remote_write_workspace
 

@@ -20,8 +20,8 @@ from typing import Any
 import boto3
 
 from gpucluster import catalog
-from gpucluster.lambdas.awsapi import AWS_ERRORS, batches
-from gpucluster.lambdas.nodegroups import NodeGroup
+from gpucluster.fleet.awsapi import AWS_ERRORS, batches
+from gpucluster.fleet.nodegroups import NodeGroup
 from gpucluster.ops import node_groups
 
 # EC2 API reference, Instance.InstanceLifecycle: "spot", "scheduled" or "capacity-block"; absent

@@ -5,7 +5,7 @@ This is `gpucluster status` without the command line: one call reads the stack's
 Scaling groups and GPU metrics (`gpucluster.ops.status`), names its CloudWatch dashboard,
 checks that the budget's cost-allocation tag is active, and measures month-to-date spend,
 burn rate and when the limit will be hit with the spend guard's own functions
-(`gpucluster.lambdas.spend_guard.measure`, `accrual.decide`). Read-only; it prints nothing.
+(`gpucluster.fleet.spendguard.measure`, `accrual.decide`). Read-only; it prints nothing.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ def spend_now(spec: StackSpec, *, clients: Clients, ce: Any, now: datetime | Non
     The limit is the budget's action threshold (the guard's stop), or the monthly limit when the
     stack has no action. None, None without a budget.
     """
-    from gpucluster.lambdas.accrual import PriceError, Prices, decide, when_limit
-    from gpucluster.lambdas.awsapi import AWS_ERRORS
-    from gpucluster.lambdas.spend_guard import measure
+    from gpucluster.fleet.accrual import PriceError, Prices, decide, when_limit
+    from gpucluster.fleet.awsapi import AWS_ERRORS
+    from gpucluster.fleet.spendguard import measure
     from gpucluster.ops import node_groups
     from gpucluster.pricing import guard_prices
 

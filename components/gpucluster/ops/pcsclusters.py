@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucluster.lambdas.tags import STACK_TAG
+from gpucluster.fleet.tags import STACK_TAG
 from gpucluster.ops.nodes import NodesError
 
 

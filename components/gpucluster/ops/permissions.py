@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucluster.lambdas.handlers import STATE_ACTIONS, state_table_name
-from gpucluster.lambdas.jobnames import jobs_parameter_path
-from gpucluster.lambdas.runcommand import RUN_SHELL_DOCUMENT
-from gpucluster.lambdas.tags import STACK_TAG, STATE_TAGS
+from gpucluster.fleet.deployment import STATE_ACTIONS, state_table_name
+from gpucluster.fleet.jobnames import jobs_parameter_path
+from gpucluster.fleet.runcommand import RUN_SHELL_DOCUMENT
+from gpucluster.fleet.tags import STACK_TAG, STATE_TAGS
 from gpucluster.noderole import run_log_group_name
 
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucluster import catalog
-from gpucluster.lambdas.awsapi import AWS_ERRORS, error_code
-from gpucluster.lambdas.job_restart import (
+from gpucluster.fleet.awsapi import AWS_ERRORS, error_code
+from gpucluster.fleet.jobrecords import (
     CHECKPOINT_DONE,
     CHECKPOINT_REQUEST,
     JOB_TOOL,
@@ -32,7 +32,7 @@ from gpucluster.lambdas.job_restart import (
     rank_environments,
     start_lines,
 )
-from gpucluster.lambdas.runcommand import RUN_SHELL_DOCUMENT, TERMINAL_STATUSES
+from gpucluster.fleet.runcommand import RUN_SHELL_DOCUMENT, TERMINAL_STATUSES
 from gpucluster.ops.nodes import Node
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default (torch.distributed.run --master-port)
@@ -48,7 +48,7 @@ STDOUT_LIMIT, STDERR_LIMIT = 24000, 8000
 TAIL_LINES = 20
 # The checkpoint contract (gpucluster.node checkpoint.sh, on every node as gpucluster-checkpoint):
 # the hook creates CHECKPOINT_REQUEST, the job saves a checkpoint and touches CHECKPOINT_DONE
-# (both from gpucluster.lambdas.job_restart, which re-launches jobs with the same environment).
+# (both from gpucluster.fleet.jobrecords, which re-launches jobs with the same environment).
 __all__ = ["CHECKPOINT_DONE", "CHECKPOINT_REQUEST", "JOB_TOOL"]
 
 

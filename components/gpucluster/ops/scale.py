@@ -1,7 +1,7 @@
 """Scale, stop and start a stack's node groups by hand, through the guardrails' own tag contract.
 
 This backs `gpucluster scale`, `stop` and `start`, acting on node groups only
-through the Lambdas' seam (`gpucluster.lambdas.nodegroups`, the Auto Scaling
+through the Lambdas' seam (`gpucluster.fleet.nodegroups`, the Auto Scaling
 backend behind it). A manual stop is a stop like any guardrail's: `stop_groups`
 with reason `manual` records who stopped the
 group and what to restore, after the stack's pre-stop hook ran on its nodes
@@ -21,8 +21,8 @@ from typing import Any
 
 import boto3
 
-from gpucluster.lambdas.nodegroups import BUDGET, IDLE, LIFETIME, MANUAL, SCHEDULE, StateConflict
-from gpucluster.lambdas.stops import StopReport, stop_groups
+from gpucluster.fleet.nodegroups import BUDGET, IDLE, LIFETIME, MANUAL, SCHEDULE, StateConflict
+from gpucluster.fleet.stops import StopReport, stop_groups
 from gpucluster.ops import node_groups
 from gpucluster.ops.nodes import NodesError, select_groups
 from gpucluster.ops.status import ResumeCandidate, ResumeResult, plan_resume, resume_stack
@@ -156,7 +156,7 @@ def stop_stack(candidates: list[StopCandidate], *, autoscaling_client: Any = Non
     backend = node_groups(autoscaling_client, identity=identity, pcs_cluster_id=pcs_cluster_id)
     groups = backend.read_groups([c.group for c in candidates if c.running])
     if pcs_cluster_id and identity:
-        from gpucluster.lambdas.slurmhold import hold_partitions
+        from gpucluster.fleet.slurmhold import hold_partitions
 
         ssm, ec2 = ssm_client or boto3.client("ssm"), ec2_client or boto3.client("ec2")
         stack = identity

@@ -5,8 +5,8 @@ stack: `submit` sends `slurm.batch.sbatch_script` to the group's partition (`sba
 reads `squeue` (and `sacct` with accounting, else `scontrol show job`), `job_output` reads the
 job's output file on its batch host, `cancel` runs `scancel`, `slurm_nodes` puts `sinfo` beside
 EC2, `usage` reads `sacct` for `spend --by user|job`. Every script runs on the stack's login node
-(the running instance tagged STACK_TAG = identity and NODE_GROUP_TAG = login: SLURM.md contract
-1) through SSM Run Command (AWS-RunShellScript, as root), carried base64-encoded
+(the running instance tagged STACK_TAG = identity and NODE_GROUP_TAG = login, as `aws.pcs` tags the
+login group's launch template) through SSM Run Command (AWS-RunShellScript, as root), carried base64-encoded
 (`slurm.remote.remote_command`), so nothing typed is interpolated into a shell line; jobs are
 submitted as the AMI's default user (`slurm.remote.JOB_UID`). `refusal` is the one place that
 says which launcher-only commands make no sense on a Slurm stack.
@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from gpucluster.lambdas.awsapi import AWS_ERRORS, error_code
-from gpucluster.lambdas.runcommand import RUN_SHELL_DOCUMENT, TERMINAL_STATUSES
-from gpucluster.lambdas.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
+from gpucluster.fleet.awsapi import AWS_ERRORS, error_code
+from gpucluster.fleet.runcommand import RUN_SHELL_DOCUMENT, TERMINAL_STATUSES
+from gpucluster.fleet.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
 from gpucluster.ops import Clients, Spinner, no_spinner
 from gpucluster.ops.run import RunError
 

@@ -8,7 +8,7 @@ leave them running (`gpucluster.schedule`); the gap comes with its likely reason
 cost allocation tags not active, nodes above desired, less spot than configured, stops
 the estimate cannot know). Idle waste is the GPU-hours each group spent below the idle
 threshold (CloudWatch, the series the idle alarms watch) at the price it paid. The
-arithmetic on AWS answers is shared with the report Lambda (`gpucluster.lambdas.report`).
+arithmetic on AWS answers is shared with the report Lambda (`gpucluster.fleet.spendreport`).
 Read-only: clients are passed in (tests hand Stubber or moto clients); nothing is changed.
 """
 
@@ -22,8 +22,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from gpucluster import pricing, schedule
-from gpucluster.lambdas.awsapi import stack_groups
-from gpucluster.lambdas.report import (
+from gpucluster.fleet.awsapi import stack_groups
+from gpucluster.fleet.spendreport import (
     NODE_GROUP_TAG,
     CostRow,
     Usage,
@@ -37,7 +37,7 @@ from gpucluster.lambdas.report import (
     totals,
     usage_by_node_group,
 )
-from gpucluster.lambdas.tags import STACK_TAG
+from gpucluster.fleet.tags import STACK_TAG
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.ops.awserrors import AWS_ERRORS, describe
 from gpucluster.spec import StackSpec

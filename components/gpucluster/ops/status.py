@@ -2,7 +2,7 @@
 
 These back `gpucluster resume STACK` and `gpucluster status STACK`. They talk
 to AWS with plain boto3 clients (so AWS_ENDPOINT_URL is honoured) and read and
-restore node groups through the Lambdas' own seam (`gpucluster.lambdas.nodegroups`).
+restore node groups through the Lambdas' own seam (`gpucluster.fleet.nodegroups`).
 With `health=True` the status also reads, per group, how many nodes in service
 are healthy, the GPU utilisation of the last 15 minutes (the CloudWatch agent's
 per-group series) and the last node the group replaced for its health, with
@@ -22,8 +22,8 @@ from typing import Any
 
 import boto3
 
-from gpucluster.lambdas.awsapi import batches
-from gpucluster.lambdas.nodegroups import STOP_FAILED, ResumeResult, resume_decision
+from gpucluster.fleet.awsapi import batches
+from gpucluster.fleet.nodegroups import STOP_FAILED, ResumeResult, resume_decision
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
 from gpucluster.ops import node_groups
 from gpucluster.ops.nodes import GETTING_READY, NodesError, group_launches
@@ -180,7 +180,7 @@ class SlurmReleaseError(NodesError):
 def release_partitions_after(backend: Any, stack: str, ssm_client: Any = None,
                              ec2_client: Any = None) -> None:
     """Set UP the partitions of every running group not stopped (idempotent: a second run is harmless)."""
-    from gpucluster.lambdas.slurmhold import release_partitions
+    from gpucluster.fleet.slurmhold import release_partitions
 
     partitions = [g.label for g in backend.list_groups(stack) if g.running and not g.stopped_by]
     if not partitions:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from gpucluster.spec import network, node_groups, datasets, budget, autostop, observability, images  # noqa: F401
 from gpucluster.spec import scheduler, notifications  # noqa: F401
 # isort: on
-from gpucluster.lambdas.tags import STACK_TAG
+from gpucluster.fleet.tags import STACK_TAG
 from gpucluster.spec.autostop import autostop_findings
 from gpucluster.spec.budget import budget_findings
 from gpucluster.spec.checks import (

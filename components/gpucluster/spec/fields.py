@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import AfterValidator
 
 from gpucluster import catalog
-from gpucluster.lambdas.tags import CLUSTER_TAG, STACK_TAG
+from gpucluster.fleet.tags import CLUSTER_TAG, STACK_TAG
 from gpucluster.spec.findings import shown
 
 PROJECT = "gpucluster"

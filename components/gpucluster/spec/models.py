@@ -17,7 +17,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from gpucluster import catalog
-from gpucluster.lambdas.tags import CLUSTER_TAG, STACK_TAG
+from gpucluster.fleet.tags import CLUSTER_TAG, STACK_TAG
 from gpucluster.spec.fields import (
     DIY_ORGANIZATION,
     PROJECT,

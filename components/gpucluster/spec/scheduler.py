@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gpucluster import catalog
-from gpucluster.lambdas.tags import SLURM_LOGIN_GROUP
+from gpucluster.fleet.tags import SLURM_LOGIN_GROUP
 from gpucluster.spec.checks import check
 from gpucluster.spec.findings import Finding
 from gpucluster.spec.models import (

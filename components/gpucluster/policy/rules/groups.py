@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpucluster import catalog
-from gpucluster.lambdas.tags import SLURM_LOGIN_GROUP
+from gpucluster.fleet.tags import SLURM_LOGIN_GROUP
 from gpucluster.policy.records import EXTERNAL, UNKNOWN, Resource, Stack, dig, items, known_str, number
 from gpucluster.policy.rules.tokens import ASG, INSTANCE, LAUNCH_TEMPLATE, PCS_NODE_GROUP
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpucluster.lambdas.tags import SLURM_LOGIN_GROUP
+from gpucluster.fleet.tags import SLURM_LOGIN_GROUP
 from gpucluster.policy.records import (
     EXTERNAL,
     UNKNOWN,

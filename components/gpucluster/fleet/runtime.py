@@ -3,8 +3,8 @@
 It owns the environment readers (what `handlers.ENVIRONMENT` lists), the
 swappable seams to the outside world (`RUNTIME`: clients, sleep, clocks) and
 the SNS notification. It must never act on a node group itself (that is
-`nodegroups` and its backends) and never import Pulumi: it is zipped with the
-handlers as the package ``lambdas``.
+`nodegroups` and its backends) and never import Pulumi: it is carried into
+the Lambda archive as ``gpucluster.fleet``.
 """
 
 from __future__ import annotations

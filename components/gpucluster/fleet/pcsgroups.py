@@ -20,7 +20,8 @@ update carries botocore's automatic clientToken (the API's idempotency token), s
 the same call inside botocore is one update. No stop state is mirrored on PCS: its tags
 would need pcs:TagResource, and the guard-state table is the state (`gpucluster status` reads
 it). A group's members are its live EC2 instances, found by our launch template's tags
-(`group_members`). Never deletes anything, never imports Pulumi: zipped with the handlers as ``lambdas``.
+(`group_members`). Never deletes anything, never imports Pulumi: carried into the Lambda archive as
+``gpucluster.fleet``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .awsapi import AWS_ERRORS, error_code, log_event
-from .handlers import PCS_CLUSTER_ENV
+from .deployment import PCS_CLUSTER_ENV
 from .nodegroups import IN_SERVICE, Member, NodeGroup, StateConflict, StopState
 from .tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
 
@@ -55,7 +56,7 @@ LIVE_STATES = ("pending", "running")
 
 
 def group_members(ec2: Any, stack: str) -> dict[str, tuple[Member, ...]]:
-    """Node group -> its live instances, by our launch template's tags (SLURM.md contract 1).
+    """Node group -> its live instances, by our launch template's tags (set by `aws.pcs`).
 
     PCS launches from our launch template, so its instances carry STACK_TAG and NODE_GROUP_TAG;
     a running one counts as in service (it can run a hook and it accrues cost); its health is
@@ -142,14 +143,14 @@ class PcsCapacity:
             return None
         return pcs_node_group({**description, "name": description.get("name", name)}, self.stack)
 
-    def list(self, stack: str) -> list[NodeGroup]:
+    def describe_stack(self, stack: str) -> list[NodeGroup]:
         if stack != self.stack:
             return []  # the cluster is this stack's alone
         ids = self._summaries()
         described = [self._describe(name, ids[name]) for name in sorted(ids)]
         return self._with_members([g for g in described if g is not None])
 
-    def read(self, names: Iterable[str]) -> list[NodeGroup]:
+    def describe(self, names: Iterable[str]) -> list[NodeGroup]:
         wanted = sorted(set(names))
         if not wanted:
             return []
@@ -157,7 +158,7 @@ class PcsCapacity:
         return self._with_members([g for name in wanted
                                    if name in ids and (g := self._describe(name, ids[name])) is not None])
 
-    def set(self, name: str, min_size: int, desired: int) -> None:
+    def resize(self, name: str, min_size: int, desired: int) -> None:
         """min and max (`desired` is the maximum on PCS); a stop is set(name, 0, 0)."""
         group_id = self._ids.get(name) or self._summaries().get(name)
         if group_id is None:

@@ -9,8 +9,8 @@ every backend keeps are here as pure functions over the values (`stop_label`:
 budget outranks every other reason; `resume_decision`: what a restore may
 set), so backends differ only in how they read and write. Backends live one
 module each (`asg`); callers never branch on which one they hold. This module
-must never call AWS nor import a backend or Pulumi: it is zipped with the
-handlers as the package ``lambdas``.
+must never call AWS nor import a backend or Pulumi: it is carried into
+the Lambda archive as ``gpucluster.fleet``.
 """
 
 from __future__ import annotations
@@ -185,15 +185,15 @@ class Capacity(Protocol):
     stop_zeroes_max: bool
     """A stop sets the maximum to zero too (PCS): while stopped, the recorded maximum is the ceiling."""
 
-    def list(self, stack: str) -> list[NodeGroup]:
+    def describe_stack(self, stack: str) -> list[NodeGroup]:
         """Every group of the deployment identity `stack`, sorted by name."""
         ...
 
-    def read(self, names: Iterable[str]) -> list[NodeGroup]:
+    def describe(self, names: Iterable[str]) -> list[NodeGroup]:
         """Groups by name, sorted; names that no longer exist are absent."""
         ...
 
-    def set(self, name: str, min_size: int, desired: int) -> None:
+    def resize(self, name: str, min_size: int, desired: int) -> None:
         """Set the capacity a group may run (Auto Scaling: min and desired; PCS: min and max)."""
         ...
 

@@ -2,7 +2,7 @@
 
 A stop of PCS node groups (budget, the idle fallback, schedule, lifetime, Capacity Block,
 `gpucluster stop`) first runs `hold_script` on the stack's login node through SSM Run Command:
-1. Each stopped group's partition (named as the group, SLURM.md contract 1) goes DOWN. slurm.conf(5),
+1. Each stopped group's partition (named as the group by `aws.pcs`) goes DOWN. slurm.conf(5),
    PartitionName State: DOWN "designates that new jobs may be queued on the partition, but queued
    jobs may not be allocated nodes and run from the partition. Jobs already running on the partition
    continue to run"; INACTIVE would also refuse new submissions ("no new jobs may be queued"). DOWN
@@ -25,9 +25,9 @@ first run are PENDING, so nothing is signalled twice. Only then does the stop se
 maximum to 0 (`pcs.PcsCapacity`). A start restores the capacity, then sets the partitions UP.
 
 The login node is found by its tags (our launch template's: STACK_TAG = the identity,
-NODE_GROUP_TAG = `login`; SLURM.md contract 1), running. Tested against a real Slurm 22.05
+NODE_GROUP_TAG = `login`, set by `aws.pcs`), running. Tested against a real Slurm 22.05
 (tests/test_slurm_guard_real.py); the options used exist in 22.05 and in PCS's 24.11+.
-Never imports Pulumi: zipped with the handlers as ``lambdas``.
+Never imports Pulumi: carried into the Lambda archive as ``gpucluster.fleet``.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ deletes those tags. The Auto Scaling API has no compare-and-set and the
 handlers run concurrently: every write is decided on a group described right
 before it, and a restore reads the group again after its write so that a
 budget stop landing meanwhile wins. It must never delete anything but its own
-state tags, never change MaxSize, and never import Pulumi: it is zipped with
-the handlers as the package ``lambdas``.
+state tags, never change MaxSize, and never import Pulumi: it is carried
+into the Lambda archive as ``gpucluster.fleet``.
 """
 
 from __future__ import annotations
@@ -235,13 +235,13 @@ class AutoScalingCapacity:
     def __init__(self, autoscaling: Any) -> None:
         self.autoscaling = autoscaling
 
-    def list(self, stack: str) -> list[NodeGroup]:
+    def describe_stack(self, stack: str) -> list[NodeGroup]:
         return [node_group(g) for g in stack_groups(self.autoscaling, stack)]
 
-    def read(self, names: Iterable[str]) -> list[NodeGroup]:
+    def describe(self, names: Iterable[str]) -> list[NodeGroup]:
         return [node_group(g) for g in describe_groups(self.autoscaling, names)]
 
-    def set(self, name: str, min_size: int, desired: int) -> None:
+    def resize(self, name: str, min_size: int, desired: int) -> None:
         self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
                                                    DesiredCapacity=desired)
 

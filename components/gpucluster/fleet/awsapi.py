@@ -3,7 +3,7 @@
 It owns what every caller of the Auto Scaling, EC2 and SSM APIs needs the same
 way: client creation, error codes, per-call batching, the JSON log line, and
 selecting a stack's Auto Scaling groups by its identity tag (never by name).
-It is zipped with the handlers as the package ``lambdas`` and imported by
+It is carried into the Lambda archive as ``gpucluster.fleet`` and imported by
 `ops/`, so it must never import Pulumi or anything outside this directory, and
 it never changes anything in AWS: writes belong to a node-group backend (`asg`).
 """

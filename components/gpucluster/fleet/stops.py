@@ -7,8 +7,8 @@ goes to zero through its `NodeGroups` backend. The budget handler checks its
 own stops once more after a short settle time (`confirm_budget_stops`), since
 a backend without compare-and-set can lose a race. It also picks the backend a
 deployment's handlers act through (`stack_node_groups`). It must never delete
-anything in AWS and never import Pulumi: it is zipped with the handlers as the
-package ``lambdas``.
+anything in AWS and never import Pulumi: it is carried into the Lambda archive
+as ``gpucluster.fleet``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 from .asg import AutoScalingGroups
 from .awsapi import AWS_ERRORS, log_event
+from .deployment import STATE_TABLE_ENV
 from .guardstate import StoredNodeGroups
-from .handlers import STATE_TABLE_ENV
 from .nodegroups import (
     ALREADY_STOPPED,
     BUDGET,
@@ -33,7 +33,7 @@ from .nodegroups import (
     StopState,
     previous_capacity,
 )
-from .pcs import PCS_CLUSTER_ENV, PcsCapacity
+from .pcsgroups import PCS_CLUSTER_ENV, PcsCapacity
 from .runcommand import CommandResult, run_command
 from .runtime import RUNTIME, ConfigError, GuardrailError, env_number, env_text
 from .slurmhold import DEFAULT_GRACE_SECONDS, hold_partitions
@@ -220,6 +220,11 @@ def mark_told(backend: NodeGroups, report: StopReport, sent: bool) -> None:
     groups = backend.read_groups(report.to_tell)
     for group in groups:
         backend.mark_notified(group)
+
+
+# Long enough for a schedule start or stop that read a group just before our write to land its
+# own write (a describe and two updates, well under a second), short next to the Lambda timeout.
+SETTLE_SECONDS = 5.0
 
 
 def confirm_budget_stops(backend: NodeGroups, report: StopReport) -> dict[str, str]:

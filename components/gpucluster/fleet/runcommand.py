@@ -3,8 +3,8 @@
 It owns `run_command` and its result, used by the pre-stop and interruption
 hooks of the handlers and by `gpucluster run`. It must never raise for an AWS
 error nor wait past its deadline (a hook that fails or hangs must not keep a
-guardrail from acting), and never import Pulumi: it is zipped with the
-handlers as the package ``lambdas``.
+guardrail from acting), and never import Pulumi: it is carried into
+the Lambda archive as ``gpucluster.fleet``.
 """
 
 from __future__ import annotations

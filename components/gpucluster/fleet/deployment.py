@@ -3,7 +3,7 @@
 `gpucluster.aws.guardrails` deploys each handler from this table (so the
 Pulumi program imports it without boto3) and a test holds the deployed
 environment and policies to it. It must never import boto3, Pulumi or a
-handler module: it is zipped with the handlers as the package ``lambdas``.
+handler module: it is carried into the Lambda archive as ``gpucluster.fleet``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def state_table_name(identity: str) -> str:
     return f"gpucluster-guard-{folded}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
 
 
-# Lambda handler strings: the deploy zips `components/gpucluster/lambdas` as package `lambdas`.
+# Lambda handler strings: the deploy zips `components/gpucluster/lambdas` as package `lambdas`
+# (beside `gpucluster/fleet/`, the core they call: `gpucluster.aws.guardrail_lambda.lambda_code`).
 HANDLERS: dict[str, str] = {
     "budget_action": "lambdas.budget_action.handler",
     "autostop": "lambdas.autostop.handler",

@@ -7,8 +7,8 @@ to the last settled figure (through the day before yesterday, UTC) what
 accrued since: every in-service instance's hours since then x its price for
 how it was bought, plus the stack's fixed costs pro rata. The decision
 functions here (`accrue`, `decide`) are what the handler and the month-replay
-benchmark both call. No AWS call and no boto3 import: zipped with the handlers
-as the package ``lambdas``.
+benchmark both call. No AWS call and no boto3 import: carried into the
+Lambda archive as ``gpucluster.fleet``.
 """
 
 from __future__ import annotations

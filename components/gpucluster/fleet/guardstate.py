@@ -19,8 +19,8 @@ tags on the group are written after the record, for a person reading the
 console: they never decide. A group stopped by tags before the table existed
 has no item: its tags are read once and the first write records them (a
 migration). It never deletes an item nor anything in AWS but its own mirror
-tags, never changes MaxSize, and never imports Pulumi: it is zipped with the
-handlers as the package ``lambdas``.
+tags, never changes MaxSize, and never imports Pulumi: it is carried into
+the Lambda archive as ``gpucluster.fleet``.
 """
 
 from __future__ import annotations
@@ -125,13 +125,13 @@ class StoredNodeGroups:
                          max_size, stop, group.members)
 
     def list_groups(self, stack: str) -> list[NodeGroup]:
-        described = self.capacity.list(stack)
+        described = self.capacity.describe_stack(stack)
         items = self._items(stack) if described else {}
         return [self._merge(g, items.get(g.name)) for g in described]
 
     def read_groups(self, names: Iterable[str]) -> list[NodeGroup]:
         groups = []
-        for group in self.capacity.read(names):
+        for group in self.capacity.describe(names):
             item = self._item(group.stack, group.name) if group.stack else None
             groups.append(self._merge(group, item))
         return groups
@@ -180,7 +180,7 @@ class StoredNodeGroups:
         return version
 
     def _capacity(self, name: str, min_size: int, desired: int) -> None:
-        self.capacity.set(name, min_size, desired)
+        self.capacity.resize(name, min_size, desired)
 
     # --- stop --------------------------------------------------------------------------------
 

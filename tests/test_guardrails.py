@@ -415,8 +415,8 @@ def test_every_handler_imports_from_the_archive_alone(tmp_path: Path) -> None:
         f"assert gpucluster.__file__ == {str(tmp_path / 'gpucluster' / '__init__.py')!r}, "
         "gpucluster.__file__\n"
         "assert not [m for m in sys.modules if m.split('.')[0].startswith('pulumi')], 'pulumi loaded'\n")
-    result = subprocess.run([sys.executable, "-I", "-S", "-c", script, *handlers.split()], capture_output=True,
-                            text=True, cwd=tmp_path, check=False)
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", script, *handlers.split()],
+                            capture_output=True, text=True, cwd=tmp_path, check=False)
     assert result.returncode == 0, result.stderr
 
 

@@ -34,6 +34,7 @@ from gpucluster.aws.guardrail_lambda import (
 )
 from gpucluster.aws.guardrail_state import with_state
 from gpucluster.fleet.jobnames import LAUNCH_SUCCESSFUL, jobs_parameter_path  # not job_restart: boto3
+from gpucluster.fleet.nodepaths import CAPACITY_BLOCK_HOOK_SECONDS
 from gpucluster.node.userdata import (
     ACTIVITY_METRIC,
     GPU_METRIC_DIMENSION,
@@ -73,7 +74,6 @@ SCHEDULE_SUFFIXES = {"stop": "-stop", "start": "-start", "lifetime": "-lifetime"
 # both ways, so the rule matches both.
 CAPACITY_BLOCK_WARNINGS = ("Capacity Block Reservation Expiration Warning",
                            "Capacity Block Expiration Warning")
-CAPACITY_BLOCK_HOOK_SECONDS = 480  # of the 10 minutes: the hook's share (lambdas/capacity_block.py)
 CAPACITY_BLOCK_MAX_EVENT_AGE_SECONDS = 600  # past the first terminations a retry is moot
 SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
 REBALANCE_RECOMMENDATION = "EC2 Instance Rebalance Recommendation"

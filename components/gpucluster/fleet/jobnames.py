@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import re
 
+from .nodepaths import JOB_LOG_DIR
+
 LAUNCH_SUCCESSFUL = "EC2 Instance Launch Successful"
 """EventBridge detail-type of a successful Auto Scaling launch (EC2 Auto Scaling user guide,
 "Amazon EC2 Auto Scaling event reference")."""
-JOB_LOG_DIR = "/var/log/gpucluster/jobs"  # gpucluster.node.userdata.JOB_LOG_DIR
 
 
 def jobs_parameter_path(identity: str) -> str:

@@ -23,6 +23,7 @@ from .awsapi import AWS_ERRORS, error_code, log_event
 from .jobnames import (  # apart from this module, which needs boto3: the program uses them too
     job_log_stream,
 )
+from .nodepaths import CHECKPOINT_DONE, CHECKPOINT_REQUEST, JOB_TOOL
 from .runcommand import RUN_SHELL_DOCUMENT
 from .runtime import RUNTIME, GuardrailError
 
@@ -30,10 +31,6 @@ RECORD_VERSION = 1
 # SSM PutParameter, Standard tier: values up to 4 KB (Systems Manager user guide, "Managing
 # parameter tiers").
 MAX_RECORD_CHARS = 4096
-JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # gpucluster.node.userdata.JOB_TOOL (node/job.sh)
-# The checkpoint contract (node/checkpoint.sh): the hook creates REQUEST, the job touches DONE.
-CHECKPOINT_REQUEST = "/run/gpucluster/checkpoint-request"
-CHECKPOINT_DONE = "/run/gpucluster/checkpoint-done"
 # A re-launched node may still be booting when the command arrives: SSM holds it until the agent
 # is online (SendCommand TimeoutSeconds, delivery), gpucluster-job waits for the boot steps.
 DELIVERY_TIMEOUT_SECONDS = 3600

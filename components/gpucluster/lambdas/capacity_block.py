@@ -8,7 +8,7 @@ examples also spell it ``Capacity Block Expiration Warning``; both are accepted)
 ``detail.capacity-reservation-id``. The groups a reservation feeds come from
 CAPACITY_BLOCK_GROUPS ({"cr-...": ["<asg name>", ...]}, written at deploy time); only groups
 tagged with this stack are touched. PRE_STOP_COMMAND (the checkpoint hook) runs first on their
-InService instances, awaited at most PRE_STOP_TIMEOUT_SECONDS and never past HOOK_BUDGET_SECONDS
+InService instances, awaited at most PRE_STOP_TIMEOUT_SECONDS and never past CAPACITY_BLOCK_HOOK_SECONDS
 (the instances are reclaimed then anyway), then each group goes to zero with stopped-by
 ``capacity-block`` (a budget stop keeps its label), and the topic is told. Never deletes anything.
 
@@ -25,6 +25,7 @@ from typing import Any
 
 from gpucluster.fleet.awsapi import log_event
 from gpucluster.fleet.nodegroups import CAPACITY_BLOCK
+from gpucluster.fleet.nodepaths import CAPACITY_BLOCK_HOOK_SECONDS
 from gpucluster.fleet.runtime import (
     RUNTIME,
     ConfigError,
@@ -38,8 +39,6 @@ from gpucluster.fleet.runtime import (
 from gpucluster.fleet.stops import mark_told, raise_if_failed, stack_node_groups, stop_groups
 
 DETAIL_TYPES = ("Capacity Block Reservation Expiration Warning", "Capacity Block Expiration Warning")
-# From the warning to the first terminations: 10 minutes. The hook gets 8 of them, the stop the rest.
-HOOK_BUDGET_SECONDS = 480.0
 DEFAULT_PRE_STOP_TIMEOUT_SECONDS = 300.0
 
 
@@ -88,7 +87,8 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     if not groups:
         return ignored("the reservation's groups are not in this stack", stack=stack, groups=names)
     command = env_text("PRE_STOP_COMMAND")
-    wait = min(env_number("PRE_STOP_TIMEOUT_SECONDS", DEFAULT_PRE_STOP_TIMEOUT_SECONDS), HOOK_BUDGET_SECONDS)
+    wait = min(env_number("PRE_STOP_TIMEOUT_SECONDS", DEFAULT_PRE_STOP_TIMEOUT_SECONDS),
+               CAPACITY_BLOCK_HOOK_SECONDS)
     report = stop_groups(backend, groups, CAPACITY_BLOCK, ssm=RUNTIME.client("ssm") if command else None,
                          pre_stop_command=command, hook_timeout_seconds=bounded_timeout(wait, context))
     summary = {"stack": stack, "capacity_reservation_id": reservation, "ends": end,

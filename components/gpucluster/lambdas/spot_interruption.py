@@ -36,6 +36,7 @@ from typing import Any
 
 from gpucluster.fleet.awsapi import describe_groups, group_tags, log_event
 from gpucluster.fleet.deployment import PCS_CLUSTER_ENV
+from gpucluster.fleet.nodepaths import INTERRUPTION_HOOK
 from gpucluster.fleet.runcommand import run_command
 from gpucluster.fleet.runtime import (
     RUNTIME,
@@ -56,8 +57,6 @@ EVENT_KINDS = {
 DEFAULT_INTERRUPTION_TIMEOUT_SECONDS = 90.0
 INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
 # The node's once-per-boot wrapper around spot.interruption_command; the same path as
-# gpucluster.node.userdata.INTERRUPTION_HOOK (this package cannot import it: it ships alone).
-INTERRUPTION_HOOK = "/usr/local/sbin/gpucluster-interruption-hook"
 
 
 def hook_command(kind: str, action: object) -> str:

@@ -30,6 +30,7 @@ from importlib import resources
 
 from gpucluster import catalog
 from gpucluster.catalog import family_of
+from gpucluster.fleet.nodepaths import INTERRUPTION_HOOK, JOB_LOG_DIR, JOB_TOOL
 from gpucluster.node.metrics import (
     METRICS_UNIT,
     PROMETHEUS_DATA,
@@ -79,14 +80,10 @@ HEALTH_METRICS = ("HealthFindings", "LaunchAbandons", "HealthReplacements")
 (noderole.gpu_metric_namespace: the GPU metrics', the one its nodes may publish into)."""
 
 
-# --- the contract with the spot-interruption guardrail: run the hook through this, once.
-INTERRUPTION_HOOK = "/usr/local/sbin/gpucluster-interruption-hook"
 NODE_ENV = "/etc/gpucluster/node.env"
 # --- the node group's own setup (gpucluster-setup.service) and the checkpoint contract's hook.
 USER_SETUP = "/etc/gpucluster/user-setup.sh"
 CHECKPOINT_HOOK = "/usr/local/sbin/gpucluster-checkpoint"
-JOB_TOOL = "/usr/local/sbin/gpucluster-job"  # `gpucluster run --detach`, `jobs`, `logs`, `cancel`
-JOB_LOG_DIR = "/var/log/gpucluster/jobs"  # job.sh writes each job's output there; the agent ships it
 # --- MIG (node group `mig`): gpucluster-mig applies the layout at boot and runs a job's local rank on
 # its MIG device (`gpucluster-mig exec CMD`); the devices, one UUID a line, in local rank order.
 MIG_TOOL = "/usr/local/sbin/gpucluster-mig"

@@ -272,6 +272,19 @@ def confirm_budget_stops(backend: NodeGroups, report: StopReport) -> dict[str, s
     return report.corrections
 
 
+def budget_stop(backend: NodeGroups, groups: Sequence[NodeGroup]) -> StopReport:
+    """Stop `groups` for the budget and, after a settle time, confirm it (`confirm_budget_stops`).
+
+    What the budget action and the spend guard both do: a budget stop is the last word even over a
+    schedule or a person's start that read a group just before it.
+    """
+    report = stop_groups(backend, groups, BUDGET)
+    if report.changed:
+        RUNTIME.sleep(SETTLE_SECONDS)
+        confirm_budget_stops(backend, report)
+    return report
+
+
 def raise_if_failed(report: StopReport, stack: str) -> None:
     """Fail the invocation after partial AWS errors so Lambda's async retry runs it again.
 

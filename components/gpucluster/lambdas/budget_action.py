@@ -6,7 +6,7 @@ plain text, not JSON: the message is logged and forwarded, never parsed for a
 decision. Malformed events are logged and ignored. No pre-stop hook runs here:
 a breach stops spending at once. A budget stop always wins: after a short
 settle time the handler reads its groups again and undoes whatever a
-concurrent schedule start or stop wrote over it (`stops.confirm_budget_stops`).
+concurrent schedule start or stop wrote over it (`stops.budget_stop`).
 Never deletes anything; data in S3 is untouched.
 
 Environment: GPUCLUSTER_STACK (required), NOTIFY_TOPIC_ARN (optional).
@@ -18,14 +18,12 @@ from typing import Any
 
 from gpucluster.fleet.awsapi import log_event
 from gpucluster.fleet.nodegroups import BUDGET
-from gpucluster.fleet.runtime import RUNTIME, ignored, notify_from_env, stack_from_env
+from gpucluster.fleet.runtime import ignored, notify_from_env, stack_from_env
 from gpucluster.fleet.stops import (
-    SETTLE_SECONDS,
-    confirm_budget_stops,
+    budget_stop,
     mark_told,
     raise_if_failed,
     stack_node_groups,
-    stop_groups,
 )
 
 
@@ -61,10 +59,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
         budget_message=records[0]["Message"][:2000],
     )
     backend = stack_node_groups()
-    report = stop_groups(backend, backend.list_groups(stack), BUDGET)
-    if report.changed:
-        RUNTIME.sleep(SETTLE_SECONDS)
-        confirm_budget_stops(backend, report)
+    report = budget_stop(backend, backend.list_groups(stack))
     summary = {"stack": stack, **report.summary(BUDGET)}
     if report.to_tell or report.errors:
         sent = notify_from_env(

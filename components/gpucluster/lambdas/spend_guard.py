@@ -44,12 +44,10 @@ from gpucluster.fleet.runtime import (
 )
 from gpucluster.fleet.spendguard import DEFAULT_CHECK_MINUTES, measure
 from gpucluster.fleet.stops import (
-    SETTLE_SECONDS,
-    confirm_budget_stops,
+    budget_stop,
     mark_told,
     raise_if_failed,
     stack_node_groups,
-    stop_groups,
 )
 
 
@@ -68,10 +66,7 @@ def settings() -> tuple[float, Prices, float, float | None]:
 
 
 def _stop(stack: str, backend: NodeGroups, groups: list[NodeGroup], decision: Decision) -> dict[str, Any]:
-    report = stop_groups(backend, groups, BUDGET)
-    if report.changed:
-        RUNTIME.sleep(SETTLE_SECONDS)
-        confirm_budget_stops(backend, report)
+    report = budget_stop(backend, groups)
     summary = {"stack": stack, **report.summary(BUDGET), "spend": decision.as_json()}
     if report.to_tell or report.errors:
         sent = notify_from_env(f"gpucluster {stack}: spend guard stopped compute ({decision.reason})"[:100],

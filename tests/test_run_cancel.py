@@ -7,9 +7,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import boto3
+import pytest
 from botocore.stub import ANY, Stubber
 
 from gpucluster.cli.jobs import cancelled_note
+from gpucluster.fleet import runtime
 from gpucluster.ops.nodes import Node, ranked
 from gpucluster.ops.run import JOB_TOOL, plan_job, send_job, wait_job
 
@@ -25,7 +27,12 @@ def node(instance_id: str, ip: str, launched: int) -> Node:
 NODES = ranked([node("i-0a", "10.0.0.5", 0), node("i-0b", "10.0.0.6", 1), node("i-0c", "10.0.0.7", 2)])
 
 
-def test_a_detached_launch_that_fails_on_a_node_stops_the_job_where_it_started() -> None:
+def test_a_detached_launch_that_fails_on_a_node_stops_the_job_where_it_started(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Sends retry throttling for RETRY_SECONDS (issue 32): a clock that jumps past it at the first backoff.
+    now = [0.0]
+    monkeypatch.setattr(runtime.RUNTIME, "clock", lambda: now[0])
+    monkeypatch.setattr(runtime.RUNTIME, "sleep", lambda s: now.__setitem__(0, now[0] + 1000.0))
     plan = plan_job(NODES, "python train.py", log_group="/x", detach="train")
     ssm = boto3.client("ssm", region_name="us-east-1")
     with Stubber(ssm) as stub:
@@ -41,6 +48,7 @@ def test_a_detached_launch_that_fails_on_a_node_stops_the_job_where_it_started()
                           {"InstanceIds": ["i-0a"], "DocumentName": "AWS-RunShellScript", "Comment": ANY,
                            "TimeoutSeconds": ANY, "Parameters": {"commands": [f"{JOB_TOOL} cancel train"]}})
         stub.add_client_error("send_command", "ThrottlingException", "slow down")
+        stub.add_client_error("send_command", "ThrottlingException", "slow down")  # still, at the deadline
         job = send_job(ssm, plan)
         stub.assert_no_pending_responses()
     assert job.cancelled

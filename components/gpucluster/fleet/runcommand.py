@@ -360,8 +360,8 @@ def send_batches(ssm: Any, instance_ids: Sequence[str], commands: Sequence[str],
     while todo:
         batch = todo.pop(0)
         try:
-            command_id = send_command(ssm, batch, commands, comment=comment, delivery_timeout=delivery_timeout,
-                                      execution_timeout=execution_timeout, deadline=deadline)
+            command_id = send_command(ssm, batch, commands, comment=comment, deadline=deadline,
+                                      delivery_timeout=delivery_timeout, execution_timeout=execution_timeout)
         except AWS_ERRORS as exc:
             if len(batch) > 1 and error_code(exc) in PER_INSTANCE_RETRY_ERRORS:
                 log_event("hook refused for the batch, sending per instance", logging.WARNING,

@@ -319,3 +319,42 @@ def test_a_throttled_batch_is_retried_whole_never_split(recorded: Any) -> None:
                          clock=recorded.clock.clock)
 
     assert result.ok and [c["InstanceIds"] for c in ssm.commands] == [["i-0a", "i-0b"]]
+
+
+class _Raw:
+    """The urllib3 response botocore reads a body from."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, **_: Any) -> Any:
+        yield self.body
+
+
+def test_botocores_own_retry_does_not_send_a_timed_out_command_again() -> None:
+    """A real client (standard retry mode re-sends a read timeout twice): one SendCommand on the wire."""
+    import json
+
+    import boto3
+    from botocore.awsrequest import AWSResponse
+
+    ssm = boto3.client("ssm", region_name="us-east-1")
+    wire: list[str] = []
+    comments: list[str] = []
+
+    def on_the_wire(request: Any, **_: Any) -> Any:
+        operation = request.headers["X-Amz-Target"].decode().split(".")[-1]
+        wire.append(operation)
+        if operation == "SendCommand":
+            comments.append(json.loads(request.body)["Comment"])
+            raise ReadTimeoutError(endpoint_url=request.url)  # SSM took it; the answer is lost
+        body = {"Commands": [{"CommandId": "c" * 36, "Comment": comments[0]}]}
+        return AWSResponse(request.url, 200, {}, _Raw(json.dumps(body).encode()))
+
+    ssm.meta.events.register("before-send.ssm", on_the_wire)
+    clock = [0.0]
+    command_id = send_command(ssm, ["i-0a"], ["true"], comment="gpucluster test", delivery_timeout=30,
+                              deadline=Deadline.after(60, sleep=lambda s: None, clock=lambda: clock[0]))
+
+    assert command_id == "c" * 36
+    assert wire == ["SendCommand", "ListCommands"]

@@ -28,8 +28,16 @@ Slurm login-node scripts (`ops.slurmjobs`). One policy per AWS error, applied by
   marker. When ListCommands cannot answer either, the send is reported as `SendUnknown`
   and not repeated: a job started twice is worse than a send reported failed.
 
-botocore's own retry layer (legacy or standard mode, as the client was built) runs inside
-each request first; what reaches the runner is what it gave up on. The hooks never raise
+ListCommands needs ssm:ListCommands: where the caller's role lacks it (the guardrail roles
+and the operator policy do not grant it today; granting it changes the deployed policies),
+the lookup is refused and the send is `SendUnknown`: at most once holds either way.
+
+botocore's own retry layer (standard or legacy mode, as the client was built) runs inside
+each request first; what reaches the runner is what it gave up on. That layer would send a
+SendCommand again after a read timeout, blind (standard mode: three sends): `send_command`
+registers `no_blind_resend` on the client's needs-retry event for SendCommand, so such a
+timeout comes straight to the runner's lookup; botocore still retries throttling and 5xx
+there (the request was refused, nothing ran). The hooks never raise
 for an AWS error and never wait past their deadline (a hook that fails or hangs must not
 keep a guardrail from acting). Never imports Pulumi: it is carried into the Lambda archive
 as ``gpucluster.fleet``.
@@ -186,6 +194,23 @@ def _landed(ssm: Any, instance_id: str, document: str, comment: str, since: str,
         request["NextToken"] = page["NextToken"]
 
 
+AT_MOST_ONCE = "gpucluster-send-command-at-most-once"
+
+
+def no_blind_resend(caught_exception: BaseException | None = None, **_: Any) -> None:
+    """botocore's needs-retry hook for SendCommand: a timeout after the request went out is
+    raised to the runner (which looks the command up) instead of being sent again unseen."""
+    if caught_exception is not None and classify(caught_exception) == MAYBE_LANDED:
+        raise caught_exception
+
+
+def _at_most_once(ssm: Any) -> None:
+    """Put `no_blind_resend` on a botocore client once (fakes without `meta.events` have no retry layer)."""
+    events = getattr(getattr(ssm, "meta", None), "events", None)
+    if events is not None:
+        events.register_first("needs-retry.ssm.SendCommand", no_blind_resend, unique_id=AT_MOST_ONCE)
+
+
 def send_command(ssm: Any, instance_ids: Sequence[str], commands: Sequence[str], *, comment: str,
                  delivery_timeout: int, deadline: Deadline, execution_timeout: int | None = None,
                  log_group: str | None = None) -> str:
@@ -205,6 +230,7 @@ def send_command(ssm: Any, instance_ids: Sequence[str], commands: Sequence[str],
         request["CloudWatchOutputConfig"] = {"CloudWatchOutputEnabled": True,
                                              "CloudWatchLogGroupName": log_group}
     since = (RUNTIME.now() - CLOCK_SKEW).strftime("%Y-%m-%dT%H:%M:%SZ")
+    _at_most_once(ssm)
     attempt = 0
     while True:
         try:

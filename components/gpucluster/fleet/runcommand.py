@@ -36,11 +36,14 @@ botocore's own retry layer (standard or legacy mode, as the client was built) ru
 each request first; what reaches the runner is what it gave up on. That layer would send a
 SendCommand again after a read timeout, blind (standard mode: three sends): `send_command`
 registers `no_blind_resend` on the client's needs-retry event for SendCommand, so such a
-timeout comes straight to the runner's lookup; botocore still retries throttling and 5xx
-there (the request was refused, nothing ran). The hooks never raise
-for an AWS error and never wait past their deadline (a hook that fails or hangs must not
-keep a guardrail from acting). Never imports Pulumi: it is carried into the Lambda archive
-as ``gpucluster.fleet``.
+timeout comes straight to the lookup; botocore still retries throttling and 5xx there (SSM
+refused the request: nothing ran).
+
+The deadline is the caller's: a hook's timeout (bounded by the Lambda's remaining time), a
+login-node script's execution timeout plus a minute, RETRY_SECONDS for `run`'s sends and
+cancels. The hooks never raise for an AWS error and never wait past their deadline (a hook
+that fails or hangs must not keep a guardrail from acting). Never imports Pulumi: it is
+carried into the Lambda archive as ``gpucluster.fleet``.
 """
 
 from __future__ import annotations

@@ -453,11 +453,17 @@ def test_run_script_waits_past_invocation_does_not_exist_and_stops_at_its_deadli
         done = run_script(ssm, "i-1", "sleep 999", comment="t", timeout_seconds=120, sleep=slept.append,
                           clock=lambda: float(next(ticks)))
     assert done.status == "NoAnswer" and not done.ok
+    # The runner's policy (issue 32): a throttled poll is asked again, a refused one is raised at once.
     with Stubber(ssm) as stub:
         stub.add_response("send_command", {"Command": {"CommandId": "c" * 36}})
         stub.add_client_error("get_command_invocation", "ThrottlingException")
-        with pytest.raises(ClientError, match="ThrottlingException"):
+        stub.add_response("get_command_invocation", {"Status": "Success", "ResponseCode": 0})
+        assert run_script(ssm, "i-1", "true", comment="t", sleep=slept.append, clock=lambda: 0.0).ok
+        stub.add_response("send_command", {"Command": {"CommandId": "c" * 36}})
+        stub.add_client_error("get_command_invocation", "AccessDeniedException")
+        with pytest.raises(ClientError, match="AccessDeniedException"):
             run_script(ssm, "i-1", "true", comment="t", sleep=slept.append, clock=lambda: 0.0)
+        stub.assert_no_pending_responses()
 
 
 def test_submit_and_refusal_on_a_none_stack() -> None:

@@ -128,12 +128,14 @@ def test_one_unregistered_instance_does_not_cancel_the_batch(recorded) -> None:
 
 
 def test_a_batch_error_that_is_not_about_instances_is_not_retried_per_instance(recorded) -> None:
-    class Throttled(ScriptedSSM):
+    # Throttling is retried as a whole batch since issue 32 (tests/lambdas/test_ssm_faults.py):
+    # a refusal about the document, not an instance, is what must not be split.
+    class Refused(ScriptedSSM):
         def send_command(self, **kwargs: Any) -> dict[str, Any]:
             self.sent.append(kwargs)
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "slow"}}, "Send")
+            raise ClientError({"Error": {"Code": "InvalidDocument", "Message": "no such document"}}, "Send")
 
-    ssm = Throttled(["Success"])
+    ssm = Refused(["Success"])
     result = _run(ssm, ["i-0000000000000000a", "i-0000000000000000b"], 60, recorded.clock)
 
     assert len(ssm.sent) == 1

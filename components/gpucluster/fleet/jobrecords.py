@@ -24,7 +24,7 @@ from .jobnames import (  # apart from this module, which needs boto3: the progra
     job_log_stream,
 )
 from .nodepaths import CHECKPOINT_DONE, CHECKPOINT_REQUEST, JOB_TOOL
-from .runcommand import RUN_SHELL_DOCUMENT
+from .runcommand import Deadline, send_command
 from .runtime import RUNTIME, GuardrailError
 
 RECORD_VERSION = 1
@@ -35,6 +35,8 @@ MAX_RECORD_CHARS = 4096
 # is online (SendCommand TimeoutSeconds, delivery), gpucluster-job waits for the boot steps.
 DELIVERY_TIMEOUT_SECONDS = 3600
 EXECUTION_TIMEOUT_SECONDS = 7200
+SEND_RETRY_SECONDS = 30.0
+"""A relaunch retries throttled sends this long in all (the runner's policy; the handler has 120 s)."""
 # Auto Scaling lifecycle states of a member that is, or is about to be, in service.
 MEMBER_STATES = frozenset({"Pending", "Pending:Wait", "Pending:Proceed", "InService"})
 INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,17}$")
@@ -211,20 +213,16 @@ def relaunch(ssm: Any, name: str, record: dict[str, Any], instances: Sequence[Ma
     environments = rank_environments(ips, gpus, master_port=int(record["master_port"]),
                                      group_environment=record.get("environment"))
     errors = {}
+    deadline = Deadline.after(SEND_RETRY_SECONDS)
     for rank, (instance, environment) in enumerate(zip(nodes, environments, strict=True)):
         if instance["InstanceId"] in record.get("sent", []):
             continue
-        kwargs: dict[str, Any] = {
-            "InstanceIds": [instance["InstanceId"]], "DocumentName": RUN_SHELL_DOCUMENT,
-            "Comment": f"gpucluster restart {record['job']} rank {rank}"[:100],
-            "TimeoutSeconds": DELIVERY_TIMEOUT_SECONDS,
-            "Parameters": {"commands": restart_lines(environment, record, int(record["restarts"])),
-                           "executionTimeout": [str(EXECUTION_TIMEOUT_SECONDS)]}}
-        if log_group:
-            kwargs["CloudWatchOutputConfig"] = {"CloudWatchOutputEnabled": True,
-                                                "CloudWatchLogGroupName": log_group}
         try:
-            ssm.send_command(**kwargs)
+            send_command(ssm, [instance["InstanceId"]],
+                         restart_lines(environment, record, int(record["restarts"])),
+                         comment=f"gpucluster restart {record['job']} rank {rank}",
+                         delivery_timeout=DELIVERY_TIMEOUT_SECONDS,
+                         execution_timeout=EXECUTION_TIMEOUT_SECONDS, log_group=log_group, deadline=deadline)
         except AWS_ERRORS as exc:
             errors[instance["InstanceId"]] = str(exc)
             continue

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpucluster import catalog
-from gpucluster.fleet.awsapi import AWS_ERRORS, error_code
+from gpucluster.fleet.awsapi import AWS_ERRORS
 from gpucluster.fleet.jobrecords import (
     CHECKPOINT_DONE,
     CHECKPOINT_REQUEST,
@@ -32,7 +32,18 @@ from gpucluster.fleet.jobrecords import (
     rank_environments,
     start_lines,
 )
-from gpucluster.fleet.runcommand import RUN_SHELL_DOCUMENT, TERMINAL_STATUSES
+from gpucluster.fleet.runcommand import (
+    CANCEL_FAILED,
+    FINAL_STATUSES,
+    NOT_SENT,
+    RETRY_SECONDS,
+    TERMINAL_STATUSES,
+    Deadline,
+    cancel_command,
+    describe,
+    send_command,
+    wait,
+)
 from gpucluster.ops.nodes import Node
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default (torch.distributed.run --master-port)
@@ -234,7 +245,7 @@ class NodeResult:
 
     @property
     def done(self) -> bool:
-        return self.status in TERMINAL_STATUSES or self.status in ENDED_HERE
+        return self.status in FINAL_STATUSES
 
     def tail(self, lines: int = TAIL_LINES) -> list[str]:
         """The last lines of what SSM returned (stderr after stdout)."""
@@ -270,40 +281,30 @@ class JobResult:
 
 Progress = Callable[[NodeResult], None]
 
-# Statuses `run` gives a node itself, beyond SSM's: never sent; the command's status cannot be read
-# (AccessDenied on every poll is not "still running"); a cancel that AWS refused.
-NOT_SENT_STATUS, ACCESS_DENIED_STATUS, CANCEL_FAILED_STATUS = "NotSent", "AccessDenied", "CancelFailed"
-ENDED_HERE = frozenset({NOT_SENT_STATUS, ACCESS_DENIED_STATUS, CANCEL_FAILED_STATUS})
-DENIED_CODES = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"})
-
 
 def send_job(ssm: Any, plan: JobPlan, *, comment: str = "gpucluster run") -> JobResult:
-    """Send one command per node; if any send fails, cancel those already sent (nothing half-runs)."""
+    """Send one command per node; if any send fails, cancel those already sent (nothing half-runs).
+
+    Each send follows the runner's policy (`gpucluster.fleet.runcommand`): a refusal fails it at
+    once, throttling is retried for up to RETRY_SECONDS, a send that timed out is never sent twice.
+    """
     job = JobResult([NodeResult(r.rank, r.node.instance_id) for r in plan.ranks])
     for rank, result in zip(plan.ranks, job.results, strict=True):
         try:
-            response = ssm.send_command(
-                InstanceIds=[rank.node.instance_id],
-                DocumentName=RUN_SHELL_DOCUMENT,
-                Comment=f"{comment} rank {rank.rank}"[:100],
-                TimeoutSeconds=DELIVERY_TIMEOUT_SECONDS,
-                Parameters={"commands": plan.script(rank),
-                            "executionTimeout": [str(plan.timeout_seconds)]},
-                CloudWatchOutputConfig={"CloudWatchOutputEnabled": True,
-                                        "CloudWatchLogGroupName": plan.log_group},
-            )
+            result.command_id = send_command(
+                ssm, [rank.node.instance_id], plan.script(rank), comment=f"{comment} rank {rank.rank}",
+                delivery_timeout=DELIVERY_TIMEOUT_SECONDS, execution_timeout=plan.timeout_seconds,
+                log_group=plan.log_group, deadline=Deadline.after(RETRY_SECONDS))
         except AWS_ERRORS as exc:
-            code = error_code(exc)
-            result.status, result.error = "NotSent", f"{code or type(exc).__name__}: {exc}"
+            result.status, result.error = NOT_SENT, describe(exc)
             break
-        result.command_id = response["Command"]["CommandId"]
-    if any(r.status == "NotSent" for r in job.results):
+    if any(r.status == NOT_SENT for r in job.results):
         job.cancelled = True
         for result in job.results:
             if result.command_id:
                 cancel(ssm, result)
-            elif result.status != "NotSent":
-                result.status, result.error = "NotSent", "not sent: the launch failed on another node"
+            elif result.status != NOT_SENT:
+                result.status, result.error = NOT_SENT, "not sent: the launch failed on another node"
         if plan.detach:
             stop_started(ssm, plan, job)
     return job
@@ -315,11 +316,11 @@ def cancel(ssm: Any, result: NodeResult) -> None:
     A command that finished meanwhile keeps its final status.
     """
     try:
-        ssm.cancel_command(CommandId=result.command_id, InstanceIds=[result.instance_id])
+        cancel_command(ssm, str(result.command_id), [result.instance_id], Deadline.after(RETRY_SECONDS))
     except AWS_ERRORS as exc:
         if result.status not in TERMINAL_STATUSES:
-            result.status = CANCEL_FAILED_STATUS
-        result.error = f"cancel failed: {error_code(exc) or type(exc).__name__}: {exc}"
+            result.status = CANCEL_FAILED
+        result.error = f"cancel failed: {describe(exc)}"
         return
     result.status = "Cancelled" if result.status not in TERMINAL_STATUSES else result.status
 
@@ -337,16 +338,15 @@ def stop_started(ssm: Any, plan: JobPlan, job: JobResult) -> list[int]:
         if not result.command_id:
             continue
         try:
-            answer = ssm.send_command(
-                InstanceIds=[result.instance_id], DocumentName=RUN_SHELL_DOCUMENT,
-                Comment=f"gpucluster run: stop {plan.detach} (launch failed)"[:100],
-                TimeoutSeconds=DELIVERY_TIMEOUT_SECONDS,
-                Parameters={"commands": [f"{JOB_TOOL} cancel {plan.detach}"]})
+            command_id = send_command(
+                ssm, [result.instance_id], [f"{JOB_TOOL} cancel {plan.detach}"],
+                comment=f"gpucluster run: stop {plan.detach} (launch failed)",
+                delivery_timeout=DELIVERY_TIMEOUT_SECONDS, deadline=Deadline.after(RETRY_SECONDS))
         except AWS_ERRORS as exc:
-            note = f"job stop not sent: {error_code(exc) or type(exc).__name__}: {exc}"
+            note = f"job stop not sent: {describe(exc)}"
             result.error = f"{result.error}; {note}" if result.error else note
             continue
-        note = f"job stop sent ({JOB_TOOL} cancel, command {answer['Command']['CommandId']})"
+        note = f"job stop sent ({JOB_TOOL} cancel, command {command_id})"
         result.error = f"{result.error}; {note}" if result.error else note
         sent.append(result.rank)
     return sent
@@ -355,40 +355,14 @@ def stop_started(ssm: Any, plan: JobPlan, job: JobResult) -> list[int]:
 def wait_job(ssm: Any, job: JobResult, *, timeout_seconds: float, on_change: Progress | None = None,
              poll_seconds: float = 10.0, sleep: Callable[[float], None] = time.sleep,
              clock: Callable[[], float] = time.monotonic) -> JobResult:
-    """Poll each node's invocation until every one is final, or `timeout_seconds` pass.
+    """Poll each node's invocation until every one is final, or `timeout_seconds` pass (the runner's loop).
 
-    `on_change` is called with a node's result each time its status changes.
+    `on_change` is called with a node's result each time its status changes; a node whose status
+    AWS refuses to tell is AccessDenied (or Unreadable) at once, not "still running".
     """
-    deadline = clock() + timeout_seconds
-    while True:
+    deadline = Deadline.after(timeout_seconds, sleep=sleep, clock=clock)
+    if not wait(ssm, job.results, deadline, poll_seconds=poll_seconds, on_change=on_change):
         for result in job.results:
-            if result.done or not result.command_id:
-                continue
-            try:
-                response = ssm.get_command_invocation(CommandId=result.command_id,
-                                                      InstanceId=result.instance_id)
-            except AWS_ERRORS as exc:
-                if error_code(exc) in DENIED_CODES:  # asking again will not help: say so, not "running"
-                    result.status = ACCESS_DENIED_STATUS
-                    result.error = f"cannot read the command's status: {error_code(exc)}: {exc}"
-                    if on_change is not None:
-                        on_change(result)
-                continue  # InvocationDoesNotExist right after sending, or throttling: ask again
-            status = response.get("Status", "Pending")
-            changed = status != result.status
-            result.status = status
-            code = response.get("ResponseCode")
-            result.exit_code = int(code) if isinstance(code, int) and code >= 0 else None
-            result.stdout = response.get("StandardOutputContent", "") or ""
-            result.stderr = response.get("StandardErrorContent", "") or ""
-            if changed and on_change is not None:
-                on_change(result)
-        pending = [r for r in job.results if not r.done]
-        if not pending:
-            return job
-        remaining = deadline - clock()
-        if remaining <= 0:
-            for result in pending:
+            if not result.done:
                 result.error = "still running when run stopped waiting"
-            return job
-        sleep(min(poll_seconds, remaining))
+    return job

@@ -23,8 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from gpucluster.fleet.awsapi import AWS_ERRORS, error_code
-from gpucluster.fleet.runcommand import RUN_SHELL_DOCUMENT, TERMINAL_STATUSES
+from gpucluster.fleet.runcommand import Deadline, Invocation, send_command, wait
 from gpucluster.fleet.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
 from gpucluster.ops import Clients, Spinner, no_spinner
 from gpucluster.ops.run import RunError
@@ -145,34 +144,26 @@ def run_script(ssm: Any, instance_id: str, script: str, *, comment: str,
                clock: Callable[[], float] = time.monotonic) -> RemoteResult:
     """Run `script` under bash on one instance through SSM and wait for its end (bounded).
 
-    SendCommand's errors (AccessDenied, InvalidInstanceId) are raised as they are; right after
-    sending, GetCommandInvocation may answer InvocationDoesNotExist: asked again until the
-    deadline (the execution timeout plus a minute for delivery).
+    The runner's policy (`gpucluster.fleet.runcommand`) within one deadline, the execution
+    timeout plus a minute for delivery: a refusal (AccessDenied, InvalidInstanceId), of the send
+    or of a poll, is raised as it is, at once; throttling is retried until the deadline (a send
+    still refused then raises it); InvocationDoesNotExist right after the send is asked again;
+    no final status by the deadline is status NoAnswer.
     """
     from gpucluster.slurm.remote import remote_command
 
-    sent = ssm.send_command(
-        InstanceIds=[instance_id], DocumentName=RUN_SHELL_DOCUMENT, Comment=comment[:100],
-        # Delivery timeout: minimum 30 s (API reference, SendCommand.TimeoutSeconds).
-        TimeoutSeconds=max(30, timeout_seconds),
-        Parameters={"commands": [remote_command(script)], "executionTimeout": [str(timeout_seconds)]})
-    command_id = sent["Command"]["CommandId"]
-    deadline = clock() + timeout_seconds + 60
-    while True:
-        try:
-            answer = ssm.get_command_invocation(CommandId=command_id, InstanceId=instance_id)
-        except AWS_ERRORS as exc:
-            if error_code(exc) != "InvocationDoesNotExist":
-                raise
-            answer = {"Status": "Pending"}
-        status = answer.get("Status", "Pending")
-        if status in TERMINAL_STATUSES:
-            return RemoteResult(instance_id, command_id, status, answer.get("ResponseCode"),
-                                answer.get("StandardOutputContent", ""),
-                                answer.get("StandardErrorContent", ""))
-        if clock() >= deadline:
-            return RemoteResult(instance_id, command_id, "NoAnswer", None, "", "")
-        sleep(poll_seconds)
+    deadline = Deadline.after(timeout_seconds + 60, sleep=sleep, clock=clock)
+    command_id = send_command(ssm, [instance_id], [remote_command(script)], comment=comment,
+                              # Delivery timeout: minimum 30 s (API reference, SendCommand.TimeoutSeconds).
+                              delivery_timeout=max(30, timeout_seconds), execution_timeout=timeout_seconds,
+                              deadline=deadline)
+    invocation = Invocation(instance_id, command_id)
+    if not wait(ssm, [invocation], deadline, poll_seconds=poll_seconds):
+        return RemoteResult(instance_id, command_id, "NoAnswer", None, "", "")
+    if invocation.failure is not None:
+        raise invocation.failure
+    return RemoteResult(instance_id, command_id, invocation.status, invocation.exit_code, invocation.stdout,
+                        invocation.stderr)
 
 
 def run_captured(ssm: Any, instance_id: str, script: str, *, comment: str) -> RemoteResult:

@@ -49,3 +49,16 @@ def tag_node_group(autoscaling: Any, group: str, node_group: str) -> None:
     autoscaling.create_or_update_tags(Tags=[{
         "ResourceId": group, "ResourceType": "auto-scaling-group", "Key": "gpucluster:node-group",
         "Value": node_group, "PropagateAtLaunch": True}])
+
+
+def fleet_of(identity: str, region: str = "us-east-1", **clients: Any) -> Any:
+    """The `ops.Fleet` of deployment `identity` as `gpucluster` picks it (its guard-state table when
+    it has one), with moto's clients in `region` (`clients` replaces some by service name)."""
+    from gpucluster.ops import Clients
+    from gpucluster.ops.nodegroups import Fleet, deployment_node_groups
+
+    def make(service: str) -> Any:
+        return clients.get(service) or boto3.client(service, region_name=region)
+
+    made = Clients(region, make=make)
+    return Fleet(identity, made, deployment_node_groups(identity, "none", made))

@@ -62,3 +62,15 @@ def fleet_of(identity: str, region: str = "us-east-1", **clients: Any) -> Any:
 
     made = Clients(region, make=make)
     return Fleet(identity, made, deployment_node_groups(identity, "none", made))
+
+
+def tags_fleet(identity: str, autoscaling: Any, **clients: Any) -> Any:
+    """The `ops.Fleet` of deployment `identity` on Auto Scaling tags alone (a stack without the guard-state
+    table), its clients only these: `autoscaling` and `clients` by service name."""
+    from gpucluster.fleet.asg import AutoScalingGroups
+    from gpucluster.ops import Clients
+    from gpucluster.ops.nodegroups import Fleet
+
+    by_service = {"autoscaling": autoscaling, **clients}
+    return Fleet(identity, Clients("us-east-1", make=lambda service: by_service[service]),
+                 AutoScalingGroups(autoscaling))

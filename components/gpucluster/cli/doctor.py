@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from gpucluster.cli import common, render
+from gpucluster.cli import render
 from gpucluster.cli.common import EXIT_BLOCKED, EXIT_OK, JsonOption, StackArg, build_spec, fail_usage
 
 
@@ -54,7 +54,7 @@ def doctor(
     own = read_outputs(outputs) if outputs is not None else None
     try:
         with render.progress(f"checking {spec.stack} against the AWS account ({spec.region})"):
-            findings = run_checks(spec, common.clients(spec), own_groups=own)
+            findings = run_checks(spec, own_groups=own)
     except DoctorError as err:
         fail_usage("doctor", str(err))
     counts = Counter(f.level for f in findings)

@@ -710,17 +710,17 @@ def ops_fleet(slurm_stack: dict[str, Any]) -> Fleet:
 
 
 def test_gpucluster_stop_then_start_hold_and_release_the_partitions(ops_stack: dict[str, Any]) -> None:
-    from gpucluster.ops.stopstart import apply_start, apply_stop, start_plan, stop_plan
+    from gpucluster.ops.stopstart import apply_start, apply_stop, plan_start_on, plan_stop_on
 
     fake, ssm = ops_stack["pcs"], ops_stack["ssm"]
-    plan = stop_plan(ops_fleet(ops_stack), hook_timeout_seconds=45)
+    plan = plan_stop_on(ops_fleet(ops_stack), hook_timeout_seconds=45)
     candidates = plan.candidates
     assert [(c.group, c.desired_now) for c in candidates] == [("infer", 2), ("train", 4)]
     report = apply_stop(plan).report
     assert sorted(report.changed) == ["infer", "train"]
     assert ssm.sent[-1] == ([LOGIN_INSTANCE], hold_script(["infer", "train"], grace_seconds=45))
     assert fake.scaling("train") == (0, 0) and fake.scaling("infer") == (0, 0)
-    to_start = start_plan(ops_fleet(ops_stack))
+    to_start = plan_start_on(ops_fleet(ops_stack))
     shown = {c.decision.group: c.decision.stopped_by for c in to_start.candidates}
     assert shown == {"infer": "manual", "train": "manual"}
     results = apply_start(to_start).results

@@ -62,13 +62,13 @@ class ScalePlan:
         return sum(c.added_nodes for c in self.changes)
 
 
-def scale_plan(fleet: Fleet, node_group: str, desired: int, *, stack: str = "<stack>") -> ScalePlan:
+def plan_scale_on(fleet: Fleet, node_group: str, desired: int, *, stack: str = "<stack>") -> ScalePlan:
     """What setting `node_group` to `desired` nodes changes; read-only.
 
     MinSize comes down with desired (never up); desired above MaxSize is refused
     (max_nodes is the stack file's, changed by `pulumi up`), and so is scaling up a
     group a guardrail or a person stopped: `start` or `resume` (of stack name `stack`)
-    restore it with its stop state.
+    restore it with its stop state. `plan_scale` for a stack file; this for a `Fleet` in hand.
     """
     if desired < 0:
         raise ScaleError(f"--desired: must be >= 0, got {desired}")
@@ -91,7 +91,7 @@ def scale_plan(fleet: Fleet, node_group: str, desired: int, *, stack: str = "<st
 
 def plan_scale(spec: StackSpec, clients: Clients, node_group: str, desired: int) -> ScalePlan:
     """What `gpucluster scale` would change on the stack; read-only."""
-    return scale_plan(stack_fleet(spec, clients), node_group, desired, stack=spec.stack)
+    return plan_scale_on(stack_fleet(spec, clients), node_group, desired, stack=spec.stack)
 
 
 @dataclass(frozen=True)

@@ -76,9 +76,11 @@ class StopOutcome:
     status: list[GroupStatus]
 
 
-def stop_plan(fleet: Fleet, group: str | None = None, *, pre_stop_command: str | None = None,
+def plan_stop_on(fleet: Fleet, group: str | None = None, *, pre_stop_command: str | None = None,
               hook_timeout_seconds: float = 300.0) -> StopPlan:
-    """The selected groups (all, or node group `group`) and their capacity now; read-only."""
+    """The selected groups (all, or node group `group`) of `fleet` and their capacity now; read-only.
+
+    `plan_stop` for a stack file; this for a `Fleet` already in hand (a notebook, a test)."""
     candidates = [StopCandidate(g.name, g.label, g.desired, len(g.in_service_ids), g.stopped_by)
                   for g in select_groups(fleet.groups.list_groups(fleet.identity), group)]
     return StopPlan(fleet, group, candidates, pre_stop_command, hook_timeout_seconds)
@@ -86,7 +88,7 @@ def stop_plan(fleet: Fleet, group: str | None = None, *, pre_stop_command: str |
 
 def plan_stop(spec: StackSpec, clients: Clients, group: str | None = None) -> StopPlan:
     """What `gpucluster stop` would do on the stack, with its pre-stop hook (`autostop`); read-only."""
-    return stop_plan(stack_fleet(spec, clients), group, pre_stop_command=spec.autostop.pre_stop_command,
+    return plan_stop_on(stack_fleet(spec, clients), group, pre_stop_command=spec.autostop.pre_stop_command,
                      hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds)
 
 
@@ -141,8 +143,10 @@ class StartOutcome:
     results: list[ResumeResult]
 
 
-def start_plan(fleet: Fleet, group: str | None = None) -> StartPlan:
-    """What `start` would restore in the selection (budget stops left out); read-only."""
+def plan_start_on(fleet: Fleet, group: str | None = None) -> StartPlan:
+    """What `start` would restore in `fleet`'s selection (budget stops left out); read-only.
+
+    `plan_start` for a stack file; this for a `Fleet` already in hand (a notebook, a test)."""
     candidates = resume_candidates(fleet, START_REASONS)
     if group is not None:
         chosen = [c for c in candidates if group in (c.node_group, c.group)]
@@ -155,7 +159,7 @@ def start_plan(fleet: Fleet, group: str | None = None) -> StartPlan:
 
 def plan_start(spec: StackSpec, clients: Clients, group: str | None = None) -> StartPlan:
     """What `gpucluster start` would restore on the stack; read-only."""
-    return start_plan(stack_fleet(spec, clients), group)
+    return plan_start_on(stack_fleet(spec, clients), group)
 
 
 def apply_start(plan: StartPlan) -> StartOutcome:

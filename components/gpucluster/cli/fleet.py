@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from gpucluster.fleet.nodegroups import ResumeResult
     from gpucluster.ops.nodes import Node
     from gpucluster.ops.overview import StackOverview
-    from gpucluster.ops.resume import ResumeCandidate, ResumeOutcome, ResumePlan
+    from gpucluster.ops.resume import RestorePlan, ResumeCandidate, ResumeOutcome
     from gpucluster.ops.scale import ScalePlan
     from gpucluster.ops.status import GroupStatus
-    from gpucluster.ops.stopstart import StartPlan, StopOutcome, StopPlan
+    from gpucluster.ops.stopstart import StopOutcome, StopPlan
     from gpucluster.spec import StackSpec
 
 
@@ -280,7 +280,7 @@ def explain_nothing_to_resume(stack: str, spec: StackSpec, candidates: list[Resu
     return out
 
 
-def resume_document(spec: StackSpec, plan: ResumePlan, dry_run: bool,
+def resume_document(spec: StackSpec, plan: RestorePlan, dry_run: bool,
                     outcome: ResumeOutcome | None = None) -> dict[str, Any]:
     """`resume --json`: every group and what resume does to it; what it did and the status after."""
     return head(spec, dry_run=dry_run, groups=[resume_json(spec, c) for c in plan.candidates],
@@ -596,7 +596,7 @@ def stop(
     raise typer.Exit(EXIT_BLOCKED if outcome.report.errors else EXIT_OK)
 
 
-def start_lines(stack: str, spec: StackSpec, plan: StartPlan, dry_run: bool) -> list[str]:
+def start_lines(stack: str, spec: StackSpec, plan: RestorePlan, dry_run: bool) -> list[str]:
     """What `start` will restart and its cost, budget stops it leaves alone, or why nothing starts."""
     from gpucluster.fleet.nodegroups import BUDGET
 

@@ -63,47 +63,46 @@ def resume_candidates(fleet: Fleet, only_stopped_by: Collection[str] | None = No
     ]
 
 
-def to_restore(candidates: list[ResumeCandidate]) -> list[ResumeCandidate]:
-    """The candidates a resume (or start) would restore."""
-    return [c for c in candidates if c.decision.action == "resume"]
-
-
 def shown_of(candidates: list[ResumeCandidate]) -> dict[str, str | None]:
     """Group -> the stopped-by the operator saw: what a restore holds each group to."""
     return {c.group: c.decision.stopped_by for c in candidates}
 
 
 @dataclass(frozen=True)
-class ResumePlan:
-    """What `resume` would restart (read-only), and the stack it was read from."""
+class RestorePlan:
+    """What `resume` or `start` would restart (read-only), and the stack it was read from."""
 
     fleet: Fleet
-    only_stopped_by: tuple[str, ...] | None
     candidates: list[ResumeCandidate]
+    only_stopped_by: tuple[str, ...] | None = None
+    """The stops it may undo (None: any, a person decided)."""
+    group: str | None = None
+    """The node group the selection was narrowed to (None: every group)."""
 
     @property
     def todo(self) -> list[ResumeCandidate]:
-        return to_restore(self.candidates)
+        """The candidates it would restore."""
+        return [c for c in self.candidates if c.decision.action == "resume"]
 
 
 @dataclass(frozen=True)
 class ResumeOutcome:
     """What `resume` did: the plan shown, each group's result, and the groups' status after."""
 
-    plan: ResumePlan
+    plan: RestorePlan
     results: list[ResumeResult]
     status: list[GroupStatus]
 
 
 def plan_resume(spec: StackSpec, clients: Clients,
-                only_stopped_by: Collection[str] | None = None) -> ResumePlan:
+                only_stopped_by: Collection[str] | None = None) -> RestorePlan:
     """What resuming the stack would do to each of its groups (`only_stopped_by` narrows it); read-only."""
     fleet = stack_fleet(spec, clients)
     only = tuple(only_stopped_by) if only_stopped_by else None
-    return ResumePlan(fleet, only, resume_candidates(fleet, only))
+    return RestorePlan(fleet, resume_candidates(fleet, only), only)
 
 
-def apply_resume(plan: ResumePlan) -> ResumeOutcome:
+def apply_resume(plan: RestorePlan) -> ResumeOutcome:
     """Restore the groups the plan would restart, unless their stop changed since; then read their status."""
     results = resume_stack(plan.fleet, only_stopped_by=plan.only_stopped_by, shown=shown_of(plan.todo))
     return ResumeOutcome(plan, results, stack_status(plan.fleet))

@@ -22,7 +22,7 @@ from gpucluster.fleet.runcommand import CommandResult
 from gpucluster.fleet.stops import StopReport, stop_groups
 from gpucluster.ops.nodegroups import Fleet, stack_fleet
 from gpucluster.ops.nodes import NodesError, select_groups
-from gpucluster.ops.resume import ResumeCandidate, resume_candidates, resume_stack, shown_of, to_restore
+from gpucluster.ops.resume import RestorePlan, resume_candidates, resume_stack, shown_of
 from gpucluster.ops.status import GroupStatus, stack_status
 
 if TYPE_CHECKING:
@@ -123,27 +123,14 @@ def apply_stop(plan: StopPlan) -> StopOutcome:
 
 
 @dataclass(frozen=True)
-class StartPlan:
-    """What `start` would restart (read-only): the selection's groups, budget stops left out."""
-
-    fleet: Fleet
-    group: str | None
-    candidates: list[ResumeCandidate]
-
-    @property
-    def todo(self) -> list[ResumeCandidate]:
-        return to_restore(self.candidates)
-
-
-@dataclass(frozen=True)
 class StartOutcome:
     """What `start` did: the plan shown and each group's result."""
 
-    plan: StartPlan
+    plan: RestorePlan
     results: list[ResumeResult]
 
 
-def plan_start_on(fleet: Fleet, group: str | None = None) -> StartPlan:
+def plan_start_on(fleet: Fleet, group: str | None = None) -> RestorePlan:
     """What `start` would restore in `fleet`'s selection (budget stops left out); read-only.
 
     `plan_start` for a stack file; this for a `Fleet` already in hand (a notebook, a test)."""
@@ -154,16 +141,16 @@ def plan_start_on(fleet: Fleet, group: str | None = None) -> StartPlan:
             known = ", ".join(sorted({c.node_group or c.group for c in candidates})) or "none deployed"
             raise NodesError(f"no node group {group!r} in this stack (node groups: {known})")
         candidates = chosen
-    return StartPlan(fleet, group, candidates)
+    return RestorePlan(fleet, candidates, START_REASONS, group)
 
 
-def plan_start(spec: StackSpec, clients: Clients, group: str | None = None) -> StartPlan:
+def plan_start(spec: StackSpec, clients: Clients, group: str | None = None) -> RestorePlan:
     """What `gpucluster start` would restore on the stack; read-only."""
     return plan_start_on(stack_fleet(spec, clients), group)
 
 
-def apply_start(plan: StartPlan) -> StartOutcome:
+def apply_start(plan: RestorePlan) -> StartOutcome:
     """Restore the shown groups to their recorded capacity (a stop that changed since is skipped);
     on a Slurm stack then set their partitions UP (`ops.resume.resume_stack`)."""
-    return StartOutcome(plan, resume_stack(plan.fleet, only_stopped_by=START_REASONS,
+    return StartOutcome(plan, resume_stack(plan.fleet, only_stopped_by=plan.only_stopped_by,
                                            shown=shown_of(plan.todo)))

@@ -122,9 +122,10 @@ def render_spend(spend: dict[str, Any] | None, error: str | None) -> list[str]:
 
 def status_json(spec: StackSpec, overview: StackOverview) -> dict[str, Any]:
     """`status --json`: the same facts as the tables, one object per group."""
-    document = {"stack": spec.stack, "identity": spec.identity, "region": spec.region,
-                "dashboard_url": overview.dashboard_url, "groups": [asdict(r) for r in overview.groups],
-                "cost_tag_warning": overview.cost_tag_warning}
+    document: dict[str, Any] = {
+        "stack": spec.stack, "identity": spec.identity, "region": spec.region,
+        "dashboard_url": overview.dashboard_url, "groups": [asdict(r) for r in overview.groups],
+        "cost_tag_warning": overview.cost_tag_warning}
     if spec.observability.grafana.enabled:
         document["grafana_url"] = overview.grafana_url
     document["spend"], document["spend_error"] = overview.spend, overview.spend_error

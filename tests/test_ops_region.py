@@ -7,7 +7,9 @@ group carrying the same identity, change and read only the stack region's groups
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -85,3 +87,15 @@ def test_every_client_of_the_factory_is_in_the_stacks_region_but_cost_explorers(
     assert abroad("ec2").meta.region_name == ELSEWHERE
     # Cost Explorer has one endpoint region, whatever the stack's (ops.CE_REGION).
     assert abroad("ce").meta.endpoint_url == boto3.client("ce", region_name=CE_REGION).meta.endpoint_url
+
+
+def test_no_boto3_client_is_built_outside_the_factory() -> None:
+    """`ops.make_client` builds every client of `ops/` and `cli/`; the fleet core's own (`awsapi.make_client`)
+    serves the Lambda handlers' runtime. Any other `boto3.client(` would be a client in some other region."""
+    import gpucluster
+
+    root = Path(gpucluster.__file__).parent
+    found = sorted(str(path.relative_to(root)) for folder in ("ops", "cli", "fleet")
+                   for path in (root / folder).rglob("*.py")
+                   if re.search(r"\bboto3\.client\(", path.read_text()))
+    assert found == ["fleet/awsapi.py", "ops/__init__.py"]

@@ -77,7 +77,7 @@ class StopOutcome:
 
 
 def plan_stop_on(fleet: Fleet, group: str | None = None, *, pre_stop_command: str | None = None,
-              hook_timeout_seconds: float = 300.0) -> StopPlan:
+                 hook_timeout_seconds: float = 300.0) -> StopPlan:
     """The selected groups (all, or node group `group`) of `fleet` and their capacity now; read-only.
 
     `plan_stop` for a stack file; this for a `Fleet` already in hand (a notebook, a test)."""
@@ -89,7 +89,7 @@ def plan_stop_on(fleet: Fleet, group: str | None = None, *, pre_stop_command: st
 def plan_stop(spec: StackSpec, clients: Clients, group: str | None = None) -> StopPlan:
     """What `gpucluster stop` would do on the stack, with its pre-stop hook (`autostop`); read-only."""
     return plan_stop_on(stack_fleet(spec, clients), group, pre_stop_command=spec.autostop.pre_stop_command,
-                     hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds)
+                        hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds)
 
 
 def apply_stop(plan: StopPlan) -> StopOutcome:

@@ -49,3 +49,28 @@ def tag_node_group(autoscaling: Any, group: str, node_group: str) -> None:
     autoscaling.create_or_update_tags(Tags=[{
         "ResourceId": group, "ResourceType": "auto-scaling-group", "Key": "gpucluster:node-group",
         "Value": node_group, "PropagateAtLaunch": True}])
+
+
+def fleet_of(identity: str, region: str = "us-east-1", **clients: Any) -> Any:
+    """The `ops.Fleet` of deployment `identity` as `gpucluster` picks it (its guard-state table when
+    it has one), with moto's clients in `region` (`clients` replaces some by service name)."""
+    from gpucluster.ops import Clients
+    from gpucluster.ops.nodegroups import Fleet, deployment_node_groups
+
+    def make(service: str) -> Any:
+        return clients.get(service) or boto3.client(service, region_name=region)
+
+    made = Clients(region, make=make)
+    return Fleet(identity, made, deployment_node_groups(identity, "none", made))
+
+
+def tags_fleet(identity: str, autoscaling: Any, **clients: Any) -> Any:
+    """The `ops.Fleet` of deployment `identity` on Auto Scaling tags alone (a stack without the guard-state
+    table), its clients only these: `autoscaling` and `clients` by service name."""
+    from gpucluster.fleet.asg import AutoScalingGroups
+    from gpucluster.ops import Clients
+    from gpucluster.ops.nodegroups import Fleet
+
+    by_service = {"autoscaling": autoscaling, **clients}
+    return Fleet(identity, Clients("us-east-1", make=lambda service: by_service[service]),
+                 AutoScalingGroups(autoscaling))

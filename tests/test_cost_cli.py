@@ -240,7 +240,7 @@ def test_cost_live_prices_spot_from_describe_spot_price_history(monkeypatch: pyt
         made.append((service, region_name))
         return ec2
 
-    monkeypatch.setattr("gpucluster.ops.doctor.boto3.client", client)
+    monkeypatch.setattr("gpucluster.ops.doctor.make_client", client)
     result = runner.invoke(app, ["cost", "prod", "--live", "--json"])
     assert result.exit_code == 0, result.output
     assert made == [("ec2", "us-east-1")]
@@ -259,7 +259,7 @@ def test_cost_live_without_aws_falls_back_to_the_catalog(monkeypatch: pytest.Mon
     stub = Stubber(ec2)
     stub.add_client_error("describe_spot_price_history", "UnauthorizedOperation", "not allowed")
     stub.activate()
-    monkeypatch.setattr("gpucluster.ops.doctor.boto3.client", lambda service, region_name: ec2)
+    monkeypatch.setattr("gpucluster.ops.doctor.make_client", lambda service, region_name: ec2)
     result = runner.invoke(app, ["cost", "prod", "--live"])
     assert result.exit_code == 0
     assert "cost --live: no live spot prices" in result.output

@@ -246,9 +246,11 @@ def test_a_workspace_that_cannot_be_asked_makes_every_node_unknown(server: Any, 
 def test_status_overview_finds_the_grafana_workspace_only_when_the_stack_has_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import gpucluster.ops.doctor as doctor
+    import gpucluster.ops.nodegroups as nodegroups
     import gpucluster.ops.status as status
     from gpucluster.ops.overview import stack_overview
 
+    monkeypatch.setattr(nodegroups, "stack_fleet", lambda *a, **k: None)
     monkeypatch.setattr(status, "stack_status", lambda *a, **k: [])
     monkeypatch.setattr(doctor, "cost_tag_warning", lambda *a, **k: None)
     spec = spec_of({**ON, "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"]}})

@@ -17,9 +17,9 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from gpucluster.ops import Clients
 from gpucluster.ops.doctor import (
     IAM_ACTIONS,
-    Clients,
     DoctorError,
     check_cost_tags,
     check_efa,
@@ -80,10 +80,20 @@ def stubbed() -> Iterator[tuple[Stubber, Stubber, Stubber]]:
         s.assert_no_pending_responses()
 
 
+DOCTOR_SERVICES = {"ec2": "ec2", "quotas": "service-quotas", "ce": "ce", "autoscaling": "autoscaling",
+                   "iam": "iam", "sts": "sts"}
+
+
+def doctor_clients(**given: Any) -> Clients:
+    """The stack's clients as doctor asks for them: these (ec2=..., quotas=...), None for the others."""
+    by_service = {DOCTOR_SERVICES[name]: client for name, client in given.items()}
+    return Clients("us-east-1", make=by_service.get)
+
+
 def clients_of(ec2: Any, stubbed: tuple[Stubber, Stubber, Stubber]) -> Clients:
     """Stubbed quotas and Cost Explorer; Auto Scaling from moto (the caller runs inside `moto_ec2`)."""
-    return Clients(ec2=ec2, quotas=stubbed[1].client, ce=stubbed[2].client,
-                   autoscaling=boto3.client("autoscaling", region_name="us-east-1"))
+    return doctor_clients(ec2=ec2, quotas=stubbed[1].client, ce=stubbed[2].client,
+                          autoscaling=boto3.client("autoscaling", region_name="us-east-1"))
 
 
 def stub_p_quotas(quotas: Stubber, on_demand: float = 768, spot: float = 2304) -> None:
@@ -242,7 +252,7 @@ def test_expired_reservation_through_run_checks(base_config: dict[str, Any],
     healthy_quotas_and_tags(stubbed)
     clients = clients_of(ec2.client, stubbed)
     called: set[str] = set()
-    for client in filter(None, vars(clients).values()):  # every API call, as the IAM action it needs
+    for client in filter(None, map(clients, DOCTOR_SERVICES.values())):  # every call, as its IAM action
         prefix = client.meta.service_model.signing_name.replace("service-quotas", "servicequotas")
         client.meta.events.register("before-parameter-build", lambda model, prefix=prefix, **_: called.add(
             f"{prefix}:{model.name}"))
@@ -462,16 +472,16 @@ def test_doctor_cli_blocks_on_the_inactive_budget_tag_and_a_foreign_group(
     outputs = tmp_path / "outputs.json"
     outputs.write_text('{"node_groups": {"gpu": {"asg_name": "mine"}}}')
 
-    def clients(status: str) -> Callable[[str], Clients]:
+    def clients(status: str) -> Callable[[Any, Any], Clients]:
         quotas, ce = boto3.client("service-quotas", region_name="us-east-1"), boto3.client("ce")
         q, c = Stubber(quotas), Stubber(ce)
         q.add_response("get_service_quota", quota("L-3819A6DF", 64))  # G spot: 2 x g5.xlarge
         c.add_response("list_cost_allocation_tags", tags(gpucluster__stack=status, cost_center="Active"))
         q.activate()
         c.activate()
-        return lambda region: Clients(ec2=moto_ec2, quotas=quotas, ce=ce, autoscaling=asgs)
+        return lambda cls, spec: doctor_clients(ec2=moto_ec2, quotas=quotas, ce=ce, autoscaling=asgs)
 
-    monkeypatch.setattr(Clients, "for_region", staticmethod(clients("Inactive")))
+    monkeypatch.setattr(Clients, "of", classmethod(clients("Inactive")))
     result = CliRunner().invoke(app, ["doctor", str(path), "--outputs", str(outputs)])
     assert result.exit_code == 1, result.output
     assert "gpucluster:stack=organization/gpucluster/dev/test" in result.output.splitlines()[0]
@@ -479,7 +489,7 @@ def test_doctor_cli_blocks_on_the_inactive_budget_tag_and_a_foreign_group(
     assert blockers == [["identity", "theirs"], ["cost", "tag"]]
 
     asgs.delete_auto_scaling_group(AutoScalingGroupName="theirs", ForceDelete=True)
-    monkeypatch.setattr(Clients, "for_region", staticmethod(clients("Active")))
+    monkeypatch.setattr(Clients, "of", classmethod(clients("Active")))
     result = CliRunner().invoke(app, ["doctor", str(path), "--outputs", str(outputs)])
     assert result.exit_code == 0, result.output
     assert "0 blocker(s)" in result.output
@@ -509,7 +519,7 @@ def test_an_unlisted_budget_tag_blocks_once_the_stack_itself_is_deployed(
     with Stubber(quotas) as q, Stubber(ce) as c:
         q.add_response("get_service_quota", quota("L-3819A6DF", 64))
         c.add_response("list_cost_allocation_tags", tags(cost_center="Active"))  # gpucluster:stack unlisted
-        clients = Clients(ec2=moto_ec2, quotas=quotas, ce=ce, autoscaling=asgs)
+        clients = doctor_clients(ec2=moto_ec2, quotas=quotas, ce=ce, autoscaling=asgs)
         findings = run_checks(spec, clients, own_groups=own)
     [tag] = [f for f in findings if f.subject == "gpucluster:stack"]
     assert tag.level == level
@@ -579,8 +589,7 @@ def test_run_checks_includes_the_iam_names(base_config: dict[str, Any],
     monkeypatch.setattr(doctor, "identity_groups", lambda *a, **k: [])
     spec = iam_stack(base_config, break_glass_role="nobody-here")
     with mock_aws():
-        clients = Clients(ec2=None, quotas=None, ce=None, autoscaling=None,
-                          iam=boto3.client("iam", region_name="us-east-1"), sts=None)
+        clients = doctor_clients(iam=boto3.client("iam", region_name="us-east-1"))
         findings = run_checks(spec, clients, now=NOW, own_groups=set())
     assert [(f.level, f.check, f.subject) for f in findings if f.check == "break-glass"] == [
         ("warning", "break-glass", "nobody-here")]

@@ -178,7 +178,8 @@ def test_cli_follow_of_one_node_reads_only_its_stream(aws: dict[str, Any],  # no
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     _online(monkeypatch)
     nodes = stack_nodes(PROD, node_group="h100-train", autoscaling_client=aws["autoscaling"],
-                        ec2_client=aws["ec2"])
+                        ec2_client=aws["ec2"],
+                        ssm_client=boto3.client("ssm", region_name="us-east-1"))
     chosen = nodes[1].instance_id
     stream = job_log_stream(chosen, "pretrain")
     logs = boto3.client("logs", region_name="us-east-1")

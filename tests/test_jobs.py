@@ -328,7 +328,8 @@ def test_run_reports_a_failing_node_as_a_failure(aws: dict[str, Any],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     _online(monkeypatch)
     found = stack_nodes(PROD, node_group="h100-train", autoscaling_client=aws["autoscaling"],
-                        ec2_client=aws["ec2"])
+                        ec2_client=aws["ec2"],
+                        ssm_client=boto3.client("ssm", region_name="us-east-1"))
     ssm = boto3.client("ssm", region_name="us-east-1")
     stub = Stubber(ssm)
     _sends(stub, len(found), instance_ids=[node.instance_id for node in found])
@@ -402,7 +403,8 @@ def test_cli_run_without_group_or_command(aws: dict[str, Any], monkeypatch: pyte
 def test_cli_hostfile_formats(aws: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     _online(monkeypatch)
     found = stack_nodes(PROD, node_group="h100-train", autoscaling_client=aws["autoscaling"],
-                        ec2_client=aws["ec2"])
+                        ec2_client=aws["ec2"],
+                        ssm_client=boto3.client("ssm", region_name="us-east-1"))
     ips = [n.private_ip for n in found]
     for fmt, expected in (("mpi", [f"{ip} slots=8" for ip in ips]),
                           ("deepspeed", [f"{ip} slots=8" for ip in ips]),

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from typer.testing import CliRunner
 
@@ -219,7 +220,8 @@ def test_a_failed_mpirun_is_the_phase_s_exit_status(tmp_path: Path) -> None:
 
 def _nodes(account: dict[str, Any]) -> list[Any]:
     return stack_nodes(PROD, node_group="h100-train", autoscaling_client=account["autoscaling"],
-                       ec2_client=account["ec2"])
+                       ec2_client=account["ec2"],
+                       ssm_client=boto3.client("ssm", region_name="us-east-1"))
 
 
 class FakeRunner:

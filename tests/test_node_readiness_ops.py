@@ -18,6 +18,7 @@ from gpucluster.cli.fleet import render_getting_ready, render_nodes
 from gpucluster.fleet.tags import NODE_GROUP_TAG, STACK_TAG
 from gpucluster.ops.nodes import launch_activities, readiness, stack_nodes
 from gpucluster.ops.status import stack_status
+from moto_groups import tags_fleet
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 
@@ -100,7 +101,7 @@ def test_status_counts_nodes_getting_ready_and_the_longest_wait() -> None:
     stub.add_response("describe_scaling_activities", {"Activities": ACTIVITIES},
                       {"AutoScalingGroupName": ASG, "MaxRecords": 100})
     with stub:
-        [row] = stack_status(STACK, autoscaling_client=autoscaling, now=NOW)
+        [row] = stack_status(tags_fleet(STACK, autoscaling), now=NOW)
     assert (row.in_service, row.getting_ready, row.getting_ready_seconds) == (1, 1, 365.0)
     assert render_getting_ready([row]) == [f"{ASG}: 1 node(s) getting ready, the longest for 6m05s"]
 
@@ -111,6 +112,6 @@ def test_a_group_with_every_node_in_service_asks_for_no_activities() -> None:
     g["Instances"] = g["Instances"][:1]
     stub.add_response("describe_auto_scaling_groups", {"AutoScalingGroups": [g]}, {"Filters": ANY})
     with stub:
-        [row] = stack_status(STACK, autoscaling_client=autoscaling, now=NOW)
+        [row] = stack_status(tags_fleet(STACK, autoscaling), now=NOW)
     stub.assert_no_pending_responses()
     assert (row.getting_ready, row.getting_ready_seconds) == (0, None)

@@ -14,8 +14,9 @@ from cli_text import joined_lines
 from gpucluster.cli import app, common
 from gpucluster.fleet import asg, awsapi
 from gpucluster.fleet.tags import STATE_TAGS, STOPPED_BY_TAG
-from gpucluster.ops.status import GroupStatus, resume_stack, stack_status
-from moto_groups import ACTIVE, DEV, PROD, cost_explorer, create_stack_groups
+from gpucluster.ops.resume import resume_stack
+from gpucluster.ops.status import GroupStatus, stack_status
+from moto_groups import ACTIVE, DEV, PROD, cost_explorer, create_stack_groups, fleet_of
 
 runner = CliRunner()
 
@@ -66,7 +67,7 @@ def test_resume_restores_previous_capacity_and_clears_tags(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "budget")
     _stop(autoscaling, "dev-infer", "idle")
 
-    results = resume_stack(DEV, autoscaling_client=autoscaling)
+    results = resume_stack(fleet_of(DEV, autoscaling=autoscaling))
 
     by_group = {r.group: r for r in results}
     assert set(by_group) == {"dev-infer", "dev-spare", "dev-train"}
@@ -83,9 +84,9 @@ def test_resume_restores_previous_capacity_and_clears_tags(autoscaling) -> None:
 def test_resume_is_idempotent_and_leaves_other_stacks_alone(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "schedule")
     _stop(autoscaling, "prod-train", "budget")
-    resume_stack(DEV, autoscaling_client=autoscaling)
+    resume_stack(fleet_of(DEV, autoscaling=autoscaling))
 
-    again = resume_stack(DEV, autoscaling_client=autoscaling)
+    again = resume_stack(fleet_of(DEV, autoscaling=autoscaling))
 
     assert {r.action for r in again} == {"skipped"}
     assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 2
@@ -98,7 +99,7 @@ def test_resume_can_be_limited_to_some_guardrails(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "budget")
     _stop(autoscaling, "dev-infer", "idle")
 
-    results = resume_stack(DEV, autoscaling_client=autoscaling, only_stopped_by={"idle"})
+    results = resume_stack(fleet_of(DEV, autoscaling=autoscaling), only_stopped_by={"idle"})
 
     assert [r.group for r in results if r.action == "resumed"] == ["dev-infer"]
     assert _group(autoscaling, "dev-train")["DesiredCapacity"] == 0
@@ -107,7 +108,7 @@ def test_resume_can_be_limited_to_some_guardrails(autoscaling) -> None:
 def test_status_reports_capacity_and_who_stopped(autoscaling) -> None:
     _stop(autoscaling, "dev-train", "budget")
 
-    rows = stack_status(DEV)  # default client: plain boto3, inside the same moto account
+    rows = stack_status(fleet_of(DEV))  # moto's clients in the stack's region
 
     assert [r.name for r in rows] == ["dev-infer", "dev-spare", "dev-train"]
     by_name = {r.name: r for r in rows}
@@ -117,7 +118,7 @@ def test_status_reports_capacity_and_who_stopped(autoscaling) -> None:
 
 
 def test_status_of_unknown_stack_is_empty(autoscaling) -> None:
-    assert stack_status("staging", autoscaling_client=autoscaling) == []
+    assert stack_status(fleet_of("staging", autoscaling=autoscaling)) == []
 
 
 def test_cli_status_and_resume_of_a_stack(autoscaling: Any) -> None:

@@ -14,10 +14,11 @@ from gpucluster.cli import app, common
 from gpucluster.fleet import asg, awsapi, nodegroups
 from gpucluster.fleet.tags import PREVIOUS_DESIRED_TAG, PREVIOUS_MIN_TAG, STATE_TAGS, STOPPED_BY_TAG
 from gpucluster.lambdas import autostop
-from gpucluster.ops.scale import plan_scale, plan_stop, stop_stack
-from gpucluster.ops.status import resume_stack
+from gpucluster.ops.resume import resume_stack
+from gpucluster.ops.scale import plan_scale_on
+from gpucluster.ops.stopstart import apply_stop, plan_stop_on
 from gpucluster.plan import load_stack
-from moto_groups import ACTIVE, cost_explorer, create_stack_groups, tag_node_group
+from moto_groups import ACTIVE, cost_explorer, create_stack_groups, fleet_of, tag_node_group
 from test_jobs import RecordingSsm
 
 runner = CliRunner()
@@ -120,12 +121,11 @@ def test_cli_stop_of_one_group_asks_and_no_changes_nothing(autoscaling: Any, ssm
 
 
 def test_manual_stop_round_trips_with_resume(autoscaling: Any) -> None:
-    report = stop_stack(plan_stop(DEV, "dev-a10", autoscaling_client=autoscaling),
-                        autoscaling_client=autoscaling)
+    report = apply_stop(plan_stop_on(fleet_of(DEV, autoscaling=autoscaling), "dev-a10")).report
     assert report.changed == ["dev-a10"]
     assert _state(autoscaling, "dev-a10") == (0, 0, "manual")
 
-    results = resume_stack(DEV, autoscaling_client=autoscaling, only_stopped_by={"manual"})
+    results = resume_stack(fleet_of(DEV, autoscaling=autoscaling), only_stopped_by={"manual"})
 
     assert [(r.group, r.action) for r in results if r.action == "resumed"] == [("dev-a10", "resumed")]
     assert _state(autoscaling, "dev-a10") == (1, 2, None)
@@ -151,7 +151,7 @@ def test_cli_resume_only_manual_and_status_show_a_manual_stop(autoscaling: Any, 
 
 
 def test_schedule_start_leaves_a_manual_stop_alone(autoscaling: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    stop_stack(plan_stop(DEV, "dev-a10", autoscaling_client=autoscaling), autoscaling_client=autoscaling)
+    apply_stop(plan_stop_on(fleet_of(DEV, autoscaling=autoscaling), "dev-a10"))
 
     summary = _schedule(autoscaling, monkeypatch, "start")
 
@@ -205,7 +205,7 @@ def test_a_manual_stop_of_a_budget_restarted_group_keeps_the_budget_label(autosc
     """Restarted by hand after a budget stop (tags left): stopping again records budget, not manual."""
     asg.scale_to_zero(autoscaling, _group(autoscaling, "dev-extra"), nodegroups.BUDGET)
     autoscaling.update_auto_scaling_group(AutoScalingGroupName="dev-extra", DesiredCapacity=1)
-    stop_stack(plan_stop(DEV, "extra", autoscaling_client=autoscaling), autoscaling_client=autoscaling)
+    apply_stop(plan_stop_on(fleet_of(DEV, autoscaling=autoscaling), "extra"))
     assert _state(autoscaling, "dev-extra") == (0, 0, "budget")
 
 
@@ -248,9 +248,9 @@ def test_scale_down_lowers_min_and_refuses_above_max(autoscaling: Any) -> None:
 def test_scale_write_skips_a_group_stopped_after_it_was_planned(autoscaling: Any) -> None:
     from gpucluster.ops.scale import apply_scale
 
-    changes = plan_scale(DEV, "dev-a10", 3, autoscaling_client=autoscaling)
+    plan = plan_scale_on(fleet_of(DEV, autoscaling=autoscaling), "dev-a10", 3)
     asg.scale_to_zero(autoscaling, _group(autoscaling, "dev-a10"), nodegroups.BUDGET)
-    results = apply_scale(changes, autoscaling_client=autoscaling)
+    results = apply_scale(plan).results
     assert [(r.action, r.reason) for r in results] == [("skipped", "stopped by budget since shown; "
                                                                    "left stopped")]
     assert _state(autoscaling, "dev-a10") == (0, 0, "budget")

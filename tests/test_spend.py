@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from base_config import base
 from gpucluster import pricing
-from gpucluster.cli import app
+from gpucluster.cli import app, common
 from gpucluster.fleet import spendreport
 from gpucluster.node import userdata
 from gpucluster.noderole import gpu_metric_namespace
@@ -303,8 +303,8 @@ def cli_clients(account: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
 
     spec = account["spec"]
     ce, _ = stubbed_ce(spec.identity)
-    monkeypatch.setattr(cli, "_clients", lambda region: {"ce": ce, "cloudwatch": account["cloudwatch"],
-                                                         "autoscaling": account["autoscaling"]})
+    by_service = {"ce": ce, "cloudwatch": account["cloudwatch"], "autoscaling": account["autoscaling"]}
+    monkeypatch.setattr(common, "client", lambda spec, service: by_service[service])
     monkeypatch.setattr(cli, "datetime", _FixedNow)
     monkeypatch.setattr(ops, "datetime", _FixedNow)
     # Hourly periods, as two months later: moto's GetMetricData scans every datapoint per period.
@@ -382,14 +382,12 @@ def test_spend_chart_series_are_the_report(account: dict[str, Any]) -> None:
 
 
 def test_an_aws_error_is_one_line_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpucluster.cli import spend as cli
-
     ce = boto3.client("ce", region_name="us-east-1")
     stub = Stubber(ce)
     stub.add_client_error("get_cost_and_usage", "AccessDeniedException",
                           "not authorized to ce:GetCostAndUsage")
     stub.activate()
-    monkeypatch.setattr(cli, "_clients", lambda region: {"ce": ce, "cloudwatch": None, "autoscaling": None})
+    monkeypatch.setattr(common, "client", lambda spec, service: {"ce": ce}.get(service))
     result = runner.invoke(app, ["spend", "dev"])
     assert result.exit_code == 2
     assert result.output.startswith("spend: AWS said: An error occurred (AccessDeniedException)")

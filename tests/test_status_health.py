@@ -17,7 +17,7 @@ from cli_text import joined_lines
 from gpucluster.cli import app, common
 from gpucluster.ops.status import Replacement, last_replacement, replacement_reason, stack_status
 from gpucluster.plan import load_stack
-from moto_groups import create_stack_groups
+from moto_groups import create_stack_groups, fleet_of
 from test_operations import ACTIVE, cost_explorer
 
 runner = CliRunner()
@@ -86,7 +86,8 @@ def test_healthy_nodes_and_gpu_use_of_the_last_15_minutes(aws: tuple[Any, Any]) 
     [train] = autoscaling.describe_auto_scaling_groups(
         AutoScalingGroupNames=["dev-train"])["AutoScalingGroups"]
     autoscaling.set_instance_health(InstanceId=train["Instances"][0]["InstanceId"], HealthStatus="Unhealthy")
-    rows = {r.name: r for r in stack_status(DEV, health=True, metric_namespace="gpucluster/gpu-dev")}
+    rows = {r.name: r
+            for r in stack_status(fleet_of(DEV), health=True, metric_namespace="gpucluster/gpu-dev")}
     assert set(rows) == {"dev-train", "dev-idle"}
     train_row = rows["dev-train"]
     assert (train_row.in_service, train_row.healthy) == (2, 1)
@@ -101,7 +102,7 @@ def test_without_health_status_reads_nothing_more(aws: tuple[Any, Any]) -> None:
         def __getattr__(self, name: str) -> Any:
             raise AssertionError(f"status without health called CloudWatch {name}")
 
-    rows = stack_status(DEV, cloudwatch_client=NoCloudWatch())
+    rows = stack_status(fleet_of(DEV, cloudwatch=NoCloudWatch()))
     assert len(rows) == 2 and all(r.healthy is None and r.last_replacement is None for r in rows)
 
 

@@ -331,15 +331,17 @@ def test_two_budget_invocations_at_once_stop_once_and_record_once(
 
 def test_ops_pick_the_stored_backend_when_the_stack_has_its_table(cluster: Cluster) -> None:
     from gpucluster.fleet.deployment import state_table_name
-    from gpucluster.ops import node_groups
+    from gpucluster.ops import Clients
+    from gpucluster.ops.nodegroups import deployment_node_groups
 
     dynamodb = shared_client("dynamodb")
-    assert isinstance(node_groups(cluster.autoscaling, identity="dev", dynamodb_client=dynamodb),
-                      AutoScalingGroups)
+    clients = Clients("us-east-1",
+                      make=lambda s: cluster.autoscaling if s == "autoscaling" else shared_client(s))
+    assert isinstance(deployment_node_groups("dev", "none", clients), AutoScalingGroups)
     name = state_table_name("dev")
     create_table(dynamodb, name)
     try:
-        chosen = node_groups(cluster.autoscaling, identity="dev", dynamodb_client=dynamodb)
+        chosen = deployment_node_groups("dev", "none", clients)
         assert isinstance(chosen, guardstate.StoredNodeGroups) and chosen.table == name
     finally:
         dynamodb.delete_table(TableName=name)  # test cleanup in the fake account
@@ -358,6 +360,8 @@ def test_state_table_names_are_valid_and_apart() -> None:
 def test_status_says_stop_failed_never_stopped(cluster: Cluster) -> None:
     from gpucluster.cli.fleet import render_status
     from gpucluster.fleet.deployment import state_table_name
+    from gpucluster.ops import Clients
+    from gpucluster.ops.nodegroups import Fleet, deployment_node_groups
     from gpucluster.ops.status import stack_status
 
     dynamodb = shared_client("dynamodb")
@@ -366,7 +370,10 @@ def test_status_says_stop_failed_never_stopped(cluster: Cluster) -> None:
     try:
         failing = backend(name, Failing(cluster.autoscaling, "Throttling", 1))
         stops.stop_groups(failing, [read(name, "dev-train")], BUDGET)
-        rows = {r.name: r for r in stack_status("dev", autoscaling_client=cluster.autoscaling)}
+        clients = Clients("us-east-1",
+                      make=lambda s: cluster.autoscaling if s == "autoscaling" else shared_client(s))
+        fleet = Fleet("dev", clients, deployment_node_groups("dev", "none", clients))
+        rows = {r.name: r for r in stack_status(fleet)}
         assert rows["dev-train"].state == "stop-failed" and rows["dev-train"].desired_capacity == 2
         text = "\n".join(render_status(list(rows.values())))
         assert "budget (stop failed)" in text

@@ -30,7 +30,8 @@ from gpucluster.fleet.pcsgroups import PcsCapacity
 from gpucluster.fleet.runtime import GuardrailError
 from gpucluster.fleet.slurmhold import hold_script, release_script
 from gpucluster.lambdas import budget_action
-from gpucluster.ops import node_groups
+from gpucluster.ops import Clients
+from gpucluster.ops.nodegroups import Fleet, deployment_node_groups
 
 CLUSTER = "pcs_abc123"
 STACK = "dev"
@@ -566,12 +567,7 @@ def test_handlers_and_ops_pick_the_pcs_backend_for_a_slurm_stack(slurm_stack, mo
     from gpucluster.fleet.deployment import state_table_name
 
     create_table(shared_client("dynamodb"), state_table_name(STACK))
-    ops_backend = node_groups(
-        identity=STACK,
-        dynamodb_client=shared_client("dynamodb"),
-        pcs_cluster_id=CLUSTER,
-        pcs_client=slurm_stack["pcs"].client,
-    )
+    ops_backend = deployment_node_groups(STACK, "slurm", ops_clients(slurm_stack), cluster_id=CLUSTER)
     assert isinstance(ops_backend, guardstate.StoredNodeGroups)
     assert [g.name for g in ops_backend.list_groups(STACK)] == ["infer", "train"]
 
@@ -697,44 +693,37 @@ def ops_stack(slurm_stack: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> d
     if name not in shared_client("dynamodb").list_tables()["TableNames"]:
         create_table(shared_client("dynamodb"), name)
     slurm_stack["state_table"] = name
-    fake = slurm_stack["pcs"]
-    real_node_groups = node_groups
-
-    def cli_node_groups(autoscaling_client: Any = None, **kwargs: Any) -> Any:
-        return real_node_groups(
-            autoscaling_client,
-            dynamodb_client=shared_client("dynamodb"),
-            pcs_client=fake.client,
-            **{k: v for k, v in kwargs.items() if k not in ("dynamodb_client", "pcs_client")},
-        )
-
-    from gpucluster.ops import scale, status
-
-    monkeypatch.setattr(scale, "node_groups", cli_node_groups)
-    monkeypatch.setattr(status, "node_groups", cli_node_groups)
     return slurm_stack
 
 
-def test_gpucluster_stop_then_start_hold_and_release_the_partitions(ops_stack: dict[str, Any]) -> None:
-    from gpucluster.ops.scale import plan_start, plan_stop, start_stack, stop_stack
+def ops_clients(slurm_stack: dict[str, Any]) -> Clients:
+    """The stack's clients as the CLI hands them to ops: fakes for PCS, SSM and EC2, moto's for the rest."""
+    fakes = {"pcs": slurm_stack["pcs"].client, "ssm": slurm_stack["ssm"], "ec2": slurm_stack["ec2"]}
+    return Clients("us-east-1", make=lambda service: fakes.get(service) or shared_client(service))
 
-    fake, ssm, ec2 = ops_stack["pcs"], ops_stack["ssm"], ops_stack["ec2"]
-    candidates = plan_stop(STACK, pcs_cluster_id=CLUSTER)
+
+def ops_fleet(slurm_stack: dict[str, Any]) -> Fleet:
+    """The Slurm stack's `Fleet` as `ops.nodegroups.stack_fleet` builds it, its PCS cluster already found."""
+    clients = ops_clients(slurm_stack)
+    groups = deployment_node_groups(STACK, "slurm", clients, cluster_id=CLUSTER)
+    return Fleet(STACK, clients, groups, slurm=True)
+
+
+def test_gpucluster_stop_then_start_hold_and_release_the_partitions(ops_stack: dict[str, Any]) -> None:
+    from gpucluster.ops.stopstart import apply_start, apply_stop, plan_start_on, plan_stop_on
+
+    fake, ssm = ops_stack["pcs"], ops_stack["ssm"]
+    plan = plan_stop_on(ops_fleet(ops_stack), hook_timeout_seconds=45)
+    candidates = plan.candidates
     assert [(c.group, c.desired_now) for c in candidates] == [("infer", 2), ("train", 4)]
-    report = stop_stack(
-        candidates,
-        identity=STACK,
-        pcs_cluster_id=CLUSTER,
-        ssm_client=ssm,
-        ec2_client=ec2,
-        hook_timeout_seconds=45,
-    )
+    report = apply_stop(plan).report
     assert sorted(report.changed) == ["infer", "train"]
     assert ssm.sent[-1] == ([LOGIN_INSTANCE], hold_script(["infer", "train"], grace_seconds=45))
     assert fake.scaling("train") == (0, 0) and fake.scaling("infer") == (0, 0)
-    shown = {c.decision.group: c.decision.stopped_by for c in plan_start(STACK, pcs_cluster_id=CLUSTER)}
+    to_start = plan_start_on(ops_fleet(ops_stack))
+    shown = {c.decision.group: c.decision.stopped_by for c in to_start.candidates}
     assert shown == {"infer": "manual", "train": "manual"}
-    results = start_stack(STACK, shown, pcs_cluster_id=CLUSTER, ssm_client=ssm, ec2_client=ec2)
+    results = apply_start(to_start).results
     assert [r.action for r in results] == ["resumed", "resumed"]
     assert fake.scaling("train") == (1, 4) and fake.scaling("infer") == (0, 2)
     assert ssm.sent[-1] == ([LOGIN_INSTANCE], release_script(["infer", "train"]))
@@ -743,23 +732,19 @@ def test_gpucluster_stop_then_start_hold_and_release_the_partitions(ops_stack: d
 def test_a_resume_whose_release_fails_says_so_and_running_it_again_releases(
     ops_stack: dict[str, Any],
 ) -> None:
-    from gpucluster.ops.status import SlurmReleaseError, resume_stack
+    from gpucluster.ops.resume import SlurmReleaseError, resume_stack
 
-    ssm, ec2 = ops_stack["ssm"], ops_stack["ec2"]
-    backend = node_groups(
-        identity=STACK,
-        dynamodb_client=shared_client("dynamodb"),
-        pcs_cluster_id=CLUSTER,
-        pcs_client=ops_stack["pcs"].client,
-    )
+    ssm = ops_stack["ssm"]
+    fleet = ops_fleet(ops_stack)
+    backend = fleet.groups
     for g in backend.list_groups(STACK):
         backend.stop(g, BUDGET)
     ssm.status = "Failed"
     with pytest.raises(SlurmReleaseError, match="partitions infer, train still held"):
-        resume_stack(STACK, pcs_cluster_id=CLUSTER, ssm_client=ssm, ec2_client=ec2)
+        resume_stack(fleet)
     assert ops_stack["pcs"].scaling("train") == (1, 4)  # the capacity is back
     ssm.status = "Success"
-    results = resume_stack(STACK, pcs_cluster_id=CLUSTER, ssm_client=ssm, ec2_client=ec2)
+    results = resume_stack(fleet)
     assert {r.action for r in results} == {"skipped"}
     assert ssm.sent[-1][1] == release_script(["infer", "train"])
 

@@ -37,11 +37,12 @@ capacity_app = typer.Typer(no_args_is_help=True, help="Find and buy EC2 Capacity
 
 def ec2_client(region: str | None) -> Any:
     """An EC2 client in `region` (default: the AWS configuration's); honours AWS_ENDPOINT_URL."""
-    import boto3
     from botocore.exceptions import NoRegionError
 
+    from gpucluster.ops import make_client
+
     try:
-        return boto3.client("ec2", region_name=region) if region else boto3.client("ec2")
+        return make_client("ec2", region or None)
     except NoRegionError:
         fail_usage("capacity", "no region: pass --region or set AWS_REGION")
 

@@ -4,8 +4,8 @@ It owns the root callback (`--stacks-dir`, `--version`), the common arguments an
 the exit codes (0 fine, 1 a finding that blocks, a node or a change that failed or was
 declined, 2 invalid input or an AWS error, 130 interrupted), loading a stack (config problems
 print one line each, naming the key path, never a traceback), confirmation, the AWS error
-wrapper, boto3 client factories and money formatting. Command modules import it; it must
-never import a command module (the entry point, `gpucluster.cli.entry`, registers them) and
+wrapper, the stack's clients (`gpucluster.ops.Clients`) and money formatting. Command modules
+import it; it must never import a command module (the entry point, `gpucluster.cli.entry`, registers them) and
 holds no command of its own.
 """
 
@@ -24,6 +24,7 @@ from gpucluster.project import StackFileError, load_stack
 from gpucluster.spec import SpecError, StackSpec
 
 if TYPE_CHECKING:
+    from gpucluster.ops import Clients
     from gpucluster.plan import Plan
 
 EXIT_OK, EXIT_BLOCKED, EXIT_INVALID = 0, 1, 2
@@ -133,13 +134,13 @@ def aws_call(command: str, call: Callable[[], T], doing: str | None = "asking AW
 
 
 def ops_call(command: str, call: Callable[[], T], doing: str | None = "asking AWS") -> T:
-    """`aws_call`, plus a request the stack cannot answer (unknown group...) as one line, exit 2."""
-    from gpucluster.ops.nodes import NodesError
-    from gpucluster.ops.run import RunError
+    """`aws_call`, plus a request the stack cannot answer (any `ops.OpsError`: an unknown group, no PCS
+    cluster...) as one line, exit 2."""
+    from gpucluster.ops import OpsError
 
     try:
         return aws_call(command, call, doing)
-    except (NodesError, RunError) as err:
+    except OpsError as err:
         fail_usage(command, str(err))
 
 
@@ -181,22 +182,22 @@ def head(spec: StackSpec, **more: Any) -> dict[str, Any]:
 
 
 def client(spec: StackSpec, service: str) -> Any:
-    """A boto3 client in the stack's region (honours AWS_ENDPOINT_URL); tests replace it."""
-    import boto3
+    """A boto3 client in the stack's region (`ops.make_client`: AWS_ENDPOINT_URL works); tests replace it."""
+    from gpucluster.ops import make_client
 
-    return boto3.client(service, region_name=spec.region)
+    return make_client(service, spec.region)
 
 
-def clients(spec: StackSpec) -> Callable[[str], Any]:
-    """`client` for one stack, looked up when called (so a test's replacement is used)."""
-    return lambda service: client(spec, service)
+def clients(spec: StackSpec) -> Clients:
+    """The stack's `ops.Clients`, each built by `client` when first asked (so a test's replacement counts)."""
+    from gpucluster.ops import Clients
+
+    return Clients(spec.region, make=lambda service: client(spec, service))
 
 
 def cost_explorer(spec: StackSpec) -> Any:
-    """A Cost Explorer client (its one endpoint serves every region; honours AWS_ENDPOINT_URL)."""
-    import boto3
-
-    return boto3.client("ce", region_name=spec.region)
+    """The stack's Cost Explorer client (its one endpoint region, `ops.CE_REGION`); tests replace it."""
+    return client(spec, "ce")
 
 
 # ----------------------------------------------------------------------- money

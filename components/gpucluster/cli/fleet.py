@@ -26,7 +26,6 @@ from gpucluster.cli.common import (
     RequiredGroup,
     StackArg,
     YesOption,
-    aws_call,
     build_spec,
     confirm_or_exit,
     fail_usage,
@@ -36,8 +35,13 @@ from gpucluster.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from gpucluster.fleet.nodegroups import ResumeResult
     from gpucluster.ops.nodes import Node
-    from gpucluster.ops.status import GroupStatus, ResumeCandidate, ResumeResult
+    from gpucluster.ops.overview import StackOverview
+    from gpucluster.ops.resume import RestorePlan, ResumeCandidate, ResumeOutcome
+    from gpucluster.ops.scale import ScalePlan
+    from gpucluster.ops.status import GroupStatus
+    from gpucluster.ops.stopstart import StopOutcome, StopPlan
     from gpucluster.spec import StackSpec
 
 
@@ -116,50 +120,22 @@ def render_spend(spend: dict[str, Any] | None, error: str | None) -> list[str]:
         f"{spend['guard']}")
 
 
-def status_json(spec: StackSpec, rows: list[GroupStatus], url: str) -> dict[str, Any]:
+def status_json(spec: StackSpec, overview: StackOverview) -> dict[str, Any]:
     """`status --json`: the same facts as the tables, one object per group."""
-    return {"stack": spec.stack, "identity": spec.identity, "region": spec.region, "dashboard_url": url,
-            "groups": [asdict(r) for r in rows]}
+    document: dict[str, Any] = {
+        "stack": spec.stack, "identity": spec.identity, "region": spec.region,
+        "dashboard_url": overview.dashboard_url, "groups": [asdict(r) for r in overview.groups],
+        "cost_tag_warning": overview.cost_tag_warning}
+    if spec.observability.grafana.enabled:
+        document["grafana_url"] = overview.grafana_url
+    document["spend"], document["spend_error"] = overview.spend, overview.spend_error
+    return document
 
 
-def slurm_cluster(command: str, spec: StackSpec) -> str | None:
-    """A Slurm stack's PCS cluster id (found by the stack's tag), None on a `type: none` stack: the
-    ops then act on its PCS compute node groups instead of Auto Scaling groups."""
-    if not spec.scheduler.slurm:
-        return None
-    from gpucluster.ops.pcsclusters import stack_pcs_cluster
-
-    return ops_call(command, lambda: stack_pcs_cluster(spec.identity, common.client(spec, "pcs")),
-                    f"finding {spec.stack}'s AWS PCS cluster in {spec.region}")
-
-
-def slurm_clients(spec: StackSpec) -> dict[str, Any]:
-    """The login-node clients a Slurm stack's stop and start need (partitions held and released)."""
-    if not spec.scheduler.slurm:
-        return {}
-    return {"ssm_client": common.client(spec, "ssm"), "ec2_client": common.client(spec, "ec2")}
-
-
-def status(stack: StackArg, as_json: JsonOption = False) -> None:
-    """List the stack's node groups: capacity, who stopped them, GPU health and use, and the dashboard."""
-    from gpucluster.ops.overview import stack_overview  # boto3: only the AWS commands pay for it
-
-    render.use_json(as_json)
-    spec = build_spec(stack)
-    pcs = slurm_cluster("status", spec)
-    overview = aws_call("status", lambda: stack_overview(
-        spec, clients=common.clients(spec), ce=common.cost_explorer(spec), progress=render.progress,
-        pcs_cluster_id=pcs), None)
+def status_lines(stack: str, spec: StackSpec, overview: StackOverview) -> list[str]:
+    """`status` as text: the groups, nodes getting ready, GPU health and use, spend, dashboards."""
     rows, url, warning = overview.groups, overview.dashboard_url, overview.cost_tag_warning
     observed = spec.observability
-    if as_json:
-        document = status_json(spec, rows, url)
-        document["cost_tag_warning"] = warning
-        if observed.grafana.enabled:
-            document["grafana_url"] = overview.grafana_url
-        document["spend"], document["spend_error"] = overview.spend, overview.spend_error
-        render.emit(document)
-        raise typer.Exit(EXIT_OK)
     if not rows:
         out = render.wrap(f"stack {spec.stack} ({spec.region}): no Auto Scaling groups tagged "
                           f"gpucluster:stack={spec.identity} (not deployed, another account or region, "
@@ -177,7 +153,21 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
             out.append(f"grafana dashboards: gpucluster dashboards export {stack} (for your own Grafana)")
     if warning:
         out += [render.paint(line, "warn") for line in render.wrap(warning)]
-    for line in out:
+    return out
+
+
+def status(stack: StackArg, as_json: JsonOption = False) -> None:
+    """List the stack's node groups: capacity, who stopped them, GPU health and use, and the dashboard."""
+    from gpucluster.ops.overview import stack_overview  # boto3: only the AWS commands pay for it
+
+    render.use_json(as_json)
+    spec = build_spec(stack)
+    overview = ops_call("status", lambda: stack_overview(
+        spec, clients=common.clients(spec), ce=common.cost_explorer(spec), progress=render.progress), None)
+    if as_json:
+        render.emit(status_json(spec, overview))
+        raise typer.Exit(EXIT_OK)
+    for line in status_lines(stack, spec, overview):
         render.echo(line)
 
 
@@ -291,6 +281,14 @@ def explain_nothing_to_resume(stack: str, spec: StackSpec, candidates: list[Resu
     return out
 
 
+def resume_document(spec: StackSpec, plan: RestorePlan, dry_run: bool,
+                    outcome: ResumeOutcome | None = None) -> dict[str, Any]:
+    """`resume --json`: every group and what resume does to it; what it did and the status after."""
+    return head(spec, dry_run=dry_run, groups=[resume_json(spec, c) for c in plan.candidates],
+                resumed=[] if outcome is None else [asdict(r) for r in outcome.results],
+                status=[] if outcome is None else [asdict(r) for r in outcome.status])
+
+
 def resume(
     stack: StackArg,
     only: Annotated[list[str] | None, typer.Option(
@@ -306,7 +304,7 @@ def resume(
     With --json it cannot ask: give --yes (resume) or --dry-run (only show).
     """
     from gpucluster.fleet.nodegroups import STOP_REASONS
-    from gpucluster.ops.status import plan_resume, resume_stack, stack_status
+    from gpucluster.ops.resume import apply_resume, plan_resume
 
     render.use_json(as_json)
     if as_json and not (yes or dry_run):
@@ -316,44 +314,24 @@ def resume(
     if unknown:
         fail_usage("resume", f"--only: unknown reason {', '.join(unknown)} "
                              f"(one of {', '.join(STOP_REASONS)})")
-    client = common.client(spec, "autoscaling")
-    pcs = slurm_cluster("resume", spec)
-    candidates = aws_call("resume", lambda: plan_resume(spec.identity, autoscaling_client=client,
-                                                         only_stopped_by=only or None, pcs_cluster_id=pcs),
-                           f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
-    todo = [c for c in candidates if c.decision.action == "resume"]
-    if as_json:
-        document = {"stack": spec.stack, "region": spec.region, "identity": spec.identity, "dry_run": dry_run,
-                    "groups": [resume_json(spec, c) for c in candidates], "resumed": [], "status": []}
-        if todo and not dry_run:
-            shown = {c.group: c.decision.stopped_by for c in todo}
-            document["resumed"] = [asdict(r) for r in ops_call("resume", lambda: resume_stack(
-                spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown,
-                pcs_cluster_id=pcs, **slurm_clients(spec)))]
-            document["status"] = [asdict(r) for r in aws_call(
-                "resume", lambda: stack_status(spec.identity, autoscaling_client=client, pcs_cluster_id=pcs))]
-        render.emit(document)
-        raise typer.Exit(EXIT_OK)
-    if not todo:
-        for line in explain_nothing_to_resume(stack, spec, candidates, only or []):
+    plan = ops_call("resume", lambda: plan_resume(spec, common.clients(spec), only or None),
+                    f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    todo = plan.todo
+    if not as_json:
+        lines = (explain_nothing_to_resume(stack, spec, plan.candidates, only or []) if not todo
+                 else [*render_resume_plan(spec, todo), *(["dry run: nothing changed"] if dry_run else [])])
+        for line in lines:
             render.say(line)
-        raise typer.Exit(EXIT_OK)
-    for line in render_resume_plan(spec, todo):
-        render.say(line)
-    if dry_run:
-        render.say("dry run: nothing changed")
+    if not todo or dry_run:
+        if as_json:
+            render.emit(resume_document(spec, plan, dry_run))
         raise typer.Exit(EXIT_OK)
     confirm_or_exit("resume", f"Restart {len(todo)} group(s)?", yes)
-    shown = {c.group: c.decision.stopped_by for c in todo}
-    results = ops_call("resume", lambda: resume_stack(
-        spec.identity, autoscaling_client=client, only_stopped_by=only or None, shown=shown,
-        pcs_cluster_id=pcs, **slurm_clients(spec)),
-        f"restarting {len(todo)} group(s)")
-    for line in restored_lines(todo, results, "resumed"):
-        render.say(line)
-    rows = aws_call("resume", lambda: stack_status(spec.identity, autoscaling_client=client,
-                                                   pcs_cluster_id=pcs))
-    for line in render_status(rows):
+    outcome = ops_call("resume", lambda: apply_resume(plan), f"restarting {len(todo)} group(s)")
+    if as_json:
+        render.emit(resume_document(spec, plan, dry_run, outcome))
+        raise typer.Exit(EXIT_OK)
+    for line in [*restored_lines(todo, outcome.results, "resumed"), *render_status(outcome.status)]:
         render.say(line)
 
 
@@ -447,6 +425,34 @@ def slurm_nodes(spec: StackSpec, group: str | None, as_json: bool) -> None:
 # ------------------------------------------------------------------ scale / stop / start
 
 
+def priced_changes(spec: StackSpec, plan: ScalePlan) -> tuple[list[list[str]], float, list[dict[str, Any]]]:
+    """`scale`'s table rows, the cost per hour after, and each change priced for `--json`."""
+    rows, total, priced = [], 0.0, []
+    for c in plan.changes:
+        instance_type, rate = node_group_rate(spec, c.node_group)
+        cost = None if rate is None else rate * c.desired_after
+        total += cost or 0.0
+        rows.append([c.group, c.node_group, str(c.desired_now), str(c.desired_after),
+                     f"{c.min_now} -> {c.min_after}", instance_type, "?" if cost is None else usd(cost)])
+        priced.append({**asdict(c), "instance_type": instance_type,
+                       "on_demand_usd_per_hour_after": None if cost is None else round(cost, 4)})
+    return rows, total, priced
+
+
+def scale_plan_lines(spec: StackSpec, plan: ScalePlan, rows: list[list[str]], total: float,
+                     dry_run: bool) -> list[str]:
+    """What `scale` will change, what it costs per hour, and why nothing changes (when nothing does)."""
+    out = [f"stack {spec.stack} ({spec.region}): scale {plan.group} to {plan.desired} node(s):",
+           *render.table(["group", "node group", "nodes now", "nodes after", "min", "instance type",
+                          "on-demand $/h after"], rows)]
+    if plan.added_nodes:
+        out.append(f"cost: ${usd(total)}/hour (${usd(total * 24)}/day) at on-demand rates of the "
+                   "first instance type; spot nodes cost less")
+    if plan.unchanged or dry_run:
+        out.append("nothing to change" if plan.unchanged else "dry run: nothing changed")
+    return out
+
+
 def scale(
     stack: StackArg,
     group: RequiredGroup = "",
@@ -471,50 +477,82 @@ def scale(
 
     if (reason := refusal(spec, "scale")) is not None:
         fail_usage("scale", reason)
-    client = common.client(spec, "autoscaling")
-    changes = ops_call("scale", lambda: plan_scale(spec.identity, group, desired,
-                                                    autoscaling_client=client, stack=spec.stack),
-                        f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
-    rows, total, priced = [], 0.0, []
-    for c in changes:
-        instance_type, rate = node_group_rate(spec, c.node_group)
-        cost = None if rate is None else rate * c.desired_after
-        total += cost or 0.0
-        rows.append([c.group, c.node_group, str(c.desired_now), str(c.desired_after),
-                     f"{c.min_now} -> {c.min_after}", instance_type, "?" if cost is None else usd(cost)])
-        priced.append({**asdict(c), "instance_type": instance_type,
-                       "on_demand_usd_per_hour_after": None if cost is None else round(cost, 4)})
-    added = sum(c.added_nodes for c in changes)
-    unchanged = all(c.desired_now == c.desired_after and c.min_now == c.min_after for c in changes)
+    plan = ops_call("scale", lambda: plan_scale(spec, common.clients(spec), group, desired),
+                    f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    rows, total, priced = priced_changes(spec, plan)
     document = head(spec, group=group, desired=desired, changes=priced, dry_run=dry_run,
-                     changed=not unchanged and not dry_run, results=[])
+                    changed=not plan.unchanged and not dry_run, results=[])
     if not as_json:
-        render.say(f"stack {spec.stack} ({spec.region}): scale {group} to {desired} node(s):")
-        for line in render.table(["group", "node group", "nodes now", "nodes after", "min",
-                                  "instance type", "on-demand $/h after"], rows):
+        for line in scale_plan_lines(spec, plan, rows, total, dry_run):
             render.say(line)
-        if added:
-            render.say(f"cost: ${usd(total)}/hour (${usd(total * 24)}/day) at on-demand rates of the "
-                       "first instance type; spot nodes cost less")
-        if unchanged or dry_run:
-            render.say("nothing to change" if unchanged else "dry run: nothing changed")
-    if unchanged or dry_run:
+    if plan.unchanged or dry_run:
         if as_json:
             render.emit(document)
         return
-    if added or desired < min(c.desired_now for c in changes):
+    if plan.added_nodes or desired < min(c.desired_now for c in plan.changes):
         confirm_or_exit("scale", f"Scale {group} to {desired} node(s)?", yes)
-    results = aws_call("scale", lambda: apply_scale(changes, autoscaling_client=client,
-                                                   identity=spec.identity),
-                        f"scaling {group} to {desired} node(s)")
+    outcome = ops_call("scale", lambda: apply_scale(plan), f"scaling {group} to {desired} node(s)")
     if as_json:
-        render.emit({**document, "results": [asdict(r) for r in results]})
+        render.emit({**document, "results": [asdict(r) for r in outcome.results]})
     else:
-        for r in results:
+        for r in outcome.results:
             render.say(f"scaled {r.group} to {desired} node(s)" if r.action == "scaled"
                        else f"not scaled {r.group}: {r.reason}")
-    if any(r.action != "scaled" for r in results):
+    if any(r.action != "scaled" for r in outcome.results):
         raise typer.Exit(EXIT_BLOCKED)
+
+
+def stop_document(spec: StackSpec, plan: StopPlan, dry_run: bool,
+                  outcome: StopOutcome | None = None) -> dict[str, Any]:
+    """`stop --json`: the selection and what stops; the hook's result, each group's outcome, the status."""
+    document = head(spec, group=plan.group, groups=[asdict(c) for c in plan.candidates],
+                    to_stop=[c.group for c in plan.running], pre_stop_command=plan.pre_stop_command,
+                    dry_run=dry_run)
+    if outcome is None:
+        return {**document, "stopped": {}, "errors": {}, "hook": None, "status": []}
+    report = outcome.report
+    hook_json = None if report.hook is None else {
+        "ok": report.hook.ok, "timed_out": report.hook.timed_out, "statuses": report.hook.statuses,
+        "errors": report.hook.errors}
+    return {**document, "stopped": report.outcomes, "errors": report.errors, "hook": hook_json,
+            "status": [asdict(r) for r in outcome.status]}
+
+
+def nothing_to_stop_lines(spec: StackSpec, plan: StopPlan) -> list[str]:
+    """Why `stop` has nothing to do, per group."""
+    out = [f"nothing to stop in stack {spec.stack} ({spec.region})"
+           + (f", node group {plan.group}" if plan.group else "") + ":"]
+    for c in plan.candidates:
+        why = f"stopped by {c.stopped_by}" if c.stopped_by else "at 0 nodes by its own settings"
+        out.append(f"  {c.group}: {why}")
+    if not plan.candidates:
+        out.append(f"  no Auto Scaling group is tagged gpucluster:stack={spec.identity}")
+    return out
+
+
+def stop_plan_lines(spec: StackSpec, plan: StopPlan) -> list[str]:
+    """What `stop` is about to do: the groups, their nodes, the hook, what is erased."""
+    running, hook = plan.running, plan.pre_stop_command
+    return [f"stack {spec.stack} ({spec.region}): stop {len(running)} group(s), "
+            f"{sum(c.desired_now for c in running)} node(s):",
+            *render.table(["group", "node group", "nodes now", "in service"],
+                          [[c.group, c.node_group, str(c.desired_now), str(c.in_service)] for c in running]),
+            f"pre-stop hook first: {hook} (waits at most {spec.autostop.pre_stop_timeout_seconds} s)"
+            if hook else "no pre-stop hook (autostop.pre_stop_command): running jobs stop as they are",
+            "instance-store scratch is erased; S3 and FSx data are untouched"]
+
+
+def stopped_lines(outcome: StopOutcome) -> list[str]:
+    """What `stop` did: the hook's result, each group's outcome or error, then the status after."""
+    report, out = outcome.report, []
+    if report.hook is not None:
+        failed = ", ".join(f"{i} ({s})" for i, s in report.hook.failed.items())
+        timed_out = " (timed out)" if report.hook.timed_out else ""
+        out.append("pre-stop hook: " + ("ok on every node" if report.hook.ok
+                                        else f"did not succeed on {failed}{timed_out}"))
+    out += [f"{name}: {result}" for name, result in report.outcomes.items()]
+    out += [f"{name}: not stopped: {error}" for name, error in report.errors.items()]
+    return [*out, *render_status(outcome.status)]
 
 
 def stop(
@@ -530,80 +568,50 @@ def stop(
     capacity, schedules leave it alone, and a budget stop still outranks it. With --json it
     cannot ask: give --yes, or --dry-run.
     """
-    from gpucluster.ops.scale import plan_stop, stop_stack
-    from gpucluster.ops.status import stack_status
+    from gpucluster.ops.stopstart import apply_stop, plan_stop
 
     render.use_json(as_json)
     spec = build_spec(stack)
-    client = common.client(spec, "autoscaling")
-    pcs = slurm_cluster("stop", spec)
-    candidates = ops_call("stop", lambda: plan_stop(spec.identity, group, autoscaling_client=client,
-                                                    pcs_cluster_id=pcs),
-                           f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
-    running = [c for c in candidates if c.running]
-    hook = spec.autostop.pre_stop_command
-    document = head(spec, group=group, groups=[asdict(c) for c in candidates],
-                     to_stop=[c.group for c in running], pre_stop_command=hook, dry_run=dry_run)
+    plan = ops_call("stop", lambda: plan_stop(spec, common.clients(spec), group),
+                    f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    running = plan.running
     if as_json and (not running or dry_run):
-        render.emit({**document, "stopped": {}, "errors": {}, "hook": None, "status": []})
-        return
-    if not running:
-        render.say(f"nothing to stop in stack {spec.stack} ({spec.region})"
-                   + (f", node group {group}" if group else "") + ":")
-        for c in candidates:
-            why = f"stopped by {c.stopped_by}" if c.stopped_by else "at 0 nodes by its own settings"
-            render.say(f"  {c.group}: {why}")
-        if not candidates:
-            render.say(f"  no Auto Scaling group is tagged gpucluster:stack={spec.identity}")
+        render.emit(stop_document(spec, plan, dry_run))
         return
     if not as_json:
-        show_stop(spec, running, hook)
+        for line in stop_plan_lines(spec, plan) if running else nothing_to_stop_lines(spec, plan):
+            render.say(line)
+    if not running:
+        return
     if dry_run:
         render.say("dry run: nothing changed")
         return
     confirm_or_exit("stop", f"Stop {len(running)} group(s)?", yes)
-    doing = f"running the pre-stop hook on {len(running)} group(s), then " if hook else ""
-    report = aws_call("stop", lambda: stop_stack(
-        running, autoscaling_client=client, ssm_client=common.client(spec, "ssm") if hook or pcs else None,
-        pre_stop_command=hook, hook_timeout_seconds=spec.autostop.pre_stop_timeout_seconds,
-        identity=spec.identity, pcs_cluster_id=pcs,
-        ec2_client=common.client(spec, "ec2") if pcs else None),
-        f"{doing}scaling {len(running)} group(s) to zero")
-    rows = aws_call("stop", lambda: stack_status(spec.identity, autoscaling_client=client,
-                                                 pcs_cluster_id=pcs))
+    doing = f"running the pre-stop hook on {len(running)} group(s), then " if plan.pre_stop_command else ""
+    outcome = ops_call("stop", lambda: apply_stop(plan), f"{doing}scaling {len(running)} group(s) to zero")
     if as_json:
-        hook_json = None if report.hook is None else {
-            "ok": report.hook.ok, "timed_out": report.hook.timed_out, "statuses": report.hook.statuses,
-            "errors": report.hook.errors}
-        render.emit({**document, "stopped": report.outcomes, "errors": report.errors, "hook": hook_json,
-                     "status": [asdict(r) for r in rows]})
-        raise typer.Exit(EXIT_BLOCKED if report.errors else EXIT_OK)
-    if report.hook is not None:
-        failed = ", ".join(f"{i} ({s})" for i, s in report.hook.failed.items())
-        timed_out = " (timed out)" if report.hook.timed_out else ""
-        render.say("pre-stop hook: " + ("ok on every node" if report.hook.ok
-                                        else f"did not succeed on {failed}{timed_out}"))
-    for name, outcome in report.outcomes.items():
-        render.say(f"{name}: {outcome}")
-    for name, error in report.errors.items():
-        render.say(f"{name}: not stopped: {error}")
-    for line in render_status(rows):
-        render.say(line)
-    if report.errors:
-        raise typer.Exit(EXIT_BLOCKED)
+        render.emit(stop_document(spec, plan, dry_run, outcome))
+    else:
+        for line in stopped_lines(outcome):
+            render.say(line)
+    raise typer.Exit(EXIT_BLOCKED if outcome.report.errors else EXIT_OK)
 
 
-def show_stop(spec: StackSpec, running: list[Any], hook: str | None) -> None:
-    """What `stop` is about to do: the groups, their nodes, the hook, what is erased."""
-    render.say(f"stack {spec.stack} ({spec.region}): stop {len(running)} group(s), "
-               f"{sum(c.desired_now for c in running)} node(s):")
-    for line in render.table(["group", "node group", "nodes now", "in service"],
-                             [[c.group, c.node_group, str(c.desired_now), str(c.in_service)]
-                              for c in running]):
-        render.say(line)
-    render.say(f"pre-stop hook first: {hook} (waits at most {spec.autostop.pre_stop_timeout_seconds} s)"
-               if hook else "no pre-stop hook (autostop.pre_stop_command): running jobs stop as they are")
-    render.say("instance-store scratch is erased; S3 and FSx data are untouched")
+def start_lines(stack: str, spec: StackSpec, plan: RestorePlan, dry_run: bool) -> list[str]:
+    """What `start` will restart and its cost, budget stops it leaves alone, or why nothing starts."""
+    from gpucluster.fleet.nodegroups import BUDGET
+
+    out = [f"{c.group}: stopped by the budget action; start leaves it stopped "
+           f"(`gpucluster resume {stack} --only budget` undoes it, with its warning)"
+           for c in plan.candidates if c.decision.stopped_by == BUDGET]
+    if not plan.todo:
+        return [*out, f"nothing to start in stack {spec.stack} ({spec.region})"
+                + (f", node group {plan.group}" if plan.group else "")
+                + ": no group stopped by manual, idle, schedule or lifetime"
+                + (f" (`gpucluster scale {stack} --group G --desired N` for a group at 0 by "
+                   "its own settings)" if plan.candidates else "")]
+    return [*out, *render_resume_plan(spec, plan.todo, action="start"),
+            *(["dry run: nothing changed"] if dry_run else [])]
 
 
 def start(
@@ -617,54 +625,28 @@ def start(
 
     With --json it cannot ask: give --yes, or --dry-run.
     """
-    from gpucluster.fleet.nodegroups import BUDGET
-    from gpucluster.ops.scale import plan_start, start_stack
+    from gpucluster.ops.stopstart import apply_start, plan_start
 
     render.use_json(as_json)
     spec = build_spec(stack)
-    client = common.client(spec, "autoscaling")
-    pcs = slurm_cluster("start", spec)
-    candidates = ops_call("start", lambda: plan_start(spec.identity, group, autoscaling_client=client,
-                                                      pcs_cluster_id=pcs),
-                           f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
-    todo = [c for c in candidates if c.decision.action == "resume"]
-    document = head(spec, group=group, dry_run=dry_run, groups=[resume_json(spec, c) for c in candidates],
-                     started=[])
+    plan = ops_call("start", lambda: plan_start(spec, common.clients(spec), group),
+                    f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
+    todo = plan.todo
+    document = head(spec, group=group, dry_run=dry_run,
+                    groups=[resume_json(spec, c) for c in plan.candidates], started=[])
     if as_json and (not todo or dry_run):
         render.emit(document)
         return
+    if not as_json:
+        for line in start_lines(stack, spec, plan, dry_run):
+            render.say(line)
+        if not todo or dry_run:
+            return
+    confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)  # --json: --yes or exit 2
+    outcome = ops_call("start", lambda: apply_start(plan), f"restarting {len(todo)} group(s)")
     if as_json:
-        confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)  # --json: --yes or exit 2
-        results = ops_call("start", lambda: start_stack(
-            spec.identity, {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client,
-            pcs_cluster_id=pcs, **slurm_clients(spec)),
-            f"restarting {len(todo)} group(s)")
-        render.emit({**document, "started": [asdict(r) for r in results]})
-        raise typer.Exit(EXIT_BLOCKED if any(r.action != "resumed" for r in results) else EXIT_OK)
-    for c in candidates:
-        if c.decision.stopped_by == BUDGET:
-            render.say(f"{c.group}: stopped by the budget action; start leaves it stopped "
-                       f"(`gpucluster resume {stack} --only budget` undoes it, with its warning)")
-    if not todo:
-        render.say(f"nothing to start in stack {spec.stack} ({spec.region})"
-                   + (f", node group {group}" if group else "")
-                   + ": no group stopped by manual, idle, schedule or lifetime"
-                   + (f" (`gpucluster scale {stack} --group G --desired N` for a group at 0 by "
-                      "its own settings)" if candidates else ""))
-        raise typer.Exit(EXIT_OK)
-    for line in render_resume_plan(spec, todo, action="start"):
-        render.say(line)
-    if dry_run:
-        render.say("dry run: nothing changed")
-        return
-    confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)
-    results = ops_call("start", lambda: start_stack(
-        spec.identity, {c.group: c.decision.stopped_by for c in todo}, autoscaling_client=client,
-        pcs_cluster_id=pcs, **slurm_clients(spec)),
-        f"restarting {len(todo)} group(s)")
-    for line in restored_lines(todo, results, "started"):
-        render.say(line)
-    if any(r.action != "resumed" for r in results):
-        raise typer.Exit(EXIT_BLOCKED)
-
-
+        render.emit({**document, "started": [asdict(r) for r in outcome.results]})
+    else:
+        for line in restored_lines(todo, outcome.results, "started"):
+            render.say(line)
+    raise typer.Exit(EXIT_BLOCKED if any(r.action != "resumed" for r in outcome.results) else EXIT_OK)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -28,19 +28,6 @@ from gpucluster.cli.common import (
 if TYPE_CHECKING:
     from gpucluster.ops.spend import Spend
     from gpucluster.spec import StackSpec
-
-# Cost Explorer's API is served from us-east-1 for the commercial partition
-# (AWS General Reference, "AWS Cost Explorer endpoints and quotas").
-CE_REGION = "us-east-1"
-
-
-def _clients(region: str) -> dict[str, Any]:
-    import boto3
-
-    return {"ce": boto3.client("ce", region_name=CE_REGION),
-            "cloudwatch": boto3.client("cloudwatch", region_name=region),
-            "autoscaling": boto3.client("autoscaling", region_name=region)}
-
 
 def _percent(part: float, whole: float) -> str:
     return f"{100 * part / whole:+.1f} %" if whole else "-"
@@ -155,9 +142,10 @@ def spend(
             fail_usage("spend", "--chart draws the bill: give no --by with it")
         spend_by(spec, by, window.start_time, window.end_time, as_json)
         return
-    clients = _clients(spec.region)
+    clients = common.clients(spec)
     try:
-        result = aws_call("spend", lambda: stack_spend(spec, window, **clients),
+        result = aws_call("spend", lambda: stack_spend(spec, window, ce=clients("ce"), cloudwatch=clients(
+                              "cloudwatch"), autoscaling=clients("autoscaling")),
                            f"reading {spec.stack}'s costs (Cost Explorer) and GPU metrics")
     except SpendError as err:
         fail_usage("spend", str(err))

@@ -6,7 +6,7 @@ once on all nodes about to stop, the groups are read again after it, and each
 goes to zero through its `NodeGroups` backend. The budget handler checks its
 own stops once more after a short settle time (`confirm_budget_stops`), since
 a backend without compare-and-set can lose a race. It also picks the backend a
-deployment's handlers act through (`stack_node_groups`). It must never delete
+deployment's handlers act through (`stack_node_groups`, from `backends`). It must never delete
 anything in AWS and never import Pulumi: it is carried into the Lambda archive
 as ``gpucluster.fleet``.
 """
@@ -18,10 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .asg import AutoScalingGroups
 from .awsapi import AWS_ERRORS, log_event
+from .backends import choose_node_groups
 from .deployment import STATE_TABLE_ENV
-from .guardstate import StoredNodeGroups
 from .nodegroups import (
     ALREADY_STOPPED,
     BUDGET,
@@ -33,7 +32,7 @@ from .nodegroups import (
     StopState,
     previous_capacity,
 )
-from .pcsgroups import PCS_CLUSTER_ENV, PcsCapacity
+from .pcsgroups import PCS_CLUSTER_ENV
 from .runcommand import CommandResult, run_command
 from .runtime import RUNTIME, ConfigError, GuardrailError, env_number, env_text
 from .slurmhold import DEFAULT_GRACE_SECONDS, hold_partitions
@@ -69,32 +68,25 @@ def slurm_hold_from_env(timeout_seconds: float | None = None) -> SlurmHold | Non
 def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | None = None,
                       actor: str = "gpucluster", *, pcs_cluster_id: str | None = None,
                       stack: str | None = None, strict_members: bool = False) -> NodeGroups:
-    """The backend this deployment's node groups are run by.
+    """The backend a handler's deployment's node groups are run by, read from its environment.
 
     On a Slurm stack (`pcs_cluster_id`, or the handler's PCS_CLUSTER_ID) the node groups are the
-    PCS cluster's compute node groups, and their stop state lives only in the guard-state table
-    (PCS has no tags the guardrails write): the stored backend over `pcs.PcsCapacity`, for the
-    deployment identity `stack` (or GPUCLUSTER_STACK). Otherwise the stored backend (`guardstate`)
-    when a guard-state table is named (`table`, or the handler's GUARD_STATE_TABLE), else the Auto
-    Scaling groups' tags alone (a stack deployed before the table, or one without guardrails).
-    `strict_members`: on PCS, fail rather than read groups without their instances (`PcsCapacity`).
+    PCS cluster's compute node groups, for the deployment identity `stack` (or GPUCLUSTER_STACK);
+    otherwise Auto Scaling groups. The guard-state table is `table`, or the handler's
+    GUARD_STATE_TABLE. The backend itself is `backends.choose_node_groups`', as `gpucluster.ops`
+    picks it. `strict_members`: on PCS, fail rather than read groups without their instances.
     """
     make = client or RUNTIME.client
     table = table or env_text(STATE_TABLE_ENV)
     actor = env_text("AWS_LAMBDA_FUNCTION_NAME") or actor
     cluster = pcs_cluster_id or env_text(PCS_CLUSTER_ENV)
-    if cluster:
-        stack = stack or env_text("GPUCLUSTER_STACK")
-        if not table or not stack:
-            raise ConfigError(f"PCS cluster {cluster}: its node groups are stopped and started only through "
-                              "the stack's guard-state table (a stack with a budget action, autostop or a "
-                              "Capacity Block has one); none found")
-        return StoredNodeGroups(None, make("dynamodb"), table, actor=actor,
-                                capacity=PcsCapacity(make("pcs"), cluster, stack, ec2=make("ec2"),
-                                                     strict_members=strict_members))
-    if table:
-        return StoredNodeGroups(make("autoscaling"), make("dynamodb"), table, actor=actor)
-    return AutoScalingGroups(make("autoscaling"))
+    stack = stack or env_text("GPUCLUSTER_STACK")
+    if cluster and not stack:
+        raise ConfigError(f"PCS cluster {cluster}: its node groups are stopped and started only through "
+                          "the stack's guard-state table (a stack with a budget action, autostop or a "
+                          "Capacity Block has one); none found")
+    return choose_node_groups("slurm" if cluster else "none", make, stack or "", table=table, actor=actor,
+                              cluster_id=cluster, strict_members=strict_members)
 
 
 @dataclass

@@ -1,73 +1,75 @@
 """Day-2 operations against AWS (boto3): one module a concern, clients passed in, no Pulumi import.
 
 Each operation returns a result object and prints nothing, so the CLI, a notebook or a Lambda
-can call it alike. What the flows share is here: `Clients` (how an operation gets a boto3
-client for a service, in the stack's region) and `Spinner` (how it tells the caller what it
-is waiting for: a spinner in the CLI, nothing by default) and `node_groups` (the one place
-operations pick the node-group backend they act through).
+can call it alike. What the flows share is here: `Clients` (the one place a boto3 client is
+built: for one service, in the stack's region), `Spinner` (how an operation tells the caller
+what it is waiting for: a spinner in the CLI, nothing by default), `OpsError` (the base of every
+request the stack cannot answer: one line for the operator). `ops.nodegroups` is the one place
+operations pick the node-group backend they act through.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpucluster.fleet.nodegroups import NodeGroups
+    from gpucluster.spec import StackSpec
 
-Clients = Callable[[str], Any]
-"""A service name -> a boto3 client in the stack's region."""
+# Cost Explorer's API is served from us-east-1 for the commercial partition, whatever the
+# stack's region (AWS General Reference, "AWS Cost Explorer endpoints and quotas").
+CE_REGION = "us-east-1"
+ENDPOINT_REGIONS = {"ce": CE_REGION}
+"""Services with one endpoint region of their own: their clients are built there."""
+
 Spinner = Callable[[str], AbstractContextManager[Any]]
 """Shows `what` while a block runs (a spinner in the CLI)."""
+
+
+class OpsError(ValueError):
+    """A request the stack cannot answer (an unknown node group, no PCS cluster...): one line.
+
+    Every error an operation raises on purpose derives from it, so a caller (the CLI's `ops_call`)
+    turns any of them into one line and exit 2; AWS's own errors stay botocore's."""
+
+
+def make_client(service: str, region: str | None) -> Any:
+    """A plain boto3 client for `service` in `region` (its own endpoint region for a global service).
+
+    The one `boto3.client` of `ops/` and `cli/`: it honours AWS_ENDPOINT_URL (the tests' moto
+    servers) as boto3 does. `region` None: the AWS configuration's (a command without a stack).
+    """
+    import boto3
+
+    return boto3.client(service, region_name=ENDPOINT_REGIONS.get(service, region))
+
+
+@dataclass(frozen=True)
+class Clients:
+    """The boto3 clients of one stack: `clients("ssm")` is an SSM client in `region`, never another.
+
+    `make` (service -> client) replaces how they are built (the CLI's test seam, a notebook's own
+    session); by default `make_client` in `region`. Each service's client is built once.
+    """
+
+    region: str
+    make: Callable[[str], Any] | None = None
+    _built: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, spec: StackSpec) -> Clients:
+        """The clients of `spec`'s stack: in its region."""
+        return cls(spec.region)
+
+    def __call__(self, service: str) -> Any:
+        if service not in self._built:
+            self._built[service] = (self.make(service) if self.make is not None
+                                    else make_client(service, self.region))
+        return self._built[service]
 
 
 def no_spinner(_what: str) -> AbstractContextManager[Any]:
     """The default `Spinner`: shows nothing (a notebook, a Lambda, a test)."""
     return nullcontext()
-
-
-def node_groups(autoscaling_client: Any = None, *, identity: str | None = None,
-                dynamodb_client: Any = None, pcs_cluster_id: str | None = None,
-                pcs_client: Any = None) -> NodeGroups:
-    """The backend the stack's node groups are run by, as the guardrail handlers pick it.
-
-    With the stack's `identity`, its guard-state table (named from the identity by
-    `lambdas.handlers.state_table_name`, as the stack creates it) is looked up: when it exists,
-    operations go through the stored backend, so a person's start or scale takes part in the
-    same conditional writes as the guardrails; a stack without guardrails (or deployed before
-    the table) has none, and its groups' tags are the state. A Slurm stack names its PCS cluster
-    (`pcs_cluster_id`, the stack's `pcs_cluster_id` output): its node groups are the cluster's
-    compute node groups, through the same table (it needs `identity`). Operations read and change node
-    groups only through it (`lambdas.nodegroups.NodeGroups`); boto3 loads here, on the first
-    operation that needs AWS, not when `ops` is imported.
-    """
-    import boto3
-    from botocore.exceptions import ClientError
-
-    from gpucluster.fleet.deployment import state_table_name
-    from gpucluster.fleet.stops import stack_node_groups
-
-    # The table is in the groups' region: the Auto Scaling (or PCS) client's, when one is handed in.
-    region = getattr(getattr(autoscaling_client or pcs_client, "meta", None), "region_name", None)
-
-    def client(service: str) -> Any:
-        if service == "autoscaling":
-            return autoscaling_client or boto3.client(service)
-        if service == "dynamodb":
-            return dynamodb_client or boto3.client(service, region_name=region)
-        if service == "pcs" and pcs_client is not None:
-            return pcs_client
-        return boto3.client(service, region_name=region)
-
-    table = None
-    if identity is not None:
-        name = state_table_name(identity)
-        try:
-            client("dynamodb").describe_table(TableName=name)
-            table = name
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
-                raise
-    return stack_node_groups(client, table=table, actor="gpucluster-cli", pcs_cluster_id=pcs_cluster_id,
-                             stack=identity)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucluster import catalog
+from gpucluster.ops import OpsError
 
 # EC2 user guide, "Find and purchase Capacity Blocks": durations in 1-day steps up to 14 days, then in
 # 7-day steps up to 182 days; up to 64 instances a block.
@@ -31,7 +32,7 @@ PLATFORM = "Linux/UNIX"  # the Deep Learning AMI the node groups launch
 WARNING_BEFORE_END = timedelta(minutes=40)
 
 
-class CapacityError(ValueError):
+class CapacityError(OpsError):
     """Bad input to a capacity command; `option` names the option at fault."""
 
     def __init__(self, option: str, message: str) -> None:

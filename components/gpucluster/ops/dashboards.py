@@ -22,13 +22,14 @@ import yaml
 
 from gpucluster.dashboards import from_spec, rendered, rules_document
 from gpucluster.fleet.tags import STACK_TAG
+from gpucluster.ops import OpsError
 from gpucluster.spec import StackSpec
 
 RULES_FILE = "gpucluster-rules.yml"
 PUSH_TIMEOUT_SECONDS = 30
 
 
-class DashboardsError(ValueError):
+class DashboardsError(OpsError):
     """A Grafana that refused the dashboards, or could not be reached: one line for the operator."""
 
 

@@ -10,7 +10,7 @@ groups (else the guardrails of two deployments act on each other's groups). It a
 live spot prices for `gpucluster cost --live`.
 Every check returns findings with a level (ok, warning, blocker) and reports all it finds.
 It only calls Describe/Get/List APIs, never creates or changes anything, and builds its
-clients with plain `boto3.client(service, region_name=...)` so `AWS_ENDPOINT_URL` works.
+clients through `ops.Clients` (in the stack's region), so `AWS_ENDPOINT_URL` works.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from gpucluster import catalog
 from gpucluster.fleet.awsapi import group_tags, stack_groups
 from gpucluster.fleet.tags import NODE_GROUP_TAG
+from gpucluster.ops import Clients, OpsError, make_client
 from gpucluster.ops.awserrors import describe, from_parser, looks_like_markup
 from gpucluster.ops.capacity import WARNING_BEFORE_END as BLOCK_WARNING_BEFORE_END
 from gpucluster.pricing import Rate, split_nodes
@@ -74,27 +74,8 @@ class DoctorFinding:
     message: str
 
 
-class DoctorError(RuntimeError):
+class DoctorError(OpsError):
     """AWS cannot be asked at all (no credentials, no endpoint): nothing was checked."""
-
-
-@dataclass
-class Clients:
-    ec2: Any
-    quotas: Any
-    ce: Any
-    autoscaling: Any
-    iam: Any = None  # IAM and STS: only for a stack that names a boundary or a break-glass role
-    sts: Any = None
-
-    @classmethod
-    def for_region(cls, region: str) -> Clients:
-        return cls(ec2=boto3.client("ec2", region_name=region),
-                   quotas=boto3.client("service-quotas", region_name=region),
-                   ce=boto3.client("ce", region_name=region),
-                   autoscaling=boto3.client("autoscaling", region_name=region),
-                   iam=boto3.client("iam", region_name=region),
-                   sts=boto3.client("sts", region_name=region))
 
 
 def check_iam_names(spec: StackSpec, iam: Any, sts: Any) -> Iterable[DoctorFinding]:
@@ -492,28 +473,28 @@ def run_checks(spec: StackSpec, clients: Clients | None = None, now: datetime | 
     `own_groups`: the Auto Scaling groups the deployed stack owns (its outputs; an empty set
     before its first deploy), None when not known (see `check_identity`).
     """
-    clients = clients or Clients.for_region(spec.region)
+    clients = clients or Clients.of(spec)
     groups: list[dict[str, Any]] = []
 
     def identity() -> Iterable[DoctorFinding]:
         try:
-            groups.extend(identity_groups(spec, clients.autoscaling))
+            groups.extend(identity_groups(spec, clients("autoscaling")))
         except ClientError as err:
             return [_not_checked("identity", spec.identity, err)]
         return check_identity(spec, groups, own_groups)
 
     def cost_tags() -> Iterable[DoctorFinding]:  # after identity(): deployed = its own groups exist
         deployed = bool(own_groups) if own_groups is not None else bool(groups)
-        return check_cost_tags(spec, clients.ce, deployed=deployed)
+        return check_cost_tags(spec, clients("ce"), deployed=deployed)
 
     checks: list[Callable[[], Iterable[DoctorFinding]]] = [
-        lambda: check_offerings(spec, clients.ec2),
-        lambda: check_efa(spec, clients.ec2),
-        lambda: check_reservations(spec, clients.ec2, now),
-        lambda: check_quotas(spec, clients.quotas),
+        lambda: check_offerings(spec, clients("ec2")),
+        lambda: check_efa(spec, clients("ec2")),
+        lambda: check_reservations(spec, clients("ec2"), now),
+        lambda: check_quotas(spec, clients("service-quotas")),
         identity,
         cost_tags,
-        lambda: check_iam_names(spec, clients.iam, clients.sts),
+        lambda: check_iam_names(spec, clients("iam"), clients("sts")),
     ]
     findings: list[DoctorFinding] = []
     try:
@@ -544,7 +525,7 @@ def fetch_spot_prices(spec: StackSpec, ec2: Any = None, now: datetime | None = N
     Capacity-block groups and groups AWS returns no price for are left out (the cost model
     then uses the catalog's typical discount for them).
     """
-    ec2 = ec2 or boto3.client("ec2", region_name=spec.region)
+    ec2 = ec2 or make_client("ec2", spec.region)
     now = now or datetime.now(UTC)
     rates: dict[str, Rate] = {}
     for group in spec.node_groups:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpucluster.node.bake import recipe_name
+from gpucluster.ops import OpsError
 from gpucluster.spec import StackSpec, baked_image
 
 # EC2 Image Builder API reference, ImageState.status: PENDING, CREATING, BUILDING, TESTING,
@@ -26,7 +27,7 @@ POLL_SECONDS = 60.0
 WAIT_HOURS = 4.0
 
 
-class ImageBuildError(ValueError):
+class ImageBuildError(OpsError):
     """A build the stack cannot start (nothing baked, no such group, not deployed): one line."""
 
 

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import boto3
-
 from gpucluster import catalog
+from gpucluster.fleet.asg import AutoScalingGroups
 from gpucluster.fleet.awsapi import AWS_ERRORS, batches
 from gpucluster.fleet.nodegroups import NodeGroup
-from gpucluster.ops import node_groups
+from gpucluster.ops import OpsError
 
 # EC2 API reference, Instance.InstanceLifecycle: "spot", "scheduled" or "capacity-block"; absent
 # for on-demand instances (reservations included).
@@ -43,7 +42,7 @@ EC2_IDS_PER_CALL = 1000
 SSM_IDS_PER_CALL = 50
 
 
-class NodesError(ValueError):
+class NodesError(OpsError):
     """A request the stack cannot answer (an unknown node group): one line for the operator."""
 
 
@@ -213,24 +212,24 @@ def ssm_ping(ssm: Any, instance_ids: Sequence[str]) -> dict[str, str]:
     return status
 
 
-def stack_nodes(identity: str, *, node_group: str | None = None, autoscaling_client: Any = None,
-                ec2_client: Any = None, ssm_client: Any = None,
+def stack_nodes(identity: str, *, node_group: str | None = None, autoscaling_client: Any,
+                ec2_client: Any, ssm_client: Any,
                 mig_per_gpu: Mapping[str, int] | None = None, now: datetime | None = None) -> list[Node]:
     """Every instance of the stack's groups (of one node group when given), in rank order.
 
     `mig_per_gpu`: node group -> the MIG instances of each of its GPUs (the stack file's `mig`),
     so that their nodes count MIG devices as slots.
     """
-    backend = node_groups(autoscaling_client)  # members only: the tags' view of the stop state suffices
+    # The stack's Auto Scaling groups' members: the tags' view of the stop state suffices.
+    backend = AutoScalingGroups(autoscaling_client)
     groups = select_groups(backend.list_groups(identity), node_group)
     members = [(g, m) for g in groups for m in g.members]
     if not members:
         return []
     ids = [m.instance_id for _, m in members]
-    described = describe_instances(ec2_client or boto3.client("ec2"), ids)
-    ping = ssm_ping(ssm_client or boto3.client("ssm"), ids)
-    autoscaling = autoscaling_client or boto3.client("autoscaling")
-    launches = {g.name: group_launches(autoscaling, g.name) for g in groups if g.members}
+    described = describe_instances(ec2_client, ids)
+    ping = ssm_ping(ssm_client, ids)
+    launches = {g.name: group_launches(autoscaling_client, g.name) for g in groups if g.members}
     now = now or datetime.now(UTC)
     nodes = []
     for group, member in members:

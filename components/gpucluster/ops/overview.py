@@ -1,8 +1,8 @@
 """A deployed stack at a glance: its node groups' capacity, stops, GPU health and use, its dashboard,
 and its spend so far as the spend guard sees it.
 
-This is `gpucluster status` without the command line: one call reads the stack's Auto
-Scaling groups and GPU metrics (`gpucluster.ops.status`), names its CloudWatch dashboard,
+This is `gpucluster status` without the command line: one call reads the stack's node
+groups and GPU metrics (`gpucluster.ops.status`), names its CloudWatch dashboard,
 checks that the budget's cost-allocation tag is active, and measures month-to-date spend,
 burn rate and when the limit will be hit with the spend guard's own functions
 (`gpucluster.fleet.spendguard.measure`, `accrual.decide`). Read-only; it prints nothing.
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gpucluster.ops import Clients, Spinner, no_spinner
 
 if TYPE_CHECKING:
+    from gpucluster.ops.nodegroups import Fleet
     from gpucluster.ops.status import GroupStatus
     from gpucluster.spec import StackSpec
 
@@ -36,8 +37,8 @@ class StackOverview:
     """Why the spend could not be read (Cost Explorer denied, throttled...)."""
 
 
-def spend_now(spec: StackSpec, *, clients: Clients, ce: Any, now: datetime | None = None,
-              pcs_cluster_id: str | None = None) -> tuple[dict[str, Any] | None, str | None]:
+def spend_now(spec: StackSpec, fleet: Fleet, *, ce: Any,
+              now: datetime | None = None) -> tuple[dict[str, Any] | None, str | None]:
     """(spend document, error): what the spend guard would compute now, read-only.
 
     The limit is the budget's action threshold (the guard's stop), or the monthly limit when the
@@ -46,7 +47,6 @@ def spend_now(spec: StackSpec, *, clients: Clients, ce: Any, now: datetime | Non
     from gpucluster.fleet.accrual import PriceError, Prices, decide, when_limit
     from gpucluster.fleet.awsapi import AWS_ERRORS
     from gpucluster.fleet.spendguard import measure
-    from gpucluster.ops import node_groups
     from gpucluster.pricing import guard_prices
 
     budget = spec.budget
@@ -55,11 +55,8 @@ def spend_now(spec: StackSpec, *, clients: Clients, ce: Any, now: datetime | Non
     now = now or datetime.now(UTC)
     limit = budget.monthly_limit_usd * (budget.action_threshold_percent or 100) / 100
     try:
-        # A Slurm stack's groups are its PCS cluster's, through the guard state (which needs the identity).
-        backend = node_groups(clients("autoscaling"), identity=spec.identity if pcs_cluster_id else None,
-                              pcs_cluster_id=pcs_cluster_id)
-        groups, spend = measure(spec.identity, backend, clients("ec2"), ce,
-                                clients("cloudwatch"), Prices.from_json(guard_prices(spec)), now)
+        groups, spend = measure(spec.identity, fleet.groups, fleet.clients("ec2"), ce,
+                                fleet.clients("cloudwatch"), Prices.from_json(guard_prices(spec)), now)
     except AWS_ERRORS as exc:
         return None, f"spend not read: {exc}"
     except PriceError as exc:
@@ -77,19 +74,20 @@ def spend_now(spec: StackSpec, *, clients: Clients, ce: Any, now: datetime | Non
 
 
 def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
-                   progress: Spinner = no_spinner, pcs_cluster_id: str | None = None) -> StackOverview:
-    """The stack's groups with their health, its dashboard, the cost-tag check (`ce`: Cost Explorer)."""
+                   progress: Spinner = no_spinner) -> StackOverview:
+    """The stack's groups with their health, its dashboard, the cost-tag check (`ce`: Cost Explorer).
+
+    The node-group backend is chosen once (`ops.nodegroups.stack_fleet`) for the status and the spend."""
     from gpucluster.names import dashboard_name, dashboard_url
     from gpucluster.noderole import gpu_metric_namespace
     from gpucluster.ops.doctor import cost_tag_warning
+    from gpucluster.ops.nodegroups import stack_fleet
     from gpucluster.ops.status import stack_status
 
     url = dashboard_url(spec.region, dashboard_name(spec.cluster.name, spec.region))
     with progress(f"reading {spec.stack}'s Auto Scaling groups and GPU metrics in {spec.region}"):
-        groups = stack_status(spec.identity, autoscaling_client=clients("autoscaling"),
-                              cloudwatch_client=clients("cloudwatch"), health=True,
-                              metric_namespace=gpu_metric_namespace(spec.cluster.name),
-                              pcs_cluster_id=pcs_cluster_id)
+        fleet = stack_fleet(spec, clients)
+        groups = stack_status(fleet, health=True, metric_namespace=gpu_metric_namespace(spec.cluster.name))
     with progress("checking the budget's cost-allocation tag"):
         warning = cost_tag_warning(spec, ce)
     grafana = None
@@ -99,5 +97,5 @@ def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
         with progress("finding the stack's Grafana workspace"):
             grafana = grafana_url(spec, clients("grafana"))
     with progress("measuring spend so far (Cost Explorer + running instances)"):
-        spend, error = spend_now(spec, clients=clients, ce=ce, pcs_cluster_id=pcs_cluster_id)
+        spend, error = spend_now(spec, fleet, ce=ce)
     return StackOverview(groups, url, warning, grafana_url=grafana, spend=spend, spend_error=error)

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from gpucluster.fleet.tags import STACK_TAG
-from gpucluster.ops.nodes import NodesError
+from gpucluster.ops import OpsError
 
 
-class NoPcsCluster(NodesError):
+class NoPcsCluster(OpsError):
     """The Slurm stack has no PCS cluster in its region (not deployed, or deployed elsewhere)."""
 
 

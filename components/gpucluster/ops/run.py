@@ -44,6 +44,7 @@ from gpucluster.fleet.runcommand import (
     send_command,
     wait,
 )
+from gpucluster.ops import OpsError
 from gpucluster.ops.nodes import Node
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default (torch.distributed.run --master-port)
@@ -63,7 +64,7 @@ TAIL_LINES = 20
 __all__ = ["CHECKPOINT_DONE", "CHECKPOINT_REQUEST", "JOB_TOOL"]
 
 
-class RunError(ValueError):
+class RunError(OpsError):
     """The job cannot be prepared (no nodes in service, a node without an address): one line."""
 
 

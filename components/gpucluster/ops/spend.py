@@ -39,6 +39,7 @@ from gpucluster.fleet.spendreport import (
 )
 from gpucluster.fleet.tags import STACK_TAG
 from gpucluster.noderole import gpu_metric_namespace
+from gpucluster.ops import OpsError
 from gpucluster.ops.awserrors import AWS_ERRORS, describe
 from gpucluster.spec import StackSpec
 
@@ -50,7 +51,7 @@ NODE_HOURS_SLACK = 1.1
 SPOT_SHARE_SLACK_POINTS = 15.0
 
 
-class SpendError(ValueError):
+class SpendError(OpsError):
     """Bad --days / --month, or a stack that cannot be priced."""
 
 

@@ -1,35 +1,26 @@
-"""Operator actions on a running stack: resume what guardrails stopped, and show group status.
+"""What `gpucluster status` shows of each node group: capacity, who stopped it, health and GPU use.
 
-These back `gpucluster resume STACK` and `gpucluster status STACK`. They talk
-to AWS with plain boto3 clients (so AWS_ENDPOINT_URL is honoured) and read and
-restore node groups through the Lambdas' own seam (`gpucluster.fleet.nodegroups`).
-With `health=True` the status also reads, per group, how many nodes in service
-are healthy, the GPU utilisation of the last 15 minutes (the CloudWatch agent's
-per-group series) and the last node the group replaced for its health, with
-the reason Auto Scaling recorded (read-only, like all of status).
-Resuming is planned first (`plan_resume`, read-only, for the operator to see
-and confirm) and then done on the groups shown, each described again right
-before its write. It only restores capacity recorded by a guardrail; nothing
-is ever deleted.
+`stack_status` reads a stack's groups through its node-group backend (`ops.nodegroups.Fleet`: the guardrails'
+own seam, `gpucluster.fleet.nodegroups`). With `health=True` it also reads, per group, how many
+nodes in service are healthy, the GPU utilisation of the last 15 minutes (the CloudWatch agent's
+per-group series) and the last node the group replaced for its health, with the reason Auto
+Scaling recorded. Read-only: `stop`, `start` and `resume` show it after they changed something.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
-
-import boto3
+from typing import TYPE_CHECKING, Any
 
 from gpucluster.fleet.awsapi import batches
-from gpucluster.fleet.nodegroups import STOP_FAILED, ResumeResult, resume_decision
+from gpucluster.fleet.nodegroups import STOP_FAILED
 from gpucluster.node.userdata import GPU_METRIC_DIMENSION, GPU_UTILIZATION_METRIC
-from gpucluster.ops import node_groups
-from gpucluster.ops.nodes import GETTING_READY, NodesError, group_launches
+from gpucluster.ops.nodes import GETTING_READY, group_launches
 
-__all__ = ["GroupStatus", "Replacement", "ResumeCandidate", "ResumeResult", "plan_resume", "resume_stack",
-           "stack_status"]
+if TYPE_CHECKING:
+    from gpucluster.ops.nodegroups import Fleet
 
 UTILIZATION_WINDOW = timedelta(minutes=15)
 # What Auto Scaling writes in a scaling activity when it lets a node go for its health (EC2 Auto
@@ -87,121 +78,12 @@ class GroupStatus:
         return self.state == STOP_FAILED
 
 
-@dataclass(frozen=True)
-class ResumeCandidate:
-    """One group of the stack and what `resume` would do to it (nothing is changed yet)."""
-
-    decision: ResumeResult
-    """action "resume" (with the min/desired it would restore) or "skipped" (with why)."""
-    node_group: str | None
-    """From the group's gpucluster:node-group tag; None when the tag is missing."""
-    desired_now: int
-    max_size: int
-
-    @property
-    def group(self) -> str:
-        return self.decision.group
-
-    @property
-    def added_nodes(self) -> int:
-        """Nodes the resume would start on top of what the group runs now."""
-        if self.decision.desired_capacity is None:
-            return 0
-        return max(0, self.decision.desired_capacity - self.desired_now)
-
-
-def plan_resume(
-    stack: str,
-    *,
-    autoscaling_client: Any = None,
-    only_stopped_by: Collection[str] | None = None,
-    pcs_cluster_id: str | None = None,
-) -> list[ResumeCandidate]:
-    """What resuming the stack would do to each of its groups, sorted by name; read-only.
-
-    `pcs_cluster_id`: a Slurm stack's PCS cluster (its `pcs_cluster_id` output): its groups are the
-    cluster's compute node groups (`ops.node_groups`)."""
-    backend = node_groups(autoscaling_client, identity=stack, pcs_cluster_id=pcs_cluster_id)
-    return [
-        ResumeCandidate(
-            decision=resume_decision(group, only_stopped_by),
-            node_group=group.node_group,
-            desired_now=group.desired,
-            max_size=group.max_size,
-        )
-        for group in backend.list_groups(stack)
-    ]
-
-
-def resume_stack(
-    stack: str,
-    *,
-    autoscaling_client: Any = None,
-    only_stopped_by: Collection[str] | None = None,
-    shown: Mapping[str, str | None] | None = None,
-    pcs_cluster_id: str | None = None,
-    ssm_client: Any = None,
-    ec2_client: Any = None,
-) -> list[ResumeResult]:
-    """Restore every guardrail-stopped group of the stack to its recorded min/desired.
-
-    The operator's resume undoes any stop, budget included: a person decided.
-    `only_stopped_by` narrows it (e.g. {"idle"}). Groups not stopped are skipped.
-    `shown` (group -> the stopped-by the operator saw and confirmed) limits the
-    resume to those groups, and skips any whose stop changed since: a person
-    who confirmed undoing an idle stop has not agreed to undo a budget stop.
-    Each group is described again right before its write. On a Slurm stack (`pcs_cluster_id`) the
-    running groups' partitions are then set UP on the login node (`lambdas.slurmhold`); a release
-    that fails raises `SlurmReleaseError` (capacity is back; running resume again releases them).
-    """
-    backend = node_groups(autoscaling_client, identity=stack, pcs_cluster_id=pcs_cluster_id)
-    names = [g.name for g in backend.list_groups(stack)]
-    results = []
-    for name in names:
-        if shown is not None and name not in shown:
-            continue
-        for group in backend.read_groups([name]):
-            label = group.stopped_by
-            if shown is not None and label != shown[name]:
-                now = f"stopped by {label}" if label else "no longer stopped by a guardrail"
-                results.append(ResumeResult(name, "skipped", label,
-                                            reason=f"changed since shown: now {now}"))
-                continue
-            results.append(backend.restore(group, only_stopped_by=only_stopped_by))
-    if pcs_cluster_id:
-        release_partitions_after(backend, stack, ssm_client, ec2_client)
-    return results
-
-
-class SlurmReleaseError(NodesError):
-    """The capacity is back but the partitions stay held: the login node did not set them UP."""
-
-
-def release_partitions_after(backend: Any, stack: str, ssm_client: Any = None,
-                             ec2_client: Any = None) -> None:
-    """Set UP the partitions of every running group not stopped (idempotent: a second run is harmless)."""
-    from gpucluster.fleet.slurmhold import release_partitions
-
-    partitions = [g.label for g in backend.list_groups(stack) if g.running and not g.stopped_by]
-    if not partitions:
-        return
-    result = release_partitions(ssm_client or boto3.client("ssm"), ec2_client or boto3.client("ec2"), stack,
-                                partitions)
-    if not result.ok:
-        held = ", ".join(partitions)
-        raise SlurmReleaseError(f"partitions {held} still held (login node: {result.summary()}); "
-                                "run the command again")
-
-
 def stack_status(
-    stack: str,
+    fleet: Fleet,
     *,
-    autoscaling_client: Any = None,
-    cloudwatch_client: Any = None,
     health: bool = False,
     metric_namespace: str = "",
     now: datetime | None = None,
-    pcs_cluster_id: str | None = None,
 ) -> list[GroupStatus]:
     """Capacity and guardrail state of each group of the stack, sorted by name.
 
@@ -209,12 +91,11 @@ def stack_status(
     `metric_namespace`, noderole.gpu_metric_namespace) and last health replacement: one
     GetMetricData for all groups, one activity page per group.
     """
-    autoscaling = autoscaling_client or boto3.client("autoscaling")
-    groups = node_groups(autoscaling, identity=stack, pcs_cluster_id=pcs_cluster_id).list_groups(stack)
+    autoscaling = fleet.clients("autoscaling")
+    groups = fleet.groups.list_groups(fleet.identity)
     usage: dict[str, tuple[float | None, float | None]] = {}
     if health and groups:
-        cloudwatch = cloudwatch_client or boto3.client("cloudwatch")
-        usage = gpu_utilization(cloudwatch, metric_namespace, [g.name for g in groups],
+        usage = gpu_utilization(fleet.clients("cloudwatch"), metric_namespace, [g.name for g in groups],
                                 now or datetime.now(UTC))
     rows = []
     for group in groups:

@@ -185,7 +185,7 @@ def run(
 
     outcome = ops_call("run", lambda: backend(spec).run(request, progress=render.progress, on_start=started,
                                                          on_change=changed), None)
-    raise typer.Exit((run_json if as_json else run_text)(spec, request, outcome))
+    raise typer.Exit(run_json(spec, request, outcome) if as_json else run_text(spec, stack, request, outcome))
 
 
 def run_started(request: RunRequest, outcome: Any) -> list[str]:
@@ -264,10 +264,10 @@ def run_json(spec: StackSpec, request: RunRequest, outcome: Any) -> int:
     return run_exit(outcome)
 
 
-def run_text(spec: StackSpec, request: RunRequest, outcome: Any) -> int:
+def run_text(spec: StackSpec, stack: str, request: RunRequest, outcome: Any) -> int:
     """`run`: the script of each node or the batch script (a dry run), each node's end and output
-    tail (the launcher), or the job id (a scheduler)."""
-    stack = spec.stack
+    tail (the launcher), or the job id (a scheduler). The next commands name the stack as given
+    (`stack`, the launcher) or by its name (a scheduler)."""
     if isinstance(outcome, Batch):
         batch_refused(outcome)
         if not outcome.sent:
@@ -278,9 +278,9 @@ def run_text(spec: StackSpec, request: RunRequest, outcome: Any) -> int:
             render.say("dry run: nothing sent")
             return EXIT_OK
         render.say(f"run: submitted job {outcome.job_id} ({outcome.job_name}, {outcome.nodes} node(s)) to "
-                   f"partition {outcome.group}; follow it with `gpucluster logs {stack} {outcome.job_id} "
-                   f"--follow`, list with `gpucluster jobs {stack}`, stop it with `gpucluster cancel {stack} "
-                   f"{outcome.job_id}`")
+                   f"partition {outcome.group}; follow it with `gpucluster logs {spec.stack} "
+                   f"{outcome.job_id} --follow`, list with `gpucluster jobs {spec.stack}`, stop it with "
+                   f"`gpucluster cancel {spec.stack} {outcome.job_id}`")
         typer.echo(outcome.job_id)
         return EXIT_OK
     launch, done = outcome.run, outcome.outcome

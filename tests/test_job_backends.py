@@ -8,17 +8,21 @@ import json
 import sys
 import types
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import pytest
 from typer.testing import CliRunner
 
 from gpucluster.cli import app, common
+from gpucluster.cli.jobs import run_exit
 from gpucluster.ops import Clients, Spinner, no_spinner
 from gpucluster.ops.jobbackends import BACKENDS, Batch, JobBackend, Queue, RunRequest, job_backend
 from gpucluster.ops.jobbackends.launcher import LauncherJobs
 from gpucluster.ops.jobbackends.slurm import SlurmJobs
-from gpucluster.ops.run import RunError
+from gpucluster.ops.launch import Launched, RestartRecord, RunOutcome, RunPlan
+from gpucluster.ops.nodes import Node, ranked
+from gpucluster.ops.run import JobResult, NodeResult, RunError, plan_job
 from gpucluster.ops.slurmjobs import CancelOutcome, LoginNode
 from gpucluster.project import load_stack
 from gpucluster.slurm.queue import SlurmJob
@@ -156,3 +160,48 @@ def test_a_third_backends_refusal_and_login_target_are_what_the_cli_prints(queue
     login = runner.invoke(app, ["login", queue_stack, "--json"])
     assert login.exit_code == 0, login.output
     assert json.loads(login.stdout)["instance_id"] == "i-queue"
+
+
+def launched(job: JobResult, *, restart: RestartRecord | None = None, interrupted: bool = False,
+             sent: bool = True) -> Launched:
+    plan = plan_job(NODES, "true", log_group="/x", detach="train" if restart else None)
+    return Launched(RunPlan("acme/x", "g", plan, None),
+                    RunOutcome(job, restart, interrupted) if sent else None)
+
+
+def node_result(rank: int, ok: bool = True) -> NodeResult:
+    return NodeResult(rank, f"i-0{rank}", f"c{rank}", "Success" if ok else "Failed", 0 if ok else 1)
+
+
+NODES = ranked([Node(f"i-0{n}", "g", "asg", "p5.48xlarge", "us-east-1a", f"10.0.0.{n + 5}", "on-demand",
+                     "running", "InService", "Healthy", datetime(2025, 1, 1, n, tzinfo=UTC), "Online")
+                for n in range(2)])
+DONE = JobResult([node_result(0), node_result(1)])
+
+
+@pytest.mark.parametrize(("outcome", "code"), [
+    (launched(DONE, sent=False), 0),  # a dry run
+    (launched(DONE), 0),
+    (launched(JobResult([node_result(0), node_result(1, ok=False)])), 1),
+    (launched(JobResult([node_result(0)], cancelled=True)), 1),
+    (launched(JobResult([node_result(0), node_result(1, ok=False)]), interrupted=True), 130),
+    (launched(DONE, restart=RestartRecord("/p", stored=True)), 0),
+    (launched(DONE, restart=RestartRecord("/p", ok=False, message="not stored")), 1),
+    (Batch("slurm", "train", "t", 2, 1000, "#!/bin/bash", "submit"), 0),
+    (Batch("slurm", "train", "t", 2, 1000, "#!/bin/bash", "submit", True, "42", "i-login"), 0),
+    (Batch("slurm", "train", "t", 2, 1000, "#!/bin/bash", "submit", True, None, "i-login", "sbatch: no"), 1),
+])
+def test_runs_exit_code_is_decided_from_its_outcome_alone(outcome: Any, code: int) -> None:
+    assert run_exit(outcome) == code
+
+
+def test_the_slurm_backend_takes_job_ids_and_refuses_what_names_more_than_one_job(write_stack: Any) -> None:
+    jobs = job_backend(load_stack(str(write_stack(slurm_config(), "slurmy")))[2], lambda service: None)
+    assert jobs.job_id("42", group=None) == "42"
+    for job, group, node, says in [("train", None, None, r"a Slurm job id \(digits"),
+                                   ("42", "train", None, "--group: a Slurm job id names one job"),
+                                   ("42", None, "1", "--node: a Slurm job id names one job")]:
+        with pytest.raises(RunError, match=says):
+            jobs.job_id(job, group=group, node=node)
+    with pytest.raises(RunError, match="add --detach"):
+        jobs.run(RunRequest("train", "true"))

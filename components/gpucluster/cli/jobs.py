@@ -8,6 +8,7 @@ there): a command calls one of its methods, which returns one outcome, and rende
 as text or as JSON (a `*_text` and a `*_json` function each, which return the exit code). The
 NCCL test is the launcher's own flow (`ops.nccl`). It must never import another command module.
 """
+
 from __future__ import annotations
 
 import json

@@ -12,6 +12,7 @@ tmp_path, so none of them can pass for want of reading anything.
 
 from __future__ import annotations
 
+import ast
 import sys
 import textwrap
 from collections import defaultdict
@@ -40,6 +41,8 @@ CLI_TABLE = "gpucluster.cli.entry"
 """The command table: registers every command module's commands on the app, in `--help` order."""
 CLI_SHARED = frozenset({CLI, f"{CLI}.__main__", f"{CLI}.common", f"{CLI}.render", CLI_TABLE})
 """The CLI modules that hold no command: the shared options and helpers, the renderer, the table."""
+JOB_BACKENDS = "gpucluster.ops.jobbackends"
+"""The job-backend interface and its chooser; each backend is a module below it, which the CLI never names."""
 
 
 @cache
@@ -149,6 +152,21 @@ def command_module_imports(graph: ImportGraph, shared: frozenset[str] = CLI_SHAR
             if target in commands or target == CLI_TABLE]
 
 
+def cli_imports_of_job_backends(graph: ImportGraph) -> list[str]:
+    """Imports by a CLI module of a job backend's module: the CLI gets its backend from the chooser."""
+    edges = graph.edges()
+    return [f"{module} ({'; '.join(i.where() for i in statements)}) imports job backend {target}"
+            for module in graph.under(CLI) for target, statements in sorted(edges[module].items())
+            if target.startswith(JOB_BACKENDS + ".")]
+
+
+def cli_reads_of_scheduler(graph: ImportGraph) -> list[str]:
+    """`.scheduler` read on anything in a CLI module: which scheduler runs the jobs is the job backend's."""
+    return [f"{module} (line {node.lineno}): .scheduler" for module in graph.under(CLI)
+            for node in ast.walk(graph.modules[module].tree)
+            if isinstance(node, ast.Attribute) and node.attr == "scheduler"]
+
+
 def oversized_modules(graph: ImportGraph) -> list[str]:
     return [f"{graph.relative(name)}: {module.lines} lines" for name, module in sorted(graph.modules.items())
             if module.lines > MAX_LINES]
@@ -199,6 +217,16 @@ def test_no_command_module_imports_another() -> None:
     assert {f"{CLI}.{m}" for m in ("planning", "fleet", "jobs", "capacity")} <= set(command_modules(graph))
     assert not report, (f"command modules ({', '.join(command_modules(graph))}) import each other; they "
                         "share only the CLI's shared module:\n" + "\n".join(report))
+
+
+def test_no_cli_module_imports_a_job_backend() -> None:
+    report = cli_imports_of_job_backends(repo_graph())
+    assert not report, "CLI modules naming a job backend (ask ops.jobbackends):\n" + "\n".join(report)
+
+
+def test_no_cli_module_reads_the_scheduler() -> None:
+    report = cli_reads_of_scheduler(repo_graph())
+    assert not report, "CLI modules reading spec.scheduler (ask the job backend):\n" + "\n".join(report)
 
 
 def test_no_module_over_900_lines() -> None:
@@ -310,6 +338,8 @@ GOOD = {
                            "import json\n",
     "ops/__init__.py": "",
     "ops/scale.py": "import boto3\nfrom gpucluster.fleet import shared\nfrom gpucluster import stack\n",
+    "ops/jobbackends/__init__.py": "BACKENDS = {'none': 'gpucluster.ops.jobbackends.launcher'}\n",
+    "ops/jobbackends/launcher.py": "from gpucluster.ops.jobbackends import BACKENDS\n",
     "policy/__init__.py": "",
     "policy/records.py": "from collections.abc import Mapping\n",
     "policy/rules/__init__.py": "from gpucluster.policy.rules import iam\nRULES = [iam.rule]\n",
@@ -327,6 +357,8 @@ GOOD = {
         @app.command()
         def plan() -> None:
             from gpucluster.ops import scale
+            from gpucluster.ops.jobbackends import job_backend
+            job_backend(spec).refusal("plan")
         """,
     "cli/nodes.py": """
         from gpucluster.cli import shared
@@ -348,9 +380,11 @@ def test_every_check_passes_on_a_package_laid_out_as_designed(tmp_path: Path) ->
     shared = frozenset({"gpucluster.cli", "gpucluster.cli.shared", "gpucluster.cli.main"})
     assert command_modules(graph, shared) == ["gpucluster.cli.nodes", "gpucluster.cli.plan"]
     assert targets(graph, "gpucluster.cli.plan") == {"gpucluster.cli.shared": [1],
-                                                     "gpucluster.ops.scale": [5]}
+                                                     "gpucluster.ops.scale": [5],
+                                                     "gpucluster.ops.jobbackends": [6]}
     for check in (import_cycles, spec_imports_above_it, fleet_imports_outside, lambda_imports_outside,
-                  policy_rule_imports_of_pulumi, cli_private_imports, oversized_modules):
+                  policy_rule_imports_of_pulumi, cli_private_imports, oversized_modules,
+                  cli_imports_of_job_backends, cli_reads_of_scheduler):
         assert check(graph) == [], check.__name__
     assert command_module_imports(graph, shared) == []
 
@@ -399,7 +433,17 @@ BAD = {
             commands._aws_call()
 
         app.command("run")(run)
+
+        def cancel(spec) -> None:
+            from gpucluster.ops.jobbackends import slurm
+            from gpucluster.ops.jobbackends.launcher import backend
+            if spec.scheduler.slurm:
+                slurm.backend(spec).cancel()
         """,
+    "ops/__init__.py": "",
+    "ops/jobbackends/__init__.py": "",
+    "ops/jobbackends/slurm.py": "",
+    "ops/jobbackends/launcher.py": "",
     "big.py": "x = 1\n" * (MAX_LINES + 1),
 }
 
@@ -430,6 +474,10 @@ BAD = {
         "gpucluster.cli.commands (line 9) imports command module gpucluster.cli.jobs",
         "gpucluster.cli.jobs (line 1; line 2) imports command module gpucluster.cli.commands"]),
     (oversized_modules, [f"src/gpucluster/big.py: {MAX_LINES + 1} lines"]),
+    (cli_imports_of_job_backends, [
+        "gpucluster.cli.jobs (line 11) imports job backend gpucluster.ops.jobbackends.launcher",
+        "gpucluster.cli.jobs (line 10) imports job backend gpucluster.ops.jobbackends.slurm"]),
+    (cli_reads_of_scheduler, ["gpucluster.cli.jobs (line 12): .scheduler"]),
 ])
 def test_every_check_names_the_offenders_of_a_package_that_breaks_it(
         tmp_path: Path, check: object, report: list[str]) -> None:

@@ -9,7 +9,7 @@ another command module.
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -356,39 +356,47 @@ def render_nodes(nodes: list[Node]) -> list[str]:
          for n in nodes])
 
 
-def with_metrics(spec: StackSpec, found: list[Node]) -> list[Node]:
-    """`found` with each node's metrics verdict, when the stack writes to Prometheus."""
-    if not found or not spec.observability.prometheus.active:
-        return found
-    import boto3
-
-    from gpucluster.ops.metrics import metrics_status
-
-    with render.progress("asking the Prometheus workspace which nodes write"):
-        session = boto3.session.Session(region_name=spec.region)
-        status = metrics_status(spec, [n.instance_id for n in found], amp=common.client(spec, "amp"),
-                                credentials=session.get_credentials())
-    return [replace(n, metrics=status[n.instance_id]) for n in found]
-
-
 def nodes(
     stack: StackArg,
     group: GroupOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM, readiness."""
-    from gpucluster.ops.launch import find_nodes
+    from gpucluster.ops.jobbackends import job_backend
 
     render.use_json(as_json)
     spec = build_spec(stack)
-    if spec.scheduler.slurm:
-        slurm_nodes(spec, group, as_json)
-        return
-    found = ops_call("nodes", lambda: find_nodes(spec, group, clients=common.clients(spec),
-                                                 progress=render.progress), None)
-    found = with_metrics(spec, found)
+    jobs = job_backend(spec, common.clients(spec))
+    found = ops_call("nodes", lambda: jobs.nodes(group, progress=render.progress), None)
     if as_json:
-        render.emit(head(spec, nodes=[n.as_json() for n in found]))
+        nodes_json(spec, found)
+    else:
+        nodes_text(spec, stack, group, found)
+
+
+def nodes_json(spec: StackSpec, found: Any) -> None:
+    """`nodes --json`: each node (a scheduler's: beside the instance behind it)."""
+    from gpucluster.ops.jobbackends import SchedulerNodes
+
+    if isinstance(found, SchedulerNodes):
+        render.emit(head(spec, scheduler=found.scheduler_name, nodes=[v.as_json() for v in found.views]))
+        return
+    render.emit(head(spec, nodes=[n.as_json() for n in found]))
+
+
+def nodes_text(spec: StackSpec, stack: str, group: str | None, found: Any) -> None:
+    """`nodes`: a line of totals, then a table of the nodes."""
+    from gpucluster.ops.jobbackends import SchedulerNodes
+
+    if isinstance(found, SchedulerNodes):
+        views = found.views
+        known = [v for v in views if v.slurm is not None]
+        running = sum(1 for v in views if v.as_json()["ec2_state"] == "running")
+        render.say(f"stack {spec.stack} ({spec.region}), Slurm: {len(known)} Slurm node(s)"
+                   f"{f' in partition {group}' if group else ''}, {running} running instance(s) "
+                   "(a Slurm node with no instance is powered down: PCS launches it for a job)")
+        for line in render.slurm_node_lines(views):
+            render.say(line)
         return
     if not found:
         render.say(f"stack {spec.stack} ({spec.region}): no nodes"
@@ -401,24 +409,6 @@ def nodes(
                f"{sum(n.in_service for n in found)} in service"
                + (f", {waiting} getting ready (not targeted until ready)" if waiting else ""))
     for line in render_nodes(found):
-        render.say(line)
-
-
-def slurm_nodes(spec: StackSpec, group: str | None, as_json: bool) -> None:
-    """`nodes` on a Slurm stack: sinfo's nodes (through the login node) beside the stack's instances."""
-    from gpucluster.ops.slurmjobs import slurm_nodes as views_of
-
-    views = ops_call("nodes", lambda: views_of(spec, group=group, clients=common.clients(spec),
-                                               progress=render.progress), None)
-    if as_json:
-        render.emit(head(spec, scheduler="slurm", nodes=[v.as_json() for v in views]))
-        return
-    known = [v for v in views if v.slurm is not None]
-    running = sum(1 for v in views if v.as_json()["ec2_state"] == "running")
-    render.say(f"stack {spec.stack} ({spec.region}), Slurm: {len(known)} Slurm node(s)"
-               f"{f' in partition {group}' if group else ''}, {running} running instance(s) "
-               "(a Slurm node with no instance is powered down: PCS launches it for a job)")
-    for line in render.slurm_node_lines(views):
         render.say(line)
 
 

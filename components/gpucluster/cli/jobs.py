@@ -1,11 +1,12 @@
-"""Commands that run work on a deployed stack's nodes: run (and --nccl-test), hostfile, jobs, logs, cancel.
+"""Commands that run work on a stack's nodes: run (and --nccl-test), hostfile, jobs, logs, cancel, login.
 
 It owns their options, their output (each node's status and output tail, tables, the NCCL
 bandwidth table and verdict, `--json` documents) and exit codes (0 fine, 1 a node failed or
-the change was declined, 2 invalid input or an AWS error, 130 interrupted). The flows are
-`gpucluster.ops.launch` (nodes, job plan, start, restart records), `ops.jobs` (detached jobs)
-and `ops.nccl`: a command calls one of them (a plan, then its start) and renders the result.
-It must never import another command module.
+the change was declined, 2 invalid input or an AWS error, 130 interrupted). The work is the
+stack's job backend's (`gpucluster.ops.jobbackends`: the launcher or Slurm, chosen from the spec
+there): a command calls one of its methods, which returns one outcome, and renders that outcome
+as text or as JSON (a `*_text` and a `*_json` function each, which return the exit code). The
+NCCL test is the launcher's own flow (`ops.nccl`). It must never import another command module.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ from gpucluster.cli.common import (
     head,
     ops_call,
 )
+from gpucluster.ops.jobbackends import Batch, NodeLine, Queue
 
 if TYPE_CHECKING:
+    from gpucluster.ops.jobbackends import JobBackend, RunRequest
     from gpucluster.ops.joblogs import Ending
-    from gpucluster.ops.jobs import NodeAnswers
+    from gpucluster.ops.jobs import FollowSession
     from gpucluster.ops.nodes import Node
     from gpucluster.ops.run import JobPlan, NodeResult
     from gpucluster.spec import StackSpec
@@ -152,7 +155,7 @@ def run(
     object at the end (each node's status, exit code and output tail; with --nccl-test the bus
     bandwidth per size and the verdict), nothing while it runs.
     """
-    from gpucluster.ops.launch import plan_run, start_run
+    from gpucluster.ops.jobbackends import RunRequest
 
     render.use_json(as_json)
     if not group:
@@ -168,95 +171,155 @@ def run(
     if restart_on_replace and not detach:
         fail_usage("run", "--restart-on-replace restarts detached jobs: add --detach")
     spec = build_spec(stack)
-    text = " ".join(command or [])
-    if spec.scheduler.slurm:
-        slurm_run(spec, group, text, detach=detach, dry_run=dry_run, name=name, nodes=nodes,
-                  restart_on_replace=restart_on_replace, master_port=master_port, workdir=workdir,
-                  timeout=timeout, as_json=as_json)
-        return
-    if nodes is not None:
-        fail_usage("run", "--nodes: only on a Slurm stack (the launcher runs on every in-service node of "
-                          "the group)")
-    launch = ops_call("run", lambda: plan_run(
-        spec, group, text, clients=common.clients(spec), progress=render.progress, detach=detach, name=name,
-        restart_on_replace=restart_on_replace, master_port=master_port, workdir=workdir, timeout=timeout),
-        None)
-    plan, record = launch.plan, launch.record
-    top = head(spec, group=group, command=text, job=plan.detach, log_group=plan.log_group,
-               master_addr=launch.master_addr, restart_on_replace=restart_on_replace)
-    if dry_run:
-        where = launch.record_parameter
-        if as_json:
-            render.emit({**top, "dry_run": True, "ranks": [
-                {"rank": r.rank, "instance_id": r.node.instance_id, "private_ip": r.node.private_ip,
-                 "instance_type": r.node.instance_type, "script": plan.script(r)} for r in plan.ranks],
-                "restart_record": None if record is None else {"parameter": where, "record": record}})
-            return
-        lines = render_dry_run(plan)
-        if record is not None:  # the record as it would be stored, one JSON key a line
-            lines[-1:-1] = [*render.wrap(f"restart-on-replace: would record {where}:", hang=""),
-                            *json.dumps(record, indent=2, sort_keys=True).splitlines()]
-        for line in lines:
-            typer.echo(line)
-        return
-    ssm = common.client(spec, "ssm")
-    if not as_json:
-        render.say(f"run on {len(plan.ranks)} node(s) of {group}, MASTER_ADDR {launch.master_addr}, "
-                   f"{time_limit(plan, timeout)}: {text}")
+    request = RunRequest(group, " ".join(command or []), detach=detach, dry_run=dry_run, name=name,
+                         nodes=nodes, restart_on_replace=restart_on_replace, master_port=master_port,
+                         workdir=workdir, timeout=timeout)
 
-    def progress(result: NodeResult) -> None:  # each node's status as it changes: no spinner while waiting
+    def started(outcome: Any) -> None:  # the first line, before anything is sent
+        if not as_json:
+            for line in run_started(request, outcome):
+                render.say(line)
+
+    def changed(plan: JobPlan, result: NodeResult) -> None:  # each node's status: no spinner while waiting
         if not as_json:
             render.say(f"{label(plan, result)}: {result.status}")
 
-    outcome = aws_call("run", lambda: start_run(launch, ssm, on_change=progress, progress=render.progress),
-                       None)
-    job, restart = outcome.job, outcome.restart
+    outcome = ops_call("run", lambda: backend(spec).run(request, progress=render.progress, on_start=started,
+                                                         on_change=changed), None)
+    raise typer.Exit(run_json(spec, request, outcome) if as_json else run_text(spec, stack, request, outcome))
 
-    def finish(ok: bool, code: int, note: str, **more: Any) -> None:
-        if as_json:
-            render.emit({**top, "dry_run": False, "ok": ok, "cancelled": job.cancelled, "note": note,
-                         "results": [result_json(plan, r) for r in job.results], **more})
-        raise typer.Exit(code)
 
+def run_started(request: RunRequest, outcome: Any) -> list[str]:
+    """What `run` says before it sends anything (the launcher: where, how long, what)."""
+    if isinstance(outcome, Batch):
+        return []
+    plan = outcome.run.plan
+    return [f"run on {len(plan.ranks)} node(s) of {request.group}, MASTER_ADDR {outcome.run.master_addr}, "
+            f"{time_limit(plan, request.timeout)}: {request.command}"]
+
+
+def run_exit(outcome: Any) -> int:
+    """`run`'s exit code: 0 planned, started or finished everywhere; 1 a node failed, the job was
+    cancelled or its restart record not stored, or the scheduler refused; 130 interrupted."""
+    if isinstance(outcome, Batch):
+        return EXIT_BLOCKED if outcome.refused is not None else EXIT_OK
+    done = outcome.outcome
+    if done is None:
+        return EXIT_OK
+    if done.interrupted and not done.job.cancelled:
+        return EXIT_INTERRUPTED
+    stored = done.restart is None or done.restart.ok
+    return EXIT_OK if done.job.ok and not done.job.cancelled and stored else EXIT_BLOCKED
+
+
+INTERRUPTED = "interrupted: the command was cancelled on every node still running it"
+
+
+def batch_head(spec: StackSpec, request: RunRequest, batch: Batch) -> dict[str, Any]:
+    return head(spec, group=request.group, command=request.command, scheduler=batch.scheduler_name,
+                partition=batch.group, job_name=batch.job_name, nodes=batch.nodes,
+                run_as_uid=batch.run_as_uid)
+
+
+def batch_refused(batch: Batch) -> None:
+    """A submission the scheduler refused: one line, exit 1 (in either output mode)."""
+    if batch.refused is not None:
+        render.fail([("run", f"sbatch refused the job on the login node {batch.submitted_on}: "
+                             f"{batch.refused}")], EXIT_BLOCKED)
+
+
+def run_json(spec: StackSpec, request: RunRequest, outcome: Any) -> int:
+    """`run --json`: the plan (a dry run), or each node's end (the launcher), or the job id."""
+    if isinstance(outcome, Batch):
+        batch_refused(outcome)
+        if not outcome.sent:
+            render.emit({**batch_head(spec, request, outcome), "dry_run": True,
+                         "sbatch_script": outcome.batch_script, "login_node_script": outcome.submit_script})
+        else:
+            render.emit({**batch_head(spec, request, outcome), "dry_run": False, "job_id": outcome.job_id,
+                         "login_instance": outcome.submitted_on})
+        return run_exit(outcome)
+    launch, done = outcome.run, outcome.outcome
+    plan, record = launch.plan, launch.record
+    top = head(spec, group=request.group, command=request.command, job=plan.detach, log_group=plan.log_group,
+               master_addr=launch.master_addr, restart_on_replace=request.restart_on_replace)
+    if done is None:
+        render.emit({**top, "dry_run": True, "ranks": [
+            {"rank": r.rank, "instance_id": r.node.instance_id, "private_ip": r.node.private_ip,
+             "instance_type": r.node.instance_type, "script": plan.script(r)} for r in plan.ranks],
+            "restart_record": None if record is None else {"parameter": launch.record_parameter,
+                                                           "record": record}})
+        return EXIT_OK
+    job, restart = done.job, done.restart
+    more: dict[str, Any] = {}
     if job.cancelled:
         note = cancelled_note(job.results)
-        if not as_json:
-            for line in render_results(plan, job.results):
-                typer.echo(line)
-            render.say(f"run: {note}")
-        finish(False, EXIT_BLOCKED, note)
-    if outcome.interrupted:
-        message = "interrupted: the command was cancelled on every node still running it"
-        if as_json:
-            render.fail([("run", message)], EXIT_INTERRUPTED)
-        render.say(f"\n{message}")
-        raise typer.Exit(EXIT_INTERRUPTED)
-    if as_json:
+    elif done.interrupted:
+        render.fail([("run", INTERRUPTED)], EXIT_INTERRUPTED)
+    else:
         note = (f"job {plan.detach} started" if plan.detach else "finished") if job.ok else (
             f"{len(job.failed)} of {len(job.results)} node(s) failed")
-        stored = restart is None or restart.ok
-        finish(job.ok, EXIT_OK if job.ok and stored else EXIT_BLOCKED, note,
-               restart_record=None if restart is None else asdict(restart))
-    render.say("")
-    for line in render_results(plan, job.results):
-        typer.echo(line)
-    render.say(f"full output: CloudWatch Logs group {plan.log_group}, a stream per node "
-               "(<command id>/<instance id>/...)")
-    if restart is not None:
-        render.say(f"run: job {plan.detach} started on all {len(job.results)} node(s); follow it with "
-                   f"`gpucluster jobs {stack}`, `gpucluster logs {stack} {plan.detach} --follow`, stop it "
-                   f"with `gpucluster cancel {stack} {plan.detach}`")
-        if restart.message:
-            render.say(restart.message)
-        if not restart.ok:
-            raise typer.Exit(EXIT_BLOCKED)
-        return
-    if job.ok:
-        render.say(f"run: all {len(job.results)} node(s) succeeded")
-        return
-    render.say(f"run: {len(job.failed)} of {len(job.results)} node(s) failed (ranks "
-               f"{', '.join(str(r.rank) for r in job.failed)})")
-    raise typer.Exit(EXIT_BLOCKED)
+        more = {"restart_record": None if restart is None else asdict(restart)}
+    render.emit({**top, "dry_run": False, "ok": job.ok and not job.cancelled, "cancelled": job.cancelled,
+                 "note": note, "results": [result_json(plan, r) for r in job.results], **more})
+    return run_exit(outcome)
+
+
+def run_text(spec: StackSpec, stack: str, request: RunRequest, outcome: Any) -> int:
+    """`run`: the script of each node or the batch script (a dry run), each node's end and output
+    tail (the launcher), or the job id (a scheduler). The next commands name the stack as given
+    (`stack`, the launcher) or by its name (a scheduler)."""
+    if isinstance(outcome, Batch):
+        batch_refused(outcome)
+        if not outcome.sent:
+            render.say(f"dry run: would submit to partition {outcome.group} on the login node through SSM, "
+                       f"as uid {outcome.run_as_uid} (`sbatch --parsable`), this batch script:")
+            for line in outcome.batch_script.splitlines():  # verbatim: a shell line is not wrapped
+                typer.echo(f"  {line}")
+            render.say("dry run: nothing sent")
+            return EXIT_OK
+        render.say(f"run: submitted job {outcome.job_id} ({outcome.job_name}, {outcome.nodes} node(s)) to "
+                   f"partition {outcome.group}; follow it with `gpucluster logs {spec.stack} "
+                   f"{outcome.job_id} --follow`, list with `gpucluster jobs {spec.stack}`, stop it with "
+                   f"`gpucluster cancel {spec.stack} {outcome.job_id}`")
+        typer.echo(outcome.job_id)
+        return EXIT_OK
+    launch, done = outcome.run, outcome.outcome
+    plan = launch.plan
+    if done is None:
+        lines = render_dry_run(plan)
+        if launch.record is not None:  # the record as it would be stored, one JSON key a line
+            lines[-1:-1] = [*render.wrap(f"restart-on-replace: would record {launch.record_parameter}:",
+                                         hang=""),
+                            *json.dumps(launch.record, indent=2, sort_keys=True).splitlines()]
+        for line in lines:
+            typer.echo(line)
+        return EXIT_OK
+    job, restart = done.job, done.restart
+    if job.cancelled:
+        for line in render_results(plan, job.results):
+            typer.echo(line)
+        render.say(f"run: {cancelled_note(job.results)}")
+    elif done.interrupted:
+        render.say(f"\n{INTERRUPTED}")
+    else:
+        render.say("")
+        for line in render_results(plan, job.results):
+            typer.echo(line)
+        render.say(f"full output: CloudWatch Logs group {plan.log_group}, a stream per node "
+                   "(<command id>/<instance id>/...)")
+        if restart is not None:
+            render.say(f"run: job {plan.detach} started on all {len(job.results)} node(s); follow it with "
+                       f"`gpucluster jobs {stack}`, `gpucluster logs {stack} {plan.detach} --follow`, stop "
+                       f"it with `gpucluster cancel {stack} {plan.detach}`")
+            if restart.message:
+                render.say(restart.message)
+        elif job.ok:
+            render.say(f"run: all {len(job.results)} node(s) succeeded")
+        else:
+            render.say(f"run: {len(job.failed)} of {len(job.results)} node(s) failed (ranks "
+                       f"{', '.join(str(r.rank) for r in job.failed)})")
+    return run_exit(outcome)
 
 
 # ----------------------------------------------------------------------- nccl-test
@@ -412,32 +475,47 @@ def job_name(command: str, name: str) -> str:
 
 def list_jobs(stack: StackArg, group: GroupOption = None, as_json: JsonOption = False) -> None:
     """List the detached jobs (`run --detach`) on the stack's nodes, with their state per node."""
-    from gpucluster.ops.jobs import list_jobs as jobs_on_nodes
-
     render.use_json(as_json)
     spec = build_spec(stack)
-    if spec.scheduler.slurm:
-        slurm_jobs(spec, group, as_json)
-        return
-    listing = ops_call("jobs", lambda: jobs_on_nodes(spec, group, clients=common.clients(spec),
-                                                     progress=render.progress), None)
-    results = listing.results
-    silent = [f"{r.instance_id} ({r.status}{f', {r.error}' if r.error else ''})" for r in listing.silent]
-    if as_json:
-        render.emit(head(spec, group=group, jobs=[asdict(j) for j in listing.jobs],  # fields: the JSON keys
-                         no_answer=[result_json(listing.plan, r) for r in listing.silent]))
-        raise typer.Exit(EXIT_BLOCKED if silent else EXIT_OK)
+    found = ops_call("jobs", lambda: backend(spec).jobs(group, progress=render.progress), None)
+    raise typer.Exit((jobs_json if as_json else jobs_text)(spec, group, found))
+
+
+def jobs_json(spec: StackSpec, group: str | None, found: Any) -> int:
+    """`jobs --json`: the scheduler's jobs, or each node's jobs and the nodes that did not answer."""
+    if isinstance(found, Queue):
+        render.emit(head(spec, group=group, scheduler=found.scheduler_name, accounting=found.accounting,
+                         jobs=[{**asdict(j), "active": j.active} for j in found.jobs]))
+        return EXIT_OK
+    render.emit(head(spec, group=group, jobs=[asdict(j) for j in found.jobs],  # fields: the JSON keys
+                     no_answer=[result_json(found.plan, r) for r in found.silent]))
+    return EXIT_BLOCKED if found.silent else EXIT_OK
+
+
+def jobs_text(spec: StackSpec, group: str | None, found: Any) -> int:
+    """`jobs`: a table of jobs (per node on the launcher); exit 1 when a node did not answer."""
+    if isinstance(found, Queue):
+        if not found.jobs:
+            off = "" if found.accounting else (" (accounting is off: finished jobs show only while the "
+                                               "controller keeps them)")
+            render.say(f"no Slurm jobs{f' in partition {group}' if group else ''}{off}")
+            return EXIT_OK
+        for line in render.slurm_job_lines(found.jobs):
+            render.say(line)
+        return EXIT_OK
+    silent = [f"{r.instance_id} ({r.status}{f', {r.error}' if r.error else ''})" for r in found.silent]
     rows = [[j.job, j.node_group, j.instance_id, j.private_ip or "-", j.state,
-             "-" if j.exit_status is None else str(j.exit_status), j.started or "-"] for j in listing.jobs]
+             "-" if j.exit_status is None else str(j.exit_status), j.started or "-"] for j in found.jobs]
     if rows:
         for line in render.table(["job", "node group", "instance", "private IP", "state", "exit", "started"],
                                  sorted(rows)):
             render.say(line)
     else:
-        render.say(f"no detached jobs on the {len(results) - len(silent)} node(s) that answered")
+        render.say(f"no detached jobs on the {len(found.results) - len(silent)} node(s) that answered")
     if silent:
         render.say(f"no answer from: {', '.join(silent)}")
-        raise typer.Exit(EXIT_BLOCKED)
+        return EXIT_BLOCKED
+    return EXIT_OK
 
 
 def logs(
@@ -458,87 +536,152 @@ def logs(
     With --json, one object (each node's output); with --follow --json, JSON Lines: an object a
     log line as it arrives, then one with how the job ended on each node (errors: one line too).
     """
-    from gpucluster.ops.jobs import job_logs
-
     render.use_json(as_json, lines=follow)
     name = job_name("logs", job)
     if not 1 <= lines <= 5000:
         fail_usage("logs", f"--lines: must be 1..5000, got {lines}")
     spec = build_spec(stack)
-    if spec.scheduler.slurm:
-        slurm_logs(spec, name, group=group, node=node, lines=lines, follow=follow, as_json=as_json)
-        return
+    jobs = backend(spec)
+    name = ops_call("logs", lambda: jobs.job_id(name, group=group, node=node), None)
     if follow:
-        follow_logs(spec, name, group, node, as_json)
+        follow_logs(spec, jobs, name, group, node, as_json)
         return
-    answers: NodeAnswers = ops_call("logs", lambda: job_logs(
-        spec, name, group, lines=lines, clients=common.clients(spec), node=node, progress=render.progress),
-        None)
-    plan, results = answers.plan, answers.results
-    if as_json:
-        render.emit(head(spec, job=name, nodes=[
-            {**result_json(plan, r), "output": r.stdout.splitlines()} for r in results]))
-        raise typer.Exit(EXIT_BLOCKED if any(not r.ok for r in results) else EXIT_OK)
-    for r in results:
-        render.say(f"== {r.instance_id} {plan.ranks[r.rank].node.private_ip}: {r.status}"
+    out = ops_call("logs", lambda: jobs.logs(name, group=group, node=node, lines=lines,
+                                             progress=render.progress), None)
+    raise typer.Exit((logs_json if as_json else logs_text)(spec, name, out))
+
+
+def logs_json(spec: StackSpec, name: str, out: Any) -> int:
+    """`logs --json`: the job's output file's tail (a scheduler), or each node's output."""
+    from gpucluster.ops.slurmjobs import JobOutput
+
+    if isinstance(out, JobOutput):
+        render.emit(head(spec, job_id=name, state=out.job.state, path=out.path, instance_id=out.instance_id,
+                         size_bytes=out.size, truncated=out.truncated, output=out.text.splitlines()))
+        return EXIT_OK
+    render.emit(head(spec, job=name, nodes=[
+        {**result_json(out.plan, r), "output": r.stdout.splitlines()} for r in out.results]))
+    return EXIT_BLOCKED if any(not r.ok for r in out.results) else EXIT_OK
+
+
+def logs_text(spec: StackSpec, name: str, out: Any) -> int:
+    """`logs`: the job's own lines verbatim on stdout, where they come from on stderr (a scheduler)
+    or as a header line per node (the launcher); exit 1 when a node failed to answer."""
+    from gpucluster.ops.slurmjobs import JobOutput
+
+    if isinstance(out, JobOutput):
+        render.say(f"== job {name} ({out.job.state}): {out.path} on {out.instance_id}", err=True)
+        typer.echo(out.text, nl=False)
+        if out.truncated:
+            render.say("(SSM returns only the first 24,000 characters: ask for fewer --lines, or --follow "
+                       "for the whole file)", err=True)
+        return EXIT_OK
+    for r in out.results:
+        render.say(f"== {r.instance_id} {out.plan.ranks[r.rank].node.private_ip}: {r.status}"
                    + (f" ({r.error})" if r.error else ""))
         for line in r.stdout.splitlines():
             typer.echo(line)
-    if any(not r.ok for r in results):
-        raise typer.Exit(EXIT_BLOCKED)
+    return EXIT_BLOCKED if any(not r.ok for r in out.results) else EXIT_OK
 
 
-def follow_logs(spec: StackSpec, name: str, group: str | None, node: str | None, as_json: bool) -> None:
-    """`logs --follow`: which nodes run the job (SSM, `gpucluster-job status`), then their streams.
+def follow_logs(spec: StackSpec, jobs: JobBackend, name: str, group: str | None, node: str | None,
+                as_json: bool) -> None:
+    """`logs --follow`: the job's lines as they arrive, then how it ended.
 
     Human: the job's lines on stdout as they arrive (`<instance> | ` before each when several
     nodes), what is followed and how it ended on stderr. JSON Lines: `{"event": "line", ...}` per
-    log line, then `{"event": "end", ...}`.
+    log line (a scheduler's job: `{"event": "output", ...}` per piece of its file), then
+    `{"event": "end", ...}`.
     """
-    from gpucluster.ops.joblogs import LogLine
-    from gpucluster.ops.jobs import follow_job, prepare_follow
+    def show(item: Any) -> None:
+        if isinstance(item, NodeLine):
+            if as_json:
+                render.emit({"event": "line", "instance_id": item.instance_id, "timestamp": item.timestamp,
+                             "message": item.message})
+            else:  # the job's own lines, verbatim
+                typer.echo(f"{item.instance_id} | {item.message}" if item.several else item.message)
+        elif as_json:
+            render.emit({"event": "output", "job_id": name, "text": item})
+        else:
+            typer.echo(item, nl=False)
 
-    clients = common.clients(spec)
-    session = ops_call("logs", lambda: prepare_follow(spec, name, group, clients=clients, node=node,
-                                                      progress=render.progress), None)
-    plan, results, streams, follower = session.plan, session.results, session.streams, session.follower
-    silent = [f"{r.instance_id} ({r.status})" for r in session.silent]
-    if follower is None:
-        problems = [("logs", f"no answer from: {', '.join(silent)}")] if silent else []
-        problems.append(("logs", f"no job {name} on the {len(results) - len(silent)} node(s) that answered "
-                                 f"(see `gpucluster jobs {spec.stack}`)"))
-        render.fail(problems, EXIT_BLOCKED)
-    if silent and not as_json:
-        render.say(f"no answer from: {', '.join(silent)}", err=True)
-    several = len(streams) > 1
+    def started(session: FollowSession) -> None:
+        if not as_json:
+            for line in following(name, session):
+                render.say(line, err=True)
 
-    def show(line: LogLine) -> None:
-        if as_json:
-            render.emit({"event": "line", "instance_id": streams[line.stream], "timestamp": line.timestamp,
-                         "message": line.message})
-        else:  # the job's own lines, verbatim
-            typer.echo(f"{streams[line.stream]} | {line.message}" if several else line.message)
-
-    if not as_json:
-        render.say(f"following job {name} on {len(streams)} node(s) ({len(follower.waiting)} running), "
-                   f"CloudWatch Logs {follower.log_group}; Ctrl-C stops following, not the job", err=True)
     try:
-        aws_call("logs", lambda: follow_job(session, show, clients=clients), None)
+        ended = ops_call("logs", lambda: jobs.follow(name, group=group, node=node, on_output=show,
+                                                     on_start=started, progress=render.progress), None)
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    failed = any(not e.ok for e in follower.endings.values()) or bool(silent)
-    ends = sorted(streams.items(), key=lambda item: item[1])
-    if as_json:
-        render.emit({"event": "end", **head(
-            spec, job=name, log_group=follower.log_group, ok=not failed,
-            nodes=[ending_json(instance, follower.endings.get(stream)) for stream, instance in ends],
-            no_answer=[result_json(plan, r) for r in session.silent])})
-    else:
-        for stream, instance in ends:
-            ending = follower.endings.get(stream)
-            render.say(f"{instance}: {ending.describe() if ending else 'had already ended'}", err=True)
-    if failed:
-        raise typer.Exit(EXIT_BLOCKED)
+    raise typer.Exit((followed_json if as_json else followed_text)(spec, name, ended))
+
+
+def silent_nodes(session: FollowSession) -> list[str]:
+    return [f"{r.instance_id} ({r.status})" for r in session.silent]
+
+
+def following(name: str, session: FollowSession) -> list[str]:
+    """What `logs --follow` follows (the launcher), before the first line: on stderr."""
+    assert session.follower is not None, "nothing to follow"
+    silent, follower = silent_nodes(session), session.follower
+    return [*([f"no answer from: {', '.join(silent)}"] if silent else []),
+            f"following job {name} on {len(session.streams)} node(s) ({len(follower.waiting)} running), "
+            f"CloudWatch Logs {follower.log_group}; Ctrl-C stops following, not the job"]
+
+
+def no_job_to_follow(spec: StackSpec, name: str, session: FollowSession) -> None:
+    """No node that answered runs the job: each node that did not answer, and that, exit 1."""
+    if session.follower is None:
+        silent = silent_nodes(session)
+        problems = [("logs", f"no answer from: {', '.join(silent)}")] if silent else []
+        problems.append(("logs", f"no job {name} on the {len(session.results) - len(silent)} node(s) that "
+                                 f"answered (see `gpucluster jobs {spec.stack}`)"))
+        render.fail(problems, EXIT_BLOCKED)
+
+
+def follow_failed(ended: Any) -> bool:
+    from gpucluster.ops.slurmjobs import Followed
+
+    if isinstance(ended, Followed):
+        return ended.state != "COMPLETED"
+    assert ended.follower is not None
+    return any(not e.ok for e in ended.follower.endings.values()) or bool(ended.silent)
+
+
+def followed_json(spec: StackSpec, name: str, ended: Any) -> int:
+    """`logs --follow --json`'s last line: how the job ended (on each node)."""
+    from gpucluster.ops.slurmjobs import Followed
+
+    if isinstance(ended, Followed):
+        render.emit({"event": "end", **head(spec, job_id=name, state=ended.state, exit_code=ended.exit_code,
+                                            ok=not follow_failed(ended), path=ended.path,
+                                            instance_id=ended.instance_id)})
+        return EXIT_BLOCKED if follow_failed(ended) else EXIT_OK
+    no_job_to_follow(spec, name, ended)
+    follower = ended.follower
+    ends = sorted(ended.streams.items(), key=lambda item: item[1])
+    render.emit({"event": "end", **head(
+        spec, job=name, log_group=follower.log_group, ok=not follow_failed(ended),
+        nodes=[ending_json(instance, follower.endings.get(stream)) for stream, instance in ends],
+        no_answer=[result_json(ended.plan, r) for r in ended.silent])})
+    return EXIT_BLOCKED if follow_failed(ended) else EXIT_OK
+
+
+def followed_text(spec: StackSpec, name: str, ended: Any) -> int:
+    """`logs --follow`: how the job ended (on each node), on stderr."""
+    from gpucluster.ops.slurmjobs import Followed
+
+    if isinstance(ended, Followed):
+        render.say(f"job {name}: {ended.state}"
+                   + ("" if ended.exit_code is None else f", exit {ended.exit_code}"), err=True)
+        return EXIT_BLOCKED if follow_failed(ended) else EXIT_OK
+    no_job_to_follow(spec, name, ended)
+    for stream, instance in sorted(ended.streams.items(), key=lambda item: item[1]):
+        ending = ended.follower.endings.get(stream)
+        render.say(f"{instance}: {ending.describe() if ending else 'had already ended'}", err=True)
+    return EXIT_BLOCKED if follow_failed(ended) else EXIT_OK
 
 
 def ending_json(instance_id: str, ending: Ending | None) -> dict[str, Any]:
@@ -561,176 +704,65 @@ def cancel(
 
     Its restart-on-replace record goes first, so no replacement starts it again while it stops.
     """
-    from gpucluster.ops.jobs import cancel_job
-
     render.use_json(as_json)
     name = job_name("cancel", job)
     spec = build_spec(stack)
-    if spec.scheduler.slurm:
-        slurm_cancel(spec, name, group=group, yes=yes, as_json=as_json)
-        return
-    confirm_or_exit("cancel", f"Stop job {name} on every node of {group or 'the stack'}?", yes)
+    jobs = backend(spec)
+    name = ops_call("cancel", lambda: jobs.job_id(name, group=group), None)
+    confirm_or_exit("cancel", jobs.cancel_question(name, group=group), yes)
 
     def removed() -> None:
         if not as_json:
             render.say(f"{name}: restart-on-replace record removed")
 
-    done = ops_call("cancel", lambda: cancel_job(spec, name, group, clients=common.clients(spec),
-                                                 progress=render.progress, on_record_removed=removed), None)
-    results = done.results
-    if as_json:
-        render.emit(head(spec, job=name, group=group, restart_record_removed=done.record_removed,
-                         nodes=[{**result_json(done.plan, r), "cancelled": r.ok} for r in results]))
-        raise typer.Exit(EXIT_BLOCKED if any(not r.ok for r in results) else EXIT_OK)
-    for r in results:
+    done = ops_call("cancel", lambda: jobs.cancel(name, group=group, progress=render.progress,
+                                                  on_record_removed=removed), None)
+    raise typer.Exit((cancel_json if as_json else cancel_text)(spec, name, group, done))
+
+
+def cancel_json(spec: StackSpec, name: str, group: str | None, done: Any) -> int:
+    """`cancel --json`: what became of the job (on each node)."""
+    from gpucluster.ops.slurmjobs import CancelOutcome
+
+    if isinstance(done, CancelOutcome):
+        render.emit(head(spec, job_id=name, cancelled=done.cancelled, state=done.state,
+                         message=done.message or None))
+        return EXIT_OK if done.cancelled else EXIT_BLOCKED
+    render.emit(head(spec, job=name, group=group, restart_record_removed=done.record_removed,
+                     nodes=[{**result_json(done.plan, r), "cancelled": r.ok} for r in done.results]))
+    return EXIT_BLOCKED if any(not r.ok for r in done.results) else EXIT_OK
+
+
+def cancel_text(spec: StackSpec, name: str, group: str | None, done: Any) -> int:
+    """`cancel`: a line for the job (on each node); exit 1 where it was not cancelled."""
+    from gpucluster.ops.slurmjobs import CancelOutcome
+
+    if isinstance(done, CancelOutcome):
+        if not done.cancelled:
+            render.fail([("cancel", f"job {name} not cancelled: {done.message}")], EXIT_BLOCKED)
+        render.say(f"job {name}: cancelled (Slurm state now {done.state or 'gone'})")
+        return EXIT_OK
+    for r in done.results:
         typer.echo(f"{r.instance_id}: {'cancelled' if r.ok else f'not cancelled ({r.status})'}"
                    + "".join(f"\n  | {line}" for line in r.tail(3) if not r.ok))
-    if any(not r.ok for r in results):
-        raise typer.Exit(EXIT_BLOCKED)
+    return EXIT_BLOCKED if any(not r.ok for r in done.results) else EXIT_OK
 
 
-# ------------------------------------------------------------------ Slurm stacks
+# ------------------------------------------------------------------ the job backend
+
+
+def backend(spec: StackSpec) -> JobBackend:
+    """The stack's job backend, with clients in its region (chosen from the spec in `ops.jobbackends`)."""
+    from gpucluster.ops.jobbackends import job_backend
+
+    return job_backend(spec, common.clients(spec))
 
 
 def refuse(spec: StackSpec, command: str, what: str | None = None) -> None:
     """One line and exit 2 when `what` (default: the command) makes no sense on this stack."""
-    from gpucluster.ops.slurmjobs import refusal
-
-    reason = refusal(spec, what or command)
+    reason = backend(spec).refusal(what or command)
     if reason is not None:
         fail_usage(command, reason)
-
-
-def slurm_job_id(command: str, job: str, group: str | None, node: str | None = None) -> str:
-    """A Slurm job id as given (digits), or one line saying what it must be (exit 2)."""
-    from gpucluster.slurm.queue import JOB_ID
-
-    if not JOB_ID.fullmatch(job):
-        fail_usage(command, f"job: on a Slurm stack, a Slurm job id (digits; see `gpucluster jobs`), "
-                            f"got {job!r}")
-    for option, value in (("--group", group), ("--node", node)):
-        if value is not None:
-            fail_usage(command, f"{option}: a Slurm job id names one job; give no {option}")
-    return job
-
-
-def slurm_run(spec: StackSpec, group: str, text: str, *, detach: bool, dry_run: bool, name: str | None,
-              nodes: int | None, restart_on_replace: bool, master_port: int, workdir: str | None,
-              timeout: int | None, as_json: bool) -> None:
-    """`run --detach` on a Slurm stack: sbatch on the login node, the job id back.
-
-    Without --detach it refuses (one line): a batch job outlives the command, and following its
-    output is `logs --follow`'s job.
-    """
-    from gpucluster.ops.slurmjobs import plan_submit, refusal, submit
-    from gpucluster.slurm.remote import JOB_UID
-
-    if not detach:
-        fail_usage("run", refusal(spec, "run") or "add --detach")
-    sub = ops_call("run", lambda: plan_submit(
-        spec, group, text, name=name, nodes=nodes, restart_on_replace=restart_on_replace,
-        master_port=master_port, workdir=workdir, timeout=timeout), None)
-    top = head(spec, group=group, command=text, scheduler="slurm", partition=group, job_name=sub.job.name,
-               nodes=sub.job.nodes, run_as_uid=JOB_UID)
-    if dry_run:
-        if as_json:
-            render.emit({**top, "dry_run": True, "sbatch_script": sub.sbatch_script,
-                         "login_node_script": sub.script})
-            return
-        render.say(f"dry run: would submit to partition {group} on the login node through SSM, as uid "
-                   f"{JOB_UID} (`sbatch --parsable`), this batch script:")
-        for line in sub.sbatch_script.splitlines():  # verbatim: a shell line is not wrapped
-            typer.echo(f"  {line}")
-        render.say("dry run: nothing sent")
-        return
-    done = ops_call("run", lambda: submit(spec, sub, clients=common.clients(spec), progress=render.progress),
-                    None)
-    if done.job_id is None:
-        render.fail([("run", f"sbatch refused the job on the login node {done.login.instance_id}: "
-                             f"{done.result.error_line()}")], EXIT_BLOCKED)
-    if as_json:
-        render.emit({**top, "dry_run": False, "job_id": done.job_id,
-                     "login_instance": done.login.instance_id})
-        return
-    render.say(f"run: submitted job {done.job_id} ({sub.job.name}, {sub.job.nodes} node(s)) to partition "
-               f"{group}; follow it with `gpucluster logs {spec.stack} {done.job_id} --follow`, list with "
-               f"`gpucluster jobs {spec.stack}`, stop it with `gpucluster cancel {spec.stack} {done.job_id}`")
-    typer.echo(done.job_id)
-
-
-def slurm_jobs(spec: StackSpec, group: str | None, as_json: bool) -> None:
-    from gpucluster.ops.slurmjobs import list_jobs as queue
-
-    found = ops_call("jobs", lambda: queue(spec, group, clients=common.clients(spec),
-                                           progress=render.progress), None)
-    if as_json:
-        render.emit(head(spec, group=group, scheduler="slurm", accounting=spec.scheduler.accounting,
-                         jobs=[{**asdict(j), "active": j.active} for j in found]))
-        return
-    if not found:
-        off = "" if spec.scheduler.accounting else (" (accounting is off: finished jobs show only while "
-                                                    "the controller keeps them)")
-        render.say(f"no Slurm jobs{f' in partition {group}' if group else ''}{off}")
-        return
-    for line in render.slurm_job_lines(found):
-        render.say(line)
-
-
-def slurm_logs(spec: StackSpec, job: str, *, group: str | None, node: str | None, lines: int, follow: bool,
-               as_json: bool) -> None:
-    """The job's output file, read on its batch host; --follow streams it until the job ends."""
-    from gpucluster.ops.slurmjobs import follow_output, job_output
-
-    job_id = slurm_job_id("logs", job, group, node)
-    clients = common.clients(spec)
-    if follow:
-        def show(text: str) -> None:
-            if as_json:
-                render.emit({"event": "output", "job_id": job_id, "text": text})
-            else:
-                typer.echo(text, nl=False)
-
-        try:
-            ended = ops_call("logs", lambda: follow_output(spec, job_id, show, clients=clients,
-                                                           progress=render.progress), None)
-        except KeyboardInterrupt:
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        ok = ended.state == "COMPLETED"
-        if as_json:
-            render.emit({"event": "end", **head(spec, job_id=job_id, state=ended.state,
-                                                exit_code=ended.exit_code, ok=ok, path=ended.path,
-                                                instance_id=ended.instance_id)})
-        else:
-            render.say(f"job {job_id}: {ended.state}"
-                       + ("" if ended.exit_code is None else f", exit {ended.exit_code}"), err=True)
-        raise typer.Exit(EXIT_OK if ok else EXIT_BLOCKED)
-    out = ops_call("logs", lambda: job_output(spec, job_id, lines=lines, clients=clients,
-                                              progress=render.progress), None)
-    if as_json:
-        render.emit(head(spec, job_id=job_id, state=out.job.state, path=out.path, instance_id=out.instance_id,
-                         size_bytes=out.size, truncated=out.truncated, output=out.text.splitlines()))
-        return
-    render.say(f"== job {job_id} ({out.job.state}): {out.path} on {out.instance_id}", err=True)
-    typer.echo(out.text, nl=False)
-    if out.truncated:
-        render.say("(SSM returns only the first 24,000 characters: ask for fewer --lines, or --follow "
-                   "for the whole file)", err=True)
-
-
-def slurm_cancel(spec: StackSpec, job: str, *, group: str | None, yes: bool, as_json: bool) -> None:
-    from gpucluster.ops.slurmjobs import cancel as scancel
-
-    job_id = slurm_job_id("cancel", job, group)
-    confirm_or_exit("cancel", f"Cancel Slurm job {job_id}?", yes)
-    done = ops_call("cancel", lambda: scancel(spec, job_id, clients=common.clients(spec),
-                                              progress=render.progress), None)
-    if as_json:
-        render.emit(head(spec, job_id=job_id, cancelled=done.cancelled, state=done.state,
-                         message=done.message or None))
-        raise typer.Exit(EXIT_OK if done.cancelled else EXIT_BLOCKED)
-    if not done.cancelled:
-        render.fail([("cancel", f"job {job_id} not cancelled: {done.message}")], EXIT_BLOCKED)
-    render.say(f"job {job_id}: cancelled (Slurm state now {done.state or 'gone'})")
 
 
 def login(
@@ -749,16 +781,10 @@ def login(
     import shlex
     import shutil
 
-    from gpucluster.ops.slurmjobs import find_login_node
 
     render.use_json(as_json)
     spec = build_spec(stack)
-    if not spec.scheduler.slurm:
-        fail_usage("login", f"stack {spec.stack} has no Slurm login node (scheduler type none): open a "
-                            "shell on a node with `aws ssm start-session --target <instance id>` (see "
-                            "`gpucluster nodes`)")
-    node = ops_call("login", lambda: find_login_node(spec, clients=common.clients(spec),
-                                                     progress=render.progress), None)
+    node = ops_call("login", lambda: backend(spec).login_target(progress=render.progress), None)
     command = node.session_command(spec.region)
     if as_json:
         render.emit(head(spec, instance_id=node.instance_id, private_ip=node.private_ip, command=command))

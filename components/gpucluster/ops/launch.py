@@ -150,6 +150,14 @@ class RunOutcome:
     """Ctrl-C while waiting: the command was cancelled on every node still running it."""
 
 
+@dataclass
+class Launched:
+    """`run` through the launcher: the plan, and what happened (None: a dry run, nothing sent)."""
+
+    run: RunPlan
+    outcome: RunOutcome | None = None
+
+
 def start_run(run: RunPlan, ssm: Any, *, on_change: Callable[[NodeResult], None] | None = None,
               progress: Spinner = no_spinner) -> RunOutcome:
     """Send the job to every node and wait; a job that cannot start on all is cancelled on all.

@@ -529,7 +529,7 @@ def test_spend_by_user_and_job_prices_sacct_like_cost(aws: dict[str, Any], stack
     monkeypatch.setattr(slurmjobs, "datetime", Fixed)
     spec = load_stack(stack)[2]
     prices = node_hour_prices(spec)
-    assert prices["train"] > 50  # a p5.48xlarge node-hour, on demand
+    assert prices["train"].usd_per_hour > 50  # a p5.48xlarge node-hour, on demand
     with Stubber(aws["ssm"]) as stub:
         answer(stub, page(SACCT))
         result = cli("spend", stack, "--by", "user", "--days", "3", "--json")
@@ -537,7 +537,7 @@ def test_spend_by_user_and_job_prices_sacct_like_cost(aws: dict[str, Any], stack
     doc = json.loads(result.output)
     rows = {r["key"]: r for r in doc["rows"]}
     assert rows["alice"]["gpu_hours"] == 16.0
-    assert rows["alice"]["usd"] == round(2.0 * prices["train"], 2)
+    assert rows["alice"]["usd"] == round(2.0 * prices["train"].usd_per_hour, 2)
     assert rows["bob"]["gpu_hours"] == 4.5  # eval 0.5 h x 8, live 0.5 h x 1 (running until now)
     assert doc["period"] == {"start": "2026-11-18T00:00:00+00:00", "end": "2026-11-21T00:00:00+00:00"}
     [(_, script)] = scripts(aws)

@@ -181,49 +181,53 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
         render.echo(line)
 
 
-def resume_price(spec: StackSpec, candidate: ResumeCandidate) -> tuple[str, float | None]:
+def resume_price(spec: StackSpec, candidate: ResumeCandidate) -> tuple[str, pricing.Rate | None]:
     return node_group_rate(spec, candidate.node_group)
 
 
-def node_group_rate(spec: StackSpec, node_group: str | None) -> tuple[str, float | None]:
-    """(instance type, on-demand USD per node-hour) of a node group, by name.
+def node_group_rate(spec: StackSpec, node_group: str | None) -> tuple[str, pricing.Rate | None]:
+    """(first instance type, USD per node-hour and its basis) of a node group, by name.
 
-    The node group's first instance type, as `gpucluster cost` prices it; None when
-    the group carries no node-group tag, the stack file no longer has that node
-    group, or the region has no price.
+    The one node-hour price (pricing.node_hour_price): the group's purchase mix as `gpucluster
+    cost` prices it. None when the group carries no node-group tag, the stack file no longer
+    has that node group, or the region has no price.
     """
     group = next((g for g in spec.node_groups if g.name == node_group), None)
     if group is None or not group.types:
         return "?", None
-    first = group.types[0]
     try:
-        return first.name, pricing.on_demand_rate(first, spec.region).usd_per_hour
+        return group.types[0].name, pricing.node_hour_price(pricing.price_group(spec, group))
     except pricing.PricingError:
-        return first.name, None
+        return group.types[0].name, None
 
 
 def resume_json(spec: StackSpec, candidate: ResumeCandidate) -> dict[str, Any]:
     """One group in `resume --json`: what resume would do to it, and its cost per hour if it does."""
     d = candidate.decision
     instance_type, rate = resume_price(spec, candidate)
+    # on_demand_usd_per_hour keeps its name (scripts read it); it is priced as price_basis says.
     return {"group": d.group, "node_group": candidate.node_group, "action": d.action,
             "stopped_by": d.stopped_by, "reason": d.reason or None, "nodes_now": candidate.desired_now,
             "nodes_after": d.desired_capacity, "min_after": d.min_size, "instance_type": instance_type,
             "on_demand_usd_per_hour": None if rate is None or d.action != "resume"
-            else round(rate * candidate.added_nodes, 4)}
+            else round(rate.usd_per_hour * candidate.added_nodes, 4),
+            "usd_per_node_hour": None if rate is None else round(rate.usd_per_hour, 4),
+            "price_basis": None if rate is None else rate.basis}
 
 
 def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate], action: str = "resume") -> list[str]:
     """What `resume` will restart, what it costs per hour, and the warning for budget stops."""
-    rows, total, unpriced = [], 0.0, []
+    rows, total, unpriced, prices = [], 0.0, [], {}
     for c in todo:
         d = c.decision
         instance_type, rate = resume_price(spec, c)
-        cost = None if rate is None else rate * c.added_nodes
+        cost = None if rate is None else rate.usd_per_hour * c.added_nodes
         if cost is None:
             unpriced.append(c.group)
         else:
             total += cost
+        if rate is not None:
+            prices[c.node_group or c.group] = rate
         rows.append([c.group, c.node_group or "?", d.stopped_by or "-", str(c.desired_now),
                      str(d.desired_capacity), str(d.min_size), instance_type,
                      "?" if cost is None else usd(cost)])
@@ -231,10 +235,11 @@ def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate], action: str
     out = [f"stack {spec.stack} ({spec.region}): {action} restarts {len(todo)} group(s), "
            f"{added} node(s):"]
     out += render.table(["group", "node group", "stopped by", "nodes now", "nodes after", "min after",
-                         "instance type", "on-demand $/h"], rows)
+                         "instance type", "$/h"], rows)
     bound = "at least " if unpriced else ""
-    out.append(f"cost: {bound}${usd(total)}/hour (${usd(total * 24)}/day) at on-demand rates of "
-               f"the first instance type; spot nodes cost less")
+    out.append(f"cost: {bound}${usd(total)}/hour (${usd(total * 24)}/day), priced as `gpucluster cost` "
+               "prices each group:")
+    out += render.node_hour_lines(prices)
     if unpriced:
         out.append(f"  not priced: {', '.join(unpriced)} (no gpucluster:node-group tag, a node group "
                    f"no longer in the stack file, or no price for {spec.region})")
@@ -475,15 +480,19 @@ def scale(
     changes = ops_call("scale", lambda: plan_scale(spec.identity, group, desired,
                                                     autoscaling_client=client, stack=spec.stack),
                         f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
-    rows, total, priced = [], 0.0, []
+    rows, total, priced, prices = [], 0.0, [], {}
     for c in changes:
         instance_type, rate = node_group_rate(spec, c.node_group)
-        cost = None if rate is None else rate * c.desired_after
+        cost = None if rate is None else rate.usd_per_hour * c.desired_after
         total += cost or 0.0
+        if rate is not None:
+            prices[c.node_group] = rate
         rows.append([c.group, c.node_group, str(c.desired_now), str(c.desired_after),
                      f"{c.min_now} -> {c.min_after}", instance_type, "?" if cost is None else usd(cost)])
         priced.append({**asdict(c), "instance_type": instance_type,
-                       "on_demand_usd_per_hour_after": None if cost is None else round(cost, 4)})
+                       "on_demand_usd_per_hour_after": None if cost is None else round(cost, 4),
+                       "usd_per_node_hour": None if rate is None else round(rate.usd_per_hour, 4),
+                       "price_basis": None if rate is None else rate.basis})
     added = sum(c.added_nodes for c in changes)
     unchanged = all(c.desired_now == c.desired_after and c.min_now == c.min_after for c in changes)
     document = head(spec, group=group, desired=desired, changes=priced, dry_run=dry_run,
@@ -491,11 +500,13 @@ def scale(
     if not as_json:
         render.say(f"stack {spec.stack} ({spec.region}): scale {group} to {desired} node(s):")
         for line in render.table(["group", "node group", "nodes now", "nodes after", "min",
-                                  "instance type", "on-demand $/h after"], rows):
+                                  "instance type", "$/h after"], rows):
             render.say(line)
         if added:
-            render.say(f"cost: ${usd(total)}/hour (${usd(total * 24)}/day) at on-demand rates of the "
-                       "first instance type; spot nodes cost less")
+            render.say(f"cost: ${usd(total)}/hour (${usd(total * 24)}/day), priced as `gpucluster cost` "
+                       "prices each group:")
+            for line in render.node_hour_lines(prices):
+                render.say(line)
         if unchanged or dry_run:
             render.say("nothing to change" if unchanged else "dry run: nothing changed")
     if unchanged or dry_run:

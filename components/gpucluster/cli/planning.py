@@ -127,7 +127,8 @@ def render_cost(cost: pricing.StackCost) -> list[str]:
             out += render.wrap(f"{label} ${price}/node-hour: {rate.basis} [{rate.source}, {rate.as_of}]",
                                indent="  ")
         node = pricing.node_hour_price(g)
-        out += render.wrap(f"mix ${node.usd_per_hour:,.4f}/node-hour: {node.basis}", indent="  ")
+        price = f"{node.usd_per_hour:,.5f}".rstrip("0").rstrip(".")
+        out += render.wrap(f"mix ${price}/node-hour: {node.basis}", indent="  ")
         rows = []
         for at in pricing.AT:
             s, parts = g.split(at), g.parts(at)

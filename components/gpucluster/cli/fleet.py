@@ -217,7 +217,8 @@ def resume_json(spec: StackSpec, candidate: ResumeCandidate) -> dict[str, Any]:
 
 def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate], action: str = "resume") -> list[str]:
     """What `resume` will restart, what it costs per hour, and the warning for budget stops."""
-    rows, total, unpriced, prices = [], 0.0, [], {}
+    rows, total, unpriced = [], 0.0, []
+    prices: dict[str, pricing.Rate] = {}
     for c in todo:
         d = c.decision
         instance_type, rate = resume_price(spec, c)
@@ -480,7 +481,8 @@ def scale(
     changes = ops_call("scale", lambda: plan_scale(spec.identity, group, desired,
                                                     autoscaling_client=client, stack=spec.stack),
                         f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
-    rows, total, priced, prices = [], 0.0, [], {}
+    rows, total, priced = [], 0.0, []
+    prices: dict[str, pricing.Rate] = {}
     for c in changes:
         instance_type, rate = node_group_rate(spec, c.node_group)
         cost = None if rate is None else rate.usd_per_hour * c.desired_after

@@ -191,10 +191,14 @@ def test_cli_status_without_credentials_is_one_line_exit_2(monkeypatch: pytest.M
 # ------------------------------------------------------------- resume is deliberate
 
 
-def _g5_xlarge_per_hour() -> float:
-    from gpucluster import catalog, pricing
+def _dev_a10_per_node_hour() -> float:
+    """The dev stack's dev-a10 (desired 1, spot_percent 100) is priced as `cost` prices it: one spot
+    g5.xlarge, on-demand less the g5 family's typical spot discount."""
+    from gpucluster import catalog
 
-    return pricing.on_demand_rate(catalog.get("g5.xlarge"), "us-east-1").usd_per_hour
+    g5 = catalog.get("g5.xlarge")
+    assert g5 is not None
+    return g5.on_demand_price("us-east-1") * (1 - g5.family.spot_discount_percent / 100)
 
 
 def _tag_node_group(client: Any, name: str, node_group: str) -> None:
@@ -221,11 +225,13 @@ def test_cli_resume_shows_what_and_what_it_costs_then_asks(autoscaling: Any) -> 
     out = result.output
     assert "resume restarts 2 group(s), 3 node(s):" in out
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  dev-")}
-    train_cost = 2 * _g5_xlarge_per_hour()
+    train_cost = 2 * _dev_a10_per_node_hour()
     assert rows["dev-train"] == ["dev-train", "dev-a10", "budget", "0", "2", "1", "g5.xlarge",
                                  f"{train_cost:,.2f}"]
     assert rows["dev-infer"] == ["dev-infer", "?", "idle", "0", "1", "0", "?", "?"]
-    assert f"cost: at least ${train_cost:,.2f}/hour (${train_cost * 24:,.2f}/day) at on-demand" in out
+    assert (f"cost: at least ${train_cost:,.2f}/hour (${train_cost * 24:,.2f}/day), priced as `gpucluster "
+            "cost` prices each group:") in out
+    assert f"  dev-a10: ${train_cost / 2:,.4f}/node-hour, purchase mix at 1 desired node: 1 spot (" in out
     assert "not priced: dev-infer" in out
     assert "warning: dev-train was stopped by the budget action ($700/month)" in out
     assert "does not fire again this month" in out

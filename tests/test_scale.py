@@ -213,9 +213,12 @@ def test_a_manual_stop_of_a_budget_restarted_group_keeps_the_budget_label(autosc
 
 
 def test_cli_scale_shows_cost_asks_and_sets_desired(autoscaling: Any) -> None:
-    from gpucluster import catalog, pricing
+    from gpucluster import catalog
 
-    rate = pricing.on_demand_rate(catalog.get("g5.xlarge"), "us-east-1").usd_per_hour
+    # dev-a10's node-hour as `cost` prices it: one spot g5.xlarge (on-demand less the g5 spot discount)
+    g5 = catalog.get("g5.xlarge")
+    assert g5 is not None
+    rate = g5.on_demand_price("us-east-1") * (1 - g5.family.spot_discount_percent / 100)
     result = runner.invoke(app, ["scale", "dev", "--group", "dev-a10", "--desired", "3"], input="n\n")
     assert result.exit_code == 1, result.output
     row = next(line.split() for line in result.output.splitlines() if line.startswith("  dev-a10"))

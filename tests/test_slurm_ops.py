@@ -535,7 +535,7 @@ def test_spend_by_user_and_job_prices_sacct_like_cost(aws: dict[str, Any], stack
     monkeypatch.setattr(slurmjobs, "datetime", Fixed)
     spec = load_stack(stack)[2]
     prices = node_hour_prices(spec)
-    assert prices["train"] > 50  # a p5.48xlarge node-hour, on demand
+    assert prices["train"].usd_per_hour > 50  # a p5.48xlarge node-hour, on demand
     with Stubber(aws["ssm"]) as stub:
         answer(stub, page(SACCT))
         result = cli("spend", stack, "--by", "user", "--days", "3", "--json")
@@ -543,7 +543,7 @@ def test_spend_by_user_and_job_prices_sacct_like_cost(aws: dict[str, Any], stack
     doc = json.loads(result.output)
     rows = {r["key"]: r for r in doc["rows"]}
     assert rows["alice"]["gpu_hours"] == 16.0
-    assert rows["alice"]["usd"] == round(2.0 * prices["train"], 2)
+    assert rows["alice"]["usd"] == round(2.0 * prices["train"].usd_per_hour, 2)
     assert rows["bob"]["gpu_hours"] == 4.5  # eval 0.5 h x 8, live 0.5 h x 1 (running until now)
     assert doc["period"] == {"start": "2026-11-18T00:00:00+00:00", "end": "2026-11-21T00:00:00+00:00"}
     [(_, script)] = scripts(aws)
@@ -555,6 +555,29 @@ def test_spend_by_user_and_job_prices_sacct_like_cost(aws: dict[str, Any], stack
     assert result.exit_code == 0, result.output
     assert re.search(r"41\s+2.00\s+16.00\s+[\d,.]+\s+pretrain \(alice, train, COMPLETED\)", result.output)
     assert "unpriced" in result.output
+
+
+def test_spend_by_prices_each_group_as_cost_does(aws: dict[str, Any], stack: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`spend --by` and `cost` show the same node-hour price and basis per group (the spot group too)."""
+    from gpucluster.cli import spend as spend_cli
+    from gpucluster.ops import slurmjobs
+
+    monkeypatch.setattr(spend_cli, "datetime", Fixed)
+    monkeypatch.setattr(slurmjobs, "datetime", Fixed)
+    cost = json.loads(cli("cost", stack, "--json").output)
+    with Stubber(aws["ssm"]) as stub:
+        answer(stub, page(SACCT))
+        result = cli("spend", stack, "--by", "user", "--days", "3", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["usd_per_node_hour"] == {g["name"]: g["usd_per_node_hour"] for g in cost["node_groups"]}
+    assert doc["price_basis"] == {g["name"]: g["price_basis"] for g in cost["node_groups"]}
+    assert doc["price_basis"]["spot-a10"].startswith("purchase mix at 1 desired node: 1 spot (")
+    with Stubber(aws["ssm"]) as stub:
+        answer(stub, page(SACCT))
+        text = cli("spend", stack, "--by", "user", "--days", "3").output
+    assert f"  spot-a10: ${doc['usd_per_node_hour']['spot-a10']:,.4f}/node-hour, purchase mix at 1" in text
 
 
 def test_spend_by_is_refused_without_slurm_accounting(aws: dict[str, Any], base_config: dict[str, Any],

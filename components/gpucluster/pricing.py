@@ -230,6 +230,9 @@ class GroupCost:
     spot: Rate
     desired: NodeSplit
     max: NodeSplit
+    region: str
+    types: int = 1
+    """How many instance types the group lists (the first is priced)."""
     hours_per_month: float = HOURS_PER_MONTH
     """Hours a month the group is paid for 24 x 7: all of them, or a Capacity Block's duration."""
     scheduled_hours_per_month: float = HOURS_PER_MONTH
@@ -333,9 +336,35 @@ def price_group(spec: StackSpec, group: NodeGroupConfig, spot: Rate | None = Non
     return GroupCost(name=group.name, instance_type=first.name, note=note, on_demand=od, base=base,
                      spot=spot or typical_spot_rate(first, spec.region),
                      desired=split_nodes(group, group.desired_nodes),
-                     max=split_nodes(group, group.max_nodes),
+                     max=split_nodes(group, group.max_nodes), region=spec.region, types=len(group.types),
                      hours_per_month=hours, scheduled_hours_per_month=scheduled, block_hours=block,
                      capacity_block=cap.market == "capacity_block")
+
+
+def node_hour_price(group: GroupCost) -> Rate:
+    """USD a node-hour of a priced node group, with its basis: the one node-hour price of the package.
+
+    The group's purchase mix exactly as `cost` prices it (GroupCost.usd_per_hour: the base, on-demand
+    above it, spot, or a Capacity Block) at desired nodes, or at max nodes for a group that scales
+    from zero, divided by those nodes. `spend`, `spend --by`, `scale`, `start` and `resume` multiply
+    it by node-hours or nodes, so a group's figure is the same in every command.
+    """
+    at: At = "desired" if group.desired.nodes else "max"
+    split = group.split(at)
+    if group.capacity_block:
+        parts = [(split.base, group.base, "in a Capacity Block")]
+    else:
+        base = "on-demand base" if group.base == group.on_demand else f"base ({group.base.basis})"
+        above = "on-demand above the base" if split.base else "on-demand"
+        parts = [(split.base, group.base, base), (split.on_demand, group.on_demand, above),
+                 (split.spot, group.spot, f"spot ({group.spot.basis})")]
+    used = [(n, rate, label) for n, rate, label in parts if n]
+    mix = " + ".join(f"{n} {label}" for n, _, label in used)
+    first = f"the first of {group.types} types" if group.types > 1 else ""
+    basis = (f"purchase mix at {split.nodes} {at} node{'s' if split.nodes > 1 else ''}: {mix}; "
+             f"{group.instance_type}{f' ({first})' if first else ''}, {group.region} list prices")
+    sources = "; ".join(dict.fromkeys(rate.source for _, rate, _ in used))
+    return Rate(group.usd_per_hour(at) / split.nodes, basis, sources, used[0][1].as_of)
 
 
 # ------------------------------------------------------------------------ stacks

@@ -9,7 +9,7 @@ another command module.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -171,49 +171,54 @@ def status(stack: StackArg, as_json: JsonOption = False) -> None:
         render.echo(line)
 
 
-def resume_price(spec: StackSpec, candidate: ResumeCandidate) -> tuple[str, float | None]:
+def resume_price(spec: StackSpec, candidate: ResumeCandidate) -> tuple[str, pricing.Rate | None]:
     return node_group_rate(spec, candidate.node_group)
 
 
-def node_group_rate(spec: StackSpec, node_group: str | None) -> tuple[str, float | None]:
-    """(instance type, on-demand USD per node-hour) of a node group, by name.
+def node_group_rate(spec: StackSpec, node_group: str | None) -> tuple[str, pricing.Rate | None]:
+    """(first instance type, USD per node-hour and its basis) of a node group, by name.
 
-    The node group's first instance type, as `gpucluster cost` prices it; None when
-    the group carries no node-group tag, the stack file no longer has that node
-    group, or the region has no price.
+    The one node-hour price (pricing.node_hour_price): the group's purchase mix as `gpucluster
+    cost` prices it. None when the group carries no node-group tag, the stack file no longer
+    has that node group, or the region has no price.
     """
     group = next((g for g in spec.node_groups if g.name == node_group), None)
     if group is None or not group.types:
         return "?", None
-    first = group.types[0]
     try:
-        return first.name, pricing.on_demand_rate(first, spec.region).usd_per_hour
+        return group.types[0].name, pricing.node_hour_price(pricing.price_group(spec, group))
     except pricing.PricingError:
-        return first.name, None
+        return group.types[0].name, None
 
 
 def resume_json(spec: StackSpec, candidate: ResumeCandidate) -> dict[str, Any]:
     """One group in `resume --json`: what resume would do to it, and its cost per hour if it does."""
     d = candidate.decision
     instance_type, rate = resume_price(spec, candidate)
+    # on_demand_usd_per_hour keeps its name (scripts read it); it is priced as price_basis says.
     return {"group": d.group, "node_group": candidate.node_group, "action": d.action,
             "stopped_by": d.stopped_by, "reason": d.reason or None, "nodes_now": candidate.desired_now,
             "nodes_after": d.desired_capacity, "min_after": d.min_size, "instance_type": instance_type,
             "on_demand_usd_per_hour": None if rate is None or d.action != "resume"
-            else round(rate * candidate.added_nodes, 4)}
+            else round(rate.usd_per_hour * candidate.added_nodes, 4),
+            "usd_per_node_hour": None if rate is None else round(rate.usd_per_hour, 4),
+            "price_basis": None if rate is None else rate.basis}
 
 
 def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate], action: str = "resume") -> list[str]:
     """What `resume` will restart, what it costs per hour, and the warning for budget stops."""
     rows, total, unpriced = [], 0.0, []
+    prices: dict[str, pricing.Rate] = {}
     for c in todo:
         d = c.decision
         instance_type, rate = resume_price(spec, c)
-        cost = None if rate is None else rate * c.added_nodes
+        cost = None if rate is None else rate.usd_per_hour * c.added_nodes
         if cost is None:
             unpriced.append(c.group)
         else:
             total += cost
+        if rate is not None:
+            prices[c.node_group or c.group] = rate
         rows.append([c.group, c.node_group or "?", d.stopped_by or "-", str(c.desired_now),
                      str(d.desired_capacity), str(d.min_size), instance_type,
                      "?" if cost is None else usd(cost)])
@@ -221,10 +226,11 @@ def render_resume_plan(spec: StackSpec, todo: list[ResumeCandidate], action: str
     out = [f"stack {spec.stack} ({spec.region}): {action} restarts {len(todo)} group(s), "
            f"{added} node(s):"]
     out += render.table(["group", "node group", "stopped by", "nodes now", "nodes after", "min after",
-                         "instance type", "on-demand $/h"], rows)
+                         "instance type", "$/h"], rows)
     bound = "at least " if unpriced else ""
-    out.append(f"cost: {bound}${usd(total)}/hour (${usd(total * 24)}/day) at on-demand rates of "
-               f"the first instance type; spot nodes cost less")
+    out.append(f"cost: {bound}${usd(total)}/hour (${usd(total * 24)}/day), priced as `gpucluster cost` "
+               "prices each group:")
+    out += render.node_hour_lines(prices)
     if unpriced:
         out.append(f"  not priced: {', '.join(unpriced)} (no gpucluster:node-group tag, a node group "
                    f"no longer in the stack file, or no price for {spec.region})")
@@ -415,29 +421,45 @@ def nodes_text(spec: StackSpec, stack: str, group: str | None, found: Any) -> No
 # ------------------------------------------------------------------ scale / stop / start
 
 
-def priced_changes(spec: StackSpec, plan: ScalePlan) -> tuple[list[list[str]], float, list[dict[str, Any]]]:
-    """`scale`'s table rows, the cost per hour after, and each change priced for `--json`."""
+@dataclass(frozen=True)
+class PricedChanges:
+    """`scale`'s plan priced: table rows, dollars per hour after, the changes for `--json`, node-hour prices."""
+
+    rows: list[list[str]]
+    total: float
+    changes: list[dict[str, Any]]
+    prices: dict[str, pricing.Rate]
+
+
+def priced_changes(spec: StackSpec, plan: ScalePlan) -> PricedChanges:
+    """`scale`'s table rows, the cost per hour after, each change priced for `--json`, and the node-hour
+    price of each node group (`pricing.node_hour_price`, as `cost` prices it)."""
     rows, total, priced = [], 0.0, []
+    prices: dict[str, pricing.Rate] = {}
     for c in plan.changes:
         instance_type, rate = node_group_rate(spec, c.node_group)
-        cost = None if rate is None else rate * c.desired_after
+        cost = None if rate is None else rate.usd_per_hour * c.desired_after
         total += cost or 0.0
+        if rate is not None:
+            prices[c.node_group] = rate
         rows.append([c.group, c.node_group, str(c.desired_now), str(c.desired_after),
                      f"{c.min_now} -> {c.min_after}", instance_type, "?" if cost is None else usd(cost)])
         priced.append({**asdict(c), "instance_type": instance_type,
-                       "on_demand_usd_per_hour_after": None if cost is None else round(cost, 4)})
-    return rows, total, priced
+                       "on_demand_usd_per_hour_after": None if cost is None else round(cost, 4),
+                       "usd_per_node_hour": None if rate is None else round(rate.usd_per_hour, 4),
+                       "price_basis": None if rate is None else rate.basis})
+    return PricedChanges(rows, total, priced, prices)
 
 
-def scale_plan_lines(spec: StackSpec, plan: ScalePlan, rows: list[list[str]], total: float,
-                     dry_run: bool) -> list[str]:
+def scale_plan_lines(spec: StackSpec, plan: ScalePlan, priced: PricedChanges, dry_run: bool) -> list[str]:
     """What `scale` will change, what it costs per hour, and why nothing changes (when nothing does)."""
     out = [f"stack {spec.stack} ({spec.region}): scale {plan.group} to {plan.desired} node(s):",
            *render.table(["group", "node group", "nodes now", "nodes after", "min", "instance type",
-                          "on-demand $/h after"], rows)]
+                          "$/h after"], priced.rows)]
     if plan.added_nodes:
-        out.append(f"cost: ${usd(total)}/hour (${usd(total * 24)}/day) at on-demand rates of the "
-                   "first instance type; spot nodes cost less")
+        out.append(f"cost: ${usd(priced.total)}/hour (${usd(priced.total * 24)}/day), priced as "
+                   "`gpucluster cost` prices each group:")
+        out.extend(render.node_hour_lines(priced.prices))
     if plan.unchanged or dry_run:
         out.append("nothing to change" if plan.unchanged else "dry run: nothing changed")
     return out
@@ -469,11 +491,11 @@ def scale(
         fail_usage("scale", reason)
     plan = ops_call("scale", lambda: plan_scale(spec, common.clients(spec), group, desired),
                     f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
-    rows, total, priced = priced_changes(spec, plan)
-    document = head(spec, group=group, desired=desired, changes=priced, dry_run=dry_run,
+    priced = priced_changes(spec, plan)
+    document = head(spec, group=group, desired=desired, changes=priced.changes, dry_run=dry_run,
                     changed=not plan.unchanged and not dry_run, results=[])
     if not as_json:
-        for line in scale_plan_lines(spec, plan, rows, total, dry_run):
+        for line in scale_plan_lines(spec, plan, priced, dry_run):
             render.say(line)
     if plan.unchanged or dry_run:
         if as_json:

@@ -126,6 +126,9 @@ def render_cost(cost: pricing.StackCost) -> list[str]:
             price = f"{rate.usd_per_hour:,.5f}".rstrip("0").rstrip(".")
             out += render.wrap(f"{label} ${price}/node-hour: {rate.basis} [{rate.source}, {rate.as_of}]",
                                indent="  ")
+        node = pricing.node_hour_price(g)
+        price = f"{node.usd_per_hour:,.5f}".rstrip("0").rstrip(".")
+        out += render.wrap(f"mix ${price}/node-hour: {node.basis}", indent="  ")
         rows = []
         for at in pricing.AT:
             s, parts = g.split(at), g.parts(at)
@@ -174,6 +177,16 @@ def render_cost(cost: pricing.StackCost) -> list[str]:
         seen.setdefault(o.source, o.as_of)
     out += [line for source, as_of in seen.items() for line in render.wrap(f"- {source} ({as_of})", "  ")]
     return out
+
+
+def cost_json(cost: pricing.StackCost) -> dict[str, Any]:
+    """`cost --json`: the cost model's document, each node group with its one node-hour price and its
+    basis added (pricing.node_hour_price: what spend, scale, start and resume show for the group)."""
+    doc = cost.as_json()
+    for group, priced in zip(doc["node_groups"], cost.groups, strict=True):
+        node = pricing.node_hour_price(priced)
+        group["usd_per_node_hour"], group["price_basis"] = round(node.usd_per_hour, 4), node.basis
+    return doc
 
 
 def read_cost_json(path: Path) -> dict[str, Any]:
@@ -234,7 +247,7 @@ def cost(
         except ChartUnavailable as err:
             fail_usage("cost", str(err))
     if as_json:
-        render.emit(result.as_json())
+        render.emit(cost_json(result))
     else:
         for line in render_cost(result):
             render.echo(line)

@@ -19,7 +19,7 @@ import os
 import sys
 import textwrap
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from gpucluster.ops.slurmjobs import NodeView
     from gpucluster.plan import Plan, PlannedResource
     from gpucluster.policy.records import Violation
-    from gpucluster.pricing import StackCost
+    from gpucluster.pricing import Rate, StackCost
     from gpucluster.slurm.queue import SlurmJob
     from gpucluster.slurm.usage import UsageRow
 
@@ -519,3 +519,10 @@ def usage_lines(rows: Sequence[UsageRow], by: str) -> list[str]:
     return table(["job", "node-hours", "GPU-hours", "cost $", "name (user, partition, state)"],
                  [[r.key, f"{r.node_hours:,.2f}", f"{r.gpu_hours:,.2f}", m, r.detail]
                   for r, m in zip(rows, money, strict=True)], min_wrap=24)
+
+
+def node_hour_lines(prices: Mapping[str, Rate], indent: str = "  ") -> list[str]:
+    """Each node group's one node-hour price (pricing.node_hour_price) and its basis, a wrapped line each:
+    what `spend`, `spend --by`, `scale`, `start` and `resume` print under their figures."""
+    return [line for name, rate in prices.items()
+            for line in wrap(f"{name}: ${rate.usd_per_hour:,.4f}/node-hour, {rate.basis}", indent)]

@@ -60,6 +60,8 @@ def render_spend(s: Spend) -> list[str]:
     rows.append(["total", usd(s.actual), usd(s.estimate.total),
                  *[usd(sum(v.get(o, 0.0) for v in groups.values())) for o in options]])
     out += render.table(["", "actual $", "estimate $", *[f"{purchase_label(o)} $" for o in options]], rows)
+    out += ["estimate: each node group's node-hours at its price, as `gpucluster cost` prices the group:",
+            *render.node_hour_lines(s.estimate.node_hour_prices)]
     waste = s.waste
     share = waste.share_percent
     out += ["", f"idle waste: ${usd(waste.idle_usd)}"
@@ -90,9 +92,11 @@ def spend_by(spec: StackSpec, by: str, start: datetime, end: datetime, as_json: 
     found = ops_call("spend", lambda: usage(spec, by, start, end, clients=common.clients(spec),
                                             progress=render.progress), None)
     if as_json:
+        prices = sorted(found.prices.items())
         render.emit({"stack": spec.stack, "identity": spec.identity, "region": spec.region, "currency": "USD",
                      "by": by, "period": {"start": start.isoformat(), "end": end.isoformat()},
-                     "usd_per_node_hour": {k: round(v, 4) for k, v in sorted(found.prices.items())},
+                     "usd_per_node_hour": {k: round(v.usd_per_hour, 4) for k, v in prices},
+                     "price_basis": {k: v.basis for k, v in prices},
                      "total_usd": round(found.usd, 2),
                      "rows": [{"key": r.key, "jobs": r.jobs, "node_hours": round(r.node_hours, 4),
                                "gpu_hours": round(r.gpu_hours, 4),
@@ -102,6 +106,8 @@ def spend_by(spec: StackSpec, by: str, start: datetime, end: datetime, as_json: 
     render.say(f"stack {spec.stack} ({spec.region}): Slurm accounting (sacct), {start:%Y-%m-%d} .. "
                f"{end:%Y-%m-%d} (exclusive), UTC, by {by}; node-hours at each node group's price as "
                "`gpucluster cost` gives it")
+    for line in render.node_hour_lines(found.prices):
+        render.say(line)
     if not found.rows:
         render.say("no job ran in these days")
         return

@@ -29,6 +29,7 @@ from gpucluster.ops import Clients, Spinner, no_spinner
 from gpucluster.ops.run import RunError
 
 if TYPE_CHECKING:
+    from gpucluster.pricing import Rate
     from gpucluster.slurm.batch import BatchJob
     from gpucluster.slurm.queue import SlurmJob
     from gpucluster.slurm.remote import JobPlace, SlurmNode
@@ -504,33 +505,22 @@ class Usage:
     start: datetime
     end: datetime
     rows: list[UsageRow]
-    prices: dict[str, float]
-    """Partition (node group) -> USD a node-hour, as `gpucluster cost` prices the group."""
+    prices: dict[str, Rate]
+    """Partition (node group) -> USD a node-hour and its basis, as `gpucluster cost` prices the group."""
 
     @property
     def usd(self) -> float:
         return sum(r.usd or 0.0 for r in self.rows)
 
 
-def node_hour_prices(spec: StackSpec) -> dict[str, float]:
-    """Each node group's USD a node-hour at its configured purchase mix (the cost model's).
-
-    At desired nodes, or at max nodes for a group that scales from zero, as `spend` prices
-    the idle waste of a group without billing data.
-    """
+def node_hour_prices(spec: StackSpec) -> dict[str, Rate]:
+    """Each node group's USD a node-hour with its basis: `pricing.node_hour_price`, as `cost` prices it."""
     from gpucluster import pricing
 
     try:
-        cost = pricing.price_stack(spec, pricing.Assumptions())
+        return {g.name: pricing.node_hour_price(pricing.price_group(spec, g)) for g in spec.node_groups}
     except pricing.PricingError as err:
         raise SlurmError(f"cannot price stack {spec.stack}: {err}") from None
-    prices = {}
-    for g in cost.groups:
-        at: pricing.At = "desired" if g.desired.nodes else "max"
-        nodes = g.split(at).nodes
-        if nodes:
-            prices[g.name] = g.usd_per_hour(at) / nodes
-    return prices
 
 
 def usage(spec: StackSpec, by: str, start: datetime, end: datetime, *, clients: Clients,
@@ -552,4 +542,4 @@ def usage(spec: StackSpec, by: str, start: datetime, end: datetime, *, clients: 
         jobs = parse_usage(checked(result, "sacct"), start, end, now or datetime.now(UTC))
     except QueueError as err:
         raise SlurmError(str(err)) from None
-    return Usage(by, start, end, priced(jobs, by, prices), prices)
+    return Usage(by, start, end, priced(jobs, by, {k: r.usd_per_hour for k, r in prices.items()}), prices)

@@ -112,6 +112,8 @@ class Estimate:
     running_hours: float
     node_hours: dict[str, float]
     spot_share_percent: dict[str, float]
+    node_hour_prices: dict[str, pricing.Rate]
+    """Node group name -> its one node-hour price and basis (pricing.node_hour_price)."""
 
     @property
     def total(self) -> float:
@@ -155,7 +157,8 @@ def estimate_window(cost: pricing.StackCost, spec: StackSpec, window: Window) ->
         mix = g.usd_per_hour("desired") or g.usd_per_hour("max")
         parts = g.parts("desired") if g.usd_per_hour("desired") else g.parts("max")
         spot[g.name] = 100 * parts["spot"] / mix if mix else 0.0
-    return Estimate(dict(by_day), dict(by_group), sum(hours.values()), node_hours, spot)
+    prices = {g.name: pricing.node_hour_price(g) for g in cost.groups}
+    return Estimate(dict(by_day), dict(by_group), sum(hours.values()), node_hours, spot, prices)
 
 
 # ---------------------------------------------------------------------- report
@@ -209,7 +212,7 @@ class Spend:
         groups = self.by_group_and_purchase()
         names = [g for g in groups if g is not None] + [g for g in self.estimate.by_group if g is not None
                                                          and g not in groups]
-        share = self.waste.share_percent
+        share, prices = self.waste.share_percent, self.estimate.node_hour_prices
         return {
             "stack": self.stack, "identity": self.identity, "region": self.region, "currency": "USD",
             "period": {"start": self.window.start.isoformat(), "end": self.window.end.isoformat(),
@@ -232,6 +235,8 @@ class Spend:
             "idle_waste": {**self.waste.as_json(),
                            "share_of_gpu_spend_percent": None if share is None else round(share, 1)},
             "cost_allocation_tags": self.tag_status,
+            "usd_per_node_hour": {k: round(v.usd_per_hour, 4) for k, v in prices.items()},
+            "price_basis": {k: v.basis for k, v in prices.items()},
         }
 
 
@@ -313,12 +318,8 @@ def stack_spend(spec: StackSpec, window: Window, *, ce: Any, cloudwatch: Any, au
                   window.end_time, threshold,
                   metric_period(window.start_time, now)), asgs)
     gpus = {g.name: g.types[0].gpus for g in spec.node_groups}
-    fallback = {}
-    for g in cost.groups:
-        at: pricing.At = "desired" if g.desired.nodes else "max"
-        nodes = g.split(at).nodes
-        if nodes and gpus[g.name]:
-            fallback[g.name] = g.usd_per_hour(at) / nodes / gpus[g.name]
+    fallback = {name: rate.usd_per_hour / gpus[name]
+                for name, rate in estimate.node_hour_prices.items() if gpus[name]}
     waste = idle_waste(totals(rows, "node_group"), usage, fallback)
     tags = tag_status(ce, [STACK_TAG, NODE_GROUP_TAG])
     desired_now = {}

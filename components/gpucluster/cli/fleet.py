@@ -423,7 +423,7 @@ def nodes_text(spec: StackSpec, stack: str, group: str | None, found: Any) -> No
 
 @dataclass(frozen=True)
 class PricedChanges:
-    """`scale`'s plan priced: table rows, dollars per hour after, the changes for `--json`, node-hour prices."""
+    """`scale`'s plan priced: table rows, dollars an hour after, changes for `--json`, node-hour prices."""
 
     rows: list[list[str]]
     total: float

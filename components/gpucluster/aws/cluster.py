@@ -29,7 +29,18 @@ import pulumi
 import pulumi_aws as aws
 
 from gpucluster.aws import children
-from gpucluster.aws.args import (
+from gpucluster.aws.args import component_options, owned_tags, stack_checks, type_token, validate
+from gpucluster.aws.datasets import DatasetBucket, DatasetStore, LustreFileSystem
+from gpucluster.aws.guardrail_lambda import LOG_RETENTION_DAYS
+from gpucluster.aws.guardrails import Guardrails, PcsGuard
+from gpucluster.aws.iam import NodeIdentity
+from gpucluster.aws.images import NodeImages
+from gpucluster.aws.network import ClusterNetwork
+from gpucluster.aws.nodes import DEFAULT_AMI_PARAMETER, GpuNodeGroup, NodeDataMount
+from gpucluster.aws.nodescripts import NodeScripts
+from gpucluster.aws.observability import ClusterDashboard
+from gpucluster.aws.prometheus import MetricsWorkspace
+from gpucluster.aws.settings import (
     AutoStopSettings,
     BudgetSettings,
     ClusterSettings,
@@ -41,22 +52,7 @@ from gpucluster.aws.args import (
     ObservabilitySettings,
     SchedulerSettings,
     SpotSettings,
-    component_options,
-    owned_tags,
-    stack_checks,
-    type_token,
-    validate,
 )
-from gpucluster.aws.datasets import DatasetBucket, DatasetStore, LustreFileSystem
-from gpucluster.aws.guardrail_lambda import LOG_RETENTION_DAYS
-from gpucluster.aws.guardrails import Guardrails, PcsGuard
-from gpucluster.aws.iam import NodeIdentity
-from gpucluster.aws.images import NodeImages
-from gpucluster.aws.network import ClusterNetwork
-from gpucluster.aws.nodes import DEFAULT_AMI_PARAMETER, GpuNodeGroup, NodeDataMount
-from gpucluster.aws.nodescripts import NodeScripts
-from gpucluster.aws.observability import ClusterDashboard
-from gpucluster.aws.prometheus import MetricsWorkspace
 from gpucluster.names import node_identity_name
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant

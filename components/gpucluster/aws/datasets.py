@@ -21,7 +21,6 @@ import pulumi_aws as aws
 
 from gpucluster.aws.args import (
     DatasetBucketModel,
-    DatasetSettings,
     LustreFileSystemModel,
     bucket_checks,
     component_options,
@@ -29,6 +28,7 @@ from gpucluster.aws.args import (
     type_token,
     validate,
 )
+from gpucluster.aws.settings import DatasetSettings
 from gpucluster.noderole import dataset_grants
 from gpucluster.parts import S3Grant
 from gpucluster.spec import DatasetConfig, generated_bucket_prefix, partition_of

@@ -11,7 +11,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from gpucluster.aws.args import STACK_TAG, GuardrailsModel, component_options, owned_tags, type_token
+from gpucluster.aws.args import GuardrailsModel, component_options, owned_tags, type_token
 from gpucluster.aws.guardrail_lambda import (
     BASE_TIMEOUT_SECONDS,
     GuardrailContext,
@@ -24,6 +24,7 @@ from gpucluster.aws.guardrail_lambda import (
     scaling_statements,
 )
 from gpucluster.aws.guardrail_state import with_state
+from gpucluster.fleet.tags import STACK_TAG
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.spec import BudgetConfig
 

@@ -19,15 +19,9 @@ from typing import Any, NotRequired, TypedDict
 import pulumi
 import pulumi_aws as aws
 
-from gpucluster.aws.args import (
-    BudgetSettings,
-    ClusterDashboardModel,
-    dashboard_checks,
-    owned_tags,
-    type_token,
-    validate,
-)
+from gpucluster.aws.args import ClusterDashboardModel, dashboard_checks, owned_tags, type_token, validate
 from gpucluster.aws.health import GROUP_METRICS
+from gpucluster.aws.settings import BudgetSettings
 from gpucluster.names import dashboard_name, dashboard_url
 from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Annotated, Any, Literal, TypedDict, TypeVar, get_args
 
 import pulumi
-from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, GetPydanticSchema, TypeAdapter, ValidationError
 
 from gpucluster.fleet.tags import CLUSTER_TAG, STACK_TAG
 from gpucluster.noderole import ROLE_INLINE_POLICIES_MAX_CHARS, node_inline_policies_chars
@@ -136,8 +136,9 @@ def is_plain(value: Any) -> bool:
     return not isinstance(value, pulumi.Output) and not inspect.isawaitable(value)
 
 
-def input_of(rule: Any) -> Any:
-    """A `pulumi.Input` field: checked by `rule` when it is a plain value, taken as is when an Output."""
+def input_rule(rule: Any) -> AfterValidator:
+    """What checks a `pulumi.Input` field, `Annotated[Any, input_rule(<type>)]`: `rule` when the value
+    is plain, nothing when it is an Output (its value is only known at deploy time)."""
     adapter: TypeAdapter[Any] = TypeAdapter(rule)
 
     def check(value: Any) -> Any:
@@ -148,7 +149,14 @@ def input_of(rule: Any) -> Any:
         except ValidationError as exc:
             raise ValueError(validation_findings(exc)[0].message) from None
 
-    return Annotated[Any, AfterValidator(check)]
+    return AfterValidator(check)
+
+
+def rule_of(model: type[BaseModel], field: str) -> GetPydanticSchema:
+    """What checks a field as one stack-file field, `Annotated[Any, rule_of(<Model>, <field>)]`: that
+    field's type and validators (`field_rule`), spelt so a type checker reads the annotation."""
+    rule = field_rule(model, field)
+    return GetPydanticSchema(lambda _source, handler: handler.generate_schema(rule))
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -212,21 +220,21 @@ class DataMountModel(StrictModel):
     """One dataset as the node bootstrap brings it (GpuNodeGroupArgs.data_mounts)."""
 
     name: Name
-    access: field_rule(DatasetConfig, "access")
-    bucket_name: input_of(BucketName)
+    access: Annotated[Any, rule_of(DatasetConfig, "access")]
+    bucket_name: Annotated[Any, input_rule(BucketName)]
     prefix: S3Prefix = ""
     path: AbsolutePath
     fsx_dns_name: Any = None
     fsx_mount_name: Any = None
-    fsx_client_key_fingerprints: field_rule(FsxConfig, "client_key_fingerprints") = Field(
+    fsx_client_key_fingerprints: Annotated[Any, rule_of(FsxConfig, "client_key_fingerprints")] = Field(
         default_factory=list)
-    expected_bucket_owner: input_of(AccountId | None) = None
+    expected_bucket_owner: Annotated[Any, input_rule(AccountId | None)] = None
 
 
 class BucketGrantModel(StrictModel):
     """Node access to one bucket (NodeIdentityArgs.s3_grants)."""
 
-    bucket_name: input_of(BucketName)
+    bucket_name: Annotated[Any, input_rule(BucketName)]
     prefix: S3Prefix = ""
     write: bool = False
     expected_bucket_owner: AccountId | None = None
@@ -237,14 +245,15 @@ class ClusterNetworkModel(StrictModel):
 
     cluster_name: Name
     region: Region
-    availability_zones: field_rule(NetworkConfig, "availability_zones")
-    vpc_cidr: field_rule(NetworkConfig, "vpc_cidr") = None
+    availability_zones: Annotated[Any, rule_of(NetworkConfig, "availability_zones")]
+    vpc_cidr: Annotated[Any, rule_of(NetworkConfig, "vpc_cidr")] = None
     nat_gateway: bool = True
-    existing_vpc_id: input_of(VpcId) = None
-    existing_subnet_ids: dict[AvailabilityZone, input_of(SubnetId)] = Field(default_factory=dict)
+    existing_vpc_id: Annotated[Any, input_rule(VpcId)] = None
+    existing_subnet_ids: dict[AvailabilityZone, Annotated[Any, input_rule(SubnetId)]] = Field(
+        default_factory=dict)
     tags: Tags = Field(default_factory=dict)
     node_groups: list[GroupNetworkModel] = Field(default_factory=list)
-    flow_logs: field_rule(NetworkConfig, "flow_logs") = "reject"
+    flow_logs: Annotated[Any, rule_of(NetworkConfig, "flow_logs")] = "reject"
     permissions_boundary: PolicyName | None = None
 
 
@@ -264,8 +273,8 @@ def network_checks(m: ClusterNetworkModel) -> Iterable[Finding]:
 class NodeScriptsSourceModel(StrictModel):
     """Where nodes fetch the node scripts bundle (GpuNodeGroupArgs / NodeIdentityArgs.node_scripts)."""
 
-    bucket_name: input_of(BucketName)
-    owner: input_of(AccountId)
+    bucket_name: Annotated[Any, input_rule(BucketName)]
+    owner: Annotated[Any, input_rule(AccountId)]
 
 
 class GpuNodeGroupModel(StrictModel):
@@ -275,25 +284,26 @@ class GpuNodeGroupModel(StrictModel):
     cluster_name: Name
     region: Region
     identity: Identity
-    subnet_ids: input_of(Annotated[list[input_of(SubnetId)], Field(min_length=1)])
-    security_group_ids: input_of(
-        Annotated[list[input_of(SecurityGroupId)], Field(min_length=1, max_length=5)])
-    placement_group_name: input_of(NonEmpty | None) = None
-    instance_profile_arn: input_of(Arn)
+    subnet_ids: Annotated[Any, input_rule(
+        Annotated[list[Annotated[Any, input_rule(SubnetId)]], Field(min_length=1)])]
+    security_group_ids: Annotated[Any, input_rule(
+        Annotated[list[Annotated[Any, input_rule(SecurityGroupId)]], Field(min_length=1, max_length=5)])]
+    placement_group_name: Annotated[Any, input_rule(NonEmpty | None)] = None
+    instance_profile_arn: Annotated[Any, input_rule(Arn)]
     tags: Tags = Field(default_factory=dict)
     spot: SpotConfig = SpotConfig()
     data_mounts: list[DataMountModel] = Field(default_factory=list)
     autostop: AutoStopConfig | None = None
-    node_role_name: input_of(NonEmpty | None) = None
-    notify_topic_arn: input_of(Annotated[str, _matches(r"(arn:aws[a-z-]*:sns:[^\s]+)?",
-                                                       "must be an SNS topic ARN or empty")]) = ""
-    notify_key_arn: input_of(Annotated[str, _matches(r"(arn:aws[a-z-]*:kms:[^\s]+)?",
-                                                     "must be a KMS key ARN or empty")]) = ""
+    node_role_name: Annotated[Any, input_rule(NonEmpty | None)] = None
+    notify_topic_arn: Annotated[Any, input_rule(Annotated[str, _matches(
+        r"(arn:aws[a-z-]*:sns:[^\s]+)?", "must be an SNS topic ARN or empty")])] = ""
+    notify_key_arn: Annotated[Any, input_rule(Annotated[str, _matches(
+        r"(arn:aws[a-z-]*:kms:[^\s]+)?", "must be a KMS key ARN or empty")])] = ""
     observability: ObservabilityConfig = ObservabilityConfig()
-    remote_write_url: input_of(str) = ""
+    remote_write_url: Annotated[Any, input_rule(str)] = ""
     image: ImageGroupConfig | None = None
     scheduler: Literal["none", "slurm"] = "none"
-    slurm_ami_id: field_rule(NodeGroupConfig, "ami_id") = None
+    slurm_ami_id: Annotated[Any, rule_of(NodeGroupConfig, "ami_id")] = None
     node_scripts: NodeScriptsSourceModel | None = None
 
 
@@ -376,10 +386,11 @@ class LustreFileSystemModel(StrictModel):
     """LustreFileSystemArgs, checked: the dataset (with its fsx settings) as the stack file checks it."""
 
     dataset: DatasetConfig
-    bucket_name: input_of(BucketName)
-    vpc_id: input_of(VpcId)
-    subnet_id: input_of(SubnetId)
-    node_security_group_ids: dict[Name, input_of(SecurityGroupId)] = Field(default_factory=dict)
+    bucket_name: Annotated[Any, input_rule(BucketName)]
+    vpc_id: Annotated[Any, input_rule(VpcId)]
+    subnet_id: Annotated[Any, input_rule(SubnetId)]
+    node_security_group_ids: dict[Name, Annotated[Any, input_rule(SecurityGroupId)]] = Field(
+        default_factory=dict)
     tags: Tags = Field(default_factory=dict)
 
 
@@ -395,10 +406,10 @@ class GuardedGroupModel(StrictModel):
     """One Auto Scaling group the guardrails act on (GuardrailsArgs.groups)."""
 
     name: Name
-    asg_name: input_of(AsgName)
-    asg_arn: input_of(AsgArn)
+    asg_name: Annotated[Any, input_rule(AsgName)]
+    asg_arn: Annotated[Any, input_rule(AsgArn)]
     can_run_spot: bool
-    capacity_block_reservation_id: field_rule(CapacityConfig, "capacity_reservation_id") = None
+    capacity_block_reservation_id: Annotated[Any, rule_of(CapacityConfig, "capacity_reservation_id")] = None
 
 
 class GuardrailsModel(StrictModel):
@@ -416,7 +427,7 @@ class GuardrailsModel(StrictModel):
     permissions_boundary: PolicyName | None = None
     spend_prices: dict[str, Any] | None = None
     restart_jobs: bool = False
-    notify_emails: field_rule(NotificationsConfig, "emails") = Field(default_factory=list)
+    notify_emails: Annotated[Any, rule_of(NotificationsConfig, "emails")] = Field(default_factory=list)
 
 
 def guardrails_checks(m: GuardrailsModel) -> Iterable[Finding]:
@@ -430,8 +441,8 @@ class DashboardGroupModel(StrictModel):
     """One node group on the dashboard (ClusterDashboardArgs.groups)."""
 
     name: Name
-    asg_name: input_of(AsgName)
-    stuck_alarm_minutes: field_rule(HealthCheckConfig, "stuck_alarm_minutes") = None
+    asg_name: Annotated[Any, input_rule(AsgName)]
+    stuck_alarm_minutes: Annotated[Any, rule_of(HealthCheckConfig, "stuck_alarm_minutes")] = None
     mig: bool = False
 
 
@@ -442,9 +453,9 @@ class ClusterDashboardModel(StrictModel):
     identity: Identity
     region: Region
     groups: Annotated[list[DashboardGroupModel], Field(min_length=1, max_length=20)]
-    notify_topic_arn: input_of(Arn | None) = None
-    guardrail_log_groups: list[input_of(NonEmpty)] = Field(default_factory=list)
-    alarm_arns: list[input_of(Arn)] = Field(default_factory=list)
+    notify_topic_arn: Annotated[Any, input_rule(Arn | None)] = None
+    guardrail_log_groups: list[Annotated[Any, input_rule(NonEmpty)]] = Field(default_factory=list)
+    alarm_arns: list[Annotated[Any, input_rule(Arn)]] = Field(default_factory=list)
     budget: BudgetConfig | None = None
     tags: Tags = Field(default_factory=dict)
 

@@ -446,7 +446,7 @@ def estimate_memory(w: Workload) -> MemoryEstimate:
             base = QLORA_BYTES * (p - embeddings) + 2 * embeddings
         else:
             base = 2.0 * p
-        activations = w.seq_len * w.batch * m.hidden * (2 * m.layers + 34)
+        activations: float = w.seq_len * w.batch * m.hidden * (2 * m.layers + 34)
         return MemoryEstimate(
             weights=base, gradients=2 * adapter, optimizer=(ADAPTER_STATE_BYTES - 4) * adapter,
             buffers=0.0, overhead=0.0, kv_cache=0.0, adapters=2 * adapter,

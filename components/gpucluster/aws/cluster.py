@@ -342,6 +342,8 @@ class GpuCluster(pulumi.ComponentResource):
         # verify this one bundle (gpucluster.node.bundle).
         self.node_scripts = NodeScripts(f"{name}-node-scripts", children.node_scripts_args(spec), opts=child)
         self.images = build_images(f"{name}-images", spec, self.network, child)
+        topic_arn: pulumi.Output[str]
+        key_arn: pulumi.Output[str]
         topic_arn, resolve_topic = pulumi.deferred_output()
         key_arn, resolve_key = pulumi.deferred_output()
         # observability.prometheus: the workspace first, its remote-write URL goes into the user data.
@@ -389,9 +391,9 @@ class GpuCluster(pulumi.ComponentResource):
         self.node_identity = self.node_identities[spec.node_groups[0].name]
         guard = self.guardrails
         # Every guardrail Lambda that scales groups to zero (asg.scale_to_zero logs each stop).
-        stoppers = [part.function for part in (guard.autostop, guard.budget, guard.spend_guard,
-                                               guard.capacity_block)
-                    if part is not None and getattr(part, "function", None) is not None]
+        stoppers = [function
+                    for part in (guard.autostop, guard.budget, guard.spend_guard, guard.capacity_block)
+                    if (function := getattr(part, "function", None)) is not None]
         self.dashboard = ClusterDashboard(f"{name}-dashboard", children.dashboard_args(
             spec, {g: handle[0] for g, handle in group_handles(self.groups, self.pcs).items()},
             notify_topic_arn=guard.notify_topic_arn,

@@ -59,7 +59,7 @@ def budget_notifications(budget: BudgetConfig, notify_topic_arn: pulumi.Input[st
     action = budget.action_threshold_percent if action_topic_arn is not None else None
     thresholds = sorted(set(budget.alert_thresholds_percent) | ({action} if action else set()))
 
-    def notification(kind: str, threshold: float, topic: pulumi.Input[str]) -> dict[str, Any]:
+    def notification(kind: str, threshold: float, topic: pulumi.Input[str] | None) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "notification_type": kind, "comparison_operator": "GREATER_THAN",
             "threshold": threshold, "threshold_type": "PERCENTAGE",

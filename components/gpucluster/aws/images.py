@@ -136,7 +136,7 @@ class NodeImages(pulumi.ComponentResource):
         for part, policy in BUILD_MANAGED_POLICIES.items():
             aws.iam.RolePolicyAttachment(
                 f"{name}-build-{part}", role=self.role.name,
-                policy_arn=partition.apply(lambda p, policy=policy: f"arn:{p}:iam::aws:policy/{policy}"),
+                policy_arn=pulumi.Output.concat("arn:", partition, f":iam::aws:policy/{policy}"),
                 opts=child)
         images = [g["container_image"] for g in args["groups"] if g.get("container_image")]
         aws.iam.RolePolicy(f"{name}-build", role=self.role.id, policy=partition.apply(

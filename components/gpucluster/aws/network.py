@@ -129,7 +129,8 @@ class ClusterNetwork(pulumi.ComponentResource):
         vpc_id: pulumi.Input[str]
         if m.existing_vpc_id is not None:
             vpc_id = m.existing_vpc_id
-            self.subnets = {az: m.existing_subnet_ids[az] for az in m.availability_zones}
+            self.subnets: dict[str, pulumi.Input[str]] = {az: m.existing_subnet_ids[az]
+                                                          for az in m.availability_zones}
             self.internet_egress = True  # the VPC's own routing decides; we cannot see it
         else:
             self.internet_egress = m.nat_gateway
@@ -217,7 +218,7 @@ class ClusterNetwork(pulumi.ComponentResource):
                                      tags=self._tags(f"{label}-default-unused"), opts=child)
         private_rt = aws.ec2.RouteTable(f"{name}-private-rt", vpc_id=vpc.id,
                                         tags=self._tags(f"{label}-private"), opts=child)
-        self.subnets: dict[str, pulumi.Input[str]] = {}
+        self.subnets = {}
         for az, block in plan.private.items():
             subnet = aws.ec2.Subnet(f"{name}-private-{az}", vpc_id=vpc.id, cidr_block=block,
                                     availability_zone=az, map_public_ip_on_launch=False,

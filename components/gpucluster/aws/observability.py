@@ -248,6 +248,8 @@ class ClusterDashboard(pulumi.ComponentResource):
             f"{name}-dashboard", dashboard_name=name_of_dashboard, dashboard_body=body, opts=child)
         self.dashboard_name = self.dashboard.dashboard_name
         self.dashboard_url = pulumi.Output.from_input(dashboard_url(m.region, name_of_dashboard))
-        self.stuck_alarm_names = pulumi.Output.from_input({g: a.name for g, a in self.stuck_alarms.items()})
+        # from_input resolves the Outputs inside the dict; its annotation takes a plain Input[T] only.
+        self.stuck_alarm_names = pulumi.Output.from_input(
+            {g: a.name for g, a in self.stuck_alarms.items()})  # type: ignore[misc]
         self.register_outputs({"dashboard_name": self.dashboard_name, "dashboard_url": self.dashboard_url,
                                "stuck_alarm_names": self.stuck_alarm_names})

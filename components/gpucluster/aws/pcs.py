@@ -350,7 +350,9 @@ class SlurmCluster(pulumi.ComponentResource):
         """Every group is in: the outputs."""
         self.cluster_id = self.cluster.aws_id
         self.cluster_arn = self.cluster.arn
-        self.node_group_ids = pulumi.Output.from_input({g: n.aws_id for g, n in self.node_groups.items()})
+        # from_input resolves the Outputs inside the dict; its annotation takes a plain Input[T] only.
+        self.node_group_ids = pulumi.Output.from_input(
+            {g: n.aws_id for g, n in self.node_groups.items()})  # type: ignore[misc]
         self.register_outputs({"cluster_id": self.cluster_id, "cluster_arn": self.cluster_arn,
                                "node_group_ids": self.node_group_ids})
 

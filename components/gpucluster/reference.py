@@ -135,13 +135,12 @@ def _command_section(command: Any, path: str, lines: list[str]) -> None:
 
 def render_cli_reference() -> str:
     """Every `gpucluster` command and option, in `--help` order, from the typer app itself."""
-    import click
     import typer
 
     from gpucluster.cli.entry import app
 
     root = typer.main.get_command(app)
-    assert isinstance(root, click.Group), "the gpucluster app has commands"
+    assert isinstance(root, typer.core.TyperGroup), "the gpucluster app has commands"
     lines = ["# CLI reference", "",
              "Generated from the typer app (`gpucluster.cli.entry.app`) by `python -m gpucluster.reference "
              "--write`; `tests/test_docs.py` fails when this page and the code differ. "

@@ -180,7 +180,8 @@ for _tag in ("binary", "set", "omap", "pairs"):  # unreachable past the composer
     _Constructor.yaml_constructors.pop(f"{_CORE}{_tag}", None)
 
 try:  # libyaml's scanner and parser are ~4x faster; composing and building stay in Python
-    from yaml._yaml import CParser as _Parser  # what yaml.cyaml re-exports
+    # types-PyYAML leaves CParser out of yaml.cyaml's __all__; PyYAML binds it there.
+    from yaml.cyaml import CParser as _Parser  # type: ignore[attr-defined]
 
     def _init_parser(loader: Any, text: str) -> None:
         _Parser.__init__(loader, text)

@@ -199,7 +199,7 @@ except ImportError:  # PyYAML without libyaml: its own reader, scanner and parse
         Parser.__init__(loader)
 
 
-class _Loader(_Bounded, _Constructor, Resolver, _Parser):  # type: ignore[misc, valid-type]
+class _Loader(_Bounded, _Constructor, Resolver, _Parser):
     def __init__(self, text: str) -> None:
         _init_parser(self, text)
         _Bounded.__init__(self)

@@ -21,7 +21,7 @@ security group too, and each group becomes a PCS compute node group and queue on
 template instead of an Auto Scaling group; the stack exports `pcs_cluster_id`.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
@@ -344,6 +344,8 @@ class GpuCluster(pulumi.ComponentResource):
         self.images = build_images(f"{name}-images", spec, self.network, child)
         topic_arn: pulumi.Output[str]
         key_arn: pulumi.Output[str]
+        resolve_topic: Callable[[pulumi.Output[str]], None]
+        resolve_key: Callable[[pulumi.Output[str]], None]
         topic_arn, resolve_topic = pulumi.deferred_output()
         key_arn, resolve_key = pulumi.deferred_output()
         # observability.prometheus: the workspace first, its remote-write URL goes into the user data.
@@ -436,8 +438,9 @@ class GpuCluster(pulumi.ComponentResource):
         self.region = pulumi.Output.from_input(spec.region)
         self.vpc_id = self.network.vpc_id
         self.subnet_ids = self.network.subnet_ids
-        self.node_groups = pulumi.Output.from_input(node_groups)
-        self.datasets = pulumi.Output.from_input(datasets)
+        # from_input resolves the Outputs inside the summaries; its annotation takes a plain Input[T] only.
+        self.node_groups = pulumi.Output.from_input(node_groups)  # type: ignore[arg-type]
+        self.datasets = pulumi.Output.from_input(datasets)  # type: ignore[arg-type]
         self.notify_topic_arn = self.guardrails.notify_topic_arn
         self.budget_name = self.guardrails.budget_name
         self.budget_action_topic_arn = self.guardrails.budget_action_topic_arn

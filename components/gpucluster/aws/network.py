@@ -141,11 +141,12 @@ class ClusterNetwork(pulumi.ComponentResource):
             self.flow_log = self._flow_logs(vpc_id)
         self.groups = {group.name: self._group_network(group) for group in m.node_groups}
         self.vpc_id = pulumi.Output.from_input(vpc_id)
-        self.subnet_ids = pulumi.Output.from_input(self.subnets)
+        # from_input resolves the Outputs inside a dict; its annotation takes a plain Input[T] only.
+        self.subnet_ids = pulumi.Output.from_input(self.subnets)  # type: ignore[arg-type]
         self.security_group_ids = pulumi.Output.from_input(
-            {g: n.security_group.id for g, n in self.groups.items()})
+            {g: n.security_group.id for g, n in self.groups.items()})  # type: ignore[misc]
         self.placement_group_names = pulumi.Output.from_input(
-            {g: n.placement_group.name for g, n in self.groups.items() if n.placement_group})
+            {g: n.placement_group.name for g, n in self.groups.items() if n.placement_group})  # type: ignore[misc]
         self.register_outputs({"vpc_id": self.vpc_id, "subnet_ids": self.subnet_ids,
                                "security_group_ids": self.security_group_ids,
                                "placement_group_names": self.placement_group_names})

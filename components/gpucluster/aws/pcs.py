@@ -278,7 +278,7 @@ class SlurmCluster(pulumi.ComponentResource):
             description=f"gpucluster {label}: Slurm login nodes (no inbound; access through SSM)",
             tags={**self._tags, "Name": f"{label}-login"}, opts=child)
         for rule in args["egress"]:
-            target = {k: rule[k] for k in ("cidr_ipv4", "prefix_list_id") if k in rule}  # type: ignore[literal-required]
+            target = {k: rule[k] for k in ("cidr_ipv4", "prefix_list_id") if k in rule}
             aws.vpc.SecurityGroupEgressRule(
                 f"{name}-login-egress-{rule['name']}", security_group_id=self.login_security_group.id,
                 ip_protocol="tcp", from_port=rule["port"], to_port=rule["port"], description=rule["why"],

@@ -304,14 +304,16 @@ class SlurmCluster(pulumi.ComponentResource):
             update_default_version=True, tags=tags,
             # The default parameter names the latest image: resolved at creation, then kept.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=[] if ami else ["imageId"]))
-        self.add_node_group({
+        login: SlurmComputeGroup = {
             "name": SLURM_LOGIN_GROUP, "launch_template_id": self.login_template.id,
             "launch_template_version": self.login_template.latest_version,
             "instance_profile_arn": self.login_identity.instance_profile_arn,
             "instance_types": [args["login_instance_type"]], "min_nodes": args["login_count"],
             "max_nodes": args["login_count"], "subnet_ids": [args["subnet_id"]],
-            "purchase_option": "ONDEMAND",
-            **({"ami_id": ami} if ami else {})}, queue=False)
+            "purchase_option": "ONDEMAND"}
+        if ami:
+            login["ami_id"] = ami
+        self.add_node_group(login, queue=False)
 
     def add_node_group(self, group: SlurmComputeGroup, queue: bool = True) -> aws_native.pcs.ComputeNodeGroup:
         """The group's compute node group on its own launch template, and (unless `queue` is false) its

@@ -12,6 +12,7 @@ Every metric it reads is one another part publishes with the same dimensions
 alarms only notify.
 """
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any, NotRequired, TypedDict
@@ -121,7 +122,8 @@ def dashboard_body(*, cluster_name: str, identity: str, region: str, groups: Seq
     return {"widgets": widgets}
 
 
-def stuck_alarm_queries(asg_name: str, namespace: str, mig: bool = False) -> list[dict[str, Any]]:
+def stuck_alarm_queries(asg_name: str, namespace: str,
+                        mig: bool = False) -> "list[aws.cloudwatch.MetricAlarmMetricQueryArgsDict]":
     """Metric-math queries of a group's stuck-job alarm (CloudWatch user guide, "Metric math": IF, FILL).
 
     busy_flat: every GPU busy and all within a few points of each other this minute (a
@@ -130,12 +132,13 @@ def stuck_alarm_queries(asg_name: str, namespace: str, mig: bool = False) -> lis
     read from the temperature, which every GPU reports, MIG mode or not; a GPU in MIG mode
     reports no utilisation (NVML N/A), so a MIG group's alarm is the silent one alone.
     """
-    def metric(query_id: str, namespace: str, name: str, stat: str) -> dict[str, Any]:
+    def metric(query_id: str, namespace: str, name: str,
+               stat: str) -> "aws.cloudwatch.MetricAlarmMetricQueryArgsDict":
         return {"id": query_id, "return_data": False, "metric": {
             "namespace": namespace, "metric_name": name, "dimensions": {GPU_METRIC_DIMENSION: asg_name},
             "period": GPU_METRIC_PERIOD_SECONDS, "stat": stat}}
 
-    silent = [
+    silent: list[aws.cloudwatch.MetricAlarmMetricQueryArgsDict] = [
         metric("samples", namespace, gpu_metric(SILENCE_MEASUREMENT), "SampleCount"),
         metric("inservice", AUTOSCALING_NAMESPACE, "GroupInServiceInstances", "Maximum"),
         {"id": "silent", "return_data": mig, "label": "in service, no GPU metric",
@@ -231,7 +234,7 @@ class ClusterDashboard(pulumi.ComponentResource):
                     "publishing no GPU metric. " + ("A dead agent" if mig else "A hung job or a dead agent")
                     + ": look at the nodes. Notifies only."),
                 metric_queries=pulumi.Output.from_input(group.asg_name).apply(
-                    lambda asg, mig=mig: stuck_alarm_queries(asg, namespace, mig)),
+                    functools.partial(stuck_alarm_queries, namespace=namespace, mig=mig)),
                 comparison_operator="GreaterThanOrEqualToThreshold", threshold=1,
                 evaluation_periods=minutes, datapoints_to_alarm=minutes, treat_missing_data="notBreaching",
                 alarm_actions=[m.notify_topic_arn], tags=tags, opts=child)

@@ -251,8 +251,9 @@ class SlurmCluster(pulumi.ComponentResource):
         # Named by pulumi-aws-native from its logical name (`<name>-` and a random suffix), so a replacement
         # (every SlurmConfiguration change replaces a PCS cluster) never meets the old name: the
         # component's own name keeps it within PCS's 40 characters for the longest cluster name (24,
-        # `-pcs`, 8; from memory of CreateCluster's clusterName limit).
-        self.cluster = aws_native.pcs.Cluster(
+        # `-pcs`, 8; from memory of CreateCluster's clusterName limit). The ignore: aws-native's SDK types
+        # slurm_configuration without the cluster's own keys (cluster_slurm_configuration says why).
+        self.cluster = aws_native.pcs.Cluster(  # type: ignore[call-overload]
             name,
             scheduler={"type": "SLURM", "version": args["slurm_version"]},
             size=args["size"].upper(),

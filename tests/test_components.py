@@ -18,18 +18,18 @@ from pulumi.provider.experimental.analyzer import Analyzer, PropertyType
 from base_config import BASE_CONFIG
 from gpucluster import COMPONENTS
 from gpucluster.aws import args as component_args
-from gpucluster.aws.args import (
+from gpucluster.aws.args import ArgsError
+from gpucluster.aws.cluster import GpuCluster
+from gpucluster.aws.guardrails import Guardrails, GuardrailsArgs
+from gpucluster.aws.network import ClusterNetwork
+from gpucluster.aws.nodes import GpuNodeGroup, GpuNodeGroupArgs
+from gpucluster.aws.settings import (
     SETTINGS_MODELS,
-    ArgsError,
     CapacitySettings,
     CostTagSettings,
     FsxSettings,
     MigSettings,
 )
-from gpucluster.aws.cluster import GpuCluster
-from gpucluster.aws.guardrails import Guardrails, GuardrailsArgs
-from gpucluster.aws.network import ClusterNetwork
-from gpucluster.aws.nodes import GpuNodeGroup, GpuNodeGroupArgs
 from gpucluster.fleet import awsapi, nodegroups, runtime
 from gpucluster.fleet.tags import STOPPED_BY_TAG
 from gpucluster.lambdas import budget_action

@@ -24,12 +24,13 @@ _COMPONENTS = {
     "gpucluster.aws.observability": ("ClusterDashboard", "ClusterDashboardArgs", "DashboardGroup"),
     "gpucluster.aws.cluster": ("GpuCluster", "GpuClusterArgs"),
     "gpucluster.aws.nodescripts": ("NodeScripts", "NodeScriptsArgs"),
-    # The stack file's sections as typed dicts, and the error every component raises on bad args.
-    "gpucluster.aws.args": ("ArgsError", "AutoStopSettings", "BudgetSettings", "CapacitySettings",
-                            "ClusterSettings", "CostTagSettings", "DatasetSettings", "FsxSettings",
-                            "GrafanaSettings", "HealthCheckSettings", "NetworkSettings", "NodeGroupSettings",
-                            "NodeScriptsSource", "ObservabilitySettings", "PrometheusSettings",
-                            "SpotSettings"),
+    # The stack file's sections as typed dicts, and what only components take.
+    "gpucluster.aws.settings": ("AutoStopSettings", "BudgetSettings", "CapacitySettings", "ClusterSettings",
+                                "CostTagSettings", "DatasetSettings", "FsxSettings", "GrafanaSettings",
+                                "HealthCheckSettings", "NetworkSettings", "NodeGroupSettings",
+                                "ObservabilitySettings", "PrometheusSettings", "SpotSettings"),
+    # The error every component raises on bad args, and the node scripts' source a component takes.
+    "gpucluster.aws.args": ("ArgsError", "NodeScriptsSource"),
 }
 _EXPORTS = {name: module for module, names in _COMPONENTS.items() for name in names}
 COMPONENTS = ("ClusterNetwork", "GpuNodeGroup", "NodeIdentity", "DatasetBucket", "LustreFileSystem",

@@ -132,7 +132,9 @@ class PlanMocks(pulumi.runtime.Mocks):
         state.update(_provider_computed(args.typ, args.name, args.inputs, self.region))
         return state["id"], state
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+    # pulumi's runtime takes a plain dict (mocks.py: `isinstance(tup, dict)`); Mocks.call's annotation
+    # names only the (result, failures) tuple.
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:  # type: ignore[override]
         token = args.token
         if token == "aws:ssm/getParameter:getParameter":
             return {"name": args.args.get("name"), "value": MOCK_AMI, "type": "String",

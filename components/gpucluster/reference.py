@@ -140,13 +140,15 @@ def render_cli_reference() -> str:
     from gpucluster.cli.entry import app
 
     root = typer.main.get_command(app)
+    assert isinstance(root, typer.core.TyperGroup), "the gpucluster app has commands"
     lines = ["# CLI reference", "",
              "Generated from the typer app (`gpucluster.cli.entry.app`) by `python -m gpucluster.reference "
              "--write`; `tests/test_docs.py` fails when this page and the code differ. "
              "[The gpucluster command](../guides/cli.md) explains exit codes, `--json` and output.", "",
              "## `gpucluster`", "", "Options before the command:", "",
              "| option | default | meaning |", "|---|---|---|"]
-    lines += [f"| {_usage_name(p)} | {_default_of(p)} | {_cell(p.help or '')} |" for p in root.params]
+    lines += [f"| {_usage_name(p)} | {_default_of(p)} | {_cell(getattr(p, 'help', None) or '')} |"
+              for p in root.params]
     for name, command in root.commands.items():
         if getattr(command, "hidden", False):
             continue

@@ -356,7 +356,7 @@ def make_workload(params: str | None = None, mode: str = "train", precision: str
     if mode in ADAPTER_MODES and precision == "fp32":
         raise SizingError("--precision", f"{mode} computes in bf16 or fp16, got 'fp32'")
     shape = _shape(params, model, layers, hidden, heads, kv_heads, vocab)
-    return Workload(shape, mode, precision, seq_len or DEFAULT_SEQ_LEN, batch or 1,  # type: ignore[arg-type]
+    return Workload(shape, mode, precision, seq_len or DEFAULT_SEQ_LEN, batch or 1,
                     concurrency or DEFAULT_CONCURRENCY, max_nodes or DEFAULT_MAX_NODES[mode],
                     None if tokens is None else parse_tokens(tokens), mfu, lora_rank or DEFAULT_LORA_RANK)
 
@@ -446,7 +446,7 @@ def estimate_memory(w: Workload) -> MemoryEstimate:
             base = QLORA_BYTES * (p - embeddings) + 2 * embeddings
         else:
             base = 2.0 * p
-        activations = w.seq_len * w.batch * m.hidden * (2 * m.layers + 34)
+        activations: float = w.seq_len * w.batch * m.hidden * (2 * m.layers + 34)
         return MemoryEstimate(
             weights=base, gradients=2 * adapter, optimizer=(ADAPTER_STATE_BYTES - 4) * adapter,
             buffers=0.0, overhead=0.0, kv_cache=0.0, adapters=2 * adapter,

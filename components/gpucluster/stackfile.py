@@ -14,6 +14,7 @@ It never imports Pulumi or calls AWS.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import yaml
@@ -69,6 +70,12 @@ class _Bounded(Composer):
         self.anchored: dict[str, tuple[int, int]] = {}  # anchor -> (expanded values, height)
         self.where: list[str | int] = []
 
+    # Supplied by the parser and resolver _Loader mixes this composer with.
+    check_event: Callable[..., bool]
+    peek_event: Callable[[], Any]
+    get_event: Callable[[], Any]
+    resolve: Callable[..., str]
+
     def _grow(self, values: int, deepest: int, at: Any) -> None:
         self.values += values
         self.deepest = max(self.deepest, deepest)
@@ -77,7 +84,7 @@ class _Bounded(Composer):
         if deepest > MAX_NESTING:
             raise _Refused(f"nested more than {MAX_NESTING} deep", at)
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self.check_event(AliasEvent):
             event = self.peek_event()
             if event.anchor in self.open_anchors:
@@ -106,9 +113,10 @@ class _Bounded(Composer):
         self.depth -= 1
         return node
 
-    def compose_scalar_node(self, anchor: str | None) -> ScalarNode:
+    # types-PyYAML types `anchor` as a dict; PyYAML passes the anchor's name (or None).
+    def compose_scalar_node(self, anchor: str | None) -> ScalarNode:  # type: ignore[override]
         explicit = self.peek_event().tag not in (None, "!")
-        node = super().compose_scalar_node(anchor)
+        node = super().compose_scalar_node(anchor)  # type: ignore[arg-type]
         if explicit and node.tag != f"{_CORE}str" and node.tag != self.resolve(ScalarNode, node.value,
                                                                                (True, False)):
             raise _Refused(f"{shown(node.value)} is not a valid !!{node.tag.removeprefix(_CORE)}", node)
@@ -116,7 +124,7 @@ class _Bounded(Composer):
             raise _Refused(f"a number of {len(node.value)} characters; at most {MAX_NUMBER_CHARS}", node)
         return node
 
-    def compose_sequence_node(self, anchor: str | None) -> SequenceNode:
+    def compose_sequence_node(self, anchor: str | None) -> SequenceNode:  # type: ignore[override]
         start = self.get_event()
         node = SequenceNode(self._tag(start, SequenceNode), [], start.start_mark, None,
                             flow_style=start.flow_style)
@@ -129,7 +137,7 @@ class _Bounded(Composer):
         node.end_mark = self.get_event().end_mark
         return node
 
-    def compose_mapping_node(self, anchor: str | None) -> MappingNode:
+    def compose_mapping_node(self, anchor: str | None) -> MappingNode:  # type: ignore[override]
         start = self.get_event()
         node = MappingNode(self._tag(start, MappingNode), [], start.start_mark, None,
                            flow_style=start.flow_style)
@@ -160,18 +168,20 @@ class _Bounded(Composer):
 class _Constructor(SafeConstructor):
     """Plain values only: keys are the text written, dates stay strings."""
 
-    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[str, Any]:
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
         self.flatten_mapping(node)  # `<<: *defaults` merges, as go-yaml does
         return {key.value: self.construct_object(value, deep=deep) for key, value in node.value}
 
 
-_Constructor.add_constructor(f"{_CORE}timestamp", SafeConstructor.construct_yaml_str)
-_Constructor.add_constructor(f"{_CORE}value", SafeConstructor.construct_yaml_str)
+# types-PyYAML admits only yaml's own loaders as a constructor's first argument; any constructor class works.
+_Constructor.add_constructor(f"{_CORE}timestamp", SafeConstructor.construct_yaml_str)  # type: ignore[type-var]
+_Constructor.add_constructor(f"{_CORE}value", SafeConstructor.construct_yaml_str)  # type: ignore[type-var]
 for _tag in ("binary", "set", "omap", "pairs"):  # unreachable past the composer; never built
     _Constructor.yaml_constructors.pop(f"{_CORE}{_tag}", None)
 
 try:  # libyaml's scanner and parser are ~4x faster; composing and building stay in Python
-    from yaml.cyaml import CParser as _Parser
+    # types-PyYAML leaves CParser out of yaml.cyaml's __all__; PyYAML binds it there.
+    from yaml.cyaml import CParser as _Parser  # type: ignore[attr-defined]
 
     def _init_parser(loader: Any, text: str) -> None:
         _Parser.__init__(loader, text)
@@ -189,7 +199,7 @@ except ImportError:  # PyYAML without libyaml: its own reader, scanner and parse
         Parser.__init__(loader)
 
 
-class _Loader(_Bounded, _Constructor, Resolver, _Parser):  # type: ignore[misc, valid-type]
+class _Loader(_Bounded, _Constructor, Resolver, _Parser):
     def __init__(self, text: str) -> None:
         _init_parser(self, text)
         _Bounded.__init__(self)

@@ -21,7 +21,7 @@ security group too, and each group becomes a PCS compute node group and queue on
 template instead of an Auto Scaling group; the stack exports `pcs_cluster_id`.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
@@ -29,7 +29,18 @@ import pulumi
 import pulumi_aws as aws
 
 from gpucluster.aws import children
-from gpucluster.aws.args import (
+from gpucluster.aws.args import component_options, owned_tags, stack_checks, type_token, validate
+from gpucluster.aws.datasets import DatasetBucket, DatasetStore, LustreFileSystem
+from gpucluster.aws.guardrail_lambda import LOG_RETENTION_DAYS
+from gpucluster.aws.guardrails import Guardrails, PcsGuard
+from gpucluster.aws.iam import NodeIdentity
+from gpucluster.aws.images import NodeImages
+from gpucluster.aws.network import ClusterNetwork
+from gpucluster.aws.nodes import DEFAULT_AMI_PARAMETER, GpuNodeGroup, NodeDataMount
+from gpucluster.aws.nodescripts import NodeScripts
+from gpucluster.aws.observability import ClusterDashboard
+from gpucluster.aws.prometheus import MetricsWorkspace
+from gpucluster.aws.settings import (
     AutoStopSettings,
     BudgetSettings,
     ClusterSettings,
@@ -41,22 +52,7 @@ from gpucluster.aws.args import (
     ObservabilitySettings,
     SchedulerSettings,
     SpotSettings,
-    component_options,
-    owned_tags,
-    stack_checks,
-    type_token,
-    validate,
 )
-from gpucluster.aws.datasets import DatasetBucket, DatasetStore, LustreFileSystem
-from gpucluster.aws.guardrail_lambda import LOG_RETENTION_DAYS
-from gpucluster.aws.guardrails import Guardrails, PcsGuard
-from gpucluster.aws.iam import NodeIdentity
-from gpucluster.aws.images import NodeImages
-from gpucluster.aws.network import ClusterNetwork
-from gpucluster.aws.nodes import DEFAULT_AMI_PARAMETER, GpuNodeGroup, NodeDataMount
-from gpucluster.aws.nodescripts import NodeScripts
-from gpucluster.aws.observability import ClusterDashboard
-from gpucluster.aws.prometheus import MetricsWorkspace
 from gpucluster.names import node_identity_name
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
@@ -346,6 +342,10 @@ class GpuCluster(pulumi.ComponentResource):
         # verify this one bundle (gpucluster.node.bundle).
         self.node_scripts = NodeScripts(f"{name}-node-scripts", children.node_scripts_args(spec), opts=child)
         self.images = build_images(f"{name}-images", spec, self.network, child)
+        topic_arn: pulumi.Output[str]
+        key_arn: pulumi.Output[str]
+        resolve_topic: Callable[[pulumi.Output[str]], None]
+        resolve_key: Callable[[pulumi.Output[str]], None]
         topic_arn, resolve_topic = pulumi.deferred_output()
         key_arn, resolve_key = pulumi.deferred_output()
         # observability.prometheus: the workspace first, its remote-write URL goes into the user data.
@@ -393,9 +393,9 @@ class GpuCluster(pulumi.ComponentResource):
         self.node_identity = self.node_identities[spec.node_groups[0].name]
         guard = self.guardrails
         # Every guardrail Lambda that scales groups to zero (asg.scale_to_zero logs each stop).
-        stoppers = [part.function for part in (guard.autostop, guard.budget, guard.spend_guard,
-                                               guard.capacity_block)
-                    if part is not None and getattr(part, "function", None) is not None]
+        stoppers = [function
+                    for part in (guard.autostop, guard.budget, guard.spend_guard, guard.capacity_block)
+                    if (function := getattr(part, "function", None)) is not None]
         self.dashboard = ClusterDashboard(f"{name}-dashboard", children.dashboard_args(
             spec, {g: handle[0] for g, handle in group_handles(self.groups, self.pcs).items()},
             notify_topic_arn=guard.notify_topic_arn,
@@ -438,8 +438,9 @@ class GpuCluster(pulumi.ComponentResource):
         self.region = pulumi.Output.from_input(spec.region)
         self.vpc_id = self.network.vpc_id
         self.subnet_ids = self.network.subnet_ids
-        self.node_groups = pulumi.Output.from_input(node_groups)
-        self.datasets = pulumi.Output.from_input(datasets)
+        # from_input resolves the Outputs inside the summaries; its annotation takes a plain Input[T] only.
+        self.node_groups = pulumi.Output.from_input(node_groups)  # type: ignore[arg-type]
+        self.datasets = pulumi.Output.from_input(datasets)  # type: ignore[arg-type]
         self.notify_topic_arn = self.guardrails.notify_topic_arn
         self.budget_name = self.guardrails.budget_name
         self.budget_action_topic_arn = self.guardrails.budget_action_topic_arn

@@ -21,7 +21,6 @@ import pulumi_aws as aws
 
 from gpucluster.aws.args import (
     DatasetBucketModel,
-    DatasetSettings,
     LustreFileSystemModel,
     bucket_checks,
     component_options,
@@ -29,6 +28,7 @@ from gpucluster.aws.args import (
     type_token,
     validate,
 )
+from gpucluster.aws.settings import DatasetSettings
 from gpucluster.noderole import dataset_grants
 from gpucluster.parts import S3Grant
 from gpucluster.spec import DatasetConfig, generated_bucket_prefix, partition_of
@@ -110,12 +110,12 @@ def role_arn(region: str, account: str, role_name: str) -> str:
     return f"arn:{partition_of(region)}:iam::{account}:role/{role_name}"
 
 
-def lifecycle_rules(dataset: DatasetConfig) -> list[dict[str, Any]]:
+def lifecycle_rules(dataset: DatasetConfig) -> "list[aws.s3.BucketLifecycleConfigurationRuleArgsDict]":
     """Abort stale multipart uploads everywhere; expire only noncurrent checkpoint versions.
 
     No rule has an `expiration` block: current objects are never expired by us.
     """
-    rules: list[dict[str, Any]] = [{
+    rules: list[aws.s3.BucketLifecycleConfigurationRuleArgsDict] = [{
         "id": "abort-incomplete-multipart-uploads",
         "status": "Enabled",
         "filter": {"prefix": ""},
@@ -326,7 +326,8 @@ class LustreFileSystem(pulumi.ComponentResource):
             opts=child)
         if dataset.checkpoint_prefix:
             checkpoint_prefix = dataset.checkpoint_prefix
-            s3: dict[str, Any] = {"auto_export_policy": {"events": EXPORT_EVENTS}}
+            s3: aws.fsx.DataRepositoryAssociationS3ArgsDict = {
+                "auto_export_policy": {"events": EXPORT_EVENTS}}
             if not existing:
                 s3["auto_import_policy"] = {"events": IMPORT_EVENTS}
             aws.fsx.DataRepositoryAssociation(

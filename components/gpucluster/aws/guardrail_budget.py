@@ -11,7 +11,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from gpucluster.aws.args import STACK_TAG, GuardrailsModel, component_options, owned_tags, type_token
+from gpucluster.aws.args import GuardrailsModel, component_options, owned_tags, type_token
 from gpucluster.aws.guardrail_lambda import (
     BASE_TIMEOUT_SECONDS,
     GuardrailContext,
@@ -24,6 +24,7 @@ from gpucluster.aws.guardrail_lambda import (
     scaling_statements,
 )
 from gpucluster.aws.guardrail_state import with_state
+from gpucluster.fleet.tags import STACK_TAG
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.spec import BudgetConfig
 
@@ -41,13 +42,14 @@ def usd(amount: float) -> str:
     return str(int(amount)) if float(amount).is_integer() else f"{amount:.2f}"
 
 
-def tag_cost_filter(stack: str) -> dict[str, Any]:
+def tag_cost_filter(stack: str) -> "aws.budgets.BudgetCostFilterArgsDict":
     """Cost filter on the stack's cost-allocation tag: `user:<key>$<value>` (AWS Budgets API)."""
     return {"name": "TagKeyValue", "values": [f"user:{STACK_TAG}${stack}"]}
 
 
-def budget_notifications(budget: BudgetConfig, notify_topic_arn: pulumi.Input[str],
-                         action_topic_arn: pulumi.Input[str] | None) -> list[dict[str, Any]]:
+def budget_notifications(
+        budget: BudgetConfig, notify_topic_arn: pulumi.Input[str],
+        action_topic_arn: pulumi.Input[str] | None) -> "list[aws.budgets.BudgetNotificationArgsDict]":
     """One ACTUAL notification per distinct threshold and a FORECASTED one at 100 %.
 
     Every notification e-mails `budget.emails`. A notification has one SNS
@@ -58,8 +60,9 @@ def budget_notifications(budget: BudgetConfig, notify_topic_arn: pulumi.Input[st
     action = budget.action_threshold_percent if action_topic_arn is not None else None
     thresholds = sorted(set(budget.alert_thresholds_percent) | ({action} if action else set()))
 
-    def notification(kind: str, threshold: float, topic: pulumi.Input[str]) -> dict[str, Any]:
-        entry: dict[str, Any] = {
+    def notification(kind: str, threshold: float,
+                     topic: pulumi.Input[str]) -> "aws.budgets.BudgetNotificationArgsDict":
+        entry: aws.budgets.BudgetNotificationArgsDict = {
             "notification_type": kind, "comparison_operator": "GREATER_THAN",
             "threshold": threshold, "threshold_type": "PERCENTAGE",
             "subscriber_sns_topic_arns": [topic],
@@ -68,7 +71,9 @@ def budget_notifications(budget: BudgetConfig, notify_topic_arn: pulumi.Input[st
             entry["subscriber_email_addresses"] = list(budget.emails)
         return entry
 
-    notes = [notification("ACTUAL", t, action_topic_arn if t == action else notify_topic_arn)
+    # `action` is set only with an action topic: its threshold notifies that topic.
+    notes = [notification("ACTUAL", t, action_topic_arn
+                          if t == action and action_topic_arn is not None else notify_topic_arn)
              for t in thresholds]
     notes.append(notification("FORECASTED", 100, notify_topic_arn))
     return notes

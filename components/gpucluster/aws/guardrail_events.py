@@ -6,6 +6,7 @@ It must never delete anything and never build or change a node group: it is hand
 names and ARNs, and its Lambdas scale them to zero, run hooks on them, or re-launch jobs.
 """
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -166,6 +167,12 @@ def scheduled_event_input(schedule_name: str, partition: str, region: str, accou
     }, sort_keys=True)
 
 
+def _event_input(schedule_name: str, region: str, partition_and_account: list[str]) -> str:
+    """`scheduled_event_input` from the resolved [partition, account] of `Output.all`."""
+    partition, account = partition_and_account
+    return scheduled_event_input(schedule_name, partition, region, account)
+
+
 
 class AutoStop(pulumi.ComponentResource):
     """Idle alarms per node group and stop/start/lifetime schedules, all driving the autostop Lambda.
@@ -303,7 +310,7 @@ class AutoStop(pulumi.ComponentResource):
                     target={
                         "arn": fn.arn, "role_arn": self.scheduler_role.arn,
                         "input": pulumi.Output.all(ctx.partition, ctx.account).apply(
-                            lambda v, n=schedule_name: scheduled_event_input(n, v[0], ctx.region, v[1])),
+                            functools.partial(_event_input, schedule_name, ctx.region)),
                         "retry_policy": {"maximum_event_age_in_seconds": SCHEDULE_MAX_EVENT_AGE_SECONDS,
                                          "maximum_retry_attempts": SCHEDULE_MAX_RETRIES},
                     },

@@ -16,11 +16,11 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from gpucluster.aws.args import STACK_TAG, GuardrailsModel, component_options, owned_tags, type_token
+from gpucluster.aws.args import GuardrailsModel, component_options, owned_tags, type_token
 from gpucluster.fleet.deployment import HANDLERS, PCS_ACTIONS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS
 
 # STATE_TAGS: what the Lambdas write on a group they stop; the others select a Slurm stack's login node.
-from gpucluster.fleet.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STATE_TAGS
+from gpucluster.fleet.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG, STATE_TAGS
 
 LAMBDA_DIR = Path(__file__).resolve().parent.parent / "lambdas"
 FLEET_DIR = Path(__file__).resolve().parent.parent / "fleet"

@@ -24,11 +24,7 @@ import pulumi
 import pulumi_aws as aws
 
 from gpucluster.aws.args import (
-    STACK_TAG,
-    AutoStopSettings,
-    BudgetSettings,
     GuardrailsModel,
-    SpotSettings,
     component_options,
     guardrails_checks,
     owned_tags,
@@ -48,6 +44,8 @@ from gpucluster.aws.guardrail_lambda import GuardrailContext, PcsGuard, old_type
 from gpucluster.aws.guardrail_spend import SpendGuard
 from gpucluster.aws.guardrail_state import GuardrailAlarms, GuardState
 from gpucluster.aws.iam import boundary_arn
+from gpucluster.aws.settings import AutoStopSettings, BudgetSettings, SpotSettings
+from gpucluster.fleet.tags import STACK_TAG
 from gpucluster.pricing import region_guard_prices
 
 __all__ = ["STACK_TAG", "GuardedGroup", "Guardrails", "GuardrailsArgs", "PcsGuard"]

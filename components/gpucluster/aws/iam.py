@@ -128,7 +128,7 @@ class NodeIdentity(pulumi.ComponentResource):
         for part, policy in MANAGED_POLICIES.items():
             aws.iam.RolePolicyAttachment(
                 f"{name}-{part}", role=self.role.name,
-                policy_arn=partition.apply(lambda p, policy=policy: f"arn:{p}:iam::aws:policy/{policy}"),
+                policy_arn=pulumi.Output.concat("arn:", partition, f":iam::aws:policy/{policy}"),
                 opts=child)
         self.agent_policy = aws.iam.RolePolicy(
             f"{name}-agent", role=self.role.id,

@@ -136,7 +136,7 @@ class NodeImages(pulumi.ComponentResource):
         for part, policy in BUILD_MANAGED_POLICIES.items():
             aws.iam.RolePolicyAttachment(
                 f"{name}-build-{part}", role=self.role.name,
-                policy_arn=partition.apply(lambda p, policy=policy: f"arn:{p}:iam::aws:policy/{policy}"),
+                policy_arn=pulumi.Output.concat("arn:", partition, f":iam::aws:policy/{policy}"),
                 opts=child)
         images = [g["container_image"] for g in args["groups"] if g.get("container_image")]
         aws.iam.RolePolicy(f"{name}-build", role=self.role.id, policy=partition.apply(
@@ -188,7 +188,8 @@ class NodeImages(pulumi.ComponentResource):
             f"{name}-{group}-component", name=base, platform="Linux", version=version, data=document,
             description=f"gpucluster {cluster}/{group}: node software installed once",
             supported_os_versions=["Ubuntu 22"], tags=tags, opts=child)
-        recipe = self.recipes[group] = aws.imagebuilder.ImageRecipe(
+        # The ignore: pulumi-aws types the EBS flags as strings; the booleans reach the engine as written.
+        recipe = self.recipes[group] = aws.imagebuilder.ImageRecipe(  # type: ignore[call-overload]
             f"{name}-{group}-recipe", name=base, version=version, parent_image=g["parent_image"],
             components=[{"component_arn": component.arn}],
             block_device_mappings=[{"device_name": ROOT_DEVICE, "ebs": {
@@ -206,14 +207,14 @@ class NodeImages(pulumi.ComponentResource):
                 "description": f"gpucluster {cluster}/{group} baked node image",
                 "ami_tags": {**tags, "gpucluster:node-group": group}}}],
             tags=tags, opts=child)
-        schedule = ({"schedule": {"schedule_expression": args["schedule"],
-                                  "timezone": args.get("schedule_timezone", "UTC"),
-                                  "pipeline_execution_start_condition": "EXPRESSION_MATCH_ONLY"}}
-                    if args.get("schedule") else {})
+        schedule: aws.imagebuilder.ImagePipelineScheduleArgsDict | None = (
+            {"schedule_expression": args["schedule"], "timezone": args.get("schedule_timezone", "UTC"),
+             "pipeline_execution_start_condition": "EXPRESSION_MATCH_ONLY"}
+            if args.get("schedule") else None)
         self.pipelines[group] = aws.imagebuilder.ImagePipeline(
             f"{name}-{group}-pipeline", name=base, image_recipe_arn=recipe.arn,
             infrastructure_configuration_arn=self.infrastructure.arn,
             distribution_configuration_arn=distribution.arn,
             image_tests_configuration={"image_tests_enabled": True, "timeout_minutes": BUILD_TIMEOUT_MINUTES},
             status="ENABLED", description=f"gpucluster {cluster}/{group}: run by `gpucluster image build`",
-            tags=tags, opts=child, **schedule)
+            schedule=schedule, tags=tags, opts=child)

@@ -129,7 +129,8 @@ class ClusterNetwork(pulumi.ComponentResource):
         vpc_id: pulumi.Input[str]
         if m.existing_vpc_id is not None:
             vpc_id = m.existing_vpc_id
-            self.subnets = {az: m.existing_subnet_ids[az] for az in m.availability_zones}
+            self.subnets: dict[str, pulumi.Input[str]] = {az: m.existing_subnet_ids[az]
+                                                          for az in m.availability_zones}
             self.internet_egress = True  # the VPC's own routing decides; we cannot see it
         else:
             self.internet_egress = m.nat_gateway
@@ -140,11 +141,12 @@ class ClusterNetwork(pulumi.ComponentResource):
             self.flow_log = self._flow_logs(vpc_id)
         self.groups = {group.name: self._group_network(group) for group in m.node_groups}
         self.vpc_id = pulumi.Output.from_input(vpc_id)
-        self.subnet_ids = pulumi.Output.from_input(self.subnets)
+        # from_input resolves the Outputs inside a dict; its annotation takes a plain Input[T] only.
+        self.subnet_ids = pulumi.Output.from_input(self.subnets)  # type: ignore[arg-type]
         self.security_group_ids = pulumi.Output.from_input(
-            {g: n.security_group.id for g, n in self.groups.items()})
+            {g: n.security_group.id for g, n in self.groups.items()})  # type: ignore[misc]
         self.placement_group_names = pulumi.Output.from_input(
-            {g: n.placement_group.name for g, n in self.groups.items() if n.placement_group})
+            {g: n.placement_group.name for g, n in self.groups.items() if n.placement_group})  # type: ignore[misc]
         self.register_outputs({"vpc_id": self.vpc_id, "subnet_ids": self.subnet_ids,
                                "security_group_ids": self.security_group_ids,
                                "placement_group_names": self.placement_group_names})
@@ -217,7 +219,7 @@ class ClusterNetwork(pulumi.ComponentResource):
                                      tags=self._tags(f"{label}-default-unused"), opts=child)
         private_rt = aws.ec2.RouteTable(f"{name}-private-rt", vpc_id=vpc.id,
                                         tags=self._tags(f"{label}-private"), opts=child)
-        self.subnets: dict[str, pulumi.Input[str]] = {}
+        self.subnets = {}
         for az, block in plan.private.items():
             subnet = aws.ec2.Subnet(f"{name}-private-{az}", vpc_id=vpc.id, cidr_block=block,
                                     availability_zone=az, map_public_ip_on_launch=False,

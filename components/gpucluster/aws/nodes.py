@@ -29,13 +29,8 @@ import pulumi
 import pulumi_aws as aws
 
 from gpucluster.aws.args import (
-    AutoStopSettings,
     GpuNodeGroupModel,
-    ImageGroupSettings,
-    NodeGroupSettings,
     NodeScriptsSource,
-    ObservabilitySettings,
-    SpotSettings,
     component_options,
     node_group_checks,
     owned_tags,
@@ -44,6 +39,13 @@ from gpucluster.aws.args import (
 )
 from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_hook
 from gpucluster.aws.nics import network_interfaces
+from gpucluster.aws.settings import (
+    AutoStopSettings,
+    ImageGroupSettings,
+    NodeGroupSettings,
+    ObservabilitySettings,
+    SpotSettings,
+)
 from gpucluster.fleet.tags import NODE_GROUP_TAG
 from gpucluster.node.bundle import scripts_source
 from gpucluster.node.metrics import group_metrics

@@ -12,6 +12,7 @@ Every metric it reads is one another part publishes with the same dimensions
 alarms only notify.
 """
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any, NotRequired, TypedDict
@@ -19,15 +20,9 @@ from typing import Any, NotRequired, TypedDict
 import pulumi
 import pulumi_aws as aws
 
-from gpucluster.aws.args import (
-    BudgetSettings,
-    ClusterDashboardModel,
-    dashboard_checks,
-    owned_tags,
-    type_token,
-    validate,
-)
+from gpucluster.aws.args import ClusterDashboardModel, dashboard_checks, owned_tags, type_token, validate
 from gpucluster.aws.health import GROUP_METRICS
+from gpucluster.aws.settings import BudgetSettings
 from gpucluster.names import dashboard_name, dashboard_url
 from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,
@@ -127,7 +122,8 @@ def dashboard_body(*, cluster_name: str, identity: str, region: str, groups: Seq
     return {"widgets": widgets}
 
 
-def stuck_alarm_queries(asg_name: str, namespace: str, mig: bool = False) -> list[dict[str, Any]]:
+def stuck_alarm_queries(asg_name: str, namespace: str,
+                        mig: bool = False) -> "list[aws.cloudwatch.MetricAlarmMetricQueryArgsDict]":
     """Metric-math queries of a group's stuck-job alarm (CloudWatch user guide, "Metric math": IF, FILL).
 
     busy_flat: every GPU busy and all within a few points of each other this minute (a
@@ -136,12 +132,13 @@ def stuck_alarm_queries(asg_name: str, namespace: str, mig: bool = False) -> lis
     read from the temperature, which every GPU reports, MIG mode or not; a GPU in MIG mode
     reports no utilisation (NVML N/A), so a MIG group's alarm is the silent one alone.
     """
-    def metric(query_id: str, namespace: str, name: str, stat: str) -> dict[str, Any]:
+    def metric(query_id: str, namespace: str, name: str,
+               stat: str) -> "aws.cloudwatch.MetricAlarmMetricQueryArgsDict":
         return {"id": query_id, "return_data": False, "metric": {
             "namespace": namespace, "metric_name": name, "dimensions": {GPU_METRIC_DIMENSION: asg_name},
             "period": GPU_METRIC_PERIOD_SECONDS, "stat": stat}}
 
-    silent = [
+    silent: list[aws.cloudwatch.MetricAlarmMetricQueryArgsDict] = [
         metric("samples", namespace, gpu_metric(SILENCE_MEASUREMENT), "SampleCount"),
         metric("inservice", AUTOSCALING_NAMESPACE, "GroupInServiceInstances", "Maximum"),
         {"id": "silent", "return_data": mig, "label": "in service, no GPU metric",
@@ -237,7 +234,7 @@ class ClusterDashboard(pulumi.ComponentResource):
                     "publishing no GPU metric. " + ("A dead agent" if mig else "A hung job or a dead agent")
                     + ": look at the nodes. Notifies only."),
                 metric_queries=pulumi.Output.from_input(group.asg_name).apply(
-                    lambda asg, mig=mig: stuck_alarm_queries(asg, namespace, mig)),
+                    functools.partial(stuck_alarm_queries, namespace=namespace, mig=mig)),
                 comparison_operator="GreaterThanOrEqualToThreshold", threshold=1,
                 evaluation_periods=minutes, datapoints_to_alarm=minutes, treat_missing_data="notBreaching",
                 alarm_actions=[m.notify_topic_arn], tags=tags, opts=child)
@@ -254,6 +251,8 @@ class ClusterDashboard(pulumi.ComponentResource):
             f"{name}-dashboard", dashboard_name=name_of_dashboard, dashboard_body=body, opts=child)
         self.dashboard_name = self.dashboard.dashboard_name
         self.dashboard_url = pulumi.Output.from_input(dashboard_url(m.region, name_of_dashboard))
-        self.stuck_alarm_names = pulumi.Output.from_input({g: a.name for g, a in self.stuck_alarms.items()})
+        # from_input resolves the Outputs inside the dict; its annotation takes a plain Input[T] only.
+        self.stuck_alarm_names = pulumi.Output.from_input(
+            {g: a.name for g, a in self.stuck_alarms.items()})  # type: ignore[misc]
         self.register_outputs({"dashboard_name": self.dashboard_name, "dashboard_url": self.dashboard_url,
                                "stuck_alarm_names": self.stuck_alarm_names})

@@ -251,8 +251,9 @@ class SlurmCluster(pulumi.ComponentResource):
         # Named by pulumi-aws-native from its logical name (`<name>-` and a random suffix), so a replacement
         # (every SlurmConfiguration change replaces a PCS cluster) never meets the old name: the
         # component's own name keeps it within PCS's 40 characters for the longest cluster name (24,
-        # `-pcs`, 8; from memory of CreateCluster's clusterName limit).
-        self.cluster = aws_native.pcs.Cluster(
+        # `-pcs`, 8; from memory of CreateCluster's clusterName limit). The ignore: aws-native's SDK types
+        # slurm_configuration without the cluster's own keys (cluster_slurm_configuration says why).
+        self.cluster = aws_native.pcs.Cluster(  # type: ignore[call-overload]
             name,
             scheduler={"type": "SLURM", "version": args["slurm_version"]},
             size=args["size"].upper(),
@@ -278,7 +279,7 @@ class SlurmCluster(pulumi.ComponentResource):
             description=f"gpucluster {label}: Slurm login nodes (no inbound; access through SSM)",
             tags={**self._tags, "Name": f"{label}-login"}, opts=child)
         for rule in args["egress"]:
-            target = {k: rule[k] for k in ("cidr_ipv4", "prefix_list_id") if k in rule}  # type: ignore[literal-required]
+            target = {k: rule[k] for k in ("cidr_ipv4", "prefix_list_id") if k in rule}
             aws.vpc.SecurityGroupEgressRule(
                 f"{name}-login-egress-{rule['name']}", security_group_id=self.login_security_group.id,
                 ip_protocol="tcp", from_port=rule["port"], to_port=rule["port"], description=rule["why"],
@@ -304,14 +305,16 @@ class SlurmCluster(pulumi.ComponentResource):
             update_default_version=True, tags=tags,
             # The default parameter names the latest image: resolved at creation, then kept.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=[] if ami else ["imageId"]))
-        self.add_node_group({
+        login: SlurmComputeGroup = {
             "name": SLURM_LOGIN_GROUP, "launch_template_id": self.login_template.id,
             "launch_template_version": self.login_template.latest_version,
             "instance_profile_arn": self.login_identity.instance_profile_arn,
             "instance_types": [args["login_instance_type"]], "min_nodes": args["login_count"],
             "max_nodes": args["login_count"], "subnet_ids": [args["subnet_id"]],
-            "purchase_option": "ONDEMAND",
-            **({"ami_id": ami} if ami else {})}, queue=False)
+            "purchase_option": "ONDEMAND"}
+        if ami:
+            login["ami_id"] = ami
+        self.add_node_group(login, queue=False)
 
     def add_node_group(self, group: SlurmComputeGroup, queue: bool = True) -> aws_native.pcs.ComputeNodeGroup:
         """The group's compute node group on its own launch template, and (unless `queue` is false) its
@@ -350,7 +353,9 @@ class SlurmCluster(pulumi.ComponentResource):
         """Every group is in: the outputs."""
         self.cluster_id = self.cluster.aws_id
         self.cluster_arn = self.cluster.arn
-        self.node_group_ids = pulumi.Output.from_input({g: n.aws_id for g, n in self.node_groups.items()})
+        # from_input resolves the Outputs inside the dict; its annotation takes a plain Input[T] only.
+        self.node_group_ids = pulumi.Output.from_input(
+            {g: n.aws_id for g, n in self.node_groups.items()})  # type: ignore[misc]
         self.register_outputs({"cluster_id": self.cluster_id, "cluster_arn": self.cluster_arn,
                                "node_group_ids": self.node_group_ids})
 

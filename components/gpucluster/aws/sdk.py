@@ -63,11 +63,17 @@ class _ServicePackage(types.ModuleType):
         self._load_all(None)
         return dir(self)
 
+    def _spec(self) -> importlib.machinery.ModuleSpec:
+        """The package's import spec: every imported package has one."""
+        if self.__spec__ is None:
+            raise ImportError(f"{self.__name__} was not imported from a file")
+        return self.__spec__
+
     def _star_imported(self) -> frozenset[str]:
         """The submodules whose names the package's `__init__` binds (`from .x import *`)."""
         found = self.__dict__.get("_gpucluster_star_imported")
         if found is None:
-            with open(self.__spec__.origin, encoding="utf-8") as init:
+            with open(self._spec().origin or "", encoding="utf-8") as init:
                 found = frozenset(_STAR_IMPORT.findall(init.read()))
             self.__dict__["_gpucluster_star_imported"] = found
         return found
@@ -88,8 +94,12 @@ class _ServicePackage(types.ModuleType):
 
     def _load_all(self, name: str | None) -> Any:
         """Run the package's own `__init__` in this module object (what an eager import does)."""
-        self.__class__ = types.ModuleType
-        self.__spec__.loader.exec_module(self)
+        loader = self._spec().loader
+        if loader is None:
+            raise ImportError(f"{self.__name__} has no loader to run its __init__ with")
+        # Back to a plain module object, which the package's own __init__ then fills.
+        self.__class__ = types.ModuleType  # type: ignore[assignment]
+        loader.exec_module(self)
         return None if name is None else getattr(self, name)
 
 

@@ -157,8 +157,8 @@ class StoredNodeGroups:
                                 "max_size": {"N": str(group.max_size)}}
         if stopped_by is not None:
             item["stopped_by"] = {"S": stopped_by}
-        for key, value in (("previous_desired", previous and previous.previous_desired),
-                           ("previous_min", previous and previous.previous_min)):
+        for key, value in (("previous_desired", previous.previous_desired if previous else None),
+                           ("previous_min", previous.previous_min if previous else None)):
             number = _number(value)
             if number is not None:
                 item[key] = number

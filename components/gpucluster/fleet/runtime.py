@@ -82,7 +82,7 @@ def bounded_timeout(requested: float, context: Any, reserve_seconds: float = 15.
     """Cap a wait so the Lambda still has time to scale and log before it is killed."""
     remaining_ms = getattr(context, "get_remaining_time_in_millis", None)
     if callable(remaining_ms):
-        return max(0.0, min(requested, remaining_ms() / 1000.0 - reserve_seconds))
+        return max(0.0, min(requested, float(remaining_ms()) / 1000.0 - reserve_seconds))
     return requested
 
 

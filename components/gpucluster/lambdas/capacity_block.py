@@ -64,7 +64,9 @@ def expiring_reservation(event: Any) -> tuple[str, str | None] | None:
     if event.get("detail-type") not in DETAIL_TYPES:
         return None
     detail = event.get("detail")
-    cr = detail.get("capacity-reservation-id") if isinstance(detail, dict) else None
+    if not isinstance(detail, dict):
+        return None
+    cr = detail.get("capacity-reservation-id")
     if not isinstance(cr, str) or not cr.startswith("cr-"):
         return None
     end = detail.get("end-date")

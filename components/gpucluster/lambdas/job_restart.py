@@ -53,7 +53,9 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     if not isinstance(event, dict) or event.get("source") != "aws.autoscaling" \
             or event.get("detail-type") != LAUNCH_SUCCESSFUL:
         return ignored("not an Auto Scaling launch event", stack=stack)
-    detail = event.get("detail") if isinstance(event.get("detail"), dict) else {}
+    detail = event.get("detail")
+    if not isinstance(detail, dict):
+        detail = {}
     group_name = detail.get("AutoScalingGroupName")
     instance_id = detail.get("EC2InstanceId")
     if not (isinstance(group_name, str) and isinstance(instance_id, str) and INSTANCE_ID.match(instance_id)):

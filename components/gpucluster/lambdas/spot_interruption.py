@@ -71,7 +71,8 @@ def instance_group(autoscaling: Any, instance_id: str, stack: str) -> str | None
     names = [i["AutoScalingGroupName"] for i in found.get("AutoScalingInstances", [])]
     for group in describe_groups(autoscaling, names):
         if group_tags(group).get(STACK_TAG) == stack:
-            return group["AutoScalingGroupName"]
+            name: str = group["AutoScalingGroupName"]
+            return name
     return None
 
 

@@ -168,6 +168,7 @@ def node_health(group: NodeGroupConfig, autostop: AutoStopConfig | None,
     h = group.health_checks
     if not h.enabled:
         return None
+    hook: str | None
     if autostop is not None and autostop.pre_stop_command:
         hook, timeout = autostop.pre_stop_command, autostop.pre_stop_timeout_seconds
     else:
@@ -257,7 +258,8 @@ def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region:
         interruption_timeout_seconds=spot.interruption_timeout_seconds,
         handle_rebalance=spot.handle_rebalance,
         data_mounts=tuple(data_mounts),
-        user_files=tuple(NodeFile(f.path, f.content if f.source is None else read_project_file(f.source),
+        user_files=tuple(NodeFile(f.path,
+                                  read_project_file(f.source) if f.source is not None else f.content or "",
                                   f.mode, make_parent=True) for f in group.files),
         user_setup=user_setup_script(group),
         container_image=group.container_image,

@@ -103,7 +103,7 @@ def resource_from_stack(resource: PolicyResource) -> Resource:
 def resource_policy(rule: Rule) -> ResourceValidationPolicy:
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
         config = rule.settings(args.get_config())
-        for message in rule.check(resource_from_args(args), config):
+        for message in rule.resource_messages(resource_from_args(args), config):
             report_violation(message, None)
 
     return ResourceValidationPolicy(name=rule.name, description=rule.description, validate=validate,
@@ -115,7 +115,7 @@ def stack_policy(rule: Rule) -> StackValidationPolicy:
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
         config = rule.settings(args.get_config())
         stack = Stack(resource_from_stack(r) for r in args.resources)
-        for resource, message in rule.check(stack, config):
+        for resource, message in rule.stack_findings(stack, config):
             report_violation(message, resource.urn if resource is not None and resource.urn else None)
 
     return StackValidationPolicy(name=rule.name, description=rule.description, validate=validate,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 Level = Literal["mandatory", "advisory", "remediate", "disabled"]
 LEVELS: tuple[str, ...] = ("mandatory", "advisory", "remediate", "disabled")
@@ -135,7 +135,7 @@ def true_or_unknown(value: Any) -> bool:
     return value is UNKNOWN or truthy(value)
 
 
-def known_str(value: Any) -> bool:
+def known_str(value: Any) -> TypeGuard[str]:
     """A string value the rules can read (not UNKNOWN, not missing, not a list)."""
     return isinstance(value, str)
 

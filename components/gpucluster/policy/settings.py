@@ -69,7 +69,7 @@ def resolve(document: Any) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     everything = document.get("all")
     if everything is not None:
         if everything in LEVELS:
-            levels = dict.fromkeys(rules, everything)
+            levels = dict.fromkeys(rules, str(everything))
         else:
             problems.append(f"all: enforcement level must be one of {', '.join(LEVELS)}, got {everything!r}")
     for name, value in document.items():

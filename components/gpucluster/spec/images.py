@@ -50,8 +50,8 @@ def images_rules(spec: StackSpec) -> Iterable[Finding]:
             yield Finding(path, "pins a baked image but the group is not baked (set bake: true)")
         if own.ami_id is None and (own.driver or own.cuda):
             yield Finding(f"{path}.ami_id", "driver/cuda describe a pinned image: set ami_id too")
-    baked = [g for g in spec.node_groups if baked_image(images, g) is not None]
-    if baked and spec.network.existing_vpc_id is None and not spec.network.nat_gateway:
+    baked_any = any(baked_image(images, g) is not None for g in spec.node_groups)
+    if baked_any and spec.network.existing_vpc_id is None and not spec.network.nat_gateway:
         yield Finding("images.bake", "the image build runs in the stack's private subnet and downloads "
                       "packages and container images: it needs network.nat_gateway: true")
     for i, g in enumerate(spec.node_groups):

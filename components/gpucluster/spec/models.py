@@ -174,7 +174,7 @@ HealthFinding = Literal["gpu_count", "ecc", "page_retirement", "xid", "efa", "dc
 a pending page retirement or row remap, an XID error, fewer EFA devices than the launch template
 has, a failed DCGM quick diagnostic, or (MIG groups) a GPU not in MIG mode or without exactly the MIG
 devices of the group's layout (`gpucluster.node` health-check.sh)."""
-HEALTH_FINDINGS: tuple[str, ...] = get_args(HealthFinding)
+HEALTH_FINDINGS: tuple[HealthFinding, ...] = get_args(HealthFinding)
 # NVIDIA's k8s-device-plugin (internal/rm/health.go) leaves these XIDs out of its GPU health: they
 # are raised by an application's own fault (13 graphics engine exception, 31 MMU fault, 43 GPU
 # stopped processing, 45 preemptive cleanup, 68 video processor exception, 109 context switch

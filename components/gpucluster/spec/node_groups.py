@@ -347,8 +347,8 @@ def group_mig(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> Ite
         if gpu.name in seen:
             continue
         seen.add(gpu.name)
-        layout = m.profiles or [m.profile] * (m.count or fits.get(t.name, 1))
-        yield from mig_layout_findings(gpu, t.name, [str(n) for n in layout], key)
+        layout = m.profiles or [str(m.profile)] * (m.count or fits.get(t.name, 1))
+        yield from mig_layout_findings(gpu, t.name, layout, key)
     if m.profile is not None and m.count is None and len(set(fits.values())) > 1:
         yield Finding(f"{where}.count", f"required here: the group's types fit different numbers of "
                       f"{m.profile} per GPU ({', '.join(f'{t}: {n}' for t, n in fits.items())})")

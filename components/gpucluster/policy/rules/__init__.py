@@ -95,10 +95,11 @@ def evaluate(resources: Iterable[Resource], levels: Mapping[str, str] | None = N
         if r.kind == "resource":
             for resource in stack.resources:
                 found.extend(Violation(r.name, level, message, resource.type, resource.name,
-                                       resource.urn or None) for message in r.check(resource, config))
+                                       resource.urn or None)
+                             for message in r.resource_messages(resource, config))
         else:
-            for resource, message in r.check(stack, config):
-                found.append(Violation(r.name, level, message, resource.type if resource else None,
-                                       resource.name if resource else None,
-                                       (resource.urn or None) if resource else None))
+            for subject, message in r.stack_findings(stack, config):
+                found.append(Violation(r.name, level, message, subject.type if subject else None,
+                                       subject.name if subject else None,
+                                       (subject.urn or None) if subject else None))
     return found

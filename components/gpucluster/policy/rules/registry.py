@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from gpucluster.policy.records import Resource, Stack
 
@@ -41,6 +41,15 @@ class Rule:
             else:
                 merged[key] = value
         return merged
+
+    def resource_messages(self, resource: Resource, config: Mapping[str, Any]) -> Iterable[str]:
+        """What a `kind: resource` rule reports on one resource (its `check` is a ResourceCheck)."""
+        return cast("ResourceCheck", self.check)(resource, config)
+
+    def stack_findings(self, stack: Stack,
+                       config: Mapping[str, Any]) -> Iterable[tuple[Resource | None, str]]:
+        """What a `kind: stack` rule reports on the stack (its `check` is a StackCheck)."""
+        return cast("StackCheck", self.check)(stack, config)
 
 
 def rule(name: str, description: str, kind: Literal["resource", "stack"], level: str = "mandatory",

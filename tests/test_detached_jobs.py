@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from cli_text import joined_lines
 from fake_node import logged_calls
 from gpucluster.cli import app, common
+from gpucluster.fleet.nodepaths import JOB_TOOL
 from gpucluster.node import userdata
 from gpucluster.node.userdata import node_files, script
 from gpucluster.ops import run as ops_run
@@ -229,8 +230,7 @@ def test_status_logs_cancel_and_bad_names(tmp_path: Path) -> None:
 def test_every_node_gets_the_job_tool() -> None:
     from test_node_setup import plain_group
 
-    assert userdata.JOB_TOOL == ops_run.JOB_TOOL
-    tool = next(f for f in node_files(plain_group()) if f.path == ops_run.JOB_TOOL)
+    tool = next(f for f in node_files(plain_group()) if f.path == JOB_TOOL)
     assert tool.mode == "0755" and tool.content == script("job.sh")
 
 

@@ -383,7 +383,7 @@ def test_shipped_hooks_name_executables_every_node_gets(stack: str) -> None:
 
 
 def test_run_exports_the_paths_the_checkpoint_hook_uses() -> None:
-    from gpucluster.ops.run import CHECKPOINT_DONE, CHECKPOINT_REQUEST
+    from gpucluster.fleet.nodepaths import CHECKPOINT_DONE, CHECKPOINT_REQUEST
 
     text = script("checkpoint.sh")
     assert f'REQUEST="${{GPUCLUSTER_CHECKPOINT_REQUEST:-{CHECKPOINT_REQUEST}}}"' in text

@@ -14,8 +14,9 @@ from botocore.stub import ANY, Stubber
 
 from gpucluster.cli.jobs import cancelled_note
 from gpucluster.fleet import runtime
+from gpucluster.fleet.nodepaths import JOB_TOOL
 from gpucluster.ops.nodes import Node, ranked
-from gpucluster.ops.run import JOB_TOOL, plan_job, send_job, wait_job
+from gpucluster.ops.run import plan_job, send_job, wait_job
 
 CMD_A, CMD_B, STOP_A = "a" * 36, "b" * 36, "s" * 36
 

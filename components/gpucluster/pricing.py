@@ -303,10 +303,9 @@ def price_group(spec: StackSpec, group: NodeGroupConfig, spot: Rate | None = Non
             raise PricingError(f"node group {group.name}: {first.name} has no on-demand list price "
                                "(AWS sells it as Capacity Blocks for ML only); buy a block "
                                "(gpucluster capacity search) and set capacity.market: capacity_block")
-        block = capacity_block_rate(first)
-        block = Rate(block.usd_per_hour, f"{block.basis} (the type has no on-demand or spot price)",
-                     block.source, block.as_of)
-        od = block
+        block_rate = capacity_block_rate(first)
+        od = Rate(block_rate.usd_per_hour, f"{block_rate.basis} (the type has no on-demand or spot price)",
+                  block_rate.source, block_rate.as_of)
     else:
         od = on_demand_rate(first, spec.region)
     if cap.market == "capacity_block":

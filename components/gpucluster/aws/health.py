@@ -10,11 +10,14 @@ spec sizes them with the role's other policies). Pure: no resources, no AWS
 call; `GpuNodeGroup` declares the hook and the role policy from these.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpucluster.node.userdata import LAUNCH_HOOK_NAME
 from gpucluster.noderole import health_policy_document, node_health_statements
 from gpucluster.spec import NodeGroupConfig
+
+if TYPE_CHECKING:
+    from pulumi_aws.autoscaling import GroupInitialLifecycleHookArgsDict
 
 __all__ = ["GROUP_METRICS", "LAUNCH_TRANSITION", "health_policy_document", "launch_hook",
            "node_health_statements"]
@@ -25,7 +28,7 @@ LAUNCH_TRANSITION = "autoscaling:EC2_INSTANCE_LAUNCHING"
 GROUP_METRICS = ("GroupDesiredCapacity", "GroupInServiceInstances", "GroupPendingInstances")
 
 
-def launch_hook(group: NodeGroupConfig) -> dict[str, Any]:
+def launch_hook(group: NodeGroupConfig) -> "GroupInitialLifecycleHookArgsDict":
     """The launch lifecycle hook: nodes wait for their check; silence past the timeout abandons them.
 
     EC2 Auto Scaling user guide, "Amazon EC2 Auto Scaling lifecycle hooks": the instance

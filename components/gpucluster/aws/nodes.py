@@ -199,7 +199,7 @@ def plain_template(group: NodeGroupConfig) -> bool:
     return group.capacity.market == "capacity_block" or group.warm_pool is not None
 
 
-def warm_pool(group: NodeGroupConfig) -> dict[str, Any]:
+def warm_pool(group: NodeGroupConfig) -> aws.autoscaling.GroupWarmPoolArgsDict | None:
     """The Auto Scaling warm pool of a group that asks for one: stopped instances (EBS only).
 
     EC2 Auto Scaling user guide, "Warm pools for Amazon EC2 Auto Scaling": `Stopped` instances
@@ -209,11 +209,10 @@ def warm_pool(group: NodeGroupConfig) -> dict[str, Any]:
     """
     pool = group.warm_pool
     if pool is None:
-        return {}
-    return {"warm_pool": {
-        "pool_state": "Stopped", "min_size": pool.min_size,
-        "max_group_prepared_capacity": pool.max_prepared if pool.max_prepared is not None else -1,
-        "instance_reuse_policy": {"reuse_on_scale_in": pool.reuse_on_scale_in}}}
+        return None
+    return {"pool_state": "Stopped", "min_size": pool.min_size,
+            "max_group_prepared_capacity": pool.max_prepared if pool.max_prepared is not None else -1,
+            "instance_reuse_policy": {"reuse_on_scale_in": pool.reuse_on_scale_in}}
 
 
 def pinned_ami(m: GpuNodeGroupModel) -> str | None:
@@ -402,7 +401,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             self.register_outputs({"launch_template_id": self.launch_template_id,
                                    "launch_template_version": self.launch_template_version})
             return
-        hooks = {"initial_lifecycle_hooks": [launch_hook(group)]} if health.enabled else {}
+        capacity = self._capacity(group)
         asg = self.asg = aws.autoscaling.Group(
             f"{name}-asg",
             min_size=group.min_nodes,
@@ -413,7 +412,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             capacity_rebalance=can_hold_spot(group) and m.spot.handle_rebalance,
             wait_for_capacity_timeout="0",  # GPU capacity may take hours: never block `pulumi up`
             tags=[{"key": key, "value": value, "propagate_at_launch": True} for key, value in tags.items()],
-            metrics_granularity="1Minute", enabled_metrics=list(GROUP_METRICS),
+            metrics_granularity="1Minute", enabled_metrics=[aws.autoscaling.Metric(m) for m in GROUP_METRICS],
             # The guardrail Lambdas set min and desired to 0 when they stop a group (DESIGN.md): if
             # Pulumi owned these fields, the next `pulumi up` would silently restart what they stopped.
             # The stop-state tags they write are ignored by the group's provider (`_asg_provider`).
@@ -423,9 +422,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=[
                 "desiredCapacity", "minSize", "initialLifecycleHooks"],
                 provider=self._asg_provider(name, m.region)),
-            **hooks,
-            **warm_pool(group),
-            **self._capacity(group),
+            initial_lifecycle_hooks=[launch_hook(group)] if health.enabled else None,
+            warm_pool=warm_pool(group),
+            launch_template=capacity.get("launch_template"),
+            capacity_reservation_specification=capacity.get("capacity_reservation_specification"),
+            mixed_instances_policy=capacity.get("mixed_instances_policy"),
         )
         child = pulumi.ResourceOptions(parent=self)
         if health.enabled:

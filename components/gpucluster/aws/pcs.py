@@ -321,20 +321,23 @@ class SlurmCluster(pulumi.ComponentResource):
         queue. Names are fixed (the group's): a replacement deletes the old one first."""
         name, gname = self._name, group["name"]
         tags = {**self._tags, NODE_GROUP_TAG: gname}
-        spot = ({"spot_options": {"allocation_strategy": group["spot_allocation_strategy"]}}
-                if group["purchase_option"] == "SPOT" and "spot_allocation_strategy" in group else {})
+        spot: aws_native.pcs.SpotOptionsPropertiesArgsDict | None = (
+            {"allocation_strategy": aws_native.pcs.ComputeNodeGroupSpotOptionsPropertiesAllocationStrategy(
+                group["spot_allocation_strategy"])}
+            if group["purchase_option"] == "SPOT" and "spot_allocation_strategy" in group else None)
+        # The template's latest version is unknown until it exists (None in a preview): passed on as such.
+        version: pulumi.Output[str] = pulumi.Output.from_input(group["launch_template_version"]).apply(
+            lambda v: str(int(v)) if v is not None else None)  # type: ignore[arg-type, return-value]
         node_group = self.node_groups[gname] = aws_native.pcs.ComputeNodeGroup(
             f"{name}-{gname}", name=gname, cluster_id=self.cluster.aws_id,
-            custom_launch_template={
-                "template_id": group["launch_template_id"],
-                "version": pulumi.Output.from_input(group["launch_template_version"]).apply(
-                    lambda v: str(int(v)) if v is not None else None)},
+            custom_launch_template={"template_id": group["launch_template_id"], "version": version},
             iam_instance_profile_arn=group["instance_profile_arn"],
             instance_configs=[{"instance_type": t} for t in group["instance_types"]],
             scaling_configuration={"min_instance_count": group["min_nodes"],
                                    "max_instance_count": group["max_nodes"]},
-            subnet_ids=group["subnet_ids"], purchase_option=group["purchase_option"],
-            **({"ami_id": group["ami_id"]} if "ami_id" in group else {}), **spot,
+            subnet_ids=group["subnet_ids"],
+            purchase_option=aws_native.pcs.ComputeNodeGroupPurchaseOption(group["purchase_option"]),
+            ami_id=group.get("ami_id"), spot_options=spot,
             tags=tags, opts=pulumi.ResourceOptions(
                 parent=self, delete_before_replace=True,
                 # The guardrails stop a group by setting its minimum and maximum to 0 and resume it by

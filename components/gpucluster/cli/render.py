@@ -355,6 +355,7 @@ def node_group_summary(result: Plan, cost: StackCost | str) -> list[dict[str, An
         gpus = group.types[0].gpus if group.types else 0
         priced_group = priced.get(group.name)
         split = priced_group.desired if priced_group is not None else None
+        block = priced_group is not None and priced_group.capacity_block
         out.append({
             "name": group.name, "instance_types": list(group.instance_types),
             "desired_nodes": group.desired_nodes, "max_nodes": group.max_nodes,
@@ -363,7 +364,7 @@ def node_group_summary(result: Plan, cost: StackCost | str) -> list[dict[str, An
             "efa": group.efa_enabled,
             "purchase": None if split is None else {
                 "base": split.base, "on_demand": split.on_demand, "spot": split.spot,
-                "capacity_block": priced_group.capacity_block},
+                "capacity_block": block},
             "usd_per_hour": None if priced_group is None else round(priced_group.usd_per_hour("desired"), 4)})
     return out
 

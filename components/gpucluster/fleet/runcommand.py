@@ -104,7 +104,7 @@ CLOCK_SKEW = timedelta(minutes=5)
 """ListCommands' InvokedAfter is AWS's clock: look that far before our own first attempt."""
 
 
-class SendUnknown(BotoCoreError):
+class SendUnknown(BotoCoreError):  # type: ignore[misc]  # botocore ships no types: its base is Any
     """SendCommand timed out after the request went out, and ListCommands could not tell whether
     the command landed: it is not sent again (at most once)."""
 
@@ -136,7 +136,7 @@ def describe(exc: BaseException) -> str:
 
 def backoff(attempt: int) -> float:
     """Seconds to wait before retry number `attempt` (0-based): doubling, capped."""
-    return min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(attempt, 16))
+    return min(BACKOFF_MAX, BACKOFF_FIRST * 2.0 ** min(attempt, 16))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ and what the body looked like instead. Every AWS-calling command catches these a
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.parsers import ResponseParserError
@@ -89,8 +90,9 @@ def describe(err: BaseException) -> str:
     if from_parser(err):
         return f"AWS's answer could not be read (not the answer the API defines): {_WHAT}"
     if isinstance(err, ClientError):
-        response = err.response if isinstance(err.response, dict) else {}
-        error = response.get("Error") if isinstance(response.get("Error"), dict) else {}
+        response: dict[str, Any] = err.response if isinstance(err.response, dict) else {}
+        found = response.get("Error")
+        error: dict[str, Any] = found if isinstance(found, dict) else {}
         status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
         code = str(error.get("Code") or "").strip()
         message = str(error.get("Message") or "").strip()

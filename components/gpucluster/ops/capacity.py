@@ -229,6 +229,8 @@ class OfferingCache:
 
     def get(self, offering_id: str) -> CachedOffering | None:
         entry = self._read().get(offering_id)
+        if entry is None:
+            return None
         try:
             return CachedOffering(Offering.from_json(entry["offering"]), entry["region"],
                                   datetime.fromisoformat(entry["listed_at"]))

@@ -452,7 +452,7 @@ def _foreign_groups(spec: StackSpec, groups: list[dict[str, Any]]) -> dict[str, 
     known = {g.name for g in spec.node_groups}
     removed = ("; if you removed that node group from the stack file, run doctor with --outputs "
                "(`pulumi stack output --json`) so it knows the stack's own groups")
-    foreign = {}
+    foreign: dict[str, str] = {}
     for node_group, names in claims.items():
         if node_group is None:
             why = f"has no {NODE_GROUP_TAG} tag (gpucluster tags every group it creates)"

@@ -84,7 +84,8 @@ class JobListing(NodeAnswers):
 def list_jobs(spec: StackSpec, group: str | None, *, clients: Clients,
               progress: Spinner = no_spinner) -> JobListing:
     """Every detached job on the stack's in-service nodes (of one node group), per node."""
-    from gpucluster.ops.run import JOB_TOOL, parse_job_states
+    from gpucluster.fleet.nodepaths import JOB_TOOL
+    from gpucluster.ops.run import parse_job_states
 
     answers = on_nodes(spec, group, f"{JOB_TOOL} status", clients=clients, comment="gpucluster jobs",
                        progress=progress)
@@ -102,7 +103,7 @@ def list_jobs(spec: StackSpec, group: str | None, *, clients: Clients,
 def job_logs(spec: StackSpec, name: str, group: str | None, *, lines: int, clients: Clients,
              node: str | None = None, progress: Spinner = no_spinner) -> NodeAnswers:
     """The last `lines` of a detached job's output on each node (or one)."""
-    from gpucluster.ops.run import JOB_TOOL
+    from gpucluster.fleet.nodepaths import JOB_TOOL
 
     return on_nodes(spec, group, f"{JOB_TOOL} logs {name} {lines}", clients=clients,
                     comment="gpucluster logs", node=node, progress=progress)
@@ -119,7 +120,7 @@ def cancel_job(spec: StackSpec, name: str, group: str | None, *, clients: Client
                on_record_removed: Callable[[], None] | None = None) -> Cancelled:
     """Stop a detached job on every node; its restart record goes first (`on_record_removed` then)."""
     from gpucluster.fleet.jobnames import job_parameter_name
-    from gpucluster.ops.run import JOB_TOOL
+    from gpucluster.fleet.nodepaths import JOB_TOOL
 
     parameter = job_parameter_name(spec.identity, name)
     with progress(f"removing the job's restart record {parameter}"):
@@ -151,8 +152,9 @@ def prepare_follow(spec: StackSpec, name: str, group: str | None, *, clients: Cl
 
     From a minute before the job's first start (clock skew); without a start time, the last day.
     """
+    from gpucluster.fleet.nodepaths import JOB_TOOL
     from gpucluster.ops.joblogs import JobFollower, job_log_stream, parse_started
-    from gpucluster.ops.run import JOB_TOOL, parse_job_states
+    from gpucluster.ops.run import parse_job_states
 
     answers = on_nodes(spec, group, f"{JOB_TOOL} status", clients=clients, comment="gpucluster logs",
                        node=node, progress=progress)

@@ -23,15 +23,8 @@ from typing import Any
 
 from gpucluster import catalog
 from gpucluster.fleet.awsapi import AWS_ERRORS
-from gpucluster.fleet.jobrecords import (
-    CHECKPOINT_DONE,
-    CHECKPOINT_REQUEST,
-    JOB_TOOL,
-    RECORD_VERSION,
-    encode_record,
-    rank_environments,
-    start_lines,
-)
+from gpucluster.fleet.jobrecords import RECORD_VERSION, encode_record, rank_environments, start_lines
+from gpucluster.fleet.nodepaths import JOB_TOOL
 from gpucluster.fleet.runcommand import (
     CANCEL_FAILED,
     FINAL_STATUSES,
@@ -58,10 +51,6 @@ DELIVERY_TIMEOUT_SECONDS = 120
 # CloudWatch Logs, whose streams SSM names <command id>/<instance id>/<plugin>/stdout|stderr.
 STDOUT_LIMIT, STDERR_LIMIT = 24000, 8000
 TAIL_LINES = 20
-# The checkpoint contract (gpucluster.node checkpoint.sh, on every node as gpucluster-checkpoint):
-# the hook creates CHECKPOINT_REQUEST, the job saves a checkpoint and touches CHECKPOINT_DONE
-# (both from gpucluster.fleet.jobrecords, which re-launches jobs with the same environment).
-__all__ = ["CHECKPOINT_DONE", "CHECKPOINT_REQUEST", "JOB_TOOL"]
 
 
 class RunError(OpsError):

@@ -24,7 +24,6 @@ from typing import Any
 from gpucluster import pricing, schedule
 from gpucluster.fleet.awsapi import stack_groups
 from gpucluster.fleet.spendreport import (
-    NODE_GROUP_TAG,
     CostRow,
     Usage,
     Waste,
@@ -37,7 +36,7 @@ from gpucluster.fleet.spendreport import (
     totals,
     usage_by_node_group,
 )
-from gpucluster.fleet.tags import STACK_TAG
+from gpucluster.fleet.tags import NODE_GROUP_TAG, STACK_TAG
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.ops import OpsError
 from gpucluster.ops.awserrors import AWS_ERRORS, describe

@@ -1,4 +1,4 @@
-"""The ledger of facts mocks cannot check (issue 33 item 2): every marker cites an entry, every entry is cited.
+"""The ledger of facts mocks cannot check (issue 33 item 2): every marker cites an entry, each entry is cited.
 
 A fact written from memory ("from memory", "unverified", "not re-checked", ...) is honest only if it
 is findable: each such marker in the code, the infrastructure and the docs carries `ledger: <id>` on
@@ -28,8 +28,7 @@ from gpucluster.preflight import parse_stack_config
 REPO = Path(__file__).resolve().parents[1]
 SCANNED = ("components", "infra", "docs", "examples", "policies", "stacks", "benchmarks", "README.md")
 """Where the code, the infrastructure and the docs live (tests/ describe markers, they are none)."""
-LEDGER_OWN = (ledger.LEDGER_FILE, Path(__file__).resolve().parents[1] / "components" / "gpucluster" / "ledger.py",
-              REPO / "docs" / "reference" / "ledger.md")
+LEDGER_OWN = (ledger.LEDGER_FILE, Path(ledger.__file__), REPO / "docs" / "reference" / "ledger.md")
 """The ledger itself: its statuses and texts name what the markers mark."""
 TEXT = (".py", ".md", ".yaml", ".yml", ".sh", ".tmpl", ".json", ".txt", ".toml", ".cfg")
 MARKER = re.compile(r"\b(?:from memory|unverified|not verified|re-checked|not been checked"

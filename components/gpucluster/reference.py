@@ -219,7 +219,8 @@ def render_ledger_page() -> str:
         lines += ["", f"## {e.id}", "", _cell(e.says), "",
                   f"- **Source**: {_cell(e.source)}", f"- **Status**: {e.status}",
                   f"- **Stacks**: {', '.join(e.when)}",
-                  f"- **`gpucluster verify`**: {_cell(e.verify) if e.verify else 'cannot check it in an account'}"]
+                  "- **`gpucluster verify`**: "
+                  + (_cell(e.verify) if e.verify else "cannot check it in an account")]
         lines += [f"- **Re-check**: {_cell(e.recheck)}"] if e.recheck else []
         lines += [f"- **Note**: {_cell(e.note)}"] if e.note else []
     return "\n".join(lines) + "\n"

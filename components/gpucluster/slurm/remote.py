@@ -13,8 +13,8 @@ submits as the AMI's default user, uid 1000 (`ec2-user` on Amazon Linux, RHEL an
 on Ubuntu: the first user cloud-init creates, ledger: ami-default-user-uid: the cloud-init defaults
 of those images), which every node of one AMI family has with that uid, through `runuser -u` (root
 only, util-linux). Not `sbatch --uid`: it is for root only and sbatch drops to the user only "after
-node allocation is successful" (sbatch(1), 22.05), and later Slurm releases removed it (ledger:
-sbatch-uid-removed); `runuser` makes every step, submission included, the user's own.
+node allocation is successful" (sbatch(1), 22.05), and later Slurm releases removed it
+(ledger: sbatch-uid-removed); `runuser` makes every step, submission included, the user's own.
 
 Pure: builds and parses text, never calls AWS. Options used exist in Slurm 22.05 and 24.11 alike.
 """

@@ -60,8 +60,8 @@ def scan(root: Path, parts: tuple[str, ...], ids: set[str]) -> tuple[list[str], 
             where = f"{file.relative_to(root)}:{number}: {line.strip()}"
             refs = REFERENCE.findall(line)
             cited.update(refs)
-            if MARKER.search(line) and not refs:
-                bare.append(where)
+            if (MARKER.search(line) and not refs) or re.search(r"\bledger:\s*$", line):
+                bare.append(where)  # a marker uncited, or a citation whose id wrapped to the next line
             unknown += [f"{where} (no entry {ref!r})" for ref in refs if ref not in ids]
     return bare, unknown, cited
 
@@ -139,11 +139,13 @@ def test_the_scanner_finds_a_bare_marker_an_unknown_id_and_what_is_cited(tmp_pat
     (tmp_path / "components" / "a.py").write_text(
         "PORT = 1  # from memory\n"
         "PORTS = 2  # srun's range (ledger: known-fact)\n"
-        "X = 3  # Not re-checked, ledger: gone-fact\n")
+        "X = 3  # Not re-checked, ledger: gone-fact\n"
+        "Y = 4  # wrapped (ledger:\n")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "g.md").write_text("This is unverified here.\nFine (ledger: other-fact).\n")
     bare, unknown, cited = scan(tmp_path, ("components", "docs"), {"known-fact", "other-fact"})
-    assert bare == ["components/a.py:1: PORT = 1  # from memory", "docs/g.md:1: This is unverified here."]
+    assert bare == ["components/a.py:1: PORT = 1  # from memory", "components/a.py:4: Y = 4  # wrapped (ledger:",
+                    "docs/g.md:1: This is unverified here."]
     assert unknown == ["components/a.py:3: X = 3  # Not re-checked, ledger: gone-fact (no entry 'gone-fact')"]
     assert cited == {"known-fact", "gone-fact", "other-fact"}
 

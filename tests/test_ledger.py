@@ -144,8 +144,8 @@ def test_the_scanner_finds_a_bare_marker_an_unknown_id_and_what_is_cited(tmp_pat
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "g.md").write_text("This is unverified here.\nFine (ledger: other-fact).\n")
     bare, unknown, cited = scan(tmp_path, ("components", "docs"), {"known-fact", "other-fact"})
-    assert bare == ["components/a.py:1: PORT = 1  # from memory", "components/a.py:4: Y = 4  # wrapped (ledger:",
-                    "docs/g.md:1: This is unverified here."]
+    assert bare == ["components/a.py:1: PORT = 1  # from memory",
+                    "components/a.py:4: Y = 4  # wrapped (ledger:", "docs/g.md:1: This is unverified here."]
     assert unknown == ["components/a.py:3: X = 3  # Not re-checked, ledger: gone-fact (no entry 'gone-fact')"]
     assert cited == {"known-fact", "gone-fact", "other-fact"}
 

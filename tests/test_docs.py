@@ -312,7 +312,8 @@ def test_the_nav_names_existing_pages_and_every_page_is_reachable() -> None:
     for must in ("getting-started.md", "guides/multi-node-training.md", "guides/capacity-blocks.md",
                  "guides/datasets.md", "guides/guardrails.md", "guides/cost-and-spend.md",
                  "guides/ci-and-policies.md", "guides/security.md", "guides/component-package.md",
-                 "reference/cli.md", "reference/config.md", "reference/policies.md", "releases.md"):
+                 "reference/cli.md", "reference/config.md", "reference/policies.md", "reference/ledger.md",
+                 "releases.md"):
         assert must in named, must
 
 

@@ -577,7 +577,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
 NODE_EXPORTER_SERIES = 150
 SCRAPE_SERIES_PER_TARGET = 5
 AMP_FIRST_TIER_SAMPLES = 2_000_000_000
-AMP_BYTES_PER_SAMPLE = 2.0  # an assumption: AMP bills storage by compressed bytes, ~1-2 bytes a sample
+AMP_BYTES_PER_SAMPLE = 2.0  # compressed bytes a sample AMP bills (~1-2; ledger: amp-bytes-per-sample)
 # AMP's default retention (AMP user guide, "Amazon Managed Service for Prometheus service quotas").
 AMP_RETENTION_DAYS = 150
 
@@ -625,7 +625,7 @@ def _observability_costs(spec: StackSpec, prices: ServicePrices,
                         f"${prices.amg_viewer_usd_per_month:g} a month (active users)", src["amg"], as_of)
 def _pcs_costs(spec: StackSpec, groups: Mapping[str, GroupCost],
                path: Path = PCS_PRICES_FILE) -> Iterable[OtherCost]:
-    """AWS PCS fees of a Slurm stack (data/pcs_prices.yaml, figures not re-checked: see its header), each
+    """AWS PCS fees of a Slurm stack (data/pcs_prices.yaml, ledger: pcs-prices: see its header), each
     its own line: the controller and accounting by cluster size all month, node management per node-hour
     (compute nodes as their groups run, the login nodes all month) and the login nodes' EC2 hours."""
     s = spec.scheduler
@@ -713,8 +713,9 @@ def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
         f"VPC flow logs: {assume.flow_log_gb_per_month:g} GB/month of rejected-traffic records "
         "(ten times that with flow_logs: all)",
         "not counted: data transfer out, requests, CloudWatch, Lambda, snapshots (small next to GPUs)",
-    ) + ((f"AWS PCS fees ({PCS_PRICES_FILE.name}) are from memory of https://aws.amazon.com/pcs/pricing/, "
-          "not re-checked: each is its own 'AWS PCS' line; node management follows the nodes",)
+    ) + ((f"AWS PCS fees ({PCS_PRICES_FILE.name}) are from memory of "  # ledger: pcs-prices
+          "https://aws.amazon.com/pcs/pricing/, not re-checked: "  # ledger: pcs-prices
+          "each is its own 'AWS PCS' line; node management follows the nodes",)
          if spec.scheduler.slurm else ())
     budget = spec.budget.monthly_limit_usd if spec.budget else None
     return StackCost(spec.stack, spec.region, groups, other, budget, notes, plan)

@@ -1,6 +1,6 @@
-"""The docs site's references, rendered from the code itself: stack keys, CLI commands, policy rules.
+"""The docs site's references, from the code: stack keys, CLI commands, policy rules, the ledger.
 
-`docs/reference/{config,cli,policies}.md` are written by `python -m gpucluster.reference --write`
+`docs/reference/{config,cli,policies,ledger}.md` are written by `python -m gpucluster.reference --write`
 and checked in; tests/test_docs.py renders them again and fails when a page differs, so the
 documented keys, options, defaults and rules are always the ones the code takes. (Checked-in
 pages rather than a build-time hook: they read on GitHub too, and a stale page fails the
@@ -197,8 +197,37 @@ def render_config_page() -> str:
             "[Stack files](../guides/stack-files.md).\n\n" + render_config_reference() + "\n")
 
 
+def render_ledger_page() -> str:
+    """docs/reference/ledger.md: every entry of the ledger (`gpucluster.ledger`), a summary table first."""
+    from gpucluster.ledger import CONDITIONS, STATUSES, load_ledger
+
+    entries = load_ledger()
+    counts = ", ".join(f"{sum(e.status == s for e in entries)} {s}" for s in STATUSES)
+    lines = ["# Ledger of facts mocks cannot check", "",
+             "Facts about AWS (and the software it runs) that gpucluster relies on and no test here can "
+             "observe: mocks and moto accept whatever they are given. Generated from "
+             "`components/gpucluster/catalog/data/ledger.yaml` by `python -m gpucluster.reference --write`. "
+             "The code cites an entry as `ledger: <id>` where it relies on it; `gpucluster plan` names the "
+             "entries of the planned stack that no named source or measurement backs, and `gpucluster "
+             "verify` checks, after `pulumi up`, those an account's read-only calls can show.", "",
+             f"{len(entries)} entries: {counts}. A stack relies on an entry when every term of its "
+             f"*stacks* holds ({', '.join(f'`{c}`' for c in CONDITIONS)}).", "",
+             "| fact | status | stacks | checked by `gpucluster verify` |", "|---|---|---|---|"]
+    lines += [f"| [`{e.id}`](#{e.id}) | {e.status} | {', '.join(e.when)} | {'yes' if e.verify else 'no'} |"
+              for e in entries]
+    for e in entries:
+        lines += ["", f"## {e.id}", "", _cell(e.says), "",
+                  f"- **Source**: {_cell(e.source)}", f"- **Status**: {e.status}",
+                  f"- **Stacks**: {', '.join(e.when)}",
+                  "- **`gpucluster verify`**: "
+                  + (_cell(e.verify) if e.verify else "cannot check it in an account")]
+        lines += [f"- **Re-check**: {_cell(e.recheck)}"] if e.recheck else []
+        lines += [f"- **Note**: {_cell(e.note)}"] if e.note else []
+    return "\n".join(lines) + "\n"
+
+
 PAGES = {"config.md": render_config_page, "cli.md": render_cli_reference,
-         "policies.md": render_policy_reference}
+         "policies.md": render_policy_reference, "ledger.md": render_ledger_page}
 """The generated pages under docs/reference/, by file name."""
 
 

@@ -325,8 +325,8 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
     # AWS PCS (gpucluster:scheduler type slurm), made by pulumi-aws-native, which goes through the Cloud
     # Control API (CLOUD_CONTROL: it calls PCS with the caller's own permissions, so it reaches nothing the
     # role could not). PCS ids are generated, so `deploy_statements` scopes these by the stack tag
-    # (`pcs_statements`). Beyond the pcs: actions, from memory of the PCS user guide's "Minimum permissions
-    # for AWS PCS" (not re-checked from this machine): CreateCluster makes the controller's network
+    # (`pcs_statements`). Beyond the pcs: actions (ledger: pcs-create-permissions; PCS's "Minimum permissions
+    # for AWS PCS"): CreateCluster makes the controller's network
     # interface, reads the VPC's security groups and keeps the Slurm key in a Secrets Manager secret;
     # CreateComputeNodeGroup checks the caller may launch (RunInstances, CreateFleet) and pass the node
     # role (iam_statements: PassPcsNodeRoles); PCS's service-linked role launches the instances.
@@ -424,7 +424,7 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
         # AWS PCS: every cluster and what lies under it, narrowed by the stack tag (`pcs_statements`)
         "pcs": [f"arn:{p}:pcs:*:{a}:cluster/*"],
         "cloudformation": ["*"],  # CLOUD_CONTROL: no resource type
-        # the cluster's Slurm key; the name pattern is from memory of the PCS user guide (not re-checked)
+        # the cluster's Slurm key; its name pattern is the PCS guide's (ledger: pcs-slurm-key-secret-name)
         "secretsmanager": [f"arn:{p}:secretsmanager:*:{a}:secret:pcs!*"],
     }
 

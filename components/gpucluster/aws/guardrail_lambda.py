@@ -159,7 +159,7 @@ def without_auto_scaling(statements: Sequence[Mapping[str, Any]]) -> list[Mappin
 def pcs_statements(ctx: "GuardrailContext", pcs: PcsGuard, *, scale: bool = True) -> list[dict[str, Any]]:
     """Read and scale only this stack's PCS node groups; hold and release partitions on its login node.
 
-    PCS resource ARNs (Service Authorization Reference, "AWS Parallel Computing Service", from memory:
+    PCS resource ARNs (Service Authorization Reference, AWS PCS; ledger: pcs-arn-formats:
     cluster `arn:${Partition}:pcs:${Region}:${Account}:cluster/${ClusterId}`, compute node group
     `.../cluster/${ClusterId}/computenodegroup/${ComputeNodeGroupId}`): ListComputeNodeGroups is
     on the cluster, Get/UpdateComputeNodeGroup on the node group (the cluster ARN is listed with

@@ -18,9 +18,9 @@ Sources: "Security groups in AWS PCS" (https://docs.aws.amazon.com/pcs/latest/us
 working-with_networking_sg.html): the controller's interface and the instances must reach each other,
 slurmctld on 6817 from the instances, slurmd on 6818 from the controller, and where a launch
 template defines network interfaces its security groups go on each interface. slurmdbd on 6819 with
-accounting and srun's port range between nodes are from memory (Slurm's SrunPortRange as AWS PCS
+accounting (ledger: slurm-dbd-port) and srun's ports between nodes (ledger: pcs-srun-port-range: as AWS PCS
 sets it). Names: pulumi-aws-native 1.84's PCS docstrings give no length or pattern ("The name that
-identifies the compute node group"); from memory of the AWS PCS API reference (CreateComputeNodeGroup,
+identifies the compute node group"); ledger: pcs-group-and-queue-names (API reference: CreateComputeNodeGroup,
 CreateQueue): 3-25 characters, a letter first, then letters, digits, '-' and '_', not starting
 `pcs_`: `spec/scheduler.py` checks a Slurm stack's group names against that.
 """
@@ -43,8 +43,8 @@ from gpucluster.node.userdata import MAX_USER_DATA_BYTES
 OLD_TYPE = "gpucluster:pcs:SlurmCluster"
 SLURMCTLD_PORT = 6817  # "Security groups in AWS PCS"
 SLURMD_PORT = 6818  # "Security groups in AWS PCS"
-SLURMDBD_PORT = 6819  # with accounting (from memory: Slurm's default DbdPort)
-SRUN_PORTS = (60001, 63000)  # srun's listening ports between nodes (from memory: AWS PCS's SrunPortRange)
+SLURMDBD_PORT = 6819  # with accounting (Slurm's default DbdPort; ledger: slurm-dbd-port)
+SRUN_PORTS = (60001, 63000)  # srun's ports between nodes (PCS's SrunPortRange; ledger: pcs-srun-port-range)
 LOGIN_ROOT_GIB = 64
 LOGIN_ROOT_DEVICE = "/dev/sda1"  # Ubuntu AMIs (the DLAMI included); on Amazon Linux /dev/xvda
 DEFAULT_LOGIN_AMI_PARAMETER = (
@@ -251,7 +251,7 @@ class SlurmCluster(pulumi.ComponentResource):
         # Named by pulumi-aws-native from its logical name (`<name>-` and a random suffix), so a replacement
         # (every SlurmConfiguration change replaces a PCS cluster) never meets the old name: the
         # component's own name keeps it within PCS's 40 characters for the longest cluster name (24,
-        # `-pcs`, 8; from memory of CreateCluster's clusterName limit). The ignore: aws-native's SDK types
+        # `-pcs`, 8; ledger: pcs-cluster-name-length). The ignore: aws-native's SDK types
         # slurm_configuration without the cluster's own keys (cluster_slurm_configuration says why).
         self.cluster = aws_native.pcs.Cluster(  # type: ignore[call-overload]
             name,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpucluster import pricing
+from gpucluster import ledger, pricing
 from gpucluster.cli import render
 from gpucluster.cli.common import (
     EXIT_BLOCKED,
@@ -67,6 +67,7 @@ def plan(
     violations, notes = check_policies(result, policy_config)
     warnings = stack_warnings(result.spec)
     blocked = EXIT_BLOCKED if any(v.mandatory for v in violations) else EXIT_OK
+    facts = ledger.unverified_facts(result.spec)
     if as_json:
         document = result.as_json()
         document["warnings"] = [{"path": w.path, "message": w.message} for w in warnings]
@@ -74,11 +75,14 @@ def plan(
         document["violations"] = [v.as_json() for v in violations]
         document["notes"] = notes
         document["node_groups"] = render.node_group_summary(result, cost)
+        document["unverified_facts"] = [f.as_json() for f in facts]
         render.emit(document)
         raise typer.Exit(blocked)
     for line in render.plan_lines(result, cost, violations, tree, notes, [str(w) for w in warnings]):
         render.echo(line)
     for line in image_lines(result.spec):
+        render.echo(line)
+    for line in render.wrap(ledger.plan_line(facts)) if facts else []:  # none when the stack relies on none
         render.echo(line)
     raise typer.Exit(blocked)
 

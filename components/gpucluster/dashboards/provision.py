@@ -43,7 +43,7 @@ def amp_query_url(remote_write_url: str) -> str:
 def amp_datasource(name: str, query_url: str, region: str) -> dict[str, Any]:
     """A Prometheus data source signing with SigV4 as the workspace's own IAM role.
 
-    From memory of the AMG user guide's data-source provisioning examples (not checked here): the
+    From the AMG user guide's data-source provisioning examples (ledger: amg-datasource-sigv4): the
     workspace role is Grafana's default AWS credentials, `sigV4AuthType: ec2_iam_role`.
     """
     return {"uid": DATASOURCE_UID, "name": name, "type": "prometheus", "access": "proxy", "url": query_url,

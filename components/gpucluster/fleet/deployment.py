@@ -165,8 +165,8 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
 # on the login node (ec2:DescribeInstances to find it, ssm:SendCommand on instances of this stack,
 # ssm:GetCommandInvocation for the result). UpdateComputeNodeGroup with only scalingConfiguration
 # passes no role, so no iam:PassRole (IAM user guide, "Grant a user permissions to pass a role to an
-# AWS service": PassRole is checked when a request hands a role to a service; from memory, not
-# checked against the PCS minimum-permissions page from this machine).
+# AWS service": PassRole is checked when a request hands a role to a service; ledger: pcs-update-permissions,
+# whose note says what the PCS minimum-permissions page is reported to list).
 PCS_ACTIONS = ("pcs:ListComputeNodeGroups", "pcs:GetComputeNodeGroup", "pcs:UpdateComputeNodeGroup")
 LOGIN_NODE_ACTIONS = ("ec2:DescribeInstances", "ssm:SendCommand", "ssm:GetCommandInvocation")
 # The handlers that stop or start groups, and so read PCS_CLUSTER_ID on a Slurm stack (the environment

@@ -96,7 +96,7 @@ def release_script(partitions: Sequence[str]) -> str:
 
 # The Slurm node of an EC2 instance, from the login node: the node whose NodeAddr or NodeHostName is
 # the instance's private IP or DNS name (PCS names Slurm nodes itself and points them at the
-# instance it launched; from memory, not checked on a PCS cluster: matching the address does not
+# instance it launched; ledger: pcs-node-addresses: matching the address does not
 # depend on the naming), or whose NodeName is the host name.
 NODE_OF = ("scontrol --oneliner show node | awk -v ip={ip} -v host={host} "
            "'{{n=\"\"; a=\"\"; h=\"\"; for (i = 1; i <= NF; i++) {{ "

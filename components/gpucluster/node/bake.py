@@ -61,7 +61,7 @@ class BakeSettings:
 # "Software installers to build custom AMIs for AWS PCS",
 # https://docs.aws.amazon.com/pcs/latest/userguide/working-with_ami_installers.html: a custom AMI needs the
 # AWS PCS agent and AWS's Slurm build (installed under /opt/aws/pcs/scheduler/slurm-<version>, the
-# documented path). FROM MEMORY, not re-checked from this machine: the per-region bucket
+# documented path). FROM MEMORY (ledger: pcs-installer-location), not re-checked: the per-region bucket
 # aws-pcs-repo-<region>.s3.<region>.amazonaws.com, the object names aws-pcs-agent/aws-pcs-agent-v1-latest
 # .tar.gz and aws-pcs-slurm/aws-pcs-slurm-<version>-installer-latest.tar.gz, each with its SHA-256 beside
 # it as <name>.sha256, the directories they unpack to and `installer.sh` (`-y` for Slurm's). A wrong name

@@ -16,9 +16,10 @@
 # `scontrol update NodeName=<node> State=DRAIN Reason="gpucluster: <finding>"` (scontrol(1): DRAIN
 # lets the running job finish and starts no new one there), reports, and counts. The node's Slurm
 # name is SLURMD_NODENAME when slurmd runs us, else the node whose NodeAddr/NodeHostName is this
-# instance's private IP or host name (PCS names Slurm nodes itself, from memory; matching the address
-# does not depend on its naming). A drained node that no job holds is powered down by Slurm's power
-# saving, which PCS turns into terminating the instance (from memory, to check on a PCS cluster).
+# instance's private IP or host name (PCS names Slurm nodes itself, ledger: pcs-node-addresses;
+# matching the address does not depend on its naming). A drained node that no job holds is powered
+# down by Slurm's power saving, which PCS turns into terminating the instance
+# (ledger: pcs-drained-node-terminated).
 # Checks: GPUs visible to the driver vs the instance type's count (nvidia-smi), uncorrectable ECC
 # errors and pending page retirement / row remapping (nvidia-smi), XID errors in the kernel log
 # (journalctl, or dmesg), EFA devices vs the launch template's (fi_info -p efa), and at launch DCGM's

@@ -3,13 +3,13 @@
 AWS PCS launches a Slurm stack's nodes from our launch template and adds its own user data (the PCS
 agent's registration) to ours, so ours must be a MIME multi-part document ("Using Amazon EC2 launch
 templates with AWS PCS", https://docs.aws.amazon.com/pcs/latest/userguide/working-with_launch-templates.html;
-from memory, as the lead's notes say). The node bootstrap (one bash script) goes in as one part,
+ledger: pcs-launch-template-multipart). The node bootstrap (one bash script) goes in as one part,
 gzipped and base64-encoded, typed `application/x-gzip`: cloud-init decodes a part's transfer encoding,
 gunzips a part of a gzip type and then runs what it finds by its first line (`#!`: a shell script)
 (cloud-init documentation, "User data formats": MIME multi-part archive, gzip compressed content;
-from memory). The Auto Scaling path keeps its gzipped script (`userdata.encode_user_data`), byte for
-byte. Pure: no Pulumi, no AWS call; the bytes are the same for the same script (gzip mtime 0, a fixed
-boundary).
+ledger: cloud-init-gzip-part). The Auto Scaling path keeps its gzipped script
+(`userdata.encode_user_data`), byte for byte. Pure: no Pulumi, no AWS call; the bytes are the same
+for the same script (gzip mtime 0, a fixed boundary).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import textwrap
 # Not a substring of any base64 text (which has no '=' but at its end and no '-' at all).
 BOUNDARY = "==GPUCLUSTER-BOUNDARY=="
 # What AWS PCS adds to the document (its own part: the PCS agent's registration) is not documented as a
-# size: a reserve kept free of our part, from memory of its shape (a few lines of cloud-config).
+# size: a reserve kept free of our part, for a few lines of cloud-config (ledger: pcs-user-data-reserve).
 PCS_USER_DATA_BYTES = 1024
 # MIME (RFC 2045, 6.8): base64 lines of at most 76 characters.
 BASE64_LINE = 76

@@ -177,7 +177,7 @@ def node_health(group: NodeGroupConfig, autostop: AutoStopConfig | None,
     return NodeHealth(
         interval_minutes=h.interval_minutes, launch_timeout_seconds=group.launch_timeout_minutes * 60,
         xid_window_minutes=h.xid_window_minutes, ignored_xids=tuple(h.ignored_xids),
-        # Not on MIG GPUs: DCGM's diagnostic there is unverified here (README, "GPU health checks").
+        # Not on MIG GPUs: how DCGM's diagnostic behaves there is unknown (ledger: dcgm-diag-mig).
         fatal=tuple(h.fatal), on_failure=h.on_failure, dcgm_diag=h.dcgm_diag and group.mig is None,
         expected_gpus=tuple((t.name, t.gpus) for t in types),
         # One EFA device per interface of the launch template (gpucluster.aws.nics), which every

@@ -10,11 +10,11 @@ same way, base64 inside the submit script, and reaches `sbatch` as a file byte f
 Who runs a job. SSM runs as root; Slurm runs a job under the submitter's uid on every node of the
 allocation, so that uid must name the same user on the login and the compute nodes. gpucluster
 submits as the AMI's default user, uid 1000 (`ec2-user` on Amazon Linux, RHEL and Rocky, `ubuntu`
-on Ubuntu: the first user cloud-init creates, from memory of the cloud-init defaults of those
-images), which every node of one AMI family has with that uid, through `runuser -u` (root only,
-util-linux). Not `sbatch --uid`: it is for root only and sbatch drops to the user only "after node
-allocation is successful" (sbatch(1), 22.05), and from memory later Slurm releases removed it; `runuser`
-makes every step, submission included, the user's own.
+on Ubuntu: the first user cloud-init creates, ledger: ami-default-user-uid: the cloud-init defaults
+of those images), which every node of one AMI family has with that uid, through `runuser -u` (root
+only, util-linux). Not `sbatch --uid`: it is for root only and sbatch drops to the user only "after
+node allocation is successful" (sbatch(1), 22.05), and later Slurm releases removed it
+(ledger: sbatch-uid-removed); `runuser` makes every step, submission included, the user's own.
 
 Pure: builds and parses text, never calls AWS. Options used exist in Slurm 22.05 and 24.11 alike.
 """

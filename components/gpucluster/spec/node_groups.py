@@ -378,7 +378,8 @@ def group_health(g: NodeGroupConfig, zones: Sequence[str] | None, path: str) -> 
                       f"two checks is never seen; got {h.xid_window_minutes}")
     if h.enabled and g.mig is not None and h.dcgm_diag and "dcgm_diag" in h.model_fields_set:
         yield Finding(f"{path}.health_checks.dcgm_diag", "not run on a MIG group: DCGM's diagnostic on "
-                      "GPUs in MIG mode is unverified here; the mig finding checks the layout instead",
+                      "GPUs in MIG mode is unverified here; "  # ledger: dcgm-diag-mig
+                      "the mig finding checks the layout instead",
                       level="warning")
     if h.enabled and g.mig is not None and g.launch_timeout_minutes < MIG_MIN_LAUNCH_TIMEOUT_MINUTES:
         yield Finding(f"{path}.health_checks.launch_timeout_minutes",

@@ -91,7 +91,7 @@ def pcs_group_findings(g: NodeGroupConfig, path: str) -> Iterable[Finding]:
 
 
 # AWS PCS names of compute node groups and queues: 3-25 characters, a letter first (AWS PCS API reference,
-# CreateComputeNodeGroup / CreateQueue; from memory: pulumi-aws-native 1.84's docstrings give no limit).
+# CreateComputeNodeGroup / CreateQueue; ledger: pcs-group-and-queue-names: aws-native 1.84 gives no limit).
 # The spec's group names are 2-24 characters of a-z, 0-9 and '-', a letter first: only the length can miss.
 PCS_NAME_MIN = 3
 # pulumi-aws-native 1.84, ComputeNodeGroupSpotOptionsPropertiesAllocationStrategy: "AWS PCS supports lowest

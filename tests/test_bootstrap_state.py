@@ -505,7 +505,8 @@ def test_an_existing_dataset_bucket_gets_only_what_the_fsx_link_needs(with_datas
                              ("s3:DeleteObject", f"{bucket}/x"), ("s3:GetObjectAcl", f"{bucket}/x"),
                              ("s3:GetBucketAcl", bucket), ("s3:ListBucketVersions", bucket)):
         assert not deploy.can(action, resource), action
-    slr = f"{IAM}:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_fs-1"
+    slr = (f"{IAM}:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/"
+           "AWSServiceRoleForFSxS3Access_fs-1")
     assert deploy.can("iam:CreateServiceLinkedRole", slr,
                       **{"iam:AWSServiceName": "s3.data-source.lustre.fsx.amazonaws.com"})
     assert deploy.can("iam:AttachRolePolicy", slr) and deploy.can("iam:PutRolePolicy", slr)
@@ -569,7 +570,8 @@ def test_a_deploy_role_runs_pcs_only_on_the_stacks_tagged_resources(roles: dict[
     assert not deploy.can("pcs:CreateCluster", "*")  # untagged: refused
     # node groups and queues are authorised on their parent cluster: a stack's, with the tag in the request
     for action in ("pcs:CreateComputeNodeGroup", "pcs:CreateQueue"):
-        assert deploy.can(action, PCS_CLUSTER, **{"aws:RequestTag/gpucluster:stack": "prod"}, **TAGGED), action
+        assert deploy.can(action, PCS_CLUSTER, **{"aws:RequestTag/gpucluster:stack": "prod"},
+                          **TAGGED), action
         assert not deploy.can(action, PCS_CLUSTER, **TAGGED), action  # untagged: refused
     for resource in (PCS_CLUSTER, PCS_GROUP, PCS_QUEUE):
         for verb in ("Get", "Update", "Delete"):
@@ -634,7 +636,8 @@ def test_the_pcs_statements_are_exactly_these(roles: dict[str, Role]) -> None:
                            "PcsTagReads", "CreatesWithoutResourceType", "ReadsWithoutResourceScope"}
     assert by_sid["StackPcsCreateInStackClusters"]["Condition"] == {
         "Null": {"aws:RequestTag/gpucluster:stack": "false", "aws:ResourceTag/gpucluster:stack": "false"}}
-    assert by_sid["StackPcsTagOnCreate"]["Condition"] == {"Null": {"aws:RequestTag/gpucluster:stack": "false"}}
+    assert by_sid["StackPcsTagOnCreate"]["Condition"] == {
+        "Null": {"aws:RequestTag/gpucluster:stack": "false"}}
     assert by_sid["StackPcsTagged"]["Condition"] == {"Null": {"aws:ResourceTag/gpucluster:stack": "false"}}
     assert by_sid["CreatesWithoutResourceType"]["Condition"] == {
         "Null": {"aws:RequestTag/gpucluster:stack": "false"}}
@@ -682,7 +685,8 @@ def _resource_types() -> dict[str, dict[str, list[str]]]:
     Reference (service prefix -> lower-case action name -> resource types; none: only "*" matches)."""
     import cfnlint
 
-    data = json.loads((Path(cfnlint.__file__).parent / "data" / "AdditionalSpecs" / "Policies.json").read_text())
+    path = Path(cfnlint.__file__).parent / "data" / "AdditionalSpecs" / "Policies.json"
+    data = json.loads(path.read_text())
     return {service: {a: spec.get("Resources", []) for a, spec in body["Actions"].items()}
             for service, body in data.items()}
 
@@ -748,7 +752,8 @@ def test_the_cluster_s_slurm_secret_is_rotated_and_instances_tagged_only_at_laun
     deploy = roles["deploy-prod"]
     secret = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:pcs!slurm-secret-pcs_abc123-AbCdEf"
     assert deploy.can("secretsmanager:RotateSecret", secret)
-    assert not deploy.can("secretsmanager:RotateSecret", f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:db")
+    other = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:db"
+    assert not deploy.can("secretsmanager:RotateSecret", other)
     instance = f"arn:aws:ec2:us-east-1:{ACCOUNT}:instance/i-0abc"
     for action in ("RunInstances", "CreateFleet"):
         assert deploy.can("ec2:CreateTags", instance, **{"ec2:CreateAction": action}), action
@@ -783,3 +788,24 @@ def test_the_workload_boundary_caps_what_a_pcs_update_may_check(made: Any) -> No
         assert can(action, "arn:aws:ec2:us-east-1::image/ami-0abc"), action
     for action in ("iam:CreateRole", "iam:PutRolePolicy", "iam:PassRole"):
         assert not can(action, f"{IAM}:role/gpu-prod-x", **to_pcs), action  # still no IAM otherwise
+
+
+def test_what_the_role_creates_only_with_the_stack_tag_is_planned_with_it() -> None:
+    """CreateWorkspace (AMP, Grafana), CreateCluster, CreateComputeNodeGroup and CreateQueue are granted
+    only with the stack tag in the request: every one the program plans carries it (Slurm prod with
+    Prometheus and Grafana)."""
+    from base_config import plan_config
+    from test_pcs import slurm_prod
+    from test_prometheus_stack import DIGEST
+
+    config = slurm_prod()
+    config["gpucluster:observability"] = {
+        "prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST},
+        "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"]}}
+    plan = plan_config(config, stack="prod")
+    tagged = ("aws:amp/workspace:Workspace", "aws:grafana/workspace:Workspace", "aws-native:pcs:Cluster",
+              "aws-native:pcs:ComputeNodeGroup", "aws-native:pcs:Queue")
+    for token in tagged:
+        assert plan.of_type(token), token
+        for r in plan.of_type(token):
+            assert r.inputs["tags"][bootstrap_state.STACK_TAG] == plan.spec.identity, r.name

@@ -124,7 +124,8 @@ def test_a_stop_may_make_what_pcs_checks_of_an_update_and_only_for_this_stack(
     for action in ("ec2:RunInstances", "ec2:CreateFleet"):
         assert can(action, f"{ec2}:instance/*", **ours) and not can(action, f"{ec2}:instance/*", **theirs)
         assert not can(action, f"{ec2}:instance/*"), action
-        assert can(action, f"{ec2}:launch-template/lt-1", **{"aws:ResourceTag/gpucluster:stack": spec.identity})
+        template = f"{ec2}:launch-template/lt-1"
+        assert can(action, template, **{"aws:ResourceTag/gpucluster:stack": spec.identity}), action
         assert not can(action, f"{ec2}:launch-template/lt-1"), action
         assert can(action, f"arn:aws:ec2:{spec.region}::image/ami-0abc"), action
     assert can("ec2:CreateTags", f"{ec2}:instance/i-1", **ours, **{"ec2:CreateAction": "RunInstances"})
@@ -153,3 +154,20 @@ def test_the_workload_boundary_lets_the_guardrails_act_on_pcs() -> None:
                for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
     needed = {a for actions in PCS_IAM_ACTIONS.values() for a in actions}
     assert needed - allowed == set()
+
+
+def test_an_update_s_launch_uses_any_image_and_subnet_but_only_the_stack_s_templates(
+    base_config: dict[str, Any],
+) -> None:
+    built = build_pcs(everything(base_config))
+    fn = next(f for f in built.all(FUNCTION) if f.inputs["handler"] == HANDLERS["autostop"])
+    policy = {"Statement": built.policy(fn.inputs["name"])}
+    ec2 = f"arn:aws:ec2:{built.spec.region}:{MOCK_ACCOUNT}"
+    for resource in (f"arn:aws:ec2:{built.spec.region}::snapshot/snap-1", f"{ec2}:subnet/subnet-existing"):
+        assert allowed([policy], None, "ec2:RunInstances", resource), resource
+    for resource in (f"{ec2}:security-group/sg-1", f"{ec2}:placement-group/pg-1"):
+        assert not allowed([policy], None, "ec2:RunInstances", resource), resource
+        assert allowed([policy], None, "ec2:RunInstances", resource,
+                       **{"aws:ResourceTag/gpucluster:stack": built.spec.identity}), resource
+    other_region = "arn:aws:ec2:us-west-2::image/ami-1"
+    assert not allowed([policy], None, "ec2:RunInstances", other_region)

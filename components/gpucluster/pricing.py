@@ -629,8 +629,8 @@ def interface_endpoints(spec: StackSpec) -> tuple[str, ...]:
     """The interface endpoints a created VPC of this stack gets (as gpucluster.aws.network plans them)."""
     if spec.network.nat_gateway:
         return SSM_ENDPOINTS
-    return (SSM_ENDPOINTS + NO_NAT_ENDPOINTS + ((AMP_ENDPOINT,) if spec.observability.prometheus.active else ())
-            + ((PCS_ENDPOINT,) if spec.scheduler.slurm else ()))
+    metrics = (AMP_ENDPOINT,) if spec.observability.prometheus.active else ()
+    return SSM_ENDPOINTS + NO_NAT_ENDPOINTS + metrics + ((PCS_ENDPOINT,) if spec.scheduler.slurm else ())
 
 
 def _pcs_costs(spec: StackSpec, groups: Mapping[str, GroupCost],

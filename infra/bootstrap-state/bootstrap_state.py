@@ -635,8 +635,8 @@ def pcs_update_caps(partition: str, account: str, prefix: str) -> list[dict[str,
     """The workload boundary's cap on what a guardrail role may need for pcs:UpdateComputeNodeGroup (the
     PCS guide's minimum permissions, issue 34; whether PCS checks them on a scaling-only update is
     unverified: issue 33's ledger): pass only the stacks' /aws-pcs/ node roles and only to PCS, read only
-    their profiles, launch only what carries a stack's tag in the request, from what carries one, or from
-    an image or snapshot. Each guardrail role narrows these to its own stack
+    their profiles, launch only what carries a stack's tag in the request, from what carries one, or with
+    an image, snapshot or subnet. Each guardrail role narrows these to its own stack
     (gpucluster.aws.guardrail_lambda.pcs_update_statements)."""
     iam, ec2 = f"arn:{partition}:iam::{account}", f"arn:{partition}:ec2:*:{account}"
     launch = ["ec2:CreateFleet", "ec2:RunInstances"]
@@ -650,11 +650,12 @@ def pcs_update_caps(partition: str, account: str, prefix: str) -> list[dict[str,
          "Resource": [f"{ec2}:{kind}/*" for kind in ("instance", "volume", "network-interface", "fleet")],
          "Condition": {"Null": {f"aws:RequestTag/{STACK_TAG}": "false"}}},
         {"Sid": "LaunchFromAStacksResources", "Effect": "Allow", "Action": launch,
-         "Resource": [f"{ec2}:{kind}/*" for kind in ("launch-template", "subnet", "security-group",
-                                                      "placement-group")],
+         "Resource": [f"{ec2}:{kind}/*" for kind in ("launch-template", "security-group", "placement-group")],
          "Condition": {"Null": {f"aws:ResourceTag/{STACK_TAG}": "false"}}},
-        {"Sid": "LaunchFromImages", "Effect": "Allow", "Action": launch,
-         "Resource": [f"arn:{partition}:ec2:*::image/*", f"arn:{partition}:ec2:*::snapshot/*"]},
+        # an AMI (AWS's or baked) and its snapshots, and a subnet (an existing VPC's) carry no stack tag
+        {"Sid": "LaunchWithImagesAndSubnets", "Effect": "Allow", "Action": launch,
+         "Resource": [f"arn:{partition}:ec2:*::image/*", f"arn:{partition}:ec2:*::snapshot/*",
+                      f"{ec2}:subnet/*"]},
     ]
 
 
@@ -769,7 +770,8 @@ def deploy_statements(partition: str, account: str, prefix: str,
             continue
         for action in actions:
             by_service.setdefault(action.split(":")[0], set()).add(action)
-    unscoped_creates = {a for actions in by_service.values() for a in actions} & set(CREATES_WITHOUT_RESOURCE_TYPE)
+    unscoped_creates = {a for actions in by_service.values() for a in actions} & set(
+        CREATES_WITHOUT_RESOURCE_TYPE)
     scope = scopes(partition, account, prefix, buckets)
     statements = [{"Sid": f"Stack{service.capitalize()}", "Effect": "Allow",
                    "Action": sorted(actions - unscoped_creates),

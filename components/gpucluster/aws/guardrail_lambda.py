@@ -51,15 +51,18 @@ SPOT_MARGIN_SECONDS = 30
 BASE_TIMEOUT_SECONDS = 120
 SPOT_NO_HOOK_TIMEOUT_SECONDS = 60
 RUN_SHELL_DOCUMENT = "AWS-RunShellScript"
-# AWS PCS's service principal: the node roles are passed only to it ("Using service-linked roles for AWS PCS").
+# AWS PCS's service principal: node roles are passed only to it ("Using service-linked roles for AWS PCS").
 PCS_SERVICE = "pcs.amazonaws.com"
 # What PCS launches for a node group, so what the launch and tag grants name (EC2 resource types of
 # RunInstances and CreateFleet, Service Authorization Reference; cfn-lint's bundled IAM data): created in
 # the request, so scoped by the stack tag the request carries...
 PCS_LAUNCHED = ("instance", "volume", "network-interface", "fleet")
-# ...and what a launch uses that the stack made and tagged (its launch template, subnets, security groups,
-# placement groups), scoped by the tag they carry.
-PCS_LAUNCH_FROM = ("launch-template", "subnet", "security-group", "placement-group")
+# ...what a launch uses that the stack always makes and tags (its launch templates, security groups,
+# placement groups), scoped by the tag they carry...
+PCS_LAUNCH_FROM = ("launch-template", "security-group", "placement-group")
+# ...and what it uses that may not be the stack's: the AMI (AWS's or a baked one) and its snapshots, and
+# the subnets (an existing VPC's carry no stack tag). Using one changes nothing of it.
+PCS_LAUNCH_UNTAGGED = ("image", "snapshot", "subnet")
 
 
 def old_type(component: str) -> str:
@@ -218,13 +221,13 @@ def pcs_update_statements(ctx: "GuardrailContext") -> list[dict[str, Any]]:
     Pass only the stack's node roles (under /aws-pcs/, named from the cluster: `noderole.PCS_IAM_PATH`) and
     only to PCS; read only their instance profiles; launch and tag only with this stack's tag in the request
     (tags only as the launch creates them: ec2:CreateAction), from the stack's own tagged launch templates,
-    subnets, security groups and placement groups; any image and snapshot (the node AMI is AWS's or a
-    baked one, and carries no stack tag); the describes on "*" (no resource types). Whether PCS checks any
-    of these on a scaling-only update is unverified (issue 33's ledger): if it does not, they go unused.
+    security groups and placement groups, with any image, snapshot and subnet of the account
+    (PCS_LAUNCH_UNTAGGED); the describes on "*" (no resource types). Whether PCS checks any of these on a
+    scaling-only update is unverified (issue 33's ledger): if it does not, they go unused.
     """
     iam = pulumi.Output.concat("arn:", ctx.partition, ":iam::", ctx.account)
     ec2 = pulumi.Output.concat("arn:", ctx.partition, ":ec2:", ctx.region, ":", ctx.account)
-    images = pulumi.Output.concat("arn:", ctx.partition, ":ec2:", ctx.region, "::")
+    images = pulumi.Output.concat("arn:", ctx.partition, ":ec2:", ctx.region, ":")  # AMIs: no account
     path, named = PCS_IAM_PATH.strip("/"), f"{ctx.args.cluster_name}-*"
     requested = {f"aws:RequestTag/{STACK_TAG}": ctx.identity}
     launch = ["ec2:CreateFleet", "ec2:RunInstances"]
@@ -243,8 +246,9 @@ def pcs_update_statements(ctx: "GuardrailContext") -> list[dict[str, Any]]:
         {"Sid": "PcsLaunchFromThisStacks", "Effect": "Allow", "Action": launch,
          "Resource": [pulumi.Output.concat(ec2, f":{kind}/*") for kind in PCS_LAUNCH_FROM],
          "Condition": {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": ctx.identity}}},
-        {"Sid": "PcsLaunchImages", "Effect": "Allow", "Action": launch,
-         "Resource": [pulumi.Output.concat(images, "image/*"), pulumi.Output.concat(images, "snapshot/*")]},
+        {"Sid": "PcsLaunchWithImagesAndSubnets", "Effect": "Allow", "Action": launch,
+         "Resource": [pulumi.Output.concat(ec2 if kind == "subnet" else images, f":{kind}/*")
+                      for kind in PCS_LAUNCH_UNTAGGED]},
         {"Sid": "PcsUpdateDescribes", "Effect": "Allow", "Action": sorted(PCS_UPDATE_DESCRIBES),
          "Resource": "*"},
     ]

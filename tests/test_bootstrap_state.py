@@ -497,10 +497,19 @@ def with_datasets() -> Any:
 
 def test_an_existing_dataset_bucket_gets_only_what_the_fsx_link_needs(with_datasets: Role) -> None:
     deploy, bucket = with_datasets, "arn:aws:s3:::acme-imagenet"
-    # FSx for Lustre user guide, "Adding permissions to use data repositories in Amazon S3"
+    # FSx for Lustre user guide, "Adding permissions to use data repositories in Amazon S3": the bucket
+    # reads of the link; the data moves through FSx's service-linked role, never the deploy role
     for action in ("s3:GetBucketLocation", "s3:GetBucketPolicy", "s3:ListBucket"):
         assert deploy.can(action, bucket), action
-    assert deploy.can("s3:PutObject", f"{bucket}/export/x") and deploy.can("s3:GetObject", f"{bucket}/x")
+    for action, resource in (("s3:PutObject", f"{bucket}/export/x"), ("s3:GetObject", f"{bucket}/x"),
+                             ("s3:DeleteObject", f"{bucket}/x"), ("s3:GetObjectAcl", f"{bucket}/x"),
+                             ("s3:GetBucketAcl", bucket), ("s3:ListBucketVersions", bucket)):
+        assert not deploy.can(action, resource), action
+    slr = (f"{IAM}:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/"
+           "AWSServiceRoleForFSxS3Access_fs-1")
+    assert deploy.can("iam:CreateServiceLinkedRole", slr,
+                      **{"iam:AWSServiceName": "s3.data-source.lustre.fsx.amazonaws.com"})
+    assert deploy.can("iam:AttachRolePolicy", slr) and deploy.can("iam:PutRolePolicy", slr)
     for action in ("s3:PutBucketPolicy", "s3:DeleteBucketPolicy", "s3:PutLifecycleConfiguration",
                    "s3:PutBucketPublicAccessBlock", "s3:PutEncryptionConfiguration", "s3:PutBucketAcl",
                    "s3:PutBucketVersioning", "s3:PutBucketTagging", "s3:DeleteBucket",
@@ -556,9 +565,14 @@ TAGGED = {"aws:ResourceTag/gpucluster:stack": "prod"}
 
 def test_a_deploy_role_runs_pcs_only_on_the_stacks_tagged_resources(roles: dict[str, Role]) -> None:
     deploy = roles["deploy-prod"]
-    for action in ("pcs:CreateCluster", "pcs:CreateComputeNodeGroup", "pcs:CreateQueue"):
-        assert deploy.can(action, PCS_CLUSTER, **{"aws:RequestTag/gpucluster:stack": "prod"}), action
-        assert not deploy.can(action, PCS_CLUSTER), action  # untagged: refused
+    # CreateCluster has no resource type: authorised on "*", only with the tag in the request
+    assert deploy.can("pcs:CreateCluster", "*", **{"aws:RequestTag/gpucluster:stack": "prod"})
+    assert not deploy.can("pcs:CreateCluster", "*")  # untagged: refused
+    # node groups and queues are authorised on their parent cluster: a stack's, with the tag in the request
+    for action in ("pcs:CreateComputeNodeGroup", "pcs:CreateQueue"):
+        assert deploy.can(action, PCS_CLUSTER, **{"aws:RequestTag/gpucluster:stack": "prod"},
+                          **TAGGED), action
+        assert not deploy.can(action, PCS_CLUSTER, **TAGGED), action  # untagged: refused
     for resource in (PCS_CLUSTER, PCS_GROUP, PCS_QUEUE):
         for verb in ("Get", "Update", "Delete"):
             kind = "Cluster" if resource == PCS_CLUSTER else (
@@ -569,8 +583,10 @@ def test_a_deploy_role_runs_pcs_only_on_the_stacks_tagged_resources(roles: dict[
         assert not deploy.can("pcs:UntagResource", resource)
     # nothing PCS beyond what the program does: no node registration, no other account's clusters
     assert not deploy.can("pcs:RegisterComputeNodeGroupInstance", PCS_GROUP, **TAGGED)
-    assert not deploy.can("pcs:CreateCluster", "arn:aws:pcs:us-east-1:999999999999:cluster/x",
-                          **{"aws:RequestTag/gpucluster:stack": "prod"})
+    # (CreateCluster names no ARN at all: IAM authorises it against "*" only, so the account shows in
+    # what is created in a cluster)
+    assert not deploy.can("pcs:CreateComputeNodeGroup", "arn:aws:pcs:us-east-1:999999999999:cluster/x",
+                          **{"aws:RequestTag/gpucluster:stack": "prod"}, **TAGGED)
     assert deploy.can("pcs:ListClusters", "*")
     # pulumi-aws-native goes through Cloud Control (which acts with these same permissions)
     for action in ("cloudformation:CreateResource", "cloudformation:GetResourceRequestStatus"):
@@ -616,12 +632,20 @@ def test_the_pcs_statements_are_exactly_these(roles: dict[str, Role]) -> None:
     pcs = [s for s in statements if any(str(a).startswith("pcs:") for a in
                                         (s["Action"] if isinstance(s["Action"], list) else [s["Action"]]))]
     by_sid = {s["Sid"]: s for s in pcs}
-    assert set(by_sid) == {"StackPcsCreateTagged", "StackPcsTagged", "ReadsWithoutResourceScope"}
-    assert by_sid["StackPcsCreateTagged"]["Condition"] == {
+    assert set(by_sid) == {"StackPcsCreateInStackClusters", "StackPcsTagOnCreate", "StackPcsTagged",
+                           "PcsTagReads", "CreatesWithoutResourceType", "ReadsWithoutResourceScope"}
+    assert by_sid["StackPcsCreateInStackClusters"]["Condition"] == {
+        "Null": {"aws:RequestTag/gpucluster:stack": "false", "aws:ResourceTag/gpucluster:stack": "false"}}
+    assert by_sid["StackPcsTagOnCreate"]["Condition"] == {
         "Null": {"aws:RequestTag/gpucluster:stack": "false"}}
     assert by_sid["StackPcsTagged"]["Condition"] == {"Null": {"aws:ResourceTag/gpucluster:stack": "false"}}
-    assert sorted(by_sid["StackPcsCreateTagged"]["Action"]) == [
-        "pcs:CreateCluster", "pcs:CreateComputeNodeGroup", "pcs:CreateQueue", "pcs:TagResource"]
+    assert by_sid["CreatesWithoutResourceType"]["Condition"] == {
+        "Null": {"aws:RequestTag/gpucluster:stack": "false"}}
+    assert sorted(by_sid["StackPcsCreateInStackClusters"]["Action"]) == [
+        "pcs:CreateComputeNodeGroup", "pcs:CreateQueue"]
+    assert by_sid["StackPcsTagOnCreate"]["Action"] == ["pcs:TagResource"]
+    assert by_sid["PcsTagReads"] == {"Sid": "PcsTagReads", "Effect": "Allow",
+                                     "Action": ["pcs:ListTagsForResource"], "Resource": "*"}
     unscoped = [a for a in by_sid["ReadsWithoutResourceScope"]["Action"] if a.startswith("pcs:")]
     assert unscoped == ["pcs:ListClusters", "pcs:ListComputeNodeGroups", "pcs:ListQueues"]
     assert not any("pcs:*" in s["Action"] for s in pcs)
@@ -651,3 +675,137 @@ def test_the_workload_boundary_lets_pcs_nodes_register_and_the_guard_scale(made:
     for action in ("pcs:CreateCluster", "pcs:DeleteCluster", "pcs:DeleteComputeNodeGroup",
                    "pcs:CreateComputeNodeGroup", "pcs:TagResource"):
         assert not allowed([anything], boundary, action, PCS_GROUP), action
+
+
+# ------------------------------------------------------------------ agreeing with AWS (issues 33, 34)
+
+
+def _resource_types() -> dict[str, dict[str, list[str]]]:
+    """Each IAM action's resource types, from cfn-lint's bundled copy of the Service Authorization
+    Reference (service prefix -> lower-case action name -> resource types; none: only "*" matches)."""
+    import cfnlint
+
+    path = Path(cfnlint.__file__).parent / "data" / "AdditionalSpecs" / "Policies.json"
+    data = json.loads(path.read_text())
+    return {service: {a: spec.get("Resources", []) for a, spec in body["Actions"].items()}
+            for service, body in data.items()}
+
+
+def _statements_of(*documents: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for document in documents for s in document["Statement"]]
+
+
+def test_no_action_without_a_resource_type_is_granted_on_an_arn(roles: dict[str, Role], made: Any) -> None:
+    """An action with no resource type is authorised only against "*": granted on an ARN it never applies
+    (the scanners' finding of issue 33: aps/grafana CreateWorkspace, pcs CreateCluster and
+    ListTagsForResource, the s3:Get*/List* of a dataset bucket). The roles and the workload boundary."""
+    import fnmatch
+
+    types = _resource_types()
+    boundary = managed_document(made[0].client("iam"), WORKLOAD)
+    found = []
+    for statement in _statements_of(*roles["deploy-prod"].identity, *roles["preview"].identity, boundary):
+        resources = statement.get("Resource", "*")
+        if statement["Effect"] != "Allow" or resources in ("*", ["*"]) or "Action" not in statement:
+            continue
+        for action in statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]:
+            service, name = action.split(":")
+            known = types[service]
+            matched = [a for a in known if fnmatch.fnmatchcase(a, name.lower())]
+            assert matched, f"{action}: not an action of the Service Authorization Reference"
+            found += [(statement.get("Sid"), action, a) for a in matched if not known[a]]
+    assert found == []
+
+
+def test_creates_without_a_resource_type_need_the_stack_tag_in_the_request(roles: dict[str, Role]) -> None:
+    deploy = roles["deploy-prod"]
+    tagged = {"aws:RequestTag/gpucluster:stack": "prod"}
+    for action in ("aps:CreateWorkspace", "grafana:CreateWorkspace", "pcs:CreateCluster"):
+        assert deploy.can(action, "*", **tagged), action
+        assert not deploy.can(action, "*"), action  # no stack tag: refused
+        assert not roles["preview"].can(action, "*", **tagged), action
+
+
+def test_pcs_node_groups_and_queues_only_in_a_stack_s_cluster(roles: dict[str, Role]) -> None:
+    deploy = roles["deploy-prod"]
+    tagged = {"aws:RequestTag/gpucluster:stack": "prod"}
+    foreign = f"arn:aws:pcs:us-east-1:{ACCOUNT}:cluster/pcs_someone_elses"
+    for action in ("pcs:CreateComputeNodeGroup", "pcs:CreateQueue"):
+        assert deploy.can(action, PCS_CLUSTER, **tagged, **TAGGED), action
+        assert not deploy.can(action, foreign, **tagged), action  # a cluster of no stack
+        assert not deploy.can(action, PCS_CLUSTER, **TAGGED), action  # the new one untagged
+
+
+def test_pcs_tags_are_read_without_a_condition_no_key_can_meet(roles: dict[str, Role]) -> None:
+    """pcs:ListTagsForResource has no resource type and no condition keys: only "*", unconditioned."""
+    for name in ("deploy-prod", "preview"):
+        assert roles[name].can("pcs:ListTagsForResource", "*"), name
+        grants = [s for s in _statements_of(*roles[name].identity)
+                  if "pcs:ListTagsForResource" in s["Action"]]
+        assert [(s["Resource"], s.get("Condition")) for s in grants] == [("*", None)], name
+
+
+def test_the_cluster_s_slurm_secret_is_rotated_and_instances_tagged_only_at_launch(
+        roles: dict[str, Role]) -> None:
+    """The PCS guide's minimum permissions as issue 34 quotes them: CreateCluster rotates its secret,
+    Create/UpdateComputeNodeGroup tag what they launch."""
+    deploy = roles["deploy-prod"]
+    secret = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:pcs!slurm-secret-pcs_abc123-AbCdEf"
+    assert deploy.can("secretsmanager:RotateSecret", secret)
+    other = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:db"
+    assert not deploy.can("secretsmanager:RotateSecret", other)
+    instance = f"arn:aws:ec2:us-east-1:{ACCOUNT}:instance/i-0abc"
+    for action in ("RunInstances", "CreateFleet"):
+        assert deploy.can("ec2:CreateTags", instance, **{"ec2:CreateAction": action}), action
+    assert not deploy.can("ec2:CreateTags", instance)  # never an existing instance
+    assert not deploy.can("ec2:CreateTags", instance, **{"ec2:CreateAction": "CreateTags"})
+    assert deploy.can("iam:GetInstanceProfile", f"{IAM}:instance-profile/aws-pcs/gpu-prod-node-profile")
+
+
+def test_the_workload_boundary_caps_what_a_pcs_update_may_check(made: Any) -> None:
+    """A guardrail role's UpdateComputeNodeGroup may need PassRole, GetInstanceProfile and the launch
+    actions (issue 34): the boundary allows them only for the stacks' PCS node roles, passed to PCS, and
+    launches that carry a stack's tag."""
+    boundary = managed_document(made[0].client("iam"), WORKLOAD)
+    anything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+
+    def can(action: str, resource: str, **context: str) -> bool:
+        return allowed([anything], boundary, action, resource, **context)
+
+    to_pcs = {"iam:PassedToService": "pcs.amazonaws.com"}
+    assert can("iam:PassRole", PCS_NODE_ROLE, **to_pcs)
+    assert not can("iam:PassRole", PCS_NODE_ROLE, **{"iam:PassedToService": "ec2.amazonaws.com"})
+    assert not can("iam:PassRole", f"{IAM}:role/aws-pcs/someone-elses", **to_pcs)
+    assert not can("iam:PassRole", f"{IAM}:role/gpu-prod-guardrails-role", **to_pcs)
+    assert can("iam:GetInstanceProfile", f"{IAM}:instance-profile/aws-pcs/gpu-prod-node-profile")
+    assert not can("iam:GetInstanceProfile", f"{IAM}:instance-profile/other")
+    ec2 = f"arn:aws:ec2:us-east-1:{ACCOUNT}"
+    for action in ("ec2:RunInstances", "ec2:CreateFleet"):
+        assert can(action, f"{ec2}:instance/*", **{"aws:RequestTag/gpucluster:stack": "prod"}), action
+        assert not can(action, f"{ec2}:instance/*"), action
+        assert can(action, f"{ec2}:launch-template/lt-1", **TAGGED), action
+        assert not can(action, f"{ec2}:launch-template/lt-1"), action
+        assert can(action, "arn:aws:ec2:us-east-1::image/ami-0abc"), action
+    for action in ("iam:CreateRole", "iam:PutRolePolicy", "iam:PassRole"):
+        assert not can(action, f"{IAM}:role/gpu-prod-x", **to_pcs), action  # still no IAM otherwise
+
+
+def test_what_the_role_creates_only_with_the_stack_tag_is_planned_with_it() -> None:
+    """CreateWorkspace (AMP, Grafana), CreateCluster, CreateComputeNodeGroup and CreateQueue are granted
+    only with the stack tag in the request: every one the program plans carries it (Slurm prod with
+    Prometheus and Grafana)."""
+    from base_config import plan_config
+    from test_pcs import slurm_prod
+    from test_prometheus_stack import DIGEST
+
+    config = slurm_prod()
+    config["gpucluster:observability"] = {
+        "prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST},
+        "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"]}}
+    plan = plan_config(config, stack="prod")
+    tagged = ("aws:amp/workspace:Workspace", "aws:grafana/workspace:Workspace", "aws-native:pcs:Cluster",
+              "aws-native:pcs:ComputeNodeGroup", "aws-native:pcs:Queue")
+    for token in tagged:
+        assert plan.of_type(token), token
+        for r in plan.of_type(token):
+            assert r.inputs["tags"][bootstrap_state.STACK_TAG] == plan.spec.identity, r.name

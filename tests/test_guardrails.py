@@ -250,6 +250,8 @@ def test_topics_are_encrypted_with_a_key_budgets_and_cloudwatch_may_use(dev: Bui
     services = next(s for s in statements if s["Sid"] == "ServicesPublishToEncryptedTopics")
     assert services["Principal"]["Service"] == ["budgets.amazonaws.com", "cloudwatch.amazonaws.com"]
     assert services["Action"] == ["kms:GenerateDataKey*", "kms:Decrypt"]
+    # only on this account's behalf (SNS guide, confused-deputy prevention)
+    assert services["Condition"] == {"StringEquals": {"aws:SourceAccount": MOCK_ACCOUNT}}
     root = next(s for s in statements if s["Sid"] == "AccountAdministersThroughIam")
     assert root["Principal"] == {"AWS": f"arn:aws:iam::{MOCK_ACCOUNT}:root"}
     for topic in dev.all(TOPIC):

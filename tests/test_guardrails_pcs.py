@@ -12,8 +12,9 @@ from typing import Any
 
 from gpucluster.aws.children import guardrails_args
 from gpucluster.aws.guardrails import Guardrails, PcsGuard
-from gpucluster.fleet.deployment import HANDLERS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS
-from gpucluster.plan import record_resources
+from gpucluster.fleet.deployment import HANDLERS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS, PCS_UPDATE_DESCRIBES
+from gpucluster.plan import MOCK_ACCOUNT, record_resources
+from iam_eval import allowed
 from test_guardrails import FUNCTION, Built, actions_of, build, spec_of, targets
 
 CLUSTER_ARN = "arn:aws:pcs:us-east-1:123456789012:cluster/pcs_abc123"
@@ -86,8 +87,54 @@ def test_the_stopping_functions_get_the_cluster_id_and_may_scale_only_its_node_g
             "pcs:GetComputeNodeGroup",
             "pcs:UpdateComputeNodeGroup",
         ]
-        assert not any("iam:PassRole" in json.dumps(s) for s in statements)
+        # the PCS guide's minimum permissions for UpdateComputeNodeGroup (issue 34), each scoped: PassRole
+        # only of the stack's /aws-pcs/ roles and only to PCS
+        passes = [s for s in statements if "iam:PassRole" in json.dumps(s)]
+        assert passes == [{
+            "Sid": "PcsPassThisStacksNodeRoles", "Effect": "Allow", "Action": ["iam:PassRole"],
+            "Resource": [f"arn:aws:iam::{MOCK_ACCOUNT}:role/aws-pcs/{built.spec.cluster.name}-*"],
+            "Condition": {"StringEquals": {"iam:PassedToService": "pcs.amazonaws.com"}}}]
     assert seen == {"budget_action", "autostop", "spend_guard", "spot_interruption"}
+
+
+def test_a_stop_may_make_what_pcs_checks_of_an_update_and_only_for_this_stack(
+    base_config: dict[str, Any],
+) -> None:
+    """What PCS's minimum permissions list for UpdateComputeNodeGroup (issue 34; whether PCS checks them on
+    a scaling-only update is unverified), evaluated on the budget stop's role policy."""
+    built = build_pcs(everything(base_config))
+    spec = built.spec
+    fn = next(f for f in built.all(FUNCTION) if f.inputs["handler"] == HANDLERS["budget_action"])
+    policy = {"Statement": built.policy(fn.inputs["name"])}
+
+    def can(action: str, resource: str, **context: str) -> bool:
+        return allowed([policy], None, action, resource, **context)
+
+    iam, ec2 = f"arn:aws:iam::{MOCK_ACCOUNT}", f"arn:aws:ec2:{spec.region}:{MOCK_ACCOUNT}"
+    node_role = f"{iam}:role/aws-pcs/{spec.cluster.name}-node-identity-role-abc1234"
+    assert can("pcs:UpdateComputeNodeGroup", f"{CLUSTER_ARN}/computenodegroup/pcs_cng_train")
+    assert can("iam:PassRole", node_role, **{"iam:PassedToService": "pcs.amazonaws.com"})
+    assert not can("iam:PassRole", node_role, **{"iam:PassedToService": "ec2.amazonaws.com"})
+    assert not can("iam:PassRole", f"{iam}:role/aws-pcs/gpu-other-node-role",
+                   **{"iam:PassedToService": "pcs.amazonaws.com"})
+    assert can("iam:GetInstanceProfile", f"{iam}:instance-profile/aws-pcs/{spec.cluster.name}-node-profile")
+    assert not can("iam:GetInstanceProfile", f"{iam}:instance-profile/aws-pcs/gpu-other-profile")
+    ours, theirs = ({"aws:RequestTag/gpucluster:stack": spec.identity},
+                    {"aws:RequestTag/gpucluster:stack": "someone-else"})
+    for action in ("ec2:RunInstances", "ec2:CreateFleet"):
+        assert can(action, f"{ec2}:instance/*", **ours) and not can(action, f"{ec2}:instance/*", **theirs)
+        assert not can(action, f"{ec2}:instance/*"), action
+        template = f"{ec2}:launch-template/lt-1"
+        assert can(action, template, **{"aws:ResourceTag/gpucluster:stack": spec.identity}), action
+        assert not can(action, f"{ec2}:launch-template/lt-1"), action
+        assert can(action, f"arn:aws:ec2:{spec.region}::image/ami-0abc"), action
+    assert can("ec2:CreateTags", f"{ec2}:instance/i-1", **ours, **{"ec2:CreateAction": "RunInstances"})
+    assert not can("ec2:CreateTags", f"{ec2}:instance/i-1", **ours)  # never an existing instance
+    for action in PCS_UPDATE_DESCRIBES:
+        assert can(action, "*"), action
+    # the spot handler changes no capacity: none of it
+    spot = next(f for f in built.all(FUNCTION) if f.inputs["handler"] == HANDLERS["spot_interruption"])
+    assert not {"iam:PassRole", "ec2:RunInstances"} & actions_of(built.policy(spot.inputs["name"]))
 
 
 def test_without_pcs_the_guardrails_are_as_before(base_config: dict[str, Any]) -> None:
@@ -107,3 +154,20 @@ def test_the_workload_boundary_lets_the_guardrails_act_on_pcs() -> None:
                for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
     needed = {a for actions in PCS_IAM_ACTIONS.values() for a in actions}
     assert needed - allowed == set()
+
+
+def test_an_update_s_launch_uses_any_image_and_subnet_but_only_the_stack_s_templates(
+    base_config: dict[str, Any],
+) -> None:
+    built = build_pcs(everything(base_config))
+    fn = next(f for f in built.all(FUNCTION) if f.inputs["handler"] == HANDLERS["autostop"])
+    policy = {"Statement": built.policy(fn.inputs["name"])}
+    ec2 = f"arn:aws:ec2:{built.spec.region}:{MOCK_ACCOUNT}"
+    for resource in (f"arn:aws:ec2:{built.spec.region}::snapshot/snap-1", f"{ec2}:subnet/subnet-existing"):
+        assert allowed([policy], None, "ec2:RunInstances", resource), resource
+    for resource in (f"{ec2}:security-group/sg-1", f"{ec2}:placement-group/pg-1"):
+        assert not allowed([policy], None, "ec2:RunInstances", resource), resource
+        assert allowed([policy], None, "ec2:RunInstances", resource,
+                       **{"aws:ResourceTag/gpucluster:stack": built.spec.identity}), resource
+    other_region = "arn:aws:ec2:us-west-2::image/ami-1"
+    assert not allowed([policy], None, "ec2:RunInstances", other_region)

@@ -14,6 +14,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -192,8 +193,12 @@ def test_each_condition_holds_for_the_stacks_that_have_it_and_only_them() -> Non
         "capacity_block": group_changed(plain, capacity=group.capacity.model_copy(
             update={"market": "capacity_block"})),
         "no_nat": changed(plain, "network", nat_gateway=False),
+        "fsx_existing_bucket": plain.model_copy(
+            update={"datasets": [SimpleNamespace(existing=True, fsx=object())]}),
     }
     assert set(cases) | {"always"} == set(ledger.CONDITIONS)
+    new_bucket = plain.model_copy(update={"datasets": [SimpleNamespace(existing=False, fsx=object())]})
+    assert not ledger.CONDITIONS["fsx_existing_bucket"](new_bucket)
     for term, spec in cases.items():
         assert ledger.CONDITIONS[term](spec), term
         assert not ledger.CONDITIONS[term](plain), term

@@ -69,6 +69,44 @@ def test_without_nat_there_is_no_internet_path() -> None:
         (443, "10.0.0.0/16", None), (443, None, "pl-63a5400a")}
 
 
+DIGEST = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04@sha256:" + "ab" * 32
+NO_NAT_SERVICES = {"s3", "ssm", "ssmmessages", "ec2messages", "monitoring", "ec2", "autoscaling", "sns"}
+
+
+def without_nat(*, metrics: bool = False, slurm: bool = False, nat: bool = False) -> dict[str, Any]:
+    config = base()
+    config["gpucluster:network"]["nat_gateway"] = nat
+    if metrics:  # every node remote-writes its GPU metrics to the stack's AMP workspace
+        config["gpucluster:observability"] = {"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST}}
+    if slurm:  # AWS PCS launches the nodes; they register with it
+        config["gpucluster:scheduler"] = {"type": "slurm", "ami_id": "ami-0123456789abcdef0"}
+    return config
+
+
+@pytest.mark.parametrize(("metrics", "slurm", "extra"), [
+    (True, False, {"aps-workspaces"}), (False, True, {"pcs"}), (True, True, {"aps-workspaces", "pcs"})])
+def test_without_nat_nodes_reach_amp_and_pcs_through_endpoints_priced_as_planned(
+        metrics: bool, slurm: bool, extra: set[str]) -> None:
+    """Remote write (AMP) and node registration (PCS's RegisterComputeNodeGroupInstance) without NAT need
+    the aps-workspaces and pcs interface endpoints; the cost model prices exactly the planned ones."""
+    from gpucluster.preflight import parse_stack_config
+    from gpucluster.pricing import interface_endpoints
+
+    config = without_nat(metrics=metrics, slurm=slurm)
+    found = endpoints(plan_config(config))
+    assert set(found) == NO_NAT_SERVICES | extra
+    for service in extra:
+        assert found[service]["vpcEndpointType"] == "Interface" and found[service]["privateDnsEnabled"]
+        assert found[service]["serviceName"] == f"com.amazonaws.us-east-1.{service}"
+    priced = interface_endpoints(parse_stack_config(config, stack="dev"))
+    assert set(priced) == set(found) - {"s3"} and len(priced) == len(set(priced))
+
+
+def test_with_nat_nodes_reach_amp_and_pcs_through_it() -> None:
+    found = endpoints(plan_config(without_nat(metrics=True, slurm=True, nat=True)))
+    assert set(found) == {"s3", "ssm", "ssmmessages", "ec2messages"}
+
+
 def test_existing_vpc_is_used_as_is() -> None:
     config = base()
     config["gpucluster:network"] = {

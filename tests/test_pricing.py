@@ -242,6 +242,18 @@ def test_existing_buckets_and_no_nat_add_no_nat_but_more_endpoints(base_config: 
     assert "ssm, ssmmessages, ec2messages, monitoring, ec2, autoscaling, sns" in other["endpoints"].basis
 
 
+def test_without_nat_remote_write_and_slurm_add_the_amp_and_pcs_endpoints(
+        base_config: dict[str, Any]) -> None:
+    base_config["gpucluster:network"]["nat_gateway"] = False
+    image = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04@sha256:" + "ab" * 32
+    base_config["gpucluster:observability"] = {"prometheus": {"enabled": True, "dcgm_exporter_image": image}}
+    base_config["gpucluster:scheduler"] = {"type": "slurm", "ami_id": "ami-0123456789abcdef0"}
+    other = {o.kind: o for o in price_stack(spec_of(base_config)).other}
+    # the seven above, aps-workspaces (remote write) and pcs (node registration): 9 x 2 zones
+    assert other["endpoints"].desired_usd_per_month == pytest.approx(9 * 2 * ENDPOINT_HOUR * 730)
+    assert "autoscaling, sns, aps-workspaces, pcs)" in other["endpoints"].basis
+
+
 def test_an_existing_vpc_adds_no_network_costs(base_config: dict[str, Any]) -> None:
     base_config["gpucluster:network"] = {
         "availability_zones": ["us-east-1a"], "existing_vpc_id": "vpc-0abc12345def67890",
@@ -252,9 +264,10 @@ def test_an_existing_vpc_adds_no_network_costs(base_config: dict[str, Any]) -> N
 
 def test_endpoint_list_is_the_networks() -> None:
     from gpucluster.aws import network
-    from gpucluster.pricing import NO_NAT_ENDPOINTS, SSM_ENDPOINTS
+    from gpucluster.pricing import AMP_ENDPOINT, NO_NAT_ENDPOINTS, PCS_ENDPOINT, SSM_ENDPOINTS
 
     assert (SSM_ENDPOINTS, NO_NAT_ENDPOINTS) == (network.SSM_ENDPOINTS, network.NO_NAT_ENDPOINTS)
+    assert (AMP_ENDPOINT, PCS_ENDPOINT) == (network.AMP_ENDPOINT, network.PCS_ENDPOINT)
 
 
 # ------------------------------------------------------------------------ diff

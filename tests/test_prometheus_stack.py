@@ -17,6 +17,7 @@ import yaml
 
 from base_config import base, plan_config
 from fake_node import logged_calls, write_stubs
+from gpucluster.dashboards.grafana import GRAFANA_VERSION
 from gpucluster.node.metrics import (
     DCGM_FIELDS,
     UNKNOWN_WORKSPACE,
@@ -156,6 +157,11 @@ def test_plan_shows_the_workspace_encrypted_tagged_with_the_rules_and_grafana() 
     assert grafana.inputs["authenticationProviders"] == ["AWS_SSO"]
     assert grafana.inputs["permissionType"] == "CUSTOMER_MANAGED"
     assert grafana.inputs["dataSources"] == ["PROMETHEUS"]
+    # the Grafana the dashboards are written for, never AWS's default of the day
+    assert grafana.inputs["grafanaVersion"] == GRAFANA_VERSION == "10.4"
+    # CreateWorkspace has no resource type: the deploy role may make one only with the stack tag in the
+    # request (infra/bootstrap-state CreatesWithoutResourceType)
+    assert grafana.inputs["tags"]["gpucluster:stack"] == plan.spec.identity
     [role] = [r for r in plan.of_type("aws:iam/role:Role") if "grafana" in r.name]
     trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
     assert trust["Principal"] == {"Service": "grafana.amazonaws.com"} and "aws:SourceAccount" in str(trust)

@@ -35,6 +35,7 @@ CONDITIONS: dict[str, Callable[[StackSpec], bool]] = {
     "spot": lambda spec: any(can_run_spot(g) for g in spec.node_groups),
     "capacity_block": lambda spec: any(g.capacity.market == "capacity_block" for g in spec.node_groups),
     "no_nat": lambda spec: not spec.network.nat_gateway,
+    "fsx_existing_bucket": lambda spec: any(d.existing and d.fsx is not None for d in spec.datasets),
 }
 """The `when` vocabulary: each term is a question the stack's spec answers."""
 

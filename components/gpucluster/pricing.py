@@ -31,11 +31,13 @@ from gpucluster.spec import NodeGroupConfig, StackSpec, baked_image
 PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "service_prices.yaml"
 PCS_PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "pcs_prices.yaml"
 HOURS_PER_MONTH = 730  # the month of the AWS Pricing Calculator and the EC2 pricing pages
-# The interface endpoints a created VPC gets (gpucluster.aws.network SSM_ENDPOINTS and
-# NO_NAT_ENDPOINTS, not imported: that module loads Pulumi; a test keeps them equal), each
-# with one network interface in every zone's private subnet.
+# The interface endpoints a created VPC gets (gpucluster.aws.network SSM_ENDPOINTS, NO_NAT_ENDPOINTS,
+# AMP_ENDPOINT and PCS_ENDPOINT, not imported: that module loads Pulumi; tests keep them and the planned
+# endpoints equal), each with one network interface in every zone's private subnet.
 SSM_ENDPOINTS = ("ssm", "ssmmessages", "ec2messages")
 NO_NAT_ENDPOINTS = ("monitoring", "ec2", "autoscaling", "sns")  # the last two: GPU health checks
+AMP_ENDPOINT = "aps-workspaces"  # without NAT, when nodes remote-write to AMP
+PCS_ENDPOINT = "pcs"  # without NAT, on a Slurm stack: nodes register with PCS
 
 At = Literal["desired", "max"]
 Strategy = Literal["mix", "all_on_demand", "all_spot"]
@@ -546,7 +548,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
         ipv4 = prices.public_ipv4_usd_per_hour * HOURS_PER_MONTH
         yield OtherCost("NAT gateway public IPv4", "ipv4", ipv4, ipv4,
                         f"1 Elastic IP x ${prices.public_ipv4_usd_per_hour}/h", src["ipv4"], as_of)
-    services = SSM_ENDPOINTS + (() if spec.network.nat_gateway else NO_NAT_ENDPOINTS)
+    services = interface_endpoints(spec)
     zones = len(spec.network.availability_zones)
     endpoints = len(services) * zones * prices.interface_endpoint_usd_per_hour * HOURS_PER_MONTH
     yield OtherCost("VPC interface endpoints", "endpoints", endpoints, endpoints,
@@ -623,6 +625,14 @@ def _observability_costs(spec: StackSpec, prices: ServicePrices,
         yield OtherCost("Amazon Managed Grafana", "amg", amg, amg,
                         f"{g.editors} editors x ${prices.amg_editor_usd_per_month:g} + {g.viewers} viewers x "
                         f"${prices.amg_viewer_usd_per_month:g} a month (active users)", src["amg"], as_of)
+def interface_endpoints(spec: StackSpec) -> tuple[str, ...]:
+    """The interface endpoints a created VPC of this stack gets (as gpucluster.aws.network plans them)."""
+    if spec.network.nat_gateway:
+        return SSM_ENDPOINTS
+    metrics = (AMP_ENDPOINT,) if spec.observability.prometheus.active else ()
+    return SSM_ENDPOINTS + NO_NAT_ENDPOINTS + metrics + ((PCS_ENDPOINT,) if spec.scheduler.slurm else ())
+
+
 def _pcs_costs(spec: StackSpec, groups: Mapping[str, GroupCost],
                path: Path = PCS_PRICES_FILE) -> Iterable[OtherCost]:
     """AWS PCS fees of a Slurm stack (data/pcs_prices.yaml, ledger: pcs-prices: see its header), each

@@ -65,6 +65,8 @@ MANAGED_POLICIES = ["AmazonSSMManagedInstanceCore",
 # Public SSM parameters the program reads (the Deep Learning AMI id, nodes.py DEFAULT_AMI_PARAMETER).
 PUBLIC_PARAMETERS = "parameter/aws/service/*"
 STACK_TAG = "gpucluster:stack"
+# The name prefix of everything the stacks create (their cluster.name), unless --iam-prefix says otherwise.
+DEFAULT_IAM_PREFIX = "gpu-"
 
 # Data deletion that needs the break-glass role (issue 12, item 4): old object versions and whole
 # buckets (a plain DeleteObject on a versioned bucket only adds a delete marker), FSx file systems
@@ -122,6 +124,11 @@ WORKLOAD_ACTIONS = [
     # a group's scaling to stop and resume it (the node-group seam's PCS backend)
     "pcs:RegisterComputeNodeGroupInstance", "pcs:GetCluster", "pcs:GetComputeNodeGroup",
     "pcs:ListComputeNodeGroups", "pcs:UpdateComputeNodeGroup",
+    # ...and the EC2 describes the PCS guide's minimum permissions list for UpdateComputeNodeGroup
+    # (gpucluster.fleet.deployment.PCS_UPDATE_DESCRIBES; its launches and role passing: `pcs_update_caps`)
+    "ec2:DescribeImages", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
+    "ec2:DescribeLaunchTemplateVersions", "ec2:DescribeSecurityGroups", "ec2:DescribeSubnets",
+    "ec2:DescribeVpcs",
 ]
 
 # What each resource type the program creates needs from the deploy role (create, read, update,
@@ -210,8 +217,9 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
         "fsx:CreateFileSystem", "fsx:UpdateFileSystem", "fsx:TagResource", "fsx:UntagResource",
         "fsx:ListTagsForResource"],
     # Linking a file system to S3 (FSx for Lustre user guide, "Adding permissions to use data
-    # repositories in Amazon S3"): the caller also needs s3:Get*/List*/PutObject on the bucket and
-    # may have FSx create its S3-access service-linked role (`iam_statements`).
+    # repositories in Amazon S3"): FSx's S3-access service-linked role moves the data; the caller may
+    # have FSx create it and set its policies (`iam_statements`) and reads the bucket
+    # (DATASET_LINK_ACTIONS for an existing one; the stacks' own buckets: their s3 scope).
     "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation": [
         "fsx:CreateDataRepositoryAssociation", "fsx:UpdateDataRepositoryAssociation",
         "fsx:DeleteDataRepositoryAssociation", "fsx:TagResource", "s3:PutObject"],
@@ -325,15 +333,19 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
     # AWS PCS (gpucluster:scheduler type slurm), made by pulumi-aws-native, which goes through the Cloud
     # Control API (CLOUD_CONTROL: it calls PCS with the caller's own permissions, so it reaches nothing the
     # role could not). PCS ids are generated, so `deploy_statements` scopes these by the stack tag
-    # (`pcs_statements`). Beyond the pcs: actions (ledger: pcs-create-permissions; PCS's "Minimum permissions
-    # for AWS PCS"): CreateCluster makes the controller's network
-    # interface, reads the VPC's security groups and keeps the Slurm key in a Secrets Manager secret;
-    # CreateComputeNodeGroup checks the caller may launch (RunInstances, CreateFleet) and pass the node
-    # role (iam_statements: PassPcsNodeRoles); PCS's service-linked role launches the instances.
+    # (`pcs_statements`). Beyond the pcs: actions, as the issues (33, 34) quote the PCS user guide's "Minimum
+    # permissions for AWS PCS" (ledger: pcs-create-permissions): CreateCluster makes the
+    # controller's network interface, reads the VPC's security groups and keeps the Slurm key in a Secrets
+    # Manager secret it creates and rotates (secretsmanager:RotateSecret, scoped like CreateSecret to the
+    # `pcs!` secrets); Create/UpdateComputeNodeGroup check the caller may launch (RunInstances, CreateFleet),
+    # tag at launch (TagInstancesOnlyAtLaunch), read the node profile (iam:GetInstanceProfile: the stacks'
+    # profiles, aws:iam/instanceProfile) and pass the node role (PassPcsNodeRoles); the EC2 describes are
+    # in UNSCOPED_ACTIONS (ec2:Describe*). PCS's service-linked role launches the instances.
     "aws-native:pcs:Cluster": [
         "pcs:CreateCluster", "pcs:GetCluster", "pcs:UpdateCluster", "pcs:DeleteCluster", "pcs:TagResource",
         "pcs:UntagResource", "pcs:ListTagsForResource", "ec2:CreateNetworkInterface",
-        "ec2:GetSecurityGroupsForVpc", "secretsmanager:CreateSecret", "secretsmanager:TagResource"],
+        "ec2:GetSecurityGroupsForVpc", "secretsmanager:CreateSecret", "secretsmanager:RotateSecret",
+        "secretsmanager:TagResource"],
     "aws-native:pcs:ComputeNodeGroup": [
         "pcs:CreateComputeNodeGroup", "pcs:GetComputeNodeGroup", "pcs:UpdateComputeNodeGroup",
         "pcs:DeleteComputeNodeGroup", "pcs:TagResource", "pcs:UntagResource", "pcs:ListTagsForResource",
@@ -357,7 +369,19 @@ for _token in ("aws-native:pcs:Cluster", "aws-native:pcs:ComputeNodeGroup", "aws
 # its node groups and queues under it), so the stack tag scopes them: a request that creates one must
 # carry the tag, and anything else acts only on a resource that has it.
 PCS_CREATES = ["pcs:CreateCluster", "pcs:CreateComputeNodeGroup", "pcs:CreateQueue", "pcs:TagResource"]
-PCS_READS = ["pcs:GetCluster", "pcs:GetComputeNodeGroup", "pcs:GetQueue", "pcs:ListTagsForResource"]
+# Node groups and queues are created *in* a cluster: the Service Authorization Reference authorises
+# CreateComputeNodeGroup and CreateQueue on the parent `cluster` resource, whose condition keys are
+# aws:ResourceTag/${TagKey} (checked in cfn-lint 1.58's bundled IAM data, data/AdditionalSpecs/Policies.json),
+# so the parent's stack tag scopes them: no node group or queue in a cluster of no stack.
+PCS_CREATES_IN_A_CLUSTER = ["pcs:CreateComputeNodeGroup", "pcs:CreateQueue"]
+PCS_READS = ["pcs:GetCluster", "pcs:GetComputeNodeGroup", "pcs:GetQueue"]
+# Creates with no resource type (Service Authorization Reference, "Actions defined by Amazon Managed Service
+# for Prometheus / Amazon Managed Grafana / AWS PCS"; cfn-lint's bundled IAM data lists no resource for
+# them): an ARN never matches them, so they are granted on "*", only with the stack tag in the request.
+CREATES_WITHOUT_RESOURCE_TYPE = ["aps:CreateWorkspace", "grafana:CreateWorkspace", "pcs:CreateCluster"]
+# pcs:ListTagsForResource has no resource type and no condition keys (same sources): neither an ARN nor a
+# tag condition can ever match it, so it is granted alone, unconditioned, on "*" (it reads tags only).
+PCS_TAG_READS = ["pcs:ListTagsForResource"]
 PCS_LISTS = ["pcs:ListClusters", "pcs:ListComputeNodeGroups", "pcs:ListQueues"]
 # AWS PCS makes its service-linked role at the first CreateCluster ("Using service-linked roles for AWS
 # PCS": AWSServiceRoleForPCS, service pcs.amazonaws.com); the node role, under /aws-pcs/, is passed only
@@ -607,12 +631,42 @@ def data_deletion_deny(partition: str, break_glass_role: str, account: str) -> d
                 "aws:PrincipalArn": f"arn:{partition}:iam::{account}:role/{break_glass_role}"}}}
 
 
-def workload_boundary(partition: str, account: str, break_glass_role: str) -> dict[str, Any]:
-    """The most any role a deploy role creates can ever do: no IAM, no STS, no data deletion; Run
-    Command only with AWS-RunShellScript on instances tagged with a stack (deploy roles cannot tag
-    instances, so they cannot aim it elsewhere)."""
+def pcs_update_caps(partition: str, account: str, prefix: str) -> list[dict[str, Any]]:
+    """The workload boundary's cap on what a guardrail role may need for pcs:UpdateComputeNodeGroup (the
+    PCS guide's minimum permissions, issue 34; whether PCS checks them on a scaling-only update is
+    unverified; ledger: pcs-update-permissions): pass only the stacks' /aws-pcs/ node roles and only to
+    PCS, read only their profiles, launch only what carries a stack's tag in the request, from what carries
+    one, or with an image, snapshot or subnet. Each guardrail role narrows these to its own stack
+    (gpucluster.aws.guardrail_lambda.pcs_update_statements)."""
+    iam, ec2 = f"arn:{partition}:iam::{account}", f"arn:{partition}:ec2:*:{account}"
+    launch = ["ec2:CreateFleet", "ec2:RunInstances"]
+    return [
+        {"Sid": "PassStackPcsNodeRolesToPcs", "Effect": "Allow", "Action": "iam:PassRole",
+         "Resource": f"{iam}:role/aws-pcs/{prefix}*",
+         "Condition": {"StringEquals": {"iam:PassedToService": PCS_SERVICE}}},
+        {"Sid": "ReadStackPcsNodeProfiles", "Effect": "Allow", "Action": "iam:GetInstanceProfile",
+         "Resource": f"{iam}:instance-profile/aws-pcs/{prefix}*"},
+        {"Sid": "LaunchOnlyWithAStackTag", "Effect": "Allow", "Action": launch,
+         "Resource": [f"{ec2}:{kind}/*" for kind in ("instance", "volume", "network-interface", "fleet")],
+         "Condition": {"Null": {f"aws:RequestTag/{STACK_TAG}": "false"}}},
+        {"Sid": "LaunchFromAStacksResources", "Effect": "Allow", "Action": launch,
+         "Resource": [f"{ec2}:{kind}/*" for kind in ("launch-template", "security-group", "placement-group")],
+         "Condition": {"Null": {f"aws:ResourceTag/{STACK_TAG}": "false"}}},
+        # an AMI (AWS's or baked) and its snapshots, and a subnet (an existing VPC's) carry no stack tag
+        {"Sid": "LaunchWithImagesAndSubnets", "Effect": "Allow", "Action": launch,
+         "Resource": [f"arn:{partition}:ec2:*::image/*", f"arn:{partition}:ec2:*::snapshot/*",
+                      f"{ec2}:subnet/*"]},
+    ]
+
+
+def workload_boundary(partition: str, account: str, break_glass_role: str,
+                      prefix: str = DEFAULT_IAM_PREFIX) -> dict[str, Any]:
+    """The most any role a deploy role creates can ever do: no IAM but passing the stacks' PCS node roles
+    to PCS (`pcs_update_caps`), no STS, no data deletion; Run Command only with AWS-RunShellScript on
+    instances tagged with a stack (deploy roles cannot tag instances, so they cannot aim it elsewhere)."""
     return _document([
         {"Sid": "ClusterWorkloads", "Effect": "Allow", "Action": WORKLOAD_ACTIONS, "Resource": "*"},
+        *pcs_update_caps(partition, account, prefix),
         {"Sid": "RunShellDocument", "Effect": "Allow", "Action": "ssm:SendCommand",
          "Resource": f"arn:{partition}:ssm:*::document/AWS-RunShellScript"},
         {"Sid": "OnStackInstances", "Effect": "Allow", "Action": "ssm:SendCommand",
@@ -716,13 +770,19 @@ def deploy_statements(partition: str, account: str, prefix: str,
             continue
         for action in actions:
             by_service.setdefault(action.split(":")[0], set()).add(action)
+    unscoped_creates = {a for actions in by_service.values() for a in actions} & set(
+        CREATES_WITHOUT_RESOURCE_TYPE)
     scope = scopes(partition, account, prefix, buckets)
-    statements = [{"Sid": f"Stack{service.capitalize()}", "Effect": "Allow", "Action": sorted(actions),
+    statements = [{"Sid": f"Stack{service.capitalize()}", "Effect": "Allow",
+                   "Action": sorted(actions - unscoped_creates),
                    "Resource": scope[service]} for service, actions in sorted(by_service.items())
                   if service != "pcs"]
-    statements += pcs_statements(partition, account, sorted(by_service.get("pcs", ())))
+    statements += pcs_statements(partition, account, sorted(by_service.get("pcs", set()) - unscoped_creates))
     bucket_objects = [f"{b}/*" for b in scope["s3"]]
     statements += [
+        # Creates with no resource type: on "*", only when the request tags the new resource with a stack.
+        {"Sid": "CreatesWithoutResourceType", "Effect": "Allow", "Action": sorted(unscoped_creates),
+         "Resource": "*", "Condition": {"Null": {f"aws:RequestTag/{STACK_TAG}": "false"}}},
         {"Sid": "ReadsWithoutResourceScope", "Effect": "Allow", "Action": UNSCOPED_ACTIONS, "Resource": "*"},
         # AMP encrypts a workspace with the stack's key through grants, and uses its data keys only
         # when AMP asks (kms:ViaService).
@@ -737,54 +797,79 @@ def deploy_statements(partition: str, account: str, prefix: str,
         # re-tag one into a stack (the workload boundary scopes Run Command by that tag).
         {"Sid": "TagNetworkAndTemplates", "Effect": "Allow", "Action": ["ec2:CreateTags", "ec2:DeleteTags"],
          "NotResource": f"arn:{partition}:ec2:*:*:instance/*"},
+        # ...but an instance may be tagged as it is launched (EC2 user guide, "Grant permission to tag
+        # resources during creation": ec2:CreateAction), which PCS's minimum permissions for
+        # Create/UpdateComputeNodeGroup ask of the caller (issue 34; ledger: pcs-create-permissions).
+        {"Sid": "TagInstancesOnlyAtLaunch", "Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": f"arn:{partition}:ec2:*:{account}:instance/*",
+         "Condition": {"StringEquals": {"ec2:CreateAction": ["RunInstances", "CreateFleet"]}}},
     ]
     return statements
 
 
 def pcs_statements(partition: str, account: str, actions: Sequence[str]) -> list[dict[str, Any]]:
-    """The PCS deploy actions, scoped by the stack tag: creating (and tagging) only with the tag in the
-    request, everything else only on a cluster, node group or queue that carries it."""
+    """The PCS deploy actions, scoped by the stack tag: a node group or queue only with the tag in the
+    request and only in a cluster that carries it, tagging at creation only with the tag in the request,
+    everything else only on a cluster, node group or queue that carries it (CreateCluster has no resource
+    type: `CreatesWithoutResourceType`)."""
     if not actions:
         return []
     clusters = f"arn:{partition}:pcs:*:{account}:cluster/*"
     tag = f"aws:{{}}Tag/{STACK_TAG}"
     return [
-        {"Sid": "StackPcsCreateTagged", "Effect": "Allow", "Resource": clusters,
-         "Action": [a for a in actions if a in PCS_CREATES],
+        {"Sid": "StackPcsCreateInStackClusters", "Effect": "Allow", "Resource": clusters,
+         "Action": [a for a in actions if a in PCS_CREATES_IN_A_CLUSTER],
+         "Condition": {"Null": {tag.format("Request"): "false", tag.format("Resource"): "false"}}},
+        {"Sid": "StackPcsTagOnCreate", "Effect": "Allow", "Resource": clusters,
+         "Action": [a for a in actions if a == "pcs:TagResource"],
          "Condition": {"Null": {tag.format("Request"): "false"}}},
         {"Sid": "StackPcsTagged", "Effect": "Allow", "Resource": clusters,
-         "Action": [a for a in actions if a not in PCS_CREATES or a == "pcs:TagResource"],
+         "Action": [a for a in actions if a not in PCS_CREATES + PCS_TAG_READS or a == "pcs:TagResource"],
          "Condition": {"Null": {tag.format("Resource"): "false"}}},
+        *([pcs_tag_reads()] if set(actions) & set(PCS_TAG_READS) else []),
     ]
 
 
+def pcs_tag_reads() -> dict[str, Any]:
+    """pcs:ListTagsForResource has no resource type and no condition keys (PCS_TAG_READS): a grant on an
+    ARN or under a tag condition never holds, so it stands alone on "*", unconditioned (it reads tags)."""
+    return {"Sid": "PcsTagReads", "Effect": "Allow", "Action": PCS_TAG_READS, "Resource": "*"}
+
+
 def pcs_read_statements(partition: str, account: str) -> list[dict[str, Any]]:
-    """What a preview may read of PCS: the stacks' tagged clusters, node groups and queues, the lists, and
-    Cloud Control's reads (pulumi-aws-native reads through it); nothing that creates or changes."""
+    """What a preview may read of PCS: the stacks' tagged clusters, node groups and queues, their tags, the
+    lists, and Cloud Control's reads (pulumi-aws-native reads through it); nothing that creates or changes."""
     return [
         {"Sid": "PcsReadsOfStacks", "Effect": "Allow", "Action": PCS_READS,
          "Resource": f"arn:{partition}:pcs:*:{account}:cluster/*",
          "Condition": {"Null": {f"aws:ResourceTag/{STACK_TAG}": "false"}}},
+        pcs_tag_reads(),
         {"Sid": "PcsLists", "Effect": "Allow", "Action": PCS_LISTS + CLOUD_CONTROL_READS, "Resource": "*"},
     ]
+
+
+# What the deploy role itself needs of an existing `--dataset-bucket` to link FSx for Lustre to it: the
+# bucket's region and listing, and its policy (FSx checks the link can be made). The data moves through
+# FSx's own service-linked role (s3.data-source.lustre.fsx.amazonaws.com: created through SERVICE_LINKED,
+# its policies set through FsxS3AccessServiceLinkedRole), never the caller's, so no object read or write.
+# The FSx for Lustre user guide ("Adding permissions to use data repositories in Amazon S3") names the
+# service-linked role permissions; that these three bucket reads are all it checks of the caller is not
+# confirmed (ledger: fsx-link-caller-permissions; `verify` simulates the reads in an account).
+DATASET_LINK_ACTIONS = ["s3:GetBucketLocation", "s3:GetBucketPolicy", "s3:ListBucket"]
 
 
 def dataset_bucket_statements(partition: str, buckets: Sequence[str]) -> list[dict[str, Any]]:
     """What linking FSx for Lustre to an existing `--dataset-bucket` needs, and nothing more.
 
-    The FSx for Lustre user guide ("Adding permissions to use data repositories in Amazon S3") lists
-    s3:Get*, s3:List* and s3:PutObject on the bucket for whoever creates the link; the program
-    never changes such a bucket's policy, lifecycle, encryption or public-access settings (it does
-    not create those resources for an existing bucket: aws/datasets.py), so no bucket write is
-    granted, and the deploy boundary denies them outright (`deploy_boundary`).
+    Only bucket reads (DATASET_LINK_ACTIONS), each an action that acts on a bucket ARN: the program
+    never changes such a bucket's objects, policy, lifecycle, encryption or public-access settings (it
+    does not create those resources for an existing bucket: aws/datasets.py), and the deploy boundary
+    denies the settings writes outright (`deploy_boundary`).
     """
     if not buckets:
         return []
-    arns = [f"arn:{partition}:s3:::{b}" for b in buckets]
-    return [{"Sid": "FsxLinkToDatasetBuckets", "Effect": "Allow", "Action": ["s3:Get*", "s3:List*"],
-             "Resource": arns},
-            {"Sid": "FsxLinkDatasetObjects", "Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
-             "Resource": [f"{arn}/*" for arn in arns]}]
+    return [{"Sid": "FsxLinkToDatasetBuckets", "Effect": "Allow", "Action": DATASET_LINK_ACTIONS,
+             "Resource": [f"arn:{partition}:s3:::{b}" for b in buckets]}]
 
 
 def packed(statements: Sequence[dict[str, Any]], limit: int = 6144) -> list[dict[str, Any]]:
@@ -876,7 +961,7 @@ def unbounded_prefix_roles(iam: Any, prefix: str, workload_arn: str) -> list[str
 def bootstrap(session: Any, bucket: str, region: str, github_repo: str, environments: list[str],
               break_glass_role: str, key_alias: str = "alias/gpucluster-state",
                   role_prefix: str = "gpucluster",
-              iam_prefix: str = "gpu-", pulumi_project: str = "gpucluster",
+              iam_prefix: str = DEFAULT_IAM_PREFIX, pulumi_project: str = "gpucluster",
               dataset_buckets: Sequence[str] = ()) -> Bootstrap:
     identity = session.client("sts", region_name=region).get_caller_identity()
     account, partition = identity["Account"], identity["Arn"].split(":")[1]
@@ -892,7 +977,7 @@ def bootstrap(session: Any, bucket: str, region: str, github_repo: str, environm
               for i in range(1, len(resources) + 1)}
     arns = {part: f"{policy}/{name}" for part, name in names.items()}
     ensure_managed_policy(iam, arns["workload"], names["workload"],
-                          workload_boundary(partition, account, break_glass_role),
+                          workload_boundary(partition, account, break_glass_role, iam_prefix),
                           "gpucluster: permissions boundary of every role a stack creates")
     ensure_managed_policy(iam, arns["deploy"], names["deploy"], deploy_boundary(
         partition, account, break_glass_role, role_prefix, list(arns.values()), arns["workload"], bucket,
@@ -943,7 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--environments", nargs="+", default=["dev", "staging", "prod"],
                         help="GitHub environments (one per stack) that get a deploy role.")
     parser.add_argument("--key-alias", default="alias/gpucluster-state")
-    parser.add_argument("--iam-prefix", default="gpu-",
+    parser.add_argument("--iam-prefix", default=DEFAULT_IAM_PREFIX,
                         help="Name prefix of everything the stacks create (their cluster.name).")
     parser.add_argument("--pulumi-project", default="gpucluster", help="`name:` in Pulumi.yaml.")
     parser.add_argument("--dataset-bucket", action="append", default=[], dest="dataset_buckets",

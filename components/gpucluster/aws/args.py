@@ -255,6 +255,8 @@ class ClusterNetworkModel(StrictModel):
     node_groups: list[GroupNetworkModel] = Field(default_factory=list)
     flow_logs: Annotated[Any, rule_of(NetworkConfig, "flow_logs")] = "reject"
     permissions_boundary: PolicyName | None = None
+    remote_write: bool = False
+    slurm: bool = False
 
 
 def network_checks(m: ClusterNetworkModel) -> Iterable[Finding]:

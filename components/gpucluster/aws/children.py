@@ -61,6 +61,8 @@ def network_args(spec: StackSpec) -> ClusterNetworkArgs:
     }
     if net.vpc_cidr is not None:
         args["vpc_cidr"] = net.vpc_cidr
+    if not net.nat_gateway:  # what nodes without NAT must reach besides SSM's and the agents' endpoints
+        args |= {"remote_write": spec.observability.prometheus.active, "slurm": spec.scheduler.slurm}
     if net.existing_vpc_id is not None:
         args["existing_vpc_id"] = net.existing_vpc_id
         args["existing_subnet_ids"] = dict(net.existing_subnets)

@@ -87,14 +87,16 @@ def topic_key_policy(partition: str, account: str) -> str:
     and AWS Budgets and CloudWatch alarms publish to an encrypted topic only when
     the key policy lets their service principals use the key (SNS developer
     guide, "Enable compatibility between event sources from AWS services and
-    encrypted topics").
+    encrypted topics"). Only on this account's behalf (aws:SourceAccount: the SNS
+    guide's confused-deputy guidance), like the topic policy's publish statements.
     """
     return policy_document([
         {"Sid": "AccountAdministersThroughIam", "Effect": "Allow",
          "Principal": {"AWS": f"arn:{partition}:iam::{account}:root"}, "Action": "kms:*", "Resource": "*"},
         {"Sid": "ServicesPublishToEncryptedTopics", "Effect": "Allow",
          "Principal": {"Service": ["budgets.amazonaws.com", "cloudwatch.amazonaws.com"]},
-         "Action": ["kms:GenerateDataKey*", "kms:Decrypt"], "Resource": "*"},
+         "Action": ["kms:GenerateDataKey*", "kms:Decrypt"], "Resource": "*",
+         "Condition": {"StringEquals": {"aws:SourceAccount": account}}},
     ])
 
 

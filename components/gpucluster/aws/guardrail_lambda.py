@@ -17,10 +17,17 @@ import pulumi
 import pulumi_aws as aws
 
 from gpucluster.aws.args import GuardrailsModel, component_options, owned_tags, type_token
-from gpucluster.fleet.deployment import HANDLERS, PCS_ACTIONS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS
+from gpucluster.fleet.deployment import (
+    HANDLERS,
+    PCS_ACTIONS,
+    PCS_CLUSTER_ENV,
+    PCS_IAM_ACTIONS,
+    PCS_UPDATE_DESCRIBES,
+)
 
 # STATE_TAGS: what the Lambdas write on a group they stop; the others select a Slurm stack's login node.
 from gpucluster.fleet.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG, STATE_TAGS
+from gpucluster.noderole import PCS_IAM_PATH
 
 LAMBDA_DIR = Path(__file__).resolve().parent.parent / "lambdas"
 FLEET_DIR = Path(__file__).resolve().parent.parent / "fleet"
@@ -44,6 +51,18 @@ SPOT_MARGIN_SECONDS = 30
 BASE_TIMEOUT_SECONDS = 120
 SPOT_NO_HOOK_TIMEOUT_SECONDS = 60
 RUN_SHELL_DOCUMENT = "AWS-RunShellScript"
+# AWS PCS's service principal: node roles are passed only to it ("Using service-linked roles for AWS PCS").
+PCS_SERVICE = "pcs.amazonaws.com"
+# What PCS launches for a node group, so what the launch and tag grants name (EC2 resource types of
+# RunInstances and CreateFleet, Service Authorization Reference; cfn-lint's bundled IAM data): created in
+# the request, so scoped by the stack tag the request carries...
+PCS_LAUNCHED = ("instance", "volume", "network-interface", "fleet")
+# ...what a launch uses that the stack always makes and tags (its launch templates, security groups,
+# placement groups), scoped by the tag they carry...
+PCS_LAUNCH_FROM = ("launch-template", "security-group", "placement-group")
+# ...and what it uses that may not be the stack's: the AMI (AWS's or a baked one) and its snapshots, and
+# the subnets (an existing VPC's carry no stack tag). Using one changes nothing of it.
+PCS_LAUNCH_UNTAGGED = ("image", "snapshot", "subnet")
 
 
 def old_type(component: str) -> str:
@@ -164,8 +183,8 @@ def pcs_statements(ctx: "GuardrailContext", pcs: PcsGuard, *, scale: bool = True
     `.../cluster/${ClusterId}/computenodegroup/${ComputeNodeGroupId}`): ListComputeNodeGroups is
     on the cluster, Get/UpdateComputeNodeGroup on the node group (the cluster ARN is listed with
     them too, in case the service also authorises them on the cluster). The login group's ARN is
-    not listed: no guardrail can change it. No iam:PassRole (`handlers.PCS_IAM_ACTIONS`). Without
-    `scale` (the spot handler) only the login-node statements.
+    not listed: no guardrail can change it. With `scale`, also what PCS may check of the caller on an
+    update (`pcs_update_statements`); without it (the spot handler) only the login-node statements.
     """
     groups = [pulumi.Output.concat(pcs.cluster_arn, "/computenodegroup/", gid)
               for name, gid in sorted(pcs.node_group_ids.items()) if name != SLURM_LOGIN_GROUP]
@@ -183,7 +202,7 @@ def pcs_statements(ctx: "GuardrailContext", pcs: PcsGuard, *, scale: bool = True
          "Resource": [pcs.cluster_arn, *groups]},
     ]
     return [
-        *(scaling if scale else []),
+        *([*scaling, *pcs_update_statements(ctx)] if scale else []),
         # The login node: found by its tags (DescribeInstances lists no resource types), sent the
         # Slurm commands only while it carries this stack's tag and the login group's.
         {"Sid": "PcsFindLoginNode", "Effect": "Allow",
@@ -192,6 +211,46 @@ def pcs_statements(ctx: "GuardrailContext", pcs: PcsGuard, *, scale: bool = True
          "Resource": [document]},
         {"Sid": "PcsOnThisStacksLoginNode", "Effect": "Allow", "Action": ["ssm:SendCommand"],
          "Resource": [instances], "Condition": login},
+    ]
+
+
+def pcs_update_statements(ctx: "GuardrailContext") -> list[dict[str, Any]]:
+    """What the PCS guide's minimum permissions list for UpdateComputeNodeGroup besides the pcs: action
+    (`deployment.PCS_UPDATE_CHECKS`), each scoped to this stack.
+
+    Pass only the stack's node roles (under /aws-pcs/, named from the cluster: `noderole.PCS_IAM_PATH`) and
+    only to PCS; read only their instance profiles; launch and tag only with this stack's tag in the request
+    (tags only as the launch creates them: ec2:CreateAction), from the stack's own tagged launch templates,
+    security groups and placement groups, with any image, snapshot and subnet of the account
+    (PCS_LAUNCH_UNTAGGED); the describes on "*" (no resource types). Whether PCS checks any of these on a
+    scaling-only update is unverified (ledger: pcs-update-permissions): if it does not, they go unused.
+    """
+    iam = pulumi.Output.concat("arn:", ctx.partition, ":iam::", ctx.account)
+    ec2 = pulumi.Output.concat("arn:", ctx.partition, ":ec2:", ctx.region, ":", ctx.account)
+    images = pulumi.Output.concat("arn:", ctx.partition, ":ec2:", ctx.region, ":")  # AMIs: no account
+    path, named = PCS_IAM_PATH.strip("/"), f"{ctx.args.cluster_name}-*"
+    requested = {f"aws:RequestTag/{STACK_TAG}": ctx.identity}
+    launch = ["ec2:CreateFleet", "ec2:RunInstances"]
+    return [
+        {"Sid": "PcsPassThisStacksNodeRoles", "Effect": "Allow", "Action": ["iam:PassRole"],
+         "Resource": [pulumi.Output.concat(iam, f":role/{path}/{named}")],
+         "Condition": {"StringEquals": {"iam:PassedToService": PCS_SERVICE}}},
+        {"Sid": "PcsReadThisStacksNodeProfiles", "Effect": "Allow", "Action": ["iam:GetInstanceProfile"],
+         "Resource": [pulumi.Output.concat(iam, f":instance-profile/{path}/{named}")]},
+        {"Sid": "PcsLaunchTaggedWithThisStack", "Effect": "Allow", "Action": launch,
+         "Resource": [pulumi.Output.concat(ec2, f":{kind}/*") for kind in PCS_LAUNCHED],
+         "Condition": {"StringEquals": requested}},
+        {"Sid": "PcsTagOnlyAtLaunch", "Effect": "Allow", "Action": ["ec2:CreateTags"],
+         "Resource": [pulumi.Output.concat(ec2, f":{kind}/*") for kind in PCS_LAUNCHED],
+         "Condition": {"StringEquals": {**requested, "ec2:CreateAction": ["CreateFleet", "RunInstances"]}}},
+        {"Sid": "PcsLaunchFromThisStacks", "Effect": "Allow", "Action": launch,
+         "Resource": [pulumi.Output.concat(ec2, f":{kind}/*") for kind in PCS_LAUNCH_FROM],
+         "Condition": {"StringEquals": {f"aws:ResourceTag/{STACK_TAG}": ctx.identity}}},
+        {"Sid": "PcsLaunchWithImagesAndSubnets", "Effect": "Allow", "Action": launch,
+         "Resource": [pulumi.Output.concat(ec2 if kind == "subnet" else images, f":{kind}/*")
+                      for kind in PCS_LAUNCH_UNTAGGED]},
+        {"Sid": "PcsUpdateDescribes", "Effect": "Allow", "Action": sorted(PCS_UPDATE_DESCRIBES),
+         "Resource": "*"},
     ]
 
 

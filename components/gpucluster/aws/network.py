@@ -47,6 +47,12 @@ SSM_ENDPOINTS = ("ssm", "ssmmessages", "ec2messages")
 # (its group, CompleteLifecycleAction, SetInstanceHealth) and SNS (its reports): without them
 # every new node would wait out the launch hook and be abandoned.
 NO_NAT_ENDPOINTS = ("monitoring", "ec2", "autoscaling", "sns")
+# Also without a NAT gateway: nodes that remote-write GPU metrics reach Amazon Managed Service for
+# Prometheus through `aps-workspaces` (AMP user guide, "Using Amazon Managed Service for Prometheus with
+# interface VPC endpoints"), and PCS nodes register with their node group (RegisterComputeNodeGroupInstance)
+# through `pcs` (PCS user guide, "VPC interface endpoints"; issue 34): without it PCS replaces them in a loop.
+AMP_ENDPOINT = "aps-workspaces"
+PCS_ENDPOINT = "pcs"
 ANYWHERE = "0.0.0.0/0"
 OLD_TYPE = "gpucluster:network:ClusterNetwork"
 
@@ -91,6 +97,10 @@ class ClusterNetworkArgs(TypedDict):
     """VPC flow logs to a KMS-encrypted CloudWatch log group (90 days): reject (default), all, or off."""
     permissions_boundary: NotRequired[str]
     """Name of a customer managed policy the flow-log role carries as its boundary."""
+    remote_write: NotRequired[bool]
+    """Nodes remote-write metrics to AMP: without NAT, the VPC gets the aps-workspaces endpoint."""
+    slurm: NotRequired[bool]
+    """AWS PCS runs the nodes: without NAT, the VPC gets the pcs endpoint (nodes register through it)."""
 
 
 @dataclass(frozen=True)
@@ -238,8 +248,7 @@ class ClusterNetwork(pulumi.ComponentResource):
                                          description="HTTPS from inside the VPC", cidr_ipv4=cidr,
                                          ip_protocol="tcp", from_port=443, to_port=443,
                                          tags=self._tags(f"{label}-endpoints-https"), opts=child)
-        services = SSM_ENDPOINTS + (() if self.internet_egress else NO_NAT_ENDPOINTS)
-        for service in services:
+        for service in self._interface_endpoints():
             aws.ec2.VpcEndpoint(f"{name}-{service}", vpc_id=vpc.id,
                                 service_name=f"com.amazonaws.{m.region}.{service}",
                                 vpc_endpoint_type="Interface", private_dns_enabled=True,
@@ -249,6 +258,14 @@ class ClusterNetwork(pulumi.ComponentResource):
         if self.internet_egress:
             self._create_nat(vpc, plan.public, zones[0], private_rt)
         return vpc.id
+
+    def _interface_endpoints(self) -> tuple[str, ...]:
+        """SSM's always; without NAT also what the nodes' agents, checks, metrics and PCS must reach."""
+        if self.internet_egress:
+            return SSM_ENDPOINTS
+        m = self._args
+        return (SSM_ENDPOINTS + NO_NAT_ENDPOINTS + ((AMP_ENDPOINT,) if m.remote_write else ())
+                + ((PCS_ENDPOINT,) if m.slurm else ()))
 
     def _create_nat(self, vpc: aws.ec2.Vpc, public_cidr: str, zone: str,
                     private_rt: aws.ec2.RouteTable) -> None:

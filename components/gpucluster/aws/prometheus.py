@@ -25,6 +25,7 @@ import yaml
 from gpucluster.aws.args import owned_tags, type_token
 from gpucluster.aws.grafana_dashboards import GrafanaDashboards, provision_dashboards
 from gpucluster.aws.iam import boundary_arn
+from gpucluster.dashboards.grafana import GRAFANA_VERSION
 from gpucluster.dashboards.promql import from_spec, rules_document
 from gpucluster.node.metrics import remote_write_url_of
 from gpucluster.noderole import metrics_write_policy_document, workspace_arn
@@ -145,7 +146,7 @@ class MetricsWorkspace(pulumi.ComponentResource):
         self.grafana = aws.grafana.Workspace(
             f"{name}-grafana", account_access_type="CURRENT_ACCOUNT",
             authentication_providers=list(g.authentication_providers), permission_type="CUSTOMER_MANAGED",
-            role_arn=self.grafana_role.arn, data_sources=["PROMETHEUS"],
+            role_arn=self.grafana_role.arn, data_sources=["PROMETHEUS"], grafana_version=GRAFANA_VERSION,
             description=f"gpucluster {spec.identity}", tags=tags, opts=child)
         if "SAML" in g.authentication_providers:
             self.saml = aws.grafana.WorkspaceSamlConfiguration(

@@ -31,6 +31,12 @@ from gpucluster.dashboards.promql import (
 )
 
 SCHEMA_VERSION = 39
+# The Amazon Managed Grafana version these dashboards are written for, pinned on the stack's workspace
+# (aws/prometheus.py) so it never takes whatever AWS defaults to: Grafana 10 (the module's schema), of which
+# AMG offers 10.4 (pulumi-aws `grafana.Workspace.grafana_version`: 9.4, 10.4, 12.4, 13.2). That schema 39 is
+# what Grafana 10.4 writes is unverified (ledger: grafana-dashboard-schema). AMG updates a workspace's version
+# upward only: a workspace already made on a newer default cannot be pinned back (a new workspace can).
+GRAFANA_VERSION = "10.4"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 RANGE, RATE = "$__range", "$__rate_interval"
 

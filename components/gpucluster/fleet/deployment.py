@@ -163,16 +163,26 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
 # the PCS compute node groups' scaling (pcs:*, only on the stack's cluster and its node groups: the
 # Pulumi side scopes them by ARN, `guardrail_lambda.pcs_statements`), and hold/release the partitions
 # on the login node (ec2:DescribeInstances to find it, ssm:SendCommand on instances of this stack,
-# ssm:GetCommandInvocation for the result). UpdateComputeNodeGroup with only scalingConfiguration
-# passes no role, so no iam:PassRole (IAM user guide, "Grant a user permissions to pass a role to an
-# AWS service": PassRole is checked when a request hands a role to a service; ledger: pcs-update-permissions,
-# whose note says what the PCS minimum-permissions page is reported to list).
+# ssm:GetCommandInvocation for the result).
 PCS_ACTIONS = ("pcs:ListComputeNodeGroups", "pcs:GetComputeNodeGroup", "pcs:UpdateComputeNodeGroup")
 LOGIN_NODE_ACTIONS = ("ec2:DescribeInstances", "ssm:SendCommand", "ssm:GetCommandInvocation")
+# What the PCS user guide's "Minimum permissions for AWS PCS" page lists for UpdateComputeNodeGroup besides
+# the pcs: action, as issue 34 quotes it (ledger: pcs-update-permissions): pass the node role,
+# read its instance profile, launch and tag (RunInstances, CreateFleet, CreateTags), and the EC2 describes
+# below. Whether PCS checks them on an update that changes only scalingConfiguration (all a stop or a start
+# sends) is unverified until measured in an account (ledger: pcs-update-permissions); the roles carry them,
+# each scoped to the stack (`guardrail_lambda.pcs_update_statements`), so a stop is never refused for
+# lack of them. The describes are those the page's CreateComputeNodeGroup/UpdateComputeNodeGroup rows
+# name as remembered in issue 34 ("the EC2 describes"); the exact list is part of the same ledger entry.
+PCS_UPDATE_DESCRIBES = ("ec2:DescribeImages", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
+                        "ec2:DescribeLaunchTemplateVersions", "ec2:DescribeSecurityGroups",
+                        "ec2:DescribeSubnets", "ec2:DescribeVpcs")
+PCS_UPDATE_CHECKS = ("iam:PassRole", "iam:GetInstanceProfile", "ec2:RunInstances", "ec2:CreateFleet",
+                     "ec2:CreateTags", *PCS_UPDATE_DESCRIBES)
 # The handlers that stop or start groups, and so read PCS_CLUSTER_ID on a Slurm stack (the environment
 # beyond ENVIRONMENT, set only there).
 PCS_IAM_ACTIONS: dict[str, tuple[str, ...]] = {
-    **{name: (*PCS_ACTIONS, *LOGIN_NODE_ACTIONS)
+    **{name: (*PCS_ACTIONS, *PCS_UPDATE_CHECKS, *LOGIN_NODE_ACTIONS)
        for name in ("budget_action", "autostop", "capacity_block", "spend_guard")},
     # A spot warning requeues the node's jobs from the login node; it changes no capacity.
     "spot_interruption": LOGIN_NODE_ACTIONS,

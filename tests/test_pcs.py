@@ -48,7 +48,7 @@ from gpucluster.spec import SpecError
 
 REPO = Path(__file__).resolve().parent.parent
 AMI = "ami-0123456789abcdef0"
-CLUSTER = "aws-native:pcs:Cluster"
+CLOUD_CONTROL = "aws:cloudcontrol/resource:Resource"
 NODE_GROUP = "aws-native:pcs:ComputeNodeGroup"
 QUEUE = "aws-native:pcs:Queue"
 TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -69,6 +69,12 @@ def slurm_prod() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def plan() -> Plan:
     return plan_config(slurm_prod(), stack="prod")
+
+
+def cluster_of(plan: Plan) -> tuple[PlannedResource, dict[str, Any]]:
+    """The one AWS::PCS::Cluster and the document Cloud Control is given."""
+    [cluster] = [r for r in plan.of_type(CLOUD_CONTROL) if r.inputs["typeName"] == "AWS::PCS::Cluster"]
+    return cluster, json.loads(cluster.inputs["desiredState"])
 
 
 def one(plan: Plan, typ: str, name: str) -> PlannedResource:
@@ -112,11 +118,11 @@ def test_slurm_rules_open_only_slurms_ports_between_the_controller_and_the_nodes
     assert len(without) == 10 and SLURMDBD_PORT not in {r.from_port for r in without}
 
 
-def test_cluster_slurm_configuration_names_the_engines_keys() -> None:
+def test_cluster_slurm_configuration_names_cloudformations_keys() -> None:
     assert cluster_slurm_configuration(120, True) == {
-        "accounting": {"mode": "STANDARD"}, "scaleDownIdleTimeInSeconds": 7200}
+        "Accounting": {"Mode": "STANDARD"}, "ScaleDownIdleTimeInSeconds": 7200}
     # No autostop: PCS's own idle time (no key at all); accounting off is said, not left out.
-    assert cluster_slurm_configuration(None, False) == {"accounting": {"mode": "NONE"}}
+    assert cluster_slurm_configuration(None, False) == {"Accounting": {"Mode": "NONE"}}
 
 
 @pytest.mark.parametrize(("market", "spot", "option"), [
@@ -194,18 +200,18 @@ def test_prod_with_health_checks_fits_as_a_mime_document() -> None:
 
 
 def test_one_pcs_cluster_with_the_scheduler_section(plan: Plan) -> None:
-    [cluster] = plan.of_type(CLUSTER)
-    inputs = cluster.inputs
-    assert inputs["scheduler"] == {"type": "SLURM", "version": "25.05"}
-    assert inputs["size"] == "SMALL"
-    assert inputs["slurmConfiguration"] == {"accounting": {"mode": "STANDARD"},
-                                            "scaleDownIdleTimeInSeconds": 7200}  # prod: idle_minutes 120
+    cluster, inputs = cluster_of(plan)
+    assert inputs["Scheduler"] == {"Type": "SLURM", "Version": "25.05"}
+    assert inputs["Size"] == "SMALL"
+    assert inputs["SlurmConfiguration"] == {"Accounting": {"Mode": "STANDARD"},
+                                            "ScaleDownIdleTimeInSeconds": 7200}  # prod: idle_minutes 120
     controller = one(plan, "aws:ec2/securityGroup:SecurityGroup", "gpu-prod-pcs-controller")
     subnet = one(plan, "aws:ec2/subnet:Subnet", "gpu-prod-network-private-us-east-1d")
-    assert inputs["networking"] == {"networkType": "IPV4", "securityGroupIds": [mock_id(controller)],
-                                    "subnetIds": [mock_id(subnet)]}
-    assert inputs["tags"]["gpucluster:stack"] == plan.spec.identity
-    assert inputs["tags"]["owner"] == "ml-training"
+    assert inputs["Networking"] == {"NetworkType": "IPV4", "SecurityGroupIds": [mock_id(controller)],
+                                    "SubnetIds": [mock_id(subnet)]}
+    assert inputs["Tags"]["gpucluster:stack"] == plan.spec.identity
+    assert inputs["Tags"]["owner"] == "ml-training"
+    assert inputs["Name"] == cluster.name == "gpu-prod-pcs"
     assert plan.outputs["pcs_cluster_id"].startswith("pcs_")
 
 
@@ -331,7 +337,7 @@ def test_the_slurm_security_group_rules(plan: Plan) -> None:
 
 
 def test_the_cluster_waits_for_its_rules(plan: Plan) -> None:
-    [cluster] = plan.of_type(CLUSTER)
+    cluster, _ = cluster_of(plan)
     rules = {r.urn for r in [*plan.of_type(INGRESS), *plan.of_type(EGRESS)]
              if r.name.startswith("gpu-prod-pcs-") and "-login-" not in r.name}
     assert len(rules) == 12 and rules <= set(cluster.dependency_urns)
@@ -348,9 +354,9 @@ def test_accounting_off_and_autostop_off() -> None:
     config["gpucluster:scheduler"] |= {"accounting": False, "size": "medium", "slurm_version": "24.11",
                                        "login": {"count": 2}}
     result = plan_config(config)
-    [cluster] = result.of_type(CLUSTER)
-    assert cluster.inputs["slurmConfiguration"] == {"accounting": {"mode": "NONE"}}
-    assert (cluster.inputs["size"], cluster.inputs["scheduler"]["version"]) == ("MEDIUM", "24.11")
+    _, document = cluster_of(result)
+    assert document["SlurmConfiguration"] == {"Accounting": {"Mode": "NONE"}}
+    assert (document["Size"], document["Scheduler"]["Version"]) == ("MEDIUM", "24.11")
     login = next(r for r in result.of_type(NODE_GROUP) if r.inputs["name"] == "login")
     assert login.inputs["scalingConfiguration"] == {"minInstanceCount": 2, "maxInstanceCount": 2}
     assert login.inputs["instanceConfigs"] == [{"instanceType": "m7i.large"}]
@@ -360,7 +366,7 @@ def test_accounting_off_and_autostop_off() -> None:
     [gpu] = [r for r in result.of_type(NODE_GROUP) if r.inputs["name"] == "gpu"]
     # base: two zones, the group in both; the controller in the first.
     assert len(gpu.inputs["subnetIds"]) == 2
-    assert len(cluster.inputs["networking"]["subnetIds"]) == 1
+    assert len(document["Networking"]["SubnetIds"]) == 1
 
 
 def test_a_capacity_block_group_launches_into_its_block() -> None:
@@ -423,7 +429,7 @@ def test_gpucluster_plan_prints_the_pcs_resources_and_no_policy_violation(write_
     assert "policies: no violations" in out
     assert ("slurm: AWS PCS cluster, Slurm 25.05, small, accounting on; queues eval, h100-train; login 1 x "
             "m7i.large (no queue)") in " ".join(out.split())
-    for line in ("pcs.Cluster  gpu-prod-pcs", "pcs.ComputeNodeGroup  gpu-prod-pcs-h100-train",
+    for line in ("cloudcontrol.Resource  gpu-prod-pcs", "pcs.ComputeNodeGroup  gpu-prod-pcs-h100-train",
                  "pcs.ComputeNodeGroup  gpu-prod-pcs-login", "pcs.Queue  gpu-prod-pcs-eval-queue"):
         assert line in out
     assert "autoscaling.Group" not in out

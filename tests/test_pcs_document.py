@@ -33,7 +33,8 @@ def schema() -> dict[str, Any]:
 def problems(document: dict[str, Any]) -> list[str]:
     """Every way `document` breaks the schema (required, names, enums, ranges, additionalProperties)."""
     validator = jsonschema.Draft7Validator(schema())
-    return sorted(f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document))
+    return sorted(f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+                  for e in validator.iter_errors(document))
 
 
 def document_of(plan: Plan) -> dict[str, Any]:
@@ -63,7 +64,8 @@ def example() -> dict[str, Any]:
 
 
 def init_scaffold() -> dict[str, Any]:
-    text = scaffold.render("lab", "0.0.0", "gpucluster")["stacks/Pulumi.dev.yaml"] + scaffold.slurm_scheduler(AMI)
+    text = scaffold.render("lab", "0.0.0", "gpucluster")["stacks/Pulumi.dev.yaml"]
+    text += scaffold.slurm_scheduler(AMI)
     config: dict[str, Any] = yaml.safe_load(text)["config"]
     return config
 

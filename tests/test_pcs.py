@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import email
-import gzip
 import hashlib
 import json
 import subprocess
@@ -35,7 +34,7 @@ from gpucluster.aws.pcs import (
 )
 from gpucluster.cli import app
 from gpucluster.node.multipart import (
-    BASE64_LINE,
+    BOUNDARY,
     PCS_USER_DATA_BYTES,
     encode_multipart_user_data,
     multipart_document,
@@ -95,8 +94,9 @@ def decode_user_data(encoded: str) -> email.message.Message:
 
 def script_of(message: email.message.Message) -> str:
     [part] = [p for p in message.walk() if not p.is_multipart()]
-    assert part.get_content_type() == "application/x-gzip"
-    return gzip.decompress(part.get_payload(decode=True)).decode()
+    assert part.get_content_type() == "text/x-shellscript"  # a type the PCS guide documents; no gzip part
+    payload: str = part.get_payload(decode=True).decode()
+    return payload
 
 
 # ------------------------------------------------------------------------------ pure parts
@@ -131,12 +131,13 @@ def test_purchase_option(market: str, spot: float, option: str) -> None:
     assert pcs_purchase_option(market, spot) == option
 
 
-@pytest.mark.parametrize("script", ["#!/bin/bash\necho hi\n", "#!/bin/bash\n" + "x" * 40_000,
-                                    "".join(chr(32 + i % 90) for i in range(30_000))])
+@pytest.mark.parametrize("script", ["#!/bin/bash\necho hi\n", "#!/bin/bash\n" + "x" * 14_000 + "\n",
+                                    "".join(chr(32 + i % 90) for i in range(14_000)) + "\n"])
 def test_multipart_document_is_mime_cloud_init_reads_and_its_size_is_known_in_advance(script: str) -> None:
     document = multipart_document(script)
-    assert len(document.encode()) == multipart_size(len(gzip.compress(script.encode(), mtime=0)))
-    assert all(len(line) <= BASE64_LINE for line in document.splitlines())
+    assert len(document.encode()) == multipart_size(script)
+    # The PCS guide's shape: a text/x-shellscript part, a blank line before the closing boundary.
+    assert document.endswith(f"\n\n--{BOUNDARY}--\n") and "application/x-gzip" not in document
     assert script_of(email.message_from_string(document)) == script
     assert multipart_document(script) == document  # the same bytes every time
     encoded = encode_multipart_user_data(script, 16384)
@@ -147,6 +148,16 @@ def test_multipart_user_data_past_the_limit_is_refused() -> None:
     big = "".join(hashlib.sha256(str(i).encode()).hexdigest() for i in range(1500))  # gzips to half
     with pytest.raises(ValueError, match="MIME multi-part"):
         encode_multipart_user_data(big, 16384 - PCS_USER_DATA_BYTES)
+    # Not gzipped: a script that fits only gzipped is refused at its own size.
+    fits_gzipped = "#!/bin/bash\n" + "echo 0123456789\n" * 1000
+    assert multipart_size(fits_gzipped) > 16384 - PCS_USER_DATA_BYTES
+    with pytest.raises(ValueError, match="MIME multi-part"):
+        encode_multipart_user_data(fits_gzipped, 16384 - PCS_USER_DATA_BYTES)
+
+
+def test_a_script_holding_the_boundary_is_refused() -> None:
+    with pytest.raises(ValueError, match="MIME boundary"):
+        multipart_document(f"#!/bin/bash\necho '--{BOUNDARY}'\n")
 
 
 def test_health_policy_without_an_auto_scaling_group_names_no_group() -> None:

@@ -545,12 +545,12 @@ def nothing_to_stop_lines(spec: StackSpec, plan: StopPlan) -> list[str]:
 def still_billed_lines(spec: StackSpec) -> list[str]:
     """On a Slurm stack, what no stop touches and what it costs a month (pricing.stopped_slurm_costs: the
     AWS PCS figures are from memory, as `gpucluster cost` says); nothing on a type-none stack."""
-    if not spec.scheduler.slurm:
-        return []
     try:
         costs = pricing.stopped_slurm_costs(spec)
     except pricing.PricingError as err:
         return [f"still billed while stopped: the AWS PCS controller, accounting and login nodes ({err})"]
+    if not costs:
+        return []
     total = sum(c.desired_usd_per_month for c in costs)
     parts = ", ".join(f"{c.name.removeprefix('AWS PCS ')} ${c.desired_usd_per_month:,.0f}" for c in costs)
     return render.wrap(f"still billed while stopped: about ${total:,.0f} a month ({parts}; AWS PCS prices "

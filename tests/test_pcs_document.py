@@ -122,3 +122,31 @@ def test_the_policy_rules_read_the_cloud_control_document() -> None:
     found = [str(v) for v in check_plan(plan_config(config, stack="prod")) if v.mandatory]
     assert len(found) == 1 and "pcs-accounting" in found[0], found
     assert "slurmConfiguration.accounting.mode is 'NONE'" in found[0]
+
+
+def test_a_cloud_control_resource_reads_as_its_aws_native_type() -> None:
+    """CrossGuard's view (pack.py): the document's names camelCased, Tags kept, ids from Cloud Control's
+    model, the document's dependencies on each property; a document not known yet is UNKNOWN throughout."""
+    from gpucluster.policy.cloudcontrol import native_view
+    from gpucluster.policy.records import UNKNOWN, Resource, dig
+
+    document = cluster_document("c", "25.05", "small", SUBNET, GROUP, 30, True, {"Owner Key": "ml"})
+    arn = "arn:aws:pcs:us-east-1:1:cluster/pcs_abc1234567"
+    model = json.dumps({**document, "Id": "pcs_abc1234567", "Arn": arn})
+    seen = native_view(Resource(type=CLOUD_CONTROL, name="c", ids=("arn:x",),
+                                deps={"desiredState": ("urn:sg",)},
+                                props={"typeName": PCS_CLUSTER_TYPE, "desiredState": json.dumps(document),
+                                       "properties": model}))
+    assert seen.type == "aws-native:pcs:Cluster"
+    assert dig(seen.props, "slurmConfiguration", "accounting", "mode") == "STANDARD"
+    assert dig(seen.props, "slurmConfiguration", "scaleDownIdleTimeInSeconds") == 1800
+    assert dig(seen.props, "networking", "securityGroupIds") == [GROUP]
+    assert seen.props["tags"] == {"Owner Key": "ml"}  # the user's keys, not camelCased
+    assert seen.ids == ("arn:x", "pcs_abc1234567", arn)
+    assert seen.deps["networking"] == ("urn:sg",)
+    pending = native_view(Resource(type=CLOUD_CONTROL, name="c",
+                                   props={"typeName": PCS_CLUSTER_TYPE, "desiredState": UNKNOWN}))
+    assert dig(pending.props, "slurmConfiguration", "accounting", "mode") is UNKNOWN
+    assert pending.props.get("tags") is UNKNOWN
+    other = Resource(type="aws:ec2/vpc:Vpc", name="v", props={"tags": {}})
+    assert native_view(other) is other

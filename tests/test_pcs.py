@@ -13,6 +13,7 @@ import base64
 import email
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from gpucluster.aws.pcs import (
     SLURMDBD_PORT,
     SRUN_PORTS,
     cluster_slurm_configuration,
+    pcs_cluster_name,
     slurm_rules,
 )
 from gpucluster.cli import app
@@ -212,6 +214,7 @@ def test_prod_with_health_checks_fits_as_a_mime_document() -> None:
 
 def test_one_pcs_cluster_with_the_scheduler_section(plan: Plan) -> None:
     cluster, inputs = cluster_of(plan)
+    assert cluster.name == "gpu-prod-pcs"  # the logical name, as the aws-native cluster had
     assert inputs["Scheduler"] == {"Type": "SLURM", "Version": "25.05"}
     assert inputs["Size"] == "SMALL"
     assert inputs["SlurmConfiguration"] == {"Accounting": {"Mode": "STANDARD"},
@@ -222,7 +225,8 @@ def test_one_pcs_cluster_with_the_scheduler_section(plan: Plan) -> None:
                                     "SubnetIds": [mock_id(subnet)]}
     assert inputs["Tags"]["gpucluster:stack"] == plan.spec.identity
     assert inputs["Tags"]["owner"] == "ml-training"
-    assert inputs["Name"] == cluster.name == "gpu-prod-pcs"
+    assert inputs["Name"] == pcs_cluster_name("gpu-prod-pcs", plan.spec.identity)
+    assert re.fullmatch(r"gpu-prod-pcs-[0-9a-f]{8}", inputs["Name"])  # two stacks named alike stay apart
     assert plan.outputs["pcs_cluster_id"].startswith("pcs_")
 
 

@@ -29,6 +29,7 @@ CreateQueue): 3-25 characters, a letter first, then letters, digits, '-' and '_'
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
@@ -119,6 +120,14 @@ def cluster_slurm_configuration(idle_minutes: int | None, accounting: bool) -> d
     if idle_minutes is not None:
         config["ScaleDownIdleTimeInSeconds"] = idle_minutes * 60
     return config
+
+
+def pcs_cluster_name(component: str, identity: str) -> str:
+    """The PCS cluster's name: unique per account and region, as PCS names are, not per stack, so the
+    identity's hash keeps two stacks with the same cluster name apart (as Image Builder's recipe names).
+    The component's name is at most 28 characters (a 24-character cluster name and `-pcs`): 37 in all,
+    within the 40 the schema's Id pattern allows a name (`[A-Za-z][A-Za-z0-9-]{1,40}`)."""
+    return f"{component}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
 
 
 def cluster_document(name: str, slurm_version: str, size: str, subnet_id: Any, security_group_id: Any,
@@ -281,12 +290,13 @@ class SlurmCluster(pulumi.ComponentResource):
         # SlurmConfiguration type collision (to report there; aws-native 1.84.0).
         # An existing stack's aws-native cluster is replaced by this one (another resource type). That
         # is accepted: accounting cannot be turned on later, and the old resource never deployed (its
-        # preview fails on the keys above). Named: Cloud Control does not generate names as aws-native
-        # did; the component's name is at most 28 characters (24, `-pcs`) and Name is create-only, so
-        # a replacement deletes the old cluster first (its node groups and queues follow).
+        # preview fails on the keys above). Named (pcs_cluster_name): Cloud Control does not generate
+        # names as aws-native did. Name is create-only, so a replacement deletes the old cluster first
+        # (its node groups and queues follow).
+        pcs_name = pcs_cluster_name(name, args["identity"])
         document = pulumi.Output.all(self.cluster_security_group.id, args["subnet_id"]).apply(
             lambda ids: json.dumps(cluster_document(
-                name, args["slurm_version"], args["size"], ids[1], ids[0], args.get("idle_minutes"),
+                pcs_name, args["slurm_version"], args["size"], ids[1], ids[0], args.get("idle_minutes"),
                 args["accounting"], self._tags), sort_keys=True))
         self.cluster = aws.cloudcontrol.Resource(
             name, type_name=PCS_CLUSTER_TYPE, desired_state=document,

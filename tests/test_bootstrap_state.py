@@ -353,7 +353,9 @@ def plans() -> list[Any]:
     # and prod baked, with a warm pool: the Image Builder resources and the build role
     baked = baked_prod()
     baked["gpucluster:node_groups"][1].update({"capacity": {"spot_percent": 0}, "warm_pool": {"min_size": 1}})
-    return [*(shipped_plan(stack) for stack in ("dev", "staging", "prod")), plan_config(baked, "prod")]
+    from test_pcs import slurm_prod  # and a Slurm prod: the PCS cluster (Cloud Control), node groups, queues
+    return [*(shipped_plan(stack) for stack in ("dev", "staging", "prod")), plan_config(baked, "prod"),
+            plan_config(slurm_prod(), "prod")]
 
 
 def test_every_resource_type_the_program_creates_is_granted(plans: list[Any], roles: dict[str, Role]) -> None:
@@ -386,6 +388,15 @@ def test_managed_policies_the_program_attaches_are_the_allowed_ones(plans: list[
     assert set(MANAGED_POLICIES.values()) <= set(bootstrap_state.MANAGED_POLICIES)
 
 
+def granted_context(statement: dict[str, Any]) -> dict[str, str]:
+    """Condition keys a statement requires, each with a value it accepts (the first, wildcards as written)."""
+    context: dict[str, str] = {}
+    for operator in ("StringEquals", "StringLike", "ArnLike", "ArnEquals"):
+        for key, value in statement.get("Condition", {}).get(operator, {}).items():
+            context[key] = value[0] if isinstance(value, list) else value
+    return context
+
+
 def test_the_workload_boundary_keeps_what_the_program_s_roles_are_granted(plans: list[Any],
                                                                           made: Any) -> None:
     """Every action of the program's inline policies and attached managed policies, on its own
@@ -405,7 +416,9 @@ def test_the_workload_boundary_keeps_what_the_program_s_roles_are_granted(plans:
             for action in statement["Action"] if isinstance(statement["Action"],
                                                             list) else [statement["Action"]]:
                 for resource in resources if isinstance(resources, list) else [resources]:
-                    context = {"ssm:resourceTag/gpucluster:stack": "prod"}
+                    # The request as the grant allows it: the values its own conditions ask for (e.g. a
+                    # PassRole only to PCS carries iam:PassedToService), beside the stack's tag.
+                    context = {"ssm:resourceTag/gpucluster:stack": "prod", **granted_context(statement)}
                     everything = {"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
                     assert allowed([everything], boundary, action, resource, **context), (action, resource)
                     checked += 1
@@ -803,9 +816,13 @@ def test_what_the_role_creates_only_with_the_stack_tag_is_planned_with_it() -> N
         "prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST},
         "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"]}}
     plan = plan_config(config, stack="prod")
-    tagged = ("aws:amp/workspace:Workspace", "aws:grafana/workspace:Workspace", "aws-native:pcs:Cluster",
+    tagged = ("aws:amp/workspace:Workspace", "aws:grafana/workspace:Workspace",
               "aws-native:pcs:ComputeNodeGroup", "aws-native:pcs:Queue")
     for token in tagged:
         assert plan.of_type(token), token
         for r in plan.of_type(token):
             assert r.inputs["tags"][bootstrap_state.STACK_TAG] == plan.spec.identity, r.name
+    # The cluster: a Cloud Control resource whose CloudFormation document carries the tags (a map).
+    [cluster] = plan.of_type("aws:cloudcontrol/resource:Resource")
+    assert cluster.inputs["typeName"] == "AWS::PCS::Cluster"
+    assert json.loads(cluster.inputs["desiredState"])["Tags"][bootstrap_state.STACK_TAG] == plan.spec.identity

@@ -14,6 +14,7 @@ import email
 import gzip
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,15 +32,18 @@ from gpucluster.aws.pcs import (
     SLURMDBD_PORT,
     SRUN_PORTS,
     cluster_slurm_configuration,
+    pcs_cluster_name,
     slurm_rules,
 )
 from gpucluster.cli import app
 from gpucluster.node.multipart import (
-    BASE64_LINE,
+    BOUNDARY,
+    PAYLOAD_END,
     PCS_USER_DATA_BYTES,
     encode_multipart_user_data,
     multipart_document,
     multipart_size,
+    self_extracting,
 )
 from gpucluster.noderole import PCS_REGISTER_ACTION, health_policy_document
 from gpucluster.plan import Plan, PlannedResource
@@ -48,7 +52,7 @@ from gpucluster.spec import SpecError
 
 REPO = Path(__file__).resolve().parent.parent
 AMI = "ami-0123456789abcdef0"
-CLUSTER = "aws-native:pcs:Cluster"
+CLOUD_CONTROL = "aws:cloudcontrol/resource:Resource"
 NODE_GROUP = "aws-native:pcs:ComputeNodeGroup"
 QUEUE = "aws-native:pcs:Queue"
 TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -71,6 +75,12 @@ def plan() -> Plan:
     return plan_config(slurm_prod(), stack="prod")
 
 
+def cluster_of(plan: Plan) -> tuple[PlannedResource, dict[str, Any]]:
+    """The one AWS::PCS::Cluster and the document Cloud Control is given."""
+    [cluster] = [r for r in plan.of_type(CLOUD_CONTROL) if r.inputs["typeName"] == "AWS::PCS::Cluster"]
+    return cluster, json.loads(cluster.inputs["desiredState"])
+
+
 def one(plan: Plan, typ: str, name: str) -> PlannedResource:
     [found] = [r for r in plan.of_type(typ) if r.name == name]
     return found
@@ -88,9 +98,27 @@ def decode_user_data(encoded: str) -> email.message.Message:
 
 
 def script_of(message: email.message.Message) -> str:
+    """The bootstrap the document's one part carries: read out of the self-extracting wrapper as bash
+    would (the quoted here-document between the markers, base64, gunzip)."""
     [part] = [p for p in message.walk() if not p.is_multipart()]
-    assert part.get_content_type() == "application/x-gzip"
-    return gzip.decompress(part.get_payload(decode=True)).decode()
+    assert part.get_content_type() == "text/x-shellscript"  # a type the PCS guide documents; no gzip part
+    wrapper: str = part.get_payload(decode=True).decode()
+    assert wrapper.startswith("#!/bin/bash\n") and wrapper.endswith('exec bash "$bootstrap"\n')
+    lines = wrapper.splitlines()
+    opening = f"<<'{PAYLOAD_END}' | gunzip > \"$bootstrap\""
+    start = lines.index(next(line for line in lines if line.endswith(opening)))
+    payload = "".join(lines[start + 1:lines.index(PAYLOAD_END)])
+    return gzip.decompress(base64.b64decode(payload)).decode()
+
+
+def test_the_self_extracting_part_runs_the_bootstrap_with_its_exit_status(tmp_path: Path) -> None:
+    """The wrapper under bash: the carried script runs (from a file it writes), its output and status are
+    the script's. /run is swapped for a temporary folder (mktemp's template) so nothing outside is touched."""
+    script = "#!/bin/bash\necho \"bootstrap ran: $0\"\nexit 3\n"
+    wrapper = self_extracting(script).replace("/run/gpucluster-bootstrap", f"{tmp_path}/gpucluster-bootstrap")
+    ran = subprocess.run(["bash", "-c", wrapper], capture_output=True, text=True, check=False)
+    assert ran.returncode == 3, ran.stderr
+    assert ran.stdout.startswith(f"bootstrap ran: {tmp_path}/gpucluster-bootstrap.")
 
 
 # ------------------------------------------------------------------------------ pure parts
@@ -112,11 +140,11 @@ def test_slurm_rules_open_only_slurms_ports_between_the_controller_and_the_nodes
     assert len(without) == 10 and SLURMDBD_PORT not in {r.from_port for r in without}
 
 
-def test_cluster_slurm_configuration_names_the_engines_keys() -> None:
+def test_cluster_slurm_configuration_names_cloudformations_keys() -> None:
     assert cluster_slurm_configuration(120, True) == {
-        "accounting": {"mode": "STANDARD"}, "scaleDownIdleTimeInSeconds": 7200}
+        "Accounting": {"Mode": "STANDARD"}, "ScaleDownIdleTimeInSeconds": 7200}
     # No autostop: PCS's own idle time (no key at all); accounting off is said, not left out.
-    assert cluster_slurm_configuration(None, False) == {"accounting": {"mode": "NONE"}}
+    assert cluster_slurm_configuration(None, False) == {"Accounting": {"Mode": "NONE"}}
 
 
 @pytest.mark.parametrize(("market", "spot", "option"), [
@@ -125,12 +153,13 @@ def test_purchase_option(market: str, spot: float, option: str) -> None:
     assert pcs_purchase_option(market, spot) == option
 
 
-@pytest.mark.parametrize("script", ["#!/bin/bash\necho hi\n", "#!/bin/bash\n" + "x" * 40_000,
-                                    "".join(chr(32 + i % 90) for i in range(30_000))])
+@pytest.mark.parametrize("script", ["#!/bin/bash\necho hi\n", "#!/bin/bash\n" + "x" * 14_000 + "\n",
+                                    "".join(chr(32 + i % 90) for i in range(14_000)) + "\n"])
 def test_multipart_document_is_mime_cloud_init_reads_and_its_size_is_known_in_advance(script: str) -> None:
     document = multipart_document(script)
-    assert len(document.encode()) == multipart_size(len(gzip.compress(script.encode(), mtime=0)))
-    assert all(len(line) <= BASE64_LINE for line in document.splitlines())
+    assert len(document.encode()) == multipart_size(script)
+    # The PCS guide's shape: a text/x-shellscript part, a blank line before the closing boundary.
+    assert document.endswith(f"\n\n--{BOUNDARY}--\n") and "application/x-gzip" not in document
     assert script_of(email.message_from_string(document)) == script
     assert multipart_document(script) == document  # the same bytes every time
     encoded = encode_multipart_user_data(script, 16384)
@@ -141,6 +170,16 @@ def test_multipart_user_data_past_the_limit_is_refused() -> None:
     big = "".join(hashlib.sha256(str(i).encode()).hexdigest() for i in range(1500))  # gzips to half
     with pytest.raises(ValueError, match="MIME multi-part"):
         encode_multipart_user_data(big, 16384 - PCS_USER_DATA_BYTES)
+    # Carried gzipped: a script over the limit as text fits when it compresses (as the Auto Scaling path's).
+    fits_gzipped = "#!/bin/bash\n" + "echo 0123456789\n" * 1000
+    assert len(fits_gzipped) > 16384 - PCS_USER_DATA_BYTES > multipart_size(fits_gzipped)
+    encoded = encode_multipart_user_data(fits_gzipped, 16384 - PCS_USER_DATA_BYTES)
+    assert script_of(decode_user_data(encoded)) == fits_gzipped
+
+
+def test_a_script_holding_the_boundary_is_refused() -> None:
+    with pytest.raises(ValueError, match="MIME boundary"):
+        multipart_document(f"#!/bin/bash\necho '--{BOUNDARY}'\n")
 
 
 def test_health_policy_without_an_auto_scaling_group_names_no_group() -> None:
@@ -194,18 +233,20 @@ def test_prod_with_health_checks_fits_as_a_mime_document() -> None:
 
 
 def test_one_pcs_cluster_with_the_scheduler_section(plan: Plan) -> None:
-    [cluster] = plan.of_type(CLUSTER)
-    inputs = cluster.inputs
-    assert inputs["scheduler"] == {"type": "SLURM", "version": "25.05"}
-    assert inputs["size"] == "SMALL"
-    assert inputs["slurmConfiguration"] == {"accounting": {"mode": "STANDARD"},
-                                            "scaleDownIdleTimeInSeconds": 7200}  # prod: idle_minutes 120
+    cluster, inputs = cluster_of(plan)
+    assert cluster.name == "gpu-prod-pcs"  # the logical name, as the aws-native cluster had
+    assert inputs["Scheduler"] == {"Type": "SLURM", "Version": "25.05"}
+    assert inputs["Size"] == "SMALL"
+    assert inputs["SlurmConfiguration"] == {"Accounting": {"Mode": "STANDARD"},
+                                            "ScaleDownIdleTimeInSeconds": 7200}  # prod: idle_minutes 120
     controller = one(plan, "aws:ec2/securityGroup:SecurityGroup", "gpu-prod-pcs-controller")
     subnet = one(plan, "aws:ec2/subnet:Subnet", "gpu-prod-network-private-us-east-1d")
-    assert inputs["networking"] == {"networkType": "IPV4", "securityGroupIds": [mock_id(controller)],
-                                    "subnetIds": [mock_id(subnet)]}
-    assert inputs["tags"]["gpucluster:stack"] == plan.spec.identity
-    assert inputs["tags"]["owner"] == "ml-training"
+    assert inputs["Networking"] == {"NetworkType": "IPV4", "SecurityGroupIds": [mock_id(controller)],
+                                    "SubnetIds": [mock_id(subnet)]}
+    assert inputs["Tags"]["gpucluster:stack"] == plan.spec.identity
+    assert inputs["Tags"]["owner"] == "ml-training"
+    assert inputs["Name"] == pcs_cluster_name("gpu-prod-pcs", plan.spec.identity)
+    assert re.fullmatch(r"gpu-prod-pcs-[0-9a-f]{8}", inputs["Name"])  # two stacks named alike stay apart
     assert plan.outputs["pcs_cluster_id"].startswith("pcs_")
 
 
@@ -331,7 +372,7 @@ def test_the_slurm_security_group_rules(plan: Plan) -> None:
 
 
 def test_the_cluster_waits_for_its_rules(plan: Plan) -> None:
-    [cluster] = plan.of_type(CLUSTER)
+    cluster, _ = cluster_of(plan)
     rules = {r.urn for r in [*plan.of_type(INGRESS), *plan.of_type(EGRESS)]
              if r.name.startswith("gpu-prod-pcs-") and "-login-" not in r.name}
     assert len(rules) == 12 and rules <= set(cluster.dependency_urns)
@@ -348,9 +389,9 @@ def test_accounting_off_and_autostop_off() -> None:
     config["gpucluster:scheduler"] |= {"accounting": False, "size": "medium", "slurm_version": "24.11",
                                        "login": {"count": 2}}
     result = plan_config(config)
-    [cluster] = result.of_type(CLUSTER)
-    assert cluster.inputs["slurmConfiguration"] == {"accounting": {"mode": "NONE"}}
-    assert (cluster.inputs["size"], cluster.inputs["scheduler"]["version"]) == ("MEDIUM", "24.11")
+    _, document = cluster_of(result)
+    assert document["SlurmConfiguration"] == {"Accounting": {"Mode": "NONE"}}
+    assert (document["Size"], document["Scheduler"]["Version"]) == ("MEDIUM", "24.11")
     login = next(r for r in result.of_type(NODE_GROUP) if r.inputs["name"] == "login")
     assert login.inputs["scalingConfiguration"] == {"minInstanceCount": 2, "maxInstanceCount": 2}
     assert login.inputs["instanceConfigs"] == [{"instanceType": "m7i.large"}]
@@ -360,7 +401,7 @@ def test_accounting_off_and_autostop_off() -> None:
     [gpu] = [r for r in result.of_type(NODE_GROUP) if r.inputs["name"] == "gpu"]
     # base: two zones, the group in both; the controller in the first.
     assert len(gpu.inputs["subnetIds"]) == 2
-    assert len(cluster.inputs["networking"]["subnetIds"]) == 1
+    assert len(document["Networking"]["SubnetIds"]) == 1
 
 
 def test_a_capacity_block_group_launches_into_its_block() -> None:
@@ -423,7 +464,7 @@ def test_gpucluster_plan_prints_the_pcs_resources_and_no_policy_violation(write_
     assert "policies: no violations" in out
     assert ("slurm: AWS PCS cluster, Slurm 25.05, small, accounting on; queues eval, h100-train; login 1 x "
             "m7i.large (no queue)") in " ".join(out.split())
-    for line in ("pcs.Cluster  gpu-prod-pcs", "pcs.ComputeNodeGroup  gpu-prod-pcs-h100-train",
+    for line in ("cloudcontrol.Resource  gpu-prod-pcs", "pcs.ComputeNodeGroup  gpu-prod-pcs-h100-train",
                  "pcs.ComputeNodeGroup  gpu-prod-pcs-login", "pcs.Queue  gpu-prod-pcs-eval-queue"):
         assert line in out
     assert "autoscaling.Group" not in out

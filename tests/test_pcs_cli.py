@@ -77,3 +77,29 @@ def test_a_slurm_stack_not_deployed_says_so_in_one_line(command: list[str], writ
     assert line == (f"{command[0]}: no AWS PCS cluster in us-east-1 is tagged {STACK_TAG}={identity}: "
                     "deploy the stack first (`pulumi up`)")
     stub.assert_no_pending_responses()
+
+
+def test_stop_says_what_a_stopped_slurm_stack_still_costs(write_stack: Any) -> None:
+    """The PCS controller, accounting and the login nodes run through any stop: `stop` says so with the
+    cost model's figures (pricing.stopped_slurm_costs); a type-none stack's plan says nothing of it."""
+    from gpucluster.cli.fleet import nothing_to_stop_lines, still_billed_lines, stop_plan_lines
+    from gpucluster.ops.stopstart import StopPlan
+    from gpucluster.pricing import stopped_slurm_costs
+
+    spec = load_stack(str(write_stack(slurm_config(), "slurmy")))[2]
+    costs = stopped_slurm_costs(spec)
+    assert [c.name for c in costs] == ["AWS PCS Slurm controller (small)", "AWS PCS node management",
+                                       "AWS PCS Slurm accounting", "AWS PCS login nodes"]
+    # Node management of the login nodes only: the compute groups are stopped.
+    assert costs[1].desired_usd_per_month == costs[1].max_usd_per_month == pytest.approx(730 * 0.0285)
+    text = " ".join(" ".join(still_billed_lines(spec)).split())
+    total = sum(c.desired_usd_per_month for c in costs)
+    assert text.startswith(f"still billed while stopped: about ${total:,.0f} a month (Slurm controller "
+                           "(small) $416, node management $21, Slurm accounting $36, login nodes $74;")
+    plan = StopPlan(fleet=None, group=None, candidates=[])  # type: ignore[arg-type]
+    assert " ".join(still_billed_lines(spec)) in " ".join(stop_plan_lines(spec, plan))
+    assert " ".join(still_billed_lines(spec)) in " ".join(nothing_to_stop_lines(spec, plan))
+    plain = load_stack(str(write_stack({k: v for k, v in slurm_config().items()
+                                        if k != "gpucluster:scheduler"}, "plain")))[2]
+    assert still_billed_lines(plain) == [] and stopped_slurm_costs(plain) == []
+    assert not any("still billed" in line for line in stop_plan_lines(plain, plan))

@@ -4,7 +4,6 @@ Capacity Block group no larger than its block."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import subprocess
@@ -21,7 +20,9 @@ from typer.testing import CliRunner
 from base_config import base
 from fake_node import logged_calls, write_stubs
 from gpucluster.aws.children import images_args
+from gpucluster.catalog import PcsInstallerKey, pcs_installer_key
 from gpucluster.cli import app
+from gpucluster.ledger import load_ledger
 from gpucluster.node.bake import BakeSettings, component_document, pcs_install_commands
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import SpecError
@@ -105,7 +106,9 @@ def test_a_slurm_recipe_installs_and_validates_the_pcs_agent_and_slurm() -> None
     install = found["build"]["InstallAwsPcs"]
     assert "https://aws-pcs-repo-us-west-2.s3.us-west-2.amazonaws.com" in install
     assert "fetch aws-pcs-slurm-25.11-installer-latest.tar.gz aws-pcs-slurm" in install
-    assert "sha256sum -c" in install
+    # AWS publishes a signature beside each installer, no `.sha256`: gpg checks it with the pinned key.
+    assert 'gpg --batch --status-fd 1 --verify "$1.sig" "$1"' in install and ".sha256" not in install
+    assert "aws-pcs-repo-public-keys-us-west-2" in install  # the catalog's key URL, in the stack's region
     check = found["validate"]["CheckBaked"]
     assert "[ -d /opt/aws/pcs/scheduler/slurm-25.11 ] || missing+=(slurm-25.11)" in check
 
@@ -135,6 +138,23 @@ def test_the_image_pipelines_get_the_slurm_version_only_on_a_slurm_stack() -> No
     assert "slurm_version" not in plain
 
 
+def test_the_catalog_pins_the_pcs_key_as_a_required_unverified_entry(tmp_path: Path) -> None:
+    key = pcs_installer_key()
+    assert "Software installers to build custom AMIs for AWS PCS" in key.source
+    assert {e.id: e for e in load_ledger()}["pcs-installer-signing-key"].status == "unverified"
+    assert key.fingerprint is None or len(key.fingerprint) == 40  # null until copied from the guide
+    for text, error in (("status: unverified\nsource: s\npublic_key_url: u\n", "missing fingerprint"),
+                        ("status: unverified\nsource: s\npublic_key_url: u\nfingerprint: ABC\n",
+                         "is not 40 hex digits")):
+        path = tmp_path / f"{len(text)}.yaml"
+        path.write_text(text)
+        with pytest.raises(ValueError, match=error):
+            pcs_installer_key(path)
+    path = tmp_path / "spaced.yaml"
+    path.write_text("status: documented\nsource: s\npublic_key_url: u\nfingerprint: '" + "ab12 " * 10 + "'\n")
+    assert pcs_installer_key(path).fingerprint == "AB12" * 10
+
+
 def test_the_install_commands_pass_shellcheck(tmp_path: Path) -> None:
     path = tmp_path / "install.sh"
     path.write_text(pcs_install_commands("us-east-1", "25.05"))
@@ -154,34 +174,66 @@ def _installer(folder: str, log: Path) -> bytes:
     return out.getvalue()
 
 
-def _run(tmp_path: Path, corrupt: str | None = None) -> tuple[subprocess.CompletedProcess[str], Path]:
+@pytest.fixture(scope="module")
+def signer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A throwaway GPG signing key standing for AWS PCS's: its home and its fingerprint."""
+    home = tmp_path_factory.mktemp("gnupg")
+    home.chmod(0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+    subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "pcs-test@example.invalid",
+                    "ed25519", "sign", "never"], env=env, check=True, capture_output=True, timeout=60)
+    listing = subprocess.run(["gpg", "--batch", "--with-colons", "--list-keys"], env=env, check=True,
+                             capture_output=True, text=True).stdout
+    fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+    return home, fingerprint
+
+
+def _sign(signer: tuple[Path, str], data: bytes, out: Path) -> None:
+    home, _ = signer
+    subprocess.run(["gpg", "--batch", "--yes", "--detach-sign", "-o", str(out), "-"], input=data,
+                   env={**os.environ, "GNUPGHOME": str(home)}, check=True, capture_output=True, timeout=60)
+
+
+def _key(signer: tuple[Path, str], fingerprint: str | None = "signer") -> PcsInstallerKey:
+    return PcsInstallerKey(fingerprint=signer[1] if fingerprint == "signer" else fingerprint,
+                           public_key_url="https://keys-{region}.example/aws-pcs-public-key.pub",
+                           source="test")
+
+
+def _run(tmp_path: Path, signer: tuple[Path, str], corrupt: str | None = None,
+         key: PcsInstallerKey | None = None) -> tuple[subprocess.CompletedProcess[str], Path]:
     """The install commands under bash, with a curl that serves files from a local 'bucket'."""
     bucket, log = tmp_path / "bucket", tmp_path / "calls"
-    bucket.mkdir()
+    bucket.mkdir(exist_ok=True)
     for name, folder in (("aws-pcs-agent-v1-latest.tar.gz", "aws-pcs-agent"),
                          ("aws-pcs-slurm-25.05-installer-latest.tar.gz", "aws-pcs-slurm-25.05-installer")):
         data = _installer(folder, log)
         (bucket / name).write_bytes(data)
-        digest = hashlib.sha256(b"tampered" if name == corrupt else data).hexdigest()
-        (bucket / f"{name}.sha256").write_text(f"{digest}  {name}\n")
+        _sign(signer, b"tampered" if name == corrupt else data, bucket / f"{name}.sig")
+    home, _ = signer
+    (bucket / "aws-pcs-public-key.pub").write_bytes(subprocess.run(
+        ["gpg", "--batch", "--export", signer[1]], env={**os.environ, "GNUPGHOME": str(home)},
+        check=True, capture_output=True).stdout)
     # curl -fsSL --retry 5 -o FILE URL: copy the URL's last part from the bucket, fail as -f does if absent
     write_stubs(tmp_path / "bin", log, {"curl": f'src="{bucket}/${{6##*/}}"; [ -f "$src" ] || exit 22; '
                                                  'cp "$src" "$5"'})
-    done = subprocess.run(["bash", "-c", pcs_install_commands("us-east-1", "25.05")], capture_output=True,
-                          text=True, env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-                                          "TMPDIR": str(tmp_path)}, timeout=60)
+    done = subprocess.run(["bash", "-c", pcs_install_commands("us-east-1", "25.05", key or _key(signer))],
+                          capture_output=True, text=True,
+                          env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "TMPDIR": str(tmp_path),
+                               "HOME": str(tmp_path)}, timeout=60)
     return done, log
 
 
-def test_the_installers_run_after_their_checksums_match(tmp_path: Path) -> None:
-    done, log = _run(tmp_path)
+def test_the_installers_run_after_their_signatures_verify(tmp_path: Path, signer: tuple[Path, str]) -> None:
+    done, log = _run(tmp_path, signer)
     assert done.returncode == 0, done.stdout + done.stderr
     repo = "https://aws-pcs-repo-us-east-1.s3.us-east-1.amazonaws.com"
     assert [c.split()[-1] for c in logged_calls(log, "curl")] == [
+        "https://keys-us-east-1.example/aws-pcs-public-key.pub",
         f"{repo}/aws-pcs-agent/aws-pcs-agent-v1-latest.tar.gz",
-        f"{repo}/aws-pcs-agent/aws-pcs-agent-v1-latest.tar.gz.sha256",
+        f"{repo}/aws-pcs-agent/aws-pcs-agent-v1-latest.tar.gz.sig",
         f"{repo}/aws-pcs-slurm/aws-pcs-slurm-25.05-installer-latest.tar.gz",
-        f"{repo}/aws-pcs-slurm/aws-pcs-slurm-25.05-installer-latest.tar.gz.sha256"]
+        f"{repo}/aws-pcs-slurm/aws-pcs-slurm-25.05-installer-latest.tar.gz.sig"]
     assert logged_calls(log, "aws-pcs-agent") == [""]
     assert logged_calls(log, "aws-pcs-slurm-25.05-installer") == ["-y"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("tmp")] == []  # work dir removed
@@ -189,23 +241,43 @@ def test_the_installers_run_after_their_checksums_match(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("corrupt", ["aws-pcs-agent-v1-latest.tar.gz",
                                      "aws-pcs-slurm-25.05-installer-latest.tar.gz"])
-def test_a_checksum_mismatch_fails_the_build_before_that_installer_runs(tmp_path: Path,
-                                                                         corrupt: str) -> None:
-    done, log = _run(tmp_path, corrupt)
+def test_a_bad_signature_fails_the_build_before_that_installer_runs(tmp_path: Path, signer: tuple[Path, str],
+                                                                    corrupt: str) -> None:
+    done, log = _run(tmp_path, signer, corrupt)
     assert done.returncode != 0
-    assert f"{corrupt}: checksum mismatch" in done.stdout
+    assert done.stdout.splitlines()[-1] == (
+        f"FAILED: {corrupt}: its signature does not verify with the AWS PCS public key {signer[1]}")
     assert logged_calls(log, "aws-pcs-slurm-25.05-installer") == []
     assert logged_calls(log, "aws-pcs-agent") == ([] if "agent" in corrupt else [""])
 
 
-def test_a_missing_installer_fails_the_build(tmp_path: Path) -> None:
-    done, log = _run(tmp_path)
+def test_a_key_that_is_not_the_pinned_one_fails_the_build(tmp_path: Path, signer: tuple[Path, str]) -> None:
+    done, log = _run(tmp_path, signer, key=_key(signer, "0123456789ABCDEF0123456789ABCDEF01234567"))
+    assert done.returncode != 0
+    assert done.stdout.splitlines() == ["FAILED: the AWS PCS public key downloaded is not the catalog's "
+                                        "0123456789ABCDEF0123456789ABCDEF01234567"]
+    assert logged_calls(log, "aws-pcs-agent") == []
+
+
+def test_no_pinned_fingerprint_fails_the_build_in_one_line_before_any_download(
+        tmp_path: Path, signer: tuple[Path, str]) -> None:
+    done, log = _run(tmp_path, signer, key=_key(signer, None))
+    assert done.returncode != 0
+    assert done.stdout.splitlines() == [
+        "FAILED: no AWS PCS public key fingerprint is pinned in gpucluster's catalog (pcs_installers.yaml, "
+        "from the AWS PCS user guide): nothing is installed unchecked"]
+    assert logged_calls(log, "curl") == []
+
+
+def test_a_missing_signature_fails_the_build(tmp_path: Path, signer: tuple[Path, str]) -> None:
+    done, log = _run(tmp_path, signer)
     assert done.returncode == 0
-    (tmp_path / "bucket" / "aws-pcs-agent-v1-latest.tar.gz.sha256").unlink()
+    (tmp_path / "bucket" / "aws-pcs-agent-v1-latest.tar.gz.sig").unlink()
     log.unlink()
-    done = subprocess.run(["bash", "-c", pcs_install_commands("us-east-1", "25.05")], capture_output=True,
-                          text=True, env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-                                          "TMPDIR": str(tmp_path)}, timeout=60)
+    done = subprocess.run(["bash", "-c", pcs_install_commands("us-east-1", "25.05", _key(signer))],
+                          capture_output=True, text=True,
+                          env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "TMPDIR": str(tmp_path),
+                               "HOME": str(tmp_path)}, timeout=60)
     assert done.returncode != 0 and logged_calls(log, "aws-pcs-agent") == []
 
 

@@ -190,6 +190,9 @@ def test_run_refusals_are_one_line_exit_2(aws: dict[str, Any], stack: str) -> No
                  ("scale", stack, "--group", "train", "--desired", "1")):
         result = cli(*args)
         assert result.exit_code == 2 and "runs Slurm" in one_line(result), args
+        # One clean line: the command's name once ("scale: scale: ..." before).
+        assert one_line(result).startswith(f"{args[0]}: stack slurmy runs Slurm: "), one_line(result)
+        assert f"{args[0]}: {args[0]}:" not in result.output
     assert aws["sent"] == []
 
 

@@ -165,6 +165,13 @@ def _provider_computed(typ: str, name: str, inputs: dict[str, Any], region: str)
         return {"prefixListId": "pl-63a5400a"}  # the shape of a real S3 prefix list id
     if typ == "aws:ec2/launchTemplate:LaunchTemplate":
         return {"latestVersion": 1}  # a new template's first version
+    if typ == "aws:cloudcontrol/resource:Resource" and str(inputs.get("typeName")).startswith("AWS::PCS::"):
+        # Cloud Control's id is the type's primary identifier (AWS::PCS::Cluster: its Arn) and `properties`
+        # the whole model, the document and the read-only properties (Id, Arn).
+        kind = str(inputs["typeName"]).rsplit("::", 1)[1]
+        pcs = _provider_computed(f"aws-native:pcs:{kind}", name, inputs, region)
+        model = {**json.loads(inputs.get("desiredState") or "{}"), "Id": pcs["awsId"], "Arn": pcs["arn"]}
+        return {"id": pcs["arn"], "properties": json.dumps(model, sort_keys=True)}
     if typ.startswith("aws-native:pcs:"):
         # AWS PCS ids are `pcs_` and 10 characters (why names may not start with `pcs_`).
         kind = typ.rsplit(":", 1)[1].lower()

@@ -19,7 +19,7 @@ from gpucluster import spec as stack_spec
 from gpucluster.names import name_findings
 from gpucluster.node.bundle import scripts_source
 from gpucluster.node.multipart import PCS_USER_DATA_BYTES, multipart_size
-from gpucluster.node.userdata import MAX_USER_DATA_BYTES, gzipped_size, node_bootstrap
+from gpucluster.node.userdata import MAX_USER_DATA_BYTES, gzipped_size, node_bootstrap, render_user_data
 from gpucluster.noderole import (
     ROLE_INLINE_POLICIES_MAX_CHARS,
     dataset_grants,
@@ -60,14 +60,16 @@ def user_data_size(spec: StackSpec) -> Iterable[Finding]:
         if any(group_node_setup(g, None, "")):
             continue  # its files or setup are reported already (unreadable, ambiguous or too big alone)
         try:
-            size = gzipped_size(node_bootstrap(spec, g, mounts, notify_topic_arn=topic), source)
+            bootstrap = node_bootstrap(spec, g, mounts, notify_topic_arn=topic)
+            if spec.scheduler.slurm:
+                # AWS PCS takes a MIME multi-part document (the script as a text/x-shellscript part, not
+                # gzipped) and adds its own part (PCS_USER_DATA_BYTES; ledger: pcs-user-data-reserve).
+                size = multipart_size(render_user_data(bootstrap, source))
+                form, room = "as a MIME multi-part document", PCS_USER_DATA_BYTES
+            else:
+                size, form, room = gzipped_size(bootstrap, source), "gzipped", 0
         except ValueError:
-            continue  # a value bash cannot hold: reported by its own check
-        if spec.scheduler.slurm:
-            # AWS PCS takes a MIME multi-part document (the script gzipped, base64) and adds its own part.
-            size, form, room = multipart_size(size), "as a MIME multi-part document", PCS_USER_DATA_BYTES
-        else:
-            form, room = "gzipped", 0
+            continue  # a value bash cannot hold (or the MIME boundary): reported by its own check
         if size > limit - room:
             yield Finding(f"node_groups[{i}]", (
                 f"node user data would be {size} bytes {form}, over {limit - room} (EC2's "

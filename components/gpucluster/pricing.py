@@ -633,11 +633,19 @@ def interface_endpoints(spec: StackSpec) -> tuple[str, ...]:
     return SSM_ENDPOINTS + NO_NAT_ENDPOINTS + metrics + ((PCS_ENDPOINT,) if spec.scheduler.slurm else ())
 
 
-def _pcs_costs(spec: StackSpec, groups: Mapping[str, GroupCost],
+def stopped_slurm_costs(spec: StackSpec, path: Path = PCS_PRICES_FILE) -> list[OtherCost]:
+    """What a Slurm stack still costs a month with every compute node group stopped (`stop` says it): the
+    PCS controller and accounting, the login nodes' EC2 hours and their PCS node management, which no stop
+    touches; [] on a type-none stack. PricingError where the region has no PCS prices."""
+    return list(_pcs_costs(spec, None, path))
+
+
+def _pcs_costs(spec: StackSpec, groups: Mapping[str, GroupCost] | None,
                path: Path = PCS_PRICES_FILE) -> Iterable[OtherCost]:
     """AWS PCS fees of a Slurm stack (data/pcs_prices.yaml, ledger: pcs-prices: see its header), each
     its own line: the controller and accounting by cluster size all month, node management per node-hour
-    (compute nodes as their groups run, the login nodes all month) and the login nodes' EC2 hours."""
+    (compute nodes as their groups run, none when `groups` is None: all stopped; the login nodes all
+    month) and the login nodes' EC2 hours."""
     s = spec.scheduler
     if not s.slurm:
         return
@@ -652,11 +660,12 @@ def _pcs_costs(spec: StackSpec, groups: Mapping[str, GroupCost],
     yield OtherCost(f"AWS PCS Slurm controller ({s.size})", "pcs", controller, controller,
                     f"1 cluster x ${hourly}/h ({s.size}), all month", source, as_of)
     fee, login = rates["node_management_usd_per_instance_hour"], s.login
+    compute = spec.node_groups if groups is not None else ()
     node_hours = {at: sum((g.desired_nodes if at == "desired" else g.max_nodes)
-                          * groups[g.name].hours_per_month for g in spec.node_groups)
+                          * groups[g.name].hours_per_month for g in compute if groups is not None)
                   + login.count * HOURS_PER_MONTH for at in AT}
     scheduled_hours = sum(g.desired_nodes * groups[g.name].scheduled_hours_per_month
-                          for g in spec.node_groups)
+                          for g in compute if groups is not None)
     yield OtherCost("AWS PCS node management", "pcs", node_hours["desired"] * fee, node_hours["max"] * fee,
                     f"{node_hours['desired']:,.0f} node-hours at desired ({node_hours['max']:,.0f} at max; "
                     f"{login.count} login node(s) all month) x ${fee}/instance-hour", source, as_of,

@@ -330,18 +330,21 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
         "imagebuilder:TagResource", "imagebuilder:UntagResource", "imagebuilder:ListTagsForResource"],
     "aws:budgets/budget:Budget": ["budgets:ModifyBudget", "budgets:ViewBudget", "budgets:TagResource",
                                   "budgets:UntagResource", "budgets:ListTagsForResource"],
-    # AWS PCS (gpucluster:scheduler type slurm), made by pulumi-aws-native, which goes through the Cloud
-    # Control API (CLOUD_CONTROL: it calls PCS with the caller's own permissions, so it reaches nothing the
-    # role could not). PCS ids are generated, so `deploy_statements` scopes these by the stack tag
-    # (`pcs_statements`). Beyond the pcs: actions, as the issues (33, 34) quote the PCS user guide's "Minimum
-    # permissions for AWS PCS" (ledger: pcs-create-permissions): CreateCluster makes the
+    # AWS PCS (gpucluster:scheduler type slurm): the cluster as an `AWS::PCS::Cluster` Cloud Control
+    # resource (pulumi-aws's aws:cloudcontrol/resource:Resource, the only Cloud Control resource the program
+    # makes: aws-native's Cluster type lacks the cluster's own Slurm settings, see gpucluster.aws.pcs), its
+    # node groups and queues by pulumi-aws-native; both go through the Cloud Control API (CLOUD_CONTROL: it
+    # calls PCS with the caller's own permissions, so it reaches nothing the role could not). PCS ids are
+    # generated, so `deploy_statements` scopes these by the stack tag (`pcs_statements`). Beyond the pcs:
+    # actions, as the issues (33, 34) quote the PCS user guide's "Minimum permissions for AWS PCS"
+    # (ledger: pcs-create-permissions): CreateCluster makes the
     # controller's network interface, reads the VPC's security groups and keeps the Slurm key in a Secrets
     # Manager secret it creates and rotates (secretsmanager:RotateSecret, scoped like CreateSecret to the
     # `pcs!` secrets); Create/UpdateComputeNodeGroup check the caller may launch (RunInstances, CreateFleet),
     # tag at launch (TagInstancesOnlyAtLaunch), read the node profile (iam:GetInstanceProfile: the stacks'
     # profiles, aws:iam/instanceProfile) and pass the node role (PassPcsNodeRoles); the EC2 describes are
     # in UNSCOPED_ACTIONS (ec2:Describe*). PCS's service-linked role launches the instances.
-    "aws-native:pcs:Cluster": [
+    "aws:cloudcontrol/resource:Resource": [
         "pcs:CreateCluster", "pcs:GetCluster", "pcs:UpdateCluster", "pcs:DeleteCluster", "pcs:TagResource",
         "pcs:UntagResource", "pcs:ListTagsForResource", "ec2:CreateNetworkInterface",
         "ec2:GetSecurityGroupsForVpc", "secretsmanager:CreateSecret", "secretsmanager:RotateSecret",
@@ -363,7 +366,8 @@ CLOUD_CONTROL = ["cloudformation:CreateResource", "cloudformation:GetResource",
                  "cloudformation:GetResourceRequestStatus", "cloudformation:ListResources"]
 CLOUD_CONTROL_READS = ["cloudformation:GetResource", "cloudformation:ListResources",
                        "cloudformation:GetResourceRequestStatus"]
-for _token in ("aws-native:pcs:Cluster", "aws-native:pcs:ComputeNodeGroup", "aws-native:pcs:Queue"):
+for _token in ("aws:cloudcontrol/resource:Resource", "aws-native:pcs:ComputeNodeGroup",
+               "aws-native:pcs:Queue"):
     DEPLOY_ACTIONS[_token] += CLOUD_CONTROL
 # A PCS resource's ARN carries its generated id, not a name (arn:...:pcs:<region>:<account>:cluster/<id>,
 # its node groups and queues under it), so the stack tag scopes them: a request that creates one must

@@ -10,9 +10,11 @@ launch template of its own, no GPUs, no queue) where users run sbatch/srun/squeu
 It also owns the security group rules Slurm needs between the controller and every Slurm node.
 It never launches nodes itself and never opens anything to outside the stack's Slurm nodes.
 
-pulumi-aws-native is the only provider with PCS resources (pulumi-aws 7 has none); it is imported
-here and nowhere else, and GpuCluster imports this module only on a Slurm stack, so a `type: none`
-stack never loads it (its top-level import costs about 0.1 s).
+pulumi-aws-native is the only provider with PCS resources (pulumi-aws 7 has none) and makes the node
+groups and queues; the cluster itself is an `aws.cloudcontrol.Resource` of CloudFormation's
+AWS::PCS::Cluster (SlurmCluster's constructor says why). pulumi-aws-native is imported here and
+nowhere else, and GpuCluster imports this module only on a Slurm stack, so a `type: none` stack never
+loads it (its top-level import costs about 0.1 s).
 
 Sources: "Security groups in AWS PCS" (https://docs.aws.amazon.com/pcs/latest/userguide/
 working-with_networking_sg.html): the controller's interface and the instances must reach each other,
@@ -27,6 +29,8 @@ CreateQueue): 3-25 characters, a letter first, then letters, digits, '-' and '_'
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
@@ -41,6 +45,7 @@ from gpucluster.node.multipart import PCS_USER_DATA_BYTES, encode_multipart_user
 from gpucluster.node.userdata import MAX_USER_DATA_BYTES
 
 OLD_TYPE = "gpucluster:pcs:SlurmCluster"
+PCS_CLUSTER_TYPE = "AWS::PCS::Cluster"  # the CloudFormation type Cloud Control creates
 SLURMCTLD_PORT = 6817  # "Security groups in AWS PCS"
 SLURMD_PORT = 6818  # "Security groups in AWS PCS"
 SLURMDBD_PORT = 6819  # with accounting (Slurm's default DbdPort; ledger: slurm-dbd-port)
@@ -107,20 +112,49 @@ def slurm_rules(accounting: bool) -> list[SlurmRule]:
 
 
 def cluster_slurm_configuration(idle_minutes: int | None, accounting: bool) -> dict[str, Any]:
-    """The cluster's SlurmConfiguration, as the engine names its keys.
-
-    pulumi-aws-native 1.84's Python SDK gives the cluster's, the compute node groups' and the queues'
-    SlurmConfiguration one class (`pcs.SlurmConfigurationPropertiesArgs`, the queue's: only
-    slurm_custom_settings), so the cluster's own keys (AWS::PCS::Cluster SlurmConfiguration:
-    ScaleDownIdleTimeInSeconds, Accounting.Mode; its `ClusterAccountingMode` enum is in the SDK) are
-    given as the engine names them: the SDK passes keys it does not know unchanged. Without
-    autostop, PCS's own default idle time applies (600 s). Accounting STANDARD or NONE ("Slurm
-    accounting in AWS PCS": it cannot be switched off on an active cluster).
+    """The cluster's SlurmConfiguration as CloudFormation names it (AWS::PCS::Cluster: Accounting.Mode,
+    ScaleDownIdleTimeInSeconds). Without autostop, PCS's own default idle time applies (no key).
+    Accounting STANDARD or NONE, always said: "Slurm accounting in AWS PCS", set at creation only.
     """
-    config: dict[str, Any] = {"accounting": {"mode": "STANDARD" if accounting else "NONE"}}
+    config: dict[str, Any] = {"Accounting": {"Mode": "STANDARD" if accounting else "NONE"}}
     if idle_minutes is not None:
-        config["scaleDownIdleTimeInSeconds"] = idle_minutes * 60
+        config["ScaleDownIdleTimeInSeconds"] = idle_minutes * 60
     return config
+
+
+def pcs_cluster_name(component: str, identity: str) -> str:
+    """The PCS cluster's name: unique per account and region, as PCS names are, not per stack, so the
+    identity's hash keeps two stacks with the same cluster name apart (as Image Builder's recipe names).
+    The component's name is at most 28 characters (a 24-character cluster name and `-pcs`): 37 in all,
+    within the 40 the schema's Id pattern allows a name (`[A-Za-z][A-Za-z0-9-]{1,40}`;
+    ledger: pcs-cluster-name-length)."""
+    return f"{component}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
+
+
+def cluster_document(name: str, slurm_version: str, size: str, subnet_id: Any, security_group_id: Any,
+                     idle_minutes: int | None, accounting: bool, tags: dict[str, Any]) -> dict[str, Any]:
+    """The AWS::PCS::Cluster document Cloud Control is given: property names and shapes as CloudFormation's
+    schema has them (cfn-lint's bundled `AWS::PCS::Cluster`; tests/test_pcs_document.py validates it).
+    Name, Networking and Size are create-only there, and so is what PCS says of accounting.
+    """
+    return {
+        "Name": name,
+        "Scheduler": {"Type": "SLURM", "Version": slurm_version},
+        "Size": size.upper(),
+        "Networking": {"SubnetIds": [subnet_id], "SecurityGroupIds": [security_group_id],
+                       "NetworkType": "IPV4"},
+        "SlurmConfiguration": cluster_slurm_configuration(idle_minutes, accounting),
+        "Tags": tags,  # a map in this schema (patternProperties), not a list of Key/Value
+    }
+
+
+def cluster_attribute(properties: str | None, key: str) -> str:
+    """One read-only attribute (Id, Arn) of the cluster from the model Cloud Control returns (`properties`,
+    a JSON string of the whole AWS::PCS::Cluster model, read-only properties included)."""
+    value = json.loads(properties or "{}").get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"AWS::PCS::Cluster model without {key}: {properties!r}")
+    return value
 
 
 # ------------------------------------------------------------------------------ args
@@ -210,7 +244,8 @@ class SlurmCluster(pulumi.ComponentResource):
     """An AWS PCS cluster, its Slurm security groups, its login group, and a compute node group and queue
     per node group (`add_node_group`, then `finish`).
 
-    Python users also get `cluster` (`aws_native.pcs.Cluster`), `cluster_security_group` and
+    Python users also get `cluster` (`aws.cloudcontrol.Resource` of AWS::PCS::Cluster),
+    `cluster_security_group` and
     `node_security_group` (`aws.ec2.SecurityGroup`: the controller's; every Slurm node's, to put on
     each interface of a node group's launch template), `node_groups` and `queues` (name ->
     `aws_native.pcs.ComputeNodeGroup` / `Queue`), `login_identity`, `login_template`.
@@ -247,22 +282,30 @@ class SlurmCluster(pulumi.ComponentResource):
                 referenced_security_group_id=groups[rule.peer].id, ip_protocol="tcp",
                 from_port=rule.from_port, to_port=rule.to_port, description=rule.why,
                 tags={**self._tags, "Name": f"{label}-slurm-{rule.name}"}, opts=child)
-        idle = args.get("idle_minutes")
-        # Named by pulumi-aws-native from its logical name (`<name>-` and a random suffix), so a replacement
-        # (every SlurmConfiguration change replaces a PCS cluster) never meets the old name: the
-        # component's own name keeps it within PCS's 40 characters for the longest cluster name (24,
-        # `-pcs`, 8; ledger: pcs-cluster-name-length). The ignore: aws-native's SDK types
-        # slurm_configuration without the cluster's own keys (cluster_slurm_configuration says why).
-        self.cluster = aws_native.pcs.Cluster(  # type: ignore[call-overload]
-            name,
-            scheduler={"type": "SLURM", "version": args["slurm_version"]},
-            size=args["size"].upper(),
-            networking={"subnet_ids": [args["subnet_id"]],
-                        "security_group_ids": [self.cluster_security_group.id], "network_type": "IPV4"},
-            slurm_configuration=cluster_slurm_configuration(idle, args["accounting"]),
-            tags=self._tags,
+        # The cluster goes through Cloud Control with CloudFormation's own document, not
+        # aws_native.pcs.Cluster: pulumi-aws-native 1.84.0 names inline objects `<Prop>Properties`, so the
+        # Cluster's, ComputeNodeGroup's and Queue's SlurmConfiguration collide and the Queue's wins
+        # (`pcs.SlurmConfigurationPropertiesArgs`: only slurm_custom_settings). Its Check rejects
+        # Accounting and ScaleDownIdleTimeInSeconds, and unchecked would drop them: accounting could
+        # never be turned on (it is set at creation only). Upstream: pulumi/pulumi-aws-native, the PCS
+        # SlurmConfiguration type collision (to report there; aws-native 1.84.0).
+        # An existing stack's aws-native cluster is replaced by this one (another resource type). That
+        # is accepted: accounting cannot be turned on later, and the old resource never deployed (its
+        # preview fails on the keys above). Named (pcs_cluster_name): Cloud Control does not generate
+        # names as aws-native did. Name is create-only, so a replacement deletes the old cluster first
+        # (its node groups and queues follow).
+        pcs_name = pcs_cluster_name(name, args["identity"])
+        document = pulumi.Output.all(self.cluster_security_group.id, args["subnet_id"]).apply(
+            lambda ids: json.dumps(cluster_document(
+                pcs_name, args["slurm_version"], args["size"], ids[1], ids[0], args.get("idle_minutes"),
+                args["accounting"], self._tags), sort_keys=True))
+        self.cluster = aws.cloudcontrol.Resource(
+            name, type_name=PCS_CLUSTER_TYPE, desired_state=document,
             # The controller must reach the nodes as soon as it exists.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.rules.values())))
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self.rules.values()),
+                                        delete_before_replace=True))
+        self.cluster_id = self.cluster.properties.apply(lambda p: cluster_attribute(p, "Id"))
+        self.cluster_arn = self.cluster.properties.apply(lambda p: cluster_attribute(p, "Arn"))
         self.node_groups: dict[str, aws_native.pcs.ComputeNodeGroup] = {}
         self.queues: dict[str, aws_native.pcs.Queue] = {}
         self._login()
@@ -321,22 +364,29 @@ class SlurmCluster(pulumi.ComponentResource):
         queue. Names are fixed (the group's): a replacement deletes the old one first."""
         name, gname = self._name, group["name"]
         tags = {**self._tags, NODE_GROUP_TAG: gname}
-        spot: aws_native.pcs.SpotOptionsPropertiesArgsDict | None = (
-            {"allocation_strategy": aws_native.pcs.ComputeNodeGroupSpotOptionsPropertiesAllocationStrategy(
-                group["spot_allocation_strategy"])}
-            if group["purchase_option"] == "SPOT" and "spot_allocation_strategy" in group else None)
+        pcs = aws_native.pcs
+        spot = (pcs.SpotOptionsPropertiesArgs(allocation_strategy=(
+                    pcs.ComputeNodeGroupSpotOptionsPropertiesAllocationStrategy(
+                        group["spot_allocation_strategy"])))
+                if group["purchase_option"] == "SPOT" and "spot_allocation_strategy" in group else None)
         # The template's latest version is unknown until it exists (None in a preview): passed on as such.
         version: pulumi.Output[str] = pulumi.Output.from_input(group["launch_template_version"]).apply(
             lambda v: str(int(v)) if v is not None else None)  # type: ignore[arg-type, return-value]
-        node_group = self.node_groups[gname] = aws_native.pcs.ComputeNodeGroup(
-            f"{name}-{gname}", name=gname, cluster_id=self.cluster.aws_id,
-            custom_launch_template={"template_id": group["launch_template_id"], "version": version},
+        # The SDK's typed Args: Python itself refuses a key the provider would not know. The node group's
+        # own SlurmConfiguration (ScaleDownIdleTimeInSeconds...) is typed as the Queue's in
+        # pulumi-aws-native 1.84.0 (the collision the cluster's comment names); none is set here: the
+        # cluster's idle time applies to every group.
+        node_group = self.node_groups[gname] = pcs.ComputeNodeGroup(
+            f"{name}-{gname}", name=gname, cluster_id=self.cluster_id,
+            custom_launch_template=pcs.CustomLaunchTemplatePropertiesArgs(
+                template_id=group["launch_template_id"], version=version),
             iam_instance_profile_arn=group["instance_profile_arn"],
-            instance_configs=[{"instance_type": t} for t in group["instance_types"]],
-            scaling_configuration={"min_instance_count": group["min_nodes"],
-                                   "max_instance_count": group["max_nodes"]},
+            instance_configs=[pcs.ComputeNodeGroupInstanceConfigArgs(instance_type=t)
+                              for t in group["instance_types"]],
+            scaling_configuration=pcs.ScalingConfigurationPropertiesArgs(
+                min_instance_count=group["min_nodes"], max_instance_count=group["max_nodes"]),
             subnet_ids=group["subnet_ids"],
-            purchase_option=aws_native.pcs.ComputeNodeGroupPurchaseOption(group["purchase_option"]),
+            purchase_option=pcs.ComputeNodeGroupPurchaseOption(group["purchase_option"]),
             ami_id=group.get("ami_id"), spot_options=spot,
             tags=tags, opts=pulumi.ResourceOptions(
                 parent=self, delete_before_replace=True,
@@ -346,16 +396,15 @@ class SlurmCluster(pulumi.ComponentResource):
                 # stopped. The login group keeps its count from the stack file.
                 ignore_changes=["scalingConfiguration"] if queue else []))
         if queue:
-            self.queues[gname] = aws_native.pcs.Queue(
-                f"{name}-{gname}-queue", name=gname, cluster_id=self.cluster.aws_id,
-                compute_node_group_configurations=[{"compute_node_group_id": node_group.aws_id}],
+            self.queues[gname] = pcs.Queue(
+                f"{name}-{gname}-queue", name=gname, cluster_id=self.cluster_id,
+                compute_node_group_configurations=[pcs.QueueComputeNodeGroupConfigurationArgs(
+                    compute_node_group_id=node_group.aws_id)],
                 tags=tags, opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True))
         return node_group
 
     def finish(self) -> None:
         """Every group is in: the outputs."""
-        self.cluster_id = self.cluster.aws_id
-        self.cluster_arn = self.cluster.arn
         # from_input resolves the Outputs inside the dict; its annotation takes a plain Input[T] only.
         self.node_group_ids = pulumi.Output.from_input(
             {g: n.aws_id for g, n in self.node_groups.items()})  # type: ignore[misc]

@@ -539,7 +539,24 @@ def nothing_to_stop_lines(spec: StackSpec, plan: StopPlan) -> list[str]:
         out.append(f"  {c.group}: {why}")
     if not plan.candidates:
         out.append(f"  no Auto Scaling group is tagged gpucluster:stack={spec.identity}")
-    return out
+    return [*out, *still_billed_lines(spec)]
+
+
+def still_billed_lines(spec: StackSpec) -> list[str]:
+    """On a Slurm stack, what no stop touches and what it costs a month (pricing.stopped_slurm_costs: the
+    AWS PCS figures are unverified, as `gpucluster cost` says; ledger: pcs-prices); nothing on a type-none
+    stack."""
+    try:
+        costs = pricing.stopped_slurm_costs(spec)
+    except pricing.PricingError as err:
+        return [f"still billed while stopped: the AWS PCS controller, accounting and login nodes ({err})"]
+    if not costs:
+        return []
+    total = sum(c.desired_usd_per_month for c in costs)
+    parts = ", ".join(f"{c.name.removeprefix('AWS PCS ')} ${c.desired_usd_per_month:,.0f}" for c in costs)
+    caveat = "AWS PCS prices unverified, see `gpucluster cost`"  # ledger: pcs-prices
+    return render.wrap(f"still billed while stopped: about ${total:,.0f} a month ({parts}; {caveat}): the "
+                       "cluster and its login nodes run until the stack is destroyed", hang="  ")
 
 
 def stop_plan_lines(spec: StackSpec, plan: StopPlan) -> list[str]:
@@ -551,7 +568,8 @@ def stop_plan_lines(spec: StackSpec, plan: StopPlan) -> list[str]:
                           [[c.group, c.node_group, str(c.desired_now), str(c.in_service)] for c in running]),
             f"pre-stop hook first: {hook} (waits at most {spec.autostop.pre_stop_timeout_seconds} s)"
             if hook else "no pre-stop hook (autostop.pre_stop_command): running jobs stop as they are",
-            "instance-store scratch is erased; S3 and FSx data are untouched"]
+            "instance-store scratch is erased; S3 and FSx data are untouched",
+            *still_billed_lines(spec)]
 
 
 def stopped_lines(outcome: StopOutcome) -> list[str]:

@@ -302,11 +302,14 @@ def plan_lines(result: Plan, cost: StackCost | str, violations: list[Violation],
 def slurm_lines(result: Plan) -> list[str]:
     """A Slurm stack's AWS PCS cluster as planned: the Slurm version, size and accounting, the queues
     (one per node group, each its partition) and the login group; nothing on a `type: none` stack."""
-    clusters = result.of_type("aws-native:pcs:Cluster")
+    # The cluster is a Cloud Control resource: its AWS::PCS::Cluster document, CloudFormation's names.
+    clusters = [json.loads(r.inputs.get("desiredState") or "{}")
+                for r in result.of_type("aws:cloudcontrol/resource:Resource")
+                if r.inputs.get("typeName") == "AWS::PCS::Cluster"]
     if not clusters:
         return []
-    inputs = clusters[0].inputs
-    accounting = inputs.get("slurmConfiguration", {}).get("accounting", {}).get("mode") == "STANDARD"
+    document = clusters[0]
+    accounting = document.get("SlurmConfiguration", {}).get("Accounting", {}).get("Mode") == "STANDARD"
     queues = sorted(q.inputs.get("name", q.name) for q in result.of_type("aws-native:pcs:Queue"))
     queued = set(queues)
     others = [g.inputs for g in result.of_type("aws-native:pcs:ComputeNodeGroup")
@@ -314,8 +317,8 @@ def slurm_lines(result: Plan) -> list[str]:
     login = ", ".join(f"{g.get('name')} {g.get('scalingConfiguration', {}).get('minInstanceCount', 0):g} x "
                       f"{'/'.join(c.get('instanceType', '?') for c in g.get('instanceConfigs', []))}"
                       for g in others)
-    return wrap(f"slurm: AWS PCS cluster, Slurm {inputs.get('scheduler', {}).get('version')}, "
-                f"{str(inputs.get('size', '')).lower()}, accounting {'on' if accounting else 'off'}; "
+    return wrap(f"slurm: AWS PCS cluster, Slurm {document.get('Scheduler', {}).get('Version')}, "
+                f"{str(document.get('Size', '')).lower()}, accounting {'on' if accounting else 'off'}; "
                 f"queues {', '.join(queues) or 'none'}; {login or 'no login group'} (no queue)")
 
 

@@ -3,7 +3,8 @@
 It owns the build-once half of a node's boot: disable the AMI's first-boot package updates, install
 the CloudWatch agent, the Lustre client for the AMI's kernel and Mountpoint for S3 (through the same
 pinned, signature-checked `gpucluster-install` the unbaked path runs at boot), DCGM, check the EFA
-software, pull the group's container image and, on a Slurm stack, install AWS's PCS agent and Slurm;
+software, pull the group's container image and, on a Slurm stack, install AWS's PCS agent and Slurm
+(each verified with its GPG signature and the AWS PCS public key the catalog pins);
 then validate that all of it is there, and, on an
 instance launched from the new image, test the GPUs and record their count, the driver and the CUDA
 version in the image's tags (what `gpucluster image build` and `plan` show). Pure: no Pulumi import
@@ -18,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from gpucluster.catalog import PcsInstallerKey, pcs_installer_key
 from gpucluster.node.userdata import script
 
 # EC2 Image Builder user guide, "Use the component document framework": CreateComponent's `data`
@@ -63,30 +65,47 @@ class BakeSettings:
 # AWS PCS agent and AWS's Slurm build (installed under /opt/aws/pcs/scheduler/slurm-<version>, the
 # documented path). FROM MEMORY (ledger: pcs-installer-location), not re-checked: the per-region bucket
 # aws-pcs-repo-<region>.s3.<region>.amazonaws.com, the object names aws-pcs-agent/aws-pcs-agent-v1-latest
-# .tar.gz and aws-pcs-slurm/aws-pcs-slurm-<version>-installer-latest.tar.gz, each with its SHA-256 beside
-# it as <name>.sha256, the directories they unpack to and `installer.sh` (`-y` for Slurm's). A wrong name
-# fails the build (curl -f), never installs something unchecked.
+# .tar.gz and aws-pcs-slurm/aws-pcs-slurm-<version>-installer-latest.tar.gz, the directories they unpack
+# to and `installer.sh` (`-y` for Slurm's). AWS publishes no `<name>.sha256` beside them: each is checked
+# with its detached signature `<name>.sig` and the AWS PCS public key, whose fingerprint the catalog pins
+# (catalog/data/pcs_installers.yaml; ledger: pcs-installer-signing-key): while it is null every bake
+# stops there with one FAILED line. A wrong name fails the build (curl -f), never installs anything
+# unchecked.
 PCS_REPO = "https://aws-pcs-repo-{region}.s3.{region}.amazonaws.com"
 PCS_SLURM_ROOT = "/opt/aws/pcs/scheduler/slurm-{version}"
 
 
-def pcs_install_commands(region: str, slurm_version: str) -> str:
-    """Download the PCS agent and Slurm installers, check each against its published SHA-256, install."""
-    repo = PCS_REPO.format(region=region)
+def pcs_install_commands(region: str, slurm_version: str, key: PcsInstallerKey | None = None) -> str:
+    """Download the PCS agent and Slurm installers, verify each one's signature with the AWS PCS public key
+    whose fingerprint the catalog pins, install them without a prompt. `key`: the catalog's by default."""
+    key = key or pcs_installer_key()
+    repo, key_url = PCS_REPO.format(region=region), key.public_key_url.format(region=region)
     return (
-        "set -euo pipefail\n"
-        f"repo='{repo}'\nwork=$(mktemp -d)\ncd \"$work\"\n"
-        "fetch() {  # $1: object name, $2: its folder; nothing unpacks before its checksum matches\n"
+        "set -euo pipefail\nexport DEBIAN_FRONTEND=noninteractive\n"
+        "fail() { echo \"FAILED: $*\"; exit 1; }\n"
+        f"repo='{repo}'\nfpr='{key.fingerprint or ''}'\n"
+        "[[ $fpr =~ ^[0-9A-F]{40}$ ]] || fail \"no AWS PCS public key fingerprint is pinned in gpucluster's "
+        "catalog (pcs_installers.yaml, from the AWS PCS user guide): nothing is installed unchecked\"\n"
+        "work=$(mktemp -d)\ncd \"$work\"\n"
+        "export GNUPGHOME=\"$work/gnupg\"\ninstall -d -m 0700 \"$GNUPGHOME\"\n"
+        f"curl -fsSL --retry 5 -o aws-pcs-public-key.pub '{key_url}'\n"
+        "gpg --batch --quiet --import aws-pcs-public-key.pub 2>/dev/null"
+        " || fail \"no key in the AWS PCS public key file\"\n"
+        "gpg --batch --with-colons --list-keys \"$fpr\" >/dev/null 2>&1"
+        " || fail \"the AWS PCS public key downloaded is not the catalog's $fpr\"\n"
+        "fetch() {  # $1: object name, $2: its folder; nothing unpacks before its signature verifies\n"
         "  curl -fsSL --retry 5 -o \"$1\" \"$repo/$2/$1\"\n"
-        "  curl -fsSL --retry 5 -o \"$1.sha256\" \"$repo/$2/$1.sha256\"\n"
-        "  sum=$(awk 'NR==1 {print $1}' \"$1.sha256\")\n"
-        "  [[ $sum =~ ^[0-9a-f]{64}$ ]] || { echo \"no SHA-256 in $1.sha256\"; exit 1; }\n"
-        "  echo \"$sum  $1\" | sha256sum -c --quiet - || { echo \"$1: checksum mismatch\"; exit 1; }\n"
+        "  curl -fsSL --retry 5 -o \"$1.sig\" \"$repo/$2/$1.sig\"\n"
+        "  local status\n"
+        "  status=$(gpg --batch --status-fd 1 --verify \"$1.sig\" \"$1\" 2>/dev/null) || status=''\n"
+        "  grep -q \"^\\[GNUPG:\\] VALIDSIG .* $fpr\\$\" <<<\"$status\""
+        " || fail \"$1: its signature does not verify with the AWS PCS public key $fpr\"\n"
         "  tar -xzf \"$1\"\n}\n"
         "fetch aws-pcs-agent-v1-latest.tar.gz aws-pcs-agent\n"
-        "(cd aws-pcs-agent && ./installer.sh)\n"
+        "(cd aws-pcs-agent && ./installer.sh </dev/null)\n"
         f"fetch aws-pcs-slurm-{slurm_version}-installer-latest.tar.gz aws-pcs-slurm\n"
-        f"(cd aws-pcs-slurm-{slurm_version}-installer && ./installer.sh -y)\n"
+        f"(cd aws-pcs-slurm-{slurm_version}-installer && ./installer.sh -y </dev/null)\n"
+        "gpgconf --kill all 2>/dev/null || true\n"
         "cd / && rm -rf \"$work\"\n")
 
 

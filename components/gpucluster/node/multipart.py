@@ -1,15 +1,17 @@
 """A node's user data as a MIME multi-part document: what AWS PCS needs of a custom launch template.
 
 AWS PCS launches a Slurm stack's nodes from our launch template and adds its own user data (the PCS
-agent's registration) to ours, so ours must be a MIME multi-part document ("Using Amazon EC2 launch
-templates with AWS PCS", https://docs.aws.amazon.com/pcs/latest/userguide/working-with_launch-templates.html;
-ledger: pcs-launch-template-multipart). The node bootstrap (one bash script) goes in as one part,
-gzipped and base64-encoded, typed `application/x-gzip`: cloud-init decodes a part's transfer encoding,
-gunzips a part of a gzip type and then runs what it finds by its first line (`#!`: a shell script)
-(cloud-init documentation, "User data formats": MIME multi-part archive, gzip compressed content;
-ledger: cloud-init-gzip-part). The Auto Scaling path keeps its gzipped script
-(`userdata.encode_user_data`), byte for byte. Pure: no Pulumi, no AWS call; the bytes are the same
-for the same script (gzip mtime 0, a fixed boundary).
+agent's registration) to ours, so ours must be a MIME multi-part document whose parts are of the types
+the PCS guide documents, `text/x-shellscript` or `text/cloud-config`, with a blank line before the
+closing boundary ("Using Amazon EC2 launch templates with AWS PCS",
+https://docs.aws.amazon.com/pcs/latest/userguide/working-with_launch-templates.html;
+ledger: pcs-launch-template-multipart). The node bootstrap
+(one bash script) goes in as one `text/x-shellscript` part: no gzip part (cloud-init reads gzip, PCS
+does not document it). So that a Slurm node's bootstrap fits EC2's 16 KiB as well as the Auto Scaling
+path's gzipped one does, the part is a small shell script that carries the bootstrap gzipped and
+base64-encoded, writes it out and runs it (`self_extracting`). The Auto Scaling path keeps its gzipped
+script (`userdata.encode_user_data`), byte for byte. Pure: no Pulumi, no AWS call; the bytes are the
+same for the same script (gzip mtime 0, a fixed boundary).
 """
 
 from __future__ import annotations
@@ -18,34 +20,56 @@ import base64
 import gzip
 import textwrap
 
-# Not a substring of any base64 text (which has no '=' but at its end and no '-' at all).
+# A line no script of ours holds (multipart_document refuses one that does).
 BOUNDARY = "==GPUCLUSTER-BOUNDARY=="
 # What AWS PCS adds to the document (its own part: the PCS agent's registration) is not documented as a
-# size: a reserve kept free of our part, for a few lines of cloud-config (ledger: pcs-user-data-reserve).
+# size: 1,024 bytes are kept free of our part, for a few lines of cloud-config; a larger PCS part would
+# make a launch fail on EC2's 16 KiB (ledger: pcs-user-data-reserve).
 PCS_USER_DATA_BYTES = 1024
-# MIME (RFC 2045, 6.8): base64 lines of at most 76 characters.
-BASE64_LINE = 76
-_HEAD = ("MIME-Version: 1.0\n"
-         f'Content-Type: multipart/mixed; boundary="{BOUNDARY}"\n\n'
-         f"--{BOUNDARY}\n"
-         "Content-Type: application/x-gzip\n"
-         "Content-Transfer-Encoding: base64\n"
-         'Content-Disposition: attachment; filename="gpucluster-bootstrap.sh.gz"\n\n')
-_TAIL = f"\n--{BOUNDARY}--\n"
+
+
+def _head(script: str) -> str:
+    charset = "us-ascii" if script.isascii() else "utf-8"
+    return ("MIME-Version: 1.0\n"
+            f'Content-Type: multipart/mixed; boundary="{BOUNDARY}"\n\n'
+            f"--{BOUNDARY}\n"
+            f'Content-Type: text/x-shellscript; charset="{charset}"\n'
+            + ("" if charset == "us-ascii" else "Content-Transfer-Encoding: 8bit\n")
+            + 'Content-Disposition: attachment; filename="gpucluster-bootstrap.sh"\n\n')
+
+
+_TAIL = f"\n--{BOUNDARY}--\n"  # after the script's last newline: the blank line the PCS guide asks for
+
+
+PAYLOAD_END = "GPUCLUSTER_BOOTSTRAP_GZ"
+
+
+def self_extracting(script: str) -> str:
+    """A bash script that writes `script` (carried gzipped, base64 in a quoted here-document: nothing in
+    it is expanded) to a file under /run and runs it, so its exit status and output are the script's."""
+    payload = base64.b64encode(gzip.compress(script.encode(), compresslevel=9, mtime=0)).decode()
+    return ("#!/bin/bash\n"
+            "# gpucluster's node bootstrap, gzipped to fit EC2's user data: written out, then run.\n"
+            "set -euo pipefail\n"
+            "bootstrap=$(mktemp /run/gpucluster-bootstrap.XXXXXX)\n"
+            f"base64 -d <<'{PAYLOAD_END}' | gunzip > \"$bootstrap\"\n"
+            + "\n".join(textwrap.wrap(payload, 76)) + "\n"
+            f"{PAYLOAD_END}\n"
+            'exec bash "$bootstrap"\n')
 
 
 def multipart_document(script: str) -> str:
-    """`script` gzipped, base64 in 76-character lines, as the one part of a multipart/mixed document."""
-    packed = base64.b64encode(gzip.compress(script.encode(), mtime=0)).decode()
-    return _HEAD + "\n".join(textwrap.wrap(packed, BASE64_LINE)) + _TAIL
+    """`script`, self-extracting, as the one `text/x-shellscript` part of a multipart/mixed document."""
+    if f"--{BOUNDARY}" in script:
+        raise ValueError(f"the node script holds the MIME boundary --{BOUNDARY}")
+    part = self_extracting(script)
+    return _head(part) + part + _TAIL
 
 
-def multipart_size(gzipped_bytes: int) -> int:
-    """Bytes of the document for a script that gzips to `gzipped_bytes`: what EC2 counts against its
-    16 KiB (the raw user data, before the launch template's own base64)."""
-    encoded = 4 * -(-gzipped_bytes // 3)
-    lines = max(1, -(-encoded // BASE64_LINE))
-    return len(_HEAD) + encoded + (lines - 1) + len(_TAIL)
+def multipart_size(script: str) -> int:
+    """Bytes of the document for `script`: what EC2 counts against its 16 KiB (the raw user data, before
+    the launch template's own base64)."""
+    return len(multipart_document(script).encode())
 
 
 def encode_multipart_user_data(script: str, limit: int) -> str:

@@ -65,10 +65,11 @@ class SlurmError(RunError):
 
 
 def refusal(spec: StackSpec, what: str) -> str | None:
-    """Why `what` (a command, or `nccl-test`) makes no sense on this stack; None when it does."""
+    """Why `what` (a command, or `nccl-test`) makes no sense on this stack; None when it does. Without the
+    command's name: the CLI's one line (`fail_usage`) puts it first, once."""
     if not spec.scheduler.slurm or what not in REFUSED:
         return None
-    return f"{what}: stack {spec.stack} runs Slurm: {REFUSED[what]}"
+    return f"stack {spec.stack} runs Slurm: {REFUSED[what]}"
 
 
 # ------------------------------------------------------------------- the login node

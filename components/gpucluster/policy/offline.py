@@ -15,6 +15,7 @@ from pulumi.runtime import MockResourceArgs
 
 from gpucluster.plan import Plan, PlanMocks, PlannedResource
 from gpucluster.policy import settings
+from gpucluster.policy.cloudcontrol import model_ids, native_view
 from gpucluster.policy.records import Resource, Violation
 from gpucluster.policy.rules import RULES, evaluate
 from gpucluster.policy.rules.capacity import fallback_note
@@ -27,10 +28,10 @@ def record_of(planned: PlannedResource, mocks: PlanMocks) -> Resource:
         resource_id, state = mocks.new_resource(MockResourceArgs(
             typ=planned.type, name=planned.name, inputs=dict(planned.inputs), custom=True))
         ids = [v for v in (resource_id, state.get("arn"), state.get("name"), state.get("bucket"))
-               if isinstance(v, str)]
-    return Resource(type=planned.type, name=planned.name, props=planned.inputs, urn=planned.urn,
-                    parent=planned.parent, protect=planned.protect,
-                    retain_on_delete=planned.retain_on_delete, ids=tuple(dict.fromkeys(ids)))
+               if isinstance(v, str)] + list(model_ids(state.get("properties")))
+    return native_view(Resource(type=planned.type, name=planned.name, props=planned.inputs, urn=planned.urn,
+                                parent=planned.parent, protect=planned.protect,
+                                retain_on_delete=planned.retain_on_delete, ids=tuple(dict.fromkeys(ids))))
 
 
 def plan_records(plan: Plan) -> list[Resource]:

@@ -27,6 +27,7 @@ from pulumi_policy import (
 )
 from pulumi_policy import proxy as policy_proxy
 
+from gpucluster.policy.cloudcontrol import native_view
 from gpucluster.policy.records import UNKNOWN, Resource, Stack, dig
 from gpucluster.policy.rules import RULES
 from gpucluster.policy.rules.registry import Rule
@@ -83,9 +84,9 @@ def _default_tags(provider: Any) -> Mapping[str, Any]:
 
 def resource_from_args(args: ResourceValidationArgs) -> Resource:
     """A resource under validation (its inputs) as a rule record."""
-    return Resource(type=args.resource_type, name=args.name, props=plain(args.props), urn=args.urn,
-                    parent=args.opts.parent, protect=bool(args.opts.protect),
-                    default_tags=_default_tags(args.provider))
+    return native_view(Resource(type=args.resource_type, name=args.name, props=plain(args.props),
+                                urn=args.urn, parent=args.opts.parent, protect=bool(args.opts.protect),
+                                default_tags=_default_tags(args.provider)))
 
 
 def resource_from_stack(resource: PolicyResource) -> Resource:
@@ -94,10 +95,11 @@ def resource_from_stack(resource: PolicyResource) -> Resource:
     ids = tuple(v for v in (props.get("id"), props.get("arn"), props.get("name"), props.get("bucket"))
                 if isinstance(v, str))
     deps = {key: tuple(d.urn for d in found) for key, found in resource.property_dependencies.items()}
-    return Resource(type=resource.resource_type, name=resource.name, props=props, urn=resource.urn,
-                    parent=resource.parent.urn if resource.parent else resource.opts.parent,
-                    protect=bool(resource.opts.protect), ids=ids, deps=deps,
-                    default_tags=_default_tags(resource.provider))
+    return native_view(Resource(type=resource.resource_type, name=resource.name, props=props,
+                                urn=resource.urn,
+                                parent=resource.parent.urn if resource.parent else resource.opts.parent,
+                                protect=bool(resource.opts.protect), ids=ids, deps=deps,
+                                default_tags=_default_tags(resource.provider)))
 
 
 def resource_policy(rule: Rule) -> ResourceValidationPolicy:

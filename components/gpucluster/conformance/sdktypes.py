@@ -98,7 +98,18 @@ def properties(input_cls: type) -> tuple[dict[str, Any], frozenset[str]]:
 
 
 def _type_name(typ: Any) -> str:
-    return f"{typ.__module__.split('._')[0]}.{typ.__qualname__}" if isinstance(typ, type) else str(typ)
+    """`pulumi_aws.iam.RolePolicyArgs`: a type as its SDK's service package exports it."""
+    if not isinstance(typ, type):
+        return str(typ)
+    package = [p for p in typ.__module__.split(".")[:2] if not p.startswith("_")]
+    return ".".join([*package, typ.__qualname__])
+
+
+def checked(token: str) -> bool:
+    """Whether `token` is a resource of an SDK this check reads (pulumi_aws, pulumi_aws_native, their
+    providers); another package's (a dynamic provider's) has no type metadata to check against."""
+    parts = token.split(":")
+    return parts[0] in _PACKAGES or (parts[:2] == ["pulumi", "providers"] and parts[-1] in _PACKAGES)
 
 
 Shape = tuple[str, Any]
@@ -205,6 +216,8 @@ class _Walk:
 
 def findings(resource: PlannedResource, computed: Computed) -> list[Finding]:
     """What the resource's provider SDK refuses of its inputs."""
+    if not checked(resource.type):
+        return []
     cls = args_class(resource.type)
     if cls is None:
         return [Finding(resource.urn, resource.type, resource.name, "-",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -21,19 +22,19 @@ import yaml
 from typer.testing import CliRunner
 
 from base_config import base, plan_config
+from gpucluster.cli import app
+from gpucluster.conformance import Computed, Finding, cfnschema, check_resources
+from gpucluster.plan import Plan, PlannedResource, run_program_file
 from known_findings import KNOWN_UNTIL_PCS_FIX, SLURM_PLAN_EXIT
 from shipped import planned_once, shipped_plan
-from gpucluster.cli import app
-from gpucluster.conformance import Computed, Finding, check_resources
-from gpucluster.conformance import cfnschema
-from gpucluster.plan import PlannedResource
 
 REPO = Path(__file__).resolve().parent.parent
 AMI = "ami-0123456789abcdef0"
 DIGEST = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04@sha256:" + "ab" * 32
 OBSERVABILITY = {"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST},
                  "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"], "editors": 2}}
-NONE: Any = object()
+Planned = tuple[list[PlannedResource], str]
+"""A plan's resources and its region."""
 
 
 def prod() -> dict[str, Any]:
@@ -65,39 +66,68 @@ def two_slurm_groups(**scheduler: Any) -> dict[str, Any]:
 def scaffold(scheduler: str, root: Path) -> Path:
     """`gpucluster init` with the scheduler, in a directory of its own: its dev stack file."""
     target = root / f"init-{scheduler}"
-    args = ["init", str(target), "--scheduler", scheduler] + (["--ami-id", AMI] if scheduler == "slurm" else [])
+    ami = ["--ami-id", AMI] if scheduler == "slurm" else []
+    args = ["init", str(target), "--scheduler", scheduler, *ami]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return target / "stacks" / "Pulumi.dev.yaml"
 
 
-PLANS: dict[str, tuple[bool, Callable[[Path], Any]]] = {
-    # name: (a Slurm stack, how it is planned)
-    "dev": (False, lambda _: shipped_plan("dev")),
-    "staging": (False, lambda _: shipped_plan("staging")),
-    "prod": (False, lambda _: shipped_plan("prod")),
-    "examples/slurm-stack": (True, lambda _: planned_once(str(REPO / "examples/slurm-stack/Pulumi.slurm.yaml"))),
-    "init --scheduler none": (False, lambda root: planned_once(str(scaffold("none", root)))),
-    "init --scheduler slurm": (True, lambda root: planned_once(str(scaffold("slurm", root)))),
-    "prod with observability": (False, lambda _: plan_config(with_(prod(), observability=OBSERVABILITY), "prod")),
-    "observability, an existing workspace": (False, lambda _: plan_config(with_(base(), observability={
-        "prometheus": {"remote_write_url": "https://aps-workspaces.us-west-2.amazonaws.com/workspaces/"
-                       "ws-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d/api/v1/remote_write",
-                       "region": "us-west-2", "dcgm_exporter_image": DIGEST}}))),
-    "prod baked": (False, lambda _: plan_config(baked(prod()), "prod")),
-    "prod on Slurm": (True, lambda _: plan_config(with_(prod(), scheduler={"type": "slurm", "ami_id": AMI}), "prod")),
-    "Slurm, two groups, no accounting": (True, lambda _: plan_config(two_slurm_groups(accounting=False))),
-    "Slurm with observability": (True, lambda _: plan_config(with_(two_slurm_groups(), autostop={"idle_minutes": 30},
-                                                                   observability=OBSERVABILITY))),
+def example(name: str) -> Planned:
+    """One of examples/' Python programs, planned in-process as tests/test_examples.py plans it."""
+    folder = REPO / "examples" / name
+    config = yaml.safe_load((folder / "Pulumi.dev.yaml").read_text())["config"]
+    project = yaml.safe_load((folder / "Pulumi.yaml").read_text())["name"]
+    cwd = Path.cwd()
+    os.chdir(folder)
+    try:
+        resources, _ = run_program_file(folder / "__main__.py", config, project=project, stack="dev",
+                                        region=config["aws:region"])
+    finally:
+        os.chdir(cwd)
+    return resources, config["aws:region"]
+
+
+def of(plan: Plan) -> Planned:
+    return plan.resources, plan.spec.region
+
+
+EXISTING_WORKSPACE = {"prometheus": {
+    "remote_write_url": "https://aps-workspaces.us-west-2.amazonaws.com/workspaces/"
+                        "ws-1a2b3c4d-5e6f-7a8b-9c0d-1e2f3a4b5c6d/api/v1/remote_write",
+    "region": "us-west-2", "dcgm_exporter_image": DIGEST}}
+SLURM_EXAMPLE = str(REPO / "examples/slurm-stack/Pulumi.slurm.yaml")
+
+PLANS: dict[str, tuple[bool, Callable[[Path], Planned]]] = {
+    # name: (a Slurm stack, how it is planned: its resources and region)
+    "dev": (False, lambda _: of(shipped_plan("dev"))),
+    "staging": (False, lambda _: of(shipped_plan("staging"))),
+    "prod": (False, lambda _: of(shipped_plan("prod"))),
+    "examples/slurm-stack": (True, lambda _: of(planned_once(SLURM_EXAMPLE))),
+    "examples/node-group-in-existing-vpc": (False, lambda _: example("node-group-in-existing-vpc")),
+    "examples/guard-existing-asgs": (False, lambda _: example("guard-existing-asgs")),
+    "init --scheduler none": (False, lambda root: of(planned_once(str(scaffold("none", root))))),
+    "init --scheduler slurm": (True, lambda root: of(planned_once(str(scaffold("slurm", root))))),
+    "prod with observability": (False, lambda _: of(plan_config(
+        with_(prod(), observability=OBSERVABILITY), "prod"))),
+    "observability, an existing workspace": (False, lambda _: of(plan_config(
+        with_(base(), observability=EXISTING_WORKSPACE)))),
+    "prod baked": (False, lambda _: of(plan_config(baked(prod()), "prod"))),
+    "prod on Slurm": (True, lambda _: of(plan_config(
+        with_(prod(), scheduler={"type": "slurm", "ami_id": AMI}), "prod"))),
+    "Slurm, two groups, no accounting": (True, lambda _: of(plan_config(two_slurm_groups(accounting=False)))),
+    "Slurm with observability": (True, lambda _: of(plan_config(
+        with_(two_slurm_groups(), autostop={"idle_minutes": 30}, observability=OBSERVABILITY)))),
 }
 
 
-def found(plan: Any) -> list[Finding]:
-    return check_resources(plan.resources, plan.spec.region)
+def found(planned: Planned) -> list[Finding]:
+    return check_resources(*planned)
 
 
 @pytest.mark.parametrize("name", list(PLANS))
-def test_every_plan_conforms_but_for_the_known_pcs_keys(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_every_plan_conforms_but_for_the_known_pcs_keys(name: str,
+                                                        tmp_path_factory: pytest.TempPathFactory) -> None:
     slurm, build = PLANS[name]
     findings = found(build(tmp_path_factory.getbasetemp()))
     keys = {(f.resource_type, f.path) for f in findings}
@@ -121,7 +151,7 @@ def test_every_aws_native_and_cloudcontrol_type_planned_has_its_schema(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     types: set[str] = set()
     for _, build in PLANS.values():
-        for r in build(tmp_path_factory.getbasetemp()).resources:
+        for r in build(tmp_path_factory.getbasetemp())[0]:
             if r.type.startswith("aws-native:"):
                 types.add(cfnschema.native_type_name(r.type) or r.type)
             elif r.type == cfnschema.CLOUDCONTROL:
@@ -210,7 +240,7 @@ def test_it_catches_a_value_outside_its_enum_in_the_sdk_and_the_schema() -> None
         planned("aws-native:pcs:Cluster", {**PCS_CLUSTER, "size": "HUGE"}))
     assert (path, by) == ("size", "pulumi_aws_native.pcs.ClusterSize") and "not one of SMALL" in problem
     assert schema_path == "size" and schema_by == "AWS::PCS::Cluster #/properties/Size"
-    assert "'HUGE' is not one of SMALL, MEDIUM, LARGE" == schema_problem
+    assert schema_problem == "'HUGE' is not one of SMALL, MEDIUM, LARGE"
 
 
 def test_it_catches_a_missing_required_property() -> None:
@@ -227,7 +257,8 @@ def cloudcontrol(document: dict[str, Any], type_name: str = "AWS::PCS::Cluster")
 
 
 DOCUMENT = {"Name": "gpu-dev", "Size": "SMALL", "Scheduler": {"Type": "SLURM", "Version": "25.05"},
-            "Networking": {"SubnetIds": ["subnet-0123456789abcdef0"], "SecurityGroupIds": ["sg-0123456789abcdef0"]},
+            "Networking": {"SubnetIds": ["subnet-0123456789abcdef0"],
+                           "SecurityGroupIds": ["sg-0123456789abcdef0"]},
             "SlurmConfiguration": {"ScaleDownIdleTimeInSeconds": 1800, "Accounting": {"Mode": "STANDARD"}},
             "Tags": {"owner": "ml"}}
 
@@ -255,7 +286,8 @@ def test_it_catches_a_cloudcontrol_document_that_breaks_its_schema() -> None:
 
 def test_a_document_of_a_type_without_a_shipped_schema_is_a_finding() -> None:
     assert problems(cloudcontrol({"Name": "x"}, "AWS::Nope::Thing")) == [
-        ("desiredState", "no CloudFormation schema of AWS::Nope::Thing ships with gpucluster", "AWS::Nope::Thing")]
+        ("desiredState", "no CloudFormation schema of AWS::Nope::Thing ships with gpucluster",
+         "AWS::Nope::Thing")]
 
 
 def test_an_unknown_resource_type_is_a_finding() -> None:

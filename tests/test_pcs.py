@@ -24,7 +24,6 @@ import yaml
 from typer.testing import CliRunner
 
 from base_config import base, plan_config
-from known_findings import SLURM_PLAN_EXIT, slurm_verdict
 from gpucluster.aws.children import pcs_purchase_option
 from gpucluster.aws.pcs import (
     SLURMCTLD_PORT,
@@ -46,6 +45,7 @@ from gpucluster.noderole import PCS_REGISTER_ACTION, health_policy_document
 from gpucluster.plan import Plan, PlannedResource
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import SpecError
+from known_findings import SLURM_PLAN_EXIT, slurm_verdict
 
 REPO = Path(__file__).resolve().parent.parent
 AMI = "ami-0123456789abcdef0"

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from base_config import base, plan_config
-from known_findings import unexpected
 from gpucluster.policy.offline import check_plan
 from gpucluster.preflight import parse_stack_config
 from gpucluster.pricing import price_stack
 from gpucluster.spec import SpecError
+from known_findings import unexpected
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "slurm-stack" / "Pulumi.slurm.yaml"
 

@@ -38,7 +38,7 @@ class Finding:
     """The property path in engine names, e.g. `slurmConfiguration.accounting` (`-` for the resource)."""
     problem: str
     refused_by: str
-    """The SDK input type or CloudFormation schema (`AWS::PCS::Cluster`, with its JSON path) that refused it."""
+    """The SDK input type, or the CloudFormation schema (`AWS::PCS::Cluster #/...`), refusing it."""
 
     @property
     def message(self) -> str:

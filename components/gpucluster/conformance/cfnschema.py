@@ -127,9 +127,9 @@ class Validator:
         for kind in kinds:
             if kind in _TYPES and isinstance(value, _TYPES[kind]):
                 return True
-            if kind in ("number", "integer") and isinstance(value, int | float) and not isinstance(value, bool):
-                if kind == "number" or float(value).is_integer():
-                    return True
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            if numeric and (kind == "number" or (kind == "integer" and float(value).is_integer())):
+                return True
         if self.computed.holds(value):
             return True
         self.found.append((path, f"expects {' or '.join(kinds)}, not {type(value).__name__}", where))

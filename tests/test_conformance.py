@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 
 from base_config import base, plan_config
 from gpucluster.cli import app
-from gpucluster.conformance import Computed, Finding, cfnschema, check_resources
+from gpucluster.conformance import Finding, cfnschema, check_resources
+from gpucluster.conformance.findings import Computed
 from gpucluster.plan import Plan, PlannedResource, run_program_file
 from known_findings import KNOWN_UNTIL_PCS_FIX, SLURM_PLAN_EXIT
 from shipped import planned_once, shipped_plan

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpucluster.conformance import Computed, Finding
+from gpucluster.conformance.findings import Computed, Finding
 
 if TYPE_CHECKING:
     from gpucluster.plan import PlannedResource

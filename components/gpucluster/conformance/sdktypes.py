@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pulumi
 from pulumi import _types as pulumi_types
 
-from gpucluster.conformance import Computed, Finding
+from gpucluster.conformance.findings import Computed, Finding
 
 if TYPE_CHECKING:
     from gpucluster.plan import PlannedResource
@@ -35,6 +35,7 @@ _MAPPINGS = {dict, collections.abc.Mapping, typing.Mapping}
 
 
 def _subclasses(cls: type) -> typing.Iterator[type]:
+    sub: type
     for sub in cls.__subclasses__():
         yield sub
         yield from _subclasses(sub)
@@ -164,14 +165,15 @@ class _Walk:
         if len(alternatives) == 1:
             self.one(value, alternatives[0], path)
             return
-        attempts = []
+        attempts: list[list[tuple[str, str, str]]] = []
         for shape in alternatives:
             walk = _Walk(self.computed)
             walk.one(value, shape, path)
             if not walk.found:
                 return
             attempts.append(walk.found)
-        self.found += min(attempts, key=len)
+        shortest: list[tuple[str, str, str]] = min(attempts, key=len)
+        self.found.extend(shortest)
 
     def one(self, value: Any, shape: Shape, path: str) -> None:
         kind, what = shape

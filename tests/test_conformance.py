@@ -301,3 +301,23 @@ def test_values_the_engine_computes_skip_patterns_and_enums() -> None:
     resource = cloudcontrol(document)
     assert [p[0] for p in problems(resource)] == ["desiredState.Networking.SubnetIds[0]"]
     assert cfnschema.findings(resource, Computed(["gpu-network-private-id"])) == []
+
+
+@pytest.mark.parametrize("token", ["aws-native:pcs:Cluster", "aws:iam/rolePolicy:RolePolicy",
+                                   "aws:ec2/launchTemplate:LaunchTemplate", "aws-native:pcs:Queue"])
+def test_required_properties_read_the_same_without_the_sdks_own_helper(
+        token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pulumi without `_types._required_property_names` (older releases): read from `__init__`."""
+    from pulumi import _types as pulumi_types
+
+    from gpucluster.conformance import sdktypes
+
+    cls = sdktypes.args_class(token)
+    assert cls is not None
+    sdks = sdktypes.properties(cls)[1]
+    monkeypatch.delattr(pulumi_types, "_required_property_names")
+    sdktypes.properties.cache_clear()
+    try:
+        assert sdktypes.properties(cls)[1] == sdks
+    finally:
+        sdktypes.properties.cache_clear()

@@ -16,8 +16,10 @@ import collections.abc
 import enum
 import functools
 import importlib
+import inspect
 import json
 import sys
+import types
 import typing
 from typing import TYPE_CHECKING, Any
 
@@ -93,9 +95,15 @@ def args_class(token: str) -> type | None:
 
 @functools.cache
 def properties(input_cls: type) -> tuple[dict[str, Any], frozenset[str]]:
-    """An input type's properties by engine name with their types, and the required ones."""
-    types = pulumi_types.input_type_types(input_cls)
-    return types, pulumi_types._required_property_names(input_cls)
+    """An input type's properties by engine name with their types, and the required ones (the SDK's
+    own answer where this pulumi has it, else the `__init__` parameters without a default)."""
+    by_name = pulumi_types.input_type_types(input_cls)
+    required = getattr(pulumi_types, "_required_property_names", None)
+    if required is not None:
+        return by_name, required(input_cls)
+    names = pulumi_types.input_type_py_to_pulumi_names(input_cls)
+    parameters = inspect.signature(input_cls).parameters.values()
+    return by_name, frozenset(names[p.name] for p in parameters if p.default is p.empty and p.name in names)
 
 
 def _type_name(typ: Any) -> str:
@@ -123,7 +131,7 @@ def shapes(typ: Any) -> tuple[Shape, ...]:
     """The alternatives of a type (Input[T], Optional[T], T | TDict unwrapped), each as a Shape."""
     typ = pulumi_types.unwrap_type(typ)
     members = [typ]
-    if pulumi_types._is_union_type(typ):
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
         members = [m for m in (pulumi_types.unwrap_type(m) for m in typing.get_args(typ))
                    if m is not type(None) and typing.get_origin(m) not in (collections.abc.Awaitable,
                                                                            typing.Awaitable, pulumi.Output)]

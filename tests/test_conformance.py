@@ -321,3 +321,16 @@ def test_required_properties_read_the_same_without_the_sdks_own_helper(
         assert sdktypes.properties(cls)[1] == sdks
     finally:
         sdktypes.properties.cache_clear()
+
+
+def test_a_resource_class_without_its_type_token_is_found_by_module_and_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SDK generated before `@pulumi.type_token`: the class is still found where its token says."""
+    from pulumi_aws.iam import RolePolicy
+
+    from gpucluster.conformance import sdktypes
+
+    monkeypatch.delattr(RolePolicy, "pulumi_type")
+    assert sdktypes._imported_class("aws:iam/rolePolicy:RolePolicy") is RolePolicy
+    assert sdktypes._imported_class("aws:lambda/function:Function").__name__ == "Function"  # lambda_
+    assert sdktypes._imported_class("aws:iam/nope:Nope") is None

@@ -74,7 +74,10 @@ def _imported_class(token: str) -> type | None:
         except ImportError:
             continue
         cls = getattr(module, name, None)
-        if isinstance(cls, type) and getattr(cls, "pulumi_type", None) == token:
+        # An SDK generated before `@pulumi.type_token` (pulumi_aws 7.2 may be one: not checked) names
+        # the class by module and name only.
+        if isinstance(cls, type) and issubclass(cls, pulumi.CustomResource) \
+                and getattr(cls, "pulumi_type", token) == token:
             return cls
     return None
 

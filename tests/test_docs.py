@@ -259,6 +259,7 @@ def test_every_config_field_is_documented() -> None:
 
 
 def test_every_command_option_and_rule_is_in_its_reference() -> None:
+    from gpucluster import conformance
     from gpucluster.policy.rules import RULES
 
     cli = (DOCS / "reference" / "cli.md").read_text()
@@ -271,6 +272,7 @@ def test_every_command_option_and_rule_is_in_its_reference() -> None:
                 shown = param.opts[0] if param.param_type_name == "option" else param.name.upper()
                 assert f"`{shown}" in section, (path, shown)
     policies = (DOCS / "reference" / "policies.md").read_text()
+    assert f"## `{conformance.POLICY}`" in policies
     for rule in RULES:
         assert f"## `{rule.name}`" in policies
         for key in rule.schema:

@@ -163,6 +163,10 @@ def _provider_computed(typ: str, name: str, inputs: dict[str, Any], region: str)
                 "arn": f"arn:aws:fsx:{region}:{MOCK_ACCOUNT}:file-system/{fs_id}"}
     if typ == "aws:ec2/vpcEndpoint:VpcEndpoint" and inputs.get("vpcEndpointType") == "Gateway":
         return {"prefixListId": "pl-63a5400a"}  # the shape of a real S3 prefix list id
+    if typ == "aws:kms/key:Key":
+        return {"keyId": f"{name}-id"}  # a key's id (what an alias's targetKeyId takes from key.key_id)
+    if typ == "aws:grafana/workspaceServiceAccount:WorkspaceServiceAccount":
+        return {"serviceAccountId": f"{name}-id"}  # what its token's serviceAccountId takes
     if typ == "aws:ec2/launchTemplate:LaunchTemplate":
         return {"latestVersion": 1}  # a new template's first version
     if typ == "aws:cloudcontrol/resource:Resource" and str(inputs.get("typeName")).startswith("AWS::PCS::"):

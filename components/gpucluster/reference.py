@@ -165,6 +165,7 @@ def render_policy_reference() -> str:
     """Every rule of the policy pack, in the pack's order, with its default level and settings."""
     import json
 
+    from gpucluster import conformance
     from gpucluster.policy.rules import RULES
 
     lines = ["# Policy rules", "",
@@ -175,6 +176,9 @@ def render_policy_reference() -> str:
              "| rule | checks | default level | description |", "|---|---|---|---|"]
     lines += [f"| [`{r.name}`](#{r.name}) | one {r.kind if r.kind == 'resource' else 'stack'} "
               f"| `{r.level}` | {_cell(r.description)} |" for r in RULES]
+    name = conformance.POLICY
+    lines.append(f"| [`{name}`](#{name}) | every resource, `gpucluster plan` only "
+                 f"| `mandatory` | {_cell(conformance.DESCRIPTION)} |")
     for r in RULES:
         lines += ["", f"## `{r.name}`", "", _cell(r.description), "",
                   f"Checks {'each resource' if r.kind == 'resource' else 'the whole stack'}; "
@@ -185,6 +189,12 @@ def render_policy_reference() -> str:
                 default = json.dumps(r.defaults[key], sort_keys=True) if key in r.defaults else "-"
                 lines.append(f"| `{key}` | {schema.get('type', '-')} | `{default}` "
                              f"| {_cell(schema.get('description', ''))} |")
+    lines += ["", f"## `{name}`", "", _cell(conformance.DESCRIPTION), "",
+              "Checked by `gpucluster plan` only, on every resource it records (`gpucluster.conformance`): "
+              "not a CrossGuard rule (it reads the provider SDKs' type metadata, which the pack's rules "
+              "never import), and `pulumi preview` itself refuses what it finds. Always `mandatory`: the "
+              "policy config does not change it. What it reads: "
+              "[Development](../development.md#provider-conformance)."]
     return "\n".join(lines) + "\n"
 
 

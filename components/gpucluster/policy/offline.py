@@ -13,6 +13,7 @@ from typing import Any
 
 from pulumi.runtime import MockResourceArgs
 
+from gpucluster import conformance
 from gpucluster.plan import Plan, PlanMocks, PlannedResource
 from gpucluster.policy import settings
 from gpucluster.policy.cloudcontrol import model_ids, native_view
@@ -42,12 +43,19 @@ def plan_records(plan: Plan) -> list[Resource]:
 
 def check_plan(plan: Plan, config_file: Path | None = None) -> list[Violation]:
     """Run the policy pack over a plan with the given config file, else the stack's or its environment's,
-    else defaults.
+    else defaults; then the provider conformance check (gpucluster.conformance).
 
     Raises settings.PolicyConfigError for an unreadable or invalid config file.
     """
     levels, given = _config(plan, config_file)
-    return evaluate(plan_records(plan), levels, given)
+    return evaluate(plan_records(plan), levels, given) + conformance_violations(plan)
+
+
+def conformance_violations(plan: Plan) -> list[Violation]:
+    """What the provider SDKs' types and AWS's schemas refuse of the plan: always mandatory (a deploy
+    would fail on it, whatever the policy config says)."""
+    return [Violation(conformance.POLICY, "mandatory", f.message, f.resource_type, f.resource_name, f.urn)
+            for f in conformance.check_resources(plan.resources, plan.spec.region)]
 
 
 def policy_notes(plan: Plan, config_file: Path | None = None) -> list[str]:

@@ -2,13 +2,15 @@
 
 Every plan the project ships or the tests build is checked: the shipped stacks, the Slurm example,
 both `gpucluster init` scaffolds, and the variants other tests plan (observability, baked images,
-Slurm). Until the aws/pcs.py fix merges, the only findings allowed are tests/known_findings.py's two
-PCS keys. Fixtures show the check catching each kind of problem, so none of it passes for want of
-looking; the shipped schemas are checked against cfn-lint's copies byte for byte.
+Slurm): none may have a finding (the PCS cluster goes through Cloud Control, whose document
+is checked against AWS::PCS::Cluster's schema). Fixtures show the check catching each kind of
+problem, so none of it passes for want of looking; the shipped schemas are checked against
+cfn-lint's copies byte for byte.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -26,7 +28,6 @@ from gpucluster.cli import app
 from gpucluster.conformance import Finding, cfnschema, check_resources
 from gpucluster.conformance.findings import Computed
 from gpucluster.plan import Plan, PlannedResource, run_program_file
-from known_findings import KNOWN_UNTIL_PCS_FIX, SLURM_PLAN_EXIT
 from shipped import planned_once, shipped_plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,25 +128,25 @@ def found(planned: Planned) -> list[Finding]:
 
 
 @pytest.mark.parametrize("name", list(PLANS))
-def test_every_plan_conforms_but_for_the_known_pcs_keys(name: str,
-                                                        tmp_path_factory: pytest.TempPathFactory) -> None:
-    slurm, build = PLANS[name]
+def test_every_plan_conforms(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    _, build = PLANS[name]
     findings = found(build(tmp_path_factory.getbasetemp()))
-    keys = {(f.resource_type, f.path) for f in findings}
-    assert [f"{f.resource_type} {f.resource_name}: {f.message}" for f in findings
-            if (f.resource_type, f.path) not in KNOWN_UNTIL_PCS_FIX] == []
-    assert len(keys) == len(findings)  # one finding a key: the SDK check, not also the schema's
-    if slurm and KNOWN_UNTIL_PCS_FIX:
-        assert ("aws-native:pcs:Cluster", "slurmConfiguration.accounting") in keys  # the check looks
-    assert slurm or not keys
+    assert [f"{f.resource_type} {f.resource_name}: {f.message}" for f in findings] == []
 
 
 @pytest.mark.parametrize("name", ["examples/slurm-stack", "prod on Slurm", "init --scheduler slurm"])
-def test_a_slurm_stack_with_autostop_meets_exactly_the_known_keys(
+def test_a_slurm_stack_s_cluster_document_is_checked_and_carries_its_settings(
         name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    findings = found(PLANS[name][1](tmp_path_factory.getbasetemp()))
-    assert {(f.resource_type, f.path) for f in findings} == KNOWN_UNTIL_PCS_FIX
-    assert {f.refused_by for f in findings} <= {"pulumi_aws_native.pcs.SlurmConfigurationPropertiesArgs"}
+    """The Slurm settings aws-native's Cluster type could not carry: in the Cloud Control document, which
+    the schema check reads (a document without them, or with the old camelCase keys, is refused)."""
+    resources, region = PLANS[name][1](tmp_path_factory.getbasetemp())
+    [cluster] = [r for r in resources if r.type == cfnschema.CLOUDCONTROL]
+    document = json.loads(cluster.inputs["desiredState"])
+    assert document["SlurmConfiguration"]["Accounting"]["Mode"] in ("STANDARD", "NONE")
+    assert "ScaleDownIdleTimeInSeconds" in document["SlurmConfiguration"]
+    broken = {**cluster.inputs, "desiredState": json.dumps(
+        {**document, "SlurmConfiguration": {"accounting": {"mode": "STANDARD"}}})}
+    assert found(([dataclasses.replace(cluster, inputs=broken)], region))
 
 
 def test_every_aws_native_and_cloudcontrol_type_planned_has_its_schema(
@@ -161,12 +162,10 @@ def test_every_aws_native_and_cloudcontrol_type_planned_has_its_schema(
     assert sorted(t for t in types if cfnschema.schema(t) is None) == []
 
 
-def test_the_plan_of_a_slurm_stack_reports_them_as_mandatory_violations() -> None:
+def test_the_plan_of_the_slurm_example_has_no_conformance_violation() -> None:
     result = CliRunner().invoke(app, ["plan", str(REPO / "examples/slurm-stack/Pulumi.slurm.yaml"), "--json"])
-    assert result.exit_code == SLURM_PLAN_EXIT, result.output
-    violations = [v for v in json.loads(result.stdout)["violations"] if v["policy"] == "provider-conformance"]
-    assert {(v["resource_type"], v["message"].split(": ", 1)[0]) for v in violations} == KNOWN_UNTIL_PCS_FIX
-    assert all(v["level"] == "mandatory" and v["urn"].endswith("::gpu-slurm-pcs") for v in violations)
+    assert result.exit_code == 0, result.output
+    assert [v for v in json.loads(result.stdout)["violations"] if v["policy"] == "provider-conformance"] == []
 
 
 # ---------------------------------------------------------------- the schemas shipped

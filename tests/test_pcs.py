@@ -49,7 +49,6 @@ from gpucluster.noderole import PCS_REGISTER_ACTION, health_policy_document
 from gpucluster.plan import Plan, PlannedResource
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import SpecError
-from known_findings import SLURM_PLAN_EXIT, slurm_verdict
 
 REPO = Path(__file__).resolve().parent.parent
 AMI = "ami-0123456789abcdef0"
@@ -460,9 +459,9 @@ def test_gpucluster_pcs_is_none_without_slurm_and_the_contract_with_it() -> None
 def test_gpucluster_plan_prints_the_pcs_resources_and_no_policy_violation(write_stack: Any) -> None:
     path = write_stack(slurm_prod(), "prod")
     result = CliRunner().invoke(app, ["plan", str(path), "--tree"])
-    assert result.exit_code == SLURM_PLAN_EXIT, result.output
+    assert result.exit_code == 0, result.output
     out = result.output
-    assert slurm_verdict() in out
+    assert "policies: no violations" in out
     assert ("slurm: AWS PCS cluster, Slurm 25.05, small, accounting on; queues eval, h100-train; login 1 x "
             "m7i.large (no queue)") in " ".join(out.split())
     for line in ("cloudcontrol.Resource  gpu-prod-pcs", "pcs.ComputeNodeGroup  gpu-prod-pcs-h100-train",

@@ -56,8 +56,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 HERE = Account("aws", REGION, ACCOUNT, f"arn:aws:iam::{ACCOUNT}:user/operator")
 FAULTS = {"AccessDenied": 403, "ThrottlingException": 400, "InternalFailure": 500}
 # Services whose IAM action prefix or action name is not their API's (Service Authorization Reference).
-OBSERVED = {"prometheus": {"enabled": True, "dcgm_exporter_image":
-                           "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04@sha256:" + "ab" * 32}}
+OBSERVED = {
+    "prometheus": {
+        "enabled": True,
+        "dcgm_exporter_image": "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04@sha256:" + "ab" * 32,
+    }
+}
 IAM_NAMES = {"monitoring:": "cloudwatch:", "s3:ListBuckets": "s3:ListAllMyBuckets"}
 
 
@@ -84,25 +88,48 @@ class Simulator:
         if self.fault is not None:
             raise self.fault
         role = request["PolicySourceArn"].rpartition("/")[2]
-        documents = [self.iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
-                     for name in self.iam.list_role_policies(RoleName=role)["PolicyNames"]]
-        context = {e["ContextKeyName"]: (e["ContextKeyValues"] if e["ContextKeyType"].endswith("List")
-                                         else e["ContextKeyValues"][0]) for e in request.get("ContextEntries", [])}
-        return {"IsTruncated": False, "EvaluationResults": [
-            {"EvalActionName": action, "EvalResourceName": resource,
-             "EvalDecision": "allowed" if allowed(documents, None, action, resource, **context) else "implicitDeny"}
-            for action in request["ActionNames"] for resource in request["ResourceArns"]]}
+        documents = [
+            self.iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
+            for name in self.iam.list_role_policies(RoleName=role)["PolicyNames"]
+        ]
+        context = {
+            e["ContextKeyName"]: (
+                e["ContextKeyValues"] if e["ContextKeyType"].endswith("List") else e["ContextKeyValues"][0]
+            )
+            for e in request.get("ContextEntries", [])
+        }
+        return {
+            "IsTruncated": False,
+            "EvaluationResults": [
+                {
+                    "EvalActionName": action,
+                    "EvalResourceName": resource,
+                    "EvalDecision": "allowed"
+                    if allowed(documents, None, action, resource, **context)
+                    else "implicitDeny",
+                }
+                for action in request["ActionNames"]
+                for resource in request["ResourceArns"]
+            ],
+        }
 
 
 def client_error(code: str, operation: str) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": f"injected {code}"},
-                        "ResponseMetadata": {"HTTPStatusCode": FAULTS.get(code, 400)}}, operation)
+    return ClientError(
+        {
+            "Error": {"Code": code, "Message": f"injected {code}"},
+            "ResponseMetadata": {"HTTPStatusCode": FAULTS.get(code, 400)},
+        },
+        operation,
+    )
 
 
 def inject(client: Any, operation: str, error: Exception) -> None:
     """Every call of `operation` (its API name) on `client` raises `error` (after botocore's retries)."""
+
     def fail(**_: Any) -> None:
         raise error
+
     client.meta.events.register(f"before-call.{client.meta.service_model.service_name}.{operation}", fail)
 
 
@@ -129,34 +156,68 @@ def zipped() -> bytes:
     return buffer.getvalue()
 
 
-def guardrail_policy(identity: str, functions: list[str], topic: str, key: str, *, notify: bool = True) -> str:
+def guardrail_policy(
+    identity: str, functions: list[str], topic: str, key: str, *, notify: bool = True
+) -> str:
     """The statements aws/guardrail_lambda.py and guardrail_events.py give the job and spot handlers."""
     run_logs = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{run_log_group_name(identity)}"
     records = f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{jobs_parameter_path(identity)}"
     statements: list[dict[str, Any]] = [
-        {"Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
-         "Resource": [f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/lambda/{f}:*" for f in functions]},
-        {"Effect": "Allow", "Resource": "*", "Action": [
-            "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
-            "ec2:DescribeInstances", "ssm:GetCommandInvocation"]},
-        {"Effect": "Allow", "Action": ["ssm:SendCommand"],
-         "Resource": [f"arn:aws:ssm:{REGION}::document/AWS-RunShellScript"]},
-        {"Effect": "Allow", "Action": ["ssm:SendCommand"], "Resource": [f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/*"],
-         "Condition": {"StringEquals": {"ssm:resourceTag/gpucluster:stack": identity}}},
-        {"Effect": "Allow", "Action": ["ssm:GetParametersByPath", "ssm:PutParameter"],
-         "Resource": [records, f"{records}/*"]},
+        {
+            "Effect": "Allow",
+            "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+            "Resource": [f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:/aws/lambda/{f}:*" for f in functions],
+        },
+        {
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": [
+                "autoscaling:DescribeAutoScalingGroups",
+                "autoscaling:DescribeAutoScalingInstances",
+                "ec2:DescribeInstances",
+                "ssm:GetCommandInvocation",
+            ],
+        },
+        {
+            "Effect": "Allow",
+            "Action": ["ssm:SendCommand"],
+            "Resource": [f"arn:aws:ssm:{REGION}::document/AWS-RunShellScript"],
+        },
+        {
+            "Effect": "Allow",
+            "Action": ["ssm:SendCommand"],
+            "Resource": [f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/*"],
+            "Condition": {"StringEquals": {"ssm:resourceTag/gpucluster:stack": identity}},
+        },
+        {
+            "Effect": "Allow",
+            "Action": ["ssm:GetParametersByPath", "ssm:PutParameter"],
+            "Resource": [records, f"{records}/*"],
+        },
         {"Effect": "Allow", "Action": ["logs:FilterLogEvents"], "Resource": [run_logs, f"{run_logs}:*"]},
         {"Effect": "Allow", "Action": ["kms:GenerateDataKey*", "kms:Decrypt"], "Resource": [key]},
     ]
     if notify:
-        statements.append({"Sid": "Notify", "Effect": "Allow", "Action": ["sns:Publish"], "Resource": [topic]})
+        statements.append(
+            {"Sid": "Notify", "Effect": "Allow", "Action": ["sns:Publish"], "Resource": [topic]}
+        )
     return json.dumps({"Version": "2012-10-17", "Statement": statements})
 
 
 def scripts_policy(bucket: str) -> str:
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"arn:aws:s3:::{bucket}/node-scripts/*"],
-         "Condition": {"StringEquals": {"s3:ResourceAccount": ACCOUNT}}}]})
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Action": ["s3:GetObject"],
+                    "Resource": [f"arn:aws:s3:::{bucket}/node-scripts/*"],
+                    "Condition": {"StringEquals": {"s3:ResourceAccount": ACCOUNT}},
+                }
+            ],
+        }
+    )
 
 
 def deploy(spec: StackSpec) -> dict[str, Any]:
@@ -167,28 +228,54 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
     tags = [{"Key": "gpucluster:stack", "Value": identity}, {"Key": "gpucluster:node-group", "Value": "gpu"}]
     ec2, iam = boto3.client("ec2", region_name=REGION), boto3.client("iam")
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20", AvailabilityZone="us-east-1a")["Subnet"]["SubnetId"]
-    trust = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                                 "Principal": {"Service": "ec2.amazonaws.com"}}]})
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20", AvailabilityZone="us-east-1a")["Subnet"][
+        "SubnetId"
+    ]
+    trust = json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"Service": "ec2.amazonaws.com"}}
+            ],
+        }
+    )
     iam.create_role(RoleName="test-node-identity-role-1a2b3c4", AssumeRolePolicyDocument=trust)
     bucket = generated_bucket_prefix(c, "node-scripts") + "20261129000000000000000001"
     boto3.client("s3", region_name=REGION).create_bucket(Bucket=bucket)
-    iam.put_role_policy(RoleName="test-node-identity-role-1a2b3c4", PolicyName="scripts",
-                        PolicyDocument=scripts_policy(bucket))
+    iam.put_role_policy(
+        RoleName="test-node-identity-role-1a2b3c4",
+        PolicyName="scripts",
+        PolicyDocument=scripts_policy(bucket),
+    )
     iam.create_instance_profile(InstanceProfileName="test-node-identity-profile-1a2b3c4")
-    iam.add_role_to_instance_profile(InstanceProfileName="test-node-identity-profile-1a2b3c4",
-                                     RoleName="test-node-identity-role-1a2b3c4")
+    iam.add_role_to_instance_profile(
+        InstanceProfileName="test-node-identity-profile-1a2b3c4", RoleName="test-node-identity-role-1a2b3c4"
+    )
     template = ec2.create_launch_template(
         LaunchTemplateName="test-gpu-lt-1a2b3c4",
-        LaunchTemplateData={"ImageId": "ami-12c6146b",
-                            "IamInstanceProfile": {"Name": "test-node-identity-profile-1a2b3c4"}},
-        TagSpecifications=[{"ResourceType": "launch-template", "Tags": tags}])["LaunchTemplate"]
+        LaunchTemplateData={
+            "ImageId": "ami-12c6146b",
+            "IamInstanceProfile": {"Name": "test-node-identity-profile-1a2b3c4"},
+        },
+        TagSpecifications=[{"ResourceType": "launch-template", "Tags": tags}],
+    )["LaunchTemplate"]
     boto3.client("autoscaling", region_name=REGION).create_auto_scaling_group(
-        AutoScalingGroupName="test-gpu-asg-1a2b3c4", MinSize=0, MaxSize=2, DesiredCapacity=0,
+        AutoScalingGroupName="test-gpu-asg-1a2b3c4",
+        MinSize=0,
+        MaxSize=2,
+        DesiredCapacity=0,
         LaunchTemplate={"LaunchTemplateId": template["LaunchTemplateId"], "Version": "$Default"},
         VPCZoneIdentifier=subnet,
-        Tags=[{"ResourceId": "test-gpu-asg-1a2b3c4", "ResourceType": "auto-scaling-group", "PropagateAtLaunch": True,
-               **t} for t in tags])
+        Tags=[
+            {
+                "ResourceId": "test-gpu-asg-1a2b3c4",
+                "ResourceType": "auto-scaling-group",
+                "PropagateAtLaunch": True,
+                **t,
+            }
+            for t in tags
+        ],
+    )
     key = boto3.client("kms", region_name=REGION).create_key()["KeyMetadata"]
     sns = boto3.client("sns", region_name=REGION)
     topic = sns.create_topic(Name=f"{c}-guardrails", Attributes={"KmsMasterKeyId": key["KeyId"]})["TopicArn"]
@@ -197,15 +284,25 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
     lam = boto3.client("lambda", region_name=REGION)
     trust_lambda = trust.replace("ec2.amazonaws.com", "lambda.amazonaws.com")
     for module, function in functions.items():
-        role = iam.create_role(RoleName=f"{function}-role-1a2b3c4", AssumeRolePolicyDocument=trust_lambda)["Role"]
-        iam.put_role_policy(RoleName=f"{function}-role-1a2b3c4", PolicyName="policy",
-                            PolicyDocument=guardrail_policy(identity, list(functions.values()), topic, key["Arn"]))
+        role = iam.create_role(RoleName=f"{function}-role-1a2b3c4", AssumeRolePolicyDocument=trust_lambda)[
+            "Role"
+        ]
+        iam.put_role_policy(
+            RoleName=f"{function}-role-1a2b3c4",
+            PolicyName="policy",
+            PolicyDocument=guardrail_policy(identity, list(functions.values()), topic, key["Arn"]),
+        )
         environment = {"GPUCLUSTER_STACK": identity, "NOTIFY_TOPIC_ARN": topic}
         if module == "job_restart":
             environment["RUN_LOG_GROUP"] = run_log_group_name(identity)
-        lam.create_function(FunctionName=function, Role=role["Arn"], Runtime="python3.13",
-                            Handler=f"lambdas.{module}.handler", Code={"ZipFile": zipped()},
-                            Environment={"Variables": environment})
+        lam.create_function(
+            FunctionName=function,
+            Role=role["Arn"],
+            Runtime="python3.13",
+            Handler=f"lambdas.{module}.handler",
+            Code={"ZipFile": zipped()},
+            Environment={"Variables": environment},
+        )
     names = [(n.physical.type, n.physical.name) for n in expected_names(spec)]
     events = boto3.client("events", region_name=REGION)
     for type_, name in names:
@@ -214,11 +311,27 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
     cloudwatch = boto3.client("cloudwatch", region_name=REGION)
     alarms = [name for type_, name in names if type_ == "aws:cloudwatch/metricAlarm:MetricAlarm"]
     for name in alarms:
-        cloudwatch.put_metric_alarm(AlarmName=name, MetricName="Errors", Namespace="AWS/Lambda", Statistic="Sum",
-                                    Period=60, EvaluationPeriods=1, Threshold=1,
-                                    ComparisonOperator="GreaterThanOrEqualToThreshold", AlarmActions=[topic])
-    return {"topic": topic, "key": key["Arn"], "template": template["LaunchTemplateId"], "bucket": bucket,
-            "functions": functions, "alarms": alarms, "subnet": subnet, "vpc": vpc}
+        cloudwatch.put_metric_alarm(
+            AlarmName=name,
+            MetricName="Errors",
+            Namespace="AWS/Lambda",
+            Statistic="Sum",
+            Period=60,
+            EvaluationPeriods=1,
+            Threshold=1,
+            ComparisonOperator="GreaterThanOrEqualToThreshold",
+            AlarmActions=[topic],
+        )
+    return {
+        "topic": topic,
+        "key": key["Arn"],
+        "template": template["LaunchTemplateId"],
+        "bucket": bucket,
+        "functions": functions,
+        "alarms": alarms,
+        "subnet": subnet,
+        "vpc": vpc,
+    }
 
 
 @pytest.fixture
@@ -245,6 +358,7 @@ def clients_of(account: dict[str, Any]) -> Clients:
         if service not in made:
             made[service] = boto3.client(service, region_name=REGION)
         return made[service]
+
     return Clients(REGION, make=make)
 
 
@@ -257,23 +371,45 @@ def results(spec: StackSpec, account: dict[str, Any]) -> dict[str, Any]:
 
 def test_the_plan_names_each_check_with_a_stable_id(base_config: dict[str, Any]) -> None:
     plain = [c.id for c in plan_checks(stack(base_config), Clients(REGION), HERE)]
-    assert plain == ["guardrail-iam.job_restart", "guardrail-iam.spot_interruption", "launch-template.gpu",
-                     "scripts-bundle.gpu", "cost-tag", "notify-subscription", "rule.test-job-restart",
-                     "rule.test-spot-interruption", "alarms"]
+    assert plain == [
+        "guardrail-iam.job_restart",
+        "guardrail-iam.spot_interruption",
+        "launch-template.gpu",
+        "scripts-bundle.gpu",
+        "cost-tag",
+        "notify-subscription",
+        "rule.test-job-restart",
+        "rule.test-spot-interruption",
+        "alarms",
+    ]
     base_config["gpucluster:budget"] = {"monthly_limit_usd": 1000, "action_threshold_percent": 100}
     base_config["gpucluster:autostop"] = {"idle_minutes": 30, "stop_schedule": "cron(0 20 ? * MON-FRI *)"}
     base_config["gpucluster:network"]["nat_gateway"] = False
     base_config["gpucluster:observability"] = OBSERVED
     full = [c.id for c in plan_checks(stack(base_config), Clients(REGION), HERE)]
-    assert {"guardrail-iam.budget_action", "guardrail-iam.spend_guard", "guardrail-iam.autostop",
-            "schedule.test-spend-guard", "schedule.test-stop", "rule.test-idle", "endpoints",
-            "amp-remote-write.gpu"} <= set(full)
+    assert {
+        "guardrail-iam.budget_action",
+        "guardrail-iam.spend_guard",
+        "guardrail-iam.autostop",
+        "schedule.test-spend-guard",
+        "schedule.test-stop",
+        "rule.test-idle",
+        "endpoints",
+        "amp-remote-write.gpu",
+    } <= set(full)
     assert len(full) == len(set(full))
 
 
 def test_without_nat_the_endpoints_are_network_py_s_and_amp_s(base_config: dict[str, Any]) -> None:
-    assert no_nat_endpoints(stack(base_config)) == ["ssm", "ssmmessages", "ec2messages", "monitoring", "ec2",
-                                                    "autoscaling", "sns"]
+    assert no_nat_endpoints(stack(base_config)) == [
+        "ssm",
+        "ssmmessages",
+        "ec2messages",
+        "monitoring",
+        "ec2",
+        "autoscaling",
+        "sns",
+    ]
     base_config["gpucluster:observability"] = OBSERVED
     assert no_nat_endpoints(stack(base_config))[-1] == "aps-workspaces"
 
@@ -290,9 +426,18 @@ def test_a_deployed_stack_passes_every_check(spec: StackSpec, account: dict[str,
     # the simulator was asked about the stack's own resources with the keys the policies condition on
     asked = {(r["ResourceArns"][0], a) for r in account["simulator"].requests for a in r["ActionNames"]}
     assert (account["topic"], "sns:Publish") in asked and (account["key"], "kms:GenerateDataKey") in asked
-    sends = [r for r in account["simulator"].requests if r["ResourceArns"][0].endswith(":instance/i-00000000000000000")]
-    assert sends and sends[0]["ContextEntries"] == [{"ContextKeyName": "ssm:resourceTag/gpucluster:stack",
-                                                     "ContextKeyValues": [spec.identity], "ContextKeyType": "string"}]
+    sends = [
+        r
+        for r in account["simulator"].requests
+        if r["ResourceArns"][0].endswith(":instance/i-00000000000000000")
+    ]
+    assert sends and sends[0]["ContextEntries"] == [
+        {
+            "ContextKeyName": "ssm:resourceTag/gpucluster:stack",
+            "ContextKeyValues": [spec.identity],
+            "ContextKeyType": "string",
+        }
+    ]
 
 
 def test_every_call_verify_makes_is_in_the_operator_policy(spec: StackSpec, account: dict[str, Any]) -> None:
@@ -304,13 +449,17 @@ def test_every_call_verify_makes_is_in_the_operator_policy(spec: StackSpec, acco
         for api, iam in IAM_NAMES.items():
             name = name.replace(api, iam)
         made.append(name)
+
     for service in ("sts", "lambda", "ec2", "autoscaling", "s3", "sns", "kms", "events", "cloudwatch"):
         clients(service).meta.events.register("before-call", record)
     verify(spec, clients)
     made += ["iam:SimulatePrincipalPolicy"] * bool(account["simulator"].requests)
     policy = allowed_actions(operator_policy(spec.identity))
     assert "ec2:RunInstances" in made and set(VERIFY_LAUNCH_ACTIONS) & policy == set()
-    assert set(made) - policy == {"sts:GetCallerIdentity", "ec2:RunInstances"}  # needs no permission; see docs
+    assert set(made) - policy == {
+        "sts:GetCallerIdentity",
+        "ec2:RunInstances",
+    }  # needs no permission; see docs
 
 
 # ------------------------------------------------------------------------------- fail
@@ -318,10 +467,18 @@ def test_every_call_verify_makes_is_in_the_operator_policy(spec: StackSpec, acco
 
 def test_a_guardrail_role_missing_a_call_fails(spec: StackSpec, account: dict[str, Any]) -> None:
     role = "test-job-restart-role-1a2b3c4"
-    boto3.client("iam").put_role_policy(RoleName=role, PolicyName="policy", PolicyDocument=guardrail_policy(
-        spec.identity, list(account["functions"].values()), account["topic"], account["key"], notify=False))
+    boto3.client("iam").put_role_policy(
+        RoleName=role,
+        PolicyName="policy",
+        PolicyDocument=guardrail_policy(
+            spec.identity, list(account["functions"].values()), account["topic"], account["key"], notify=False
+        ),
+    )
     check = results(spec, account)["guardrail-iam.job_restart"]
-    assert check.result == "fail" and f"sns:Publish on {account['topic']} (no statement allows it)" in check.detail
+    assert (
+        check.result == "fail"
+        and f"sns:Publish on {account['topic']} (no statement allows it)" in check.detail
+    )
     assert "pulumi up" in str(check.remedy)
     assert results(spec, account)["guardrail-iam.spot_interruption"].result == "pass"
 
@@ -329,8 +486,10 @@ def test_a_guardrail_role_missing_a_call_fails(spec: StackSpec, account: dict[st
 def test_a_guardrail_that_is_not_deployed_fails(spec: StackSpec, account: dict[str, Any]) -> None:
     boto3.client("lambda", region_name=REGION).delete_function(FunctionName="test-spot-interruption")
     check = results(spec, account)["guardrail-iam.spot_interruption"]
-    assert (check.result, check.detail) == ("fail", "no Lambda function test-spot-interruption: the guardrail "
-                                                    "is not deployed")
+    assert (check.result, check.detail) == (
+        "fail",
+        "no Lambda function test-spot-interruption: the guardrail is not deployed",
+    )
 
 
 def test_a_missing_launch_template_fails(spec: StackSpec, account: dict[str, Any]) -> None:
@@ -363,9 +522,15 @@ def test_an_inactive_cost_tag_fails(spec: StackSpec, account: dict[str, Any], st
 def test_a_topic_without_a_confirmed_subscription_fails(spec: StackSpec, account: dict[str, Any]) -> None:
     sns = boto3.client("sns", region_name=REGION)
     stub = Stubber(sns)
-    stub.add_response("list_subscriptions_by_topic", {"Subscriptions": [
-        {"SubscriptionArn": "PendingConfirmation", "Protocol": "email", "TopicArn": account["topic"]}]},
-        {"TopicArn": account["topic"]})
+    stub.add_response(
+        "list_subscriptions_by_topic",
+        {
+            "Subscriptions": [
+                {"SubscriptionArn": "PendingConfirmation", "Protocol": "email", "TopicArn": account["topic"]}
+            ]
+        },
+        {"TopicArn": account["topic"]},
+    )
     stub.activate()
     account["made"]["sns"] = sns
     check = results(spec, account)["notify-subscription"]
@@ -381,7 +546,10 @@ def test_a_disabled_or_missing_rule_fails(spec: StackSpec, account: dict[str, An
     events.disable_rule(Name="test-job-restart")
     events.delete_rule(Name="test-spot-interruption")
     found = results(spec, account)
-    assert (found["rule.test-job-restart"].result, found["rule.test-spot-interruption"].result) == ("fail", "fail")
+    assert (found["rule.test-job-restart"].result, found["rule.test-spot-interruption"].result) == (
+        "fail",
+        "fail",
+    )
     assert "enable-rule" in str(found["rule.test-job-restart"].remedy)
 
 
@@ -391,7 +559,11 @@ def test_a_missing_or_silenced_alarm_fails(spec: StackSpec, account: dict[str, A
     cloudwatch.delete_alarms(AlarmNames=[gone])
     cloudwatch.disable_alarm_actions(AlarmNames=[silenced])
     check = results(spec, account)["alarms"]
-    assert check.result == "fail" and f"missing: {gone}" in check.detail and f"disabled: {silenced}" in check.detail
+    assert (
+        check.result == "fail"
+        and f"missing: {gone}" in check.detail
+        and f"disabled: {silenced}" in check.detail
+    )
 
 
 # ---------------------------------------------------- schedules, endpoints, AMP (their stacks)
@@ -404,11 +576,19 @@ def run_alone(account: dict[str, Any], spec: StackSpec, check: Callable[[Deploye
 
 def test_schedules(spec: StackSpec, account: dict[str, Any]) -> None:
     scheduler = boto3.client("scheduler", region_name=REGION)
-    target = {"Arn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:test-spend-guard",
-              "RoleArn": f"arn:aws:iam::{ACCOUNT}:role/scheduler"}
+    target = {
+        "Arn": f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:test-spend-guard",
+        "RoleArn": f"arn:aws:iam::{ACCOUNT}:role/scheduler",
+    }
     for name, state in (("test-spend-guard", "ENABLED"), ("test-stop", "DISABLED")):
-        scheduler.create_schedule(Name=name, GroupName="default", ScheduleExpression="rate(5 minutes)",
-                                  FlexibleTimeWindow={"Mode": "OFF"}, Target=target, State=state)
+        scheduler.create_schedule(
+            Name=name,
+            GroupName="default",
+            ScheduleExpression="rate(5 minutes)",
+            FlexibleTimeWindow={"Mode": "OFF"},
+            Target=target,
+            State=state,
+        )
     assert run_alone(account, spec, lambda d: check_schedule(d, "test-spend-guard")).result == "pass"
     assert run_alone(account, spec, lambda d: check_schedule(d, "test-stop")).result == "fail"
     assert run_alone(account, spec, lambda d: check_schedule(d, "test-start")).result == "fail"
@@ -422,14 +602,25 @@ def test_endpoints_without_nat(base_config: dict[str, Any], account: dict[str, A
     services = no_nat_endpoints(no_nat)
     ec2 = boto3.client("ec2", region_name=REGION)
     for service in services[:-1]:
-        ec2.create_vpc_endpoint(VpcId=account["vpc"], ServiceName=f"com.amazonaws.{REGION}.{service}",
-                                VpcEndpointType="Interface", TagSpecifications=[{
-                                    "ResourceType": "vpc-endpoint",
-                                    "Tags": [{"Key": "gpucluster:stack", "Value": no_nat.identity}]}])
+        ec2.create_vpc_endpoint(
+            VpcId=account["vpc"],
+            ServiceName=f"com.amazonaws.{REGION}.{service}",
+            VpcEndpointType="Interface",
+            TagSpecifications=[
+                {
+                    "ResourceType": "vpc-endpoint",
+                    "Tags": [{"Key": "gpucluster:stack", "Value": no_nat.identity}],
+                }
+            ],
+        )
     check = run_alone(account, no_nat, lambda d: check_endpoints(d, services))
     assert check.result == "fail" and check.detail.startswith(f"missing: {services[-1]}")
     assert run_alone(account, no_nat, lambda d: check_endpoints(d, services[:-1])).result == "pass"
-    inject(clients_of(account)("ec2"), "DescribeVpcEndpoints", client_error("InternalFailure", "DescribeVpcEndpoints"))
+    inject(
+        clients_of(account)("ec2"),
+        "DescribeVpcEndpoints",
+        client_error("InternalFailure", "DescribeVpcEndpoints"),
+    )
     assert run_alone(account, no_nat, lambda d: check_endpoints(d, services)).result == "unknown"
 
 
@@ -437,13 +628,29 @@ def test_remote_write_to_amp(base_config: dict[str, Any], account: dict[str, Any
     base_config["gpucluster:observability"] = OBSERVED
     observed = stack(base_config)
     workspace = boto3.client("amp", region_name=REGION).create_workspace(
-        alias="gpucluster-t", tags={"gpucluster:stack": observed.identity})["arn"]
+        alias="gpucluster-t", tags={"gpucluster:stack": observed.identity}
+    )["arn"]
     iam = boto3.client("iam")
     assert run_alone(account, observed, lambda d: check_remote_write(d, "gpu")).result == "fail"
-    iam.put_role_policy(RoleName="test-node-identity-role-1a2b3c4", PolicyName="metrics", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["aps:RemoteWrite"],
-                                                 "Resource": [workspace], "Condition": {"StringEquals": {
-                                                     "aws:ResourceTag/gpucluster:stack": observed.identity}}}]}))
+    iam.put_role_policy(
+        RoleName="test-node-identity-role-1a2b3c4",
+        PolicyName="metrics",
+        PolicyDocument=json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Action": ["aps:RemoteWrite"],
+                        "Resource": [workspace],
+                        "Condition": {
+                            "StringEquals": {"aws:ResourceTag/gpucluster:stack": observed.identity}
+                        },
+                    }
+                ],
+            }
+        ),
+    )
     check = run_alone(account, observed, lambda d: check_remote_write(d, "gpu"))
     assert check.result == "pass" and workspace in check.detail
     account["simulator"].fault = client_error("ThrottlingException", "SimulatePrincipalPolicy")
@@ -453,22 +660,25 @@ def test_remote_write_to_amp(base_config: dict[str, Any], account: dict[str, Any
 # ------------------------------------------------------------------------------ unknown
 
 # (check id, the service and API call it needs): a fault there makes the check unknown, never pass.
-NEEDS = [("guardrail-iam.job_restart", "lambda", "GetFunctionConfiguration"),
-         ("guardrail-iam.spot_interruption", "kms", "DescribeKey"),
-         ("launch-template.gpu", "ec2", "DescribeLaunchTemplates"),
-         ("launch-template.gpu", "ec2", "RunInstances"),
-         ("scripts-bundle.gpu", "s3", "ListBuckets"),
-         ("scripts-bundle.gpu", "iam", "GetInstanceProfile"),
-         ("notify-subscription", "sns", "ListSubscriptionsByTopic"),
-         ("rule.test-job-restart", "events", "DescribeRule"),
-         ("alarms", "cloudwatch", "DescribeAlarms"),
-         ("alarms", "autoscaling", "DescribeAutoScalingGroups")]
+NEEDS = [
+    ("guardrail-iam.job_restart", "lambda", "GetFunctionConfiguration"),
+    ("guardrail-iam.spot_interruption", "kms", "DescribeKey"),
+    ("launch-template.gpu", "ec2", "DescribeLaunchTemplates"),
+    ("launch-template.gpu", "ec2", "RunInstances"),
+    ("scripts-bundle.gpu", "s3", "ListBuckets"),
+    ("scripts-bundle.gpu", "iam", "GetInstanceProfile"),
+    ("notify-subscription", "sns", "ListSubscriptionsByTopic"),
+    ("rule.test-job-restart", "events", "DescribeRule"),
+    ("alarms", "cloudwatch", "DescribeAlarms"),
+    ("alarms", "autoscaling", "DescribeAutoScalingGroups"),
+]
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 @pytest.mark.parametrize(("check_id", "service", "operation"), NEEDS)
-def test_a_check_that_cannot_run_is_unknown(spec: StackSpec, account: dict[str, Any], check_id: str, service: str,
-                                            operation: str, fault: str) -> None:
+def test_a_check_that_cannot_run_is_unknown(
+    spec: StackSpec, account: dict[str, Any], check_id: str, service: str, operation: str, fault: str
+) -> None:
     clients = clients_of(account)
     target = clients(service).iam if service == "iam" else clients(service)
     inject(target, operation, client_error(fault, operation))
@@ -480,26 +690,38 @@ def test_a_check_that_cannot_run_is_unknown(spec: StackSpec, account: dict[str, 
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_the_simulator_or_cost_explorer_failing_is_unknown(spec: StackSpec, account: dict[str, Any],
-                                                           fault: str) -> None:
+def test_the_simulator_or_cost_explorer_failing_is_unknown(
+    spec: StackSpec, account: dict[str, Any], fault: str
+) -> None:
     account["simulator"].fault = client_error(fault, "SimulatePrincipalPolicy")
     account["made"]["ce"] = cost_tags(error=fault)
     found = results(spec, account)
-    for check_id in ("guardrail-iam.job_restart", "guardrail-iam.spot_interruption", "scripts-bundle.gpu", "cost-tag"):
+    for check_id in (
+        "guardrail-iam.job_restart",
+        "guardrail-iam.spot_interruption",
+        "scripts-bundle.gpu",
+        "cost-tag",
+    ):
         assert found[check_id].result == "unknown" and fault in found[check_id].detail, found[check_id]
     assert found["launch-template.gpu"].result == "pass"
 
 
 def test_a_timeout_is_unknown(spec: StackSpec, account: dict[str, Any]) -> None:
     clients = clients_of(account)
-    inject(clients("events"), "DescribeRule", ReadTimeoutError(endpoint_url="https://events.us-east-1.amazonaws.com"))
+    inject(
+        clients("events"),
+        "DescribeRule",
+        ReadTimeoutError(endpoint_url="https://events.us-east-1.amazonaws.com"),
+    )
     check = {c.id: c for c in verify(spec, clients).checks}["rule.test-job-restart"]
     assert check.result == "unknown" and "Read timeout" in check.detail
 
 
 def test_aws_out_of_reach_is_an_error_not_a_checklist(spec: StackSpec, account: dict[str, Any]) -> None:
     clients = clients_of(account)
-    inject(clients("sts"), "GetCallerIdentity", EndpointConnectionError(endpoint_url="https://sts.amazonaws.com"))
+    inject(
+        clients("sts"), "GetCallerIdentity", EndpointConnectionError(endpoint_url="https://sts.amazonaws.com")
+    )
     with pytest.raises(VerifyError, match="cannot reach AWS"):
         verify(spec, clients)
 
@@ -519,15 +741,27 @@ def moto_endpoint() -> Iterator[str]:
 
 
 def run_verify(path: Path, endpoint: str, *more: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1"}
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_MAX_ATTEMPTS": "1",
+    }
     env.pop("AWS_PROFILE", None)
-    return subprocess.run([sys.executable, "-m", "gpucluster.cli", "verify", str(path), *more], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "gpucluster.cli", "verify", str(path), *more],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-def test_verify_against_a_moto_server(moto_endpoint: str, base_config: dict[str, Any],
-                                      write_stack: Callable[..., Path]) -> None:
+def test_verify_against_a_moto_server(
+    moto_endpoint: str, base_config: dict[str, Any], write_stack: Callable[..., Path]
+) -> None:
     """Nothing deployed: every check fails or cannot run (moto has no simulator, no Cost Explorer), exit 1."""
     path = write_stack(base_config, "t")
     done = run_verify(path, moto_endpoint, "--json")
@@ -535,7 +769,7 @@ def test_verify_against_a_moto_server(moto_endpoint: str, base_config: dict[str,
     document = json.loads(done.stdout)
     assert set(document) == {"stack", "region", "identity", "account", "checks", "counts", "passed"}
     assert document["account"] == ACCOUNT and document["passed"] is False
-    assert [set(c) for c in document["checks"]][0] == {"id", "name", "subject", "result", "detail", "remedy"}
+    assert next(set(c) for c in document["checks"]) == {"id", "name", "subject", "result", "detail", "remedy"}
     assert sum(document["counts"].values()) == len(document["checks"]) and document["counts"]["pass"] == 0
     by_id = {c["id"]: c for c in document["checks"]}
     assert by_id["launch-template.gpu"]["result"] == "fail" and by_id["launch-template.gpu"]["remedy"]

@@ -33,7 +33,8 @@ def verify(stack: StackArg, as_json: JsonOption = False) -> None:
     (IAM policy simulator), launch templates (EC2 DryRun), the scripts bundle, the cost tag, the
     notify subscription, schedules, rules, alarms, VPC endpoints without NAT and AMP remote write.
     Exit 1 when a check fails or cannot run."""
-    from gpucluster.ops.verify import counts, verify as run_verify
+    from gpucluster.ops.verify import counts
+    from gpucluster.ops.verify import verify as run_verify
 
     render.use_json(as_json)
     spec = build_spec(stack)

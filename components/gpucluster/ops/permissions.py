@@ -20,7 +20,6 @@ from gpucluster.fleet.runcommand import RUN_SHELL_DOCUMENT
 from gpucluster.fleet.tags import STACK_TAG, STATE_TAGS
 from gpucluster.noderole import run_log_group_name
 
-
 # `gpucluster verify` (ops/verify.py): describes, lists and IAM's policy simulator, nothing that changes
 # anything. Resource "*": these reads name resources of many types (functions, roles, topics, schedules,
 # alarms, buckets); sts:GetCallerIdentity needs no permission (STS API reference).

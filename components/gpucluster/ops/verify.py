@@ -15,8 +15,9 @@ the simulator and DryRun: nothing is created or changed. Clients come from `ops.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
@@ -346,7 +347,7 @@ def check_schedule(deployed: Deployed, name: str) -> Outcome:
     if state == "ENABLED":
         return Outcome("pass", f"schedule {name} is enabled")
     return Outcome("fail", f"schedule {name} is {state}: its guardrail never runs",
-                   f"`aws scheduler update-schedule` with --state ENABLED, or `pulumi up`")
+                   "`aws scheduler update-schedule` with --state ENABLED, or `pulumi up`")
 
 
 def check_rule(deployed: Deployed, name: str) -> Outcome:
@@ -461,12 +462,12 @@ def plan_checks(spec: StackSpec, clients: Clients, account: Account) -> list[Pla
     for module, suffix in HANDLER_FUNCTIONS.items():
         if f"{c}-{suffix}" in functions:
             add(f"guardrail-iam.{module}", "guardrail role may make its handler's calls", f"{c}-{suffix}",
-                lambda m=module, f=f"{c}-{suffix}": check_guardrail_role(deployed, m, f))
+                partial(check_guardrail_role, deployed, module, f"{c}-{suffix}"))
     for group in spec.node_groups:
         add(f"launch-template.{group.name}", "launch template launches (EC2 DryRun)", group.name,
-            lambda g=group: check_launch_template(deployed, g))
+            partial(check_launch_template, deployed, group))
         add(f"scripts-bundle.{group.name}", "node role may read the scripts bundle", group.name,
-            lambda g=group.name: check_scripts_bundle(deployed, g))
+            partial(check_scripts_bundle, deployed, group.name))
     add("cost-tag", "cost-allocation tag is active", STACK_TAG, lambda: check_cost_tag(deployed))
     topic = next(name for type_, name in physical if type_ == "aws:sns/topic:Topic")
     add("notify-subscription", "notify topic has a confirmed subscription", topic,
@@ -474,10 +475,10 @@ def plan_checks(spec: StackSpec, clients: Clients, account: Account) -> list[Pla
     for type_, name in physical:
         if type_ == "aws:scheduler/schedule:Schedule":
             add(f"schedule.{name}", "guardrail schedule exists and is enabled", name,
-                lambda n=name: check_schedule(deployed, n))
+                partial(check_schedule, deployed, name))
         elif type_ == "aws:cloudwatch/eventRule:EventRule":
             add(f"rule.{name}", "guardrail rule exists and is enabled", name,
-                lambda n=name: check_rule(deployed, n))
+                partial(check_rule, deployed, name))
     alarm_names = [name for type_, name in physical if type_ in ALARM_TYPES]
     if alarm_names:
         add("alarms", "guardrail alarms exist with actions enabled", f"{len(alarm_names)} alarms",
@@ -489,7 +490,7 @@ def plan_checks(spec: StackSpec, clients: Clients, account: Account) -> list[Pla
     if spec.observability.prometheus.active:
         for group in spec.node_groups:
             add(f"amp-remote-write.{group.name}", "node role may remote-write to AMP", group.name,
-                lambda g=group.name: check_remote_write(deployed, g))
+                partial(check_remote_write, deployed, group.name))
     return checks
 
 

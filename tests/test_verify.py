@@ -46,7 +46,7 @@ from gpucluster.ops.verify import (
     run_check,
     verify,
 )
-from gpucluster.ops.verifyiam import Account
+from gpucluster.ops.verifyiam import Account, handler_actions
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import StackSpec, generated_bucket_prefix
 from iam_eval import allowed
@@ -414,6 +414,24 @@ def test_without_nat_the_endpoints_are_network_py_s_and_amp_s(base_config: dict[
     assert no_nat_endpoints(stack(base_config))[-1] == "aps-workspaces"
 
 
+def test_a_handler_is_asked_only_what_its_stack_deployed_it_to_do() -> None:
+    bare = handler_actions("autostop", {}, starts_groups=False)
+    assert not {
+        "ssm:SendCommand",
+        "ssm:GetCommandInvocation",
+        "ec2:DescribeInstances",
+        "autoscaling:DeleteTags",
+    } & set(bare)
+    full = handler_actions(
+        "autostop", {"PRE_STOP_COMMAND": "sync", "MAX_LIFETIME_HOURS": "8"}, starts_groups=True
+    )
+    assert {"ssm:SendCommand", "ec2:DescribeInstances", "autoscaling:DeleteTags"} <= set(full)
+    assert "ssm:SendCommand" not in handler_actions("spot_interruption", {}, starts_groups=False)
+    slurm = handler_actions("budget_action", {"PCS_CLUSTER_ID": "pcs_1"}, starts_groups=False)
+    assert "pcs:UpdateComputeNodeGroup" in slurm and not [a for a in slurm if a.startswith("autoscaling:")]
+    assert "ssm:SendCommand" in handler_actions("job_restart", {}, starts_groups=False)
+
+
 # ------------------------------------------------------------------------------- pass
 
 
@@ -504,6 +522,39 @@ def test_a_launch_ec2_refuses_fails(spec: StackSpec, account: dict[str, Any]) ->
     inject(clients("ec2"), "RunInstances", client_error("UnauthorizedOperation", "RunInstances"))
     check = {c.id: c for c in verify(spec, clients).checks}["launch-template.gpu"]
     assert check.result == "fail" and "decode-authorization-message" in str(check.remedy)
+
+
+def test_a_template_with_network_interfaces_launches_in_the_group_s_subnet(
+    spec: StackSpec, account: dict[str, Any]
+) -> None:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    group = ec2.create_security_group(GroupName="nodes", Description="nodes", VpcId=account["vpc"])["GroupId"]
+    ec2.create_launch_template_version(
+        LaunchTemplateId=account["template"],
+        SourceVersion="1",
+        LaunchTemplateData={
+            "NetworkInterfaces": [
+                {
+                    "DeviceIndex": 0,
+                    "NetworkCardIndex": 0,
+                    "Groups": [group],
+                    "InterfaceType": "efa",
+                    "DeleteOnTermination": True,
+                }
+            ]
+        },
+    )
+    ec2.modify_launch_template(LaunchTemplateId=account["template"], DefaultVersion="2")
+    check = results(spec, account)["launch-template.gpu"]
+    assert check.result == "pass" and account["subnet"] in check.detail
+
+
+def test_a_template_without_its_group_cannot_be_tried(spec: StackSpec, account: dict[str, Any]) -> None:
+    boto3.client("autoscaling", region_name=REGION).delete_auto_scaling_group(
+        AutoScalingGroupName="test-gpu-asg-1a2b3c4", ForceDelete=True
+    )
+    check = results(spec, account)["launch-template.gpu"]
+    assert check.result == "unknown" and "no Auto Scaling group of node group gpu" in check.detail
 
 
 def test_a_node_role_that_cannot_read_the_bundle_fails(spec: StackSpec, account: dict[str, Any]) -> None:

@@ -146,8 +146,10 @@ class Deployed:
         """The Auto Scaling groups tagged with the stack (none on a Slurm stack: PCS runs its nodes)."""
         return self._once(("groups",), lambda: stack_groups(self.clients("autoscaling"), self.spec.identity))
 
-    def asg_arns(self) -> list[str]:
-        return [str(g["AutoScalingGroupARN"]) for g in self.groups()]
+    def asg_arns(self, node_groups: set[str] | None = None) -> list[str]:
+        """The ARNs of the stack's Auto Scaling groups (only those of `node_groups` when given)."""
+        return [str(g["AutoScalingGroupARN"]) for g in self.groups()
+                if node_groups is None or group_tags(g).get(NODE_GROUP_TAG) in node_groups]
 
     def launch_template(self, group: str) -> dict[str, Any]:
         """The default version of the node group's launch template, found by the stack's and group's tags."""
@@ -212,8 +214,13 @@ def check_guardrail_role(deployed: Deployed, module: str, function: str) -> Outc
         return Outcome("fail", f"no Lambda function {function}: the guardrail is not deployed",
                        "run `pulumi up` for this stack")
     environment = config.get("Environment", {}).get("Variables", {})
-    calls, missing = guardrail_calls(module, function, environment, deployed.account, deployed.spec.identity,
-                                     deployed.clients, deployed.asg_arns)
+    spec = deployed.spec
+    # The Capacity Block handler scales only the groups on a block (aws/guardrail_events.py).
+    scaled = ({g.name for g in spec.node_groups if g.capacity.market == "capacity_block"}
+              if module == "capacity_block" else None)
+    calls, missing = guardrail_calls(module, function, environment, deployed.account, spec.identity,
+                                     deployed.clients, partial(deployed.asg_arns, scaled),
+                                     starts_groups=bool(spec.autostop.start_schedule))
     denied = simulate(deployed.clients("iam"), str(config["Role"]), calls)
     return _simulated(denied, f"{len(calls)} calls of {module}", missing,
                       "the role's policy (the guardrail's `-policy` resource) or an SCP or permissions "
@@ -239,21 +246,27 @@ def check_launch_template(deployed: Deployed, group: NodeGroupConfig) -> Outcome
         return Outcome("fail", f"no launch template tagged {STACK_TAG}={deployed.spec.identity} and "
                        f"{NODE_GROUP_TAG}={group.name}", "run `pulumi up` for this stack")
     subnet = _subnet_of(deployed, group.name)
+    if subnet is None:
+        return Outcome("unknown", f"no Auto Scaling group of node group {group.name} with a subnet was found "
+                       "to launch in (a Slurm stack's groups are AWS PCS's: left for its own checks)")
+    ec2 = deployed.clients("ec2")
     request: dict[str, Any] = {"DryRun": True, "MinCount": 1, "MaxCount": 1,
                                "LaunchTemplate": {"LaunchTemplateId": template["LaunchTemplateId"],
                                                   "Version": "$Default"}}
     if "InstanceType" not in template["Data"]:
         request["InstanceType"] = group.instance_types[0]
     interfaces = template["Data"].get("NetworkInterfaces")
-    if subnet and interfaces:  # the template's own interfaces, placed in the group's subnet
-        request["NetworkInterfaces"] = [{**{k: v for k, v in nic.items() if k != "Ipv6Addresses"},
-                                         "SubnetId": subnet} for nic in interfaces]
-    elif subnet:
+    if interfaces:  # the template's own interfaces, placed in the group's subnet as Auto Scaling does
+        takes = set(ec2.meta.service_model.operation_model("RunInstances").input_shape
+                    .members["NetworkInterfaces"].member.members)
+        request["NetworkInterfaces"] = [{**{k: v for k, v in nic.items() if k in takes}, "SubnetId": subnet}
+                                        for nic in interfaces]
+    else:
         request["SubnetId"] = subnet
-    where = f" in {subnet}" if subnet else " (no subnet of the group found: EC2 picks the default VPC's)"
+    where = f" in {subnet}"
     name = template["LaunchTemplateName"]
     try:
-        deployed.clients("ec2").run_instances(**request)
+        ec2.run_instances(**request)
     except ClientError as err:
         code = str(err.response.get("Error", {}).get("Code"))
         if code == "DryRunOperation":
@@ -266,7 +279,7 @@ def check_launch_template(deployed: Deployed, group: NodeGroupConfig) -> Outcome
                            "action and resource refused: your missing ec2:RunInstances / iam:PassRole (run "
                            "verify as a role that may launch, e.g. the deploy role) or a key, profile or "
                            "security group the template names that nobody may use")
-        if code.startswith(("Invalid", "MissingParameter")) or code in {"InvalidParameterCombination"}:
+        if code.startswith(("Invalid", "MissingParameter")):
             return Outcome("fail", f"{name}{where}: EC2 rejects the template: {code}: {_first(err)}",
                            "compare the template with the stack file and run `pulumi up`")
         raise
@@ -275,11 +288,7 @@ def check_launch_template(deployed: Deployed, group: NodeGroupConfig) -> Outcome
 
 def _subnet_of(deployed: Deployed, group: str) -> str | None:
     """A subnet the group launches in: its Auto Scaling group's first (none on a Slurm stack)."""
-    try:
-        groups = deployed.groups()
-    except (ClientError, BotoCoreError):
-        return None
-    for g in groups:
+    for g in deployed.groups():
         if group_tags(g).get(NODE_GROUP_TAG) == group and g.get("VPCZoneIdentifier"):
             return str(g["VPCZoneIdentifier"]).split(",")[0]
     return None

@@ -40,6 +40,10 @@ TOPIC_KEY_ACTIONS = ("kms:GenerateDataKey", "kms:Decrypt")
 # (DynamoDB developer guide, "How Amazon DynamoDB uses AWS KMS"), not re-checked from this machine:
 # kms:Decrypt to use the table key, kms:GenerateDataKey for new data keys, through dynamodb.<region>.
 TABLE_KEY_ACTIONS = ("kms:Decrypt", "kms:GenerateDataKey")
+# The hook a handler runs only when the stack names its command (its environment then holds it).
+HOOK_ENV = {"autostop": "PRE_STOP_COMMAND", "capacity_block": "PRE_STOP_COMMAND",
+            "spot_interruption": "INTERRUPTION_COMMAND"}
+HOOK_ACTIONS = ("ssm:SendCommand", "ssm:GetCommandInvocation")
 # A placeholder instance: SendCommand's grant is by tag on instance/*, the id does not matter.
 ANY_INSTANCE = "i-00000000000000000"
 # Simulator answers: at most 1000 results a page (IAM API reference, MaxItems).
@@ -73,20 +77,36 @@ class Denied:
         return f"{self.action}{where} ({self.why})"
 
 
+def handler_actions(module: str, environment: Mapping[str, str], *, starts_groups: bool) -> list[str]:
+    """The actions `module` calls as this stack deployed it: `IAM_ACTIONS` less what only some stacks ask
+    for (a hook command, a maximum lifetime, a start schedule: aws/guardrail_events.py grants them only
+    then), with the PCS actions instead of Auto Scaling's on a Slurm stack (PCS_CLUSTER_ID set)."""
+    actions = list(IAM_ACTIONS[module])
+    if module in HOOK_ENV and not environment.get(HOOK_ENV[module]):
+        actions = [a for a in actions if a not in HOOK_ACTIONS]
+    if module == "autostop":
+        if not environment.get("MAX_LIFETIME_HOURS"):
+            actions.remove("ec2:DescribeInstances")
+        if not starts_groups:
+            actions.remove("autoscaling:DeleteTags")
+    if environment.get(PCS_CLUSTER_ENV):
+        actions = [a for a in actions if not a.startswith("autoscaling:")]
+        actions += [a for a in PCS_IAM_ACTIONS.get(module, ()) if a not in actions]
+    return actions
+
+
 def guardrail_calls(module: str, function: str, environment: Mapping[str, str], account: Account,
-                    identity: str, clients: Callable[[str], Any],
-                    asg_arns: Callable[[], list[str]]) -> tuple[list[Call], list[str]]:
+                    identity: str, clients: Callable[[str], Any], asg_arns: Callable[[], list[str]],
+                    *, starts_groups: bool) -> tuple[list[Call], list[str]]:
     """Every call handler `module` (Lambda function `function`) makes with its role, and what could not
     be turned into a call (caveats).
 
     `environment` is the deployed function's: it names the topic, the guard-state table, the run log
     group and, on a Slurm stack, the PCS cluster (then the handler acts on PCS groups, not Auto Scaling).
+    `asg_arns`: the groups it scales; `starts_groups`: the stack has a start schedule (autostop).
     """
     pcs_cluster = environment.get(PCS_CLUSTER_ENV)
-    actions = list(IAM_ACTIONS[module])
-    if pcs_cluster:
-        actions = [a for a in actions if not a.startswith("autoscaling:")]
-        actions += [a for a in PCS_IAM_ACTIONS.get(module, ()) if a not in actions]
+    actions = handler_actions(module, environment, starts_groups=starts_groups)
     calls: list[Call] = []
     caveats: list[str] = []
     calls += function_log_calls(account, function)

@@ -378,8 +378,8 @@ def test_the_plan_names_each_check_with_a_stable_id(base_config: dict[str, Any])
         "scripts-bundle.gpu",
         "cost-tag",
         "notify-subscription",
-        "rule.test-job-restart",
-        "rule.test-spot-interruption",
+        "rule.job-restart",
+        "rule.spot-interruption",
         "alarms",
     ]
     base_config["gpucluster:budget"] = {"monthly_limit_usd": 1000, "action_threshold_percent": 100}
@@ -391,9 +391,9 @@ def test_the_plan_names_each_check_with_a_stable_id(base_config: dict[str, Any])
         "guardrail-iam.budget_action",
         "guardrail-iam.spend_guard",
         "guardrail-iam.autostop",
-        "schedule.test-spend-guard",
-        "schedule.test-stop",
-        "rule.test-idle",
+        "schedule.spend-guard",
+        "schedule.stop",
+        "rule.idle",
         "endpoints",
         "amp-remote-write.gpu",
     } <= set(full)
@@ -597,11 +597,11 @@ def test_a_disabled_or_missing_rule_fails(spec: StackSpec, account: dict[str, An
     events.disable_rule(Name="test-job-restart")
     events.delete_rule(Name="test-spot-interruption")
     found = results(spec, account)
-    assert (found["rule.test-job-restart"].result, found["rule.test-spot-interruption"].result) == (
+    assert (found["rule.job-restart"].result, found["rule.spot-interruption"].result) == (
         "fail",
         "fail",
     )
-    assert "enable-rule" in str(found["rule.test-job-restart"].remedy)
+    assert "enable-rule" in str(found["rule.job-restart"].remedy)
 
 
 def test_a_missing_or_silenced_alarm_fails(spec: StackSpec, account: dict[str, Any]) -> None:
@@ -719,7 +719,7 @@ NEEDS = [
     ("scripts-bundle.gpu", "s3", "ListBuckets"),
     ("scripts-bundle.gpu", "iam", "GetInstanceProfile"),
     ("notify-subscription", "sns", "ListSubscriptionsByTopic"),
-    ("rule.test-job-restart", "events", "DescribeRule"),
+    ("rule.job-restart", "events", "DescribeRule"),
     ("alarms", "cloudwatch", "DescribeAlarms"),
     ("alarms", "autoscaling", "DescribeAutoScalingGroups"),
 ]
@@ -764,7 +764,7 @@ def test_a_timeout_is_unknown(spec: StackSpec, account: dict[str, Any]) -> None:
         "DescribeRule",
         ReadTimeoutError(endpoint_url="https://events.us-east-1.amazonaws.com"),
     )
-    check = {c.id: c for c in verify(spec, clients).checks}["rule.test-job-restart"]
+    check = {c.id: c for c in verify(spec, clients).checks}["rule.job-restart"]
     assert check.result == "unknown" and "Read timeout" in check.detail
 
 

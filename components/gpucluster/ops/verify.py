@@ -483,10 +483,10 @@ def plan_checks(spec: StackSpec, clients: Clients, account: Account) -> list[Pla
         lambda: check_subscription(deployed, topic))
     for type_, name in physical:
         if type_ == "aws:scheduler/schedule:Schedule":
-            add(f"schedule.{name}", "guardrail schedule exists and is enabled", name,
+            add(f"schedule.{name.removeprefix(f'{c}-')}", "guardrail schedule exists and is enabled", name,
                 partial(check_schedule, deployed, name))
         elif type_ == "aws:cloudwatch/eventRule:EventRule":
-            add(f"rule.{name}", "guardrail rule exists and is enabled", name,
+            add(f"rule.{name.removeprefix(f'{c}-')}", "guardrail rule exists and is enabled", name,
                 partial(check_rule, deployed, name))
     alarm_names = [name for type_, name in physical if type_ in ALARM_TYPES]
     if alarm_names:

@@ -828,6 +828,7 @@ def test_verify_against_a_moto_server(
     text = run_verify(path, moto_endpoint)
     assert text.returncode == 1 and "remedy: run `pulumi up` for this stack" in text.stdout
     assert "could not be checked" in text.stdout.splitlines()[-1]
+    assert max(len(line) for line in text.stdout.splitlines()) <= 100
 
 
 def test_verify_without_aws_exits_2(base_config: dict[str, Any], write_stack: Callable[..., Path]) -> None:

@@ -50,8 +50,11 @@ def verify(stack: StackArg, as_json: JsonOption = False) -> None:
                             f"gpucluster:stack={spec.identity}: the deployed stack checked in its account"):
         render.echo(line)
     for check in result.checks:
-        mark = render.paint(f"{check.result:<7}", STYLES[check.result])
-        render.echo(f"  {mark} {check.id}  {check.name}: {check.subject}")
+        first, *rest = render.wrap(f"{check.result:<7} {check.id}  {check.name}: {check.subject}",
+                                   indent="  ", hang="          ")
+        render.echo(first.replace(check.result, render.paint(check.result, STYLES[check.result]), 1))
+        for line in rest:
+            render.echo(line)
         for line in render.wrap(check.detail, indent="            "):
             render.echo(line)
         if check.remedy:

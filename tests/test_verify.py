@@ -46,7 +46,7 @@ from gpucluster.ops.verify import (
     run_check,
     verify,
 )
-from gpucluster.ops.verifyiam import Account, handler_actions
+from gpucluster.ops.verifyiam import Account, guardrail_calls, handler_actions
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import StackSpec, generated_bucket_prefix
 from iam_eval import allowed
@@ -430,6 +430,54 @@ def test_a_handler_is_asked_only_what_its_stack_deployed_it_to_do() -> None:
     slurm = handler_actions("budget_action", {"PCS_CLUSTER_ID": "pcs_1"}, starts_groups=False)
     assert "pcs:UpdateComputeNodeGroup" in slurm and not [a for a in slurm if a.startswith("autoscaling:")]
     assert "ssm:SendCommand" in handler_actions("job_restart", {}, starts_groups=False)
+
+
+def test_on_a_slurm_stack_a_handler_is_asked_about_its_pcs_groups_and_login_node() -> None:
+    """PCS_CLUSTER_ID in the environment: the stack's compute node groups (the login group's left out,
+    no guardrail may change it) and Run Command on the login node only, no Auto Scaling call."""
+    pcs = boto3.client("pcs", region_name=REGION)
+    stub = Stubber(pcs)
+    group = f"arn:aws:pcs:{REGION}:{ACCOUNT}:cluster/pcs_1/computenodegroup/"
+    answer = {
+        "computeNodeGroups": [
+            {
+                "name": n,
+                "id": f"{n}_1",
+                "arn": group + f"{n}_1",
+                "clusterId": "pcs_1",
+                "status": "ACTIVE",
+                "createdAt": "2026-11-29T00:00:00Z",
+                "modifiedAt": "2026-11-29T00:00:00Z",
+            }
+            for n in ("train", "login")
+        ]
+    }
+    for _ in range(2):  # GetComputeNodeGroup and UpdateComputeNodeGroup
+        stub.add_response("list_compute_node_groups", answer, {"clusterIdentifier": "pcs_1"})
+    stub.activate()
+    env = {"PCS_CLUSTER_ID": "pcs_1"}
+    calls, caveats = guardrail_calls(
+        "spend_guard",
+        "t-spend-guard",
+        env,
+        HERE,
+        "acme/t",
+        {"pcs": pcs}.__getitem__,
+        list,
+        starts_groups=False,
+    )
+    assert caveats == [
+        "the function has no GUARD_STATE_TABLE: the guard-state calls were not simulated",
+        "the function has no NOTIFY_TOPIC_ARN: sns:Publish not simulated",
+    ]
+    on = {(action, resource) for action, resource, _ in calls}
+    assert ("pcs:UpdateComputeNodeGroup", group + "train_1") in on
+    assert not [r for a, r in on if r == group + "login_1" or a.startswith("autoscaling:")]
+    login = [c for a, r, c in calls if a == "ssm:SendCommand" and ":instance/" in r]
+    assert dict(login[0]) == {
+        "ssm:resourceTag/gpucluster:stack": "acme/t",
+        "ssm:resourceTag/gpucluster:node-group": "login",
+    }
 
 
 # ------------------------------------------------------------------------------- pass

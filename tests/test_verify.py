@@ -605,6 +605,23 @@ def test_a_template_without_its_group_cannot_be_tried(spec: StackSpec, account: 
     assert check.result == "unknown" and "no Auto Scaling group of node group gpu" in check.detail
 
 
+@pytest.mark.parametrize(
+    ("code", "result"),
+    [
+        ("InvalidAMIID.NotFound", "fail"),
+        ("InvalidParameterValue", "fail"),
+        ("InvalidClientTokenId", "unknown"),
+        ("InsufficientInstanceCapacity", "unknown"),
+    ],
+)
+def test_what_ec2_says_of_a_template(
+    spec: StackSpec, account: dict[str, Any], code: str, result: str
+) -> None:
+    clients = clients_of(account)
+    inject(clients("ec2"), "RunInstances", client_error(code, "RunInstances"))
+    assert {c.id: c for c in verify(spec, clients).checks}["launch-template.gpu"].result == result
+
+
 def test_a_node_role_that_cannot_read_the_bundle_fails(spec: StackSpec, account: dict[str, Any]) -> None:
     boto3.client("iam").delete_role_policy(RoleName="test-node-identity-role-1a2b3c4", PolicyName="scripts")
     check = results(spec, account)["scripts-bundle.gpu"]

@@ -42,6 +42,12 @@ HANDLER_FUNCTIONS = {"budget_action": "budget-action", "spend_guard": "spend-gua
 # A VPC endpoint that works (EC2 API reference, VpcEndpoint.State; the model spells it "Available").
 ENDPOINT_READY = "available"
 ALARM_TYPES = ("aws:cloudwatch/metricAlarm:MetricAlarm", "aws:cloudwatch/compositeAlarm:CompositeAlarm")
+# EC2 error codes that mean the request the template makes is wrong (EC2 API reference, "Error codes for
+# the Amazon EC2 API"; the prefixes are from memory, not re-checked from this machine). Any other code
+# (credentials, throttling, capacity, a 5xx) says nothing of the template: the check is unknown.
+TEMPLATE_ERRORS = ("InvalidParameter", "MissingParameter", "InvalidAMIID", "InvalidSubnetID", "InvalidGroup",
+                   "InvalidKeyPair", "InvalidSnapshot", "InvalidLaunchTemplate", "InvalidBlockDeviceMapping",
+                   "InvalidPlacementGroup", "InvalidNetworkInterface")
 # CloudWatch DescribeAlarms takes at most 100 names a call (CloudWatch API reference, AlarmNames).
 ALARMS_PER_CALL = 100
 
@@ -279,7 +285,7 @@ def check_launch_template(deployed: Deployed, group: NodeGroupConfig) -> Outcome
                            "action and resource refused: your missing ec2:RunInstances / iam:PassRole (run "
                            "verify as a role that may launch, e.g. the deploy role) or a key, profile or "
                            "security group the template names that nobody may use")
-        if code.startswith(("Invalid", "MissingParameter")):
+        if code.startswith(TEMPLATE_ERRORS):
             return Outcome("fail", f"{name}{where}: EC2 rejects the template: {code}: {_first(err)}",
                            "compare the template with the stack file and run `pulumi up`")
         raise

@@ -34,7 +34,7 @@ def test_every_command_is_in_the_table_once() -> None:
     assert [c.name for c in app.registered_commands] == names
     assert [g.name for g in app.registered_groups] == ["capacity", "dashboards", "image"]
     assert set(COMMAND_MODULES) == {"capacity", "dashboards", "doctor", "fleet", "images", "jobs", "planning",
-                                    "spend"}
+                                    "spend", "verify"}
     assert {f"gpucluster.cli.{m}" for m in COMMAND_MODULES} == set(command_modules(repo_graph()))
 
 

@@ -14,7 +14,7 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from gpucluster.cli import app
-from gpucluster.ops.permissions import allowed_actions, operator_policy
+from gpucluster.ops.permissions import VERIFY_ACTIONS, allowed_actions, operator_policy
 from gpucluster.plan import load_stack
 from moto_groups import create_stack_groups, tag_node_group
 
@@ -99,8 +99,9 @@ def test_every_call_the_commands_make_is_allowed(calls: list[str]) -> None:
     # and nothing in the policy is there for no reason
     # (the guard-state items and key are used only when the stack has its table: here it has none;
     # image build: Image Builder is not in moto; tests/test_image_build.py checks its calls are allowed;
-    # DescribeSpotPriceHistory: status prices spot nodes at the spot price; these nodes are on-demand)
+    # DescribeSpotPriceHistory: status prices spot nodes at the spot price; these nodes are on-demand;
+    # verify: tests/test_verify.py checks every call it makes is allowed)
     assert allowed - set(calls) <= {"ssm:CancelCommand", "logs:GetLogEvents", "logs:FilterLogEvents",
                                     "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "kms:Decrypt",
                                     "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey",
-                                    "ec2:DescribeSpotPriceHistory", *IMAGE_BUILD_ACTIONS}
+                                    "ec2:DescribeSpotPriceHistory", *IMAGE_BUILD_ACTIONS, *VERIFY_ACTIONS}

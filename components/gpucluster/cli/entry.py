@@ -13,16 +13,16 @@ import sys
 
 import typer
 
-from gpucluster.cli import capacity, dashboards, doctor, fleet, images, jobs, planning, render, spend
+from gpucluster.cli import capacity, dashboards, doctor, fleet, images, jobs, planning, render, spend, verify
 from gpucluster.cli.common import EXIT_BLOCKED, EXIT_INVALID, app
 
 # (name, function): the order of `gpucluster --help`.
 COMMANDS = (
     ("plan", planning.plan), ("cost", planning.cost), ("recommend", planning.recommend),
-    ("doctor", doctor.doctor), ("status", fleet.status), ("resume", fleet.resume), ("init", planning.init),
-    ("nodes", fleet.nodes), ("run", jobs.run), ("hostfile", jobs.hostfile), ("scale", fleet.scale),
-    ("stop", fleet.stop), ("start", fleet.start), ("jobs", jobs.list_jobs), ("logs", jobs.logs),
-    ("cancel", jobs.cancel), ("login", jobs.login), ("spend", spend.spend),
+    ("doctor", doctor.doctor), ("verify", verify.verify), ("status", fleet.status), ("resume", fleet.resume),
+    ("init", planning.init), ("nodes", fleet.nodes), ("run", jobs.run), ("hostfile", jobs.hostfile),
+    ("scale", fleet.scale), ("stop", fleet.stop), ("start", fleet.start), ("jobs", jobs.list_jobs),
+    ("logs", jobs.logs), ("cancel", jobs.cancel), ("login", jobs.login), ("spend", spend.spend),
 )
 for _name, _command in COMMANDS:
     app.command(_name)(_command)

@@ -2,8 +2,9 @@
 
 `nodes`, `hostfile`, `run` (and `--nccl-test`), `jobs`, `logs` (and `--follow`),
 `cancel`, `scale`, `stop`, `start`, `status` (with its GPU health columns), `resume` and
-`image build`
-call only the actions below, and write only to groups and instances carrying the stack's
+`image build`, and `verify` (VERIFY_ACTIONS, all read-only; its launch check's DryRun needs
+VERIFY_LAUNCH_ACTIONS, left out) call only the actions below, and write only to groups and
+instances carrying the stack's
 identity tag, and to its own job records (`run --restart-on-replace`). The README shows
 this document (a test keeps the two equal, and checks every AWS call those commands make
 is in it). Pure: no AWS call, no Pulumi.
@@ -18,6 +19,23 @@ from gpucluster.fleet.jobnames import jobs_parameter_path
 from gpucluster.fleet.runcommand import RUN_SHELL_DOCUMENT
 from gpucluster.fleet.tags import STACK_TAG, STATE_TAGS
 from gpucluster.noderole import run_log_group_name
+
+# `gpucluster verify` (ops/verify.py): describes, lists and IAM's policy simulator, nothing that changes
+# anything. Resource "*": these reads name resources of many types (functions, roles, topics, schedules,
+# alarms, buckets); sts:GetCallerIdentity needs no permission (STS API reference).
+VERIFY_ACTIONS = ("lambda:GetFunctionConfiguration", "iam:SimulatePrincipalPolicy", "iam:GetInstanceProfile",
+                  "sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic", "kms:DescribeKey",
+                  "ec2:DescribeLaunchTemplates", "ec2:DescribeLaunchTemplateVersions",
+                  "ec2:DescribeVpcEndpoints", "s3:ListAllMyBuckets", "scheduler:GetSchedule",
+                  "events:DescribeRule", "cloudwatch:DescribeAlarms", "aps:ListWorkspaces",
+                  "pcs:ListComputeNodeGroups")
+# (dynamodb:DescribeTable of the guard-state table: FindGuardState below.)
+# What `verify`'s launch-template check (RunInstances with DryRun) needs beyond them, and is NOT in the
+# operator policy: EC2 authorises a DryRun as the real call, and no IAM condition key this code knows of
+# limits ec2:RunInstances to dry runs (not checked from this machine), so it would let an operator launch
+# instances. Run verify as a role that may launch (the deploy role) for that check; as the operator it
+# fails with UnauthorizedOperation and says so.
+VERIFY_LAUNCH_ACTIONS = ("ec2:RunInstances", "iam:PassRole")
 
 
 def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOUNT_ID",
@@ -79,6 +97,8 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
         # run --detach [--restart-on-replace] stores or drops a job's record, cancel drops it
         {"Sid": "JobRecords", "Effect": "Allow", "Action": ["ssm:DeleteParameter", "ssm:PutParameter"],
          "Resource": [f"arn:{partition}:ssm:{region}:{account}:parameter{jobs_parameter_path(identity)}/*"]},
+        # verify: read the deployed stack and ask IAM's policy simulator about its roles
+        {"Sid": "VerifyTheDeployedStack", "Effect": "Allow", "Action": list(VERIFY_ACTIONS), "Resource": "*"},
     ]}
 
 

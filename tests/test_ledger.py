@@ -196,7 +196,9 @@ def test_each_condition_holds_for_the_stacks_that_have_it_and_only_them() -> Non
         "fsx_existing_bucket": plain.model_copy(
             update={"datasets": [SimpleNamespace(existing=True, fsx=object())]}),
     }
-    assert set(cases) | {"always"} == set(ledger.CONDITIONS)
+    cases["guard_state"] = changed(plain, "autostop", enabled=True)
+    assert set(cases) | {"always", "cli"} == set(ledger.CONDITIONS)
+    assert not any(ledger.CONDITIONS["cli"](spec) for spec in (plain, *cases.values()))
     new_bucket = plain.model_copy(update={"datasets": [SimpleNamespace(existing=False, fsx=object())]})
     assert not ledger.CONDITIONS["fsx_existing_bucket"](new_bucket)
     for term, spec in cases.items():
@@ -235,7 +237,7 @@ def slurm_stack(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_plan_names_the_unverified_facts_of_a_slurm_stack_in_one_line(slurm_stack: Path) -> None:
-    expected = ledger.plan_line(ledger.unverified_facts(spec_of(slurm(base()))))
+    expected = ledger.plan_line(ledger.unverified_facts(spec_of(policy_clean(slurm(base())))))
     result = CliRunner().invoke(app, ["plan", str(slurm_stack)])
     assert result.exit_code == 0, result.output
     out = result.output
@@ -246,18 +248,27 @@ def test_plan_names_the_unverified_facts_of_a_slurm_stack_in_one_line(slurm_stac
 
 def test_plan_json_lists_them_under_unverified_facts(slurm_stack: Path) -> None:
     doc = json.loads(CliRunner().invoke(app, ["plan", str(slurm_stack), "--json"]).stdout)
-    expected = ledger.unverified_facts(spec_of(slurm(base())))
+    expected = ledger.unverified_facts(spec_of(policy_clean(slurm(base()))))
     assert doc["unverified_facts"] == [e.as_json() for e in expected]
     assert {"id", "says", "source", "verify"} == set(doc["unverified_facts"][0])
 
 
 def test_a_stack_relying_on_none_prints_no_line_and_an_empty_list(tmp_path: Path) -> None:
+    """A stack without stopping guardrails relies on no unverified fact (the policy pack asks every stack
+    for a budget action and auto-stop, whose guard-state table relies on dynamodb-kms-calls: that one alone
+    is named for a plain stack that passes the pack)."""
+    bare = base()
+    bare.pop("gpucluster:budget", None)
+    bare["gpucluster:autostop"] = {"enabled": False}
     path = tmp_path / "Pulumi.t.yaml"
-    path.write_text(yaml.safe_dump({"config": policy_clean(base())}, sort_keys=False))
+    path.write_text(yaml.safe_dump({"config": bare}, sort_keys=False))
     text = CliRunner().invoke(app, ["plan", str(path)])
-    assert text.exit_code == 0, text.output
-    assert "unverified: " not in text.output
+    assert "unverified: " not in text.output, text.output
     assert json.loads(CliRunner().invoke(app, ["plan", str(path), "--json"]).stdout)["unverified_facts"] == []
+    clean = tmp_path / "Pulumi.c.yaml"
+    clean.write_text(yaml.safe_dump({"config": policy_clean(base())}, sort_keys=False))
+    listed = json.loads(CliRunner().invoke(app, ["plan", str(clean), "--json"]).stdout)["unverified_facts"]
+    assert [f["id"] for f in listed] == ["dynamodb-kms-calls"]
 
 
 def test_the_pcs_name_limits_are_botocores() -> None:

@@ -401,6 +401,7 @@ def test_the_plan_names_each_check_with_a_stable_id(base_config: dict[str, Any])
 
 
 def test_without_nat_the_endpoints_are_network_py_s_and_amp_s(base_config: dict[str, Any]) -> None:
+    base_config["gpucluster:network"]["nat_gateway"] = False
     assert no_nat_endpoints(stack(base_config)) == [
         "ssm",
         "ssmmessages",

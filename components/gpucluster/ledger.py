@@ -36,6 +36,13 @@ CONDITIONS: dict[str, Callable[[StackSpec], bool]] = {
     "capacity_block": lambda spec: any(g.capacity.market == "capacity_block" for g in spec.node_groups),
     "no_nat": lambda spec: not spec.network.nat_gateway,
     "fsx_existing_bucket": lambda spec: any(d.existing and d.fsx is not None for d in spec.datasets),
+    # The stopping guardrails (budget action, autostop, Capacity Block) keep their state in a DynamoDB table.
+    "guard_state": lambda spec: ((spec.budget is not None
+                                  and spec.budget.action_threshold_percent is not None)
+                                 or spec.autostop.enabled
+                                 or any(g.capacity.market == "capacity_block" for g in spec.node_groups)),
+    # A fact a command relies on (verify, the operator policy), not a stack: on the page, never in `plan`.
+    "cli": lambda spec: False,
 }
 """The `when` vocabulary: each term is a question the stack's spec answers."""
 

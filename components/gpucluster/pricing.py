@@ -625,6 +625,8 @@ def _observability_costs(spec: StackSpec, prices: ServicePrices,
         yield OtherCost("Amazon Managed Grafana", "amg", amg, amg,
                         f"{g.editors} editors x ${prices.amg_editor_usd_per_month:g} + {g.viewers} viewers x "
                         f"${prices.amg_viewer_usd_per_month:g} a month (active users)", src["amg"], as_of)
+
+
 def interface_endpoints(spec: StackSpec) -> tuple[str, ...]:
     """The interface endpoints a created VPC of this stack gets (as gpucluster.aws.network plans them)."""
     if spec.network.nat_gateway:

@@ -32,7 +32,7 @@ VERIFY_ACTIONS = ("lambda:GetFunctionConfiguration", "iam:SimulatePrincipalPolic
 # (dynamodb:DescribeTable of the guard-state table: FindGuardState below.)
 # What `verify`'s launch-template check (RunInstances with DryRun) needs beyond them, and is NOT in the
 # operator policy: EC2 authorises a DryRun as the real call, and no IAM condition key this code knows of
-# limits ec2:RunInstances to dry runs (not checked from this machine), so it would let an operator launch
+# limits ec2:RunInstances to dry runs (ledger: ec2-dry-run-permissions), so it would let an operator launch
 # instances. Run verify as a role that may launch (the deploy role) for that check; as the operator it
 # fails with UnauthorizedOperation and says so.
 VERIFY_LAUNCH_ACTIONS = ("ec2:RunInstances", "iam:PassRole")

@@ -43,7 +43,7 @@ HANDLER_FUNCTIONS = {"budget_action": "budget-action", "spend_guard": "spend-gua
 ENDPOINT_READY = "available"
 ALARM_TYPES = ("aws:cloudwatch/metricAlarm:MetricAlarm", "aws:cloudwatch/compositeAlarm:CompositeAlarm")
 # EC2 error codes that mean the request the template makes is wrong (EC2 API reference, "Error codes for
-# the Amazon EC2 API"; the prefixes are from memory, not re-checked from this machine). Any other code
+# the Amazon EC2 API"; ledger: ec2-template-error-codes). Any other code
 # (credentials, throttling, capacity, a 5xx) says nothing of the template: the check is unknown.
 TEMPLATE_ERRORS = ("InvalidParameter", "MissingParameter", "InvalidAMIID", "InvalidSubnetID", "InvalidGroup",
                    "InvalidKeyPair", "InvalidSnapshot", "InvalidLaunchTemplate", "InvalidBlockDeviceMapping",
@@ -429,7 +429,7 @@ def check_remote_write(deployed: Deployed, group: str) -> Outcome:
                        "node's metrics are dropped",
                        "run `pulumi up` (the node role's metrics policy grants it)")
     return Outcome("pass", f"{role.rpartition('/')[2]} may aps:RemoteWrite to {arn} (simulated: whether "
-                   "samples arrive is not checked here)")
+                   "samples arrive is a question for Prometheus, not IAM)")
 
 
 def _workspace(deployed: Deployed) -> tuple[str, dict[str, str | list[str]]]:
@@ -455,12 +455,11 @@ def _workspace(deployed: Deployed) -> tuple[str, dict[str, str | list[str]]]:
 
 
 def no_nat_endpoints(spec: StackSpec) -> list[str]:
-    """The interface endpoints a created VPC without NAT needs: what aws/network.py creates, plus
-    aps-workspaces for remote write with observability on (issue 33: the program does not create it yet)."""
-    from gpucluster.aws.network import NO_NAT_ENDPOINTS, SSM_ENDPOINTS  # Pulumi: only for such a stack
+    """The interface endpoints a created VPC without NAT needs: what aws/network.py creates for this stack
+    (`pricing.interface_endpoints`, the one list; with observability aps-workspaces, on Slurm pcs)."""
+    from gpucluster.pricing import interface_endpoints
 
-    extra = ["aps-workspaces"] if spec.observability.prometheus.active else []
-    return [*SSM_ENDPOINTS, *NO_NAT_ENDPOINTS, *extra]
+    return list(interface_endpoints(spec))
 
 
 def plan_checks(spec: StackSpec, clients: Clients, account: Account) -> list[PlannedCheck]:

@@ -36,8 +36,8 @@ LOG_ACTIONS = ("logs:CreateLogStream", "logs:PutLogEvents")
 # Publishing to a KMS-encrypted topic (SNS developer guide, "Key management": the publisher needs
 # kms:GenerateDataKey* and kms:Decrypt on the key).
 TOPIC_KEY_ACTIONS = ("kms:GenerateDataKey", "kms:Decrypt")
-# What DynamoDB calls on the caller's behalf for a table under a customer managed key. From memory
-# (DynamoDB developer guide, "How Amazon DynamoDB uses AWS KMS"), not re-checked from this machine:
+# What DynamoDB calls on the caller's behalf for a table under a customer managed key (DynamoDB developer
+# guide, "How Amazon DynamoDB uses AWS KMS"; ledger: dynamodb-kms-calls):
 # kms:Decrypt to use the table key, kms:GenerateDataKey for new data keys, through dynamodb.<region>.
 TABLE_KEY_ACTIONS = ("kms:Decrypt", "kms:GenerateDataKey")
 # The hook a handler runs only when the stack names its command (its environment then holds it).

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -217,10 +219,18 @@ def _run(tmp_path: Path, signer: tuple[Path, str], corrupt: str | None = None,
     # curl -fsSL --retry 5 -o FILE URL: copy the URL's last part from the bucket, fail as -f does if absent
     write_stubs(tmp_path / "bin", log, {"curl": f'src="{bucket}/${{6##*/}}"; [ -f "$src" ] || exit 22; '
                                                  'cp "$src" "$5"'})
-    done = subprocess.run(["bash", "-c", pcs_install_commands("us-east-1", "25.05", key or _key(signer))],
-                          capture_output=True, text=True,
-                          env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "TMPDIR": str(tmp_path),
-                               "HOME": str(tmp_path)}, timeout=60)
+    # The work dir (mktemp -d) in a short folder, as on a build instance: gpg's agent socket lives under
+    # GNUPGHOME and a Unix socket path holds at most 107 bytes, which pytest-xdist's tmp paths can pass.
+    work = Path(tempfile.mkdtemp(prefix="pcs-", dir="/tmp"))
+    try:
+        done = subprocess.run(["bash", "-c", pcs_install_commands("us-east-1", "25.05", key or _key(signer))],
+                              capture_output=True, text=True,
+                              env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "TMPDIR": str(work),
+                                   "HOME": str(tmp_path)}, timeout=60)
+        if done.returncode == 0:  # a finished install removes its work dir (a failed build ends the image)
+            assert list(work.iterdir()) == []
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return done, log
 
 
@@ -236,7 +246,6 @@ def test_the_installers_run_after_their_signatures_verify(tmp_path: Path, signer
         f"{repo}/aws-pcs-slurm/aws-pcs-slurm-25.05-installer-latest.tar.gz.sig"]
     assert logged_calls(log, "aws-pcs-agent") == [""]
     assert logged_calls(log, "aws-pcs-slurm-25.05-installer") == ["-y"]
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("tmp")] == []  # work dir removed
 
 
 @pytest.mark.parametrize("corrupt", ["aws-pcs-agent-v1-latest.tar.gz",

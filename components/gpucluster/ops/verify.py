@@ -101,7 +101,7 @@ class VerifyError(OpsError):
     """AWS cannot be asked at all (no credentials, no endpoint, not an AWS answer): nothing was checked."""
 
 
-class Unknown(Exception):
+class Unknown(OpsError):
     """A check could not run for a reason that is no AWS error (what it needs was not found)."""
 
 

@@ -38,7 +38,8 @@ def test_every_observability_resource_type_is_granted_to_the_deploy_role(
                   "aws:grafana/workspaceSamlConfiguration:WorkspaceSamlConfiguration"):
         for action in bootstrap_state.DEPLOY_ACTIONS[token]:
             if action in bootstrap_state.CREATES_WITHOUT_RESOURCE_TYPE:  # no ARN: "*", the tag in the request
-                assert deploy.can(action, "*", **{**context, "aws:RequestTag/gpucluster:stack": "prod"}), action
+                tagged = {**context, "aws:RequestTag/gpucluster:stack": "prod"}
+                assert deploy.can(action, "*", **tagged), action
                 assert not deploy.can(action, "*"), action
                 continue
             assert deploy.can(action, samples[action.split(":")[0]], **context), (token, action)

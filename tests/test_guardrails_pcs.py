@@ -12,7 +12,13 @@ from typing import Any
 
 from gpucluster.aws.children import guardrails_args
 from gpucluster.aws.guardrails import Guardrails, PcsGuard
-from gpucluster.fleet.deployment import HANDLERS, PCS_CLUSTER_ENV, PCS_IAM_ACTIONS, PCS_UPDATE_DESCRIBES
+from gpucluster.fleet.deployment import (
+    HANDLERS,
+    PCS_ACTIVE_WAIT_SECONDS,
+    PCS_CLUSTER_ENV,
+    PCS_IAM_ACTIONS,
+    PCS_UPDATE_DESCRIBES,
+)
 from gpucluster.plan import MOCK_ACCOUNT, record_resources
 from iam_eval import allowed
 from test_guardrails import FUNCTION, Built, actions_of, build, spec_of, targets
@@ -171,3 +177,18 @@ def test_an_update_s_launch_uses_any_image_and_subnet_but_only_the_stack_s_templ
                        **{"aws:ResourceTag/gpucluster:stack": built.spec.identity}), resource
     other_region = "arn:aws:ec2:us-west-2::image/ami-1"
     assert not allowed([policy], None, "ec2:RunInstances", other_region)
+
+
+def test_the_stopping_functions_of_a_slurm_stack_have_time_to_wait_for_a_group_updating(
+    base_config: dict[str, Any],
+) -> None:
+    spec = everything(base_config)
+    plain = {f.inputs["handler"]: f.inputs["timeout"] for f in build(spec, restart_jobs=False).all(FUNCTION)}
+    slurm = {f.inputs["handler"]: f.inputs["timeout"] for f in build_pcs(spec).all(FUNCTION)}
+    for module, handler in HANDLERS.items():
+        if handler not in slurm or handler not in plain:
+            continue
+        scales = any(a.startswith("pcs:") for a in PCS_IAM_ACTIONS.get(module, ()))
+        wait = PCS_ACTIVE_WAIT_SECONDS if scales else 0
+        assert slurm[handler] == min(plain[handler] + wait, 900), module
+    assert slurm[HANDLERS["budget_action"]] == 120 + PCS_ACTIVE_WAIT_SECONDS

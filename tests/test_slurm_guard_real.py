@@ -103,6 +103,33 @@ def test_the_hold_signals_a_running_job_then_requeues_it_and_the_start_runs_it_a
     assert "run 1" in marker.read_text()
 
 
+def test_a_hold_sent_twice_at_once_signals_each_job_once_and_both_say_requeued(held: Slurm) -> None:
+    """A SendCommand retried after it landed, or two stops at once: two holds run together."""
+    cl = held
+    marker = cl.root / "out" / "twice"
+    marker.unlink(missing_ok=True)
+    body = (
+        f"trap 'echo \"USR1 $SLURM_JOB_ID\" >> {marker}' USR1\n"
+        f'echo "run $SLURM_JOB_ID" >> {marker}\n'
+        "for i in $(seq 1 80); do sleep 0.25; done"
+    )
+    jobs = [submit(cl, f"twice{i}", body, "--nodes=1", "--requeue") for i in range(2)]
+    cl.wait("both jobs to run", lambda: all(cl.job(j).state == "RUNNING" for j in jobs))
+    cl.wait("both scripts to start", lambda: marker.exists() and marker.read_text().count("run ") == 2)
+    script = hold_script([PARTITION], grace_seconds=3)
+    first = subprocess.Popen(["bash", "-c", script], env=cl.env, stdout=subprocess.PIPE, text=True)
+    time.sleep(1)  # the first is in its grace, the jobs still RUNNING
+    second = subprocess.Popen(["bash", "-c", script], env=cl.env, stdout=subprocess.PIPE, text=True)
+    out1, _ = first.communicate(timeout=60)
+    out2, _ = second.communicate(timeout=60)
+    assert (first.returncode, second.returncode) == (0, 0), (out1, out2)
+    assert "requeued" in out1 and "no running job" in out2, (out1, out2)
+    assert "not requeued" not in out1 + out2
+    for job in jobs:
+        assert marker.read_text().count(f"USR1 {job}\n") == 1, marker.read_text()
+        cl.wait("the job to be requeued", lambda job=job: cl.job(job).state in ("PENDING", "REQUEUED"))
+
+
 def test_a_job_that_cannot_be_requeued_is_named_and_the_hold_says_so(held: Slurm) -> None:
     cl = held
     job = submit(cl, "noreq", "sleep 30", "--nodes=1", "--no-requeue")

@@ -24,10 +24,12 @@ from botocore.validate import validate_parameters
 from test_guardstate import create_table
 
 from conftest import shared_client
+from gpucluster.aws.guardrail_lambda import BASE_TIMEOUT_SECONDS
 from gpucluster.fleet import guardstate, nodegroups, runtime, stops
+from gpucluster.fleet.deployment import PCS_ACTIVE_WAIT_SECONDS
 from gpucluster.fleet.nodegroups import BUDGET, IDLE, SCHEDULE
-from gpucluster.fleet.pcsgroups import PcsCapacity
-from gpucluster.fleet.runtime import GuardrailError
+from gpucluster.fleet.pcsgroups import BACKOFF_FIRST_SECONDS, BACKOFF_MAX_SECONDS, PcsCapacity
+from gpucluster.fleet.runtime import GuardrailError, invocation_deadline
 from gpucluster.fleet.slurmhold import hold_script, release_script
 from gpucluster.lambdas import budget_action
 from gpucluster.ops import Clients
@@ -856,3 +858,102 @@ def test_the_spend_guard_and_the_lifetime_check_fail_when_ec2_hides_the_members(
     with pytest.raises(ClientError, match="AccessDenied"):
         strict.list_groups(STACK)  # pricing or dating no instance would pass for "nothing runs"
     assert [g.members for g in stops.stack_node_groups().list_groups(STACK)] == [(), ()]
+
+
+# --- a stop while the node groups are UPDATING (right after a schedule start) --------------------
+
+SLURM_BUDGET_TIMEOUT = BASE_TIMEOUT_SECONDS + PCS_ACTIVE_WAIT_SECONDS
+"""The budget Lambda's timeout on a Slurm stack (`aws.guardrail_lambda`): base plus the wait for ACTIVE."""
+
+
+class FakeTime:
+    """RUNTIME's clock and sleep in fake seconds; the groups UPDATING turn ACTIVE `busy_seconds` in."""
+
+    def __init__(self, fake: FakePcs, busy_seconds: float) -> None:
+        self.fake, self.start, self.now = fake, 1000.0, 1000.0
+        self.until = self.start + busy_seconds
+        self.slept: list[float] = []
+        for name in ("train", "infer"):
+            fake.groups[name]["status"] = "UPDATING"
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        if self.now >= self.until:
+            for g in self.fake.groups.values():
+                g["status"] = "ACTIVE" if g["status"] == "UPDATING" else g["status"]
+
+
+class LambdaContext:
+    """The Lambda context's remaining time, on the fake clock."""
+
+    def __init__(self, t: FakeTime, timeout_seconds: float) -> None:
+        self.t, self.end = t, t.now + timeout_seconds
+
+    def get_remaining_time_in_millis(self) -> int:
+        return int((self.end - self.t.now) * 1000)
+
+
+def updating_for(env: dict[str, Any], monkeypatch: pytest.MonkeyPatch, seconds: float) -> FakeTime:
+    t = FakeTime(env["pcs"], seconds)
+    monkeypatch.setattr(runtime.RUNTIME, "clock", t.clock)
+    monkeypatch.setattr(runtime.RUNTIME, "sleep", t.sleep)
+    return t
+
+
+@pytest.mark.parametrize("minutes", [1, 3])
+def test_a_budget_stop_meeting_a_group_updating_waits_for_active_then_stops(
+    slurm_stack, monkeypatch, minutes: int
+) -> None:
+    t = updating_for(slurm_stack, monkeypatch, minutes * 60)
+    summary = budget_action.handler(BUDGET_EVENT, LambdaContext(t, SLURM_BUDGET_TIMEOUT))
+    assert summary["groups"] == ["infer", "train"]
+    assert_budget_stopped(slurm_stack)
+    assert minutes * 60 <= t.now - t.start < SLURM_BUDGET_TIMEOUT  # it waited, inside the handler's time
+    waits = [s for s in t.slept if s >= BACKOFF_FIRST_SECONDS]
+    assert waits[0] == BACKOFF_FIRST_SECONDS and max(waits) <= BACKOFF_MAX_SECONDS  # backoff, capped
+    ops = [op for op, _ in slurm_stack["pcs"].calls]
+    first_update = ops.index("UpdateComputeNodeGroup")
+    assert "GetComputeNodeGroup" in ops[first_update:]  # it read the group's status while waiting
+
+
+def test_a_group_updating_past_the_handlers_time_fails_the_invocation_and_the_retry_stops_it(
+    slurm_stack, monkeypatch
+) -> None:
+    t = updating_for(slurm_stack, monkeypatch, 10 * 60)
+    with pytest.raises(GuardrailError):
+        budget_action.handler(BUDGET_EVENT, LambdaContext(t, SLURM_BUDGET_TIMEOUT))
+    assert t.now - t.start <= SLURM_BUDGET_TIMEOUT  # it gave up before Lambda would kill it
+    fake, table = slurm_stack["pcs"], slurm_stack["table"]
+    assert fake.scaling("train") == (1, 4)  # not stopped, and the invocation failed: never "stopped"
+    assert record(table, "train")["state"] == "stop-failed"
+    t.sleep(t.until - t.now)  # the group turns ACTIVE; the schedule's retry (or the next tick) runs
+    budget_action.handler(BUDGET_EVENT, LambdaContext(t, SLURM_BUDGET_TIMEOUT))
+    assert_budget_stopped(slurm_stack)
+
+
+def test_without_a_handlers_time_a_conflict_is_raised_at_once_and_a_deleted_group_is_a_state_conflict(
+    table: str, monkeypatch
+) -> None:
+    fake = FakePcs()
+    t = FakeTime(fake, 60)
+    monkeypatch.setattr(runtime.RUNTIME, "clock", t.clock)
+    monkeypatch.setattr(runtime.RUNTIME, "sleep", t.sleep)
+    with pytest.raises(ClientError, match="ConflictException"):
+        PcsCapacity(fake.client, CLUSTER, STACK).resize("train", 0, 0)
+    assert t.slept == []
+    capacity = PcsCapacity(fake.client, CLUSTER, STACK, deadline=t.now + 600)
+    fake.meanwhile["GetComputeNodeGroup"] = lambda: fake.groups["train"].update(status="DELETING")
+    with pytest.raises(nodegroups.StateConflict, match="DELETING"):
+        capacity.resize("train", 0, 0)
+    assert fake.scaling("train") == (1, 4)
+
+
+def test_the_handlers_deadline_keeps_its_reserve(monkeypatch) -> None:
+    assert invocation_deadline(None) is None  # outside Lambda (the CLI): no wait
+    t = FakeTime(FakePcs(), 0)
+    monkeypatch.setattr(runtime.RUNTIME, "clock", t.clock)
+    assert invocation_deadline(LambdaContext(t, 120)) == t.now + 120 - 15

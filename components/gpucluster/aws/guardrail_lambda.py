@@ -20,6 +20,7 @@ from gpucluster.aws.args import GuardrailsModel, component_options, owned_tags, 
 from gpucluster.fleet.deployment import (
     HANDLERS,
     PCS_ACTIONS,
+    PCS_ACTIVE_WAIT_SECONDS,
     PCS_CLUSTER_ENV,
     PCS_IAM_ACTIONS,
     PCS_UPDATE_DESCRIBES,
@@ -355,6 +356,8 @@ class GuardrailFunction(pulumi.ComponentResource):
         if ctx.pcs is not None and module in PCS_IAM_ACTIONS:
             environment = {**environment, PCS_CLUSTER_ENV: ctx.pcs.cluster_id}
             scale = any(a.startswith("pcs:") for a in PCS_IAM_ACTIONS[module])
+            if scale:  # time to wait out a node group UPDATING (`pcsgroups.PcsCapacity`)
+                timeout = min(timeout + PCS_ACTIVE_WAIT_SECONDS, LAMBDA_MAX_TIMEOUT_SECONDS)
             # A Slurm stack has no Auto Scaling group: its statements would name PCS ARNs for nothing.
             statements = [*without_auto_scaling(statements), *pcs_statements(ctx, ctx.pcs, scale=scale)]
         log_group_name = f"/aws/lambda/{function_name}"

@@ -37,6 +37,8 @@ class Placement:
     """The scheduler's own cluster, for a kind that has one (a Slurm stack's PCS cluster)."""
     strict_members: bool = False
     """Fail rather than read groups without their instances (what the spend guard prices)."""
+    deadline: float | None = None
+    """A `RUNTIME.clock()` value a capacity may wait until for a busy group (a handler's); None: no wait."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def _pcs_capacity(where: Placement) -> Capacity:
     if not where.cluster_id:
         raise ConfigError(f"stack {where.stack}: no PCS cluster named for its Slurm node groups")
     return PcsCapacity(where.client("pcs"), where.cluster_id, where.stack, ec2=where.client("ec2"),
-                       strict_members=where.strict_members)
+                       strict_members=where.strict_members, deadline=where.deadline)
 
 
 BACKENDS: dict[str, Backend] = {
@@ -66,8 +68,8 @@ BACKENDS: dict[str, Backend] = {
 
 def choose_node_groups(kind: str, client: Callable[[str], Any], stack: str, *, table: str | None,
                        actor: str, cluster_id: str | None = None,
-                       strict_members: bool = False) -> NodeGroups:
-    """The `NodeGroups` backend of deployment `stack`, whose scheduler is `kind`.
+                       strict_members: bool = False, deadline: float | None = None) -> NodeGroups:
+    """The `NodeGroups` backend of deployment `stack`, whose scheduler is `kind` (`deadline`: `Placement`'s).
 
     Over the guard-state `table` when there is one; without, the kind's tags-only backend, or a
     `ConfigError` for a kind that keeps no stop state of its own (PCS has no tags the guardrails
@@ -77,7 +79,7 @@ def choose_node_groups(kind: str, client: Callable[[str], Any], stack: str, *, t
     if backend is None:
         raise ConfigError(f"no node-group backend for scheduler type {kind!r} "
                           f"(known: {', '.join(sorted(BACKENDS))})")
-    where = Placement(client, stack, cluster_id=cluster_id, strict_members=strict_members)
+    where = Placement(client, stack, cluster_id=cluster_id, strict_members=strict_members, deadline=deadline)
     if table:
         return StoredNodeGroups(None, client("dynamodb"), table, actor=actor,
                                 capacity=backend.capacity(where))

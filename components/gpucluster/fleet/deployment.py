@@ -187,3 +187,10 @@ PCS_IAM_ACTIONS: dict[str, tuple[str, ...]] = {
     # A spot warning requeues the node's jobs from the login node; it changes no capacity.
     "spot_interruption": LOGIN_NODE_ACTIONS,
 }
+
+
+# What a Slurm stack's stopping Lambdas get on top of their timeout to wait for a group to be ACTIVE
+# (`aws.guardrail_lambda`): a stop right after a schedule start meets a group UPDATING for minutes.
+# A chosen allowance (no AWS figure for how long an update takes backs it); a longer wait fails the
+# invocation, and the schedule's retry or the next tick stops the group.
+PCS_ACTIVE_WAIT_SECONDS = 300

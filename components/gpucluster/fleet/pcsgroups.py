@@ -13,9 +13,16 @@ the previous min and max (as previous_min / previous_desired), and a restore put
 Calls: ListComputeNodeGroups (names -> ids, on the cluster), GetComputeNodeGroup and
 UpdateComputeNodeGroup (by id, so the IAM resource is the ARN of the id the roles were
 given). An update while the group is UPDATING (or CREATING) fails with ConflictException
-("UpdateComputeNodeGroup", PCS API reference, Errors): like Auto Scaling's
-ScalingActivityInProgress it is raised to the stored backend, which records the stop as
-failed and raises, so Lambda's retry (or the spend guard's next check) tries again. Each
+("UpdateComputeNodeGroup", PCS API reference, Errors; the ConflictException shape's own examples
+include "a cluster isn't in ACTIVE status"), e.g. right after a schedule start. With a `deadline`
+(a handler's: its remaining time, `runtime.invocation_deadline`; a Slurm stack's stopping Lambdas
+get PCS_ACTIVE_WAIT_SECONDS more time for it) the update waits: backoff from
+BACKOFF_FIRST_SECONDS doubling to BACKOFF_MAX_SECONDS, reading the group (GetComputeNodeGroup's
+status) while it is in a passing status (WAIT_STATUSES, of botocore's ComputeNodeGroupStatus),
+then updating again; when the next wait would pass the deadline the ConflictException is raised
+to the stored backend, which records the stop as failed and raises, so the invocation fails and
+the schedule's retry (or the next tick, or the spend guard's next check) tries again; the
+on-failure destination tells. A stop never returns as done while the group keeps its maximum. Each
 update carries botocore's automatic clientToken (the API's idempotency token), so a retry of
 the same call inside botocore is one update. No stop state is mirrored on PCS: its tags
 would need pcs:TagResource, and the guard-state table is the state (`gpucluster status` reads
@@ -34,12 +41,18 @@ from typing import Any
 from .awsapi import AWS_ERRORS, error_code, log_event
 from .deployment import PCS_CLUSTER_ENV
 from .nodegroups import IN_SERVICE, Member, NodeGroup, StateConflict, StopState
+from .runtime import RUNTIME
 from .tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
 
 __all__ = ["PCS_CLUSTER_ENV", "PcsCapacity", "pcs_node_group"]
 # Compute node groups that exist no more or are on their way out (ComputeNodeGroupStatus).
 GONE_STATUSES = frozenset({"DELETING", "DELETED", "DELETE_FAILED"})
 NOT_FOUND = "ResourceNotFoundException"
+CONFLICT = "ConflictException"
+# Statuses a group passes through on its own (ComputeNodeGroupStatus): an update waits them out.
+WAIT_STATUSES = frozenset({"CREATING", "UPDATING", "SUSPENDING", "RESUMING"})
+BACKOFF_FIRST_SECONDS = 5.0
+BACKOFF_MAX_SECONDS = 60.0
 
 
 def pcs_node_group(description: Mapping[str, Any], stack: str) -> NodeGroup:
@@ -87,18 +100,20 @@ class PcsCapacity:
     the lifetime limit dates); without, none. A stop needs no members: when EC2 refuses the lookup
     the groups come without them (logged as an error), so a throttled or denied DescribeInstances
     never blocks a budget stop; with `strict_members` (the spend guard, the lifetime check, which
-    would price or date nothing) the error is raised instead.
+    would price or date nothing) the error is raised instead. `deadline` (a `RUNTIME.clock()` value):
+    how long an update that meets ConflictException may wait for the group; None: not at all.
     """
 
     stop_zeroes_max = True
 
     def __init__(self, pcs: Any, cluster_id: str, stack: str, ec2: Any = None, *,
-                 strict_members: bool = False) -> None:
+                 strict_members: bool = False, deadline: float | None = None) -> None:
         self.pcs = pcs
         self.cluster_id = cluster_id
         self.stack = stack
         self.ec2 = ec2
         self.strict_members = strict_members
+        self.deadline = deadline
         self._ids: dict[str, str] = {}
 
     def _with_members(self, groups: list[NodeGroup]) -> list[NodeGroup]:
@@ -164,9 +179,44 @@ class PcsCapacity:
         if group_id is None:
             # Gone (deleted meanwhile): a stop reads again and finds nothing to stop.
             raise StateConflict(f"PCS cluster {self.cluster_id} has no compute node group {name!r}")
-        self.pcs.update_compute_node_group(
-            clusterIdentifier=self.cluster_id, computeNodeGroupIdentifier=group_id,
-            scalingConfiguration={"minInstanceCount": min(min_size, desired), "maxInstanceCount": desired})
+        delay = BACKOFF_FIRST_SECONDS
+        while True:
+            try:
+                self.pcs.update_compute_node_group(
+                    clusterIdentifier=self.cluster_id, computeNodeGroupIdentifier=group_id,
+                    scalingConfiguration={"minInstanceCount": min(min_size, desired),
+                                          "maxInstanceCount": desired})
+                return
+            except AWS_ERRORS as exc:
+                if error_code(exc) != CONFLICT:
+                    raise
+                delay = self._wait_out(name, group_id, delay, exc)
+
+    def _wait_out(self, name: str, group_id: str, delay: float, conflict: Exception) -> float:
+        """Sleep with backoff until the group leaves WAIT_STATUSES (read after each sleep); the next
+        delay. Raises `conflict` when the next sleep would pass the deadline, StateConflict when the
+        group is gone meanwhile."""
+        while True:
+            if self.deadline is None or RUNTIME.clock() + delay > self.deadline:
+                log_event("node group still busy: update refused", logging.ERROR, cluster=self.cluster_id,
+                          group=name, error=str(conflict))
+                raise conflict
+            log_event("node group busy: waiting to update", cluster=self.cluster_id, group=name,
+                      seconds=delay)
+            RUNTIME.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_SECONDS)
+            try:
+                answer = self.pcs.get_compute_node_group(clusterIdentifier=self.cluster_id,
+                                                         computeNodeGroupIdentifier=group_id)
+            except AWS_ERRORS as exc:
+                if error_code(exc) == NOT_FOUND:
+                    raise StateConflict(f"PCS compute node group {name!r} is gone") from exc
+                raise
+            status = answer["computeNodeGroup"].get("status")
+            if status in GONE_STATUSES:
+                raise StateConflict(f"PCS compute node group {name!r} is {status}")
+            if status not in WAIT_STATUSES:
+                return delay  # ACTIVE (or a failed update): try the update again
 
     def mirror(self, name: str, stopped_by: str, previous: StopState) -> None:
         """Nothing: the guard-state table is the one record on PCS (tags would need pcs:TagResource)."""

@@ -86,6 +86,15 @@ def bounded_timeout(requested: float, context: Any, reserve_seconds: float = 15.
     return requested
 
 
+def invocation_deadline(context: Any, reserve_seconds: float = 15.0) -> float | None:
+    """The `RUNTIME.clock()` value by which a wait must end so the Lambda still has `reserve_seconds`
+    to record, notify and log before it is killed; None without a Lambda context (no wait)."""
+    remaining_ms = getattr(context, "get_remaining_time_in_millis", None)
+    if not callable(remaining_ms):
+        return None
+    return RUNTIME.clock() + float(remaining_ms()) / 1000.0 - reserve_seconds
+
+
 def ignored(reason: str, **fields: Any) -> dict[str, Any]:
     """Log an event we do not act on and return the handler's summary for it."""
     log_event("event ignored", reason=reason, **fields)

@@ -20,8 +20,15 @@ A stop of PCS node groups (budget, the idle fallback, schedule, lifetime, Capaci
    start. A job submitted with --no-requeue (or without --requeue where JobRequeue=0) is refused
    by Slurm and then ends with its nodes; the script reports those ids and exits 3 so the
    guardrail's notification names them.
-A retry runs the same script again: the partitions are already DOWN, and the jobs requeued by the
-first run are PENDING, so nothing is signalled twice. Only then does the stop set each group's
+The hold is idempotent (issue 34): a SendCommand that timed out after it landed and is retried, or
+two invocations at once, each send it. Under a lock (flock(1) on HOLD_DIR/lock, root-only, as SSM
+runs the script as root) a second hold waits for the first; each job it signals is recorded first as
+"<job id> Restarts=<n> StartTime=<t>" (scontrol show job: the count of the job's requeues and
+the start of its current run, so a job id Slurm reuses is a new run), and a job already recorded in
+its current run is not signalled again, only requeued if it still runs (the first hold was cut off).
+So a job gets SIGUSR1 once per stop, and a hold that finds nothing running says so and repeats what
+the last hold did (HOLD_DIR/last), never "not requeued" for jobs the first requeued. A requeued job
+runs again with Restarts+1: the next stop signals it again. Only then does the stop set each group's
 maximum to 0 (`pcs.PcsCapacity`). A start restores the capacity, then sets the partitions UP.
 
 The login node is found by its tags (our launch template's: STACK_TAG = the identity,
@@ -57,34 +64,85 @@ def _partitions(partitions: Sequence[str]) -> list[str]:
     return names
 
 
+def requeue_jobs(*, done: str = "") -> list[str]:
+    """Shell lines that requeue each of `$jobs`; a job Slurm refuses to requeue (--no-requeue) is
+    named and the script exits REQUEUE_REFUSED_EXIT. `done`: a shell line run before either exit."""
+    before = f"{done}; " if done else ""
+    return [
+        "refused=''",
+        'for j in $jobs; do scontrol requeue "$j" || refused="$refused $j"; done',
+        'if [ -n "$refused" ]; then echo "gpucluster: not requeued (--no-requeue?):$refused"; '
+        f"{before}exit {REQUEUE_REFUSED_EXIT}; fi",
+        'echo "gpucluster: requeued" $jobs',
+        *([done] if done else []),
+    ]
+
+
 def signal_then_requeue(grace_seconds: float, *, none: str, signalling: str) -> list[str]:
     """Shell lines over `$jobs`: none -> say `none` and exit 0; else SIGUSR1 to every job (its batch
-    script and its tasks: --full), the grace time to checkpoint, then each requeued; a job Slurm
-    refuses to requeue (--no-requeue) is named and the script exits REQUEUE_REFUSED_EXIT."""
+    script and its tasks: --full), the grace time to checkpoint, then each requeued (`requeue_jobs`)."""
     return [
         f'if [ -z "$jobs" ]; then echo "gpucluster: {none}"; exit 0; fi',
         f'echo "gpucluster: {signalling}" $jobs',
         'for j in $jobs; do scancel --signal=USR1 --full "$j" || true; done',
         f"sleep {max(0, int(grace_seconds))}",
-        "refused=''",
-        'for j in $jobs; do scontrol requeue "$j" || refused="$refused $j"; done',
-        'if [ -n "$refused" ]; then echo "gpucluster: not requeued (--no-requeue?):$refused"; '
-        f"exit {REQUEUE_REFUSED_EXIT}; fi",
-        'echo "gpucluster: requeued" $jobs',
+        *requeue_jobs(),
     ]
 
 
-def hold_script(partitions: Sequence[str], grace_seconds: float) -> str:
-    """The shell the login node runs before a stop: partitions DOWN, running jobs signalled, then requeued."""
+# Where the login node keeps what the holds did (root-only: created 0700 by the root SSM runs; /var/lib
+# is writable by root alone, so no user can plant a record that spares a job).
+HOLD_DIR = "/var/lib/gpucluster/slurm-hold"
+HOLD_BUSY_EXIT = 5
+
+
+def _once_per_run(listing: str, grace_seconds: float, hold_dir: str, lock_wait_seconds: float) -> list[str]:
+    """Under the hold lock, the jobs `listing` prints as `$jobs`: SIGUSR1 only to the jobs no earlier hold has
+    signalled in their current run (recorded before the signal), the grace, then every running job
+    requeued; what was done is kept in HOLD_DIR/last for a later hold that finds nothing to do."""
+    d = shlex.quote(hold_dir)
+    record = (f'echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) signalled:${{fresh:- none}}; '
+              f'earlier:${{seen:- none}}; requeue refused:${{refused:- none}}" > {d}/last')
+    return [
+        f"umask 077; mkdir -p {d} && chmod 700 {d} || "
+        f'{{ echo "gpucluster: cannot make {hold_dir}"; exit {HOLD_BUSY_EXIT}; }}',
+        f"exec 9>>{d}/lock",
+        f"flock -w {max(1, int(lock_wait_seconds))} 9 || "
+        f'{{ echo "gpucluster: another hold is still running"; exit {HOLD_BUSY_EXIT}; }}',
+        # Listed under the lock: a concurrent hold's requeued jobs are PENDING by now.
+        f"jobs=$({listing})",
+        f'if [ -z "$jobs" ]; then echo "gpucluster: no running job"; '
+        f'if [ -f {d}/last ]; then echo "gpucluster: the last hold:" "$(cat {d}/last)"; fi; exit 0; fi',
+        f"touch {d}/signalled; fresh=''; seen=''",
+        'for j in $jobs; do run="$j $(scontrol --oneliner show job "$j" '
+        '| grep -oE "(Restarts|StartTime)=[^ ]*" | tr "\\n" " ")"; '
+        f'if grep -qxF "$run" {d}/signalled; then seen="$seen $j"; '
+        f'else fresh="$fresh $j"; echo "$run" >> {d}/signalled; fi; done',
+        f"tail -n 5000 {d}/signalled > {d}/signalled.new && mv {d}/signalled.new {d}/signalled",
+        'if [ -n "$seen" ]; then '
+        'echo "gpucluster: signalled already by an earlier hold of this stop:$seen"; fi',
+        'if [ -n "$fresh" ]; then echo "gpucluster: signalling jobs$fresh"; '
+        'for j in $fresh; do scancel --signal=USR1 --full "$j" || true; done; '
+        f"sleep {max(0, int(grace_seconds))}; fi",
+        *requeue_jobs(done=record),
+    ]
+
+
+def hold_script(partitions: Sequence[str], grace_seconds: float, *, hold_dir: str = HOLD_DIR,
+                lock_wait_seconds: float | None = None) -> str:
+    """The shell the login node runs before a stop: partitions DOWN, running jobs signalled once, requeued.
+
+    A second hold waits for the first up to `lock_wait_seconds` (default: the grace plus 30 s, the
+    caller's wait for the login node), then exits HOLD_BUSY_EXIT without signalling.
+    """
     names = _partitions(partitions)
     joined = ",".join(names)
+    wait = grace_seconds + 30.0 if lock_wait_seconds is None else lock_wait_seconds
     lines = ["set -u"]
     lines += [f"scontrol update PartitionName={p} State=DOWN" for p in names]
-    lines += [
-        # Listed once: a job that starts later cannot (the partitions are DOWN).
-        f"jobs=$(squeue --noheader --partition={joined} --states=RUNNING,CONFIGURING --format=%i | sort -u)",
-        *signal_then_requeue(grace_seconds, none="no running job", signalling="signalling jobs"),
-    ]
+    # Listed once per hold: a job that starts later cannot (the partitions are DOWN).
+    listing = f"squeue --noheader --partition={joined} --states=RUNNING,CONFIGURING --format=%i | sort -u"
+    lines += _once_per_run(listing, grace_seconds, hold_dir, wait)
     return "\n".join(lines)
 
 

@@ -67,7 +67,8 @@ def slurm_hold_from_env(timeout_seconds: float | None = None) -> SlurmHold | Non
 
 def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | None = None,
                       actor: str = "gpucluster", *, pcs_cluster_id: str | None = None,
-                      stack: str | None = None, strict_members: bool = False) -> NodeGroups:
+                      stack: str | None = None, strict_members: bool = False,
+                      deadline: float | None = None) -> NodeGroups:
     """The backend a handler's deployment's node groups are run by, read from its environment.
 
     On a Slurm stack (`pcs_cluster_id`, or the handler's PCS_CLUSTER_ID) the node groups are the
@@ -75,6 +76,7 @@ def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | N
     otherwise Auto Scaling groups. The guard-state table is `table`, or the handler's
     GUARD_STATE_TABLE. The backend itself is `backends.choose_node_groups`', as `gpucluster.ops`
     picks it. `strict_members`: on PCS, fail rather than read groups without their instances.
+    `deadline` (`runtime.invocation_deadline`): on PCS, how long a stop may wait for a busy group.
     """
     make = client or RUNTIME.client
     table = table or env_text(STATE_TABLE_ENV)
@@ -86,7 +88,7 @@ def stack_node_groups(client: Callable[[str], Any] | None = None, table: str | N
                           "the stack's guard-state table (a stack with a budget action, autostop or a "
                           "Capacity Block has one); none found")
     return choose_node_groups("slurm" if cluster else "none", make, stack or "", table=table, actor=actor,
-                              cluster_id=cluster, strict_members=strict_members)
+                              cluster_id=cluster, strict_members=strict_members, deadline=deadline)
 
 
 @dataclass

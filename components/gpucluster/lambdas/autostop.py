@@ -51,6 +51,7 @@ from gpucluster.fleet.runtime import (
     env_number,
     env_text,
     ignored,
+    invocation_deadline,
     notify_from_env,
     stack_from_env,
 )
@@ -104,7 +105,7 @@ def schedule_rule_name(event: dict[str, Any]) -> str | None:
 
 def _stop(stack: str, groups: list[NodeGroup], reason: str, context: Any) -> dict[str, Any]:
     """Hook then scale to zero, notify, and fail the invocation only on AWS errors."""
-    backend = stack_node_groups()
+    backend = stack_node_groups(deadline=invocation_deadline(context))
     command = env_text("PRE_STOP_COMMAND")
     report = stop_groups(
         backend,
@@ -191,7 +192,7 @@ def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, An
     rule = schedule_rule_name(event)
     if rule is None:
         return ignored("scheduled event without a rule ARN", resources=event.get("resources"))
-    backend = stack_node_groups()
+    backend = stack_node_groups(deadline=invocation_deadline(context))
     if rule.endswith(STOP_SUFFIX):
         return _stop(stack, backend.list_groups(stack), SCHEDULE, context)
     if rule.endswith(START_SUFFIX):

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpucluster.fleet.awsapi import log_event
 from gpucluster.fleet.nodegroups import BUDGET
-from gpucluster.fleet.runtime import ignored, notify_from_env, stack_from_env
+from gpucluster.fleet.runtime import ignored, invocation_deadline, notify_from_env, stack_from_env
 from gpucluster.fleet.stops import (
     budget_stop,
     mark_told,
@@ -58,7 +58,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
         topics=[r.get("TopicArn") for r in records],
         budget_message=records[0]["Message"][:2000],
     )
-    backend = stack_node_groups()
+    backend = stack_node_groups(deadline=invocation_deadline(context))
     report = budget_stop(backend, backend.list_groups(stack))
     summary = {"stack": stack, **report.summary(BUDGET)}
     if report.to_tell or report.errors:

@@ -33,6 +33,7 @@ from gpucluster.fleet.runtime import (
     env_number,
     env_text,
     ignored,
+    invocation_deadline,
     notify_from_env,
     stack_from_env,
 )
@@ -84,7 +85,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     names = groups_from_env().get(reservation)
     if not names:
         return ignored("reservation feeds no group of this stack", stack=stack, reservation=reservation)
-    backend = stack_node_groups()
+    backend = stack_node_groups(deadline=invocation_deadline(context))
     groups = [g for g in backend.read_groups(names) if g.stack == stack]
     if not groups:
         return ignored("the reservation's groups are not in this stack", stack=stack, groups=names)

@@ -39,6 +39,7 @@ from gpucluster.fleet.runtime import (
     ConfigError,
     GuardrailError,
     env_number,
+    invocation_deadline,
     notify_from_env,
     stack_from_env,
 )
@@ -82,7 +83,8 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     stack = stack_from_env()
     limit, prices, check_minutes, cap = settings()
     now = RUNTIME.now()
-    backend = stack_node_groups(strict_members=True)  # it prices the members: none known is an error
+    # It prices the members: none known is an error.
+    backend = stack_node_groups(strict_members=True, deadline=invocation_deadline(context))
     try:
         groups, spend = measure(stack, backend, RUNTIME.client("ec2"), RUNTIME.client("ce"),
                                 RUNTIME.client("cloudwatch"), prices, now)

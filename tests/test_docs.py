@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -327,6 +328,72 @@ def test_a_guide_the_nav_does_not_name_is_listed_under_guides(tmp_path: Path) ->
     nav: list[Any] = [{"Home": "index.md"}, {"Guides": [{"Named": "guides/named.md"}]}]
     on_config({"nav": nav, "docs_dir": str(tmp_path)})
     assert nav[1] == {"Guides": [{"Named": "guides/named.md"}, {"Slurm on AWS PCS": "guides/slurm.md"}]}
+
+
+# The elements Python-Markdown (tables, fenced code, admonitions) and MkDocs Material (heading anchors,
+# code-copy buttons) put inside a page's <article>: any other tag there is a placeholder of the Markdown
+# (`Pulumi.<name>.yaml`) the browser took for an element and did not show.
+ARTICLE_TAGS = frozenset({
+    "a", "abbr", "blockquote", "br", "button", "code", "dd", "del", "details", "div", "dl", "dt", "em",
+    "h1", "h2", "h3", "h4", "h5", "h6", "hr", "img", "kbd", "li", "mark", "nav", "ol", "p", "path", "pre",
+    "span", "strong", "sub", "summary", "sup", "svg", "table", "tbody", "td", "th", "thead", "tr", "ul"})
+# What a swallowed placeholder leaves: `Pulumi..yaml`, `s3..amazonaws.com`, `policies/config/.json`
+# (not a range, `0..100`, nor an ellipsis).
+REMNANT = re.compile(r"[^\s(]*(?<!\.)\.\.[A-Za-z][^\s)]*|[^\s(]*/\.(?:json|ya?ml)\b")
+
+
+class ArticleParser(HTMLParser):
+    """The tags and the text inside a built page's <article> (the page's Markdown, rendered)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.depth, self.tags, self.text = 0, set[str](), list[str]()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "article":
+            self.depth += 1
+        elif self.depth:
+            self.tags.add(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "article":
+            self.depth -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self.depth:
+            self.text.append(data)
+
+
+def swallowed(html: str) -> list[str]:
+    """What a reader of the built page loses: unknown tags, and the remnants they leave in the text."""
+    parser = ArticleParser()
+    parser.feed(html)
+    text = "".join(parser.text)
+    assert text.strip(), "no <article> in the page"
+    return [f"<{tag}>" for tag in sorted(parser.tags - ARTICLE_TAGS)] + REMNANT.findall(text)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as .ci/run builds it (strict: a broken link or anchor fails)."""
+    out = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
+                   cwd=REPO, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, check=True)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (DOCS / "reference").glob("*.md")))
+def test_the_built_reference_pages_show_every_placeholder(site: Path, name: str) -> None:
+    assert swallowed((site / "reference" / name / "index.html").read_text()) == []
+
+
+def test_the_placeholder_check_catches_a_swallowed_placeholder() -> None:
+    page = ("<html><body><article><p>Stack (Pulumi.<name>.yaml); default policies/config/<stack>.json, "
+            "else <environment>.json; 0..100 spot; STACK...</p>"
+            "<table><tr><td><code>&lt;tag&gt;</code></td></tr></table></article></body></html>")
+    assert swallowed(page) == ["<environment>", "<name>", "<stack>", "Pulumi..yaml", "policies/config/.json"]
+    assert swallowed(page.replace("<name>", "&lt;name&gt;").replace("<stack>", "&lt;stack&gt;")
+                     .replace("<environment>", "&lt;environment&gt;")) == []
 
 
 def test_semantic_versioning_and_the_changelog() -> None:

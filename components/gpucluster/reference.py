@@ -5,11 +5,14 @@ and checked in; tests/test_docs.py renders them again and fails when a page diff
 documented keys, options, defaults and rules are always the ones the code takes. (Checked-in
 pages rather than a build-time hook: they read on GitHub too, and a stale page fails the
 tests, not only the site build.) The CLI and policy renderers import their subject only when
-called, so rendering the config reference loads neither the CLI nor the policy pack.
+called, so rendering the config reference loads neither the CLI nor the policy pack. Every text
+taken from the code goes through `_text` (or `_cell`): a placeholder such as `Pulumi.<name>.yaml`
+in a help text or docstring would otherwise reach the browser as an unknown HTML tag and vanish.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 from pathlib import Path
@@ -21,6 +24,22 @@ from pydantic_core import PydanticUndefined
 from gpucluster.spec import DIY_ORGANIZATION, ORGANIZATION_KEY, StackConfig, field_docs, model_in
 
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
+_CODE_SPAN = re.compile(r"(`[^`]*`)")
+_PLACEHOLDER = re.compile(r"<([^<>]*)>")
+
+
+def _text(text: str) -> str:
+    """Prose from the code for a generated page: `<name>` outside code spans as `&lt;name&gt;` (and any
+    other `<` as `&lt;`), so a placeholder in a help text reads as written (on the site and on GitHub)
+    instead of being an HTML tag; `->` stays as it is."""
+    parts = _CODE_SPAN.split(text)
+    return "".join(part if i % 2 else _PLACEHOLDER.sub(r"&lt;\1&gt;", part).replace("<", "&lt;")
+                   for i, part in enumerate(parts))
+
+
+def _cell(text: str) -> str:
+    """One Markdown table cell from the code's text: no line breaks, pipes and placeholders escaped."""
+    return _text(" ".join(str(text).split()).replace("|", "\\|"))
 
 
 def _type_name(annotation: Any) -> str:
@@ -59,7 +78,7 @@ def _rows(model: type[BaseModel], prefix: str, out: list[str], nested: list[tupl
     for name, field in model.model_fields.items():
         path = f"{prefix}.{name}" if prefix else name
         sub = model_in(field.annotation)
-        doc = field_docs(model).get(name, "").replace("\n", " ").replace("|", "\\|")
+        doc = _cell(field_docs(model).get(name, ""))
         out.append(f"| `{path}` | {_type_name(field.annotation)} | {_default(field)} | {doc} |")
         if sub is not None:
             nested.append((path + ("[]" if get_origin(_strip(field.annotation)) is list else ""), sub))
@@ -80,7 +99,7 @@ def render_config_reference() -> str:
              "`pulumi up` checks it. |"]
     queue: list[tuple[str, type]] = []
     for name, field in StackConfig.model_fields.items():
-        doc = field_docs(StackConfig).get(name, "").replace("|", "\\|")
+        doc = _cell(field_docs(StackConfig).get(name, ""))
         lines.append(f"| `gpucluster:{name}` | {_type_name(field.annotation)} | {_default(field)} | {doc} |")
         sub = model_in(field.annotation)
         if sub is not None:
@@ -93,11 +112,6 @@ def render_config_reference() -> str:
         queue = nested + queue
     lines += ["", END]
     return "\n".join(lines)
-
-
-def _cell(text: str) -> str:
-    """One Markdown table cell: no line breaks, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def _default_of(param: Any) -> str:
@@ -119,7 +133,7 @@ def _usage_name(param: Any) -> str:
 def _command_section(command: Any, path: str, lines: list[str]) -> None:
     lines += ["", f"## `{path}`", ""]
     if command.help:
-        lines += [command.help.strip().replace("\b\n", ""), ""]
+        lines += [_text(command.help.strip().replace("\b\n", "")), ""]
     params = [p for p in command.params if not getattr(p, "hidden", False)]
     arguments = [p for p in params if p.param_type_name == "argument"]
     usage = " ".join([path, *(("[" + _usage_name(a) + "]") if not a.required else _usage_name(a)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
+from typer.core import TyperArgument, TyperCommand, TyperOption
 
 from gpucluster import project
 from gpucluster.cli import render
@@ -33,6 +34,48 @@ EXIT_INTERRUPTED = 130
 OFFLINE_COMMANDS = frozenset({"plan", "cost", "recommend", "init"})
 T = TypeVar("T")
 
+class Command(TyperCommand):
+    """Every command's `--help` in one convention: typer writes a required argument as `{stack}` in the
+    usage line and every value's type as `<str>`; this writes `STACK`, `[JOB]`, `FILES...` and each
+    option's value as its metavar (set where declared, else the option's name in capitals)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if isinstance(param, TyperOption) and param.metavar is None and not param.is_flag \
+                    and not param.count:
+                param.metavar = (param.name or "value").upper()
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            pieces += [usage_name(param)] if isinstance(param, TyperArgument) else param.get_usage_pieces(ctx)
+        return pieces
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        arguments: list[tuple[str, str]] = []
+        options: list[tuple[str, str]] = []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if isinstance(param, TyperArgument):
+                arguments.append((usage_name(param), record[1]))
+            else:
+                options.append(record)
+        for title, records in (("Arguments", arguments), ("Options", options)):
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
+
+
+def usage_name(argument: TyperArgument) -> str:
+    """An argument as usage lines write it: `STACK`, `[JOB]` when optional, `FILES...` for several."""
+    name = argument.metavar or (argument.name or "value").upper()
+    name = name if argument.required else f"[{name}]"
+    return f"{name}..." if argument.nargs != 1 else name
+
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -44,12 +87,15 @@ app = typer.Typer(
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead (errors too).")]
 StackArg = Annotated[str, typer.Argument(
+    metavar="STACK",
     help="Stack name (Pulumi.<name>.yaml in the project's stack directory, see --stacks-dir) "
          "or a path to a stack file.")]
 GroupOption = Annotated[str | None, typer.Option(
-    "--group", "-g", help="Node group name (as in the stack file), or an Auto Scaling group's name.")]
+    "--group", "-g", metavar="GROUP",
+    help="Node group name (as in the stack file), or an Auto Scaling group's name.")]
 RequiredGroup = Annotated[str, typer.Option(
-    "--group", "-g", help="Node group name (as in the stack file), or an Auto Scaling group's name.")]
+    "--group", "-g", metavar="GROUP",
+    help="Node group name (as in the stack file), or an Auto Scaling group's name.")]
 YesOption = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (scripts).")]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Only show what would change.")]
 

@@ -14,7 +14,7 @@ import sys
 import typer
 
 from gpucluster.cli import capacity, dashboards, doctor, fleet, images, jobs, planning, render, spend, verify
-from gpucluster.cli.common import EXIT_BLOCKED, EXIT_INVALID, app
+from gpucluster.cli.common import EXIT_BLOCKED, EXIT_INVALID, Command, app
 
 # (name, function): the order of `gpucluster --help`.
 COMMANDS = (
@@ -25,10 +25,12 @@ COMMANDS = (
     ("logs", jobs.logs), ("cancel", jobs.cancel), ("login", jobs.login), ("spend", spend.spend),
 )
 for _name, _command in COMMANDS:
-    app.command(_name)(_command)
-app.add_typer(capacity.capacity_app, name="capacity")
-app.add_typer(dashboards.dashboards_app, name="dashboards")
-app.add_typer(images.image_app, name="image")
+    app.command(_name, cls=Command)(_command)
+for _group, _group_name in ((capacity.capacity_app, "capacity"), (dashboards.dashboards_app, "dashboards"),
+                            (images.image_app, "image")):
+    for _info in _group.registered_commands:  # their `--help` in the one convention too (common.Command)
+        _info.cls = Command
+    app.add_typer(_group, name=_group_name)
 
 
 def invoked(args: list[str]) -> str | None:

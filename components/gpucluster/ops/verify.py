@@ -194,6 +194,23 @@ class Deployed:
             return str(roles[0]["Arn"])
         return self._once(("role", group), look)
 
+    def credentials(self) -> Any:
+        """The caller's AWS credentials, to sign what is no boto3 call (AMP's query API), as `nodes` does."""
+        import boto3
+
+        return self._once(("credentials",), lambda: boto3.session.Session(
+            region_name=self.account.region).get_credentials())
+
+    def pcs_cluster(self) -> dict[str, Any]:
+        """The stack's PCS cluster as GetCluster describes it (found by tag: `ops.pcsclusters`)."""
+        from gpucluster.ops.pcsclusters import stack_pcs_cluster
+
+        def look() -> dict[str, Any]:
+            pcs = self.clients("pcs")
+            found = stack_pcs_cluster(self.spec.identity, pcs)
+            return dict(pcs.get_cluster(clusterIdentifier=found)["cluster"])
+        return self._once(("pcs",), look)
+
     def scripts_bucket(self) -> str:
         """The node-scripts bucket: the one bucket named with the stack's prefix (aws/nodescripts.py)."""
         def look() -> str:
@@ -422,7 +439,7 @@ def check_endpoints(deployed: Deployed, services: Sequence[str]) -> Outcome:
 def check_remote_write(deployed: Deployed, group: str) -> Outcome:
     """The node role may remote-write to the stack's AMP workspace (simulated aps:RemoteWrite)."""
     role = deployed.node_role(group)
-    arn, context = _workspace(deployed)
+    arn, context = amp_workspace(deployed)
     denied = simulate(deployed.clients("iam"), role, [("aps:RemoteWrite", arn, context)])
     if denied:
         return Outcome("fail", f"{role.rpartition('/')[2]} may not aps:RemoteWrite to {arn}: the "
@@ -432,7 +449,7 @@ def check_remote_write(deployed: Deployed, group: str) -> Outcome:
                    "samples arrive is a question for Prometheus, not IAM)")
 
 
-def _workspace(deployed: Deployed) -> tuple[str, dict[str, str | list[str]]]:
+def amp_workspace(deployed: Deployed) -> tuple[str, dict[str, str | list[str]]]:
     """The AMP workspace nodes write to and the context its grant conditions on."""
     from gpucluster.noderole import workspace_arn
     from gpucluster.spec.observability import remote_write_workspace
@@ -462,8 +479,12 @@ def no_nat_endpoints(spec: StackSpec) -> list[str]:
     return list(interface_endpoints(spec))
 
 
-def plan_checks(spec: StackSpec, clients: Clients, account: Account) -> list[PlannedCheck]:
-    """The checks this stack asks for, in order, each bound to the account's lookups (nothing run yet)."""
+def plan_checks(spec: StackSpec, clients: Clients, account: Account, *,
+                job: bool = False) -> list[PlannedCheck]:
+    """The checks this stack asks for, in order, each bound to the account's lookups (nothing run yet);
+    `job`: also run `srun -N1 hostname` on each Slurm partition (the one check that starts something)."""
+    from gpucluster.ops.verifyfeatures import feature_checks
+
     deployed = Deployed(spec, clients, account)
     c, names = spec.cluster.name, expected_names(spec)
     physical = [(n.physical.type, n.physical.name) for n in names]
@@ -505,6 +526,8 @@ def plan_checks(spec: StackSpec, clients: Clients, account: Account) -> list[Pla
         for group in spec.node_groups:
             add(f"amp-remote-write.{group.name}", "node role may remote-write to AMP", group.name,
                 partial(check_remote_write, deployed, group.name))
+    for id_, name, subject, run in feature_checks(deployed, job=job):
+        add(id_, name, subject, run)
     return checks
 
 
@@ -558,11 +581,12 @@ def run_check(check: PlannedCheck) -> CheckResult:
     return CheckResult(check.id, check.name, check.subject, outcome.result, outcome.detail, remedy)
 
 
-def verify(spec: StackSpec, clients: Clients | None = None) -> Verification:
-    """Every check of the deployed stack; VerifyError when AWS cannot be asked at all."""
+def verify(spec: StackSpec, clients: Clients | None = None, *, job: bool = False) -> Verification:
+    """Every check of the deployed stack (`job`: with the Slurm test job); VerifyError when AWS cannot be
+    asked at all."""
     clients = clients or Clients.of(spec)
     account = account_of(clients, spec.region)
-    return Verification(account.account, [run_check(c) for c in plan_checks(spec, clients, account)])
+    return Verification(account.account, [run_check(c) for c in plan_checks(spec, clients, account, job=job)])
 
 
 def counts(verification: Verification) -> Mapping[str, int]:

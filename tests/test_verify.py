@@ -44,7 +44,6 @@ from gpucluster.ops import Clients
 from gpucluster.ops.permissions import VERIFY_LAUNCH_ACTIONS, allowed_actions, operator_policy
 from gpucluster.ops.slurmjobs import stack_instances
 from gpucluster.ops.verify import (
-    Deployed,
     PlannedCheck,
     VerifyError,
     check_endpoints,
@@ -55,6 +54,7 @@ from gpucluster.ops.verify import (
     run_check,
     verify,
 )
+from gpucluster.ops.verifycheck import Deployed
 from gpucluster.ops.verifyfeatures import (
     check_amp_samples,
     check_grafana,
@@ -1248,10 +1248,12 @@ class Pcs:
         self.groups = groups if groups is not None else {"gpu": "ACTIVE", "login": "ACTIVE"}
         self.queues = queues if queues is not None else {"gpu": "ACTIVE"}
         self.faults: dict[str, Exception] = {}
+        self.asked: list[str] = []
         self.meta = type("Meta", (), {"region_name": REGION})()
 
     def _call(self, operation: str, request: dict[str, Any]) -> None:
         validate_parameters(request, self.model.operation_model(operation).input_shape)
+        self.asked.append(f"pcs:{operation}")
         if operation in self.faults:
             raise self.faults[operation]
 
@@ -1480,3 +1482,44 @@ def test_slurm_job_on_each_partition(base_config: dict[str, Any], account: dict[
 def test_job_on_a_stack_without_slurm_is_bad_input(base_config: dict[str, Any], write_stack: Any) -> None:
     done = runner.invoke(app, ["verify", str(write_stack(base_config, "t")), "--job"])
     assert done.exit_code == 2 and "--job runs a Slurm job" in done.output
+
+
+def test_every_call_the_feature_checks_make_is_in_the_operator_policy(
+    base_config: dict[str, Any], account: dict[str, Any], prometheus: Any
+) -> None:
+    made: list[str] = []
+
+    def record(model: Any, **_: Any) -> None:
+        made.append(f"{model.service_model.endpoint_prefix}:{model.name}")
+
+    base_config["gpucluster:observability"] = {
+        **OBSERVED,
+        "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"]},
+    }
+    observed = stack(base_config)
+    boto3.client("amp", region_name=REGION).create_workspace(
+        alias=f"gpucluster-{observed.identity}", tags={STACK_TAG: observed.identity}
+    )
+    prometheus.answer = (200, up({}))
+    name = recipe_name(observed.cluster.name, observed.identity, "gpu")
+    fakes = {
+        "grafana": grafana(observed.identity),
+        "imagebuilder": imagebuilder(name, [("1.0.1", "AVAILABLE", None)]),
+    }
+    clients = clients_of(account)
+    for service in ("amp", "ec2"):
+        clients(service).meta.events.register("before-call", record)
+    for client in fakes.values():  # a Stubber answers in before-call: record the call before it
+        client.meta.events.register("before-parameter-build", record)
+    pcs = Pcs(observed.identity)
+    for check in (amp_check(prometheus), check_grafana, lambda d: check_image_pipeline(d, "gpu")):
+        run_with(account, observed, check, **fakes)
+    for check in (check_pcs_cluster, check_pcs_accounting, check_pcs_node_groups, check_pcs_queues):
+        run_with(account, slurm_spec(base_config), check, pcs=pcs)
+    made += pcs.asked + ["aps:QueryMetrics"] * bool(prometheus.asked)
+    made += ["iam:SimulatePrincipalPolicy"] * bool(account["simulator"].requests)
+    assert {"aps:QueryMetrics", "grafana:DescribeWorkspace", "imagebuilder:ListImagePipelineImages"} <= set(
+        made
+    )
+    assert {"pcs:GetCluster", "pcs:ListQueues", "ec2:DescribeInstances"} <= set(made)
+    assert set(made) - allowed_actions(operator_policy(observed.identity)) == set()

@@ -22,7 +22,6 @@ from gpucluster.cli.common import (
     StackArg,
     build_spec,
     clients,
-    fail_usage,
     head,
     ops_call,
 )
@@ -46,9 +45,6 @@ def verify(stack: StackArg, as_json: JsonOption = False, job: JobOption = False)
 
     render.use_json(as_json)
     spec = build_spec(stack)
-    if job and not spec.scheduler.slurm:
-        fail_usage("verify", f"--job runs a Slurm job: stack {spec.stack} has no Slurm "
-                   "(scheduler.type: none)")
     result = ops_call("verify", lambda: run_verify(spec, clients(spec), job=job),
                       f"verifying {spec.stack} in its AWS account ({spec.region})")
     code = EXIT_OK if result.passed else EXIT_BLOCKED

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gpucluster.fleet.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
-from gpucluster.ops.verify import Deployed, Outcome, Unknown, amp_workspace
+from gpucluster.ops.verifycheck import Deployed, Outcome, Unknown, amp_workspace
 from gpucluster.ops.verifyiam import simulate
 from gpucluster.spec import baked_image
 

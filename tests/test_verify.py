@@ -9,14 +9,18 @@ Cost Explorer is botocore's Stubber. Every check has a pass, a fail and an unkno
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
+import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +31,19 @@ from botocore.stub import Stubber
 from botocore.validate import validate_parameters
 from moto import mock_aws
 from moto.server import ThreadedMotoServer
+from typer.testing import CliRunner
 
+from gpucluster.cli.entry import app
 from gpucluster.fleet.jobnames import jobs_parameter_path
+from gpucluster.fleet.tags import NODE_GROUP_TAG, STACK_TAG
 from gpucluster.names import expected_names
+from gpucluster.node.bake import recipe_name
 from gpucluster.node.bundle import bundle_key
 from gpucluster.noderole import run_log_group_name
 from gpucluster.ops import Clients
 from gpucluster.ops.permissions import VERIFY_LAUNCH_ACTIONS, allowed_actions, operator_policy
+from gpucluster.ops.slurmjobs import stack_instances
 from gpucluster.ops.verify import (
-    Deployed,
     PlannedCheck,
     VerifyError,
     check_endpoints,
@@ -45,6 +53,18 @@ from gpucluster.ops.verify import (
     plan_checks,
     run_check,
     verify,
+)
+from gpucluster.ops.verifycheck import Deployed
+from gpucluster.ops.verifyfeatures import (
+    check_amp_samples,
+    check_grafana,
+    check_image_pipeline,
+    check_pcs_accounting,
+    check_pcs_cluster,
+    check_pcs_node_groups,
+    check_pcs_queues,
+    check_slurm_job,
+    job_script,
 )
 from gpucluster.ops.verifyiam import Account, guardrail_calls, handler_actions
 from gpucluster.preflight import parse_stack_config
@@ -909,3 +929,597 @@ def test_verify_without_aws_exits_2(base_config: dict[str, Any], write_stack: Ca
 def test_verify_of_a_bad_stack_exits_2(tmp_path: Path) -> None:
     done = run_verify(tmp_path / "Pulumi.none.yaml", "http://127.0.0.1:9")
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------------------------------------------------
+# The feature checks (ops/verifyfeatures.py): AMP's query API is a local HTTP server (the signed request
+# is sent there instead); Grafana and Image Builder are botocore Stubbers; PCS (moto has none) is a small
+# fake whose requests are checked against botocore's model and whose answers are shaped as it says; the
+# login node's Slurm is SSM answered by a Stubber, as in tests/test_slurm_ops.py.
+
+runner = CliRunner()
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def run_with(account: dict[str, Any], spec: StackSpec, check: Any, **made: Any) -> Any:
+    """`run_alone`, with some services answered by `made`'s fakes."""
+    account["made"].update(made)
+    return run_alone(account, spec, check)
+
+
+def assert_unknown(found: Any, fault: str) -> None:
+    assert found.result == "unknown" and fault in found.detail and found.remedy is None, found
+
+
+# ------------------------------------------------------------------------------------ AMP
+
+
+class Prometheus(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.asked.append(dict(self.headers))  # type: ignore[attr-defined]
+        status, answer = self.server.answer  # type: ignore[attr-defined]
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(answer).encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def prometheus() -> Iterator[Any]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Prometheus)
+    httpd.asked, httpd.answer = [], (200, {})  # type: ignore[attr-defined]
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+    def opener(request: urllib.request.Request, timeout: float) -> Any:
+        httpd.signed_for = request.full_url  # type: ignore[attr-defined]
+        local = urllib.request.Request(
+            f"http://127.0.0.1:{httpd.server_address[1]}/api/v1/query",
+            data=request.data,
+            method="POST",
+            headers=dict(request.header_items()),
+        )
+        return urllib.request.urlopen(local, timeout=timeout)
+
+    httpd.opener = opener  # type: ignore[attr-defined]
+    yield httpd
+    httpd.shutdown()
+
+
+def up(instances: dict[str, str]) -> dict[str, Any]:
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [{"metric": {"instance_id": i}, "value": [0, v]} for i, v in instances.items()],
+        },
+    }
+
+
+def observed_nodes(observed: StackSpec) -> list[str]:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+    for group in ("gpu", "gpu", "login"):
+        ec2.run_instances(
+            ImageId="ami-12c6146b",
+            InstanceType="g5.xlarge",
+            MinCount=1,
+            MaxCount=1,
+            SubnetId=subnet,
+            TagSpecifications=[
+                {
+                    "ResourceType": "instance",
+                    "Tags": [
+                        {"Key": STACK_TAG, "Value": observed.identity},
+                        {"Key": NODE_GROUP_TAG, "Value": group},
+                    ],
+                }
+            ],
+        )
+    return [
+        i["InstanceId"]
+        for i in stack_instances(ec2, observed.identity, states=("running",))
+        if {t["Key"]: t["Value"] for t in i["Tags"]}[NODE_GROUP_TAG] != "login"
+    ]
+
+
+def amp_check(prometheus: Any, now: datetime = NOW) -> Any:
+    return lambda d: check_amp_samples(d, opener=prometheus.opener, now=lambda: now)
+
+
+def test_amp_samples(base_config: dict[str, Any], account: dict[str, Any], prometheus: Any) -> None:
+    base_config["gpucluster:observability"] = OBSERVED
+    observed = stack(base_config)
+    check = amp_check(prometheus)
+    assert run_with(account, observed, check).result == "fail"  # no workspace
+    workspace = boto3.client("amp", region_name=REGION).create_workspace(
+        alias=f"gpucluster-{observed.identity}", tags={STACK_TAG: observed.identity}
+    )["workspaceId"]
+    nodes = observed_nodes(observed)
+    assert len(nodes) >= 2
+    prometheus.answer = (200, up(dict.fromkeys(nodes, "1")))
+    found = run_with(account, observed, check)
+    assert found.result == "pass" and f"{len(nodes)} running GPU node(s)" in found.detail, found
+    assert prometheus.signed_for == (
+        f"https://aps-workspaces.{REGION}.amazonaws.com/workspaces/{workspace}/api/v1/query"
+    )
+    assert f"/{REGION}/aps/aws4_request" in prometheus.asked[-1]["Authorization"]
+    prometheus.answer = (200, up({nodes[0]: "1", nodes[1]: "0"}))
+    found = run_with(account, observed, check)
+    assert found.result == "fail" and f"dcgm-exporter down on {nodes[1]}" in found.detail and found.remedy
+    prometheus.answer = (200, up({nodes[1]: "1"}))
+    found = run_with(account, observed, check)
+    assert found.result == "fail" and f"no samples in the last 5m from {nodes[0]}" in found.detail
+    # nodes that just booted are not expected yet (moto launches them now)
+    fresh = run_with(account, observed, amp_check(prometheus, datetime.now(UTC) + timedelta(minutes=1)))
+    assert fresh.result == "pass" and "not expected yet" in fresh.detail, fresh
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_amp_samples_that_cannot_be_asked_are_unknown(
+    base_config: dict[str, Any], account: dict[str, Any], prometheus: Any, fault: str
+) -> None:
+    base_config["gpucluster:observability"] = OBSERVED
+    observed = stack(base_config)
+    boto3.client("amp", region_name=REGION).create_workspace(alias=f"gpucluster-{observed.identity}")
+    prometheus.answer = (
+        FAULTS[fault] if fault != "ThrottlingException" else 429,
+        {"message": f"injected {fault}"},
+    )
+    assert_unknown(run_with(account, observed, amp_check(prometheus)), fault)
+    amp = boto3.client("amp", region_name=REGION)
+    amp.meta.events.register(
+        "before-call.amp.ListWorkspaces",
+        lambda **_: (_ for _ in ()).throw(client_error(fault, "ListWorkspaces")),
+    )
+    assert_unknown(run_with(account, observed, amp_check(prometheus), amp=amp), fault)
+
+
+# ---------------------------------------------------------------------------------- Grafana
+
+
+def grafana(identity: str, status: str = "ACTIVE", fault: str | None = None) -> Any:
+    client = boto3.client("grafana", region_name=REGION)
+    stub = Stubber(client)
+    if fault:
+        stub.add_client_error("list_workspaces", fault, "injected", FAULTS[fault])
+    else:
+        stub.add_response(
+            "list_workspaces",
+            {
+                "workspaces": [
+                    {
+                        "id": "g-other",
+                        "authentication": {"providers": ["AWS_SSO"]},
+                        "created": NOW,
+                        "endpoint": "x",
+                        "grafanaVersion": "10.4",
+                        "modified": NOW,
+                        "status": "ACTIVE",
+                        "tags": {STACK_TAG: "else"},
+                    },
+                    {
+                        "id": "g-1",
+                        "authentication": {"providers": ["AWS_SSO"]},
+                        "created": NOW,
+                        "endpoint": "x",
+                        "grafanaVersion": "10.4",
+                        "modified": NOW,
+                        "status": status,
+                        "tags": {STACK_TAG: identity},
+                    },
+                ]
+            },
+        )
+        stub.add_response(
+            "describe_workspace",
+            {
+                "workspace": {
+                    "id": "g-1",
+                    "name": "t-grafana",
+                    "authentication": {"providers": ["AWS_SSO"]},
+                    "created": NOW,
+                    "dataSources": ["PROMETHEUS"],
+                    "endpoint": "x",
+                    "grafanaVersion": "10.4",
+                    "modified": NOW,
+                    "status": status,
+                    "workspaceRoleArn": f"arn:aws:iam::{ACCOUNT}:role/t-grafana-role",
+                }
+            },
+            {"workspaceId": "g-1"},
+        )
+    stub.activate()
+    return client
+
+
+def test_grafana(base_config: dict[str, Any], account: dict[str, Any]) -> None:
+    base_config["gpucluster:observability"] = {
+        **OBSERVED,
+        "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"]},
+    }
+    observed = stack(base_config)
+    arn = boto3.client("amp", region_name=REGION).create_workspace(
+        alias="a", tags={STACK_TAG: observed.identity}
+    )["arn"]
+    iam = boto3.client("iam")
+    iam.create_role(RoleName="t-grafana-role", AssumeRolePolicyDocument="{}")
+    found = run_with(account, observed, check_grafana, grafana=grafana(observed.identity))
+    assert found.result == "fail" and "may not query" in found.detail and found.remedy
+    iam.put_role_policy(
+        RoleName="t-grafana-role",
+        PolicyName="q",
+        PolicyDocument=json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Action": "aps:QueryMetrics", "Resource": arn}],
+            }
+        ),
+    )
+    found = run_with(account, observed, check_grafana, grafana=grafana(observed.identity))
+    assert found.result == "pass" and arn in found.detail, found
+    found = run_with(account, observed, check_grafana, grafana=grafana(observed.identity, "CREATION_FAILED"))
+    assert found.result == "fail" and found.detail == "Grafana workspace t-grafana is CREATION_FAILED"
+    found = run_with(account, observed, check_grafana, grafana=grafana("nobody"))
+    assert found.result == "fail" and found.detail.startswith("no Grafana workspace is tagged")
+    for fault in FAULTS:
+        assert_unknown(
+            run_with(account, observed, check_grafana, grafana=grafana(observed.identity, fault=fault)), fault
+        )
+
+
+# ----------------------------------------------------------------------------- Image Builder
+
+
+def imagebuilder(
+    pipeline: str | None, images: list[tuple[str, str, str | None]], fault: str | None = None
+) -> Any:
+    client = boto3.client("imagebuilder", region_name=REGION)
+    stub = Stubber(client)
+    arn = f"arn:aws:imagebuilder:{REGION}:{ACCOUNT}:image-pipeline/{(pipeline or 'x').lower()}"
+    stub.add_response(
+        "list_image_pipelines", {"imagePipelineList": [{"arn": arn, "name": pipeline}] if pipeline else []}
+    )
+    if fault:
+        stub.add_client_error("list_image_pipeline_images", fault, "injected", FAULTS[fault])
+    elif pipeline:
+        stub.add_response(
+            "list_image_pipeline_images",
+            {
+                "imageSummaryList": [
+                    {
+                        "arn": f"{arn}/{version}",
+                        "version": version,
+                        "dateCreated": f"2026-11-2{version[-1]}T00:00:00Z",
+                        "state": {"status": status, **({"reason": reason} if reason else {})},
+                    }
+                    for version, status, reason in images
+                ]
+            },
+            {"imagePipelineArn": arn},
+        )
+    stub.activate()
+    return client
+
+
+def test_image_pipeline(base_config: dict[str, Any], account: dict[str, Any]) -> None:
+    base_config["gpucluster:images"] = {"bake": True}
+    baked = stack(base_config)
+    assert "image-pipeline.gpu" in [c.id for c in plan_checks(baked, Clients(REGION), HERE)]
+    name = recipe_name(baked.cluster.name, baked.identity, "gpu")
+    check = lambda d: check_image_pipeline(d, "gpu")  # noqa: E731
+    good = [("1.0.1", "FAILED", "old"), ("1.0.2", "AVAILABLE", None)]
+    found = run_with(account, baked, check, imagebuilder=imagebuilder(name, good))
+    assert found.result == "pass" and "1.0.2 is AVAILABLE" in found.detail
+    bad = [("1.0.3", "FAILED", "component install-nvidia failed"), ("1.0.2", "AVAILABLE", None)]
+    found = run_with(account, baked, check, imagebuilder=imagebuilder(name, bad))
+    assert found.result == "fail" and found.detail.endswith(
+        "1.0.3 is FAILED: component install-nvidia failed"
+    )
+    assert "image build" in str(found.remedy)
+    assert run_with(account, baked, check, imagebuilder=imagebuilder(None, [])).result == "fail"
+    assert run_with(account, baked, check, imagebuilder=imagebuilder(name, [])).result == "fail"
+    building = run_with(account, baked, check, imagebuilder=imagebuilder(name, [("1.0.4", "BUILDING", None)]))
+    assert building.result == "unknown" and "still building" in building.detail
+    for fault in FAULTS:
+        assert_unknown(run_with(account, baked, check, imagebuilder=imagebuilder(name, [], fault)), fault)
+
+
+# ------------------------------------------------------------------------------------ PCS
+
+
+class Pcs:
+    """AWS PCS as botocore's model describes it (moto has none): requests validated, answers shaped."""
+
+    def __init__(
+        self,
+        identity: str,
+        *,
+        status: str = "ACTIVE",
+        mode: str = "STANDARD",
+        groups: dict[str, str] | None = None,
+        queues: dict[str, str] | None = None,
+    ) -> None:
+        self.model = boto3.client("pcs", region_name=REGION).meta.service_model
+        self.identity, self.status, self.mode = identity, status, mode
+        self.groups = groups if groups is not None else {"gpu": "ACTIVE", "login": "ACTIVE"}
+        self.queues = queues if queues is not None else {"gpu": "ACTIVE"}
+        self.faults: dict[str, Exception] = {}
+        self.asked: list[str] = []
+        self.meta = type("Meta", (), {"region_name": REGION})()
+
+    def _call(self, operation: str, request: dict[str, Any]) -> None:
+        validate_parameters(request, self.model.operation_model(operation).input_shape)
+        self.asked.append(f"pcs:{operation}")
+        if operation in self.faults:
+            raise self.faults[operation]
+
+    def arn(self, kind: str, id_: str) -> str:
+        return f"arn:aws:pcs:{REGION}:{ACCOUNT}:{kind}/{id_}"
+
+    def get_paginator(self, name: str) -> Any:
+        operation = self.model.operation_model("".join(p.title() for p in name.split("_"))).name
+        fake = self
+
+        class Pages:
+            def paginate(self, **request: Any) -> list[dict[str, Any]]:
+                fake._call(operation, request)
+                if operation == "ListClusters":
+                    return [
+                        {
+                            "clusters": [
+                                {
+                                    "name": n,
+                                    "id": i,
+                                    "arn": fake.arn("cluster", i),
+                                    "createdAt": NOW,
+                                    "modifiedAt": NOW,
+                                    "status": "ACTIVE",
+                                }
+                                for n, i in (("other", "pcs_other"), ("t", "pcs_t1"))
+                            ]
+                        }
+                    ]
+                kind, key, items = (
+                    ("computenodegroup", "computeNodeGroups", fake.groups)
+                    if operation == "ListComputeNodeGroups"
+                    else ("queue", "queues", fake.queues)
+                )
+                return [
+                    {
+                        key: [
+                            {
+                                "name": n,
+                                "id": f"{n}1",
+                                "arn": fake.arn(kind, f"{n}1"),
+                                "clusterId": "pcs_t1",
+                                "createdAt": NOW,
+                                "modifiedAt": NOW,
+                                "status": s,
+                            }
+                            for n, s in items.items()
+                        ]
+                    }
+                ]
+
+        return Pages()
+
+    def list_tags_for_resource(self, **request: Any) -> dict[str, Any]:
+        self._call("ListTagsForResource", request)
+        mine = request["resourceArn"].endswith("pcs_t1")
+        return {"tags": {STACK_TAG: self.identity if mine else "someone-else"}}
+
+    def get_cluster(self, **request: Any) -> dict[str, Any]:
+        self._call("GetCluster", request)
+        assert request == {"clusterIdentifier": "pcs_t1"}
+        return {
+            "cluster": {
+                "name": "t",
+                "id": "pcs_t1",
+                "arn": self.arn("cluster", "pcs_t1"),
+                "status": self.status,
+                "createdAt": NOW,
+                "modifiedAt": NOW,
+                "scheduler": {"type": "SLURM", "version": "25.05"},
+                "size": "SMALL",
+                "networking": {},
+                "slurmConfiguration": {"accounting": {"mode": self.mode}},
+                "errorInfo": [{"code": "InternalServerError", "message": "slurmctld did not start"}]
+                if self.status.endswith("FAILED")
+                else [],
+            }
+        }
+
+
+SLURM = {"type": "slurm", "ami_id": "ami-0123456789abcdef0"}
+
+
+def slurm_spec(base_config: dict[str, Any], **scheduler: Any) -> StackSpec:
+    base_config["gpucluster:scheduler"] = {**SLURM, **scheduler}
+    return stack(base_config)
+
+
+def test_the_slurm_checks_are_planned(base_config: dict[str, Any]) -> None:
+    ids = [c.id for c in plan_checks(slurm_spec(base_config), Clients(REGION), HERE)]
+    assert ids[-4:] == ["pcs-cluster", "pcs-accounting", "pcs-node-groups", "pcs-queues"]
+    ids = [
+        c.id for c in plan_checks(slurm_spec(base_config, accounting=False), Clients(REGION), HERE, job=True)
+    ]
+    assert ids[-4:] == ["pcs-cluster", "pcs-node-groups", "pcs-queues", "slurm-job.gpu"]
+    assert not any(
+        i.startswith(("pcs-", "amp-", "grafana", "image-", "slurm-"))
+        for i in [
+            c.id
+            for c in plan_checks(stack(base_config | {"gpucluster:scheduler": {}}), Clients(REGION), HERE)
+        ]
+    )
+
+
+def test_pcs_cluster_node_groups_queues_and_accounting(
+    base_config: dict[str, Any], account: dict[str, Any]
+) -> None:
+    slurm = slurm_spec(base_config)
+    checks = (check_pcs_cluster, check_pcs_accounting, check_pcs_node_groups, check_pcs_queues)
+    for check in checks:
+        found = run_with(account, slurm, check, pcs=Pcs(slurm.identity))
+        assert found.result == "pass", found
+    found = run_with(account, slurm, check_pcs_cluster, pcs=Pcs(slurm.identity, status="UPDATE_FAILED"))
+    assert (
+        found.result == "fail"
+        and "UPDATE_FAILED (InternalServerError: slurmctld did not start)" in found.detail
+    )
+    found = run_with(account, slurm, check_pcs_accounting, pcs=Pcs(slurm.identity, mode="NONE"))
+    assert found.result == "fail" and "mode NONE" in found.detail and "--replace" in str(found.remedy)
+    found = run_with(
+        account, slurm, check_pcs_node_groups, pcs=Pcs(slurm.identity, groups={"gpu": "CREATE_FAILED"})
+    )
+    assert (
+        found.result == "fail"
+        and found.detail == "node groups missing: login; not ACTIVE: gpu (CREATE_FAILED)"
+    )
+    found = run_with(account, slurm, check_pcs_queues, pcs=Pcs(slurm.identity, queues={"gpu": "UPDATING"}))
+    assert found.result == "fail" and found.detail == "queues not ACTIVE: gpu (UPDATING)"
+    for check in checks:
+        found = run_with(account, slurm, check, pcs=Pcs("no-such-stack"))
+        assert found.result == "fail" and found.detail.startswith("no AWS PCS cluster in us-east-1 is tagged")
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize(
+    "operation", ["ListClusters", "ListTagsForResource", "GetCluster", "ListComputeNodeGroups", "ListQueues"]
+)
+def test_pcs_that_cannot_be_asked_is_unknown(
+    base_config: dict[str, Any], account: dict[str, Any], fault: str, operation: str
+) -> None:
+    slurm = slurm_spec(base_config)
+    pcs = Pcs(slurm.identity)
+    pcs.faults[operation] = client_error(fault, operation)
+    account["made"]["pcs"] = pcs
+    found = {c.id: run_check(c) for c in plan_checks(slurm, clients_of(account), HERE)}
+    asked = {"ListComputeNodeGroups": ["pcs-node-groups"], "ListQueues": ["pcs-queues"]}.get(
+        operation, ["pcs-cluster", "pcs-accounting", "pcs-node-groups", "pcs-queues"]
+    )
+    for check_id in ("pcs-cluster", "pcs-accounting", "pcs-node-groups", "pcs-queues"):
+        if check_id in asked:
+            assert_unknown(found[check_id], fault)
+        else:
+            assert found[check_id].result == "pass", found[check_id]
+
+
+# ------------------------------------------------------------------------------ --job
+
+
+def ssm_answering(*answers: tuple[str, int, str] | str) -> tuple[Any, list[dict[str, Any]]]:
+    """SSM whose SendCommand/GetCommandInvocation answer (status, code, stdout), or raise a fault."""
+    ssm = boto3.client("ssm", region_name=REGION)
+    stub = Stubber(ssm)
+    sent: list[dict[str, Any]] = []
+    ssm.meta.events.register("provide-client-params.ssm.SendCommand", lambda params, **_: sent.append(params))
+    for n, answer in enumerate(answers):
+        if isinstance(answer, str):
+            stub.add_client_error("send_command", answer, "injected", FAULTS[answer])
+            continue
+        status, code, out = answer
+        stub.add_response("send_command", {"Command": {"CommandId": f"{n:036d}"}})
+        stub.add_response(
+            "get_command_invocation",
+            {
+                "Status": status,
+                "ResponseCode": code,
+                "StandardOutputContent": out,
+                "StandardErrorContent": "srun: error: Unable to allocate resources" if code else "",
+            },
+        )
+    stub.activate()
+    return ssm, sent
+
+
+def login_node(identity: str) -> str:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+    return ec2.run_instances(
+        ImageId="ami-12c6146b",
+        InstanceType="m7i.large",
+        MinCount=1,
+        MaxCount=1,
+        SubnetId=subnet,
+        TagSpecifications=[
+            {
+                "ResourceType": "instance",
+                "Tags": [{"Key": STACK_TAG, "Value": identity}, {"Key": NODE_GROUP_TAG, "Value": "login"}],
+            }
+        ],
+    )["Instances"][0]["InstanceId"]
+
+
+def test_slurm_job_on_each_partition(base_config: dict[str, Any], account: dict[str, Any]) -> None:
+    from gpucluster.slurm.remote import decoded
+
+    slurm = slurm_spec(base_config)
+    check = lambda d: check_slurm_job(d, "gpu")  # noqa: E731
+    assert run_with(account, slurm, check).result == "unknown"  # no login node
+    login = login_node(slurm.identity)
+    ssm, sent = ssm_answering(("Success", 0, "gpu-1\n"))
+    found = run_with(account, slurm, check, ssm=ssm)
+    assert found.result == "pass" and found.detail.endswith("ran on gpu-1"), found
+    assert sent[0]["InstanceIds"] == [login]
+    assert decoded(sent[0]["Parameters"]["commands"][0]).strip().endswith(job_script("gpu"))
+    assert job_script("gpu") == (
+        "timeout 900 srun --nodes=1 --ntasks=1 --partition=gpu --job-name=gpucluster-verify hostname"
+    )
+    ssm, _ = ssm_answering(("Failed", 1, ""))
+    found = run_with(account, slurm, check, ssm=ssm)
+    assert found.result == "fail" and "Unable to allocate resources" in found.detail and found.remedy
+    # SendCommand refused: unknown (throttling and 5xx are retried by the runner to its deadline:
+    # fleet.runcommand)
+    ssm, _ = ssm_answering("AccessDenied")
+    assert_unknown(run_with(account, slurm, check, ssm=ssm), "AccessDenied")
+
+
+def test_job_on_a_stack_without_slurm_is_bad_input(base_config: dict[str, Any], write_stack: Any) -> None:
+    done = runner.invoke(app, ["verify", str(write_stack(base_config, "t")), "--job"])
+    assert done.exit_code == 2 and "--job runs a Slurm job" in done.output
+
+
+def test_every_call_the_feature_checks_make_is_in_the_operator_policy(
+    base_config: dict[str, Any], account: dict[str, Any], prometheus: Any
+) -> None:
+    made: list[str] = []
+
+    def record(model: Any, **_: Any) -> None:
+        made.append(f"{model.service_model.endpoint_prefix}:{model.name}")
+
+    base_config["gpucluster:observability"] = {
+        **OBSERVED,
+        "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"]},
+    }
+    observed = stack(base_config)
+    boto3.client("amp", region_name=REGION).create_workspace(
+        alias=f"gpucluster-{observed.identity}", tags={STACK_TAG: observed.identity}
+    )
+    prometheus.answer = (200, up({}))
+    name = recipe_name(observed.cluster.name, observed.identity, "gpu")
+    fakes = {
+        "grafana": grafana(observed.identity),
+        "imagebuilder": imagebuilder(name, [("1.0.1", "AVAILABLE", None)]),
+    }
+    clients = clients_of(account)
+    for service in ("amp", "ec2"):
+        clients(service).meta.events.register("before-call", record)
+    for client in fakes.values():  # a Stubber answers in before-call: record the call before it
+        client.meta.events.register("before-parameter-build", record)
+    pcs = Pcs(observed.identity)
+    for check in (amp_check(prometheus), check_grafana, lambda d: check_image_pipeline(d, "gpu")):
+        run_with(account, observed, check, **fakes)
+    for check in (check_pcs_cluster, check_pcs_accounting, check_pcs_node_groups, check_pcs_queues):
+        run_with(account, slurm_spec(base_config), check, pcs=pcs)
+    made += pcs.asked + ["aps:QueryMetrics"] * bool(prometheus.asked)
+    made += ["iam:SimulatePrincipalPolicy"] * bool(account["simulator"].requests)
+    assert {"aps:QueryMetrics", "grafana:DescribeWorkspace", "imagebuilder:ListImagePipelineImages"} <= set(
+        made
+    )
+    assert {"pcs:GetCluster", "pcs:ListQueues", "ec2:DescribeInstances"} <= set(made)
+    assert set(made) - allowed_actions(operator_policy(observed.identity)) == set()

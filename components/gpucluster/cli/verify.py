@@ -10,6 +10,7 @@ It must never import another command module.
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Annotated
 
 import typer
 
@@ -28,17 +29,23 @@ from gpucluster.cli.common import (
 STYLES = {"pass": "good", "fail": "bad", "unknown": "warn"}
 
 
-def verify(stack: StackArg, as_json: JsonOption = False) -> None:
+JobOption = Annotated[bool, typer.Option(
+    "--job", help="On a Slurm stack, also run `srun -N1 hostname` on each partition through the login "
+    "node (the one check that starts something: a partition at zero boots a node).")]
+
+
+def verify(stack: StackArg, as_json: JsonOption = False, job: JobOption = False) -> None:
     """Check a deployed stack in its AWS account (read-only, after `pulumi up`): guardrail roles
     (IAM policy simulator), launch templates (EC2 DryRun), the scripts bundle, the cost tag, the
-    notify subscription, schedules, rules, alarms, VPC endpoints without NAT and AMP remote write.
-    Exit 1 when a check fails or cannot run."""
+    notify subscription, schedules, rules, alarms, VPC endpoints without NAT, AMP remote write and
+    samples, Grafana, the image pipelines' last builds, and on Slurm the PCS cluster, node groups,
+    queues and accounting. Exit 1 when a check fails or cannot run."""
     from gpucluster.ops.verify import counts
     from gpucluster.ops.verify import verify as run_verify
 
     render.use_json(as_json)
     spec = build_spec(stack)
-    result = ops_call("verify", lambda: run_verify(spec, clients(spec)),
+    result = ops_call("verify", lambda: run_verify(spec, clients(spec), job=job),
                       f"verifying {spec.stack} in its AWS account ({spec.region})")
     code = EXIT_OK if result.passed else EXIT_BLOCKED
     tally = counts(result)

@@ -3,7 +3,8 @@
 `nodes`, `hostfile`, `run` (and `--nccl-test`), `jobs`, `logs` (and `--follow`),
 `cancel`, `scale`, `stop`, `start`, `status` (with its GPU health columns), `resume` and
 `image build`, and `verify` (VERIFY_ACTIONS, all read-only; its launch check's DryRun needs
-VERIFY_LAUNCH_ACTIONS, left out) call only the actions below, and write only to groups and
+VERIFY_LAUNCH_ACTIONS, left out; its opt-in Slurm `--job` sends a command to the login node, as `run`
+does) call only the actions below, and write only to groups and
 instances carrying the stack's
 identity tag, and to its own job records (`run --restart-on-replace`). The README shows
 this document (a test keeps the two equal, and checks every AWS call those commands make
@@ -28,7 +29,11 @@ VERIFY_ACTIONS = ("lambda:GetFunctionConfiguration", "iam:SimulatePrincipalPolic
                   "ec2:DescribeLaunchTemplates", "ec2:DescribeLaunchTemplateVersions",
                   "ec2:DescribeVpcEndpoints", "s3:ListAllMyBuckets", "scheduler:GetSchedule",
                   "events:DescribeRule", "cloudwatch:DescribeAlarms", "aps:ListWorkspaces",
-                  "pcs:ListComputeNodeGroups")
+                  "pcs:ListComputeNodeGroups",
+                  # the feature checks (ops/verifyfeatures.py): AMP's query API, Grafana, Image Builder, PCS
+                  "aps:QueryMetrics", "grafana:ListWorkspaces", "grafana:DescribeWorkspace",
+                  "imagebuilder:ListImagePipelineImages", "pcs:ListClusters", "pcs:ListTagsForResource",
+                  "pcs:GetCluster", "pcs:ListQueues")
 # (dynamodb:DescribeTable of the guard-state table: FindGuardState below.)
 # What `verify`'s launch-template check (RunInstances with DryRun) needs beyond them, and is NOT in the
 # operator policy: EC2 authorises a DryRun as the real call, and no IAM condition key this code knows of

@@ -18,21 +18,21 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from gpucluster.fleet.awsapi import group_tags, stack_groups
+from gpucluster.fleet.awsapi import group_tags
 from gpucluster.fleet.tags import NODE_GROUP_TAG, STACK_TAG
 from gpucluster.names import expected_names
 from gpucluster.node.bundle import bundle_key
 from gpucluster.ops import Clients, OpsError
 from gpucluster.ops.awserrors import describe, from_parser
 from gpucluster.ops.doctor import ACTIVATE_TAG, cost_tag_status
+from gpucluster.ops.verifycheck import Deployed, Outcome, Result, Unknown, amp_workspace
 from gpucluster.ops.verifyiam import Account, Denied, guardrail_calls, simulate
-from gpucluster.spec import NodeGroupConfig, StackSpec, generated_bucket_prefix
+from gpucluster.spec import NodeGroupConfig, StackSpec
 
-Result = Literal["pass", "fail", "unknown"]
 RESULTS: tuple[Result, ...] = ("pass", "fail", "unknown")
 
 # The guardrail Lambdas: handler module -> its function's name after `<cluster>-` (aws/guardrail_*.py).
@@ -50,15 +50,6 @@ TEMPLATE_ERRORS = ("InvalidParameter", "MissingParameter", "InvalidAMIID", "Inva
                    "InvalidPlacementGroup", "InvalidNetworkInterface")
 # CloudWatch DescribeAlarms takes at most 100 names a call (CloudWatch API reference, AlarmNames).
 ALARMS_PER_CALL = 100
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one check found: its result, one line of detail, and what to do when it failed."""
-
-    result: Result
-    detail: str
-    remedy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,12 +88,12 @@ class Verification:
         return all(c.result == "pass" for c in self.checks)
 
 
+class JobRefused(OpsError):
+    """`--job` asked of a stack that runs no Slurm: one line, the CLI's exit 2, before any AWS call."""
+
+
 class VerifyError(OpsError):
     """AWS cannot be asked at all (no credentials, no endpoint, not an AWS answer): nothing was checked."""
-
-
-class Unknown(OpsError):
-    """A check could not run for a reason that is no AWS error (what it needs was not found)."""
 
 
 def unreachable(err: BaseException) -> VerifyError:
@@ -125,86 +116,6 @@ def account_of(clients: Clients, region: str) -> Account:
         raise unreachable(err) from None
     parts = arn.split(":")
     return Account(partition=parts[1], region=region, account=parts[4], caller=arn)
-
-
-# ------------------------------------------------------------------ what the account holds
-
-
-class Deployed:
-    """The stack's resources as the account holds them, each looked up once (errors too, re-raised)."""
-
-    def __init__(self, spec: StackSpec, clients: Clients, account: Account) -> None:
-        self.spec, self.clients, self.account = spec, clients, account
-        self._memo: dict[tuple[str, ...], Any] = {}
-
-    def _once(self, key: tuple[str, ...], look: Callable[[], Any]) -> Any:
-        if key not in self._memo:
-            try:
-                self._memo[key] = (True, look())
-            except Exception as err:  # kept and raised to every check that needs it
-                self._memo[key] = (False, err)
-        ok, value = self._memo[key]
-        if not ok:
-            raise value
-        return value
-
-    def groups(self) -> list[dict[str, Any]]:
-        """The Auto Scaling groups tagged with the stack (none on a Slurm stack: PCS runs its nodes)."""
-        return self._once(("groups",), lambda: stack_groups(self.clients("autoscaling"), self.spec.identity))
-
-    def asg_arns(self, node_groups: set[str] | None = None) -> list[str]:
-        """The ARNs of the stack's Auto Scaling groups (only those of `node_groups` when given)."""
-        return [str(g["AutoScalingGroupARN"]) for g in self.groups()
-                if node_groups is None or group_tags(g).get(NODE_GROUP_TAG) in node_groups]
-
-    def launch_template(self, group: str) -> dict[str, Any]:
-        """The default version of the node group's launch template, found by the stack's and group's tags."""
-        def look() -> dict[str, Any]:
-            ec2 = self.clients("ec2")
-            found = ec2.describe_launch_templates(Filters=[
-                {"Name": f"tag:{STACK_TAG}", "Values": [self.spec.identity]},
-                {"Name": f"tag:{NODE_GROUP_TAG}", "Values": [group]}]).get("LaunchTemplates", [])
-            if not found:
-                return {}
-            if len(found) > 1:
-                names = ", ".join(sorted(t["LaunchTemplateName"] for t in found))
-                raise Unknown(f"{len(found)} launch templates carry this stack's and group's tags ({names})")
-            template = found[0]
-            versions = ec2.describe_launch_template_versions(
-                LaunchTemplateId=template["LaunchTemplateId"], Versions=["$Default"]
-            )["LaunchTemplateVersions"]
-            return {**template, "Data": versions[0].get("LaunchTemplateData", {}) if versions else {}}
-        return self._once(("lt", group), look)
-
-    def node_role(self, group: str) -> str:
-        """The ARN of the node group's role: its launch template's instance profile's role."""
-        def look() -> str:
-            template = self.launch_template(group)
-            if not template:
-                raise Unknown(f"no launch template tagged {NODE_GROUP_TAG}={group} to find the node "
-                              "role from")
-            profile = template["Data"].get("IamInstanceProfile", {})
-            name = profile.get("Name") or str(profile.get("Arn", "")).rpartition("/")[2]
-            if not name:
-                raise Unknown(f"launch template {template['LaunchTemplateName']} names no instance profile")
-            found = self.clients("iam").get_instance_profile(InstanceProfileName=name)
-            roles = found["InstanceProfile"]["Roles"]
-            if not roles:
-                raise Unknown(f"instance profile {name} holds no role")
-            return str(roles[0]["Arn"])
-        return self._once(("role", group), look)
-
-    def scripts_bucket(self) -> str:
-        """The node-scripts bucket: the one bucket named with the stack's prefix (aws/nodescripts.py)."""
-        def look() -> str:
-            prefix = generated_bucket_prefix(self.spec.cluster.name, "node-scripts")
-            found = sorted(b["Name"] for b in self.clients("s3").list_buckets().get("Buckets", [])
-                           if b["Name"].startswith(prefix))
-            if len(found) != 1:
-                raise Unknown(f"{len(found)} buckets are named {prefix}*: cannot tell which holds the bundle"
-                              if found else f"no bucket named {prefix}* in this account")
-            return found[0]
-        return self._once(("bucket",), look)
 
 
 # ---------------------------------------------------------------------------- the checks
@@ -422,7 +333,7 @@ def check_endpoints(deployed: Deployed, services: Sequence[str]) -> Outcome:
 def check_remote_write(deployed: Deployed, group: str) -> Outcome:
     """The node role may remote-write to the stack's AMP workspace (simulated aps:RemoteWrite)."""
     role = deployed.node_role(group)
-    arn, context = _workspace(deployed)
+    arn, context = amp_workspace(deployed)
     denied = simulate(deployed.clients("iam"), role, [("aps:RemoteWrite", arn, context)])
     if denied:
         return Outcome("fail", f"{role.rpartition('/')[2]} may not aps:RemoteWrite to {arn}: the "
@@ -430,25 +341,6 @@ def check_remote_write(deployed: Deployed, group: str) -> Outcome:
                        "run `pulumi up` (the node role's metrics policy grants it)")
     return Outcome("pass", f"{role.rpartition('/')[2]} may aps:RemoteWrite to {arn} (simulated: whether "
                    "samples arrive is a question for Prometheus, not IAM)")
-
-
-def _workspace(deployed: Deployed) -> tuple[str, dict[str, str | list[str]]]:
-    """The AMP workspace nodes write to and the context its grant conditions on."""
-    from gpucluster.noderole import workspace_arn
-    from gpucluster.spec.observability import remote_write_workspace
-
-    a, prometheus = deployed.account, deployed.spec.observability.prometheus
-    if prometheus.remote_write_url is not None:
-        found = remote_write_workspace(prometheus.remote_write_url)
-        if found is None:
-            raise Unknown("observability.prometheus.remote_write_url names no AMP workspace")
-        return workspace_arn(a.partition, found[0], a.account, found[1]), {}
-    pages = deployed.clients("amp").get_paginator("list_workspaces").paginate()
-    own = [w for page in pages for w in page.get("workspaces", [])
-           if (w.get("tags") or {}).get(STACK_TAG) == deployed.spec.identity]
-    if len(own) != 1:
-        raise Unknown(f"{len(own)} AMP workspaces are tagged {STACK_TAG}={deployed.spec.identity}")
-    return str(own[0]["arn"]), {f"aws:ResourceTag/{STACK_TAG}": deployed.spec.identity}
 
 
 # ----------------------------------------------------------------------------- plan, run
@@ -462,8 +354,12 @@ def no_nat_endpoints(spec: StackSpec) -> list[str]:
     return list(interface_endpoints(spec))
 
 
-def plan_checks(spec: StackSpec, clients: Clients, account: Account) -> list[PlannedCheck]:
-    """The checks this stack asks for, in order, each bound to the account's lookups (nothing run yet)."""
+def plan_checks(spec: StackSpec, clients: Clients, account: Account, *,
+                job: bool = False) -> list[PlannedCheck]:
+    """The checks this stack asks for, in order, each bound to the account's lookups (nothing run yet);
+    `job`: also run `srun -N1 hostname` on each Slurm partition (the one check that starts something)."""
+    from gpucluster.ops.verifyfeatures import feature_checks
+
     deployed = Deployed(spec, clients, account)
     c, names = spec.cluster.name, expected_names(spec)
     physical = [(n.physical.type, n.physical.name) for n in names]
@@ -505,6 +401,8 @@ def plan_checks(spec: StackSpec, clients: Clients, account: Account) -> list[Pla
         for group in spec.node_groups:
             add(f"amp-remote-write.{group.name}", "node role may remote-write to AMP", group.name,
                 partial(check_remote_write, deployed, group.name))
+    for id_, name, subject, run in feature_checks(deployed, job=job):
+        add(id_, name, subject, run)
     return checks
 
 
@@ -558,11 +456,14 @@ def run_check(check: PlannedCheck) -> CheckResult:
     return CheckResult(check.id, check.name, check.subject, outcome.result, outcome.detail, remedy)
 
 
-def verify(spec: StackSpec, clients: Clients | None = None) -> Verification:
-    """Every check of the deployed stack; VerifyError when AWS cannot be asked at all."""
+def verify(spec: StackSpec, clients: Clients | None = None, *, job: bool = False) -> Verification:
+    """Every check of the deployed stack (`job`: with the Slurm test job); VerifyError when AWS cannot be
+    asked at all."""
+    if job and not spec.scheduler.slurm:
+        raise JobRefused(f"--job runs a Slurm job: stack {spec.stack} has no Slurm (scheduler.type: none)")
     clients = clients or Clients.of(spec)
     account = account_of(clients, spec.region)
-    return Verification(account.account, [run_check(c) for c in plan_checks(spec, clients, account)])
+    return Verification(account.account, [run_check(c) for c in plan_checks(spec, clients, account, job=job)])
 
 
 def counts(verification: Verification) -> Mapping[str, int]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import random
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -32,7 +31,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 from test_guardstate import create_table
-from test_pcs_capacity import CLUSTER, GROUPS as PCS_GROUPS, FakePcs, Killed
+from test_pcs_capacity import CLUSTER, FakePcs, Killed
+from test_pcs_capacity import GROUPS as PCS_GROUPS
 
 from conftest import GROUPS, STACK, shared_client
 from gpucluster.aws import guardrail_lambda

@@ -22,8 +22,9 @@ migration). It never deletes an item nor anything in AWS but its own mirror
 tags, never changes MaxSize, and never imports Pulumi: it is carried into
 the Lambda archive as ``gpucluster.fleet``.
 
-The state table (docs/guides/guard-state.md, "The state table"). Reads take the
-record before the capacity; every write is conditional on the version read, and
+The state table (docs/guides/guard-state.md, "The state table"). A record
+`running` or `starting` next to zero capacity has its capacity read again after
+the record (a start may have landed between the reads); every write is conditional on the version read, and
 one that finds only the version bumped (a `told` mark: same state and label) is
 made again on the new version. Stale: written over TRANSITION_TIMEOUT_SECONDS ago.
 
@@ -331,7 +332,7 @@ class StoredNodeGroups:
     # --- start -------------------------------------------------------------------------------
 
     def stale(self, stop: StopState) -> bool:
-        """A `stopping` or `starting` record its writer can no longer finish (`TRANSITION_TIMEOUT_SECONDS`)."""
+        """A `stopping` or `starting` record its writer can no longer finish (TRANSITION_TIMEOUT_SECONDS)."""
         if stop.state not in (STOPPING, STARTING):
             return False
         return RUNTIME.now().timestamp() - (stop.written_at or 0) > TRANSITION_TIMEOUT_SECONDS
@@ -373,7 +374,8 @@ class StoredNodeGroups:
             self._capacity(name, 0, 0)
             now = self._read(name)
             now_label = now.stopped_by if now else None
-            log_event("resume undone: stopped again meanwhile", logging.WARNING, group=name, stopped_by=now_label)
+            log_event("resume undone: stopped again meanwhile", logging.WARNING, group=name,
+                      stopped_by=now_label)
             return ResumeResult(name, "skipped", now_label,
                                 reason=f"stopped by {now_label} while resuming; left stopped")
         except AWS_ERRORS:

@@ -21,6 +21,26 @@ has no item: its tags are read once and the first write records them (a
 migration). It never deletes an item nor anything in AWS but its own mirror
 tags, never changes MaxSize, and never imports Pulumi: it is carried into
 the Lambda archive as ``gpucluster.fleet``.
+
+The state table (docs/guides/guard-state.md, "The state table"). A record
+`running` or `starting` next to zero capacity has its capacity read again after
+the record (a start may have landed between the reads); every write is conditional on the version read, and
+one that finds only the version bumped (a `told` mark: same state and label) is
+made again on the new version. Stale: written over TRANSITION_TIMEOUT_SECONDS ago.
+
+  running      any stop -> stopping; scale -> starting (no label).
+               Way out: it runs.
+  stopping     any stop -> stopping (redone); a start refuses it while fresh, takes it over
+               once stale. A lost final write leaves it here. Way out: `gpucluster stop`,
+               or `start`/`resume` once stale.
+  stopped      a budget stop -> stopped by budget; a start allowed for its label -> starting,
+               the label kept. Way out: `gpucluster start` (`resume --only budget`).
+  stop-failed  (the stop's capacity call failed) any stop -> stopping; a start as from stopped.
+  starting     any stop -> stopping (the start's `running` write then fails: capacity back to
+               zero); a start refuses it while fresh, takes it over once stale; scale only an
+               unlabelled stale one. A failed capacity call or `running` write puts it back to
+               stopped with its label (a scale: running); a kill leaves it here, label kept,
+               until stale. Way out: `gpucluster stop`, or `start`/`resume` once stale.
 """
 
 from __future__ import annotations
@@ -52,6 +72,13 @@ from .nodegroups import (
     resume_decision,
     stop_label,
 )
+from .runtime import RUNTIME
+
+# A `stopping` or `starting` record older than this was left by an actor that can no longer be
+# running: every guardrail Lambda's timeout is at most Lambda's 900 s quota
+# (`gpucluster.aws.guardrail_lambda.LAMBDA_MAX_TIMEOUT_SECONDS`, kept equal by a test), and a CLI
+# transition is a read and three calls. The next actor takes it over instead of refusing forever.
+TRANSITION_TIMEOUT_SECONDS = 900
 
 # A stop that loses a conditional write reads again and decides again; more than a few losses in a
 # row means something writes the item in a loop: give up loudly.
@@ -115,7 +142,8 @@ class StoredNodeGroups:
             state = text("state") or RUNNING
             stop = StopState(None if state == RUNNING else text("stopped_by"), text("previous_desired"),
                              text("previous_min"), state=state, version=int(text("version") or 0),
-                             notified=bool(item.get("notified", {}).get("BOOL", False)))
+                             notified=bool(item.get("notified", {}).get("BOOL", False)),
+                             written_at=float(text("at") or 0))
         max_size = group.max_size
         if self.capacity.stop_zeroes_max and stop.state not in (None, RUNNING):
             # A PCS stop zeroed the maximum: while stopped, the maximum it recorded is the ceiling.
@@ -127,14 +155,29 @@ class StoredNodeGroups:
     def list_groups(self, stack: str) -> list[NodeGroup]:
         described = self.capacity.describe_stack(stack)
         items = self._items(stack) if described else {}
-        return [self._merge(g, items.get(g.name)) for g in described]
+        return self._after_record(described, items)
 
     def read_groups(self, names: Iterable[str]) -> list[NodeGroup]:
-        groups = []
-        for group in self.capacity.describe(names):
-            item = self._item(group.stack, group.name) if group.stack else None
-            groups.append(self._merge(group, item))
-        return groups
+        described = self.capacity.describe(names)
+        items = {g.name: self._item(g.stack, g.name) if g.stack else None for g in described}
+        return self._after_record(described, items)
+
+    def _after_record(self, described: list[NodeGroup], items: Mapping[str, Mapping[str, Any] | None]
+                      ) -> list[NodeGroup]:
+        """Merge, deciding on a capacity read after the record wherever the order matters.
+
+        A record `running` (or `starting`) next to a capacity of zero may be a start that landed
+        between the two reads: that capacity predates the record, so it is read again (a stop would
+        otherwise answer "already at zero" with no write, and no condition could catch the race).
+        Everywhere else the record's version guards the decision: a start writes `starting` first.
+        """
+        merged = [self._merge(g, items.get(g.name)) for g in described]
+        again = [g.name for g in merged if not g.running and g.stop.state in (RUNNING, STARTING)]
+        if not again:
+            return merged
+        fresh = {g.name: g for g in self.capacity.describe(again)}
+        return [self._merge(fresh[g.name], items.get(g.name)) if g.name in fresh else g
+                for g in merged if g.name in fresh or g.name not in again]
 
     def _read(self, name: str) -> NodeGroup | None:
         now = self.read_groups([name])
@@ -143,18 +186,40 @@ class StoredNodeGroups:
     # --- the one write -----------------------------------------------------------------------
 
     def _put(self, group: NodeGroup, expected: int | None, state: str, *, stopped_by: str | None = None,
-             previous: StopState | None = None, notified: bool = False) -> int:
+             previous: StopState | None = None, notified: bool = False,
+             seen: tuple[str, str | None] | None = None) -> int:
         """Write the group's whole record if its version is still `expected` (None: no record); new version.
 
-        Raises `StateConflict` when another write landed since the read.
+        `seen`: the (state, stopped-by) the record had at `expected`. A writer that only bumped the
+        version since (a `told` mark) left them as they were: that is no conflict, the write is made
+        again on the new version, keeping the mark. Raises `StateConflict` when another transition
+        landed since the read.
         """
+        try:
+            return self._put_once(group, expected, state, stopped_by=stopped_by, previous=previous,
+                                  notified=notified)
+        except StateConflict:
+            if seen is None or expected is None:
+                raise
+            item = self._item(group.stack or "", group.name)
+            now = self._merge(group, item).stop if item is not None else None
+            if now is None or (now.state, now.stopped_by) != seen or now.version is None:
+                raise
+            log_event("record only re-marked since read: writing again", group=group.name,
+                      version=now.version)
+            return self._put_once(group, now.version, state, stopped_by=stopped_by, previous=previous,
+                                  notified=notified or bool(now.notified))
+
+    def _put_once(self, group: NodeGroup, expected: int | None, state: str, *, stopped_by: str | None,
+                  previous: StopState | None, notified: bool) -> int:
         if not group.stack:
             raise StateConflict(f"{group.name} carries no stack identity: its state cannot be stored")
         version = (expected or 0) + 1
         item: dict[str, Any] = {"stack": {"S": group.stack}, "group": {"S": group.name},
                                 "state": {"S": state}, "version": {"N": str(version)},
                                 "notified": {"BOOL": notified}, "by": {"S": self.actor},
-                                "max_size": {"N": str(group.max_size)}}
+                                "max_size": {"N": str(group.max_size)},
+                                "at": {"N": str(int(RUNTIME.now().timestamp()))}}
         if stopped_by is not None:
             item["stopped_by"] = {"S": stopped_by}
         for key, value in (("previous_desired", previous.previous_desired if previous else None),
@@ -206,7 +271,8 @@ class StoredNodeGroups:
             return ALREADY_AT_ZERO
         if state == STATE_STOPPED and not group.running:
             if reason == BUDGET and stop.stopped_by != BUDGET:
-                self._put(group, stop.version, STATE_STOPPED, stopped_by=BUDGET, previous=stop)
+                self._put(group, stop.version, STATE_STOPPED, stopped_by=BUDGET, previous=stop,
+                          seen=(state, stop.stopped_by))
                 self._mirror(group.name, BUDGET, stop)
                 log_event("stop escalated to budget", group=group.name, previous_stopped_by=stop.stopped_by)
                 return ESCALATED
@@ -222,18 +288,21 @@ class StoredNodeGroups:
             previous = StopState(None, stop.previous_desired, stop.previous_min)
         else:
             previous = StopState(None, str(group.desired), str(group.min_size))
-        version = self._put(group, stop.version, STOPPING, stopped_by=label, previous=previous)
+        version = self._put(group, stop.version, STOPPING, stopped_by=label, previous=previous,
+                            seen=(state, stop.stopped_by))
         try:
             self._capacity(group.name, 0, 0)
         except AWS_ERRORS as exc:
             log_event("stop failed", logging.ERROR, group=group.name, stopped_by=label, error=str(exc))
             try:
-                self._put(group, version, STOP_FAILED, stopped_by=label, previous=previous)
+                self._put(group, version, STOP_FAILED, stopped_by=label, previous=previous,
+                          seen=(STOPPING, label))
             except (StateConflict, *AWS_ERRORS) as again:
                 log_event("stop failure not recorded", logging.ERROR, group=group.name, error=str(again))
             raise
         try:
-            self._put(group, version, STATE_STOPPED, stopped_by=label, previous=previous)
+            self._put(group, version, STATE_STOPPED, stopped_by=label, previous=previous,
+                      seen=(STOPPING, label))
         except StateConflict:
             # Another stop moved the record on after ours (an escalation, a retry): its record stands.
             log_event("stop recorded by another writer", logging.WARNING, group=group.name)
@@ -250,7 +319,8 @@ class StoredNodeGroups:
         kept = StopState(None, previous.previous_desired or group.stop.previous_desired,
                          previous.previous_min or group.stop.previous_min)
         state = group.stop.state if group.stop.state not in (None, RUNNING) else STATE_STOPPED
-        self._put(group, group.stop.version, state, stopped_by=stopped_by, previous=kept)
+        self._put(group, group.stop.version, state, stopped_by=stopped_by, previous=kept,
+                  seen=(group.stop.state or RUNNING, group.stopped_by))
         self._mirror(group.name, stopped_by, kept)
 
     def mark_notified(self, group: NodeGroup) -> None:
@@ -261,38 +331,89 @@ class StoredNodeGroups:
 
     # --- start -------------------------------------------------------------------------------
 
+    def stale(self, stop: StopState) -> bool:
+        """A `stopping` or `starting` record its writer can no longer finish (TRANSITION_TIMEOUT_SECONDS)."""
+        if stop.state not in (STOPPING, STARTING):
+            return False
+        return RUNTIME.now().timestamp() - (stop.written_at or 0) > TRANSITION_TIMEOUT_SECONDS
+
     def restore(self, group: NodeGroup, only_stopped_by: Collection[str] | None = None) -> ResumeResult:
         decision = resume_decision(group, only_stopped_by)
         name = decision.group
         if decision.action != "resume":
             return decision
-        if group.stop.state == STOPPING:
-            return ResumeResult(name, "skipped", decision.stopped_by, reason="a stop is in progress; retry")
+        stop = group.stop
+        if stop.state in (STOPPING, STARTING) and not self.stale(stop):
+            doing = "a stop" if stop.state == STOPPING else "a start"
+            return ResumeResult(name, "skipped", decision.stopped_by, reason=f"{doing} is in progress; retry")
+        # A stale `stopping` (its stop's capacity change landed or never will) or `starting` (its start
+        # died half-way) is taken over: started from here, on its version, like a stopped record.
         target = StopState(None, str(decision.desired_capacity), str(decision.min_size))
+        # The stop's label stays until `running` is written: a start that fails leaves a group that
+        # the schedule's retry, `start` and `resume` still see as stopped by its guardrail.
+        label = decision.stopped_by
         try:
             # Only from the state it read: a stop landing since makes this write fail.
-            version = self._put(group, group.stop.version, STARTING, previous=target)
+            version = self._put(group, stop.version, STARTING, stopped_by=label, previous=target,
+                                notified=bool(stop.notified), seen=(stop.state or RUNNING, label))
         except StateConflict:
             now = self._read(name)
-            label = now.stopped_by if now else None
-            now_text = f"stopped by {label}" if label else "running"
-            return ResumeResult(name, "skipped", label, reason=f"changed since read: now {now_text}")
-        self._capacity(name, decision.min_size or 0, decision.desired_capacity or 0)
+            now_label = now.stopped_by if now else None
+            now_text = f"stopped by {now_label}" if now_label else "running"
+            return ResumeResult(name, "skipped", now_label, reason=f"changed since read: now {now_text}")
+        kept = StopState(None, stop.previous_desired, stop.previous_min)
         try:
-            self._put(group, version, RUNNING)
+            self._capacity(name, decision.min_size or 0, decision.desired_capacity or 0)
+        except AWS_ERRORS:
+            self._unstart(group, version, label, kept, undo_capacity=False)
+            raise
+        try:
+            self._put(group, version, RUNNING, seen=(STARTING, label))
         except StateConflict:
             # A stop read our `starting` and won: its capacity (zero) must be the last word.
             self._capacity(name, 0, 0)
             now = self._read(name)
-            label = now.stopped_by if now else None
-            log_event("resume undone: stopped again meanwhile", logging.WARNING, group=name, stopped_by=label)
-            return ResumeResult(name, "skipped", label,
-                                reason=f"stopped by {label} while resuming; left stopped")
+            now_label = now.stopped_by if now else None
+            log_event("resume undone: stopped again meanwhile", logging.WARNING, group=name,
+                      stopped_by=now_label)
+            return ResumeResult(name, "skipped", now_label,
+                                reason=f"stopped by {now_label} while resuming; left stopped")
+        except AWS_ERRORS:
+            if not self._landed(group, version + 1, RUNNING):
+                self._unstart(group, version, label, kept, undo_capacity=True)
+                raise
+            log_event("running write landed, its answer lost", logging.WARNING, group=name)
         self._unmirror(name)
         log_event("group resumed", group=name, stopped_by=decision.stopped_by, min=decision.min_size,
                   desired=decision.desired_capacity)
         return ResumeResult(name, "resumed", decision.stopped_by, decision.min_size,
                             decision.desired_capacity)
+
+    def _landed(self, group: NodeGroup, version: int, state: str) -> bool:
+        """Whether our own write of `state` at `version` landed although its answer was lost."""
+        try:
+            item = self._item(group.stack or "", group.name)
+        except AWS_ERRORS:
+            return False
+        stop = self._merge(group, item).stop if item is not None else None
+        return (stop is not None and stop.version == version and stop.state == state
+                and (item or {}).get("by", {}).get("S") == self.actor)
+
+    def _unstart(self, group: NodeGroup, version: int, label: str | None, kept: StopState, *,
+                 undo_capacity: bool) -> None:
+        """Put a start that failed half-way back to `stopped` by `label`: resumable by the next start.
+
+        Best effort (the call that failed may fail again): what it cannot undo stays `starting` with
+        the label, which the next actor takes over once stale.
+        """
+        try:
+            if undo_capacity:
+                self._capacity(group.name, 0, 0)
+            self._put(group, version, STATE_STOPPED, stopped_by=label, previous=kept,
+                      notified=bool(group.stop.notified), seen=(STARTING, label))
+            log_event("start failed: left stopped", logging.ERROR, group=group.name, stopped_by=label)
+        except (StateConflict, *AWS_ERRORS) as again:
+            log_event("failed start not undone", logging.ERROR, group=group.name, error=str(again))
 
     def _unmirror(self, name: str) -> None:
         self.capacity.unmirror(name)
@@ -305,14 +426,24 @@ class StoredNodeGroups:
         group = self._read(name)
         if group is None:
             raise StateConflict(f"{name}: the group no longer exists")
-        if group.stopped_by or group.stop.state not in (None, RUNNING):
+        # A stale unlabelled `starting` is a scale that died half-way: taken over as running.
+        abandoned = group.stop.state == STARTING and not group.stopped_by and self.stale(group.stop)
+        if group.stopped_by or (group.stop.state not in (None, RUNNING) and not abandoned):
             state = group.stop.state or STATE_STOPPED
             raise StateConflict(f"{name}: {state} by {group.stopped_by}; left as it is")
         target = StopState(None, str(desired), str(min_size))
-        version = self._put(group, group.stop.version, STARTING, previous=target)
-        self._capacity(name, min_size, desired)
+        seen = (group.stop.state or RUNNING, None)
+        version = self._put(group, group.stop.version, STARTING, previous=target, seen=seen)
         try:
-            self._put(group, version, RUNNING)
+            self._capacity(name, min_size, desired)
+        except AWS_ERRORS:
+            try:  # the group runs as it did: its record says so again
+                self._put(group, version, RUNNING, seen=(STARTING, None))
+            except (StateConflict, *AWS_ERRORS) as again:
+                log_event("failed scale not undone", logging.ERROR, group=name, error=str(again))
+            raise
+        try:
+            self._put(group, version, RUNNING, seen=(STARTING, None))
         except StateConflict:
             self._capacity(name, 0, 0)
             raise StateConflict(f"{name}: stopped while scaling; left stopped") from None

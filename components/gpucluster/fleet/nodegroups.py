@@ -72,6 +72,8 @@ class StopState:
     """The stored record's version, what a conditional write expects; None: no record (yet)."""
     notified: bool | None = None
     """Whether the stop's notification went out; None: the backend does not know."""
+    written_at: float | None = None
+    """When the stored record was last written (epoch seconds; 0: before records carried it)."""
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,25 @@ def test_slurm_keys_without_slurm_are_refused() -> None:
                                 ("scheduler.slurm_version", "only used with type: slurm")]
 
 
+def test_eks_keys_parse_on_eks_and_are_refused_elsewhere() -> None:
+    config = base()
+    config["gpucluster:scheduler"] = {"type": "eks", "teams": ["research", "infer"],
+                                      "kubernetes_version": "1.33"}
+    s = parse_stack_config(config, stack="t").scheduler
+    assert s.eks and not s.slurm and s.teams == ["research", "infer"] and s.max_run_minutes == 1440
+    assert s.system_nodes.count == 2 and not s.endpoint_public
+    config["gpucluster:scheduler"] = {"type": "eks", "accounting": False}
+    assert findings(config) == [("scheduler.accounting", "only used with type: slurm")]
+    config["gpucluster:scheduler"] = {"teams": ["research"]}
+    assert findings(config) == [("scheduler.teams", "only used with type: eks")]
+    config = slurm(endpoint_public=True)
+    assert ("scheduler.endpoint_public", "only used with type: eks") in findings(config)
+    config = base()
+    config["gpucluster:scheduler"] = {"type": "eks", "kubernetes_version": "v1.33"}
+    [(path, _)] = findings(config)
+    assert path == "scheduler.kubernetes_version"
+
+
 def test_a_group_pcs_cannot_launch_names_its_key() -> None:
     config = slurm()
     config["gpucluster:node_groups"][0]["capacity"] = {"spot_percent": 50}

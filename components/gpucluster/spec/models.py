@@ -529,7 +529,7 @@ class ImagesConfig(StrictModel):
 # v25.05") and 25.11 (the PCS Slurm installer's current version, "Software installers to build custom AMIs
 # for AWS PCS"). See "Slurm versions in AWS PCS" for each version's end of support.
 PCS_SLURM_VERSIONS = ("24.11", "25.05", "25.11")
-SchedulerType = Literal["none", "slurm"]
+SchedulerType = Literal["none", "slurm", "eks"]
 
 
 class SlurmLoginConfig(StrictModel):
@@ -544,11 +544,22 @@ class SlurmLoginConfig(StrictModel):
     """Login nodes, always running (static capacity)."""
 
 
+class EksSystemNodesConfig(StrictModel):
+    """The small on-demand node group that runs the cluster's controllers (no GPUs)."""
+
+    instance_type: Annotated[str, _matches(r"[a-z][a-z0-9-]*\.[a-z0-9-]+",
+                                           "must be an EC2 instance type like m7i.large")] = "m7i.large"
+    """A CPU instance type for Kueue, the autoscaler, the termination handler and CoreDNS."""
+    count: Annotated[int, _in_range(1, 5)] = 2
+    """System nodes, always running (two so a controller survives one node's loss)."""
+
+
 class SchedulerConfig(StrictModel):
-    """How work reaches the node groups: gpucluster's own launcher, or Slurm on an AWS PCS cluster."""
+    """How work reaches the node groups: gpucluster's own launcher, Slurm on AWS PCS, or Kubernetes on EKS."""
 
     type: SchedulerType = "none"
-    """`none`: Auto Scaling groups and `gpucluster run`; `slurm`: an AWS PCS cluster, jobs through sbatch."""
+    """`none`: Auto Scaling groups and `gpucluster run`; `slurm`: an AWS PCS cluster, jobs through sbatch;
+    `eks`: an EKS cluster whose GPU nodes are the node groups, jobs queued by Kueue."""
     slurm_version: str = "25.05"
     """The PCS cluster's Slurm major version (24.11, 25.05 or 25.11); the AMI must carry the same."""
     size: Literal["small", "medium", "large"] = "small"
@@ -559,10 +570,25 @@ class SchedulerConfig(StrictModel):
     """An AMI with the AWS PCS agent and Slurm of slurm_version, for every group without a baked image."""
     login: SlurmLoginConfig = SlurmLoginConfig()
     """The login node group."""
+    kubernetes_version: Annotated[str, _matches(r"1\.[0-9]{2}", "must be a Kubernetes version like 1.33")] \
+        | None = None
+    """The EKS cluster's Kubernetes version (default: the catalog's newest in standard support)."""
+    endpoint_public: bool = False
+    """Also expose the EKS API endpoint publicly (default: private, reached from the VPC)."""
+    teams: list[Name] = []
+    """Team namespaces, each with a Kueue LocalQueue on the cluster's GPU queue."""
+    max_run_minutes: Annotated[int, _in_range(10, 43200)] = 1440
+    """A job's default maximum run time on EKS (Kueue's maximum execution time) unless it sets its own."""
+    system_nodes: EksSystemNodesConfig = EksSystemNodesConfig()
+    """The EKS system node group for controllers."""
 
     @property
     def slurm(self) -> bool:
         return self.type == "slurm"
+
+    @property
+    def eks(self) -> bool:
+        return self.type == "eks"
 
 
 class StackConfig(StrictModel):

@@ -32,8 +32,10 @@ PATH = "scheduler"
 def scheduler_rules(spec: StackSpec) -> Iterable[Finding]:
     s = spec.scheduler
     if not s.slurm:
-        yield from _slurm_only_keys(s)
+        yield from _other_type_keys(s)
         return
+    for key in sorted(s.model_fields_set & EKS_KEYS):
+        yield Finding(f"{PATH}.{key}", "only used with type: eks")
     if s.slurm_version not in PCS_SLURM_VERSIONS:
         yield Finding(f"{PATH}.slurm_version", f"must be a Slurm version AWS PCS runs "
                       f"({', '.join(PCS_SLURM_VERSIONS)}), got {s.slurm_version!r}")
@@ -68,9 +70,17 @@ def _image_findings(spec: StackSpec) -> Iterable[Finding]:
                   "needs it here")
 
 
-def _slurm_only_keys(s: SchedulerConfig) -> Iterable[Finding]:
-    for key in sorted(s.model_fields_set - {"type"}):
-        yield Finding(f"{PATH}.{key}", "only used with type: slurm")
+# The keys each scheduler type reads; a key set for another type is a finding, not silently ignored.
+SLURM_KEYS = frozenset({"slurm_version", "size", "accounting", "ami_id", "login"})
+EKS_KEYS = frozenset({"kubernetes_version", "endpoint_public", "teams", "max_run_minutes", "system_nodes"})
+
+
+def _other_type_keys(s: SchedulerConfig) -> Iterable[Finding]:
+    """Keys that only another scheduler type reads (Slurm's keys are checked in scheduler_rules' caller)."""
+    own = EKS_KEYS if s.eks else frozenset()
+    for key in sorted(s.model_fields_set - {"type"} - own):
+        yield Finding(f"{PATH}.{key}", "only used with type: eks" if key in EKS_KEYS
+                      else "only used with type: slurm")
 
 
 def pcs_group_findings(g: NodeGroupConfig, path: str) -> Iterable[Finding]:

@@ -183,7 +183,8 @@ def test_deploy_roles_carry_the_deploy_boundary_and_no_aws_managed_policy(roles:
         assert role.boundary_arn == DEPLOY
         assert sorted(role.attached) == [f"{IAM}:policy/gpucluster-deploy-iam",
                                          f"{IAM}:policy/gpucluster-deploy-resources-1",
-                                         f"{IAM}:policy/gpucluster-deploy-resources-2"]
+                                         f"{IAM}:policy/gpucluster-deploy-resources-2",
+                                         f"{IAM}:policy/gpucluster-deploy-resources-3"]
         assert list(role.inline) == ["pulumi-state"]
     assert roles["preview"].attached == [] and sorted(roles["preview"].inline) == ["preview", "pulumi-state"]
 
@@ -376,6 +377,8 @@ def test_every_resource_type_the_program_creates_is_granted(plans: list[Any], ro
                 f"{IAM}:instance-profile/gpu-prod-x")
             if action == "s3:PutObject":
                 resource += "/x"
+            if action in bootstrap_state.EC2_ONLY_ON_STACK_RESOURCES:  # on the account's, by tag
+                resource = f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc/vpc-1"
             assert deploy.can(action, resource, **context), (token, action, resource)
 
 
@@ -430,7 +433,7 @@ def test_policy_sizes_fit_iam_limits(made: Any) -> None:
     (IAM user guide, "IAM and AWS STS quotas"; whitespace is not counted)."""
     iam = made[0].client("iam")
     for name in ("workload-boundary", "deploy-boundary", "deploy-iam", "deploy-resources-1",
-                 "deploy-resources-2"):
+                 "deploy-resources-2", "deploy-resources-3"):
         text = json.dumps(managed_document(iam, f"{IAM}:policy/gpucluster-{name}"), separators=(",", ":"))
         assert len(text) <= 6144, (name, len(text))
     for role in ("gpucluster-preview", "gpucluster-deploy-prod"):
@@ -826,3 +829,41 @@ def test_what_the_role_creates_only_with_the_stack_tag_is_planned_with_it() -> N
     [cluster] = plan.of_type("aws:cloudcontrol/resource:Resource")
     assert cluster.inputs["typeName"] == "AWS::PCS::Cluster"
     assert json.loads(cluster.inputs["desiredState"])["Tags"][bootstrap_state.STACK_TAG] == plan.spec.identity
+
+
+def test_ec2_deletes_and_rewrites_only_on_a_stack_s_resources(roles: dict[str, Role]) -> None:
+    """Deletes, releases and attribute rewrites of network resources need the stack tag on the resource
+    (EC2 ids are AWS's, so no name scope); creates stay on "*" (ledger: ec2-deploy-creates-unscoped)."""
+    deploy = roles["deploy-prod"]
+    ec2 = f"arn:aws:ec2:us-east-1:{ACCOUNT}"
+    for action, resource in (("ec2:DeleteVpc", "vpc/vpc-1"), ("ec2:DeleteSubnet", "subnet/subnet-1"),
+                             ("ec2:DeleteSecurityGroup", "security-group/sg-1"),
+                             ("ec2:ReleaseAddress", "elastic-ip/eipalloc-1"),
+                             ("ec2:ModifyLaunchTemplate", "launch-template/lt-1"),
+                             ("ec2:DeleteVpcEndpoints", "vpc-endpoint/vpce-1"),
+                             ("ec2:DeleteRoute", "route-table/rtb-1")):
+        assert deploy.can(action, f"{ec2}:{resource}", **TAGGED), action
+        assert not deploy.can(action, f"{ec2}:{resource}"), action  # someone else's network
+    assert deploy.can("ec2:CreateVpc", "*") and deploy.can("ec2:CreateSecurityGroup", "*")
+
+
+def test_every_network_resource_the_program_deletes_by_tag_carries_it() -> None:
+    """What Ec2ChangesOnlyOnStackResources lets the deploy role delete must be tagged when the program makes
+    it, or `pulumi destroy` (and every replacement) would be refused: shipped dev and prod, Slurm prod."""
+    from base_config import plan_config
+    from shipped import shipped_plan
+    from test_pcs import slurm_prod
+
+    kinds = {"aws:ec2/vpc:Vpc", "aws:ec2/subnet:Subnet", "aws:ec2/securityGroup:SecurityGroup",
+             "aws:ec2/routeTable:RouteTable", "aws:ec2/internetGateway:InternetGateway",
+             "aws:ec2/natGateway:NatGateway", "aws:ec2/eip:Eip", "aws:ec2/placementGroup:PlacementGroup",
+             "aws:ec2/launchTemplate:LaunchTemplate", "aws:ec2/vpcEndpoint:VpcEndpoint",
+             "aws:ec2/flowLog:FlowLog"}
+    seen = set()
+    for plan in (shipped_plan("dev"), shipped_plan("prod"), plan_config(slurm_prod(), stack="prod")):
+        for r in plan.resources:
+            if r.type in kinds:
+                seen.add(r.type)
+                tags = r.inputs.get("tags") or {}
+                assert tags.get(bootstrap_state.STACK_TAG) == plan.spec.identity, r.name
+    assert seen == kinds, sorted(kinds - seen)  # the check saw each kind it vouches for

@@ -392,6 +392,18 @@ PCS_LISTS = ["pcs:ListClusters", "pcs:ListComputeNodeGroups", "pcs:ListQueues"]
 # to PCS (CreateComputeNodeGroup) and EC2 (the instances).
 PCS_SERVICE = "pcs.amazonaws.com"
 PCS_NODE_ROLE_PASSED_TO = [PCS_SERVICE, "ec2.amazonaws.com"]
+# EC2 actions whose every resource type (Service Authorization Reference, via cfn-lint's copy) is one
+# the program creates and tags: deletes, releases, detaches and attribute rewrites. Creates,
+# associations and security-group rule edits stay on "*": which sub-resources each EC2 create tags
+# (a launch's volumes and interfaces, PCS's cluster interface) and the default security group Pulumi
+# adopts untagged are unverified until a deploy (ledger: ec2-deploy-creates-unscoped).
+EC2_ONLY_ON_STACK_RESOURCES = [
+    "ec2:DeleteVpc", "ec2:DeleteSubnet", "ec2:DeleteSecurityGroup", "ec2:DeleteRouteTable",
+    "ec2:DeleteRoute", "ec2:ReplaceRoute", "ec2:DeleteInternetGateway", "ec2:DetachInternetGateway",
+    "ec2:DeleteNatGateway", "ec2:ReleaseAddress", "ec2:DeletePlacementGroup", "ec2:DeleteLaunchTemplate",
+    "ec2:DeleteLaunchTemplateVersions", "ec2:ModifyLaunchTemplate", "ec2:DeleteVpcEndpoints",
+    "ec2:DeleteFlowLogs", "ec2:ModifyVpcAttribute", "ec2:ModifySubnetAttribute"]
+
 # Actions with no resource-level permissions (the Service Authorization Reference lists no resource
 # type for them), granted on "*". Tags on a new KMS key need kms:TagResource not restricted to
 # particular keys (KMS developer guide, "Controlling access to tags"); the deploy boundary denies
@@ -777,10 +789,18 @@ def deploy_statements(partition: str, account: str, prefix: str,
     unscoped_creates = {a for actions in by_service.values() for a in actions} & set(
         CREATES_WITHOUT_RESOURCE_TYPE)
     scope = scopes(partition, account, prefix, buckets)
+    tag_scoped = set(EC2_ONLY_ON_STACK_RESOURCES)
     statements = [{"Sid": f"Stack{service.capitalize()}", "Effect": "Allow",
-                   "Action": sorted(actions - unscoped_creates),
+                   "Action": sorted(actions - unscoped_creates - tag_scoped),
                    "Resource": scope[service]} for service, actions in sorted(by_service.items())
                   if service != "pcs"]
+    # EC2 ids are AWS's, so EC2 has no name scope: what deletes, releases or rewrites a network
+    # resource is allowed only on one that carries a stack's tag (every EC2 resource the program makes
+    # is tagged at create; tests/test_bootstrap_state.py checks the plans).
+    statements.append({"Sid": "Ec2ChangesOnlyOnStackResources", "Effect": "Allow",
+                       "Action": sorted(by_service.get("ec2", set()) & tag_scoped),
+                       "Resource": f"arn:{partition}:ec2:*:{account}:*",
+                       "Condition": {"Null": {f"aws:ResourceTag/{STACK_TAG}": "false"}}})
     statements += pcs_statements(partition, account, sorted(by_service.get("pcs", set()) - unscoped_creates))
     bucket_objects = [f"{b}/*" for b in scope["s3"]]
     statements += [

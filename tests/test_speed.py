@@ -242,3 +242,29 @@ def test_no_command_or_an_unknown_one_gets_the_whole_app(args: list[str]) -> Non
     from gpucluster.cli.entry import app_for
 
     assert app_for(args) is app
+
+
+# `gpucluster plan dev` (no observability, no Slurm, no EKS), then the loaded modules of features it does not
+# use (pulumi_aws puts a lazy stub of every service package in sys.modules: a loaded one has submodules).
+PLAN_DEV_FEATURES = """
+import sys
+from gpucluster.cli import entry
+try:
+    entry.main(["plan", "dev"])
+except SystemExit:
+    features = ("gpucluster.aws.prometheus", "gpucluster.aws.grafana_dashboards", "gpucluster.dashboards",
+                "gpucluster.ops.dashboards", "gpucluster.aws.pcs", "pulumi_aws.grafana.", "pulumi_aws.amp.",
+                "pulumi_aws_native", "pulumi_kubernetes", "kubernetes", "matplotlib", "boto3")
+    print(sorted(m for m in sys.modules if m.startswith(features)), "gpucluster.aws.cluster" in sys.modules,
+          file=sys.stderr)
+    raise
+"""
+
+
+def test_plan_loads_no_module_of_a_feature_the_stack_does_not_use() -> None:
+    """Issue 38: a plan of dev (no observability, no Slurm, no EKS) loaded the Grafana provisioner, its HTTP
+    client and the dashboards' renderer through `dashboards` and `aws.prometheus`; none of them now."""
+    done = subprocess.run([sys.executable, "-c", PLAN_DEV_FEATURES], cwd=REPO, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "[] True"

@@ -39,7 +39,6 @@ from gpucluster.aws.network import ClusterNetwork
 from gpucluster.aws.nodes import DEFAULT_AMI_PARAMETER, GpuNodeGroup, NodeDataMount
 from gpucluster.aws.nodescripts import NodeScripts
 from gpucluster.aws.observability import ClusterDashboard
-from gpucluster.aws.prometheus import MetricsWorkspace
 from gpucluster.aws.settings import (
     AutoStopSettings,
     BudgetSettings,
@@ -60,6 +59,7 @@ from gpucluster.spec import DIY_ORGANIZATION, StackSpec, baked_image, launches_b
 
 if TYPE_CHECKING:
     from gpucluster.aws.pcs import SlurmCluster
+    from gpucluster.aws.prometheus import MetricsWorkspace
 
 OLD_TYPE = "gpucluster:cluster:GpuCluster"
 
@@ -231,6 +231,14 @@ def image_summary(spec: StackSpec, group: Any) -> dict[str, Any]:
     return {"image": {"baked": True, "ami_id": image.ami_id, "driver": image.driver, "cuda": image.cuda}}
 
 
+def metrics_workspace(name: str, spec: StackSpec, opts: pulumi.ResourceOptions) -> "MetricsWorkspace":
+    """The AMP workspace (and Grafana), loaded only when observability is on: its modules bring the
+    Grafana provisioner's HTTP client, which a stack without them should not pay for at every plan."""
+    from gpucluster.aws.prometheus import MetricsWorkspace
+
+    return MetricsWorkspace(name, spec, opts=opts)
+
+
 def build_slurm(name: str, spec: StackSpec, network: ClusterNetwork,
                 opts: pulumi.ResourceOptions) -> "SlurmCluster | None":
     """A Slurm stack's AWS PCS cluster and login group (None on a `type: none` stack, which never loads
@@ -349,7 +357,7 @@ class GpuCluster(pulumi.ComponentResource):
         topic_arn, resolve_topic = pulumi.deferred_output()
         key_arn, resolve_key = pulumi.deferred_output()
         # observability.prometheus: the workspace first, its remote-write URL goes into the user data.
-        self.metrics = (MetricsWorkspace(f"{name}-metrics", spec, opts=child)
+        self.metrics = (metrics_workspace(f"{name}-metrics", spec, child)
                         if spec.observability.prometheus.active else None)
         self.node_identities: dict[str, NodeIdentity] = {}
         self.groups: dict[str, GpuNodeGroup] = {}

@@ -17,7 +17,6 @@ import typer
 
 from gpucluster.cli import render
 from gpucluster.cli.common import EXIT_INVALID, JsonOption, StackArg, build_spec, fail_usage
-from gpucluster.ops.dashboards import DashboardsError, export_dashboards, push_dashboards
 
 dashboards_app = typer.Typer(no_args_is_help=True,
                              help="Grafana dashboards and Prometheus rules of a stack, as code.")
@@ -38,6 +37,10 @@ def export(
     as_json: JsonOption = False,
 ) -> None:
     """Write the stack's dashboards (Grafana JSON) and recording/alert rules (Prometheus YAML)."""
+    # Loaded here, not at import: the HTTP client and the dashboards' renderer would otherwise load on
+    # every command, `plan` included (issue 38).
+    from gpucluster.ops.dashboards import DashboardsError, export_dashboards, push_dashboards
+
     render.use_json(as_json)
     spec = build_spec(stack)
     token = ""

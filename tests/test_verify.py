@@ -1523,3 +1523,67 @@ def test_every_call_the_feature_checks_make_is_in_the_operator_policy(
     )
     assert {"pcs:GetCluster", "pcs:ListQueues", "ec2:DescribeInstances"} <= set(made)
     assert set(made) - allowed_actions(operator_policy(observed.identity)) == set()
+
+
+class FakeGrafanaHttp:
+    """Grafana's HTTP API as `urllib.request.urlopen` reaches it: each call answers the next of `answers`
+    (a JSON body, an HTTP status with its body, or an OSError: no answer)."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.requests: list[Any] = []
+
+    def __call__(self, request: Any, timeout: float) -> Any:
+        import io
+        import urllib.error
+
+        self.requests.append(request)
+        answer = self.answers.pop(0)
+        if isinstance(answer, OSError):
+            raise answer
+        if isinstance(answer, tuple):
+            status, body = answer
+            raise urllib.error.HTTPError(request.full_url, status, "refused", {},  # type: ignore[arg-type]
+                                         io.BytesIO(json.dumps(body).encode()))
+        return io.BytesIO(json.dumps(answer).encode())
+
+
+def test_grafana_runs_its_own_data_source_test_with_a_token(
+        base_config: dict[str, Any], account: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With $GRAFANA_TOKEN, the check also asks Grafana to test the stack's AMP data source (read-only):
+    OK passes, Grafana's 400 and a missing data source fail with a remedy, no answer is unknown."""
+    from functools import partial
+
+    base_config["gpucluster:observability"] = {
+        **OBSERVED, "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"]}}
+    observed = stack(base_config)
+    arn = boto3.client("amp", region_name=REGION).create_workspace(
+        alias="a", tags={STACK_TAG: observed.identity})["arn"]
+    iam = boto3.client("iam")
+    iam.create_role(RoleName="t-grafana-role", AssumeRolePolicyDocument="{}")
+    iam.put_role_policy(RoleName="t-grafana-role", PolicyName="q", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17",
+         "Statement": [{"Effect": "Allow", "Action": "aps:QueryMetrics", "Resource": arn}]}))
+
+    def check(http: FakeGrafanaHttp) -> Any:
+        return run_with(account, observed, partial(check_grafana, opener=http, sleep=lambda _s: None),
+                        grafana=grafana(observed.identity))
+
+    found = check(FakeGrafanaHttp())
+    assert found.result == "pass" and "GRAFANA_TOKEN" in found.detail  # no token: says how to run it
+    monkeypatch.setenv("GRAFANA_TOKEN", "glsa_test")
+    http = FakeGrafanaHttp({"status": "OK", "message": "Successfully queried the Prometheus API."})
+    found = check(http)
+    assert found.result == "pass" and "Successfully queried" in found.detail, found
+    [request] = http.requests
+    assert request.full_url == "https://x/api/datasources/uid/gpucluster-amp/health"
+    assert request.get_method() == "GET" and request.headers["Authorization"] == "Bearer glsa_test"
+    found = check(FakeGrafanaHttp((400, {"status": "ERROR", "message": "403 Forbidden from AMP"})))
+    assert found.result == "fail" and "403 Forbidden from AMP" in found.detail and found.remedy
+    found = check(FakeGrafanaHttp((404, {"message": "Data source not found"})))
+    assert found.result == "fail" and "no gpucluster-amp data source" in found.detail
+    assert "pulumi up" in (found.remedy or "")
+    found = check(FakeGrafanaHttp(OSError("no route"), OSError("no route")))
+    assert found.result == "unknown" and "could not run" in found.detail and "no route" in found.detail
+    found = check(FakeGrafanaHttp((401, {"message": "invalid API key"})))
+    assert found.result == "unknown" and "401" in found.detail

@@ -28,7 +28,12 @@ RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 class ProvisionError(RuntimeError):
-    """Grafana refused, or never answered: one line for the operator."""
+    """Grafana refused, or never answered: one line for the operator (`status`: the HTTP status of a
+    refusal, None when Grafana never answered)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def amp_query_url(remote_write_url: str) -> str:
@@ -96,7 +101,7 @@ class Grafana:
                     hint = " (the dashboards' service-account token expired or was revoked?)" \
                         if err.code == 401 else ""
                     raise ProvisionError(f"Grafana at {self.url} refused {where}: HTTP {err.code} "
-                                         f"{detail}{hint}") from None
+                                         f"{detail}{hint}", err.code) from None
                 last = f"HTTP {err.code} {detail}"
             except (urllib.error.URLError, TimeoutError, OSError) as err:
                 last = str(err)

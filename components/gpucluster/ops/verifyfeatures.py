@@ -13,6 +13,7 @@ raises (an AWS error, `Unknown`) and `ops.verify.run_check` makes it `unknown`.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import urllib.error
 import urllib.request
@@ -94,8 +95,9 @@ def check_amp_samples(deployed: Deployed, *, opener: Opener = urllib.request.url
                    "dcgm-exporter not running")
 
 
-def check_grafana(deployed: Deployed) -> Outcome:
-    """The stack's Grafana workspace is ACTIVE and its role may query the AMP workspace (simulated)."""
+def check_grafana(deployed: Deployed, opener: Any = None, sleep: Any = None) -> Outcome:
+    """The stack's Grafana workspace is ACTIVE and its role may query the AMP workspace (simulated); with a
+    token in $GRAFANA_TOKEN, Grafana's own data source test too (`opener`, `sleep`: tests' fake HTTP)."""
     grafana = deployed.clients("grafana")
     own = [w for page in grafana.get_paginator("list_workspaces").paginate()
            for w in page.get("workspaces", [])
@@ -120,9 +122,44 @@ def check_grafana(deployed: Deployed) -> Outcome:
         return Outcome("fail", f"Grafana workspace {name} is ACTIVE but its role may not query {arn}: "
                        f"{denied[0]}",
                        "run `pulumi up` (the grafana role's `-grafana-query` policy grants it)")
-    return Outcome("pass", f"Grafana workspace {name} is ACTIVE and its role may aps:QueryMetrics on {arn} "
-                   "(simulated; Grafana's own data source test needs the stack's service-account token, "
-                   "which only `pulumi up` holds: run it from Connections > Data sources)")
+    simulated = f"Grafana workspace {name} is ACTIVE and its role may aps:QueryMetrics on {arn} (simulated)"
+    token = os.environ.get(GRAFANA_TOKEN_ENV, "")
+    if not token:
+        return Outcome("pass", f"{simulated}; set ${GRAFANA_TOKEN_ENV} to a service-account token of the "
+                       "workspace (Viewer) to also run Grafana's own data source test")
+    return datasource_health(f"https://{described['endpoint']}", token, simulated, opener, sleep)
+
+
+# The variable `verify` reads a Grafana service-account token from (as `dashboards export --token-env`).
+GRAFANA_TOKEN_ENV = "GRAFANA_TOKEN"
+
+
+def datasource_health(url: str, token: str, simulated: str, opener: Any = None, sleep: Any = None) -> Outcome:
+    """Grafana's own test of the stack's AMP data source: `GET /api/datasources/uid/<uid>/health` (Grafana
+    HTTP API, "Check data source health"; Grafana answers 400 with its message when the test fails;
+    ledger: amg-datasource-health-api). Read-only: it runs a query through the workspace's role."""
+    from gpucluster.dashboards.provision import DATASOURCE_UID, Grafana, ProvisionError
+
+    grafana = Grafana(url, token, attempts=2)
+    grafana.opener = opener or grafana.opener
+    grafana.sleep = sleep or grafana.sleep
+    try:
+        answer = grafana.call("GET", f"/api/datasources/uid/{DATASOURCE_UID}/health")
+    except ProvisionError as err:
+        if err.status == 400:
+            return Outcome("fail", f"{simulated}, but Grafana's data source test failed: {err}",
+                           "open Connections > Data sources in the workspace; a missing data source "
+                           "comes back with `pulumi up`")
+        if err.status == 404:
+            return Outcome("fail", f"{simulated}, but the workspace has no {DATASOURCE_UID} data source",
+                           "run `pulumi up`: it provisions the data source and the dashboards")
+        raise Unknown(f"Grafana's data source test could not run: {err}") from None
+    status = (answer or {}).get("status")
+    if status != "OK":
+        return Outcome("fail", f"{simulated}, but Grafana's data source test answered {status!r}: "
+                       f"{(answer or {}).get('message', '')}"[:300],
+                       "open Connections > Data sources in the workspace and test it there")
+    return Outcome("pass", f"{simulated}; Grafana's data source test: {answer.get('message') or 'OK'}")
 
 
 # ------------------------------------------------------------------------------ baked images

@@ -342,12 +342,14 @@ VAP = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
 
 
 def test_pulumi_kubernetes_resources_are_checked_against_its_input_types() -> None:
-    policy = planned(VAP, {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+    policy = planned(VAP, {"apiVersion": "admissionregistration.k8s.io/v1",
+                           "kind": "ValidatingAdmissionPolicy",
                            "metadata": {"name": "p", "lables": {}},
                            "spec": {"failurePolicy": "Fail", "validations": [{"expresion": "true"}]}})
     assert problems(policy) == [
         ("metadata.lables", "unknown property", "pulumi_kubernetes.meta.ObjectMetaArgs"),
-        ("spec.validations[0].expresion", "unknown property", "pulumi_kubernetes.admissionregistration.ValidationArgs"),
+        ("spec.validations[0].expresion", "unknown property",
+         "pulumi_kubernetes.admissionregistration.ValidationArgs"),
         ("spec.validations[0].expression", "required property missing",
          "pulumi_kubernetes.admissionregistration.ValidationArgs")]
     release = planned("kubernetes:helm.sh/v3:Release", {"chart": "kueue", "version": "1.0.0",
@@ -356,7 +358,7 @@ def test_pulumi_kubernetes_resources_are_checked_against_its_input_types() -> No
                                   "pulumi_kubernetes.helm.RepositoryOptsArgs")]
     assert problems(planned("kubernetes:core/v1:Namespace", {"metadata": {"name": "ml"}})) == []
     assert problems(planned("pulumi:providers:kubernetes", {"kubeconfig": "{}", "contxt": "x"})) == [
-        ("contxt", "unknown property", "pulumi_kubernetes.ProviderArgs")]
+        ("contxt", "unknown property", "pulumi_kubernetes.provider.ProviderArgs")]
 
 
 def test_sdk_modules_are_found_from_kubernetes_type_tokens() -> None:
@@ -378,6 +380,6 @@ def test_a_custom_resource_is_checked_against_its_pinned_schema() -> None:
     found = {(path, problem) for path, problem, _ in problems(planned(token, broken))}
     assert found == {("spec.stopPolicy", "'Pause' is not one of None, Hold, HoldAndDrain"),
                      ("spec.queue", "unknown property")}
-    [(path, problem, by)] = problems(planned("kubernetes:example.com/v1:Widget", {
+    [(path, problem, _)] = problems(planned("kubernetes:example.com/v1:Widget", {
         "apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}))
     assert (path, problem) == ("-", "no pinned schema of example.com/v1 Widget ships with gpucluster")

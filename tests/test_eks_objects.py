@@ -134,7 +134,7 @@ def test_the_schemas_catch_what_an_api_server_would_refuse() -> None:
 def test_the_pinned_schemas_name_their_source_and_ledger_entry() -> None:
     ids = {e.id for e in ledger.load_ledger()}
     kinds = crds.pinned_kinds()
-    assert ("kueue.x-k8s.io/v1beta1", "ClusterQueue") in kinds and ("jobset.x-k8s.io/v1alpha2", "JobSet") in kinds
+    assert {("kueue.x-k8s.io/v1beta1", "ClusterQueue"), ("jobset.x-k8s.io/v1alpha2", "JobSet")} <= set(kinds)
     for api_version, kind in kinds:
         root = crds.schema(api_version, kind)
         assert root is not None and root["x-gpucluster-ledger"] in ids
@@ -228,7 +228,8 @@ def test_the_efa_plugin_runs_only_on_efa_groups_and_only_where_there_is_one() ->
 def test_the_autoscaler_tries_reserved_then_on_demand_then_spot_by_asg_name() -> None:
     values = by_release(SPEC)["cluster-autoscaler"].values
     assert values["extraArgs"]["expander"] == "priority"
-    assert values["autoDiscovery"] == {"clusterName": "gpucluster-t", "tags": ["kubernetes.io/cluster/gpucluster-t"]}
+    assert values["autoDiscovery"] == {"clusterName": "gpucluster-t",
+                                       "tags": ["kubernetes.io/cluster/gpucluster-t"]}
     assert values["image"] == {"tag": "v1.33.0"} and values["awsRegion"] == "us-east-1"
     tiers = yaml.safe_load(values["expanderPriorities"])
     assert list(tiers) == [30, 20, 10]
@@ -305,7 +306,8 @@ def test_mig_quota_counts_instances() -> None:
     assert single["reserved"][GPU_RESOURCE] == 8 * 4 * 2
     mixed = quotas(eks_spec(mig={"profiles": ["3g.20gb", "2g.10gb", "1g.5gb"]}))
     assert mixed["reserved"][GPU_RESOURCE] == 0
-    assert mixed["reserved"]["nvidia.com/mig-3g.20gb"] == 8 * 2 and mixed["train"]["nvidia.com/mig-1g.5gb"] == 0
+    assert mixed["reserved"]["nvidia.com/mig-3g.20gb"] == 8 * 2
+    assert mixed["train"]["nvidia.com/mig-1g.5gb"] == 0
 
 
 def test_a_namespace_and_local_queue_per_team_and_default_without_teams() -> None:
@@ -396,7 +398,8 @@ def test_the_pod_policy(fixture: dict[str, Any], refused: list[str]) -> None:
 
 
 def job(*, limits: dict[str, Any], labels: dict[str, str] | None, owner: str | None = None) -> dict[str, Any]:
-    obj: dict[str, Any] = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ml"},
+    obj: dict[str, Any] = {"apiVersion": "batch/v1", "kind": "Job",
+                           "metadata": {"name": "j", "namespace": "ml"},
                            "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
                                {"name": "c", "image": "busybox", "resources": {"limits": limits}}]}}}}
     if labels is not None:

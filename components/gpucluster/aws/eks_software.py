@@ -13,7 +13,7 @@ the node groups are another component's: their names come in as arguments.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pulumi
@@ -108,12 +108,13 @@ class ClusterSoftware(pulumi.ComponentResource):
         for rule in policies.event_patterns(["-"]):
             r = aws.cloudwatch.EventRule(
                 f"{name}-nth-{rule}", description=f"gpucluster {self.spec.identity}: {rule} to the "
-                "node termination handler", event_pattern=patterns.apply(lambda p, k=rule: json.dumps(p[k])),
+                "node termination handler", event_pattern=patterns.apply(_json_of(rule)),
                 tags=self.tags, opts=child)
             aws.cloudwatch.EventTarget(f"{name}-nth-{rule}", rule=r.name, arn=queue.arn, opts=child)
             rules.append(r)
         aws.sqs.QueuePolicy(f"{name}-nth", queue_url=queue.url, policy=pulumi.Output.all(
-            queue.arn, *[r.arn for r in rules]).apply(lambda v: json.dumps(policies.queue_policy(v[0], v[1:]))),
+            queue.arn, *[r.arn for r in rules]).apply(
+                lambda v: json.dumps(policies.queue_policy(v[0], v[1:]))),
             opts=child)
         return queue
 
@@ -134,14 +135,16 @@ class ClusterSoftware(pulumi.ComponentResource):
 
     def _release(self, chart: Chart, values: pulumi.Output[dict[str, Any]], opts: pulumi.ResourceOptions,
                  needs: list[pulumi.Resource]) -> k8s.helm.v3.Release:
-        source = (dict(chart=f"{chart.repo}/{chart.chart}") if chart.oci else
-                  dict(chart=chart.chart, repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo)))
+        # An OCI chart is named by its full reference; a repository's by name, with the repository.
         args = k8s.helm.v3.ReleaseArgs(
-            **source, version=chart.version, name=chart.release, namespace=chart.namespace,
+            chart=f"{chart.repo}/{chart.chart}" if chart.oci else chart.chart,
+            repository_opts=None if chart.oci else k8s.helm.v3.RepositoryOptsArgs(repo=chart.repo),
+            version=chart.version, name=chart.release, namespace=chart.namespace,
             create_namespace=True, atomic=True, cleanup_on_fail=True,
-            values=values.apply(lambda v, r=chart.release: v[r]))
+            values=values.apply(_item(chart.release)))
         return k8s.helm.v3.Release(f"{self.base_name}-{chart.release}", args,
-                                   opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=needs)))
+                                   opts=pulumi.ResourceOptions.merge(
+                                       opts, pulumi.ResourceOptions(depends_on=needs)))
 
     def _kueue_objects(self, opts: pulumi.ResourceOptions) -> None:
         """In creation order: flavors and the ClusterQueue after Kueue's CRDs, namespaces before their
@@ -154,8 +157,9 @@ class ClusterSoftware(pulumi.ComponentResource):
             if obj["kind"] == "Namespace":
                 made = k8s.core.v1.Namespace(f"{self.base_name}-{key}", metadata=meta, opts=o)
             else:
-                made = k8s.apiextensions.CustomResource(f"{self.base_name}-{key}", api_version=obj["apiVersion"],
-                                                        kind=obj["kind"], metadata=meta, spec=obj["spec"], opts=o)
+                made = k8s.apiextensions.CustomResource(
+                    f"{self.base_name}-{key}", api_version=obj["apiVersion"], kind=obj["kind"], metadata=meta,
+                    spec=obj["spec"], opts=o)
             self.objects[key] = made
             if obj["kind"] in ("ClusterQueue", "Namespace"):
                 after.append(made)
@@ -173,6 +177,16 @@ class ClusterSoftware(pulumi.ComponentResource):
                 self.objects[key] = k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
                     f"{self.base_name}-{key}", metadata=obj["metadata"], spec=obj["spec"],
                     opts=pulumi.ResourceOptions.merge(o, pulumi.ResourceOptions(depends_on=[policy])))
+
+
+def _item(key: str) -> Callable[[Mapping[str, Any]], Any]:
+    """`m[key]`, for an `apply` inside a loop (binds `key` now)."""
+    return lambda m: m[key]
+
+
+def _json_of(key: str) -> Callable[[Mapping[str, Any]], str]:
+    """`m[key]` as JSON, for an `apply` inside a loop."""
+    return lambda m: json.dumps(m[key])
 
 
 def _key(obj: Mapping[str, Any]) -> str:

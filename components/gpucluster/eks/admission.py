@@ -111,7 +111,8 @@ def pod_policy(spec: StackSpec) -> dict[str, Any]:
 
 
 def job_policy(spec: StackSpec) -> dict[str, Any]:
-    variables = [{"name": "gpu", "expression": _requests(_all_containers("object.spec.template.spec"), GPU_KEY)}]
+    gpu = _requests(_all_containers("object.spec.template.spec"), GPU_KEY)
+    variables = [{"name": "gpu", "expression": gpu}]
     return _policy(JOB_POLICY, _rules("batch", "jobs"), variables, [
         {"expression": f"!variables.gpu || {QUEUED} || {_owned_by('JobSet')}", "reason": "Forbidden",
          "message": f"a Job asking for GPUs must be queued: label it {QUEUE_LABEL}=<LocalQueue>"},
@@ -122,11 +123,13 @@ def job_policy(spec: StackSpec) -> dict[str, Any]:
 def jobset_policy(spec: StackSpec) -> dict[str, Any]:
     pods = "object.spec.replicatedJobs.map(r, r.template.spec.template.spec)"
     gpu = (f"{pods}.exists(s, " + _requests(_all_containers("s"), GPU_KEY) + ")")
-    return _policy(JOBSET_POLICY, _rules("jobset.x-k8s.io", "jobsets"), [{"name": "gpu", "expression": gpu}], [
+    variables = [{"name": "gpu", "expression": gpu}]
+    return _policy(JOBSET_POLICY, _rules("jobset.x-k8s.io", "jobsets"), variables, [
         {"expression": f"!variables.gpu || {QUEUED}", "reason": "Forbidden",
          "message": f"a JobSet asking for GPUs must be queued: label it {QUEUE_LABEL}=<LocalQueue>"},
         {"expression": _max_run(spec), "reason": "Forbidden",
-         "message": f"a queued JobSet needs {MAX_EXEC_TIME_LABEL} of at most {queues.max_exec_seconds(spec)}"}])
+         "message": f"a queued JobSet needs {MAX_EXEC_TIME_LABEL} of at most "
+                    f"{queues.max_exec_seconds(spec)}"}])
 
 
 def objects(spec: StackSpec) -> list[dict[str, Any]]:

@@ -75,7 +75,8 @@ def event_patterns(asg_names: Sequence[str]) -> dict[str, dict[str, Any]]:
     """What the termination handler's queue receives, by rule (its README, "Queue Processor": the
     EventBridge rules; event shapes: EC2 and EC2 Auto Scaling user guides, "EventBridge")."""
     return {
-        "spot-interruption": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
+        "spot-interruption": {"source": ["aws.ec2"],
+                              "detail-type": ["EC2 Spot Instance Interruption Warning"]},
         "rebalance": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
         "instance-state": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance State-change Notification"]},
         "scheduled-change": {"source": ["aws.health"], "detail-type": ["AWS Health Event"],

@@ -192,3 +192,23 @@ def test_without_observability_no_metrics_role_or_charts() -> None:
     assert not {"dcgm-exporter", "prometheus-agent"} & names
     assert len(of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation", "bare")) == 2
     assert [r.inputs["metadata"]["namespace"] for r in of_type(CUSTOM + "LocalQueue", "bare")] == ["default"]
+
+
+def test_metrics_need_both_the_remote_write_url_and_the_workspace() -> None:
+    resources, _ = record_resources(lambda: build(SPEC, remote_write_url=None, workspace_arn=None))
+    names = {r.inputs["name"] for r in resources if r.type == RELEASE}
+    assert "cluster-autoscaler" in names and not {"dcgm-exporter", "prometheus-agent"} & names
+    with pytest.raises(ValueError, match="come together"):
+        build(SPEC, workspace_arn=None)
+
+
+def test_a_chart_whose_pods_call_aws_waits_for_their_pod_identity() -> None:
+    associations = {(r.inputs["namespace"], r.inputs["serviceAccount"]): r.urn
+                    for r in of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")}
+    releases = {r.inputs["name"]: r for r in of_type(RELEASE)}
+    for chart in charts.charts(SPEC, charts.Context("c", KUBERNETES, "q", ASGS, REMOTE_WRITE)):
+        if chart.service_account is not None:
+            assert associations[chart.service_account] in releases[chart.release].dependency_urns
+    assert {c.service_account for c in charts.charts(SPEC, charts.Context("c", KUBERNETES, "q", ASGS,
+                                                                           REMOTE_WRITE))} - {None} == \
+        set(associations)

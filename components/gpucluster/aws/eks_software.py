@@ -34,6 +34,13 @@ QUEUE_RETENTION_SECONDS = 300
 class ClusterSoftware(pulumi.ComponentResource):
     """Charts, Kueue objects, admission policies, the termination queue and the pods' IAM roles.
 
+    From the control plane and node groups: `provider` (the cluster's `pulumi_kubernetes.Provider`),
+    `cluster_name`, `kubernetes_version` (the cluster's, e.g. "1.33"), `asg_names` and `asg_arns` by
+    node group name (each group tagged `kubernetes.io/cluster/<cluster>` for the autoscaler's discovery
+    and with the stack tag its IAM conditions read); from MetricsWorkspace, where metrics are on,
+    `remote_write_url` and `workspace_arn` together (`workspace_owned`: False for an existing workspace,
+    which does not carry the stack tag).
+
     Python users get `releases` (release name -> `helm.v3.Release`), `queue` (`aws.sqs.Queue`),
     `roles` (service account -> `aws.iam.Role`) and `objects` (object name -> resource).
     """
@@ -44,6 +51,9 @@ class ClusterSoftware(pulumi.ComponentResource):
                  remote_write_url: pulumi.Input[str] | None = None,
                  workspace_arn: pulumi.Input[str] | None = None, workspace_owned: bool = True,
                  opts: pulumi.ResourceOptions | None = None) -> None:
+        if (remote_write_url is None) != (workspace_arn is None):
+            raise ValueError("ClusterSoftware: remote_write_url and workspace_arn come together "
+                             "(MetricsWorkspace's), or neither")
         super().__init__(type_token("ClusterSoftware"), name, None, opts)
         self.spec, self.base_name = spec, name
         self.tags = owned_tags(spec.tags, spec.identity, spec.cluster.name)
@@ -69,7 +79,7 @@ class ClusterSoftware(pulumi.ComponentResource):
                 "termination-handler", charts.TERMINATION_HANDLER_SA,
                 pulumi.Output.all(self.queue.arn, arns).apply(lambda v: json.dumps(
                     policies.termination_handler_policy(v[0], v[1], spec.identity))), child)}
-        metrics = spec.observability.prometheus.active and remote_write_url is not None
+        metrics = spec.observability.prometheus.active and workspace_arn is not None
         if metrics and workspace_arn is not None:
             identity = spec.identity if workspace_owned else None
             bound[charts.METRICS_AGENT_SA] = self._pod_role(
@@ -78,7 +88,7 @@ class ClusterSoftware(pulumi.ComponentResource):
 
         # The chart list and static fields are known now; values that name other resources are
         # rendered once those resolve.
-        shape = charts.charts(spec, Context.placeholder(spec, kubernetes_version))
+        shape = charts.charts(spec, Context.placeholder(spec, kubernetes_version, metrics))
         values = pulumi.Output.all(self.cluster_name, self.queue.url, names,
                                    remote_write_url if metrics else None).apply(
             lambda v: {c.release: c.values for c in charts.charts(spec, Context(
@@ -86,7 +96,7 @@ class ClusterSoftware(pulumi.ComponentResource):
         k8s_child = pulumi.ResourceOptions(parent=self, provider=provider)
         self.releases: dict[str, k8s.helm.v3.Release] = {}
         for chart in shape:
-            needs: list[pulumi.Resource] = [a for sa, a in bound.items() if sa[1] in _service_accounts(chart)]
+            needs: list[pulumi.Resource] = [bound[chart.service_account]] if chart.service_account else []
             if chart.release == "kueue" and "jobset" in self.releases:
                 needs.append(self.releases["jobset"])  # Kueue's JobSet integration needs JobSet's CRD
             self.releases[chart.release] = self._release(chart, values, k8s_child, needs)
@@ -194,9 +204,3 @@ def _key(obj: Mapping[str, Any]) -> str:
     meta = obj["metadata"]
     return "-".join(p for p in (obj["kind"].lower(), meta.get("namespace"), meta["name"]) if p)
 
-
-def _service_accounts(chart: Chart) -> set[str]:
-    """The service accounts a chart's values name (whose Pod Identity association must exist first)."""
-    text = json.dumps(chart.values)
-    return {sa[1] for sa in (charts.AUTOSCALER_SA, charts.TERMINATION_HANDLER_SA, charts.METRICS_AGENT_SA)
-            if f'"{sa[1]}"' in text and sa[0] == chart.namespace}

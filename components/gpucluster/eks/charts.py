@@ -57,11 +57,12 @@ class Context:
     remote_write_url: str | None = None
 
     @classmethod
-    def placeholder(cls, spec: StackSpec, kubernetes_version: str) -> Context:
-        """Stand-ins of the right shape: the chart list and static fields are known before deploying."""
+    def placeholder(cls, spec: StackSpec, kubernetes_version: str, metrics: bool) -> Context:
+        """Stand-ins of the right shape: the chart list and static fields are known before deploying
+        (`metrics`: a remote-write URL will be given)."""
         return cls("cluster", kubernetes_version, "https://sqs.invalid/queue",
                    {g.name: g.name for g in spec.node_groups},
-                   "https://aps.invalid/remote_write" if spec.observability.prometheus.active else None)
+                   "https://aps.invalid/remote_write" if metrics else None)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,8 @@ class Chart:
     ledger_id: str
     """The ledger entry of the pin and the values keys used."""
     values: dict[str, Any] = field(default_factory=dict)
+    service_account: tuple[str, str] | None = None
+    """(namespace, name) of the service account its pods call AWS as (bound by EKS Pod Identity)."""
 
     @property
     def oci(self) -> bool:
@@ -184,7 +187,7 @@ def autoscaler_chart(spec: StackSpec, ctx: Context) -> Chart:
                          "scale-down-delay-after-add": f"{SCALE_DOWN_UNNEEDED_MINUTES}m",
                          # A GPU node boots and passes its launch check within the group's launch timeout.
                          "max-node-provision-time": f"{launch}m"},
-                     "expanderPriorities": expander_priorities(spec, ctx.asg_names)})
+                     "expanderPriorities": expander_priorities(spec, ctx.asg_names)}, AUTOSCALER_SA)
 
 
 def termination_handler_chart(spec: StackSpec, ctx: Context) -> Chart:
@@ -199,7 +202,8 @@ def termination_handler_chart(spec: StackSpec, ctx: Context) -> Chart:
                      # The queue carries only this account's events for the rules' sources; a node not in
                      # this cluster is not found and its message dropped.
                      "checkTagBeforeDraining": False, "deleteSqsMsgIfNodeNotFound": True,
-                     "serviceAccount": {"create": True, "name": TERMINATION_HANDLER_SA[1]}})
+                     "serviceAccount": {"create": True, "name": TERMINATION_HANDLER_SA[1]}},
+                 TERMINATION_HANDLER_SA)
 
 
 # ------------------------------------------------------------------- queueing
@@ -264,7 +268,7 @@ def metrics_agent_chart(spec: StackSpec, ctx: Context) -> Chart:
                                                  "sigv4": {"region": p.region or spec.region},
                                                  "queue_config": {"max_samples_per_send": 1000,
                                                                   "max_shards": 20}}]},
-                     "serverFiles": {"prometheus.yml": {"scrape_configs": [scrape]}}})
+                     "serverFiles": {"prometheus.yml": {"scrape_configs": [scrape]}}}, METRICS_AGENT_SA)
 
 
 # ------------------------------------------------------------------- all of them

@@ -9,7 +9,9 @@ CEL; Kubernetes docs, "Validating Admission Policy"), with their bindings, as pl
 - No silent TCP: a pod bound to an EFA group (its nodeSelector, or a required node affinity, on
   `gpucluster.io/group`) must request `vpc.amazonaws.com/efa`; without it NCCL falls back to sockets.
 
-System namespaces (where the GPU Operator's validators request a GPU) are not matched.
+System namespaces (where the GPU Operator's validators request a GPU) are not matched. The tests
+evaluate the expressions with cel-python; that the API server's own CEL type-checks and costs them
+the same is not verified here (ledger: eks-admission-cel).
 """
 
 from __future__ import annotations

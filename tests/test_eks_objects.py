@@ -261,6 +261,24 @@ def test_kueue_s_configuration_is_all_or_nothing_and_waits_for_the_slowest_launc
     assert list(by_release(SPEC)).index("jobset") < list(by_release(SPEC)).index("kueue")
 
 
+PORT = "registry.example.com:5000/team/dcgm-exporter"
+
+
+@pytest.mark.parametrize(("image", "repository", "tag"), [
+    (DIGEST, "nvcr.io/nvidia/k8s/dcgm-exporter", "3.3.9-3.6.1-ubuntu22.04@" + DIGEST.partition("@")[2]),
+    (f"{PORT}:4.1.1@sha256:" + "cd" * 32, PORT, "4.1.1@sha256:" + "cd" * 32),
+    (f"{PORT}@sha256:" + "ef" * 32, PORT, "latest@sha256:" + "ef" * 32)])
+def test_the_exporter_image_is_the_stack_file_s_digest_as_the_chart_joins_it(
+        image: str, repository: str, tag: str) -> None:
+    assert charts.image_values(image) == {"repository": repository, "tag": tag}
+
+
+def test_the_eks_schemas_are_package_data() -> None:
+    from pathlib import Path
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    assert '"gpucluster.eks" = ["schemas/*.json"]' in pyproject.read_text()
+
+
 def test_metrics_only_with_observability_and_remote_written_to_the_stack_s_amp() -> None:
     found = by_release(SPEC)
     dcgm = found["dcgm-exporter"].values

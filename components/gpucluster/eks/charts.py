@@ -236,12 +236,22 @@ def dcgm_exporter_chart(spec: StackSpec) -> Chart:
         "customMetrics": "".join(f"{name}, {kind}, {name}\n" for name, kind in DCGM_FIELDS),
         "arguments": ["-f", "/etc/dcgm-exporter/custom-collectors.csv"]}
     image = spec.observability.prometheus.dcgm_exporter_image
-    if image is not None:  # pinned by digest: `repository:tag@sha256:...` as the template joins them
-        repository, _, tag = image.partition("@")[0].rpartition(":")
-        values["image"] = {"repository": repository, "tag": f"{tag}@{image.partition('@')[2]}"}
+    if image is not None:
+        values["image"] = image_values(image)
     # The pin and the values keys are from memory (ledger: eks-chart-dcgm-exporter).
     return Chart("dcgm-exporter", MONITORING, "https://nvidia.github.io/dcgm-exporter/helm-charts",
                  "dcgm-exporter", "4.1.1", "eks-chart-dcgm-exporter", values)
+
+
+def image_values(image: str) -> dict[str, str]:
+    """`repository` and `tag` such that the chart's `repository:tag` is `image`, digest included (the
+    stack file pins it by digest). A registry's port is not a tag; an image without a tag keeps its
+    digest under the tag `latest`, which the runtime ignores when a digest is given."""
+    name, at, digest = image.partition("@")
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    repository, tag = (name[:colon], name[colon + 1:]) if colon > slash else (name, "latest")
+    return {"repository": repository, "tag": f"{tag}{at}{digest}"}
 
 
 def metrics_agent_chart(spec: StackSpec, ctx: Context) -> Chart:

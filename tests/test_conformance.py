@@ -333,3 +333,53 @@ def test_a_resource_class_without_its_type_token_is_found_by_module_and_name(
     assert sdktypes._imported_class("aws:iam/rolePolicy:RolePolicy") is RolePolicy
     assert sdktypes._imported_class("aws:lambda/function:Function").__name__ == "Function"  # lambda_
     assert sdktypes._imported_class("aws:iam/nope:Nope") is None
+
+
+# ---------------------------------------------------------------- pulumi-kubernetes (issue 36)
+
+
+VAP = "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
+
+
+def test_pulumi_kubernetes_resources_are_checked_against_its_input_types() -> None:
+    policy = planned(VAP, {"apiVersion": "admissionregistration.k8s.io/v1",
+                           "kind": "ValidatingAdmissionPolicy",
+                           "metadata": {"name": "p", "lables": {}},
+                           "spec": {"failurePolicy": "Fail", "validations": [{"expresion": "true"}]}})
+    assert problems(policy) == [
+        ("metadata.lables", "unknown property", "pulumi_kubernetes.meta.ObjectMetaArgs"),
+        ("spec.validations[0].expresion", "unknown property",
+         "pulumi_kubernetes.admissionregistration.ValidationArgs"),
+        ("spec.validations[0].expression", "required property missing",
+         "pulumi_kubernetes.admissionregistration.ValidationArgs")]
+    release = planned("kubernetes:helm.sh/v3:Release", {"chart": "kueue", "version": "1.0.0",
+                                                        "repositoryOpts": {"repo": "https://x", "url": "y"}})
+    assert problems(release) == [("repositoryOpts.url", "unknown property",
+                                  "pulumi_kubernetes.helm.RepositoryOptsArgs")]
+    assert problems(planned("kubernetes:core/v1:Namespace", {"metadata": {"name": "ml"}})) == []
+    assert problems(planned("pulumi:providers:kubernetes", {"kubeconfig": "{}", "contxt": "x"})) == [
+        ("contxt", "unknown property", "pulumi_kubernetes.provider.ProviderArgs")]
+
+
+def test_sdk_modules_are_found_from_kubernetes_type_tokens() -> None:
+    from gpucluster.conformance import sdktypes
+
+    for token in ("kubernetes:helm.sh/v3:Release", "kubernetes:core/v1:Namespace", VAP,
+                  "kubernetes:rbac.authorization.k8s.io/v1:Role"):
+        assert sdktypes._imported_class(token) is not None, token
+        assert not sdktypes.custom_resource(token)
+    assert sdktypes.custom_resource("kubernetes:kueue.x-k8s.io/v1beta1:ClusterQueue")
+
+
+def test_a_custom_resource_is_checked_against_its_pinned_schema() -> None:
+    queue = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+             "metadata": {"name": "gpu", "namespace": "ml"}, "spec": {"clusterQueue": "gpu"}}
+    token = "kubernetes:kueue.x-k8s.io/v1beta1:LocalQueue"
+    assert problems(planned(token, queue)) == []
+    broken = {**queue, "spec": {"clusterQueue": "gpu", "stopPolicy": "Pause", "queue": "x"}}
+    found = {(path, problem) for path, problem, _ in problems(planned(token, broken))}
+    assert found == {("spec.stopPolicy", "'Pause' is not one of None, Hold, HoldAndDrain"),
+                     ("spec.queue", "unknown property")}
+    [(path, problem, _)] = problems(planned("kubernetes:example.com/v1:Widget", {
+        "apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}))
+    assert (path, problem) == ("-", "no pinned schema of example.com/v1 Widget ships with gpucluster")

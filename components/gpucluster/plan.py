@@ -169,6 +169,8 @@ def _provider_computed(typ: str, name: str, inputs: dict[str, Any], region: str)
         return {"serviceAccountId": f"{name}-id"}  # what its token's serviceAccountId takes
     if typ == "aws:ec2/launchTemplate:LaunchTemplate":
         return {"latestVersion": 1}  # a new template's first version
+    if typ == "aws:sqs/queue:Queue":  # a queue's URL: https://sqs.<region>.amazonaws.com/<account>/<name>
+        return {"url": f"https://sqs.{region}.amazonaws.com/{MOCK_ACCOUNT}/{inputs.get('name') or name}"}
     if typ == "aws:cloudcontrol/resource:Resource" and str(inputs.get("typeName")).startswith("AWS::PCS::"):
         # Cloud Control's id is the type's primary identifier (AWS::PCS::Cluster: its Arn) and `properties`
         # the whole model, the document and the read-only properties (Id, Arn).

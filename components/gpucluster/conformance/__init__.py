@@ -4,7 +4,8 @@ The mock engine takes any input; `pulumi preview` does not: the aws-native provi
 property its type metadata lacks, and AWS refuses a document its CloudFormation schema refuses. This
 package reads a plan's recorded resources (type token, camelCase inputs) and reports each input the
 provider SDK's own types (`sdktypes`) or, for aws-native resources and `aws.cloudcontrol.Resource`
-documents, the CloudFormation resource schema shipped beside it (`cfnschema`) would refuse. It is pure
+documents, the CloudFormation resource schema shipped beside it (`cfnschema`), or, for Kubernetes
+custom resources, the pinned schema of their kind (`crdschema`) would refuse. It is pure
 apart from reading the installed SDKs' type metadata and the shipped schemas, both once per process;
 `gpucluster plan` reports its findings as mandatory `provider-conformance` violations
 (policy/offline.py).
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from gpucluster.conformance import cfnschema, sdktypes
+from gpucluster.conformance import cfnschema, crdschema, sdktypes
 from gpucluster.conformance.findings import Finding, computed_values
 
 if TYPE_CHECKING:
@@ -41,4 +42,5 @@ def check_resources(resources: Iterable[PlannedResource], region: str) -> list[F
             continue
         found += sdktypes.findings(r, computed)
         found += cfnschema.findings(r, computed)
+        found += crdschema.findings(r, computed)
     return found

@@ -31,7 +31,7 @@ from gpucluster.conformance.findings import Computed, Finding
 if TYPE_CHECKING:
     from gpucluster.plan import PlannedResource
 
-_PACKAGES = {"aws": "pulumi_aws", "aws-native": "pulumi_aws_native"}
+_PACKAGES = {"aws": "pulumi_aws", "aws-native": "pulumi_aws_native", "kubernetes": "pulumi_kubernetes"}
 _SEQUENCES = {list, collections.abc.Sequence, typing.Sequence, tuple}
 _MAPPINGS = {dict, collections.abc.Mapping, typing.Mapping}
 
@@ -61,6 +61,12 @@ def _imported_class(token: str) -> type | None:
         return None
     if parts[0] == "pulumi" and parts[1] == "providers":
         module_names, name = [_PACKAGES.get(parts[2], "")], "Provider"
+    elif parts[0] == "kubernetes":
+        # `kubernetes:<group>/<version>:<Kind>`: the SDK's module is the group's first label (`core`
+        # for the core group), then the version (`helm.sh/v3` -> pulumi_kubernetes.helm.v3).
+        group, _, version = parts[1].rpartition("/")
+        module_names = [f"{_PACKAGES['kubernetes']}.{group.split('.')[0]}.{version}"]
+        name = parts[2]
     elif parts[0] in _PACKAGES:
         service = parts[1].split("/")[0]
         base = _PACKAGES[parts[0]]
@@ -118,10 +124,18 @@ def _type_name(typ: Any) -> str:
 
 
 def checked(token: str) -> bool:
-    """Whether `token` is a resource of an SDK this check reads (pulumi_aws, pulumi_aws_native, their
-    providers); another package's (a dynamic provider's) has no type metadata to check against."""
+    """Whether `token` is a resource of an SDK this check reads (pulumi_aws, pulumi_aws_native,
+    pulumi_kubernetes, their providers); another package's (a dynamic provider's) has no type metadata
+    to check against, and a Kubernetes custom resource (a kind the SDK lacks) is `crdschema`'s."""
     parts = token.split(":")
+    if parts[0] == "kubernetes":
+        return args_class(token) is not None
     return parts[0] in _PACKAGES or (parts[:2] == ["pulumi", "providers"] and parts[-1] in _PACKAGES)
+
+
+def custom_resource(token: str) -> bool:
+    """A Kubernetes object of a kind pulumi_kubernetes has no type of (an instance of a CRD)."""
+    return token.startswith("kubernetes:") and args_class(token) is None
 
 
 Shape = tuple[str, Any]

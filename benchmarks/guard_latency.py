@@ -180,7 +180,7 @@ def idle_by_use_minutes(idle_minutes: int, threshold: float = BUSY_THRESHOLD) ->
     found = []
     for drop in range(60):  # the second of minute 0 the GPUs fall to 0 %
         for offset in range(0, 60 - BUSY_SAMPLES * BUSY_INTERVAL_SECONDS + 1, 5):  # the timer's offset
-            def utilisation(second: float) -> float:
+            def utilisation(second: float, drop: int = drop) -> float:
                 return 95.0 if second < drop else 0.0
             busy = [node_busy(1, [utilisation(m * 60 + offset + i * BUSY_INTERVAL_SECONDS)
                                   for i in range(BUSY_SAMPLES)], threshold) for m in range(idle_minutes + 3)]
@@ -195,7 +195,8 @@ def idle_by_use_minutes(idle_minutes: int, threshold: float = BUSY_THRESHOLD) ->
 def idle_by_use_rows(rate_per_hour: float, idle_minutes: int = NEW_IDLE_MINUTES) -> list[str]:
     best, worst = idle_by_use_minutes(idle_minutes)
     bound = idle_minutes + IDLE_BY_USE_BOUND
-    return [f"  {'EKS allocation (cluster-autoscaler, Karpenter)':<44} {'never':>10} while the pod holds the GPU",
+    return [f"  {'EKS allocation (cluster-autoscaler, Karpenter)':<44} {'never':>10} "
+            "while the pod holds the GPU",
             f"  {f'EKS by use: NodeActive, idle_minutes {idle_minutes}':<44} {best:>5.1f}-{worst:<4.1f}min  "
             f"{best / 60 * rate_per_hour:>8,.0f}-{worst / 60 * rate_per_hour:,.0f} USD",
             f"  within idle_minutes + {IDLE_BY_USE_BOUND} ({bound} min): {'yes' if worst <= bound else 'NO'}"]

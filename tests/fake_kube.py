@@ -38,10 +38,23 @@ class FakeKube:
 
 
 def status(code: int, message: str) -> dict[str, Any]:
-    reason = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "AlreadyExists",
-              500: "InternalError"}.get(code, "Unknown")
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+    reason = {
+        400: "BadRequest",
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: "NotFound",
+        409: "AlreadyExists",
+        500: "InternalError",
+    }.get(code, "Unknown")
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 def selected(obj: dict[str, Any], selector: str) -> bool:
@@ -67,8 +80,15 @@ def handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
             query = {k: v[0] for k, v in parse_qs(url.query).items()}
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else None
-            state.requests.append({"method": method, "path": url.path, "query": query, "body": body,
-                                   "authorization": self.headers.get("Authorization")})
+            state.requests.append(
+                {
+                    "method": method,
+                    "path": url.path,
+                    "query": query,
+                    "body": body,
+                    "authorization": self.headers.get("Authorization"),
+                }
+            )
             for (m, prefix), (code, message) in state.fail.items():
                 if m == method and url.path.startswith(prefix):
                     self.send(code, status(code, message))
@@ -76,18 +96,29 @@ def handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
             parts = url.path.strip("/").split("/")
             if url.path == f"{JOBSETS}/jobsets" and method == "GET":
                 items = [o for o in state.jobsets.values() if selected(o, query.get("labelSelector", ""))]
-                self.send(200, {"kind": "JobSetList", "apiVersion": "jobset.x-k8s.io/v1alpha2", "items": items})
+                self.send(
+                    200, {"kind": "JobSetList", "apiVersion": "jobset.x-k8s.io/v1alpha2", "items": items}
+                )
             elif url.path.startswith(f"{JOBSETS}/namespaces/"):
                 self.jobset(method, parts[4], parts[6] if len(parts) > 6 else None, body)
             elif url.path in state.lists and method == "GET":
                 items = [o for o in state.lists[url.path] if selected(o, query.get("labelSelector", ""))]
                 self.send(200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
             elif url.path == WORKLOADS and method == "GET":
-                self.send(200, {"kind": "WorkloadList", "apiVersion": "kueue.x-k8s.io/v1beta1",
-                                "items": state.workloads})
+                self.send(
+                    200,
+                    {
+                        "kind": "WorkloadList",
+                        "apiVersion": "kueue.x-k8s.io/v1beta1",
+                        "items": state.workloads,
+                    },
+                )
             elif len(parts) == 5 and parts[:2] == ["api", "v1"] and parts[4] == "pods" and method == "GET":
-                items = [p for p in state.pods if p["metadata"]["namespace"] == parts[3]
-                         and selected(p, query.get("labelSelector", ""))]
+                items = [
+                    p
+                    for p in state.pods
+                    if p["metadata"]["namespace"] == parts[3] and selected(p, query.get("labelSelector", ""))
+                ]
                 self.send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
             elif len(parts) == 7 and parts[4] == "pods" and parts[6] == "log" and method == "GET":
                 if parts[5] not in state.logs:
@@ -95,7 +126,7 @@ def handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
                     return
                 text = state.logs[parts[5]]
                 if "tailLines" in query:
-                    text = "".join(text.splitlines(keepends=True)[-int(query["tailLines"]):])
+                    text = "".join(text.splitlines(keepends=True)[-int(query["tailLines"]) :])
                 self.send(200, text, "text/plain")
             else:
                 self.send(404, status(404, f"the server could not find the requested resource ({url.path})"))
@@ -106,9 +137,15 @@ def handler(state: FakeKube) -> type[BaseHTTPRequestHandler]:
                 if key in state.jobsets:
                     self.send(409, status(409, f'jobsets.jobset.x-k8s.io "{key[1]}" already exists'))
                     return
-                created = {**body, "metadata": {**body["metadata"], "creationTimestamp": "2026-11-29T07:00:00Z",
-                                                "uid": f"uid-{key[1]}"},
-                           "spec": {**body["spec"], "suspend": True}}  # Kueue suspends it until admitted
+                created = {
+                    **body,
+                    "metadata": {
+                        **body["metadata"],
+                        "creationTimestamp": "2026-11-29T07:00:00Z",
+                        "uid": f"uid-{key[1]}",
+                    },
+                    "spec": {**body["spec"], "suspend": True},
+                }  # Kueue suspends it until admitted
                 state.jobsets[key] = created
                 self.send(201, created)
                 return

@@ -1,5 +1,6 @@
-"""The JobSet `run --detach` submits on an EKS stack (`eks.jobset`): its structure, and its core parts (the
-`batch/v1` Job and `v1` Pod templates) valid under `kubernetes-validate --strict` for the cluster's version."""
+"""The JobSet `run --detach` submits on an EKS stack (`eks.jobset`): its structure, and its core parts
+(the `batch/v1` Job and `v1` Pod templates) valid under `kubernetes-validate --strict` for the cluster's
+version."""
 
 from __future__ import annotations
 
@@ -43,16 +44,24 @@ def stack(*groups: dict[str, Any]) -> StackSpec:
     return parse_stack_config(eks_stack_config(*groups), "k8s")
 
 
-P5 = {"name": "train", "instance_types": ["p5.48xlarge"], "min_nodes": 0, "max_nodes": 4,
-      "capacity": {"market": "on_demand"}}
+P5 = {"name": "train", "instance_types": ["p5.48xlarge"], "min_nodes": 0, "max_nodes": 4}
 G5 = {"name": "small", "instance_types": ["g5.12xlarge"], "min_nodes": 0, "max_nodes": 1}
 
 
 def render(group: NodeGroupConfig, spec: StackSpec, **job: Any) -> dict[str, Any]:
-    env = efa_environment(group_bootstrap(group, stack=spec.identity, cluster=spec.cluster.name,
-                                          region=spec.region, spot=spec.spot))
-    values = {"name": "llm", "namespace": "ml", "command": "torchrun train.py", "image": "img:1", "nodes": 2,
-              **job}
+    env = efa_environment(
+        group_bootstrap(
+            group, stack=spec.identity, cluster=spec.cluster.name, region=spec.region, spot=spec.spot
+        )
+    )
+    values = {
+        "name": "llm",
+        "namespace": "ml",
+        "command": "torchrun train.py",
+        "image": "img:1",
+        "nodes": 2,
+        **job,
+    }
     return jobset(JobSetJob(**values), group, pod_shape(group, env))
 
 
@@ -78,13 +87,20 @@ def test_a_two_node_torchrun_jobset_through_kueue(efa: tuple[NodeGroupConfig, di
     [replicated] = obj["spec"]["replicatedJobs"]
     job = replicated["template"]["spec"]
     assert replicated["replicas"] == 1
-    assert (job["completionMode"], job["parallelism"], job["completions"], job["backoffLimit"]) == ("Indexed", 2, 2, 0)
+    assert (job["completionMode"], job["parallelism"], job["completions"], job["backoffLimit"]) == (
+        "Indexed",
+        2,
+        2,
+        0,
+    )
     assert job["activeDeadlineSeconds"] == 3600
     assert obj["spec"]["network"] == {"enableDNSHostnames": True}
     assert obj["spec"]["failurePolicy"] == {"maxRestarts": 0}
 
 
-def test_each_pod_takes_a_whole_node_of_its_group_with_efa_and_shm(efa: tuple[NodeGroupConfig, dict[str, Any]]) -> None:
+def test_each_pod_takes_a_whole_node_of_its_group_with_efa_and_shm(
+    efa: tuple[NodeGroupConfig, dict[str, Any]],
+) -> None:
     _, obj = efa
     pod = pod_spec(obj)
     assert pod["nodeSelector"] == {"gpucluster.io/group": "train"}
@@ -104,9 +120,15 @@ def test_the_rendezvous_and_nccl_efa_settings(efa: tuple[NodeGroupConfig, dict[s
     _, obj = efa
     env = env_of(obj)
     assert env["MASTER_ADDR"] == leader_host("llm") == "llm-node-0-0.llm"
-    assert (env["MASTER_PORT"], env["NNODES"], env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == ("29500", "2", "8", "16")
-    assert env["NODE_RANK"] == {"fieldRef": {"fieldPath":
-                                             "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert (env["MASTER_PORT"], env["NNODES"], env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == (
+        "29500",
+        "2",
+        "8",
+        "16",
+    )
+    assert env["NODE_RANK"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
     assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"  # p5: GPUDirect RDMA
     assert env["NCCL_DEBUG"] == "INFO"
 
@@ -120,16 +142,20 @@ def test_a_group_without_efa_asks_for_none_and_sets_no_efa_provider() -> None:
     assert "activeDeadlineSeconds" not in obj["spec"]["replicatedJobs"][0]["template"]["spec"]
 
 
-@pytest.mark.parametrize("job,message", [
-    ({"name": "Bad_Name"}, "--name: 'Bad_Name' must be 1-40 lower-case"),
-    ({"name": "x" * 41}, "--name"),
-    ({"nodes": 5}, "--nodes: must be 1..4 (node group train's max_nodes), got 5"),
-    ({"nodes": 0}, "--nodes: must be 1..4"),
-    ({"command": "  "}, "command: is empty"),
-    ({"master_port": 0}, "--master-port: must be 1..65535"),
-])
-def test_what_cannot_run_is_one_line(efa: tuple[NodeGroupConfig, dict[str, Any]], job: dict[str, Any],
-                                     message: str) -> None:
+@pytest.mark.parametrize(
+    "job,message",
+    [
+        ({"name": "Bad_Name"}, "--name: 'Bad_Name' must be 1-40 lower-case"),
+        ({"name": "x" * 41}, "--name"),
+        ({"nodes": 5}, "--nodes: must be 1..4 (node group train's max_nodes), got 5"),
+        ({"nodes": 0}, "--nodes: must be 1..4"),
+        ({"command": "  "}, "command: is empty"),
+        ({"master_port": 0}, "--master-port: must be 1..65535"),
+    ],
+)
+def test_what_cannot_run_is_one_line(
+    efa: tuple[NodeGroupConfig, dict[str, Any]], job: dict[str, Any], message: str
+) -> None:
     group, _ = efa
     with pytest.raises(JobSetError) as err:
         render(group, stack(P5), **job)
@@ -137,15 +163,24 @@ def test_what_cannot_run_is_one_line(efa: tuple[NodeGroupConfig, dict[str, Any]]
 
 
 def test_a_mig_group_is_refused() -> None:
-    spec = stack({"name": "mig", "instance_types": ["p5.48xlarge"], "min_nodes": 0, "max_nodes": 1,
-                  "efa": "off", "mig": {"profile": "3g.40gb"}})
+    spec = stack(
+        {
+            "name": "mig",
+            "instance_types": ["p5.48xlarge"],
+            "min_nodes": 0,
+            "max_nodes": 1,
+            "efa": "off",
+            "mig": {"profile": "3g.40gb"},
+        }
+    )
     with pytest.raises(JobSetError, match="MIG devices"):
         render(spec.node_groups[0], spec, nodes=1)
 
 
 @pytest.mark.parametrize("name", ["efa", "plain"])
-def test_the_job_and_pod_templates_are_valid_kubernetes(efa: tuple[NodeGroupConfig, dict[str, Any]],
-                                                        name: str) -> None:
+def test_the_job_and_pod_templates_are_valid_kubernetes(
+    efa: tuple[NodeGroupConfig, dict[str, Any]], name: str
+) -> None:
     if name == "efa":
         obj = efa[1]
     else:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fake_node import logged_calls, run_script, write_stubs
 from base_config import base
+from fake_node import logged_calls, run_script, write_stubs
 from gpucluster.node.userdata import ACTIVITY_METRIC, NodeBootstrap, node_bootstrap, node_env
 from gpucluster.preflight import parse_stack_config
 from test_node_activity import NODE
@@ -22,15 +23,23 @@ from test_node_activity import NODE
 EKS_NODE = replace(NODE, eks_cluster="gpu-dev-eks", gpu_busy_percent=5)
 
 
-def pod(name: str, phase: str = "Running", gpus: int | None = 1, *, requests_only: bool = False,
-        init_gpus: int = 0) -> dict[str, Any]:
+def pod(
+    name: str,
+    phase: str = "Running",
+    gpus: int | None = 1,
+    *,
+    requests_only: bool = False,
+    init_gpus: int = 0,
+) -> dict[str, Any]:
     resources: dict[str, Any] = {}
     if gpus is not None:
         key = "requests" if requests_only else "limits"
         resources = {key: {"nvidia.com/gpu": str(gpus), "cpu": "4"}}
     spec: dict[str, Any] = {"containers": [{"name": "main", "image": "x", "resources": resources}]}
     if init_gpus:
-        spec["initContainers"] = [{"name": "init", "resources": {"limits": {"nvidia.com/gpu": str(init_gpus)}}}]
+        spec["initContainers"] = [
+            {"name": "init", "resources": {"limits": {"nvidia.com/gpu": str(init_gpus)}}}
+        ]
     return {"metadata": {"name": name, "namespace": "team-a"}, "spec": spec, "status": {"phase": phase}}
 
 
@@ -38,26 +47,47 @@ def pod_list(*pods: dict[str, Any]) -> str:
     return json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": list(pods)})
 
 
-def run(tmp_path: Path, *, pods: str | None, samples: list[str], node: NodeBootstrap = EKS_NODE,
-        token_fails: bool = False, smi_fails: bool = False) -> tuple[subprocess.CompletedProcess[str], Path]:
+def run(
+    tmp_path: Path,
+    *,
+    pods: str | None,
+    samples: list[str],
+    node: NodeBootstrap = EKS_NODE,
+    token_fails: bool = False,
+    smi_fails: bool = False,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     """`samples`: what each nvidia-smi call prints, one GPU's utilisation per space-separated number."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     log = tmp_path / "calls.log"
     env_file = tmp_path / "node.env"
     env_file.write_text(node_env(node))
     (tmp_path / "pods.json").write_text(pods or "")
     (tmp_path / "samples.txt").write_text("".join(f"{s}\n" for s in samples))
     (tmp_path / "count").write_text("1")
-    smi = (f'n=$(cat {tmp_path}/count); echo $((n + 1)) > {tmp_path}/count; '
-           f'sed -n "${{n}}p" {tmp_path}/samples.txt | tr " " "\\n"')
-    write_stubs(tmp_path / "bin", log, {
-        "aws": ('case "$1 $2" in "eks get-token") ' + ("exit 254" if token_fails else "echo k8s-aws-v1.abc")
-                + ";; esac; exit 0"),
-        "curl": "exit 7" if pods is None else f"cat {tmp_path}/pods.json",
-        "nvidia-smi": "exit 9" if smi_fails else smi,
-        "logger": "exit 0",
-    })
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "GPUCLUSTER_NODE_ENV": str(env_file),
-           "GPUCLUSTER_BUSY_INTERVAL_SECONDS": "0", "GPUCLUSTER_BUSY_SAMPLES": "3"}
+    smi = (
+        f"n=$(cat {tmp_path}/count); echo $((n + 1)) > {tmp_path}/count; "
+        f'sed -n "${{n}}p" {tmp_path}/samples.txt | tr " " "\\n"'
+    )
+    write_stubs(
+        tmp_path / "bin",
+        log,
+        {
+            "aws": (
+                'case "$1 $2" in "eks get-token") '
+                + ("exit 254" if token_fails else "echo k8s-aws-v1.abc")
+                + ";; esac; exit 0"
+            ),
+            "curl": "exit 7" if pods is None else f"cat {tmp_path}/pods.json",
+            "nvidia-smi": "exit 9" if smi_fails else smi,
+            "logger": "exit 0",
+        },
+    )
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+        "GPUCLUSTER_NODE_ENV": str(env_file),
+        "GPUCLUSTER_BUSY_INTERVAL_SECONDS": "0",
+        "GPUCLUSTER_BUSY_SAMPLES": "3",
+    }
     return run_script(tmp_path, "report.sh", "activity", env=env, timeout=30), log
 
 
@@ -73,7 +103,9 @@ def value(log: Path) -> str:
 
 
 def test_a_gpu_pod_whose_gpus_work_is_busy(tmp_path: Path) -> None:
-    result, log = run(tmp_path, pods=pod_list(pod("train-0", gpus=8)), samples=["0 97 95", "3 99 90", "0 98 96"])
+    result, log = run(
+        tmp_path, pods=pod_list(pod("train-0", gpus=8)), samples=["0 97 95", "3 99 90", "0 98 96"]
+    )
     assert result.returncode == 0, result.stderr
     assert value(log) == "1"
     [token] = [c for c in logged_calls(log, "aws") if c.startswith("eks get-token")]
@@ -88,7 +120,7 @@ def test_a_gpu_pod_holding_idle_gpus_is_idle(tmp_path: Path) -> None:
     result, log = run(tmp_path, pods=pod_list(pod("notebook", gpus=1)), samples=["0 1", "2 0", "0 0"])
     assert result.returncode == 0, result.stderr
     assert value(log) == "0"
-    assert "under 5 %: idle" in result.stdout
+    assert "the busiest GPU at 1 % (under 5 %): idle" in result.stdout
 
 
 def test_the_window_is_a_mean_not_one_sample(tmp_path: Path) -> None:
@@ -105,12 +137,18 @@ def test_the_threshold_is_the_stacks(tmp_path: Path) -> None:
     assert value(log) == "0"
 
 
-@pytest.mark.parametrize("pods", [
-    pod_list(),  # empty node
-    pod_list(pod("cpu-only", gpus=None), pod("dns", gpus=None)),  # CPU-only pods
-    pod_list(pod("done", phase="Succeeded", gpus=8), pod("queued", phase="Pending", gpus=8)),  # not running
-    pod_list(pod("init-only", gpus=None, init_gpus=1)),  # an init container's GPU has been given back
-], ids=["empty", "cpu-only", "not-running", "init-only"])
+@pytest.mark.parametrize(
+    "pods",
+    [
+        pod_list(),  # empty node
+        pod_list(pod("cpu-only", gpus=None), pod("dns", gpus=None)),  # CPU-only pods
+        pod_list(
+            pod("done", phase="Succeeded", gpus=8), pod("queued", phase="Pending", gpus=8)
+        ),  # not running
+        pod_list(pod("init-only", gpus=None, init_gpus=1)),  # an init container's GPU has been given back
+    ],
+    ids=["empty", "cpu-only", "not-running", "init-only"],
+)
 def test_no_running_gpu_pod_is_idle_whatever_the_gpus_do(tmp_path: Path, pods: str) -> None:
     result, log = run(tmp_path, pods=pods, samples=["100", "100", "100"])
     assert result.returncode == 0, result.stderr
@@ -137,7 +175,9 @@ def test_an_unanswered_pod_list_publishes_nothing(tmp_path: Path, how: str) -> N
 @pytest.mark.parametrize("smi", ["fails", "mig"])
 def test_a_gpu_pod_whose_use_cannot_be_read_is_busy(tmp_path: Path, smi: str) -> None:
     """MIG GPUs report no utilisation ([N/A]); a broken nvidia-smi tells nothing: the pod counts."""
-    result, log = run(tmp_path, pods=pod_list(pod("p")), samples=["[N/A] [N/A]"] * 3, smi_fails=smi == "fails")
+    result, log = run(
+        tmp_path, pods=pod_list(pod("p")), samples=["[N/A] [N/A]"] * 3, smi_fails=smi == "fails"
+    )
     assert result.returncode == 0, result.stderr
     assert value(log) == "1"
 
@@ -173,6 +213,7 @@ def guard_latency() -> Any:
     spec = importlib.util.spec_from_file_location("guard_latency", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["guard_latency"] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 

@@ -342,8 +342,8 @@ def submitted_text(spec: StackSpec, sub: Submitted) -> int:
     import yaml
 
     if not sub.sent:
-        render.say(f"dry run: would create this JobSet in namespace {sub.namespace} ({sub.nodes} pod(s), one a "
-                   f"node, each {sub.gpus_per_node} GPU(s)"
+        render.say(f"dry run: would create this JobSet in namespace {sub.namespace} ({sub.nodes} pod(s), "
+                   f"one a node, each {sub.gpus_per_node} GPU(s)"
                    + (f" and {sub.efa_interfaces} EFA interface(s)" if sub.efa_interfaces else "") + "):")
         for line in yaml.safe_dump(sub.manifest, sort_keys=False).splitlines():  # verbatim
             typer.echo(f"  {line}")
@@ -351,8 +351,9 @@ def submitted_text(spec: StackSpec, sub: Submitted) -> int:
         return EXIT_OK
     render.say(f"run: created JobSet {sub.namespace}/{sub.job_name} ({sub.nodes} node(s)) on EKS cluster "
                f"{sub.cluster}; Kueue admits it when the queue has room for all of its pods. Follow it with "
-               f"`gpucluster logs {spec.stack} {sub.job_name} --follow`, list with `gpucluster jobs {spec.stack}`, "
-               f"stop it with `gpucluster cancel {spec.stack} {sub.job_name}`")
+               f"`gpucluster logs {spec.stack} {sub.job_name} --follow`, list with "
+               f"`gpucluster jobs {spec.stack}`, stop it with "
+               f"`gpucluster cancel {spec.stack} {sub.job_name}`")
     typer.echo(sub.job_name)
     return EXIT_OK
 
@@ -715,8 +716,9 @@ def followed_json(spec: StackSpec, name: str, ended: Any) -> int:
     from gpucluster.ops.slurmjobs import Followed
 
     if isinstance(ended, EksFollowed):
-        render.emit({"event": "end", **head(spec, job=name, namespace=ended.job.namespace, state=ended.job.state,
-                                            pod=ended.pod, ok=not follow_failed(ended))})
+        render.emit({"event": "end", **head(spec, job=name, namespace=ended.job.namespace,
+                                            state=ended.job.state, pod=ended.pod,
+                                            ok=not follow_failed(ended))})
         return EXIT_BLOCKED if follow_failed(ended) else EXIT_OK
     if isinstance(ended, Followed):
         render.emit({"event": "end", **head(spec, job_id=name, state=ended.state, exit_code=ended.exit_code,

@@ -129,7 +129,8 @@ def jobset(job: JobSetJob, group: NodeGroupConfig, shape: PodShape) -> dict[str,
     }
 
 
-def job_spec(job: JobSetJob, group: NodeGroupConfig, shape: PodShape, labels: dict[str, str]) -> dict[str, Any]:
+def job_spec(job: JobSetJob, group: NodeGroupConfig, shape: PodShape,
+             labels: dict[str, str]) -> dict[str, Any]:
     """The replicated job's `batch/v1` JobSpec: Indexed, one pod a node, no retry of its own (JobSet's)."""
     spec: dict[str, Any] = {
         "completionMode": "Indexed", "parallelism": job.nodes, "completions": job.nodes, "backoffLimit": 0,

@@ -174,7 +174,8 @@ def check_eks(spec: StackSpec, eks: Any) -> Iterable[DoctorFinding]:
     ResourceNotFoundException only to a caller allowed to ask; ledger: eks-describe-authz)."""
     version = spec.scheduler.kubernetes_version
     if version is None:
-        yield DoctorFinding("ok", "eks-version", "default", "the catalog's newest version in standard support")
+        yield DoctorFinding("ok", "eks-version", "default",
+                            "the catalog's newest version in standard support")
     else:
         yield eks_version_finding(spec, version, eks)
     try:

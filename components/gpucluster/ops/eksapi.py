@@ -58,8 +58,8 @@ def stack_eks_cluster(identity: str, eks_client: Any) -> EksCluster:
             if cluster.get("tags", {}).get(STACK_TAG) == identity:
                 found.append(cluster)
     if not found:
-        raise NoEksCluster(f"no EKS cluster in {eks_client.meta.region_name} is tagged {STACK_TAG}={identity}: "
-                           "deploy the stack first (`pulumi up`)")
+        raise NoEksCluster(f"no EKS cluster in {eks_client.meta.region_name} is tagged "
+                           f"{STACK_TAG}={identity}: deploy the stack first (`pulumi up`)")
     if len(found) > 1:
         names = ", ".join(sorted(c["name"] for c in found))
         raise NoEksCluster(f"{len(found)} EKS clusters are tagged {STACK_TAG}={identity} ({names}): "
@@ -77,7 +77,8 @@ def eks_token(cluster_name: str, region: str, credentials: Any) -> str:
     from botocore.model import ServiceId
     from botocore.signers import RequestSigner
 
-    signer = RequestSigner(ServiceId("STS"), region, "sts", "v4", credentials, HierarchicalEmitter())
+    events = HierarchicalEmitter()  # the signer keeps only a weak reference to it
+    signer = RequestSigner(ServiceId("STS"), region, "sts", "v4", credentials, events)
     request = {"method": "GET",
                "url": f"https://sts.{region}.amazonaws.com/?Action=GetCallerIdentity&Version=2011-06-15",
                "body": {}, "headers": {CLUSTER_ID_HEADER: cluster_name}, "context": {}}

@@ -27,6 +27,7 @@ from gpucluster.eks.jobset import (
     jobset,
     pod_shape,
 )
+from gpucluster.ops import OpsError
 from gpucluster.ops.eksapi import api_error
 
 if TYPE_CHECKING:
@@ -40,8 +41,8 @@ SELECTOR = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
 INDEX_ANNOTATION = COMPLETION_INDEX.split("'")[1]
 
 
-class EksJobError(JobSetError):
-    """A job request the EKS stack cannot answer (no such job, no image): one line."""
+class EksJobError(OpsError):
+    """A job request the EKS stack cannot answer (no such job, no image, a JobSet that cannot run)."""
 
 
 def job_namespace(spec: StackSpec) -> str:
@@ -132,14 +133,17 @@ def plan_submit(spec: StackSpec, group_name: str, command: str, *, name: str, no
     if not group.container_image:
         raise EksJobError(f"--group: node group {group_name} has no container_image: on EKS a job runs in "
                           "the group's container image (set node_groups[].container_image)")
-    shape = pod_shape(group, efa_environment(group_bootstrap(
-        group, stack=spec.identity, cluster=spec.cluster.name, region=spec.region, spot=spec.spot)))
     count = nodes if nodes is not None else (group.desired_nodes or group.max_nodes)
     job = JobSetJob(name=name, namespace=job_namespace(spec), command=command, image=group.container_image,
                     nodes=count, master_port=master_port, workdir=workdir, timeout_seconds=timeout,
                     max_restarts=3 if restart_on_replace else 0)
-    return Submitted(group_name, name, job.namespace, count, shape.gpus, shape.efa_interfaces,
-                     jobset(job, group, shape))
+    try:
+        shape = pod_shape(group, efa_environment(group_bootstrap(
+            group, stack=spec.identity, cluster=spec.cluster.name, region=spec.region, spot=spec.spot)))
+        manifest = jobset(job, group, shape)
+    except JobSetError as err:
+        raise EksJobError(str(err)) from None
+    return Submitted(group_name, name, job.namespace, count, shape.gpus, shape.efa_interfaces, manifest)
 
 
 def submit(api: Any, sub: Submitted) -> Submitted:
@@ -191,7 +195,8 @@ def list_jobs(api: Any, cluster: str, group: str | None, *, name: str | None = N
     from kubernetes.client import CustomObjectsApi
     from kubernetes.client.exceptions import ApiException
 
-    selector = SELECTOR + (f",{GROUP_LABEL}={group}" if group else "") + (f",{JOB_LABEL}={name}" if name else "")
+    selector = (SELECTOR + (f",{GROUP_LABEL}={group}" if group else "")
+                + (f",{JOB_LABEL}={name}" if name else ""))
     objects = CustomObjectsApi(api)
     try:
         sets = objects.list_cluster_custom_object(JOBSET_GROUP, JOBSET_VERSION, JOBSETS,
@@ -206,7 +211,8 @@ def list_jobs(api: Any, cluster: str, group: str | None, *, name: str | None = N
     for s in sets:
         meta = s["metadata"]
         replicated = s["spec"]["replicatedJobs"][0]["template"]["spec"]
-        jobs.append(EksJob(meta["name"], meta.get("namespace", ""), meta.get("labels", {}).get(GROUP_LABEL, "-"),
+        jobs.append(EksJob(meta["name"], meta.get("namespace", ""),
+                           meta.get("labels", {}).get(GROUP_LABEL, "-"),
                            int(replicated.get("parallelism", 1)), jobset_state(s),
                            admission(owned.get((meta.get("namespace"), meta["name"]))),
                            meta.get("creationTimestamp", "")))
@@ -228,7 +234,8 @@ def leader_pod(api: Any, job: EksJob) -> str | None:
     from kubernetes.client.exceptions import ApiException
 
     try:
-        pods = CoreV1Api(api).list_namespaced_pod(job.namespace, label_selector=f"{JOB_LABEL}={job.job}").items
+        pods = CoreV1Api(api).list_namespaced_pod(job.namespace,
+                                                  label_selector=f"{JOB_LABEL}={job.job}").items
     except ApiException as err:
         raise api_error(err, f"listing the pods of job {job.job}") from None
     leaders = [p for p in pods if (p.metadata.annotations or {}).get(INDEX_ANNOTATION) == "0"]
@@ -246,7 +253,8 @@ def leader_log(api: Any, cluster: str, name: str, lines: int) -> LeaderLog:
     if pod is None:
         return LeaderLog(job, None, "")
     try:
-        text = CoreV1Api(api).read_namespaced_pod_log(pod, job.namespace, container=CONTAINER, tail_lines=lines)
+        text = CoreV1Api(api).read_namespaced_pod_log(pod, job.namespace, container=CONTAINER,
+                                                      tail_lines=lines)
     except ApiException as err:
         raise api_error(err, f"reading pod {job.namespace}/{pod}'s log") from None
     return LeaderLog(job, pod, text)
@@ -267,8 +275,8 @@ def follow_log(api: Any, cluster: str, name: str, on_text: Callable[[str], None]
         pod = leader_pod(api, job)
     if pod is not None:
         try:
-            stream = CoreV1Api(api).read_namespaced_pod_log(pod, job.namespace, container=CONTAINER, follow=True,
-                                                            _preload_content=False)
+            stream = CoreV1Api(api).read_namespaced_pod_log(pod, job.namespace, container=CONTAINER,
+                                                            follow=True, _preload_content=False)
             for chunk in stream.stream():
                 on_text(chunk.decode(errors="replace"))
         except ApiException as err:
@@ -292,7 +300,8 @@ def cancel(api: Any, cluster: str, name: str) -> EksCancel:
         return EksCancel(name, job.namespace, False, job.state,
                          str(api_error(err, f"deleting JobSet {job.namespace}/{name}")))
     try:
-        after = objects.get_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, job.namespace, JOBSETS, name)
+        after = objects.get_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, job.namespace, JOBSETS,
+                                                     name)
     except ApiException as err:
         if err.status == 404:
             return EksCancel(name, job.namespace, True, "gone")

@@ -105,16 +105,18 @@ def check_eks_nodes(deployed: Deployed, group: str) -> Outcome:
     groups = [g for g in deployed.groups() if group_tags(g).get(NODE_GROUP_TAG) == group]
     if not groups:
         raise Unknown(f"no Auto Scaling group tagged {NODE_GROUP_TAG}={group}")
-    in_service = sum(1 for g in groups for i in g.get("Instances", []) if i.get("LifecycleState") == "InService")
+    in_service = sum(1 for g in groups for i in g.get("Instances", [])
+                     if i.get("LifecycleState") == "InService")
     nodes = _api_call(f"listing the nodes of {group}", lambda: CoreV1Api(api).list_node(
         label_selector=f"{GROUP_LABEL}={group}").items)
     ready = sum(1 for n in nodes if any(c.type == "Ready" and c.status == "True"
                                        for c in (n.status.conditions or [])))
     if in_service == 0 and not nodes:
-        return Outcome("unknown", f"no node of {group} is running (the group is at zero): nothing to see join")
+        return Outcome("unknown", f"no node of {group} is running (the group is at zero): nothing to see "
+                                  "join")
     if ready >= in_service:
-        return Outcome("pass", f"{ready} Ready node(s) labelled {GROUP_LABEL}={group} for {in_service} InService "
-                               "instance(s)")
+        return Outcome("pass", f"{ready} Ready node(s) labelled {GROUP_LABEL}={group} for {in_service} "
+                               "InService instance(s)")
     return Outcome("fail", f"{ready} Ready node(s) labelled {GROUP_LABEL}={group} for {in_service} InService "
                            "instance(s): some did not join (or are not Ready)",
                    "read a node's console output and `journalctl -u kubelet -u nodeadm-run`; check the node "
@@ -135,14 +137,15 @@ def check_eks_controllers(deployed: Deployed) -> Outcome:
     if not deployments:
         return Outcome("fail", "no Helm-managed Deployment on the cluster: the charts are not installed",
                        PULUMI_UP)
-    short = [f"{d.metadata.namespace}/{d.metadata.name} ({d.status.available_replicas or 0}/{d.spec.replicas})"
-             for d in deployments if (d.status.available_replicas or 0) < (d.spec.replicas or 0)]
+    short = [f"{d.metadata.namespace}/{d.metadata.name} "
+             f"({d.status.available_replicas or 0}/{d.spec.replicas})" for d in deployments
+             if (d.status.available_replicas or 0) < (d.spec.replicas or 0)]
     short += [f"{d.metadata.namespace}/{d.metadata.name} ({d.status.number_available or 0}/"
               f"{d.status.desired_number_scheduled})" for d in daemonsets
               if (d.status.number_available or 0) < (d.status.desired_number_scheduled or 0)]
     if not short:
-        return Outcome("pass", f"{len(deployments)} Deployment(s) and {len(daemonsets)} DaemonSet(s) of the charts "
-                               "available")
+        return Outcome("pass", f"{len(deployments)} Deployment(s) and {len(daemonsets)} DaemonSet(s) of the "
+                               "charts available")
     return Outcome("fail", f"not available: {', '.join(short)}",
                    "`kubectl -n <namespace> describe` the workload: its pods' events say why (image pull, "
                    "no node that fits, a crash)")

@@ -2,7 +2,8 @@
 
 A stack's scheduler decides how work reaches its nodes: the launcher (`scheduler: {type: none}`,
 SSM Run Command and a systemd unit per node, `jobbackends.launcher`), Slurm (AWS PCS, through
-the login node, `jobbackends.slurm`) or Kubernetes (EKS, JobSets through Kueue, `jobbackends.eks`). Every job command asks `job_backend(spec, clients)` for the
+the login node, `jobbackends.slurm`) or Kubernetes (EKS, JobSets through Kueue, `jobbackends.eks`).
+Every job command asks `job_backend(spec, clients)` for the
 stack's backend and calls one of its methods, which returns one outcome the CLI renders as text
 or JSON: the CLI never branches on the scheduler. A new backend is one module here exposing
 `backend(spec, clients)` plus one line in `BACKENDS`; it may return the outcomes below (or the

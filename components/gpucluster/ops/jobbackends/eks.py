@@ -43,7 +43,8 @@ def default_name() -> str:
 class EksJobs:
     """Jobs on an EKS stack, through its Kubernetes API as the caller's IAM identity."""
 
-    def __init__(self, spec: StackSpec, clients: Clients, connect: Callable[[], tuple[str, Any]] | None = None,
+    def __init__(self, spec: StackSpec, clients: Clients,
+                 connect: Callable[[], tuple[str, Any]] | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.spec, self.clients, self.sleep = spec, clients, sleep
         self._connect = connect
@@ -115,7 +116,8 @@ class EksJobs:
             return leader_log(api, cluster, self.job_id(job, group=group, node=node), lines)
 
     def follow(self, job: str, *, group: str | None, node: str | None, on_output: Callable[[Any], None],
-               on_start: Callable[[Any], None] = lambda _: None, progress: Spinner = no_spinner) -> EksFollowed:
+               on_start: Callable[[Any], None] = lambda _: None,
+               progress: Spinner = no_spinner) -> EksFollowed:
         """The leader pod's output as it comes (text, to `on_output`) until the pod ends."""
         from gpucluster.ops.eksjobs import follow_log
 

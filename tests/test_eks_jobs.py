@@ -516,3 +516,19 @@ def test_the_cli_runs_lists_reads_and_cancels_an_eks_job(eks_stack: str, kube: F
 def test_find_job_picks_the_named_one(spec: StackSpec, kube: FakeKube) -> None:
     seed(spec, kube, "a", "b")
     assert find_job(api_of(kube), "gpu-k8s", "b").job == "b"
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["--nodes", "9"], "run: --nodes: must be 1..4 (node group train's max_nodes), got 9"),
+        (["--name", "Bad_Name"], "run: --name: 'Bad_Name' must be 1-40 lower-case letters"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(eks_stack: str, kube: FakeKube, args: list[str], line: str) -> None:
+    ran = runner.invoke(app, ["run", eks_stack, "-g", "train", "--detach", *args, "--", "python", "t.py"])
+    assert ran.exit_code == 2, ran.output
+    assert line in ran.output and "Traceback" not in ran.output
+    assert kube.requests == []
+    refused = runner.invoke(app, ["run", eks_stack, "-g", "train", "--", "python", "t.py"])
+    assert refused.exit_code == 2 and "add --detach" in refused.output

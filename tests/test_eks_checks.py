@@ -438,3 +438,24 @@ def test_verify_job_is_refused_only_off_slurm_and_eks(
     plain = parse_stack_config({**eks_config(), "gpucluster:scheduler": {"type": "none"}}, "plain")
     with pytest.raises(JobRefused, match="--job runs a Slurm job"):
         verify(plain, Clients("us-east-1"), job=True)
+
+
+def test_a_job_check_the_api_refuses_is_unknown(spec: StackSpec, kube: FakeKube) -> None:
+    kube.fail[("POST", "/apis/jobset.x-k8s.io")] = (403, 'jobsets is forbidden: User "dev" cannot create')
+    check = run_check(plan("eks-job.train", FakeDeployed(spec, kube=kube), job=True))
+    assert check.result == "unknown" and "creating JobSet" in check.detail and "403 Forbidden" in check.detail
+
+
+def test_a_test_job_left_behind_is_said(spec: StackSpec, kube: FakeKube) -> None:
+    kube.keep_on_delete = "ignore"
+
+    def done(_: float) -> None:
+        [(_key, obj)] = kube.jobsets.items()
+        obj["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+
+    from gpucluster.ops.verify import PlannedCheck
+
+    deployed = FakeDeployed(spec, kube=kube)
+    check = run_check(PlannedCheck("eks-job.train", "job", "train",
+                                   lambda: check_eks_job(deployed, "train", sleep=done)))
+    assert check.result == "unknown" and "was not deleted" in check.detail

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gpucluster.eks.jobset import (
     API_VERSION,
@@ -199,10 +199,10 @@ def list_jobs(api: Any, cluster: str, group: str | None, *, name: str | None = N
                 + (f",{JOB_LABEL}={name}" if name else ""))
     objects = CustomObjectsApi(api)
     try:
-        sets = objects.list_cluster_custom_object(JOBSET_GROUP, JOBSET_VERSION, JOBSETS,
-                                                  label_selector=selector)["items"]
-        workloads = objects.list_cluster_custom_object(KUEUE_GROUP, KUEUE_VERSION, WORKLOADS)["items"] \
-            if sets else []
+        sets: list[dict[str, Any]] = cast(dict[str, Any], objects.list_cluster_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, JOBSETS, label_selector=selector))["items"]
+        workloads: list[dict[str, Any]] = cast(dict[str, Any], objects.list_cluster_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, WORKLOADS))["items"] if sets else []
     except ApiException as err:
         raise api_error(err, "listing JobSets and Kueue workloads") from None
     owned = {(w["metadata"].get("namespace"), ref.get("name")): w for w in workloads
@@ -238,9 +238,10 @@ def leader_pod(api: Any, job: EksJob) -> str | None:
                                                   label_selector=f"{JOB_LABEL}={job.job}").items
     except ApiException as err:
         raise api_error(err, f"listing the pods of job {job.job}") from None
-    leaders = [p for p in pods if (p.metadata.annotations or {}).get(INDEX_ANNOTATION) == "0"]
-    leaders.sort(key=lambda p: (str(p.metadata.creation_timestamp or ""), p.metadata.name))
-    return leaders[-1].metadata.name if leaders else None
+    leaders = [p.metadata for p in pods
+               if p.metadata is not None and (p.metadata.annotations or {}).get(INDEX_ANNOTATION) == "0"]
+    leaders.sort(key=lambda m: (str(m.creation_timestamp or ""), m.name or ""))
+    return leaders[-1].name if leaders else None
 
 
 def leader_log(api: Any, cluster: str, name: str, lines: int) -> LeaderLog:
@@ -275,8 +276,9 @@ def follow_log(api: Any, cluster: str, name: str, on_text: Callable[[str], None]
         pod = leader_pod(api, job)
     if pod is not None:
         try:
-            stream = CoreV1Api(api).read_namespaced_pod_log(pod, job.namespace, container=CONTAINER,
-                                                            follow=True, _preload_content=False)
+            # Unread (`_preload_content=False`): the urllib3 response, streamed as it comes.
+            stream: Any = CoreV1Api(api).read_namespaced_pod_log(pod, job.namespace, container=CONTAINER,
+                                                                 follow=True, _preload_content=False)
             for chunk in stream.stream():
                 on_text(chunk.decode(errors="replace"))
         except ApiException as err:
@@ -300,8 +302,8 @@ def cancel(api: Any, cluster: str, name: str) -> EksCancel:
         return EksCancel(name, job.namespace, False, job.state,
                          str(api_error(err, f"deleting JobSet {job.namespace}/{name}")))
     try:
-        after = objects.get_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, job.namespace, JOBSETS,
-                                                     name)
+        after = cast(dict[str, Any], objects.get_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, job.namespace, JOBSETS, name))
     except ApiException as err:
         if err.status == 404:
             return EksCancel(name, job.namespace, True, "gone")

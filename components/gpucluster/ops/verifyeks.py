@@ -41,12 +41,15 @@ def _api_call(what: str, call: Callable[[], Any]) -> Any:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
+    from gpucluster.ops import OpsError
     from gpucluster.ops.eksapi import api_error
 
     try:
         return call()
     except ApiException as err:
         raise Unknown(str(api_error(err, what))) from None
+    except OpsError as err:  # the job flows' own one-line errors (the API's, already worded)
+        raise Unknown(str(err)) from None
     except HTTPError as err:
         raise Unknown(f"{what}: the Kubernetes API did not answer ({type(err).__name__}: is the endpoint "
                       "private? run verify from inside the VPC)") from None
@@ -173,7 +176,10 @@ def check_eks_job(deployed: Deployed, group: str, *, sleep: Callable[[float], No
             job = _api_call("reading the test JobSet", lambda: find_job(api, cluster.name, name))
         log = _api_call("reading the test pod's log", lambda: leader_log(api, cluster.name, name, 20))
     finally:
-        cancel(api, cluster.name, name)
+        removed = _api_call("deleting the test JobSet", lambda: cancel(api, cluster.name, name))
+    if not removed.deleted:
+        raise Unknown(f"the test JobSet {sub.namespace}/{name} was not deleted ({removed.message}): delete "
+                      "it with kubectl")
     gpus = [line for line in log.text.splitlines() if line.startswith("GPU ")]
     if job.state == "Completed" and gpus:
         return Outcome("pass", f"a one-pod job through Kueue ran on {group}: {gpus[0]}")

@@ -25,6 +25,15 @@ Idle. The last job on the group ends; the group sits idle.
   published a minute late (`REPORT_DELAY_MINUTES`) and the alarm-to-Lambda delay (EventBridge, a
   minute assumed).
 Both as minutes from the job's end to capacity 0 and dollars at the group's burn rate.
+
+Idle by use (EKS). A pod keeps holding `nvidia.com/gpu` while its GPUs fall to 0 % (a notebook left
+open, a hung job). Allocation-based scale-down (the cluster-autoscaler, Karpenter) counts the node busy
+as long as the pod holds the GPU: it never stops. Here each minute the node's reporter samples the
+busiest GPU `BUSY_SAMPLES` times, `BUSY_INTERVAL_SECONDS` apart, at a per-node offset into the minute
+(systemd's timer), and reports busy only while a GPU pod runs AND the samples' mean reaches the
+threshold (`node_busy`, the rule report.sh applies); the activity alarm then needs `idle_minutes` of
+zeros, with the same report, event and stop delays as above. Every second of the minute the GPUs may
+fall idle in and every timer offset are tried: best and worst, against `idle_minutes` + 5.
 These are models with their assumptions printed, not measurements of AWS.
 """
 
@@ -51,6 +60,9 @@ REPORT_DELAY_MINUTES = 1.0  # a node's put-metric-data lands about a minute afte
 EVENT_DELAY_MINUTES = 1.0  # alarm state change -> EventBridge -> autostop Lambda
 OLD_IDLE_MINUTES, OLD_ALARM_DELAY = 120, (4.0, 9.0)  # prod's idle_minutes; issue 24's measured delay
 NEW_IDLE_MINUTES = 15
+BUSY_SAMPLES, BUSY_INTERVAL_SECONDS = 6, 5  # report.sh's defaults (GPUCLUSTER_BUSY_SAMPLES/_INTERVAL_SECONDS)
+BUSY_THRESHOLD = 5.0  # autostop.gpu_utilization_threshold_percent's default
+IDLE_BY_USE_BOUND = 5  # a group idle by use is stopped within idle_minutes + this
 
 
 @dataclass
@@ -153,6 +165,43 @@ def idle_rows(rate_per_hour: float) -> list[str]:
     return lines
 
 
+def node_busy(gpu_pods: int, samples: list[float], threshold: float) -> bool:
+    """report.sh's rule on an EKS node: a Running pod holds a GPU and the busiest GPU's mean reaches the
+    threshold (no sample readable: busy)."""
+    if gpu_pods < 1:
+        return False
+    return not samples or sum(samples) / len(samples) >= threshold
+
+
+def idle_by_use_minutes(idle_minutes: int, threshold: float = BUSY_THRESHOLD) -> tuple[float, float]:
+    """(best, worst) minutes from the GPUs falling idle (the pod still holding them) to capacity 0."""
+    period, evaluations = activity_window(idle_minutes)
+    assert period == 60, "the activity alarm's period is one minute"
+    found = []
+    for drop in range(60):  # the second of minute 0 the GPUs fall to 0 %
+        for offset in range(0, 60 - BUSY_SAMPLES * BUSY_INTERVAL_SECONDS + 1, 5):  # the timer's offset
+            def utilisation(second: float, drop: int = drop) -> float:
+                return 95.0 if second < drop else 0.0
+            busy = [node_busy(1, [utilisation(m * 60 + offset + i * BUSY_INTERVAL_SECONDS)
+                                  for i in range(BUSY_SAMPLES)], threshold) for m in range(idle_minutes + 3)]
+            # The alarm is in ALARM at the end of the first minute m whose last `evaluations` datapoints
+            # are all 0 (Maximum over one node), seen a report delay later.
+            last_busy = max(m for m, b in enumerate(busy) if b) if any(busy) else -1
+            alarm_end = (last_busy + 1 + evaluations)  # minutes from the start of minute 0
+            found.append(alarm_end - drop / 60 + REPORT_DELAY_MINUTES + EVENT_DELAY_MINUTES + STOP_MINUTES)
+    return min(found), max(found)
+
+
+def idle_by_use_rows(rate_per_hour: float, idle_minutes: int = NEW_IDLE_MINUTES) -> list[str]:
+    best, worst = idle_by_use_minutes(idle_minutes)
+    bound = idle_minutes + IDLE_BY_USE_BOUND
+    return [f"  {'EKS allocation (cluster-autoscaler, Karpenter)':<44} {'never':>10} "
+            "while the pod holds the GPU",
+            f"  {f'EKS by use: NodeActive, idle_minutes {idle_minutes}':<44} {best:>5.1f}-{worst:<4.1f}min  "
+            f"{best / 60 * rate_per_hour:>8,.0f}-{worst / 60 * rate_per_hour:,.0f} USD",
+            f"  within idle_minutes + {IDLE_BY_USE_BOUND} ({bound} min): {'yes' if worst <= bound else 'NO'}"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--nodes", type=int, default=4)
@@ -185,6 +234,10 @@ def main() -> None:
               guard_stop(month, prices, limit, args.check_minutes, args.type), limit))
     print(f"idle: {args.nodes} x {args.type} idle after the last job (${args.nodes * rate:,.2f}/h)")
     for line in idle_rows(args.nodes * rate):
+        print(line)
+    print(f"idle by use: a pod holds all GPUs, which fall to 0 % (threshold {BUSY_THRESHOLD:g} %, "
+          f"{BUSY_SAMPLES} samples {BUSY_INTERVAL_SECONDS} s apart a minute)")
+    for line in idle_by_use_rows(args.nodes * rate):
         print(line)
 
 

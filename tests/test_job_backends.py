@@ -111,7 +111,7 @@ def test_the_registry_picks_the_backend_from_the_scheduler_type(write_stack: Any
                                                                 base_config: dict[str, Any]) -> None:
     launcher = load_stack(str(write_stack(base_config, "plain")))[2]
     slurm = load_stack(str(write_stack(slurm_config(), "slurmy")))[2]
-    assert set(BACKENDS) == {"none", "slurm"}
+    assert set(BACKENDS) == {"none", "slurm", "eks"}
     assert isinstance(job_backend(launcher, lambda service: None), LauncherJobs)
     assert isinstance(job_backend(slurm, lambda service: None), SlurmJobs)
     both: list[JobBackend] = [job_backend(launcher, lambda s: None), job_backend(slurm, lambda s: None)]

@@ -198,6 +198,7 @@ def test_each_condition_holds_for_the_stacks_that_have_it_and_only_them() -> Non
             update={"datasets": [SimpleNamespace(existing=True, fsx=object())]}),
     }
     cases["guard_state"] = changed(plain, "autostop", enabled=True)
+    cases["eks"] = changed(plain, "scheduler", type="eks")
     assert set(cases) | {"always", "cli"} == set(ledger.CONDITIONS)
     assert not any(ledger.CONDITIONS["cli"](spec) for spec in (plain, *cases.values()))
     new_bucket = plain.model_copy(update={"datasets": [SimpleNamespace(existing=False, fsx=object())]})

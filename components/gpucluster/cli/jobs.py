@@ -35,6 +35,7 @@ from gpucluster.cli.common import (
     head,
     ops_call,
 )
+from gpucluster.ops.eksjobs import EksCancel, EksFollowed, EksQueue, LeaderLog, Submitted
 from gpucluster.ops.jobbackends import Batch, NodeLine, Queue
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ def run(
 
 def run_started(request: RunRequest, outcome: Any) -> list[str]:
     """What `run` says before it sends anything (the launcher: where, how long, what)."""
-    if isinstance(outcome, Batch):
+    if isinstance(outcome, Batch | Submitted):
         return []
     plan = outcome.run.plan
     return [f"run on {len(plan.ranks)} node(s) of {request.group}, MASTER_ADDR {outcome.run.master_addr}, "
@@ -203,6 +204,8 @@ def run_exit(outcome: Any) -> int:
     cancelled or its restart record not stored, or the scheduler refused; 130 interrupted."""
     if isinstance(outcome, Batch):
         return EXIT_BLOCKED if outcome.refused is not None else EXIT_OK
+    if isinstance(outcome, Submitted):
+        return EXIT_OK
     done = outcome.outcome
     if done is None:
         return EXIT_OK
@@ -228,8 +231,18 @@ def batch_refused(batch: Batch) -> None:
                              f"{batch.refused}")], EXIT_BLOCKED)
 
 
+def submitted_head(spec: StackSpec, request: RunRequest, sub: Submitted) -> dict[str, Any]:
+    return head(spec, group=request.group, command=request.command, scheduler="eks", job_name=sub.job_name,
+                namespace=sub.namespace, nodes=sub.nodes, gpus_per_node=sub.gpus_per_node,
+                efa_interfaces_per_node=sub.efa_interfaces)
+
+
 def run_json(spec: StackSpec, request: RunRequest, outcome: Any) -> int:
     """`run --json`: the plan (a dry run), or each node's end (the launcher), or the job id."""
+    if isinstance(outcome, Submitted):
+        render.emit({**submitted_head(spec, request, outcome), "dry_run": not outcome.sent,
+                     **({"cluster": outcome.cluster} if outcome.sent else {"jobset": outcome.manifest})})
+        return run_exit(outcome)
     if isinstance(outcome, Batch):
         batch_refused(outcome)
         if not outcome.sent:
@@ -269,6 +282,8 @@ def run_text(spec: StackSpec, stack: str, request: RunRequest, outcome: Any) -> 
     """`run`: the script of each node or the batch script (a dry run), each node's end and output
     tail (the launcher), or the job id (a scheduler). The next commands name the stack as given
     (`stack`, the launcher) or by its name (a scheduler)."""
+    if isinstance(outcome, Submitted):
+        return submitted_text(spec, outcome)
     if isinstance(outcome, Batch):
         batch_refused(outcome)
         if not outcome.sent:
@@ -320,6 +335,27 @@ def run_text(spec: StackSpec, stack: str, request: RunRequest, outcome: Any) -> 
             render.say(f"run: {len(job.failed)} of {len(job.results)} node(s) failed (ranks "
                        f"{', '.join(str(r.rank) for r in job.failed)})")
     return run_exit(outcome)
+
+
+def submitted_text(spec: StackSpec, sub: Submitted) -> int:
+    """`run --detach` on EKS: the JobSet as it would be created (YAML), or the job's name once created."""
+    import yaml
+
+    if not sub.sent:
+        render.say(f"dry run: would create this JobSet in namespace {sub.namespace} ({sub.nodes} pod(s), "
+                   f"one a node, each {sub.gpus_per_node} GPU(s)"
+                   + (f" and {sub.efa_interfaces} EFA interface(s)" if sub.efa_interfaces else "") + "):")
+        for line in yaml.safe_dump(sub.manifest, sort_keys=False).splitlines():  # verbatim
+            typer.echo(f"  {line}")
+        render.say("dry run: nothing sent")
+        return EXIT_OK
+    render.say(f"run: created JobSet {sub.namespace}/{sub.job_name} ({sub.nodes} node(s)) on EKS cluster "
+               f"{sub.cluster}; Kueue admits it when the queue has room for all of its pods. Follow it with "
+               f"`gpucluster logs {spec.stack} {sub.job_name} --follow`, list with "
+               f"`gpucluster jobs {spec.stack}`, stop it with "
+               f"`gpucluster cancel {spec.stack} {sub.job_name}`")
+    typer.echo(sub.job_name)
+    return EXIT_OK
 
 
 # ----------------------------------------------------------------------- nccl-test
@@ -483,6 +519,10 @@ def list_jobs(stack: StackArg, group: GroupOption = None, as_json: JsonOption = 
 
 def jobs_json(spec: StackSpec, group: str | None, found: Any) -> int:
     """`jobs --json`: the scheduler's jobs, or each node's jobs and the nodes that did not answer."""
+    if isinstance(found, EksQueue):
+        render.emit(head(spec, group=group, scheduler="eks", cluster=found.cluster,
+                         jobs=[{**asdict(j), "active": j.active} for j in found.jobs]))
+        return EXIT_OK
     if isinstance(found, Queue):
         render.emit(head(spec, group=group, scheduler=found.scheduler_name, accounting=found.accounting,
                          jobs=[{**asdict(j), "active": j.active} for j in found.jobs]))
@@ -494,6 +534,16 @@ def jobs_json(spec: StackSpec, group: str | None, found: Any) -> int:
 
 def jobs_text(spec: StackSpec, group: str | None, found: Any) -> int:
     """`jobs`: a table of jobs (per node on the launcher); exit 1 when a node did not answer."""
+    if isinstance(found, EksQueue):
+        if not found.jobs:
+            render.say(f"no gpucluster JobSets on EKS cluster {found.cluster}"
+                       + (f" for node group {group}" if group else ""))
+            return EXIT_OK
+        for line in render.table(["job", "namespace", "node group", "nodes", "state", "Kueue", "created"],
+                                 [[j.job, j.namespace, j.node_group, str(j.nodes), j.state, j.admission,
+                                   j.created or "-"] for j in found.jobs]):
+            render.say(line)
+        return EXIT_OK
     if isinstance(found, Queue):
         if not found.jobs:
             off = "" if found.accounting else (" (accounting is off: finished jobs show only while the "
@@ -555,6 +605,10 @@ def logs_json(spec: StackSpec, name: str, out: Any) -> int:
     """`logs --json`: the job's output file's tail (a scheduler), or each node's output."""
     from gpucluster.ops.slurmjobs import JobOutput
 
+    if isinstance(out, LeaderLog):
+        render.emit(head(spec, job=name, namespace=out.job.namespace, state=out.job.state,
+                         admission=out.job.admission, pod=out.pod, output=out.text.splitlines()))
+        return EXIT_OK
     if isinstance(out, JobOutput):
         render.emit(head(spec, job_id=name, state=out.job.state, path=out.path, instance_id=out.instance_id,
                          size_bytes=out.size, truncated=out.truncated, output=out.text.splitlines()))
@@ -569,6 +623,11 @@ def logs_text(spec: StackSpec, name: str, out: Any) -> int:
     or as a header line per node (the launcher); exit 1 when a node failed to answer."""
     from gpucluster.ops.slurmjobs import JobOutput
 
+    if isinstance(out, LeaderLog):
+        where = f"pod {out.job.namespace}/{out.pod} (rank 0)" if out.pod else "no pod yet"
+        render.say(f"== job {name} ({out.job.state}; Kueue: {out.job.admission}): {where}", err=True)
+        typer.echo(out.text, nl=False)
+        return EXIT_OK
     if isinstance(out, JobOutput):
         render.say(f"== job {name} ({out.job.state}): {out.path} on {out.instance_id}", err=True)
         typer.echo(out.text, nl=False)
@@ -646,6 +705,8 @@ def follow_failed(ended: Any) -> bool:
 
     if isinstance(ended, Followed):
         return ended.state != "COMPLETED"
+    if isinstance(ended, EksFollowed):
+        return ended.job.state != "Completed"
     assert ended.follower is not None
     return any(not e.ok for e in ended.follower.endings.values()) or bool(ended.silent)
 
@@ -654,6 +715,11 @@ def followed_json(spec: StackSpec, name: str, ended: Any) -> int:
     """`logs --follow --json`'s last line: how the job ended (on each node)."""
     from gpucluster.ops.slurmjobs import Followed
 
+    if isinstance(ended, EksFollowed):
+        render.emit({"event": "end", **head(spec, job=name, namespace=ended.job.namespace,
+                                            state=ended.job.state, pod=ended.pod,
+                                            ok=not follow_failed(ended))})
+        return EXIT_BLOCKED if follow_failed(ended) else EXIT_OK
     if isinstance(ended, Followed):
         render.emit({"event": "end", **head(spec, job_id=name, state=ended.state, exit_code=ended.exit_code,
                                             ok=not follow_failed(ended), path=ended.path,
@@ -673,6 +739,9 @@ def followed_text(spec: StackSpec, name: str, ended: Any) -> int:
     """`logs --follow`: how the job ended (on each node), on stderr."""
     from gpucluster.ops.slurmjobs import Followed
 
+    if isinstance(ended, EksFollowed):
+        render.say(f"job {name}: {ended.job.state}" + ("" if ended.pod else " (no pod ran)"), err=True)
+        return EXIT_BLOCKED if follow_failed(ended) else EXIT_OK
     if isinstance(ended, Followed):
         render.say(f"job {name}: {ended.state}"
                    + ("" if ended.exit_code is None else f", exit {ended.exit_code}"), err=True)
@@ -724,6 +793,10 @@ def cancel_json(spec: StackSpec, name: str, group: str | None, done: Any) -> int
     """`cancel --json`: what became of the job (on each node)."""
     from gpucluster.ops.slurmjobs import CancelOutcome
 
+    if isinstance(done, EksCancel):
+        render.emit(head(spec, job=name, namespace=done.namespace, deleted=done.deleted, state=done.state,
+                         message=done.message or None))
+        return EXIT_OK if done.deleted else EXIT_BLOCKED
     if isinstance(done, CancelOutcome):
         render.emit(head(spec, job_id=name, cancelled=done.cancelled, state=done.state,
                          message=done.message or None))
@@ -737,6 +810,12 @@ def cancel_text(spec: StackSpec, name: str, group: str | None, done: Any) -> int
     """`cancel`: a line for the job (on each node); exit 1 where it was not cancelled."""
     from gpucluster.ops.slurmjobs import CancelOutcome
 
+    if isinstance(done, EksCancel):
+        if not done.deleted:
+            render.fail([("cancel", f"job {name} not deleted ({done.state}): {done.message}")], EXIT_BLOCKED)
+        render.say(f"job {name}: JobSet deleted (now {done.state}"
+                   + ("; its pods are stopping" if done.state == "deleting" else "") + ")")
+        return EXIT_OK
     if isinstance(done, CancelOutcome):
         if not done.cancelled:
             render.fail([("cancel", f"job {name} not cancelled: {done.message}")], EXIT_BLOCKED)

@@ -31,7 +31,8 @@ STYLES = {"pass": "good", "fail": "bad", "unknown": "warn"}
 
 JobOption = Annotated[bool, typer.Option(
     "--job", help="On a Slurm stack, also run `srun -N1 hostname` on each partition through the login "
-    "node (the one check that starts something: a partition at zero boots a node).")]
+    "node; on an EKS stack, a one-pod GPU job through Kueue on each node group (the one check that starts "
+    "something: a group at zero boots a node).")]
 
 
 def verify(stack: StackArg, as_json: JsonOption = False, job: JobOption = False) -> None:

@@ -224,22 +224,29 @@ class NodeBootstrap:
     """gpucluster-ready completes the launch hook once data and image are ready (ready_gate_files)."""
     slurm: bool = False
     """A Slurm stack's group (AWS PCS launches it): the health check drains its Slurm node."""
+    eks_cluster: str = ""
+    """An EKS stack's group: the EKS cluster's name (the node's `aws eks get-token` for its kubelet's pod
+    list: `gpucluster-report activity` counts it busy by what its GPU pods do); empty elsewhere."""
+    gpu_busy_percent: float = 5
+    """EKS: a GPU pod's node is busy only while its busiest GPU reaches this (autostop's threshold)."""
 
 
 def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequence[DataMount] = (),
-                   notify_topic_arn: str = "") -> NodeBootstrap:
-    """The bootstrap settings of `group` in `spec`, with already-resolved data mounts."""
+                   notify_topic_arn: str = "", eks_cluster: str = "") -> NodeBootstrap:
+    """The bootstrap settings of `group` in `spec`, with already-resolved data mounts (`eks_cluster`:
+    an EKS stack's cluster name)."""
     return group_bootstrap(group, stack=spec.identity, cluster=spec.cluster.name, region=spec.region,
                            spot=spec.spot, data_mounts=data_mounts, autostop=spec.autostop,
                            notify_topic_arn=notify_topic_arn,
                            metrics=group_metrics(spec.observability, spec.region),
-                           baked=launches_baked(spec.images, group), slurm=spec.scheduler.slurm)
+                           baked=launches_baked(spec.images, group), slurm=spec.scheduler.slurm,
+                           eks_cluster=eks_cluster if spec.scheduler.eks else "")
 
 
 def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region: str, spot: SpotConfig,
                     data_mounts: Sequence[DataMount] = (), autostop: AutoStopConfig | None = None,
                     notify_topic_arn: str = "", metrics: NodeMetrics | None = None,
-                    baked: bool = False, slurm: bool = False) -> NodeBootstrap:
+                    baked: bool = False, slurm: bool = False, eks_cluster: str = "") -> NodeBootstrap:
     """The bootstrap settings of one group outside any stack spec (a GpuNodeGroup's own args).
 
     `baked`: the group launches from its pinned baked image. The ready gate is on where the launch
@@ -270,6 +277,8 @@ def group_bootstrap(group: NodeGroupConfig, *, stack: str, cluster: str, region:
         baked=baked,
         ready_gate=group.health_checks.enabled and (baked or group.warm_pool is not None),
         slurm=slurm,
+        eks_cluster=eks_cluster,
+        gpu_busy_percent=autostop.gpu_utilization_threshold_percent if autostop is not None else 5,
     )
 
 
@@ -353,6 +362,9 @@ def node_env(b: NodeBootstrap) -> str:
         }
     if b.slurm:
         values["GPUCLUSTER_SCHEDULER"] = "slurm"  # health-check.sh drains the node in Slurm
+    if b.eks_cluster:  # gpucluster-report activity: idle by what the GPU pods do (report.sh)
+        values |= {"GPUCLUSTER_SCHEDULER": "eks", "GPUCLUSTER_EKS_CLUSTER": b.eks_cluster,
+                   "GPUCLUSTER_GPU_BUSY_PERCENT": f"{b.gpu_busy_percent:g}"}
     values |= launch_path_env(b)
     if any("\0" in value for value in values.values()):
         raise ValueError("node settings cannot hold NUL characters (bash variables cannot)")

@@ -55,6 +55,8 @@ IAM_ACTIONS = ("ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
 # Asked only for a stack that names a permissions boundary or a break-glass role (check_iam_names);
 # without them that check is a warning ("could not check"), never a crash, so the deploy gate holds.
 IAM_NAME_ACTIONS = ("sts:GetCallerIdentity", "iam:GetPolicy", "iam:GetRole")
+# Asked only of an EKS stack (check_eks): read-only, answered before the cluster exists.
+EKS_ACTIONS = ("eks:DescribeClusterVersions", "eks:DescribeCluster")
 # The node group a group belongs to (gpucluster.aws.nodes.NODE_GROUP_TAG; not imported: Pulumi).
 ACTIVATE_TAG = ("activate it in the paying account (the Organization's management account): Billing > "
                 "Cost allocation tags, or `aws ce update-cost-allocation-tags-status "
@@ -144,6 +146,50 @@ def _not_checked(check: str, subject: str, err: ClientError) -> DoctorFinding:
 
 
 # ----------------------------------------------------------------------- checks
+
+
+def eks_version_finding(spec: StackSpec, version: str, eks: Any) -> DoctorFinding:
+    """What DescribeClusterVersions says of `version` in the stack's region."""
+    try:
+        found = eks.describe_cluster_versions(clusterVersions=[version]).get("clusterVersions", [])
+    except ClientError as err:
+        return _not_checked("eks-version", version, err)
+    status = next((str(v.get("versionStatus") or "") for v in found if v.get("clusterVersion") == version),
+                  "UNSUPPORTED")
+    if status == "STANDARD_SUPPORT":
+        return DoctorFinding("ok", "eks-version", version, "in standard support")
+    if status == "EXTENDED_SUPPORT":
+        return DoctorFinding("warning", "eks-version", version, (
+            "in extended support only: EKS charges the extended-support price per cluster-hour; "
+            "move scheduler.kubernetes_version to a version in standard support"))
+    return DoctorFinding("blocker", "eks-version", version, (
+        f"EKS does not offer Kubernetes {version} in {spec.region}: set scheduler.kubernetes_version "
+        "to a supported version (`aws eks describe-cluster-versions`), or leave it out"))
+
+
+def check_eks(spec: StackSpec, eks: Any) -> Iterable[DoctorFinding]:
+    """An EKS stack: its Kubernetes version is one EKS supports in this region (DescribeClusterVersions'
+    versionStatus: standard support, extended support at its higher price, or unsupported), and the caller
+    may call DescribeCluster, which `run`, `jobs` and `verify` need (a name no cluster has answers
+    ResourceNotFoundException only to a caller allowed to ask; ledger: eks-describe-authz)."""
+    version = spec.scheduler.kubernetes_version
+    if version is None:
+        yield DoctorFinding("ok", "eks-version", "default",
+                            "the catalog's newest version in standard support")
+    else:
+        yield eks_version_finding(spec, version, eks)
+    try:
+        eks.describe_cluster(name=spec.cluster.name)
+        yield DoctorFinding("ok", "eks-access", spec.cluster.name, "may call eks:DescribeCluster")
+    except ClientError as err:
+        if _error_code(err) == "ResourceNotFoundException":
+            yield DoctorFinding("ok", "eks-access", spec.cluster.name, "may call eks:DescribeCluster")
+        elif _error_code(err) in ("AccessDeniedException", "AccessDenied", "UnauthorizedOperation"):
+            yield DoctorFinding("warning", "eks-access", spec.cluster.name, (
+                "may not call eks:DescribeCluster: `run`, `jobs`, `logs`, `cancel` and `verify` find the "
+                "cluster with it; grant eks:ListClusters and eks:DescribeCluster"))
+        else:
+            yield _not_checked("eks-access", spec.cluster.name, err)
 
 
 def check_offerings(spec: StackSpec, ec2: Any) -> Iterable[DoctorFinding]:
@@ -496,6 +542,8 @@ def run_checks(spec: StackSpec, clients: Clients | None = None, now: datetime | 
         cost_tags,
         lambda: check_iam_names(spec, clients("iam"), clients("sts")),
     ]
+    if spec.scheduler.eks:
+        checks.append(lambda: check_eks(spec, clients("eks")))
     findings: list[DoctorFinding] = []
     try:
         for run in checks:

@@ -457,9 +457,9 @@ def run_check(check: PlannedCheck) -> CheckResult:
 
 
 def verify(spec: StackSpec, clients: Clients | None = None, *, job: bool = False) -> Verification:
-    """Every check of the deployed stack (`job`: with the Slurm test job); VerifyError when AWS cannot be
-    asked at all."""
-    if job and not spec.scheduler.slurm:
+    """Every check of the deployed stack (`job`: with the Slurm or EKS test job); VerifyError when AWS cannot
+    be asked at all."""
+    if job and not (spec.scheduler.slurm or spec.scheduler.eks):
         raise JobRefused(f"--job runs a Slurm job: stack {spec.stack} has no Slurm (scheduler.type: none)")
     clients = clients or Clients.of(spec)
     account = account_of(clients, spec.region)

@@ -120,6 +120,12 @@ class Deployed:
             return dict(pcs.get_cluster(clusterIdentifier=found)["cluster"])
         return self._once(("pcs",), look)
 
+    def eks(self) -> tuple[Any, Any]:
+        """The stack's EKS cluster (found by tag) and a Kubernetes API client as the caller (`ops.eksapi`)."""
+        from gpucluster.ops.eksapi import connect
+
+        return self._once(("eks",), lambda: connect(self.spec.identity, self.clients, self.credentials()))
+
     def scripts_bucket(self) -> str:
         """The node-scripts bucket: the one bucket named with the stack's prefix (aws/nodescripts.py)."""
         def look() -> str:

@@ -323,4 +323,8 @@ def feature_checks(deployed: Deployed, *, job: bool) -> list[tuple[str, str, str
             for group in spec.node_groups:
                 checks.append((f"slurm-job.{group.name}", "srun -N1 hostname runs on the partition",
                                group.name, partial(check_slurm_job, deployed, group.name)))
+    if spec.scheduler.eks:
+        from gpucluster.ops.verifyeks import eks_checks
+
+        checks += eks_checks(deployed, job=job)
     return checks

@@ -1,8 +1,9 @@
 """What a user does with jobs, whatever runs them: the `JobBackend` interface, and the one place it is chosen.
 
 A stack's scheduler decides how work reaches its nodes: the launcher (`scheduler: {type: none}`,
-SSM Run Command and a systemd unit per node, `jobbackends.launcher`) or Slurm (AWS PCS, through
-the login node, `jobbackends.slurm`). Every job command asks `job_backend(spec, clients)` for the
+SSM Run Command and a systemd unit per node, `jobbackends.launcher`), Slurm (AWS PCS, through
+the login node, `jobbackends.slurm`) or Kubernetes (EKS, JobSets through Kueue, `jobbackends.eks`).
+Every job command asks `job_backend(spec, clients)` for the
 stack's backend and calls one of its methods, which returns one outcome the CLI renders as text
 or JSON: the CLI never branches on the scheduler. A new backend is one module here exposing
 `backend(spec, clients)` plus one line in `BACKENDS`; it may return the outcomes below (or the
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 BACKENDS: dict[str, str] = {
     "none": "gpucluster.ops.jobbackends.launcher",
     "slurm": "gpucluster.ops.jobbackends.slurm",
+    "eks": "gpucluster.ops.jobbackends.eks",
 }
 """Scheduler type (`scheduler.type` in the stack file) -> the module whose `backend(spec, clients)`
 runs its jobs: the one place a job backend is chosen."""

@@ -53,6 +53,11 @@ STRATEGY_LABELS: dict[Strategy, str] = {
 # instances, billed per second as EC2 on-demand, and the AMI's EBS snapshots). 1.5 instance-hours
 # is a modelled figure for both instances, not a measured one.
 IMAGE_BUILD_HOURS = 1.5
+# A node Auto Scaling starts from a warm pool (stopped, its hook already passed once, its root volume
+# already read) against one launched cold from the baked image: modelled, not measured.
+WARM_START_SAVES_MINUTES = 3.0
+WARM_START_BASIS = ("a cold baked node is ready 3.5-5 min after `running` (benchmarks/boot_time.py), a "
+                    "warm start skips the first boot's cloud-init, bundle and volume initialization")
 SCHEDULED_BUILDS_PER_MONTH = 4.35  # a weekly schedule: 52/12 builds (any schedule is priced so)
 
 
@@ -84,6 +89,7 @@ class ServicePrices:
 
     region: str
     ebs_gp3_usd_per_gb_month: float
+    ebs_volume_initialization_usd_per_gib: float
     nat_gateway_usd_per_hour: float
     nat_gateway_usd_per_gb: float
     public_ipv4_usd_per_hour: float
@@ -129,8 +135,47 @@ def warm_pool_nodes(group: NodeGroupConfig, nodes: int) -> int:
     return max(pool.min_size, cap - nodes)
 
 
-def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> Iterable[OtherCost]:
-    """Warm pools (root volumes of stopped instances, all month: no instance hours) and image builds."""
+@dataclass(frozen=True)
+class WarmPoolTradeoff:
+    """What a group's warm pool costs against the billed boot minutes it saves (modelled)."""
+
+    stopped_usd_per_month: float
+    """The pool's stopped root volumes at desired nodes (EBS only: no instance hours)."""
+    minutes_saved_per_node: float
+    node_usd_per_hour: float
+    basis: str
+
+    @property
+    def usd_saved_per_node_start(self) -> float:
+        """The instance time a node started warm does not spend booting (billed from `running`)."""
+        return self.minutes_saved_per_node / 60 * self.node_usd_per_hour
+
+    @property
+    def break_even_node_starts_per_month(self) -> float:
+        """Warm node starts a month at which the pool pays for itself (below: it costs more than it saves)."""
+        saved = self.usd_saved_per_node_start
+        return self.stopped_usd_per_month / saved if saved else float("inf")
+
+
+def warm_pool_tradeoff(group: NodeGroupConfig, prices: ServicePrices, node_usd_per_hour: float,
+                       minutes_saved: float = WARM_START_SAVES_MINUTES) -> WarmPoolTradeoff | None:
+    """The group's warm pool priced against what it saves: each node Auto Scaling starts from the pool
+    instead of launching skips the first boot's billed minutes; None without a pool."""
+    if group.warm_pool is None:
+        return None
+    gp3 = prices.ebs_gp3_usd_per_gb_month
+    size = group.root_volume_size_gib
+    stopped = warm_pool_nodes(group, group.desired_nodes)
+    return WarmPoolTradeoff(stopped * size * gp3, minutes_saved, node_usd_per_hour,
+                            f"{stopped} stopped x {size} GiB gp3 x ${gp3}/GB-month against "
+                            f"{minutes_saved:g} min of billed boot saved per node started warm "
+                            f"(modelled: {WARM_START_BASIS}) x ${node_usd_per_hour:,.2f}/node-hour")
+
+
+def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
+                groups: Mapping[str, GroupCost]) -> Iterable[OtherCost]:
+    """Warm pools (root volumes of stopped instances, all month: no instance hours, weighed against the
+    boot minutes they save), provisioned volume initialization of baked groups, and image builds."""
     src, as_of = prices.sources, prices.as_of
     gp3 = prices.ebs_gp3_usd_per_gb_month
     for g in spec.node_groups:
@@ -138,9 +183,29 @@ def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> 
             continue
         size = g.root_volume_size_gib
         at_desired, at_max = warm_pool_nodes(g, g.desired_nodes), warm_pool_nodes(g, g.max_nodes)
+        basis = (f"{at_desired} stopped ({at_max} at max nodes) x {size} GiB gp3 x ${gp3}/GB-month; stopped "
+                 "instances bill EBS only")
+        priced = groups.get(g.name)
+        trade = warm_pool_tradeoff(g, prices, node_hour_price(priced).usd_per_hour) if priced else None
+        if trade is not None and at_desired:
+            basis += (f"; each node started warm saves ~{trade.minutes_saved_per_node:g} billed boot minutes "
+                      f"(${trade.usd_saved_per_node_start:,.2f}): pays for itself above "
+                      f"{trade.break_even_node_starts_per_month:,.0f} warm node starts a month")
         yield OtherCost(f"Warm pool {g.name}", "warm_pool", at_desired * size * gp3,
-                        at_max * size * gp3, f"{at_desired} stopped ({at_max} at max nodes) x {size} GiB "
-                        f"gp3 x ${gp3}/GB-month; stopped instances bill EBS only", src["ebs"], as_of)
+                        at_max * size * gp3, basis, src["ebs"], as_of)
+    init = prices.ebs_volume_initialization_usd_per_gib
+    for g in spec.node_groups:
+        image = baked_image(spec.images, g)
+        if image is None or image.ami_id is None or not image.volume_initialization_mibps:
+            continue
+        size = g.root_volume_size_gib
+        per_launch = size * init
+        launches = assume.launches_per_node_month
+        yield OtherCost(f"Volume initialization {g.name}", "volume_init",
+                        g.desired_nodes * launches * per_launch, g.max_nodes * launches * per_launch,
+                        f"nodes x {launches:g} launches/month (assumed) x {size} GiB root x ${init}/GiB "
+                        f"initialized at {image.volume_initialization_mibps} MiB/s (the price is unverified: "
+                        "ledger: ebs-volume-initialization-price)", src["ebs_init"], as_of)
     images = spec.images
     baked = [g for g in spec.node_groups if baked_image(images, g) is not None]
     if not baked:
@@ -377,7 +442,7 @@ class OtherCost:
 
     name: str
     kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg", "warm_pool", "images",
-                  "flow_logs", "pcs"]
+                  "flow_logs", "pcs", "volume_init"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
@@ -405,6 +470,9 @@ class Assumptions:
     """The year whose 52 weeks from 1 January give the scheduled share; None: this year."""
     image_build_hours: float = IMAGE_BUILD_HOURS
     """Instance-hours one image build takes (the build instance, then the test instance)."""
+    launches_per_node_month: float = 30
+    """Launches a node slot sees a month (a group stopped nightly and started each morning: 30), each
+    initializing a fresh root volume."""
 
 
 @dataclass(frozen=True)
@@ -535,7 +603,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                         + (f" x {share:.3f} of the month" if share != 1 else ""),
                         src["ebs"], as_of,
                         scheduled_share=priced.scheduled_hours_per_month / priced.hours_per_month)
-    yield from _boot_costs(spec, prices, assume)
+    yield from _boot_costs(spec, prices, assume, groups)
     yield from _pcs_costs(spec, groups)
     if spec.network.vpc_cidr is None:
         return  # an existing VPC: its NAT and endpoints are paid for already

@@ -359,6 +359,9 @@ class ImageGroupSettings(TypedDict):
     """The NVIDIA driver the pinned image carries (as `gpucluster image build` recorded it)."""
     cuda: NotRequired[str]
     """The CUDA version the pinned image's driver supports (as recorded by the build)."""
+    volume_initialization_mibps: NotRequired[int]
+    """EBS volume initialization rate of the root volume launched from the pinned image, MiB/s (100-300;
+    0: EBS's default, blocks fetched from S3 on first read); priced by `cost`."""
 
 
 class ImagesSettings(TypedDict):

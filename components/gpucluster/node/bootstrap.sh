@@ -11,11 +11,15 @@ exec > >(tee -a /var/log/gpucluster-bootstrap.log) 2>&1
 echo "gpucluster bootstrap: start $(date -Is)"
 umask 022
 install -d -m 0755 /etc/gpucluster /usr/local/sbin /etc/systemd/system \
-  /opt/aws/amazon-cloudwatch-agent/etc
+  /opt/aws/amazon-cloudwatch-agent/etc /run/gpucluster
+# Boot milestones (gpucluster-ready publishes them as BootStepAtSeconds): seconds since boot now, and
+# once the node scripts are here.
+echo "userdata $(cut -d. -f1 /proc/uptime)" >> /run/gpucluster/boot-steps
 
 # The node scripts, when they ship outside the user data: fetched from the stack's bucket, checked
 # against the sha256 rendered here, unpacked; a bundle that fails either ends the boot here.
 @@SCRIPTS@@
+echo "bundle $(cut -d. -f1 /proc/uptime)" >> /run/gpucluster/boot-steps
 @@FILES@@
 
 # shellcheck source=/dev/null

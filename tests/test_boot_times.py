@@ -152,7 +152,14 @@ SACCT = ("2026-11-28T22:00:00|gpu-1\n2026-11-29T06:05:00|gpu-[1-2]\n2026-11-29T0
 
 
 def test_slurm_records_registration_and_the_first_job_since_each_nodes_boot() -> None:
-    from gpucluster.slurm.remote import SECTION, NodeBoot, expand_hostlist, nodes_script, parse_node_boots, parse_sinfo
+    from gpucluster.slurm.remote import (
+        SECTION,
+        NodeBoot,
+        expand_hostlist,
+        nodes_script,
+        parse_node_boots,
+        parse_sinfo,
+    )
 
     output = (f"gpu-1|h100-train|idle|10.0.1.5|ip-10-0-1-5|none\n{SECTION}scontrol\n{SCONTROL}"
               f"{SECTION}sacct\n{SACCT}")
@@ -183,4 +190,5 @@ def test_slurm_boot_times_per_partition() -> None:
     assert (row.time_to_ready.median_seconds, row.time_to_ready.worst_seconds, row.time_to_ready.last_seconds,
             row.time_to_ready.count) == (125.5, 151.0, 100.0, 2)  # last: gpu-2, booted last
     assert row.time_to_first_job is not None and row.time_to_first_job.median_seconds == 270.0
-    assert views[0].as_json()["registered_seconds"] == 151.0 and views[0].as_json()["first_job_seconds"] == 300.0
+    first = views[0].as_json()
+    assert (first["registered_seconds"], first["first_job_seconds"]) == (151.0, 300.0)

@@ -24,8 +24,8 @@ STARTED_US = 312_400_000  # the job unit's ExecMainStartTimestampMonotonic: 312.
 
 def first_job_box(tmp_path: Path) -> Sandbox:
     box = Sandbox(tmp_path, GPUCLUSTER_FIRST_JOB_FILE=str(tmp_path / "lib" / "first-job"))
-    stub(box, "systemctl", f'[ "$*" = "show -p ExecMainStartTimestampMonotonic --value gpucluster-job-a.service" ]'
-                           f' && echo {STARTED_US}')
+    asked = "show -p ExecMainStartTimestampMonotonic --value gpucluster-job-a.service"
+    stub(box, "systemctl", f'[ "$*" = "{asked}" ] && echo {STARTED_US}')
     return box
 
 
@@ -74,11 +74,12 @@ def test_job_start_reports_its_unit_after_starting_it_and_a_failing_report_does_
     assert not any("REPORT_TOOL" in a for a in node.args())
 
 
-def test_the_bootstrap_notes_when_the_user_data_started_and_the_bundle_arrived() -> None:
+def test_the_bootstrap_notes_when_the_user_data_started_and_the_node_scripts_are_in_place() -> None:
     text = (Path(__file__).parent.parent / "components/gpucluster/node/bootstrap.sh").read_text()
     userdata = text.index('echo "userdata $(cut -d. -f1 /proc/uptime)" >> /run/gpucluster/boot-steps')
     bundle = text.index('echo "bundle $(cut -d. -f1 /proc/uptime)" >> /run/gpucluster/boot-steps')
-    assert text.index("install -d") < userdata < text.index("@@SCRIPTS@@") < bundle < text.index("@@FILES@@")
+    assert text.index("install -d -m 0755 /run/gpucluster") < userdata < text.index("@@SCRIPTS@@")
+    assert text.index("@@FILES@@") < text.index(". /etc/gpucluster/node.env") < bundle
 
 
 # ---------------------------------------------------------------- the gate reads the layers
@@ -98,7 +99,8 @@ case "$1 $2" in
   "image inspect") grep -qxF "$3" "$FAKE_IMAGES" ;;
   "save "*) grep -qxF "$2" "$FAKE_IMAGES" || exit 1
             [ -z "${{FAKE_UNREADABLE:-}}" ] || {{ echo "Error: blob sha256:ab unexpected EOF" >&2; exit 1; }}
-            for f in {layers}/*; do cat "$f"; echo "read $(basename "$f") $(wc -c <"$f")" >> {tmp_path}/read.log
+            for f in {layers}/*; do
+              cat "$f"; echo "read $(basename "$f") $(wc -c <"$f")" >> {tmp_path}/read.log
             done ;;
   *) exit 1 ;;
 esac
@@ -115,7 +117,8 @@ def test_ready_reads_every_layer_of_the_image_before_it_lets_the_node_in(tmp_pat
     (node.root / "run" / "boot-steps").write_text("userdata 41\nbundle 43\n")
     done = node.ready()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (tmp_path / "read.log").read_text().splitlines() == ["read layer0.tar 3000", "read layer1.tar 5000"]
+    assert (tmp_path / "read.log").read_text().splitlines() == ["read layer0.tar 3000",
+                                                                "read layer1.tar 5000"]
     calls = node.log.read_text().splitlines()
     saved = calls.index(f"docker save {IMAGE}")
     completed = next(i for i, c in enumerate(calls) if "complete-lifecycle-action" in c)
@@ -136,7 +139,8 @@ def test_layers_that_cannot_be_read_keep_the_node_out_and_say_why(tmp_path: Path
     node.health_launch()
     node.everything()
     env = node.root / "node.env"
-    env.write_text(env.read_text().replace("GPUCLUSTER_READY_GATE_SECONDS=780", "GPUCLUSTER_READY_GATE_SECONDS=1"))
+    env.write_text(env.read_text().replace("GPUCLUSTER_READY_GATE_SECONDS=780",
+                                           "GPUCLUSTER_READY_GATE_SECONDS=1"))
     done = node.ready()
     assert done.returncode == 1
     assert node.results() == ["ABANDON"]

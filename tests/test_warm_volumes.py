@@ -8,19 +8,22 @@ from typing import Any
 
 import pytest
 
-from gpucluster.pricing import price_stack, service_prices, warm_pool_tradeoff
 from gpucluster.preflight import parse_stack_config
+from gpucluster.pricing import price_stack, service_prices
+from gpucluster.warmpool import warm_pool_tradeoff
 from test_images import AMI, baked_plan, baked_prod, by_type, problems, prod  # noqa: F401  (baked_plan: fixture)
 
 
 def root_ebs(plan: Any, group: str) -> dict[str, Any]:
-    [lt] = [r for r in by_type(plan, "aws:ec2/launchTemplate:LaunchTemplate") if r.name == f"gpu-prod-{group}-lt"]
+    [lt] = [r for r in by_type(plan, "aws:ec2/launchTemplate:LaunchTemplate")
+            if r.name == f"gpu-prod-{group}-lt"]
     [mapping] = lt.inputs["blockDeviceMappings"]
     assert mapping["deviceName"]
     return dict(mapping["ebs"])
 
 
-def test_the_baked_groups_template_initializes_its_root_volume_at_the_provisioned_rate(baked_plan: Any) -> None:  # noqa: F811
+def test_the_baked_groups_template_initializes_its_root_volume_at_the_provisioned_rate(
+        baked_plan: Any) -> None:  # noqa: F811
     # h100-train launches from its pinned image: 300 MiB/s, EC2's maximum (botocore: 100-300)
     assert root_ebs(baked_plan, "h100-train")["volumeInitializationRate"] == 300
     # eval is not baked: its root keeps EBS's default (lazily loaded) and the mapping as it was
@@ -44,7 +47,8 @@ def test_cost_prices_the_initialization_of_each_launch_and_marks_the_price_unver
     other = {o.name: o for o in price_stack(spec).other}
     init = other["Volume initialization h100-train"]
     group = next(g for g in spec.node_groups if g.name == "h100-train")
-    per_launch = group.root_volume_size_gib * service_prices("us-east-1").ebs_volume_initialization_usd_per_gib
+    per_gib = service_prices("us-east-1").ebs_volume_initialization_usd_per_gib
+    per_launch = group.root_volume_size_gib * per_gib
     assert init.kind == "volume_init"
     assert init.max_usd_per_month == pytest.approx(group.max_nodes * 30 * per_launch)
     assert init.desired_usd_per_month == pytest.approx(group.desired_nodes * 30 * per_launch)
@@ -60,7 +64,8 @@ def test_a_warm_pool_is_weighed_against_the_boot_minutes_it_saves() -> None:
                                                 "warm_pool": {"min_size": 1, "max_prepared": 3}})
     spec = parse_stack_config(config, stack="prod")
     group = spec.node_groups[1]
-    trade = warm_pool_tradeoff(group, service_prices("us-east-1"), node_usd_per_hour=12.0)
+    gp3 = service_prices("us-east-1").ebs_gp3_usd_per_gb_month
+    trade = warm_pool_tradeoff(group, gp3, node_usd_per_hour=12.0)
     assert trade is not None
     # 2 stopped x 200 GiB x $0.08 = $32 a month; a warm start saves 3 min x $12/h = $0.60
     assert trade.stopped_usd_per_month == pytest.approx(32.0)
@@ -69,7 +74,7 @@ def test_a_warm_pool_is_weighed_against_the_boot_minutes_it_saves() -> None:
     assert "modelled" in trade.basis
     pool = next(o for o in price_stack(spec).other if o.name == "Warm pool eval")
     assert "pays for itself above" in pool.basis and "warm node starts a month" in pool.basis
-    assert warm_pool_tradeoff(spec.node_groups[0], service_prices("us-east-1"), 1.0) is None
+    assert warm_pool_tradeoff(spec.node_groups[0], 0.08, 1.0) is None
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from gpucluster import catalog, schedule
 from gpucluster.node.metrics import DCGM_FIELDS
 from gpucluster.spec import NodeGroupConfig, StackSpec, baked_image
+from gpucluster.warmpool import warm_pool_basis, warm_pool_nodes
 
 PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "service_prices.yaml"
 PCS_PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "pcs_prices.yaml"
@@ -53,11 +54,6 @@ STRATEGY_LABELS: dict[Strategy, str] = {
 # instances, billed per second as EC2 on-demand, and the AMI's EBS snapshots). 1.5 instance-hours
 # is a modelled figure for both instances, not a measured one.
 IMAGE_BUILD_HOURS = 1.5
-# A node Auto Scaling starts from a warm pool (stopped, its hook already passed once, its root volume
-# already read) against one launched cold from the baked image: modelled, not measured.
-WARM_START_SAVES_MINUTES = 3.0
-WARM_START_BASIS = ("a cold baked node is ready 3.5-5 min after `running` (benchmarks/boot_time.py), a "
-                    "warm start skips the first boot's cloud-init, bundle and volume initialization")
 SCHEDULED_BUILDS_PER_MONTH = 4.35  # a weekly schedule: 52/12 builds (any schedule is priced so)
 
 
@@ -124,54 +120,6 @@ def service_prices(region: str, path: Path = PRICES_FILE) -> ServicePrices:
                          **{k: float(v) for k, v in rates.items() if k != "fsx_lustre_usd_per_gb_month"})
 
 
-def warm_pool_nodes(group: NodeGroupConfig, nodes: int) -> int:
-    """Stopped instances a group's warm pool keeps while `nodes` run: its maximum prepared capacity
-    (default the group's max_nodes) less the running nodes, at least min_size (EC2 Auto Scaling user
-    guide, "Warm pools for Amazon EC2 Auto Scaling": warm pool size)."""
-    pool = group.warm_pool
-    if pool is None:
-        return 0
-    cap = pool.max_prepared if pool.max_prepared is not None else group.max_nodes
-    return max(pool.min_size, cap - nodes)
-
-
-@dataclass(frozen=True)
-class WarmPoolTradeoff:
-    """What a group's warm pool costs against the billed boot minutes it saves (modelled)."""
-
-    stopped_usd_per_month: float
-    """The pool's stopped root volumes at desired nodes (EBS only: no instance hours)."""
-    minutes_saved_per_node: float
-    node_usd_per_hour: float
-    basis: str
-
-    @property
-    def usd_saved_per_node_start(self) -> float:
-        """The instance time a node started warm does not spend booting (billed from `running`)."""
-        return self.minutes_saved_per_node / 60 * self.node_usd_per_hour
-
-    @property
-    def break_even_node_starts_per_month(self) -> float:
-        """Warm node starts a month at which the pool pays for itself (below: it costs more than it saves)."""
-        saved = self.usd_saved_per_node_start
-        return self.stopped_usd_per_month / saved if saved else float("inf")
-
-
-def warm_pool_tradeoff(group: NodeGroupConfig, prices: ServicePrices, node_usd_per_hour: float,
-                       minutes_saved: float = WARM_START_SAVES_MINUTES) -> WarmPoolTradeoff | None:
-    """The group's warm pool priced against what it saves: each node Auto Scaling starts from the pool
-    instead of launching skips the first boot's billed minutes; None without a pool."""
-    if group.warm_pool is None:
-        return None
-    gp3 = prices.ebs_gp3_usd_per_gb_month
-    size = group.root_volume_size_gib
-    stopped = warm_pool_nodes(group, group.desired_nodes)
-    return WarmPoolTradeoff(stopped * size * gp3, minutes_saved, node_usd_per_hour,
-                            f"{stopped} stopped x {size} GiB gp3 x ${gp3}/GB-month against "
-                            f"{minutes_saved:g} min of billed boot saved per node started warm "
-                            f"(modelled: {WARM_START_BASIS}) x ${node_usd_per_hour:,.2f}/node-hour")
-
-
 def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                 groups: Mapping[str, GroupCost]) -> Iterable[OtherCost]:
     """Warm pools (root volumes of stopped instances, all month: no instance hours, weighed against the
@@ -181,31 +129,21 @@ def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
     for g in spec.node_groups:
         if g.warm_pool is None:
             continue
-        size = g.root_volume_size_gib
-        at_desired, at_max = warm_pool_nodes(g, g.desired_nodes), warm_pool_nodes(g, g.max_nodes)
-        basis = (f"{at_desired} stopped ({at_max} at max nodes) x {size} GiB gp3 x ${gp3}/GB-month; stopped "
-                 "instances bill EBS only")
-        priced = groups.get(g.name)
-        trade = warm_pool_tradeoff(g, prices, node_hour_price(priced).usd_per_hour) if priced else None
-        if trade is not None and at_desired:
-            basis += (f"; each node started warm saves ~{trade.minutes_saved_per_node:g} billed boot minutes "
-                      f"(${trade.usd_saved_per_node_start:,.2f}): pays for itself above "
-                      f"{trade.break_even_node_starts_per_month:,.0f} warm node starts a month")
-        yield OtherCost(f"Warm pool {g.name}", "warm_pool", at_desired * size * gp3,
-                        at_max * size * gp3, basis, src["ebs"], as_of)
-    init = prices.ebs_volume_initialization_usd_per_gib
+        size, priced = g.root_volume_size_gib, groups.get(g.name)
+        nodes = [warm_pool_nodes(g, n) for n in (g.desired_nodes, g.max_nodes)]
+        yield OtherCost(f"Warm pool {g.name}", "warm_pool", nodes[0] * size * gp3, nodes[1] * size * gp3,
+                        warm_pool_basis(g, gp3, node_hour_price(priced).usd_per_hour if priced else None),
+                        src["ebs"], as_of)
+    init, launches = prices.ebs_volume_initialization_usd_per_gib, assume.launches_per_node_month
     for g in spec.node_groups:
         image = baked_image(spec.images, g)
-        if image is None or image.ami_id is None or not image.volume_initialization_mibps:
-            continue
-        size = g.root_volume_size_gib
-        per_launch = size * init
-        launches = assume.launches_per_node_month
-        yield OtherCost(f"Volume initialization {g.name}", "volume_init",
-                        g.desired_nodes * launches * per_launch, g.max_nodes * launches * per_launch,
-                        f"nodes x {launches:g} launches/month (assumed) x {size} GiB root x ${init}/GiB "
-                        f"initialized at {image.volume_initialization_mibps} MiB/s (the price is unverified: "
-                        "ledger: ebs-volume-initialization-price)", src["ebs_init"], as_of)
+        if image is not None and image.ami_id is not None and image.volume_initialization_mibps:
+            per_node = launches * g.root_volume_size_gib * init
+            yield OtherCost(f"Volume initialization {g.name}", "volume_init", g.desired_nodes * per_node,
+                            g.max_nodes * per_node, f"nodes x {launches:g} launches/month (assumed) x "
+                            f"{g.root_volume_size_gib} GiB root x ${init}/GiB initialized at "
+                            f"{image.volume_initialization_mibps} MiB/s "
+                            "(ledger: ebs-volume-initialization-price, unverified)", src["ebs_init"], as_of)
     images = spec.images
     baked = [g for g in spec.node_groups if baked_image(images, g) is not None]
     if not baked:

@@ -388,7 +388,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
             block_device_mappings=[{"device_name": ROOT_DEVICE, "ebs": {
                 "volume_size": group.root_volume_size_gib, "volume_type": "gp3", "encrypted": "true",
                 "delete_on_termination": "true",
-                **({"volume_initialization_rate": rate} if (rate := volume_initialization_rate(m)) else {})}}],
+                **({"volume_initialization_rate": rate}
+                   if (rate := volume_initialization_rate(m)) else {})}}],
             network_interfaces=[{
                 "network_card_index": nic.network_card_index, "device_index": nic.device_index,
                 "interface_type": nic.interface_type, "associate_public_ip_address": "false",

@@ -111,8 +111,8 @@ def render_boot_times(rows: list[GroupBootTimes], error: str | None = None,
     if not measured:
         return []
     out = ["", kind[1],
-           *render.table(["group", f"{kind[0]}: median", "worst", "last", "nodes", "first job: median", "worst",
-                          "last", "nodes"],
+           *render.table(["group", f"{kind[0]}: median", "worst", "last", "nodes", "first job: median",
+                          "worst", "last", "nodes"],
                          [[r.node_group, *cells(r.time_to_ready), *cells(r.time_to_first_job)]
                           for r in measured])]
     for r in measured:
@@ -194,7 +194,8 @@ def status_lines(stack: str, spec: StackSpec, overview: StackOverview) -> list[s
 
 
 def status(stack: StackArg, as_json: JsonOption = False) -> None:
-    """List the stack's node groups: capacity, who stopped them, GPU health and use, and the dashboard."""
+    """List the stack's node groups: capacity, who stopped them, GPU health and use, measured time to
+    ready and to the first job, and the dashboard."""
     from gpucluster.ops.overview import stack_overview  # boto3: only the AWS commands pay for it
 
     render.use_json(as_json)
@@ -404,11 +405,10 @@ def nodes(
     group: GroupOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM, readiness."""
-    from gpucluster.ops.jobbackends import job_backend
-
+    """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM, readiness;
+    then each group's measured time to ready and to the first job (median, worst, last)."""
     from gpucluster.ops.boottimes import slurm_boot_times, stack_boot_times
-    from gpucluster.ops.jobbackends import SchedulerNodes
+    from gpucluster.ops.jobbackends import SchedulerNodes, job_backend
 
     render.use_json(as_json)
     spec = build_spec(stack)

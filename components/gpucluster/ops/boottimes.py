@@ -54,7 +54,8 @@ class Figure:
     count: int
 
     def as_json(self) -> dict[str, Any]:
-        return {"median_seconds": round(self.median_seconds, 1), "worst_seconds": round(self.worst_seconds, 1),
+        return {"median_seconds": round(self.median_seconds, 1),
+                "worst_seconds": round(self.worst_seconds, 1),
                 "last_seconds": round(self.last_seconds, 1), "last_at": self.last_at, "count": self.count}
 
 

@@ -84,8 +84,8 @@ def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
 
     The node-group backend is chosen once (`ops.nodegroups.stack_fleet`) for the status and the spend."""
     from gpucluster.names import dashboard_name, dashboard_url
-    from gpucluster.ops.boottimes import stack_boot_times
     from gpucluster.noderole import gpu_metric_namespace
+    from gpucluster.ops.boottimes import stack_boot_times
     from gpucluster.ops.doctor import cost_tag_warning
     from gpucluster.ops.nodegroups import stack_fleet
     from gpucluster.ops.status import stack_status

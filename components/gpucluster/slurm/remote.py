@@ -374,7 +374,8 @@ def nodes_script(*, accounting: bool = False) -> str:
                                            "--format=" + DELIMITER.join(SINFO_FIELDS)]),
              _section("scontrol"), "scontrol --oneliner show node || true"]
     if accounting:
-        lines += [_section("sacct"), shell(["sacct", "--allusers", "--noheader", "--parsable2", "--allocations",
+        lines += [_section("sacct"), shell(["sacct", "--allusers", "--noheader", "--parsable2",
+                                            "--allocations",
                                             f"--starttime=now-{BOOT_RECORD_DAYS}days",
                                             "--format=Start,NodeList"]) + " || true"]
     return "\n".join([*lines, ""])
@@ -432,12 +433,12 @@ def parse_node_boots(output: str) -> dict[str, NodeBoot]:
         when = _slurm_time(start)
         if when is None or not nodelist.strip() or nodelist.strip() == "None assigned":
             continue
-        for name in expand_hostlist(nodelist):
-            starts.setdefault(name, []).append(when)
+        for host in expand_hostlist(nodelist):
+            starts.setdefault(host, []).append(when)
     found: dict[str, NodeBoot] = {}
     for line in parts.get("scontrol", "").splitlines():
         pairs = _pairs(line)
-        name = pairs.get("NodeName")
+        name = pairs.get("NodeName", "")
         if not name:
             continue
         booted, slurmd = _slurm_time(pairs.get("BootTime")), _slurm_time(pairs.get("SlurmdStartTime"))

@@ -360,8 +360,7 @@ class ImageGroupSettings(TypedDict):
     cuda: NotRequired[str]
     """The CUDA version the pinned image's driver supports (as recorded by the build)."""
     volume_initialization_mibps: NotRequired[int]
-    """EBS volume initialization rate of the root volume launched from the pinned image, MiB/s (100-300;
-    0: EBS's default, blocks fetched from S3 on first read); priced by `cost`."""
+    """EBS initialization rate of the root volume made from the pinned image, MiB/s (100-300; 0: lazy)."""
 
 
 class ImagesSettings(TypedDict):

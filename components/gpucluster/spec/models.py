@@ -509,8 +509,7 @@ class ImageGroupConfig(StrictModel):
     cuda: Annotated[str, _matches(r"[0-9][0-9.]{0,15}", "must be a CUDA version like 12.4")] | None = None
     """The CUDA version the pinned image's driver supports (as recorded by the build)."""
     volume_initialization_mibps: Annotated[int, _off_or_in_range(100, 300)] = 300
-    """EBS volume initialization rate of the root volume launched from the pinned image, MiB/s (100-300;
-    0: EBS's default, blocks fetched from S3 on first read); priced by `cost`."""
+    """EBS initialization rate of the root volume made from the pinned image, MiB/s (100-300; 0: lazy)."""
 
 
 class ImagesConfig(StrictModel):

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpucluster.node.userdata import node_bootstrap
 from gpucluster.preflight import parse_stack_config
 
@@ -58,3 +60,35 @@ def test_a_group_that_adds_boot_work_shows_it() -> None:
 def test_every_figure_names_its_source() -> None:
     for key, (value, source) in boot_time.FIGURES.items():
         assert value > 0 and len(source) > 10, key
+
+
+def test_measured_milestones_print_beside_the_modelled_ones(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    table = tmp_path / "boot_measurements.yaml"
+    table.write_text("source: measured in an account on 2026-12-01 (gpucluster nodes prod --json)\n"
+                     "boots:\n  - {stack: prod (baked), group: h100-train, first_job: 262,\n"
+                     "     steps: {userdata: 151, bundle: 153, ready: 252}, nodes: 4}\n")
+    assert boot_time.main(["--measurements", str(table)]) == 0
+    out = capsys.readouterr().out
+    assert "prod (baked) / h100-train     userdata  measured 2m31s  modelled 2m15s" in out
+    assert "ready     measured 4m12s  modelled 3m43s" in out and "first_job measured 4m22s" in out
+    assert "(measured in an account on 2026-12-01 (gpucluster nodes prod --json))" in out
+    assert "still modelled only: dev / " in out  # every other group
+    rows = boot_time.compared(boot_time.boots(), boot_time.measurements(table))
+    baked = {r["milestone"]: r for r in rows if (r["stack"], r["group"]) == ("prod (baked)", "h100-train")}
+    assert baked["image"]["measured_seconds"] is None and baked["image"]["modelled_seconds"] > 0
+    # without a table every figure is modelled, and the output says so
+    assert boot_time.main(["--measurements", str(tmp_path / "absent.yaml")]) == 0
+    assert "measured: none (" in capsys.readouterr().out and boot_time.measurements(tmp_path / "x") == {}
+
+
+def test_the_model_gives_a_p5_its_lazily_loaded_first_boot_and_reads_a_baked_images_layers() -> None:
+    assert 90 <= boot_time.figure("os_boot_s") <= 180
+    boots = {(b.stack, b.group): b for b in boot_time.boots()}
+    baked = boots["prod (baked)", "h100-train"]
+    [read] = [s for s in baked.steps if s.name.startswith("read its layers")]
+    assert read.seconds == pytest.approx(10_000 / (300 * 1.048576)) and "300 MiB/s" in read.source
+    spec = parse_stack_config(boot_time.baked_prod_config(), stack="prod")
+    lazy = boot_time.boot_steps("prod", node_bootstrap(spec, spec.node_groups[0]), volume_mibps=0)
+    assert lazy.ready_seconds - baked.ready_seconds > 200  # ~10 GB at ~33 MB/s instead of 300 MiB/s
+    assert baked.first_job_seconds > baked.ready_seconds

@@ -194,6 +194,7 @@ def test_each_condition_holds_for_the_stacks_that_have_it_and_only_them() -> Non
         "capacity_block": group_changed(plain, capacity=group.capacity.model_copy(
             update={"market": "capacity_block"})),
         "no_nat": changed(plain, "network", nat_gateway=False),
+        "warm_pool": group_changed(plain, warm_pool=object()),
         "fsx_existing_bucket": plain.model_copy(
             update={"datasets": [SimpleNamespace(existing=True, fsx=object())]}),
     }

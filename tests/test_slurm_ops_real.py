@@ -43,6 +43,7 @@ from gpucluster.slurm.remote import (
     parse_captured,
     parse_jobs,
     parse_locate,
+    parse_node_boots,
     parse_sinfo,
     parse_submitted,
     parse_tail,
@@ -198,6 +199,14 @@ def test_nodes_parse_the_real_sinfo(quiet: Slurm) -> None:
     assert [(n.name, n.partitions, n.state, n.address, n.hostname, n.reason) for n in nodes] == [
         ("node1", ("train",), "idle", "localhost", "localhost", ""),
         ("node2", ("train",), "idle", "localhost", "localhost", "")]
+    # Slurm's own record of each node's boot: slurmd started (registered) after the host booted; no
+    # job has run since, and without slurmdbd the accounting section's sacct fails and is skipped
+    boots = parse_node_boots(done.stdout)
+    assert set(boots) == {"node1", "node2"}
+    assert all(b.registered_seconds is not None and b.registered_seconds >= 0 and b.first_job_seconds is None
+               for b in boots.values())
+    accounted = on_login(cluster, nodes_script(accounting=True))
+    assert accounted.returncode == 0 and [n.name for n in parse_sinfo(accounted.stdout)] == ["node1", "node2"]
     cluster.run("scontrol", "update", "nodename=node2", "state=drain", "reason=gpucluster: xid 79")
     try:
         drained = {n.name: n for n in parse_sinfo(on_login(cluster, nodes_script()).stdout)}

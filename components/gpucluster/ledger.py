@@ -35,6 +35,7 @@ CONDITIONS: dict[str, Callable[[StackSpec], bool]] = {
     "mig": lambda spec: any(g.mig is not None for g in spec.node_groups),
     "spot": lambda spec: any(can_run_spot(g) for g in spec.node_groups),
     "capacity_block": lambda spec: any(g.capacity.market == "capacity_block" for g in spec.node_groups),
+    "warm_pool": lambda spec: any(g.warm_pool is not None for g in spec.node_groups),
     "no_nat": lambda spec: not spec.network.nat_gateway,
     "fsx_existing_bucket": lambda spec: any(d.existing and d.fsx is not None for d in spec.datasets),
     # The stopping guardrails (budget action, autostop, Capacity Block) keep their state in a DynamoDB table.

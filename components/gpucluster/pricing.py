@@ -27,6 +27,7 @@ from typing import Any, Literal
 from gpucluster import catalog, schedule
 from gpucluster.node.metrics import DCGM_FIELDS
 from gpucluster.spec import NodeGroupConfig, StackSpec, baked_image
+from gpucluster.warmpool import warm_pool_basis, warm_pool_nodes
 
 PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "service_prices.yaml"
 PCS_PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "pcs_prices.yaml"
@@ -84,6 +85,7 @@ class ServicePrices:
 
     region: str
     ebs_gp3_usd_per_gb_month: float
+    ebs_volume_initialization_usd_per_gib: float
     nat_gateway_usd_per_hour: float
     nat_gateway_usd_per_gb: float
     public_ipv4_usd_per_hour: float
@@ -118,29 +120,30 @@ def service_prices(region: str, path: Path = PRICES_FILE) -> ServicePrices:
                          **{k: float(v) for k, v in rates.items() if k != "fsx_lustre_usd_per_gb_month"})
 
 
-def warm_pool_nodes(group: NodeGroupConfig, nodes: int) -> int:
-    """Stopped instances a group's warm pool keeps while `nodes` run: its maximum prepared capacity
-    (default the group's max_nodes) less the running nodes, at least min_size (EC2 Auto Scaling user
-    guide, "Warm pools for Amazon EC2 Auto Scaling": warm pool size)."""
-    pool = group.warm_pool
-    if pool is None:
-        return 0
-    cap = pool.max_prepared if pool.max_prepared is not None else group.max_nodes
-    return max(pool.min_size, cap - nodes)
-
-
-def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> Iterable[OtherCost]:
-    """Warm pools (root volumes of stopped instances, all month: no instance hours) and image builds."""
+def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
+                groups: Mapping[str, GroupCost]) -> Iterable[OtherCost]:
+    """Warm pools (root volumes of stopped instances, all month: no instance hours, weighed against the
+    boot minutes they save), provisioned volume initialization of baked groups, and image builds."""
     src, as_of = prices.sources, prices.as_of
     gp3 = prices.ebs_gp3_usd_per_gb_month
     for g in spec.node_groups:
         if g.warm_pool is None:
             continue
-        size = g.root_volume_size_gib
-        at_desired, at_max = warm_pool_nodes(g, g.desired_nodes), warm_pool_nodes(g, g.max_nodes)
-        yield OtherCost(f"Warm pool {g.name}", "warm_pool", at_desired * size * gp3,
-                        at_max * size * gp3, f"{at_desired} stopped ({at_max} at max nodes) x {size} GiB "
-                        f"gp3 x ${gp3}/GB-month; stopped instances bill EBS only", src["ebs"], as_of)
+        size, priced = g.root_volume_size_gib, groups.get(g.name)
+        nodes = [warm_pool_nodes(g, n) for n in (g.desired_nodes, g.max_nodes)]
+        yield OtherCost(f"Warm pool {g.name}", "warm_pool", nodes[0] * size * gp3, nodes[1] * size * gp3,
+                        warm_pool_basis(g, gp3, node_hour_price(priced).usd_per_hour if priced else None),
+                        src["ebs"], as_of)
+    init, launches = prices.ebs_volume_initialization_usd_per_gib, assume.launches_per_node_month
+    for g in spec.node_groups:
+        image = baked_image(spec.images, g)
+        if image is not None and image.ami_id is not None and image.volume_initialization_mibps:
+            per_node = launches * g.root_volume_size_gib * init
+            yield OtherCost(f"Volume initialization {g.name}", "volume_init", g.desired_nodes * per_node,
+                            g.max_nodes * per_node, f"nodes x {launches:g} launches/month (assumed) x "
+                            f"{g.root_volume_size_gib} GiB root x ${init}/GiB initialized at "
+                            f"{image.volume_initialization_mibps} MiB/s "
+                            "(ledger: ebs-volume-initialization-price, unverified)", src["ebs_init"], as_of)
     images = spec.images
     baked = [g for g in spec.node_groups if baked_image(images, g) is not None]
     if not baked:
@@ -377,7 +380,7 @@ class OtherCost:
 
     name: str
     kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg", "warm_pool", "images",
-                  "flow_logs", "pcs"]
+                  "flow_logs", "pcs", "volume_init"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
@@ -405,6 +408,9 @@ class Assumptions:
     """The year whose 52 weeks from 1 January give the scheduled share; None: this year."""
     image_build_hours: float = IMAGE_BUILD_HOURS
     """Instance-hours one image build takes (the build instance, then the test instance)."""
+    launches_per_node_month: float = 30
+    """Launches a node slot sees a month (a group stopped nightly and started each morning: 30), each
+    initializing a fresh root volume."""
 
 
 @dataclass(frozen=True)
@@ -535,7 +541,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                         + (f" x {share:.3f} of the month" if share != 1 else ""),
                         src["ebs"], as_of,
                         scheduled_share=priced.scheduled_hours_per_month / priced.hours_per_month)
-    yield from _boot_costs(spec, prices, assume)
+    yield from _boot_costs(spec, prices, assume, groups)
     yield from _pcs_costs(spec, groups)
     if spec.network.vpc_cidr is None:
         return  # an existing VPC: its NAT and endpoints are paid for already

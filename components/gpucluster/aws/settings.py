@@ -359,6 +359,8 @@ class ImageGroupSettings(TypedDict):
     """The NVIDIA driver the pinned image carries (as `gpucluster image build` recorded it)."""
     cuda: NotRequired[str]
     """The CUDA version the pinned image's driver supports (as recorded by the build)."""
+    volume_initialization_mibps: NotRequired[int]
+    """EBS initialization rate of the root volume made from the pinned image, MiB/s (100-300; 0: lazy)."""
 
 
 class ImagesSettings(TypedDict):

@@ -36,6 +36,7 @@ from gpucluster.cli.common import (
 
 if TYPE_CHECKING:
     from gpucluster.fleet.nodegroups import ResumeResult
+    from gpucluster.ops.boottimes import Figure, GroupBootTimes
     from gpucluster.ops.nodes import Node
     from gpucluster.ops.overview import StackOverview
     from gpucluster.ops.resume import RestorePlan, ResumeCandidate, ResumeOutcome
@@ -88,6 +89,39 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}%"
 
 
+BOOT_MEASURED = ("ready", "boot, as the nodes measured it (last 14 days; from each node's boot):")
+BOOT_SLURM = ("registered", "boot, as Slurm recorded it (its current nodes; from each node's boot):")
+
+
+def render_boot_times(rows: list[GroupBootTimes], error: str | None = None,
+                      kind: tuple[str, str] = BOOT_MEASURED) -> list[str]:
+    """Per group, as its nodes measured it over 14 days (or, `BOOT_SLURM`, as Slurm recorded its
+    current nodes): time to ready (registered) and to the first job (median, worst, last, nodes), and
+    each boot step's median moment; nothing while no node reported one."""
+    from gpucluster.ops.nodes import minutes
+
+    def cells(f: Figure | None) -> list[str]:
+        if f is None:
+            return ["-", "-", "-", "0"]
+        return [minutes(f.median_seconds), minutes(f.worst_seconds), minutes(f.last_seconds), str(f.count)]
+
+    if error:
+        return render.wrap(error)
+    measured = [r for r in rows if r.measured]
+    if not measured:
+        return []
+    out = ["", kind[1],
+           *render.table(["group", f"{kind[0]}: median", "worst", "last", "nodes", "first job: median",
+                          "worst", "last", "nodes"],
+                         [[r.node_group, *cells(r.time_to_ready), *cells(r.time_to_first_job)]
+                          for r in measured])]
+    for r in measured:
+        if r.steps:
+            out += render.wrap(f"{r.node_group} steps (median, seconds after boot): "
+                               + ", ".join(f"{step} {f.median_seconds:.0f}" for step, f in r.steps.items()))
+    return out
+
+
 def render_health(rows: list[GroupStatus]) -> list[str]:
     """Per group: healthy of in service, GPU utilisation of the last 15 minutes, last replacement."""
     def replaced(r: GroupStatus) -> str:
@@ -129,6 +163,8 @@ def status_json(spec: StackSpec, overview: StackOverview) -> dict[str, Any]:
     if spec.observability.grafana.enabled:
         document["grafana_url"] = overview.grafana_url
     document["spend"], document["spend_error"] = overview.spend, overview.spend_error
+    document["boot_times"] = [b.as_json() for b in overview.boot_times]
+    document["boot_times_error"] = overview.boot_times_error
     return document
 
 
@@ -143,7 +179,8 @@ def status_lines(stack: str, spec: StackSpec, overview: StackOverview) -> list[s
     else:
         out = [*render.wrap(f"stack {spec.stack} ({spec.region}), gpucluster:stack={spec.identity}:"),
                *render_status(rows), *render_getting_ready(rows), "", "GPU health and use:",
-               *render_health(rows), "", *render_spend(overview.spend, overview.spend_error),
+               *render_health(rows), *render_boot_times(overview.boot_times, overview.boot_times_error), "",
+               *render_spend(overview.spend, overview.spend_error),
                f"dashboard: {url}"]  # a URL stays whole, however long
         if observed.grafana.enabled:
             out.append(f"grafana: {overview.grafana_url}" if overview.grafana_url else
@@ -157,7 +194,8 @@ def status_lines(stack: str, spec: StackSpec, overview: StackOverview) -> list[s
 
 
 def status(stack: StackArg, as_json: JsonOption = False) -> None:
-    """List the stack's node groups: capacity, who stopped them, GPU health and use, and the dashboard."""
+    """List the stack's node groups: capacity, who stopped them, GPU health and use, measured time to
+    ready and to the first job, and the dashboard."""
     from gpucluster.ops.overview import stack_overview  # boto3: only the AWS commands pay for it
 
     render.use_json(as_json)
@@ -367,27 +405,42 @@ def nodes(
     group: GroupOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM, readiness."""
-    from gpucluster.ops.jobbackends import job_backend
+    """List the stack's nodes: id, group, type, zone, private IP, market, state, health, SSM, readiness;
+    then each group's measured time to ready and to the first job (median, worst, last)."""
+    from gpucluster.ops.boottimes import slurm_boot_times, stack_boot_times
+    from gpucluster.ops.jobbackends import SchedulerNodes, job_backend
 
     render.use_json(as_json)
     spec = build_spec(stack)
-    jobs = job_backend(spec, common.clients(spec))
+    clients = common.clients(spec)
+    jobs = job_backend(spec, clients)
     found = ops_call("nodes", lambda: jobs.nodes(group, progress=render.progress), None)
+    if isinstance(found, SchedulerNodes):  # Slurm's own record: registration and first job
+        boots: tuple[list[GroupBootTimes], str | None] = (slurm_boot_times(found.views), None)
+    else:
+        with render.progress("reading the nodes' boot times (CloudWatch)"):
+            boots = stack_boot_times(spec, clients("cloudwatch"), node_group=group, steps=True)
     if as_json:
-        nodes_json(spec, found)
+        nodes_json(spec, found, boots)
     else:
         nodes_text(spec, stack, group, found)
+        for line in render_boot_times(*boots, kind=BOOT_SLURM if isinstance(found, SchedulerNodes)
+                                      else BOOT_MEASURED):
+            render.say(line)
 
 
-def nodes_json(spec: StackSpec, found: Any) -> None:
-    """`nodes --json`: each node (a scheduler's: beside the instance behind it)."""
+def nodes_json(spec: StackSpec, found: Any,
+               boots: tuple[list[GroupBootTimes], str | None] = ([], None)) -> None:
+    """`nodes --json`: each node (a scheduler's: beside the instance behind it), and each node group's
+    boot as its nodes measured it (`boot_times`; `boot_times_error` when CloudWatch could not be read)."""
     from gpucluster.ops.jobbackends import SchedulerNodes
 
+    measured = {"boot_times": [b.as_json() for b in boots[0]], "boot_times_error": boots[1]}
     if isinstance(found, SchedulerNodes):
-        render.emit(head(spec, scheduler=found.scheduler_name, nodes=[v.as_json() for v in found.views]))
+        render.emit(head(spec, scheduler=found.scheduler_name, nodes=[v.as_json() for v in found.views],
+                         **measured))
         return
-    render.emit(head(spec, nodes=[n.as_json() for n in found]))
+    render.emit(head(spec, nodes=[n.as_json() for n in found], **measured))
 
 
 def nodes_text(spec: StackSpec, stack: str, group: str | None, found: Any) -> None:

@@ -10,6 +10,10 @@ set -euo pipefail
 exec > >(tee -a /var/log/gpucluster-bootstrap.log) 2>&1
 echo "gpucluster bootstrap: start $(date -Is)"
 umask 022
+# Boot milestones (gpucluster-ready publishes them as BootStepAtSeconds): seconds since boot now, and
+# once the node scripts are fetched and the node's files written.
+install -d -m 0755 /run/gpucluster
+echo "userdata $(cut -d. -f1 /proc/uptime)" >> /run/gpucluster/boot-steps
 install -d -m 0755 /etc/gpucluster /usr/local/sbin /etc/systemd/system \
   /opt/aws/amazon-cloudwatch-agent/etc
 
@@ -20,6 +24,7 @@ install -d -m 0755 /etc/gpucluster /usr/local/sbin /etc/systemd/system \
 
 # shellcheck source=/dev/null
 . /etc/gpucluster/node.env
+echo "bundle $(cut -d. -f1 /proc/uptime)" >> /run/gpucluster/boot-steps
 systemctl daemon-reload
 
 # Before the first install: the AMI's own package updates (unattended-upgrades, apt-daily) would hold

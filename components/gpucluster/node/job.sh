@@ -16,15 +16,18 @@
 # `start` waits (at most GPUCLUSTER_READY_TIMEOUT_SECONDS) for the node's own boot steps, so a job
 # re-launched on a node that is still booting starts once its data and image are there. With
 # GPUCLUSTER_JOB_REPLACE=1 (`--restart-on-replace`) a running job of that name is stopped first.
+# After the unit started, `gpucluster-report first-job` publishes, once a node, when its first job's
+# process started (TimeToFirstJobSeconds: `gpucluster nodes` and `status` show it per group).
 # With GPUCLUSTER_CHECKPOINT_URI set, the `latest` pointer under it names the newest checkpoint:
 # the job gets it as GPUCLUSTER_CHECKPOINT_LATEST (README, "Run a job": the checkpoint contract).
 set -euo pipefail
 PREFIX=gpucluster-job-
 ENV_PATTERN='^(MASTER_ADDR|MASTER_PORT|NNODES|NODE_RANK|NPROC_PER_NODE|WORLD_SIZE|GPUCLUSTER_[A-Z_]+|FI_[A-Z_]+|NCCL_[A-Z_]+)$'
 # This tool's own settings, and what it computes itself: never handed on from the caller.
-OWN_VARS='^GPUCLUSTER_(JOB_LOGS|JOB_TOOL|JOB_REPLACE|READY_TIMEOUT_SECONDS|POLL_SECONDS|CHECKPOINT_LATEST|RESTART_COUNT)$'
+OWN_VARS='^GPUCLUSTER_(JOB_LOGS|JOB_TOOL|REPORT_TOOL|JOB_REPLACE|READY_TIMEOUT_SECONDS|POLL_SECONDS|CHECKPOINT_LATEST|RESTART_COUNT)$'
 LOGS="${GPUCLUSTER_JOB_LOGS:-/var/log/gpucluster/jobs}"
 TOOL="${GPUCLUSTER_JOB_TOOL:-/usr/local/sbin/gpucluster-job}"
+REPORT="${GPUCLUSTER_REPORT_TOOL:-/usr/local/sbin/gpucluster-report}"
 READY_TIMEOUT="${GPUCLUSTER_READY_TIMEOUT_SECONDS:-3600}"
 POLL="${GPUCLUSTER_POLL_SECONDS:-10}"
 # The node's boot steps a job needs finished (gpucluster.node.userdata): datasets, image and setup.
@@ -97,6 +100,8 @@ start() {
   [ -z "$latest" ] || args+=(--setenv=GPUCLUSTER_CHECKPOINT_LATEST="$latest")
   args+=(--setenv=GPUCLUSTER_JOB="$name" --setenv=GPUCLUSTER_RESTART_COUNT="${GPUCLUSTER_RESTART_COUNT:-0}")
   systemd-run "${args[@]}" /bin/bash -c "$command"
+  # The node's first job: when its process started (TimeToFirstJobSeconds, once); never fails the job.
+  "$REPORT" first-job "$unit" >/dev/null 2>&1 || true
   echo "started job $name as $unit${latest:+, resuming from $latest}"
 }
 

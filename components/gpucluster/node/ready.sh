@@ -8,6 +8,13 @@
 # metric LaunchAbandons), so the group launches another instead of counting a node that cannot work.
 # When ready it logs each boot step's start and end (systemd's own timestamps) and publishes them as
 # BootStepSeconds by Stack, NodeGroup and Step, and the time from boot to ready as TimeToReadySeconds.
+# It also publishes when each milestone of the boot was reached, in seconds since boot, as
+# BootStepAtSeconds by Stack, NodeGroup and Step (MILESTONES: the bootstrap writes the first two in
+# $STATE/boot-steps, the NVIDIA services' time is systemd's, this script notes the rest as it sees them).
+# "Image present" is not enough: a volume restored from a snapshot fetches each block from S3 on its
+# first read (EBS user guide, "Initialize Amazon EBS volumes"), so the image's layers are read once
+# through (`docker save` to /dev/null) before the node is ready: a first container then starts in
+# seconds instead of reading ~10 GB at initialisation speed.
 set -uo pipefail
 # shellcheck source=/dev/null
 . "${GPUCLUSTER_NODE_ENV:-/etc/gpucluster/node.env}"
@@ -19,6 +26,8 @@ CWA_CTL="${GPUCLUSTER_CWA_CTL:-/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloud
 TIMEOUT="${GPUCLUSTER_READY_GATE_SECONDS:-840}"
 POLL="${GPUCLUSTER_READY_POLL_SECONDS:-5}"
 STEPS=(scratch mig agent data setup health-launch)
+MILESTONES=(userdata bundle nvidia health mounts image ready)
+NVIDIA_UNITS=(nvidia-persistenced.service nvidia-fabricmanager.service)
 
 log() { echo "gpucluster-ready: $*"; logger -t gpucluster-ready -- "$*" 2>/dev/null || true; }
 
@@ -29,6 +38,36 @@ imds() {
 }
 
 uptime_seconds() { cut -d' ' -f1 "$UPTIME_FILE" | cut -d. -f1; }
+
+# mark STEP [SECONDS]: when a boot milestone was reached (seconds since boot), the first time only.
+mark() {
+  grep -q "^$1 " "$STATE/boot-steps" 2>/dev/null || echo "$1 ${2:-$(uptime_seconds)}" >>"$STATE/boot-steps"
+}
+
+# The NVIDIA services up: the later of those systemd started (nvidia-fabricmanager on NVSwitch systems).
+mark_nvidia() {
+  local unit at latest=0
+  for unit in "${NVIDIA_UNITS[@]}"; do
+    at=$(systemctl show -p ActiveEnterTimestampMonotonic --value "$unit" 2>/dev/null)
+    if [[ "$at" =~ ^[0-9]+$ ]] && [ "$at" -gt "$latest" ]; then latest=$at; fi
+  done
+  if [ "$latest" -gt 0 ]; then mark nvidia $((latest / 1000000)); fi
+}
+
+# The container image's layers read once through, so that their blocks are fetched from S3 now and
+# not by the first job; fails (and is tried again on the next poll) while they cannot be read.
+read_layers() {
+  [ ! -e "$STATE/image-read" ] || return 0
+  local started=$SECONDS
+  if docker save "$GPUCLUSTER_READY_IMAGE" >/dev/null 2>"$STATE/image-read.err"; then
+    echo "$((SECONDS - started))" >"$STATE/image-read"
+    log "read the layers of $GPUCLUSTER_READY_IMAGE in $((SECONDS - started))s"
+    mark image
+    return 0
+  fi
+  log "could not read the layers of $GPUCLUSTER_READY_IMAGE: $(tail -n 1 "$STATE/image-read.err")"
+  return 1
+}
 
 # What a baked image must carry: missing now means missing for good (nothing installs it later).
 baked_missing() {
@@ -59,12 +98,21 @@ waiting_for() {
   # Mounted datasets (FSx for Lustre, Mountpoint for S3) must be there; a copy to scratch goes on in
   # the background (gpucluster-job waits for gpucluster-data before a job starts).
   if [ -s "$MOUNTS" ] && [ "$LIFECYCLE" != "Warmed:Pending:Wait" ]; then
+    local unmounted=0
     while IFS=$'\t' read -r access name _ _ path _; do
-      if [ "$access" != "copy_to_scratch" ] && ! mountpoint -q "$path"; then waiting+=("dataset $name at $path"); fi
+      if [ "$access" != "copy_to_scratch" ] && ! mountpoint -q "$path"; then
+        waiting+=("dataset $name at $path")
+        unmounted=1
+      fi
     done <"$MOUNTS"
+    if [ "$unmounted" = 0 ]; then mark mounts; fi
   fi
-  if [ -n "${GPUCLUSTER_READY_IMAGE:-}" ] && ! docker image inspect "$GPUCLUSTER_READY_IMAGE" >/dev/null 2>&1; then
-    waiting+=("container image $GPUCLUSTER_READY_IMAGE")
+  if [ -n "${GPUCLUSTER_READY_IMAGE:-}" ]; then
+    if ! docker image inspect "$GPUCLUSTER_READY_IMAGE" >/dev/null 2>&1; then
+      waiting+=("container image $GPUCLUSTER_READY_IMAGE")
+    elif ! read_layers >&2; then  # stdout is this function's answer: its log goes to stderr
+      waiting+=("the layers of $GPUCLUSTER_READY_IMAGE read")
+    fi
   fi
   local IFS=,
   echo "${waiting[*]}"
@@ -115,6 +163,13 @@ boot_steps() {
     data+="{\"MetricName\":\"BootStepSeconds\",\"Unit\":\"Seconds\",\"Value\":$(((end - start) / 1000000)),\"Dimensions\":[{\"Name\":\"Stack\",\"Value\":\"$GPUCLUSTER_STACK\"},{\"Name\":\"NodeGroup\",\"Value\":\"$GPUCLUSTER_NODE_GROUP\"},{\"Name\":\"Step\",\"Value\":\"$step\"}]},"
   done
   log "ready ${ready}s after boot"
+  mark ready "$ready"
+  for step in "${MILESTONES[@]}"; do
+    start=$(sed -n "s/^$step \([0-9][0-9]*\)$/\1/p" "$STATE/boot-steps" 2>/dev/null | head -n 1)
+    [ -n "$start" ] || continue
+    log "boot milestone $step at ${start}s"
+    data+="{\"MetricName\":\"BootStepAtSeconds\",\"Unit\":\"Seconds\",\"Value\":$start,\"Dimensions\":[{\"Name\":\"Stack\",\"Value\":\"$GPUCLUSTER_STACK\"},{\"Name\":\"NodeGroup\",\"Value\":\"$GPUCLUSTER_NODE_GROUP\"},{\"Name\":\"Step\",\"Value\":\"$step\"}]},"
+  done
   data+="{\"MetricName\":\"TimeToReadySeconds\",\"Unit\":\"Seconds\",\"Value\":$ready,\"Dimensions\":[{\"Name\":\"Stack\",\"Value\":\"$GPUCLUSTER_STACK\"},{\"Name\":\"NodeGroup\",\"Value\":\"$GPUCLUSTER_NODE_GROUP\"}]}"
   aws cloudwatch put-metric-data --region "$GPUCLUSTER_REGION" --namespace "$GPUCLUSTER_METRIC_NAMESPACE" \
     --metric-data "[$data]" >/dev/null || log "could not publish the boot steps"
@@ -138,6 +193,8 @@ until [ -e "$STATE/health-launch.ok" ]; do
   fi
   sleep "$POLL"
 done
+mark health
+mark_nvidia
 ASG=$(cat "$STATE/asg")
 LIFECYCLE=$(cat "$STATE/lifecycle-state" 2>/dev/null || echo Pending:Wait)
 if [ "${GPUCLUSTER_BAKED:-false}" = "true" ]; then
@@ -151,7 +208,7 @@ while :; do
   log "waiting for: $pending"
   sleep "$POLL"
 done
-log "ready: health check passed, data mounted, container image present; completing the launch hook: CONTINUE"
+log "ready: health check passed, data mounted, container image present and its layers read; completing the launch hook: CONTINUE"
 complete CONTINUE || { log "could not complete the launch lifecycle action"; exit 1; }
 date -Is >"$STATE/ready"
 boot_steps

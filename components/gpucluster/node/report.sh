@@ -11,18 +11,22 @@
 # reads (Maximum over its nodes). A job unit counts even before it touches a GPU. When it cannot
 # tell (nvidia-smi fails, no job unit) it publishes nothing: missing data is never idle. A failed publish fails that run. It lives here, not in a
 # script of its own, because user data is 16 KiB gzipped and this shares the publishing code.
+# `gpucluster-report first-job UNIT` (gpucluster-job start, after the job's unit started): once in
+# the node's life, when UNIT's process started, in seconds since boot (systemd's
+# ExecMainStartTimestampMonotonic): TimeToFirstJobSeconds by Stack and NodeGroup. Noted in
+# GPUCLUSTER_FIRST_JOB_FILE once published, so later jobs (and a warm pool's restarts) publish nothing.
 set -uo pipefail
 # shellcheck source=/dev/null
 . "${GPUCLUSTER_NODE_ENV:-/etc/gpucluster/node.env}"
-step="${1:?usage: gpucluster-report STEP|activity}"
+step="${1:?usage: gpucluster-report STEP|activity|first-job UNIT}"
 result="${SERVICE_RESULT:-}"
 
 log() { echo "gpucluster-report: $*"; logger -t gpucluster-report -- "$*" || true; }
-# publish METRIC VALUE [,MORE=DIMENSIONS]: by Stack and NodeGroup, in the cluster's namespace
+# publish METRIC VALUE [,MORE=DIMENSIONS] [UNIT]: by Stack and NodeGroup, in the cluster's namespace
 publish() {
   aws cloudwatch put-metric-data --cli-connect-timeout 5 --cli-read-timeout 10 \
     --region "$GPUCLUSTER_REGION" --namespace "$GPUCLUSTER_METRIC_NAMESPACE" --metric-name "$1" \
-    --unit Count --value "$2" --dimensions "Stack=$GPUCLUSTER_STACK,NodeGroup=$GPUCLUSTER_NODE_GROUP${3:-}"
+    --unit "${4:-Count}" --value "$2" --dimensions "Stack=$GPUCLUSTER_STACK,NodeGroup=$GPUCLUSTER_NODE_GROUP${3:-}"
 }
 
 # EKS stacks only (node.env sets GPUCLUSTER_SCHEDULER=eks): idle by what the GPUs do, not by what pods
@@ -68,6 +72,25 @@ if [ "$step" = activity ] && [ "${GPUCLUSTER_SCHEDULER:-none}" = eks ]; then
   publish NodeActive "$value"
   exit
 fi
+
+if [ "$step" = first-job ]; then
+  unit="${2:?usage: gpucluster-report first-job UNIT}"
+  once="${GPUCLUSTER_FIRST_JOB_FILE:-/var/lib/gpucluster/first-job}"
+  [ ! -e "$once" ] || exit 0
+  started=$(systemctl show -p ExecMainStartTimestampMonotonic --value "$unit")
+  if ! [[ "$started" =~ ^[0-9]+$ ]] || [ "$started" -eq 0 ]; then
+    log "first job $unit: no start time from systemd; nothing published"
+    exit 0
+  fi
+  log "first job on this node: $unit started $((started / 1000000))s after boot"
+  if publish TimeToFirstJobSeconds "$((started / 1000000))" "" Seconds; then
+    mkdir -p "$(dirname "$once")" && echo "$((started / 1000000)) $unit" >"$once"
+  else
+    log "could not publish TimeToFirstJobSeconds (the next job tries again)"
+  fi
+  exit 0
+fi
+
 if [ "$step" = activity ]; then
   value=1
   if [ -z "$(systemctl list-units --state=active --no-legend --plain 'gpucluster-job-*')" ]; then

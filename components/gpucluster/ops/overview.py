@@ -10,13 +10,14 @@ burn rate and when the limit will be hit with the spend guard's own functions
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from gpucluster.ops import Clients, Spinner, no_spinner
 
 if TYPE_CHECKING:
+    from gpucluster.ops.boottimes import GroupBootTimes
     from gpucluster.ops.nodegroups import Fleet
     from gpucluster.ops.status import GroupStatus
     from gpucluster.spec import StackSpec
@@ -35,6 +36,10 @@ class StackOverview:
     """Month-to-date spend, burn rate and when the limit is hit (`spend_now`; None: no budget)."""
     spend_error: str | None = None
     """Why the spend could not be read (Cost Explorer denied, throttled...)."""
+    boot_times: list[GroupBootTimes] = field(default_factory=list)
+    """Each node group's time to ready and to its first job, as its nodes measured it (ops.boottimes)."""
+    boot_times_error: str | None = None
+    """Why they could not be read from CloudWatch."""
 
 
 def spend_now(spec: StackSpec, fleet: Fleet, *, ce: Any,
@@ -80,6 +85,7 @@ def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
     The node-group backend is chosen once (`ops.nodegroups.stack_fleet`) for the status and the spend."""
     from gpucluster.names import dashboard_name, dashboard_url
     from gpucluster.noderole import gpu_metric_namespace
+    from gpucluster.ops.boottimes import stack_boot_times
     from gpucluster.ops.doctor import cost_tag_warning
     from gpucluster.ops.nodegroups import stack_fleet
     from gpucluster.ops.status import stack_status
@@ -98,4 +104,7 @@ def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
             grafana = grafana_url(spec, clients("grafana"))
     with progress("measuring spend so far (Cost Explorer + running instances)"):
         spend, error = spend_now(spec, fleet, ce=ce)
-    return StackOverview(groups, url, warning, grafana_url=grafana, spend=spend, spend_error=error)
+    with progress("reading the nodes' boot times (CloudWatch)"):
+        boots, boots_error = stack_boot_times(spec, clients("cloudwatch"))
+    return StackOverview(groups, url, warning, grafana_url=grafana, spend=spend, spend_error=error,
+                         boot_times=boots, boot_times_error=boots_error)

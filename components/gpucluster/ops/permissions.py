@@ -64,6 +64,8 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
                     "ce:ListCostAllocationTags",
                     # status: each group's last health replacement, and its GPU use of the last 15 min
                     "autoscaling:DescribeScalingActivities", "cloudwatch:GetMetricData",
+                    # status, nodes: the groups' measured boot times (which series exist, then read)
+                    "cloudwatch:ListMetrics",
                     # status: spend so far, as the spend guard measures it (no resource types either)
                     "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory"]},
         {"Sid": "RunShellDocument", "Effect": "Allow", "Action": ["ssm:SendCommand"],

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from gpucluster.pricing import Rate
     from gpucluster.slurm.batch import BatchJob
     from gpucluster.slurm.queue import SlurmJob
-    from gpucluster.slurm.remote import JobPlace, SlurmNode
+    from gpucluster.slurm.remote import JobPlace, NodeBoot, SlurmNode
     from gpucluster.slurm.usage import UsageRow
     from gpucluster.spec import StackSpec
 
@@ -460,16 +460,20 @@ class NodeView:
 
     slurm: SlurmNode | None
     instance: dict[str, Any] | None
+    boot: NodeBoot | None = None
+    """Slurm's own record of the node's boot: registration and first job, seconds after it booted."""
 
     def as_json(self) -> dict[str, Any]:
-        i, s = self.instance or {}, self.slurm
+        i, s, b = self.instance or {}, self.slurm, self.boot
         tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
         return {"slurm_node": s.name if s else None, "partitions": list(s.partitions) if s else [],
                 "slurm_state": s.state if s else None, "reason": (s.reason or None) if s else None,
                 "instance_id": i.get("InstanceId"), "node_group": tags.get(NODE_GROUP_TAG),
                 "instance_type": i.get("InstanceType"),
                 "private_ip": i.get("PrivateIpAddress") or (s.private_ip if s else None),
-                "ec2_state": i.get("State", {}).get("Name") if i else None}
+                "ec2_state": i.get("State", {}).get("Name") if i else None,
+                "registered_seconds": b.registered_seconds if b else None,
+                "first_job_seconds": b.first_job_seconds if b else None}
 
 
 def slurm_nodes(spec: StackSpec, *, group: str | None = None, clients: Clients,
@@ -480,19 +484,21 @@ def slurm_nodes(spec: StackSpec, *, group: str | None = None, clients: Clients,
     (`idle~`) has no instance; an instance Slurm does not know (booting, the login node) shows
     with no Slurm state.
     """
-    from gpucluster.slurm.remote import RemoteError, nodes_script, parse_sinfo
+    from gpucluster.slurm.remote import RemoteError, nodes_script, parse_node_boots, parse_sinfo
 
-    _, result = on_login(spec, nodes_script(), clients=clients, progress=progress,
-                         comment="gpucluster nodes", paged=True)
+    _, result = on_login(spec, nodes_script(accounting=spec.scheduler.accounting), clients=clients,
+                         progress=progress, comment="gpucluster nodes", paged=True)
     try:
-        found = parse_sinfo(checked(result, "sinfo"))
+        output = checked(result, "sinfo")
+        found, boots = parse_sinfo(output), parse_node_boots(output)
     except RemoteError as err:
         raise SlurmError(str(err)) from None
     if group is not None:
         found = [n for n in found if group in n.partitions]
     instances = stack_instances(clients("ec2"), spec.identity, group=group)
     by_ip = {i.get("PrivateIpAddress"): i for i in instances if i.get("PrivateIpAddress")}
-    views = [NodeView(n, by_ip.pop(n.private_ip, None) if n.private_ip else None) for n in found]
+    views = [NodeView(n, by_ip.pop(n.private_ip, None) if n.private_ip else None, boots.get(n.name))
+             for n in found]
     views += [NodeView(None, i) for i in sorted(by_ip.values(), key=lambda i: i["InstanceId"])]
     return views
 

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import re
 import shlex
 from dataclasses import dataclass
+from datetime import datetime
 
 from gpucluster.slurm.queue import (
     DELIMITER,
@@ -364,10 +366,87 @@ def parse_cancel(output: str) -> CancelAnswer:
     return CancelAnswer(int(status), message, job("before"), job("job"))
 
 
-def nodes_script() -> str:
-    """sinfo, a line a node and partition, delimited."""
-    return "\n".join(["set -eu", SLURM_PATH, shell(["sinfo", "--noheader", "--Node",
-                                        "--format=" + DELIMITER.join(SINFO_FIELDS)]), ""])
+def nodes_script(*, accounting: bool = False) -> str:
+    """sinfo, a line a node and partition, delimited; then Slurm's own record of each node's boot:
+    `scontrol show node` (BootTime, SlurmdStartTime: when slurmd started and registered) and, with
+    accounting, the start and nodes of the jobs of the last 14 days (sacct), for its first job."""
+    lines = ["set -eu", SLURM_PATH, shell(["sinfo", "--noheader", "--Node",
+                                           "--format=" + DELIMITER.join(SINFO_FIELDS)]),
+             _section("scontrol"), "scontrol --oneliner show node || true"]
+    if accounting:
+        lines += [_section("sacct"), shell(["sacct", "--allusers", "--noheader", "--parsable2",
+                                            "--allocations",
+                                            f"--starttime=now-{BOOT_RECORD_DAYS}days",
+                                            "--format=Start,NodeList"]) + " || true"]
+    return "\n".join([*lines, ""])
+
+
+BOOT_RECORD_DAYS = 14
+
+
+@dataclass(frozen=True)
+class NodeBoot:
+    """A Slurm node's boot as Slurm recorded it, in seconds after the node booted (BootTime)."""
+
+    registered_seconds: float | None
+    """SlurmdStartTime - BootTime: when slurmd started and registered with the controller."""
+    first_job_seconds: float | None
+    """The first job to start on it since slurmd started (sacct; None without accounting or a job)."""
+    booted: datetime | None = None
+    """BootTime (the controller's local time, no zone)."""
+
+
+def _slurm_time(value: str | None) -> datetime | None:
+    """Slurm's `2026-11-29T06:02:31` (the controller's local time, like every other); None for
+    None/Unknown/empty."""
+    try:
+        return datetime.strptime((value or "").strip(), "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """`gpu-[1-3,05],login-1` -> gpu-1, gpu-2, gpu-3, gpu-05, login-1 (one bracket a name: the form
+    Slurm prints for one compute node group's nodes); anything else unchanged."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", hostlist.strip()):
+        found = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", part)
+        if found is None:
+            names.append(part)
+            continue
+        head, ranges, tail = found.groups()
+        for piece in ranges.split(","):
+            lo, _, hi = piece.partition("-")
+            if not hi:
+                names.append(f"{head}{lo}{tail}")
+            elif lo.isdigit() and hi.isdigit():
+                names += [f"{head}{str(i).zfill(len(lo))}{tail}" for i in range(int(lo), int(hi) + 1)]
+    return names
+
+
+def parse_node_boots(output: str) -> dict[str, NodeBoot]:
+    """Node name -> its boot as Slurm recorded it, from `nodes_script`'s scontrol and sacct sections."""
+    parts = sections(output)
+    starts: dict[str, list[datetime]] = {}
+    for line in parts.get("sacct", "").splitlines():
+        start, _, nodelist = line.partition(DELIMITER)
+        when = _slurm_time(start)
+        if when is None or not nodelist.strip() or nodelist.strip() == "None assigned":
+            continue
+        for host in expand_hostlist(nodelist):
+            starts.setdefault(host, []).append(when)
+    found: dict[str, NodeBoot] = {}
+    for line in parts.get("scontrol", "").splitlines():
+        pairs = _pairs(line)
+        name = pairs.get("NodeName", "")
+        if not name:
+            continue
+        booted, slurmd = _slurm_time(pairs.get("BootTime")), _slurm_time(pairs.get("SlurmdStartTime"))
+        registered = (slurmd - booted).total_seconds() if booted and slurmd and slurmd >= booted else None
+        first = min((t for t in starts.get(name, []) if slurmd is not None and t >= slurmd), default=None)
+        found[name] = NodeBoot(registered, (first - booted).total_seconds() if first and booted else None,
+                               booted)
+    return found
 
 
 @dataclass(frozen=True)
@@ -395,10 +474,11 @@ class SlurmNode:
 
 
 def parse_sinfo(output: str) -> list[SlurmNode]:
-    """Records from `nodes_script`'s output, one a node."""
+    """Records from `nodes_script`'s output (its sinfo lines, before the first section), one a node."""
     found: dict[str, SlurmNode] = {}
+    head = "\n".join(itertools.takewhile(lambda line: not line.startswith(SECTION), output.splitlines()))
     try:
-        records = list(delimited_records(output, len(SINFO_FIELDS), "sinfo"))
+        records = list(delimited_records(head, len(SINFO_FIELDS), "sinfo"))
     except QueueError as err:
         raise RemoteError(str(err)) from None
     for name, partition, state, address, hostname, reason in records:

@@ -45,6 +45,17 @@ def _in_range(lo: float, hi: float) -> AfterValidator:
     return AfterValidator(check)
 
 
+def _off_or_in_range(lo: float, hi: float) -> AfterValidator:
+    """0 (off) or a value in lo..hi."""
+    def check(value: float) -> float:
+        if value != 0 and not lo <= value <= hi:
+            raise ValueError(f"must be 0 (off) or {number_text(lo)}..{number_text(hi)}, "
+                             f"got {number_text(value)}")
+        return value
+
+    return AfterValidator(check)
+
+
 def _matches(pattern: str, what: str) -> AfterValidator:
     compiled = re.compile(pattern)
 

@@ -67,7 +67,8 @@ def images_rules(spec: StackSpec) -> Iterable[Finding]:
 
 # Auto Scaling user guide, "Warm pools for Amazon EC2 Auto Scaling", Limitations: no warm pool for
 # a group with a mixed instances policy or that launches Spot Instances, and instances are stopped
-# only with an EBS root volume (gpucluster's roots are always EBS). Capacity Blocks are reserved for
+# only with an EBS root volume (gpucluster's roots are always EBS).
+# Not re-read from this machine: ledger: warm-pool-limits. Capacity Blocks are reserved for
 # a fixed window and launched by a plain launch template into the block: a stopped, prepared
 # instance outside the block's window is what the block forbids, so they are refused too.
 @group_check

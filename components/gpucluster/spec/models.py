@@ -46,6 +46,7 @@ from gpucluster.spec.fields import (
     _check_timezone,
     _in_range,
     _matches,
+    _off_or_in_range,
     _on_off,
     _unique,
     stack_identity,
@@ -507,6 +508,8 @@ class ImageGroupConfig(StrictModel):
     """The NVIDIA driver the pinned image carries (as `gpucluster image build` recorded it)."""
     cuda: Annotated[str, _matches(r"[0-9][0-9.]{0,15}", "must be a CUDA version like 12.4")] | None = None
     """The CUDA version the pinned image's driver supports (as recorded by the build)."""
+    volume_initialization_mibps: Annotated[int, _off_or_in_range(100, 300)] = 300
+    """EBS initialization rate of the root volume made from the pinned image, MiB/s (100-300; 0: lazy)."""
 
 
 class ImagesConfig(StrictModel):

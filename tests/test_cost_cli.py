@@ -137,8 +137,8 @@ def test_region_without_prices(base_config: dict[str, Any], write_stack: Callabl
     (["recommend", "--params", "7", "--mode", "train", "--precision", "int4"],
      "recommend: --precision: train takes bf16, fp16, fp32, got 'int4'"),
     (["recommend", "--params", "7", "--mode", "inference", "--region", "eu-west-1"],
-     "recommend: --region: no on-demand price for p4d.24xlarge in eu-west-1 "
-     "(have: us-east-1, us-west-2)"),
+     "recommend: --region: no prices for eu-west-1 (the catalog carries us-east-1, us-west-2): "
+     "`gpucluster catalog prices --region eu-west-1` (AWS credentials) writes them to gpucluster-prices.yaml"),
     (["recommend", "--model", "llama-3.1-8b", "--mode", "train", "--zone", "us-west-2a"],
      "recommend: --zone: 'us-west-2a' is not a zone of region 'us-east-1' (--region)"),
     (["recommend", "--model", "llama-3.1-8b", "--mode", "train", "--mfu", "0"],

@@ -120,11 +120,13 @@ def test_region_without_prices(base_config: dict[str, Any], write_stack: Callabl
     result = runner.invoke(app, ["cost", str(path)])
     assert result.exit_code == 2
     assert result.output.strip() == ("cost: cannot price stack eu: no on-demand price for g5.xlarge in "
-                                     "eu-west-1 (have: us-east-1, us-west-2)")
+                                     "eu-west-1 (have: us-east-1, us-west-2): `gpucluster catalog prices "
+                                     "--region eu-west-1` (AWS credentials) writes them to gpucluster-prices.yaml")
     plan = runner.invoke(app, ["plan", str(path), "--json"])
     assert plan.exit_code == 0
     assert json.loads(plan.output)["cost"] == {
-        "error": "no on-demand price for g5.xlarge in eu-west-1 (have: us-east-1, us-west-2)"}
+        "error": "no on-demand price for g5.xlarge in eu-west-1 (have: us-east-1, us-west-2): `gpucluster "
+                 "catalog prices --region eu-west-1` (AWS credentials) writes them to gpucluster-prices.yaml"}
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -18,6 +18,7 @@ from botocore.stub import Stubber
 from typer.testing import CliRunner
 
 from gpucluster import catalog, pricing, project, sizing
+from gpucluster.cli.planning import guard_fetch_line
 from gpucluster.cli import app
 from gpucluster.fleet import awsapi
 from gpucluster.fleet.accrual import ON_DEMAND, Instance, PriceError, Prices, instance_rates
@@ -333,7 +334,7 @@ def test_without_prices_each_command_says_in_one_line_how_to_get_them(
     assert recommend.exit_code == 2 and recommend.output.count("\n") == 1 or recommend.exit_code == 0
     spec = parse_stack_config(region_config(base_config, region), stack="t")
     assert pricing.guard_prices(spec)["on_demand"] == {}
-    line = pricing.guard_fetch_line(spec)
+    line = guard_fetch_line(spec)
     assert line is not None and line.startswith(f"spend guard: no price rendered for g5.xlarge in {region}: it "
                                                 "asks the AWS Price List at run time") and how in line
 
@@ -353,13 +354,14 @@ def test_with_the_price_file_each_command_prices(region: str, base_config: dict[
                                     "--region", region, "--json"])
     assert recommend.exit_code == 0, recommend.output
     doc = json.loads(recommend.output)
-    assert {f["instance_type"] for f in doc["fits"]} <= set(FAKE_USD) and doc["fits"]
+    on_demand = {f["instance_type"] for f in doc["fits"] if f["price_basis"] != "capacity block"}
+    assert on_demand and on_demand <= set(FAKE_USD)
     assert "g5.xlarge" not in doc["unpriced_types"]
     project.use_project_prices(tmp_path)
     spec = parse_stack_config(region_config(base_config, region), stack="t")
     assert pricing.guard_prices(spec)["on_demand"] == {"g5.xlarge": 1.25}
     assert pricing.guard_prices(spec)["fixed_usd_per_hour"] > 0
-    assert pricing.guard_fetch_line(spec) is None
+    assert guard_fetch_line(spec) is None
 
 
 def test_recommend_leaves_an_unpriced_type_out_and_says_so_once(tmp_path: Path,

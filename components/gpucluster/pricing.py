@@ -60,22 +60,6 @@ class PricingError(ValueError):
     """The stack cannot be priced, e.g. its region has no figures in the catalog."""
 
 
-def fetch_hint(region: str) -> str:
-    """How to get a region's prices: one command, with credentials, into the project's price file."""
-    return (f"`gpucluster catalog prices --region {region}` (AWS credentials) writes them to "
-            f"{catalog.PRICE_FILE_NAME}")
-
-
-def missing_prices_line(region: str) -> str:
-    """One line: the region has no prices here, and how to get them."""
-    carried = sorted({r for t in catalog.load_catalog().values() for r in t.on_demand_usd_per_hour})
-    return f"no prices for {region} (the catalog carries {', '.join(carried)}): {fetch_hint(region)}"
-
-
-def _region_known(region: str) -> bool:
-    return region in _service_price_file(PRICES_FILE)["regions"] or region in catalog.project_prices()
-
-
 # ------------------------------------------------------------------------ rates
 
 
@@ -129,11 +113,10 @@ def service_prices(region: str, path: Path = PRICES_FILE) -> ServicePrices:
     sources, as_of = dict(raw["sources"]), str(raw["as_of"])
     if rates is None:
         local = catalog.project_prices().get(region, {})
-        rates = local.get("services")
-        if rates is None:
-            raise PricingError(f"no EBS/NAT/FSx/S3 prices for {region}: {fetch_hint(region)}")
-        origin = f"{local.get('source', 'AWS Price List API')} ({catalog.PRICE_FILE_NAME})"
-        sources, as_of = {k: origin for k in sources}, str(local.get("as_of", ""))
+        if "services" not in local:
+            raise PricingError(f"no EBS/NAT/FSx/S3 prices for region {region}: {catalog.fetch_hint(region)}")
+        rates, (origin, as_of) = local["services"], catalog.project_price_source(region) or ("", "")
+        sources = dict.fromkeys(sources, origin)
     return ServicePrices(region=region, sources=sources, as_of=as_of,
                          fsx_lustre_usd_per_gb_month=dict(rates["fsx_lustre_usd_per_gb_month"]),
                          **{k: float(v) for k, v in rates.items() if k != "fsx_lustre_usd_per_gb_month"})
@@ -180,17 +163,14 @@ def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> 
 
 
 def on_demand_rate(instance: catalog.InstanceType, region: str) -> Rate:
-    """The catalog's on-demand rate, else the project's price file's (`gpucluster catalog prices`)."""
-    try:
+    try:  # the catalog's rate, else the project's price file's (`gpucluster catalog prices`)
         price = instance.on_demand_price(region)
     except KeyError as err:
-        hint = "" if instance.capacity_block_only or _region_known(region) else f": {fetch_hint(region)}"
-        raise PricingError(str(err.args[0]) + hint) from None
+        known = instance.capacity_block_only or region in catalog.project_prices() or region in catalog.carried()
+        raise PricingError(str(err.args[0]) + ("" if known else f": {catalog.fetch_hint(region)}")) from None
     src = catalog.price_sources()
     local = None if region in instance.on_demand_usd_per_hour else catalog.project_price_source(region)
-    if local is not None:
-        return Rate(price, "on-demand", f"{local[0]} ({catalog.PRICE_FILE_NAME})", local[1])
-    return Rate(price, "on-demand", src["on_demand"], src["as_of"])
+    return Rate(price, "on-demand", *(local or (src["on_demand"], src["as_of"])))
 
 
 def savings_plan_rate(instance: catalog.InstanceType, region: str) -> Rate:
@@ -901,26 +881,6 @@ def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dic
         fixed = 0.0
     return {"on_demand": on_demand, "capacity_block": blocks, "committed": committed,
             "group_max": group_max, "fixed_usd_per_hour": round(fixed, 4)}
-
-
-def guard_fetches(spec: StackSpec) -> list[str]:
-    """The instance types the stack's spend guard has no rendered price for: it prices them from the
-    AWS Price List API at run time (gpucluster.fleet.pricelist); [] without a spend guard."""
-    if spec.budget is None or spec.budget.action_threshold_percent is None:
-        return []
-    table = guard_prices(spec)
-    return sorted({t for g in spec.node_groups for t in g.instance_types
-                   if t not in table["on_demand"] and t not in table["capacity_block"]})
-
-
-def guard_fetch_line(spec: StackSpec) -> str | None:
-    """One line for `plan` when the spend guard would fetch prices at run time; None when it would not."""
-    types = guard_fetches(spec)
-    if not types:
-        return None
-    return (f"spend guard: no price rendered for {', '.join(types)} in {spec.region}: it asks the AWS Price "
-            f"List at run time (pricing:GetProducts, cached in the guard-state table); "
-            f"{fetch_hint(spec.region)} to render them")
 
 
 def region_guard_prices(region: str) -> dict[str, Any]:

@@ -75,6 +75,10 @@ node-group snippet `gpucluster recommend` prints. The method, with its sources:
   2 (tp-1)/tp of them per GPU, Megatron-LM's layout, Shoeybi et al. 2019, section 3) on top of
   the step, since a layer waits for them; pipeline stages across nodes send one step's
   activations per stage boundary over EFA. Collective latency is left out.
+- Checked against MLPerf Inference v4.0's Llama 2 70B Offline figures for 8 x H100 and 8 x H200
+  (NVIDIA, FP8; figures from memory, ledger: mlperf-llama2-70b): at the most 2,048-token sequences a
+  node holds the model is 25 % (H100) and 37 % (H200) low, at 1,024 tokens 47 % and 26 % high: it
+  reserves each sequence's whole context (tests/test_sizing_engineers.py).
 
 What it leaves out: tensor/pipeline-parallel training layouts, optimizer or parameter offload,
 activation memory without checkpointing, parameter-efficient methods other than LoRA/QLoRA, the

@@ -216,9 +216,24 @@ def project_prices() -> dict[str, Any]:
 
 
 def project_price_source(region: str) -> tuple[str, str] | None:
-    """(source, as_of) of the project's prices for `region`; None when its file has none."""
+    """(source and file, as_of) of the project's prices for `region`; None when its file has none."""
     entry = project_prices().get(region)
-    return None if entry is None else (str(entry.get("source", "")), str(entry.get("as_of", "")))
+    return None if entry is None else (f"{entry.get('source', '')} ({PRICE_FILE_NAME})", str(entry.get("as_of", "")))
+
+
+def carried() -> list[str]:
+    """The regions the catalog itself carries on-demand prices for."""
+    return sorted({r for t in load_catalog().values() for r in t.on_demand_usd_per_hour})
+
+
+def fetch_hint(region: str) -> str:
+    """How to get a region's prices: one command, with credentials, into the project's price file."""
+    return f"`gpucluster catalog prices --region {region}` (AWS credentials) writes them to {PRICE_FILE_NAME}"
+
+
+def missing_prices_line(region: str) -> str:
+    """One line: the region has no prices here, and how to get them."""
+    return f"no prices for {region} (the catalog carries {', '.join(carried())}): {fetch_hint(region)}"
 
 
 def get(instance_type: str) -> InstanceType | None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpucluster import ledger, pricing
+from gpucluster import catalog, ledger, pricing
 from gpucluster.cli import render
 from gpucluster.cli.common import (
     EXIT_BLOCKED,
@@ -68,7 +68,7 @@ def plan(
     warnings = stack_warnings(result.spec)
     blocked = EXIT_BLOCKED if any(v.mandatory for v in violations) else EXIT_OK
     facts = ledger.unverified_facts(result.spec)
-    fetch = pricing.guard_fetch_line(result.spec)
+    fetch = guard_fetch_line(result.spec)
     if as_json:
         document = result.as_json()
         if fetch is not None:
@@ -90,6 +90,21 @@ def plan(
     for line in render.wrap(ledger.plan_line(facts)) if facts else []:  # none when the stack relies on none
         render.echo(line)
     raise typer.Exit(blocked)
+
+
+def guard_fetch_line(spec: StackSpec) -> str | None:
+    """One line when the stack's spend guard has no rendered price for a type its groups launch: it then
+    asks the AWS Price List at run time (gpucluster.fleet.pricelist); None when it would not."""
+    if spec.budget is None or spec.budget.action_threshold_percent is None:
+        return None
+    table = pricing.guard_prices(spec)
+    types = sorted({t for g in spec.node_groups for t in g.instance_types
+                    if t not in table["on_demand"] and t not in table["capacity_block"]})
+    if not types:
+        return None
+    return (f"spend guard: no price rendered for {', '.join(types)} in {spec.region}: it asks the AWS Price "
+            f"List at run time (pricing:GetProducts, cached in the guard-state table); "
+            f"{catalog.fetch_hint(spec.region)} to render them")
 
 
 def image_lines(spec: StackSpec) -> list[str]:
@@ -337,7 +352,7 @@ def recommend(
     except sizing.SizingError as err:
         fail_usage("recommend", str(err))
     if unpriced and unpriced == sizing.offered_types(region, zone):
-        fail_usage("recommend", f"--region: {pricing.missing_prices_line(region)}")
+        fail_usage("recommend", f"--region: {catalog.missing_prices_line(region)}")
     memory = sizing.estimate_memory(workload)
     snippet = sizing.recommendation_snippet(fits, workload, region, zone)
     on_demand = sizing.orderable(fits)
@@ -369,7 +384,7 @@ def recommend(
     else:
         if unpriced:
             named = ", ".join(unpriced[:6]) + (f" and {len(unpriced) - 6} more" if len(unpriced) > 6 else "")
-            render.say(f"recommend: left out, no price in {region}: {named} ({pricing.fetch_hint(region)})",
+            render.say(f"recommend: left out, no price in {region}: {named} ({catalog.fetch_hint(region)})",
                        err=True)
         for line in render_recommendation(workload, memory, fits[:top], snippet, region, zone, hint, served):
             typer.echo(line)
@@ -453,8 +468,8 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
         row = [str(i), f.instance_type, str(f.nodes), f"{f.gpus} x {f.gpu_model}",
                f"{f.need_gib_per_gpu:.1f}/{f.usable_gib_per_gpu:.0f}" + ("!" if f.tight else ""),
                usd(f.usd_per_hour) + block, "yes" if f.efa else "not needed", f"{f.scaling_efficiency:.0%}"]
-        if w.training and w.tokens is None:
-            row += [f"{f.effective_tflops:,.0f}"]
+        if w.training:
+            row += [f"{f.effective_tflops:,.0f}"] if w.tokens is None else []
         else:
             row += ["-" if f.tensor_parallel is None else f"{f.tensor_per_node}x{f.pipeline_parallel}",
                     "-" if f.tokens_per_second is None else f"{f.tokens_per_second:,.0f}",

@@ -29,8 +29,7 @@ def prices(
     """Fetch a region's on-demand GPU and service prices from the AWS Price List (AWS credentials) into
     the project's price file, which plan, cost and recommend read."""
     render.use_json(as_json)
-    carried = sorted({r for t in catalog.load_catalog().values() for r in t.on_demand_usd_per_hour})
-    if region in carried:
+    if region in catalog.carried():
         fail_usage("catalog prices", f"--region: the catalog carries {region}'s prices already")
     if region not in catalog.offering_regions():
         fail_usage("catalog prices", f"--region: {region!r} is not a region the catalog knows "

@@ -121,7 +121,8 @@ def test_region_without_prices(base_config: dict[str, Any], write_stack: Callabl
     assert result.exit_code == 2
     assert result.output.strip() == ("cost: cannot price stack eu: no on-demand price for g5.xlarge in "
                                      "eu-west-1 (have: us-east-1, us-west-2): `gpucluster catalog prices "
-                                     "--region eu-west-1` (AWS credentials) writes them to gpucluster-prices.yaml")
+                                     "--region eu-west-1` (AWS credentials) writes them to "
+                                     "gpucluster-prices.yaml")
     plan = runner.invoke(app, ["plan", str(path), "--json"])
     assert plan.exit_code == 0
     assert json.loads(plan.output)["cost"] == {
@@ -140,7 +141,8 @@ def test_region_without_prices(base_config: dict[str, Any], write_stack: Callabl
      "recommend: --precision: train takes bf16, fp16, fp32, got 'int4'"),
     (["recommend", "--params", "7", "--mode", "inference", "--region", "eu-west-1"],
      "recommend: --region: no prices for eu-west-1 (the catalog carries us-east-1, us-west-2): "
-     "`gpucluster catalog prices --region eu-west-1` (AWS credentials) writes them to gpucluster-prices.yaml"),
+     "`gpucluster catalog prices --region eu-west-1` (AWS credentials) writes them to "
+     "gpucluster-prices.yaml"),
     (["recommend", "--model", "llama-3.1-8b", "--mode", "train", "--zone", "us-west-2a"],
      "recommend: --zone: 'us-west-2a' is not a zone of region 'us-east-1' (--region)"),
     (["recommend", "--model", "llama-3.1-8b", "--mode", "train", "--mfu", "0"],

@@ -18,8 +18,8 @@ from botocore.stub import Stubber
 from typer.testing import CliRunner
 
 from gpucluster import catalog, pricing, project, sizing
-from gpucluster.cli.planning import guard_fetch_line
 from gpucluster.cli import app
+from gpucluster.cli.planning import guard_fetch_line
 from gpucluster.fleet import awsapi
 from gpucluster.fleet.accrual import ON_DEMAND, Instance, PriceError, Prices, instance_rates
 from gpucluster.fleet.pricelist import (
@@ -35,7 +35,8 @@ from gpucluster.preflight import parse_stack_config
 
 runner = CliRunner()
 NOW = datetime(2026, 11, 29, 12, tzinfo=UTC)
-REGIONS = {"eu-west-1": ["eu-west-1a", "eu-west-1b"], "ap-northeast-1": ["ap-northeast-1a", "ap-northeast-1c"],
+REGIONS = {"eu-west-1": ["eu-west-1a", "eu-west-1b"],
+           "ap-northeast-1": ["ap-northeast-1a", "ap-northeast-1c"],
            "us-east-2": ["us-east-2a", "us-east-2b"]}
 # Made-up figures for the fakes below (not AWS's prices): what the tests check is where they go.
 FAKE_USD = {"g5.xlarge": 1.25, "g6e.xlarge": 2.5}
@@ -71,7 +72,8 @@ def pricing_stub() -> Iterator[tuple[Any, Stubber]]:
 
 @pytest.fixture
 def dynamodb_stub() -> Iterator[tuple[Any, Stubber]]:
-    client = boto3.client("dynamodb", region_name="eu-west-1", aws_access_key_id="x", aws_secret_access_key="x")
+    client = boto3.client("dynamodb", region_name="eu-west-1", aws_access_key_id="x",
+                          aws_secret_access_key="x")
     with Stubber(client) as stub:
         yield client, stub
         stub.assert_no_pending_responses()
@@ -174,7 +176,8 @@ def test_a_stale_or_missing_price_is_fetched_and_cached(dynamodb_stub: tuple[Any
     stub.add_response("get_products", {"PriceList": [product(1.25)]}, ec2_request("eu-west-1", "g5.xlarge"))
     db_stub.add_response("put_item", {}, {"TableName": "state", "Item": {
         **key, "usd_per_hour": {"N": "1.25"}, "fetched_at": {"S": NOW.isoformat()}}})
-    assert cached_lookup(client, PriceCache(db, "state", "org/proj/dev/test"), "eu-west-1", NOW)("g5.xlarge") == 1.25
+    lookup = cached_lookup(client, PriceCache(db, "state", "org/proj/dev/test"), "eu-west-1", NOW)
+    assert lookup("g5.xlarge") == 1.25
 
 
 def test_a_cache_fault_still_prices_from_the_price_list(dynamodb_stub: tuple[Any, Stubber],
@@ -197,8 +200,8 @@ def test_the_guard_prices_a_type_its_table_lacks_once(pricing_stub: tuple[Any, S
     assert instance_rates([one, one], prices, {}) == {"i-1": 1.25}           # asked once
     assert prices.gone_rate("gpu") == 30.0                                     # rendered and fetched
     lost = Instance("i-2", "g6e.xlarge", ON_DEMAND, NOW, "gpu")
-    for _ in range(2):                                                         # asked once, then known missing
-        with pytest.raises(PriceError, match="no on-demand price for g6e.xlarge"):
+    for _ in range(2):                                            # asked once, then known missing
+        with pytest.raises(PriceError, match=r"no on-demand price for g6e\.xlarge"):
             instance_rates([lost], prices, {})
 
 
@@ -247,7 +250,8 @@ class FakePriceList:
         if kwargs["ServiceCode"] == "AmazonEC2" and "instanceType" in fields:
             usd = self.prices.get(fields["instanceType"])
             return {"PriceList": [product(usd)] if usd else []}
-        unit = next(q.unit for q in (*ops_pricelist.SERVICE_QUERIES.values(), *ops_pricelist.FSX_QUERIES.values())
+        queries = (*ops_pricelist.SERVICE_QUERIES.values(), *ops_pricelist.FSX_QUERIES.values())
+        unit = next(q.unit for q in queries
                     if q.service == kwargs["ServiceCode"] and fields.get("usagetype", "") == q.usage_contains
                     and all(fields.get(k) == v for k, v in q.attributes.items()))
         return {"PriceList": [product(0.5, unit), product(0.25, unit, "2000000000")]}
@@ -268,8 +272,8 @@ def test_catalog_prices_fetches_every_offered_type_and_the_service_prices(tmp_pa
     assert set(found.services["fsx_lustre_usd_per_gb_month"]) == set(ops_pricelist.FSX_QUERIES)
     path = tmp_path / catalog.PRICE_FILE_NAME
     ops_pricelist.write_price_file(path, found)
-    ops_pricelist.write_price_file(path, ops_pricelist.fetch_region_prices(FakePriceList(FAKE_USD), "us-east-2",
-                                                                           NOW))
+    ops_pricelist.write_price_file(
+        path, ops_pricelist.fetch_region_prices(FakePriceList(FAKE_USD), "us-east-2", NOW))
     regions = yaml.safe_load(path.read_text())["regions"]
     assert set(regions) == {"eu-west-1", "us-east-2"}                               # merged, not replaced
     assert regions["eu-west-1"]["as_of"] == "2026-11-29"
@@ -283,7 +287,9 @@ def test_a_region_the_price_list_cannot_price_is_one_error() -> None:
 def test_a_missing_service_price_leaves_the_services_out(tmp_path: Path) -> None:
     class Partial(FakePriceList):
         def get_products(self, **kwargs: Any) -> dict[str, Any]:
-            return {"PriceList": []} if kwargs["ServiceCode"] == "AmazonGrafana" else super().get_products(**kwargs)
+            if kwargs["ServiceCode"] == "AmazonGrafana":
+                return {"PriceList": []}
+            return super().get_products(**kwargs)
 
     found = ops_pricelist.fetch_region_prices(Partial(FAKE_USD), "eu-west-1", NOW)
     assert found.missing_services == ["amg_editor_usd_per_month", "amg_viewer_usd_per_month"]
@@ -299,7 +305,8 @@ def test_catalog_prices_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(prices_cli, "pricing_client", lambda region: fake)
     result = runner.invoke(app, ["catalog", "prices", "--region", "ap-northeast-1"])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith(f"{tmp_path / catalog.PRICE_FILE_NAME}: 2 GPU types priced in ap-northeast-1")
+    written = tmp_path / catalog.PRICE_FILE_NAME
+    assert result.output.startswith(f"{written}: 2 GPU types priced in ap-northeast-1")
     for args, message in ((["--region", "us-east-1"], "the catalog carries us-east-1's prices already"),
                           (["--region", "xx-nowhere-1"], "'xx-nowhere-1' is not a region the catalog knows")):
         bad = runner.invoke(app, ["catalog", "prices", *args])
@@ -312,7 +319,8 @@ def test_catalog_prices_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def region_config(base_config: dict[str, Any], region: str) -> dict[str, Any]:
     config = {**base_config, "aws:region": region}
     config["gpucluster:network"] = {**config["gpucluster:network"], "availability_zones": REGIONS[region]}
-    config["gpucluster:node_groups"] = [{**config["gpucluster:node_groups"][0], "instance_types": ["g5.xlarge"]}]
+    group = {**config["gpucluster:node_groups"][0], "instance_types": ["g5.xlarge"]}
+    config["gpucluster:node_groups"] = [group]
     config["gpucluster:budget"] = {"monthly_limit_usd": 1000, "action_threshold_percent": 100}
     return config
 
@@ -323,7 +331,8 @@ def test_without_prices_each_command_says_in_one_line_how_to_get_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     stack = write_stack(region_config(base_config, region))
-    how = f"`gpucluster catalog prices --region {region}` (AWS credentials) writes them to gpucluster-prices.yaml"
+    how = (f"`gpucluster catalog prices --region {region}` (AWS credentials) writes them to "
+           "gpucluster-prices.yaml")
     cost = runner.invoke(app, ["cost", str(stack)])
     assert cost.exit_code == 2 and cost.output.count("\n") == 1 and how in cost.output, cost.output
     recommend = runner.invoke(app, ["recommend", "--params", "7", "--mode", "inference",
@@ -331,12 +340,13 @@ def test_without_prices_each_command_says_in_one_line_how_to_get_them(
     # Said once: as the one line of exit 2, or, where a type sold only as Capacity Blocks is priced
     # at its block rate anyway (p5e in us-east-2), as the one line naming the types left out.
     assert " ".join(recommend.output.split()).count(how) == 1, recommend.output
-    assert recommend.exit_code == 2 and recommend.output.count("\n") == 1 or recommend.exit_code == 0
+    assert (recommend.exit_code == 2 and recommend.output.count("\n") == 1) or recommend.exit_code == 0
     spec = parse_stack_config(region_config(base_config, region), stack="t")
     assert pricing.guard_prices(spec)["on_demand"] == {}
     line = guard_fetch_line(spec)
-    assert line is not None and line.startswith(f"spend guard: no price rendered for g5.xlarge in {region}: it "
-                                                "asks the AWS Price List at run time") and how in line
+    assert line is not None and how in line
+    assert line.startswith(f"spend guard: no price rendered for g5.xlarge in {region}: it asks the AWS Price "
+                           "List at run time")
 
 
 @pytest.mark.parametrize("region", sorted(REGIONS))
@@ -349,7 +359,8 @@ def test_with_the_price_file_each_command_prices(region: str, base_config: dict[
     assert cost.exit_code == 0, cost.output
     group = json.loads(cost.output)["node_groups"][0]
     assert group["rates"]["on_demand"]["usd_per_hour"] == 1.25
-    assert group["rates"]["on_demand"]["source"] == "AWS Price List API (pricing:GetProducts) (gpucluster-prices.yaml)"
+    assert group["rates"]["on_demand"]["source"] == (
+        "AWS Price List API (pricing:GetProducts) (gpucluster-prices.yaml)")
     recommend = runner.invoke(app, ["recommend", "--params", "7", "--mode", "inference",
                                     "--region", region, "--json"])
     assert recommend.exit_code == 0, recommend.output
@@ -375,8 +386,8 @@ def test_recommend_leaves_an_unpriced_type_out_and_says_so_once(tmp_path: Path,
     assert len(said) == 1 and "p4d.24xlarge" in said[0] and "g5.xlarge" not in said[0]
     project.use_project_prices(tmp_path)
     assert "p4d.24xlarge" in sizing.unpriced_types("eu-west-1")
-    assert all(f.instance_type != "p4d.24xlarge"
-               for f in sizing.recommend(sizing.make_workload(model="llama-3.1-70b", mode="train"), "eu-west-1"))
+    train = sizing.make_workload(model="llama-3.1-70b", mode="train")
+    assert all(f.instance_type != "p4d.24xlarge" for f in sizing.recommend(train, "eu-west-1"))
 
 
 def test_plan_says_when_the_guard_would_fetch_prices(base_config: dict[str, Any], write_stack: Any,

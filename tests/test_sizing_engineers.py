@@ -111,9 +111,10 @@ def test_fp8_is_hinted_where_it_serves_405b_for_less() -> None:
     assert fit.usd_per_million_tokens is not None and fits[0].usd_per_million_tokens is not None
     assert fit.usd_per_million_tokens < 0.7 * fits[0].usd_per_million_tokens
     assert cheaper_precision(replace(w, precision="fp8"), recommend(replace(w, precision="fp8"))) is None
-    text = " ".join(runner.invoke(app, ["recommend", "--model", "llama-3.1-405b", "--mode", "inference"]).output.split())
-    assert (f"cheaper at --precision fp8: 1 x p5.48xlarge at ${fit.usd_per_million_tokens:,.2f}/M tokens, against "
-            f"${fits[0].usd_per_million_tokens:,.2f} in bf16") in text
+    result = runner.invoke(app, ["recommend", "--model", "llama-3.1-405b", "--mode", "inference"])
+    text = " ".join(result.output.split())
+    assert (f"cheaper at --precision fp8: 1 x p5.48xlarge at ${fit.usd_per_million_tokens:,.2f}/M tokens, "
+            f"against ${fits[0].usd_per_million_tokens:,.2f} in bf16") in text
 
 
 def test_concurrency_is_an_assumption_with_its_effect() -> None:

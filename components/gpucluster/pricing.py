@@ -166,7 +166,7 @@ def on_demand_rate(instance: catalog.InstanceType, region: str) -> Rate:
     try:  # the catalog's rate, else the project's price file's (`gpucluster catalog prices`)
         price = instance.on_demand_price(region)
     except KeyError as err:
-        known = instance.capacity_block_only or region in catalog.project_prices() or region in catalog.carried()
+        known = instance.capacity_block_only or region in {*catalog.project_prices(), *catalog.carried()}
         raise PricingError(str(err.args[0]) + ("" if known else f": {catalog.fetch_hint(region)}")) from None
     src = catalog.price_sources()
     local = None if region in instance.on_demand_usd_per_hour else catalog.project_price_source(region)

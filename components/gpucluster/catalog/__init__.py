@@ -218,7 +218,9 @@ def project_prices() -> dict[str, Any]:
 def project_price_source(region: str) -> tuple[str, str] | None:
     """(source and file, as_of) of the project's prices for `region`; None when its file has none."""
     entry = project_prices().get(region)
-    return None if entry is None else (f"{entry.get('source', '')} ({PRICE_FILE_NAME})", str(entry.get("as_of", "")))
+    if entry is None:
+        return None
+    return f"{entry.get('source', '')} ({PRICE_FILE_NAME})", str(entry.get("as_of", ""))
 
 
 def carried() -> list[str]:

@@ -43,8 +43,8 @@ def prices(
         render.emit({"region": region, "file": str(path), **found.entry(),
                      "unpriced_types": found.unpriced_types, "missing_services": found.missing_services})
         return
-    render.echo(f"{path}: {len(found.on_demand_usd_per_hour)} GPU types priced in {region}"
-                + (f"; no Price List price for {', '.join(found.unpriced_types)}" if found.unpriced_types else ""))
+    missing = f"; no Price List price for {', '.join(found.unpriced_types)}" if found.unpriced_types else ""
+    render.echo(f"{path}: {len(found.on_demand_usd_per_hour)} GPU types priced in {region}{missing}")
     if found.missing_services:
         for line in render.wrap(f"not found in the Price List: {', '.join(found.missing_services)}; `cost` "
                                 f"cannot price {region}'s other costs until they are in the file"):

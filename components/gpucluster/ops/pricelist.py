@@ -68,7 +68,8 @@ SERVICE_QUERIES: dict[str, Query] = {
 }
 FSX_QUERIES: dict[str, Query] = {
     "SCRATCH_2": Query("AmazonFSx", {"fileSystemType": "Lustre", "deploymentOption": "Scratch_2"}, "GB-Mo"),
-    **{f"PERSISTENT_2_{mbps}": Query("AmazonFSx", {"fileSystemType": "Lustre", "deploymentOption": "Persistent_2",
+    **{f"PERSISTENT_2_{mbps}": Query("AmazonFSx", {"fileSystemType": "Lustre",
+                                                   "deploymentOption": "Persistent_2",
                                                    "throughputCapacity": str(mbps)}, "GB-Mo")
        for mbps in (125, 250, 500, 1000)},
 }
@@ -109,7 +110,8 @@ def _unit_price(pricing: Any, region: str, query: Query) -> float | None:
             for dim in term.get("priceDimensions", {}).values():
                 if dim.get("unit") == query.unit:
                     try:
-                        tiers.append((float(dim.get("beginRange", 0) or 0), float(dim["pricePerUnit"]["USD"])))
+                        start = float(dim.get("beginRange", 0) or 0)
+                        tiers.append((start, float(dim["pricePerUnit"]["USD"])))
                     except (KeyError, TypeError, ValueError) as exc:
                         raise PriceListError(f"a {query.service} price is malformed: {exc!r}") from None
     firsts = sorted(tiers)

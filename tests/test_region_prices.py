@@ -297,12 +297,10 @@ def test_a_missing_service_price_leaves_the_services_out(tmp_path: Path) -> None
 
 
 def test_catalog_prices_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpucluster.cli import prices as prices_cli
-
     (tmp_path / "Pulumi.yaml").write_text("name: demo\nruntime: python\n")
     monkeypatch.chdir(tmp_path)
     fake = FakePriceList(FAKE_USD)
-    monkeypatch.setattr(prices_cli, "pricing_client", lambda region: fake)
+    monkeypatch.setattr(ops_pricelist, "pricing_client", lambda region: fake)
     result = runner.invoke(app, ["catalog", "prices", "--region", "ap-northeast-1"])
     assert result.exit_code == 0, result.output
     written = tmp_path / catalog.PRICE_FILE_NAME

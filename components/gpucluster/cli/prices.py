@@ -15,7 +15,6 @@ import typer
 from gpucluster import catalog, project
 from gpucluster.cli import render
 from gpucluster.cli.common import JsonOption, fail_usage, ops_call
-from gpucluster.ops.pricelist import fetch_region_prices, pricing_client, write_price_file
 
 catalog_app = typer.Typer(no_args_is_help=True, help="The instance catalog: prices for another region.")
 
@@ -28,6 +27,8 @@ def prices(
 ) -> None:
     """Fetch a region's on-demand GPU and service prices from the AWS Price List (AWS credentials) into
     the project's price file, which plan, cost and recommend read."""
+    from gpucluster.ops.pricelist import fetch_region_prices, pricing_client, write_price_file  # boto3
+
     render.use_json(as_json)
     if region in catalog.carried():
         fail_usage("catalog prices", f"--region: the catalog carries {region}'s prices already")

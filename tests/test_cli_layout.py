@@ -19,7 +19,7 @@ from test_architecture import command_modules, repo_graph
 
 CLI = Path(entry.__file__).parent
 COMMAND_MODULES = sorted({command.__module__.rsplit(".", 1)[-1] for _, command in entry.COMMANDS}
-                         | {"capacity", "dashboards", "images"})  # typer groups of their own
+                         | {"capacity", "dashboards", "images", "prices"})  # typer groups of their own
 
 
 def _imports(path: Path) -> list[tuple[str, str]]:
@@ -37,9 +37,9 @@ def test_every_command_is_in_the_table_once() -> None:
     names = [name for name, _ in entry.COMMANDS]
     assert len(names) == len(set(names))
     assert [c.name for c in app.registered_commands] == names
-    assert [g.name for g in app.registered_groups] == ["capacity", "dashboards", "image"]
+    assert [g.name for g in app.registered_groups] == ["capacity", "dashboards", "image", "catalog"]
     assert set(COMMAND_MODULES) == {"capacity", "dashboards", "doctor", "fleet", "images", "jobs", "planning",
-                                    "spend", "verify"}
+                                    "prices", "spend", "verify"}
     assert {f"gpucluster.cli.{m}" for m in COMMAND_MODULES} == set(command_modules(repo_graph()))
 
 

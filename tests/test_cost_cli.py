@@ -120,11 +120,14 @@ def test_region_without_prices(base_config: dict[str, Any], write_stack: Callabl
     result = runner.invoke(app, ["cost", str(path)])
     assert result.exit_code == 2
     assert result.output.strip() == ("cost: cannot price stack eu: no on-demand price for g5.xlarge in "
-                                     "eu-west-1 (have: us-east-1, us-west-2)")
+                                     "eu-west-1 (have: us-east-1, us-west-2): `gpucluster catalog prices "
+                                     "--region eu-west-1` (AWS credentials) writes them to "
+                                     "gpucluster-prices.yaml")
     plan = runner.invoke(app, ["plan", str(path), "--json"])
     assert plan.exit_code == 0
     assert json.loads(plan.output)["cost"] == {
-        "error": "no on-demand price for g5.xlarge in eu-west-1 (have: us-east-1, us-west-2)"}
+        "error": "no on-demand price for g5.xlarge in eu-west-1 (have: us-east-1, us-west-2): `gpucluster "
+                 "catalog prices --region eu-west-1` (AWS credentials) writes them to gpucluster-prices.yaml"}
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -137,8 +140,9 @@ def test_region_without_prices(base_config: dict[str, Any], write_stack: Callabl
     (["recommend", "--params", "7", "--mode", "train", "--precision", "int4"],
      "recommend: --precision: train takes bf16, fp16, fp32, got 'int4'"),
     (["recommend", "--params", "7", "--mode", "inference", "--region", "eu-west-1"],
-     "recommend: --region: no on-demand price for p4d.24xlarge in eu-west-1 "
-     "(have: us-east-1, us-west-2)"),
+     "recommend: --region: no prices for eu-west-1 (the catalog carries us-east-1, us-west-2): "
+     "`gpucluster catalog prices --region eu-west-1` (AWS credentials) writes them to "
+     "gpucluster-prices.yaml"),
     (["recommend", "--model", "llama-3.1-8b", "--mode", "train", "--zone", "us-west-2a"],
      "recommend: --zone: 'us-west-2a' is not a zone of region 'us-east-1' (--region)"),
     (["recommend", "--model", "llama-3.1-8b", "--mode", "train", "--mfu", "0"],

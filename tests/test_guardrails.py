@@ -51,7 +51,9 @@ TOPIC_POLICY = "aws:sns/topicPolicy:TopicPolicy"
 DESCRIBE_ONLY = {"autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
                  "ec2:DescribeInstances", "ssm:GetCommandInvocation",
                  # the spend guard's reads (no resource types either)
-                 "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory", "cloudwatch:GetMetricData"}
+                 "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory", "cloudwatch:GetMetricData",
+                 # the spend guard's price of a type its table lacks (AWS Price List: no resource types)
+                 "pricing:GetProducts"}
 
 
 def asg_name(spec: StackSpec, group: str) -> str:

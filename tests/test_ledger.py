@@ -200,6 +200,7 @@ def test_each_condition_holds_for_the_stacks_that_have_it_and_only_them() -> Non
     }
     cases["guard_state"] = changed(plain, "autostop", enabled=True)
     cases["eks"] = changed(plain, "scheduler", type="eks")
+    cases["price_list"] = plain.model_copy(update={"region": "eu-west-1"})
     assert set(cases) | {"always", "cli"} == set(ledger.CONDITIONS)
     assert not any(ledger.CONDITIONS["cli"](spec) for spec in (plain, *cases.values()))
     new_bucket = plain.model_copy(update={"datasets": [SimpleNamespace(existing=False, fsx=object())]})

@@ -54,7 +54,7 @@ def test_the_spend_guard_role_scales_only_this_stack_and_reads_spend(prod: Built
     statements = check_policy(prod, "gpu-prod-spend-guard", scales=True, runs_hooks=False)
     assert actions_of(statements, "*") == {"autoscaling:DescribeAutoScalingGroups", "ce:GetCostAndUsage",
                                            "cloudwatch:GetMetricData", "ec2:DescribeInstances",
-                                           "ec2:DescribeSpotPriceHistory"}
+                                           "ec2:DescribeSpotPriceHistory", "pricing:GetProducts"}
     assert "autoscaling:DeleteTags" not in actions_of(statements)
     role = prod.one(ROLE, "spend-scheduler-role").inputs
     assert json.loads(role["assumeRolePolicy"])["Statement"][0]["Principal"] == {

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast, get_args
 
-from gpucluster.catalog import read_data_file
+from gpucluster.catalog import carried, read_data_file
 from gpucluster.spec import StackSpec, baked_image, can_run_spot
 
 LEDGER_FILE = Path(__file__).parent / "catalog" / "data" / "ledger.yaml"
@@ -43,6 +43,9 @@ CONDITIONS: dict[str, Callable[[StackSpec], bool]] = {
                                   and spec.budget.action_threshold_percent is not None)
                                  or spec.autostop.enabled
                                  or any(g.capacity.market == "capacity_block" for g in spec.node_groups)),
+    # A region the catalog carries no prices for: priced from the AWS Price List (the project's price file,
+    # the spend guard at run time).
+    "price_list": lambda spec: spec.region not in carried(),
     # A fact a command relies on (verify, the operator policy), not a stack: on the page, never in `plan`.
     "cli": lambda spec: False,
 }

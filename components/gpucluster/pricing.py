@@ -112,10 +112,14 @@ def service_prices(region: str, path: Path = PRICES_FILE) -> ServicePrices:
     """The region's EBS, NAT, FSx and S3 prices; PricingError names the regions we carry."""
     raw = _service_price_file(path)
     rates = raw["regions"].get(region)
+    sources, as_of = dict(raw["sources"]), str(raw["as_of"])
     if rates is None:
-        known = ", ".join(sorted(raw["regions"]))
-        raise PricingError(f"no EBS/NAT/FSx/S3 prices for region {region} (have: {known})")
-    return ServicePrices(region=region, sources=dict(raw["sources"]), as_of=str(raw["as_of"]),
+        local = catalog.project_prices().get(region, {})
+        if "services" not in local:
+            raise PricingError(f"no EBS/NAT/FSx/S3 prices for region {region}: {catalog.fetch_hint(region)}")
+        rates, (origin, as_of) = local["services"], catalog.project_price_source(region) or ("", "")
+        sources = dict.fromkeys(sources, origin)
+    return ServicePrices(region=region, sources=sources, as_of=as_of,
                          fsx_lustre_usd_per_gb_month=dict(rates["fsx_lustre_usd_per_gb_month"]),
                          **{k: float(v) for k, v in rates.items() if k != "fsx_lustre_usd_per_gb_month"})
 
@@ -162,12 +166,14 @@ def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
 
 
 def on_demand_rate(instance: catalog.InstanceType, region: str) -> Rate:
-    try:
+    try:  # the catalog's rate, else the project's price file's (`gpucluster catalog prices`)
         price = instance.on_demand_price(region)
     except KeyError as err:
-        raise PricingError(str(err.args[0])) from None
+        known = instance.capacity_block_only or region in {*catalog.project_prices(), *catalog.carried()}
+        raise PricingError(str(err.args[0]) + ("" if known else f": {catalog.fetch_hint(region)}")) from None
     src = catalog.price_sources()
-    return Rate(price, "on-demand", src["on_demand"], src["as_of"])
+    local = None if region in instance.on_demand_usd_per_hour else catalog.project_price_source(region)
+    return Rate(price, "on-demand", *(local or (src["on_demand"], src["as_of"])))
 
 
 def savings_plan_rate(instance: catalog.InstanceType, region: str) -> Rate:
@@ -661,7 +667,7 @@ def _pcs_costs(spec: StackSpec, groups: Mapping[str, GroupCost] | None,
     rates = raw["regions"].get(spec.region)
     if rates is None:
         raise PricingError(f"no AWS PCS prices for region {spec.region} (have: "
-                           f"{', '.join(sorted(raw['regions']))})")
+                           f"{', '.join(sorted(raw['regions']))}; the AWS PCS pricing page lists the rest)")
     source, as_of = str(raw["source"]), str(raw["as_of"])
     hourly = rates["controller_usd_per_hour"][s.size]
     controller = hourly * HOURS_PER_MONTH

@@ -12,9 +12,11 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
+from gpucluster import catalog
 from gpucluster.aws.cluster import GpuCluster
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import DIY_ORGANIZATION, SpecError, StackSpec
+from gpucluster.spec.files import find_project_root
 from gpucluster.stack import cluster_args
 
 
@@ -41,6 +43,9 @@ def load_spec() -> StackSpec:
 
 
 def run() -> GpuCluster:
+    root = find_project_root()  # `pulumi up` runs the program in the project: its price file prices too
+    if root is not None and catalog.price_file() is None:
+        catalog.use_price_file(root / catalog.PRICE_FILE_NAME)
     spec = load_spec()
     try:
         cluster = GpuCluster(spec.cluster.name, cluster_args(spec))

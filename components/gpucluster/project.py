@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpucluster import catalog
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import MAX_INPUT_BYTES, PROJECT, Finding, SpecError, StackSpec, clip
 from gpucluster.spec.files import PROJECT_FILE, find_project_root
@@ -38,6 +39,18 @@ def use_stacks_dir(path: Path | None) -> None:
     global _stacks_dir_override
     _stacks_dir_override = path
 
+
+
+def price_file_path(start: Path | None = None) -> Path:
+    """Where the project's price file is (catalog.PRICE_FILE_NAME beside Pulumi.yaml; outside a project,
+    in the current directory): `gpucluster catalog prices` writes it, plan, cost and recommend read it."""
+    return (find_project_root(start) or (start or Path.cwd())) / catalog.PRICE_FILE_NAME
+
+
+def use_project_prices(start: Path | None = None) -> Path | None:
+    """Price with the project's own price file when there is one; the file in use, or None."""
+    catalog.use_price_file(price_file_path(start))
+    return catalog.price_file()
 
 
 def project_name(stack_file: Path) -> str | None:

@@ -54,6 +54,31 @@ node-group snippet `gpucluster recommend` prints. The method, with its sources:
   model bandwidth utilisation), or its FLOPs over the peak at MFU when that is longer; each
   replica spans the fewest GPUs that hold it (vLLM's advice) and the concurrency is spread over
   the replicas. Tokens per second x 3600 over the nodes' price per hour gives $ per token.
+- Memory per GPU is what each GPU holds: training shards every model state over all GPUs
+  (ZeRO-3); inference holds a replica's weights, runtime overhead and its own sequences' KV cache
+  over the GPUs of that replica only (tensor parallel within a node, pipeline stages across
+  nodes), so four one-GPU replicas of an 8B model each hold the whole model. A fit with under 5 %
+  of the usable memory left is marked: a framework's own buffers or a longer prompt may not fit.
+- Efficiency by interconnect and scale. ZeRO-3 gathers every parameter for the forward and the
+  backward pass and reduce-scatters the gradients: 3 x the 16-bit weights per step (ZeRO paper,
+  section 7.2.2: "3Ψ, 1.5x" data parallelism's 2Ψ); LoRA/QLoRA gather the frozen base twice and
+  reduce only the adapters' gradients (2 x). A ring collective moves (g-1)/g of the data through
+  each GPU at the bus bandwidth (NCCL's nccl-tests, doc/PERFORMANCE.md: busBw = algBw x (n-1)/n
+  for all-gather and reduce-scatter). The bus bandwidth is the slowest link of the ring: the GPUs'
+  own link inside one node (catalog `interconnect`: NVLink through NVSwitch on the p families, PCIe
+  on the g families; ledger: gpu-interconnect), and across nodes the node's EFA bandwidth
+  (DescribeInstanceTypes NetworkPerformance, catalog `network_gbps`) when that is lower. With
+  prefetching the gathers overlap compute (DeepSpeed's `overlap_comm`, `stage3_prefetch_bucket_size`),
+  so a step takes the longer of its compute and its communication: efficiency = compute /
+  max(compute, communication), an upper bound (link rates are data-sheet rates; NCCL reaches
+  less). Inference pays its tensor-parallel all-reduces (two per layer of a step's activations,
+  2 (tp-1)/tp of them per GPU, Megatron-LM's layout, Shoeybi et al. 2019, section 3) on top of
+  the step, since a layer waits for them; pipeline stages across nodes send one step's
+  activations per stage boundary over EFA. Collective latency is left out.
+- Checked against MLPerf Inference v4.0's Llama 2 70B Offline figures for 8 x H100 and 8 x H200
+  (NVIDIA, FP8; figures from memory, ledger: mlperf-llama2-70b): at the most 2,048-token sequences a
+  node holds the model is 25 % (H100) and 37 % (H200) low, at 1,024 tokens 47 % and 26 % high: it
+  reserves each sequence's whole context (tests/test_sizing_engineers.py).
 
 What it leaves out: tensor/pipeline-parallel training layouts, optimizer or parameter offload,
 activation memory without checkpointing, parameter-efficient methods other than LoRA/QLoRA, the
@@ -68,11 +93,11 @@ gpucluster.pricing, instance facts, GPU peaks and offerings from gpucluster.cata
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from gpucluster import catalog
-from gpucluster.pricing import capacity_block_rate, on_demand_rate, typical_spot_rate
+from gpucluster.pricing import PricingError, capacity_block_rate, on_demand_rate, typical_spot_rate
 
 GIB = 1024**3
 CUDA_CONTEXT_GIB = 1.0
@@ -90,6 +115,12 @@ DEFAULT_SEQ_LEN = 4096
 DEFAULT_CONCURRENCY = 8
 DEFAULT_MFU = 0.4
 DEFAULT_MAX_NODES = {"train": 64, "finetune": 64, "lora": 8, "qlora": 1, "inference": 1}
+# A fit with less than this share of its usable memory left is marked as tight.
+HEADROOM_CAUTION = 0.05
+# 16-bit weight volumes one training step moves through every GPU (module docstring): ZeRO-3 all-gathers
+# the weights twice and reduce-scatters the gradients (ZeRO paper, section 7.2.2); LoRA/QLoRA gather the
+# frozen base twice and reduce only the adapters' gradients.
+STEP_VOLUME = {"train": 3, "finetune": 3, "lora": 2, "qlora": 2}
 DEFAULT_LORA_RANK = 16
 # LoRA and QLoRA (module docstring): the frozen base's bytes per parameter, and the trainable
 # adapter's: bf16 weights and gradients, fp32 master weights and Adam's two moments (2+2+4+4+4).
@@ -511,6 +542,30 @@ class Fit:
     """Inference: what a million generated tokens cost on these nodes at that rate."""
     tensor_parallel: int | None = None
     """Inference: GPUs one model replica spans (the fewest that hold it and its sequences)."""
+    pipeline_parallel: int | None = None
+    """Inference: nodes one replica spans (pipeline stages; tensor parallel within each node)."""
+    scaling_efficiency: float = 1.0
+    """Share of a step's time spent computing, the rest waiting on collectives (module docstring)."""
+    link: str = ""
+    """The slowest link the collectives cross: the GPUs' own (NVLink, PCIe) or the nodes' EFA."""
+    held_gib: dict[str, float] = field(default_factory=dict)
+    """What each GPU holds, GiB by part (their sum is need_gib_per_gpu)."""
+
+    @property
+    def headroom(self) -> float:
+        """The share of the usable memory per GPU left free."""
+        return 1 - self.need_gib_per_gpu / self.usable_gib_per_gpu
+
+    @property
+    def tight(self) -> bool:
+        return self.headroom < HEADROOM_CAUTION
+
+    @property
+    def tensor_per_node(self) -> int | None:
+        """Inference: the tensor-parallel degree within one node."""
+        if self.tensor_parallel is None:
+            return None
+        return self.tensor_parallel // (self.pipeline_parallel or 1)
 
     @property
     def usd_per_effective_tflop_hour(self) -> float:
@@ -531,22 +586,80 @@ def _prices(t: catalog.InstanceType, region: str, nodes: int) -> tuple[float, st
             nodes * typical_spot_rate(t, region).usd_per_hour)
 
 
+def priced(t: catalog.InstanceType, region: str) -> bool:
+    """Whether `t` has a price in `region` (the catalog's or the project's price file)."""
+    try:
+        _prices(t, region, 1)
+    except PricingError:
+        return False
+    return True
+
+
+def bus_gbs(t: catalog.InstanceType, gpu: catalog.GpuModel, nodes: int) -> tuple[float, str]:
+    """(GB/s, link) of a ring collective over `nodes` x `t`: the GPUs' own link inside one node,
+    across nodes the lower of that and the node's EFA bandwidth (module docstring)."""
+    if nodes > 1 and t.network_gbps / 8 < gpu.interconnect_gbs:
+        return t.network_gbps / 8, f"EFA {t.network_gbps:g} Gbps"
+    return gpu.interconnect_gbs, gpu.interconnect
+
+
+def training_efficiency(w: Workload, t: catalog.InstanceType, gpu: catalog.GpuModel, nodes: int,
+                        peak_tflops: float) -> tuple[float, str]:
+    """(compute / max(compute, communication) of one step, the slowest link) for ZeRO-3 / FSDP."""
+    gpus = nodes * t.gpus
+    bandwidth, link = bus_gbs(t, gpu, nodes)
+    if gpus == 1 or not peak_tflops:
+        return 1.0, link
+    compute = (w.flops_per_token * w.model.active_params * w.batch * w.seq_len
+               / (peak_tflops * 1e12 * w.mfu))
+    moved = STEP_VOLUME[w.mode] * estimate_memory(w).weights * (gpus - 1) / gpus
+    communication = moved / (bandwidth * 1e9) if bandwidth else 0.0
+    return compute / max(compute, communication), link
+
+
+def held_per_gpu(w: Workload, memory: MemoryEstimate, gpus: int, tp: int | None = None,
+                 replicas: int = 1) -> dict[str, float]:
+    """GiB each GPU holds, by part: training shards every state over all `gpus`; inference holds a
+    replica's weights, overhead and its own sequences' KV cache over the `tp` GPUs of the replica."""
+    if w.training:
+        sharded = {"weights": memory.weights, "adapters": memory.adapters, "gradients": memory.gradients,
+                   "optimizer": memory.optimizer, "buffers": memory.buffers}
+        parts = {k: v / gpus for k, v in sharded.items()}
+        parts.update(largest_module=memory.largest_module, activations=memory.activations,
+                     logits=memory.logits)
+    else:
+        span = tp or gpus
+        sequences = -(-w.concurrency // min(replicas, w.concurrency))
+        parts = {"weights": memory.weights / span, "overhead": memory.overhead / span,
+                 "kv_cache": memory.kv_cache / w.concurrency * sequences / span}
+    return {k: v / GIB for k, v in parts.items() if v}
+
+
 def _fit(w: Workload, t: catalog.InstanceType, gpu: catalog.GpuModel, fmt: str, nodes: int,
-         need: float, region: str) -> Fit:
+         region: str) -> Fit:
     peak = gpu.peak_tflops(fmt) or 0.0
-    effective = nodes * t.gpus * peak * w.mfu
     usd, basis, spot = _prices(t, region, nodes)
+    memory, gpus = estimate_memory(w), nodes * t.gpus
     if not w.training:
-        rate, tp = decode_rate(w, t, gpu, nodes, peak)
+        rate, tp, efficiency = decode(w, t, gpu, nodes, peak)
+        replicas = gpus // tp if tp else 1
+        held = held_per_gpu(w, memory, gpus, tp, replicas)
         hours = None if w.tokens is None or rate is None else w.tokens / rate / 3600
         per_million = None if rate is None else usd / (rate * 3600) * 1e6
-        return Fit(t.name, t.gpu_model, nodes, nodes * t.gpus, need, usable_gib_per_gpu(t), usd, basis,
-                   spot, nodes > 1, fmt, peak, effective, hours, None if hours is None else hours * usd,
-                   rate, per_million, tp)
+        stages = None if tp is None else max(1, tp // t.gpus)
+        link = gpu.interconnect if stages in (None, 1) else f"EFA {t.network_gbps:g} Gbps"
+        return Fit(t.name, t.gpu_model, nodes, gpus, sum(held.values()), usable_gib_per_gpu(t), usd, basis,
+                   spot, nodes > 1, fmt, peak, gpus * peak * w.mfu, hours,
+                   None if hours is None else hours * usd, rate, per_million, tp, stages,
+                   efficiency, link, held)
+    efficiency, link = training_efficiency(w, t, gpu, nodes, peak)
+    effective = gpus * peak * w.mfu * efficiency
     flops = w.flops
     hours = None if flops is None else flops / (effective * 1e12) / 3600
-    return Fit(t.name, t.gpu_model, nodes, nodes * t.gpus, need, usable_gib_per_gpu(t), usd, basis, spot,
-               nodes > 1, fmt, peak, effective, hours, None if hours is None else hours * usd)
+    held = held_per_gpu(w, memory, gpus)
+    return Fit(t.name, t.gpu_model, nodes, gpus, sum(held.values()), usable_gib_per_gpu(t), usd, basis, spot,
+               nodes > 1, fmt, peak, effective, hours, None if hours is None else hours * usd,
+               scaling_efficiency=efficiency, link=link, held_gib=held)
 
 
 def tensor_parallel_degree(w: Workload, t: catalog.InstanceType, total_gpus: int) -> tuple[int, int]:
@@ -572,17 +685,27 @@ def tensor_parallel_degree(w: Workload, t: catalog.InstanceType, total_gpus: int
 
 def decode_rate(w: Workload, t: catalog.InstanceType, gpu: catalog.GpuModel, nodes: int,
                 peak_tflops: float) -> tuple[float | None, int | None]:
-    """(generated tokens per second, tensor-parallel degree) of `nodes` x `t` serving `w`.
+    """(generated tokens per second, GPUs a replica spans) of `nodes` x `t` serving `w` (`decode`)."""
+    rate, tp, _ = decode(w, t, gpu, nodes, peak_tflops)
+    return rate, tp
+
+
+def decode(w: Workload, t: catalog.InstanceType, gpu: catalog.GpuModel, nodes: int,
+           peak_tflops: float) -> tuple[float | None, int | None, float]:
+    """(generated tokens per second, GPUs a replica spans, efficiency) of `nodes` x `t` serving `w`.
 
     Decoding is bound by memory bandwidth: every step a replica reads its weights (a mixture of
     experts: the experts its sequences route to, at most all) and its sequences' KV cache (at
     half the sequence length on average), and emits one token per sequence. The step takes
     bytes / (its GPUs' bandwidth x DECODE_MBU), or its FLOPs (2 per active parameter per token)
-    over their peak x MFU when that is longer. None without a bandwidth figure for the GPU.
+    over their peak x MFU when that is longer, plus its collectives: two all-reduces a layer of
+    the step's activations within a node, one send of them per pipeline stage boundary across
+    nodes (module docstring). The efficiency is the step without the collectives over the step
+    with them. None without a bandwidth figure for the GPU.
     """
     bandwidth = gpu.bandwidth_gbs(t.gpu_memory_mib)
     if bandwidth is None:
-        return None, None
+        return None, None, 1.0
     total_gpus = nodes * t.gpus
     tp, replicas = tensor_parallel_degree(w, t, total_gpus)
     busy = min(replicas, w.concurrency)
@@ -594,7 +717,49 @@ def decode_rate(w: Workload, t: catalog.InstanceType, gpu: catalog.GpuModel, nod
     compute_seconds = 2 * m.active_params * sequences / (tp * peak_tflops * 1e12 * w.mfu) \
         if peak_tflops else 0.0
     step = max(memory_seconds, compute_seconds)
-    return busy * sequences / step, tp
+    within, stages = min(tp, t.gpus), max(1, tp // t.gpus)
+    activations = sequences * m.hidden * 2
+    talk = 0.0
+    if within > 1 and gpu.interconnect_gbs:
+        talk += 2 * m.layers * 2 * (within - 1) / within * activations / (gpu.interconnect_gbs * 1e9)
+    if stages > 1 and t.network_gbps:
+        talk += (stages - 1) * activations / (t.network_gbps / 8 * 1e9)
+    return busy * sequences / (step + talk), tp, step / (step + talk)
+
+
+def max_concurrency(w: Workload, fit: Fit) -> int:
+    """Inference: the most sequences of `w.seq_len` the fit's replicas hold (each replica's GPUs
+    after its weights and overhead, over one sequence's KV cache)."""
+    t, memory = catalog.get(fit.instance_type), estimate_memory(w)
+    if t is None or fit.tensor_parallel is None:
+        return w.concurrency
+    room = usable_gib_per_gpu(t) * GIB * fit.tensor_parallel - memory.weights - memory.overhead
+    per_replica = int(room // (memory.kv_cache / w.concurrency))
+    return max(w.concurrency, fit.gpus // fit.tensor_parallel * per_replica)
+
+
+def at_concurrency(w: Workload, fit: Fit, concurrency: int, region: str) -> Fit | None:
+    """The same nodes serving `concurrency` sequences at once (None: the GPU has no figures)."""
+    t = catalog.get(fit.instance_type)
+    gpu = catalog.gpu_model(t.gpu_model) if t else None
+    if t is None or gpu is None:
+        return None
+    return _fit(replace(w, concurrency=concurrency), t, gpu, fit.compute_format, fit.nodes, region)
+
+
+def cheaper_precision(w: Workload, fits: list[Fit], region: str = "us-east-1",
+                      zone: str | None = None) -> tuple[str, Fit] | None:
+    """Inference in 16 or 32 bits: (fp8, its best fit) when serving in fp8 on a GPU that computes in
+    it costs less per generated token than the best fit at `w.precision`; else None. Its weights
+    are half the bytes (a quality trade the user decides)."""
+    if w.training or w.precision not in ("bf16", "fp16", "fp32") or not fits:
+        return None
+    best = fits[0].usd_per_million_tokens
+    lower = [f for f in recommend(replace(w, precision="fp8"), region, zone)
+             if f.usd_per_million_tokens is not None]
+    if best is None or not lower or lower[0].usd_per_million_tokens >= best:  # type: ignore[operator]
+        return None
+    return "fp8", lower[0]
 
 
 def offered_types(region: str, zone: str | None = None) -> list[str]:
@@ -604,25 +769,29 @@ def offered_types(region: str, zone: str | None = None) -> list[str]:
     return [n for n in catalog.names() if catalog.is_offered(n, region, zone)]
 
 
-def recommend(w: Workload, region: str = "us-east-1", zone: str | None = None) -> list[Fit]:
-    """Every offered type that fits `w` on its fewest nodes (<= max_nodes), the cheapest job first.
+def unpriced_types(region: str, zone: str | None = None) -> list[str]:
+    """Offered types with no price in `region`: `recommend` leaves them out (and says so once)."""
+    return [n for n in offered_types(region, zone)
+            if (t := catalog.get(n)) is not None and not priced(t, region)]
 
-    Raises PricingError when the region has no prices.
-    """
+
+def recommend(w: Workload, region: str = "us-east-1", zone: str | None = None) -> list[Fit]:
+    """Every offered, priced type that fits `w` on its fewest nodes (<= max_nodes), the cheapest job
+    first. A type without a price in the region is left out (`unpriced_types` names them)."""
     memory = estimate_memory(w)
     fits = []
     for name in offered_types(region, zone):
         t = catalog.get(name)
         gpu = catalog.gpu_model(t.gpu_model) if t else None
         fmt = w.compute_format(gpu) if gpu else None
-        if t is None or gpu is None or fmt is None:
+        if t is None or gpu is None or fmt is None or not priced(t, region):
             continue
         usable = usable_gib_per_gpu(t)
         limit = w.max_nodes if multi_node_capable(t) else 1
         for nodes in range(1, limit + 1):
             need = memory.per_gpu_need(nodes * t.gpus) / GIB
             if need <= usable:
-                fits.append(_fit(w, t, gpu, fmt, nodes, need, region))
+                fits.append(_fit(w, t, gpu, fmt, nodes, region))
                 break
             if memory.per_gpu / GIB > usable:
                 break  # the unsharded part alone does not fit: more nodes cannot help

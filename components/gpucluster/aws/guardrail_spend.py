@@ -29,9 +29,12 @@ from gpucluster.aws.guardrail_state import with_state
 # The handler's reads: none of them supports resource-level permissions (Service Authorization
 # Reference: "AWS Cost Explorer Service" GetCostAndUsage, "Amazon EC2" DescribeInstances and
 # DescribeSpotPriceHistory, "Amazon EC2 Auto Scaling" DescribeAutoScalingGroups, "Amazon
-# CloudWatch" GetMetricData).
+# CloudWatch" GetMetricData, "AWS Price List" GetProducts: the service has no resource types,
+# cfn-lint's AdditionalSpecs/Policies.json `pricing`), so Resource "*". GetProducts prices a type
+# the rendered table lacks (fleet.pricelist).
 SPEND_GUARD_READS = ("autoscaling:DescribeAutoScalingGroups", "ce:GetCostAndUsage",
-                     "cloudwatch:GetMetricData", "ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory")
+                     "cloudwatch:GetMetricData", "ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory",
+                     "pricing:GetProducts")
 SCHEDULE_RETRIES = 2
 
 

@@ -27,6 +27,11 @@ PCS_INSTALLERS_FILE = Path(__file__).parent / "data" / "pcs_installers.yaml"
 # The date of the moto release the shipped offerings come from (moto 5.2.5's wheel was built
 # 2026-10-27); refresh_offerings.py writes it into the file's header.
 MOTO_OFFERINGS_AS_OF = "2026-10-27"
+PRICE_FILE_NAME = "gpucluster-prices.yaml"
+"""The project's own prices for regions the catalog carries none for, beside Pulumi.yaml: written by
+`gpucluster catalog prices --region R` from the AWS Price List API, read by plan, cost and recommend."""
+
+_price_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -82,11 +87,13 @@ class InstanceType:
         if self.capacity_block_only:
             raise KeyError(f"{self.name} has no on-demand list price: AWS sells it as Capacity Blocks "
                            "for ML only")
-        try:
+        if region in self.on_demand_usd_per_hour:
             return self.on_demand_usd_per_hour[region]
-        except KeyError:
-            known = ", ".join(sorted(self.on_demand_usd_per_hour))
-            raise KeyError(f"no on-demand price for {self.name} in {region} (have: {known})") from None
+        local = project_prices().get(region, {}).get("on_demand_usd_per_hour", {})
+        if self.name in local:
+            return float(local[self.name])
+        known = ", ".join(sorted({*self.on_demand_usd_per_hour, *project_prices()}))
+        raise KeyError(f"no on-demand price for {self.name} in {region} (have: {known})")
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,14 @@ class GpuModel:
     memory_bandwidth_gbs: dict[int, float] = field(default_factory=dict)
     """Memory size of the variant (GB) -> its memory bandwidth, GB/s per GPU (data sheet)."""
     bandwidth_source: str = ""
+    interconnect: str = ""
+    """How the GPUs of one instance reach each other: "NVLink 4", "PCIe Gen4 x16"."""
+    interconnect_gbs: float = 0.0
+    """That link's rate one way, GB/s per GPU (ledger: gpu-interconnect)."""
+
+    @property
+    def nvlink(self) -> bool:
+        return self.interconnect.startswith("NVLink")
 
     def peak_tflops(self, fmt: str) -> float | None:
         return self.dense_tflops.get(fmt)
@@ -154,7 +169,8 @@ def gpu_models(path: Path = DATA_FILE) -> dict[str, GpuModel]:
     raw = read_data_file(path)
     return {name: GpuModel(name, {k: float(v) for k, v in g["dense_tflops"].items()}, g["source"],
                            {int(k): float(v) for k, v in (g.get("memory_bandwidth_gbs") or {}).items()},
-                           g.get("bandwidth_source", ""))
+                           g.get("bandwidth_source", ""), str(g["interconnect"]["kind"]),
+                           float(g["interconnect"]["gbs"]))
             for name, g in raw["gpu_models"].items()}
 
 
@@ -167,6 +183,59 @@ def price_sources(path: Path = DATA_FILE) -> dict[str, str]:
     """Where the catalog's price figures come from, and when they were read (`as_of`)."""
     raw = read_data_file(path)
     return {key: str(value) for key, value in raw["price_sources"].items()}
+
+
+def use_price_file(path: Path | None) -> None:
+    """Read the project's price file at `path` (None, or a path that does not exist: none)."""
+    global _price_file
+    _price_file = path
+
+
+def price_file() -> Path | None:
+    """The project's price file in use, when it exists."""
+    return _price_file if _price_file is not None and _price_file.is_file() else None
+
+
+@cache
+def _read_price_file(path: Path, mtime_ns: int) -> dict[str, Any]:
+    try:
+        raw = yaml.load(path.read_text(), Loader=YAML_LOADER)
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"{path}: cannot read the price file ({err.__class__.__name__})") from None
+    regions = raw.get("regions") if isinstance(raw, dict) else None
+    if not isinstance(regions, dict) or not all(isinstance(v, dict) for v in regions.values()):
+        raise ValueError(f"{path}: not a price file (no `regions` mapping); write it again with "
+                         "`gpucluster catalog prices --region REGION`")
+    return {str(k): v for k, v in regions.items()}
+
+
+def project_prices() -> dict[str, Any]:
+    """Region -> {on_demand_usd_per_hour, services, source, as_of} from the project's price file."""
+    path = price_file()
+    return {} if path is None else _read_price_file(path, path.stat().st_mtime_ns)
+
+
+def project_price_source(region: str) -> tuple[str, str] | None:
+    """(source and file, as_of) of the project's prices for `region`; None when its file has none."""
+    entry = project_prices().get(region)
+    if entry is None:
+        return None
+    return f"{entry.get('source', '')} ({PRICE_FILE_NAME})", str(entry.get("as_of", ""))
+
+
+def carried() -> list[str]:
+    """The regions the catalog itself carries on-demand prices for."""
+    return sorted({r for t in load_catalog().values() for r in t.on_demand_usd_per_hour})
+
+
+def fetch_hint(region: str) -> str:
+    """How to get a region's prices: one command, with credentials, into the project's price file."""
+    return f"`gpucluster catalog prices --region {region}` (AWS credentials) writes them to {PRICE_FILE_NAME}"
+
+
+def missing_prices_line(region: str) -> str:
+    """One line: the region has no prices here, and how to get them."""
+    return f"no prices for {region} (the catalog carries {', '.join(carried())}): {fetch_hint(region)}"
 
 
 def get(instance_type: str) -> InstanceType | None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperOption
 
-from gpucluster import project
+from gpucluster import catalog, project
 from gpucluster.cli import render
 from gpucluster.project import StackFileError, load_stack
 from gpucluster.spec import SpecError, StackSpec
@@ -129,6 +129,11 @@ def root(
     if stacks_dir is not None and not stacks_dir.is_dir():
         fail_usage("--stacks-dir", f"{stacks_dir} is not a directory")
     project.use_stacks_dir(stacks_dir)
+    try:
+        project.use_project_prices()
+        catalog.project_prices()
+    except ValueError as err:
+        fail_usage(catalog.PRICE_FILE_NAME, str(err))
 
 
 # ------------------------------------------------------------------ failing, asking

@@ -13,7 +13,19 @@ import sys
 
 import typer
 
-from gpucluster.cli import capacity, dashboards, doctor, fleet, images, jobs, planning, render, spend, verify
+from gpucluster.cli import (
+    capacity,
+    dashboards,
+    doctor,
+    fleet,
+    images,
+    jobs,
+    planning,
+    prices,
+    render,
+    spend,
+    verify,
+)
 from gpucluster.cli.common import EXIT_BLOCKED, EXIT_INVALID, Command, app
 
 # (name, function): the order of `gpucluster --help`.
@@ -27,7 +39,7 @@ COMMANDS = (
 for _name, _command in COMMANDS:
     app.command(_name, cls=Command)(_command)
 for _group, _group_name in ((capacity.capacity_app, "capacity"), (dashboards.dashboards_app, "dashboards"),
-                            (images.image_app, "image")):
+                            (images.image_app, "image"), (prices.catalog_app, "catalog")):
     for _info in _group.registered_commands:  # their `--help` in the one convention too (common.Command)
         _info.cls = Command
     app.add_typer(_group, name=_group_name)

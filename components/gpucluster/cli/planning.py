@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpucluster import ledger, pricing
+from gpucluster import catalog, ledger, pricing
 from gpucluster.cli import render
 from gpucluster.cli.common import (
     EXIT_BLOCKED,
@@ -68,8 +68,11 @@ def plan(
     warnings = stack_warnings(result.spec)
     blocked = EXIT_BLOCKED if any(v.mandatory for v in violations) else EXIT_OK
     facts = ledger.unverified_facts(result.spec)
+    fetch = guard_fetch_line(result.spec)
     if as_json:
         document = result.as_json()
+        if fetch is not None:
+            document["guard_price_fetch"] = fetch
         document["warnings"] = [{"path": w.path, "message": w.message} for w in warnings]
         document["cost"] = cost.as_json() if isinstance(cost, pricing.StackCost) else {"error": cost}
         document["violations"] = [v.as_json() for v in violations]
@@ -82,9 +85,26 @@ def plan(
         render.echo(line)
     for line in image_lines(result.spec):
         render.echo(line)
+    for line in render.wrap(fetch) if fetch is not None else []:
+        render.echo(line)
     for line in render.wrap(ledger.plan_line(facts)) if facts else []:  # none when the stack relies on none
         render.echo(line)
     raise typer.Exit(blocked)
+
+
+def guard_fetch_line(spec: StackSpec) -> str | None:
+    """One line when the stack's spend guard has no rendered price for a type its groups launch: it then
+    asks the AWS Price List at run time (gpucluster.fleet.pricelist); None when it would not."""
+    if spec.budget is None or spec.budget.action_threshold_percent is None:
+        return None
+    table = pricing.guard_prices(spec)
+    types = sorted({t for g in spec.node_groups for t in g.instance_types
+                    if t not in table["on_demand"] and t not in table["capacity_block"]})
+    if not types:
+        return None
+    return (f"spend guard: no price rendered for {', '.join(types)} in {spec.region}: it asks the AWS Price "
+            f"List at run time (pricing:GetProducts, cached in the guard-state table); "
+            f"{catalog.fetch_hint(spec.region)} to render them")
 
 
 def image_lines(spec: StackSpec) -> list[str]:
@@ -326,14 +346,17 @@ def recommend(
         workload = sizing.make_workload(params, mode, precision, seq_len, batch, max_nodes, layers, hidden,
                                         heads, kv_heads, model=model, concurrency=concurrency, vocab=vocab,
                                         tokens=tokens, mfu=mfu, lora_rank=lora_rank)
+        unpriced = sizing.unpriced_types(region, zone)
         fits = sizing.recommend(workload, region, zone)
+        hint = sizing.cheaper_precision(workload, fits, region, zone)
     except sizing.SizingError as err:
         fail_usage("recommend", str(err))
-    except pricing.PricingError as err:
-        fail_usage("recommend", f"--region: {err}")
+    if unpriced and unpriced == sizing.offered_types(region, zone):
+        fail_usage("recommend", f"--region: {catalog.missing_prices_line(region)}")
     memory = sizing.estimate_memory(workload)
     snippet = sizing.recommendation_snippet(fits, workload, region, zone)
     on_demand = sizing.orderable(fits)
+    served = concurrency_effect(workload, fits, region)
     if as_json:
         m = workload.model
         render.emit({
@@ -346,16 +369,40 @@ def recommend(
                          "region": region, "zone": zone,
                          "shape": {k: v for k, v in vars(m).items() if k != "given_params"}},
             "memory_gib": {k: round(v / sizing.GIB, 3) for k, v in vars(memory).items()},
-            "fits": [{**vars(f), "usd_per_effective_tflop_hour": f.usd_per_effective_tflop_hour}
-                     for f in fits[:top]],
+            "fits": [{**vars(f), "usd_per_effective_tflop_hour": f.usd_per_effective_tflop_hour,
+                      "headroom": round(f.headroom, 4), "tight": f.tight} for f in fits[:top]],
             "decode_bandwidth_utilisation": None if workload.training else sizing.DECODE_MBU,
             "on_demand_pick": None if on_demand is None else on_demand.instance_type,
+            "unpriced_types": unpriced,
+            "cheaper_precision": None if hint is None else {
+                "precision": hint[0], "instance_type": hint[1].instance_type, "nodes": hint[1].nodes,
+                "usd_per_million_tokens": hint[1].usd_per_million_tokens},
+            "concurrency_effect": None if served is None else {
+                "concurrency": served[0], "usd_per_million_tokens": served[1].usd_per_million_tokens,
+                "tokens_per_second": served[1].tokens_per_second},
             "snippet": snippet})
     else:
-        for line in render_recommendation(workload, memory, fits[:top], snippet, region, zone):
+        if unpriced:
+            named = ", ".join(unpriced[:6]) + (f" and {len(unpriced) - 6} more" if len(unpriced) > 6 else "")
+            render.say(f"recommend: left out, no price in {region}: {named} ({catalog.fetch_hint(region)})",
+                       err=True)
+        for line in render_recommendation(workload, memory, fits[:top], snippet, region, zone, hint, served):
             typer.echo(line)
     if not fits:
         raise typer.Exit(EXIT_BLOCKED)
+
+
+def concurrency_effect(w: Workload, fits: list[Fit], region: str) -> tuple[int, Fit] | None:
+    """Inference: the most sequences the best fit holds and that fit at them; None when no more fit."""
+    from gpucluster import sizing
+
+    if w.training or not fits:
+        return None
+    most = sizing.max_concurrency(w, fits[0])
+    if most <= w.concurrency:
+        return None
+    at = sizing.at_concurrency(w, fits[0], most, region)
+    return None if at is None or at.usd_per_million_tokens is None else (most, at)
 
 
 def billions(value: float) -> str:
@@ -363,10 +410,11 @@ def billions(value: float) -> str:
 
 
 def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list[Fit],
-                          snippet: str | None, region: str = "us-east-1",
-                          zone: str | None = None) -> list[str]:
+                          snippet: str | None, region: str = "us-east-1", zone: str | None = None,
+                          hint: tuple[str, Fit] | None = None,
+                          served: tuple[int, Fit] | None = None) -> list[str]:
     """The human output of `gpucluster recommend`."""
-    from gpucluster.sizing import CUDA_CONTEXT_GIB, DECODE_MBU, FRAGMENTATION, GIB
+    from gpucluster.sizing import CUDA_CONTEXT_GIB, DECODE_MBU, FRAGMENTATION, GIB, HEADROOM_CAUTION
 
     w, m = workload, workload.model
     per = (f"micro-batch {w.batch}" if w.training else f"{w.concurrency} concurrent sequences")
@@ -385,7 +433,8 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
                + f" = {memory.sharded / GIB:,.1f} GiB spread over all GPUs"
                + (" (4-bit NF4 base, QLoRA)" if w.mode == "qlora" else " (16-bit base, LoRA)"
                   if w.mode == "lora" else " (ZeRO-3 / FSDP, as DeepSpeed's estimator counts)" if w.training
-                  else " (tensor parallel)"))
+                  else ": each replica holds the weights over its own GPUs, and the KV cache of its "
+                  "own sequences"))
     if w.training:
         out.append(f"  + per GPU: largest module {memory.largest_module / GIB:,.2f} GiB + activations "
                    f"{memory.activations / GIB:,.2f} GiB (full checkpointing) + logits "
@@ -410,19 +459,19 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
         ranked = (f"the cost of a generated token (decode is bound by memory bandwidth: {DECODE_MBU:.0%} "
                   f"of the data sheet's, {w.concurrency} sequences at once):")
     out += ["", *render.wrap(f"types offered in {where}, ranked by {ranked}")]
-    headers = ["#", "instance type", "nodes", "GPUs", "GiB/GPU", "$/h", "spot $/h"]
-    headers += ["EFA", "TFLOPS"] if w.training else ["TP", "tok/s", "$/M tok"]
+    headers = ["#", "instance type", "nodes", "GPUs", "GiB/GPU", "$/h", "EFA", "eff"]
+    headers += ([] if w.tokens is not None else ["TFLOPS"]) if w.training else ["TPxPP", "tok/s", "$/M tok"]
     headers += ["hours", "job $"] if w.tokens is not None else (["$/TFLOP-h"] if w.training else [])
     rows = []
     for i, f in enumerate(fits, 1):
         block = " CB" if f.price_basis == "capacity block" else ""
         row = [str(i), f.instance_type, str(f.nodes), f"{f.gpus} x {f.gpu_model}",
-               f"{f.need_gib_per_gpu:.1f}/{f.usable_gib_per_gpu:.0f}", usd(f.usd_per_hour) + block,
-               "-" if f.spot_usd_per_hour is None else usd(f.spot_usd_per_hour)]
+               f"{f.need_gib_per_gpu:.1f}/{f.usable_gib_per_gpu:.0f}" + ("!" if f.tight else ""),
+               usd(f.usd_per_hour) + block, "yes" if f.efa else "not needed", f"{f.scaling_efficiency:.0%}"]
         if w.training:
-            row += ["yes" if f.efa else "no", f"{f.effective_tflops:,.0f}"]
+            row += [f"{f.effective_tflops:,.0f}"] if w.tokens is None else []
         else:
-            row += ["-" if f.tensor_parallel is None else str(f.tensor_parallel),
+            row += ["-" if f.tensor_parallel is None else f"{f.tensor_per_node}x{f.pipeline_parallel}",
                     "-" if f.tokens_per_second is None else f"{f.tokens_per_second:,.0f}",
                     "-" if f.usd_per_million_tokens is None else f"{f.usd_per_million_tokens:,.2f}"]
         if w.tokens is not None:
@@ -432,14 +481,41 @@ def render_recommendation(workload: Workload, memory: MemoryEstimate, fits: list
             row += [f"{f.usd_per_effective_tflop_hour:.5f}"]
         rows.append(row)
     out += render.table(headers, rows)
-    notes = ["GiB/GPU: needed/usable; $/h: on-demand, all nodes"]
+    notes = ["GiB/GPU: what each GPU holds/usable; $/h: on-demand, all nodes (spot at the family's typical "
+             "discount in --json); EFA: one node needs none"]
+    if any(f.tight for f in fits):
+        notes.append(f"!: under {HEADROOM_CAUTION:.0%} of the usable memory left: a framework's own "
+                     "buffers or a longer sequence may not fit, prefer the next size")
     if w.training:
-        notes.append(f"TFLOPS: effective, all GPUs at {w.mfu:.0%} of their dense peak (MFU)")
+        notes.append("eff: share of a step computing, the rest waiting on ZeRO-3's gathers over the "
+                     "slowest link (NVLink or PCIe in a node, EFA between nodes)")
+        notes.append(f"TFLOPS: effective, all GPUs at {w.mfu:.0%} of their dense peak (MFU) x eff")
+    else:
+        notes.append("eff: share of a decode step not waiting on tensor-parallel all-reduces")
     if any(f.price_basis == "capacity block" for f in fits):
         notes.append("CB: sold only as a Capacity Block (its rate; `gpucluster capacity search`)")
     if not w.training:
-        notes.append("TP: GPUs one replica spans (the rest serve more replicas)")
+        notes.append("TPxPP: GPUs of a node one replica shards over x nodes it spans as pipeline "
+                     "stages (the rest serve more replicas)")
     out += render.wrap("; ".join(notes))
+    best = fits[0]
+    out += render.wrap(f"each GPU of the best fit ({best.nodes} x {best.instance_type}) holds: " + " + ".join(
+        f"{part.replace('_', ' ')} {gib:,.2f}" for part, gib in best.held_gib.items())
+        + f" = {best.need_gib_per_gpu:,.1f} of {best.usable_gib_per_gpu:,.1f} usable GiB")
+    if not w.training:
+        effect = (f"; {best.nodes} x {best.instance_type} holds up to {served[0]:,} at this sequence length: "
+                  f"${served[1].usd_per_million_tokens:,.2f}/M tokens there, against "
+                  f"${best.usd_per_million_tokens:,.2f} at {w.concurrency}" if served is not None
+                  and served[1].usd_per_million_tokens is not None and best.usd_per_million_tokens is not None
+                  else "")
+        out += render.wrap(f"assumed: {w.concurrency} sequences decoded at once (--concurrency); a serving "
+                           "engine batches as many as memory holds, and $/M tokens falls as it does" + effect)
+    if hint is not None:
+        alt = hint[1]
+        out += render.wrap(f"cheaper at --precision {hint[0]}: {alt.nodes} x {alt.instance_type} at "
+                           f"${alt.usd_per_million_tokens:,.2f}/M tokens, against "
+                           f"${best.usd_per_million_tokens:,.2f} in {w.precision} (half the weight bytes; "
+                           "check the quantised model's quality)")
     out += ["", "node group for the best fit (paste under `config:` in stacks/Pulumi.<env>.yaml):", ""]
     out += render.yaml_lines(snippet or "")
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -36,8 +37,21 @@ def log_event(msg: str, level: int = logging.INFO, /, **fields: Any) -> None:
     LOG.log(level, json.dumps({"msg": msg, **fields}, default=str, sort_keys=True))
 
 
+def pricing_region(region: str) -> str:
+    """The AWS Price List endpoint nearest `region`: it answers in us-east-1, eu-central-1 and ap-south-1
+    only (botocore's endpoints.json, `api.pricing`), each for the prices of every region."""
+    if region.startswith("ap-"):
+        return "ap-south-1"
+    if region.split("-", 1)[0] in ("eu", "me", "af", "il"):
+        return "eu-central-1"
+    return "us-east-1"
+
+
 def make_client(service: str) -> Any:
-    """Build a plain boto3 client: honours AWS_REGION and AWS_ENDPOINT_URL."""
+    """Build a plain boto3 client: honours AWS_REGION and AWS_ENDPOINT_URL (the Price List, `pricing`,
+    at the endpoint nearest AWS_REGION)."""
+    if service == "pricing":
+        return boto3.client(service, region_name=pricing_region(os.environ.get("AWS_REGION", "")))
     return boto3.client(service)
 
 

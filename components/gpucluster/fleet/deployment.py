@@ -143,8 +143,8 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "logs:FilterLogEvents",
         "sns:Publish",
     ),
-    # ce:GetCostAndUsage, ec2:DescribeSpotPriceHistory and cloudwatch:GetMetricData list no resource types
-    # (Service Authorization Reference): Resource "*", like the other reads.
+    # ce:GetCostAndUsage, ec2:DescribeSpotPriceHistory, cloudwatch:GetMetricData and pricing:GetProducts
+    # list no resource types (Service Authorization Reference): Resource "*", like the other reads.
     "spend_guard": (
         "autoscaling:DescribeAutoScalingGroups",
         "autoscaling:UpdateAutoScalingGroup",
@@ -153,6 +153,7 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "ec2:DescribeSpotPriceHistory",
         "ce:GetCostAndUsage",
         "cloudwatch:GetMetricData",
+        "pricing:GetProducts",
         "sns:Publish",
         *STATE_ACTIONS,
     ),

@@ -22,23 +22,33 @@ stopping is idempotent and a stopped group is left as it is. Never deletes
 anything; acts only on groups tagged with GPUCLUSTER_STACK.
 
 Environment: GPUCLUSTER_STACK, LIMIT_USD, PRICES_JSON (required), CHECK_MINUTES,
-MAX_USD_PER_HOUR, NOTIFY_TOPIC_ARN (optional).
+MAX_USD_PER_HOUR, NOTIFY_TOPIC_ARN (optional), GUARD_STATE_TABLE (where prices fetched from the AWS
+Price List are cached).
+
+A type the rendered table lacks (a region gpucluster carries no prices for) is priced from the AWS
+Price List API (`fleet.pricelist`: pricing:GetProducts, cached in the guard-state table); a type the
+Price List has no price for either is a configuration error, as before.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from gpucluster.fleet.accrual import Decision, PriceError, Prices, decide, when_limit
 from gpucluster.fleet.awsapi import AWS_ERRORS, log_event
+from gpucluster.fleet.deployment import STATE_TABLE_ENV
 from gpucluster.fleet.nodegroups import BUDGET, NodeGroup, NodeGroups
+from gpucluster.fleet.pricelist import FallbackPrices, PriceCache, PriceListError, cached_lookup
 from gpucluster.fleet.runtime import (
     RUNTIME,
     ConfigError,
     GuardrailError,
     env_number,
+    env_text,
     invocation_deadline,
     notify_from_env,
     stack_from_env,
@@ -66,6 +76,19 @@ def settings() -> tuple[float, Prices, float, float | None]:
     return limit, prices, env_number("CHECK_MINUTES", DEFAULT_CHECK_MINUTES), cap or None
 
 
+def with_price_list(prices: Prices, stack: str, now: datetime) -> Prices:
+    """`prices` with its on-demand table falling back to the AWS Price List (cached in the guard-state
+    table) for a type it lacks; the clients are made only when one is missing."""
+    region = os.environ.get("AWS_REGION", "")
+
+    def lookup(instance_type: str) -> float | None:
+        table = env_text(STATE_TABLE_ENV)
+        cache = PriceCache(RUNTIME.client("dynamodb"), table, stack) if table else None
+        return cached_lookup(RUNTIME.client("pricing"), cache, region, now)(instance_type)
+
+    return replace(prices, on_demand=FallbackPrices(prices.on_demand, lookup))
+
+
 def _stop(stack: str, backend: NodeGroups, groups: list[NodeGroup], decision: Decision) -> dict[str, Any]:
     report = budget_stop(backend, groups)
     summary = {"stack": stack, **report.summary(BUDGET), "spend": decision.as_json()}
@@ -83,12 +106,13 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     stack = stack_from_env()
     limit, prices, check_minutes, cap = settings()
     now = RUNTIME.now()
+    prices = with_price_list(prices, stack, now)
     # It prices the members: none known is an error.
     backend = stack_node_groups(strict_members=True, deadline=invocation_deadline(context))
     try:
         groups, spend = measure(stack, backend, RUNTIME.client("ec2"), RUNTIME.client("ce"),
                                 RUNTIME.client("cloudwatch"), prices, now)
-    except AWS_ERRORS as exc:
+    except (*AWS_ERRORS, PriceListError) as exc:
         # Without the figures nothing can be decided: fail, so the retry or the next tick
         # runs again and the on-failure destination tells the topic.
         raise GuardrailError(f"stack {stack}: spend guard could not read spend: {exc}") from exc

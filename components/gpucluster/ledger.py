@@ -28,6 +28,7 @@ CONDITIONS: dict[str, Callable[[StackSpec], bool]] = {
     "always": lambda spec: True,
     "slurm": lambda spec: spec.scheduler.slurm,
     "slurm_accounting": lambda spec: spec.scheduler.slurm and spec.scheduler.accounting,
+    "eks": lambda spec: spec.scheduler.eks,
     "baked": lambda spec: any(baked_image(spec.images, g) for g in spec.node_groups),
     "prometheus": lambda spec: spec.observability.prometheus.active,
     "grafana": lambda spec: spec.observability.grafana.enabled,

@@ -1,0 +1,106 @@
+"""Kubernetes versions Amazon EKS runs and what each costs (data/eks_versions.yaml, data/eks_prices.yaml).
+
+Pure: the stack file's check (`spec/scheduler.py`), the cost model and the EKS component read them. A
+version's support on a day is `standard`, `extended` (charged more per cluster-hour) or `ended`; a version
+the file does not list is unknown. The dates and prices are from memory (ledger: eks-kubernetes-versions,
+ledger: eks-prices): each file's header says how to refresh them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from gpucluster.catalog import read_data_file
+
+VERSIONS_FILE = Path(__file__).parent / "data" / "eks_versions.yaml"
+PRICES_FILE = Path(__file__).parent / "data" / "eks_prices.yaml"
+Support = Literal["standard", "extended", "ended"]
+
+
+@dataclass(frozen=True)
+class EksVersion:
+    """One Kubernetes version on EKS and the last days of its standard and extended support."""
+
+    version: str
+    standard_end: dt.date
+    extended_end: dt.date
+
+    def support(self, today: dt.date) -> Support:
+        if today <= self.standard_end:
+            return "standard"
+        return "extended" if today <= self.extended_end else "ended"
+
+
+@cache
+def _versions_file(path: Path = VERSIONS_FILE) -> dict[str, Any]:
+    return dict(read_data_file(path))
+
+
+def versions(path: Path = VERSIONS_FILE) -> tuple[EksVersion, ...]:
+    """Every listed version, newest first."""
+    raw = _versions_file(path)
+    found = [EksVersion(str(v["version"]), dt.date.fromisoformat(str(v["standard_end"])),
+                        dt.date.fromisoformat(str(v["extended_end"]))) for v in raw["versions"]]
+    return tuple(sorted(found, key=lambda v: tuple(int(p) for p in v.version.split(".")), reverse=True))
+
+
+def version(name: str) -> EksVersion | None:
+    """The listed version `name` (like "1.33"), or None."""
+    return next((v for v in versions() if v.version == name), None)
+
+
+def default_version(today: dt.date) -> EksVersion:
+    """The newest version in standard support on `today`; when none is (the file is stale), the newest listed."""
+    listed = versions()
+    return next((v for v in listed if v.support(today) == "standard"), listed[0])
+
+
+def resolved_version(configured: str | None, today: dt.date) -> str:
+    """The version a stack runs: the one it names, else the default on `today`."""
+    return configured or default_version(today).version
+
+
+def ami_parameter(kubernetes_version: str) -> str:
+    """The public SSM parameter of the EKS-optimised AL2023 NVIDIA AMI for the version (x86_64)."""
+    return str(_versions_file()["ami_parameter"]).replace("{version}", kubernetes_version)
+
+
+def source() -> tuple[str, str]:
+    """(source, as_of) of the versions file."""
+    raw = _versions_file()
+    return str(raw["source"]), str(raw["as_of"])
+
+
+@dataclass(frozen=True)
+class EksPrices:
+    """A region's EKS fees: the control plane per cluster-hour by support, the system nodes per hour."""
+
+    control_plane_usd_per_hour: dict[str, float]
+    system_instance_usd_per_hour: dict[str, float]
+    source: str
+    system_source: str
+    as_of: str
+
+
+def prices(region: str, path: Path = PRICES_FILE) -> EksPrices | None:
+    """The region's EKS prices, or None where the file carries none."""
+    raw = read_data_file(path)
+    rates = raw["regions"].get(region)
+    if rates is None:
+        return None
+    return EksPrices({k: float(v) for k, v in rates["control_plane_usd_per_hour"].items()},
+                     {k: float(v) for k, v in rates["system_instance_usd_per_hour"].items()},
+                     str(raw["source"]), str(raw["system_source"]), str(raw["as_of"]))
+
+
+def price_regions(path: Path = PRICES_FILE) -> list[str]:
+    return sorted(read_data_file(path)["regions"])
+
+
+def today() -> dt.date:
+    """The day support is judged on (UTC)."""
+    return dt.datetime.now(dt.UTC).date()

@@ -38,10 +38,10 @@ from gpucluster.node.multipart import (
 from gpucluster.plan import Plan, PlannedResource
 from gpucluster.policy.offline import check_plan, plan_records
 from gpucluster.policy.records import Resource, Stack
-from gpucluster.policy.rules.capacity import environment_limits
 from gpucluster.policy.rules import eks as eks_rules
+from gpucluster.policy.rules.capacity import environment_limits
 from gpucluster.preflight import parse_stack_config
-from gpucluster.pricing import eks_costs, price_stack
+from gpucluster.pricing import HOURS_PER_MONTH, PricingError, price_stack
 from gpucluster.spec import SpecError
 from gpucluster.spec.scheduler import eks_version_findings
 
@@ -96,12 +96,15 @@ def test_the_cluster_is_private_api_authenticated_encrypted_and_logs_everything(
     assert inputs["vpcConfig"]["endpointPrivateAccess"] is True
     assert inputs["vpcConfig"]["endpointPublicAccess"] is False
     assert len(inputs["vpcConfig"]["subnetIds"]) == 2  # the private subnet of each zone
-    assert inputs["accessConfig"] == {"authenticationMode": "API", "bootstrapClusterCreatorAdminPermissions": True}
+    assert inputs["accessConfig"] == {"authenticationMode": "API",
+                                      "bootstrapClusterCreatorAdminPermissions": True}
     [key] = [r for r in plan.of_type("aws:kms/key:Key") if r.name.endswith("-eks-secrets-key")]
     assert key.inputs["enableKeyRotation"] is True
-    assert inputs["encryptionConfig"] == {"resources": ["secrets"], "provider": {"keyArn": f"arn:aws:kms:us-east-1:"
-                                          f"{inputs['roleArn'].split(':')[4]}:{key.name}"}}
-    assert inputs["enabledClusterLogTypes"] == ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+    account = inputs["roleArn"].split(":")[4]
+    assert inputs["encryptionConfig"] == {"resources": ["secrets"], "provider": {
+        "keyArn": f"arn:aws:kms:us-east-1:{account}:{key.name}"}}
+    assert inputs["enabledClusterLogTypes"] == ["api", "audit", "authenticator", "controllerManager",
+                                                "scheduler"]
     assert inputs["bootstrapSelfManagedAddons"] is False
     # The log group EKS writes to exists first, with a retention.
     [logs] = [r for r in plan.of_type("aws:cloudwatch/logGroup:LogGroup") if r.name.endswith("-eks-logs")]
@@ -177,8 +180,8 @@ def test_the_kubernetes_provider_runs_aws_eks_get_token(plan: Plan) -> None:
     name = one(plan, CLUSTER).inputs["name"]
     [user] = config["users"]
     assert user["user"]["exec"]["command"] == "aws"
-    assert user["user"]["exec"]["args"] == ["eks", "get-token", "--cluster-name", name, "--region", "us-east-1",
-                                            "--output", "json"]
+    assert user["user"]["exec"]["args"] == ["eks", "get-token", "--cluster-name", name,
+                                            "--region", "us-east-1", "--output", "json"]
     [cluster] = config["clusters"]
     assert cluster["cluster"]["server"].startswith("https://")
     assert base64.b64decode(cluster["cluster"]["certificate-authority-data"]).startswith(b"-----BEGIN")
@@ -329,9 +332,10 @@ def test_the_node_config_part_parses_back_and_the_bundle_follows() -> None:
 
 
 def test_the_room_kept_for_the_node_config_holds_a_long_ca() -> None:
-    document = node_config(cluster_name="c" * 33, endpoint="https://" + "A" * 32 + ".gr7.us-east-1.eks.amazonaws.com",
-                           certificate_authority="Q" * 2000, cidr="172.20.0.0/16",
-                           labels={"gpucluster.io/group": "g" * 24, "gpucluster.io/purchase": "capacity-block"})
+    endpoint = "https://" + "A" * 32 + ".gr7.us-east-1.eks.amazonaws.com"
+    labels = {"gpucluster.io/group": "g" * 24, "gpucluster.io/purchase": "capacity-block"}
+    document = node_config(cluster_name="c" * 33, endpoint=endpoint, certificate_authority="Q" * 2000,
+                           cidr="172.20.0.0/16", labels=labels)
     part = f"--{BOUNDARY}\nContent-Type: {NODE_CONFIG_CONTENT_TYPE}\n\n{document}\n"
     assert len(part.encode()) < EKS_NODE_CONFIG_BYTES
 
@@ -370,7 +374,8 @@ def test_the_default_version_is_the_newest_in_standard_support() -> None:
     ({"gpucluster:network": {"availability_zones": ["us-east-1a"], "vpc_cidr": "10.0.0.0/16"}},
      "network.availability_zones"),
     ({"gpucluster:node_groups": [{"name": "gpu", "instance_types": ["g5.xlarge"], "max_nodes": 2,
-                                  "capacity": {"spot_percent": 50}}]}, "node_groups[0].capacity.spot_percent"),
+                                  "capacity": {"spot_percent": 50}}]},
+     "node_groups[0].capacity.spot_percent"),
     ({"gpucluster:scheduler": {"type": "eks", "system_nodes": {"instance_type": "g5.xlarge"}}},
      "scheduler.system_nodes.instance_type"),
 ])
@@ -391,19 +396,21 @@ def test_the_cost_has_the_control_plane_and_the_system_nodes(plan: Plan) -> None
     plane = lines[f"EKS control plane (Kubernetes {version}, standard support)"]
     assert plane.desired_usd_per_month == pytest.approx(0.10 * 730)
     assert lines["EKS system nodes"].desired_usd_per_month == pytest.approx(2 * 0.1008 * 730)
-    assert any("Amazon EKS fees" in note for note in cost.assumptions)
+    assert eks_catalog.HOURS_PER_MONTH == HOURS_PER_MONTH
 
 
 def test_extended_support_is_priced_at_its_rate() -> None:
     config = {**base(), "gpucluster:scheduler": {"type": "eks", "kubernetes_version": "1.32"}}
     spec = parse_stack_config(config, stack="t")
-    [plane, _] = eks_costs(spec, DAY)
+    [plane, _] = eks_catalog.fees(spec.region, spec.scheduler, DAY)
     assert plane.name == "EKS control plane (Kubernetes 1.32, extended support)"
-    assert plane.desired_usd_per_month == pytest.approx(0.60 * 730)
+    assert plane.usd_per_month == pytest.approx(0.60 * 730)
 
 
 def test_a_launcher_stack_pays_no_eks_fee() -> None:
-    assert list(eks_costs(parse_stack_config(base(), stack="t"))) == []
+    spec = parse_stack_config(base(), stack="t")
+    assert eks_catalog.fees(spec.region, spec.scheduler, DAY) == []
+    assert not [c for c in price_stack(spec).other if c.kind == "eks"]
 
 
 def test_plan_shows_the_cluster_and_its_cost(tmp_path: Path) -> None:
@@ -424,7 +431,8 @@ def test_plan_shows_the_cluster_and_its_cost(tmp_path: Path) -> None:
 
 
 def cluster_record(**props: Any) -> Resource:
-    base_props = {"vpcConfig": {"endpointPublicAccess": False}, "enabledClusterLogTypes": list(eks_rules.LOG_TYPES),
+    base_props = {"vpcConfig": {"endpointPublicAccess": False},
+                  "enabledClusterLogTypes": list(eks_rules.LOG_TYPES),
                   "encryptionConfig": {"resources": ["secrets"], "provider": {"keyArn": "arn:aws:kms:k"}},
                   "tags": {"environment": "prod"}}
     return Resource(type=CLUSTER, name="c", urn="urn:c", props={**base_props, **props})
@@ -463,3 +471,9 @@ def test_the_kubernetes_prod_passes_every_policy_and_gpu_limits_count_its_groups
     [(_, message)] = list(environment_limits.stack_findings(
         Stack(plan_records(plan)), environment_limits.settings(small)))
     assert "16 x 8" in message
+
+
+def test_a_system_type_without_a_price_is_a_pricing_error() -> None:
+    config = {**base(), "gpucluster:scheduler": {"type": "eks", "system_nodes": {"instance_type": "r7i.large"}}}
+    with pytest.raises(PricingError, match=r"^scheduler.system_nodes.instance_type: no price for r7i.large"):
+        price_stack(parse_stack_config(config, stack="t"))

@@ -179,7 +179,8 @@ def _provider_computed(typ: str, name: str, inputs: dict[str, Any], region: str)
                 "certificateAuthority": {"data": ca},
                 "kubernetesNetworkConfig": {**(inputs.get("kubernetesNetworkConfig") or {}),
                                             "serviceIpv4Cidr": "172.20.0.0/16"},
-                "vpcConfig": {**(inputs.get("vpcConfig") or {}), "clusterSecurityGroupId": f"sg-{digest[:17]}"}}
+                "vpcConfig": {**(inputs.get("vpcConfig") or {}),
+                              "clusterSecurityGroupId": f"sg-{digest[:17]}"}}
     if typ == "aws:cloudcontrol/resource:Resource" and str(inputs.get("typeName")).startswith("AWS::PCS::"):
         # Cloud Control's id is the type's primary identifier (AWS::PCS::Cluster: its Arn) and `properties`
         # the whole model, the document and the read-only properties (Id, Arn).

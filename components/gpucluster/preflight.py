@@ -79,9 +79,13 @@ def user_data_size(spec: StackSpec) -> Iterable[Finding]:
             yield Finding(f"node_groups[{i}]", (
                 f"node user data would be {size} bytes {form}, over {limit - room} (EC2's "
                 f"{MAX_USER_DATA_BYTES} less room for deploy-time names"
-                f"{' and the part ' + ('EKS nodeadm reads' if spec.scheduler.eks else 'AWS PCS adds') if room else ''}"
+                f"{' and the part ' + _extra_part(spec) if room else ''}"
                 "): move files or setup to S3, or shorten "
                 "hook commands"))
+
+
+def _extra_part(spec: StackSpec) -> str:
+    return "EKS nodeadm reads" if spec.scheduler.eks else "AWS PCS adds"
 
 
 def node_role_size(spec: StackSpec) -> Iterable[Finding]:

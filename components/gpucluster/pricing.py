@@ -16,7 +16,6 @@ never guesses a price for a region it has no figures for: that is a PricingError
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -539,7 +538,11 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                         scheduled_share=priced.scheduled_hours_per_month / priced.hours_per_month)
     yield from _boot_costs(spec, prices, assume)
     yield from _pcs_costs(spec, groups)
-    yield from eks_costs(spec)
+    try:  # an EKS stack's control plane and system nodes (catalog/eks.py; ledger: eks-prices)
+        yield from (OtherCost(f.name, "eks", f.usd_per_month, f.usd_per_month, f.basis, f.source, f.as_of)
+                    for f in eks_catalog.fees(spec.region, spec.scheduler, eks_catalog.today()))
+    except LookupError as err:
+        raise PricingError(str(err)) from None
     if spec.network.vpc_cidr is None:
         return  # an existing VPC: its NAT and endpoints are paid for already
     if spec.network.nat_gateway:
@@ -691,37 +694,6 @@ def _pcs_costs(spec: StackSpec, groups: Mapping[str, GroupCost] | None,
                     str(raw["login_source"]), as_of)
 
 
-def eks_costs(spec: StackSpec, today: dt.date | None = None) -> Iterable[OtherCost]:
-    """Amazon EKS fees of an EKS stack (data/eks_prices.yaml, ledger: eks-prices), each its own line: the
-    control plane per cluster-hour all month (at the extended-support rate when the Kubernetes version is
-    past its standard support on `today`), and the system node group's EC2 hours and root volumes. No
-    guard stops either: `stop` leaves them running."""
-    s = spec.scheduler
-    if not s.eks:
-        return
-    rates = eks_catalog.prices(spec.region)
-    if rates is None:
-        raise PricingError(f"no Amazon EKS prices for region {spec.region} (have: "
-                           f"{', '.join(eks_catalog.price_regions())})")
-    day = today or eks_catalog.today()
-    version = eks_catalog.resolved_version(s.kubernetes_version, day)
-    found = eks_catalog.version(version)
-    support = "extended" if found is not None and found.support(day) != "standard" else "standard"
-    hourly = rates.control_plane_usd_per_hour[support]
-    plane = hourly * HOURS_PER_MONTH
-    yield OtherCost(f"EKS control plane (Kubernetes {version}, {support} support)", "eks", plane, plane,
-                    f"1 cluster x ${hourly:g}/h ({support} support), all month", rates.source, rates.as_of)
-    system = s.system_nodes
-    rate = rates.system_instance_usd_per_hour.get(system.instance_type)
-    if rate is None:
-        raise PricingError(f"scheduler.system_nodes.instance_type: no price for {system.instance_type} in "
-                           f"{spec.region} (have: {', '.join(sorted(rates.system_instance_usd_per_hour))})")
-    hosts = system.count * rate * HOURS_PER_MONTH
-    yield OtherCost("EKS system nodes", "eks", hosts, hosts,
-                    f"{system.count} x {system.instance_type} x ${rate}/h on-demand, all month",
-                    rates.system_source, rates.as_of)
-
-
 def _flow_log_cost(spec: StackSpec, prices: ServicePrices, assume: Assumptions) -> Iterable[OtherCost]:
     """VPC flow logs (gpucluster.aws.network), on by default for created and existing VPCs alike."""
     src, as_of = prices.sources, prices.as_of
@@ -771,12 +743,7 @@ def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
     ) + ((f"AWS PCS fees ({PCS_PRICES_FILE.name}) are from memory of "  # ledger: pcs-prices
           "https://aws.amazon.com/pcs/pricing/, not re-checked: "  # ledger: pcs-prices
           "each is its own 'AWS PCS' line; node management follows the nodes",)
-         if spec.scheduler.slurm else ()) + ((
-        "Amazon EKS fees (eks_prices.yaml) are from memory of https://aws.amazon.com/eks/pricing/, "  # ledger: eks-prices
-        "not re-checked: the control plane and the system nodes run all month, whatever the schedule; "  # ledger: eks-prices
-        "the "
-        "system nodes' root volumes are not counted",)
-         if spec.scheduler.eks else ())
+         if spec.scheduler.slurm else ())
     budget = spec.budget.monthly_limit_usd if spec.budget else None
     return StackCost(spec.stack, spec.region, groups, other, budget, notes, plan)
 

@@ -355,5 +355,6 @@ def eks_cluster_args(spec: StackSpec, *, subnet_ids: Sequence[Any]) -> EksCluste
 def eks_node(spec: StackSpec, *, cluster_name: str, endpoint: Any, certificate_authority: Any,
              service_cidr: Any) -> EksNodeSettings:
     """What every GPU node group of an EKS stack tells nodeadm: the cluster it joins."""
-    return {"cluster_name": cluster_name, "endpoint": endpoint, "certificate_authority": certificate_authority,
+    return {"cluster_name": cluster_name, "endpoint": endpoint,
+            "certificate_authority": certificate_authority,
             "service_cidr": service_cidr, "kubernetes_version": kubernetes_version(spec)}

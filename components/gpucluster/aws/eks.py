@@ -26,13 +26,13 @@ Sources: Amazon EKS user guide ("Create an Amazon EKS cluster", "Grant IAM users
 EKS access entries", "Encrypt Kubernetes secrets with KMS on existing clusters", "Send control plane logs to
 CloudWatch Logs", "Amazon EKS cluster IAM role", "Amazon EKS node IAM role", "Amazon EKS add-ons"), and
 pulumi-aws 7's `eks` module for every property name. Facts this module relies on that no test here can see
-are in the ledger: eks-cluster-role-policies, eks-addon-names, eks-vpc-cni-warm-ip, eks-access-entry-ec2-linux,
-eks-control-plane-log-group.
+are in the ledger: eks-cluster-role-policies, eks-addon-names, eks-vpc-cni-warm-ip,
+eks-access-entry-ec2-linux, eks-control-plane-log-group.
 """
 
 import hashlib
 import json
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 import pulumi
 import pulumi_aws as aws
@@ -46,7 +46,8 @@ OLD_TYPE = "gpucluster:eks:EksCluster"
 # Every control-plane log type EKS has (the EKS user guide, "Send control plane logs to CloudWatch Logs";
 # pulumi-aws 7 ClusterArgs.enabled_cluster_log_types lists the same five).
 LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
-# The add-ons a node needs before it is Ready, and those that run as pods on Ready nodes (ledger: eks-addon-names).
+# The add-ons a node needs before it is Ready, and those that run as pods on Ready nodes
+# (ledger: eks-addon-names).
 NODE_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 POD_ADDONS = ("coredns", "eks-node-monitoring-agent")
 # vpc-cni on instances with many network cards (p5: 32): by default ipamd keeps a whole spare ENI of
@@ -121,7 +122,7 @@ class EksClusterArgs(TypedDict):
     endpoint_public: bool
     """Also expose the API endpoint publicly (the private one is always on)."""
     subnet_ids: pulumi.Input[list[pulumi.Input[str]]]
-    """The stack's private subnets (the control plane's interfaces and the system nodes), two zones at least."""
+    """The stack's private subnets (the control plane's interfaces, the system nodes): two zones at least."""
     system_instance_type: str
     """The system nodes' instance type (no GPUs)."""
     system_count: int
@@ -171,7 +172,8 @@ class EksCluster(pulumi.ComponentResource):
         label, eks_name = args["cluster_name"], eks_cluster_name(args["cluster_name"], args["identity"])
         self.secrets_key = aws.kms.Key(
             f"{name}-secrets-key", description=f"gpucluster {label}: EKS secrets envelope encryption",
-            enable_key_rotation=True, deletion_window_in_days=30, tags={**tags, "Name": f"{label}-eks-secrets"},
+            enable_key_rotation=True, deletion_window_in_days=30,
+            tags={**tags, "Name": f"{label}-eks-secrets"},
             opts=child)
         # EKS writes control-plane logs to /aws/eks/<cluster>/cluster and creates it without expiry when
         # absent (ledger: eks-control-plane-log-group): declared first, with the guardrail logs' retention.
@@ -253,7 +255,8 @@ class EksCluster(pulumi.ComponentResource):
     def _managed(self, name: str, role: aws.iam.Role, policy: str) -> aws.iam.RolePolicyAttachment:
         return aws.iam.RolePolicyAttachment(
             name, aws.iam.RolePolicyAttachmentArgs(
-                role=role.name, policy_arn=pulumi.Output.concat("arn:", self._partition, f":iam::aws:policy/{policy}")),
+                role=role.name,
+                policy_arn=pulumi.Output.concat("arn:", self._partition, f":iam::aws:policy/{policy}")),
             opts=pulumi.ResourceOptions(parent=self))
 
     def _addon(self, addon: str, after: list[pulumi.Resource]) -> aws.eks.Addon:

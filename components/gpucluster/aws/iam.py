@@ -42,8 +42,8 @@ MANAGED_POLICIES = {
 # What a node of an EKS stack also needs: join the cluster, pull images from ECR, and run the VPC CNI
 # (Amazon EKS user guide, "Amazon EKS node IAM role"; ledger: eks-cluster-role-policies). No OIDC provider:
 # pods that need AWS use EKS Pod Identity.
-EKS_NODE_POLICIES = {"eks-worker": "AmazonEKSWorkerNodePolicy", "eks-ecr": "AmazonEC2ContainerRegistryReadOnly",
-                     "eks-cni": "AmazonEKS_CNI_Policy"}
+EKS_NODE_POLICIES = {"eks-worker": "AmazonEKSWorkerNodePolicy",
+                     "eks-ecr": "AmazonEC2ContainerRegistryReadOnly", "eks-cni": "AmazonEKS_CNI_Policy"}
 OLD_TYPE = "gpucluster:iam:NodeIdentity"
 
 

@@ -52,10 +52,10 @@ from gpucluster.aws.settings import (
     ObservabilitySettings,
     SpotSettings,
 )
+from gpucluster.catalog import eks as eks_catalog
 from gpucluster.fleet.tags import NODE_GROUP_TAG
 from gpucluster.node.bundle import scripts_source
 from gpucluster.node.metrics import group_metrics
-from gpucluster.catalog import eks as eks_catalog
 from gpucluster.node.multipart import (
     GPU_TAINT,
     PCS_USER_DATA_BYTES,
@@ -79,7 +79,8 @@ from gpucluster.spec import CapacityConfig, NodeGroupConfig
 DEFAULT_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
 ROOT_DEVICE = "/dev/sda1"  # the root device name of Ubuntu AMIs, the DLAMI included
-EKS_ROOT_DEVICE = "/dev/xvda"  # the EKS-optimised Amazon Linux 2023 AMIs' (ledger: eks-al2023-nvidia-ami-parameter)
+# The EKS-optimised Amazon Linux 2023 AMIs' root device (ledger: eks-al2023-nvidia-ami-parameter).
+EKS_ROOT_DEVICE = "/dev/xvda"
 # The termination hook of an EKS group: the AWS Node Termination Handler (queue mode) drains the node and
 # completes the action; past the timeout the instance terminates anyway (CONTINUE). EC2 Auto Scaling user
 # guide, "Amazon EC2 Auto Scaling lifecycle hooks"; the drain time is ours (ledger: eks-drain-hook).

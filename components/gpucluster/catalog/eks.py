@@ -18,6 +18,7 @@ from gpucluster.catalog import read_data_file
 
 VERSIONS_FILE = Path(__file__).parent / "data" / "eks_versions.yaml"
 PRICES_FILE = Path(__file__).parent / "data" / "eks_prices.yaml"
+HOURS_PER_MONTH = 730  # gpucluster.pricing's month (the AWS Pricing Calculator's), which imports this module
 Support = Literal["standard", "extended", "ended"]
 
 
@@ -54,7 +55,7 @@ def version(name: str) -> EksVersion | None:
 
 
 def default_version(today: dt.date) -> EksVersion:
-    """The newest version in standard support on `today`; when none is (the file is stale), the newest listed."""
+    """The newest version in standard support on `today`; when none is (a stale file), the newest listed."""
     listed = versions()
     return next((v for v in listed if v.support(today) == "standard"), listed[0])
 
@@ -99,6 +100,43 @@ def prices(region: str, path: Path = PRICES_FILE) -> EksPrices | None:
 
 def price_regions(path: Path = PRICES_FILE) -> list[str]:
     return sorted(read_data_file(path)["regions"])
+
+
+@dataclass(frozen=True)
+class Fee:
+    """One EKS cost line of a stack, per month (the cost model makes it an `OtherCost`)."""
+
+    name: str
+    usd_per_month: float
+    basis: str
+    source: str
+    as_of: str
+
+
+def fees(region: str, scheduler: Any, today: dt.date) -> list[Fee]:
+    """An EKS stack's fees (none on another stack; `scheduler` is the spec's SchedulerConfig): the control
+    plane all month, at the extended-support rate when the version is past standard support on `today`,
+    and the system nodes' EC2 hours (their root volumes not counted). Neither stops with the GPU groups.
+    LookupError where the region or the system instance type has no price."""
+    if not scheduler.eks:
+        return []
+    rates = prices(region)
+    if rates is None:
+        raise LookupError(f"no Amazon EKS prices for region {region} (have: {', '.join(price_regions())})")
+    name = resolved_version(scheduler.kubernetes_version, today)
+    found = version(name)
+    support = "extended" if found is not None and found.support(today) != "standard" else "standard"
+    hourly = rates.control_plane_usd_per_hour[support]
+    system = scheduler.system_nodes
+    rate = rates.system_instance_usd_per_hour.get(system.instance_type)
+    if rate is None:
+        raise LookupError(f"scheduler.system_nodes.instance_type: no price for {system.instance_type} in "
+                          f"{region} (have: {', '.join(sorted(rates.system_instance_usd_per_hour))})")
+    return [Fee(f"EKS control plane (Kubernetes {name}, {support} support)", hourly * HOURS_PER_MONTH,
+                f"1 cluster x ${hourly:g}/h ({support} support), all month", rates.source, rates.as_of),
+            Fee("EKS system nodes", system.count * rate * HOURS_PER_MONTH,
+                f"{system.count} x {system.instance_type} x ${rate}/h on-demand, all month; root volumes "
+                "not counted", rates.system_source, rates.as_of)]
 
 
 def today() -> dt.date:

@@ -109,14 +109,14 @@ EKS_NODE_CONFIG_BYTES = 3072
 
 
 def purchase_label(market: str, spot_percent: float) -> str:
-    """on-demand, spot or capacity-block: one per EKS node group (spec/scheduler.py allows 0 or 100 % spot)."""
+    """on-demand, spot or capacity-block: one per EKS node group (spec/scheduler.py: 0 or 100 % spot)."""
     if market == "capacity_block":
         return "capacity-block"
     return "spot" if spot_percent >= 100 else "on-demand"
 
 
 def node_labels(group: str, purchase: str) -> dict[str, str]:
-    """The labels every node of a group registers with (Kueue's flavours and the autoscaler select by them)."""
+    """The labels every node of a group registers with (Kueue's flavours and the autoscaler select them)."""
     return {GROUP_LABEL: group, PURCHASE_LABEL: purchase}
 
 

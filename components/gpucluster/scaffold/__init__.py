@@ -195,8 +195,9 @@ def render(name: str, version: str, requirement: str, *, hardened: bool = False,
               # The PCS controller, its accounting and the login node run all month (about $550 of it at
               # the cost model's PCS prices): the launcher's budget would be over before a job runs.
               "budget": f"{SLURM_DEV_BUDGET_USD}           # with the PCS controller, accounting and login "
-                        "node" if slurm else f"{EKS_DEV_BUDGET_USD}            # with the EKS control plane and "
-                        "system nodes" if eks else str(DEV_BUDGET_USD),
+                        "node" if slurm
+              else f"{EKS_DEV_BUDGET_USD}            # with the EKS control plane and system nodes" if eks
+              else str(DEV_BUDGET_USD),
               "slurm_steps": "\n" + _template(f"README.{scheduler}.md.tmpl").strip() + "\n"
                              if slurm or eks else ""}
     files = {path: Template(_template(template)).substitute(values) for path, template in TEMPLATES.items()}

@@ -143,7 +143,8 @@ def eks_rules(spec: StackSpec, today: dt.date | None = None) -> Iterable[Finding
     yield from eks_version_findings(s.kubernetes_version, spec.region, today or eks_catalog.today())
     if len(spec.network.availability_zones) < EKS_MIN_ZONES:
         yield Finding("network.availability_zones", f"an EKS control plane needs subnets in at least "
-                      f"{EKS_MIN_ZONES} availability zones: add a second zone (an EFA group stays in its first)")
+                      f"{EKS_MIN_ZONES} availability zones: add a second zone (an EFA group stays in its "
+                      "first)")
     system = catalog.get(s.system_nodes.instance_type)
     if system is not None and system.gpus > 0:
         yield Finding(f"{PATH}.system_nodes.instance_type", f"{system.name} has {system.gpus} GPUs: the "
@@ -170,7 +171,8 @@ def eks_version_findings(configured: str | None, region: str, today: dt.date) ->
         rates = eks_catalog.prices(region)
         fee = ""
         if rates is not None:
-            ext, std = rates.control_plane_usd_per_hour["extended"], rates.control_plane_usd_per_hour["standard"]
+            hourly = rates.control_plane_usd_per_hour
+            ext, std = hourly["extended"], hourly["standard"]
             fee = f"the control plane costs ${ext:g}/h instead of ${std:g}/h; "
         newest = eks_catalog.default_version(today).version
         yield Finding(key, f"Kubernetes {name} is in EKS extended support until {found.extended_end} "

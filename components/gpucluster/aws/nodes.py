@@ -471,9 +471,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
                                    "launch_template_version": self.launch_template_version})
             return
         capacity = self._capacity(group)
-        asg_tags = [{"key": key, "value": value, "propagate_at_launch": True} for key, value in tags.items()]
+        asg_tags = [aws.autoscaling.GroupTagArgs(key=key, value=value, propagate_at_launch=True)
+                    for key, value in tags.items()]
         if m.eks is not None:  # the autoscaler reads the group's tags, not the instances'
-            asg_tags += [{"key": key, "value": value, "propagate_at_launch": key.startswith("kubernetes.io/")}
+            asg_tags += [aws.autoscaling.GroupTagArgs(key=key, value=value,
+                                                      propagate_at_launch=key.startswith("kubernetes.io/"))
                          for key, value in eks_asg_tags(group, m.eks.cluster_name).items()]
         asg = self.asg = aws.autoscaling.Group(
             f"{name}-asg",

@@ -394,15 +394,14 @@ class EksSystemNodesSettings(TypedDict):
     instance_type: NotRequired[str]
     """A CPU instance type for Kueue, the autoscaler, the termination handler and CoreDNS."""
     count: NotRequired[int]
-    """System nodes, always running."""
+    """System nodes, always running (two so a controller survives one node's loss)."""
 
 
 class SchedulerSettings(TypedDict):
     """The stack file's `scheduler`: gpucluster's own launcher, Slurm on AWS PCS, or Kubernetes on EKS."""
 
     type: NotRequired[str]
-    """`none`: Auto Scaling groups and `gpucluster run`; `slurm`: an AWS PCS cluster, jobs through sbatch;
-    `eks`: an EKS cluster whose GPU nodes are the node groups, jobs queued by Kueue."""
+    """`none`: Auto Scaling groups and `gpucluster run`; `slurm`: AWS PCS, sbatch; `eks`: EKS, Kueue."""
     slurm_version: NotRequired[str]
     """The PCS cluster's Slurm major version (24.11, 25.05 or 25.11); the AMI must carry the same."""
     size: NotRequired[str]

@@ -14,6 +14,8 @@ import base64
 import datetime as dt
 import email
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -423,6 +425,12 @@ def test_plan_shows_the_cluster_and_its_cost(tmp_path: Path) -> None:
     names = [c["name"] for c in doc["cost"]["other"]]
     assert any(n.startswith("EKS control plane") for n in names) and "EKS system nodes" in names
     assert doc["violations"] == []  # no policy violation, no provider-conformance finding
+    text = " ".join(CliRunner().invoke(app, ["plan", str(stack)]).output.split())
+    name = one(plan_config(eks_prod(), stack="prod"), CLUSTER).inputs["name"]
+    version = eks_catalog.default_version(eks_catalog.today()).version
+    assert (f"eks: EKS cluster {name}, Kubernetes {version}, private endpoint; add-ons coredns, "
+            "eks-node-monitoring-agent, eks-pod-identity-agent, kube-proxy, vpc-cni; system nodes 2 x "
+            "m7i.large; $220/month (control plane and system nodes)") in text
     assert "eks-prices" in doc["unverified_facts"] or any(
         f.get("id") == "eks-prices" for f in doc["unverified_facts"] if isinstance(f, dict))
 
@@ -474,6 +482,26 @@ def test_the_kubernetes_prod_passes_every_policy_and_gpu_limits_count_its_groups
 
 
 def test_a_system_type_without_a_price_is_a_pricing_error() -> None:
-    config = {**base(), "gpucluster:scheduler": {"type": "eks", "system_nodes": {"instance_type": "r7i.large"}}}
+    scheduler = {"type": "eks", "system_nodes": {"instance_type": "r7i.large"}}
+    config = {**base(), "gpucluster:scheduler": scheduler}
     with pytest.raises(PricingError, match=r"^scheduler.system_nodes.instance_type: no price for r7i.large"):
         price_stack(parse_stack_config(config, stack="t"))
+
+
+LOADED = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from base_config import base, plan_config
+plan_config(json.loads(sys.argv[1]))
+print(int("pulumi_kubernetes" in sys.modules), int("gpucluster.aws.eks" in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(("scheduler", "loaded"), [("none", "0 0"), ("eks", "1 1")])
+def test_only_an_eks_stack_loads_pulumi_kubernetes(scheduler: str, loaded: str) -> None:
+    config = {**base(), "gpucluster:scheduler": {"type": scheduler}}
+    code = LOADED.format(tests=str(REPO / "tests"))
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True,
+                          cwd=REPO, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == loaded

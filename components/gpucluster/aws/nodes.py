@@ -398,8 +398,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
     The Auto Scaling group is managed through an aws provider of its own (the stack's `aws:*`
     settings plus `ignore_tags` for the guardrails' stop-state tags), unless an aws provider is
     passed in `opts`: that one must ignore the tag prefixes `STOP_STATE_TAG_PREFIXES` itself.
-    Python users also get `asg` (the `aws.autoscaling.Group`) and `launch_template` (the
-    `aws.ec2.LaunchTemplate`).
+    Python users also get `asg` (the `aws.autoscaling.Group`), `launch_template` (the
+    `aws.ec2.LaunchTemplate`) and, on an EKS stack, `drain_hook` (its termination lifecycle hook).
     """
 
     asg_name: pulumi.Output[str] | None

@@ -75,15 +75,15 @@ RULES: list[Rule] = [
     buckets.s3_tls_only,
     buckets.s3_data_buckets_protected,
     buckets.s3_lifecycle_keeps_data,
+    eks.eks_private_endpoint,
+    eks.eks_control_plane_logging,
+    eks.eks_secrets_encrypted,
+    eks.eks_system_nodes_no_gpu,
     pcs.pcs_node_instance_profile,
     pcs.pcs_launch_template,
     pcs.pcs_slurm_traffic,
     pcs.pcs_login_no_gpu,
     pcs.pcs_accounting,
-    eks.eks_private_endpoint,
-    eks.eks_control_plane_logging,
-    eks.eks_secrets_encrypted,
-    eks.eks_system_nodes_no_gpu,
 ]
 """Every rule, in the order CrossGuard lists the policies and `gpucluster plan` reports violations."""
 

@@ -169,11 +169,13 @@ def test_every_gpu_node_role_has_an_ec2_linux_access_entry(plan: Plan) -> None:
 
 
 def test_gpu_node_roles_may_join_the_cluster(plan: Plan) -> None:
+    # NodeIdentity names its attachments <identity>-eks-worker/-eks-ecr/-eks-cni (aws/iam.py)
     attached = [r.inputs["policyArn"].rsplit("/", 1)[1]
                 for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
-                if "-eks-" in r.name and not r.name.split("-eks-")[0].endswith("-eks")]
-    for policy in ("AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly", "AmazonEKS_CNI_Policy"):
-        assert attached.count(policy) >= 2  # both GPU groups' roles (and the system role)
+                if r.name.endswith(("-eks-worker", "-eks-ecr", "-eks-cni"))
+                and not r.name.startswith("gpu-prod-eks-system-")]
+    assert sorted(attached) == sorted(2 * ["AmazonEKSWorkerNodePolicy", "AmazonEC2ContainerRegistryReadOnly",
+                                           "AmazonEKS_CNI_Policy"])  # both GPU groups' roles
 
 
 def test_the_kubernetes_provider_runs_aws_eks_get_token(plan: Plan) -> None:

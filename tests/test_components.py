@@ -395,7 +395,8 @@ OUTPUTS = {
     "NodeScripts": {"bucketName", "bucketArn", "bucketOwner", "bundleKey", "bundleSha256"},
     "GpuCluster": {"clusterName", "region", "vpcId", "subnetIds", "nodeGroups", "datasets", "notifyTopicArn",
                    "budgetName", "budgetActionTopicArn", "functionNames", "idleAlarmNames", "scheduleNames",
-                   "dashboardName", "dashboardUrl", "stuckAlarmNames", "pcsClusterId"},
+                   "dashboardName", "dashboardUrl", "stuckAlarmNames", "pcsClusterId",
+                   "eksClusterName"},
 }
 # Required inputs of every component (the rest are optional).
 REQUIRED = {

@@ -1,8 +1,8 @@
 """Provider conformance (gpucluster.conformance): plans against the SDKs' types and AWS's schemas.
 
 Every plan the project ships or the tests build is checked: the shipped stacks, the Slurm example,
-both `gpucluster init` scaffolds, and the variants other tests plan (observability, baked images,
-Slurm): none may have a finding (the PCS cluster goes through Cloud Control, whose document
+every `gpucluster init` scaffold, and the variants other tests plan (observability, baked images,
+Slurm, Kubernetes): none may have a finding (the PCS cluster goes through Cloud Control, whose document
 is checked against AWS::PCS::Cluster's schema). Fixtures show the check catching each kind of
 problem, so none of it passes for want of looking; the shipped schemas are checked against
 cfn-lint's copies byte for byte.
@@ -64,6 +64,13 @@ def two_slurm_groups(**scheduler: Any) -> dict[str, Any]:
     return with_(config, scheduler={"type": "slurm", "ami_id": AMI, **scheduler})
 
 
+def eks_prod() -> dict[str, Any]:
+    """tests/test_eks.py's Kubernetes prod: scheduler eks, a second zone for the control plane."""
+    config = prod()
+    config["gpucluster:network"]["availability_zones"] = ["us-east-1d", "us-east-1a"]
+    return with_(config, scheduler={"type": "eks", "teams": ["research", "eval"]})
+
+
 @cache
 def scaffold(scheduler: str, root: Path) -> Path:
     """`gpucluster init` with the scheduler, in a directory of its own: its dev stack file."""
@@ -110,6 +117,7 @@ PLANS: dict[str, tuple[bool, Callable[[Path], Planned]]] = {
     "examples/guard-existing-asgs": (False, lambda _: example("guard-existing-asgs")),
     "init --scheduler none": (False, lambda root: of(planned_once(str(scaffold("none", root))))),
     "init --scheduler slurm": (True, lambda root: of(planned_once(str(scaffold("slurm", root))))),
+    "init --scheduler eks": (False, lambda root: of(planned_once(str(scaffold("eks", root))))),
     "prod with observability": (False, lambda _: of(plan_config(
         with_(prod(), observability=OBSERVABILITY), "prod"))),
     "observability, an existing workspace": (False, lambda _: of(plan_config(
@@ -117,6 +125,7 @@ PLANS: dict[str, tuple[bool, Callable[[Path], Planned]]] = {
     "prod baked": (False, lambda _: of(plan_config(baked(prod()), "prod"))),
     "prod on Slurm": (True, lambda _: of(plan_config(
         with_(prod(), scheduler={"type": "slurm", "ami_id": AMI}), "prod"))),
+    "prod on Kubernetes": (False, lambda _: of(plan_config(eks_prod(), "prod"))),
     "Slurm, two groups, no accounting": (True, lambda _: of(plan_config(two_slurm_groups(accounting=False)))),
     "Slurm with observability": (True, lambda _: of(plan_config(
         with_(two_slurm_groups(), autostop={"idle_minutes": 30}, observability=OBSERVABILITY)))),

@@ -205,5 +205,34 @@ def test_init_scheduler_slurm_scaffolds_a_slurm_dev_stack_that_passes_preflight(
     assert "Jobs through Slurm" not in (tmp_path / "plain" / "README.md").read_text()
     bad = runner.invoke(app, ["init", str(tmp_path / "bad"), "--scheduler", "pbs"])
     assert bad.exit_code == 2
-    assert bad.output.strip() == "init: --scheduler: must be none or slurm, got 'pbs'"
+    assert bad.output.strip() == "init: --scheduler: must be none, slurm or eks, got 'pbs'"
     assert not (tmp_path / "bad").exists()
+
+
+def test_init_scheduler_eks_scaffolds_an_eks_dev_stack_that_plans_clean(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpucluster.spec.scheduler import eks_group_findings
+
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["init", "lab", "--scheduler", "eks"])
+    assert result.exit_code == 0, result.output
+    assert "runs Kubernetes on Amazon EKS" in result.output
+    text = (tmp_path / "lab" / "stacks" / "Pulumi.dev.yaml").read_text()
+    plain_text = scaffold.render("lab", VERSION, "gpucluster")["stacks/Pulumi.dev.yaml"]
+    assert text == plain_text.replace(
+        f"monthly_limit_usd: {scaffold.DEV_BUDGET_USD}\n",
+        f"monthly_limit_usd: {scaffold.EKS_DEV_BUDGET_USD}            # with the EKS control plane and "
+        "system nodes\n") + scaffold.EKS_SCHEDULER
+    config = yaml.safe_load(text)["config"]
+    assert config["gpucluster:scheduler"] == {"type": "eks", "endpoint_public": False, "teams": ["ml"],
+                                              "max_run_minutes": 720,
+                                              "system_nodes": {"instance_type": "m7i.large", "count": 2}}
+    spec = parse_stack_config(config, stack="dev")  # the spec's checks and preflight: no finding
+    assert spec.scheduler.eks
+    assert price_stack(spec).warnings == []  # within its budget with the control plane and system nodes
+    assert [list(eks_group_findings(g, "g")) for g in spec.node_groups] == [[]]
+    readme = (tmp_path / "lab" / "README.md").read_text()
+    assert "## Jobs on Kubernetes" in readme and "kubeconfig_command" in readme
+    assert "Jobs on Kubernetes" not in scaffold.render("lab", VERSION, "gpucluster")["README.md"]
+    planned = runner.invoke(app, ["plan", str(tmp_path / "lab" / "stacks" / "Pulumi.dev.yaml"), "--json"])
+    assert planned.exit_code == 0, planned.output  # no policy violation, no conformance finding

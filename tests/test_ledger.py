@@ -184,7 +184,7 @@ def test_each_condition_holds_for_the_stacks_that_have_it_and_only_them() -> Non
     cases = {
         "slurm": spec_of(slurm(base(), accounting=False)),
         "slurm_accounting": spec_of(slurm(base())),
-        "eks": changed(plain, "scheduler", type="eks"),
+        "eks": spec_of({**base(), "gpucluster:scheduler": {"type": "eks"}}),
         "baked": changed(plain, "images", bake=True),
         "prometheus": observed,
         "grafana": changed(observed, "observability", grafana=plain.observability.grafana.model_copy(

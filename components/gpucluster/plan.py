@@ -8,6 +8,7 @@ ignore_changes). It never talks to AWS or the Pulumi CLI.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import runpy
@@ -171,6 +172,17 @@ def _provider_computed(typ: str, name: str, inputs: dict[str, Any], region: str)
         return {"latestVersion": 1}  # a new template's first version
     if typ == "aws:sqs/queue:Queue":  # a queue's URL: https://sqs.<region>.amazonaws.com/<account>/<name>
         return {"url": f"https://sqs.{region}.amazonaws.com/{MOCK_ACCOUNT}/{inputs.get('name') or name}"}
+    if typ == "aws:eks/cluster:Cluster":
+        # What EKS computes: the endpoint, the CA (base64 of a PEM certificate: placeholder bytes of about
+        # its length), the service CIDR it picks, the security group it makes for the cluster.
+        ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n" + digest.encode() * 16
+                              + b"\n-----END CERTIFICATE-----\n").decode()
+        return {"endpoint": f"https://{digest[:32].upper()}.gr7.{region}.eks.amazonaws.com",
+                "certificateAuthority": {"data": ca},
+                "kubernetesNetworkConfig": {**(inputs.get("kubernetesNetworkConfig") or {}),
+                                            "serviceIpv4Cidr": "172.20.0.0/16"},
+                "vpcConfig": {**(inputs.get("vpcConfig") or {}),
+                              "clusterSecurityGroupId": f"sg-{digest[:17]}"}}
     if typ == "aws:cloudcontrol/resource:Resource" and str(inputs.get("typeName")).startswith("AWS::PCS::"):
         # Cloud Control's id is the type's primary identifier (AWS::PCS::Cluster: its Arn) and `properties`
         # the whole model, the document and the read-only properties (Id, Arn).

@@ -18,7 +18,7 @@ from typing import Any
 from gpucluster import spec as stack_spec
 from gpucluster.names import name_findings
 from gpucluster.node.bundle import scripts_source
-from gpucluster.node.multipart import PCS_USER_DATA_BYTES, multipart_size
+from gpucluster.node.multipart import EKS_NODE_CONFIG_BYTES, PCS_USER_DATA_BYTES, multipart_size
 from gpucluster.node.userdata import MAX_USER_DATA_BYTES, gzipped_size, node_bootstrap, render_user_data
 from gpucluster.noderole import (
     ROLE_INLINE_POLICIES_MAX_CHARS,
@@ -66,6 +66,11 @@ def user_data_size(spec: StackSpec) -> Iterable[Finding]:
                 # gzipped) and adds its own part (PCS_USER_DATA_BYTES; ledger: pcs-user-data-reserve).
                 size = multipart_size(render_user_data(bootstrap, source))
                 form, room = "as a MIME multi-part document", PCS_USER_DATA_BYTES
+            elif spec.scheduler.eks:
+                # nodeadm's NodeConfig part goes ahead of the script's (its CA known only at deploy time:
+                # EKS_NODE_CONFIG_BYTES holds the longest).
+                size = multipart_size(render_user_data(bootstrap, source))
+                form, room = "as a MIME multi-part document", EKS_NODE_CONFIG_BYTES
             else:
                 size, form, room = gzipped_size(bootstrap, source), "gzipped", 0
         except ValueError:
@@ -74,8 +79,13 @@ def user_data_size(spec: StackSpec) -> Iterable[Finding]:
             yield Finding(f"node_groups[{i}]", (
                 f"node user data would be {size} bytes {form}, over {limit - room} (EC2's "
                 f"{MAX_USER_DATA_BYTES} less room for deploy-time names"
-                f"{' and the part AWS PCS adds' if room else ''}): move files or setup to S3, or shorten "
+                f"{' and the part ' + _extra_part(spec) if room else ''}"
+                "): move files or setup to S3, or shorten "
                 "hook commands"))
+
+
+def _extra_part(spec: StackSpec) -> str:
+    return "EKS nodeadm reads" if spec.scheduler.eks else "AWS PCS adds"
 
 
 def node_role_size(spec: StackSpec) -> Iterable[Finding]:

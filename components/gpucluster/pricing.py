@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpucluster import catalog, schedule
+from gpucluster.catalog import eks as eks_catalog
 from gpucluster.node.metrics import DCGM_FIELDS
 from gpucluster.spec import NodeGroupConfig, StackSpec, baked_image
 from gpucluster.warmpool import warm_pool_basis, warm_pool_nodes
@@ -386,7 +387,8 @@ class OtherCost:
 
     name: str
     kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg", "warm_pool", "images",
-                  "flow_logs", "pcs", "volume_init"]
+                  "flow_logs", "pcs", "volume_init",
+                  "eks"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
@@ -549,6 +551,11 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                         scheduled_share=priced.scheduled_hours_per_month / priced.hours_per_month)
     yield from _boot_costs(spec, prices, assume, groups)
     yield from _pcs_costs(spec, groups)
+    try:  # an EKS stack's control plane and system nodes (catalog/eks.py; ledger: eks-prices)
+        yield from (OtherCost(f.name, "eks", f.usd_per_month, f.usd_per_month, f.basis, f.source, f.as_of)
+                    for f in eks_catalog.fees(spec.region, spec.scheduler, eks_catalog.today()))
+    except LookupError as err:
+        raise PricingError(str(err)) from None
     if spec.network.vpc_cidr is None:
         return  # an existing VPC: its NAT and endpoints are paid for already
     if spec.network.nat_gateway:

@@ -226,8 +226,24 @@ def broken_stack() -> list[Resource]:
                                threshold_type="PERCENTAGE", notification_type="ACTUAL",
                                subscriber_email_addresses=["ml-platform@example.com"])])
         _broken_pcs(t, lt, serve_lt)
+        _broken_eks(t)
 
     return _record(build)
+
+
+def _broken_eks(t: dict[str, str]) -> None:
+    """The EKS part of the broken stack: a prod cluster with a public endpoint, one log type and no
+    secrets encryption (eks-private-endpoint, eks-control-plane-logging, eks-secrets-encrypted), and a
+    managed node group of GPUs (eks-system-nodes-no-gpu)."""
+    cluster = aws.eks.Cluster("b-eks", role_arn="arn:aws:iam::123456789012:role/eks", version="1.34",
+                              vpc_config=aws.eks.ClusterVpcConfigArgs(
+                                  subnet_ids=["subnet-0aaaaaaaaaaaaaaaa"], endpoint_public_access=True),
+                              enabled_cluster_log_types=["api"], tags=tags("prod"))
+    aws.eks.NodeGroup("b-eks-system", cluster_name=cluster.name,
+                      node_role_arn="arn:aws:iam::123456789012:role/n",
+                      subnet_ids=["subnet-0aaaaaaaaaaaaaaaa"], instance_types=["p5.48xlarge"], tags=t,
+                      scaling_config=aws.eks.NodeGroupScalingConfigArgs(desired_size=1, min_size=1,
+                                                                        max_size=1))
 
 
 def _broken_pcs(t: dict[str, str], train_lt: aws.ec2.LaunchTemplate,

@@ -279,6 +279,16 @@ class NodeScriptsSourceModel(StrictModel):
     owner: Annotated[Any, input_rule(AccountId)]
 
 
+class EksNodeModel(StrictModel):
+    """GpuNodeGroupArgs.eks: the cluster the nodes join (values from EksCluster, Outputs pass through)."""
+
+    cluster_name: Annotated[str, _matches(r"[0-9A-Za-z][A-Za-z0-9_-]{0,99}", "must be an EKS cluster name")]
+    endpoint: Annotated[Any, input_rule(NonEmpty)]
+    certificate_authority: Annotated[Any, input_rule(NonEmpty)]
+    service_cidr: Annotated[Any, input_rule(NonEmpty)]
+    kubernetes_version: Annotated[str, _matches(r"1\.[0-9]{2}", "must be a Kubernetes version like 1.33")]
+
+
 class GpuNodeGroupModel(StrictModel):
     """GpuNodeGroupArgs, checked: the node group as the stack file checks it, plus where it runs."""
 
@@ -304,9 +314,10 @@ class GpuNodeGroupModel(StrictModel):
     observability: ObservabilityConfig = ObservabilityConfig()
     remote_write_url: Annotated[Any, input_rule(str)] = ""
     image: ImageGroupConfig | None = None
-    scheduler: Literal["none", "slurm"] = "none"
+    scheduler: Literal["none", "slurm", "eks"] = "none"
     slurm_ami_id: Annotated[Any, rule_of(NodeGroupConfig, "ami_id")] = None
     node_scripts: NodeScriptsSourceModel | None = None
+    eks: EksNodeModel | None = None
 
 
 def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
@@ -328,6 +339,8 @@ def node_group_checks(m: GpuNodeGroupModel) -> Iterable[Finding]:
         if d.access != "copy_to_scratch":
             yield from data_path_findings(d.path, f"data_mounts[{i}].path", [g.scratch_mount], placed)
             placed[d.name] = d.path
+    if (m.scheduler == "eks") != (m.eks is not None):
+        yield Finding("eks", "required with scheduler eks, and only then (the cluster the nodes join)")
     if g.health_checks.enabled and m.node_role_name is None:
         yield Finding("node_role_name", "required while node_group.health_checks.enabled: the nodes' role "
                       "must be allowed to answer the launch check (or set health_checks.enabled: false)")
@@ -344,6 +357,7 @@ class NodeIdentityModel(StrictModel):
     container_images: list[ContainerImage] = Field(default_factory=list)
     pcs: bool = False
     node_scripts: NodeScriptsSourceModel | None = None
+    eks: bool = False
 
 
 def identity_checks(m: NodeIdentityModel) -> Iterable[Finding]:

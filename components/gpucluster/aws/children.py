@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpucluster import catalog
+from gpucluster.catalog import eks as eks_catalog
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
 from gpucluster.pricing import guard_prices
@@ -32,11 +33,12 @@ from gpucluster.spec import (
 
 if TYPE_CHECKING:
     from gpucluster.aws.datasets import DatasetBucketArgs, LustreFileSystemArgs
+    from gpucluster.aws.eks import EksClusterArgs
     from gpucluster.aws.guardrails import GuardrailsArgs
     from gpucluster.aws.iam import NodeIdentityArgs
     from gpucluster.aws.images import NodeImagesArgs
     from gpucluster.aws.network import ClusterNetworkArgs
-    from gpucluster.aws.nodes import GpuNodeGroupArgs, NodeDataMount
+    from gpucluster.aws.nodes import EksNodeSettings, GpuNodeGroupArgs, NodeDataMount
     from gpucluster.aws.nodescripts import NodeScriptsArgs
     from gpucluster.aws.observability import ClusterDashboardArgs
     from gpucluster.aws.pcs import SlurmClusterArgs, SlurmComputeGroup
@@ -137,6 +139,8 @@ def node_identity_args(spec: StackSpec, grants: Sequence[S3Grant],
         args["container_images"] = images
     if spec.scheduler.slurm:  # AWS PCS launches the nodes: the profile PCS accepts, registration
         args["pcs"] = True
+    if spec.scheduler.eks:  # the nodes join an EKS cluster
+        args["eks"] = True
     return with_boundary(spec, args)  # type: ignore[return-value]
 
 
@@ -159,7 +163,7 @@ def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequ
                     instance_profile_arn: Any, data_mounts: Sequence[NodeDataMount],
                     node_role_name: Any = None, notify_topic_arn: Any = "",
                     notify_key_arn: Any = "", remote_write_url: Any = None,
-                    node_scripts: Any = None) -> GpuNodeGroupArgs:
+                    node_scripts: Any = None, eks: EksNodeSettings | None = None) -> GpuNodeGroupArgs:
     """One node group in the network's subnets for its zones, with every dataset mounted.
 
     `node_role_name` is the role of `instance_profile_arn` (it gets the group's health
@@ -189,6 +193,9 @@ def node_group_args(spec: StackSpec, group: NodeGroupConfig, *, subnet_ids: Sequ
         args["scheduler"] = "slurm"
         if spec.scheduler.ami_id is not None:
             args["slurm_ami_id"] = spec.scheduler.ami_id
+    if eks is not None:  # an EKS stack: the group is a self-managed node group of this cluster
+        args["scheduler"] = "eks"
+        args["eks"] = eks
     return args  # type: ignore[return-value]
 
 
@@ -208,7 +215,8 @@ def guardrails_args(spec: StackSpec, asgs: Mapping[str, tuple[Any, Any]]) -> Gua
         "tag_groups": False, "notify_emails": list(spec.notifications.emails),
         # gpucluster's own nodes run gpucluster-job: `run --restart-on-replace` works on them (not on a
         # Slurm stack: no Auto Scaling group to watch; Slurm requeues its jobs)
-        "restart_jobs": not spec.scheduler.slurm,
+        # (nor on an EKS stack: Kueue requeues a preempted job's workload)
+        "restart_jobs": not spec.scheduler.slurm and not spec.scheduler.eks,
     }
     if spec.budget is not None:
         args["budget"] = settings(spec.budget)
@@ -325,3 +333,28 @@ def images_args(spec: StackSpec, *, vpc_id: Any, subnet_id: Any,
     if images.schedule is not None:
         args["schedule"] = images.schedule
     return with_boundary(spec, args)  # type: ignore[return-value]
+
+
+def kubernetes_version(spec: StackSpec) -> str:
+    """The EKS cluster's Kubernetes version: the stack's, else the catalog's newest in standard support."""
+    return eks_catalog.resolved_version(spec.scheduler.kubernetes_version, eks_catalog.today())
+
+
+def eks_cluster_args(spec: StackSpec, *, subnet_ids: Sequence[Any]) -> EksClusterArgs:
+    """An EKS stack's control plane in the stack's private subnets, with its system node group."""
+    s = spec.scheduler
+    args: dict[str, Any] = {
+        "cluster_name": spec.cluster.name, "identity": spec.identity, "region": spec.region,
+        "tags": spec.tags, "kubernetes_version": kubernetes_version(spec),
+        "endpoint_public": s.endpoint_public, "subnet_ids": list(subnet_ids),
+        "system_instance_type": s.system_nodes.instance_type, "system_count": s.system_nodes.count,
+    }
+    return with_boundary(spec, args)  # type: ignore[return-value]
+
+
+def eks_node(spec: StackSpec, *, cluster_name: str, endpoint: Any, certificate_authority: Any,
+             service_cidr: Any) -> EksNodeSettings:
+    """What every GPU node group of an EKS stack tells nodeadm: the cluster it joins."""
+    return {"cluster_name": cluster_name, "endpoint": endpoint,
+            "certificate_authority": certificate_authority,
+            "service_cidr": service_cidr, "kubernetes_version": kubernetes_version(spec)}

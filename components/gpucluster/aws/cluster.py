@@ -18,7 +18,11 @@ once the guardrails exist (no resource cycle: the topic depends on no group).
 On a Slurm stack (`scheduler: {type: slurm}`) the AWS PCS cluster and its login group come after the
 network (`gpucluster.aws.pcs`, loaded only then), every node group's launch template carries the Slurm
 security group too, and each group becomes a PCS compute node group and queue on its own launch
-template instead of an Auto Scaling group; the stack exports `pcs_cluster_id`.
+template instead of an Auto Scaling group; the stack exports `pcs_cluster_id`. On an EKS stack
+(`scheduler: {type: eks}`) the EKS control plane and its system node group come after the network
+(`gpucluster.aws.eks`, loaded only then), every node group stays an Auto Scaling group that joins the
+cluster (its nodes carry the cluster's security group, its role an access entry), and the stack exports
+`eks_cluster_name` and `kubeconfig_command`.
 """
 
 from collections.abc import Callable, Mapping
@@ -58,6 +62,7 @@ from gpucluster.parts import S3Grant
 from gpucluster.spec import DIY_ORGANIZATION, StackSpec, baked_image, launches_baked
 
 if TYPE_CHECKING:
+    from gpucluster.aws.eks import EksCluster
     from gpucluster.aws.pcs import SlurmCluster
     from gpucluster.aws.prometheus import MetricsWorkspace
 
@@ -252,6 +257,29 @@ def build_slurm(name: str, spec: StackSpec, network: ClusterNetwork,
         opts=opts)
 
 
+def build_eks(name: str, spec: StackSpec, network: ClusterNetwork,
+              opts: pulumi.ResourceOptions) -> "EksCluster | None":
+    """An EKS stack's control plane, add-ons and system node group (None otherwise, and then neither
+    `gpucluster.aws.eks` nor pulumi-kubernetes is loaded); GPU node roles are added as they exist."""
+    if not spec.scheduler.eks:
+        return None
+    from gpucluster.aws.eks import EksCluster
+
+    return EksCluster(name, children.eks_cluster_args(
+        spec, subnet_ids=[network.subnets[z] for z in spec.network.availability_zones]), opts=opts)
+
+
+def eks_node(spec: StackSpec, eks: "EksCluster | None") -> Any:
+    """What a GPU node group of an EKS stack is told of its cluster (None on other stacks)."""
+    if eks is None:
+        return None
+    from gpucluster.aws.eks import eks_cluster_name
+
+    return children.eks_node(spec, cluster_name=eks_cluster_name(spec.cluster.name, spec.identity),
+                             endpoint=eks.endpoint, certificate_authority=eks.certificate_authority,
+                             service_cidr=eks.service_cidr)
+
+
 def group_handles(groups: Mapping[str, GpuNodeGroup],
                   pcs: "SlurmCluster | None") -> dict[str, tuple[Any, Any]]:
     """Node group name -> (name, ARN) the guardrails and the dashboard act on: its Auto Scaling group's,
@@ -295,9 +323,10 @@ class GpuCluster(pulumi.ComponentResource):
     NodeIdentity; `node_identity` is the first group's), `groups`
     (node group name -> GpuNodeGroup, whose `.asg` the guardrails act on), `guardrails`, `dashboard`
     (ClusterDashboard), `spec`
-    (the checked StackSpec), `outputs` (what the stack exports) and `pcs` (None on a `type: none`
+    (the checked StackSpec), `outputs` (what the stack exports), `pcs` (None on a `type: none`
     stack; on a Slurm stack the `SlurmCluster`: `cluster_id`, `cluster_arn`, `node_group_ids`: group
-    name, `login` included -> its PCS compute node group id).
+    name, `login` included -> its PCS compute node group id) and `eks` (on an EKS stack the `EksCluster`:
+    `k8s_provider`, `cluster_name`, `node_role_arns`; else None).
     """
 
     cluster_name: pulumi.Output[str]
@@ -332,6 +361,8 @@ class GpuCluster(pulumi.ComponentResource):
     """Node group name -> its stuck-job alarm (groups with health_checks.stuck_alarm_minutes)."""
     pcs_cluster_id: pulumi.Output[str] | None
     """A Slurm stack's AWS PCS cluster (scheduler type slurm)."""
+    eks_cluster_name: pulumi.Output[str] | None
+    """An EKS stack's cluster (scheduler type eks)."""
 
     def __init__(self, name: str, args: GpuClusterArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
@@ -362,6 +393,8 @@ class GpuCluster(pulumi.ComponentResource):
         self.node_identities: dict[str, NodeIdentity] = {}
         self.groups: dict[str, GpuNodeGroup] = {}
         self.pcs = build_slurm(f"{name}-pcs", spec, self.network, child)
+        self.eks = build_eks(f"{name}-eks", spec, self.network, child)
+        eks_settings = eks_node(spec, self.eks)
         try:
             for i, group in enumerate(spec.node_groups):
                 # One role per group: IAM scopes SetInstanceHealth to a group, not to an instance.
@@ -373,6 +406,10 @@ class GpuCluster(pulumi.ComponentResource):
                 network = self.network.groups[group.name]
                 # A Slurm stack's nodes also carry the Slurm security group, on every interface.
                 slurm_sg = [self.pcs.node_security_group.id] if self.pcs is not None else []
+                # An EKS stack's nodes carry the cluster's security group: the control plane and the
+                # system nodes reach them, and they reach both.
+                if self.eks is not None:
+                    slurm_sg.append(self.eks.cluster_security_group_id)
                 self.groups[group.name] = GpuNodeGroup(f"{name}-{group.name}", children.node_group_args(
                     spec, group, subnet_ids=network.subnet_ids,
                     security_group_ids=[network.security_group.id, *slurm_sg],
@@ -380,8 +417,10 @@ class GpuCluster(pulumi.ComponentResource):
                     instance_profile_arn=identity.instance_profile_arn, data_mounts=mounts,
                     node_role_name=identity.role_name, notify_topic_arn=topic_arn, notify_key_arn=key_arn,
                     remote_write_url=self.metrics.remote_write_url if self.metrics else None,
-                    node_scripts=self.node_scripts.source),
+                    node_scripts=self.node_scripts.source, eks=eks_settings),
                     opts=child)
+                if self.eks is not None:
+                    self.eks.add_node_role(group.name, identity.role_arn)
                 if self.pcs is not None:
                     nodes = self.groups[group.name]
                     self.pcs.add_node_group(children.slurm_compute_group(
@@ -390,6 +429,8 @@ class GpuCluster(pulumi.ComponentResource):
                         instance_profile_arn=identity.instance_profile_arn, subnet_ids=network.subnet_ids))
             if self.pcs is not None:
                 self.pcs.finish()
+            if self.eks is not None:
+                self.eks.finish()
             self.guardrails = Guardrails(f"{name}-guardrails", children.guardrails_args(
                 spec, group_handles(self.groups, self.pcs)), opts=child, pcs=pcs_guard(self.pcs))
         finally:
@@ -432,6 +473,8 @@ class GpuCluster(pulumi.ComponentResource):
             "node_groups": node_groups,
             "datasets": datasets,
             **({"pcs_cluster_id": self.pcs.cluster_id} if self.pcs is not None else {}),
+            **({"eks_cluster_name": self.eks.cluster_name, "kubeconfig_command": self.eks.kubeconfig_command}
+               if self.eks is not None else {}),
             **self.guardrails.outputs,
             **({"image_pipeline_arns": self.images.pipeline_arns} if self.images else {}),
             "dashboard_name": self.dashboard.dashboard_name,
@@ -459,4 +502,5 @@ class GpuCluster(pulumi.ComponentResource):
         self.dashboard_url = self.dashboard.dashboard_url
         self.stuck_alarm_names = self.dashboard.stuck_alarm_names
         self.pcs_cluster_id = self.pcs.cluster_id if self.pcs is not None else None
+        self.eks_cluster_name = self.eks.cluster_name if self.eks is not None else None
         self.register_outputs(self.outputs)

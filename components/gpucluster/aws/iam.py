@@ -39,6 +39,11 @@ from gpucluster.noderole import (
 MANAGED_POLICIES = {
     "ssm": "AmazonSSMManagedInstanceCore",
 }
+# What a node of an EKS stack also needs: join the cluster, pull images from ECR, and run the VPC CNI
+# (Amazon EKS user guide, "Amazon EKS node IAM role"; ledger: eks-cluster-role-policies). No OIDC provider:
+# pods that need AWS use EKS Pod Identity.
+EKS_NODE_POLICIES = {"eks-worker": "AmazonEKSWorkerNodePolicy",
+                     "eks-ecr": "AmazonEC2ContainerRegistryReadOnly", "eks-cni": "AmazonEKS_CNI_Policy"}
 OLD_TYPE = "gpucluster:iam:NodeIdentity"
 
 
@@ -88,6 +93,8 @@ class NodeIdentityArgs(TypedDict):
     """Nodes AWS PCS launches (a Slurm stack): role and profile under /aws-pcs/, may register with PCS."""
     node_scripts: NotRequired[NodeScriptsSource]
     """A NodeScripts bucket: nodes may read its node-scripts/ prefix (s3:GetObject only), nothing else."""
+    eks: NotRequired[bool]
+    """Nodes of an EKS stack: the role also joins the cluster, pulls from ECR and runs the VPC CNI."""
 
 
 class NodeIdentity(pulumi.ComponentResource):
@@ -125,7 +132,7 @@ class NodeIdentity(pulumi.ComponentResource):
             permissions_boundary=boundary_arn(partition, account, m.permissions_boundary)
             if m.permissions_boundary else None,
             tags=dict(tags), opts=child)
-        for part, policy in MANAGED_POLICIES.items():
+        for part, policy in {**MANAGED_POLICIES, **(EKS_NODE_POLICIES if m.eks else {})}.items():
             aws.iam.RolePolicyAttachment(
                 f"{name}-{part}", role=self.role.name,
                 policy_arn=pulumi.Output.concat("arn:", partition, f":iam::aws:policy/{policy}"),

@@ -16,7 +16,13 @@ its subnets, security groups, placement group and instance profile as ids, so
 it drops into a VPC gpucluster did not build. On a Slurm stack (`scheduler: slurm`) AWS PCS
 launches the nodes from the launch template alone (`gpucluster.aws.pcs`): no Auto Scaling group, no
 launch hook; the placement group and an on-demand reservation go in the template, the user data is
-a MIME multi-part document (`node/multipart.py`).
+a MIME multi-part document (`node/multipart.py`). On an EKS stack (`scheduler: eks`) the group stays an
+Auto Scaling group and becomes an EKS self-managed node group: the EKS-optimised Amazon Linux 2023 NVIDIA
+AMI of the cluster's Kubernetes version (its public SSM parameter, resolved once like the default AMI)
+unless the group pins one, a `nodeadm` NodeConfig part ahead of the bootstrap in MIME user data, the
+`kubernetes.io/cluster/<name>` tag and the cluster-autoscaler's node-template tags (`eks_asg_tags`: a group
+scales from zero), and a termination lifecycle hook so the termination handler drains a node before any
+scale-in (a guard's stop included) takes it.
 """
 
 import inspect
@@ -46,10 +52,18 @@ from gpucluster.aws.settings import (
     ObservabilitySettings,
     SpotSettings,
 )
+from gpucluster.catalog import eks as eks_catalog
 from gpucluster.fleet.tags import NODE_GROUP_TAG
 from gpucluster.node.bundle import scripts_source
 from gpucluster.node.metrics import group_metrics
-from gpucluster.node.multipart import PCS_USER_DATA_BYTES, encode_multipart_user_data
+from gpucluster.node.multipart import (
+    GPU_TAINT,
+    PCS_USER_DATA_BYTES,
+    encode_multipart_user_data,
+    node_config,
+    node_labels,
+    purchase_label,
+)
 from gpucluster.node.userdata import (
     MAX_USER_DATA_BYTES,
     encode_user_data,
@@ -65,6 +79,20 @@ from gpucluster.spec import CapacityConfig, NodeGroupConfig
 DEFAULT_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
 ROOT_DEVICE = "/dev/sda1"  # the root device name of Ubuntu AMIs, the DLAMI included
+# The EKS-optimised Amazon Linux 2023 AMIs' root device (ledger: eks-al2023-nvidia-ami-parameter).
+EKS_ROOT_DEVICE = "/dev/xvda"
+# The termination hook of an EKS group: the AWS Node Termination Handler (queue mode) drains the node and
+# completes the action; past the timeout the instance terminates anyway (CONTINUE). EC2 Auto Scaling user
+# guide, "Amazon EC2 Auto Scaling lifecycle hooks"; the drain time is ours (ledger: eks-drain-hook).
+DRAIN_HOOK_NAME = "gpucluster-drain"
+TERMINATE_TRANSITION = "autoscaling:EC2_INSTANCE_TERMINATING"
+DRAIN_TIMEOUT_SECONDS = 600
+# cluster-autoscaler's AWS provider (its README, "Auto-Discovery Setup" and "Scaling a node group to 0";
+# ledger: eks-autoscaler-node-template-tags): the tags it discovers a group by and reads the nodes of an
+# empty group from.
+AUTOSCALER_TAG = "k8s.io/cluster-autoscaler"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+GPU_RESOURCE = "nvidia.com/gpu"
 IMDS_HOP_LIMIT = 2  # one hop more than the host, so containers reach IMDSv2 (EC2 user guide, IMDS)
 LATEST = "$Latest"
 OLD_TYPE = "gpucluster:nodes:GpuNodeGroup"
@@ -262,6 +290,29 @@ def pcs_launch_options(group: NodeGroupConfig, placement_group: pulumi.Input[str
     return options
 
 
+def eks_purchase(group: NodeGroupConfig) -> str:
+    """The group's purchase label on EKS (on-demand, spot or capacity-block)."""
+    return purchase_label(group.capacity.market, group.capacity.spot_percent)
+
+
+def eks_asg_tags(group: NodeGroupConfig, cluster: str) -> dict[str, str]:
+    """The Auto Scaling group's tags on an EKS stack: ownership by the cluster, the cluster-autoscaler's
+    discovery, and its node template (labels, the GPU taint, GPUs and EFA devices of the group's first
+    type), so it scales a group up from zero nodes."""
+    first = group.types[0]
+    template = f"{AUTOSCALER_TAG}/node-template"
+    tags = {f"kubernetes.io/cluster/{cluster}": "owned", f"{AUTOSCALER_TAG}/enabled": "true",
+            f"{AUTOSCALER_TAG}/{cluster}": "owned"}
+    tags |= {f"{template}/label/{k}": v for k, v in node_labels(group.name, eks_purchase(group)).items()}
+    key, value, effect = GPU_TAINT
+    tags[f"{template}/taint/{key}"] = f"{value}:{effect}"
+    tags[f"{template}/resources/{GPU_RESOURCE}"] = str(first.gpus)
+    if group.efa_enabled:
+        efa = sum(1 for nic in network_interfaces(first, True) if nic.interface_type in ("efa", "efa-only"))
+        tags[f"{template}/resources/{EFA_RESOURCE}"] = str(efa)
+    return tags
+
+
 def can_hold_spot(group: NodeGroupConfig) -> bool:
     return group.capacity.market == "mixed" and group.capacity.spot_percent > 0
 
@@ -290,6 +341,21 @@ class NodeDataMount(TypedDict):
     """access fsx: the fingerprints AWS's Lustre client apt key may have (40 hex digits; none: not pinned)."""
     expected_bucket_owner: NotRequired[pulumi.Input[str]]
     """The 12-digit account that must own the bucket: the nodes' S3 calls name it (default: none named)."""
+
+
+class EksNodeSettings(TypedDict):
+    """The EKS cluster a GPU node group's nodes join (GpuNodeGroupArgs.eks): what nodeadm is told."""
+
+    cluster_name: str
+    """The EKS cluster's name."""
+    endpoint: pulumi.Input[str]
+    """Its API server endpoint."""
+    certificate_authority: pulumi.Input[str]
+    """Its CA, base64."""
+    service_cidr: pulumi.Input[str]
+    """Its service CIDR."""
+    kubernetes_version: str
+    """Its Kubernetes version (the AMI's SSM parameter names it)."""
 
 
 class GpuNodeGroupArgs(TypedDict):
@@ -333,9 +399,12 @@ class GpuNodeGroupArgs(TypedDict):
     """The group's pinned baked image (ami_id, driver, cuda): launch from it, install nothing at boot."""
     scheduler: NotRequired[str]
     """none (default): an Auto Scaling group launches the nodes; slurm: AWS PCS does, from the launch
-    template alone (no Auto Scaling group, placement and reservation in the template, MIME user data)."""
+    template alone (no Auto Scaling group, placement and reservation in the template, MIME user data);
+    eks: an Auto Scaling group as an EKS self-managed node group (needs `eks`)."""
     slurm_ami_id: NotRequired[str]
     """slurm: the AMI (PCS agent and Slurm) of a group with neither a baked image nor an ami_id."""
+    eks: NotRequired[EksNodeSettings]
+    """eks: the cluster the nodes join (name, endpoint, CA, service CIDR, Kubernetes version)."""
     node_scripts: NotRequired[NodeScriptsSource]
     """A NodeScripts bucket (its `source`): nodes fetch the shipped scripts from it and check their
     sha256, the user data keeps only the loader and settings (absent: every script in the user data,
@@ -348,8 +417,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
     The Auto Scaling group is managed through an aws provider of its own (the stack's `aws:*`
     settings plus `ignore_tags` for the guardrails' stop-state tags), unless an aws provider is
     passed in `opts`: that one must ignore the tag prefixes `STOP_STATE_TAG_PREFIXES` itself.
-    Python users also get `asg` (the `aws.autoscaling.Group`) and `launch_template` (the
-    `aws.ec2.LaunchTemplate`).
+    Python users also get `asg` (the `aws.autoscaling.Group`), `launch_template` (the
+    `aws.ec2.LaunchTemplate`) and, on an EKS stack, `drain_hook` (its termination lifecycle hook).
     """
 
     asg_name: pulumi.Output[str] | None
@@ -385,7 +454,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
                               "http_put_response_hop_limit": IMDS_HOP_LIMIT,
                               "instance_metadata_tags": "disabled"},
-            block_device_mappings=[{"device_name": ROOT_DEVICE, "ebs": {
+            block_device_mappings=[{"device_name": self._root_device(m), "ebs": {
                 "volume_size": group.root_volume_size_gib, "volume_type": "gp3", "encrypted": "true",
                 "delete_on_termination": "true",
                 **({"volume_initialization_rate": rate}
@@ -423,6 +492,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
                                    "launch_template_version": self.launch_template_version})
             return
         capacity = self._capacity(group)
+        asg_tags = [aws.autoscaling.GroupTagArgs(key=key, value=value, propagate_at_launch=True)
+                    for key, value in tags.items()]
+        if m.eks is not None:  # the autoscaler reads the group's tags, not the instances'
+            asg_tags += [aws.autoscaling.GroupTagArgs(key=key, value=value,
+                                                      propagate_at_launch=key.startswith("kubernetes.io/"))
+                         for key, value in eks_asg_tags(group, m.eks.cluster_name).items()]
         asg = self.asg = aws.autoscaling.Group(
             f"{name}-asg",
             min_size=group.min_nodes,
@@ -432,7 +507,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             placement_group=m.placement_group_name,
             capacity_rebalance=can_hold_spot(group) and m.spot.handle_rebalance,
             wait_for_capacity_timeout="0",  # GPU capacity may take hours: never block `pulumi up`
-            tags=[{"key": key, "value": value, "propagate_at_launch": True} for key, value in tags.items()],
+            tags=asg_tags,
             metrics_granularity="1Minute", enabled_metrics=[aws.autoscaling.Metric(m) for m in GROUP_METRICS],
             # The guardrail Lambdas set min and desired to 0 when they stop a group (DESIGN.md): if
             # Pulumi owned these fields, the next `pulumi up` would silently restart what they stopped.
@@ -459,6 +534,13 @@ class GpuNodeGroup(pulumi.ComponentResource):
             self.health_policy = aws.iam.RolePolicy(
                 f"{name}-health", role=m.node_role_name, policy=self._health_policy(m, asg.arn),
                 opts=child)
+        self.drain_hook: aws.autoscaling.LifecycleHook | None = None
+        if m.eks is not None:
+            self.drain_hook = aws.autoscaling.LifecycleHook(
+                f"{name}-drain", aws.autoscaling.LifecycleHookArgs(
+                    autoscaling_group_name=asg.name, name=DRAIN_HOOK_NAME,
+                    lifecycle_transition=TERMINATE_TRANSITION, default_result="CONTINUE",
+                    heartbeat_timeout=DRAIN_TIMEOUT_SECONDS), opts=child)
         self.asg_name = asg.name
         self.asg_arn = asg.arn
         self.launch_template_id = self.launch_template.id
@@ -485,10 +567,20 @@ class GpuNodeGroup(pulumi.ComponentResource):
         args["region"] = region
         return aws.Provider(f"{name}-asg-provider", **args, opts=pulumi.ResourceOptions(parent=self))
 
+    @staticmethod
+    def _root_device(m: GpuNodeGroupModel) -> str:
+        """Amazon Linux's root device on the EKS AMI, Ubuntu's (the DLAMI's, a pinned image's) otherwise."""
+        if m.eks is not None and pinned_ami(m) is None and m.node_group.ami_ssm_parameter is None:
+            return EKS_ROOT_DEVICE
+        return ROOT_DEVICE
+
     def _image_id(self, group: NodeGroupConfig, m: GpuNodeGroupModel) -> pulumi.Input[str]:
         if (ami := pinned_ami(m)) is not None:
             return ami
-        parameter = group.ami_ssm_parameter or DEFAULT_AMI_PARAMETER
+        # An invoke (resolved once, kept by ignore_changes like the default AMI), not `resolve:ssm:` in the
+        # template: that would resolve at every launch, so one group's nodes could boot different AMIs.
+        default = eks_catalog.ami_parameter(m.eks.kubernetes_version) if m.eks else DEFAULT_AMI_PARAMETER
+        parameter = group.ami_ssm_parameter or default
         return aws.ssm.get_parameter_output(name=parameter, opts=pulumi.InvokeOptions(parent=self)).value
 
     @staticmethod
@@ -496,10 +588,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
         """Render once every bucket/FSx name a mount depends on, and the topic, are known."""
         values = [v for d in data_mounts
                   for v in (d.bucket_name, d.fsx_dns_name, d.fsx_mount_name, d.expected_bucket_owner)]
+        eks = m.eks
 
         def render(resolved: list[Any]) -> str:
-            topic, url, bucket, owner, resolved = (resolved[0], resolved[1], resolved[2], resolved[3],
-                                                   resolved[4:])
+            topic, url, bucket, owner, endpoint, ca, cidr, resolved = (
+                resolved[0], resolved[1], resolved[2], resolved[3], resolved[4], resolved[5], resolved[6],
+                resolved[7:])
             mounts = [replace(d, bucket_name=resolved[4 * i], fsx_dns_name=resolved[4 * i + 1],
                               fsx_mount_name=resolved[4 * i + 2], expected_bucket_owner=resolved[4 * i + 3])
                       for i, d in enumerate(data_mounts)]
@@ -510,12 +604,18 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 baked=baked_ami(m) is not None), scripts_source(bucket, owner) if bucket else None)
             if m.scheduler == "slurm":
                 return encode_multipart_user_data(script, MAX_USER_DATA_BYTES - PCS_USER_DATA_BYTES)
+            if eks is not None:
+                group = m.node_group
+                return encode_multipart_user_data(script, MAX_USER_DATA_BYTES, node_config(
+                    cluster_name=eks.cluster_name, endpoint=endpoint, certificate_authority=ca, cidr=cidr,
+                    labels=node_labels(group.name, eks_purchase(group))))
             return encode_user_data(script)
 
         scripts = m.node_scripts
         return pulumi.Output.all(m.notify_topic_arn, m.remote_write_url,
                                  scripts.bucket_name if scripts else "", scripts.owner if scripts else "",
-                                 *values).apply(render)
+                                 eks.endpoint if eks else "", eks.certificate_authority if eks else "",
+                                 eks.service_cidr if eks else "", *values).apply(render)
 
     @staticmethod
     def _health_policy(m: GpuNodeGroupModel, asg_arn: pulumi.Input[str] | None) -> pulumi.Output[str]:

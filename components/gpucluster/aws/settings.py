@@ -18,6 +18,7 @@ from gpucluster.spec import (
     BudgetConfig,
     ClusterConfig,
     DatasetConfig,
+    EksSystemNodesConfig,
     GrafanaConfig,
     HealthCheckConfig,
     ImageGroupConfig,
@@ -389,11 +390,20 @@ class SlurmLoginSettings(TypedDict):
     """Login nodes, always running (static capacity)."""
 
 
+class EksSystemNodesSettings(TypedDict):
+    """The EKS system node group: the cluster's controllers (no GPUs)."""
+
+    instance_type: NotRequired[str]
+    """A CPU instance type for Kueue, the autoscaler, the termination handler and CoreDNS."""
+    count: NotRequired[int]
+    """System nodes, always running (two so a controller survives one node's loss)."""
+
+
 class SchedulerSettings(TypedDict):
-    """The stack file's `scheduler`: gpucluster's own launcher, or Slurm on an AWS PCS cluster."""
+    """The stack file's `scheduler`: gpucluster's own launcher, Slurm on AWS PCS, or Kubernetes on EKS."""
 
     type: NotRequired[str]
-    """`none`: Auto Scaling groups and `gpucluster run`; `slurm`: an AWS PCS cluster, jobs through sbatch."""
+    """`none`: Auto Scaling groups and `gpucluster run`; `slurm`: AWS PCS, sbatch; `eks`: EKS, Kueue."""
     slurm_version: NotRequired[str]
     """The PCS cluster's Slurm major version (24.11, 25.05 or 25.11); the AMI must carry the same."""
     size: NotRequired[str]
@@ -404,6 +414,16 @@ class SchedulerSettings(TypedDict):
     """An AMI with the AWS PCS agent and Slurm of slurm_version, for every group without a baked image."""
     login: NotRequired[SlurmLoginSettings]
     """The login node group."""
+    kubernetes_version: NotRequired[str]
+    """The EKS cluster's Kubernetes version (default: the catalog's newest in standard support)."""
+    endpoint_public: NotRequired[bool]
+    """Also expose the EKS API endpoint publicly (default: private, reached from the VPC)."""
+    teams: NotRequired[list[str]]
+    """Team namespaces, each with a Kueue LocalQueue on the cluster's GPU queue."""
+    max_run_minutes: NotRequired[int]
+    """A job's default maximum run time on EKS (Kueue's maximum execution time) unless it sets its own."""
+    system_nodes: NotRequired[EksSystemNodesSettings]
+    """The EKS system node group for controllers."""
 
 
 # The pydantic model each settings type is checked with (a test keeps their keys in step).
@@ -424,5 +444,6 @@ SETTINGS_MODELS: dict[type, type[BaseModel]] = {
     ImageGroupSettings: ImageGroupConfig,
     SchedulerSettings: SchedulerConfig,
     SlurmLoginSettings: SlurmLoginConfig,
+    EksSystemNodesSettings: EksSystemNodesConfig,
     NotificationsSettings: NotificationsConfig,
 }

@@ -532,9 +532,10 @@ def init(
                            "the bootstrap script that makes the boundary (run it once per account first).")
     ] = False,
     scheduler: Annotated[str, typer.Option(
-        "--scheduler", metavar="none|slurm",
+        "--scheduler", metavar="none|slurm|eks",
         help="slurm: the dev stack runs Slurm on AWS PCS (a partition per node group, a login node, "
-             "jobs through sbatch); none: gpucluster's own launcher.")] = "none",
+             "jobs through sbatch); eks: Kubernetes on Amazon EKS (the node group joins the cluster, jobs "
+             "queue in Kueue); none: gpucluster's own launcher.")] = "none",
     ami_id: Annotated[str | None, typer.Option(
         "--ami-id", metavar="AMI",
         help="With --scheduler slurm (required): the AMI the login and compute nodes boot, carrying the AWS "
@@ -565,6 +566,9 @@ def init(
     if scheduler == "slurm":
         typer.echo(f"slurm: the dev stack runs Slurm on AWS PCS; its login and compute nodes boot {ami_id} "
                    "(gpucluster:scheduler.ami_id, README.md \"Jobs through Slurm\")")
+    if scheduler == "eks":
+        typer.echo("eks: the dev stack runs Kubernetes on Amazon EKS; its node group joins the cluster "
+                   "(README.md \"Jobs on Kubernetes\")")
     typer.echo(f"next: {next_step}   (README.md has the steps to deploy)")
 
 

@@ -277,6 +277,7 @@ def plan_lines(result: Plan, cost: StackCost | str, violations: list[Violation],
                  f"{len(custom)} resources in {len(result.resources) - len(custom)} components", "bold")]
     out += node_group_lines(result, cost)
     out += slurm_lines(result)
+    out += eks_lines(result, cost)
     out += cost_lines(result.stack, cost)
     out += violation_lines(violations)
     for warning in warnings:  # valid, but against advice (e.g. spot in a multi-node EFA group)
@@ -320,6 +321,25 @@ def slurm_lines(result: Plan) -> list[str]:
     return wrap(f"slurm: AWS PCS cluster, Slurm {document.get('Scheduler', {}).get('Version')}, "
                 f"{str(document.get('Size', '')).lower()}, accounting {'on' if accounting else 'off'}; "
                 f"queues {', '.join(queues) or 'none'}; {login or 'no login group'} (no queue)")
+
+
+def eks_lines(result: Plan, cost: StackCost | str) -> list[str]:
+    """An EKS stack's cluster as planned: its name, Kubernetes version, endpoint and add-ons, the system
+    node group, and what the control plane and system nodes cost a month; nothing on other stacks."""
+    clusters = result.of_type("aws:eks/cluster:Cluster")
+    if not clusters:
+        return []
+    cluster = clusters[0].inputs
+    public = (cluster.get("vpcConfig") or {}).get("endpointPublicAccess")
+    addons = sorted(str(a.inputs.get("addonName")) for a in result.of_type("aws:eks/addon:Addon"))
+    system = ", ".join(f"{(g.inputs.get('scalingConfig') or {}).get('desiredSize', 0):g} x "
+                       f"{'/'.join(g.inputs.get('instanceTypes') or [])}"
+                       for g in result.of_type("aws:eks/nodeGroup:NodeGroup"))
+    fees = [] if isinstance(cost, str) else [o for o in cost.other if o.kind == "eks"]
+    monthly = f"; ${sum(o.usd_per_month('desired') for o in fees):,.0f}/month" if fees else ""
+    return wrap(f"eks: EKS cluster {cluster.get('name')}, Kubernetes {cluster.get('version')}, "
+                f"{'public and private' if public else 'private'} endpoint; add-ons {', '.join(addons)}; "
+                f"system nodes {system or 'none'}{monthly} (control plane and system nodes)")
 
 
 def node_group_lines(result: Plan, cost: StackCost | str) -> list[str]:

@@ -20,7 +20,8 @@ pip does not byte-compile them or pytest collect them) and are filled with
 
 `--scheduler slurm` adds `gpucluster:scheduler: {type: slurm}` to the dev stack (its node group is
 one AWS PCS can launch: all spot, no warm pool) and the Slurm steps (log in, submit, watch) to the
-README.
+README. `--scheduler eks` adds `{type: eks}` (an EKS cluster the same node group joins, Kueue queues for a
+team) and the Kubernetes steps (kubeconfig, submit through Kueue) to the README.
 """
 
 from __future__ import annotations
@@ -73,11 +74,29 @@ SLURM_SCHEDULER = """
     # login: {instance_type: m7i.large, count: 1}   # the default login node: submits jobs, no GPUs
 """
 
-SCHEDULERS = ("none", "slurm")
+# The stack-file section `--scheduler eks` adds (spec/models.py SchedulerConfig; the node group above is all
+# spot, one purchase option, with no warm pool, as an EKS stack's groups must be: spec/scheduler.py).
+EKS_SCHEDULER = """
+  # Kubernetes on Amazon EKS: the node group above joins the cluster as a self-managed node group, jobs
+  # queue in Kueue (a LocalQueue per team namespace), a small on-demand system node group runs the
+  # controllers. See README.md "Jobs on Kubernetes".
+  gpucluster:scheduler:
+    type: eks
+    # kubernetes_version: "1.34"      # default: the newest version in EKS standard support
+    endpoint_public: false            # the API endpoint stays private: reach it from the VPC (SSM, VPN)
+    teams: [ml]                       # a namespace with a Kueue LocalQueue each
+    max_run_minutes: 720              # a job's default maximum run time
+    system_nodes: {instance_type: m7i.large, count: 2}
+"""
+
+SCHEDULERS = ("none", "slurm", "eks")
 DEV_BUDGET_USD = 700
 """The dev stack's monthly budget (templates/Pulumi.dev.yaml.tmpl)."""
 SLURM_DEV_BUDGET_USD = 1300
 """A Slurm dev stack's: the launcher's dev group at its maximum plus AWS PCS's fixed monthly fees."""
+EKS_DEV_BUDGET_USD = 950
+"""An EKS dev stack's: the launcher's dev group plus the EKS control plane and two system nodes (about
+$220 a month at the cost model's EKS prices)."""
 AMI_PATTERN = re.compile(r"ami-[0-9a-f]{8,17}")
 
 
@@ -160,8 +179,8 @@ def render(name: str, version: str, requirement: str, *, hardened: bool = False,
     scaffold asks for it rather than writing a placeholder that would validate and not deploy.
     """
     if scheduler not in SCHEDULERS:
-        raise ScaffoldError(f"--scheduler: must be none or slurm, got {scheduler!r}")
-    slurm = scheduler == "slurm"
+        raise ScaffoldError(f"--scheduler: must be none, slurm or eks, got {scheduler!r}")
+    slurm, eks = scheduler == "slurm", scheduler == "eks"
     if slurm and ami_id is None:
         raise ScaffoldError("--scheduler slurm needs --ami-id: an AMI with the AWS PCS agent and Slurm 25.05 "
                             "(docs/guides/slurm.md says where to get one)")
@@ -172,12 +191,15 @@ def render(name: str, version: str, requirement: str, *, hardened: bool = False,
     values = {"name": name, "version": version, "requirement": requirement,
               "hardening": HARDENED_CLUSTER if hardened else "",
               "hardened_steps": _template("README.hardened.md.tmpl").strip() + "\n\n" if hardened else "",
-              "scheduler": slurm_scheduler(ami_id) if slurm and ami_id else "",
+              "scheduler": slurm_scheduler(ami_id) if slurm and ami_id else EKS_SCHEDULER if eks else "",
               # The PCS controller, its accounting and the login node run all month (about $550 of it at
               # the cost model's PCS prices): the launcher's budget would be over before a job runs.
               "budget": f"{SLURM_DEV_BUDGET_USD}           # with the PCS controller, accounting and login "
-                        "node" if slurm else str(DEV_BUDGET_USD),
-              "slurm_steps": "\n" + _template("README.slurm.md.tmpl").strip() + "\n" if slurm else ""}
+                        "node" if slurm
+              else f"{EKS_DEV_BUDGET_USD}            # with the EKS control plane and system nodes" if eks
+              else str(DEV_BUDGET_USD),
+              "slurm_steps": "\n" + _template(f"README.{scheduler}.md.tmpl").strip() + "\n"
+                             if slurm or eks else ""}
     files = {path: Template(_template(template)).substitute(values) for path, template in TEMPLATES.items()}
     files["policies/config/dev.json"] = dev_policy_config()
     if hardened:
@@ -201,7 +223,7 @@ def create_project(directory: Path, *, hardened: bool = False, scheduler: str = 
     if directory.is_dir() and any(directory.iterdir()):
         raise ScaffoldError(f"{directory} is not empty; give a new or empty directory")
     if scheduler not in SCHEDULERS:
-        raise ScaffoldError(f"--scheduler: must be none or slurm, got {scheduler!r}")
+        raise ScaffoldError(f"--scheduler: must be none, slurm or eks, got {scheduler!r}")
     version = installed_version()
     files = render(project_name(directory), version, requirement_line(version, _installed_direct_url()),
                    hardened=hardened, scheduler=scheduler, ami_id=ami_id)

@@ -561,8 +561,7 @@ class SchedulerConfig(StrictModel):
     """How work reaches the node groups: gpucluster's own launcher, Slurm on AWS PCS, or Kubernetes on EKS."""
 
     type: SchedulerType = "none"
-    """`none`: Auto Scaling groups and `gpucluster run`; `slurm`: an AWS PCS cluster, jobs through sbatch;
-    `eks`: an EKS cluster whose GPU nodes are the node groups, jobs queued by Kueue."""
+    """`none`: Auto Scaling groups and `gpucluster run`; `slurm`: AWS PCS, sbatch; `eks`: EKS, Kueue."""
     slurm_version: str = "25.05"
     """The PCS cluster's Slurm major version (24.11, 25.05 or 25.11); the AMI must carry the same."""
     size: Literal["small", "medium", "large"] = "small"

@@ -11,9 +11,11 @@ or a pinned AMI the user vouches for. Small functions returning findings; never 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 
 from gpucluster import catalog
+from gpucluster.catalog import eks as eks_catalog
 from gpucluster.fleet.tags import SLURM_LOGIN_GROUP
 from gpucluster.spec.checks import check
 from gpucluster.spec.findings import Finding
@@ -31,6 +33,10 @@ PATH = "scheduler"
 @check
 def scheduler_rules(spec: StackSpec) -> Iterable[Finding]:
     s = spec.scheduler
+    if s.eks:
+        yield from _other_type_keys(s)
+        yield from eks_rules(spec)
+        return
     if not s.slurm:
         yield from _other_type_keys(s)
         return
@@ -119,3 +125,71 @@ def pcs_name_findings(g: NodeGroupConfig, path: str) -> Iterable[Finding]:
     if spot and cap.spot_allocation_strategy not in PCS_SPOT_STRATEGIES:
         yield Finding(f"{path}.capacity.spot_allocation_strategy", "AWS PCS supports "
                       f"{', '.join(PCS_SPOT_STRATEGIES)}; got {cap.spot_allocation_strategy!r}")
+
+
+# ------------------------------------------------------------------------------------------ EKS
+
+
+# Amazon EKS user guide, "View Amazon EKS networking requirements for VPC and subnets": the cluster's
+# subnets are in at least two availability zones (ledger: eks-subnets-two-zones).
+EKS_MIN_ZONES = 2
+
+
+def eks_rules(spec: StackSpec, today: dt.date | None = None) -> Iterable[Finding]:
+    """An EKS stack: a Kubernetes version EKS still runs (a warning with its price in extended support), a
+    system node group without GPUs, and node groups of one purchase option each (their nodes' label and
+    the cluster-autoscaler's priority are per group) without an Auto Scaling warm pool."""
+    s = spec.scheduler
+    yield from eks_version_findings(s.kubernetes_version, spec.region, today or eks_catalog.today())
+    if len(spec.network.availability_zones) < EKS_MIN_ZONES:
+        yield Finding("network.availability_zones", f"an EKS control plane needs subnets in at least "
+                      f"{EKS_MIN_ZONES} availability zones: add a second zone (an EFA group stays in its "
+                      "first)")
+    system = catalog.get(s.system_nodes.instance_type)
+    if system is not None and system.gpus > 0:
+        yield Finding(f"{PATH}.system_nodes.instance_type", f"{system.name} has {system.gpus} GPUs: the "
+                      "system nodes run controllers only; pick a CPU type like m7i.large")
+    for i, g in enumerate(spec.node_groups):
+        yield from eks_group_findings(g, f"node_groups[{i}]")
+
+
+def eks_version_findings(configured: str | None, region: str, today: dt.date) -> Iterable[Finding]:
+    """One finding when the version is not one EKS runs on `today`; a warning with the price when it is in
+    extended support (eks_versions.yaml, eks_prices.yaml)."""
+    key = f"{PATH}.kubernetes_version"
+    name = eks_catalog.resolved_version(configured, today)
+    found = eks_catalog.version(name)
+    listed = [v.version for v in eks_catalog.versions() if v.support(today) != "ended"]
+    if found is None:
+        yield Finding(key, f"EKS runs Kubernetes {', '.join(listed)} (eks_versions.yaml), got {name!r}")
+        return
+    support = found.support(today)
+    if support == "ended":
+        yield Finding(key, f"EKS support of Kubernetes {name} ended on {found.extended_end}: pick one of "
+                      f"{', '.join(listed)}")
+    elif support == "extended":
+        rates = eks_catalog.prices(region)
+        fee = ""
+        if rates is not None:
+            hourly = rates.control_plane_usd_per_hour
+            ext, std = hourly["extended"], hourly["standard"]
+            fee = f"the control plane costs ${ext:g}/h instead of ${std:g}/h; "
+        newest = eks_catalog.default_version(today).version
+        yield Finding(key, f"Kubernetes {name} is in EKS extended support until {found.extended_end} "
+                      f"(standard support ended {found.standard_end}): {fee}upgrade to {newest}",
+                      level="warning")
+
+
+def eks_group_findings(g: NodeGroupConfig, path: str) -> Iterable[Finding]:
+    """What a node group must be to run as one EKS self-managed node group of one purchase option."""
+    cap = g.capacity
+    if g.warm_pool is not None:
+        yield Finding(f"{path}.warm_pool", "an EKS node joins the cluster at its first boot: a warm pool's "
+                      "stopped instances would linger as NotReady nodes (remove it, or use type none)")
+    if cap.market == "mixed" and 0 < cap.spot_percent < 100:
+        yield Finding(f"{path}.capacity.spot_percent", "an EKS node group is all on-demand or all spot (its "
+                      "nodes' purchase label and the autoscaler's priority are per group): must be 0 or "
+                      f"100, got {cap.spot_percent:g}")
+    elif cap.market == "mixed" and cap.spot_percent == 100 and cap.on_demand_base > 0:
+        yield Finding(f"{path}.capacity.on_demand_base", "an all-spot EKS node group has no on-demand "
+                      f"base: must be 0 on an EKS stack, got {cap.on_demand_base}")

@@ -3,7 +3,7 @@
 A resource rule looks at one `Resource` (its type and engine inputs); a stack
 rule looks at the whole `Stack`. Each returns the problems it finds as
 messages. The rules live in one module per concern (tagging, nodes, network,
-efa, iam, capacity, guardrails, buckets, pcs; `groups` reads node groups for them,
+efa, iam, capacity, guardrails, buckets, pcs, eks; `groups` reads node groups for them,
 `registry` says what a rule is, `tokens` names the resource types); this
 module owns `RULES`, the pack's rules in the pack's order, and `evaluate`,
 which runs them all offline. Rules read engine input names (camelCase, as
@@ -17,7 +17,18 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpucluster.policy.records import Resource, Stack, Violation
-from gpucluster.policy.rules import buckets, capacity, efa, guardrails, iam, network, nodes, pcs, tagging
+from gpucluster.policy.rules import (
+    buckets,
+    capacity,
+    efa,
+    eks,
+    guardrails,
+    iam,
+    network,
+    nodes,
+    pcs,
+    tagging,
+)
 from gpucluster.policy.rules.registry import Rule
 
 # Re-exported for tests/test_speed.py, which builds EFA stacks from `rules.<TOKEN>` and patches
@@ -64,6 +75,10 @@ RULES: list[Rule] = [
     buckets.s3_tls_only,
     buckets.s3_data_buckets_protected,
     buckets.s3_lifecycle_keeps_data,
+    eks.eks_private_endpoint,
+    eks.eks_control_plane_logging,
+    eks.eks_secrets_encrypted,
+    eks.eks_system_nodes_no_gpu,
     pcs.pcs_node_instance_profile,
     pcs.pcs_launch_template,
     pcs.pcs_slurm_traffic,

@@ -41,12 +41,14 @@ def eks_config(*, mig: Any = None, teams: tuple[str, ...] = ("ml", "research"),
                observability: bool = True) -> dict[str, Any]:
     """Three groups, one per purchase tier: EFA p5 on-demand, a reserved p4d, spot g5."""
     config = base()
-    zone = sorted(set(catalog.offered_zones("p5.48xlarge", "us-east-1") or [])
-                  & set(catalog.offered_zones("p4d.24xlarge", "us-east-1") or [])
-                  & set(catalog.offered_zones("g5.xlarge", "us-east-1") or []))[0]
-    config["gpucluster:network"]["availability_zones"] = [zone]
+    zones = sorted(set(catalog.offered_zones("p5.48xlarge", "us-east-1") or [])
+                   & set(catalog.offered_zones("p4d.24xlarge", "us-east-1") or [])
+                   & set(catalog.offered_zones("g5.xlarge", "us-east-1") or []))
+    # EKS's control plane needs two zones (spec/scheduler.py); the EFA group stays in the first
+    config["gpucluster:network"]["availability_zones"] = zones[:2]
     reserved: dict[str, Any] = {"name": "reserved", "instance_types": ["p4d.24xlarge"], "max_nodes": 2,
-                                "efa": "off", "capacity": {"capacity_reservation_id": "cr-0123456789abcdef0"}}
+                                "efa": "off", "availability_zones": zones[:1],
+                                "capacity": {"capacity_reservation_id": "cr-0123456789abcdef0"}}
     if mig is not None:
         reserved["mig"] = mig
     config["gpucluster:node_groups"] = [

@@ -269,6 +269,24 @@ def build_eks(name: str, spec: StackSpec, network: ClusterNetwork,
         spec, subnet_ids=[network.subnets[z] for z in spec.network.availability_zones]), opts=opts)
 
 
+def build_cluster_software(name: str, spec: StackSpec, eks: "EksCluster", groups: dict[str, GpuNodeGroup],
+                           metrics: "MetricsWorkspace | None", opts: pulumi.ResourceOptions) -> Any:
+    """What runs on an EKS stack's cluster (charts, Kueue, admission policies, the termination queue;
+    `gpucluster.aws.eks_software`), once the control plane and its system nodes are up."""
+    from gpucluster.aws.eks_software import ClusterSoftware
+
+    asgs = {g: n for g, n in groups.items() if n.asg_name is not None}
+    return ClusterSoftware(
+        name, spec, eks.k8s_provider, cluster_name=eks.cluster_name,
+        kubernetes_version=children.kubernetes_version(spec),
+        asg_names={g: n.asg_name for g, n in asgs.items() if n.asg_name is not None},
+        asg_arns={g: n.asg_arn for g, n in asgs.items() if n.asg_arn is not None},
+        remote_write_url=metrics.remote_write_url if metrics is not None else None,
+        workspace_arn=metrics.workspace_arn if metrics is not None else None,
+        workspace_owned=metrics is not None and metrics.workspace is not None,
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[eks])))
+
+
 def eks_node(spec: StackSpec, eks: "EksCluster | None") -> Any:
     """What a GPU node group of an EKS stack is told of its cluster (None on other stacks)."""
     if eks is None:
@@ -431,6 +449,8 @@ class GpuCluster(pulumi.ComponentResource):
                 self.pcs.finish()
             if self.eks is not None:
                 self.eks.finish()
+                self.cluster_software = build_cluster_software(f"{name}-software", spec, self.eks, self.groups,
+                                                               self.metrics, child)
             self.guardrails = Guardrails(f"{name}-guardrails", children.guardrails_args(
                 spec, group_handles(self.groups, self.pcs)), opts=child, pcs=pcs_guard(self.pcs))
         finally:

@@ -601,7 +601,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
                 m.node_group, stack=m.identity, cluster=m.cluster_name, region=m.region, spot=m.spot,
                 data_mounts=mounts, autostop=m.autostop, notify_topic_arn=topic or "",
                 metrics=group_metrics(m.observability, m.region, url or None),
-                baked=baked_ami(m) is not None), scripts_source(bucket, owner) if bucket else None)
+                baked=baked_ami(m) is not None, eks_cluster=eks.cluster_name if eks is not None else ""),
+                scripts_source(bucket, owner) if bucket else None)
             if m.scheduler == "slurm":
                 return encode_multipart_user_data(script, MAX_USER_DATA_BYTES - PCS_USER_DATA_BYTES)
             if eks is not None:

@@ -37,6 +37,7 @@ from gpucluster.aws.args import (
     type_token,
     validate,
 )
+from gpucluster.aws.amis import root_device
 from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_hook
 from gpucluster.aws.nics import network_interfaces
 from gpucluster.aws.settings import (
@@ -64,7 +65,6 @@ from gpucluster.spec import CapacityConfig, NodeGroupConfig
 # Driver GPU AMI (Ubuntu 22.04)" ("Query AMI-ID with SSM Parameter"); x86_64, all our GPU types.
 DEFAULT_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
-ROOT_DEVICE = "/dev/sda1"  # the root device name of Ubuntu AMIs, the DLAMI included
 IMDS_HOP_LIMIT = 2  # one hop more than the host, so containers reach IMDSv2 (EC2 user guide, IMDS)
 LATEST = "$Latest"
 OLD_TYPE = "gpucluster:nodes:GpuNodeGroup"
@@ -354,10 +354,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
                             expected_bucket_owner=d.expected_bucket_owner)
                   for d in m.data_mounts]
         slurm = m.scheduler == "slurm"
+        image = self._image_id(group, m)
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
             description=f"gpucluster {m.cluster_name}/{group.name} GPU nodes",
-            image_id=self._image_id(group, m),
+            image_id=image,
             # AWS PCS picks the type from its instance configs and passes the compute node group's
             # instance profile itself: a Slurm stack's template names neither.
             instance_type=group.instance_types[0] if plain_template(group) and not slurm else None,
@@ -366,7 +367,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
                               "http_put_response_hop_limit": IMDS_HOP_LIMIT,
                               "instance_metadata_tags": "disabled"},
-            block_device_mappings=[{"device_name": ROOT_DEVICE, "ebs": {
+            block_device_mappings=[{"device_name": root_device(image, pulumi.InvokeOptions(parent=self)), "ebs": {
                 "volume_size": group.root_volume_size_gib, "volume_type": "gp3", "encrypted": "true",
                 "delete_on_termination": "true"}}],
             network_interfaces=[{

@@ -58,7 +58,8 @@ OS_RELEASES = {
     "al2": 'NAME="Amazon Linux"\nVERSION="2"\nID="amzn"\nID_LIKE="centos rhel fedora"\nVERSION_ID="2"\n'
            'PRETTY_NAME="Amazon Linux 2"\n',
     "ubuntu-20.04": 'NAME="Ubuntu"\nVERSION_ID="20.04"\nID=ubuntu\nPRETTY_NAME="Ubuntu 20.04.6 LTS"\n',
-    "rocky-9": 'NAME="Rocky Linux"\nVERSION_ID="9.4"\nID="rocky"\nPRETTY_NAME="Rocky Linux 9.4 (Blue Onyx)"\n',
+    "rocky-9": 'NAME="Rocky Linux"\nVERSION_ID="9.4"\nID="rocky"\n'
+               'PRETTY_NAME="Rocky Linux 9.4 (Blue Onyx)"\n',
 }
 """os-release(5) files as those systems ship them (the fields gpucluster-os reads, and a few more)."""
 

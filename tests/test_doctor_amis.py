@@ -25,8 +25,10 @@ IMAGES = {
     "Ubuntu 22.04": ("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20241115", "", "/dev/sda1"),
     "Ubuntu 24.04": ("ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20241119",
                      "Canonical, Ubuntu, 24.04, amd64 noble image", "/dev/sda1"),
-    "Amazon Linux 2023": ("al2023-ami-2023.6.20241212.0-kernel-6.1-x86_64", "Amazon Linux 2023 AMI", "/dev/xvda"),
-    "Amazon Linux 2": ("amzn2-ami-kernel-5.10-hvm-2.0.20241113.1-x86_64-gp2", "Amazon Linux 2 AMI", "/dev/xvda"),
+    "Amazon Linux 2023": ("al2023-ami-2023.6.20241212.0-kernel-6.1-x86_64", "Amazon Linux 2023 AMI",
+                          "/dev/xvda"),
+    "Amazon Linux 2": ("amzn2-ami-kernel-5.10-hvm-2.0.20241113.1-x86_64-gp2", "Amazon Linux 2 AMI",
+                       "/dev/xvda"),
 }
 
 
@@ -39,7 +41,9 @@ def image(image_id: str, name: str, description: str = "", root: str = "/dev/sda
 def slurm_stack(base_config: dict[str, Any], ami: str, prometheus: bool = False) -> StackSpec:
     base_config["gpucluster:scheduler"] = {"type": "slurm", "ami_id": ami}
     if prometheus:
-        base_config["gpucluster:observability"] = {"prometheus": {"enabled": True}}
+        base_config["gpucluster:observability"] = {"prometheus": {
+            "enabled": True,
+            "dcgm_exporter_image": "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9@sha256:" + "ab" * 32}}
     return parse_stack_config(base_config, stack="t")
 
 
@@ -72,8 +76,8 @@ def test_names_that_say_no_os_and_other_platforms() -> None:
     assert os_of("aws-pcs-sample_ami-al2023-x86_64-slurm-24.11") == "Amazon Linux 2023"
     assert os_of("Windows_Server-2022", "", "Windows") == "Windows"
     assert os_of("RHEL-9.4.0_HVM", "", "Red Hat Enterprise Linux") == "Red Hat Enterprise Linux"
-    assert os_of("/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id") \
-        == "Ubuntu 22.04"
+    default = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    assert os_of(default) == "Ubuntu 22.04"
 
 
 def test_the_supported_list_is_the_node_scripts() -> None:
@@ -100,7 +104,8 @@ def test_doctor_says_which_os_the_ami_boots_and_whether_it_is_supported(
     ec2, stub = stubbed_ec2((AL2023, image(AL2023, name, description, root)))
     findings = list(check_amis(slurm_stack(base_config, AL2023), ec2))
     stub.assert_no_pending_responses()  # one call for the image both the group and the login nodes boot
-    assert [(f.level, f.check, f.subject) for f in findings] == [(level, "ami", "gpu"), (level, "ami", "login")]
+    assert [(f.level, f.check, f.subject) for f in findings] == [(level, "ami", "gpu"),
+                                                                  (level, "ami", "login")]
     message = findings[0].message
     assert f"boots {system}" in message and name in message and f"root {root}" in message
     if level == "ok":
@@ -112,7 +117,7 @@ def test_doctor_says_which_os_the_ami_boots_and_whether_it_is_supported(
 def test_an_image_whose_name_says_nothing_warns(base_config: dict[str, Any]) -> None:
     ec2, _ = stubbed_ec2((OTHER, image(OTHER, "golden-2024-11", "our own", "/dev/sda1")))
     [group, login] = check_amis(slurm_stack(base_config, OTHER), ec2)
-    assert group.level == login.level == "warning" and "names no operating system" in group.message
+    assert group.level == login.level == "warning" and "name no operating system" in group.message
 
 
 def test_a_windows_image_blocks(base_config: dict[str, Any]) -> None:

@@ -418,7 +418,8 @@ def bootstrap_tail(text: str, root: Path, node_env_file: Path) -> str:
     OS tool to the Sandbox's, which reads a fake Ubuntu os-release)."""
     tail = text.split("# shellcheck source=/dev/null\n. /etc/gpucluster/node.env\n")[1]
     return ("#!/bin/bash\nset -euo pipefail\n" + f". {node_env_file}\n" + tail).replace(
-        "/run/gpucluster/", f"{root}/run/").replace("/usr/local/sbin/gpucluster-os", f"{root}/os/gpucluster-os")
+        "/run/gpucluster/", f"{root}/run/").replace("/usr/local/sbin/gpucluster-os",
+                                                   f"{root}/os/gpucluster-os")
 
 
 def run_bootstrap_after_files(b: NodeBootstrap, outcome: str, tmp_path: Path,

@@ -71,7 +71,8 @@ def test_every_node_ships_the_os_tool_and_the_bake_writes_it_beside_the_installe
     assert files[OS_TOOL].content == script("os.sh") and files[OS_TOOL].mode == "0755"
     assert files[OS_TOOL].member == "os.sh"
     [tools] = [s for s in build_steps(BakeSettings(
-        node_group="g", region="us-east-1", container_image=None, fsx=False, mount_s3=False, efa=False, build_gpus=1)) if s["name"] == "InstallNodeTools"]
+        node_group="g", region="us-east-1", container_image=None, fsx=False, mount_s3=False, efa=False,
+        build_gpus=1)) if s["name"] == "InstallNodeTools"]
     commands = tools["inputs"]["commands"][0]
     assert f"cat > {OS_TOOL} <<'GPUCLUSTER_FILE_EOF'\n{script('os.sh')}GPUCLUSTER_FILE_EOF\n" in commands
     assert commands.index(OS_TOOL) < commands.index("gpucluster-install cloudwatch-agent")
@@ -153,8 +154,8 @@ def test_al2023_never_installs_a_mountpoint_rpm_that_does_not_verify(tmp_path: P
     write_stubs(box.bin, box.log, {"dnf": "true"})
     result = box.run("install.sh", "mount-s3")
     assert result.returncode == 1 and box.calls("dnf") == []
-    assert "refusing https://s3.amazonaws.com/mountpoint-s3-release/1.18.0/x86_64/mount-s3-1.18.0-x86_64.rpm" \
-        in result.stdout
+    rpm = "https://s3.amazonaws.com/mountpoint-s3-release/1.18.0/x86_64/mount-s3-1.18.0-x86_64.rpm"
+    assert f"refusing {rpm}" in result.stdout
 
 
 @pytest.mark.parametrize("pinned", ["", "A" * 40])
@@ -226,7 +227,8 @@ def test_metrics_on_al2023_say_why_and_install_nothing(tmp_path: Path) -> None:
                               extra_env=os_env(tmp_path / "al", "al2023"))
     assert result.returncode == 1
     assert "NOT STARTED: no Prometheus package for this OS (al2023)" in result.stdout
-    assert not [line for line in log.read_text().splitlines() if line.split()[0] in ("apt-get", "dnf", "docker")]
+    installers = ("apt-get", "dnf", "docker")
+    assert not [line for line in log.read_text().splitlines() if line.split()[0] in installers]
 
 
 def test_metrics_install_docker_first_where_the_ami_has_none(tmp_path: Path) -> None:
@@ -251,7 +253,8 @@ def test_setup_installs_docker_before_pulling_where_the_ami_has_none(tmp_path: P
     box = Sandbox(tmp_path)
     box.node_env.write_text("GPUCLUSTER_NODE_GROUP=g\nGPUCLUSTER_CONTAINER_IMAGE=nvcr.io/nvidia/pytorch:24.01\n")
     box.env |= {"PATH": f"{box.bin}:/usr/bin:/bin", "GPUCLUSTER_INSTALL": str(install),
-                "GPUCLUSTER_USER_SETUP": str(tmp_path / "none"), "GPUCLUSTER_SETUP_STATE": str(tmp_path / "st"),
+                "GPUCLUSTER_USER_SETUP": str(tmp_path / "none"),
+                "GPUCLUSTER_SETUP_STATE": str(tmp_path / "st"),
                 "GPUCLUSTER_SETUP_LOG": str(tmp_path / "setup.log"), "GPUCLUSTER_RETRY_SECONDS": "0"}
     result = box.run("setup.sh")
     assert result.returncode == 1

@@ -108,7 +108,7 @@ def test_stop_says_what_a_stopped_slurm_stack_still_costs(write_stack: Any) -> N
 def test_status_says_what_a_stopped_slurm_stack_still_costs(write_stack: Any) -> None:
     """`status` (text and --json) repeats `stop`'s still-billed figure once every compute group is stopped;
     nothing while one runs, and nothing at all on a type-none stack (its --json keeps its keys)."""
-    from gpucluster.cli.fleet import still_billed_lines, status_json, status_lines
+    from gpucluster.cli.fleet import status_json, status_lines, still_billed_lines
     from gpucluster.ops.overview import StackOverview
     from gpucluster.ops.status import GroupStatus
     from gpucluster.pricing import stopped_slurm_costs
@@ -117,7 +117,8 @@ def test_status_says_what_a_stopped_slurm_stack_still_costs(write_stack: Any) ->
     compute = spec.node_groups[0].name
 
     def overview(desired: int) -> StackOverview:
-        rows = [GroupStatus(compute, 0, desired, 4, desired, "manual" if not desired else None, None, compute),
+        by = "manual" if not desired else None
+        rows = [GroupStatus(compute, 0, desired, 4, desired, by, None, compute),
                 GroupStatus("login", 1, 1, 1, 1, None, None, "login")]
         return StackOverview(rows, "https://dashboard", None)
 

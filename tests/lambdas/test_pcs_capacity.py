@@ -979,7 +979,9 @@ def test_the_cli_stop_meeting_a_group_updating_waits_for_active_then_stops(
     assert waits[0] == BACKOFF_FIRST_SECONDS and max(waits) <= BACKOFF_MAX_SECONDS
 
 
-def test_the_cli_stop_gives_up_past_its_wait_and_reports_the_group_not_stopped(ops_stack, monkeypatch) -> None:
+def test_the_cli_stop_gives_up_past_its_wait_and_reports_the_group_not_stopped(
+    ops_stack, monkeypatch
+) -> None:
     from gpucluster.ops.stopstart import apply_stop, plan_stop_on
 
     plan = plan_stop_on(ops_fleet(ops_stack), hook_timeout_seconds=45)
@@ -988,5 +990,6 @@ def test_the_cli_stop_gives_up_past_its_wait_and_reports_the_group_not_stopped(o
     assert set(report.errors) == {"infer", "train"}
     assert all("ConflictException" in e for e in report.errors.values())
     assert ops_stack["pcs"].scaling("train") == (1, 4)  # never said stopped while it runs
-    assert t.now - t.start <= 2 * PCS_ACTIVE_WAIT_SECONDS + BACKOFF_MAX_SECONDS  # each group waits its own 300 s
+    # each group waits its own 300 s
+    assert t.now - t.start <= 2 * PCS_ACTIVE_WAIT_SECONDS + BACKOFF_MAX_SECONDS
     assert record(ops_stack["state_table"], "train")["state"] == "stop-failed"

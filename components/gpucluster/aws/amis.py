@@ -16,4 +16,5 @@ import pulumi_aws as aws
 
 def root_device(image_id: pulumi.Input[str], opts: pulumi.InvokeOptions) -> pulumi.Output[str]:
     """The root device name of the AMI `image_id` (an id, or the output of an SSM parameter's lookup)."""
-    return aws.ec2.get_ami_output(filters=[{"name": "image-id", "values": [image_id]}], opts=opts).root_device_name
+    found = aws.ec2.get_ami_output(filters=[{"name": "image-id", "values": [image_id]}], opts=opts)
+    return found.root_device_name

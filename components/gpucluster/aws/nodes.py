@@ -28,6 +28,7 @@ from typing import Any, NotRequired, TypedDict, get_args
 import pulumi
 import pulumi_aws as aws
 
+from gpucluster.aws.amis import root_device
 from gpucluster.aws.args import (
     GpuNodeGroupModel,
     NodeScriptsSource,
@@ -37,7 +38,6 @@ from gpucluster.aws.args import (
     type_token,
     validate,
 )
-from gpucluster.aws.amis import root_device
 from gpucluster.aws.health import GROUP_METRICS, health_policy_document, launch_hook
 from gpucluster.aws.nics import network_interfaces
 from gpucluster.aws.settings import (
@@ -367,7 +367,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
                               "http_put_response_hop_limit": IMDS_HOP_LIMIT,
                               "instance_metadata_tags": "disabled"},
-            block_device_mappings=[{"device_name": root_device(image, pulumi.InvokeOptions(parent=self)), "ebs": {
+            block_device_mappings=[{"device_name": root_device(image, pulumi.InvokeOptions(parent=self)),
+                                    "ebs": {
                 "volume_size": group.root_volume_size_gib, "volume_type": "gp3", "encrypted": "true",
                 "delete_on_termination": "true"}}],
             network_interfaces=[{

@@ -20,7 +20,8 @@ Sources: "Security groups in AWS PCS" (https://docs.aws.amazon.com/pcs/latest/us
 working-with_networking_sg.html): the controller's interface and the instances must reach each other,
 slurmctld on 6817 from the instances, slurmd on 6818 from the controller, and where a launch
 template defines network interfaces its security groups go on each interface; the rules themselves,
-slurmdbd's and srun's ports included, are `slurm.ports.slurm_rules` (which `verify` checks too). Names: pulumi-aws-native 1.84's PCS docstrings give no length or pattern ("The name that
+slurmdbd's and srun's ports included, are `slurm.ports.slurm_rules` (which `verify` checks too).
+Names: pulumi-aws-native 1.84's PCS docstrings give no length or pattern ("The name that
 identifies the compute node group"); ledger: pcs-group-and-queue-names (API reference: CreateComputeNodeGroup,
 CreateQueue): 3-25 characters, a letter first, then letters, digits, '-' and '_', not starting
 `pcs_`: `spec/scheduler.py` checks a Slurm stack's group names against that.
@@ -290,7 +291,8 @@ class SlurmCluster(pulumi.ComponentResource):
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
                               "http_put_response_hop_limit": 1, "instance_metadata_tags": "disabled"},
             # The AMI's own root device (/dev/sda1 on Ubuntu, /dev/xvda on Amazon Linux): `aws.amis`.
-            block_device_mappings=[{"device_name": root_device(image, pulumi.InvokeOptions(parent=self)), "ebs": {
+            block_device_mappings=[{"device_name": root_device(image, pulumi.InvokeOptions(parent=self)),
+                                    "ebs": {
                 "volume_size": LOGIN_ROOT_GIB, "volume_type": "gp3", "encrypted": "true",
                 "delete_on_termination": "true"}}],
             network_interfaces=[{

@@ -129,8 +129,9 @@ def status_json(spec: StackSpec, overview: StackOverview) -> dict[str, Any]:
     if spec.observability.grafana.enabled:
         document["grafana_url"] = overview.grafana_url
     document["spend"], document["spend_error"] = overview.spend, overview.spend_error
-    if spec.scheduler.slurm:  # a Slurm stack only: what it costs while every compute group is stopped
-        document["still_billed_usd_per_month"] = still_billed_usd(spec) if all_stopped(spec, overview) else None
+    slurm, billed = still_billed_usd(spec)
+    if slurm:  # a Slurm stack only: what it costs while every compute group is stopped
+        document["still_billed_usd_per_month"] = billed if all_stopped(spec, overview) else None
     return document
 
 
@@ -552,13 +553,14 @@ def nothing_to_stop_lines(spec: StackSpec, plan: StopPlan) -> list[str]:
     return [*out, *still_billed_lines(spec)]
 
 
-def still_billed_usd(spec: StackSpec) -> float | None:
-    """What a stopped Slurm stack still costs a month (pricing.stopped_slurm_costs); None where the
-    region has no PCS prices."""
+def still_billed_usd(spec: StackSpec) -> tuple[bool, float | None]:
+    """(whether the stack costs something while stopped: a Slurm stack, what a month: pricing.
+    stopped_slurm_costs; None where the region has no PCS prices)."""
     try:
-        return round(sum(c.desired_usd_per_month for c in pricing.stopped_slurm_costs(spec)), 2)
+        costs = pricing.stopped_slurm_costs(spec)
     except pricing.PricingError:
-        return None
+        return True, None
+    return bool(costs), round(sum(c.desired_usd_per_month for c in costs), 2) if costs else None
 
 
 def still_billed_lines(spec: StackSpec) -> list[str]:

@@ -11,8 +11,8 @@
 # not (gpucluster-report then publishes NodeStepFailed for step metrics).
 # Metrics never block a job: this unit is ordered after nothing a job needs, and nothing requires it;
 # the health check and the launch lifecycle hook do not look at it.
-# Ubuntu only (gpucluster-os): Amazon Linux 2023's repositories carry no Prometheus package (ledger:
-# al2023-node-packages), so there `start` says so and exits 1 (NodeStepFailed, Step=metrics) without
+# Ubuntu only (gpucluster-os): no Prometheus package on Amazon Linux 2023, ledger: al2023-node-packages;
+# so there `start` says so and exits 1 (NodeStepFailed, Step=metrics) without
 # installing anything from elsewhere; `gpucluster doctor` warns before deploy.
 set -euo pipefail
 # shellcheck source=/dev/null

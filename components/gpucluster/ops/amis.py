@@ -5,8 +5,8 @@ PlatformDetails ("Linux/UNIX" for Ubuntu and Amazon Linux alike, "Windows", "Red
 Linux", ...: EC2 API reference, Image) and the root device name. The names and descriptions AWS and
 Canonical give their images say it (Canonical: `ubuntu/images/.../ubuntu-jammy-22.04-amd64-server-*`;
 Amazon Linux 2023: `al2023-ami-*`; the Deep Learning AMIs: `... (Ubuntu 22.04) ...`,
-`... (Amazon Linux 2023) ...`; EKS: `amazon-eks-node-al2023-*`; ledger: ami-os-names, from those
-images' naming as published, not checked against every image), so `os_of` reads them; an image whose
+`... (Amazon Linux 2023) ...`; EKS: `amazon-eks-node-al2023-*`; from those images' naming as
+published, not checked against every image, ledger: ami-os-names), so `os_of` reads them; an image whose
 name says neither is "unknown", and the node's own check (node/os.sh, /etc/os-release) decides at boot.
 
 SUPPORTED is the same list as node/os.sh's: a test keeps the two in step.

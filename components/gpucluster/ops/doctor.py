@@ -29,8 +29,8 @@ from gpucluster import catalog
 from gpucluster.fleet.awsapi import group_tags, stack_groups
 from gpucluster.fleet.tags import NODE_GROUP_TAG
 from gpucluster.ops import Clients, OpsError, make_client
-from gpucluster.ops.awserrors import describe, from_parser, looks_like_markup
 from gpucluster.ops.amis import SUPPORTED, AmiFacts, describe_amis, os_of
+from gpucluster.ops.awserrors import describe, from_parser, looks_like_markup
 from gpucluster.ops.capacity import WARNING_BEFORE_END as BLOCK_WARNING_BEFORE_END
 from gpucluster.pricing import Rate, split_nodes
 from gpucluster.spec import STACK_TAG, NodeGroupConfig, StackSpec
@@ -205,17 +205,18 @@ def _parameter_finding(subject: str, parameter: str | None) -> DoctorFinding:
 
 
 def _ami_findings(spec: StackSpec, subject: str, ami: AmiFacts) -> Iterable[DoctorFinding]:
-    what = f"{ami.image_id} ({ami.name or 'no name'}; {ami.platform_details or '?'}; root {ami.root_device_name})"
+    what = (f"{ami.image_id} ({ami.name or 'no name'}; {ami.platform_details or '?'}; "
+            f"root {ami.root_device_name})")
     if ami.supported:
         yield DoctorFinding("ok", "ami", subject, f"{what} boots {ami.os}: supported; jobs run as "
                             f"{ami.job_user}")
         if ami.os == "Amazon Linux 2023" and spec.observability.prometheus.active and subject != "login":
-            yield DoctorFinding("warning", "ami", subject, "observability.prometheus: Amazon Linux 2023 has no "
-                                "Prometheus package, so these nodes send no metrics to AMP (jobs, the "
+            yield DoctorFinding("warning", "ami", subject, "observability.prometheus: Amazon Linux 2023 has "
+                                "no Prometheus package, so these nodes send no metrics to AMP (jobs, the "
                                 "CloudWatch agent and the idle stop are not affected)")
     elif ami.os is not None:
-        yield DoctorFinding("blocker", "ami", subject, f"{what} boots {ami.os}: gpucluster's node scripts run "
-                            f"on {SUPPORTED_LINE}; every node would stop at boot with one FAILED line")
+        yield DoctorFinding("blocker", "ami", subject, f"{what} boots {ami.os}: gpucluster's node scripts "
+                            f"run on {SUPPORTED_LINE}; every node would stop at boot with one FAILED line")
     else:
         yield DoctorFinding("warning", "ami", subject, f"{what}: its name and description name no operating "
                             f"system; gpucluster's node scripts run on {SUPPORTED_LINE} and a node on any "

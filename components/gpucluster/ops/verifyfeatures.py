@@ -6,7 +6,8 @@ role may query the AMP workspace (simulated: the stack's service-account token l
 state, so Grafana's own data source test is not run, and the detail says so); each baked group's
 Image Builder pipeline's newest image is AVAILABLE; the PCS cluster, every node group and queue ACTIVE,
 accounting on when the stack asks for it, every running compute instance registered with Slurm and
-Slurm's ports allowed by the security groups (`ops.verifyslurm`, through the login node); and with `--job`, `srun -N1 hostname` on each partition
+Slurm's ports allowed by the security groups (`ops.verifyslurm`, through the login node); and with
+`--job`, `srun -N1 hostname` on each partition
 through the login node (`ops.slurmjobs`). Read-only but for that opt-in job. A check that cannot run
 raises (an AWS error, `Unknown`) and `ops.verify.run_check` makes it `unknown`.
 """

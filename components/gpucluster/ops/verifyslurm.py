@@ -49,8 +49,8 @@ def check_nodes_registered(deployed: Deployed, now: datetime | None = None) -> O
     from gpucluster.slurm.remote import RemoteError, nodes_script, parse_sinfo
 
     now = now or datetime.now(UTC)
-    running = [i for i in stack_instances(deployed.clients("ec2"), deployed.spec.identity, states=("running",))
-               if _tag(i, NODE_GROUP_TAG) not in (None, SLURM_LOGIN_GROUP)]
+    instances = stack_instances(deployed.clients("ec2"), deployed.spec.identity, states=("running",))
+    running = [i for i in instances if _tag(i, NODE_GROUP_TAG) not in (None, SLURM_LOGIN_GROUP)]
     if not running:
         return Outcome("pass", "no compute instance runs (every group at zero): none to register")
     try:
@@ -100,8 +100,9 @@ def _security_groups(deployed: Deployed) -> dict[str, str]:
                 found[role].append(str(group["GroupId"]))
     for role, ids in found.items():
         if len(ids) != 1:
+            whose = "controller" if role == "cluster" else "nodes"
             raise Unknown(f"{len(ids)} security groups tagged {STACK_TAG}={deployed.spec.identity} are the "
-                          f"Slurm {'controller' if role == 'cluster' else 'nodes'}' ({', '.join(ids) or 'none'})")
+                          f"Slurm {whose}' ({', '.join(ids) or 'none'})")
     return {role: ids[0] for role, ids in found.items()}
 
 
@@ -134,13 +135,14 @@ def check_slurm_ports(deployed: Deployed) -> Outcome:
                        "with gpucluster's rules (slurm/ports.py) and the PCS cluster's settings")
     groups = _security_groups(deployed)
     ec2 = deployed.clients("ec2")
-    rules = [r for page in ec2.get_paginator("describe_security_group_rules").paginate(
-        Filters=[{"Name": "group-id", "Values": sorted(groups.values())}]) for r in page["SecurityGroupRules"]]
+    pages = ec2.get_paginator("describe_security_group_rules").paginate(
+        Filters=[{"Name": "group-id", "Values": sorted(groups.values())}])
+    rules = [r for page in pages for r in page["SecurityGroupRules"]]
     missing = [f"{rule.group} {rule.direction} {rule.from_port}"
                + (f"-{rule.to_port}" if rule.to_port != rule.from_port else "") + f" ({rule.why})"
                for rule in slurm_rules(accounting, ports)
-               if not _allows(rules, groups[rule.group], rule.direction == "out", (rule.from_port, rule.to_port),
-                              groups[rule.peer])]
+               if not _allows(rules, groups[rule.group], rule.direction == "out",
+                              (rule.from_port, rule.to_port), groups[rule.peer])]
     said = (f"slurmctld {ports.slurmctld}, slurmd {ports.slurmd}, srun {ports.srun[0]}-{ports.srun[1]}"
             + (f", slurmdbd {ports.slurmdbd}" if accounting else ""))
     if missing:

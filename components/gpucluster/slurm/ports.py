@@ -42,7 +42,11 @@ class SlurmRule:
     why: str
 
 
-def slurm_rules(accounting: bool, ports: SlurmPorts = SlurmPorts()) -> list[SlurmRule]:
+DEFAULT_PORTS = SlurmPorts()
+"""The ports the stack's security groups are declared with (`aws.pcs`)."""
+
+
+def slurm_rules(accounting: bool, ports: SlurmPorts = DEFAULT_PORTS) -> list[SlurmRule]:
     """The rules Slurm needs, both ends, TCP: the controller's security group and the nodes' (every
     compute node and login node carries it on each interface). Both groups allow no egress of their own
     (our security groups are declared without AWS's allow-all), so each flow is an egress and an ingress.
@@ -64,7 +68,8 @@ def slurm_rules(accounting: bool, ports: SlurmPorts = SlurmPorts()) -> list[Slur
         SlurmRule("peer-srun-out", "nodes", "out", lo, hi, "nodes", "to srun"),
     ]
     if accounting:
-        rules += [SlurmRule("dbd-in", "cluster", "in", dbd, dbd, "nodes", "slurmdbd (sacct) from Slurm nodes"),
+        rules += [SlurmRule("dbd-in", "cluster", "in", dbd, dbd, "nodes",
+                            "slurmdbd (sacct) from Slurm nodes"),
                   SlurmRule("dbd-out", "nodes", "out", dbd, dbd, "cluster", "to slurmdbd")]
     return rules
 
@@ -72,7 +77,7 @@ def slurm_rules(accounting: bool, ports: SlurmPorts = SlurmPorts()) -> list[Slur
 CONFIG_SCRIPT = "scontrol show config"
 """What the login node runs for `parse_config` (after `slurm.remote.SLURM_PATH`)."""
 
-_LINE = re.compile(r"^(\w+)\s*=\s*(.*?)\s*$")
+_LINE = re.compile(r"^([\w\[\]]+)\s*=\s*(.*?)\s*$")
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
@@ -105,7 +110,8 @@ def ports_of(config: dict[str, str], *, accounting: bool) -> SlurmPorts:
     if ctld is None or slurmd is None:
         raise ConfigError("no SlurmctldPort or SlurmdPort in `scontrol show config`")
     if ctld[0] != ctld[1]:
-        raise ConfigError(f"SlurmctldPort is a range ({ctld[0]}-{ctld[1]}): gpucluster's rules allow one port")
+        raise ConfigError(f"SlurmctldPort is a range ({ctld[0]}-{ctld[1]}): gpucluster's rules allow "
+                          "one port")
     if srun is None or srun == (0, 0):
         raise ConfigError("SrunPortRange is not set (0-0): srun listens on any ephemeral port, which the "
                           "security groups do not allow between nodes")

@@ -16,5 +16,6 @@ import pulumi_aws as aws
 
 def root_device(image_id: pulumi.Input[str], opts: pulumi.InvokeOptions) -> pulumi.Output[str]:
     """The root device name of the AMI `image_id` (an id, or the output of an SSM parameter's lookup)."""
-    found = aws.ec2.get_ami_output(filters=[{"name": "image-id", "values": [image_id]}], opts=opts)
-    return found.root_device_name
+    filters = pulumi.Output.from_input(image_id).apply(
+        lambda image: [aws.ec2.GetAmiFilterArgs(name="image-id", values=[image])])
+    return aws.ec2.get_ami_output(filters=filters, opts=opts).root_device_name

@@ -73,7 +73,7 @@ def check_nodes_registered(deployed: Deployed, now: datetime | None = None) -> O
         if booting else ""
     if missing:
         return Outcome("fail", f"not in Slurm's node list: {', '.join(missing)}{still}",
-                       "read the instance's console output and /var/log/amazon/pcs on it: a node that "
+                       "read the instance's console output (`aws ec2 get-console-output`): a node that "
                        "cannot reach the PCS endpoint (no NAT and no pcs endpoint), or an AMI without the "
                        "PCS agent and Slurm, never registers and PCS replaces it")
     return Outcome("pass", f"{len(running) - booting} running compute instance(s) registered with Slurm "

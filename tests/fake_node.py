@@ -46,3 +46,30 @@ def with_bundled_scripts(user_data: str) -> str:
     members = bundle_members()
     return re.sub(rf"^install -m \d+ {re.escape(SCRIPTS_DIR)}/(\S+) (\S+)$",
                   lambda m: f"cat > {m[2]} <<'BUNDLED'\n{members[m[1]]}BUNDLED", user_data, flags=re.M)
+
+
+OS_RELEASES = {
+    "ubuntu-22.04": 'NAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n'
+                    'PRETTY_NAME="Ubuntu 22.04.5 LTS"\nVERSION_CODENAME=jammy\n',
+    "ubuntu-24.04": 'NAME="Ubuntu"\nVERSION_ID="24.04"\nID=ubuntu\nID_LIKE=debian\n'
+                    'PRETTY_NAME="Ubuntu 24.04.1 LTS"\nVERSION_CODENAME=noble\n',
+    "al2023": 'NAME="Amazon Linux"\nVERSION="2023"\nID="amzn"\nID_LIKE="fedora"\nVERSION_ID="2023"\n'
+              'PLATFORM_ID="platform:al2023"\nPRETTY_NAME="Amazon Linux 2023.6.20241212"\n',
+    "al2": 'NAME="Amazon Linux"\nVERSION="2"\nID="amzn"\nID_LIKE="centos rhel fedora"\nVERSION_ID="2"\n'
+           'PRETTY_NAME="Amazon Linux 2"\n',
+    "ubuntu-20.04": 'NAME="Ubuntu"\nVERSION_ID="20.04"\nID=ubuntu\nPRETTY_NAME="Ubuntu 20.04.6 LTS"\n',
+    "rocky-9": 'NAME="Rocky Linux"\nVERSION_ID="9.4"\nID="rocky"\n'
+               'PRETTY_NAME="Rocky Linux 9.4 (Blue Onyx)"\n',
+}
+"""os-release(5) files as those systems ship them (the fields gpucluster-os reads, and a few more)."""
+
+
+def os_env(root: Path, system: str = "ubuntu-22.04") -> dict[str, str]:
+    """The environment that makes the node scripts see `system` (an OS_RELEASES key): the shipped
+    gpucluster-os written under `root`, reading a fake /etc/os-release there."""
+    root.mkdir(parents=True, exist_ok=True)
+    release, tool = root / "os-release", root / "gpucluster-os"
+    release.write_text(OS_RELEASES[system])
+    tool.write_text(script("os.sh"))
+    tool.chmod(0o755)
+    return {"GPUCLUSTER_OS_TOOL": str(tool), "GPUCLUSTER_OS_RELEASE": str(release)}

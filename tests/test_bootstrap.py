@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from fake_node import logged_calls, run_script, write_stubs
+from fake_node import logged_calls, os_env, run_script, write_stubs
 from gpucluster.node import userdata as bootstrap
 from gpucluster.node.userdata import (
     GPU_METRIC_DIMENSION,
@@ -288,7 +288,7 @@ esac; true""",
         self.node_env = root / "node.env"
         self.node_env.write_text(node_env(settings(scratch_mount=str(root / "scratch"))))
         self.env = {"PATH": f"{self.bin}:{os.environ['PATH']}", "GPUCLUSTER_NODE_ENV": str(self.node_env),
-                    "GPUCLUSTER_STATE_DIR": str(root / "run"), **env}
+                    "GPUCLUSTER_STATE_DIR": str(root / "run"), **os_env(root / "os"), **env}
 
     def run(self, name: str, *args: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
         return run_script(self.root, name, *args, env=self.env, timeout=timeout)

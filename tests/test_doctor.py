@@ -40,6 +40,7 @@ from gpucluster.spec import StackSpec
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 CR = "cr-0123456789abcdef0"
+AMI = "ami-0123456789abcdef0"
 
 
 def training_stack(base_config: dict[str, Any], instance_type: str = "p5.48xlarge", zone: str = "us-east-1a",
@@ -121,6 +122,7 @@ def test_healthy_account(base_config: dict[str, Any], stubbed: tuple[Stubber, St
         ("ok", "efa", "p5.48xlarge"),
         ("ok", "quota", "Running On-Demand P instances (L-417A185B)"),
         ("ok", "quota", "All P Spot Instance Requests (L-7212CCBC)"),
+        ("ok", "ami", "train"),
         ("ok", "identity", "organization/gpucluster/t/test"),
         ("ok", "cost tag", "gpucluster:stack"),
         ("ok", "cost tag", "cost_center"),
@@ -236,7 +238,9 @@ def test_expired_reservation_through_run_checks(base_config: dict[str, Any],
                                                 stubbed: tuple[Stubber, Stubber, Stubber],
                                                 moto_ec2: Any) -> None:
     """The whole doctor with EC2 answered by moto's real data, replayed through a Stubber."""
-    spec = training_stack(base_config, capacity_reservation_id=CR)
+    training_stack(base_config, capacity_reservation_id=CR)
+    base_config["gpucluster:node_groups"][0]["ami_id"] = AMI  # so DescribeImages is asked too
+    spec = parse_stack_config(base_config, stack="t")
     offerings = moto_ec2.describe_instance_type_offerings(
         LocationType="availability-zone",
         Filters=[{"Name": "instance-type", "Values": ["p5.48xlarge"]},
@@ -249,6 +253,9 @@ def test_expired_reservation_through_run_checks(base_config: dict[str, Any],
     ec2.add_response("describe_instance_types", described)
     ec2.add_response("describe_capacity_reservations",
                      reservation(State="expired", EndDate=NOW - timedelta(days=1)))
+    ec2.add_response("describe_images", {"Images": [{
+        "ImageId": AMI, "Name": "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20241115",
+        "PlatformDetails": "Linux/UNIX", "RootDeviceName": "/dev/sda1"}]}, {"ImageIds": [AMI]})
     healthy_quotas_and_tags(stubbed)
     clients = clients_of(ec2.client, stubbed)
     called: set[str] = set()

@@ -414,10 +414,12 @@ def test_a_mig_group_gets_the_tool_and_a_unit_setup_waits_for(base_config: dict[
 
 
 def bootstrap_tail(text: str, root: Path, node_env_file: Path) -> str:
-    """The part of rendered user data after its files are written, with paths moved under `root`."""
+    """The part of rendered user data after its files are written, with paths moved under `root` (the
+    OS tool to the Sandbox's, which reads a fake Ubuntu os-release)."""
     tail = text.split("# shellcheck source=/dev/null\n. /etc/gpucluster/node.env\n")[1]
     return ("#!/bin/bash\nset -euo pipefail\n" + f". {node_env_file}\n" + tail).replace(
-        "/run/gpucluster/", f"{root}/run/")
+        "/run/gpucluster/", f"{root}/run/").replace("/usr/local/sbin/gpucluster-os",
+                                                   f"{root}/os/gpucluster-os")
 
 
 def run_bootstrap_after_files(b: NodeBootstrap, outcome: str, tmp_path: Path,

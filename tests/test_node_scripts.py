@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from base_config import base, plan_config
-from fake_node import logged_calls, write_stubs
+from fake_node import logged_calls, os_env, write_stubs
 from gpucluster.node import bundle
 from gpucluster.node.bundle import bundle_bytes, bundle_key, bundle_sha256, pack, scripts_source
 from gpucluster.node.userdata import (
@@ -99,7 +99,8 @@ class Node:
                    'the GetObject operation (reached max retries: 2)" >&2; exit 254; fi\n'
                    f'cp {served} "${{@: -1}}"; echo "{{}}"',
             "systemctl": "true", "sleep": "true", "logger": "true"})
-        self.env = {"PATH": f"{tmp / 'bin'}:{os.environ['PATH']}", **env}
+        self.env = {"PATH": f"{tmp / 'bin'}:{os.environ['PATH']}",
+                    "GPUCLUSTER_OS_RELEASE": os_env(tmp / "os")["GPUCLUSTER_OS_RELEASE"], **env}
         b = settings(efa=False, gpudirect_rdma=False, watch_spot=False, interruption_command=None,
                      data_mounts=())
         self.files = node_files(b)

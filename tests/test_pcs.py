@@ -26,15 +26,7 @@ from typer.testing import CliRunner
 
 from base_config import base, plan_config
 from gpucluster.aws.children import pcs_purchase_option
-from gpucluster.aws.pcs import (
-    SLURMCTLD_PORT,
-    SLURMD_PORT,
-    SLURMDBD_PORT,
-    SRUN_PORTS,
-    cluster_slurm_configuration,
-    pcs_cluster_name,
-    slurm_rules,
-)
+from gpucluster.aws.pcs import cluster_slurm_configuration, pcs_cluster_name
 from gpucluster.cli import app
 from gpucluster.node.multipart import (
     BOUNDARY,
@@ -48,6 +40,7 @@ from gpucluster.node.multipart import (
 from gpucluster.noderole import PCS_REGISTER_ACTION, health_policy_document
 from gpucluster.plan import Plan, PlannedResource
 from gpucluster.preflight import parse_stack_config
+from gpucluster.slurm.ports import SLURMCTLD_PORT, SLURMD_PORT, SLURMDBD_PORT, SRUN_PORTS, slurm_rules
 from gpucluster.spec import SpecError
 
 REPO = Path(__file__).resolve().parent.parent

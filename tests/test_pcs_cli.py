@@ -103,3 +103,33 @@ def test_stop_says_what_a_stopped_slurm_stack_still_costs(write_stack: Any) -> N
                                         if k != "gpucluster:scheduler"}, "plain")))[2]
     assert still_billed_lines(plain) == [] and stopped_slurm_costs(plain) == []
     assert not any("still billed" in line for line in stop_plan_lines(plain, plan))
+
+
+def test_status_says_what_a_stopped_slurm_stack_still_costs(write_stack: Any) -> None:
+    """`status` (text and --json) repeats `stop`'s still-billed figure once every compute group is stopped;
+    nothing while one runs, and nothing at all on a type-none stack (its --json keeps its keys)."""
+    from gpucluster.cli.fleet import status_json, status_lines, still_billed_lines
+    from gpucluster.ops.overview import StackOverview
+    from gpucluster.ops.status import GroupStatus
+    from gpucluster.pricing import stopped_slurm_costs
+
+    spec = load_stack(str(write_stack(slurm_config(), "slurmy")))[2]
+    compute = spec.node_groups[0].name
+
+    def overview(desired: int) -> StackOverview:
+        by = "manual" if not desired else None
+        rows = [GroupStatus(compute, 0, desired, 4, desired, by, None, compute),
+                GroupStatus("login", 1, 1, 1, 1, None, None, "login")]
+        return StackOverview(rows, "https://dashboard", None)
+
+    stopped, running = overview(0), overview(2)
+    billed = still_billed_lines(spec)
+    assert billed and " ".join(billed) in " ".join(status_lines("slurmy", spec, stopped))
+    assert not any("still billed" in line for line in status_lines("slurmy", spec, running))
+    total = round(sum(c.desired_usd_per_month for c in stopped_slurm_costs(spec)), 2)
+    assert status_json(spec, stopped)["still_billed_usd_per_month"] == total
+    assert status_json(spec, running)["still_billed_usd_per_month"] is None
+    plain = load_stack(str(write_stack({k: v for k, v in slurm_config().items()
+                                        if k != "gpucluster:scheduler"}, "plain")))[2]
+    assert "still_billed_usd_per_month" not in status_json(plain, stopped)
+    assert not any("still billed" in line for line in status_lines("plain", plain, stopped))

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from base_config import base, plan_config
-from fake_node import logged_calls, write_stubs
+from fake_node import logged_calls, os_env, write_stubs
 from gpucluster.dashboards.grafana import GRAFANA_VERSION
 from gpucluster.node.metrics import (
     DCGM_FIELDS,
@@ -243,7 +243,7 @@ def run_metrics(tmp_path: Path, *args: str, bodies: dict[str, str],
            "GPUCLUSTER_METRICS_ENV": str(tmp_path / "metrics.env"),
            "GPUCLUSTER_PROMETHEUS_CONFIG": str(tmp_path / "prometheus.yml"),
            "GPUCLUSTER_METRICS_CHECK_SECONDS": "0",
-           "GPUCLUSTER_DCGM_COUNTERS": str(tmp_path / "counters.csv"),
+           "GPUCLUSTER_DCGM_COUNTERS": str(tmp_path / "counters.csv"), **os_env(tmp_path / "os"),
            # The collector counts as installed when these exist: the stubs (the real ones may be here too).
            "GPUCLUSTER_METRICS_BINARIES": " ".join(str(tmp_path / "bin" / b)
                                                    for b in ("prometheus", "prometheus-node-exporter")),

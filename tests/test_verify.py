@@ -1344,11 +1344,13 @@ def slurm_spec(base_config: dict[str, Any], **scheduler: Any) -> StackSpec:
 
 def test_the_slurm_checks_are_planned(base_config: dict[str, Any]) -> None:
     ids = [c.id for c in plan_checks(slurm_spec(base_config), Clients(REGION), HERE)]
-    assert ids[-4:] == ["pcs-cluster", "pcs-accounting", "pcs-node-groups", "pcs-queues"]
+    assert ids[-6:] == ["pcs-cluster", "pcs-accounting", "pcs-node-groups", "pcs-queues", "slurm-nodes",
+                        "slurm-ports"]
     ids = [
         c.id for c in plan_checks(slurm_spec(base_config, accounting=False), Clients(REGION), HERE, job=True)
     ]
-    assert ids[-4:] == ["pcs-cluster", "pcs-node-groups", "pcs-queues", "slurm-job.gpu"]
+    assert ids[-6:] == ["pcs-cluster", "pcs-node-groups", "pcs-queues", "slurm-nodes", "slurm-ports",
+                        "slurm-job.gpu"]
     assert not any(
         i.startswith(("pcs-", "amp-", "grafana", "image-", "slurm-"))
         for i in [

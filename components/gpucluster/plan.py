@@ -140,6 +140,8 @@ class PlanMocks(pulumi.runtime.Mocks):
         if token == "aws:ssm/getParameter:getParameter":
             return {"name": args.args.get("name"), "value": MOCK_AMI, "type": "String",
                     "arn": f"arn:aws:ssm:{self.region}::parameter{args.args.get('name')}"}
+        if token == "aws:ec2/getAmi:getAmi":  # the launch templates' root device (aws.amis): the DLAMI's
+            return {"id": MOCK_AMI, "imageId": MOCK_AMI, "rootDeviceName": "/dev/sda1"}
         if token == "aws:index/getCallerIdentity:getCallerIdentity":
             return {"accountId": MOCK_ACCOUNT, "arn": f"arn:aws:iam::{MOCK_ACCOUNT}:user/plan",
                     "userId": "PLAN"}

@@ -957,3 +957,39 @@ def test_the_handlers_deadline_keeps_its_reserve(monkeypatch) -> None:
     t = FakeTime(FakePcs(), 0)
     monkeypatch.setattr(runtime.RUNTIME, "clock", t.clock)
     assert invocation_deadline(LambdaContext(t, 120)) == t.now + 120 - 15
+
+
+# --- `gpucluster stop` meeting a node group UPDATING: it waits as the Lambdas do (#34 item 9) -------
+
+
+@pytest.mark.parametrize("minutes", [1, 3])
+def test_the_cli_stop_meeting_a_group_updating_waits_for_active_then_stops(
+    ops_stack, monkeypatch, minutes: int
+) -> None:
+    from gpucluster.ops.stopstart import apply_stop, plan_stop_on
+
+    plan = plan_stop_on(ops_fleet(ops_stack), hook_timeout_seconds=45)
+    t = updating_for(ops_stack, monkeypatch, minutes * 60)
+    report = apply_stop(plan).report
+    assert sorted(report.changed) == ["infer", "train"] and report.errors == {}
+    fake = ops_stack["pcs"]
+    assert fake.scaling("train") == (0, 0) and fake.scaling("infer") == (0, 0)
+    assert minutes * 60 <= t.now - t.start <= 2 * PCS_ACTIVE_WAIT_SECONDS
+    waits = [s for s in t.slept if s >= BACKOFF_FIRST_SECONDS]
+    assert waits[0] == BACKOFF_FIRST_SECONDS and max(waits) <= BACKOFF_MAX_SECONDS
+
+
+def test_the_cli_stop_gives_up_past_its_wait_and_reports_the_group_not_stopped(
+    ops_stack, monkeypatch
+) -> None:
+    from gpucluster.ops.stopstart import apply_stop, plan_stop_on
+
+    plan = plan_stop_on(ops_fleet(ops_stack), hook_timeout_seconds=45)
+    t = updating_for(ops_stack, monkeypatch, 10 * 60)
+    report = apply_stop(plan).report
+    assert set(report.errors) == {"infer", "train"}
+    assert all("ConflictException" in e for e in report.errors.values())
+    assert ops_stack["pcs"].scaling("train") == (1, 4)  # never said stopped while it runs
+    # each group waits its own 300 s
+    assert t.now - t.start <= 2 * PCS_ACTIVE_WAIT_SECONDS + BACKOFF_MAX_SECONDS
+    assert record(ops_stack["state_table"], "train")["state"] == "stop-failed"

@@ -34,6 +34,7 @@ from typing import Any, NotRequired, TypedDict, get_args
 import pulumi
 import pulumi_aws as aws
 
+from gpucluster.aws.amis import root_device
 from gpucluster.aws.args import (
     GpuNodeGroupModel,
     NodeScriptsSource,
@@ -78,9 +79,6 @@ from gpucluster.spec import CapacityConfig, NodeGroupConfig
 # Driver GPU AMI (Ubuntu 22.04)" ("Query AMI-ID with SSM Parameter"); x86_64, all our GPU types.
 DEFAULT_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
-ROOT_DEVICE = "/dev/sda1"  # the root device name of Ubuntu AMIs, the DLAMI included
-# The EKS-optimised Amazon Linux 2023 AMIs' root device (ledger: eks-al2023-nvidia-ami-parameter).
-EKS_ROOT_DEVICE = "/dev/xvda"
 # The termination hook of an EKS group: the AWS Node Termination Handler (queue mode) drains the node and
 # completes the action; past the timeout the instance terminates anyway (CONTINUE). EC2 Auto Scaling user
 # guide, "Amazon EC2 Auto Scaling lifecycle hooks"; the drain time is ours (ledger: eks-drain-hook).
@@ -442,10 +440,11 @@ class GpuNodeGroup(pulumi.ComponentResource):
                             expected_bucket_owner=d.expected_bucket_owner)
                   for d in m.data_mounts]
         slurm = m.scheduler == "slurm"
+        image = self._image_id(group, m)
         self.launch_template = aws.ec2.LaunchTemplate(
             f"{name}-lt",
             description=f"gpucluster {m.cluster_name}/{group.name} GPU nodes",
-            image_id=self._image_id(group, m),
+            image_id=image,
             # AWS PCS picks the type from its instance configs and passes the compute node group's
             # instance profile itself: a Slurm stack's template names neither.
             instance_type=group.instance_types[0] if plain_template(group) and not slurm else None,
@@ -454,7 +453,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
                               "http_put_response_hop_limit": IMDS_HOP_LIMIT,
                               "instance_metadata_tags": "disabled"},
-            block_device_mappings=[{"device_name": self._root_device(m), "ebs": {
+            block_device_mappings=[{"device_name": root_device(image, pulumi.InvokeOptions(parent=self)),
+                                    "ebs": {
                 "volume_size": group.root_volume_size_gib, "volume_type": "gp3", "encrypted": "true",
                 "delete_on_termination": "true",
                 **({"volume_initialization_rate": rate}
@@ -566,13 +566,6 @@ class GpuNodeGroup(pulumi.ComponentResource):
         args["ignore_tags"] = asg_ignore_tags(args.get("ignore_tags"))
         args["region"] = region
         return aws.Provider(f"{name}-asg-provider", **args, opts=pulumi.ResourceOptions(parent=self))
-
-    @staticmethod
-    def _root_device(m: GpuNodeGroupModel) -> str:
-        """Amazon Linux's root device on the EKS AMI, Ubuntu's (the DLAMI's, a pinned image's) otherwise."""
-        if m.eks is not None and pinned_ami(m) is None and m.node_group.ami_ssm_parameter is None:
-            return EKS_ROOT_DEVICE
-        return ROOT_DEVICE
 
     def _image_id(self, group: NodeGroupConfig, m: GpuNodeGroupModel) -> pulumi.Input[str]:
         if (ami := pinned_ami(m)) is not None:

@@ -19,9 +19,9 @@ loads it (its top-level import costs about 0.1 s).
 Sources: "Security groups in AWS PCS" (https://docs.aws.amazon.com/pcs/latest/userguide/
 working-with_networking_sg.html): the controller's interface and the instances must reach each other,
 slurmctld on 6817 from the instances, slurmd on 6818 from the controller, and where a launch
-template defines network interfaces its security groups go on each interface. slurmdbd on 6819 with
-accounting (ledger: slurm-dbd-port) and srun's ports between nodes (ledger: pcs-srun-port-range: as AWS PCS
-sets it). Names: pulumi-aws-native 1.84's PCS docstrings give no length or pattern ("The name that
+template defines network interfaces its security groups go on each interface; the rules themselves,
+slurmdbd's and srun's ports included, are `slurm.ports.slurm_rules` (which `verify` checks too).
+Names: pulumi-aws-native 1.84's PCS docstrings give no length or pattern ("The name that
 identifies the compute node group"); ledger: pcs-group-and-queue-names (API reference: CreateComputeNodeGroup,
 CreateQueue): 3-25 characters, a letter first, then letters, digits, '-' and '_', not starting
 `pcs_`: `spec/scheduler.py` checks a Slurm stack's group names against that.
@@ -31,27 +31,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_aws_native as aws_native
 
+from gpucluster.aws.amis import root_device
 from gpucluster.aws.args import component_options, owned_tags, type_token
 from gpucluster.aws.iam import NodeIdentity
 from gpucluster.fleet.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP
 from gpucluster.node.multipart import PCS_USER_DATA_BYTES, encode_multipart_user_data
 from gpucluster.node.userdata import MAX_USER_DATA_BYTES
+from gpucluster.slurm.ports import slurm_rules
 
 OLD_TYPE = "gpucluster:pcs:SlurmCluster"
 PCS_CLUSTER_TYPE = "AWS::PCS::Cluster"  # the CloudFormation type Cloud Control creates
-SLURMCTLD_PORT = 6817  # "Security groups in AWS PCS"
-SLURMD_PORT = 6818  # "Security groups in AWS PCS"
-SLURMDBD_PORT = 6819  # with accounting (Slurm's default DbdPort; ledger: slurm-dbd-port)
-SRUN_PORTS = (60001, 63000)  # srun's ports between nodes (PCS's SrunPortRange; ledger: pcs-srun-port-range)
 LOGIN_ROOT_GIB = 64
-LOGIN_ROOT_DEVICE = "/dev/sda1"  # Ubuntu AMIs (the DLAMI included); on Amazon Linux /dev/xvda
 DEFAULT_LOGIN_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
 # A login node runs what users type: the SSM agent (no SSH: no key, no port 22, no sshd), and nothing of
@@ -66,49 +62,6 @@ systemctl disable --now ssh.service sshd.service 2>/dev/null || true
 
 
 # ------------------------------------------------------------------ pure: what PCS is given
-
-
-@dataclass(frozen=True)
-class SlurmRule:
-    """One security group rule between the controller ("cluster") and the Slurm nodes ("nodes")."""
-
-    name: str
-    group: str
-    direction: str
-    from_port: int
-    to_port: int
-    peer: str
-    why: str
-
-
-def slurm_rules(accounting: bool) -> list[SlurmRule]:
-    """The rules Slurm needs, both ends, TCP: the controller's security group and the nodes' (every
-    compute node and login node carries it on each interface). Both groups allow no egress of their own
-    (our security groups are declared without AWS's allow-all), so each flow is an egress and an ingress.
-    """
-    lo, hi = SRUN_PORTS
-    rules = [
-        SlurmRule("ctld-in", "cluster", "in", SLURMCTLD_PORT, SLURMCTLD_PORT, "nodes",
-                  "slurmctld from Slurm nodes"),
-        SlurmRule("ctld-out", "nodes", "out", SLURMCTLD_PORT, SLURMCTLD_PORT, "cluster", "to slurmctld"),
-        SlurmRule("slurmd-out", "cluster", "out", SLURMD_PORT, SLURMD_PORT, "nodes", "to slurmd and sackd"),
-        SlurmRule("slurmd-in", "nodes", "in", SLURMD_PORT, SLURMD_PORT, "cluster", "slurmd from slurmctld"),
-        SlurmRule("srun-out", "cluster", "out", lo, hi, "nodes", "to srun (job steps)"),
-        SlurmRule("srun-in", "nodes", "in", lo, hi, "cluster", "srun from slurmctld"),
-        # Between Slurm nodes: slurmd's message fan-out, srun on a login or batch node to slurmd, and
-        # the steps' connections back to srun.
-        SlurmRule("peer-slurmd-in", "nodes", "in", SLURMD_PORT, SLURMD_PORT, "nodes",
-                  "slurmd from Slurm nodes"),
-        SlurmRule("peer-slurmd-out", "nodes", "out", SLURMD_PORT, SLURMD_PORT, "nodes", "to slurmd"),
-        SlurmRule("peer-srun-in", "nodes", "in", lo, hi, "nodes", "srun from Slurm nodes"),
-        SlurmRule("peer-srun-out", "nodes", "out", lo, hi, "nodes", "to srun"),
-    ]
-    if accounting:
-        rules += [SlurmRule("dbd-in", "cluster", "in", SLURMDBD_PORT, SLURMDBD_PORT, "nodes",
-                            "slurmdbd (sacct) from Slurm nodes"),
-                  SlurmRule("dbd-out", "nodes", "out", SLURMDBD_PORT, SLURMDBD_PORT, "cluster",
-                            "to slurmdbd")]
-    return rules
 
 
 def cluster_slurm_configuration(idle_minutes: int | None, accounting: bool) -> dict[str, Any]:
@@ -337,7 +290,9 @@ class SlurmCluster(pulumi.ComponentResource):
             user_data=encode_multipart_user_data(LOGIN_SCRIPT, MAX_USER_DATA_BYTES - PCS_USER_DATA_BYTES),
             metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
                               "http_put_response_hop_limit": 1, "instance_metadata_tags": "disabled"},
-            block_device_mappings=[{"device_name": LOGIN_ROOT_DEVICE, "ebs": {
+            # The AMI's own root device (/dev/sda1 on Ubuntu, /dev/xvda on Amazon Linux): `aws.amis`.
+            block_device_mappings=[{"device_name": root_device(image, pulumi.InvokeOptions(parent=self)),
+                                    "ebs": {
                 "volume_size": LOGIN_ROOT_GIB, "volume_type": "gp3", "encrypted": "true",
                 "delete_on_termination": "true"}}],
             network_interfaces=[{

@@ -165,7 +165,16 @@ def status_json(spec: StackSpec, overview: StackOverview) -> dict[str, Any]:
     document["spend"], document["spend_error"] = overview.spend, overview.spend_error
     document["boot_times"] = [b.as_json() for b in overview.boot_times]
     document["boot_times_error"] = overview.boot_times_error
+    slurm, billed = still_billed_usd(spec)
+    if slurm:  # a Slurm stack only: what it costs while every compute group is stopped
+        document["still_billed_usd_per_month"] = billed if all_stopped(spec, overview) else None
     return document
+
+
+def all_stopped(spec: StackSpec, overview: StackOverview) -> bool:
+    """Every compute node group of the stack found and at zero (the login group is no compute group)."""
+    compute = [r for r in overview.groups if r.node_group in {g.name for g in spec.node_groups}]
+    return bool(compute) and all(r.desired_capacity == 0 and r.in_service == 0 for r in compute)
 
 
 def status_lines(stack: str, spec: StackSpec, overview: StackOverview) -> list[str]:
@@ -188,6 +197,8 @@ def status_lines(stack: str, spec: StackSpec, overview: StackOverview) -> list[s
                        f"gpucluster:stack={spec.identity}")
         elif observed.prometheus.active:
             out.append(f"grafana dashboards: gpucluster dashboards export {stack} (for your own Grafana)")
+    if rows and all_stopped(spec, overview):
+        out += still_billed_lines(spec)
     if warning:
         out += [render.paint(line, "warn") for line in render.wrap(warning)]
     return out
@@ -593,6 +604,16 @@ def nothing_to_stop_lines(spec: StackSpec, plan: StopPlan) -> list[str]:
     if not plan.candidates:
         out.append(f"  no Auto Scaling group is tagged gpucluster:stack={spec.identity}")
     return [*out, *still_billed_lines(spec)]
+
+
+def still_billed_usd(spec: StackSpec) -> tuple[bool, float | None]:
+    """(whether the stack costs something while stopped: a Slurm stack, what a month: pricing.
+    stopped_slurm_costs; None where the region has no PCS prices)."""
+    try:
+        costs = pricing.stopped_slurm_costs(spec)
+    except pricing.PricingError:
+        return True, None
+    return bool(costs), round(sum(c.desired_usd_per_month for c in costs), 2) if costs else None
 
 
 def still_billed_lines(spec: StackSpec) -> list[str]:

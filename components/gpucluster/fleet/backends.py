@@ -39,6 +39,8 @@ class Placement:
     """Fail rather than read groups without their instances (what the spend guard prices)."""
     deadline: float | None = None
     """A `RUNTIME.clock()` value a capacity may wait until for a busy group (a handler's); None: no wait."""
+    wait_seconds: float | None = None
+    """Without a deadline, how long each change may wait for a busy group once it meets one (the CLI's)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ def _pcs_capacity(where: Placement) -> Capacity:
     if not where.cluster_id:
         raise ConfigError(f"stack {where.stack}: no PCS cluster named for its Slurm node groups")
     return PcsCapacity(where.client("pcs"), where.cluster_id, where.stack, ec2=where.client("ec2"),
-                       strict_members=where.strict_members, deadline=where.deadline)
+                       strict_members=where.strict_members, deadline=where.deadline,
+                       wait_seconds=where.wait_seconds)
 
 
 BACKENDS: dict[str, Backend] = {
@@ -68,8 +71,10 @@ BACKENDS: dict[str, Backend] = {
 
 def choose_node_groups(kind: str, client: Callable[[str], Any], stack: str, *, table: str | None,
                        actor: str, cluster_id: str | None = None,
-                       strict_members: bool = False, deadline: float | None = None) -> NodeGroups:
-    """The `NodeGroups` backend of deployment `stack`, whose scheduler is `kind` (`deadline`: `Placement`'s).
+                       strict_members: bool = False, deadline: float | None = None,
+                       wait_seconds: float | None = None) -> NodeGroups:
+    """The `NodeGroups` backend of deployment `stack`, whose scheduler is `kind` (`deadline`,
+    `wait_seconds`: `Placement`'s).
 
     Over the guard-state `table` when there is one; without, the kind's tags-only backend, or a
     `ConfigError` for a kind that keeps no stop state of its own (PCS has no tags the guardrails
@@ -79,7 +84,8 @@ def choose_node_groups(kind: str, client: Callable[[str], Any], stack: str, *, t
     if backend is None:
         raise ConfigError(f"no node-group backend for scheduler type {kind!r} "
                           f"(known: {', '.join(sorted(BACKENDS))})")
-    where = Placement(client, stack, cluster_id=cluster_id, strict_members=strict_members, deadline=deadline)
+    where = Placement(client, stack, cluster_id=cluster_id, strict_members=strict_members, deadline=deadline,
+                      wait_seconds=wait_seconds)
     if table:
         return StoredNodeGroups(None, client("dynamodb"), table, actor=actor,
                                 capacity=backend.capacity(where))

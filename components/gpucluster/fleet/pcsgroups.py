@@ -102,18 +102,22 @@ class PcsCapacity:
     never blocks a budget stop; with `strict_members` (the spend guard, the lifetime check, which
     would price or date nothing) the error is raised instead. `deadline` (a `RUNTIME.clock()` value):
     how long an update that meets ConflictException may wait for the group; None: not at all.
+    `wait_seconds` (the CLI's, which has no handler's deadline): without a deadline, how long after
+    meeting ConflictException each update may wait the same way; None: not at all.
     """
 
     stop_zeroes_max = True
 
     def __init__(self, pcs: Any, cluster_id: str, stack: str, ec2: Any = None, *,
-                 strict_members: bool = False, deadline: float | None = None) -> None:
+                 strict_members: bool = False, deadline: float | None = None,
+                 wait_seconds: float | None = None) -> None:
         self.pcs = pcs
         self.cluster_id = cluster_id
         self.stack = stack
         self.ec2 = ec2
         self.strict_members = strict_members
         self.deadline = deadline
+        self.wait_seconds = wait_seconds
         self._ids: dict[str, str] = {}
 
     def _with_members(self, groups: list[NodeGroup]) -> list[NodeGroup]:
@@ -179,7 +183,7 @@ class PcsCapacity:
         if group_id is None:
             # Gone (deleted meanwhile): a stop reads again and finds nothing to stop.
             raise StateConflict(f"PCS cluster {self.cluster_id} has no compute node group {name!r}")
-        delay = BACKOFF_FIRST_SECONDS
+        delay, deadline = BACKOFF_FIRST_SECONDS, self.deadline
         while True:
             try:
                 self.pcs.update_compute_node_group(
@@ -190,14 +194,17 @@ class PcsCapacity:
             except AWS_ERRORS as exc:
                 if error_code(exc) != CONFLICT:
                     raise
-                delay = self._wait_out(name, group_id, delay, exc)
+                if deadline is None and self.wait_seconds:
+                    deadline = RUNTIME.clock() + self.wait_seconds
+                delay = self._wait_out(name, group_id, delay, exc, deadline)
 
-    def _wait_out(self, name: str, group_id: str, delay: float, conflict: Exception) -> float:
+    def _wait_out(self, name: str, group_id: str, delay: float, conflict: Exception,
+                  deadline: float | None) -> float:
         """Sleep with backoff until the group leaves WAIT_STATUSES (read after each sleep); the next
-        delay. Raises `conflict` when the next sleep would pass the deadline, StateConflict when the
-        group is gone meanwhile."""
+        delay. Raises `conflict` when the next sleep would pass `deadline` (None: at once),
+        StateConflict when the group is gone meanwhile."""
         while True:
-            if self.deadline is None or RUNTIME.clock() + delay > self.deadline:
+            if deadline is None or RUNTIME.clock() + delay > deadline:
                 log_event("node group still busy: update refused", logging.ERROR, cluster=self.cluster_id,
                           group=name, error=str(conflict))
                 raise conflict

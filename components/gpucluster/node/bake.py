@@ -124,9 +124,12 @@ def build_steps(s: BakeSettings) -> list[dict[str, Any]]:
               "APT::Periodic::Unattended-Upgrade \"0\";\\n' > /etc/apt/apt.conf.d/20auto-upgrades\n"),
         _bash("InstallNodeTools",
               "set -euo pipefail\ninstall -d -m 0755 /etc/gpucluster /usr/local/sbin\n"
+              # gpucluster-install asks gpucluster-os which package manager to use.
+              "cat > /usr/local/sbin/gpucluster-os <<'GPUCLUSTER_FILE_EOF'\n"
+              + script("os.sh") + "GPUCLUSTER_FILE_EOF\n"
               "cat > /usr/local/sbin/gpucluster-install <<'GPUCLUSTER_FILE_EOF'\n"
               + script("install.sh") + "GPUCLUSTER_FILE_EOF\n"
-              "chmod 0755 /usr/local/sbin/gpucluster-install\n"
+              "chmod 0755 /usr/local/sbin/gpucluster-os /usr/local/sbin/gpucluster-install\n"
               # Only what install.sh reads; the node's own node.env replaces it at boot.
               f"printf '%s\\n' GPUCLUSTER_REGION={s.region} "
               f"\"GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS='{' '.join(s.lustre_key_fingerprints)}'\""

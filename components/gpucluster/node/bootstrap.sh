@@ -27,11 +27,21 @@ install -d -m 0755 /etc/gpucluster /usr/local/sbin /etc/systemd/system \
 echo "bundle $(cut -d. -f1 /proc/uptime)" >> /run/gpucluster/boot-steps
 systemctl daemon-reload
 
-# Before the first install: the AMI's own package updates (unattended-upgrades, apt-daily) would hold
+# The operating system (gpucluster-os, from /etc/os-release): the node scripts install with its own
+# package manager. One they do not support ends the boot here, before anything is installed or started.
+if ! os=$(/usr/local/sbin/gpucluster-os 2>&1); then
+  echo "gpucluster bootstrap: FAILED: $os $(date -Is)"
+  exit 1
+fi
+
+# Before the first install: Ubuntu's own package updates (unattended-upgrades, apt-daily) would hold
 # the dpkg lock for minutes at first boot. Stopped and masked for this node's life (a baked image
 # has them off already); the installs still wait for the lock (gpucluster-install) in case one runs.
-apt=(unattended-upgrades.service apt-daily{,-upgrade}.{timer,service})
-systemctl stop "${apt[@]}" && systemctl mask "${apt[@]}" || echo "gpucluster bootstrap: apt not stopped"
+# Amazon Linux 2023 installs no updates by itself (ledger: al2023-node-packages); dnf waits for its lock.
+if [ "$os" = ubuntu ]; then
+  apt=(unattended-upgrades.service apt-daily{,-upgrade}.{timer,service})
+  systemctl stop "${apt[@]}" && systemctl mask "${apt[@]}" || echo "gpucluster bootstrap: apt not stopped"
+fi
 
 # MIG first: nothing may run on a GPU before it is split (gpucluster-mig; setup requires it). The
 # units are enabled before, so the one reboot MIG mode may need (an A100 passed through to a VM

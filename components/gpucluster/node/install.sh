@@ -1,27 +1,39 @@
 #!/bin/bash
 # gpucluster-install: what a node downloads at boot, each at a pinned version and verified before
-# anything is installed; what does not verify is refused (exit 1) and nothing is installed.
-#   cloudwatch-agent  Amazon CloudWatch agent .deb and its detached .sig, from the region's bucket
-#                     (works through the VPC's S3 gateway endpoint); signer fingerprint pinned
+# anything is installed; what does not verify is refused (exit 1) and nothing is installed. Each goes
+# through the node's own package manager (gpucluster-os: apt/dpkg on Ubuntu, dnf on Amazon Linux 2023).
+#   cloudwatch-agent  Ubuntu: the Amazon CloudWatch agent .deb and its detached .sig, from the region's
+#                     bucket (works through the VPC's S3 gateway endpoint); signer fingerprint pinned
 #                     (CloudWatch user guide, "Verifying the signature of the CloudWatch agent package").
-#   mount-s3          Mountpoint for Amazon S3 .deb and its detached .asc; signer fingerprints pinned
-#                     (Amazon S3 user guide, "Installing Mountpoint": "Verifying the signature of the
-#                     Mountpoint for Amazon S3 package"; the older key still signs older releases).
-#   lustre-client     the Lustre client modules for the running kernel from AWS's apt repository
+#                     Amazon Linux 2023: the amazon-cloudwatch-agent package of the distribution's own
+#                     repository, which dnf checks against Amazon Linux's key (ledger: al2023-node-packages).
+#   mount-s3          Mountpoint for Amazon S3 .deb (Ubuntu) or .rpm (Amazon Linux 2023) and its detached
+#                     .asc; signer fingerprints pinned (Amazon S3 user guide, "Installing Mountpoint":
+#                     "Verifying the signature of the Mountpoint for Amazon S3 package"; the older key
+#                     still signs older releases; the .rpm's name: ledger: al2023-node-packages).
+#   lustre-client     Ubuntu: the Lustre client modules for the running kernel from AWS's apt repository
 #                     (FSx for Lustre user guide, "Installing the Lustre client", Ubuntu): apt checks
 #                     the repository's signatures against that repository's key only (signed-by).
 #                     The guide publishes no fingerprint for that key: with the stack's
 #                     fsx.client_key_fingerprints (GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS) every key in the
 #                     downloaded file must be pinned or nothing is installed; without, the key is used
 #                     as fetched over TLS and its fingerprints are logged for pinning.
+#                     Amazon Linux 2023: the lustre-client package of the distribution's own repository
+#                     (the same guide, Amazon Linux 2023; ledger: al2023-node-packages); no key to pin.
+#   container-runtime Docker where the AMI has none (the Deep Learning AMIs have it): Ubuntu's docker.io
+#                     or Amazon Linux 2023's docker (ledger: al2023-node-packages), enabled and started.
+#                     GPUs in containers need NVIDIA's container toolkit, which only the AMI brings.
 # Every dpkg/apt-get waits for the package lock first, at most GPUCLUSTER_LOCK_TIMEOUT_SECONDS: the
 # Deep Learning AMI can hold it during first boot (unattended-upgrades, its own setup; SkyPilot
 # issue #4237). A failed step is tried GPUCLUSTER_INSTALL_ATTEMPTS times in all, then exits 1: the
-# calling unit (gpucluster-agent, gpucluster-data) retries and reports it, never skips it.
+# calling unit (gpucluster-agent, gpucluster-data) retries and reports it, never skips it. dnf waits
+# for its own lock; a failed dnf command is tried again the same way.
 set -euo pipefail
 # shellcheck source=/dev/null
 . "${GPUCLUSTER_NODE_ENV:-/etc/gpucluster/node.env}"
 export DEBIAN_FRONTEND=noninteractive
+# ubuntu or al2023; an unsupported system stops here (gpucluster-os says which, exit 1).
+OS=$("${GPUCLUSTER_OS_TOOL:-/usr/local/sbin/gpucluster-os}")
 
 LOCK_TIMEOUT="${GPUCLUSTER_LOCK_TIMEOUT_SECONDS:-600}"
 LOCK_POLL="${GPUCLUSTER_LOCK_POLL_SECONDS:-5}"
@@ -40,8 +52,10 @@ MOUNTPOINT_SIGNERS="8AEFE705EBE329C0948C75A66F1C3B3AEF4B030B 673FE4061506BB469A0
 log() { echo "gpucluster-install: $*"; logger -t gpucluster-install -- "$*" || true; }
 
 # Wait until no process holds the dpkg/apt locks (fuser, psmisc), at most LOCK_TIMEOUT seconds.
+# Ubuntu only: dnf waits for its own lock.
 wait_for_dpkg() {
   local deadline=$((SECONDS + LOCK_TIMEOUT)) said=""
+  [ "$OS" = ubuntu ] || return 0
   while fuser "${DPKG_LOCKS[@]}" >/dev/null 2>&1; do
     if [ "$SECONDS" -ge "$deadline" ]; then
       log "the dpkg lock is still held after ${LOCK_TIMEOUT}s"
@@ -97,6 +111,10 @@ verified_download() {
 install_cloudwatch_agent() {
   local base="https://amazoncloudwatch-agent-${GPUCLUSTER_REGION}.s3.${GPUCLUSTER_REGION}.amazonaws.com"
   local deb
+  if [ "$OS" = al2023 ]; then
+    package dnf install -y amazon-cloudwatch-agent
+    return
+  fi
   deb=$(mktemp --suffix=.deb)
   verified_download "$base/ubuntu/amd64/$CWA_VERSION/amazon-cloudwatch-agent.deb" \
     "$base/ubuntu/amd64/$CWA_VERSION/amazon-cloudwatch-agent.deb.sig" \
@@ -106,13 +124,18 @@ install_cloudwatch_agent() {
 }
 
 install_mount_s3() {
-  local base=https://s3.amazonaws.com/mountpoint-s3-release deb
-  deb="$(mktemp -d)/mount-s3-$MOUNTPOINT_VERSION-x86_64.deb"
-  verified_download "$base/$MOUNTPOINT_VERSION/x86_64/mount-s3-$MOUNTPOINT_VERSION-x86_64.deb" \
-    "$base/$MOUNTPOINT_VERSION/x86_64/mount-s3-$MOUNTPOINT_VERSION-x86_64.deb.asc" \
-    "$base/public_keys/KEYS" "$MOUNTPOINT_SIGNERS" "$deb"
-  package "${APT[@]}" install -y "$deb"
-  rm -rf "$(dirname "$deb")"
+  local base=https://s3.amazonaws.com/mountpoint-s3-release kind=deb file
+  [ "$OS" = al2023 ] && kind=rpm
+  file="$(mktemp -d)/mount-s3-$MOUNTPOINT_VERSION-x86_64.$kind"
+  verified_download "$base/$MOUNTPOINT_VERSION/x86_64/mount-s3-$MOUNTPOINT_VERSION-x86_64.$kind" \
+    "$base/$MOUNTPOINT_VERSION/x86_64/mount-s3-$MOUNTPOINT_VERSION-x86_64.$kind.asc" \
+    "$base/public_keys/KEYS" "$MOUNTPOINT_SIGNERS" "$file"
+  if [ "$OS" = al2023 ]; then
+    package dnf install -y "$file"
+  else
+    package "${APT[@]}" install -y "$file"
+  fi
+  rm -rf "$(dirname "$file")"
 }
 
 # key_fingerprints FILE: the primary key fingerprints in an OpenPGP key file, one a line
@@ -127,6 +150,12 @@ install_lustre_client() {
   local keyring="${GPUCLUSTER_KEYRING_DIR:-/usr/share/keyrings}/fsx-ubuntu-public-key.gpg"
   local sources="${GPUCLUSTER_APT_SOURCES_DIR:-/etc/apt/sources.list.d}/fsxlustreclientrepo.list"
   local pinned="${GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS:-}"
+  if [ "$OS" = al2023 ]; then
+    [ -z "$pinned" ] || log "fsx.client_key_fingerprints not used: on Amazon Linux 2023 the Lustre client" \
+      "comes from the distribution's repository, checked by dnf against Amazon Linux's key"
+    package dnf install -y lustre-client
+    return
+  fi
   # shellcheck source=/dev/null
   codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
   key=$(mktemp)
@@ -154,9 +183,21 @@ install_lustre_client() {
   package "${APT[@]}" install -y "lustre-client-modules-$(uname -r)"
 }
 
+install_container_runtime() {
+  if command -v docker >/dev/null; then
+    log "the AMI has Docker: nothing to install"
+  elif [ "$OS" = al2023 ]; then
+    package dnf install -y docker
+  else
+    package "${APT[@]}" install -y --no-install-recommends docker.io
+  fi
+  systemctl enable --now docker
+}
+
 case "${1:-}" in
   cloudwatch-agent) install_cloudwatch_agent ;;
   mount-s3) install_mount_s3 ;;
   lustre-client) install_lustre_client ;;
-  *) echo "usage: gpucluster-install cloudwatch-agent|mount-s3|lustre-client" >&2; exit 2 ;;
+  container-runtime) install_container_runtime ;;
+  *) echo "usage: gpucluster-install cloudwatch-agent|mount-s3|lustre-client|container-runtime" >&2; exit 2 ;;
 esac

@@ -1,7 +1,8 @@
 #!/bin/bash
 # gpucluster-metrics: GPU metrics to Amazon Managed Prometheus, beside (never instead of) the CloudWatch
 # agent. `start`: run NVIDIA's dcgm-exporter (the image pinned by digest in the stack file; its counters
-# file written from GPUCLUSTER_DCGM_FIELDS), the node exporter (Ubuntu's prometheus-node-exporter) and a
+# file written from GPUCLUSTER_DCGM_FIELDS; Docker installed first where the AMI has none,
+# gpucluster-install container-runtime), the node exporter (Ubuntu's prometheus-node-exporter) and a
 # Prometheus that scrapes both every GPUCLUSTER_METRICS_SCRAPE_SECONDS and remote-writes with SigV4 as
 # the node role (Prometheus docs, "remote_write" sigv4; AMP user guide, "Ingest metrics ... using
 # remote write"). Its config is rendered here: every series labelled with the stack identity, node
@@ -10,6 +11,9 @@
 # not (gpucluster-report then publishes NodeStepFailed for step metrics).
 # Metrics never block a job: this unit is ordered after nothing a job needs, and nothing requires it;
 # the health check and the launch lifecycle hook do not look at it.
+# Ubuntu only (gpucluster-os): no Prometheus package on Amazon Linux 2023, ledger: al2023-node-packages;
+# so there `start` says so and exits 1 (NodeStepFailed, Step=metrics) without
+# installing anything from elsewhere; `gpucluster doctor` warns before deploy.
 set -euo pipefail
 # shellcheck source=/dev/null
 . "${GPUCLUSTER_NODE_ENV:-/etc/gpucluster/node.env}"
@@ -23,6 +27,8 @@ NODE_PORT="${GPUCLUSTER_NODE_EXPORTER_PORT:-9100}"
 PROM_PORT="${GPUCLUSTER_PROMETHEUS_PORT:-9090}"
 CHECK_SECONDS="${GPUCLUSTER_METRICS_CHECK_SECONDS:-180}"
 BINARIES="${GPUCLUSTER_METRICS_BINARIES:-/usr/bin/prometheus /usr/bin/prometheus-node-exporter}"
+INSTALL="${GPUCLUSTER_INSTALL:-/usr/local/sbin/gpucluster-install}"
+OS_TOOL="${GPUCLUSTER_OS_TOOL:-/usr/local/sbin/gpucluster-os}"
 
 log() { echo "gpucluster-metrics: $*"; logger -t gpucluster-metrics -- "$*" || true; }
 
@@ -91,6 +97,11 @@ start() {
   render_config "$instance_id" "$instance_type"
   read -ra binaries <<<"$BINARIES"
   if ! ls "${binaries[@]}" >/dev/null 2>&1; then
+    if [ "$("$OS_TOOL")" != ubuntu ]; then
+      log "NOT STARTED: no Prometheus package for this OS ($("$OS_TOOL")): observability.prometheus needs" \
+          "an Ubuntu AMI or one with ${binaries[*]}; jobs are not affected"
+      return 1
+    fi
     # Ubuntu's archive, verified by apt against the distribution's key; apt >= 1.9.11 waits for the
     # dpkg lock itself (the Deep Learning AMI may hold it at first boot).
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends \
@@ -99,6 +110,7 @@ start() {
     systemctl disable --now prometheus || true
   fi
   promtool check config "$CONFIG" >/dev/null
+  command -v docker >/dev/null || "$INSTALL" container-runtime
   start_dcgm_exporter
   systemctl enable --now prometheus-node-exporter
   systemctl enable --now gpucluster-prometheus

@@ -1,7 +1,8 @@
 #!/bin/bash
 # gpucluster-setup: the node group's own setup, after the bootstrap (gpucluster-setup.service).
 # 1. Pulls the group's container_image, so the first job does not wait for it (Docker and the
-#    NVIDIA container toolkit come with the Deep Learning AMI; ECR images log in first).
+#    NVIDIA container toolkit come with the Deep Learning AMI; on an AMI without Docker it is
+#    installed first, gpucluster-install container-runtime; ECR images log in first).
 # 2. Runs the group's setup (its `setup` commands or `setup_script`, rendered to
 #    /etc/gpucluster/user-setup.sh) as root, once per instance: success leaves a marker, so a
 #    reboot does not run it again; a failure fails the unit and runs again at the next boot.
@@ -28,6 +29,9 @@ ECR_REGISTRY='^[0-9]{12}\.dkr\.ecr\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?$'
 
 pull_image() {
   local image="$1" registry="${1%%/*}" attempt
+  if ! command -v docker >/dev/null; then
+    "${GPUCLUSTER_INSTALL:-/usr/local/sbin/gpucluster-install}" container-runtime || return 1
+  fi
   for attempt in 1 2 3 4 5 6; do
     docker info >/dev/null 2>&1 && break
     log "waiting for the Docker daemon ($attempt)"

@@ -103,12 +103,14 @@ _SBIN = "/usr/local/sbin"
 _UNITS = "/etc/systemd/system"
 _EOF = "GPUCLUSTER_FILE_EOF"
 FETCH_TOOL = f"{_SBIN}/gpucluster-fetch-scripts"
+OS_TOOL = f"{_SBIN}/gpucluster-os"
+"""Prints the node's operating system (ubuntu, al2023); refuses any other (os.sh)."""
 SCRIPTS_DIR = "/usr/local/lib/gpucluster/scripts"
 """Where a node unpacks the verified bundle; each script is installed from there to its path."""
 UNGATED_HEALTH_CHECK = "health-check-ungated.sh"
 """The bundle's name for health-check.sh without its ready-gate blocks (`without_ready_gate`)."""
 BUNDLE_SCRIPTS = ("agent.sh", "baked-install.sh", "checkpoint.sh", "data.sh", "health-check.sh",
-                  "install.sh", "interruption-hook.sh", "job.sh", "metrics.sh", "mig.sh", "ready.sh",
+                  "install.sh", "interruption-hook.sh", "job.sh", "metrics.sh", "mig.sh", "os.sh", "ready.sh",
                   "report.sh", "scratch.sh", "setup.sh", "spot-watcher.sh")
 """Every shipped script a node may run (with UNGATED_HEALTH_CHECK: the bundle's members)."""
 
@@ -527,6 +529,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         NodeFile("/etc/gpucluster/data-mounts.tsv", data_mounts_table(b)),
         shipped(f"{_SBIN}/gpucluster-scratch", "scratch.sh"),
         shipped(f"{_SBIN}/gpucluster-data", "data.sh"),
+        shipped(OS_TOOL, "os.sh"),
         shipped(f"{_SBIN}/gpucluster-install", "install.sh"),
         shipped(f"{_SBIN}/gpucluster-agent", "agent.sh"),
         shipped(f"{_SBIN}/gpucluster-report", "report.sh"),

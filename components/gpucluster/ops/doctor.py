@@ -6,8 +6,9 @@ templates are built from, are the capacity reservations there, active, unexpired
 right zone and type, do the account's vCPU quotas cover max nodes, is the cost-allocation tag
 the budget filters on active (else the budget sees $0 and never stops anything), and does any
 Auto Scaling group in the region carry this deployment's identity without being one of its
-groups (else the guardrails of two deployments act on each other's groups). It also fetches
-live spot prices for `gpucluster cost --live`.
+groups (else the guardrails of two deployments act on each other's groups), and which operating
+system each node group's and the login nodes' AMI boots (the node scripts run on Ubuntu 22.04/24.04
+and Amazon Linux 2023 only). It also fetches live spot prices for `gpucluster cost --live`.
 Every check returns findings with a level (ok, warning, blocker) and reports all it finds.
 It only calls Describe/Get/List APIs, never creates or changes anything, and builds its
 clients through `ops.Clients` (in the stack's region), so `AWS_ENDPOINT_URL` works.
@@ -28,10 +29,12 @@ from gpucluster import catalog
 from gpucluster.fleet.awsapi import group_tags, stack_groups
 from gpucluster.fleet.tags import NODE_GROUP_TAG
 from gpucluster.ops import Clients, OpsError, make_client
+from gpucluster.ops.amis import SUPPORTED, AmiFacts, describe_amis, os_of
 from gpucluster.ops.awserrors import describe, from_parser, looks_like_markup
 from gpucluster.ops.capacity import WARNING_BEFORE_END as BLOCK_WARNING_BEFORE_END
 from gpucluster.pricing import Rate, split_nodes
 from gpucluster.spec import STACK_TAG, NodeGroupConfig, StackSpec
+from gpucluster.spec.models import baked_image, launches_baked
 
 Level = Literal["ok", "warning", "blocker"]
 
@@ -49,7 +52,7 @@ RESERVATION_SOON = timedelta(days=7)
 # Every API doctor calls, as IAM actions: read-only, none with resource-level permissions. The deploy
 # roles hold them (infra/bootstrap-state), so the deploy workflow's doctor gate can run.
 IAM_ACTIONS = ("ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes",
-               "ec2:DescribeCapacityReservations", "servicequotas:GetServiceQuota",
+               "ec2:DescribeCapacityReservations", "ec2:DescribeImages", "servicequotas:GetServiceQuota",
                "servicequotas:GetAWSDefaultServiceQuota", "ce:ListCostAllocationTags",
                "autoscaling:DescribeAutoScalingGroups")
 # Asked only for a stack that names a permissions boundary or a break-glass role (check_iam_names);
@@ -146,6 +149,80 @@ def _not_checked(check: str, subject: str, err: ClientError) -> DoctorFinding:
 
 
 # ----------------------------------------------------------------------- checks
+
+DEFAULT_IMAGE = "the default Deep Learning AMI (Ubuntu 22.04)"
+"""The image a group or the login nodes boot with no AMI named (gpucluster.aws.nodes.DEFAULT_AMI_PARAMETER,
+gpucluster.aws.pcs.DEFAULT_LOGIN_AMI_PARAMETER: the Ubuntu 22.04 DLAMI; not imported: Pulumi)."""
+SUPPORTED_LINE = ", ".join(SUPPORTED)
+
+
+def stack_images(spec: StackSpec) -> dict[str, str | None]:
+    """The AMI each node group boots (and on a Slurm stack the login nodes, `login`), as the launch
+    templates take it: a pinned baked image, the group's ami_id, scheduler.ami_id; None: an SSM
+    parameter's image (the group's ami_ssm_parameter or the default), resolved at deploy."""
+    slurm = spec.scheduler.slurm
+    images: dict[str, str | None] = {}
+    for group in spec.node_groups:
+        baked = baked_image(spec.images, group)
+        images[group.name] = ((baked.ami_id if baked is not None and launches_baked(spec.images, group)
+                               else None) or group.ami_id or (spec.scheduler.ami_id if slurm else None))
+    if slurm:
+        images["login"] = spec.scheduler.ami_id
+    return images
+
+
+def check_amis(spec: StackSpec, ec2: Any) -> Iterable[DoctorFinding]:
+    """Which operating system each image boots (DescribeImages: name, description, platform details,
+    root device) and whether gpucluster's node scripts run on it: an unsupported one blocks (every node
+    would stop at boot with one FAILED line), one whose name does not tell warns."""
+    images = stack_images(spec)
+    ids = sorted({i for i in images.values() if i is not None})
+    try:
+        facts = describe_amis(ec2, ids) if ids else {}
+    except ClientError as err:
+        yield _not_checked("ami", ", ".join(ids), err)
+        return
+    for subject, image_id in images.items():
+        if image_id is None:
+            group = next((g for g in spec.node_groups if g.name == subject), None)
+            yield _parameter_finding(subject, group.ami_ssm_parameter if group is not None else None)
+        elif image_id not in facts:
+            yield DoctorFinding("blocker", "ami", subject, f"{image_id}: no such image in {spec.region} for "
+                                "this account (deregistered, another region, or not shared with it)")
+        else:
+            yield from _ami_findings(spec, subject, facts[image_id])
+
+
+def _parameter_finding(subject: str, parameter: str | None) -> DoctorFinding:
+    """An image named by an SSM parameter (resolved at deploy): what its name says."""
+    if parameter is None:
+        return DoctorFinding("ok", "ami", subject, f"{DEFAULT_IMAGE}: supported; jobs run as ubuntu")
+    system = os_of(parameter)
+    if system in SUPPORTED:
+        return DoctorFinding("ok", "ami", subject, f"SSM parameter {parameter} names {system}: supported")
+    return DoctorFinding("warning", "ami", subject, f"SSM parameter {parameter}: "
+                         + (f"names {system}; " if system else "its name names no operating system; ")
+                         + f"gpucluster's node scripts run on {SUPPORTED_LINE} and stop the boot on any "
+                         "other (check the image: `aws ec2 describe-images --image-ids <id>`)")
+
+
+def _ami_findings(spec: StackSpec, subject: str, ami: AmiFacts) -> Iterable[DoctorFinding]:
+    what = (f"{ami.image_id} ({ami.name or 'no name'}; {ami.platform_details or '?'}; "
+            f"root {ami.root_device_name})")
+    if ami.supported:
+        yield DoctorFinding("ok", "ami", subject, f"{what} boots {ami.os}: supported; jobs run as "
+                            f"{ami.job_user}")
+        if ami.os == "Amazon Linux 2023" and spec.observability.prometheus.active and subject != "login":
+            yield DoctorFinding("warning", "ami", subject, "observability.prometheus: Amazon Linux 2023 has "
+                                "no Prometheus package, so these nodes send no metrics to AMP (jobs, the "
+                                "CloudWatch agent and the idle stop are not affected)")
+    elif ami.os is not None:
+        yield DoctorFinding("blocker", "ami", subject, f"{what} boots {ami.os}: gpucluster's node scripts "
+                            f"run on {SUPPORTED_LINE}; every node would stop at boot with one FAILED line")
+    else:
+        yield DoctorFinding("warning", "ami", subject, f"{what}: its name and description name no operating "
+                            f"system; gpucluster's node scripts run on {SUPPORTED_LINE} and a node on any "
+                            "other stops at boot with one FAILED line")
 
 
 def eks_version_finding(spec: StackSpec, version: str, eks: Any) -> DoctorFinding:
@@ -538,6 +615,7 @@ def run_checks(spec: StackSpec, clients: Clients | None = None, now: datetime | 
         lambda: check_efa(spec, clients("ec2")),
         lambda: check_reservations(spec, clients("ec2"), now),
         lambda: check_quotas(spec, clients("service-quotas")),
+        lambda: check_amis(spec, clients("ec2")),
         identity,
         cost_tags,
         lambda: check_iam_names(spec, clients("iam"), clients("sts")),

@@ -43,13 +43,15 @@ def deployment_node_groups(identity: str, kind: str, clients: Clients, *,
     stack creates it) is looked up: when it exists, operations go through the stored backend, so
     a person's start or scale takes part in the same conditional writes as the guardrails; a
     stack without guardrails (or deployed before the table) has none, and its groups' tags are
-    the state (a PCS stack has no tags: it needs the table, `NoNodeGroups`). boto3 loads here, on
+    the state (a PCS stack has no tags: it needs the table, `NoNodeGroups`). A change that meets a
+    PCS node group UPDATING (ConflictException) waits for it as the stopping Lambdas do, at most
+    PCS_ACTIVE_WAIT_SECONDS from then (`fleet.pcsgroups`), and fails past that. boto3 loads here, on
     the first operation that needs AWS, not when `ops` is imported.
     """
     from botocore.exceptions import ClientError
 
     from gpucluster.fleet.backends import choose_node_groups
-    from gpucluster.fleet.deployment import state_table_name
+    from gpucluster.fleet.deployment import PCS_ACTIVE_WAIT_SECONDS, state_table_name
     from gpucluster.fleet.runtime import ConfigError
 
     table: str | None = state_table_name(identity)
@@ -61,7 +63,7 @@ def deployment_node_groups(identity: str, kind: str, clients: Clients, *,
         table = None
     try:
         return choose_node_groups(kind, clients, identity, table=table, actor="gpucluster-cli",
-                                  cluster_id=cluster_id)
+                                  cluster_id=cluster_id, wait_seconds=PCS_ACTIVE_WAIT_SECONDS)
     except ConfigError as exc:
         raise NoNodeGroups(str(exc)) from exc
 

@@ -33,7 +33,9 @@ VERIFY_ACTIONS = ("lambda:GetFunctionConfiguration", "iam:SimulatePrincipalPolic
                   # the feature checks (ops/verifyfeatures.py): AMP's query API, Grafana, Image Builder, PCS
                   "aps:QueryMetrics", "grafana:ListWorkspaces", "grafana:DescribeWorkspace",
                   "imagebuilder:ListImagePipelineImages", "pcs:ListClusters", "pcs:ListTagsForResource",
-                  "pcs:GetCluster", "pcs:ListQueues")
+                  "pcs:GetCluster", "pcs:ListQueues",
+                  # Slurm's ports against the stack's security groups (ops/verifyslurm.py)
+                  "ec2:DescribeSecurityGroups", "ec2:DescribeSecurityGroupRules")
 # (dynamodb:DescribeTable of the guard-state table: FindGuardState below.)
 # What `verify`'s launch-template check (RunInstances with DryRun) needs beyond them, and is NOT in the
 # operator policy: EC2 authorises a DryRun as the real call, and no IAM condition key this code knows of

@@ -5,7 +5,9 @@ node (its query API, SigV4-signed as `ops.metrics` asks it); the Grafana workspa
 role may query the AMP workspace (simulated: the stack's service-account token lives only in Pulumi's
 state, so Grafana's own data source test is not run, and the detail says so); each baked group's
 Image Builder pipeline's newest image is AVAILABLE; the PCS cluster, every node group and queue ACTIVE,
-accounting on when the stack asks for it; and with `--job`, `srun -N1 hostname` on each partition
+accounting on when the stack asks for it, every running compute instance registered with Slurm and
+Slurm's ports allowed by the security groups (`ops.verifyslurm`, through the login node); and with
+`--job`, `srun -N1 hostname` on each partition
 through the login node (`ops.slurmjobs`). Read-only but for that opt-in job. A check that cannot run
 raises (an AWS error, `Unknown`) and `ops.verify.run_check` makes it `unknown`.
 """
@@ -24,6 +26,7 @@ from typing import Any
 from gpucluster.fleet.tags import NODE_GROUP_TAG, SLURM_LOGIN_GROUP, STACK_TAG
 from gpucluster.ops.verifycheck import Deployed, Outcome, Unknown, amp_workspace
 from gpucluster.ops.verifyiam import simulate
+from gpucluster.ops.verifyslurm import check_nodes_registered, check_slurm_ports
 from gpucluster.spec import baked_image
 
 Opener = Callable[..., Any]
@@ -319,6 +322,10 @@ def feature_checks(deployed: Deployed, *, job: bool) -> list[tuple[str, str, str
                        f"{len(spec.node_groups) + 1} node groups", partial(check_pcs_node_groups, deployed)))
         checks.append(("pcs-queues", "every PCS queue is ACTIVE", f"{len(spec.node_groups)} queues",
                        partial(check_pcs_queues, deployed)))
+        checks.append(("slurm-nodes", "every running compute instance registered with Slurm", "sinfo",
+                       partial(check_nodes_registered, deployed)))
+        checks.append(("slurm-ports", "Slurm's ports allowed by the security groups", "scontrol show config",
+                       partial(check_slurm_ports, deployed)))
         if job:
             for group in spec.node_groups:
                 checks.append((f"slurm-job.{group.name}", "srun -N1 hostname runs on the partition",

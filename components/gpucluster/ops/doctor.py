@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from gpucluster import catalog
 from gpucluster.fleet.awsapi import group_tags, stack_groups
@@ -500,11 +500,8 @@ def run_checks(spec: StackSpec, clients: Clients | None = None, now: datetime | 
     try:
         for run in checks:
             findings.extend(run())
-    except NoCredentialsError:
-        raise DoctorError("no AWS credentials found (aws configure, AWS_PROFILE or environment "
-                          "variables)") from None
-    except BotoCoreError as err:
-        raise DoctorError(f"cannot reach AWS: {describe(err)}") from None
+    except BotoCoreError as err:  # no credentials, no network...: the one wording (ops/awserrors.py)
+        raise DoctorError(describe(err)) from None
     except Exception as err:  # ResponseParserError is no BotoCoreError: an HTML page, not an answer
         if not from_parser(err):
             raise

@@ -361,10 +361,13 @@ def test_a_page_the_nav_does_not_name_fails_the_strict_build(tmp_path: Path) -> 
     (tmp_path / "docs" / "guides" / "forgotten.md").write_text("# Forgotten\n")
     config = {key: MKDOCS[key] for key in ("strict", "validation", "markdown_extensions")}
     (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump({"site_name": "t", **config, "nav": [{"Home": "index.md"}]}))
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir",
-                           str(tmp_path / "site")], cwd=tmp_path, capture_output=True, text=True, check=False,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-    assert done.returncode != 0 and "forgotten.md" in done.stdout + done.stderr
+    build = ["mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")]
+    done = subprocess.run([sys.executable, "-m", *build], cwd=tmp_path, capture_output=True, text=True,
+                          check=False, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode != 0 and "guides/forgotten.md" in done.stdout + done.stderr
+    # .ci/run builds the same way: with --quiet, MkDocs 1.6 drops the warnings --strict counts and passes
+    ci_build = next(line for line in (REPO / ".ci" / "run").read_text().splitlines() if "mkdocs build" in line)
+    assert " ".join(build[:3]) in ci_build and "--quiet" not in ci_build and "-q " not in ci_build
 
 
 # Code lines on the site wrap at this width: a longer line is clipped in the browser's code block.
@@ -423,7 +426,7 @@ def test_the_command_guide_has_a_section_for_every_command_and_option(path: str,
                 o.startswith("--") for o in param.opts) else param.opts[0]
             assert re.search(rf"`[^`]*{re.escape(shown)}(?![\w-])", text), (path, shown)
         else:
-            assert param.human_readable_name.upper().strip(".") in text, (path, param.name)
+            assert str(param.name).upper() in text, (path, param.name)
 
 
 def test_the_command_guide_has_no_section_for_a_command_that_is_gone() -> None:
@@ -534,8 +537,10 @@ def swallowed(html: str) -> list[str]:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site as .ci/run builds it (strict: a broken link or anchor fails)."""
     out = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
-                   cwd=REPO, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, check=True)
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=REPO,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
     return out
 
 

@@ -164,7 +164,8 @@ def test_local_causes_are_not_what_aws_said() -> None:
     assert "AWS_CA_BUNDLE" in describe(SSLError(endpoint_url=url, error="certificate verify failed"))
     assert describe(ReadTimeoutError(endpoint_url=url)).startswith("no answer in time, retry (Read timeout")
     assert describe(ParamValidationError(report="bad")).startswith("Parameter validation failed")
-    for err in (NoCredentialsError(), EndpointConnectionError(endpoint_url=url), ParamValidationError(report="x")):
+    for err in (NoCredentialsError(), EndpointConnectionError(endpoint_url=url),
+                ParamValidationError(report="x")):
         assert "AWS said" not in describe(err)
 
 

@@ -9,6 +9,7 @@ error code, which every command words the same way (ops/awserrors.py `describe`)
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -48,7 +49,8 @@ def gpucluster(*args: str, endpoint: str, credentials: bool = True) -> subproces
 def clean(done: subprocess.CompletedProcess[str], command: str) -> None:
     """Figures (exit 0), or exactly one line naming the command (exit 2); no markup, no traceback."""
     out = done.stdout + done.stderr
-    for marker in ("<html", "<!DOCTYPE", "Traceback", "AWS said: Unable to locate", "AWS said: Could not connect"):
+    for marker in ("<html", "<!DOCTYPE", "Traceback", "AWS said: Unable to locate",
+                   "AWS said: Could not connect"):
         assert marker.lower() not in out.lower(), out
     if done.returncode == 2:
         lines = out.strip().splitlines()
@@ -89,4 +91,26 @@ def test_local_causes_are_said_as_local(moto_endpoint: str, command: list[str]) 
     unreachable = gpucluster(*command, endpoint=closed)
     assert unreachable.returncode == 2
     assert (unreachable.stdout + unreachable.stderr).strip().startswith(
-        f"{name}: cannot reach AWS at {closed}: no network, a firewall, a proxy or a wrong AWS_ENDPOINT_URL")
+        f"{name}: cannot reach AWS at {closed}/: no network, a firewall, a proxy or a wrong AWS_ENDPOINT_URL")
+
+
+def test_the_launchers_dry_run_needs_no_deployed_node(moto_endpoint: str) -> None:
+    """Like Slurm's, the launcher's `run --dry-run` shows each rank's script before anything is deployed:
+    on the stack file's nodes, saying why, with placeholders for what only a launched node has."""
+    command = ["run", "dev", "--group", "dev-a10", "--dry-run", "--", "nvidia-smi"]
+    empty = gpucluster(*command, endpoint=moto_endpoint)
+    assert empty.returncode == 0, empty.stdout + empty.stderr
+    lines = empty.stdout.splitlines()
+    assert lines[0].startswith("dry run: dev-a10 is not deployed, so planned on the stack file's 1 node(s)")
+    assert "rank 0: <node 0> <node 0 IP> (g5.xlarge)" in lines
+    assert lines[-1] == "dry run: nothing sent"
+    assert any("exec bash -c nvidia-smi" in line for line in lines), lines
+    offline = gpucluster(*command[:-2], "--json", *command[-2:], endpoint=moto_endpoint, credentials=False)
+    assert offline.returncode == 0, offline.stdout + offline.stderr
+    document = json.loads(offline.stdout)
+    assert document["dry_run"] is True
+    assert document["planned_from_stack_file"].startswith("no AWS credentials")
+    assert [r["instance_id"] for r in document["ranks"]] == ["<node 0>"]
+    wrong = gpucluster("run", "dev", "--group", "nope", "--dry-run", "--", "true", endpoint=moto_endpoint)
+    assert wrong.returncode == 2 and (wrong.stdout + wrong.stderr).startswith(
+        "run: --group: stack dev has no node group nope (its groups: dev-a10)")

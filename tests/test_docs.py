@@ -76,7 +76,8 @@ def test_ci_runs_the_quick_start_command_and_the_getting_started_page_shows_it()
     quick = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     first = quick.split("```bash\n", 1)[1].split("\n", 1)[0]
     assert first == ci_command("QUICK_START")
-    assert f"```bash\n{first}\n```" in joined(GETTING_STARTED.split("## 1. Install", 1)[1].split("\n## ", 1)[0])
+    install = GETTING_STARTED.split("## 1. Install", 1)[1].split("\n## ", 1)[0]
+    assert f"```bash\n{first}\n```" in joined(install)
 
 
 def test_readme_has_exactly_two_quick_start_commands() -> None:
@@ -360,13 +361,15 @@ def test_a_page_the_nav_does_not_name_fails_the_strict_build(tmp_path: Path) -> 
     (tmp_path / "docs" / "index.md").write_text("# Home\n")
     (tmp_path / "docs" / "guides" / "forgotten.md").write_text("# Forgotten\n")
     config = {key: MKDOCS[key] for key in ("strict", "validation", "markdown_extensions")}
-    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump({"site_name": "t", **config, "nav": [{"Home": "index.md"}]}))
+    nav = [{"Home": "index.md"}]
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump({"site_name": "t", **config, "nav": nav}))
     build = ["mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")]
     done = subprocess.run([sys.executable, "-m", *build], cwd=tmp_path, capture_output=True, text=True,
                           check=False, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode != 0 and "guides/forgotten.md" in done.stdout + done.stderr
     # .ci/run builds the same way: with --quiet, MkDocs 1.6 drops the warnings --strict counts and passes
-    ci_build = next(line for line in (REPO / ".ci" / "run").read_text().splitlines() if "mkdocs build" in line)
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    ci_build = next(line for line in ci if "mkdocs build" in line)
     assert " ".join(build[:3]) in ci_build and "--quiet" not in ci_build and "-q " not in ci_build
 
 
@@ -537,9 +540,9 @@ def swallowed(html: str) -> list[str]:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site as .ci/run builds it (strict: a broken link or anchor fails)."""
     out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=REPO,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                          cwd=REPO, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True,
+                          text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 

@@ -186,7 +186,8 @@ def test_a_checkout_is_named_by_its_origin_at_the_commit_checked_out(tmp_path: P
 def test_the_note_says_where_a_local_install_came_from() -> None:
     wheel = {"url": "file:///tmp/dist/gpucluster-1.2.3-py3-none-any.whl", "archive_info": {}}
     note = scaffold.requirement_note("1.2.3", wheel, "gpucluster>=1.2.3,<2")
-    assert note.startswith("# gpucluster 1.2.3 was installed here from a local file (/tmp/dist/gpucluster-1.2.3")
+    assert note.startswith("# gpucluster 1.2.3 was installed here from a local file "
+                           "(/tmp/dist/gpucluster-1.2.3")
     assert all(line.startswith("# ") for line in note.splitlines())
     assert scaffold.requirement_note("1.2.3", None, "gpucluster>=1.2.3,<2") == ""
 

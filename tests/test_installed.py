@@ -19,7 +19,8 @@ VERSION = installed.metadata.version("gpucluster")
      "pip install -e '.[chart]'"),
     ({"url": "file:///home/me/gpucluster", "dir_info": {"editable": True}}, Path("/tmp"),
      "pip install -e '/home/me/gpucluster[chart]'"),
-    ({"url": "file:///home/me/gpucluster", "dir_info": {}}, Path("/tmp"), "pip install '/home/me/gpucluster[chart]'"),
+    ({"url": "file:///home/me/gpucluster", "dir_info": {}}, Path("/tmp"),
+     "pip install '/home/me/gpucluster[chart]'"),
     ({"url": "file:///tmp/dist/gpucluster-0.1.0-py3-none-any.whl", "archive_info": {}}, Path("/tmp/dist"),
      "pip install '/tmp/dist/gpucluster-0.1.0-py3-none-any.whl[chart]'"),
     ({"url": "https://bot:pw@git.example.com/acme/gpucluster.git",
@@ -34,7 +35,8 @@ def test_the_extra_is_installed_from_where_gpucluster_came_from(info: dict | Non
     assert installed.extra_install_command("chart", info, cwd) == command
 
 
-def test_a_wheel_install_is_not_told_to_install_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wheel_install_is_not_told_to_install_a_checkout(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     wheel = {"url": "file:///tmp/dist/gpucluster-0.1.0-py3-none-any.whl", "archive_info": {}}
     monkeypatch.setattr(installed, "direct_url", lambda: wheel)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError

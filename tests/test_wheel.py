@@ -66,8 +66,8 @@ def test_init_then_install_its_requirements_then_plan_dev_outside_the_repository
     python = project_venv / "bin" / "python"
     (site_packages(python) / "outer-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
-                                "--find-links", str(wheel.parent), "-r", "requirements.txt"], cwd=demo, capture_output=True, text=True,
-                               env=clean_env())
+                                "--find-links", str(wheel.parent), "-r", "requirements.txt"], cwd=demo,
+                               capture_output=True, text=True, env=clean_env())
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert "Successfully installed gpucluster" in installed.stdout
     where = subprocess.run([python, "-c", "import gpucluster; print(gpucluster.__file__)"], cwd=demo,

@@ -292,7 +292,8 @@ def run_text(spec: StackSpec, stack: str, request: RunRequest, outcome: Any) -> 
         lines = render_dry_run(plan)
         if outcome.planned_from_stack_file:  # offline, as Slurm's dry run: the stack file's nodes
             lines[:0] = render.wrap(f"dry run: {outcome.planned_from_stack_file}, so planned on the stack "
-                                    f"file's {len(plan.ranks)} node(s) of {request.group}; each node's id and "
+                                    f"file's {len(plan.ranks)} node(s) of {request.group}; each node's id "
+                                    "and "
                                     "address are placeholders until it runs")
         if launch.record is not None:  # the record as it would be stored, one JSON key a line
             lines[-1:-1] = [*render.wrap(f"restart-on-replace: would record {launch.record_parameter}:",

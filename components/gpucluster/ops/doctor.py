@@ -353,7 +353,7 @@ def cost_tag_warning(spec: StackSpec, ce: Any) -> str | None:
     try:
         state = cost_tag_status(ce, [STACK_TAG])[STACK_TAG]
     except (BotoCoreError, ClientError) as err:
-        return f"cost tag {STACK_TAG}: could not check whether it is active ({err})"
+        return f"cost tag {STACK_TAG}: could not check whether it is active ({describe(err)})"
     if state == "Active":
         return None
     what = "inactive" if state else "not active (AWS does not list it yet)"

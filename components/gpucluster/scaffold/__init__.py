@@ -39,7 +39,6 @@ from urllib.request import url2pathname
 from gpucluster import installed
 from gpucluster.installed import DISTRIBUTION
 
-
 # Project file -> template (templates/<name>).
 TEMPLATES: dict[str, str] = {
     "Pulumi.yaml": "Pulumi.yaml.tmpl",
@@ -103,7 +102,7 @@ def installed_version() -> str:
 
 @dataclass(frozen=True)
 class Checkout:
-    """A git checkout's shared source: its `origin` remote (credentials removed) and the commit checked out."""
+    """A git checkout's shared source: its `origin` remote (credentials removed) and the commit at HEAD."""
 
     url: str
     commit: str
@@ -125,7 +124,8 @@ def local_checkout(path: str) -> Checkout | None:
     if scp:
         origin = f"ssh://{scp.group(1) or ''}{scp.group(2)}/{scp.group(3)}"
     parts = urlsplit(origin)
-    if not re.fullmatch(r"[0-9a-f]{40}", commit) or parts.scheme not in ("https", "http", "ssh") or not parts.netloc:
+    shared = parts.scheme in ("https", "http", "ssh") and bool(parts.netloc)
+    if not re.fullmatch(r"[0-9a-f]{40}", commit) or not shared:
         return None
     user, _, host = parts.netloc.rpartition("@")
     netloc = f"{user}@{host}" if parts.scheme == "ssh" and user and ":" not in user else host
@@ -173,8 +173,8 @@ def requirement_note(version: str, direct_url: dict | None, line: str) -> str:
         return ""
     where = url2pathname(urlsplit(url).path)
     if " @ git+" in line:
-        return (f"# gpucluster {version} was installed here from the checkout {where}: named below by its\n"
-                "# origin remote at the commit checked out (push it first), so a teammate or CI gets the same.\n")
+        return (f"# gpucluster {version} was installed here from the checkout {where}: named below\n"
+                "# by its origin remote at the commit checked out (push it first), for teammates and CI.\n")
     kind = "a local file" if "archive_info" in info else "a local directory no one else can reach"
     return (f"# gpucluster {version} was installed here from {kind} ({where}); a teammate or CI installs\n"
             "# the release below from the package index. To use a build of your own, name it here\n"

@@ -72,11 +72,15 @@ class LauncherJobs:
         or nothing deployed yet still show each rank's script."""
         from gpucluster.ops.awserrors import AWS_ERRORS, local_cause
         from gpucluster.ops.launch import Launched, find_nodes, planned_nodes
+        from gpucluster.ops.nodes import NodesError
 
+        found = []
         try:
             found = [n for n in find_nodes(self.spec, group, clients=self.clients, progress=progress)
                      if n.in_service]
             why = None if found else f"no node of {group} in service"
+        except NodesError:  # no such group deployed (planned_nodes says whether the stack file has it)
+            why = f"{group} is not deployed"
         except AWS_ERRORS as err:
             why = local_cause(err)
             if why is None:  # AWS answered with an error: that is the answer

@@ -65,8 +65,14 @@ def test_init_then_install_its_requirements_then_plan_dev_outside_the_repository
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(project_venv)], check=True)
     python = project_venv / "bin" / "python"
     (site_packages(python) / "outer-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
-                                "--find-links", str(wheel.parent), "-r", "requirements.txt"], cwd=demo,
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
+           "--find-links", str(wheel.parent)]
+    resolved = subprocess.run([*pip, "-r", "requirements.txt"], cwd=demo, capture_output=True, text=True,
+                              env=clean_env())
+    assert resolved.returncode == 0, resolved.stdout + resolved.stderr  # the range and its dependencies
+    # The outer venv's gpucluster (a .pth away) satisfies the range too: install the wheel over it, as a
+    # teammate's fresh venv would get it from the index.
+    installed = subprocess.run([*pip, "--force-reinstall", "--no-deps", "-r", "requirements.txt"], cwd=demo,
                                capture_output=True, text=True, env=clean_env())
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert "Successfully installed gpucluster" in installed.stdout

@@ -77,7 +77,8 @@ def cost_lines(cost: Mapping[str, Any] | None) -> list[str]:
 
 def cost_diff(stack: str, head: Mapping[str, Any] | None, base_stacks: Path) -> list[str]:
     """The base -> head cost difference in Markdown, led by the scheduled figure."""
-    from gpucluster.pricing import PricingError, cost_diff_markdown
+    from gpucluster.costdiff import cost_diff_markdown
+    from gpucluster.pricing import PricingError
 
     base, why = base_cost(stack, base_stacks)
     if base is None:

@@ -139,3 +139,63 @@ def test_describe_names_what_came_back() -> None:
     real = ClientError({"Error": {"Code": "AccessDenied", "Message": "not\nallowed"}}, "DescribeInstances")
     assert describe(real) == ("AWS said: An error occurred (AccessDenied) when calling the DescribeInstances "
                               "operation: not allowed")
+
+
+def test_local_causes_are_not_what_aws_said() -> None:
+    """Issue 37: no credentials, no network, a proxy, TLS, a timeout happened here; AWS said nothing."""
+    from botocore.exceptions import (
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        ParamValidationError,
+        ProxyConnectionError,
+        ReadTimeoutError,
+        SSLError,
+    )
+
+    url = "https://ce.us-east-1.amazonaws.com"
+    assert describe(NoCredentialsError()) == ("no AWS credentials found (aws configure, AWS_PROFILE or "
+                                              "environment variables)")
+    assert describe(EndpointConnectionError(endpoint_url=url)) == (
+        f"cannot reach AWS at {url}: no network, a firewall, a proxy or a wrong AWS_ENDPOINT_URL")
+    assert describe(ConnectTimeoutError(endpoint_url=url)).startswith(f"cannot reach AWS at {url}: ")
+    proxy = describe(ProxyConnectionError(proxy_url="http://proxy.example:3128", error="refused"))
+    assert proxy.startswith("cannot reach AWS through http://proxy.example:3128: check HTTPS_PROXY")
+    assert "AWS_CA_BUNDLE" in describe(SSLError(endpoint_url=url, error="certificate verify failed"))
+    assert describe(ReadTimeoutError(endpoint_url=url)).startswith("no answer in time, retry (Read timeout")
+    assert describe(ParamValidationError(report="bad")).startswith("Parameter validation failed")
+    for err in (NoCredentialsError(), EndpointConnectionError(endpoint_url=url),
+                ParamValidationError(report="x")):
+        assert "AWS said" not in describe(err)
+
+
+@pytest.mark.parametrize(("body", "page"), [
+    (b'{"ResultsByTime": []}', False), (b"<?xml version='1.0'?><DescribeResponse/>", False),
+    (b"  <!DOCTYPE html><html></html>", True), (b"<HTML><body>proxy</body></HTML>", True),
+    (b"<?xml version='1.0'?>\n<html><body>x</body></html>", True),
+])
+def test_the_html_guard_decides_on_the_body_not_the_header(body: bytes, page: bool) -> None:
+    """moto's server answers Cost Explorer's JSON as text/html: that is an answer; an HTML body is not,
+    whatever its header says."""
+    from gpucluster.ops.awserrors import NotAnAwsAnswer, reject_pages
+
+    answer = {"status_code": 200, "body": body, "headers": {"Content-Type": "text/html; charset=utf-8"}}
+    if page:
+        with pytest.raises(NotAnAwsAnswer):
+            reject_pages(answer)
+        with pytest.raises(NotAnAwsAnswer):
+            reject_pages({**answer, "headers": {"Content-Type": "application/json"}})
+    else:
+        assert reject_pages(answer) is None
+
+
+def test_a_json_answer_labelled_html_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end through the CLI's session guard: `capacity search` reads EC2's XML sent as text/html."""
+    xml = (b'<?xml version="1.0" encoding="UTF-8"?><DescribeCapacityBlockOfferingsResponse '
+           b'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>r</requestId>'
+           b"<capacityBlockOfferingSet/></DescribeCapacityBlockOfferingsResponse>")
+    answer_with(monkeypatch, 200, xml, content_type="text/html")
+    result = runner.invoke(app, ["capacity", "search", "--type", "p5.48xlarge", "--count", "1", "--days", "1",
+                                 "--region", "us-east-1"])
+    assert result.exit_code in (0, 1), result.output
+    assert "HTML" not in result.output and "could not be read" not in result.output

@@ -385,7 +385,9 @@ def test_doctor_against_a_moto_server(moto_endpoint: str, base_config: dict[str,
                for r in rows)
     assert "ok boundary gpucluster-workload-boundary arn:aws:iam::123456789012:policy/" \
            "gpucluster-workload-boundary exists" in rows
-    assert prod.stdout.splitlines()[-1] == "7 ok, 3 warning(s), 0 blocker(s)"
+    # each group's AMI read from the account (issue 34: which OS it boots, and that it is supported)
+    assert sum(r.startswith("ok ami ") for r in rows) == 2, rows
+    assert prod.stdout.splitlines()[-1] == "9 ok, 3 warning(s), 0 blocker(s)"
 
     # A type the shipped offerings do not place in the zone is refused offline, before AWS is asked
     # (doctor's own offering blocker, for an account whose zones differ, is in tests/test_doctor.py).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from importlib import metadata
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 import gpucluster
-from gpucluster import project, scaffold
+from gpucluster import installed, project, scaffold
 from gpucluster.cli import app
 from gpucluster.preflight import parse_stack_config
 from gpucluster.pricing import price_stack
@@ -44,7 +46,7 @@ def test_init_writes_the_project_and_plan_dev_plans_it(tmp_path: Path,
                                       "options": {"toolchain": "pip", "virtualenv": ".venv"}}
     assert pulumi_yaml["stackConfigDir"] == "stacks"
     assert (target / "requirements.txt").read_text().splitlines()[-1] == scaffold.requirement_line(
-        VERSION, scaffold._installed_direct_url())
+        VERSION, installed.direct_url())
     assert "from gpucluster.program import run\n\nrun()\n" in (target / "__main__.py").read_text()
     stack = (target / "stacks" / "Pulumi.dev.yaml").read_text()
     assert "permissions_boundary" not in stack and "break_glass_role" not in stack
@@ -138,11 +140,12 @@ def test_scaffold_policy_pack_is_the_repository_pack() -> None:
 
 @pytest.mark.parametrize(("direct_url", "line"), [
     (None, "gpucluster>=1.2.3,<2"),
-    ({"url": "file:///home/me/gpucluster", "dir_info": {"editable": True}},
-     "gpucluster @ file:///home/me/gpucluster"),
-    ({"url": "file:///home/me/gpucluster", "dir_info": {}}, "gpucluster @ file:///home/me/gpucluster"),
+    # a path on this machine is never named (issue 37): a directory no one else reaches and a wheel
+    # file become the range a teammate installs from the package index
+    ({"url": "file:///home/me/gpucluster", "dir_info": {"editable": True}}, "gpucluster>=1.2.3,<2"),
+    ({"url": "file:///home/me/gpucluster", "dir_info": {}}, "gpucluster>=1.2.3,<2"),
     ({"url": "file:///tmp/dist/gpucluster-1.2.3-py3-none-any.whl", "archive_info": {"hashes": {}}},
-     "gpucluster @ file:///tmp/dist/gpucluster-1.2.3-py3-none-any.whl"),
+     "gpucluster>=1.2.3,<2"),
     ({"url": "https://user:pw@files.example.com/gpucluster-1.2.3.tar.gz", "archive_info": {}},
      "gpucluster @ https://files.example.com/gpucluster-1.2.3.tar.gz"),
     ({"url": "https://github.com/acme/gpucluster", "vcs_info": {
@@ -153,7 +156,40 @@ def test_scaffold_policy_pack_is_the_repository_pack() -> None:
      "gpucluster @ git+https://git.example.com/acme/gpucluster.git@0123abc"),
 ])
 def test_requirement_line_names_how_gpucluster_was_installed(direct_url: dict | None, line: str) -> None:
-    assert scaffold.requirement_line("1.2.3", direct_url) == line
+    assert scaffold.requirement_line("1.2.3", direct_url, checkout=lambda path: None) == line
+
+
+def test_a_checkout_is_named_by_its_origin_at_the_commit_checked_out(tmp_path: Path) -> None:
+    """gpucluster installed from a git checkout (editable or not): the project names the checkout's
+    own source, its `origin` at HEAD, credentials removed; scp-style remotes become ssh:// URLs."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,
+                              text=True, env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                                              "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}).stdout
+    direct_url = {"url": tmp_path.as_uri(), "dir_info": {"editable": True}}
+    assert scaffold.local_checkout(str(tmp_path)) is None  # not a checkout
+    git("init", "-q")
+    git("commit", "-q", "--allow-empty", "-m", "one")
+    head = git("rev-parse", "HEAD").strip()
+    assert scaffold.local_checkout(str(tmp_path)) is None  # no remote: nobody else can fetch it
+    git("remote", "add", "origin", "https://bot:s3cret@git.example.com/acme/gpucluster.git")
+    line = scaffold.requirement_line("1.2.3", direct_url)
+    assert line == f"gpucluster @ git+https://git.example.com/acme/gpucluster.git@{head}"
+    assert "origin remote at the commit" in scaffold.requirement_note("1.2.3", direct_url, line)
+    git("remote", "set-url", "origin", "git@github.com:acme/gpucluster.git")
+    assert scaffold.requirement_line("1.2.3", direct_url) == (
+        f"gpucluster @ git+ssh://git@github.com/acme/gpucluster.git@{head}")
+    git("remote", "set-url", "origin", "/srv/git/gpucluster.git")  # a path on this machine
+    assert scaffold.requirement_line("1.2.3", direct_url) == "gpucluster>=1.2.3,<2"
+
+
+def test_the_note_says_where_a_local_install_came_from() -> None:
+    wheel = {"url": "file:///tmp/dist/gpucluster-1.2.3-py3-none-any.whl", "archive_info": {}}
+    note = scaffold.requirement_note("1.2.3", wheel, "gpucluster>=1.2.3,<2")
+    assert note.startswith("# gpucluster 1.2.3 was installed here from a local file "
+                           "(/tmp/dist/gpucluster-1.2.3")
+    assert all(line.startswith("# ") for line in note.splitlines())
+    assert scaffold.requirement_note("1.2.3", None, "gpucluster>=1.2.3,<2") == ""
 
 
 @pytest.mark.parametrize(("version", "spec"), [

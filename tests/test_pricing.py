@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gpucluster import catalog
+from gpucluster.costdiff import cost_diff_markdown, cost_document
 from gpucluster.plan import load_stack
 from gpucluster.preflight import parse_stack_config
 from gpucluster.pricing import (
@@ -14,8 +15,6 @@ from gpucluster.pricing import (
     Assumptions,
     PricingError,
     Rate,
-    cost_diff_markdown,
-    cost_document,
     price_stack,
     service_prices,
     split_nodes,

@@ -44,16 +44,20 @@ def test_init_then_install_its_requirements_then_plan_dev_outside_the_repository
     requirements.txt` (into the project's own .venv, as `pulumi install` does) resolving gpucluster
     from the same wheel -> `gpucluster plan dev` exit 0, no boundary or break-glass role in the stack.
 
-    Offline: the requirement names the wheel by its path, and the other dependencies are the outer
-    venv's (a .pth line), so pip checks them and downloads nothing (`--no-index`).
+    The requirement is a version range a teammate can install (issue 37: never the wheel's path on
+    this machine), with a comment naming where this one came from. Offline: the wheel's directory
+    stands in for the package index (`--no-index --find-links`), and the other dependencies are the
+    outer venv's (a .pth line), so pip checks them and downloads nothing.
     """
     assert not tmp_path.is_relative_to(REPO)
     created = subprocess.run([str(venv.bin / "gpucluster"), "init", "demo"], cwd=tmp_path,
                              capture_output=True, text=True, env=clean_env())
     assert created.returncode == 0, created.stderr
     demo = tmp_path / "demo"
-    requirement = (demo / "requirements.txt").read_text().splitlines()[-1]
-    assert requirement == f"gpucluster @ {wheel.resolve().as_uri()}"
+    lines = (demo / "requirements.txt").read_text().splitlines()
+    version = wheel.name.split("-")[1]
+    assert lines[-1] == f"gpucluster>={version},<0.{int(version.split('.')[1]) + 1}", lines
+    assert "file://" not in "\n".join(lines) and any("a local file" in line for line in lines), lines
     stack = (demo / "stacks" / "Pulumi.dev.yaml").read_text()
     assert "permissions_boundary" not in stack and "break_glass_role" not in stack
 
@@ -61,9 +65,15 @@ def test_init_then_install_its_requirements_then_plan_dev_outside_the_repository
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(project_venv)], check=True)
     python = project_venv / "bin" / "python"
     (site_packages(python) / "outer-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
-                                "-r", "requirements.txt"], cwd=demo, capture_output=True, text=True,
-                               env=clean_env())
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index",
+           "--find-links", str(wheel.parent)]
+    resolved = subprocess.run([*pip, "-r", "requirements.txt"], cwd=demo, capture_output=True, text=True,
+                              env=clean_env())
+    assert resolved.returncode == 0, resolved.stdout + resolved.stderr  # the range and its dependencies
+    # The outer venv's gpucluster (a .pth away) satisfies the range too: install the wheel over it, as a
+    # teammate's fresh venv would get it from the index.
+    installed = subprocess.run([*pip, "--force-reinstall", "--no-deps", "-r", "requirements.txt"], cwd=demo,
+                               capture_output=True, text=True, env=clean_env())
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert "Successfully installed gpucluster" in installed.stdout
     where = subprocess.run([python, "-c", "import gpucluster; print(gpucluster.__file__)"], cwd=demo,

@@ -30,7 +30,10 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ChartUnavailable("--chart needs matplotlib: pip install -e '.[chart]'") from None
+        from gpucluster.installed import direct_url, extra_install_command
+
+        hint = extra_install_command("chart", direct_url(), Path.cwd())
+        raise ChartUnavailable(f"--chart needs matplotlib: {hint}") from None
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 

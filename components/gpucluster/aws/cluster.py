@@ -449,8 +449,8 @@ class GpuCluster(pulumi.ComponentResource):
                 self.pcs.finish()
             if self.eks is not None:
                 self.eks.finish()
-                self.cluster_software = build_cluster_software(f"{name}-software", spec, self.eks, self.groups,
-                                                               self.metrics, child)
+                self.cluster_software = build_cluster_software(
+                    f"{name}-software", spec, self.eks, self.groups, self.metrics, child)
             self.guardrails = Guardrails(f"{name}-guardrails", children.guardrails_args(
                 spec, group_handles(self.groups, self.pcs)), opts=child, pcs=pcs_guard(self.pcs))
         finally:

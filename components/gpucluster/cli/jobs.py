@@ -261,7 +261,9 @@ def run_json(spec: StackSpec, request: RunRequest, outcome: Any) -> int:
             {"rank": r.rank, "instance_id": r.node.instance_id, "private_ip": r.node.private_ip,
              "instance_type": r.node.instance_type, "script": plan.script(r)} for r in plan.ranks],
             "restart_record": None if record is None else {"parameter": launch.record_parameter,
-                                                           "record": record}})
+                                                           "record": record},
+            **({"planned_from_stack_file": outcome.planned_from_stack_file}
+               if outcome.planned_from_stack_file else {})})
         return EXIT_OK
     job, restart = done.job, done.restart
     more: dict[str, Any] = {}
@@ -303,6 +305,11 @@ def run_text(spec: StackSpec, stack: str, request: RunRequest, outcome: Any) -> 
     plan = launch.plan
     if done is None:
         lines = render_dry_run(plan)
+        if outcome.planned_from_stack_file:  # offline, as Slurm's dry run: the stack file's nodes
+            lines[:0] = render.wrap(f"dry run: {outcome.planned_from_stack_file}, so planned on the stack "
+                                    f"file's {len(plan.ranks)} node(s) of {request.group}; each node's id "
+                                    "and "
+                                    "address are placeholders until it runs")
         if launch.record is not None:  # the record as it would be stored, one JSON key a line
             lines[-1:-1] = [*render.wrap(f"restart-on-replace: would record {launch.record_parameter}:",
                                          hang=""),

@@ -9,7 +9,12 @@ carry the raw body: an HTML page. An HTML page with status 200 can even parse as
 fail inside the parser with a KeyError (no `<...Result>` element): `from_parser` recognises any
 exception raised in botocore's parsers. `describe` never returns markup: it names the HTTP status
 and what the body looked like instead. Every AWS-calling command catches these and prints
-`describe(err)` (cli/common.py `aws_call`).
+`describe(err)` (cli/common.py `aws_call`); `doctor` and `verify` word theirs with it too, so
+every command says the same thing about the same failure.
+
+"AWS said" is kept for what AWS said (a `ClientError` with an error code). What happened on this
+machine (no credentials, an expired SSO session, no network, a proxy, a TLS failure, a timeout)
+is said as that, never as AWS's words: botocore raised it before or instead of any answer.
 """
 
 from __future__ import annotations
@@ -17,7 +22,23 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    CredentialRetrievalError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    NoRegionError,
+    PartialCredentialsError,
+    ProfileNotFound,
+    ProxyConnectionError,
+    ReadTimeoutError,
+    SSLError,
+    TokenRetrievalError,
+    UnauthorizedSSOTokenError,
+)
 from botocore.parsers import ResponseParserError
 
 
@@ -40,16 +61,24 @@ def reject_pages(response_dict: dict, operation_model: object = None, **_: objec
 
     EC2's and the other query-protocol parsers read `<html>...` with status 200 as an XML answer
     with no fields, so `capacity search` would report "no offering" and others fail on a missing
-    key. Streaming bodies (S3 objects) are never looked at.
+    key. The body decides, not the Content-Type header: moto's server answers Cost Explorer's JSON
+    with `text/html`, and a JSON or XML body is an answer whatever its header says. Streaming
+    bodies (S3 objects) are never looked at.
     """
     body, status = response_dict.get("body"), int(response_dict.get("status_code") or 0)
     if status >= 300 or not isinstance(body, bytes | bytearray):
         return
-    headers = {k.lower(): v for k, v in (response_dict.get("headers") or {}).items()}
-    start = bytes(body[:512]).lstrip().lower()
-    if "text/html" in str(headers.get("content-type", "")) or start.startswith((b"<!doctype html", b"<html")):
+    if is_html_page(bytes(body[:512])):
         raise NotAnAwsAnswer(operation=getattr(operation_model, "name", "the call"), status=status,
                              what=_WHAT)
+
+
+def is_html_page(start: bytes) -> bool:
+    """The first bytes of a body are an HTML page (a doctype or an <html> element), not JSON or XML."""
+    head = start.lstrip().lower()
+    if head.startswith(b"<?xml"):
+        head = head.split(b"?>", 1)[-1].lstrip()
+    return head.startswith((b"<!doctype html", b"<html"))
 
 
 def guard_default_session() -> None:
@@ -80,9 +109,43 @@ def looks_like_markup(text: str) -> bool:
     return bool(_MARKUP.search(text or ""))
 
 
+NO_CREDENTIALS = "no AWS credentials found (aws configure, AWS_PROFILE or environment variables)"
+_UNREACHABLE = "no network, a firewall, a proxy or a wrong AWS_ENDPOINT_URL"
+
+
+def local_cause(err: BaseException) -> str | None:
+    """What went wrong on this machine, said as that (None: not a local cause)."""
+    message = _first_line(str(err))
+    endpoint = getattr(err, "kwargs", {}).get("endpoint_url") or "its endpoint"
+    if isinstance(err, NoCredentialsError):
+        return NO_CREDENTIALS
+    if isinstance(err, (UnauthorizedSSOTokenError, TokenRetrievalError)):
+        return f"the AWS SSO session has expired or is missing: run `aws sso login` ({message})"
+    if isinstance(err, (PartialCredentialsError, CredentialRetrievalError, ProfileNotFound)):
+        return f"the AWS credentials could not be loaded: {message}"
+    if isinstance(err, NoRegionError):
+        return "no AWS region: set aws:region in the stack file, --region, or AWS_REGION"
+    if isinstance(err, ProxyConnectionError):
+        proxy = getattr(err, "kwargs", {}).get("proxy_url") or "the proxy"
+        return f"cannot reach AWS through {proxy}: check HTTPS_PROXY and the proxy ({message})"
+    if isinstance(err, SSLError):
+        return (f"cannot reach AWS at {endpoint}: the TLS connection failed (a proxy that inspects TLS "
+                f"needs AWS_CA_BUNDLE): {message}")
+    if isinstance(err, (ConnectTimeoutError, EndpointConnectionError)):
+        return f"cannot reach AWS at {endpoint}: {_UNREACHABLE}"
+    if isinstance(err, ReadTimeoutError):
+        return f"no answer in time, retry ({message})"
+    if isinstance(err, ConnectionClosedError):
+        return f"the connection to {endpoint} closed before an answer: {_UNREACHABLE}; retry"
+    return None
+
+
 def describe(err: BaseException) -> str:
-    """One line, no markup, for an AWS error of any kind (an AWS error as botocore words it,
-    after `AWS said:`; an answer that is not one, said so)."""
+    """One line, no markup, for an AWS error of any kind: an AWS error as botocore words it, after
+    `AWS said:`; a local cause said as that (`local_cause`); an answer that is not AWS's, said so."""
+    local = local_cause(err)
+    if local is not None:
+        return local
     if isinstance(err, ResponseParserError):
         return f"AWS's answer could not be read ({_body_kind(str(err))}): {_WHAT}"
     if isinstance(err, NotAnAwsAnswer):
@@ -107,6 +170,8 @@ def describe(err: BaseException) -> str:
         return f"AWS said: {_first_line(str(err))}"
     if looks_like_markup(str(err)):
         return f"AWS's answer could not be read ({_body_kind(str(err))}): {_WHAT}"
+    if isinstance(err, BotoCoreError):  # raised here, by botocore, before or instead of an answer
+        return _first_line(str(err)) or type(err).__name__
     return f"AWS said: {_first_line(str(err)) or type(err).__name__}"
 
 

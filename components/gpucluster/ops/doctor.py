@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from gpucluster import catalog
 from gpucluster.fleet.awsapi import group_tags, stack_groups
@@ -476,7 +476,7 @@ def cost_tag_warning(spec: StackSpec, ce: Any) -> str | None:
     try:
         state = cost_tag_status(ce, [STACK_TAG])[STACK_TAG]
     except (BotoCoreError, ClientError) as err:
-        return f"cost tag {STACK_TAG}: could not check whether it is active ({err})"
+        return f"cost tag {STACK_TAG}: could not check whether it is active ({describe(err)})"
     if state == "Active":
         return None
     what = "inactive" if state else "not active (AWS does not list it yet)"
@@ -626,11 +626,8 @@ def run_checks(spec: StackSpec, clients: Clients | None = None, now: datetime | 
     try:
         for run in checks:
             findings.extend(run())
-    except NoCredentialsError:
-        raise DoctorError("no AWS credentials found (aws configure, AWS_PROFILE or environment "
-                          "variables)") from None
-    except BotoCoreError as err:
-        raise DoctorError(f"cannot reach AWS: {describe(err)}") from None
+    except BotoCoreError as err:  # no credentials, no network...: the one wording (ops/awserrors.py)
+        raise DoctorError(describe(err)) from None
     except Exception as err:  # ResponseParserError is no BotoCoreError: an HTML page, not an answer
         if not from_parser(err):
             raise

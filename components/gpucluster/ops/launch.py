@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from gpucluster.fleet.awsapi import AWS_ERRORS, error_code
 from gpucluster.noderole import run_log_group_name
 from gpucluster.ops import Clients, Spinner, no_spinner
+from gpucluster.ops.awserrors import describe
 
 if TYPE_CHECKING:
     from gpucluster.ops.nodes import Node
@@ -99,18 +100,36 @@ class RunPlan:
         return job_parameter_name(self.identity, self.plan.detach or "")
 
 
+def planned_nodes(spec: StackSpec, group: str) -> list[Node]:
+    """The group as its stack file plans it, for a dry run with no deployed node to show: its desired
+    nodes (at least one) of its first instance type, in service, with placeholders for what only a
+    launched node has (its instance id and address). RunError for a group the stack does not have."""
+    from gpucluster.ops.nodes import IN_SERVICE, SSM_ONLINE, Node
+    from gpucluster.ops.run import RunError
+
+    config = next((g for g in spec.node_groups if g.name == group), None)
+    if config is None:
+        raise RunError(f"--group: stack {spec.stack} has no node group {group} "
+                       f"(its groups: {', '.join(g.name for g in spec.node_groups)})")
+    return [Node(f"<node {i}>", group, group, config.instance_types[0], "-", f"<node {i} IP>", "-", "running",
+                 IN_SERVICE, "Healthy", None, SSM_ONLINE, mig_per_gpu=len(config.mig_layout or ()))
+            for i in range(max(config.desired_nodes, 1))]
+
+
 def plan_run(spec: StackSpec, group: str, command: str, *, clients: Clients, progress: Spinner = no_spinner,
              detach: bool = False, name: str | None = None, restart_on_replace: bool = False,
-             master_port: int = 29500, workdir: str | None = None, timeout: int | None = None) -> RunPlan:
+             master_port: int = 29500, workdir: str | None = None, timeout: int | None = None,
+             nodes: list[Node] | None = None) -> RunPlan:
     """Find the group's nodes and plan `command` on each (RunError, NodesError: the request is wrong).
 
     Detached, the job is named `name` (default job-<UTC time>) and its SSM command only starts
-    it; `timeout` is then the job's own limit (none when not given).
+    it; `timeout` is then the job's own limit (none when not given). `nodes` given (a dry run's
+    `planned_nodes`): planned on those, AWS is not asked.
     """
     from gpucluster.ops.run import DEFAULT_TIMEOUT_SECONDS, QUERY_TIMEOUT_SECONDS, job_record, plan_job
 
     job_name = (name or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S")) if detach else None
-    found = find_nodes(spec, group, clients=clients, progress=progress)
+    found = nodes if nodes is not None else find_nodes(spec, group, clients=clients, progress=progress)
     environment = group_environment(spec, group)
     plan = plan_job(found, command, master_port=master_port,
                     timeout_seconds=QUERY_TIMEOUT_SECONDS if detach else timeout or DEFAULT_TIMEOUT_SECONDS,
@@ -156,6 +175,8 @@ class Launched:
 
     run: RunPlan
     outcome: RunOutcome | None = None
+    planned_from_stack_file: str | None = None
+    """A dry run planned on `planned_nodes`: why (no node in service, or AWS could not be asked)."""
 
 
 def start_run(run: RunPlan, ssm: Any, *, on_change: Callable[[NodeResult], None] | None = None,
@@ -212,7 +233,7 @@ def record_restart(ssm: Any, parameter: str, job: str, group: str, record: dict[
     except AWS_ERRORS as exc:
         return RestartRecord(parameter, ok=False, message=(
             f"run: the job runs, but restart-on-replace is off: its record {parameter} was not stored "
-            f"({error_code(exc) or type(exc).__name__}: {exc})"))
+            f"({describe(exc)})"))
     return RestartRecord(parameter, stored=True, message=(
         f"restart-on-replace: when a replacement brings {group} back to {record['nnodes']} node(s), the "
         f"job starts again on the new nodes with GPUCLUSTER_CHECKPOINT_LATEST (record {parameter})"))

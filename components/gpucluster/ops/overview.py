@@ -50,8 +50,8 @@ def spend_now(spec: StackSpec, fleet: Fleet, *, ce: Any,
     stack has no action. None, None without a budget.
     """
     from gpucluster.fleet.accrual import PriceError, Prices, decide, when_limit
-    from gpucluster.fleet.awsapi import AWS_ERRORS
     from gpucluster.fleet.spendguard import measure
+    from gpucluster.ops.awserrors import AWS_ERRORS, describe
     from gpucluster.pricing import guard_prices
 
     budget = spec.budget
@@ -63,7 +63,7 @@ def spend_now(spec: StackSpec, fleet: Fleet, *, ce: Any,
         groups, spend = measure(spec.identity, fleet.groups, fleet.clients("ec2"), ce,
                                 fleet.clients("cloudwatch"), Prices.from_json(guard_prices(spec)), now)
     except AWS_ERRORS as exc:
-        return None, f"spend not read: {exc}"
+        return None, f"spend not read: {describe(exc)}"  # never an HTML body
     except PriceError as exc:
         return None, f"spend not priced: {exc}"
     decision = decide(spend, limit, budget.check_minutes, budget.max_usd_per_hour,

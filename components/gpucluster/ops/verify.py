@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from gpucluster.fleet.awsapi import group_tags
 from gpucluster.fleet.tags import NODE_GROUP_TAG, STACK_TAG
@@ -97,9 +97,7 @@ class VerifyError(OpsError):
 
 
 def unreachable(err: BaseException) -> VerifyError:
-    if isinstance(err, NoCredentialsError):
-        return VerifyError("no AWS credentials found (aws configure, AWS_PROFILE or environment variables)")
-    return VerifyError(f"cannot reach AWS: {describe(err)}")
+    return VerifyError(describe(err))  # the one wording (ops/awserrors.py): no credentials, no network...
 
 
 def account_of(clients: Clients, region: str) -> Account:

@@ -2,9 +2,9 @@
 
 The project is what this repository's root is, minus the package: a
 Pulumi.yaml (Python, pip, `.venv`, `stackConfigDir: stacks`), a `__main__.py`
-that runs `gpucluster.program`, a requirements.txt naming gpucluster the way
-the running one was installed (so `pip install -r requirements.txt`, what
-`pulumi install` runs, installs the same thing), a small dev stack, the
+that runs `gpucluster.program`, a requirements.txt naming gpucluster so that a teammate or CI can install it
+too (`pip install -r requirements.txt`, what `pulumi install` runs: a version
+range, a git commit or an https URL, never a path on this machine), a small dev stack, the
 CrossGuard policy pack entry with the dev environment's limits spelled out
 (`policies/config/dev.json`) and a README with the next five commands, so
 `gpucluster plan dev` plans it at once and `pulumi up` deploys it as generated.
@@ -28,12 +28,17 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 from string import Template
 from urllib.parse import urlsplit, urlunsplit
+from urllib.request import url2pathname
 
-DISTRIBUTION = "gpucluster"
+from gpucluster import installed
+from gpucluster.installed import DISTRIBUTION
 
 # Project file -> template (templates/<name>).
 TEMPLATES: dict[str, str] = {
@@ -114,16 +119,52 @@ def installed_version() -> str:
     return metadata.version(DISTRIBUTION)
 
 
-def requirement_line(version: str, direct_url: dict | None) -> str:
-    """How the new project's requirements.txt names gpucluster: the way the running one was installed.
+@dataclass(frozen=True)
+class Checkout:
+    """A git checkout's shared source: its `origin` remote (credentials removed) and the commit at HEAD."""
+
+    url: str
+    commit: str
+
+
+def local_checkout(path: str) -> Checkout | None:
+    """The git checkout at `path` as others can fetch it, or None (no git, no checkout, no remote
+    outside this machine). Asks `git` (`rev-parse HEAD`, `remote get-url origin`), briefly."""
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(["git", "-C", path, *args], capture_output=True, text=True, timeout=10,
+                                  check=False)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit, origin = git("rev-parse", "HEAD"), git("remote", "get-url", "origin")
+    scp = re.fullmatch(r"([\w.-]+@)?([\w.-]+):(?!//)(.+)", origin)  # git@host:owner/repo.git
+    if scp:
+        origin = f"ssh://{scp.group(1) or ''}{scp.group(2)}/{scp.group(3)}"
+    parts = urlsplit(origin)
+    shared = parts.scheme in ("https", "http", "ssh") and bool(parts.netloc)
+    if not re.fullmatch(r"[0-9a-f]{40}", commit) or not shared:
+        return None
+    user, _, host = parts.netloc.rpartition("@")
+    netloc = f"{user}@{host}" if parts.scheme == "ssh" and user and ":" not in user else host
+    return Checkout(urlunsplit(parts._replace(netloc=netloc)), commit)
+
+
+def requirement_line(version: str, direct_url: dict | None,
+                     checkout: Callable[[str], Checkout | None] = local_checkout) -> str:
+    """How the new project's requirements.txt names gpucluster: something a teammate or CI installs too.
 
     From PEP 610's `direct_url.json` (pip writes it for anything not installed
-    from an index): a git repository at the commit installed (credentials
-    stripped from the URL); a wheel or sdist file, or a local directory, by its
-    `file://` URL (an editable checkout too: the project gets a regular install
-    of it). Without one (installed from a package index) a compatible-release
-    range: the same major version (the same minor while 0.x, semantic
-    versioning), at least this version.
+    from an index): a git repository at the commit installed, or an archive at
+    an https URL (credentials stripped from both). A local directory that is a
+    git checkout with a remote (gpucluster run from a checkout, editable or not)
+    becomes its `origin` at the commit checked out (`checkout` asks git). Any
+    other local source, a wheel or sdist file or a directory no one else can
+    reach, is never named by its path (a `file://` URL fails on every other
+    machine): like an install from a package index it becomes a compatible-release
+    range, the same major version (the same minor while 0.x, semantic
+    versioning), at least this version; `requirement_note` says so in the file.
     """
     info = direct_url or {}
     vcs = info.get("vcs_info") or {}
@@ -132,12 +173,31 @@ def requirement_line(version: str, direct_url: dict | None) -> str:
         parts = urlsplit(url)
         clean = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         return f"{DISTRIBUTION} @ git+{clean}@{vcs['commit_id']}"
-    if isinstance(url, str) and url.startswith("file://") and ("archive_info" in info or "dir_info" in info):
-        return f"{DISTRIBUTION} @ {url}"
     if isinstance(url, str) and url.startswith(("https://", "http://")) and "archive_info" in info:
         parts = urlsplit(url)
         return f"{DISTRIBUTION} @ {urlunsplit(parts._replace(netloc=parts.netloc.rpartition('@')[2]))}"
+    if isinstance(url, str) and url.startswith("file://") and "dir_info" in info:
+        found = checkout(url2pathname(urlsplit(url).path))
+        if found is not None:
+            return f"{DISTRIBUTION} @ git+{found.url}@{found.commit}"
     return f"{DISTRIBUTION}{version_range(version)}"
+
+
+def requirement_note(version: str, direct_url: dict | None, line: str) -> str:
+    """Comment lines above the requirement when this machine's gpucluster came from a local source
+    that `line` does not name (so nobody wonders why the project installs something else)."""
+    info = direct_url or {}
+    url = info.get("url")
+    if not (isinstance(url, str) and url.startswith("file://")):
+        return ""
+    where = url2pathname(urlsplit(url).path)
+    if " @ git+" in line:
+        return (f"# gpucluster {version} was installed here from the checkout {where}: named below\n"
+                "# by its origin remote at the commit checked out (push it first), for teammates and CI.\n")
+    kind = "a local file" if "archive_info" in info else "a local directory no one else can reach"
+    return (f"# gpucluster {version} was installed here from {kind} ({where}); a teammate or CI installs\n"
+            "# the release below from the package index. To use a build of your own, name it here\n"
+            "# (a URL others can reach, or git+https://host/owner/repo@<commit>).\n")
 
 
 def version_range(version: str) -> str:
@@ -146,14 +206,6 @@ def version_range(version: str) -> str:
     major, minor = numbers[0], numbers[1]
     upper = f"{major + 1}" if major else f"0.{minor + 1}"
     return f">={version},<{upper}"
-
-
-def _installed_direct_url() -> dict | None:
-    try:
-        text = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
-        return json.loads(text) if text else None
-    except (metadata.PackageNotFoundError, json.JSONDecodeError):
-        return None
 
 
 def project_name(directory: Path) -> str:
@@ -224,8 +276,9 @@ def create_project(directory: Path, *, hardened: bool = False, scheduler: str = 
         raise ScaffoldError(f"{directory} is not empty; give a new or empty directory")
     if scheduler not in SCHEDULERS:
         raise ScaffoldError(f"--scheduler: must be none, slurm or eks, got {scheduler!r}")
-    version = installed_version()
-    files = render(project_name(directory), version, requirement_line(version, _installed_direct_url()),
+    version, source = installed_version(), installed.direct_url()
+    line = requirement_line(version, source)
+    files = render(project_name(directory), version, requirement_note(version, source, line) + line,
                    hardened=hardened, scheduler=scheduler, ami_id=ami_id)
     written = []
     try:

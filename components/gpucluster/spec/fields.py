@@ -353,7 +353,8 @@ ProjectPath = Annotated[str, _matches(r"(?!/)(?!.*(^|/)\.\.(/|$))[A-Za-z0-9._/-]
                                       "Pulumi.yaml), without '..'")]
 # A container image reference: [registry[:port]/]repository[:tag][@digest] (no spaces or quotes).
 ContainerImage = Annotated[str, _matches(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}",
-                                         "must be an image reference like nvcr.io/nvidia/pytorch:24.12-py3")]
+                                         "must be an image reference like nvcr.io/nvidia/pytorch:24.12-py3, "
+                                         "or pinned: <repository>:<tag>@sha256:<64 hex digits>")]
 
 
 # ----------------------------------------------------------------------- identity

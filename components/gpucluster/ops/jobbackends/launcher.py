@@ -55,15 +55,39 @@ class LauncherJobs:
 
         if request.nodes is not None:
             raise RunError(REFUSED["nodes"])
-        planned = Launched(plan_run(
-            self.spec, request.group, request.command, clients=self.clients, progress=progress,
-            detach=request.detach, name=request.name, restart_on_replace=request.restart_on_replace,
-            master_port=request.master_port, workdir=request.workdir, timeout=request.timeout))
+        plan = partial(plan_run, self.spec, request.group, request.command, clients=self.clients,
+                       progress=progress, detach=request.detach, name=request.name,
+                       restart_on_replace=request.restart_on_replace, master_port=request.master_port,
+                       workdir=request.workdir, timeout=request.timeout)
         if request.dry_run:
-            return planned
+            return self.dry_run(plan, request.group, progress)
+        planned = Launched(plan())
         on_start(planned)
         return replace(planned, outcome=start_run(planned.run, self.clients("ssm"), progress=progress,
                                                   on_change=partial(on_change, planned.run.plan)))
+
+    def dry_run(self, plan: Callable[..., Any], group: str, progress: Spinner) -> Launched:
+        """The plan on the group's deployed nodes when AWS shows some in service; else, like Slurm's
+        dry run, on the stack file's nodes (`planned_nodes`), offline: no credentials, no network
+        or nothing deployed yet still show each rank's script."""
+        from gpucluster.ops.awserrors import AWS_ERRORS, local_cause
+        from gpucluster.ops.launch import Launched, find_nodes, planned_nodes
+        from gpucluster.ops.nodes import NodesError
+
+        found = []
+        try:
+            found = [n for n in find_nodes(self.spec, group, clients=self.clients, progress=progress)
+                     if n.in_service]
+            why = None if found else f"no node of {group} in service"
+        except NodesError:  # no such group deployed (planned_nodes says whether the stack file has it)
+            why = f"{group} is not deployed"
+        except AWS_ERRORS as err:
+            why = local_cause(err)
+            if why is None:  # AWS answered with an error: that is the answer
+                raise
+        if why is None:
+            return Launched(plan(nodes=found))
+        return Launched(plan(nodes=planned_nodes(self.spec, group)), planned_from_stack_file=why)
 
     def jobs(self, group: str | None, *, progress: Spinner = no_spinner) -> JobListing:
         from gpucluster.ops.jobs import list_jobs

@@ -377,7 +377,7 @@ class OtherCost:
 
     name: str
     kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg", "warm_pool", "images",
-                  "flow_logs", "pcs"]
+                  "flow_logs", "pcs", "guard"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
@@ -493,6 +493,19 @@ class StackCost:
                            "(budget.monthly_limit_usd)")
         return out
 
+    def budget_below_an_hour(self) -> str | None:
+        """Why the monthly limit stops the stack within its first hour at desired nodes, or None.
+
+        A limit below one hour of the desired burn is spent before the spend guard's first checks
+        settle (and AWS Budgets, hours late, cannot catch it): almost surely a typo in the limit.
+        """
+        budget, burn = self.budget_usd_per_month, self.usd_per_hour("desired")
+        if budget is None or burn <= 0 or budget >= burn:
+            return None
+        return (f"${budget:,.2f} is below one hour of the stack's burn at desired nodes (${burn:,.2f}/h): "
+                "the budget stops it within the first hour; raise budget.monthly_limit_usd "
+                "(or lower the desired nodes)")
+
     def as_json(self) -> dict[str, Any]:
         parts = {at: dict(self.components(at)) for at in AT}
         scheduled = {at: dict(self.components(at, scheduled=True)) for at in AT}
@@ -537,6 +550,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                         scheduled_share=priced.scheduled_hours_per_month / priced.hours_per_month)
     yield from _boot_costs(spec, prices, assume)
     yield from _pcs_costs(spec, groups)
+    yield from _guard_api_costs(spec)
     if spec.network.vpc_cidr is None:
         return  # an existing VPC: its NAT and endpoints are paid for already
     if spec.network.nat_gateway:
@@ -700,6 +714,60 @@ def _flow_log_cost(spec: StackSpec, prices: ServicePrices, assume: Assumptions) 
                         f"{gb:g} GB/month ({spec.network.flow_logs}) x ${prices.vended_logs_usd_per_gb}/GB "
                         f"ingested + 3 months stored x ${prices.logs_storage_usd_per_gb_month}/GB-month + "
                         f"1 KMS key x ${prices.kms_key_usd_per_month:g}/month", src["flow_logs"], as_of)
+
+
+# The spend guard's own API calls (lambdas/spend_guard.py), us-east-1 list prices written from memory
+# (ledger: guard-api-prices; Cost Explorer's, ledger: ce-request-price). It reads Cost Explorer at most
+# GUARD_CE_READS_PER_DAY times a day (fleet/settledcache.py keeps the settled figure in the guard-state
+# table; tests hold the two equal) and, on every check while compute runs, the guard-state table: the
+# groups (Query), the kept figure and the instance ledger (GetItem), the ledger written back (PutItem).
+# It no longer calls GetMetricData (the ledger prices instances that are gone).
+GUARD_CE_USD_PER_REQUEST = 0.01  # ledger: ce-request-price
+GUARD_CE_READS_PER_DAY = 4
+SCHEDULER_USD_PER_MILLION_INVOCATIONS = 1.00  # ledger: guard-api-prices
+DYNAMODB_USD_PER_MILLION_READS, DYNAMODB_USD_PER_MILLION_WRITES = 0.125, 0.625  # ledger: guard-api-prices
+GUARD_READS_PER_CHECK, GUARD_WRITES_PER_CHECK = 3, 1
+LEDGER_BYTES_PER_INSTANCE = 160  # one instance's entry in the ledger item (id, type, purchase, zone, times)
+
+
+def guard_api_cost(spec: StackSpec) -> OtherCost | None:
+    """What the spend guard's API calls cost a month (None without a spend guard): an upper bound,
+    as if compute ran every check (while nothing runs it reads only the groups)."""
+    budget = spec.budget
+    if budget is None or budget.action_threshold_percent is None:
+        return None
+    checks = HOURS_PER_MONTH * 60 / budget.check_minutes
+    days = HOURS_PER_MONTH / 24
+    ce = GUARD_CE_READS_PER_DAY * days * GUARD_CE_USD_PER_REQUEST
+    schedule = checks * SCHEDULER_USD_PER_MILLION_INVOCATIONS / 1e6
+
+    def table(nodes: int) -> float:
+        # DynamoDB bills a strongly consistent read per 4 KB and a write per 1 KB of the item.
+        kb = nodes * LEDGER_BYTES_PER_INSTANCE / 1024
+        reads = GUARD_READS_PER_CHECK - 1 + max(1, math.ceil(kb / 4))
+        writes = GUARD_WRITES_PER_CHECK * max(1, math.ceil(kb))
+        usd = reads * DYNAMODB_USD_PER_MILLION_READS + writes * DYNAMODB_USD_PER_MILLION_WRITES
+        return checks * usd / 1e6
+
+    desired = sum(g.desired_nodes for g in spec.node_groups)
+    top = sum(g.max_nodes for g in spec.node_groups)
+    basis = (f"Cost Explorer <= {GUARD_CE_READS_PER_DAY} reads/day x ${GUARD_CE_USD_PER_REQUEST} (settled "
+             f"figure kept in the guard-state table) + {checks:,.0f} checks (every "
+             f"{budget.check_minutes:g} min) x "
+             f"${SCHEDULER_USD_PER_MILLION_INVOCATIONS:g}/M schedule invocations + DynamoDB "
+             f"{GUARD_READS_PER_CHECK} reads, {GUARD_WRITES_PER_CHECK} write a check x "
+             f"${DYNAMODB_USD_PER_MILLION_READS}/${DYNAMODB_USD_PER_MILLION_WRITES} per M; "
+             "GetMetricData: none")
+    fixed = ce + schedule
+    return OtherCost("Spend guard API calls", "guard", fixed + table(desired), fixed + table(top),
+                     basis, "AWS Cost Management, EventBridge Scheduler and DynamoDB pricing pages "
+                     "(from memory; ledger: guard-api-prices)", "2026-11-29")
+
+
+def _guard_api_costs(spec: StackSpec) -> Iterable[OtherCost]:
+    cost = guard_api_cost(spec)
+    if cost is not None:
+        yield cost
 
 
 def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,

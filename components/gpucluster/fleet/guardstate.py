@@ -41,6 +41,13 @@ made again on the new version. Stale: written over TRANSITION_TIMEOUT_SECONDS ag
                unlabelled stale one. A failed capacity call or `running` write puts it back to
                stopped with its label (a scale: running); a kill leaves it here, label kept,
                until stale. Way out: `gpucluster stop`, or `start`/`resume` once stale.
+
+Told (`notified`, docs/guides/guard-state.md "Told once"): each stop's records and a guardrail
+start's `running` (`started_by`) are written untold; the actor marks them after its publish, only
+while the record shows the label it told. A mark is a version-only bump; a new transition never
+inherits it (only `stopping` -> `stopped`/`stop-failed` and `starting` back to `stopped` keep it).
+A retry finding an untold record tells it (`stops.untold`); told twice only when a publish's answer
+was lost, a kill fell between publish and mark, or two invocations told at once.
 """
 
 from __future__ import annotations

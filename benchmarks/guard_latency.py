@@ -132,10 +132,10 @@ def guard_stop(month: Month, prices: Prices, limit: float, check_minutes: int, n
 
 
 def slurm_stop(month: Month, prices: Prices, limit: float, check_minutes: int, node_type: str, *,
-               ledger: bool) -> datetime:
+               kept: bool) -> datetime:
     """First check at which the handler's decision says stop on a PCS stack (no group metric).
 
-    `ledger`: the instances each check saw are kept, and priced from `gone_hours` once gone;
+    `kept`: the instances each check saw are kept, and priced from `gone_hours` once gone;
     without it (before) an instance that stopped since the settled point is not seen at all.
     """
     seen: dict[str, Sighting] = {}
@@ -145,7 +145,7 @@ def slurm_stop(month: Month, prices: Prices, limit: float, check_minutes: int, n
         running = month.running(t)
         instances = [Instance(r.instance_id, node_type, ON_DEMAND, r.start, "train") for r in running]
         gone = gone_hours(seen, [i.instance_id for i in instances], since, t, check_minutes * 60)
-        spend = accrue(month.cost(since), instances, prices, t, gone_instances=gone if ledger else ())
+        spend = accrue(month.cost(since), instances, prices, t, gone_instances=gone if kept else ())
         if decide(spend, limit, check_minutes, compute_running=bool(running)).stop:
             return t
         seen = {k: v for k, v in seen.items() if v.seen >= since.timestamp()}
@@ -258,9 +258,9 @@ def main() -> None:
     slurm_crossing = month.crossing(slurm_limit)
     print(f"slurm: limit ${slurm_limit:,.0f}, crossed {slurm_crossing:%a %d %b %H:%M} UTC; yesterday's "
           f"{args.nodes} nodes ran 08-20 and stopped (no Auto Scaling metric on a PCS group)")
-    for label, ledger in (("before: no metric, stopped nodes unseen", False),
-                          ("after: instance ledger in the table", True)):
-        stop = slurm_stop(month, prices, slurm_limit, args.check_minutes, args.type, ledger=ledger)
+    for label, kept in (("before: no metric, stopped nodes unseen", False),
+                        ("after: instance ledger in the table", True)):
+        stop = slurm_stop(month, prices, slurm_limit, args.check_minutes, args.type, kept=kept)
         print(row(label, month, slurm_crossing, stop, slurm_limit))
     per_day = cost_explorer_reads(month, args.check_minutes)
     reads = sum(per_day.values())

@@ -716,12 +716,12 @@ def _flow_log_cost(spec: StackSpec, prices: ServicePrices, assume: Assumptions) 
                         f"1 KMS key x ${prices.kms_key_usd_per_month:g}/month", src["flow_logs"], as_of)
 
 
-# The spend guard's own API calls (lambdas/spend_guard.py), us-east-1 list prices written from memory
-# (ledger: guard-api-prices; Cost Explorer's, ledger: ce-request-price). It reads Cost Explorer at most
-# GUARD_CE_READS_PER_DAY times a day (fleet/settledcache.py keeps the settled figure in the guard-state
-# table; tests hold the two equal) and, on every check while compute runs, the guard-state table: the
-# groups (Query), the kept figure and the instance ledger (GetItem), the ledger written back (PutItem).
-# It no longer calls GetMetricData (the ledger prices instances that are gone).
+# The spend guard's own API calls (lambdas/spend_guard.py): us-east-1 list prices
+# from memory (ledger: guard-api-prices); Cost Explorer's (ledger: ce-request-price). It reads
+# Cost Explorer at most GUARD_CE_READS_PER_DAY times a day (fleet/settledcache.py keeps the settled
+# figure in the guard-state table; a test holds the two equal) and, on every check while compute
+# runs, the guard-state table: the groups (Query), the kept figure and the instance ledger
+# (GetItem), the ledger written back (PutItem). No GetMetricData: the ledger prices what is gone.
 GUARD_CE_USD_PER_REQUEST = 0.01  # ledger: ce-request-price
 GUARD_CE_READS_PER_DAY = 4
 SCHEDULER_USD_PER_MILLION_INVOCATIONS = 1.00  # ledger: guard-api-prices

@@ -147,7 +147,8 @@ class World:
     transition told twice is then allowed (at-least-once: docs/guides/guard-state.md)."""
     chaos: Chaos | None = None
     failed: set[str] = field(default_factory=set)
-    """Telling actors whose last attempt failed or was killed: Lambda's retry runs them again."""
+    """Telling actors with an invocation that failed or was killed: Lambda retries each (another
+    invocation of the same rule succeeding does not cancel that retry)."""
 
 
 TELLING = ("budget", "spend", "idle", "schedule-stop", "lifetime", "schedule-start")
@@ -182,10 +183,11 @@ def actors(b: guardstate.StoredNodeGroups, world: World, chaos: Chaos,
         def run() -> None:
             groups = pick(b.list_groups(STACK))
             report = stops.budget_stop(b, groups) if budget else stops.stop_groups(b, groups, reason)
-            tell(report.told)
+            if budget and not report.errors:
+                world.budget_held = True  # before the tell: a `resume` landing during it undoes it
+            if reason != MANUAL:  # `gpucluster stop` is told by its own output, not the topic
+                tell(report.told)
             stops.raise_if_failed(report, STACK)
-            if budget:
-                world.budget_held = True
         return run
 
     def spend() -> None:
@@ -276,7 +278,8 @@ def attempt(world: World, name: str, actor: Callable[[], None]) -> None:
     try:
         actor()
         world.log.append(name)
-        world.failed.discard(key)
+        if name.startswith("retry "):
+            world.failed.discard(key)
     except (*stops.STOP_ERRORS, GuardrailError, Killed) as exc:
         world.log.append(f"{name}!{type(exc).__name__}")
         if key in TELLING:

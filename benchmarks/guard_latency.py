@@ -25,7 +25,7 @@ handler's own pricing) and prices them once gone.
 Cost Explorer. The checks of the month, each reading the settled figure only through the kept one
 (`gpucluster.fleet.settledcache`, the handler's own, over an in-memory table) and not at all while
 no compute runs: reads per UTC day (at most 4) against one every check before; and the month's
-guard API cost as `gpucluster cost` models it (`pricing.guard_api_cost`, prod's check interval).
+guard API cost as `gpucluster cost` models it (`pricing.guard_api_line`, prod's check interval).
 
 Idle. The last job on the group ends; the group sits idle.
 - before: the utilisation alarm of prod (idle_minutes 120, 5-minute periods) plus the alarm's
@@ -55,7 +55,7 @@ from gpucluster.fleet.accrual import ON_DEMAND, Instance, Prices, accrue, decide
 from gpucluster.fleet.instanceledger import Sighting, gone_hours
 from gpucluster.fleet.settledcache import COST_EXPLORER_USD_PER_REQUEST, SettledCache, settled_figure
 from gpucluster.plan import load_stack
-from gpucluster.pricing import guard_api_cost, guard_prices
+from gpucluster.pricing import guard_api_line, guard_prices
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)
 MONTH_END = datetime(2026, 12, 1, tzinfo=UTC)
@@ -265,7 +265,7 @@ def main() -> None:
     per_day = cost_explorer_reads(month, args.check_minutes)
     reads = sum(per_day.values())
     spec = load_stack("prod")[2]
-    api = guard_api_cost(spec)
+    api = guard_api_line(spec, "-")
     checks = len(per_day) * 24 * 60 // args.check_minutes
     print(f"cost explorer: {max(per_day.values())} reads/day at most (<= 4), {reads} in the month "
           f"(${reads * COST_EXPLORER_USD_PER_REQUEST:,.2f}); before: one a check, {checks:,} "

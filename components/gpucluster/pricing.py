@@ -7,7 +7,8 @@ same capacity all on-demand and all spot; the stack's other costs (EBS root volu
 gateway and its public IPv4 address, the VPC interface endpoints, FSx for Lustre, S3
 storage); each month priced twice, 24 x 7 and as scheduled (the hours the stop/start
 schedules and the lifetime leave the nodes running, gpucluster.schedule; a Capacity Block for
-its duration); the budget warning; and the Markdown difference between two priced stacks.
+its duration); the budget warning (the Markdown difference between two priced stacks is
+`gpucluster.costdiff`'s; the spend guard's own API calls `gpucluster.guardcost`'s).
 GPU figures come from gpucluster.catalog, the rest from
 data/service_prices.yaml, each rate carrying its source and date. It is pure: no Pulumi, no
 AWS calls (live spot prices are fetched by gpucluster.ops.doctor and handed in as rates), and it
@@ -24,7 +25,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
-from gpucluster import catalog, schedule
+from gpucluster import catalog, guardcost, schedule
 from gpucluster.node.metrics import DCGM_FIELDS
 from gpucluster.spec import NodeGroupConfig, StackSpec, baked_image
 
@@ -550,7 +551,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                         scheduled_share=priced.scheduled_hours_per_month / priced.hours_per_month)
     yield from _boot_costs(spec, prices, assume)
     yield from _pcs_costs(spec, groups)
-    yield from _guard_api_costs(spec)
+    yield from filter(None, [guard_api_line(spec, as_of)])
     if spec.network.vpc_cidr is None:
         return  # an existing VPC: its NAT and endpoints are paid for already
     if spec.network.nat_gateway:
@@ -716,58 +717,17 @@ def _flow_log_cost(spec: StackSpec, prices: ServicePrices, assume: Assumptions) 
                         f"1 KMS key x ${prices.kms_key_usd_per_month:g}/month", src["flow_logs"], as_of)
 
 
-# The spend guard's own API calls (lambdas/spend_guard.py): us-east-1 list prices
-# from memory (ledger: guard-api-prices); Cost Explorer's (ledger: ce-request-price). It reads
-# Cost Explorer at most GUARD_CE_READS_PER_DAY times a day (fleet/settledcache.py keeps the settled
-# figure in the guard-state table; a test holds the two equal) and, on every check while compute
-# runs, the guard-state table: the groups (Query), the kept figure and the instance ledger
-# (GetItem), the ledger written back (PutItem). No GetMetricData: the ledger prices what is gone.
-GUARD_CE_USD_PER_REQUEST = 0.01  # ledger: ce-request-price
-GUARD_CE_READS_PER_DAY = 4
-SCHEDULER_USD_PER_MILLION_INVOCATIONS = 1.00  # ledger: guard-api-prices
-DYNAMODB_USD_PER_MILLION_READS, DYNAMODB_USD_PER_MILLION_WRITES = 0.125, 0.625  # ledger: guard-api-prices
-GUARD_READS_PER_CHECK, GUARD_WRITES_PER_CHECK = 3, 1
-LEDGER_BYTES_PER_INSTANCE = 160  # one instance's entry in the ledger item (id, type, purchase, zone, times)
+def guard_api_line(spec: StackSpec, as_of: str) -> OtherCost | None:
+    """The spend guard's API calls as an "other cost" line (`guardcost`); None without a spend guard.
 
-
-def guard_api_cost(spec: StackSpec) -> OtherCost | None:
-    """What the spend guard's API calls cost a month (None without a spend guard): an upper bound,
-    as if compute ran every check (while nothing runs it reads only the groups)."""
-    budget = spec.budget
-    if budget is None or budget.action_threshold_percent is None:
+    Its figures are not in the price file (`guardcost`, ledger: guard-api-prices); the line carries
+    the price file's date like every other line.
+    """
+    cost = guardcost.guard_api_cost(spec, HOURS_PER_MONTH)
+    if cost is None:
         return None
-    checks = HOURS_PER_MONTH * 60 / budget.check_minutes
-    days = HOURS_PER_MONTH / 24
-    ce = GUARD_CE_READS_PER_DAY * days * GUARD_CE_USD_PER_REQUEST
-    schedule = checks * SCHEDULER_USD_PER_MILLION_INVOCATIONS / 1e6
-
-    def table(nodes: int) -> float:
-        # DynamoDB bills a strongly consistent read per 4 KB and a write per 1 KB of the item.
-        kb = nodes * LEDGER_BYTES_PER_INSTANCE / 1024
-        reads = GUARD_READS_PER_CHECK - 1 + max(1, math.ceil(kb / 4))
-        writes = GUARD_WRITES_PER_CHECK * max(1, math.ceil(kb))
-        usd = reads * DYNAMODB_USD_PER_MILLION_READS + writes * DYNAMODB_USD_PER_MILLION_WRITES
-        return checks * usd / 1e6
-
-    desired = sum(g.desired_nodes for g in spec.node_groups)
-    top = sum(g.max_nodes for g in spec.node_groups)
-    basis = (f"Cost Explorer <= {GUARD_CE_READS_PER_DAY} reads/day x ${GUARD_CE_USD_PER_REQUEST} (settled "
-             f"figure kept in the guard-state table) + {checks:,.0f} checks (every "
-             f"{budget.check_minutes:g} min) x "
-             f"${SCHEDULER_USD_PER_MILLION_INVOCATIONS:g}/M schedule invocations + DynamoDB "
-             f"{GUARD_READS_PER_CHECK} reads, {GUARD_WRITES_PER_CHECK} write a check x "
-             f"${DYNAMODB_USD_PER_MILLION_READS}/${DYNAMODB_USD_PER_MILLION_WRITES} per M; "
-             "GetMetricData: none")
-    fixed = ce + schedule
-    return OtherCost("Spend guard API calls", "guard", fixed + table(desired), fixed + table(top),
-                     basis, "AWS Cost Management, EventBridge Scheduler and DynamoDB pricing pages "
-                     "(from memory; ledger: guard-api-prices)", "2026-11-29")
-
-
-def _guard_api_costs(spec: StackSpec) -> Iterable[OtherCost]:
-    cost = guard_api_cost(spec)
-    if cost is not None:
-        yield cost
+    return OtherCost("Spend guard API calls", "guard", cost.desired_usd_per_month, cost.max_usd_per_month,
+                     cost.basis, guardcost.SOURCE, as_of)
 
 
 def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
@@ -808,92 +768,6 @@ def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
          if spec.scheduler.slurm else ())
     budget = spec.budget.monthly_limit_usd if spec.budget else None
     return StackCost(spec.stack, spec.region, groups, other, budget, notes, plan)
-
-
-# -------------------------------------------------------------------------- diff
-
-
-def cost_document(doc: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The cost part of a `plan --json` (its `cost` key) or `cost --json` document."""
-    cost = doc.get("cost", doc)
-    if not isinstance(cost, Mapping) or "totals" not in cost:
-        reason = cost.get("error") if isinstance(cost, Mapping) else None
-        raise PricingError(reason or "not a cost document (expected `gpucluster cost --json` or "
-                           "`gpucluster plan --json` output)")
-    return cost
-
-
-def _money(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.2f}"
-
-
-def _change(base: float | None, head: float | None) -> str:
-    if base is None:
-        return "new"
-    if head is None:
-        return "removed"
-    delta = head - base
-    if abs(delta) < 0.005:
-        return "no change"
-    pct = f" ({100 * delta / base:+.1f} %)" if base else ""
-    return f"{'+' if delta > 0 else '-'}${abs(delta):,.2f}{pct}"
-
-
-def _scheduled(cost: Mapping[str, Any]) -> bool:
-    return "scheduled_totals" in cost
-
-
-def cost_diff_markdown(base_doc: Mapping[str, Any], head_doc: Mapping[str, Any]) -> str:
-    """A Markdown cost difference for a pull-request comment (monthly, USD).
-
-    Led by the scheduled figure (the hours the stack is configured to run) when both
-    documents carry it; 24 x 7 follows, then every component that changed.
-    """
-    base, head = cost_document(base_doc), cost_document(head_doc)
-    title = base["stack"] if base["stack"] == head["stack"] else f"{base['stack']} -> {head['stack']}"
-    scheduled = _scheduled(base) and _scheduled(head)
-    hours = head.get("schedule", {}).get("hours_per_month", head["hours_per_month"]) if scheduled \
-        else head["hours_per_month"]
-    lead = (f"Monthly cost in USD as scheduled ({hours:g} hours a month; 24 x 7 is "
-            f"{head['hours_per_month']} hours), base -> head." if scheduled else
-            f"Monthly cost in USD ({head['hours_per_month']} hours a month), base -> head.")
-    lines = [f"### gpucluster cost: {title}", "", lead, "",
-             "| | base | head | change |", "|---|---:|---:|---:|"]
-    if scheduled:
-        for at in AT:
-            b = base["scheduled_totals"][at]["mix"]["usd_per_month"]
-            h = head["scheduled_totals"][at]["mix"]["usd_per_month"]
-            lines.append(f"| **total at {at} nodes, as scheduled** | {_money(b)} | {_money(h)} | "
-                         f"**{_change(b, h)}** |")
-    for at in AT:
-        b, h = base["totals"][at]["mix"]["usd_per_month"], head["totals"][at]["mix"]["usd_per_month"]
-        label = f"total at {at} nodes, 24 x 7" if scheduled else f"**total at {at} nodes**"
-        change = _change(b, h) if scheduled else f"**{_change(b, h)}**"
-        lines.append(f"| {label} | {_money(b)} | {_money(h)} | {change} |")
-    for at in AT:
-        b, h = (base["totals"][at]["all_on_demand"]["usd_per_month"],
-                head["totals"][at]["all_on_demand"]["usd_per_month"])
-        lines.append(f"| same capacity all on-demand, {at}, 24 x 7 | {_money(b)} | {_money(h)} | "
-                     f"{_change(b, h)} |")
-    key = "scheduled_components" if scheduled else "components"
-    before = {c["name"]: c["usd_per_month"] for c in base[key]}
-    after = {c["name"]: c["usd_per_month"] for c in head[key]}
-    names = list(before) + [n for n in after if n not in before]
-    suffix = ", as scheduled" if scheduled else ""
-    for at in AT:
-        for name in names:
-            b = before[name][at] if name in before else None
-            h = after[name][at] if name in after else None
-            if b is None or h is None or abs(h - b) >= 0.005:
-                lines.append(f"| {name}, {at}{suffix} | {_money(b)} | {_money(h)} | {_change(b, h)} |")
-    saving_b, saving_h = base["saving_vs_on_demand_percent"], head["saving_vs_on_demand_percent"]
-    lines += ["", "Saving against all on-demand: " + ", ".join(
-        f"{at} {saving_b[at]:.1f} % -> {saving_h[at]:.1f} %" for at in AT) + "."]
-    if scheduled and base["schedule"]["basis"] != head["schedule"]["basis"]:
-        lines += ["", f"Schedule: {base['schedule']['basis']} -> {head['schedule']['basis']}."]
-    if head["warnings"]:
-        lines += ["", *[f"> warning: {w}" for w in head["warnings"]]]
-    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------ spend guard
@@ -938,7 +812,10 @@ def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dic
         other = [*_other_costs(spec, prices, assume,
                                {p.name: p for p in (price_group(spec, g) for g in spec.node_groups)}),
                  *_flow_log_cost(spec, prices, assume)]
-        fixed = sum(o.desired_usd_per_month for o in other if o.kind != "ebs") / HOURS_PER_MONTH
+        # Root volumes follow nodes; the guard's own API calls (Cost Explorer's carry no stack tag)
+        # are not what the settled figure will show for the stack.
+        kept = [o for o in other if o.kind not in ("ebs", "guard")]
+        fixed = sum(o.desired_usd_per_month for o in kept) / HOURS_PER_MONTH
     except PricingError:
         fixed = 0.0
     return {"on_demand": on_demand, "capacity_block": blocks, "committed": committed,

@@ -26,7 +26,7 @@ from test_pcs_capacity import CLUSTER, FakeEc2, FakePcs, FakeSsm
 from test_spend_guard import PRICES
 
 from conftest import STACK, Cluster, Recorded, shared_client
-from gpucluster import pricing
+from gpucluster import guardcost
 from gpucluster.fleet import guardstate, runtime, settledcache, spendguard, stops
 from gpucluster.fleet.accrual import ON_DEMAND, Instance, Prices
 from gpucluster.fleet.deployment import STATE_TABLE_ENV
@@ -507,8 +507,8 @@ def test_an_alarm_that_cannot_be_read_again_fails_the_invocation(cluster, record
 
 
 def test_the_cache_and_the_cost_model_agree_on_reads_a_day() -> None:
-    assert pricing.GUARD_CE_READS_PER_DAY == settledcache.READS_PER_DAY_MAX
-    assert pricing.GUARD_CE_USD_PER_REQUEST == settledcache.COST_EXPLORER_USD_PER_REQUEST
+    assert guardcost.GUARD_CE_READS_PER_DAY == settledcache.READS_PER_DAY_MAX
+    assert guardcost.GUARD_CE_USD_PER_REQUEST == settledcache.COST_EXPLORER_USD_PER_REQUEST
 
 
 def test_accrue_prices_gone_instances_by_their_own_type() -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gpucluster import ledger, pricing
+from gpucluster import costdiff, ledger, pricing
 from gpucluster.cli import render
 from gpucluster.cli.common import (
     EXIT_BLOCKED,
@@ -202,7 +202,7 @@ def cost_json(cost: pricing.StackCost) -> dict[str, Any]:
 def read_cost_json(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
-        pricing.cost_document(doc)
+        costdiff.cost_document(doc)
     except OSError as err:
         fail_usage("cost --diff", f"cannot read {path}: {err.strerror}")
     except json.JSONDecodeError as err:
@@ -233,7 +233,7 @@ def cost(
     if diff is not None:
         if stack is not None:
             fail_usage("cost", "give a STACK or --diff BASE.json HEAD.json, not both")
-        markdown = pricing.cost_diff_markdown(read_cost_json(diff[0]), read_cost_json(diff[1]))
+        markdown = costdiff.cost_diff_markdown(read_cost_json(diff[0]), read_cost_json(diff[1]))
         if as_json:
             render.emit({"markdown": markdown})
         else:

@@ -20,6 +20,7 @@ from gpucluster.pricing import (
     split_nodes,
 )
 
+
 # The spend guard's API calls a month (issue 35: `cost` counts them), by hand for a 5-minute check:
 # Cost Explorer 4 reads a day x $0.01, 8,760 schedule invocations x $1/M, and per check DynamoDB
 # 3 reads x $0.125/M + the ledger's writes (1 per KB, 160 B a node) x $0.625/M.

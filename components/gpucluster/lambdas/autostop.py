@@ -266,11 +266,11 @@ def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, An
         groups = dated.list_groups(stack)
         expired = _older_than(groups, timedelta(hours=hours))
         # A lifetime stop an earlier attempt made but could not tell: passed on, so it is told now.
-        late = [g for g in groups if g.name in untold(groups, stops=(LIFETIME,))]
-        if not expired and not late:
+        untold_stops = [g for g in groups if g.name in untold(groups, stops=(LIFETIME,))]
+        if not expired and not untold_stops:
             log_event("no group over its lifetime", stack=stack, max_hours=hours)
             return {"action": "unchanged", "stack": stack, "groups": []}
-        return _stop(stack, [*expired, *late], LIFETIME, context)
+        return _stop(stack, [*expired, *untold_stops], LIFETIME, context)
     return ignored("rule name has no -stop/-start/-lifetime suffix", rule=rule)
 
 

@@ -101,8 +101,8 @@ def _at_zero(stack: str, backend: NodeGroups, groups: list[NodeGroup]) -> dict[s
     """
     names = untold(groups, stops=(BUDGET,))
     report = StopReport(untold=names, labels=dict.fromkeys(names, BUDGET))
-    summary = {"action": "unchanged", "stack": stack, "spend": None,
-               "reason": "compute at zero: spend not read"}
+    summary: dict[str, Any] = {"action": "unchanged", "stack": stack, "spend": None,
+                               "reason": "compute at zero: spend not read"}
     if names:
         summary["untold"] = names
         _tell(stack, backend, report, "spend guard stopped compute (told late)",

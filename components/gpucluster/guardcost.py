@@ -22,8 +22,8 @@ SCHEDULER_USD_PER_MILLION_INVOCATIONS = 1.00  # ledger: guard-api-prices
 DYNAMODB_USD_PER_MILLION_READS, DYNAMODB_USD_PER_MILLION_WRITES = 0.125, 0.625  # ledger: guard-api-prices
 GUARD_READS_PER_CHECK, GUARD_WRITES_PER_CHECK = 3, 1
 LEDGER_BYTES_PER_INSTANCE = 160  # one instance's entry in the ledger item (id, type, purchase, zone, times)
-SOURCE = ("AWS Cost Management, EventBridge Scheduler and DynamoDB pricing pages (from memory; "
-          "ledger: guard-api-prices)")
+SOURCE = ("AWS Cost Management, EventBridge Scheduler and DynamoDB pricing pages "
+          "(ledger: guard-api-prices, ce-request-price)")
 
 
 @dataclass(frozen=True)

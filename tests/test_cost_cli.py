@@ -396,3 +396,27 @@ def test_doctor_against_a_moto_server(moto_endpoint: str, base_config: dict[str,
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert ("node_groups[0].instance_types[0]: p4de.24xlarge is not offered in us-east-1a; in us-east-1 "
             "it is offered in us-east-1b, us-east-1c") in refused.stderr
+
+
+def test_a_budget_below_one_hour_of_burn_is_a_plan_warning(base_config: dict[str, Any],
+                                                           write_stack: Callable[..., Path]) -> None:
+    """Issue 35 item 5: said with the verdict and in --json's warnings, exit 0 (valid, against advice)."""
+    policy_clean(base_config)
+    base_config["gpucluster:node_groups"][0].update(instance_types=["g5.48xlarge"], desired_nodes=1,
+                                                     max_nodes=1)  # 8 GPUs, spot: within dev's limits
+    burn = price_stack(parse_stack_config(base_config, stack="t")).usd_per_hour("desired")
+    assert burn > 4
+    base_config["gpucluster:budget"]["monthly_limit_usd"] = int(burn / 2)
+    stack = write_stack(base_config)
+    text = runner.invoke(app, ["plan", str(stack)])
+    assert text.exit_code == 0, text.output
+    assert "warning: budget.monthly_limit_usd: $" in " ".join(text.output.split())
+    assert "is below one hour of the stack's burn at desired nodes" in " ".join(text.output.split())
+    doc = json.loads(runner.invoke(app, ["plan", str(stack), "--json"]).stdout)
+    [hour] = [w for w in doc["warnings"] if w["path"] == "budget.monthly_limit_usd"]
+    assert "below one hour" in hour["message"] and "raise budget.monthly_limit_usd" in hour["message"]
+
+
+def test_no_shipped_stack_has_a_budget_below_one_hour_of_burn() -> None:
+    for name in ("dev", "staging", "prod"):
+        assert price_stack(load_stack(name)[2]).budget_below_an_hour() is None, name

@@ -52,7 +52,7 @@ DESCRIBE_ONLY = {"autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeA
                  "ec2:DescribeInstances", "ssm:GetCommandInvocation",
                  # the spend guard's reads (no resource types either)
                  "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory", "cloudwatch:GetMetricData",
-                 # autostop reads its idle alarm again (granted on "*": ledger cloudwatch-describe-alarms-resource)
+                 # autostop reads its idle alarm again (on "*": ledger cloudwatch-describe-alarms-resource)
                  "cloudwatch:DescribeAlarms"}
 
 

@@ -16,6 +16,17 @@ limit is set so that the month crosses it that weekend. Ground truth is the inte
 Either way capacity reaches 0 `STOP_MINUTES` after the stop call (termination), and the nodes bill
 until then. Printed: minutes from the crossing to capacity 0 and dollars past the limit.
 
+Slurm, nodes stopped yesterday. The same weekdays, the limit crossed 30 minutes into a weekday
+morning: what ran yesterday (08-20) is past the settled point and stopped. A PCS group has no Auto
+Scaling metrics, so before the guard was blind to those hours until Cost Explorer settled them; now
+each check records the instances it sees (`gpucluster.fleet.instanceledger`, its `gone_hours`, the
+handler's own pricing) and prices them once gone.
+
+Cost Explorer. The checks of the month, each reading the settled figure only through the kept one
+(`gpucluster.fleet.settledcache`, the handler's own, over an in-memory table) and not at all while
+no compute runs: reads per UTC day (at most 4) against one every check before; and the month's
+guard API cost as `gpucluster cost` models it (`pricing.guard_api_line`, prod's check interval).
+
 Idle. The last job on the group ends; the group sits idle.
 - before: the utilisation alarm of prod (idle_minutes 120, 5-minute periods) plus the alarm's
   evaluation delay, 4-9 minutes as measured in issue 24.
@@ -50,8 +61,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "components"))
 from gpucluster import catalog
 from gpucluster.aws.guardrail_events import activity_window
 from gpucluster.fleet.accrual import ON_DEMAND, Instance, Prices, accrue, decide, settled_through
+from gpucluster.fleet.instanceledger import Sighting, gone_hours
+from gpucluster.fleet.settledcache import COST_EXPLORER_USD_PER_REQUEST, SettledCache, settled_figure
 from gpucluster.plan import load_stack
-from gpucluster.pricing import guard_prices
+from gpucluster.pricing import guard_api_line, guard_prices
 
 MONTH = datetime(2026, 11, 1, tzinfo=UTC)
 MONTH_END = datetime(2026, 12, 1, tzinfo=UTC)
@@ -128,6 +141,62 @@ def guard_stop(month: Month, prices: Prices, limit: float, check_minutes: int, n
             return t
         t += timedelta(minutes=check_minutes)
     raise SystemExit("the guard never stopped: the scenario does not cross its limit")
+
+
+def slurm_stop(month: Month, prices: Prices, limit: float, check_minutes: int, node_type: str, *,
+               kept: bool) -> datetime:
+    """First check at which the handler's decision says stop on a PCS stack (no group metric).
+
+    `kept`: the instances each check saw are kept, and priced from `gone_hours` once gone;
+    without it (before) an instance that stopped since the settled point is not seen at all.
+    """
+    seen: dict[str, Sighting] = {}
+    t = MONTH
+    while t < MONTH_END:
+        since = settled_through(t)
+        running = month.running(t)
+        instances = [Instance(r.instance_id, node_type, ON_DEMAND, r.start, "train") for r in running]
+        gone = gone_hours(seen, [i.instance_id for i in instances], since, t, check_minutes * 60)
+        spend = accrue(month.cost(since), instances, prices, t, gone_instances=gone if kept else ())
+        if decide(spend, limit, check_minutes, compute_running=bool(running)).stop:
+            return t
+        seen = {k: v for k, v in seen.items() if v.seen >= since.timestamp()}
+        seen.update({i.instance_id: Sighting(i, t.timestamp()) for i in instances})
+        t += timedelta(minutes=check_minutes)
+    return MONTH_END
+
+
+class MemoryTable:
+    """GetItem/PutItem over a dict: the guard-state table as the kept figure uses it."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, object]] = {}
+
+    def get_item(self, Key: dict[str, dict[str, str]], **_: object) -> dict[str, object]:
+        item = self.items.get(Key["group"]["S"])
+        return {"Item": item} if item else {}
+
+    def put_item(self, Item: dict[str, dict[str, str]], **_: object) -> None:
+        self.items[Item["group"]["S"]] = Item
+
+
+def cost_explorer_reads(month: Month, check_minutes: int) -> dict[str, int]:
+    """UTC day -> Cost Explorer reads the spend guard makes, through the kept settled figure."""
+    cache = SettledCache(MemoryTable(), "guard", "prod")
+    per_day: dict[str, int] = {}
+    t = MONTH
+    while t < MONTH_END:
+        day = t.date().isoformat()
+        per_day.setdefault(day, 0)
+        if month.running(t):  # the handler reads nothing while no compute runs
+
+            def read(day: str = day, at: datetime = t) -> float:
+                per_day[day] += 1
+                return month.cost(settled_through(at))
+
+            settled_figure(read, cache, t)
+        t += timedelta(minutes=check_minutes)
+    return per_day
 
 
 def budgets_stop(month: Month, limit: float, every_h: float, lag_h: float) -> datetime:
@@ -232,6 +301,27 @@ def main() -> None:
               budgets_stop(month, limit, 12, 12), limit))
     print(row(f"after: spend guard every {args.check_minutes} min", month, crossing,
               guard_stop(month, prices, limit, args.check_minutes, args.type), limit))
+    # Slurm: the limit crossed 30 minutes into a weekday morning; yesterday's nodes stopped at 20:00.
+    morning = next(r.start for r in month.runs if r.start.day == args.runaway_day - 1)
+    slurm_limit = round(month.cost(morning + timedelta(minutes=30)), -1)
+    slurm_crossing = month.crossing(slurm_limit)
+    print(f"slurm: limit ${slurm_limit:,.0f}, crossed {slurm_crossing:%a %d %b %H:%M} UTC; yesterday's "
+          f"{args.nodes} nodes ran 08-20 and stopped (no Auto Scaling metric on a PCS group)")
+    for label, kept in (("before: no metric, stopped nodes unseen", False),
+                        ("after: instance ledger in the table", True)):
+        stop = slurm_stop(month, prices, slurm_limit, args.check_minutes, args.type, kept=kept)
+        print(row(label, month, slurm_crossing, stop, slurm_limit))
+    per_day = cost_explorer_reads(month, args.check_minutes)
+    reads = sum(per_day.values())
+    spec = load_stack("prod")[2]
+    api = guard_api_line(spec, "-")
+    checks = len(per_day) * 24 * 60 // args.check_minutes
+    print(f"cost explorer: {max(per_day.values())} reads/day at most (<= 4), {reads} in the month "
+          f"(${reads * COST_EXPLORER_USD_PER_REQUEST:,.2f}); before: one a check, {checks:,} "
+          f"(${checks * COST_EXPLORER_USD_PER_REQUEST:,.2f})")
+    if api is not None:
+        print(f"guard API cost (prod, `gpucluster cost`): ${api.desired_usd_per_month:,.2f}/month "
+              f"({api.basis})")
     print(f"idle: {args.nodes} x {args.type} idle after the last job (${args.nodes * rate:,.2f}/h)")
     for line in idle_rows(args.nodes * rate):
         print(line)

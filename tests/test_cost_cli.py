@@ -27,6 +27,7 @@ from gpucluster.cli import app
 from gpucluster.plan import load_stack
 from gpucluster.preflight import parse_stack_config
 from gpucluster.pricing import STRATEGIES, price_stack
+from test_pricing import guard_api
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,8 +90,8 @@ def test_plan_prints_one_cost_line(cli_plans_once: None) -> None:
     cost = price_stack(load_stack("dev")[2])
     assert lines[at:at + 3] == [
         f"cost: ${cost.usd_per_month('desired'):,.0f}/month at desired nodes, "
-        f"${cost.usd_per_month('max'):,.0f} at max (55.3 % / 59.2 % below all on-demand)",
-        "  as scheduled (239 h/month) $202 at desired nodes",
+        f"${cost.usd_per_month('max'):,.0f} at max (55.3 % / 59.1 % below all on-demand)",
+        "  as scheduled (239 h/month) $203 at desired nodes",
         "  `gpucluster cost dev` for the breakdown"]
 
 
@@ -102,9 +103,11 @@ def test_cost_dev_shows_the_scheduled_hours_next_to_24x7() -> None:
             "cron(0 8 ? * MON-FRI *), max lifetime 12 h in Europe/Berlin: 2,860 of the 8,736 "
             "hours") in " ".join(out.split())
     assert "total: 24 x 7 (730 h/month) and as scheduled (238.99 h/month)" in out
-    # docs/guides/cost-and-spend.md's figure: 385.33 24 x 7 and 201.69 as scheduled at desired nodes
-    # (flow logs, $3.95/month, run all month whatever the schedule)
-    assert "  stack's mix           0.53           385.33        201.69" in out
+    # docs/guides/cost-and-spend.md's figure: 386.57 24 x 7 and 202.92 as scheduled at desired nodes
+    # (flow logs, $3.95/month, and the spend guard's API calls, $1.23, run all month whatever the schedule)
+    assert "  stack's mix           0.53           386.57        202.92" in out
+    assert ("  Spend guard API calls                1.23         1.23  Cost Explorer <= 4 reads/day x $0.01"
+            in out)
     assert "  NAT gateway public IPv4              3.65         3.65  1 Elastic IP x $0.005/h" in out
     assert "VPC interface endpoints             43.80        43.80  3 endpoints" in out
 
@@ -172,7 +175,8 @@ def test_cost_diff_prints_markdown(tmp_path: Path, base_config: dict[str, Any],
     result = runner.invoke(app, ["cost", "--diff", str(base_json), str(head_json)])
     assert result.exit_code == 0, result.output
     # 2 fewer on-demand nodes at desired: 2 x 55.04 x 730 + 2 root volumes 500 GiB x 0.08
-    delta = 2 * 55.04 * 730 + 2 * 500 * 0.08
+    # ... and the spend guard's instance ledger, 2 entries shorter (test_pricing.guard_api)
+    delta = 2 * 55.04 * 730 + 2 * 500 * 0.08 + guard_api(8) - guard_api(6)
     assert f"**-${delta:,.2f}" in result.output
     assert result.output.splitlines()[0] == "### gpucluster cost: prod"
     max_total = f"${prod_cost().usd_per_month('max'):,.2f}"
@@ -210,6 +214,7 @@ def test_chart_bars_are_the_cost_model() -> None:
             assert sum(v for _, v in bars) == pytest.approx(cost.usd_per_month(at, strategy))  # type: ignore[arg-type]
             assert [n for n, _ in bars] == ["node group h100-train", "node group eval",
                                             "EBS root volumes h100-train", "EBS root volumes eval",
+                                            "Spend guard API calls",
                                             "NAT gateway", "NAT gateway public IPv4",
                                             "VPC interface endpoints", "FSx for Lustre pretrain-corpus",
                                             "S3 pretrain-corpus", "VPC flow logs"]
@@ -397,3 +402,27 @@ def test_doctor_against_a_moto_server(moto_endpoint: str, base_config: dict[str,
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert ("node_groups[0].instance_types[0]: p4de.24xlarge is not offered in us-east-1a; in us-east-1 "
             "it is offered in us-east-1b, us-east-1c") in refused.stderr
+
+
+def test_a_budget_below_one_hour_of_burn_is_a_plan_warning(base_config: dict[str, Any],
+                                                           write_stack: Callable[..., Path]) -> None:
+    """Issue 35 item 5: said with the verdict and in --json's warnings, exit 0 (valid, against advice)."""
+    policy_clean(base_config)
+    base_config["gpucluster:node_groups"][0].update(instance_types=["g5.48xlarge"], desired_nodes=1,
+                                                     max_nodes=1)  # 8 GPUs, spot: within dev's limits
+    burn = price_stack(parse_stack_config(base_config, stack="t")).usd_per_hour("desired")
+    assert burn > 4
+    base_config["gpucluster:budget"]["monthly_limit_usd"] = int(burn / 2)
+    stack = write_stack(base_config)
+    text = runner.invoke(app, ["plan", str(stack)])
+    assert text.exit_code == 0, text.output
+    assert "warning: budget.monthly_limit_usd: $" in " ".join(text.output.split())
+    assert "is below one hour of the stack's burn at desired nodes" in " ".join(text.output.split())
+    doc = json.loads(runner.invoke(app, ["plan", str(stack), "--json"]).stdout)
+    [hour] = [w for w in doc["warnings"] if w["path"] == "budget.monthly_limit_usd"]
+    assert "below one hour" in hour["message"] and "raise budget.monthly_limit_usd" in hour["message"]
+
+
+def test_no_shipped_stack_has_a_budget_below_one_hour_of_burn() -> None:
+    for name in ("dev", "staging", "prod"):
+        assert price_stack(load_stack(name)[2]).budget_below_an_hour() is None, name

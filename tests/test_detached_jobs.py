@@ -148,6 +148,34 @@ def test_a_restart_replaces_the_running_job_once_the_node_has_booted(tmp_path: P
     assert "--setenv=GPUCLUSTER_RESTART_COUNT=2" in node.args()
 
 
+def test_a_restart_sent_twice_starts_the_rank_once(tmp_path: Path) -> None:
+    """SendCommand has no idempotency token: the job-restart Lambda's retry (its answer lost, or killed
+    before it recorded the send) sends the same start again; the node's marker makes it a no-op."""
+    node = Node(tmp_path, train_state="running")
+    env = {"GPUCLUSTER_JOB_REPLACE": "1", "GPUCLUSTER_RESTART_COUNT": "2",
+           "GPUCLUSTER_START_ID": "2-2026-11-29T07:00:00+00:00"}
+    first = node.run("start", "train", "/", "python train.py", **env)
+    assert first.returncode == 0, first.stderr
+    assert len(node.calls("systemd-run")) == 1
+    assert not any(a.startswith("--setenv=GPUCLUSTER_START_ID") for a in node.args())  # the tool's own
+    again = node.run("start", "train", "/", "python train.py", **env)
+    assert again.returncode == 0 and "already made on this node; not started twice" in again.stdout
+    assert len(node.calls("systemd-run")) == 1  # not stopped, not started again
+    assert "stop gpucluster-job-train.service" in node.calls("systemctl")  # (the first start's, once)
+    assert node.calls("systemctl").count("stop gpucluster-job-train.service") == 1
+    later = node.run("start", "train", "/", "python train.py",
+                     **{**env, "GPUCLUSTER_START_ID": "3-2026-11-29T09:00:00+00:00"})
+    assert later.returncode == 0 and len(node.calls("systemd-run")) == 2  # the next re-launch starts
+
+
+def test_a_start_that_failed_is_not_marked(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    (node.bin / "systemd-run").write_text("#!/bin/bash\nexit 1\n")
+    env = {"GPUCLUSTER_START_ID": "1-x"}
+    assert node.run("start", "train", "/", "true", **env).returncode != 0
+    assert not (node.logs / ".starts" / "train").exists()  # the retry tries again
+
+
 def test_boot_wait_is_bounded(tmp_path: Path) -> None:
     node = Node(tmp_path, booting=100)
     result = node.run("start", "train", "/", "true", GPUCLUSTER_READY_TIMEOUT_SECONDS="3")

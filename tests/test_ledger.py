@@ -201,6 +201,14 @@ def test_each_condition_holds_for_the_stacks_that_have_it_and_only_them() -> Non
     cases["guard_state"] = changed(plain, "autostop", enabled=True)
     cases["eks"] = changed(plain, "scheduler", type="eks")
     cases["price_list"] = plain.model_copy(update={"region": "eu-west-1"})
+    cases["autostop"] = cases["guard_state"]
+    budgeted = base()
+    budgeted["gpucluster:node_groups"][0]["capacity"] = {}
+    budgeted["gpucluster:budget"] = {"monthly_limit_usd": 1000, "action_threshold_percent": 100}
+    budgeted["gpucluster:autostop"] = {"enabled": False}
+    cases["spend_guard"] = spec_of(budgeted)
+    budgeted["gpucluster:budget"] = {"monthly_limit_usd": 1000}
+    assert not ledger.CONDITIONS["spend_guard"](spec_of(budgeted))  # an alert-only budget: no spend guard
     assert set(cases) | {"always", "cli"} == set(ledger.CONDITIONS)
     assert not any(ledger.CONDITIONS["cli"](spec) for spec in (plain, *cases.values()))
     new_bucket = plain.model_copy(update={"datasets": [SimpleNamespace(existing=False, fsx=object())]})
@@ -259,8 +267,9 @@ def test_plan_json_lists_them_under_unverified_facts(slurm_stack: Path) -> None:
 
 def test_a_stack_relying_on_none_prints_no_line_and_an_empty_list(tmp_path: Path) -> None:
     """A stack without stopping guardrails relies on no unverified fact (the policy pack asks every stack
-    for a budget action and auto-stop, whose guard-state table relies on dynamodb-kms-calls: that one alone
-    is named for a plain stack that passes the pack)."""
+    for a budget action and auto-stop: the guard-state table relies on dynamodb-kms-calls, the spend guard
+    on Cost Explorer's answer and the prices of its calls, auto-stop on DescribeAlarms' grant: those alone
+    are named for a plain stack that passes the pack)."""
     bare = base()
     bare.pop("gpucluster:budget", None)
     bare["gpucluster:autostop"] = {"enabled": False}
@@ -272,7 +281,9 @@ def test_a_stack_relying_on_none_prints_no_line_and_an_empty_list(tmp_path: Path
     clean = tmp_path / "Pulumi.c.yaml"
     clean.write_text(yaml.safe_dump({"config": policy_clean(base())}, sort_keys=False))
     listed = json.loads(CliRunner().invoke(app, ["plan", str(clean), "--json"]).stdout)["unverified_facts"]
-    assert [f["id"] for f in listed] == ["dynamodb-kms-calls"]
+    assert [f["id"] for f in listed] == ["dynamodb-kms-calls", "ce-empty-answer-has-a-zero-row",
+                                         "ce-request-price", "cloudwatch-describe-alarms-resource",
+                                         "guard-api-prices"]
 
 
 def test_the_pcs_name_limits_are_botocores() -> None:

@@ -231,7 +231,7 @@ def test_one_pcs_cluster_with_the_scheduler_section(plan: Plan) -> None:
     assert inputs["Scheduler"] == {"Type": "SLURM", "Version": "25.05"}
     assert inputs["Size"] == "SMALL"
     assert inputs["SlurmConfiguration"] == {"Accounting": {"Mode": "STANDARD"},
-                                            "ScaleDownIdleTimeInSeconds": 7200}  # prod: idle_minutes 120
+                                            "ScaleDownIdleTimeInSeconds": 1800}  # prod: idle_minutes 30
     controller = one(plan, "aws:ec2/securityGroup:SecurityGroup", "gpu-prod-pcs-controller")
     subnet = one(plan, "aws:ec2/subnet:Subnet", "gpu-prod-network-private-us-east-1d")
     assert inputs["Networking"] == {"NetworkType": "IPV4", "SecurityGroupIds": [mock_id(controller)],

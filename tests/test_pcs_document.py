@@ -93,7 +93,7 @@ def test_name_networking_and_size_are_what_cloudformation_makes_create_only() ->
 
 
 @pytest.mark.parametrize(("config", "stack", "idle_seconds"), [
-    (slurm_prod, "prod", 7200), (example, "slurm", 1800), (init_scaffold, "dev", 900)],
+    (slurm_prod, "prod", 1800), (example, "slurm", 1800), (init_scaffold, "dev", 900)],
     ids=["prod-slurm", "example", "init-scaffold"])
 def test_every_slurm_plan_gives_a_valid_document_with_accounting_and_idle_scale_down(
         config: Any, stack: str, idle_seconds: int) -> None:

@@ -20,6 +20,15 @@ from gpucluster.pricing import (
     split_nodes,
 )
 
+
+# The spend guard's API calls a month (issue 35: `cost` counts them), by hand for a 5-minute check:
+# Cost Explorer 4 reads a day x $0.01, 8,760 schedule invocations x $1/M, and per check DynamoDB
+# 3 reads x $0.125/M + the ledger's writes (1 per KB, 160 B a node) x $0.625/M.
+def guard_api(nodes: int) -> float:
+    writes = max(1, -(-nodes * 160 // 1024))
+    return 4 * 730 / 24 * 0.01 + 8760 / 1e6 + 8760 * (3 * 0.125 + writes * 0.625) / 1e6
+
+
 # Catalog and price-file figures the hand computations below use.
 P5_ON_DEMAND = 55.04          # p5.48xlarge, us-east-1
 P5_SAVINGS_PLAN = 0.30        # p5 family Savings Plan discount
@@ -91,10 +100,11 @@ def test_prod_against_hand_computed_figures() -> None:
     # ssm, ssmmessages, ec2messages in the one zone of prod's network
     endpoints = other["VPC interface endpoints"]
     assert endpoints.desired_usd_per_month == pytest.approx(3 * 1 * ENDPOINT_HOUR * 730)  # 21.90
-    rest = 320 + 37.35 + 3.65 + 21.9 + 3264 + 220.8 + FLOW_LOGS
-    assert cost.usd_per_month("desired") == pytest.approx(374.272 * 730 + rest)            # 277,090.21
+    assert other["Spend guard API calls"].desired_usd_per_month == pytest.approx(guard_api(8))  # 1.24
+    rest = 320 + 37.35 + 3.65 + 21.9 + 3264 + 220.8 + FLOW_LOGS + guard_api(8)
+    assert cost.usd_per_month("desired") == pytest.approx(374.272 * 730 + rest)            # 277,091.45
     assert cost.usd_per_month("desired", "all_on_demand") == pytest.approx(8 * 55.04 * 730 + rest)
-    rest_max = 640 + 64 + 37.35 + 3.65 + 21.9 + 3264 + 220.8 + FLOW_LOGS
+    rest_max = 640 + 64 + 37.35 + 3.65 + 21.9 + 3264 + 220.8 + FLOW_LOGS + guard_api(20)
     assert cost.usd_per_month("max") == pytest.approx((814.592 + 4 * eval_spot) * 730 + rest_max)  # 612,691
 
 
@@ -114,7 +124,7 @@ def test_budget_warning_when_max_nodes_exceed_it() -> None:
         "budget": shipped.budget.model_copy(update={"monthly_limit_usd": 500})}))
     spot = 1.006 * (1 - 0.65)
     expected_max = (2 * spot * 730 + 2 * 200 * GP3 + NAT_HOUR * 730 + NAT_GB * 100 + 1024 * S3
-                    + IPV4_HOUR * 730 + 3 * 2 * ENDPOINT_HOUR * 730 + FLOW_LOGS)
+                    + IPV4_HOUR * 730 + 3 * 2 * ENDPOINT_HOUR * 730 + FLOW_LOGS + guard_api(2))
     assert dev.usd_per_month("max") == pytest.approx(expected_max)
     assert dev.warnings == [f"at max nodes the stack's mix costs ${expected_max:,.0f}/month, "
                             f"{100 * (expected_max / 500 - 1):.0f} % over the $500 budget "
@@ -282,7 +292,8 @@ def test_cost_diff_markdown(base_config: dict[str, Any]) -> None:
     head = price_stack(parse_stack_config(bigger, stack="prod")).as_json()
     md = cost_diff_markdown({"cost": base}, head)  # a plan --json document and a cost --json one
     # 8 more on-demand nodes at max: 8 x 55.04 x 730 + their root volumes 8 x 500 GiB x 0.08, + new bucket
-    delta_max = 8 * P5_ON_DEMAND * 730 + 8 * 500 * GP3 + 1024 * S3
+    # ... and the spend guard's instance ledger, 8 entries longer (a write unit more a check)
+    delta_max = 8 * P5_ON_DEMAND * 730 + 8 * 500 * GP3 + 1024 * S3 + guard_api(28) - guard_api(20)
     pct = 100 * delta_max / base["totals"]["max"]["mix"]["usd_per_month"]
     assert md.startswith("### gpucluster cost: prod\n")
     # prod has no schedule: as scheduled is 24 x 7, and leads
@@ -312,7 +323,9 @@ def test_cost_diff_leads_with_the_scheduled_figure() -> None:
     extra_hours = 1144 / 8736 * 730
     delta = extra_hours * (spot + 200 * GP3 / 730)          # the node and its root volume
     b = base["scheduled_totals"]["desired"]["mix"]["usd_per_month"]
-    row = f"| **total at desired nodes, as scheduled** | ${b:,.2f} | ${b + delta:,.2f} | **+${delta:,.2f}"
+    h = head["scheduled_totals"]["desired"]["mix"]["usd_per_month"]
+    assert h - b == pytest.approx(delta, abs=0.01)  # the documents are rounded to the cent
+    row = f"| **total at desired nodes, as scheduled** | ${b:,.2f} | ${h:,.2f} | **+${h - b:,.2f}"
     assert row in md
     assert "| total at desired nodes, 24 x 7 |" in md and "no change" in md
     assert "Schedule: stop cron(0 19 ? * * *), start cron(0 8 ? * MON-FRI *)" in md

@@ -52,6 +52,9 @@ def test_a_detached_launch_that_fails_on_a_node_stops_the_job_where_it_started(
                            "TimeoutSeconds": ANY, "Parameters": {"commands": [f"{JOB_TOOL} cancel train"]}})
         stub.add_client_error("send_command", "ThrottlingException", "slow down")
         stub.add_client_error("send_command", "ThrottlingException", "slow down")  # still, at the deadline
+        # the stop's own result: only a stop the node confirms counts as stopped
+        stub.add_response("get_command_invocation", {"Status": "Success", "ResponseCode": 0},
+                          {"CommandId": STOP_A, "InstanceId": "i-0a"})
         job = send_job(ssm, plan)
         stub.assert_no_pending_responses()
     assert job.cancelled
@@ -140,3 +143,26 @@ def test_a_send_whose_answer_was_lost_after_ssm_took_it_is_not_sent_twice() -> N
         job = send_job(LandedThenTimedOut(real), plan)
         stub.assert_no_pending_responses()  # two SendCommands for two ranks: none twice
     assert not job.cancelled and [r.command_id for r in job.results] == [CMD_A, CMD_B]
+
+
+def test_a_detached_stop_that_the_node_does_not_confirm_is_not_called_cancelled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's stop reached rank 0 but failed there (or never answered): rank 0 may still run."""
+    now = [0.0]
+    monkeypatch.setattr(runtime.RUNTIME, "clock", lambda: now[0])
+    monkeypatch.setattr(runtime.RUNTIME, "sleep", lambda s: now.__setitem__(0, now[0] + 1000.0))
+    plan = plan_job(NODES[:2], "python train.py", log_group="/x", detach="train")
+    ssm = boto3.client("ssm", region_name="us-east-1")
+    with Stubber(ssm) as stub:
+        stub.add_response("send_command", {"Command": {"CommandId": CMD_A}})
+        stub.add_client_error("send_command", "InvalidInstanceId", "not a managed node")
+        stub.add_response("cancel_command", {}, {"CommandId": CMD_A, "InstanceIds": ["i-0a"]})
+        stub.add_response("send_command", {"Command": {"CommandId": STOP_A}})
+        stub.add_response("get_command_invocation", {"Status": "Failed", "ResponseCode": 5},
+                          {"CommandId": STOP_A, "InstanceId": "i-0a"})
+        job = send_job(ssm, plan)
+        stub.assert_no_pending_responses()
+    assert "job stop not confirmed: Failed, exit 5" in job.results[0].error
+    note = cancelled_note(job.results)
+    assert "the job's stop sent" not in note
+    assert "NOT cancelled on rank(s) 0: it may still run there" in note

@@ -1,7 +1,7 @@
-"""The cost difference of two stacks' cost documents, as Markdown for a pull-request comment (pure).
+"""The Markdown difference between two priced stacks (`gpucluster cost --diff`): base -> head, per line.
 
-Reads `gpucluster cost --json` or `plan --json` documents (their `cost` key); `gpucluster cost --diff`
-and .ci/plan_comment.py print it.
+Reads the cost documents `gpucluster cost --json` and `gpucluster plan --json` print
+(`pricing.StackCost.as_json`). Pure: no Pulumi, no AWS call.
 """
 
 from __future__ import annotations
@@ -93,6 +93,3 @@ def cost_diff_markdown(base_doc: Mapping[str, Any], head_doc: Mapping[str, Any])
     if head["warnings"]:
         lines += ["", *[f"> warning: {w}" for w in head["warnings"]]]
     return "\n".join(lines) + "\n"
-
-
-# ------------------------------------------------------------------ spend guard

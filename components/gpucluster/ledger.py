@@ -46,6 +46,10 @@ CONDITIONS: dict[str, Callable[[StackSpec], bool]] = {
     # A region the catalog carries no prices for: priced from the AWS Price List (the project's price file,
     # the spend guard at run time).
     "price_list": lambda spec: spec.region not in carried(),
+    # The spend guard (a budget with an action threshold) reads Cost Explorer on a schedule.
+    "spend_guard": lambda spec: spec.budget is not None and spec.budget.action_threshold_percent is not None,
+    # Idle auto-stop (its alarm is read again before a stop).
+    "autostop": lambda spec: spec.autostop.enabled,
     # A fact a command relies on (verify, the operator policy), not a stack: on the page, never in `plan`.
     "cli": lambda spec: False,
 }

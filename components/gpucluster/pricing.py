@@ -7,7 +7,8 @@ same capacity all on-demand and all spot; the stack's other costs (EBS root volu
 gateway and its public IPv4 address, the VPC interface endpoints, FSx for Lustre, S3
 storage); each month priced twice, 24 x 7 and as scheduled (the hours the stop/start
 schedules and the lifetime leave the nodes running, gpucluster.schedule; a Capacity Block for
-its duration); the budget warning; and the Markdown difference between two priced stacks.
+its duration); the budget warning (the Markdown difference between two priced stacks is
+`gpucluster.costdiff`'s; the spend guard's own API calls `gpucluster.guardcost`'s).
 GPU figures come from gpucluster.catalog, the rest from
 data/service_prices.yaml, each rate carrying its source and date. It is pure: no Pulumi, no
 AWS calls (live spot prices are fetched by gpucluster.ops.doctor and handed in as rates), and it
@@ -24,7 +25,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
-from gpucluster import catalog, schedule
+from gpucluster import catalog, guardcost, schedule
 from gpucluster.catalog import eks as eks_catalog
 from gpucluster.node.metrics import DCGM_FIELDS
 from gpucluster.spec import NodeGroupConfig, StackSpec, baked_image
@@ -86,7 +87,6 @@ class ServicePrices:
 
     region: str
     ebs_gp3_usd_per_gb_month: float
-    ebs_volume_initialization_usd_per_gib: float
     nat_gateway_usd_per_hour: float
     nat_gateway_usd_per_gb: float
     public_ipv4_usd_per_hour: float
@@ -103,6 +103,9 @@ class ServicePrices:
     fsx_lustre_usd_per_gb_month: dict[str, float]
     sources: dict[str, str]
     as_of: str
+    # None where a project's price file (`catalog prices`) carries none: only a baked group with a volume
+    # initialization rate needs it, and then its stack cannot be priced.
+    ebs_volume_initialization_usd_per_gib: float | None = None
 
 
 def _service_price_file(path: Path) -> dict[str, Any]:
@@ -143,6 +146,11 @@ def _boot_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
     for g in spec.node_groups:
         image = baked_image(spec.images, g)
         if image is not None and image.ami_id is not None and image.volume_initialization_mibps:
+            if init is None:
+                raise PricingError(f"no EBS volume initialization price for region {spec.region}: "
+                                   f"node_groups {g.name} sets images.groups.{g.name}.volume_initialization"
+                                   "_mibps; add ebs_volume_initialization_usd_per_gib to the project's "
+                                   "price file, or set it to 0")
             per_node = launches * g.root_volume_size_gib * init
             yield OtherCost(f"Volume initialization {g.name}", "volume_init", g.desired_nodes * per_node,
                             g.max_nodes * per_node, f"nodes x {launches:g} launches/month (assumed) x "
@@ -387,8 +395,7 @@ class OtherCost:
 
     name: str
     kind: Literal["ebs", "nat", "ipv4", "endpoints", "fsx", "s3", "amp", "amg", "warm_pool", "images",
-                  "flow_logs", "pcs", "volume_init",
-                  "eks"]
+                  "flow_logs", "pcs", "volume_init", "eks", "guard"]
     desired_usd_per_month: float
     max_usd_per_month: float
     basis: str
@@ -507,6 +514,19 @@ class StackCost:
                            "(budget.monthly_limit_usd)")
         return out
 
+    def budget_below_an_hour(self) -> str | None:
+        """Why the monthly limit stops the stack within its first hour at desired nodes, or None.
+
+        A limit below one hour of the desired burn is spent before the spend guard's first checks
+        settle (and AWS Budgets, hours late, cannot catch it): almost surely a typo in the limit.
+        """
+        budget, burn = self.budget_usd_per_month, self.usd_per_hour("desired")
+        if budget is None or burn <= 0 or budget >= burn:
+            return None
+        return (f"${budget:,.2f} is below one hour of the stack's burn at desired nodes (${burn:,.2f}/h): "
+                "the budget stops it within the first hour; raise budget.monthly_limit_usd "
+                "(or lower the desired nodes)")
+
     def as_json(self) -> dict[str, Any]:
         parts = {at: dict(self.components(at)) for at in AT}
         scheduled = {at: dict(self.components(at, scheduled=True)) for at in AT}
@@ -556,6 +576,7 @@ def _other_costs(spec: StackSpec, prices: ServicePrices, assume: Assumptions,
                     for f in eks_catalog.fees(spec.region, spec.scheduler, eks_catalog.today()))
     except LookupError as err:
         raise PricingError(str(err)) from None
+    yield from filter(None, [guard_api_line(spec, as_of)])
     if spec.network.vpc_cidr is None:
         return  # an existing VPC: its NAT and endpoints are paid for already
     if spec.network.nat_gateway:
@@ -721,6 +742,19 @@ def _flow_log_cost(spec: StackSpec, prices: ServicePrices, assume: Assumptions) 
                         f"1 KMS key x ${prices.kms_key_usd_per_month:g}/month", src["flow_logs"], as_of)
 
 
+def guard_api_line(spec: StackSpec, as_of: str) -> OtherCost | None:
+    """The spend guard's API calls as an "other cost" line (`guardcost`); None without a spend guard.
+
+    Its figures are not in the price file (`guardcost`, ledger: guard-api-prices); the line carries
+    the price file's date like every other line.
+    """
+    cost = guardcost.guard_api_cost(spec, HOURS_PER_MONTH)
+    if cost is None:
+        return None
+    return OtherCost("Spend guard API calls", "guard", cost.desired_usd_per_month, cost.max_usd_per_month,
+                     cost.basis, guardcost.SOURCE, as_of)
+
+
 def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
                 spot_rates: Mapping[str, Rate] | None = None) -> StackCost:
     """Price every node group and the other costs of `spec`.
@@ -759,6 +793,9 @@ def price_stack(spec: StackSpec, assumptions: Assumptions | None = None,
          if spec.scheduler.slurm else ())
     budget = spec.budget.monthly_limit_usd if spec.budget else None
     return StackCost(spec.stack, spec.region, groups, other, budget, notes, plan)
+
+
+# ------------------------------------------------------------------ spend guard
 
 
 def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dict[str, Any]:
@@ -800,7 +837,10 @@ def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dic
         other = [*_other_costs(spec, prices, assume,
                                {p.name: p for p in (price_group(spec, g) for g in spec.node_groups)}),
                  *_flow_log_cost(spec, prices, assume)]
-        fixed = sum(o.desired_usd_per_month for o in other if o.kind != "ebs") / HOURS_PER_MONTH
+        # Root volumes follow nodes; the guard's own API calls (Cost Explorer's carry no stack tag)
+        # are not what the settled figure will show for the stack.
+        kept = [o for o in other if o.kind not in ("ebs", "guard")]
+        fixed = sum(o.desired_usd_per_month for o in kept) / HOURS_PER_MONTH
     except PricingError:
         fixed = 0.0
     return {"on_demand": on_demand, "capacity_block": blocks, "committed": committed,

@@ -117,6 +117,8 @@ WORKLOAD_ACTIONS = [
     # (gpucluster.aws.images.build_policy_document)
     "imagebuilder:GetComponent", "imagebuilder:GetMarketplaceResource", "ec2:DescribeSnapshots",
     "ec2:CreateSnapshot", "ec2:CreateTags",
+    # the autostop Lambda reads its idle alarm again before a stop (lambdas/autostop.py alarm_state_now)
+    "cloudwatch:DescribeAlarms",
     # the spend guard's and the spend report's reads (lambdas/spend_guard.py, lambdas/report.py)
     "ce:GetCostAndUsage", "ce:GetCostForecast", "cloudwatch:GetMetricData", "ec2:DescribeSpotPriceHistory",
     # AWS PCS (scheduler type slurm): a node registers with its compute node group ("IAM instance profiles

@@ -106,6 +106,8 @@ def test_a_replacement_restarts_the_job_on_the_new_node_set(cluster, recorded, p
         assert (env["MASTER_PORT"], env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == ("29400", "1", "2")
         assert env["GPUCLUSTER_CHECKPOINT_URI"] == "/fsx/checkpoints/" and env["FI_PROVIDER"] == "efa"
         assert (env["GPUCLUSTER_JOB_REPLACE"], env["GPUCLUSTER_RESTART_COUNT"]) == ("1", "1")
+        # the per-rank marker gpucluster-job checks: one id per re-launch, the same on every rank
+        assert env["GPUCLUSTER_START_ID"].startswith("1-") and len(env["GPUCLUSTER_START_ID"]) > 2
         assert lines[0] == "cloud-init status --wait >/dev/null 2>&1 || true"  # a node still booting
         assert lines[-1] == "exec /usr/local/sbin/gpucluster-job start pretrain /fsx/code 'torchrun train.py'"
         assert command["DocumentName"] == "AWS-RunShellScript"

@@ -299,8 +299,15 @@ def test_bad_settings_are_config_errors(cluster, recorded, guard, monkeypatch, e
 
 
 def test_an_unpriced_instance_type_is_a_config_error(cluster, recorded, guard, monkeypatch) -> None:
+    """A type neither the rendered table nor the AWS Price List prices (issue 35 item 4: the Price List
+    is asked first, and answers no product here)."""
     monkeypatch.setenv("PRICES_JSON", json.dumps({"on_demand": {"p5.48xlarge": 98.32}}))
     recorded.fakes["ce"] = cost_explorer(0.0, now=guard)
+    pricing = boto3.client("pricing", region_name="us-east-1")
+    stub = Stubber(pricing)
+    stub.add_response("get_products", {"PriceList": []})
+    stub.activate()
+    recorded.fakes["pricing"] = pricing
     with pytest.raises(runtime.ConfigError, match=r"g5\.xlarge"):
         spend_guard.handler({}, None)
     assert cluster.capacity("dev-train") == (1, 2)

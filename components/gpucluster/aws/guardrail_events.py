@@ -199,7 +199,10 @@ class AutoStop(pulumi.ComponentResource):
         a = ctx.args.autostop
         child = pulumi.ResourceOptions(parent=self)
         environment = ctx.environment()
-        describe = ["autoscaling:DescribeAutoScalingGroups"]
+        # The idle alarm is read again before a stop (lambdas.autostop.alarm_state_now). Granted on "*"
+        # with the other reads: whether DescribeAlarms takes an alarm ARN as its resource is not
+        # checked here (ledger: cloudwatch-describe-alarms-resource).
+        describe = ["autoscaling:DescribeAutoScalingGroups", "cloudwatch:DescribeAlarms"]
         statements = hook_statements(ctx, environment, describe, "PRE_STOP", a.pre_stop_command,
                            a.pre_stop_timeout_seconds)
         if a.max_lifetime_hours:

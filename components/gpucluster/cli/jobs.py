@@ -88,8 +88,10 @@ def label(plan: JobPlan, result: NodeResult) -> str:
 def cancelled_note(results: list[NodeResult]) -> str:
     """What a launch that failed on a node did to the others: cancelled, the job stopped, or not."""
     failed = [r.rank for r in results if r.status == "CancelFailed"]
-    stopped = [r.rank for r in results if "job stop sent" in r.error]
-    unstopped = [r.rank for r in results if "job stop not sent" in r.error]
+    # Only what the node confirmed counts as stopped (`ops.run.stop_started`).
+    unstopped = [r.rank for r in results
+                 if "job stop not sent" in r.error or "job stop not confirmed" in r.error]
+    stopped = [r.rank for r in results if "job stop sent" in r.error and r.rank not in unstopped]
     note = "not started on every node, so cancelled where it was sent"
     if stopped:
         note += f"; the job's stop sent to rank(s) {', '.join(map(str, stopped))}"

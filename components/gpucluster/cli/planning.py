@@ -27,7 +27,7 @@ from gpucluster.cli.common import (
     fail_usage,
     usd,
 )
-from gpucluster.spec import StackSpec, baked_image, stack_warnings
+from gpucluster.spec import Finding, StackSpec, baked_image, stack_warnings
 
 if TYPE_CHECKING:
     from gpucluster.plan import Plan
@@ -65,7 +65,7 @@ def plan(
     result = build_plan(stack)
     cost = plan_cost(result.spec)
     violations, notes = check_policies(result, policy_config)
-    warnings = stack_warnings(result.spec)
+    warnings = [*stack_warnings(result.spec), *cost_warnings(cost)]
     blocked = EXIT_BLOCKED if any(v.mandatory for v in violations) else EXIT_OK
     facts = ledger.unverified_facts(result.spec)
     fetch = guard_fetch_line(result.spec)
@@ -128,6 +128,12 @@ def image_lines(spec: StackSpec) -> list[str]:
 
 
 # -------------------------------------------------------------------------- cost
+
+
+def cost_warnings(cost: pricing.StackCost | str) -> list[Finding]:
+    """The plan warnings the stack's cost gives (with the spec's: shown with the verdict, in --json)."""
+    hour = cost.budget_below_an_hour() if isinstance(cost, pricing.StackCost) else None
+    return [Finding("budget.monthly_limit_usd", hour, "warning")] if hour else []
 
 
 def plan_cost(spec: StackSpec) -> pricing.StackCost | str:

@@ -174,13 +174,17 @@ def instance_rates(instances: Iterable[Instance], prices: Prices,
 
 def accrue(settled_usd: float, instances: Iterable[Instance], prices: Prices, now: datetime,
            spot: Mapping[tuple[str, str | None], float] | None = None,
-           group_hours: Mapping[str, float] | None = None) -> Spend:
+           group_hours: Mapping[str, float] | None = None,
+           gone_instances: Iterable[tuple[Instance, float]] = ()) -> Spend:
     """Settled figure + each instance's hours since the settled point x its rate + fixed costs.
 
-    `group_hours` (node group -> in-service instance-hours since the settled point, from the
-    groups' GroupInServiceInstances metric) adds the instances that ran since then but are gone
-    now (stopped, replaced, scaled in): the hours the metric counts beyond those of the instances
-    still in service, at the group's highest rate.
+    `gone_instances` (instance, hours since the settled point), from the instance ledger
+    (`instanceledger`, every backend), adds the instances that ran since then but are gone now
+    (stopped, replaced, scaled in), each at its own type's rate for how it was bought (spot at
+    its type's spot price or on-demand; a committed base is left to the instances in service).
+    Without a ledger, `group_hours` (node group -> in-service instance-hours since the settled
+    point, from the Auto Scaling groups' GroupInServiceInstances metric) does: the hours the
+    metric counts beyond those of the instances still in service, at the group's highest rate.
     """
     since = settled_through(now)
     items = list(instances)
@@ -193,6 +197,12 @@ def accrue(settled_usd: float, instances: Iterable[Instance], prices: Prices, no
         seen[inst.node_group] = seen.get(inst.node_group, 0.0) + hours
     gone = {g: h - seen.get(g, 0.0) for g, h in (group_hours or {}).items() if h - seen.get(g, 0.0) > 0}
     accrued += sum(h * prices.gone_rate(g) for g, h in gone.items())
+    left = list(gone_instances)
+    uncommitted = Prices(prices.on_demand, prices.capacity_block, {}, 0.0, prices.group_max)
+    gone_rates = instance_rates([i for i, _ in left], uncommitted, spot or {})
+    for inst, hours in left:
+        accrued += hours * gone_rates[inst.instance_id]
+        gone[inst.node_group] = gone.get(inst.node_group, 0.0) + hours
     fixed_hours = (now - since).total_seconds() / 3600
     accrued += fixed_hours * prices.fixed_usd_per_hour
     return Spend(settled_usd, since, accrued, sum(rates.values()) + prices.fixed_usd_per_hour, rates,

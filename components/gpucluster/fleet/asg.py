@@ -212,7 +212,8 @@ class AutoScalingGroups:
         set_tags(self.autoscaling, group.name,
                  {STOPPED_BY_TAG: stopped_by, **{k: v for k, v in recorded.items() if v is not None}})
 
-    def restore(self, group: NodeGroup, only_stopped_by: Collection[str] | None = None) -> ResumeResult:
+    def restore(self, group: NodeGroup, only_stopped_by: Collection[str] | None = None, *,
+                started_by: str | None = None) -> ResumeResult:
         return resume_group(self.autoscaling, group, only_stopped_by=only_stopped_by)
 
     def set_capacity(self, name: str, min_size: int, desired: int) -> None:

@@ -106,6 +106,7 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "autoscaling:UpdateAutoScalingGroup",
         "autoscaling:CreateOrUpdateTags",
         "autoscaling:DeleteTags",
+        "cloudwatch:DescribeAlarms",
         "ec2:DescribeInstances",
         "ssm:SendCommand",
         "ssm:GetCommandInvocation",

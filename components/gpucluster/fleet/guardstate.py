@@ -41,6 +41,13 @@ made again on the new version. Stale: written over TRANSITION_TIMEOUT_SECONDS ag
                unlabelled stale one. A failed capacity call or `running` write puts it back to
                stopped with its label (a scale: running); a kill leaves it here, label kept,
                until stale. Way out: `gpucluster stop`, or `start`/`resume` once stale.
+
+Told (`notified`, docs/guides/guard-state.md "Told once"): each stop's records and a guardrail
+start's `running` (`started_by`) are written untold; the actor marks them after its publish, only
+while the record shows the label it told. A mark is a version-only bump; a new transition never
+inherits it (only `stopping` -> `stopped`/`stop-failed` and `starting` back to `stopped` keep it).
+A retry finding an untold record tells it (`stops.untold`); told twice only when a publish's answer
+was lost, a kill fell between publish and mark, or two invocations told at once.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ from .nodegroups import (
     BUDGET,
     ESCALATED,
     GONE,
+    MANUAL,
     RUNNING,
     STARTING,
     STATE_STOPPED,
@@ -143,7 +151,8 @@ class StoredNodeGroups:
             stop = StopState(None if state == RUNNING else text("stopped_by"), text("previous_desired"),
                              text("previous_min"), state=state, version=int(text("version") or 0),
                              notified=bool(item.get("notified", {}).get("BOOL", False)),
-                             written_at=float(text("at") or 0))
+                             written_at=float(text("at") or 0),
+                             started_by=text("started_by") if state == RUNNING else None)
         max_size = group.max_size
         if self.capacity.stop_zeroes_max and stop.state not in (None, RUNNING):
             # A PCS stop zeroed the maximum: while stopped, the maximum it recorded is the ceiling.
@@ -187,17 +196,19 @@ class StoredNodeGroups:
 
     def _put(self, group: NodeGroup, expected: int | None, state: str, *, stopped_by: str | None = None,
              previous: StopState | None = None, notified: bool = False,
-             seen: tuple[str, str | None] | None = None) -> int:
+             seen: tuple[str, str | None] | None = None, started_by: str | None = None) -> int:
         """Write the group's whole record if its version is still `expected` (None: no record); new version.
 
         `seen`: the (state, stopped-by) the record had at `expected`. A writer that only bumped the
         version since (a `told` mark) left them as they were: that is no conflict, the write is made
-        again on the new version, keeping the mark. Raises `StateConflict` when another transition
-        landed since the read.
+        again on the new version. The mark is kept only where this write finishes the transition
+        that was told (`stopping` -> `stopped`/`stop-failed`, `starting` back to `stopped`): a new
+        transition (an escalation, a stop, a start's `running`) is untold until its own tell.
+        Raises `StateConflict` when another transition landed since the read.
         """
         try:
             return self._put_once(group, expected, state, stopped_by=stopped_by, previous=previous,
-                                  notified=notified)
+                                  notified=notified, started_by=started_by)
         except StateConflict:
             if seen is None or expected is None:
                 raise
@@ -207,11 +218,14 @@ class StoredNodeGroups:
                 raise
             log_event("record only re-marked since read: writing again", group=group.name,
                       version=now.version)
+            finishes = ((seen[0] == STOPPING and state in (STATE_STOPPED, STOP_FAILED))
+                        or (seen[0] == STARTING and state == STATE_STOPPED))
             return self._put_once(group, now.version, state, stopped_by=stopped_by, previous=previous,
-                                  notified=notified or bool(now.notified))
+                                  notified=notified or (finishes and bool(now.notified)),
+                                  started_by=started_by)
 
     def _put_once(self, group: NodeGroup, expected: int | None, state: str, *, stopped_by: str | None,
-                  previous: StopState | None, notified: bool) -> int:
+                  previous: StopState | None, notified: bool, started_by: str | None = None) -> int:
         if not group.stack:
             raise StateConflict(f"{group.name} carries no stack identity: its state cannot be stored")
         version = (expected or 0) + 1
@@ -222,6 +236,8 @@ class StoredNodeGroups:
                                 "at": {"N": str(int(RUNTIME.now().timestamp()))}}
         if stopped_by is not None:
             item["stopped_by"] = {"S": stopped_by}
+        if started_by is not None:
+            item["started_by"] = {"S": started_by}
         for key, value in (("previous_desired", previous.previous_desired if previous else None),
                            ("previous_min", previous.previous_min if previous else None)):
             number = _number(value)
@@ -324,10 +340,21 @@ class StoredNodeGroups:
         self._mirror(group.name, stopped_by, kept)
 
     def mark_notified(self, group: NodeGroup) -> None:
+        """Mark the transition `group` was read in as told: a stop, or the start a `running` record names.
+
+        Conditional on the version read: a transition landed since is not marked (it is told by its own
+        actor). A version-only bump since (another tell of the same transition) is no conflict.
+        """
         stop = group.stop
-        if stop.notified or stop.state in (None, RUNNING):
+        if stop.notified or stop.state is None or (stop.state == RUNNING and not stop.started_by):
             return
-        self._put(group, stop.version, stop.state, stopped_by=stop.stopped_by, previous=stop, notified=True)
+        previous = StopState(None, stop.previous_desired, stop.previous_min)
+        try:
+            self._put(group, stop.version, stop.state, stopped_by=stop.stopped_by, previous=previous,
+                      notified=True, started_by=stop.started_by, seen=(stop.state, stop.stopped_by))
+        except StateConflict:
+            # Another transition landed since the tell: it is its own actor's to tell, not marked here.
+            log_event("told transition superseded: not marked", logging.WARNING, group=group.name)
 
     # --- start -------------------------------------------------------------------------------
 
@@ -337,7 +364,8 @@ class StoredNodeGroups:
             return False
         return RUNTIME.now().timestamp() - (stop.written_at or 0) > TRANSITION_TIMEOUT_SECONDS
 
-    def restore(self, group: NodeGroup, only_stopped_by: Collection[str] | None = None) -> ResumeResult:
+    def restore(self, group: NodeGroup, only_stopped_by: Collection[str] | None = None, *,
+                started_by: str | None = None) -> ResumeResult:
         decision = resume_decision(group, only_stopped_by)
         name = decision.group
         if decision.action != "resume":
@@ -368,7 +396,9 @@ class StoredNodeGroups:
             self._unstart(group, version, label, kept, undo_capacity=False)
             raise
         try:
-            self._put(group, version, RUNNING, seen=(STARTING, label))
+            # A guardrail's start is told by its notification (then marked); a person's by the command.
+            self._put(group, version, RUNNING, seen=(STARTING, label), started_by=started_by or MANUAL,
+                      notified=started_by is None)
         except StateConflict:
             # A stop read our `starting` and won: its capacity (zero) must be the last word.
             self._capacity(name, 0, 0)

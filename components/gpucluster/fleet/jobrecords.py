@@ -92,8 +92,15 @@ def start_lines(environment: Mapping[str, str], job: str, workdir: str | None, c
 
 
 def restart_lines(environment: Mapping[str, str], record: Mapping[str, Any], restart: int) -> list[str]:
-    """The start, on a node that may still be booting: wait for cloud-init to write gpucluster-job."""
-    environment = {**environment, "GPUCLUSTER_JOB_REPLACE": "1", "GPUCLUSTER_RESTART_COUNT": str(restart)}
+    """The start, on a node that may still be booting: wait for cloud-init to write gpucluster-job.
+
+    GPUCLUSTER_START_ID (the restart count and when it was planned: unique per re-launch) is the
+    per-rank marker gpucluster-job checks: a send retried after its answer was lost, or after a kill
+    before the send was recorded, finds the rank started and leaves it running.
+    """
+    start_id = f"{restart}-{record.get('launched_at', '')}"
+    environment = {**environment, "GPUCLUSTER_JOB_REPLACE": "1", "GPUCLUSTER_RESTART_COUNT": str(restart),
+                   "GPUCLUSTER_START_ID": start_id}
     lines = start_lines(environment, record["job"], record.get("workdir"), record["command"],
                         record.get("job_timeout_seconds"))
     return ["cloud-init status --wait >/dev/null 2>&1 || true", *lines]

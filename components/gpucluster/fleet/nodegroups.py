@@ -22,7 +22,7 @@ from typing import Protocol
 from .tags import PREVIOUS_DESIRED_TAG
 
 BUDGET, IDLE, SCHEDULE, LIFETIME = "budget", "idle", "schedule", "lifetime"
-MANUAL = "manual"  # `gpucluster stop`: a person, through the same stop state as every guardrail
+MANUAL = "manual"  # `gpucluster stop`/`start`: a person, through the same stop state as every guardrail
 CAPACITY_BLOCK = "capacity-block"  # the group's Capacity Block is about to end
 STOP_REASONS = (BUDGET, IDLE, SCHEDULE, LIFETIME, MANUAL, CAPACITY_BLOCK)
 
@@ -74,6 +74,8 @@ class StopState:
     """Whether the stop's notification went out; None: the backend does not know."""
     written_at: float | None = None
     """When the stored record was last written (epoch seconds; 0: before records carried it)."""
+    started_by: str | None = None
+    """On a `running` record a start wrote: the label of the stop it undid (its tell is `notified`)."""
 
 
 @dataclass(frozen=True)
@@ -157,11 +159,14 @@ class NodeGroups(Protocol):
         """Record `stopped_by` on a stopped group, plus the previous capacity values given in `previous`."""
         ...
 
-    def restore(self, group: NodeGroup, only_stopped_by: Collection[str] | None = None) -> ResumeResult:
+    def restore(self, group: NodeGroup, only_stopped_by: Collection[str] | None = None, *,
+                started_by: str | None = None) -> ResumeResult:
         """Put back the recorded capacity and clear the stop state (`resume_decision`).
 
         Read again after the write: a stop that landed meanwhile wins, capacity
-        goes back to zero and its state stays (result "skipped").
+        goes back to zero and its state stays (result "skipped"). `started_by`: the guardrail
+        starting it (the schedule), whose tell is recorded untold until `mark_notified`; None, a
+        person's start, told by the command's own output.
         """
         ...
 
@@ -173,7 +178,7 @@ class NodeGroups(Protocol):
         ...
 
     def mark_notified(self, group: NodeGroup) -> None:
-        """Record that the stop of `group` (as read) was told; a backend without a store does nothing."""
+        """Record that the stop or start of `group` (as read) was told; a backend without a store: nothing."""
         ...
 
 

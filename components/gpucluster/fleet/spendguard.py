@@ -2,14 +2,17 @@
 instances, their spot prices and the hours of instances already gone.
 
 The spend guard handler (`lambdas.spend_guard`) decides on it and `gpucluster status` shows the same
-figure (`ops.overview`); the maths is `accrual`'s. It only reads (AWS errors propagate to the
-caller, which decides whether a missing figure fails the run), never imports Pulumi.
+figure (`ops.overview`); the maths is `accrual`'s. It reads AWS (errors propagate to the caller,
+which decides whether a missing figure fails the run); its only writes are the spend guard's
+`Memory` in the guard-state table (the kept settled figure, the instance ledger). Never imports Pulumi.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,7 +28,9 @@ from .accrual import (
     settled_through,
 )
 from .awsapi import AWS_ERRORS, batches, log_event
+from .instanceledger import InstanceLedger, Sighting, gone_hours
 from .nodegroups import NodeGroup, NodeGroups
+from .settledcache import SettledCache, settled_figure
 from .tags import STACK_TAG
 
 DEFAULT_CHECK_MINUTES = 5.0
@@ -34,18 +39,45 @@ SPOT_PRODUCT = "Linux/UNIX"
 METRIC_PERIOD_SECONDS = 300
 
 
+class CostAnswerError(RuntimeError):
+    """Cost Explorer answered without a figure: no result rows, no Total, no UnblendedCost, no Amount.
+
+    Read as $0 it would let the guard report "unchanged" while over the limit: the invocation fails
+    instead (the retry or the next tick reads again; the on-failure destination tells the topic).
+    """
+
+
+def _amount(result: Any) -> float:
+    """The UnblendedCost figure of one ResultsByTime row; CostAnswerError when it holds none."""
+    total = result.get("Total") if isinstance(result, dict) else None
+    metric = total.get(COST_METRIC) if isinstance(total, dict) else None
+    amount = metric.get("Amount") if isinstance(metric, dict) else None
+    if not isinstance(amount, str) or not amount.strip():
+        others = sorted(total) if isinstance(total, dict) else []
+        period = result.get("TimePeriod") if isinstance(result, dict) else None
+        raise CostAnswerError(f"Cost Explorer row {period} has no {COST_METRIC} amount "
+                              f"(Total holds {others or 'nothing'})")
+    try:
+        value = float(amount)
+    except ValueError:
+        raise CostAnswerError(f"Cost Explorer {COST_METRIC} amount {amount!r} is not a number") from None
+    if not math.isfinite(value):
+        raise CostAnswerError(f"Cost Explorer {COST_METRIC} amount {amount!r} is not a figure")
+    return value
 
 
 def settled_cost(ce: Any, stack: str, now: datetime) -> float:
     """Month-to-date cost of resources tagged with the stack, through `accrual.settled_through`.
 
     Budgets and Cost Explorer count only costs carrying an activated cost-allocation tag
-    (Billing user guide, "Activating user-defined cost allocation tags").
+    (Billing user guide, "Activating user-defined cost allocation tags"). A MONTHLY query over
+    a period inside one month answers one row whose Total holds the metric asked for, "0" when
+    nothing matched (ledger: ce-empty-answer-has-a-zero-row); anything else is `CostAnswerError`.
     """
     period = cost_period(now)
     if period is None:
         return 0.0
-    total, token = 0.0, None
+    total, token, rows = 0.0, None, 0
     while True:
         kwargs: dict[str, Any] = {
             "TimePeriod": period, "Granularity": "MONTHLY", "Metrics": [COST_METRIC],
@@ -53,10 +85,15 @@ def settled_cost(ce: Any, stack: str, now: datetime) -> float:
         if token:
             kwargs["NextPageToken"] = token
         answer = ce.get_cost_and_usage(**kwargs)
-        for result in answer.get("ResultsByTime", []):
-            total += float(result.get("Total", {}).get(COST_METRIC, {}).get("Amount", 0) or 0)
+        results = answer.get("ResultsByTime")
+        for result in results if isinstance(results, list) else []:
+            total += _amount(result)
+            rows += 1
         token = answer.get("NextPageToken")
         if not token:
+            if rows == 0:
+                raise CostAnswerError(f"Cost Explorer answered no result rows for {period['Start']}.."
+                                      f"{period['End']}")
             return total
 
 
@@ -126,11 +163,62 @@ def group_instance_hours(cloudwatch: Any, groups: Sequence[NodeGroup], since: da
     return hours
 
 
+@dataclass
+class Memory:
+    """What the spend guard keeps between ticks in the guard-state table: the settled figure, the instances.
+
+    None of either (a stack without a table: `gpucluster status` on a tags-only stack) reads Cost
+    Explorer each time and the groups' GroupInServiceInstances metric for instances gone.
+    """
+
+    settled: SettledCache | None = None
+    ledger: InstanceLedger | None = None
+    check_seconds: float = DEFAULT_CHECK_MINUTES * 60
+    cost_explorer_reads: int = 0
+    """Cost Explorer reads this measure made (0: the kept figure served)."""
+    seen: list[Instance] = field(default_factory=list)
+    read: tuple[dict[str, Sighting], int | None] | None = None
+
+    @classmethod
+    def in_table(cls, dynamodb: Any, table: str | None, stack: str, check_minutes: float) -> Memory:
+        if not table:
+            return cls(check_seconds=check_minutes * 60)
+        return cls(SettledCache(dynamodb, table, stack), InstanceLedger(dynamodb, table, stack),
+                   check_minutes * 60)
+
+    def remember(self, now: datetime) -> None:
+        """Record this tick's instances (after the decision: a failed write fails the invocation then)."""
+        if self.ledger is not None:
+            self.ledger.record(self.seen, now, settled_through(now), self.read)
+
+
+def measure_groups(stack: str, groups: Sequence[NodeGroup], ec2: Any, ce: Any, cloudwatch: Any,
+                   prices: Prices, now: datetime, memory: Memory | None = None) -> Spend:
+    """The month-to-date spend of `groups` (read just before) now; AWS errors propagate."""
+    memory = memory if memory is not None else Memory()
+    instances = running_instances(ec2, groups)
+    since = settled_through(now)
+
+    def read() -> float:
+        memory.cost_explorer_reads += 1 if cost_period(now) is not None else 0
+        return settled_cost(ce, stack, now)
+
+    settled, _ = settled_figure(read, memory.settled, now)
+    gone: list[tuple[Instance, float]] = []
+    ran: dict[str, float] = {}
+    if memory.ledger is not None:
+        memory.read = memory.ledger.read()
+        memory.seen = instances
+        gone = gone_hours(memory.read[0], [i.instance_id for i in instances], since, now,
+                          memory.check_seconds)
+    else:
+        ran = group_instance_hours(cloudwatch, groups, since, now)
+    spot = spot_prices(ec2, [*instances, *(i for i, _ in gone)], now)
+    return accrue(settled, instances, prices, now, spot, ran, gone)
+
+
 def measure(stack: str, backend: NodeGroups, ec2: Any, ce: Any, cloudwatch: Any, prices: Prices,
-            now: datetime) -> tuple[list[NodeGroup], Spend]:
+            now: datetime, memory: Memory | None = None) -> tuple[list[NodeGroup], Spend]:
     """The stack's groups and its month-to-date spend now (AWS errors propagate)."""
     groups = backend.list_groups(stack)
-    instances = running_instances(ec2, groups)
-    settled = settled_cost(ce, stack, now)
-    ran = group_instance_hours(cloudwatch, groups, settled_through(now), now)
-    return groups, accrue(settled, instances, prices, now, spot_prices(ec2, instances, now), ran)
+    return groups, measure_groups(stack, groups, ec2, ce, cloudwatch, prices, now, memory)

@@ -14,7 +14,7 @@ as ``gpucluster.fleet``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,11 +26,15 @@ from .nodegroups import (
     BUDGET,
     CHANGED,
     GONE,
+    RUNNING,
+    STARTING,
+    STATE_STOPPED,
     NodeGroup,
     NodeGroups,
     StateConflict,
     StopState,
     previous_capacity,
+    stop_label,
 )
 from .pcsgroups import PCS_CLUSTER_ENV
 from .runcommand import CommandResult, run_command
@@ -106,6 +110,8 @@ class StopReport:
     corrections: dict[str, str] = field(default_factory=dict)
     untold: list[str] = field(default_factory=list)
     """Groups found already stopped by this reason whose stop was never told (a retried invocation)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Group -> the stopped-by its stop left (changed now or untold): what `told` says was told."""
 
     @property
     def changed(self) -> list[str]:
@@ -115,6 +121,11 @@ class StopReport:
     def to_tell(self) -> list[str]:
         """What a notification must cover: the groups changed now and the stops not yet told."""
         return sorted({*self.changed, *self.untold})
+
+    @property
+    def told(self) -> dict[str, str]:
+        """What a notification of this report tells: group -> its stop's label (`mark_told`)."""
+        return {name: self.labels[name] for name in self.to_tell if name in self.labels}
 
     def summary(self, reason: str) -> dict[str, Any]:
         """The handler's return value: small, JSON-serialisable."""
@@ -198,22 +209,48 @@ def stop_groups(
             continue
         if report.outcomes[group.name] in CHANGED:
             report.recorded[group.name] = previous
+            # The label `NodeGroups.stop` records (a `starting` record takes the reason as it is).
+            report.labels[group.name] = reason if group.stop.state == STARTING else stop_label(group, reason)
         elif (report.outcomes[group.name] == ALREADY_STOPPED and group.stop.notified is False
               and group.stopped_by in (reason, BUDGET)):
             report.untold.append(group.name)
+            report.labels[group.name] = group.stopped_by or reason
     return report
 
 
-def mark_told(backend: NodeGroups, report: StopReport, sent: bool) -> None:
-    """Record, once the notification went out (`sent`), that each stop it covered was told.
+def untold(groups: Sequence[NodeGroup], stops: Collection[str] = (),
+           starts: Collection[str] = ()) -> list[str]:
+    """Groups whose last transition was never told: a stop labelled in `stops` still at zero, or a
+    start by a guardrail in `starts` (`StopState.started_by`) still running; sorted.
 
-    A failure here raises (the invocation is retried and tells again: told twice, never never).
+    What a retry (or the next run of the same guardrail) tells when an earlier attempt stopped or
+    started the group but could not say so: killed, or its publish refused. A backend without a
+    store (tags) knows no told flag (None): nothing is found.
     """
-    if not sent or not report.to_tell:
+    found = []
+    for g in groups:
+        if g.stop.notified is not False:
+            continue
+        stop = g.stop.state == STATE_STOPPED and not g.running and g.stopped_by in stops
+        if stop or (g.stop.state == RUNNING and g.stop.started_by in starts):
+            found.append(g.name)
+    return sorted(found)
+
+
+def mark_told(backend: NodeGroups, told: Mapping[str, str], sent: bool) -> None:
+    """Record, once the notification went out (`sent`), that each transition it covered was told.
+
+    `told`: group -> the label the notification said (the stop's stopped-by, or the guardrail that
+    started it). A group read now with another label had a new transition land since the tell:
+    that one is its own actor's to tell and stays unmarked. A failure here raises (the invocation
+    is retried and tells again: told twice, never never).
+    """
+    if not sent or not told:
         return
-    groups = backend.read_groups(report.to_tell)
-    for group in groups:
-        backend.mark_notified(group)
+    for group in backend.read_groups(sorted(told)):
+        now = group.stop.started_by if group.stop.state == RUNNING else group.stopped_by
+        if now == told.get(group.name):
+            backend.mark_notified(group)
 
 
 # Long enough for a schedule start or stop that read a group just before our write to land its

@@ -12,7 +12,9 @@ Two EventBridge event kinds arrive here, passed through raw (no target `input`):
   ``<group-name>-idle`` names its group: gpucluster's idle alarm is such a
   composite (nothing runs on the group's nodes, OR its GPUs idle; see
   ``gpucluster.aws.guardrail_events.AutoStop``). Only groups tagged with this
-  stack are stopped, with stopped-by=idle.
+  stack are stopped, with stopped-by=idle, and only while the alarm still says
+  ALARM when read again (DescribeAlarms): a retried event whose alarm went back
+  to OK stops nothing.
 * ``Scheduled Event`` (source aws.events). The purpose is the suffix of the rule
   name, taken from the rule ARN in ``resources``
   (``arn:aws:events:<region>:<account>:rule/[<bus>/]<name>``):
@@ -20,7 +22,9 @@ Two EventBridge event kinds arrive here, passed through raw (no target `input`):
   ``-start`` resumes only groups whose stopped-by is ``schedule`` (never a budget,
   idle or lifetime stop, even one that lands while the start runs); ``-lifetime``
   stops groups whose oldest InService instance is older than MAX_LIFETIME_HOURS
-  (stopped-by=lifetime).
+  (stopped-by=lifetime). Every stop and start is recorded untold until its
+  notification went out (`stops.mark_told`): a retry, or the next run of the
+  same rule, tells what an earlier attempt could not (`stops.untold`).
 
 Before a stop, PRE_STOP_COMMAND (if set) runs through SSM on the InService
 instances of the groups about to stop, with GPUCLUSTER_STOP_REASON exported,
@@ -40,7 +44,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from gpucluster.fleet.awsapi import batches, log_event
+from gpucluster.fleet.awsapi import AWS_ERRORS, batches, log_event
 from gpucluster.fleet.nodegroups import IDLE, LIFETIME, SCHEDULE, NodeGroup, NodeGroups
 from gpucluster.fleet.pcsgroups import PCS_CLUSTER_ENV
 from gpucluster.fleet.runcommand import CommandResult
@@ -56,7 +60,7 @@ from gpucluster.fleet.runtime import (
     stack_from_env,
 )
 from gpucluster.fleet.slurmhold import release_partitions
-from gpucluster.fleet.stops import mark_told, raise_if_failed, stack_node_groups, stop_groups
+from gpucluster.fleet.stops import mark_told, raise_if_failed, stack_node_groups, stop_groups, untold
 
 ALARM_DETAIL_TYPE = "CloudWatch Alarm State Change"
 SCHEDULE_DETAIL_TYPE = "Scheduled Event"
@@ -123,7 +127,7 @@ def _stop(stack: str, groups: list[NodeGroup], reason: str, context: Any) -> dic
         subject = f"gpucluster {stack}: {reason} stop of {len(report.to_tell)} group(s)"
         if hook_failed and report.hook is not None:
             subject += f"; pre-stop hook failed on {len(report.hook.failed)} node(s)"
-        mark_told(backend, report, notify_from_env(subject, summary))
+        mark_told(backend, report.told, notify_from_env(subject, summary))
     log_event("autostop done", **summary)
     raise_if_failed(report, stack)
     return summary
@@ -146,7 +150,31 @@ def on_alarm(stack: str, event: dict[str, Any], context: Any) -> dict[str, Any]:
     groups = [g for g in stack_node_groups().read_groups(names) if g.stack == stack]
     if not groups:
         return ignored("alarm's groups are not in this stack", stack=stack, groups=names)
+    alarm = detail.get("alarmName")
+    now = alarm_state_now(alarm) if isinstance(alarm, str) and alarm else None
+    if now is not None and now != "ALARM":
+        # A retried (or late) event whose idle already ended: the group is busy again, leave it.
+        return ignored(f"alarm is {now} now, no longer idle", alarm=alarm, groups=names)
     return _stop(stack, groups, IDLE, context)
+
+
+def alarm_state_now(name: str) -> str | None:
+    """The alarm's state as CloudWatch holds it now (metric or composite); None when it is not found.
+
+    The event is a moment's state: Lambda retries an event that failed, and a retry minutes later
+    must not stop a group whose idle alarm went back to OK. A read refused (throttled, denied, a 5xx)
+    fails the invocation: its retry reads again. An alarm not found (deleted since) leaves the event's
+    word standing.
+    """
+    try:
+        answer = RUNTIME.client("cloudwatch").describe_alarms(
+            AlarmNames=[name], AlarmTypes=["CompositeAlarm", "MetricAlarm"])
+    except AWS_ERRORS as exc:
+        raise GuardrailError(f"idle alarm {name} not read again before the stop: {exc}") from exc
+    for alarm in [*answer.get("CompositeAlarms", []), *answer.get("MetricAlarms", [])]:
+        if alarm.get("AlarmName") == name and isinstance(alarm.get("StateValue"), str):
+            return str(alarm["StateValue"])
+    return None
 
 
 def _older_than(groups: list[NodeGroup], max_age: timedelta) -> list[NodeGroup]:
@@ -200,7 +228,7 @@ def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, An
         # takes time, and a budget stop may land meanwhile.
         names = [g.name for g in backend.list_groups(stack)]
         results = [
-            backend.restore(g, only_stopped_by={SCHEDULE})
+            backend.restore(g, only_stopped_by={SCHEDULE}, started_by=SCHEDULE)
             for name in names
             for g in backend.read_groups([name])
         ]
@@ -211,13 +239,19 @@ def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, An
             "groups": resumed,
             "skipped": {r.group: r.reason for r in results if r.action != "resumed"},
         }
+        # A start an earlier attempt made but could not tell (killed, publish refused) is told now.
+        late = [n for n in untold(backend.list_groups(stack), starts=(SCHEDULE,)) if n not in resumed]
+        if late:
+            summary["untold"] = late
+        told = sorted({*resumed, *late})
         released = release_running_partitions(backend, stack)
         if released is not None:
             summary["slurm_release"] = released.summary()
-        if resumed or (released is not None and not released.ok):
-            notify_from_env(
-                f"gpucluster {stack}: schedule started {len(resumed)} group(s)", summary
+        if told or (released is not None and not released.ok):
+            sent = notify_from_env(
+                f"gpucluster {stack}: schedule started {len(told)} group(s)", summary
             )
+            mark_told(backend, dict.fromkeys(told, SCHEDULE), sent)
         log_event("autostop done", **summary)
         if released is not None and not released.ok:
             # Capacity is back but the partitions are held: the retry releases them (idempotent).
@@ -229,11 +263,14 @@ def on_schedule(stack: str, event: dict[str, Any], context: Any) -> dict[str, An
             return ignored("lifetime rule but MAX_LIFETIME_HOURS is not set", rule=rule)
         # It dates the members: none known (EC2 refused the lookup) must fail, not pass as "young".
         dated = stack_node_groups(strict_members=True)
-        expired = _older_than(dated.list_groups(stack), timedelta(hours=hours))
-        if not expired:
+        groups = dated.list_groups(stack)
+        expired = _older_than(groups, timedelta(hours=hours))
+        # A lifetime stop an earlier attempt made but could not tell: passed on, so it is told now.
+        untold_stops = [g for g in groups if g.name in untold(groups, stops=(LIFETIME,))]
+        if not expired and not untold_stops:
             log_event("no group over its lifetime", stack=stack, max_hours=hours)
             return {"action": "unchanged", "stack": stack, "groups": []}
-        return _stop(stack, expired, LIFETIME, context)
+        return _stop(stack, [*expired, *untold_stops], LIFETIME, context)
     return ignored("rule name has no -stop/-start/-lifetime suffix", rule=rule)
 
 

@@ -66,7 +66,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
             f"gpucluster {stack}: budget breached, compute scaled to zero",
             {**summary, "budget_subjects": subjects},
         )
-        mark_told(backend, report, sent)
+        mark_told(backend, report.told, sent)
     log_event("budget action done", **summary)
     raise_if_failed(report, stack)
     return summary

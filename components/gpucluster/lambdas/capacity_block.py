@@ -100,7 +100,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     subject = f"gpucluster {stack}: block {reservation} ends, {len(report.changed)} group(s) stopped"
     if report.hook is not None and not report.hook.ok:
         subject += f"; hook failed on {len(report.hook.failed)} node(s)"
-    mark_told(backend, report, notify_from_env(subject, summary))
+    mark_told(backend, report.told, notify_from_env(subject, summary))
     log_event("capacity block expiry done", logging.INFO, **summary)
     raise_if_failed(report, stack)
     return summary

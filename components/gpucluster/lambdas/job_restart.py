@@ -19,7 +19,10 @@ group, `gpucluster logs`) is finished and never started again.
 
 Two launch events of one replacement can both see the group at size; both send
 the same ranks to the same nodes, so the later start replaces the earlier one:
-one wasted start, never two different node sets. Acts only on groups tagged with
+one wasted start, never two different node sets. A send retried within one
+re-launch (its answer lost, a kill before it was recorded) carries the same
+GPUCLUSTER_START_ID, which gpucluster-job on the node checks against its
+per-rank marker: the rank is not started twice. Acts only on groups tagged with
 its stack, and on their instances (the role's SendCommand condition).
 
 Environment: GPUCLUSTER_STACK (required), RUN_LOG_GROUP, NOTIFY_TOPIC_ARN.

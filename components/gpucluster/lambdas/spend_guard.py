@@ -1,19 +1,25 @@
 """Spend guard handler: every few minutes, month-to-date spend against the limit; over it, compute to zero.
 
-Invoked by an EventBridge Scheduler schedule every CHECK_MINUTES (1-15). It
-reads the last settled Cost Explorer figure for the stack's identity tag
-(GetCostAndUsage through the day before yesterday, UTC: yesterday may still
-be filling in), the stack's in-service instances (type, zone, purchase option,
-launch time), the current spot prices of the spot ones
-(DescribeSpotPriceHistory; the on-demand price when that fails: spot never
-costs more, so the fallback errs towards stopping early), the groups'
-GroupInServiceInstances metric (instances that ran since the settled point but
-are gone), and accrues the hours since the settled point at the prices
-rendered at deploy (PRICES_JSON, `accrual.Prices`). It stops every group of
-the stack exactly as the budget action does (`stops.stop_groups` with reason
-budget, confirmed after a settle time) when the spend has reached LIMIT_USD,
-will reach it before the next check at the current burn rate, or the burn
-rate exceeds MAX_USD_PER_HOUR. AWS Budgets stays as the backstop.
+Invoked by an EventBridge Scheduler schedule every CHECK_MINUTES (1-15). While
+no group runs it reads nothing else (no Cost Explorer call): it only tells a
+budget stop an earlier attempt could not tell. Otherwise it takes the settled
+Cost Explorer figure for the stack's identity tag (GetCostAndUsage through the
+day before yesterday, UTC), kept in the guard-state table and read again only
+when the UTC date changes or the kept read is over 6 hours old
+(`settledcache`: at most four reads a day); an answer that is not a figure
+fails the invocation, never reads as $0. It reads the stack's in-service
+instances (type, zone, purchase option, launch time), the current spot prices
+of the spot ones (DescribeSpotPriceHistory; the on-demand price when that
+fails: spot never costs more, so the fallback errs towards stopping early),
+the instances it recorded on earlier ticks that are gone now
+(`instanceledger`, on every backend: a PCS group has no Auto Scaling metrics;
+without a table, the groups' GroupInServiceInstances metric), and accrues the
+hours since the settled point at the prices rendered at deploy (PRICES_JSON,
+`accrual.Prices`). It stops every group of the stack exactly as the budget
+action does (`stops.stop_groups` with reason budget, confirmed after a settle
+time) when the spend has reached LIMIT_USD, will reach it before the next
+check at the current burn rate, or the burn rate exceeds MAX_USD_PER_HOUR,
+then records this tick's instances. AWS Budgets stays as the backstop.
 
 A read that fails (throttled, denied, a 5xx) fails the invocation after
 anything decidable is done: the schedule's retry or the next tick runs it
@@ -22,8 +28,8 @@ stopping is idempotent and a stopped group is left as it is. Never deletes
 anything; acts only on groups tagged with GPUCLUSTER_STACK.
 
 Environment: GPUCLUSTER_STACK, LIMIT_USD, PRICES_JSON (required), CHECK_MINUTES,
-MAX_USD_PER_HOUR, NOTIFY_TOPIC_ARN (optional), GUARD_STATE_TABLE (where prices fetched from the AWS
-Price List are cached).
+MAX_USD_PER_HOUR, NOTIFY_TOPIC_ARN, GUARD_STATE_TABLE (optional; also where prices fetched from
+the AWS Price List are cached).
 
 A type the rendered table lacks (a region gpucluster carries no prices for) is priced from the AWS
 Price List API (`fleet.pricelist`: pricing:GetProducts, cached in the guard-state table); a type the
@@ -41,6 +47,7 @@ from typing import Any
 from gpucluster.fleet.accrual import Decision, PriceError, Prices, decide, when_limit
 from gpucluster.fleet.awsapi import AWS_ERRORS, log_event
 from gpucluster.fleet.deployment import STATE_TABLE_ENV
+from gpucluster.fleet.instanceledger import LedgerConflict
 from gpucluster.fleet.nodegroups import BUDGET, NodeGroup, NodeGroups
 from gpucluster.fleet.pricelist import FallbackPrices, PriceCache, PriceListError, cached_lookup
 from gpucluster.fleet.runtime import (
@@ -53,12 +60,14 @@ from gpucluster.fleet.runtime import (
     notify_from_env,
     stack_from_env,
 )
-from gpucluster.fleet.spendguard import DEFAULT_CHECK_MINUTES, measure
+from gpucluster.fleet.spendguard import DEFAULT_CHECK_MINUTES, CostAnswerError, Memory, measure_groups
 from gpucluster.fleet.stops import (
+    StopReport,
     budget_stop,
     mark_told,
     raise_if_failed,
     stack_node_groups,
+    untold,
 )
 
 
@@ -89,15 +98,37 @@ def with_price_list(prices: Prices, stack: str, now: datetime) -> Prices:
     return replace(prices, on_demand=FallbackPrices(prices.on_demand, lookup))
 
 
+def _tell(stack: str, backend: NodeGroups, report: StopReport, subject: str, summary: dict[str, Any]) -> None:
+    """Notify what `report` changed, failed or found untold, then mark it told (`stops.mark_told`)."""
+    if report.to_tell or report.errors:
+        mark_told(backend, report.told, notify_from_env(f"gpucluster {stack}: {subject}"[:100], summary))
+
+
 def _stop(stack: str, backend: NodeGroups, groups: list[NodeGroup], decision: Decision) -> dict[str, Any]:
     report = budget_stop(backend, groups)
     summary = {"stack": stack, **report.summary(BUDGET), "spend": decision.as_json()}
-    if report.to_tell or report.errors:
-        sent = notify_from_env(f"gpucluster {stack}: spend guard stopped compute ({decision.reason})"[:100],
-                               summary)
-        mark_told(backend, report, sent)
+    _tell(stack, backend, report, f"spend guard stopped compute ({decision.reason})", summary)
     log_event("spend guard done", **summary)
     raise_if_failed(report, stack)
+    return summary
+
+
+def _at_zero(stack: str, backend: NodeGroups, groups: list[NodeGroup]) -> dict[str, Any]:
+    """No compute runs: nothing to measure (no Cost Explorer read); a budget stop never told is told now.
+
+    An earlier attempt (this guard's or the budget action's) that stopped the groups and was killed,
+    or whose publish was refused, left them `notified: false`: its retry finds compute at zero and
+    must still say so.
+    """
+    names = untold(groups, stops=(BUDGET,))
+    report = StopReport(untold=names, labels=dict.fromkeys(names, BUDGET))
+    summary: dict[str, Any] = {"action": "unchanged", "stack": stack, "spend": None,
+                               "reason": "compute at zero: spend not read"}
+    if names:
+        summary["untold"] = names
+        _tell(stack, backend, report, "spend guard stopped compute (told late)",
+              {**summary, **report.summary(BUDGET)})
+    log_event("spend guard done", **summary)
     return summary
 
 
@@ -109,20 +140,32 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     prices = with_price_list(prices, stack, now)
     # It prices the members: none known is an error.
     backend = stack_node_groups(strict_members=True, deadline=invocation_deadline(context))
+    table = env_text(STATE_TABLE_ENV)
+    memory = Memory.in_table(RUNTIME.client("dynamodb") if table else None, table, stack, check_minutes)
     try:
-        groups, spend = measure(stack, backend, RUNTIME.client("ec2"), RUNTIME.client("ce"),
-                                RUNTIME.client("cloudwatch"), prices, now)
-    except (*AWS_ERRORS, PriceListError) as exc:
+        groups = backend.list_groups(stack)
+        if not any(g.running for g in groups):
+            return _at_zero(stack, backend, groups)
+        spend = measure_groups(stack, groups, RUNTIME.client("ec2"), RUNTIME.client("ce"),
+                               RUNTIME.client("cloudwatch"), prices, now, memory)
+    except (*AWS_ERRORS, CostAnswerError, PriceListError) as exc:
         # Without the figures nothing can be decided: fail, so the retry or the next tick
         # runs again and the on-failure destination tells the topic.
         raise GuardrailError(f"stack {stack}: spend guard could not read spend: {exc}") from exc
     except PriceError as exc:
         raise ConfigError(f"stack {stack}: {exc}") from None
-    decision = decide(spend, limit, check_minutes, cap, compute_running=any(g.running for g in groups))
+    decision = decide(spend, limit, check_minutes, cap, compute_running=True)
     hit = when_limit(now, decision)
     log_event("spend measured", stack=stack, **decision.as_json(),
               settled_usd=round(spend.settled_usd, 2), accrued_usd=round(spend.accrued_usd, 2),
-              limit_at=hit.isoformat() if hit else None)
-    if not decision.stop:
-        return {"action": "unchanged", "stack": stack, "spend": decision.as_json()}
-    return _stop(stack, backend, groups, decision)
+              limit_at=hit.isoformat() if hit else None, cost_explorer_reads=memory.cost_explorer_reads)
+    if decision.stop:
+        summary = _stop(stack, backend, groups, decision)
+    else:
+        summary = {"action": "unchanged", "stack": stack, "spend": decision.as_json()}
+    try:
+        memory.remember(now)  # after the decision: a refused write never delays a stop
+    except (*AWS_ERRORS, LedgerConflict) as exc:
+        raise GuardrailError(f"stack {stack}: instances not recorded (the retry records them): "
+                             f"{exc}") from exc
+    return summary

@@ -18,13 +18,17 @@
 # GPUCLUSTER_JOB_REPLACE=1 (`--restart-on-replace`) a running job of that name is stopped first.
 # After the unit started, `gpucluster-report first-job` publishes, once a node, when its first job's
 # process started (TimeToFirstJobSeconds: `gpucluster nodes` and `status` show it per group).
+# With GPUCLUSTER_START_ID (the job-restart Lambda's: one per re-launch), a start whose id this node
+# already started is not started again: SendCommand has no idempotency token, and a retried send
+# (its answer lost, the Lambda killed before it recorded the send) must not restart the rank. The
+# check and the start hold a lock, so two sends at once start it once.
 # With GPUCLUSTER_CHECKPOINT_URI set, the `latest` pointer under it names the newest checkpoint:
 # the job gets it as GPUCLUSTER_CHECKPOINT_LATEST (README, "Run a job": the checkpoint contract).
 set -euo pipefail
 PREFIX=gpucluster-job-
 ENV_PATTERN='^(MASTER_ADDR|MASTER_PORT|NNODES|NODE_RANK|NPROC_PER_NODE|WORLD_SIZE|GPUCLUSTER_[A-Z_]+|FI_[A-Z_]+|NCCL_[A-Z_]+)$'
 # This tool's own settings, and what it computes itself: never handed on from the caller.
-OWN_VARS='^GPUCLUSTER_(JOB_LOGS|JOB_TOOL|REPORT_TOOL|JOB_REPLACE|READY_TIMEOUT_SECONDS|POLL_SECONDS|CHECKPOINT_LATEST|RESTART_COUNT)$'
+OWN_VARS='^GPUCLUSTER_(JOB_LOGS|JOB_TOOL|REPORT_TOOL|JOB_REPLACE|READY_TIMEOUT_SECONDS|POLL_SECONDS|CHECKPOINT_LATEST|RESTART_COUNT|START_ID)$'
 LOGS="${GPUCLUSTER_JOB_LOGS:-/var/log/gpucluster/jobs}"
 TOOL="${GPUCLUSTER_JOB_TOOL:-/usr/local/sbin/gpucluster-job}"
 REPORT="${GPUCLUSTER_REPORT_TOOL:-/usr/local/sbin/gpucluster-report}"
@@ -71,8 +75,17 @@ latest_checkpoint() {
 }
 
 start() {
-  local name="$1" workdir="$2" command="$3" unit="$PREFIX$1.service" var latest
+  local name="$1" workdir="$2" command="$3" unit="$PREFIX$1.service" var latest marker
   valid_name "$name"
+  # The per-rank marker: the last start id this node started for the job (not a .log: not shipped).
+  mkdir -p "$LOGS/.starts"
+  marker="$LOGS/.starts/$name"
+  exec 9>"$marker.lock"
+  flock 9
+  if [ -n "${GPUCLUSTER_START_ID:-}" ] && [ -r "$marker" ] && [ "$(cat "$marker")" = "$GPUCLUSTER_START_ID" ]; then
+    echo "job $name: start $GPUCLUSTER_START_ID already made on this node; not started twice"
+    return 0
+  fi
   if [ "$(systemctl show -p SubState --value "$unit")" = running ]; then
     [ "${GPUCLUSTER_JOB_REPLACE:-0}" = 1 ] \
       || die "job $name is already running on this node (gpucluster cancel STACK $name first)"
@@ -100,6 +113,8 @@ start() {
   [ -z "$latest" ] || args+=(--setenv=GPUCLUSTER_CHECKPOINT_LATEST="$latest")
   args+=(--setenv=GPUCLUSTER_JOB="$name" --setenv=GPUCLUSTER_RESTART_COUNT="${GPUCLUSTER_RESTART_COUNT:-0}")
   systemd-run "${args[@]}" /bin/bash -c "$command"
+  # Recorded once the unit is started: a start that failed is tried again by the retry.
+  if [ -n "${GPUCLUSTER_START_ID:-}" ]; then echo "$GPUCLUSTER_START_ID" > "$marker"; fi
   # The node's first job: when its process started (TimeToFirstJobSeconds, once); never fails the job.
   "$REPORT" first-job "$unit" >/dev/null 2>&1 || true
   echo "started job $name as $unit${latest:+, resuming from $latest}"

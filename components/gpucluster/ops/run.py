@@ -315,15 +315,20 @@ def cancel(ssm: Any, result: NodeResult) -> None:
     result.status = "Cancelled" if result.status not in TERMINAL_STATUSES else result.status
 
 
+# How long `run` waits for the job's own stop to report on each node before saying it is unconfirmed.
+STOP_CONFIRM_SECONDS = 60.0
+
+
 def stop_started(ssm: Any, plan: JobPlan, job: JobResult) -> list[int]:
-    """Stop a detached job's unit on every node its command reached; the ranks a stop was sent to.
+    """Stop a detached job's unit on every node its command reached; the ranks whose stop is confirmed.
 
     CancelCommand cannot stop a systemd unit the command already started, so each node that got
     the command is also sent the job's own stop (`gpucluster-job cancel <name>`: systemctl stop of
-    its unit; on a node where the unit never started it stops nothing). A stop AWS refuses is
-    written on that rank's result.
+    its unit; on a node where the unit never started it stops nothing), and its result is awaited
+    (at most STOP_CONFIRM_SECONDS): only a stop that ended in Success counts as stopped. A stop AWS
+    refuses, or one not confirmed in time, is written on that rank's result: it may still run there.
     """
-    sent = []
+    stops: list[tuple[NodeResult, NodeResult]] = []
     for result in job.results:
         if not result.command_id:
             continue
@@ -338,8 +343,16 @@ def stop_started(ssm: Any, plan: JobPlan, job: JobResult) -> list[int]:
             continue
         note = f"job stop sent ({JOB_TOOL} cancel, command {command_id})"
         result.error = f"{result.error}; {note}" if result.error else note
-        sent.append(result.rank)
-    return sent
+        stops.append((result, NodeResult(result.rank, result.instance_id, command_id)))
+    wait(ssm, [stop for _, stop in stops], Deadline.after(STOP_CONFIRM_SECONDS), poll_seconds=2.0)
+    confirmed = []
+    for result, stop in stops:
+        if stop.ok:
+            confirmed.append(result.rank)
+            continue
+        why = stop.error or f"{stop.status}{'' if stop.exit_code is None else f', exit {stop.exit_code}'}"
+        result.error += f"; job stop not confirmed: {why}"
+    return confirmed
 
 
 def wait_job(ssm: Any, job: JobResult, *, timeout_seconds: float, on_change: Progress | None = None,

@@ -16,7 +16,8 @@ count is not a time (imports wait on memory more than the mock engine does), so 
 stay the figures the targets are stated in. Each case takes a minute or more under valgrind.
 
 Targets (issue 17): plan prod <= 1.2 s and <= 4x `import pulumi`; 2..512 nodes within 5 %;
-20 node groups within 2x one group; `--suite`: the README's test command under 30 s.
+20 node groups within 2x one group; `--suite` (issue 38): the README's test command under 3 minutes
+on 2 free cores and at most 60 CPU seconds (user + system of the test processes and their children).
 Where the time goes inside one plan: benchmarks/plan_profile.py.
 """
 
@@ -43,6 +44,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 NODES = (2, 8, 64, 512)
+SUITE_WALL_S = 180  # issue 38: the README's test command under 3 minutes on 2 free cores
+SUITE_CPU_S = 60  # and at most 60 CPU seconds, as the suite grows
 GROUPS = (1, 4, 16, 20)
 
 
@@ -146,8 +149,11 @@ def run_suite() -> None:
         cpu = (after.children_user - usage.children_user) + (after.children_system - usage.children_system)
         last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-200:]
         cpus = os.cpu_count() or 1
-        print(f"test suite, {when} (python -m pytest, {cpus} CPUs): {wall:.1f} s wall, "
-              f"{cpu:.1f} s CPU; {last} (target < 30 s: {'met' if wall < 30 else 'NOT met'})")
+        load = os.getloadavg()[0]  # other work on the machine: the wall time is only read against it
+        print(f"test suite, {when} (python -m pytest, {cpus} CPUs, load {load:.1f} at the end): "
+              f"{wall:.1f} s wall (target < {SUITE_WALL_S} s on 2 free cores: "
+              f"{'met' if wall < SUITE_WALL_S else 'NOT met'}), {cpu:.1f} s CPU (target <= {SUITE_CPU_S} s: "
+              f"{'met' if cpu <= SUITE_CPU_S else 'NOT met'}); {last}")
         # The suite is CPU-bound (workers, their subprocesses and moto all compute): with every
         # CPU busy from the first second to the last it could not end sooner than this.
         print(f"  floor with every CPU busy throughout: {cpu / cpus:.1f} s "

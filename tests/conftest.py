@@ -98,7 +98,8 @@ class _SysKeepingRewrites(types.ModuleType):
 
 _pytest.assertion.rewrite.sys = _SysKeepingRewrites("sys")  # type: ignore[assignment]
 
-pytest_plugins = ["wheel_venv"]  # the built wheel in a fresh venv: fixtures `wheel`, `venv`
+# The built wheel in a fresh venv (fixtures `wheel`, `venv`); one real Slurm per process (`slurm`, `quiet`).
+pytest_plugins = ["wheel_venv", "real_slurm"]
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import typer
 import yaml
+from typer.testing import CliRunner
 
 from gpucluster.cli.entry import app
 from gpucluster.reference import BEGIN, END, PAGES, render_config_reference
@@ -156,15 +157,91 @@ def run_page(lines: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
                           check=False, timeout=300)
 
 
+SHELL_ONLY = {";", "||", "&", ">", "<", ">>", "|&", "(", ")"}
+
+
+def steps_of(line: str) -> list[list[str]] | None:
+    """The `&&`-separated commands of a line as words, when every one is `cd DIR`, the activation or
+    a `gpucluster` command (piped at most once); None for any other shape (bash runs it)."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    steps: list[list[str]] = [[]]
+    for token in lexer:
+        if token == "&&":
+            steps.append([])
+        else:
+            steps[-1].append(token)
+    for step in steps:
+        if (not step or set(step) & SHELL_ONLY or (step[0] == "cd" and len(step) != 2)
+                or (step[0] != "gpucluster" and "|" in step) or step.count("|") > 1
+                or (step[0] not in ("cd", "gpucluster") and step != ["source", ".venv/bin/activate"])):
+            return None
+    return steps
+
+
+def run_lines(lines: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The page's lines as `set -euo pipefail` runs them, each `gpucluster` command in this process.
+
+    A fresh interpreter per documented command cost the suite seconds of CPU for what typer's
+    CliRunner shows the same way (arguments, exit code, output). The process is kept where it is
+    the point: the activation runs in bash with the venv hidden from PATH and must make bare
+    `gpucluster --version` work there (the installed entry point); what a `gpucluster` command's
+    output is piped into runs in bash on that output; a line of another shape (`steps_of`) runs in
+    bash as a whole. Returns what the page prints on stdout.
+    """
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("NO_COLOR", "1")
+    printed = []
+    for line in lines:
+        steps = steps_of(line)
+        if steps is None:
+            done = run_page([line], Path.cwd())
+            assert done.returncode == 0, (line, done.stderr[-3000:])
+            printed.append(done.stdout)
+            continue
+        for step in steps:
+            if step[0] == "source":
+                done = run_page([shlex.join(step), "gpucluster --version"], Path.cwd())
+                assert done.returncode == 0 and done.stdout.strip(), (line, done.stderr[-3000:])
+            elif step[0] == "cd":
+                os.chdir(step[1])
+            else:
+                printed.append(run_gpucluster(line, step))
+    return "".join(printed)
+
+
+def run_gpucluster(line: str, step: list[str]) -> str:
+    """One `gpucluster ...` command (CliRunner), its stdout piped into the rest of `step` if any."""
+    pipe = step.index("|") if "|" in step else len(step)
+    result = CliRunner().invoke(app, step[1:pipe])
+    assert result.exit_code == 0, (line, result.output[-3000:], result.exception)
+    if pipe == len(step):
+        return result.stdout
+    done = subprocess.run(["bash", "-c", "set -euo pipefail\n" + shlex.join(step[pipe + 1:])],
+                          input=result.stdout, capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0, (line, done.stderr[-3000:])
+    return done.stdout
+
+
 @pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
-def test_every_unmarked_command_runs(page: str, tmp_path: Path) -> None:
+def test_every_unmarked_command_runs(page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     cli_plans_once: None) -> None:
     lines = runnable((REPO / page).read_text())
     assert lines[0] == "source .venv/bin/activate", "the page activates the venv before bare `gpucluster`"
     assert any(line.startswith("gpucluster init ") for line in lines)
     assert sum(line.startswith("gpucluster plan ") for line in lines) >= 2
-    done = run_page(lines, scratch_project(tmp_path))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "no violations" in done.stdout or '"violations": []' in done.stdout or "[]" in done.stdout
+    stdout = run_lines(lines, scratch_project(tmp_path), monkeypatch)
+    assert "no violations" in stdout or '"violations": []' in stdout or "[]" in stdout
+
+
+def test_a_failing_page_command_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In process, in bash, and in what a command is piped into: a failure is not swallowed."""
+    assert steps_of("gpucluster init demo && cd demo") == [["gpucluster", "init", "demo"], ["cd", "demo"]]
+    assert steps_of("gpucluster plan dev > out.txt") is None
+    for n, line in enumerate(("gpucluster plan nosuch", "false; true", "gpucluster --version | grep -q no")):
+        (tmp_path / str(n)).mkdir()
+        with pytest.raises(AssertionError):
+            run_lines([line], scratch_project(tmp_path / str(n)), monkeypatch)
 
 
 def test_without_the_activation_bare_gpucluster_is_not_found(tmp_path: Path) -> None:

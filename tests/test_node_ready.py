@@ -149,6 +149,18 @@ class ReadyNode:
     def aws(self, operation: str) -> list[str]:
         return [c for c in logged_calls(self.log, "aws") if f" {operation} " in f" {c} "]
 
+    def wait_rounds(self, rounds: int = 3, timeout: float = 30) -> None:
+        """Until the gate has begun `rounds` more rounds of its wait loop than now (each checks the
+        agent once), or has answered: what a test waits for before it asserts "no answer yet"."""
+
+        def begun() -> int:
+            return logged_calls(self.log, "systemctl").count("is-active --quiet gpucluster-agent.service")
+
+        start, deadline = begun(), time.monotonic() + timeout
+        while begun() < start + rounds and not self.results():
+            assert time.monotonic() < deadline, "the gate's wait loop did not go round"
+            time.sleep(0.05)
+
     def results(self) -> list[str]:
         return [c.split("--lifecycle-action-result ")[1].split()[0]
                 for c in self.aws("complete-lifecycle-action")]
@@ -201,7 +213,7 @@ def test_the_hook_is_completed_only_after_the_data_is_mounted(node: ReadyNode) -
     node.image_present()  # baked in
     proc = node.start_ready()
     try:
-        time.sleep(1.5)
+        node.wait_rounds()
         assert node.results() == [], "answered before the data was mounted"
         node.data_mounted()
         out, _ = proc.communicate(timeout=30)
@@ -220,10 +232,10 @@ def test_an_unbaked_gated_node_waits_for_data_and_its_pulled_image(tmp_path: Pat
     node.agent_running()
     proc = node.start_ready()
     try:
-        time.sleep(1.5)
+        node.wait_rounds()
         assert node.results() == [], "answered before the data was mounted"
         node.data_mounted()
-        time.sleep(1.5)
+        node.wait_rounds()
         assert node.results() == [], "answered before the container image was pulled"
         node.image_present()
         out, _ = proc.communicate(timeout=30)

@@ -110,7 +110,7 @@ class Prom:
         return list(data["result"])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
     tmp = tmp_path_factory.mktemp("prometheus")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
@@ -153,7 +153,12 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
                 pass
             assert time.monotonic() < deadline, (tmp / "prometheus.log").read_text()[-3000:]
             time.sleep(0.5)
-        time.sleep(2)  # a few more scrapes: rates need two samples
+        # Rates need two samples: wait until every dcgm-exporter series has two in the last minute.
+        dcgm = '{__name__=~"DCGM_.+", job="dcgm-exporter"}'
+        while any(len(s["values"]) < 2 for s in p.get("/api/v1/query", query=f"{dcgm}[1m]")["result"]):
+            assert proc.poll() is None, (tmp / "prometheus.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp / "prometheus.log").read_text()[-3000:]
+            time.sleep(0.25)
         yield p
     finally:
         proc.terminate()

@@ -1,4 +1,4 @@
-"""The guardrails' Slurm commands, run as sent, against a real Slurm (test_slurm_real's fixture: 22.05).
+"""The guardrails' Slurm commands, run as sent, against a real Slurm (tests/real_slurm.py's cluster: 22.05).
 
 The scripts the Lambdas send to the login node (`lambdas.slurmhold`: hold before a stop, release
 after a start, requeue on a spot warning) run here under bash with the real scontrol/squeue/
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,10 @@ from gpucluster.fleet.slurmhold import (
     release_script,
     requeue_node_script,
 )
-from test_slurm_real import Slurm, pytestmark, quiet, slurm  # noqa: F401  (fixtures, skip marks)
+from real_slurm import Slurm
+from test_slurm_real import pytestmark  # noqa: F401  (skip marks)
 
-PARTITION = "train"  # test_slurm_real's GROUP
+PARTITION = "train"  # real_slurm's GROUP
 
 
 def submit(cl: Slurm, name: str, body: str, *options: str) -> str:
@@ -51,7 +51,7 @@ def partition_state(cl: Slurm) -> str:
 
 
 @pytest.fixture
-def held(quiet: Slurm):  # noqa: F811
+def held(quiet: Slurm):
     """The cluster; the partition UP again afterwards whatever the test did."""
     yield quiet
     quiet.run("scontrol", "update", f"PartitionName={PARTITION}", "State=UP")
@@ -63,7 +63,7 @@ def test_a_held_partition_keeps_a_submitted_job_pending_and_release_starts_it(he
     assert done.returncode == 0 and "no running job" in done.stdout, done
     assert partition_state(cl) == "DOWN"
     job = submit(cl, "waits", "true", "--nodes=1")  # DOWN still takes submissions
-    time.sleep(3)  # several scheduling passes (sched_interval=1)
+    cl.wait_scheduled()  # several scheduling passes
     assert (cl.job(job).state, cl.job(job).reason) == ("PENDING", "PartitionDown")
     assert bash(cl, release_script([PARTITION])).returncode == 0
     assert partition_state(cl) == "UP"
@@ -78,7 +78,8 @@ def test_the_hold_signals_a_running_job_then_requeues_it_and_the_start_runs_it_a
     body = (
         f"trap 'echo \"USR1 $SLURM_JOB_ID restart $SLURM_RESTART_COUNT\" >> {marker}' USR1\n"
         f'echo "run ${{SLURM_RESTART_COUNT:-0}}" >> {marker}\n'
-        "for i in $(seq 1 40); do sleep 0.25; done"
+        # Running long enough to be held the first time; the run after the requeue ends at once.
+        "for i in $(seq 1 $(( ${SLURM_RESTART_COUNT:-0} ? 1 : 40 ))); do sleep 0.25; done"
     )
     job = submit(cl, "ckpt", body, "--nodes=2", "--requeue")
     cl.wait("the job to run", lambda: cl.job(job).state == "RUNNING")
@@ -95,7 +96,7 @@ def test_the_hold_signals_a_running_job_then_requeues_it_and_the_start_runs_it_a
     assert again.returncode == 0 and "no running job" in again.stdout
     assert marker.read_text().count("USR1") == 1
     cl.run("scontrol", "update", f"jobid={job}", "starttime=now")  # 22.05's requeue delay (BeginTime)
-    time.sleep(2)
+    cl.wait_scheduled()
     assert cl.job(job).state == "PENDING"  # held by the DOWN partition
     assert bash(cl, release_script([PARTITION])).returncode == 0
     cl.wait("the requeued job to finish", lambda: not cl.job(job).active, timeout=40)
@@ -118,7 +119,8 @@ def test_a_hold_sent_twice_at_once_signals_each_job_once_and_both_say_requeued(h
     cl.wait("both scripts to start", lambda: marker.exists() and marker.read_text().count("run ") == 2)
     script = hold_script([PARTITION], grace_seconds=3)
     first = subprocess.Popen(["bash", "-c", script], env=cl.env, stdout=subprocess.PIPE, text=True)
-    time.sleep(1)  # the first is in its grace, the jobs still RUNNING
+    # The first is in its grace once it has signalled both jobs (they are still RUNNING then).
+    cl.wait("the first hold's signals", lambda: marker.read_text().count("USR1") == 2)
     second = subprocess.Popen(["bash", "-c", script], env=cl.env, stdout=subprocess.PIPE, text=True)
     out1, _ = first.communicate(timeout=60)
     out2, _ = second.communicate(timeout=60)
@@ -143,7 +145,7 @@ def test_a_job_that_cannot_be_requeued_is_named_and_the_hold_says_so(held: Slurm
     assert cl.job(job).state == "FAILED"
 
 
-def test_a_spot_warning_drains_the_node_and_requeues_its_job(quiet: Slurm) -> None:  # noqa: F811
+def test_a_spot_warning_drains_the_node_and_requeues_its_job(quiet: Slurm) -> None:
     cl = quiet
     job = submit(cl, "spot", "sleep 30", "--nodes=2", "--requeue")
     cl.wait("the job to run", lambda: cl.job(job).state == "RUNNING")
@@ -159,7 +161,7 @@ def test_a_spot_warning_drains_the_node_and_requeues_its_job(quiet: Slurm) -> No
     assert "DRAIN" not in other
 
 
-def test_a_spot_warning_for_an_instance_slurm_does_not_know_changes_nothing(quiet: Slurm) -> None:  # noqa: F811
+def test_a_spot_warning_for_an_instance_slurm_does_not_know_changes_nothing(quiet: Slurm) -> None:
     done = bash(quiet, requeue_node_script("192.0.2.99", "ip-192-0-2-99", grace_seconds=0, reason="spot"))
     assert done.returncode == 4 and "no Slurm node" in done.stdout
     assert set(quiet.node_states().values()) == {"idle"}
@@ -168,7 +170,7 @@ def test_a_spot_warning_for_an_instance_slurm_does_not_know_changes_nothing(quie
 XID_DMESG = "[  100.000000] NVRM: Xid (PCI:0000:10:1c): 79, pid=1234, GPU has fallen off the bus."
 
 
-def test_the_health_check_drains_its_slurm_node_on_an_xid(quiet: Slurm, tmp_path: Path) -> None:  # noqa: F811
+def test_the_health_check_drains_its_slurm_node_on_an_xid(quiet: Slurm, tmp_path: Path) -> None:
     cl = quiet
     log = tmp_path / "calls.log"
     bin_dir = tmp_path / "bin"

@@ -11,6 +11,7 @@ against a real Slurm). The recorded sacct output below is shaped as Slurm's `--p
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -365,7 +366,10 @@ def test_logs_follow_streams_until_the_job_ends(aws: dict[str, Any], stack: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from gpucluster.ops import slurmjobs
 
-    monkeypatch.setattr(slurmjobs.time, "sleep", lambda _s: None)
+    # No wait between polls: `follow_output`'s `sleep` default is bound when the module loads, so
+    # patching time.sleep left it sleeping its real poll interval (10 s a test).
+    no_wait = functools.partial(slurmjobs.follow_output, sleep=lambda _s: None)
+    monkeypatch.setattr(slurmjobs, "follow_output", no_wait)
     with Stubber(aws["ssm"]) as stub:
         answer(stub, LOCATE)
         answer(stub, "==gpucluster:size\n13\n==gpucluster:read\n7\n==gpucluster:output\nstep 1\n", n=1)

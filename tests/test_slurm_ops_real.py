@@ -8,9 +8,10 @@ comes back with its id and runs, `jobs` parses the real squeue and scontrol, `lo
 reads the real output file, `cancel` cancels (and reports scancel's refusal of an unknown job),
 `nodes` parses the real sinfo.
 
-The cluster here is this module's own (a copy of test_slurm_real's recipe) with its files under a
-directory every user can read, since jobs run as `nobody` (uid 65534): on a PCS login node they
-run as the AMI's default user, uid 1000 (slurm.remote.JOB_UID), which this host may not have.
+The cluster is tests/real_slurm.py's (one per test process, shared with test_slurm_real and the
+guard tests; `quiet` leaves it empty and idle after each test), its files under a directory every
+user can read, since jobs run as `nobody` (uid 65534): on a PCS login node they run as the AMI's
+default user, uid 1000 (slurm.remote.JOB_UID), which this host may not have.
 `sacct` needs slurmdbd, which this Slurm has not (see test_slurm_real): the usage parsing is
 tested on recorded `--parsable2` output in tests/test_slurm_ops.py.
 """
@@ -18,10 +19,7 @@ tested on recorded `--parsable2` output in tests/test_slurm_ops.py.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,8 +27,6 @@ import pytest
 from base_config import base
 from gpucluster.ops.slurmjobs import plan_submit
 from gpucluster.preflight import parse_stack_config
-from gpucluster.slurm.batch import slurm_group
-from gpucluster.slurm.queue import parse_squeue, scancel_command, squeue_command
 from gpucluster.slurm.remote import (
     CHUNK_BYTES,
     cancel_script,
@@ -51,7 +47,7 @@ from gpucluster.slurm.remote import (
     submit_script,
     tail_script,
 )
-from test_slurm_real import MISSING, Slurm, running_slurm
+from real_slurm import MISSING, Slurm
 
 pytestmark = [
     pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing ({', '.join(MISSING)})"),
@@ -69,36 +65,6 @@ def stack_config() -> dict:
 
 
 SPEC = parse_stack_config(stack_config(), stack="t")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Slurm]:
-    """test_slurm_real's cluster under a directory `nobody` can reach (and a work dir it can write)."""
-    root = Path(tempfile.mkdtemp(prefix="gpucluster-slurm-", dir="/tmp"))
-    root.chmod(0o755)
-    (root / "work").mkdir()
-    (root / "work").chmod(0o777)
-    group = slurm_group(SPEC.node_groups[0], stack=SPEC.identity, cluster=SPEC.cluster.name,
-                        region=SPEC.region, spot=SPEC.spot)
-    try:
-        with running_slurm(root, group, every_user=True) as slurm:
-            yield slurm
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def quiet(cluster: Slurm) -> Iterator[Slurm]:
-    """The cluster, left with no job and both nodes idle after the test, whatever it did."""
-    yield cluster
-    ids = [j.job_id for j in parse_squeue(cluster.run(*squeue_command()).stdout)]
-    if ids:
-        cluster.run(*scancel_command(ids))
-    for node, state in cluster.node_states().items():
-        if state != "idle":
-            cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
-    cluster.wait("the queue to empty", lambda: not cluster.run(*squeue_command()).stdout.strip())
-    cluster.wait("both nodes idle", lambda: set(cluster.node_states().values()) == {"idle"})
 
 
 def on_login(slurm: Slurm, script: str) -> subprocess.CompletedProcess[str]:

@@ -23,7 +23,7 @@ from botocore.stub import Stubber
 from botocore.validate import validate_parameters
 from test_guardstate import create_table
 
-from conftest import shared_client
+from conftest import FakeClock, shared_client
 from gpucluster.aws.guardrail_lambda import BASE_TIMEOUT_SECONDS
 from gpucluster.fleet import guardstate, nodegroups, runtime, stops
 from gpucluster.fleet.deployment import PCS_ACTIVE_WAIT_SECONDS
@@ -279,7 +279,11 @@ def slurm_stack(monkeypatch: pytest.MonkeyPatch, table: str) -> Iterator[dict[st
     monkeypatch.setenv("GUARD_STATE_TABLE", table)
     monkeypatch.setenv("GPUCLUSTER_STACK", STACK)
     monkeypatch.setattr(runtime.RUNTIME, "client", lambda s: clients.get(s) or shared_client(s))
-    monkeypatch.setattr(runtime.RUNTIME, "sleep", lambda s: None)
+    # Fake time: a retry loop waits out its deadline in fake seconds (with the real clock and no
+    # sleep, a throttled login-node call spun a CPU until the real deadline, a minute a test).
+    clock = FakeClock()
+    monkeypatch.setattr(runtime.RUNTIME, "sleep", clock.sleep)
+    monkeypatch.setattr(runtime.RUNTIME, "clock", clock.clock)
     yield {"pcs": fake, "ssm": ssm, "ec2": ec2, "table": table}
 
 

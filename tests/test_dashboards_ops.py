@@ -253,6 +253,8 @@ def test_status_overview_finds_the_grafana_workspace_only_when_the_stack_has_one
     monkeypatch.setattr(nodegroups, "stack_fleet", lambda *a, **k: None)
     monkeypatch.setattr(status, "stack_status", lambda *a, **k: [])
     monkeypatch.setattr(doctor, "cost_tag_warning", lambda *a, **k: None)
+    import gpucluster.ops.boottimes as boottimes
+    monkeypatch.setattr(boottimes, "stack_boot_times", lambda *a, **k: ([], None))
     spec = spec_of({**ON, "grafana": {"enabled": True, "authentication_providers": ["AWS_SSO"]}})
     asked: list[str] = []
 

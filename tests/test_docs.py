@@ -192,10 +192,11 @@ def run_lines(lines: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> s
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("NO_COLOR", "1")
     printed = []
+    activation: list[str] = []  # once the page activated the venv, bash lines run in it too
     for line in lines:
         steps = steps_of(line)
         if steps is None:
-            done = run_page([line], Path.cwd())
+            done = run_page([*activation, line], Path.cwd())
             assert done.returncode == 0, (line, done.stderr[-3000:])
             printed.append(done.stdout)
             continue
@@ -203,6 +204,7 @@ def run_lines(lines: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> s
             if step[0] == "source":
                 done = run_page([shlex.join(step), "gpucluster --version"], Path.cwd())
                 assert done.returncode == 0 and done.stdout.strip(), (line, done.stderr[-3000:])
+                activation = [shlex.join(["source", str(Path.cwd() / step[1])])]
             elif step[0] == "cd":
                 os.chdir(step[1])
             else:

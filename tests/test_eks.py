@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pulumi_aws as aws
 import pytest
 import yaml
@@ -245,9 +246,25 @@ def test_the_node_config_part_comes_first_and_names_the_cluster(plan: Plan) -> N
         assert script.startswith("#!/bin/bash") and PAYLOAD_END in script
 
 
-def test_gpu_nodes_boot_the_eks_nvidia_ami_of_the_version_on_amazon_linux_s_root_device(plan: Plan) -> None:
-    template = by_name(plan, TEMPLATE, "h100-train-lt").inputs
-    assert template["imageId"].startswith("ami-")
+def test_gpu_nodes_boot_the_eks_nvidia_ami_of_the_version_on_amazon_linux_s_root_device(
+        plan: Plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The EKS parameter's image, and its root device as EC2 describes it (aws/amis.py: /dev/xvda on
+    Amazon Linux 2023), answered here as SSM and EC2 would for the EKS AMI."""
+    from gpucluster.plan import PlanMocks
+
+    al2023, original = "ami-0bbbbbbbbbbbbbbb2", PlanMocks.call
+
+    def call(self: PlanMocks, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        if args.token == "aws:ssm/getParameter:getParameter" and "/eks/" in str(args.args.get("name")):
+            return {"name": args.args["name"], "value": al2023, "type": "String", "id": args.args["name"]}
+        if args.token == "aws:ec2/getAmi:getAmi" and args.args["filters"][0]["values"] == [al2023]:
+            return {"id": al2023, "imageId": al2023, "rootDeviceName": "/dev/xvda"}
+        return original(self, args)
+
+    monkeypatch.setattr(PlanMocks, "call", call)
+    eks_plan = plan_config(eks_prod(), stack="prod")
+    template = by_name(eks_plan, TEMPLATE, "h100-train-lt").inputs
+    assert template["imageId"] == al2023
     assert template["blockDeviceMappings"][0]["deviceName"] == "/dev/xvda"
     version = one(plan, CLUSTER).inputs["version"]
     assert eks_catalog.ami_parameter(version) == (

@@ -17,7 +17,7 @@ import pytest
 
 from gpucluster.aws.eks_software import ClusterSoftware
 from gpucluster.conformance import check_resources
-from gpucluster.eks import admission, charts, crds, queues
+from gpucluster.eks import admission, charts, crds, queues, rbac
 from gpucluster.plan import PlannedResource, record_resources
 from gpucluster.spec import STACK_TAG, StackSpec
 from test_eks_objects import ASGS, KUBERNETES, REMOTE_WRITE, SPEC, eks_spec, pinned, strict
@@ -127,7 +127,7 @@ def test_every_object_from_the_mocks_is_valid_for_the_cluster_version(variant: s
 
 
 def test_the_objects_are_the_renderers_own() -> None:
-    rendered = [*queues.objects(SPEC), *admission.objects(SPEC)]
+    rendered = [*queues.objects(SPEC), *admission.objects(SPEC), *rbac.objects()]
     assert sorted(json.dumps(o, sort_keys=True) for o in dumped()) == \
         sorted(json.dumps(o, sort_keys=True) for o in rendered)
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from base_config import base
-from fake_node import logged_calls, run_script, write_stubs
+from fake_node import logged_calls, run_script, script, write_stubs
 from gpucluster.node.userdata import ACTIVITY_METRIC, NodeBootstrap, node_bootstrap, node_env
 from gpucluster.preflight import parse_stack_config
 from test_node_activity import NODE
@@ -82,9 +82,11 @@ def run(
             "logger": "exit 0",
         },
     )
+    (tmp_path / "eks-activity.sh").write_text(script("eks-activity.sh"))
     env = {
         "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
         "GPUCLUSTER_NODE_ENV": str(env_file),
+        "GPUCLUSTER_EKS_ACTIVITY": str(tmp_path / "eks-activity.sh"),
         "GPUCLUSTER_BUSY_INTERVAL_SECONDS": "0",
         "GPUCLUSTER_BUSY_SAMPLES": "3",
     }

@@ -152,4 +152,5 @@ def test_the_overview_reads_groups_dashboard_and_cost_tag(aws: dict[str, Any]) -
     assert overview.cost_tag_warning.startswith("warning: cost-allocation tag gpucluster:stack is inactive")
     assert shown.said == [f"reading {SPEC.stack}'s Auto Scaling groups and GPU metrics in {SPEC.region}",
                           "checking the budget's cost-allocation tag",
-                          "measuring spend so far (Cost Explorer + running instances)"]
+                          "measuring spend so far (Cost Explorer + running instances)",
+                          "reading the nodes' boot times (CloudWatch)"]

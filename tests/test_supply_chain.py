@@ -115,6 +115,7 @@ def _commands() -> list[tuple[str, str]]:
     found = []
     for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
         for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.DOTALL):
+            block = re.sub(r"\\\n\s*", " ", block)  # a command wrapped with `\` is one line
             # Installing gpucluster itself into a user's own program (a wheel, a git tag, the
             # requirements.txt `init` writes) is that program's to pin, not this repository's
             # environment: those lines are the one exception.

@@ -121,6 +121,8 @@ WORKLOAD_ACTIONS = [
     "cloudwatch:DescribeAlarms",
     # the spend guard's and the spend report's reads (lambdas/spend_guard.py, lambdas/report.py)
     "ce:GetCostAndUsage", "ce:GetCostForecast", "cloudwatch:GetMetricData", "ec2:DescribeSpotPriceHistory",
+    # ...and the spend guard's price of a type its table lacks (the AWS Price List: no resource types)
+    "pricing:GetProducts",
     # AWS PCS (scheduler type slurm): a node registers with its compute node group ("IAM instance profiles
     # for AWS Parallel Computing Service"); the guardrail Lambdas read the cluster's node groups and set
     # a group's scaling to stop and resume it (the node-group seam's PCS backend)

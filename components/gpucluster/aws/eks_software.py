@@ -22,7 +22,7 @@ import pulumi_kubernetes as k8s
 
 from gpucluster.aws.args import owned_tags, type_token
 from gpucluster.aws.iam import boundary_arn
-from gpucluster.eks import admission, charts, policies, queues
+from gpucluster.eks import admission, charts, policies, queues, rbac
 from gpucluster.eks.charts import Chart, Context
 from gpucluster.noderole import metrics_write_policy_document
 from gpucluster.spec import StackSpec
@@ -103,6 +103,7 @@ class ClusterSoftware(pulumi.ComponentResource):
         self.objects: dict[str, pulumi.CustomResource] = {}
         self._kueue_objects(k8s_child)
         self._admission(k8s_child)
+        self._node_grants(k8s_child)
         outputs = {"termination_queue_url": self.queue.url}
         self.register_outputs(outputs)
 
@@ -187,6 +188,17 @@ class ClusterSoftware(pulumi.ComponentResource):
                 self.objects[key] = k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
                     f"{self.base_name}-{key}", metadata=obj["metadata"], spec=obj["spec"],
                     opts=pulumi.ResourceOptions.merge(o, pulumi.ResourceOptions(depends_on=[policy])))
+
+
+    def _node_grants(self, opts: pulumi.ResourceOptions) -> None:
+        """The nodes' `get nodes/pods` (`gpucluster.eks.rbac`): the node agent's idle signal."""
+        role, binding = rbac.objects()
+        made = self.objects[_key(role)] = k8s.rbac.v1.ClusterRole(
+            f"{self.base_name}-{_key(role)}", metadata=role["metadata"], rules=role["rules"], opts=opts)
+        self.objects[_key(binding)] = k8s.rbac.v1.ClusterRoleBinding(
+            f"{self.base_name}-{_key(binding)}", metadata=binding["metadata"], role_ref=binding["roleRef"],
+            subjects=binding["subjects"],
+            opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[made])))
 
 
 def _item(key: str) -> Callable[[Mapping[str, Any]], Any]:

@@ -109,9 +109,9 @@ SCRIPTS_DIR = "/usr/local/lib/gpucluster/scripts"
 """Where a node unpacks the verified bundle; each script is installed from there to its path."""
 UNGATED_HEALTH_CHECK = "health-check-ungated.sh"
 """The bundle's name for health-check.sh without its ready-gate blocks (`without_ready_gate`)."""
-BUNDLE_SCRIPTS = ("agent.sh", "baked-install.sh", "checkpoint.sh", "data.sh", "health-check.sh",
-                  "install.sh", "interruption-hook.sh", "job.sh", "metrics.sh", "mig.sh", "os.sh", "ready.sh",
-                  "report.sh", "scratch.sh", "setup.sh", "spot-watcher.sh")
+BUNDLE_SCRIPTS = ("agent.sh", "baked-install.sh", "checkpoint.sh", "data.sh", "eks-activity.sh",
+                  "health-check.sh", "install.sh", "interruption-hook.sh", "job.sh", "metrics.sh", "mig.sh",
+                  "os.sh", "ready.sh", "report.sh", "scratch.sh", "setup.sh", "spot-watcher.sh")
 """Every shipped script a node may run (with UNGATED_HEALTH_CHECK: the bundle's members)."""
 
 
@@ -533,6 +533,7 @@ def node_files(b: NodeBootstrap) -> list[NodeFile]:
         shipped(f"{_SBIN}/gpucluster-install", "install.sh"),
         shipped(f"{_SBIN}/gpucluster-agent", "agent.sh"),
         shipped(f"{_SBIN}/gpucluster-report", "report.sh"),
+        *([shipped(f"{_SBIN}/gpucluster-eks-activity", "eks-activity.sh")] if b.eks_cluster else []),
         shipped(INTERRUPTION_HOOK, "interruption-hook.sh"),
         NodeFile(f"{_UNITS}/gpucluster-scratch.service", _unit(
             "NVMe instance-store scratch (RAID0)",

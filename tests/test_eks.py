@@ -524,3 +524,15 @@ def test_only_an_eks_stack_loads_pulumi_kubernetes(scheduler: str, loaded: str) 
                           cwd=REPO, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == loaded
+
+
+def test_an_eks_stack_without_nat_is_refused_until_its_endpoints_exist() -> None:
+    """Nodes join through NAT (the EKS API, ECR, STS): without it, one finding, not a cluster that plans
+    and cannot deploy."""
+    from gpucluster.spec import SpecError
+
+    config = eks_prod()
+    config["gpucluster:network"]["nat_gateway"] = False
+    with pytest.raises(SpecError) as err:
+        parse_stack_config(config, stack="prod")
+    assert [f.path for f in err.value.findings] == ["network.nat_gateway"]

@@ -121,13 +121,15 @@ def test_cost_dev_as_scheduled_against_24x7() -> None:
     assert cost.schedule.scheduled and cost.schedule.hours_per_month == pytest.approx(hours)
     spot = 1.006 * (1 - 0.65)                       # g5.xlarge spot, the dev group's one node
     flow_logs = 5 * 0.50 + 15 * 0.03 + 1.0          # VPC flow logs: ingested, 3 months stored, the key
-    fixed = 0.045 * 730 + 0.045 * 100 + 0.005 * 730 + 3 * 2 * 0.01 * 730 + 1024 * 0.023 + flow_logs
-    assert cost.usd_per_month("desired") == pytest.approx(spot * 730 + 200 * 0.08 + fixed)        # 385.33
+    # the spend guard's own API calls (#35: guardcost, its line a fixed monthly figure)
+    [guard] = [o.desired_usd_per_month for o in cost.other if o.kind == "guard"]
+    fixed = 0.045 * 730 + 0.045 * 100 + 0.005 * 730 + 3 * 2 * 0.01 * 730 + 1024 * 0.023 + flow_logs + guard
+    assert cost.usd_per_month("desired") == pytest.approx(spot * 730 + 200 * 0.08 + fixed)        # 386.57
     assert cost.usd_per_month("desired", scheduled=True) == pytest.approx(
-        spot * hours + 200 * 0.08 * hours / 730 + fixed)                                          # 201.69
+        spot * hours + 200 * 0.08 * hours / 730 + fixed)                                          # 202.92
     doc = cost.as_json()
     assert doc["schedule"]["hours_per_month"] == 238.99
-    assert doc["scheduled_totals"]["desired"]["mix"]["usd_per_month"] == pytest.approx(201.69, abs=0.01)
+    assert doc["scheduled_totals"]["desired"]["mix"]["usd_per_month"] == pytest.approx(202.92, abs=0.01)
     assert doc["node_groups"][0]["scheduled_hours_per_month"] == 238.99
 
 

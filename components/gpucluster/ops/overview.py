@@ -50,7 +50,7 @@ def spend_now(spec: StackSpec, fleet: Fleet, *, ce: Any,
     stack has no action. None, None without a budget.
     """
     from gpucluster.fleet.accrual import PriceError, Prices, decide, when_limit
-    from gpucluster.fleet.spendguard import measure
+    from gpucluster.fleet.spendguard import CostAnswerError, measure
     from gpucluster.ops.awserrors import AWS_ERRORS, describe
     from gpucluster.pricing import guard_prices
 
@@ -64,6 +64,8 @@ def spend_now(spec: StackSpec, fleet: Fleet, *, ce: Any,
                                 fleet.clients("cloudwatch"), Prices.from_json(guard_prices(spec)), now)
     except AWS_ERRORS as exc:
         return None, f"spend not read: {describe(exc)}"  # never an HTML body
+    except CostAnswerError as exc:  # an answer that is not a figure is never read as $0
+        return None, f"spend not read: {exc}"
     except PriceError as exc:
         return None, f"spend not priced: {exc}"
     decision = decide(spend, limit, budget.check_minutes, budget.max_usd_per_hour,

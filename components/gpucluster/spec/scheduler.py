@@ -145,6 +145,12 @@ def eks_rules(spec: StackSpec, today: dt.date | None = None) -> Iterable[Finding
         yield Finding("network.availability_zones", f"an EKS control plane needs subnets in at least "
                       f"{EKS_MIN_ZONES} availability zones: add a second zone (an EFA group stays in its "
                       "first)")
+    if not spec.network.nat_gateway:
+        # Nodes reach the EKS API, ECR's image pulls and STS through NAT today: the interface endpoints
+        # a NAT-less EKS stack needs (eks, eks-auth, ecr.api, ecr.dkr, sts) are not made yet, so refuse
+        # it rather than plan a cluster whose nodes cannot join.
+        yield Finding("network.nat_gateway", "an EKS stack needs NAT for now: its nodes reach the EKS "
+                      "API, ECR and STS through it (no interface endpoints for them yet); set it to true")
     system = catalog.get(s.system_nodes.instance_type)
     if system is not None and system.gpus > 0:
         yield Finding(f"{PATH}.system_nodes.instance_type", f"{system.name} has {system.gpus} GPUs: the "

@@ -54,7 +54,7 @@ from gpucluster.aws.settings import (
     SpotSettings,
 )
 from gpucluster.catalog import eks as eks_catalog
-from gpucluster.fleet.tags import NODE_GROUP_TAG
+from gpucluster.fleet.tags import MAX_NODES_TAG, NODE_GROUP_TAG
 from gpucluster.node.bundle import scripts_source
 from gpucluster.node.metrics import group_metrics
 from gpucluster.node.multipart import (
@@ -300,7 +300,9 @@ def eks_asg_tags(group: NodeGroupConfig, cluster: str) -> dict[str, str]:
     first = group.types[0]
     template = f"{AUTOSCALER_TAG}/node-template"
     tags = {f"kubernetes.io/cluster/{cluster}": "owned", f"{AUTOSCALER_TAG}/enabled": "true",
-            f"{AUTOSCALER_TAG}/{cluster}": "owned"}
+            f"{AUTOSCALER_TAG}/{cluster}": "owned",
+            # a guard's stop zeroes MaxSize on EKS and a start puts this back (fleet/asg.py)
+            MAX_NODES_TAG: str(group.max_nodes)}
     tags |= {f"{template}/label/{k}": v for k, v in node_labels(group.name, eks_purchase(group)).items()}
     key, value, effect = GPU_TAINT
     tags[f"{template}/taint/{key}"] = f"{value}:{effect}"

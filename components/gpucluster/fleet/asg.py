@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from .awsapi import describe_groups, group_tags, log_event, stack_groups
@@ -33,6 +34,7 @@ from .nodegroups import (
     stop_label,
 )
 from .tags import (
+    MAX_NODES_TAG,
     NODE_GROUP_TAG,
     PREVIOUS_DESIRED_TAG,
     PREVIOUS_MIN_TAG,
@@ -231,20 +233,43 @@ class AutoScalingCapacity:
     the mirror is the same tags, written after the stored record, never read to decide.
     """
 
-    stop_zeroes_max = False  # a stop leaves MaxSize alone
+    stop_zeroes_max = False  # a stop leaves MaxSize alone (but see MAX_NODES_TAG: it reads as unchanged)
 
     def __init__(self, autoscaling: Any) -> None:
         self.autoscaling = autoscaling
+        self._configured_max: dict[str, int] = {}
+        self._plain: set[str] = set()  # groups read without MAX_NODES_TAG
 
     def describe_stack(self, stack: str) -> list[NodeGroup]:
-        return [node_group(g) for g in stack_groups(self.autoscaling, stack)]
+        return [self._read(g) for g in stack_groups(self.autoscaling, stack)]
 
     def describe(self, names: Iterable[str]) -> list[NodeGroup]:
-        return [node_group(g) for g in describe_groups(self.autoscaling, names)]
+        return [self._read(g) for g in describe_groups(self.autoscaling, names)]
+
+    def _read(self, description: Mapping[str, Any]) -> NodeGroup:
+        """The group, its maximum the configured one where a stop zeroed it (an EKS group's MAX_NODES_TAG)."""
+        group = node_group(description)
+        configured = group_tags(description).get(MAX_NODES_TAG, "")
+        if not configured.isdigit():
+            self._plain.add(group.name)
+            return group
+        self._configured_max[group.name] = int(configured)
+        return replace(group, max_size=max(group.max_size, int(configured)))
 
     def resize(self, name: str, min_size: int, desired: int) -> None:
+        """Min and desired; on a group with MAX_NODES_TAG (EKS) the maximum too: 0 with a stop, so the
+        cluster-autoscaler cannot bring the group back, else the configured maximum."""
+        if name not in self._configured_max and name not in self._plain:  # not read by this backend yet
+            for description in describe_groups(self.autoscaling, [name]):
+                self._read(description)
+        configured = self._configured_max.get(name)
+        if configured is None:
+            self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
+                                                       DesiredCapacity=desired)
+            return
+        maximum = 0 if min_size == desired == 0 else max(configured, desired)
         self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
-                                                   DesiredCapacity=desired)
+                                                   DesiredCapacity=desired, MaxSize=maximum)
 
     def mirror(self, name: str, stopped_by: str, previous: StopState) -> None:
         tags = {STOPPED_BY_TAG: stopped_by}

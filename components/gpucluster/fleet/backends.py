@@ -64,6 +64,10 @@ def _pcs_capacity(where: Placement) -> Capacity:
 BACKENDS: dict[str, Backend] = {
     "none": Backend(capacity=lambda where: AutoScalingCapacity(where.client("autoscaling")),
                     without_table=lambda where: AutoScalingGroups(where.client("autoscaling"))),
+    # EKS's GPU node groups are Auto Scaling groups too (self-managed); their MAX_NODES_TAG makes a stop
+    # zero the maximum as well, so the cluster-autoscaler cannot bring a stopped group back.
+    "eks": Backend(capacity=lambda where: AutoScalingCapacity(where.client("autoscaling")),
+                   without_table=lambda where: AutoScalingGroups(where.client("autoscaling"))),
     "slurm": Backend(capacity=_pcs_capacity),
 }
 """Scheduler kind (`scheduler.type`) -> where its node groups' capacity lives."""

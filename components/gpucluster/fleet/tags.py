@@ -15,6 +15,11 @@ NODE_GROUP_TAG = "gpucluster:node-group"
 SLURM_LOGIN_GROUP = "login"
 """A Slurm stack's login node group: its NODE_GROUP_TAG value and PCS name (no node group may take it)."""
 
+MAX_NODES_TAG = "gpucluster:max-nodes"
+"""On an EKS stack's Auto Scaling groups: the group's configured maximum. A stop there sets MaxSize to 0
+too (the cluster-autoscaler would scale a group whose maximum it can still reach back up for a pending
+pod), and a start puts this maximum back (`asg.AutoScalingCapacity`)."""
+
 STOPPED_BY_TAG = "gpucluster:stopped-by"
 PREVIOUS_DESIRED_TAG = "gpucluster:previous-desired"
 PREVIOUS_MIN_TAG = "gpucluster:previous-min"

@@ -305,7 +305,7 @@ def test_the_auto_scaling_groups_carry_the_cluster_and_autoscaler_tags(plan: Pla
     assert evaluation[f"{template}/label/gpucluster.io/purchase"] == ("spot", False)
     # the configured maximum a guard's stop zeroes and a start puts back (fleet/asg.py)
     for asg in plan.of_type(ASG):
-        assert asg_tags(asg)["gpucluster:max-nodes"] == (str(asg.inputs["maxSize"]), False), asg.name
+        assert asg_tags(asg)["gpucluster:max-nodes"] == (str(int(asg.inputs["maxSize"])), False), asg.name
 
 
 def test_each_gpu_group_has_a_drain_hook_before_scale_in(plan: Plan) -> None:

@@ -18,7 +18,7 @@ import gc
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +156,19 @@ def write_stack(tmp_path: Path) -> Callable[[dict[str, Any], str], Path]:
     return write
 
 
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    """A moto server on a free local port, for a CLI run in a subprocess (`AWS_ENDPOINT_URL`)."""
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()

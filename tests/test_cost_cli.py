@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ import boto3
 import pytest
 import yaml
 from botocore.stub import Stubber
-from moto.server import ThreadedMotoServer
 from typer.testing import CliRunner
 
 from base_config import policy_clean
@@ -337,17 +335,6 @@ def test_recommend_nothing_fits_exits_1() -> None:
 
 
 # ---------------------------------------------------------------------- doctor
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 def run_doctor(stack: str, endpoint: str) -> subprocess.CompletedProcess[str]:

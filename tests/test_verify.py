@@ -30,7 +30,6 @@ from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeou
 from botocore.stub import Stubber
 from botocore.validate import validate_parameters
 from moto import mock_aws
-from moto.server import ThreadedMotoServer
 from typer.testing import CliRunner
 
 from gpucluster.cli.entry import app
@@ -864,17 +863,6 @@ def test_aws_out_of_reach_is_an_error_not_a_checklist(spec: StackSpec, account: 
 
 
 # ---------------------------------------------------------------------------- the command
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 def run_verify(path: Path, endpoint: str, *more: str) -> subprocess.CompletedProcess[str]:

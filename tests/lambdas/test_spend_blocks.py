@@ -264,9 +264,12 @@ def test_a_block_bought_since_the_settled_point_counts_its_fee_and_stops(cluster
     now = block_guard
     recorded.fakes["ec2"] = BlockEc2(cluster, [reservation("cr-0blk", created=now - timedelta(hours=1))])
     recorded.fakes["ce"] = cost_explorer(2000.0, now=now)
+    train = set(cluster.instances("dev-train"))
+    infer_hours = sum(h for i, h in launched(cluster, now) if i not in train)  # before the stop
+    fixed = (now - settled_through(now)).total_seconds() / 3600 * PRICES["fixed_usd_per_hour"]
     result = spend_guard.handler({}, None)
     assert result["action"] == "stopped"  # $2,000 + the $3,020 fee > $5,000
-    assert result["spend"]["spend_usd"] == pytest.approx(2000 + FEE, abs=20)
+    assert result["spend"]["spend_usd"] == pytest.approx(2000 + FEE + fixed + infer_hours * G5, abs=0.01)
     assert cluster.capacity("dev-train") == (0, 0)
 
 

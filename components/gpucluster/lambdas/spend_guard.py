@@ -43,6 +43,7 @@ Price List has no price for either is a configuration error, as before.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import replace
 from datetime import datetime
@@ -158,7 +159,7 @@ def _tell_unrecorded(stack: str, memory: Memory, now: datetime) -> bool:
         return notify_from_env(f"gpucluster {stack}: spend figure may be low for two days",
                                {"stack": stack, "note": note})
     except NotifyError as exc:
-        log_event("figure's gap not told: the next tick tells it", error=str(exc))
+        log_event("figure's gap not told: the next tick tells it", logging.WARNING, error=str(exc))
         return False
 
 

@@ -52,6 +52,8 @@ DESCRIBE_ONLY = {"autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeA
                  "ec2:DescribeInstances", "ssm:GetCommandInvocation",
                  # the spend guard's reads (no resource types either)
                  "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory", "cloudwatch:GetMetricData",
+                 # ...and a Capacity Block's fee from its reservation (no resource types either)
+                 "ec2:DescribeCapacityReservations",
                  # the spend guard's price of a type its table lacks (AWS Price List: no resource types)
                  "pricing:GetProducts",
                  # autostop reads its idle alarm again (on "*": ledger cloudwatch-describe-alarms-resource)

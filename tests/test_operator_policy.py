@@ -100,8 +100,10 @@ def test_every_call_the_commands_make_is_allowed(calls: list[str]) -> None:
     # (the guard-state items and key are used only when the stack has its table: here it has none;
     # image build: Image Builder is not in moto; tests/test_image_build.py checks its calls are allowed;
     # DescribeSpotPriceHistory: status prices spot nodes at the spot price; these nodes are on-demand;
+    # DescribeCapacityReservations: status reads a Capacity Block's fee; this stack buys none;
     # verify: tests/test_verify.py checks every call it makes is allowed)
     assert allowed - set(calls) <= {"ssm:CancelCommand", "logs:GetLogEvents", "logs:FilterLogEvents",
                                     "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "kms:Decrypt",
                                     "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey",
-                                    "ec2:DescribeSpotPriceHistory", *IMAGE_BUILD_ACTIONS, *VERIFY_ACTIONS}
+                                    "ec2:DescribeSpotPriceHistory", "ec2:DescribeCapacityReservations",
+                                    *IMAGE_BUILD_ACTIONS, *VERIFY_ACTIONS}

@@ -53,8 +53,9 @@ def test_prod_checks_spend_every_five_minutes_against_its_action_threshold(prod:
 def test_the_spend_guard_role_scales_only_this_stack_and_reads_spend(prod: Built) -> None:
     statements = check_policy(prod, "gpu-prod-spend-guard", scales=True, runs_hooks=False)
     assert actions_of(statements, "*") == {"autoscaling:DescribeAutoScalingGroups", "ce:GetCostAndUsage",
-                                           "cloudwatch:GetMetricData", "ec2:DescribeInstances",
-                                           "ec2:DescribeSpotPriceHistory", "pricing:GetProducts"}
+                                           "cloudwatch:GetMetricData", "ec2:DescribeCapacityReservations",
+                                           "ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory",
+                                           "pricing:GetProducts"}
     assert "autoscaling:DeleteTags" not in actions_of(statements)
     role = prod.one(ROLE, "spend-scheduler-role").inputs
     assert json.loads(role["assumeRolePolicy"])["Statement"][0]["Principal"] == {

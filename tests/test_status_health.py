@@ -216,3 +216,18 @@ def test_status_shows_spend_burn_rate_and_when_the_limit_is_hit(aws: tuple[Any, 
     monkeypatch.setattr(common, "cost_explorer", lambda spec: spend_explorer(120.0))
     text = runner.invoke(app, ["status", "dev"]).output
     assert "spend: $" in text and "burning $" in text and "limit $700.00: limit in" in " ".join(text.split())
+
+
+def test_status_says_what_the_spend_figure_may_miss() -> None:
+    """A figure with notes (a block priced by the hour, instances before the record) is never shown bare."""
+    from gpucluster.cli.fleet import render_spend
+
+    spend = {"month_to_date_usd": 10.0, "settled_usd": 5.0, "settled_through": "2026-11-19",
+             "accrued_usd": 5.0, "usd_per_hour": 1.0, "limit_usd": 100.0, "hours_to_limit": 90.0,
+             "limit_at": "2026-11-24T04:00+00:00", "over_limit": False, "guard": "on"}
+    plain = render_spend(spend, None)
+    noted = render_spend({**spend, "notes": ["instances that stopped before the record are not counted"]},
+                         None)
+    assert noted[:len(plain)] == plain
+    said = " ".join(line.strip() for line in noted[len(plain):])
+    assert said == "note: instances that stopped before the record are not counted"

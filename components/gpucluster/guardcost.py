@@ -4,7 +4,9 @@ The spend guard (lambdas/spend_guard.py) runs every `budget.check_minutes`. It r
 most GUARD_CE_READS_PER_DAY times a day (fleet/settledcache.py keeps the settled figure in the
 guard-state table; a test holds the two equal) and, on every check while compute runs, the
 guard-state table: the groups (Query), the kept figure and the instance ledger (GetItem), the ledger
-written back (PutItem). No GetMetricData any more: the ledger prices the instances that are gone.
+written back (PutItem). No GetMetricData any more: the ledger prices the instances that are gone. Its EC2
+reads (DescribeInstances, DescribeSpotPriceHistory, and DescribeCapacityReservations on a stack with a
+Capacity Block) are not counted: the model charges no EC2 request, as it never did for DescribeInstances.
 The prices are us-east-1 list prices from memory (ledger: guard-api-prices), Cost Explorer's
 included (ledger: ce-request-price). Pure: no AWS call; `pricing` wraps the figure in its OtherCost.
 """

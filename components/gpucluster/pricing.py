@@ -803,8 +803,9 @@ def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dic
 
     Rendered at deploy into the Lambda's environment, so it carries only what the stack's
     groups can launch: on-demand per instance type, the Capacity Block rate where a group
-    buys blocks, the Savings Plan rate of a committed base, and the other costs an hour
-    (their 24 x 7 month at desired nodes / 730, root volumes excluded: they follow nodes).
+    buys blocks (and the blocks' reservations: their fee counts once, `fleet.capacityblocks`), the
+    Savings Plan rate of a committed base, and the other costs an hour (their 24 x 7 month at desired
+    nodes / 730, root volumes excluded: they follow nodes).
     Types with no price for the region are left out: the guard then reports them as a
     configuration error instead of guessing.
     """
@@ -843,8 +844,14 @@ def guard_prices(spec: StackSpec, assumptions: Assumptions | None = None) -> dic
         fixed = sum(o.desired_usd_per_month for o in kept) / HOURS_PER_MONTH
     except PricingError:
         fixed = 0.0
-    return {"on_demand": on_demand, "capacity_block": blocks, "committed": committed,
-            "group_max": group_max, "fixed_usd_per_hour": round(fixed, 4)}
+    table: dict[str, Any] = {"on_demand": on_demand, "capacity_block": blocks, "committed": committed,
+                             "group_max": group_max, "fixed_usd_per_hour": round(fixed, 4)}
+    # The blocks the groups launch into: the guard reads their upfront fee before an instance runs there.
+    reservations = sorted({g.capacity.capacity_reservation_id for g in spec.node_groups
+                           if g.capacity.market == "capacity_block" and g.capacity.capacity_reservation_id})
+    if reservations:
+        table["reservations"] = reservations
+    return table
 
 
 def region_guard_prices(region: str) -> dict[str, Any]:

@@ -121,6 +121,8 @@ WORKLOAD_ACTIONS = [
     "cloudwatch:DescribeAlarms",
     # the spend guard's and the spend report's reads (lambdas/spend_guard.py, lambdas/report.py)
     "ce:GetCostAndUsage", "ce:GetCostForecast", "cloudwatch:GetMetricData", "ec2:DescribeSpotPriceHistory",
+    # ...a Capacity Block's upfront fee, from its reservation (fleet/capacityblocks.py; status too)
+    "ec2:DescribeCapacityReservations",
     # ...and the spend guard's price of a type its table lacks (the AWS Price List: no resource types)
     "pricing:GetProducts",
     # AWS PCS (scheduler type slurm): a node registers with its compute node group ("IAM instance profiles

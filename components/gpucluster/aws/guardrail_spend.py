@@ -27,14 +27,15 @@ from gpucluster.aws.guardrail_lambda import (
 from gpucluster.aws.guardrail_state import with_state
 
 # The handler's reads: none of them supports resource-level permissions (Service Authorization
-# Reference: "AWS Cost Explorer Service" GetCostAndUsage, "Amazon EC2" DescribeInstances and
-# DescribeSpotPriceHistory, "Amazon EC2 Auto Scaling" DescribeAutoScalingGroups, "Amazon
-# CloudWatch" GetMetricData, "AWS Price List" GetProducts: the service has no resource types,
-# cfn-lint's AdditionalSpecs/Policies.json `pricing`), so Resource "*". GetProducts prices a type
-# the rendered table lacks (fleet.pricelist).
+# Reference: "AWS Cost Explorer Service" GetCostAndUsage, "Amazon EC2" DescribeInstances,
+# DescribeSpotPriceHistory and DescribeCapacityReservations, "Amazon EC2 Auto Scaling"
+# DescribeAutoScalingGroups, "Amazon CloudWatch" GetMetricData, "AWS Price List" GetProducts: the
+# service has no resource types, cfn-lint's AdditionalSpecs/Policies.json `pricing`), so Resource "*".
+# GetProducts prices a type the rendered table lacks (fleet.pricelist); DescribeCapacityReservations
+# reads a Capacity Block's fee (fleet.capacityblocks).
 SPEND_GUARD_READS = ("autoscaling:DescribeAutoScalingGroups", "ce:GetCostAndUsage",
-                     "cloudwatch:GetMetricData", "ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory",
-                     "pricing:GetProducts")
+                     "cloudwatch:GetMetricData", "ec2:DescribeCapacityReservations", "ec2:DescribeInstances",
+                     "ec2:DescribeSpotPriceHistory", "pricing:GetProducts")
 SCHEDULE_RETRIES = 2
 
 

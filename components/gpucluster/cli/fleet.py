@@ -147,11 +147,14 @@ def render_spend(spend: dict[str, Any] | None, error: str | None) -> list[str]:
         when = "nothing burns: the limit is not reached at this rate"
     else:
         when = f"limit in {hours:,.1f} h ({spend['limit_at']} UTC)"
-    return render.wrap(
+    lines = render.wrap(
         f"spend: ${spend['month_to_date_usd']:,.2f} this month (${spend['settled_usd']:,.2f} settled before "
         f"{spend['settled_through']} + ${spend['accrued_usd']:,.2f} accrued), burning "
         f"${spend['usd_per_hour']:,.2f}/h; limit ${spend['limit_usd']:,.2f}: {when}; spend guard "
         f"{spend['guard']}")
+    for note in spend.get("notes", []):  # what the figure may miss: said, never shown as exact
+        lines += render.wrap(f"note: {note}", indent="  ")
+    return lines
 
 
 def status_json(spec: StackSpec, overview: StackOverview) -> dict[str, Any]:

@@ -14,7 +14,7 @@ Lambda archive as ``gpucluster.fleet``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,6 +24,12 @@ from typing import Any
 ON_DEMAND, SPOT, CAPACITY_BLOCK, COMMITTED = "on-demand", "spot", "capacity-block", "committed"
 PURCHASE_OPTIONS = (ON_DEMAND, SPOT, CAPACITY_BLOCK, COMMITTED)
 SETTLED_LAG_DAYS = 1
+# EC2 API reference (botocore's ec2 model), CapacityReservation State: "payment-pending - (Capacity
+# Blocks) The upfront payment has not been processed yet"; "payment-failed - (Capacity Blocks) The
+# upfront payment was not processed in the 12-hour time frame. Your Capacity Block was released."
+# So a block is paid within 12 hours of its purchase (CreateDate), or never.
+BLOCK_PAYMENT_WINDOW = timedelta(hours=12)
+BLOCK_UNPAID = "payment-failed"
 
 
 class PriceError(ValueError):
@@ -47,9 +53,22 @@ class Prices:
     group_max: Mapping[str, float] = field(default_factory=dict)
     """node group -> the highest USD/h among its instance types: what an instance that already
     left the group is priced at (its type is no longer known)."""
+    reservations: tuple[str, ...] = ()
+    """The Capacity Block reservations the stack's groups launch into (capacity_reservation_id): read
+    for their upfront fee even before an instance runs in them."""
 
     def gone_rate(self, node_group: str) -> float:
         return self.group_max.get(node_group) or max(self.on_demand.values(), default=0.0)
+
+    def block_rate(self, instance_type: str) -> float:
+        """USD per instance-hour of a Capacity Block of `instance_type`: the rendered block rate, else
+        the on-demand price (a block of a type no group of the stack buys as a block)."""
+        rate = self.capacity_block.get(instance_type)
+        if rate is None:
+            rate = self.on_demand.get(instance_type)
+        if rate is None:
+            raise PriceError(f"no Capacity Block or on-demand price for {instance_type}")
+        return rate
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Prices:
@@ -59,13 +78,16 @@ class Prices:
             committed = {str(k): (int(v[0]), float(v[1])) for k, v in raw.get("committed", {}).items()}
             fixed = float(raw.get("fixed_usd_per_hour", 0.0))
             group_max = {str(k): float(v) for k, v in raw.get("group_max", {}).items()}
+            reservations = raw.get("reservations", [])
+            if not isinstance(reservations, list):
+                raise TypeError("reservations is not a list")
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise PriceError(f"price table is malformed: {exc!r}") from None
         values = [*on_demand.values(), *blocks.values(), *(c[1] for c in committed.values()), fixed,
                   *group_max.values()]
         if any(not math.isfinite(v) or v < 0 for v in values):
             raise PriceError("price table holds a negative or non-finite price")
-        return cls(on_demand, blocks, committed, fixed, group_max)
+        return cls(on_demand, blocks, committed, fixed, group_max, tuple(str(r) for r in reservations))
 
 
 @dataclass(frozen=True)
@@ -78,6 +100,54 @@ class Instance:
     launched: datetime
     node_group: str = ""
     zone: str | None = None
+    reservation: str | None = None
+    """The Capacity Reservation it runs in (DescribeInstances CapacityReservationId), if any."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """A Capacity Block reservation of the stack (DescribeCapacityReservations, ReservationType
+    capacity-block): its whole fee is paid up front, so its instances cost nothing by the hour."""
+
+    reservation_id: str
+    instance_type: str
+    instance_count: int
+    start: datetime
+    end: datetime
+    created: datetime
+    """When it was purchased (CreateDate): it is paid within BLOCK_PAYMENT_WINDOW of it."""
+    state: str
+    tagged: bool
+    """It carries the stack tag: Cost Explorer's tag filter, so the settled figure, sees its fee."""
+
+    @property
+    def hours(self) -> float:
+        return max(0.0, (self.end - self.start).total_seconds() / 3600)
+
+    def fee_usd(self, prices: Prices) -> float:
+        """The upfront fee: the block rate x instances x the block's hours.
+
+        The offering's UpfrontFee is not readable once bought (DescribeCapacityReservations has no
+        price member, and no call describes an offering by id), so the catalog's block rate rendered
+        at deploy prices it; that AWS charges that rate is unverified (ledger: capacity-block-fee-rate).
+        """
+        return prices.block_rate(self.instance_type) * self.instance_count * self.hours
+
+    def counted(self, now: datetime) -> bool:
+        """Whether its fee is this month's and not in the settled figure: the accrual counts it.
+
+        Paid by `created` + BLOCK_PAYMENT_WINDOW (never when the payment failed). The settled figure
+        holds it only when the block carries the stack tag and was paid before the settled point
+        (that Cost Explorer dates the fee on its payment day under the reservation's tags is
+        unverified: ledger: capacity-block-fee-in-cost-explorer); a fee that may have been paid this
+        month is counted, so a doubt counts it twice rather than not at all.
+        """
+        if self.state == BLOCK_UNPAID:
+            return False
+        paid_by = self.created + BLOCK_PAYMENT_WINDOW
+        if paid_by < month_start(now):
+            return False
+        return not (self.tagged and paid_by < settled_through(now))
 
 
 @dataclass(frozen=True)
@@ -92,6 +162,11 @@ class Spend:
     """instance id -> USD/h it is priced at."""
     gone_hours: Mapping[str, float] = field(default_factory=dict)
     """node group -> instance-hours since the settled point of instances no longer in service."""
+    block_fees: Mapping[str, float] = field(default_factory=dict)
+    """Capacity Block reservation -> its upfront fee in the accrued figure (0: in the settled figure,
+    or not this month's)."""
+    notes: tuple[str, ...] = ()
+    """What the figure may miss or count by an estimate, in words (empty: nothing known)."""
 
     @property
     def total_usd(self) -> float:
@@ -144,13 +219,16 @@ def cost_period(now: datetime) -> dict[str, str] | None:
 
 
 def instance_rates(instances: Iterable[Instance], prices: Prices,
-                   spot: Mapping[tuple[str, str | None], float]) -> dict[str, float]:
+                   spot: Mapping[tuple[str, str | None], float],
+                   prepaid: Collection[str] = ()) -> dict[str, float]:
     """USD/h of each instance by how it was bought.
 
     Spot is priced at the current spot price of its type and zone (then of its type in any
     zone, the highest), falling back to the on-demand price: spot never costs more than
     on-demand, so the fallback can only stop early, never late. A committed base (Savings
     Plan or reserved) covers the oldest on-demand instances of its group, up to the base size.
+    An instance in a Capacity Block whose reservation is in `prepaid` costs nothing by the hour
+    (its block's fee is counted once, `Block`); in a block not read, at the block rate.
     """
     rates: dict[str, float] = {}
     base_left = {g: n for g, (n, _) in prices.committed.items()}
@@ -161,6 +239,8 @@ def instance_rates(instances: Iterable[Instance], prices: Prices,
         if inst.purchase == SPOT:
             by_type = [p for (t, _z), p in spot.items() if t == inst.instance_type]
             rate = spot.get((inst.instance_type, inst.zone), max(by_type, default=od))
+        elif inst.purchase == CAPACITY_BLOCK and inst.reservation in prepaid:
+            rate = 0.0
         elif inst.purchase == CAPACITY_BLOCK:
             rate = prices.capacity_block.get(inst.instance_type, od)
         elif base_left.get(inst.node_group, 0) > 0:
@@ -175,7 +255,8 @@ def instance_rates(instances: Iterable[Instance], prices: Prices,
 def accrue(settled_usd: float, instances: Iterable[Instance], prices: Prices, now: datetime,
            spot: Mapping[tuple[str, str | None], float] | None = None,
            group_hours: Mapping[str, float] | None = None,
-           gone_instances: Iterable[tuple[Instance, float]] = ()) -> Spend:
+           gone_instances: Iterable[tuple[Instance, float]] = (),
+           blocks: Iterable[Block] = ()) -> Spend:
     """Settled figure + each instance's hours since the settled point x its rate + fixed costs.
 
     `gone_instances` (instance, hours since the settled point), from the instance ledger
@@ -185,10 +266,17 @@ def accrue(settled_usd: float, instances: Iterable[Instance], prices: Prices, no
     Without a ledger, `group_hours` (node group -> in-service instance-hours since the settled
     point, from the Auto Scaling groups' GroupInServiceInstances metric) does: the hours the
     metric counts beyond those of the instances still in service, at the group's highest rate.
+
+    `blocks` (the stack's Capacity Blocks, `capacityblocks`) add each block's upfront fee once when
+    it is this month's and not settled (`Block.counted`); their instances cost nothing by the hour.
+    An instance in a block that was not read is priced at the block rate by the hour, said in `notes`.
     """
     since = settled_through(now)
     items = list(instances)
-    rates = instance_rates(items, prices, spot or {})
+    known = list(blocks)
+    prepaid = {b.reservation_id for b in known}
+    fees = {b.reservation_id: b.fee_usd(prices) if b.counted(now) else 0.0 for b in known}
+    rates = instance_rates(items, prices, spot or {}, prepaid)
     accrued = 0.0
     seen: dict[str, float] = {}
     for inst in items:
@@ -199,14 +287,18 @@ def accrue(settled_usd: float, instances: Iterable[Instance], prices: Prices, no
     accrued += sum(h * prices.gone_rate(g) for g, h in gone.items())
     left = list(gone_instances)
     uncommitted = Prices(prices.on_demand, prices.capacity_block, {}, 0.0, prices.group_max)
-    gone_rates = instance_rates([i for i, _ in left], uncommitted, spot or {})
+    gone_rates = instance_rates([i for i, _ in left], uncommitted, spot or {}, prepaid)
     for inst, hours in left:
         accrued += hours * gone_rates[inst.instance_id]
         gone[inst.node_group] = gone.get(inst.node_group, 0.0) + hours
     fixed_hours = (now - since).total_seconds() / 3600
-    accrued += fixed_hours * prices.fixed_usd_per_hour
+    accrued += fixed_hours * prices.fixed_usd_per_hour + sum(fees.values())
+    unread = sorted({i.reservation or "(none named)" for i in [*items, *(i for i, _ in left)]
+                     if i.purchase == CAPACITY_BLOCK and i.reservation not in prepaid})
+    notes = (f"Capacity Block instances of reservation {', '.join(unread)} priced by the hour at the "
+             "block rate: the reservation was not read, so its upfront fee is not counted",) if unread else ()
     return Spend(settled_usd, since, accrued, sum(rates.values()) + prices.fixed_usd_per_hour, rates,
-                 gone)
+                 gone, fees, notes)
 
 
 def decide(spend: Spend, limit_usd: float, check_minutes: float,

@@ -145,13 +145,16 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
         "sns:Publish",
     ),
     # ce:GetCostAndUsage, ec2:DescribeSpotPriceHistory, cloudwatch:GetMetricData and pricing:GetProducts
-    # list no resource types (Service Authorization Reference): Resource "*", like the other reads.
+    # list no resource types (Service Authorization Reference): Resource "*", like the other reads;
+    # ec2:DescribeCapacityReservations (a Capacity Block's fee, fleet.capacityblocks) neither (cfn-lint's
+    # AdditionalSpecs/Policies.json, a test reads it).
     "spend_guard": (
         "autoscaling:DescribeAutoScalingGroups",
         "autoscaling:UpdateAutoScalingGroup",
         "autoscaling:CreateOrUpdateTags",
         "ec2:DescribeInstances",
         "ec2:DescribeSpotPriceHistory",
+        "ec2:DescribeCapacityReservations",
         "ce:GetCostAndUsage",
         "cloudwatch:GetMetricData",
         "pricing:GetProducts",

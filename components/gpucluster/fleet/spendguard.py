@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,7 +28,8 @@ from .accrual import (
     settled_through,
 )
 from .awsapi import AWS_ERRORS, batches, log_event
-from .instanceledger import InstanceLedger, Sighting, gone_hours
+from .capacityblocks import named_reservations, needed, stack_blocks
+from .instanceledger import InstanceLedger, Sighting, gone_hours, settles_on, unrecorded_since
 from .nodegroups import NodeGroup, NodeGroups
 from .settledcache import SettledCache, settled_figure
 from .tags import STACK_TAG
@@ -98,7 +99,7 @@ def settled_cost(ce: Any, stack: str, now: datetime) -> float:
 
 
 def running_instances(ec2: Any, groups: Sequence[NodeGroup]) -> list[Instance]:
-    """The groups' in-service instances with their purchase option and launch time."""
+    """The groups' in-service instances with their purchase option, launch time and reservation."""
     group_of = {i: g.node_group or g.name for g in groups for i in g.in_service_ids}
     found: list[Instance] = []
     # DescribeInstances takes up to 1000 ids a call; pages cover the rest.
@@ -111,7 +112,7 @@ def running_instances(ec2: Any, groups: Sequence[NodeGroup]) -> list[Instance]:
                     found.append(Instance(
                         inst["InstanceId"], inst["InstanceType"], purchase, inst["LaunchTime"],
                         group_of.get(inst["InstanceId"], ""),
-                        inst.get("Placement", {}).get("AvailabilityZone")))
+                        inst.get("Placement", {}).get("AvailabilityZone"), inst.get("CapacityReservationId")))
     return found
 
 
@@ -178,6 +179,14 @@ class Memory:
     """Cost Explorer reads this measure made (0: the kept figure served)."""
     seen: list[Instance] = field(default_factory=list)
     read: tuple[dict[str, Sighting], int | None] | None = None
+    unrecorded: datetime | None = None
+    """When the ledger began, while instances that stopped before then (and after the settled point)
+    may be missing from the figure; None when nothing is known to be missing."""
+
+    @property
+    def gap_untold(self) -> bool:
+        """The figure may miss instances stopped before the ledger began and nobody was told yet."""
+        return self.unrecorded is not None and self.ledger is not None and not self.ledger.gap_told
 
     @classmethod
     def in_table(cls, dynamodb: Any, table: str | None, stack: str, check_minutes: float) -> Memory:
@@ -186,10 +195,18 @@ class Memory:
         return cls(SettledCache(dynamodb, table, stack), InstanceLedger(dynamodb, table, stack),
                    check_minutes * 60)
 
-    def remember(self, now: datetime) -> None:
-        """Record this tick's instances (after the decision: a failed write fails the invocation then)."""
+    def remember(self, now: datetime, gap_told: bool = False) -> None:
+        """Record this tick's instances (after the decision: a failed write fails the invocation then);
+        `gap_told`: the instances the ledger may miss were told this tick."""
         if self.ledger is not None:
-            self.ledger.record(self.seen, now, settled_through(now), self.read)
+            self.ledger.record(self.seen, now, settled_through(now), self.read, gap_told)
+
+
+def unrecorded_note(begun: datetime, since: datetime) -> str:
+    """The figure's known gap in one line: instances stopped between the settled point and the ledger."""
+    return (f"instances that stopped between {since:%Y-%m-%d %H:%M} and {begun:%Y-%m-%d %H:%M} UTC (before "
+            f"the spend guard began recording instances) are not counted until Cost Explorer settles "
+            f"them ({settles_on(begun):%Y-%m-%d %H:%M} UTC): the figure may be low until then")
 
 
 def measure_groups(stack: str, groups: Sequence[NodeGroup], ec2: Any, ce: Any, cloudwatch: Any,
@@ -211,10 +228,18 @@ def measure_groups(stack: str, groups: Sequence[NodeGroup], ec2: Any, ce: Any, c
         memory.seen = instances
         gone = gone_hours(memory.read[0], [i.instance_id for i in instances], since, now,
                           memory.check_seconds)
+        memory.unrecorded = unrecorded_since(memory.ledger.started, since, now)
     else:
         ran = group_instance_hours(cloudwatch, groups, since, now)
-    spot = spot_prices(ec2, [*instances, *(i for i, _ in gone)], now)
-    return accrue(settled, instances, prices, now, spot, ran, gone)
+    every = [*instances, *(i for i, _ in gone)]
+    # A block's fee is counted once from its reservation: a failed read propagates (its instances
+    # priced by the hour could miss a fee paid since the settled point: an under-count).
+    blocks = stack_blocks(ec2, stack, named_reservations(prices, every)) if needed(prices, every) else []
+    spot = spot_prices(ec2, every, now)
+    spend = accrue(settled, instances, prices, now, spot, ran, gone, blocks)
+    if memory.unrecorded is not None:
+        spend = replace(spend, notes=(*spend.notes, unrecorded_note(memory.unrecorded, since)))
+    return spend
 
 
 def measure(stack: str, backend: NodeGroups, ec2: Any, ce: Any, cloudwatch: Any, prices: Prices,

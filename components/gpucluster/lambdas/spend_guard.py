@@ -15,11 +15,15 @@ the instances it recorded on earlier ticks that are gone now
 (`instanceledger`, on every backend: a PCS group has no Auto Scaling metrics;
 without a table, the groups' GroupInServiceInstances metric), and accrues the
 hours since the settled point at the prices rendered at deploy (PRICES_JSON,
-`accrual.Prices`). It stops every group of the stack exactly as the budget
+`accrual.Prices`). A Capacity Block's instances cost nothing by the hour: the block's upfront fee
+is counted once, from its reservation (`capacityblocks`: DescribeCapacityReservations), unless the
+settled figure holds it already. It stops every group of the stack exactly as the budget
 action does (`stops.stop_groups` with reason budget, confirmed after a settle
 time) when the spend has reached LIMIT_USD, will reach it before the next
 check at the current burn rate, or the burn rate exceeds MAX_USD_PER_HOUR,
-then records this tick's instances. AWS Budgets stays as the backstop.
+then records this tick's instances. AWS Budgets stays as the backstop. What the figure may miss
+(instances that stopped before the guard began recording them, for up to two days after an upgrade;
+a block whose reservation was not read) is in the result's `notes`; the first is told once.
 
 A read that fails (throttled, denied, a 5xx) fails the invocation after
 anything decidable is done: the schedule's retry or the next tick runs it
@@ -39,13 +43,15 @@ Price List has no price for either is a configuration error, as before.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from gpucluster.fleet.accrual import Decision, PriceError, Prices, decide, when_limit
+from gpucluster.fleet.accrual import Decision, PriceError, Prices, decide, settled_through, when_limit
 from gpucluster.fleet.awsapi import AWS_ERRORS, log_event
+from gpucluster.fleet.capacityblocks import BlockAnswerError
 from gpucluster.fleet.deployment import STATE_TABLE_ENV
 from gpucluster.fleet.instanceledger import LedgerConflict
 from gpucluster.fleet.nodegroups import BUDGET, NodeGroup, NodeGroups
@@ -54,13 +60,20 @@ from gpucluster.fleet.runtime import (
     RUNTIME,
     ConfigError,
     GuardrailError,
+    NotifyError,
     env_number,
     env_text,
     invocation_deadline,
     notify_from_env,
     stack_from_env,
 )
-from gpucluster.fleet.spendguard import DEFAULT_CHECK_MINUTES, CostAnswerError, Memory, measure_groups
+from gpucluster.fleet.spendguard import (
+    DEFAULT_CHECK_MINUTES,
+    CostAnswerError,
+    Memory,
+    measure_groups,
+    unrecorded_note,
+)
 from gpucluster.fleet.stops import (
     StopReport,
     budget_stop,
@@ -104,9 +117,11 @@ def _tell(stack: str, backend: NodeGroups, report: StopReport, subject: str, sum
         mark_told(backend, report.told, notify_from_env(f"gpucluster {stack}: {subject}"[:100], summary))
 
 
-def _stop(stack: str, backend: NodeGroups, groups: list[NodeGroup], decision: Decision) -> dict[str, Any]:
+def _stop(stack: str, backend: NodeGroups, groups: list[NodeGroup], decision: Decision,
+          notes: tuple[str, ...]) -> dict[str, Any]:
     report = budget_stop(backend, groups)
-    summary = {"stack": stack, **report.summary(BUDGET), "spend": decision.as_json()}
+    summary = {"stack": stack, **report.summary(BUDGET), "spend": decision.as_json(),
+               **({"notes": list(notes)} if notes else {})}
     _tell(stack, backend, report, f"spend guard stopped compute ({decision.reason})", summary)
     log_event("spend guard done", **summary)
     raise_if_failed(report, stack)
@@ -132,6 +147,22 @@ def _at_zero(stack: str, backend: NodeGroups, groups: list[NodeGroup]) -> dict[s
     return summary
 
 
+def _tell_unrecorded(stack: str, memory: Memory, now: datetime) -> bool:
+    """Tell once that the figure may miss instances stopped before the ledger began; whether told.
+
+    A refused publish is logged, not raised: the note is in every tick's result and log, and the
+    next tick tells it again (the flag is kept only once a publish went through)."""
+    if not memory.gap_untold or memory.unrecorded is None:
+        return False
+    note = unrecorded_note(memory.unrecorded, settled_through(now))
+    try:
+        return notify_from_env(f"gpucluster {stack}: spend figure may be low for two days",
+                               {"stack": stack, "note": note})
+    except NotifyError as exc:
+        log_event("figure's gap not told: the next tick tells it", logging.WARNING, error=str(exc))
+        return False
+
+
 def handler(event: Any, context: Any) -> dict[str, Any]:
     """Lambda entry point for the spend guard's schedule (the event's content is not used)."""
     stack = stack_from_env()
@@ -148,7 +179,7 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
             return _at_zero(stack, backend, groups)
         spend = measure_groups(stack, groups, RUNTIME.client("ec2"), RUNTIME.client("ce"),
                                RUNTIME.client("cloudwatch"), prices, now, memory)
-    except (*AWS_ERRORS, CostAnswerError, PriceListError) as exc:
+    except (*AWS_ERRORS, CostAnswerError, PriceListError, BlockAnswerError) as exc:
         # Without the figures nothing can be decided: fail, so the retry or the next tick
         # runs again and the on-failure destination tells the topic.
         raise GuardrailError(f"stack {stack}: spend guard could not read spend: {exc}") from exc
@@ -158,13 +189,16 @@ def handler(event: Any, context: Any) -> dict[str, Any]:
     hit = when_limit(now, decision)
     log_event("spend measured", stack=stack, **decision.as_json(),
               settled_usd=round(spend.settled_usd, 2), accrued_usd=round(spend.accrued_usd, 2),
-              limit_at=hit.isoformat() if hit else None, cost_explorer_reads=memory.cost_explorer_reads)
+              limit_at=hit.isoformat() if hit else None, cost_explorer_reads=memory.cost_explorer_reads,
+              block_fees_usd={k: round(v, 2) for k, v in spend.block_fees.items()}, notes=list(spend.notes))
     if decision.stop:
-        summary = _stop(stack, backend, groups, decision)
+        summary = _stop(stack, backend, groups, decision, spend.notes)
     else:
-        summary = {"action": "unchanged", "stack": stack, "spend": decision.as_json()}
+        summary = {"action": "unchanged", "stack": stack, "spend": decision.as_json(),
+                   **({"notes": list(spend.notes)} if spend.notes else {})}
+    told = _tell_unrecorded(stack, memory, now)
     try:
-        memory.remember(now)  # after the decision: a refused write never delays a stop
+        memory.remember(now, told)  # after the decision: a refused write never delays a stop
     except (*AWS_ERRORS, LedgerConflict) as exc:
         raise GuardrailError(f"stack {stack}: instances not recorded (the retry records them): "
                              f"{exc}") from exc

@@ -50,6 +50,7 @@ def spend_now(spec: StackSpec, fleet: Fleet, *, ce: Any,
     stack has no action. None, None without a budget.
     """
     from gpucluster.fleet.accrual import PriceError, Prices, decide, when_limit
+    from gpucluster.fleet.capacityblocks import BlockAnswerError
     from gpucluster.fleet.spendguard import CostAnswerError, measure
     from gpucluster.ops.awserrors import AWS_ERRORS, describe
     from gpucluster.pricing import guard_prices
@@ -64,7 +65,7 @@ def spend_now(spec: StackSpec, fleet: Fleet, *, ce: Any,
                                 fleet.clients("cloudwatch"), Prices.from_json(guard_prices(spec)), now)
     except AWS_ERRORS as exc:
         return None, f"spend not read: {describe(exc)}"  # never an HTML body
-    except CostAnswerError as exc:  # an answer that is not a figure is never read as $0
+    except (CostAnswerError, BlockAnswerError) as exc:  # an answer that is not a figure is never $0
         return None, f"spend not read: {exc}"
     except PriceError as exc:
         return None, f"spend not priced: {exc}"
@@ -77,7 +78,8 @@ def spend_now(spec: StackSpec, fleet: Fleet, *, ce: Any,
             "limit_usd": round(limit, 2), "hours_to_limit": decision.to_limit_hours(),
             "limit_at": hit.isoformat(timespec="minutes") if hit else None,
             "over_limit": spend.total_usd >= limit,
-            "guard": "on" if budget.action_threshold_percent is not None else "off"}, None
+            "guard": "on" if budget.action_threshold_percent is not None else "off",
+            **({"notes": list(spend.notes)} if spend.notes else {})}, None
 
 
 def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,

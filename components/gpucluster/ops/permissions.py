@@ -68,8 +68,10 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
                     "autoscaling:DescribeScalingActivities", "cloudwatch:GetMetricData",
                     # status, nodes: the groups' measured boot times (which series exist, then read)
                     "cloudwatch:ListMetrics",
-                    # status: spend so far, as the spend guard measures it (no resource types either)
-                    "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory"]},
+                    # status: spend so far, as the spend guard measures it (no resource types either;
+                    # a Capacity Block's fee from its reservation)
+                    "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory",
+                    "ec2:DescribeCapacityReservations"]},
         {"Sid": "RunShellDocument", "Effect": "Allow", "Action": ["ssm:SendCommand"],
          "Resource": [f"arn:{partition}:ssm:{region}::document/{RUN_SHELL_DOCUMENT}"]},
         {"Sid": "OnThisStacksInstances", "Effect": "Allow", "Action": ["ssm:SendCommand"],

@@ -25,7 +25,7 @@ from gpucluster.node.bake import (
     component_document,
     validate_steps,
 )
-from gpucluster.node.userdata import OS_TOOL
+from gpucluster.node.userdata import OS_TOOL, script
 from test_images import AMI, baked_prod, plan_config, problems
 
 SETTINGS = dict(node_group="g", region="us-east-1", container_image="nvcr.io/nvidia/pytorch:24.12-py3",
@@ -40,14 +40,14 @@ class Build:
         from fake_node import OS_RELEASES
         self.root, self.log, self.bin = tmp_path, tmp_path / "calls.log", tmp_path / "bin"
         (tmp_path / "etc/apt/apt.conf.d").mkdir(parents=True)
-        (tmp_path / "os-release").write_text(OS_RELEASES[system])
-        self.env = {"PATH": f"{self.bin}:/usr/bin:/bin", "GPUCLUSTER_OS_RELEASE": str(tmp_path / "os-release"),
+        (tmp_path / "etc/os-release").write_text(OS_RELEASES[system])
+        self.env = {"PATH": f"{self.bin}:/usr/bin:/bin", "GPUCLUSTER_OS_RELEASE": str(tmp_path / "etc/os-release"),
                     "GPUCLUSTER_RETRY_SECONDS": "0"}
         write_stubs(self.bin, self.log, {"systemctl": "", "apt-get": "", "dnf": "", "logger": "",
                                          "modinfo": "exit 1"})
 
     def moved(self, commands: str) -> str:
-        for path in ("/usr/local/sbin", "/etc/gpucluster", "/etc/apt", "/opt/aws"):
+        for path in ("/usr/local/sbin", "/etc/gpucluster", "/etc/apt", "/etc/os-release", "/opt/aws"):
             commands = commands.replace(path, f"{self.root}{path}")
         return commands
 
@@ -69,6 +69,15 @@ def first_step(box: Build) -> subprocess.CompletedProcess[str]:
     return box.run(step("DisableUnattendedUpgrades"))
 
 
+def with_os_tool(box: Build) -> Build:
+    """gpucluster-os as InstallNodeTools leaves it (the steps after it ask it)."""
+    tool = box.root / OS_TOOL.lstrip("/")
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    tool.write_text(script("os.sh"))
+    tool.chmod(0o755)
+    return box
+
+
 @pytest.mark.parametrize("system", ["ubuntu-22.04", "ubuntu-24.04"])
 def test_on_ubuntu_the_first_step_masks_apts_own_updates(tmp_path: Path, system: str) -> None:
     box = Build(tmp_path, system)
@@ -76,25 +85,27 @@ def test_on_ubuntu_the_first_step_masks_apts_own_updates(tmp_path: Path, system:
     assert result.returncode == 0, result.stdout + result.stderr
     assert [c.split()[0] for c in box.calls("systemctl")] == ["stop", "disable", "mask"]
     assert "Unattended-Upgrade \"0\"" in (tmp_path / "etc/apt/apt.conf.d/20auto-upgrades").read_text()
-    assert (tmp_path / OS_TOOL.lstrip("/")).exists()  # the later steps ask it too
 
 
 def test_on_al2023_the_first_step_stops_nothing(tmp_path: Path) -> None:
     box = Build(tmp_path, "al2023")
     result = first_step(box)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert box.calls("systemctl") == [] and "al2023: no automatic package updates to stop" in result.stdout
+    assert box.calls("systemctl") == [] and result.stdout == "amzn: no automatic package updates to stop\n"
     assert not (tmp_path / "etc/apt/apt.conf.d/20auto-upgrades").exists()
 
 
 @pytest.mark.parametrize(("system", "named"), [("al2", "Amazon Linux 2"), ("rocky-9", "Rocky Linux 9.4")])
-def test_an_unsupported_base_stops_the_bake_at_its_first_step_in_one_line(tmp_path: Path, system: str,
-                                                                          named: str) -> None:
+def test_an_unsupported_base_stops_the_bake_before_anything_installs(tmp_path: Path, system: str,
+                                                                     named: str) -> None:
     box = Build(tmp_path, system)
-    result = first_step(box)
-    assert result.returncode == 1 and box.calls("systemctl") == []
+    assert first_step(box).returncode == 0 and box.calls("systemctl") == []  # not Ubuntu: nothing masked
+    result = box.run(step("InstallNodeTools"))
+    assert result.returncode == 1
     [line] = result.stderr.splitlines()
     assert line.startswith(f"unsupported operating system {named}")
+    for command in ("dnf", "apt-get", "dpkg", "curl"):
+        assert box.calls(command) == [], command
 
 
 @pytest.mark.parametrize(("system", "manager", "calls"), [
@@ -108,8 +119,7 @@ def test_dcgm_comes_from_the_bases_own_package_manager(tmp_path: Path, system: s
                                                        calls: list[str]) -> None:
     if Path("/usr/bin/dcgmi").exists():
         pytest.skip("this machine has DCGM")
-    box = Build(tmp_path, system)
-    assert first_step(box).returncode == 0
+    box = with_os_tool(Build(tmp_path, system))
     result = box.run(step("InstallDcgm"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert box.calls(manager) == calls
@@ -151,8 +161,7 @@ def test_the_image_pull_installs_docker_first_where_the_base_has_none(tmp_path: 
 ])
 def test_the_validate_phase_asks_for_apts_mask_on_ubuntu_only(tmp_path: Path, system: str, masked: str,
                                                                missing: str) -> None:
-    box = Build(tmp_path, system)
-    assert first_step(box).returncode == 0
+    box = with_os_tool(Build(tmp_path, system))
     write_stubs(box.bin, box.log, {"systemctl": f"echo {masked}", "dcgmi": "", "modinfo": "",
                                    "docker": ""})
     ctl = tmp_path / CWA_CTL.lstrip("/")

@@ -121,7 +121,7 @@ def test_without_the_images_the_node_files_are_what_they_were() -> None:
 def run_start(tmp_path: Path, system: str, bodies: dict[str, str] | None = None,
               images: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], Path]:
     return run_metrics(tmp_path, "start", bodies=NO_BINARIES if bodies is None else bodies,
-                       extra_env={**os_env(tmp_path / "os", system), **(IMAGES if images is None else images)})
+                       extra_env={**os_env(tmp_path / "os-under-test", system), **(IMAGES if images is None else images)})
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
@@ -172,7 +172,7 @@ def test_docker_is_installed_first_where_the_ami_has_none(tmp_path: Path) -> Non
     install.chmod(0o755)
     bodies = {k: v for k, v in NO_BINARIES.items() if k != "docker"}
     result, log = run_metrics(tmp_path, "start", bodies=bodies, extra_env={
-        **os_env(tmp_path / "os", "al2023"), **IMAGES, "GPUCLUSTER_INSTALL": str(install)})
+        **os_env(tmp_path / "os-under-test", "al2023"), **IMAGES, "GPUCLUSTER_INSTALL": str(install)})
     assert log.read_text().splitlines()[-1] == "gpucluster-install container-runtime"  # before any docker
     assert result.returncode != 0  # the stub installed nothing
 

@@ -2,7 +2,7 @@
 
 It owns the build-once half of a node's boot, on the base image's own operating system as the node
 scripts do (gpucluster-os: Ubuntu 22.04/24.04 with apt, Amazon Linux 2023 with dnf; any other stops the
-bake at its first step): disable the AMI's first-boot package updates (Ubuntu's), install
+bake before anything is installed): disable the AMI's first-boot package updates (Ubuntu's), install
 the CloudWatch agent, the Lustre client for the AMI's kernel and Mountpoint for S3 (through the same
 pinned, signature-checked `gpucluster-install` the unbaked path runs at boot), DCGM, check the EFA
 software, pull the group's container image and, on a Slurm stack, install AWS's PCS agent and Slurm
@@ -124,15 +124,16 @@ def _tool_file(path: str, name: str) -> str:
 def build_steps(s: BakeSettings) -> list[dict[str, Any]]:
     """The build phase. Each step follows the base image's operating system as the node scripts do
     (gpucluster-os, from /etc/os-release: `ubuntu` installs with apt, `al2023` with dnf); any other
-    stops the bake at its first step with gpucluster-os's one line, before anything is installed."""
+    stops the bake with gpucluster-os's one line once it is written, before anything is installed."""
     units = " ".join(PACKAGE_UNITS)
     steps = [
         # First: nothing else may race the installs for the dpkg lock, in the build or at any boot.
         # Amazon Linux 2023 installs no updates by itself and dnf waits for its own lock (ledger:
         # al2023-node-packages): nothing to stop there, as at an unbaked node's boot (bootstrap.sh).
+        # gpucluster-os is written in the next step (the component holds 16,000 characters: once);
+        # this one reads the same os-release ID it reads.
         _bash("DisableUnattendedUpgrades",
-              f"set -euo pipefail\ninstall -d -m 0755 /usr/local/sbin\n{_tool_file(OS_TOOL, 'os.sh')}"
-              f"chmod 0755 {OS_TOOL}\nos=$({OS_TOOL})\n"
+              "set -euo pipefail\nos=$(. /etc/os-release && echo \"$ID\")\n"
               "if [ \"$os\" = ubuntu ]; then\n"
               f"systemctl stop {units} || true\nsystemctl disable {units} || true\nsystemctl mask {units}\n"
               "printf 'APT::Periodic::Update-Package-Lists \"0\";\\n"
@@ -143,6 +144,8 @@ def build_steps(s: BakeSettings) -> list[dict[str, Any]]:
               # gpucluster-install asks gpucluster-os which package manager to use.
               + _tool_file(OS_TOOL, "os.sh") + _tool_file(INSTALL_TOOL, "install.sh")
               + f"chmod 0755 {OS_TOOL} {INSTALL_TOOL}\n"
+              # An unsupported base stops here, with gpucluster-os's one line, before anything installs.
+              + f"{OS_TOOL} >/dev/null\n"
               # Only what install.sh reads; the node's own node.env replaces it at boot.
               f"printf '%s\\n' GPUCLUSTER_REGION={s.region} "
               f"\"GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS='{' '.join(s.lustre_key_fingerprints)}'\""

@@ -41,7 +41,8 @@ class Build:
         self.root, self.log, self.bin = tmp_path, tmp_path / "calls.log", tmp_path / "bin"
         (tmp_path / "etc/apt/apt.conf.d").mkdir(parents=True)
         (tmp_path / "etc/os-release").write_text(OS_RELEASES[system])
-        self.env = {"PATH": f"{self.bin}:/usr/bin:/bin", "GPUCLUSTER_OS_RELEASE": str(tmp_path / "etc/os-release"),
+        self.env = {"PATH": f"{self.bin}:/usr/bin:/bin",
+                    "GPUCLUSTER_OS_RELEASE": str(tmp_path / "etc/os-release"),
                     "GPUCLUSTER_RETRY_SECONDS": "0"}
         write_stubs(self.bin, self.log, {"systemctl": "", "apt-get": "", "dnf": "", "logger": "",
                                          "modinfo": "exit 1"})
@@ -177,7 +178,8 @@ def test_the_validate_phase_asks_for_apts_mask_on_ubuntu_only(tmp_path: Path, sy
 
 def test_the_pcs_installers_are_the_same_on_both_families() -> None:
     doc = yaml.safe_load(component_document(BakeSettings(**{**SETTINGS, "slurm_version": "24.11"})))
-    [pcs] = [s["inputs"]["commands"][0] for p in doc["phases"] for s in p["steps"] if s["name"] == "InstallAwsPcs"]
+    [pcs] = [s["inputs"]["commands"][0] for p in doc["phases"] for s in p["steps"]
+             if s["name"] == "InstallAwsPcs"]
     for manager in ("apt-get", "dpkg", "dnf"):
         assert manager not in pcs
 

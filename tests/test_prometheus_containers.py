@@ -37,6 +37,10 @@ def stack(**prometheus: Any) -> dict[str, Any]:
     return config
 
 
+def both() -> dict[str, Any]:
+    return stack(prometheus_image=PROMETHEUS, node_exporter_image=NODE_EXPORTER)
+
+
 def findings(config: dict[str, Any]) -> list[str]:
     with pytest.raises(SpecError) as err:
         parse_stack_config(config, stack="t")
@@ -54,8 +58,9 @@ def test_a_collector_image_without_a_digest_is_one_finding_naming_it(key: str) -
     assert finding.startswith(f"observability.prometheus.{key}: must be pinned by digest")
 
 
-@pytest.mark.parametrize(("given", "missing"), [({"prometheus_image": PROMETHEUS}, "node_exporter_image"),
-                                                 ({"node_exporter_image": NODE_EXPORTER}, "prometheus_image")])
+@pytest.mark.parametrize(("given", "missing"), [
+    ({"prometheus_image": PROMETHEUS}, "node_exporter_image"),
+    ({"node_exporter_image": NODE_EXPORTER}, "prometheus_image")])
 def test_one_collector_image_without_the_other_names_the_missing_key(given: dict[str, str],
                                                                       missing: str) -> None:
     [finding] = findings(stack(**given))
@@ -76,7 +81,7 @@ def test_a_bad_collector_image_exits_2_with_one_line(tmp_path: Path) -> None:
 
 
 def test_both_images_reach_the_node_settings_and_none_leaves_them_out() -> None:
-    spec = parse_stack_config(stack(prometheus_image=PROMETHEUS, node_exporter_image=NODE_EXPORTER), stack="t")
+    spec = parse_stack_config(both(), stack="t")
     m = group_metrics(spec.observability, spec.region)
     assert m is not None and m.containers and spec.observability.prometheus.containers
     assert (m.prometheus_image, m.node_exporter_image) == (PROMETHEUS, NODE_EXPORTER)
@@ -94,7 +99,7 @@ def files_of(config: dict[str, Any]) -> dict[str, str]:
 
 
 def test_the_node_gets_the_images_and_a_unit_that_serves_the_container() -> None:
-    files = files_of(stack(prometheus_image=PROMETHEUS, node_exporter_image=NODE_EXPORTER))
+    files = files_of(both())
     env = dict(line.split("=", 1) for line in files["/etc/gpucluster/metrics.env"].splitlines())
     assert (env["GPUCLUSTER_PROMETHEUS_IMAGE"], env["GPUCLUSTER_NODE_EXPORTER_IMAGE"]) == (
         PROMETHEUS, NODE_EXPORTER)
@@ -121,20 +126,24 @@ def test_without_the_images_the_node_files_are_what_they_were() -> None:
 def run_start(tmp_path: Path, system: str, bodies: dict[str, str] | None = None,
               images: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], Path]:
     return run_metrics(tmp_path, "start", bodies=NO_BINARIES if bodies is None else bodies,
-                       extra_env={**os_env(tmp_path / "os-under-test", system), **(IMAGES if images is None else images)})
+                       extra_env={**os_env(tmp_path / "os-under-test", system),
+                                  **(IMAGES if images is None else images)})
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
-def test_start_runs_the_pinned_containers_on_every_os_and_installs_nothing(tmp_path: Path, system: str) -> None:
+def test_start_runs_the_pinned_containers_on_every_os_and_installs_nothing(tmp_path: Path,
+                                                                           system: str) -> None:
     result, log = run_start(tmp_path, system)
     assert result.returncode == 0, result.stdout + result.stderr
     runs = [c for c in logged_calls(log, "docker") if c.startswith("run")]
     check, dcgm, node = runs
     # The config checked by the image's own promtool, read-only, before anything starts.
     assert check == (f"run --rm --network none --entrypoint /bin/promtool -v {tmp_path / 'prometheus.yml'}:"
-                     f"/etc/prometheus/prometheus.yml:ro {PROMETHEUS} check config /etc/prometheus/prometheus.yml")
+                     f"/etc/prometheus/prometheus.yml:ro {PROMETHEUS} check config "
+                     "/etc/prometheus/prometheus.yml")
     assert DIGEST in dcgm
-    assert node == ("run -d --name gpucluster-node-exporter --restart unless-stopped --network host --pid host "
+    assert node == ("run -d --name gpucluster-node-exporter --restart unless-stopped --network host "
+                    "--pid host "
                     f"-v /:/host:ro,rslave {NODE_EXPORTER} --path.rootfs=/host "
                     "--web.listen-address=127.0.0.1:9100")
     assert logged_calls(log, "systemctl") == ["enable --now gpucluster-prometheus"]
@@ -180,7 +189,7 @@ def test_docker_is_installed_first_where_the_ami_has_none(tmp_path: Path) -> Non
 @pytest.mark.parametrize("system", SYSTEMS)
 def test_half_set_images_take_the_package_path(tmp_path: Path, system: str) -> None:
     """The stack file refuses one without the other; a node given one anyway does not half-run containers."""
-    result, log = run_start(tmp_path, system, images={"GPUCLUSTER_PROMETHEUS_IMAGE": PROMETHEUS})
+    _, log = run_start(tmp_path, system, images={"GPUCLUSTER_PROMETHEUS_IMAGE": PROMETHEUS})
     assert not [c for c in logged_calls(log, "docker") if "node-exporter" in c or "promtool" in c]
     assert (logged_calls(log, "apt-get") != []) == system.startswith("ubuntu")
 
@@ -215,8 +224,8 @@ def serve_command(tmp_path: Path) -> list[str]:
 
 
 def test_the_units_serve_runs_prometheus_on_the_host_network_as_nobody(tmp_path: Path) -> None:
-    result, log = run_metrics(tmp_path, "render", "i-0abc", "p5.48xlarge", bodies={**START_STUBS, "install": ""},
-                              extra_env=IMAGES)
+    result, log = run_metrics(tmp_path, "render", "i-0abc", "p5.48xlarge",
+                              bodies={**START_STUBS, "install": ""}, extra_env=IMAGES)
     assert result.returncode == 0
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "GPUCLUSTER_NODE_ENV": str(tmp_path / "node.env"),
            "GPUCLUSTER_METRICS_ENV": str(tmp_path / "metrics.env"),
@@ -228,7 +237,8 @@ def test_the_units_serve_runs_prometheus_on_the_host_network_as_nobody(tmp_path:
     assert logged_calls(log, "docker") == [
         "rm -f gpucluster-prometheus",
         f"run --rm --name gpucluster-prometheus --network host --user 65534:65534 "
-        f"-v {tmp_path / 'prometheus.yml'}:/etc/prometheus/prometheus.yml:ro -v {data}:/prometheus {PROMETHEUS} "
+        f"-v {tmp_path / 'prometheus.yml'}:/etc/prometheus/prometheus.yml:ro -v {data}:/prometheus "
+        f"{PROMETHEUS} "
         "--config.file=/etc/prometheus/prometheus.yml --storage.tsdb.path=/prometheus "
         f"--storage.tsdb.retention.time={PROMETHEUS_RETENTION} --web.listen-address=127.0.0.1:9090"]
 
@@ -240,7 +250,7 @@ def test_serve_without_an_image_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_the_shipped_script_ships_with_the_container_unit() -> None:
-    spec = parse_stack_config(stack(prometheus_image=PROMETHEUS, node_exporter_image=NODE_EXPORTER), stack="t")
+    spec = parse_stack_config(both(), stack="t")
     m = group_metrics(spec.observability, spec.region)
     assert m is not None
     paths = [f.path for f in metrics_files(m)]
@@ -254,7 +264,8 @@ def test_the_shipped_script_ships_with_the_container_unit() -> None:
 
 def al2023_findings(**prometheus: Any) -> list[Any]:
     from gpucluster.ops.doctor import check_amis
-    from test_doctor_amis import AL2023, IMAGES as AMI_IMAGES, image, stubbed_ec2
+    from test_doctor_amis import AL2023, image, stubbed_ec2
+    from test_doctor_amis import IMAGES as AMI_IMAGES
     config = stack(**prometheus)
     config["gpucluster:scheduler"] = {"type": "slurm", "ami_id": AL2023}
     name, description, root = AMI_IMAGES["Amazon Linux 2023"]

@@ -36,8 +36,8 @@ IMDS_HOP_LIMIT = 2  # as the nodes': containers (the pre-pull) reach IMDSv2
 BUILD_TIMEOUT_MINUTES = 120  # the image tests' timeout (Image Builder allows 60-1440)
 # CreateComponent's supportedOsVersions: "a prefix match is performed against the base image OS version
 # during image recipe creation" (botocore imagebuilder model). The component follows the base's OS
-# (gpucluster-os); these are the names Image Builder gives the bases it runs on (ledger:
-# imagebuilder-os-versions).
+# (gpucluster-os); these are the names Image Builder gives the bases it runs on
+# (ledger: imagebuilder-os-versions).
 SUPPORTED_OS_VERSIONS = ["Ubuntu 22", "Ubuntu 24", "Amazon Linux 2023"]
 
 

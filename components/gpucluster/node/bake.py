@@ -128,8 +128,8 @@ def build_steps(s: BakeSettings) -> list[dict[str, Any]]:
     units = " ".join(PACKAGE_UNITS)
     steps = [
         # First: nothing else may race the installs for the dpkg lock, in the build or at any boot.
-        # Amazon Linux 2023 installs no updates by itself and dnf waits for its own lock (ledger:
-        # al2023-node-packages): nothing to stop there, as at an unbaked node's boot (bootstrap.sh).
+        # Amazon Linux 2023 installs no updates by itself and dnf waits for its own lock
+        # (ledger: al2023-node-packages): nothing to stop there, as at an unbaked node's boot.
         # gpucluster-os is written in the next step (the component holds 16,000 characters: once);
         # this one reads the same os-release ID it reads.
         _bash("DisableUnattendedUpgrades",
@@ -195,7 +195,8 @@ def validate_steps(s: BakeSettings) -> list[dict[str, Any]]:
     checks = [f"[ -x {CWA_CTL} ] || missing+=(cloudwatch-agent)",
               "command -v dcgmi >/dev/null || missing+=(dcgm)",
               # Ubuntu's only: Amazon Linux 2023 has no unattended upgrades to mask.
-              f"[ \"$({OS_TOOL})\" != ubuntu ] || systemctl is-enabled unattended-upgrades.service 2>/dev/null"
+              f"[ \"$({OS_TOOL})\" != ubuntu ]"
+              " || systemctl is-enabled unattended-upgrades.service 2>/dev/null"
               " | grep -q masked || missing+=(unattended-upgrades-masked)"]
     if s.fsx:
         checks.append("modinfo lustre >/dev/null 2>&1 || missing+=(lustre-client)")

@@ -683,8 +683,8 @@ def prometheus_unit(containers: bool) -> str:
     so systemd restarts and stops it the same way)."""
     if containers:
         return _unit("Prometheus remote-writing GPU metrics (container)",
-                     f"Type=simple\nRestart=always\nRestartSec=10\nExecStart={_SBIN}/gpucluster-metrics serve "
-                     f"{PROMETHEUS_DATA} {PROMETHEUS_RETENTION}",
+                     "Type=simple\nRestart=always\nRestartSec=10\n"
+                     f"ExecStart={_SBIN}/gpucluster-metrics serve {PROMETHEUS_DATA} {PROMETHEUS_RETENTION}",
                      after="network-online.target docker.service", extra="Requires=docker.service\n")
     return _unit(
         "Prometheus remote-writing GPU metrics",

@@ -322,11 +322,9 @@ class PrometheusSettings(TypedDict):
     dcgm_exporter_image: NotRequired[str]
     """NVIDIA's dcgm-exporter image pinned by digest (nvcr.io/nvidia/k8s/dcgm-exporter:<tag>@sha256:...)."""
     prometheus_image: NotRequired[str]
-    """Prometheus's image pinned by digest (quay.io/prometheus/prometheus:<tag>@sha256:...): with
-    node_exporter_image, run both as containers instead of the OS's packages (Amazon Linux 2023 has none)."""
+    """With node_exporter_image: Prometheus's image pinned by digest, run instead of the OS's package."""
     node_exporter_image: NotRequired[str]
-    """The node exporter's image pinned by digest (quay.io/prometheus/node-exporter:<tag>@sha256:...), with
-    prometheus_image."""
+    """With prometheus_image: the node exporter's image pinned by digest, run instead of the OS's package."""
     scrape_interval_seconds: NotRequired[int]
     """How often every node samples its GPUs; AMP's ingestion cost scales with 60 / this."""
 

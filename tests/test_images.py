@@ -69,7 +69,7 @@ def test_bad_images_settings_are_one_finding_naming_the_key(images: dict[str, An
 def test_baking_a_group_on_a_base_the_recipe_cannot_install_on_is_refused() -> None:
     config = baked_prod()
     config["gpucluster:node_groups"][0]["ami_ssm_parameter"] = (
-        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id")
+        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2/latest/ami-id")
     [finding] = problems(config)
     assert finding.startswith("node_groups[0].ami_ssm_parameter: ") and "Ubuntu" in finding
     config["gpucluster:images"]["groups"]["h100-train"]["bake"] = False  # opted out: fine

@@ -21,6 +21,7 @@ from typing import Any, NotRequired, TypedDict
 import pulumi
 import pulumi_aws as aws
 
+from gpucluster.aws.amis import root_device
 from gpucluster.aws.args import type_token
 from gpucluster.aws.iam import assume_role_policy, boundary_arn
 from gpucluster.fleet.tags import STACK_TAG
@@ -33,7 +34,11 @@ BUILD_MANAGED_POLICIES = {"imagebuilder": "EC2InstanceProfileForImageBuilder",
                           "ssm": "AmazonSSMManagedInstanceCore"}
 IMDS_HOP_LIMIT = 2  # as the nodes': containers (the pre-pull) reach IMDSv2
 BUILD_TIMEOUT_MINUTES = 120  # the image tests' timeout (Image Builder allows 60-1440)
-ROOT_DEVICE = "/dev/sda1"
+# CreateComponent's supportedOsVersions: "a prefix match is performed against the base image OS version
+# during image recipe creation" (botocore imagebuilder model). The component follows the base's OS
+# (gpucluster-os); these are the names Image Builder gives the bases it runs on
+# (ledger: imagebuilder-os-versions).
+SUPPORTED_OS_VERSIONS = ["Ubuntu 22", "Ubuntu 24", "Amazon Linux 2023"]
 
 
 def build_policy_document(identity: str, region: str, partition: str, images: list[str]) -> dict[str, Any]:
@@ -176,6 +181,7 @@ class NodeImages(pulumi.ComponentResource):
 
     def _group(self, name: str, g: ImageGroupArgs, args: NodeImagesArgs, version: str,
                tags: dict[str, str], child: pulumi.ResourceOptions) -> None:
+        invoke = pulumi.InvokeOptions(parent=self)
         group, cluster, identity = g["name"], args["cluster_name"], args["identity"]
         base = recipe_name(cluster, identity, group)
         document = component_document(BakeSettings(
@@ -187,12 +193,13 @@ class NodeImages(pulumi.ComponentResource):
         component = self.components[group] = aws.imagebuilder.Component(
             f"{name}-{group}-component", name=base, platform="Linux", version=version, data=document,
             description=f"gpucluster {cluster}/{group}: node software installed once",
-            supported_os_versions=["Ubuntu 22"], tags=tags, opts=child)
+            supported_os_versions=SUPPORTED_OS_VERSIONS, tags=tags, opts=child)
         # The ignore: pulumi-aws types the EBS flags as strings; the booleans reach the engine as written.
         recipe = self.recipes[group] = aws.imagebuilder.ImageRecipe(  # type: ignore[call-overload]
             f"{name}-{group}-recipe", name=base, version=version, parent_image=g["parent_image"],
             components=[{"component_arn": component.arn}],
-            block_device_mappings=[{"device_name": ROOT_DEVICE, "ebs": {
+            # The base's own root device (/dev/sda1 on Ubuntu, /dev/xvda on Amazon Linux): `aws.amis`.
+            block_device_mappings=[{"device_name": root_device(g["parent_image"], invoke), "ebs": {
                 "volume_size": g["root_volume_size_gib"], "volume_type": "gp3", "encrypted": True,
                 "delete_on_termination": True}}],
             systems_manager_agent={"uninstall_after_build": False},  # nodes are managed through SSM

@@ -321,6 +321,10 @@ class PrometheusSettings(TypedDict):
     """With remote_write_url: the workspace's region (SigV4 signs for it)."""
     dcgm_exporter_image: NotRequired[str]
     """NVIDIA's dcgm-exporter image pinned by digest (nvcr.io/nvidia/k8s/dcgm-exporter:<tag>@sha256:...)."""
+    prometheus_image: NotRequired[str]
+    """With node_exporter_image: Prometheus's image pinned by digest, run instead of the OS's package."""
+    node_exporter_image: NotRequired[str]
+    """With prometheus_image: the node exporter's image pinned by digest, run instead of the OS's package."""
     scrape_interval_seconds: NotRequired[int]
     """How often every node samples its GPUs; AMP's ingestion cost scales with 60 / this."""
 

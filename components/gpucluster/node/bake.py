@@ -1,6 +1,8 @@
 """What EC2 Image Builder bakes into a node group's image: the component document, rendered per group.
 
-It owns the build-once half of a node's boot: disable the AMI's first-boot package updates, install
+It owns the build-once half of a node's boot, on the base image's own operating system as the node
+scripts do (gpucluster-os: Ubuntu 22.04/24.04 with apt, Amazon Linux 2023 with dnf; any other stops the
+bake before anything is installed): disable the AMI's first-boot package updates (Ubuntu's), install
 the CloudWatch agent, the Lustre client for the AMI's kernel and Mountpoint for S3 (through the same
 pinned, signature-checked `gpucluster-install` the unbaked path runs at boot), DCGM, check the EFA
 software, pull the group's container image and, on a Slurm stack, install AWS's PCS agent and Slurm
@@ -20,7 +22,7 @@ from typing import Any
 import yaml
 
 from gpucluster.catalog import PcsInstallerKey, pcs_installer_key
-from gpucluster.node.userdata import script
+from gpucluster.node.userdata import OS_TOOL, script
 
 # EC2 Image Builder user guide, "Use the component document framework": CreateComponent's `data`
 # holds at most 16,000 characters (the document is refused beyond).
@@ -31,6 +33,7 @@ CWA_CTL = "/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl"
 FI_INFO = "/opt/amazon/efa/bin/fi_info"  # the EFA installer's (EC2 user guide, "Get started with EFA")
 PACKAGE_UNITS = ("unattended-upgrades.service", "apt-daily.timer", "apt-daily-upgrade.timer",
                  "apt-daily.service", "apt-daily-upgrade.service")
+INSTALL_TOOL = "/usr/local/sbin/gpucluster-install"
 
 
 def recipe_name(cluster_name: str, identity: str, group: str) -> str:
@@ -113,39 +116,53 @@ def _bash(name: str, commands: str) -> dict[str, Any]:
     return {"name": name, "action": "ExecuteBash", "inputs": {"commands": [commands]}}
 
 
+def _tool_file(path: str, name: str) -> str:
+    """Lines writing the node script `name` to `path` (a quoted here-document: written as shipped)."""
+    return f"cat > {path} <<'GPUCLUSTER_FILE_EOF'\n" + script(name) + "GPUCLUSTER_FILE_EOF\n"
+
+
 def build_steps(s: BakeSettings) -> list[dict[str, Any]]:
+    """The build phase. Each step follows the base image's operating system as the node scripts do
+    (gpucluster-os, from /etc/os-release: `ubuntu` installs with apt, `al2023` with dnf); any other
+    stops the bake with gpucluster-os's one line once it is written, before anything is installed."""
     units = " ".join(PACKAGE_UNITS)
     steps = [
         # First: nothing else may race the installs for the dpkg lock, in the build or at any boot.
+        # Amazon Linux 2023 installs no updates by itself and dnf waits for its own lock
+        # (ledger: al2023-node-packages): nothing to stop there, as at an unbaked node's boot.
+        # gpucluster-os is written in the next step (the component holds 16,000 characters: once);
+        # this one reads the same os-release ID it reads.
         _bash("DisableUnattendedUpgrades",
-              "set -euo pipefail\n"
+              "set -euo pipefail\nos=$(. /etc/os-release && echo \"$ID\")\n"
+              "if [ \"$os\" = ubuntu ]; then\n"
               f"systemctl stop {units} || true\nsystemctl disable {units} || true\nsystemctl mask {units}\n"
               "printf 'APT::Periodic::Update-Package-Lists \"0\";\\n"
-              "APT::Periodic::Unattended-Upgrade \"0\";\\n' > /etc/apt/apt.conf.d/20auto-upgrades\n"),
+              "APT::Periodic::Unattended-Upgrade \"0\";\\n' > /etc/apt/apt.conf.d/20auto-upgrades\n"
+              "else\n  echo \"$os: no automatic package updates to stop\"\nfi\n"),
         _bash("InstallNodeTools",
               "set -euo pipefail\ninstall -d -m 0755 /etc/gpucluster /usr/local/sbin\n"
               # gpucluster-install asks gpucluster-os which package manager to use.
-              "cat > /usr/local/sbin/gpucluster-os <<'GPUCLUSTER_FILE_EOF'\n"
-              + script("os.sh") + "GPUCLUSTER_FILE_EOF\n"
-              "cat > /usr/local/sbin/gpucluster-install <<'GPUCLUSTER_FILE_EOF'\n"
-              + script("install.sh") + "GPUCLUSTER_FILE_EOF\n"
-              "chmod 0755 /usr/local/sbin/gpucluster-os /usr/local/sbin/gpucluster-install\n"
+              + _tool_file(OS_TOOL, "os.sh") + _tool_file(INSTALL_TOOL, "install.sh")
+              + f"chmod 0755 {OS_TOOL} {INSTALL_TOOL}\n"
+              # An unsupported base stops here, with gpucluster-os's one line, before anything installs.
+              + f"{OS_TOOL} >/dev/null\n"
               # Only what install.sh reads; the node's own node.env replaces it at boot.
               f"printf '%s\\n' GPUCLUSTER_REGION={s.region} "
               f"\"GPUCLUSTER_LUSTRE_KEY_FINGERPRINTS='{' '.join(s.lustre_key_fingerprints)}'\""
               " > /etc/gpucluster/node.env\n"
-              f"[ -x {CWA_CTL} ] || /usr/local/sbin/gpucluster-install cloudwatch-agent\n"
-              + ("modinfo lustre >/dev/null 2>&1 || /usr/local/sbin/gpucluster-install lustre-client\n"
-                 if s.fsx else "")
-              + ("command -v mount-s3 >/dev/null || /usr/local/sbin/gpucluster-install mount-s3\n"
-                 if s.mount_s3 else "")),
-        # DCGM from NVIDIA's CUDA repository, which the Deep Learning AMI configures (DCGM user
-        # guide, "Getting Started": package datacenter-gpu-manager).
+              f"[ -x {CWA_CTL} ] || {INSTALL_TOOL} cloudwatch-agent\n"
+              + (f"modinfo lustre >/dev/null 2>&1 || {INSTALL_TOOL} lustre-client\n" if s.fsx else "")
+              + (f"command -v mount-s3 >/dev/null || {INSTALL_TOOL} mount-s3\n" if s.mount_s3 else "")),
+        # DCGM from NVIDIA's CUDA repository, which the Deep Learning AMIs configure (DCGM user guide,
+        # "Getting Started": package datacenter-gpu-manager, apt on Ubuntu, dnf on Amazon Linux 2023;
+        # that the Amazon Linux 2023 DLAMI configures the repository: ledger: al2023-bake-dcgm).
         _bash("InstallDcgm",
-              "set -euo pipefail\nexport DEBIAN_FRONTEND=noninteractive\n"
+              f"set -euo pipefail\nexport DEBIAN_FRONTEND=noninteractive\nos=$({OS_TOOL})\n"
               "if ! command -v dcgmi >/dev/null; then\n"
-              "  apt-get -o DPkg::Lock::Timeout=600 update\n"
-              "  apt-get -o DPkg::Lock::Timeout=600 install -y datacenter-gpu-manager\nfi\n"
+              "  if [ \"$os\" = ubuntu ]; then\n"
+              "    apt-get -o DPkg::Lock::Timeout=600 update\n"
+              "    apt-get -o DPkg::Lock::Timeout=600 install -y datacenter-gpu-manager\n"
+              "  else\n    dnf install -y datacenter-gpu-manager\n  fi\nfi\n"
               "systemctl enable nvidia-dcgm.service || true\n"),
     ]
     if s.efa:
@@ -162,7 +179,9 @@ def pull_commands(image: str) -> str:
     """docker pull, logging in first to an ECR registry (ECR user guide, "Private registry
     authentication"): the build's role may pull from the stack's ECR repositories only."""
     registry = image.split("/", 1)[0] if "/" in image else ""
-    lines = ["set -euo pipefail", "systemctl start docker"]
+    # Docker from the OS's own packages where the base has none (the Deep Learning AMIs have it).
+    lines = ["set -euo pipefail", f"command -v docker >/dev/null || {INSTALL_TOOL} container-runtime",
+             "systemctl start docker"]
     if ".dkr.ecr." in registry:
         region = registry.split(".dkr.ecr.", 1)[1].split(".", 1)[0]
         lines.append(f"aws ecr get-login-password --region {region} | docker login --username AWS "
@@ -175,8 +194,10 @@ def validate_steps(s: BakeSettings) -> list[dict[str, Any]]:
     """What the launch path of a baked node (gpucluster-ready) checks, checked here first."""
     checks = [f"[ -x {CWA_CTL} ] || missing+=(cloudwatch-agent)",
               "command -v dcgmi >/dev/null || missing+=(dcgm)",
-              "systemctl is-enabled unattended-upgrades.service 2>/dev/null | grep -q masked"
-              " || missing+=(unattended-upgrades-masked)"]
+              # Ubuntu's only: Amazon Linux 2023 has no unattended upgrades to mask.
+              f"[ \"$({OS_TOOL})\" != ubuntu ]"
+              " || systemctl is-enabled unattended-upgrades.service 2>/dev/null"
+              " | grep -q masked || missing+=(unattended-upgrades-masked)"]
     if s.fsx:
         checks.append("modinfo lustre >/dev/null 2>&1 || missing+=(lustre-client)")
     if s.mount_s3:

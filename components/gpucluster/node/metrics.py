@@ -53,6 +53,15 @@ class NodeMetrics:
     region: str
     dcgm_exporter_image: str
     scrape_interval_seconds: int = 30
+    prometheus_image: str | None = None
+    """With node_exporter_image: Prometheus and the node exporter run as these containers (pinned by
+    digest) instead of the OS's packages; None: the packages (Ubuntu's archive)."""
+    node_exporter_image: str | None = None
+
+    @property
+    def containers(self) -> bool:
+        """The collector runs as containers (both images set: the stack file's check keeps them paired)."""
+        return self.prometheus_image is not None and self.node_exporter_image is not None
 
 
 # The URL a workspace of the stack will have: same length as the real one (a workspace id is a
@@ -75,4 +84,5 @@ def group_metrics(o: ObservabilityConfig, region: str,
     if not p.active or p.dcgm_exporter_image is None:
         return None
     url = p.remote_write_url or remote_write_url or remote_write_url_of(region, UNKNOWN_WORKSPACE)
-    return NodeMetrics(url, p.region or region, p.dcgm_exporter_image, p.scrape_interval_seconds)
+    return NodeMetrics(url, p.region or region, p.dcgm_exporter_image, p.scrape_interval_seconds,
+                       prometheus_image=p.prometheus_image, node_exporter_image=p.node_exporter_image)

@@ -2,18 +2,27 @@
 # gpucluster-metrics: GPU metrics to Amazon Managed Prometheus, beside (never instead of) the CloudWatch
 # agent. `start`: run NVIDIA's dcgm-exporter (the image pinned by digest in the stack file; its counters
 # file written from GPUCLUSTER_DCGM_FIELDS; Docker installed first where the AMI has none,
-# gpucluster-install container-runtime), the node exporter (Ubuntu's prometheus-node-exporter) and a
-# Prometheus that scrapes both every GPUCLUSTER_METRICS_SCRAPE_SECONDS and remote-writes with SigV4 as
-# the node role (Prometheus docs, "remote_write" sigv4; AMP user guide, "Ingest metrics ... using
-# remote write"). Its config is rendered here: every series labelled with the stack identity, node
-# group, instance id and instance type (IMDSv2), which the dashboards and rules select on.
+# gpucluster-install container-runtime), the node exporter and a Prometheus that scrapes both every
+# GPUCLUSTER_METRICS_SCRAPE_SECONDS and remote-writes with SigV4 as the node role (Prometheus docs,
+# "remote_write" sigv4; AMP user guide, "Ingest metrics ... using remote write"). Its config is rendered
+# here: every series labelled with the stack identity, node group, instance id and instance type
+# (IMDSv2), which the dashboards and rules select on.
+# Where they come from, on any OS (gpucluster-os):
+#   - observability.prometheus.prometheus_image and node_exporter_image set (GPUCLUSTER_PROMETHEUS_IMAGE,
+#     GPUCLUSTER_NODE_EXPORTER_IMAGE): both run as those containers, pinned by digest (docker checks
+#     what it pulls against the digest). Host network: they listen on 127.0.0.1 only, and Prometheus
+#     reaches IMDSv2 for the node role's credentials as a host process does (a bridged container is one
+#     hop further: the nodes' launch templates allow 2, gpucluster.aws.nodes.IMDS_HOP_LIMIT, host
+#     networking needs 1). The rendered config is mounted read-only; gpucluster-prometheus runs
+#     `gpucluster-metrics serve`, Prometheus in the foreground as the unit's own process.
+#   - unset, Ubuntu: the archive's prometheus and prometheus-node-exporter (apt checks them).
+#   - unset, Amazon Linux 2023: no Prometheus package there (ledger: al2023-node-packages), so `start`
+#     says so in one line naming the two keys and exits 1 (NodeStepFailed, Step=metrics) without
+#     installing anything from elsewhere; `gpucluster doctor` warns before deploy.
 # `check`: after a start, is Prometheus writing? Says so in the boot log either way and exits 1 when
 # not (gpucluster-report then publishes NodeStepFailed for step metrics).
 # Metrics never block a job: this unit is ordered after nothing a job needs, and nothing requires it;
 # the health check and the launch lifecycle hook do not look at it.
-# Ubuntu only (gpucluster-os): no Prometheus package on Amazon Linux 2023, ledger: al2023-node-packages;
-# so there `start` says so and exits 1 (NodeStepFailed, Step=metrics) without
-# installing anything from elsewhere; `gpucluster doctor` warns before deploy.
 set -euo pipefail
 # shellcheck source=/dev/null
 . "${GPUCLUSTER_NODE_ENV:-/etc/gpucluster/node.env}"
@@ -29,6 +38,13 @@ CHECK_SECONDS="${GPUCLUSTER_METRICS_CHECK_SECONDS:-180}"
 BINARIES="${GPUCLUSTER_METRICS_BINARIES:-/usr/bin/prometheus /usr/bin/prometheus-node-exporter}"
 INSTALL="${GPUCLUSTER_INSTALL:-/usr/local/sbin/gpucluster-install}"
 OS_TOOL="${GPUCLUSTER_OS_TOOL:-/usr/local/sbin/gpucluster-os}"
+PROMETHEUS_IMAGE="${GPUCLUSTER_PROMETHEUS_IMAGE:-}"
+NODE_EXPORTER_IMAGE="${GPUCLUSTER_NODE_EXPORTER_IMAGE:-}"
+# The containers' entrypoints are the binaries (/bin/prometheus, /bin/promtool beside it,
+# /bin/node_exporter: the projects' Dockerfiles; ledger: prometheus-container-images). Prometheus runs
+# as nobody, given here rather than taken from the image, and owns its data directory.
+NOBODY=65534
+IN_CONFIG=/etc/prometheus/prometheus.yml
 
 log() { echo "gpucluster-metrics: $*"; logger -t gpucluster-metrics -- "$*" || true; }
 
@@ -90,20 +106,20 @@ start_dcgm_exporter() {
     "$GPUCLUSTER_DCGM_EXPORTER_IMAGE" -f /etc/dcgm-exporter/gpucluster.csv >/dev/null
 }
 
-start() {
-  local instance_id instance_type binaries
-  instance_id=$(imds instance-id)
-  instance_type=$(imds instance-type)
-  render_config "$instance_id" "$instance_type"
+# The collector from the OS's packages: Ubuntu's archive, verified by apt against the distribution's
+# key; apt >= 1.9.11 waits for the dpkg lock itself (the Deep Learning AMI may hold it at first boot).
+start_packages() {
+  local binaries os
   read -ra binaries <<<"$BINARIES"
   if ! ls "${binaries[@]}" >/dev/null 2>&1; then
-    if [ "$("$OS_TOOL")" != ubuntu ]; then
-      log "NOT STARTED: no Prometheus package for this OS ($("$OS_TOOL")): observability.prometheus needs" \
-          "an Ubuntu AMI or one with ${binaries[*]}; jobs are not affected"
+    os=$("$OS_TOOL")
+    if [ "$os" != ubuntu ]; then
+      log "NOT STARTED: no Prometheus package for this OS ($os): set" \
+          "observability.prometheus.prometheus_image and observability.prometheus.node_exporter_image" \
+          "(pinned by digest: run as containers), or use an Ubuntu AMI or one with ${binaries[*]};" \
+          "jobs are not affected"
       return 1
     fi
-    # Ubuntu's archive, verified by apt against the distribution's key; apt >= 1.9.11 waits for the
-    # dpkg lock itself (the Deep Learning AMI may hold it at first boot).
     DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends \
       prometheus prometheus-node-exporter
     # The package's own server (its default config) is not ours: gpucluster-prometheus runs instead.
@@ -114,6 +130,46 @@ start() {
   start_dcgm_exporter
   systemctl enable --now prometheus-node-exporter
   systemctl enable --now gpucluster-prometheus
+}
+
+# The collector as the pinned containers (any OS): the config checked by the image's own promtool
+# before anything starts, then the exporters, then gpucluster-prometheus (`serve`).
+start_containers() {
+  command -v docker >/dev/null || "$INSTALL" container-runtime
+  docker run --rm --network none --entrypoint /bin/promtool -v "$CONFIG:$IN_CONFIG:ro" \
+    "$PROMETHEUS_IMAGE" check config "$IN_CONFIG" >/dev/null
+  start_dcgm_exporter
+  docker rm -f gpucluster-node-exporter >/dev/null 2>&1 || true
+  # The host's own view (node_exporter README, "Docker": host network and PID namespace, / read-only).
+  docker run -d --name gpucluster-node-exporter --restart unless-stopped --network host --pid host \
+    -v /:/host:ro,rslave "$NODE_EXPORTER_IMAGE" --path.rootfs=/host \
+    "--web.listen-address=127.0.0.1:$NODE_PORT" >/dev/null
+  systemctl enable --now gpucluster-prometheus
+}
+
+start() {
+  local instance_id instance_type
+  instance_id=$(imds instance-id)
+  instance_type=$(imds instance-type)
+  render_config "$instance_id" "$instance_type"
+  if [ -n "$PROMETHEUS_IMAGE" ] && [ -n "$NODE_EXPORTER_IMAGE" ]; then
+    start_containers
+  else
+    start_packages
+  fi
+}
+
+# gpucluster-prometheus's process with the pinned image: Prometheus in the foreground (docker run
+# without -d: systemd's stop reaches it through docker's signal proxy; --rm leaves no container behind).
+serve() {
+  local data=$1 retention=$2
+  [ -n "$PROMETHEUS_IMAGE" ] || { echo "gpucluster-metrics: serve: no GPUCLUSTER_PROMETHEUS_IMAGE" >&2; exit 2; }
+  install -d -m 0750 -o "$NOBODY" -g "$NOBODY" "$data"
+  docker rm -f gpucluster-prometheus >/dev/null 2>&1 || true
+  exec docker run --rm --name gpucluster-prometheus --network host --user "$NOBODY:$NOBODY" \
+    -v "$CONFIG:$IN_CONFIG:ro" -v "$data:/prometheus" "$PROMETHEUS_IMAGE" \
+    "--config.file=$IN_CONFIG" --storage.tsdb.path=/prometheus "--storage.tsdb.retention.time=$retention" \
+    "--web.listen-address=127.0.0.1:$PROM_PORT"
 }
 
 # One sample of Prometheus's own counters: written and failed samples (remote storage metrics,
@@ -146,5 +202,6 @@ case "${1:-}" in
   start) start ;;
   check) check ;;
   render) render_config "${2:?instance id}" "${3:?instance type}" ;;
-  *) echo "usage: gpucluster-metrics start|check|render ID TYPE" >&2; exit 2 ;;
+  serve) serve "${2:?data directory}" "${3:?retention}" ;;
+  *) echo "usage: gpucluster-metrics start|check|render ID TYPE|serve DATA RETENTION" >&2; exit 2 ;;
 esac

@@ -654,6 +654,9 @@ def metrics_files(m: NodeMetrics) -> list[NodeFile]:
            "GPUCLUSTER_DCGM_EXPORTER_IMAGE": m.dcgm_exporter_image,
            "GPUCLUSTER_METRICS_SCRAPE_SECONDS": str(m.scrape_interval_seconds),
            "GPUCLUSTER_DCGM_FIELDS": dcgm_fields()}
+    if m.containers:  # only then: a stack without them keeps its user data byte for byte
+        env |= {"GPUCLUSTER_PROMETHEUS_IMAGE": m.prometheus_image or "",
+                "GPUCLUSTER_NODE_EXPORTER_IMAGE": m.node_exporter_image or ""}
     return [
         NodeFile("/etc/gpucluster/metrics.env", "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items())),
         shipped(f"{_SBIN}/gpucluster-metrics", "metrics.sh"),
@@ -670,14 +673,26 @@ def metrics_files(m: NodeMetrics) -> list[NodeFile]:
         # a drop-in's Wants= pulls this one in without a line of its own in the bootstrap.
         NodeFile(f"{_UNITS}/gpucluster-agent.service.d/metrics.conf",
                  f"[Unit]\nWants={METRICS_UNIT}\n", make_parent=True),
-        NodeFile(f"{_UNITS}/{PROMETHEUS_UNIT}", _unit(
-            "Prometheus remote-writing GPU metrics",
-            f"Type=simple\nRestart=always\nRestartSec=10\n"
-            f"ExecStart=/usr/bin/prometheus --config.file=/etc/gpucluster/prometheus.yml "
-            f"--storage.tsdb.path={PROMETHEUS_DATA} --storage.tsdb.retention.time={PROMETHEUS_RETENTION} "
-            "--web.listen-address=127.0.0.1:9090",
-            after="network-online.target")),
+        NodeFile(f"{_UNITS}/{PROMETHEUS_UNIT}", prometheus_unit(m.containers)),
     ]
+
+
+def prometheus_unit(containers: bool) -> str:
+    """gpucluster-prometheus: the OS package's binary, or (prometheus_image) `gpucluster-metrics serve`,
+    which runs the pinned image in the foreground (docker run, host network: the unit's own process,
+    so systemd restarts and stops it the same way)."""
+    if containers:
+        return _unit("Prometheus remote-writing GPU metrics (container)",
+                     "Type=simple\nRestart=always\nRestartSec=10\n"
+                     f"ExecStart={_SBIN}/gpucluster-metrics serve {PROMETHEUS_DATA} {PROMETHEUS_RETENTION}",
+                     after="network-online.target docker.service", extra="Requires=docker.service\n")
+    return _unit(
+        "Prometheus remote-writing GPU metrics",
+        f"Type=simple\nRestart=always\nRestartSec=10\n"
+        f"ExecStart=/usr/bin/prometheus --config.file=/etc/gpucluster/prometheus.yml "
+        f"--storage.tsdb.path={PROMETHEUS_DATA} --storage.tsdb.retention.time={PROMETHEUS_RETENTION} "
+        "--web.listen-address=127.0.0.1:9090",
+        after="network-online.target")
 
 
 def mig_files() -> list[NodeFile]:

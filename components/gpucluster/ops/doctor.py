@@ -212,10 +212,14 @@ def _ami_findings(spec: StackSpec, subject: str, ami: AmiFacts) -> Iterable[Doct
     if ami.supported:
         yield DoctorFinding("ok", "ami", subject, f"{what} boots {ami.os}: supported; jobs run as "
                             f"{ami.job_user}")
-        if ami.os == "Amazon Linux 2023" and spec.observability.prometheus.active and subject != "login":
+        p = spec.observability.prometheus
+        if ami.os == "Amazon Linux 2023" and p.active and not p.containers and subject != "login":
             yield DoctorFinding("warning", "ami", subject, "observability.prometheus: Amazon Linux 2023 has "
-                                "no Prometheus package, so these nodes send no metrics to AMP (jobs, the "
-                                "CloudWatch agent and the idle stop are not affected)")
+                                "no Prometheus package, so these nodes send no metrics to AMP until "
+                                "observability.prometheus.prometheus_image and "
+                                "observability.prometheus.node_exporter_image are set (pinned by digest: "
+                                "run as containers); jobs, the CloudWatch agent and the idle stop are not "
+                                "affected")
     elif ami.os is not None:
         yield DoctorFinding("blocker", "ami", subject, f"{what} boots {ami.os}: gpucluster's node scripts "
                             f"run on {SUPPORTED_LINE}; every node would stop at boot with one FAILED line")

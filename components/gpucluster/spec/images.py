@@ -9,28 +9,33 @@ imports Pulumi or AWS.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 
 from gpucluster.spec.checks import check, group_check
 from gpucluster.spec.findings import Finding
 from gpucluster.spec.models import NodeGroupConfig, StackSpec, baked_image
 
-# The recipe's components install with apt (the Lustre client for the AMI's kernel, DCGM) and
-# systemd: the Deep Learning AMIs on Ubuntu, x86_64 (AWS Deep Learning AMI developer guide, "Query
-# AMI-ID with SSM Parameter": /aws/service/deeplearning/ami/x86_64/<name>-ubuntu-<version>/...).
+# The recipe's components install with the base's own package manager (gpucluster-os: apt on Ubuntu,
+# dnf on Amazon Linux 2023: the Lustre client for the AMI's kernel, DCGM) and systemd: the Deep
+# Learning AMIs on Ubuntu or Amazon Linux 2023, x86_64 (AWS Deep Learning AMI developer guide, "Query
+# AMI-ID with SSM Parameter": /aws/service/deeplearning/ami/x86_64/<name>-ubuntu-<version>/... and
+# <name>-amazon-linux-2023/...; those names: ledger: ami-os-names).
 SUPPORTED_PARAMETER_PREFIX = "/aws/service/deeplearning/ami/x86_64/"
+SUPPORTED_PARAMETER_OS = re.compile(r"ubuntu|amazon-linux-2023")
 
 
 def base_problem(group: NodeGroupConfig) -> str | None:
-    """Why the group's base cannot carry the recipe, or None (the default DLAMI, an Ubuntu DLAMI
-    parameter, or the group's own ami_id, which the user vouches is Ubuntu with the NVIDIA driver)."""
+    """Why the group's base cannot carry the recipe, or None (the default DLAMI, an Ubuntu or Amazon
+    Linux 2023 DLAMI parameter, or the group's own ami_id, which the user vouches is one of those with
+    the NVIDIA driver; `gpucluster doctor` reads which OS it boots)."""
     param = group.ami_ssm_parameter
     if group.ami_id or param is None:
         return None
-    if not param.startswith(SUPPORTED_PARAMETER_PREFIX) or "ubuntu" not in param:
-        return (f"the base {param!r} is not an x86_64 Ubuntu Deep Learning AMI parameter "
-                f"({SUPPORTED_PARAMETER_PREFIX}...ubuntu...): the recipe installs with apt; set "
-                "images.groups.<group>.bake: false or use an Ubuntu base")
+    if not param.startswith(SUPPORTED_PARAMETER_PREFIX) or not SUPPORTED_PARAMETER_OS.search(param):
+        return (f"the base {param!r} is not an x86_64 Ubuntu or Amazon Linux 2023 Deep Learning AMI "
+                f"parameter ({SUPPORTED_PARAMETER_PREFIX}...ubuntu... or ...amazon-linux-2023...): the "
+                "recipe installs with apt or dnf; set images.groups.<group>.bake: false or use one of those")
     return None
 
 

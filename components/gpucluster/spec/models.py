@@ -451,6 +451,10 @@ class PrometheusConfig(StrictModel):
     """With remote_write_url: the workspace's region (SigV4 signs for it)."""
     dcgm_exporter_image: ContainerImage | None = None
     """NVIDIA's dcgm-exporter image pinned by digest (nvcr.io/nvidia/k8s/dcgm-exporter:<tag>@sha256:...)."""
+    prometheus_image: ContainerImage | None = None
+    """With node_exporter_image: Prometheus's image pinned by digest, run instead of the OS's package."""
+    node_exporter_image: ContainerImage | None = None
+    """With prometheus_image: the node exporter's image pinned by digest, run instead of the OS's package."""
     scrape_interval_seconds: Annotated[int, _in_range(10, 300)] = 30
     """How often every node samples its GPUs; AMP's ingestion cost scales with 60 / this."""
 
@@ -458,6 +462,11 @@ class PrometheusConfig(StrictModel):
     def active(self) -> bool:
         """Metrics are written somewhere: a workspace of the stack or an existing one."""
         return self.enabled or self.remote_write_url is not None
+
+    @property
+    def containers(self) -> bool:
+        """Prometheus and the node exporter run as the pinned containers, not the OS's packages."""
+        return self.prometheus_image is not None and self.node_exporter_image is not None
 
 
 GrafanaAuthentication = Literal["AWS_SSO", "SAML"]

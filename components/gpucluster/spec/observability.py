@@ -78,6 +78,27 @@ def prometheus_findings(o: ObservabilityConfig, stack_region: str) -> Iterable[F
         elif not DIGEST.fullmatch(p.dcgm_exporter_image):
             yield Finding(f"{path}.dcgm_exporter_image", "must be pinned by digest (...@sha256:<64 hex>), "
                           "so every node runs the same exporter")
+        yield from collector_image_findings(o)
+
+
+# The collector as containers instead of the OS's packages (Amazon Linux 2023 has none): key -> what it runs.
+COLLECTOR_IMAGES = {"prometheus_image": "Prometheus", "node_exporter_image": "node exporter"}
+
+
+def collector_image_findings(o: ObservabilityConfig) -> Iterable[Finding]:
+    """prometheus_image and node_exporter_image: both or neither, each pinned by digest as the
+    dcgm-exporter's is (the node runs what the digest names, whatever its tag points to later)."""
+    p, path = o.prometheus, f"{PATH}.prometheus"
+    images = {key: getattr(p, key) for key in COLLECTOR_IMAGES}
+    for key, image in images.items():
+        if image is not None and not DIGEST.fullmatch(image):
+            yield Finding(f"{path}.{key}", "must be pinned by digest (...@sha256:<64 hex>), so every node "
+                          f"runs the same {COLLECTOR_IMAGES[key]}")
+    missing = [key for key, image in images.items() if image is None]
+    if len(missing) == 1:
+        [other] = [key for key in images if key not in missing]
+        yield Finding(f"{path}.{missing[0]}", f"required with {other}: Prometheus and the node exporter run "
+                      "as containers together, in place of the OS's packages")
 
 
 def grafana_findings(o: ObservabilityConfig) -> Iterable[Finding]:

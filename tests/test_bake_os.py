@@ -227,5 +227,6 @@ def test_the_recipe_puts_the_root_volume_on_the_bases_root_device(monkeypatch: p
     assert recipe.inputs["blockDeviceMappings"][0]["deviceName"] == "/dev/xvda"
     [component] = [r for r in plan.resources if r.type == "aws:imagebuilder/component:Component"
                    and group["name"] in r.name]
-    assert "Amazon Linux 2023" in component.inputs["supportedOsVersions"]
-    assert "Ubuntu 22" in component.inputs["supportedOsVersions"]
+    # No OS version list Image Builder would prefix-match against names not checkable here: the
+    # component's own first step refuses an unsupported OS.
+    assert "supportedOsVersions" not in component.inputs

@@ -140,11 +140,13 @@ def test_the_image_pipelines_get_the_slurm_version_only_on_a_slurm_stack() -> No
     assert "slurm_version" not in plain
 
 
-def test_the_catalog_pins_the_pcs_key_as_a_required_unverified_entry(tmp_path: Path) -> None:
+def test_the_catalog_pins_the_pcs_key_the_guide_prints(tmp_path: Path) -> None:
     key = pcs_installer_key()
     assert "Software installers to build custom AMIs for AWS PCS" in key.source
-    assert {e.id: e for e in load_ledger()}["pcs-installer-signing-key"].status == "unverified"
-    assert key.fingerprint is None or len(key.fingerprint) == 40  # null until copied from the guide
+    assert {e.id: e for e in load_ledger()}["pcs-installer-signing-key"].status == "documented"
+    # The guide's `gpg --fingerprint 7EEF030EDDF5C21C` output, spaces removed: the key id is its tail.
+    assert key.fingerprint == "1C24 32C1 862F 64D1 F90A  239A 7EEF 030E DDF5 C21C".replace(" ", "")
+    assert key.fingerprint.endswith("7EEF030EDDF5C21C")
     for text, error in (("status: unverified\nsource: s\npublic_key_url: u\n", "missing fingerprint"),
                         ("status: unverified\nsource: s\npublic_key_url: u\nfingerprint: ABC\n",
                          "is not 40 hex digits")):

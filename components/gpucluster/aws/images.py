@@ -34,11 +34,10 @@ BUILD_MANAGED_POLICIES = {"imagebuilder": "EC2InstanceProfileForImageBuilder",
                           "ssm": "AmazonSSMManagedInstanceCore"}
 IMDS_HOP_LIMIT = 2  # as the nodes': containers (the pre-pull) reach IMDSv2
 BUILD_TIMEOUT_MINUTES = 120  # the image tests' timeout (Image Builder allows 60-1440)
-# CreateComponent's supportedOsVersions: "a prefix match is performed against the base image OS version
-# during image recipe creation" (botocore imagebuilder model). The component follows the base's OS
-# (gpucluster-os); these are the names Image Builder gives the bases it runs on
-# (ledger: imagebuilder-os-versions).
-SUPPORTED_OS_VERSIONS = ["Ubuntu 22", "Ubuntu 24", "Amazon Linux 2023"]
+# No supportedOsVersions on the component: it is optional in CreateComponent, and "a prefix match is
+# performed against the base image OS version during image recipe creation" (botocore imagebuilder
+# model) against names we cannot check here, so a wrong one would fail the recipe at deploy. The
+# component's first step refuses an OS it cannot install on (gpucluster-os), before installing anything.
 
 
 def build_policy_document(identity: str, region: str, partition: str, images: list[str]) -> dict[str, Any]:
@@ -193,7 +192,7 @@ class NodeImages(pulumi.ComponentResource):
         component = self.components[group] = aws.imagebuilder.Component(
             f"{name}-{group}-component", name=base, platform="Linux", version=version, data=document,
             description=f"gpucluster {cluster}/{group}: node software installed once",
-            supported_os_versions=SUPPORTED_OS_VERSIONS, tags=tags, opts=child)
+            tags=tags, opts=child)
         # The ignore: pulumi-aws types the EBS flags as strings; the booleans reach the engine as written.
         recipe = self.recipes[group] = aws.imagebuilder.ImageRecipe(  # type: ignore[call-overload]
             f"{name}-{group}-recipe", name=base, version=version, parent_image=g["parent_image"],

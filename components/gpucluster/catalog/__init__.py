@@ -396,7 +396,8 @@ class PcsInstallerKey:
 
 
 def pcs_installer_key(path: Path = PCS_INSTALLERS_FILE) -> PcsInstallerKey:
-    """The PCS installers' signing key. Every entry is required; the fingerprint is null or 40 hex digits."""
+    """The PCS installers' signing key. Every entry is required; the fingerprint is 40 hex digits
+    (null: every bake of a Slurm image stops)."""
     data = read_data_file(path)
     missing = [k for k in ("fingerprint", "public_key_url", "source") if k not in data]
     if missing:

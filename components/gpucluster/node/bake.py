@@ -64,16 +64,16 @@ class BakeSettings:
 
 
 # "Software installers to build custom AMIs for AWS PCS",
-# https://docs.aws.amazon.com/pcs/latest/userguide/working-with_ami_installers.html: a custom AMI needs the
-# AWS PCS agent and AWS's Slurm build (installed under /opt/aws/pcs/scheduler/slurm-<version>, the
-# documented path). FROM MEMORY (ledger: pcs-installer-location), not re-checked: the per-region bucket
-# aws-pcs-repo-<region>.s3.<region>.amazonaws.com, the object names aws-pcs-agent/aws-pcs-agent-v1-latest
-# .tar.gz and aws-pcs-slurm/aws-pcs-slurm-<version>-installer-latest.tar.gz, the directories they unpack
-# to and `installer.sh` (`-y` for Slurm's). AWS publishes no `<name>.sha256` beside them: each is checked
-# with its detached signature `<name>.sig` and the AWS PCS public key, whose fingerprint the catalog pins
-# (catalog/data/pcs_installers.yaml; ledger: pcs-installer-signing-key): while it is null every bake
-# stops there with one FAILED line. A wrong name fails the build (curl -f), never installs anything
-# unchecked.
+# https://docs.aws.amazon.com/pcs/latest/userguide/working-with_ami_installers.html, its pages "Step 2 -
+# Install the AWS PCS agent" and "Step 3 - Install Slurm": a custom AMI needs the AWS PCS agent and AWS's
+# Slurm build, installed under /opt/aws/pcs/scheduler/slurm-<version> (ledger: pcs-installer-location,
+# documented): the per-region bucket aws-pcs-repo-<region>.s3.<region>.amazonaws.com, the objects
+# aws-pcs-agent/aws-pcs-agent-v1-latest.tar.gz and aws-pcs-slurm/aws-pcs-slurm-<version>-installer-latest
+# .tar.gz, the directories they unpack to and `installer.sh` (`-y` for Slurm's). AWS publishes no
+# `<name>.sha256` beside them: each is checked with its detached signature `<name>.sig` and the AWS PCS
+# public key, whose fingerprint the catalog pins as the guide prints it (catalog/data/pcs_installers.yaml;
+# ledger: pcs-installer-signing-key); an empty one stops the bake with one FAILED line. A wrong name
+# fails the build (curl -f), never installs anything unchecked.
 PCS_REPO = "https://aws-pcs-repo-{region}.s3.{region}.amazonaws.com"
 PCS_SLURM_ROOT = "/opt/aws/pcs/scheduler/slurm-{version}"
 

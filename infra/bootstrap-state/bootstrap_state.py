@@ -132,7 +132,7 @@ WORKLOAD_ACTIONS = [
     "pcs:ListComputeNodeGroups", "pcs:UpdateComputeNodeGroup",
     # ...and the EC2 describes the PCS guide's minimum permissions list for UpdateComputeNodeGroup
     # (gpucluster.fleet.deployment.PCS_UPDATE_DESCRIBES; its launches and role passing: `pcs_update_caps`)
-    "ec2:DescribeImages", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
+    "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
     "ec2:DescribeLaunchTemplateVersions", "ec2:DescribeSecurityGroups", "ec2:DescribeSubnets",
     "ec2:DescribeVpcs",
 ]
@@ -342,7 +342,7 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
     # node groups and queues by pulumi-aws-native; both go through the Cloud Control API (CLOUD_CONTROL: it
     # calls PCS with the caller's own permissions, so it reaches nothing the role could not). PCS ids are
     # generated, so `deploy_statements` scopes these by the stack tag (`pcs_statements`). Beyond the pcs:
-    # actions, as the issues (33, 34) quote the PCS user guide's "Minimum permissions for AWS PCS"
+    # actions, as the PCS user guide's "Minimum permissions for AWS PCS" lists them
     # (ledger: pcs-create-permissions): CreateCluster makes the
     # controller's network interface, reads the VPC's security groups and keeps the Slurm key in a Secrets
     # Manager secret it creates and rotates (secretsmanager:RotateSecret, scoped like CreateSecret to the

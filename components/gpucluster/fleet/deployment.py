@@ -171,15 +171,17 @@ IAM_ACTIONS: dict[str, tuple[str, ...]] = {
 # ssm:GetCommandInvocation for the result).
 PCS_ACTIONS = ("pcs:ListComputeNodeGroups", "pcs:GetComputeNodeGroup", "pcs:UpdateComputeNodeGroup")
 LOGIN_NODE_ACTIONS = ("ec2:DescribeInstances", "ssm:SendCommand", "ssm:GetCommandInvocation")
-# What the PCS user guide's "Minimum permissions for AWS PCS" page lists for UpdateComputeNodeGroup besides
-# the pcs: action, as issue 34 quotes it (ledger: pcs-update-permissions): pass the node role,
-# read its instance profile, launch and tag (RunInstances, CreateFleet, CreateTags), and the EC2 describes
-# below. Whether PCS checks them on an update that changes only scalingConfiguration (all a stop or a start
-# sends) is unverified until measured in an account (ledger: pcs-update-permissions); the roles carry them,
-# each scoped to the stack (`guardrail_lambda.pcs_update_statements`), so a stop is never refused for
-# lack of them. The describes are those the page's CreateComputeNodeGroup/UpdateComputeNodeGroup rows
-# name as remembered in issue 34 ("the EC2 describes"); the exact list is part of the same ledger entry.
-PCS_UPDATE_DESCRIBES = ("ec2:DescribeImages", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
+# What the PCS user guide's "Minimum permissions for AWS PCS" page ("Minimum permissions to use API
+# actions", its UpdateComputeNodeGroup row; ledger: pcs-update-permissions) lists besides the pcs: action:
+# pass the node role, read its instance profile, launch and tag (RunInstances, CreateFleet, CreateTags) and
+# the EC2 describes below (DescribeImages is in the row's console-only column, so not here); its
+# "Minimum permissions to use Capacity Blocks" adds ec2:DescribeCapacityReservations to creating or
+# updating a group on a Capacity Block. Whether PCS checks them on an update that changes only
+# scalingConfiguration (all a stop or a start sends) is not documented: until measured in an account
+# (ledger: pcs-update-permissions) the roles carry them, each scoped to the stack
+# (`guardrail_lambda.pcs_update_statements`), so a stop is never refused for lack of them.
+PCS_UPDATE_DESCRIBES = ("ec2:DescribeCapacityReservations", "ec2:DescribeInstanceTypeOfferings",
+                        "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
                         "ec2:DescribeLaunchTemplateVersions", "ec2:DescribeSecurityGroups",
                         "ec2:DescribeSubnets", "ec2:DescribeVpcs")
 PCS_UPDATE_CHECKS = ("iam:PassRole", "iam:GetInstanceProfile", "ec2:RunInstances", "ec2:CreateFleet",

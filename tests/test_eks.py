@@ -382,16 +382,19 @@ def test_an_ended_version_is_refused_and_an_extended_one_warns_with_its_price() 
     assert ended.level == "error" and "ended on 2026-03-23" in ended.message
     [extended] = eks_version_findings("1.32", "us-east-1", DAY)
     assert extended.level == "warning" and extended.path == "scheduler.kubernetes_version"
-    assert "$0.6/h instead of $0.1/h" in extended.message and "upgrade to 1.34" in extended.message
+    assert "$0.6/h instead of $0.1/h" in extended.message and "upgrade to 1.35" in extended.message
     assert list(eks_version_findings("1.34", "us-east-1", DAY)) == []
+    [leaving] = eks_version_findings("1.34", "us-east-1", dt.date(2026, 12, 3))
+    assert leaving.level == "warning" and "upgrade to 1.35" in leaving.message
 
 
 def test_the_default_version_is_the_newest_in_standard_support() -> None:
-    assert eks_catalog.default_version(DAY).version == "1.34"
-    assert eks_catalog.default_version(dt.date(2026, 7, 1)).version == "1.34"
+    assert eks_catalog.default_version(DAY).version == "1.35"
+    # 1.34 leaves standard support on 2026-12-02: a stack created after it gets 1.35, not a $0.60/h plane
+    assert eks_catalog.default_version(dt.date(2026, 12, 3)).version == "1.35"
     # a stale file still names a version (the newest), which then warns as extended
-    assert eks_catalog.default_version(dt.date(2027, 6, 1)).version == "1.34"
-    assert [v.version for v in eks_catalog.versions()][:2] == ["1.34", "1.33"]
+    assert eks_catalog.default_version(dt.date(2027, 6, 1)).version == "1.35"
+    assert [v.version for v in eks_catalog.versions()][:2] == ["1.35", "1.34"]
 
 
 @pytest.mark.parametrize(("change", "path"), [

@@ -87,7 +87,7 @@ EKS_SCHEDULER = """
   # controllers. See README.md "Jobs on Kubernetes".
   gpucluster:scheduler:
     type: eks
-    # kubernetes_version: "1.34"      # default: the newest version in EKS standard support
+    # kubernetes_version: "1.35"      # default: the newest version in EKS standard support
     endpoint_public: false            # the API endpoint stays private: reach it from the VPC (SSM, VPN)
     teams: [ml]                       # a namespace with a Kueue LocalQueue each
     max_run_minutes: 720              # a job's default maximum run time

@@ -2,8 +2,8 @@
 
 Pure: the stack file's check (`spec/scheduler.py`), the cost model and the EKS component read them. A
 version's support on a day is `standard`, `extended` (charged more per cluster-hour) or `ended`; a version
-the file does not list is unknown. The dates and prices are from memory (ledger: eks-kubernetes-versions,
-ledger: eks-prices): each file's header says how to refresh them.
+the file does not list is unknown. Each file's header names the sources of its dates
+(ledger: eks-kubernetes-versions) and prices (ledger: eks-prices) and says how to refresh them.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ class StoredNodeGroups:
             recorded = (stop.previous_desired or "").isdigit() and int(stop.previous_desired or 0)
             max_size = max(max_size, int(recorded or 0))
         return NodeGroup(group.name, group.node_group, group.stack, group.min_size, group.desired,
-                         max_size, stop, group.members)
+                         max_size, stop, group.members, group.configured_max)
 
     def list_groups(self, stack: str) -> list[NodeGroup]:
         described = self.capacity.describe_stack(stack)

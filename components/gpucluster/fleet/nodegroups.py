@@ -93,6 +93,9 @@ class NodeGroup:
     max_size: int
     stop: StopState = StopState()
     members: tuple[Member, ...] = ()
+    configured_max: int | None = None
+    """An EKS group's configured maximum (its gpucluster:max-nodes tag): a stop zeroes its MaxSize, a start
+    puts this back, and `max_size` reads as it meanwhile; None elsewhere."""
 
     @property
     def stopped_by(self) -> str | None:

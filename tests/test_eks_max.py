@@ -8,6 +8,7 @@ group stopped meanwhile stays at zero, and an AWS error fails that group only.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -16,12 +17,14 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
+from typer.testing import CliRunner
 
+from gpucluster.cli import app
 from gpucluster.fleet.asg import AutoScalingGroups, MaxChange, scale_to_zero
 from gpucluster.fleet.tags import MAX_NODES_TAG, NODE_GROUP_TAG, STACK_TAG
-from gpucluster.ops import Clients
+from gpucluster.ops import Clients, stopstart
 from gpucluster.ops.nodegroups import Fleet
-from gpucluster.ops.stopstart import MaxResult, apply_start, plan_start_on
+from gpucluster.ops.stopstart import MaxResult, apply_start, apply_stop, plan_start_on, plan_stop_on
 
 REGION = "us-east-1"
 STACK = "organization/gpucluster/k8s/gpu-k8s"
@@ -162,3 +165,32 @@ def test_an_aws_error_fails_that_group_only(autoscaling: Any, failing: str) -> N
     assert results["k8s-eval"].action == "failed" and "Throttling" in results["k8s-eval"].reason
     assert max_size(autoscaling, "k8s-train") == 8
     assert max_size(autoscaling, "k8s-eval") == (2 if failing == "write" else 3)
+
+
+def test_the_start_command_lists_then_sets_the_maxima(autoscaling: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Text: each group's line in the plan and its result; JSON: `maxima` (only when there are some)."""
+    runner = CliRunner()
+    monkeypatch.setattr(stopstart, "plan_start", lambda spec, clients, group=None: plan_start_on(
+        fleet(autoscaling), group))
+    assert "maxima" not in json.loads(runner.invoke(app, ["start", "dev", "--json", "--dry-run"]).output)
+    up_changed_max_nodes(autoscaling, "k8s-train", 8)
+    dry = json.loads(runner.invoke(app, ["start", "dev", "--json", "--dry-run"]).output)
+    assert dry["maxima"] == [{"group": "k8s-train", "node_group": "train", "max_now": 4, "max_after": 8}]
+    assert max_size(autoscaling, "k8s-train") == 4
+    result = runner.invoke(app, ["start", "dev", "--yes"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "k8s-train: runs with maximum 4; start sets its configured 8" in said
+    assert "maximum of k8s-train: 4 -> 8" in said
+    assert max_size(autoscaling, "k8s-train") == 8
+
+
+def test_gpucluster_stop_closes_a_group_the_autoscaler_took_to_zero(autoscaling: Any) -> None:
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName="k8s-eval", DesiredCapacity=0)
+    plan = plan_stop_on(fleet(autoscaling))
+    assert [c.group for c in plan.running] == ["k8s-eval", "k8s-train"]
+    assert plan.open_at_zero == ("k8s-eval",)
+    apply_stop(plan)
+    assert (max_size(autoscaling, "k8s-eval"), max_size(autoscaling, "k8s-train")) == (0, 0)
+    assert plan_stop_on(fleet(autoscaling)).running == []  # closed: nothing left to stop

@@ -20,6 +20,7 @@ from gpucluster.fleet.asg import (
     scale_to_zero,
 )
 from gpucluster.fleet.backends import BACKENDS, Placement
+from gpucluster.fleet.guardstate import StoredNodeGroups
 from gpucluster.fleet.tags import MAX_NODES_TAG, NODE_GROUP_TAG, STACK_TAG, STOPPED_BY_TAG
 
 REGION = "us-east-1"
@@ -179,3 +180,50 @@ def test_apply_max_sets_the_maximum_unless_a_stop_landed_meanwhile(autoscaling: 
     autoscaling.update_auto_scaling_group(AutoScalingGroupName="eks-gpu", MinSize=0, DesiredCapacity=0)
     assert apply_max(autoscaling, change, stop_lands) is False
     assert sizes(autoscaling, "eks-gpu") == (0, 0, 0)
+
+
+# ------------------------------------ a group the autoscaler took to zero nodes: its maximum is still open
+
+
+def guard_table() -> StoredNodeGroups:
+    """The stored backend over a fresh guard-state table (as the stack creates it) in the moto account."""
+    dynamodb = boto3.client("dynamodb", region_name=REGION)
+    dynamodb.create_table(
+        TableName="guard", BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "stack", "KeyType": "HASH"},
+                   {"AttributeName": "group", "KeyType": "RANGE"}],
+        AttributeDefinitions=[{"AttributeName": "stack", "AttributeType": "S"},
+                              {"AttributeName": "group", "AttributeType": "S"}])
+    return StoredNodeGroups(None, dynamodb, "guard", actor="test",
+                            capacity=AutoScalingCapacity(boto3.client("autoscaling", region_name=REGION)))
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_a_stop_closes_an_eks_group_at_zero_nodes_and_a_start_reopens_it(autoscaling: Any,
+                                                                         table: bool) -> None:
+    """The cluster-autoscaler starts nodes in a group at zero whenever a pod is pending: a guard's stop has
+    its maximum to close (it reported "already at zero" and left it open), and a start opens it again."""
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName="eks-gpu", DesiredCapacity=0)
+    backend = guard_table() if table else AutoScalingGroups(autoscaling)
+    [eks] = backend.read_groups(["eks-gpu"])
+    assert eks.running and eks.max_open
+    assert backend.stop(eks, "budget") == "stopped"
+    assert sizes(autoscaling, "eks-gpu") == (0, 0, 0)
+    [stopped] = backend.read_groups(["eks-gpu"])
+    assert not stopped.running and stopped.stopped_by == "budget"
+    assert backend.stop(stopped, "idle") == "already-stopped"  # closed: nothing left to stop
+    result = backend.restore(stopped)
+    assert (result.action, result.desired_capacity) == ("resumed", 0)
+    assert sizes(autoscaling, "eks-gpu") == (0, 0, 4)
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName="plain-gpu", DesiredCapacity=0)
+    [plain] = backend.read_groups(["plain-gpu"])
+    assert backend.stop(plain, "budget") == "already-at-zero"  # not EKS: nothing grows it by itself
+    assert sizes(autoscaling, "plain-gpu") == (0, 0, 4)
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_a_scale_to_zero_nodes_leaves_an_eks_group_open(autoscaling: Any, table: bool) -> None:
+    """`gpucluster scale --desired 0` is not a stop: the autoscaler may grow the group again."""
+    backend = guard_table() if table else AutoScalingGroups(autoscaling)
+    backend.set_capacity("eks-gpu", 0, 0)
+    assert sizes(autoscaling, "eks-gpu") == (0, 0, 4)

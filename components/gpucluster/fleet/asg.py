@@ -69,6 +69,7 @@ def node_group(description: Mapping[str, Any]) -> NodeGroup:
         desired=int(description["DesiredCapacity"]),
         max_size=max(int(description["MaxSize"]), configured or 0),
         configured_max=configured,
+        max_open=configured is not None and int(description["MaxSize"]) > 0,
         stop=StopState(tags.get(STOPPED_BY_TAG), tags.get(PREVIOUS_DESIRED_TAG), tags.get(PREVIOUS_MIN_TAG)),
         members=tuple(
             Member(
@@ -332,9 +333,10 @@ class AutoScalingCapacity:
             self._configured_max[group.name] = group.configured_max
         return group
 
-    def resize(self, name: str, min_size: int, desired: int) -> None:
-        """Min and desired; on a group with MAX_NODES_TAG (EKS) the maximum too: 0 with a stop, so the
-        cluster-autoscaler cannot bring the group back, else the configured maximum."""
+    def resize(self, name: str, min_size: int, desired: int, *, closing: bool = True) -> None:
+        """Min and desired; on a group with MAX_NODES_TAG (EKS) the maximum too: 0 with a stop (zero
+        capacity, `closing`), so the cluster-autoscaler cannot bring the group back, else the configured
+        maximum (a restore or a scale to zero nodes leaves it open)."""
         if name not in self._configured_max and name not in self._plain:  # not read by this backend yet
             for description in describe_groups(self.autoscaling, [name]):
                 self._read(description)
@@ -343,7 +345,7 @@ class AutoScalingCapacity:
             self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
                                                        DesiredCapacity=desired)
             return
-        maximum = 0 if min_size == desired == 0 else max(configured, desired)
+        maximum = 0 if min_size == desired == 0 and closing else max(configured, desired)
         self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
                                                    DesiredCapacity=desired, MaxSize=maximum)
 

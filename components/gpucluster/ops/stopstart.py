@@ -63,11 +63,14 @@ class StopPlan:
     candidates: list[StopCandidate]
     pre_stop_command: str | None = None
     hook_timeout_seconds: float = 300.0
+    open_at_zero: tuple[str, ...] = ()
+    """EKS groups at zero nodes whose maximum is open (the autoscaler may start nodes there): a stop
+    closes them too."""
 
     @property
     def running(self) -> list[StopCandidate]:
-        """The groups a stop changes: those running nodes."""
-        return [c for c in self.candidates if c.running]
+        """The groups a stop changes: those running nodes, and on EKS those the autoscaler may grow."""
+        return [c for c in self.candidates if c.running or c.group in self.open_at_zero]
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,11 @@ def plan_stop_on(fleet: Fleet, group: str | None = None, *, pre_stop_command: st
     """The selected groups (all, or node group `group`) of `fleet` and their capacity now; read-only.
 
     `plan_stop` for a stack file; this for a `Fleet` already in hand (a notebook, a test)."""
+    groups = select_groups(fleet.groups.list_groups(fleet.identity), group)
     candidates = [StopCandidate(g.name, g.label, g.desired, len(g.in_service_ids), g.stopped_by)
-                  for g in select_groups(fleet.groups.list_groups(fleet.identity), group)]
-    return StopPlan(fleet, group, candidates, pre_stop_command, hook_timeout_seconds)
+                  for g in groups]
+    return StopPlan(fleet, group, candidates, pre_stop_command, hook_timeout_seconds,
+                    tuple(g.name for g in groups if g.running and not g.desired))
 
 
 def plan_stop(spec: StackSpec, clients: Clients, group: str | None = None) -> StopPlan:

@@ -731,7 +731,9 @@ def start(
 ) -> None:
     """Restart stopped node groups (all, or one) at their recorded capacity; never a budget stop.
 
-    With --json it cannot ask: give --yes, or --dry-run.
+    On an EKS stack it also sets the configured maximum (max_nodes) of the groups that run: Pulumi
+    sets an EKS group's maximum only when it creates the group. With --json it cannot ask: give
+    --yes, or --dry-run.
     """
     from gpucluster.ops.stopstart import apply_start, plan_start
 

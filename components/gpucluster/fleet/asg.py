@@ -12,9 +12,11 @@ it is carried into the Lambda archive as ``gpucluster.fleet``.
 
 An EKS group carries its configured maximum in `MAX_NODES_TAG` (Pulumi owns
 the tag, not MaxSize): a stop zeroes MaxSize too, so the cluster-autoscaler
-cannot scale a stopped group back up; a restore puts the tag's maximum back;
-`max_changes` and `apply_max` set it on a group that runs (after a `pulumi up`
-changed the tag), and leave a stopped group at zero.
+cannot scale a stopped group back up, and a group at zero nodes whose maximum
+is open counts as running (the autoscaler may grow it: `NodeGroup.max_open`);
+a restore puts the tag's maximum back; `max_changes` and `apply_max` set it on
+a group that runs (after a `pulumi up` changed the tag), and leave a stopped
+group at zero.
 """
 
 from __future__ import annotations

@@ -587,6 +587,7 @@ def test_an_eks_stack_without_nat_gets_the_private_cluster_endpoints_priced_and_
     spec = parse_stack_config(config, stack="prod")
     [warning] = [f for f in stack_warnings(spec) if f.path == "network.nat_gateway"]
     assert warning.level == "warning" and "nvcr.io" in warning.message and "\n" not in str(warning)
+    assert len(str(warning)) <= 200  # one line, as every finding (spec/findings.py MAX_LINE_CHARS)
     planned = {r.inputs["serviceName"].removeprefix("com.amazonaws.us-east-1."): r.inputs
                for r in plan_config(config, stack="prod").of_type(ENDPOINT)}
     eks_needs = {"ec2", "ecr.api", "ecr.dkr", "sts", "logs", "eks", "eks-auth", "autoscaling", "sqs"}

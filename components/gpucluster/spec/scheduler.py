@@ -166,8 +166,8 @@ def no_nat_images_warning() -> Finding:
     """An EKS stack without NAT: its nodes reach AWS through the VPC's endpoints (aws/network.py
     EKS_ENDPOINTS), but the charts' images are on public registries: a warning, not a pretence."""
     return Finding("network.nat_gateway", "nodes join through VPC endpoints, but the charts' images on "
-                   f"{', '.join(CHART_IMAGE_REGISTRIES)} cannot be pulled without internet: the device "
-                   "plugin, autoscaler and Kueue do not start", level="warning")
+                   f"{', '.join(CHART_IMAGE_REGISTRIES)} need internet: device plugin, autoscaler, Kueue "
+                   "won't start", level="warning")
 
 
 def eks_version_findings(configured: str | None, region: str, today: dt.date) -> Iterable[Finding]:

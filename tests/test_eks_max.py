@@ -194,3 +194,21 @@ def test_gpucluster_stop_closes_a_group_the_autoscaler_took_to_zero(autoscaling:
     apply_stop(plan)
     assert (max_size(autoscaling, "k8s-eval"), max_size(autoscaling, "k8s-train")) == (0, 0)
     assert plan_stop_on(fleet(autoscaling)).running == []  # closed: nothing left to stop
+
+
+def test_status_says_which_groups_run_with_another_maximum() -> None:
+    """`status` is read-only: it names the group and the command that sets it; JSON `maxima` only then."""
+    from gpucluster.cli.fleet import status_json, status_lines
+    from gpucluster.ops.overview import StackOverview
+    from gpucluster.plan import load_stack
+
+    spec = load_stack("dev")[2]
+    plain = StackOverview([], "https://example.invalid/dashboard", None)
+    assert "maxima" not in status_json(spec, plain)
+    drifted = StackOverview([], "https://example.invalid/dashboard", None,
+                            maxima=[MaxChange("k8s-train", "train", 4, 8)])
+    said = " ".join(" ".join(status_lines("dev", spec, drifted)).split())
+    assert ("k8s-train runs with maximum 4, not its configured 8 (max_nodes): "
+            "`gpucluster start dev --group train` sets it") in said
+    assert status_json(spec, drifted)["maxima"] == [
+        {"group": "k8s-train", "node_group": "train", "max_now": 4, "max_after": 8}]

@@ -165,6 +165,8 @@ def status_json(spec: StackSpec, overview: StackOverview) -> dict[str, Any]:
     document["spend"], document["spend_error"] = overview.spend, overview.spend_error
     document["boot_times"] = [b.as_json() for b in overview.boot_times]
     document["boot_times_error"] = overview.boot_times_error
+    if overview.maxima:  # an EKS stack only: groups that run with another maximum than configured
+        document["maxima"] = [asdict(c) for c in overview.maxima]
     slurm, billed = still_billed_usd(spec)
     if slurm:  # a Slurm stack only: what it costs while every compute group is stopped
         document["still_billed_usd_per_month"] = billed if all_stopped(spec, overview) else None
@@ -199,6 +201,10 @@ def status_lines(stack: str, spec: StackSpec, overview: StackOverview) -> list[s
             out.append(f"grafana dashboards: gpucluster dashboards export {stack} (for your own Grafana)")
     if rows and all_stopped(spec, overview):
         out += still_billed_lines(spec)
+    for c in overview.maxima:
+        out += [render.paint(line, "warn") for line in render.wrap(
+            f"{c.group} runs with maximum {c.max_now}, not its configured {c.max_after} (max_nodes): "
+            f"`gpucluster start {stack} --group {c.node_group or c.group}` sets it")]
     if warning:
         out += [render.paint(line, "warn") for line in render.wrap(warning)]
     return out

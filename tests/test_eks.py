@@ -308,6 +308,49 @@ def test_the_auto_scaling_groups_carry_the_cluster_and_autoscaler_tags(plan: Pla
         assert asg_tags(asg)["gpucluster:max-nodes"] == (str(int(asg.inputs["maxSize"])), False), asg.name
 
 
+def test_pulumi_owns_an_eks_group_s_maximum_only_at_creation(plan: Plan) -> None:
+    """A guard's stop zeroes MaxSize on EKS: an update (or `--refresh`) must not put it back, so maxSize is
+    ignored like desired and min; the configured maximum travels in the gpucluster:max-nodes tag."""
+    for asg in plan.of_type(ASG):
+        assert asg.ignore_changes == ("desiredCapacity", "minSize", "initialLifecycleHooks", "maxSize")
+        assert asg_tags(asg)["gpucluster:max-nodes"][0] == str(int(asg.inputs["maxSize"]))
+
+
+def mig_prod(mig: dict[str, Any]) -> dict[str, Any]:
+    config = eks_prod()
+    config["gpucluster:node_groups"][0]["mig"] = mig
+    return config
+
+
+@pytest.mark.parametrize(("mig", "strategy"), [
+    ({"profile": "1g.10gb"}, "single"), ({"profiles": ["3g.40gb", "2g.20gb", "1g.10gb"]}, "mixed")])
+def test_a_mig_group_s_autoscaler_tags_name_what_its_nodes_advertise(mig: dict[str, Any],
+                                                                   strategy: str) -> None:
+    """Under the GPU Operator's single strategy a MIG group's node advertises one nvidia.com/gpu per MIG
+    instance, under mixed one nvidia.com/mig-<profile> per instance and no nvidia.com/gpu (ledger:
+    eks-mig-advertised-resources): the node template says the same, and Kueue's quota is it x max_nodes."""
+    from gpucluster.eks import queues
+
+    config = mig_prod(mig)
+    spec = parse_stack_config(config, stack="prod")
+    assert queues.mig_strategy(spec) == strategy
+    planned = plan_config(config, stack="prod")
+    train = asg_tags(by_name(planned, ASG, "h100-train-asg"))
+    template = "k8s.io/cluster-autoscaler/node-template/resources/"
+    advertised = {k.removeprefix(template): int(v) for k, (v, _) in train.items()
+                  if k.startswith(template) and k != f"{template}vpc.amazonaws.com/efa"}
+    group = spec.node_groups[0]
+    if strategy == "single":
+        assert advertised == {"nvidia.com/gpu": 8 * 7}  # 7 x 1g.10gb on each of 8 H100s
+    else:
+        assert advertised == {"nvidia.com/gpu": 0, "nvidia.com/mig-3g.40gb": 8, "nvidia.com/mig-2g.20gb": 8,
+                              "nvidia.com/mig-1g.10gb": 8}
+    quota = queues.group_quota(group, strategy)
+    assert {r: quota[r] for r in advertised} == {r: n * group.max_nodes for r, n in advertised.items()}
+    evaluation = asg_tags(by_name(planned, ASG, "eval-asg"))
+    assert evaluation[f"{template}nvidia.com/gpu"][0] == "4"  # MIG off there: whole GPUs
+
+
 def test_each_gpu_group_has_a_drain_hook_before_scale_in(plan: Plan) -> None:
     hooks = [r for r in plan.of_type(HOOK) if r.name.endswith("-drain")]
     assert len(hooks) == 2
@@ -533,13 +576,32 @@ def test_only_an_eks_stack_loads_pulumi_kubernetes(scheduler: str, loaded: str) 
     assert done.stdout.strip() == loaded
 
 
-def test_an_eks_stack_without_nat_is_refused_until_its_endpoints_exist() -> None:
-    """Nodes join through NAT (the EKS API, ECR, STS): without it, one finding, not a cluster that plans
-    and cannot deploy."""
-    from gpucluster.spec import SpecError
+ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
+
+
+def test_an_eks_stack_without_nat_gets_the_private_cluster_endpoints_priced_and_a_warning() -> None:
+    """Without NAT the VPC gets what a private EKS cluster's nodes and controllers reach (Amazon EKS user
+    guide, "Deploy private clusters with limited internet access"; ledger: eks-private-cluster-endpoints),
+    the cost model prices exactly those, and plan warns in one line about the charts' public images."""
+    from gpucluster.pricing import interface_endpoints
+    from gpucluster.spec import stack_warnings
 
     config = eks_prod()
     config["gpucluster:network"]["nat_gateway"] = False
-    with pytest.raises(SpecError) as err:
-        parse_stack_config(config, stack="prod")
-    assert [f.path for f in err.value.findings] == ["network.nat_gateway"]
+    spec = parse_stack_config(config, stack="prod")
+    [warning] = [f for f in stack_warnings(spec) if f.path == "network.nat_gateway"]
+    assert warning.level == "warning" and "nvcr.io" in warning.message and "\n" not in str(warning)
+    assert len(str(warning)) <= 200  # one line, as every finding (spec/findings.py MAX_LINE_CHARS)
+    planned = {r.inputs["serviceName"].removeprefix("com.amazonaws.us-east-1."): r.inputs
+               for r in plan_config(config, stack="prod").of_type(ENDPOINT)}
+    eks_needs = {"ec2", "ecr.api", "ecr.dkr", "sts", "logs", "eks", "eks-auth", "autoscaling", "sqs"}
+    assert eks_needs <= set(planned) and planned["s3"]["vpcEndpointType"] == "Gateway"
+    for service in eks_needs:
+        assert planned[service]["vpcEndpointType"] == "Interface" and planned[service]["privateDnsEnabled"]
+    assert "elasticloadbalancing" not in planned  # no load balancer controller
+    priced = interface_endpoints(spec)
+    assert set(priced) == set(planned) - {"s3"} and len(priced) == len(set(priced))
+    [line] = [o for o in price_stack(spec).other if o.kind == "endpoints"]
+    assert f"{len(priced)} endpoints" in line.basis and "eks-auth" in line.basis
+    assert "network.nat_gateway" not in {f.path for f in stack_warnings(parse_stack_config(
+        eks_prod(), stack="prod"))}  # with NAT: no warning

@@ -49,7 +49,7 @@ class MemoryCapacity:
     def describe(self, names: Iterable[str]) -> list[NodeGroup]:
         return [self._value(n) for n in sorted(set(names)) if n in self.groups]
 
-    def resize(self, name: str, min_size: int, desired: int) -> None:
+    def resize(self, name: str, min_size: int, desired: int, *, closing: bool = True) -> None:
         label, _, _, max_size = self.groups[name]
         self.groups[name] = (label, min_size, desired, max_size)
         self.resized.append((name, min_size, desired))

@@ -273,10 +273,11 @@ def test_an_existing_vpc_adds_no_network_costs(base_config: dict[str, Any]) -> N
 
 def test_endpoint_list_is_the_networks() -> None:
     from gpucluster.aws import network
-    from gpucluster.pricing import AMP_ENDPOINT, NO_NAT_ENDPOINTS, PCS_ENDPOINT, SSM_ENDPOINTS
+    from gpucluster.pricing import AMP_ENDPOINT, EKS_ENDPOINTS, NO_NAT_ENDPOINTS, PCS_ENDPOINT, SSM_ENDPOINTS
 
     assert (SSM_ENDPOINTS, NO_NAT_ENDPOINTS) == (network.SSM_ENDPOINTS, network.NO_NAT_ENDPOINTS)
     assert (AMP_ENDPOINT, PCS_ENDPOINT) == (network.AMP_ENDPOINT, network.PCS_ENDPOINT)
+    assert EKS_ENDPOINTS == network.EKS_ENDPOINTS
 
 
 # ------------------------------------------------------------------------ diff

@@ -760,6 +760,21 @@ def test_endpoints_without_nat(base_config: dict[str, Any], account: dict[str, A
     assert run_alone(account, no_nat, lambda d: check_endpoints(d, services)).result == "unknown"
 
 
+def test_endpoints_whose_service_has_a_dot_are_found(base_config: dict[str, Any],
+                                                     account: dict[str, Any]) -> None:
+    """ecr.api and ecr.dkr (an EKS stack without NAT): the service is all that follows the region."""
+    base_config["gpucluster:network"]["nat_gateway"] = False
+    no_nat = stack(base_config)
+    ec2 = boto3.client("ec2", region_name=REGION)
+    ec2.create_vpc_endpoint(
+        VpcId=account["vpc"], ServiceName=f"com.amazonaws.{REGION}.ecr.dkr", VpcEndpointType="Interface",
+        TagSpecifications=[{"ResourceType": "vpc-endpoint",
+                            "Tags": [{"Key": "gpucluster:stack", "Value": no_nat.identity}]}])
+    check = run_alone(account, no_nat, lambda d: check_endpoints(d, ["ecr.api", "ecr.dkr"]))
+    assert check.result == "fail" and check.detail.startswith("missing: ecr.api (")
+    assert run_alone(account, no_nat, lambda d: check_endpoints(d, ["ecr.dkr"])).result == "pass"
+
+
 def test_remote_write_to_amp(base_config: dict[str, Any], account: dict[str, Any]) -> None:
     base_config["gpucluster:observability"] = OBSERVED
     observed = stack(base_config)

@@ -35,12 +35,14 @@ PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "service_prices.yaml"
 PCS_PRICES_FILE = Path(__file__).parent / "catalog" / "data" / "pcs_prices.yaml"
 HOURS_PER_MONTH = 730  # the month of the AWS Pricing Calculator and the EC2 pricing pages
 # The interface endpoints a created VPC gets (gpucluster.aws.network SSM_ENDPOINTS, NO_NAT_ENDPOINTS,
-# AMP_ENDPOINT and PCS_ENDPOINT, not imported: that module loads Pulumi; tests keep them and the planned
-# endpoints equal), each with one network interface in every zone's private subnet.
+# AMP_ENDPOINT, PCS_ENDPOINT and EKS_ENDPOINTS, not imported: that module loads Pulumi; tests keep them
+# and the planned endpoints equal), each with one network interface in every zone's private subnet.
 SSM_ENDPOINTS = ("ssm", "ssmmessages", "ec2messages")
 NO_NAT_ENDPOINTS = ("monitoring", "ec2", "autoscaling", "sns")  # the last two: GPU health checks
 AMP_ENDPOINT = "aps-workspaces"  # without NAT, when nodes remote-write to AMP
 PCS_ENDPOINT = "pcs"  # without NAT, on a Slurm stack: nodes register with PCS
+# without NAT, on an EKS stack: image pulls, STS, logs, the EKS API, Pod Identity, the termination queue
+EKS_ENDPOINTS = ("ecr.api", "ecr.dkr", "sts", "logs", "eks", "eks-auth", "sqs")
 
 At = Literal["desired", "max"]
 Strategy = Literal["mix", "all_on_demand", "all_spot"]
@@ -672,7 +674,8 @@ def interface_endpoints(spec: StackSpec) -> tuple[str, ...]:
     if spec.network.nat_gateway:
         return SSM_ENDPOINTS
     metrics = (AMP_ENDPOINT,) if spec.observability.prometheus.active else ()
-    return SSM_ENDPOINTS + NO_NAT_ENDPOINTS + metrics + ((PCS_ENDPOINT,) if spec.scheduler.slurm else ())
+    return (SSM_ENDPOINTS + NO_NAT_ENDPOINTS + metrics + ((PCS_ENDPOINT,) if spec.scheduler.slurm else ())
+            + (EKS_ENDPOINTS if spec.scheduler.eks else ()))
 
 
 def stopped_slurm_costs(spec: StackSpec, path: Path = PCS_PRICES_FILE) -> list[OtherCost]:

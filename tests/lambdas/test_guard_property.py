@@ -126,8 +126,8 @@ class ChaosCapacity:
         names = list(names)
         return self.chaos.call("describe", lambda: self.real.describe(names))  # type: ignore[no-any-return]
 
-    def resize(self, name: str, min_size: int, desired: int) -> None:
-        self.chaos.call("resize", lambda: self.real.resize(name, min_size, desired))
+    def resize(self, name: str, min_size: int, desired: int, *, closing: bool = True) -> None:
+        self.chaos.call("resize", lambda: self.real.resize(name, min_size, desired, closing=closing))
 
     def mirror(self, name: str, stopped_by: str, previous: Any) -> None:
         self.chaos.call("mirror", lambda: self.real.mirror(name, stopped_by, previous))

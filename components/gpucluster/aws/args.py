@@ -257,6 +257,7 @@ class ClusterNetworkModel(StrictModel):
     permissions_boundary: PolicyName | None = None
     remote_write: bool = False
     slurm: bool = False
+    eks: bool = False
 
 
 def network_checks(m: ClusterNetworkModel) -> Iterable[Finding]:
@@ -287,6 +288,7 @@ class EksNodeModel(StrictModel):
     certificate_authority: Annotated[Any, input_rule(NonEmpty)]
     service_cidr: Annotated[Any, input_rule(NonEmpty)]
     kubernetes_version: Annotated[str, _matches(r"1\.[0-9]{2}", "must be a Kubernetes version like 1.33")]
+    mig_strategy: Literal["single", "mixed"] | None = None
 
 
 class GpuNodeGroupModel(StrictModel):

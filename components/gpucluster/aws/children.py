@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpucluster import catalog
 from gpucluster.catalog import eks as eks_catalog
+from gpucluster.eks.queues import mig_strategy
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
 from gpucluster.pricing import guard_prices
@@ -64,7 +65,8 @@ def network_args(spec: StackSpec) -> ClusterNetworkArgs:
     if net.vpc_cidr is not None:
         args["vpc_cidr"] = net.vpc_cidr
     if not net.nat_gateway:  # what nodes without NAT must reach besides SSM's and the agents' endpoints
-        args |= {"remote_write": spec.observability.prometheus.active, "slurm": spec.scheduler.slurm}
+        args |= {"remote_write": spec.observability.prometheus.active, "slurm": spec.scheduler.slurm,
+                 "eks": spec.scheduler.eks}
     if net.existing_vpc_id is not None:
         args["existing_vpc_id"] = net.existing_vpc_id
         args["existing_subnet_ids"] = dict(net.existing_subnets)
@@ -354,7 +356,12 @@ def eks_cluster_args(spec: StackSpec, *, subnet_ids: Sequence[Any]) -> EksCluste
 
 def eks_node(spec: StackSpec, *, cluster_name: str, endpoint: Any, certificate_authority: Any,
              service_cidr: Any) -> EksNodeSettings:
-    """What every GPU node group of an EKS stack tells nodeadm: the cluster it joins."""
-    return {"cluster_name": cluster_name, "endpoint": endpoint,
-            "certificate_authority": certificate_authority,
-            "service_cidr": service_cidr, "kubernetes_version": kubernetes_version(spec)}
+    """What every GPU node group of an EKS stack tells nodeadm: the cluster it joins; with MIG groups the
+    GPU Operator's MIG strategy too (what their autoscaler tags advertise)."""
+    settings: EksNodeSettings = {"cluster_name": cluster_name, "endpoint": endpoint,
+                                 "certificate_authority": certificate_authority,
+                                 "service_cidr": service_cidr, "kubernetes_version": kubernetes_version(spec)}
+    strategy = mig_strategy(spec)
+    if strategy is not None:
+        settings["mig_strategy"] = strategy
+    return settings

@@ -53,6 +53,14 @@ NO_NAT_ENDPOINTS = ("monitoring", "ec2", "autoscaling", "sns")
 # through `pcs` (PCS user guide, "VPC interface endpoints"; issue 34): without it PCS replaces them in a loop.
 AMP_ENDPOINT = "aps-workspaces"
 PCS_ENDPOINT = "pcs"
+# Also without a NAT gateway, on an EKS stack (Amazon EKS user guide, "Deploy private clusters with limited
+# internet access", its endpoint list; ledger: eks-private-cluster-endpoints): ECR's API and registry (the
+# add-ons' images and the pause image come from EKS's regional ECR; their layers through the S3 gateway
+# endpoint), STS, CloudWatch Logs, the EKS API and EKS Auth (the pod identity agent's
+# AssumeRoleForPodIdentity: the autoscaler's, termination handler's and metrics agent's credentials), and
+# SQS, which the node termination handler polls in queue mode. ec2 and autoscaling (the VPC CNI, the
+# cluster-autoscaler) are in NO_NAT_ENDPOINTS already; no elasticloadbalancing: no load balancer controller.
+EKS_ENDPOINTS = ("ecr.api", "ecr.dkr", "sts", "logs", "eks", "eks-auth", "sqs")
 ANYWHERE = "0.0.0.0/0"
 OLD_TYPE = "gpucluster:network:ClusterNetwork"
 
@@ -101,6 +109,9 @@ class ClusterNetworkArgs(TypedDict):
     """Nodes remote-write metrics to AMP: without NAT, the VPC gets the aps-workspaces endpoint."""
     slurm: NotRequired[bool]
     """AWS PCS runs the nodes: without NAT, the VPC gets the pcs endpoint (nodes register through it)."""
+    eks: NotRequired[bool]
+    """The nodes join an EKS cluster: without NAT, the VPC gets the endpoints a private cluster's nodes and
+    controllers reach (ECR, STS, Logs, EKS, EKS Auth, SQS)."""
 
 
 @dataclass(frozen=True)
@@ -260,12 +271,12 @@ class ClusterNetwork(pulumi.ComponentResource):
         return vpc.id
 
     def _interface_endpoints(self) -> tuple[str, ...]:
-        """SSM's always; without NAT also what the nodes' agents, checks, metrics and PCS must reach."""
+        """SSM's always; without NAT also what the nodes' agents, checks, metrics, PCS and EKS must reach."""
         if self.internet_egress:
             return SSM_ENDPOINTS
         m = self._args
         return (SSM_ENDPOINTS + NO_NAT_ENDPOINTS + ((AMP_ENDPOINT,) if m.remote_write else ())
-                + ((PCS_ENDPOINT,) if m.slurm else ()))
+                + ((PCS_ENDPOINT,) if m.slurm else ()) + (EKS_ENDPOINTS if m.eks else ()))
 
     def _create_nat(self, vpc: aws.ec2.Vpc, public_cidr: str, zone: str,
                     private_rt: aws.ec2.RouteTable) -> None:

@@ -54,6 +54,8 @@ from gpucluster.aws.settings import (
     SpotSettings,
 )
 from gpucluster.catalog import eks as eks_catalog
+from gpucluster.eks.labels import EFA_RESOURCE
+from gpucluster.eks.queues import node_gpu_resources
 from gpucluster.fleet.tags import MAX_NODES_TAG, NODE_GROUP_TAG
 from gpucluster.node.bundle import scripts_source
 from gpucluster.node.metrics import group_metrics
@@ -89,8 +91,6 @@ DRAIN_TIMEOUT_SECONDS = 600
 # ledger: eks-autoscaler-node-template-tags): the tags it discovers a group by and reads the nodes of an
 # empty group from.
 AUTOSCALER_TAG = "k8s.io/cluster-autoscaler"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-GPU_RESOURCE = "nvidia.com/gpu"
 IMDS_HOP_LIMIT = 2  # one hop more than the host, so containers reach IMDSv2 (EC2 user guide, IMDS)
 LATEST = "$Latest"
 OLD_TYPE = "gpucluster:nodes:GpuNodeGroup"
@@ -293,10 +293,12 @@ def eks_purchase(group: NodeGroupConfig) -> str:
     return purchase_label(group.capacity.market, group.capacity.spot_percent)
 
 
-def eks_asg_tags(group: NodeGroupConfig, cluster: str) -> dict[str, str]:
+def eks_asg_tags(group: NodeGroupConfig, cluster: str, mig_strategy: str | None = None) -> dict[str, str]:
     """The Auto Scaling group's tags on an EKS stack: ownership by the cluster, the cluster-autoscaler's
-    discovery, and its node template (labels, the GPU taint, GPUs and EFA devices of the group's first
-    type), so it scales a group up from zero nodes."""
+    discovery, and its node template (labels, the GPU taint, the GPU resources and EFA devices of the
+    group's first type), so it scales a group up from zero nodes. A MIG group's GPU resources are what the
+    GPU Operator's device plugin will advertise under the stack's `mig_strategy` (`queues.mig_strategy`),
+    the same figures Kueue's quota counts (`queues.node_gpu_resources`)."""
     first = group.types[0]
     template = f"{AUTOSCALER_TAG}/node-template"
     tags = {f"kubernetes.io/cluster/{cluster}": "owned", f"{AUTOSCALER_TAG}/enabled": "true",
@@ -306,7 +308,8 @@ def eks_asg_tags(group: NodeGroupConfig, cluster: str) -> dict[str, str]:
     tags |= {f"{template}/label/{k}": v for k, v in node_labels(group.name, eks_purchase(group)).items()}
     key, value, effect = GPU_TAINT
     tags[f"{template}/taint/{key}"] = f"{value}:{effect}"
-    tags[f"{template}/resources/{GPU_RESOURCE}"] = str(first.gpus)
+    for resource, count in node_gpu_resources(first.gpus, group.mig_layout, mig_strategy).items():
+        tags[f"{template}/resources/{resource}"] = str(count)
     if group.efa_enabled:
         efa = sum(1 for nic in network_interfaces(first, True) if nic.interface_type in ("efa", "efa-only"))
         tags[f"{template}/resources/{EFA_RESOURCE}"] = str(efa)
@@ -356,6 +359,9 @@ class EksNodeSettings(TypedDict):
     """Its service CIDR."""
     kubernetes_version: str
     """Its Kubernetes version (the AMI's SSM parameter names it)."""
+    mig_strategy: NotRequired[str]
+    """single or mixed: the GPU Operator's MIG strategy on a stack with MIG groups (`queues.mig_strategy`),
+    so a MIG group's autoscaler tags name what its nodes advertise."""
 
 
 class GpuNodeGroupArgs(TypedDict):
@@ -499,7 +505,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
         if m.eks is not None:  # the autoscaler reads the group's tags, not the instances'
             asg_tags += [aws.autoscaling.GroupTagArgs(key=key, value=value,
                                                       propagate_at_launch=key.startswith("kubernetes.io/"))
-                         for key, value in eks_asg_tags(group, m.eks.cluster_name).items()]
+                         for key, value in eks_asg_tags(group, m.eks.cluster_name,
+                                                        m.eks.mig_strategy).items()]
         asg = self.asg = aws.autoscaling.Group(
             f"{name}-asg",
             min_size=group.min_nodes,
@@ -516,9 +523,13 @@ class GpuNodeGroup(pulumi.ComponentResource):
             # The stop-state tags they write are ignored by the group's provider (`_asg_provider`).
             # An initial lifecycle hook exists so the group's very first nodes are held too; any
             # change to it replaces the whole group (terraform-provider-aws #34260), so after
-            # creation the hook resource below owns it.
+            # creation the hook resource below owns it. On EKS a stop zeroes MaxSize too (the
+            # cluster-autoscaler could otherwise bring a stopped group back), so Pulumi owns it only
+            # at creation: the gpucluster:max-nodes tag carries the configured maximum, which a start
+            # puts back and `gpucluster start` applies to a group that runs (fleet/asg.py).
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=[
-                "desiredCapacity", "minSize", "initialLifecycleHooks"],
+                "desiredCapacity", "minSize", "initialLifecycleHooks",
+                *(["maxSize"] if m.eks is not None else [])],
                 provider=self._asg_provider(name, m.region)),
             initial_lifecycle_hooks=[launch_hook(group)] if health.enabled else None,
             warm_pool=warm_pool(group),

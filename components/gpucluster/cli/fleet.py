@@ -168,6 +168,8 @@ def status_json(spec: StackSpec, overview: StackOverview) -> dict[str, Any]:
     document["spend"], document["spend_error"] = overview.spend, overview.spend_error
     document["boot_times"] = [b.as_json() for b in overview.boot_times]
     document["boot_times_error"] = overview.boot_times_error
+    if overview.maxima:  # an EKS stack only: groups that run with another maximum than configured
+        document["maxima"] = [asdict(c) for c in overview.maxima]
     slurm, billed = still_billed_usd(spec)
     if slurm:  # a Slurm stack only: what it costs while every compute group is stopped
         document["still_billed_usd_per_month"] = billed if all_stopped(spec, overview) else None
@@ -202,6 +204,10 @@ def status_lines(stack: str, spec: StackSpec, overview: StackOverview) -> list[s
             out.append(f"grafana dashboards: gpucluster dashboards export {stack} (for your own Grafana)")
     if rows and all_stopped(spec, overview):
         out += still_billed_lines(spec)
+    for c in overview.maxima:
+        out += [render.paint(line, "warn") for line in render.wrap(
+            f"{c.group} runs with maximum {c.max_now}, not its configured {c.max_after} (max_nodes): "
+            f"`gpucluster start {stack} --group {c.node_group or c.group}` sets it")]
     if warning:
         out += [render.paint(line, "warn") for line in render.wrap(warning)]
     return out
@@ -711,13 +717,17 @@ def start_lines(stack: str, spec: StackSpec, plan: RestorePlan, dry_run: bool) -
     out = [f"{c.group}: stopped by the budget action; start leaves it stopped "
            f"(`gpucluster resume {stack} --only budget` undoes it, with its warning)"
            for c in plan.candidates if c.decision.stopped_by == BUDGET]
+    maxima = [f"{c.group}: runs with maximum {c.max_now}; start sets its configured {c.max_after} "
+              "(max_nodes, from its gpucluster:max-nodes tag)" for c in plan.maxima]
+    if not plan.todo and maxima:
+        return [*out, *maxima, *(["dry run: nothing changed"] if dry_run else [])]
     if not plan.todo:
         return [*out, f"nothing to start in stack {spec.stack} ({spec.region})"
                 + (f", node group {plan.group}" if plan.group else "")
                 + ": no group stopped by manual, idle, schedule or lifetime"
                 + (f" (`gpucluster scale {stack} --group G --desired N` for a group at 0 by "
                    "its own settings)" if plan.candidates else "")]
-    return [*out, *render_resume_plan(spec, plan.todo, action="start"),
+    return [*out, *render_resume_plan(spec, plan.todo, action="start"), *maxima,
             *(["dry run: nothing changed"] if dry_run else [])]
 
 
@@ -730,7 +740,9 @@ def start(
 ) -> None:
     """Restart stopped node groups (all, or one) at their recorded capacity; never a budget stop.
 
-    With --json it cannot ask: give --yes, or --dry-run.
+    On an EKS stack it also sets the configured maximum (max_nodes) of the groups that run: Pulumi
+    sets an EKS group's maximum only when it creates the group. With --json it cannot ask: give
+    --yes, or --dry-run.
     """
     from gpucluster.ops.stopstart import apply_start, plan_start
 
@@ -738,22 +750,34 @@ def start(
     spec = build_spec(stack)
     plan = ops_call("start", lambda: plan_start(spec, common.clients(spec), group),
                     f"reading {spec.stack}'s Auto Scaling groups in {spec.region}")
-    todo = plan.todo
+    todo, maxima = plan.todo, plan.maxima
     document = head(spec, group=group, dry_run=dry_run,
                     groups=[resume_json(spec, c) for c in plan.candidates], started=[])
-    if as_json and (not todo or dry_run):
+    if maxima:  # an EKS stack only: the key is absent elsewhere
+        document["maxima"] = [asdict(c) for c in maxima]
+    if as_json and ((not todo and not maxima) or dry_run):
         render.emit(document)
         return
     if not as_json:
         for line in start_lines(stack, spec, plan, dry_run):
             render.say(line)
-        if not todo or dry_run:
+        if (not todo and not maxima) or dry_run:
             return
-    confirm_or_exit("start", f"Restart {len(todo)} group(s)?", yes)  # --json: --yes or exit 2
+    question = (f"Restart {len(todo)} group(s)?" if not maxima else
+                f"Restart {len(todo)} group(s) and set the maximum of {len(maxima)}?")
+    confirm_or_exit("start", question, yes)  # --json: --yes or exit 2
     outcome = ops_call("start", lambda: apply_start(plan), f"restarting {len(todo)} group(s)")
     if as_json:
-        render.emit({**document, "started": [asdict(r) for r in outcome.results]})
+        extra = {"maxima_set": [asdict(r) for r in outcome.maxima]} if maxima else {}
+        render.emit({**document, "started": [asdict(r) for r in outcome.results], **extra})
     else:
         for line in restored_lines(todo, outcome.results, "started"):
             render.say(line)
-    raise typer.Exit(EXIT_BLOCKED if any(r.action != "resumed" for r in outcome.results) else EXIT_OK)
+        after = {c.group: c for c in maxima}
+        for r in outcome.maxima:
+            c = after[r.group]
+            render.say(f"maximum of {r.group}: {c.max_now} -> {c.max_after}" if r.action == "set"
+                       else f"maximum of {r.group} not set: {r.reason}")
+    failed = (any(r.action != "resumed" for r in outcome.results)
+              or any(r.action != "set" for r in outcome.maxima))
+    raise typer.Exit(EXIT_BLOCKED if failed else EXIT_OK)

@@ -42,9 +42,22 @@ def mig_strategy(spec: StackSpec) -> str | None:
     return "single" if all(len(set(layout)) == 1 for layout in layouts) else "mixed"
 
 
+def node_gpu_resources(gpus: int, layout: tuple[str, ...], strategy: str | None) -> dict[str, int]:
+    """What a node with `gpus` GPUs, each split into `layout` (empty: MIG off), advertises under the GPU
+    Operator's `strategy` (ledger: eks-mig-advertised-resources): whole GPUs as `nvidia.com/gpu`; under
+    `single` one `nvidia.com/gpu` per MIG instance; under `mixed` one `nvidia.com/mig-<profile>` per
+    instance of each profile and no `nvidia.com/gpu`. Kueue's quota and the autoscaler's node-template
+    tags both come from here, so what Kueue admits is what a node from zero will have."""
+    if layout and strategy == "single":
+        return {GPU_RESOURCE: gpus * len(layout)}
+    if layout and strategy == "mixed":
+        return {GPU_RESOURCE: 0, **{mig_resource(p): gpus * count for p, count in Counter(layout).items()}}
+    return {GPU_RESOURCE: gpus}
+
+
 def group_quota(group: NodeGroupConfig, strategy: str | None) -> dict[str, int]:
     """What one group holds at max_nodes, by resource: its largest type's vCPUs, memory (MiB), GPUs
-    (or MIG instances) and EFA interfaces (catalog figures x max_nodes)."""
+    (or MIG instances: `node_gpu_resources`) and EFA interfaces (catalog figures x max_nodes)."""
     types = group.types
     n = group.max_nodes
     gpus = max((t.gpus for t in types), default=0)
@@ -53,13 +66,7 @@ def group_quota(group: NodeGroupConfig, strategy: str | None) -> dict[str, int]:
              GPU_RESOURCE: gpus * n,
              EFA_RESOURCE: max((t.efa_interface_count for t in types), default=0) * n
              if group.efa_enabled else 0}
-    layout = group.mig_layout
-    if layout and strategy == "single":
-        quota[GPU_RESOURCE] = gpus * len(layout) * n
-    elif layout and strategy == "mixed":
-        quota[GPU_RESOURCE] = 0
-        for profile, count in Counter(layout).items():
-            quota[mig_resource(profile)] = gpus * count * n
+    quota |= {r: count * n for r, count in node_gpu_resources(gpus, group.mig_layout, strategy).items()}
     return quota
 
 

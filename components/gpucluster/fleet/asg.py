@@ -7,15 +7,23 @@ deletes those tags. The Auto Scaling API has no compare-and-set and the
 handlers run concurrently: every write is decided on a group described right
 before it, and a restore reads the group again after its write so that a
 budget stop landing meanwhile wins. It must never delete anything but its own
-state tags, never change MaxSize, and never import Pulumi: it is carried
-into the Lambda archive as ``gpucluster.fleet``.
+state tags, never change MaxSize but an EKS group's, and never import Pulumi:
+it is carried into the Lambda archive as ``gpucluster.fleet``.
+
+An EKS group carries its configured maximum in `MAX_NODES_TAG` (Pulumi owns
+the tag, not MaxSize): a stop zeroes MaxSize too, so the cluster-autoscaler
+cannot scale a stopped group back up, and a group at zero nodes whose maximum
+is open counts as running (the autoscaler may grow it: `NodeGroup.max_open`);
+a restore puts the tag's maximum back; `max_changes` and `apply_max` set it on
+a group that runs (after a `pulumi up` changed the tag), and leave a stopped
+group at zero.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .awsapi import describe_groups, group_tags, log_event, stack_groups
@@ -44,16 +52,26 @@ from .tags import (
 )
 
 
+def configured_max(description: Mapping[str, Any]) -> int | None:
+    """The group's `MAX_NODES_TAG` (an EKS group's configured maximum), or None."""
+    value = group_tags(description).get(MAX_NODES_TAG, "")
+    return int(value) if value.isdigit() else None
+
+
 def node_group(description: Mapping[str, Any]) -> NodeGroup:
-    """A DescribeAutoScalingGroups entry as the seam's value."""
+    """A DescribeAutoScalingGroups entry as the seam's value (an EKS group's maximum at least its
+    configured one: a stop zeroed MaxSize, not what the group may hold)."""
     tags = group_tags(description)
+    configured = configured_max(description)
     return NodeGroup(
         name=description["AutoScalingGroupName"],
         node_group=tags.get(NODE_GROUP_TAG),
         stack=tags.get(STACK_TAG),
         min_size=int(description["MinSize"]),
         desired=int(description["DesiredCapacity"]),
-        max_size=int(description["MaxSize"]),
+        max_size=max(int(description["MaxSize"]), configured or 0),
+        configured_max=configured,
+        max_open=configured is not None and int(description["MaxSize"]) > 0,
         stop=StopState(tags.get(STOPPED_BY_TAG), tags.get(PREVIOUS_DESIRED_TAG), tags.get(PREVIOUS_MIN_TAG)),
         members=tuple(
             Member(
@@ -87,6 +105,16 @@ def set_tags(autoscaling: Any, group_name: str, tags: Mapping[str, str]) -> None
             for key, value in tags.items()
         ]
     )
+
+
+def _zero_max(group: NodeGroup) -> dict[str, int]:
+    """MaxSize 0 with a stop of an EKS group (it has a configured maximum to come back to), else nothing."""
+    return {"MaxSize": 0} if group.configured_max is not None else {}
+
+
+def _restored_max(group: NodeGroup, desired: int) -> dict[str, int]:
+    """An EKS group's MaxSize on a restore: its configured maximum (at least `desired`), else nothing."""
+    return {} if group.configured_max is None else {"MaxSize": max(group.configured_max, desired)}
 
 
 def scale_to_zero(autoscaling: Any, group: NodeGroup | Mapping[str, Any], reason: str) -> str:
@@ -126,7 +154,8 @@ def scale_to_zero(autoscaling: Any, group: NodeGroup | Mapping[str, Any], reason
             PREVIOUS_MIN_TAG: str(group.min_size),
         },
     )
-    autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=0, DesiredCapacity=0)
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=0, DesiredCapacity=0,
+                                          **_zero_max(group))
     log_event(
         "group scaled to zero",
         group=name,
@@ -151,7 +180,8 @@ def resume_group(
     (a budget breach) relabelled it meanwhile, capacity goes back to zero and
     that stop's tags stay, so a start never undoes a stop it did not see.
     """
-    decision = resume_decision(_value(group), only_stopped_by)
+    group = _value(group)
+    decision = resume_decision(group, only_stopped_by)
     name = decision.group
     if decision.action != "resume":
         if decision.stopped_by is not None and PREVIOUS_DESIRED_TAG in decision.reason:
@@ -161,6 +191,7 @@ def resume_group(
         AutoScalingGroupName=name,
         MinSize=decision.min_size,
         DesiredCapacity=decision.desired_capacity,
+        **_restored_max(group, decision.desired_capacity or 0),
     )
     now = describe_groups(autoscaling, [name])
     label = group_tags(now[0]).get(STOPPED_BY_TAG) if now else None
@@ -168,7 +199,8 @@ def resume_group(
     # either way another stop's tags are on the group now, and they must stay.
     zeroed = bool(now) and int(now[0]["DesiredCapacity"]) == 0 < (decision.desired_capacity or 0)
     if label is not None and (label != decision.stopped_by or zeroed):
-        autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=0, DesiredCapacity=0)
+        autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=0, DesiredCapacity=0,
+                                              **_zero_max(group))
         log_event("resume undone: stopped again meanwhile", logging.WARNING, group=name,
                   resumed=decision.stopped_by, stopped_by=label)
         return ResumeResult(name, "skipped", label,
@@ -192,6 +224,51 @@ def resume_group(
     return ResumeResult(
         name, "resumed", decision.stopped_by, decision.min_size, decision.desired_capacity
     )
+
+
+@dataclass(frozen=True)
+class MaxChange:
+    """An EKS group that runs whose MaxSize is not its configured maximum (a `pulumi up` changed its
+    MAX_NODES_TAG; Pulumi does not own MaxSize there): what `apply_max` would set."""
+
+    group: str
+    node_group: str | None
+    max_now: int
+    max_after: int
+
+
+def max_changes(autoscaling: Any, stack: str, stopped: Collection[str]) -> list[MaxChange]:
+    """Read-only: the groups of deployment `stack` with a configured maximum, not in `stopped` (the
+    names the stack's backend holds stopped or stopping), whose MaxSize is not that maximum (at least
+    their desired capacity: Auto Scaling refuses a maximum below it)."""
+    changes = []
+    for description in stack_groups(autoscaling, stack):
+        group = node_group(description)
+        now = int(description["MaxSize"])
+        if group.configured_max is None or group.name in stopped or group.stopped_by:
+            continue
+        target = max(group.configured_max, group.desired)
+        if now != target:
+            changes.append(MaxChange(group.name, group.node_group, now, target))
+    return changes
+
+
+def apply_max(autoscaling: Any, change: MaxChange, stopped_now: Callable[[], bool]) -> bool:
+    """Set the group's MaxSize to its configured maximum; then ask `stopped_now` (the backend's stop state,
+    read after the write): a stop that landed meanwhile gets MaxSize 0 back and False is returned.
+
+    A stop records its state before it zeroes the capacity, so either its zeroing comes after this
+    write, or its record is seen here: the group never stays stopped with a maximum the
+    cluster-autoscaler could scale up to.
+    """
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName=change.group, MaxSize=change.max_after)
+    if stopped_now():
+        autoscaling.update_auto_scaling_group(AutoScalingGroupName=change.group, MaxSize=0)
+        log_event("maximum not set: stopped meanwhile", logging.WARNING, group=change.group)
+        return False
+    log_event("configured maximum set", group=change.group, max_before=change.max_now,
+              max_after=change.max_after)
+    return True
 
 
 class AutoScalingGroups:
@@ -219,8 +296,11 @@ class AutoScalingGroups:
         return resume_group(self.autoscaling, group, only_stopped_by=only_stopped_by)
 
     def set_capacity(self, name: str, min_size: int, desired: int) -> None:
+        """Min and desired; an EKS group's maximum too (its configured one, at least `desired`)."""
+        groups = [node_group(d) for d in describe_groups(self.autoscaling, [name])]
+        extra = _restored_max(groups[0], desired) if groups and desired > 0 else {}
         self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
-                                                   DesiredCapacity=desired)
+                                                   DesiredCapacity=desired, **extra)
 
     def mark_notified(self, group: NodeGroup) -> None:
         """Tags cannot say whether a stop was told: nothing recorded (`StopState.notified` stays None)."""
@@ -249,16 +329,16 @@ class AutoScalingCapacity:
     def _read(self, description: Mapping[str, Any]) -> NodeGroup:
         """The group, its maximum the configured one where a stop zeroed it (an EKS group's MAX_NODES_TAG)."""
         group = node_group(description)
-        configured = group_tags(description).get(MAX_NODES_TAG, "")
-        if not configured.isdigit():
+        if group.configured_max is None:
             self._plain.add(group.name)
-            return group
-        self._configured_max[group.name] = int(configured)
-        return replace(group, max_size=max(group.max_size, int(configured)))
+        else:
+            self._configured_max[group.name] = group.configured_max
+        return group
 
-    def resize(self, name: str, min_size: int, desired: int) -> None:
-        """Min and desired; on a group with MAX_NODES_TAG (EKS) the maximum too: 0 with a stop, so the
-        cluster-autoscaler cannot bring the group back, else the configured maximum."""
+    def resize(self, name: str, min_size: int, desired: int, *, closing: bool = True) -> None:
+        """Min and desired; on a group with MAX_NODES_TAG (EKS) the maximum too: 0 with a stop (zero
+        capacity, `closing`), so the cluster-autoscaler cannot bring the group back, else the configured
+        maximum (a restore or a scale to zero nodes leaves it open)."""
         if name not in self._configured_max and name not in self._plain:  # not read by this backend yet
             for description in describe_groups(self.autoscaling, [name]):
                 self._read(description)
@@ -267,7 +347,7 @@ class AutoScalingCapacity:
             self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
                                                        DesiredCapacity=desired)
             return
-        maximum = 0 if min_size == desired == 0 else max(configured, desired)
+        maximum = 0 if min_size == desired == 0 and closing else max(configured, desired)
         self.autoscaling.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=min_size,
                                                    DesiredCapacity=desired, MaxSize=maximum)
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from .asg import AutoScalingCapacity
@@ -158,8 +159,7 @@ class StoredNodeGroups:
             # A PCS stop zeroed the maximum: while stopped, the maximum it recorded is the ceiling.
             recorded = (stop.previous_desired or "").isdigit() and int(stop.previous_desired or 0)
             max_size = max(max_size, int(recorded or 0))
-        return NodeGroup(group.name, group.node_group, group.stack, group.min_size, group.desired,
-                         max_size, stop, group.members)
+        return replace(group, max_size=max_size, stop=stop)
 
     def list_groups(self, stack: str) -> list[NodeGroup]:
         described = self.capacity.describe_stack(stack)
@@ -260,8 +260,8 @@ class StoredNodeGroups:
                   version=version, by=self.actor)
         return version
 
-    def _capacity(self, name: str, min_size: int, desired: int) -> None:
-        self.capacity.resize(name, min_size, desired)
+    def _capacity(self, name: str, min_size: int, desired: int, *, closing: bool = True) -> None:
+        self.capacity.resize(name, min_size, desired, closing=closing)
 
     # --- stop --------------------------------------------------------------------------------
 
@@ -391,7 +391,7 @@ class StoredNodeGroups:
             return ResumeResult(name, "skipped", now_label, reason=f"changed since read: now {now_text}")
         kept = StopState(None, stop.previous_desired, stop.previous_min)
         try:
-            self._capacity(name, decision.min_size or 0, decision.desired_capacity or 0)
+            self._capacity(name, decision.min_size or 0, decision.desired_capacity or 0, closing=False)
         except AWS_ERRORS:
             self._unstart(group, version, label, kept, undo_capacity=False)
             raise
@@ -451,7 +451,7 @@ class StoredNodeGroups:
     def set_capacity(self, name: str, min_size: int, desired: int) -> None:
         """Scale a running group; raises `StateConflict` for a stopped one or when a stop wins meanwhile."""
         if desired == 0:
-            self._capacity(name, min_size, 0)  # down to zero never undoes a stop
+            self._capacity(name, min_size, 0, closing=False)  # down to zero never undoes a stop
             return
         group = self._read(name)
         if group is None:

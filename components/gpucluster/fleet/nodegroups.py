@@ -93,6 +93,12 @@ class NodeGroup:
     max_size: int
     stop: StopState = StopState()
     members: tuple[Member, ...] = ()
+    configured_max: int | None = None
+    """An EKS group's configured maximum (its gpucluster:max-nodes tag): a stop zeroes its MaxSize, a start
+    puts this back, and `max_size` reads as it meanwhile; None elsewhere."""
+    max_open: bool = False
+    """An EKS group whose MaxSize is above zero: the cluster-autoscaler may start nodes in it whenever a pod
+    is pending, so even at zero nodes a stop has capacity to remove (its maximum)."""
 
     @property
     def stopped_by(self) -> str | None:
@@ -100,8 +106,8 @@ class NodeGroup:
 
     @property
     def running(self) -> bool:
-        """True when the group has capacity that a stop would remove."""
-        return self.desired > 0
+        """True when the group has capacity that a stop would remove (on EKS an open maximum too)."""
+        return self.desired > 0 or self.max_open
 
     @property
     def label(self) -> str:
@@ -200,8 +206,10 @@ class Capacity(Protocol):
         """Groups by name, sorted; names that no longer exist are absent."""
         ...
 
-    def resize(self, name: str, min_size: int, desired: int) -> None:
-        """Set the capacity a group may run (Auto Scaling: min and desired; PCS: min and max)."""
+    def resize(self, name: str, min_size: int, desired: int, *, closing: bool = True) -> None:
+        """Set the capacity a group may run (Auto Scaling: min and desired; PCS: min and max). Zero
+        capacity closes an EKS group's maximum too unless `closing` is False (a restore or a scale to
+        zero nodes: the autoscaler may still grow it)."""
         ...
 
     def mirror(self, name: str, stopped_by: str, previous: StopState) -> None:

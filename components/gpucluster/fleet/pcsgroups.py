@@ -177,8 +177,9 @@ class PcsCapacity:
         return self._with_members([g for name in wanted
                                    if name in ids and (g := self._describe(name, ids[name])) is not None])
 
-    def resize(self, name: str, min_size: int, desired: int) -> None:
-        """min and max (`desired` is the maximum on PCS); a stop is set(name, 0, 0)."""
+    def resize(self, name: str, min_size: int, desired: int, *, closing: bool = True) -> None:
+        """min and max (`desired` is the maximum on PCS, so zero closes it whatever `closing` says); a
+        stop is set(name, 0, 0)."""
         group_id = self._ids.get(name) or self._summaries().get(name)
         if group_id is None:
             # Gone (deleted meanwhile): a stop reads again and finds nothing to stop.

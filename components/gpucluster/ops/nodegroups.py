@@ -81,8 +81,11 @@ class Fleet:
     groups: NodeGroups
     slurm: bool = False
     """Its work runs on Slurm: a stop holds its partitions first, a start releases them after."""
+    eks: bool = False
+    """Its groups are an EKS stack's: a start also sets the configured maximum on those that run."""
 
 
 def stack_fleet(spec: StackSpec, clients: Clients) -> Fleet:
     """The stack's `Fleet`: its node-group backend (`node_groups`) with the clients that reach it."""
-    return Fleet(spec.identity, clients, node_groups(spec, clients), slurm=spec.scheduler.slurm)
+    return Fleet(spec.identity, clients, node_groups(spec, clients), slurm=spec.scheduler.slurm,
+                 eks=spec.scheduler.eks)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from gpucluster.ops import Clients, Spinner, no_spinner
 
 if TYPE_CHECKING:
+    from gpucluster.fleet.asg import MaxChange
     from gpucluster.ops.boottimes import GroupBootTimes
     from gpucluster.ops.nodegroups import Fleet
     from gpucluster.ops.status import GroupStatus
@@ -40,6 +41,9 @@ class StackOverview:
     """Each node group's time to ready and to its first job, as its nodes measured it (ops.boottimes)."""
     boot_times_error: str | None = None
     """Why they could not be read from CloudWatch."""
+    maxima: list[MaxChange] = field(default_factory=list)
+    """An EKS stack's groups that run with a maximum that is not their configured one (a `pulumi up`
+    changed max_nodes; `gpucluster start` sets it: `ops.stopstart.start_maxima`)."""
 
 
 def spend_now(spec: StackSpec, fleet: Fleet, *, ce: Any,
@@ -93,11 +97,13 @@ def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
     from gpucluster.ops.doctor import cost_tag_warning
     from gpucluster.ops.nodegroups import stack_fleet
     from gpucluster.ops.status import stack_status
+    from gpucluster.ops.stopstart import start_maxima
 
     url = dashboard_url(spec.region, dashboard_name(spec.cluster.name, spec.region))
     with progress(f"reading {spec.stack}'s Auto Scaling groups and GPU metrics in {spec.region}"):
         fleet = stack_fleet(spec, clients)
         groups = stack_status(fleet, health=True, metric_namespace=gpu_metric_namespace(spec.cluster.name))
+        maxima = start_maxima(fleet)
     with progress("checking the budget's cost-allocation tag"):
         warning = cost_tag_warning(spec, ce)
     grafana = None
@@ -111,4 +117,4 @@ def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
     with progress("reading the nodes' boot times (CloudWatch)"):
         boots, boots_error = stack_boot_times(spec, clients("cloudwatch"))
     return StackOverview(groups, url, warning, grafana_url=grafana, spend=spend, spend_error=error,
-                         boot_times=boots, boot_times_error=boots_error)
+                         boot_times=boots, boot_times_error=boots_error, maxima=maxima)

@@ -19,6 +19,7 @@ from gpucluster.ops.nodegroups import Fleet, stack_fleet
 from gpucluster.ops.status import GroupStatus, stack_status
 
 if TYPE_CHECKING:
+    from gpucluster.fleet.asg import MaxChange
     from gpucluster.ops import Clients
     from gpucluster.spec import StackSpec
 
@@ -78,6 +79,9 @@ class RestorePlan:
     """The stops it may undo (None: any, a person decided)."""
     group: str | None = None
     """The node group the selection was narrowed to (None: every group)."""
+    maxima: tuple[MaxChange, ...] = ()
+    """`start` on an EKS stack: groups that run whose maximum is not the configured one (after a
+    `pulumi up` changed max_nodes: Pulumi does not own an EKS group's MaxSize)."""
 
     @property
     def todo(self) -> list[ResumeCandidate]:

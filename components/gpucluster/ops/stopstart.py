@@ -14,10 +14,12 @@ before its write. Nothing is deleted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
-from gpucluster.fleet.nodegroups import IDLE, LIFETIME, MANUAL, SCHEDULE, ResumeResult
+from gpucluster.fleet.nodegroups import IDLE, LIFETIME, MANUAL, RUNNING, SCHEDULE, NodeGroup, ResumeResult
 from gpucluster.fleet.runcommand import CommandResult
 from gpucluster.fleet.stops import StopReport, stop_groups
 from gpucluster.ops.nodegroups import Fleet, stack_fleet
@@ -26,6 +28,7 @@ from gpucluster.ops.resume import RestorePlan, resume_candidates, resume_stack, 
 from gpucluster.ops.status import GroupStatus, stack_status
 
 if TYPE_CHECKING:
+    from gpucluster.fleet.asg import MaxChange
     from gpucluster.ops import Clients
     from gpucluster.spec import StackSpec
 
@@ -60,11 +63,14 @@ class StopPlan:
     candidates: list[StopCandidate]
     pre_stop_command: str | None = None
     hook_timeout_seconds: float = 300.0
+    open_at_zero: tuple[str, ...] = ()
+    """EKS groups at zero nodes whose maximum is open (the autoscaler may start nodes there): a stop
+    closes them too."""
 
     @property
     def running(self) -> list[StopCandidate]:
-        """The groups a stop changes: those running nodes."""
-        return [c for c in self.candidates if c.running]
+        """The groups a stop changes: those running nodes, and on EKS those the autoscaler may grow."""
+        return [c for c in self.candidates if c.running or c.group in self.open_at_zero]
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,11 @@ def plan_stop_on(fleet: Fleet, group: str | None = None, *, pre_stop_command: st
     """The selected groups (all, or node group `group`) of `fleet` and their capacity now; read-only.
 
     `plan_stop` for a stack file; this for a `Fleet` already in hand (a notebook, a test)."""
+    groups = select_groups(fleet.groups.list_groups(fleet.identity), group)
     candidates = [StopCandidate(g.name, g.label, g.desired, len(g.in_service_ids), g.stopped_by)
-                  for g in select_groups(fleet.groups.list_groups(fleet.identity), group)]
-    return StopPlan(fleet, group, candidates, pre_stop_command, hook_timeout_seconds)
+                  for g in groups]
+    return StopPlan(fleet, group, candidates, pre_stop_command, hook_timeout_seconds,
+                    tuple(g.name for g in groups if g.running and not g.desired))
 
 
 def plan_stop(spec: StackSpec, clients: Clients, group: str | None = None) -> StopPlan:
@@ -124,10 +132,22 @@ def apply_stop(plan: StopPlan) -> StopOutcome:
 
 @dataclass(frozen=True)
 class StartOutcome:
-    """What `start` did: the plan shown and each group's result."""
+    """What `start` did: the plan shown and each group's result; the maxima it set (`RestorePlan.maxima`)."""
 
     plan: RestorePlan
     results: list[ResumeResult]
+    maxima: list[MaxResult] = field(default_factory=list)
+    """What it did to each group of `RestorePlan.maxima`."""
+
+
+@dataclass(frozen=True)
+class MaxResult:
+    """One group's configured maximum, as `start` left it."""
+
+    group: str
+    action: str
+    """"set", "skipped" (a stop landed meanwhile: left at zero) or "failed" (an AWS error, in `reason`)."""
+    reason: str = ""
 
 
 def plan_start_on(fleet: Fleet, group: str | None = None) -> RestorePlan:
@@ -141,7 +161,24 @@ def plan_start_on(fleet: Fleet, group: str | None = None) -> RestorePlan:
             known = ", ".join(sorted({c.node_group or c.group for c in candidates})) or "none deployed"
             raise NodesError(f"no node group {group!r} in this stack (node groups: {known})")
         candidates = chosen
-    return RestorePlan(fleet, candidates, START_REASONS, group)
+    return RestorePlan(fleet, candidates, START_REASONS, group, tuple(start_maxima(fleet, group)))
+
+
+def start_maxima(fleet: Fleet, group: str | None = None) -> list[MaxChange]:
+    """An EKS stack's groups that run (all, or node group `group`) whose MaxSize is not their configured
+    maximum; read-only. Nothing on other stacks (their MaxSize is Pulumi's)."""
+    if not fleet.eks:
+        return []
+    from gpucluster.fleet.asg import max_changes
+
+    held = [g.name for g in fleet.groups.list_groups(fleet.identity) if _held(g)]
+    return [c for c in max_changes(fleet.clients("autoscaling"), fleet.identity, held)
+            if group is None or group in (c.node_group, c.group)]
+
+
+def _held(group: NodeGroup) -> bool:
+    """Stopped, or on its way there or back, as the stack's backend holds it."""
+    return bool(group.stopped_by) or group.stop.state not in (None, RUNNING)
 
 
 def plan_start(spec: StackSpec, clients: Clients, group: str | None = None) -> RestorePlan:
@@ -152,5 +189,26 @@ def plan_start(spec: StackSpec, clients: Clients, group: str | None = None) -> R
 def apply_start(plan: RestorePlan) -> StartOutcome:
     """Restore the shown groups to their recorded capacity (a stop that changed since is skipped);
     on a Slurm stack then set their partitions UP (`ops.resume.resume_stack`)."""
-    return StartOutcome(plan, resume_stack(plan.fleet, only_stopped_by=plan.only_stopped_by,
-                                           shown=shown_of(plan.todo)))
+    results = resume_stack(plan.fleet, only_stopped_by=plan.only_stopped_by, shown=shown_of(plan.todo))
+    return StartOutcome(plan, results, apply_maxima(plan.fleet, plan.maxima))
+
+
+def apply_maxima(fleet: Fleet, maxima: Sequence[MaxChange]) -> list[MaxResult]:
+    """Set each group's configured maximum (`fleet.asg.apply_max`: one stopped meanwhile stays at zero).
+    An AWS error fails that group only (said in its result; `start` again reads it afresh)."""
+    from gpucluster.fleet.asg import apply_max
+    from gpucluster.ops.awserrors import AWS_ERRORS, describe
+
+    def stopped_now(name: str) -> bool:
+        return any(_held(g) for g in fleet.groups.read_groups([name]))
+
+    results = []
+    for change in maxima:
+        try:
+            done = apply_max(fleet.clients("autoscaling"), change, partial(stopped_now, change.group))
+        except AWS_ERRORS as err:
+            results.append(MaxResult(change.group, "failed", describe(err)))
+            continue
+        results.append(MaxResult(change.group, "set") if done else
+                       MaxResult(change.group, "skipped", "stopped meanwhile: left at 0"))
+    return results

@@ -314,9 +314,11 @@ def check_endpoints(deployed: Deployed, services: Sequence[str]) -> Outcome:
     region = deployed.account.region
     pages = deployed.clients("ec2").get_paginator("describe_vpc_endpoints").paginate(
         Filters=[{"Name": f"tag:{STACK_TAG}", "Values": [deployed.spec.identity]}])
-    states = {str(e["ServiceName"]).rsplit(".", 1)[-1]: str(e.get("State", "")).lower()
+    prefix = f"com.amazonaws.{region}."
+    # The service is what follows the region, dots included (ecr.api, ecr.dkr).
+    states = {str(e["ServiceName"]).removeprefix(prefix): str(e.get("State", "")).lower()
               for page in pages for e in page.get("VpcEndpoints", [])
-              if str(e.get("ServiceName", "")).startswith(f"com.amazonaws.{region}.")}
+              if str(e.get("ServiceName", "")).startswith(prefix)}
     missing = [s for s in services if s not in states]
     unready = [f"{s} ({states[s]})" for s in services if s in states and states[s] != ENDPOINT_READY]
     if not missing and not unready:
@@ -346,7 +348,8 @@ def check_remote_write(deployed: Deployed, group: str) -> Outcome:
 
 def no_nat_endpoints(spec: StackSpec) -> list[str]:
     """The interface endpoints a created VPC without NAT needs: what aws/network.py creates for this stack
-    (`pricing.interface_endpoints`, the one list; with observability aps-workspaces, on Slurm pcs)."""
+    (`pricing.interface_endpoints`, the one list; with observability aps-workspaces, on Slurm pcs, on EKS
+    its private-cluster endpoints)."""
     from gpucluster.pricing import interface_endpoints
 
     return list(interface_endpoints(spec))

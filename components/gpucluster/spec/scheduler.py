@@ -145,18 +145,29 @@ def eks_rules(spec: StackSpec, today: dt.date | None = None) -> Iterable[Finding
         yield Finding("network.availability_zones", f"an EKS control plane needs subnets in at least "
                       f"{EKS_MIN_ZONES} availability zones: add a second zone (an EFA group stays in its "
                       "first)")
-    if not spec.network.nat_gateway:
-        # Nodes reach the EKS API, ECR's image pulls and STS through NAT today: the interface endpoints
-        # a NAT-less EKS stack needs (eks, eks-auth, ecr.api, ecr.dkr, sts) are not made yet, so refuse
-        # it rather than plan a cluster whose nodes cannot join.
-        yield Finding("network.nat_gateway", "an EKS stack needs NAT for now: its nodes reach the EKS "
-                      "API, ECR and STS through it (no interface endpoints for them yet); set it to true")
+    if not spec.network.nat_gateway and spec.network.vpc_cidr is not None:
+        yield no_nat_images_warning()
     system = catalog.get(s.system_nodes.instance_type)
     if system is not None and system.gpus > 0:
         yield Finding(f"{PATH}.system_nodes.instance_type", f"{system.name} has {system.gpus} GPUs: the "
                       "system nodes run controllers only; pick a CPU type like m7i.large")
     for i, g in enumerate(spec.node_groups):
         yield from eks_group_findings(g, f"node_groups[{i}]")
+
+
+# Where the charts' images come from (each chart's default values, from memory; ledger: eks-chart-images):
+# the device plugin, GPU Operator and dcgm-exporter from nvcr.io, the autoscaler, Kueue and JobSet from
+# registry.k8s.io, the termination handler from public.ecr.aws, the Prometheus agent from quay.io. The
+# VPC endpoints reach this region's ECR only, so without NAT none of them can be pulled.
+CHART_IMAGE_REGISTRIES = ("nvcr.io", "registry.k8s.io", "public.ecr.aws", "quay.io")
+
+
+def no_nat_images_warning() -> Finding:
+    """An EKS stack without NAT: its nodes reach AWS through the VPC's endpoints (aws/network.py
+    EKS_ENDPOINTS), but the charts' images are on public registries: a warning, not a pretence."""
+    return Finding("network.nat_gateway", "nodes join through VPC endpoints, but the charts' images on "
+                   f"{', '.join(CHART_IMAGE_REGISTRIES)} need internet: device plugin, autoscaler, Kueue "
+                   "won't start", level="warning")
 
 
 def eks_version_findings(configured: str | None, region: str, today: dt.date) -> Iterable[Finding]:

@@ -605,3 +605,40 @@ def test_an_eks_stack_without_nat_gets_the_private_cluster_endpoints_priced_and_
     assert f"{len(priced)} endpoints" in line.basis and "eks-auth" in line.basis
     assert "network.nat_gateway" not in {f.path for f in stack_warnings(parse_stack_config(
         eks_prod(), stack="prod"))}  # with NAT: no warning
+
+
+# ------------------------------------------------------------------------------- GPU metrics on EKS
+
+DCGM = "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04@sha256:" + "ab" * 32
+
+
+def test_eks_nodes_leave_gpu_metrics_to_the_cluster_s_charts() -> None:
+    """One dcgm-exporter per GPU node: on EKS the cluster's chart and Prometheus agent collect, so the
+    nodes run no collector of their own (it would double every GPU series in the workspace) and their
+    roles get no aps:RemoteWrite; the same stack on the launcher keeps both."""
+    from gpucluster.node.userdata import node_bootstrap
+    observability = {"prometheus": {"enabled": True, "dcgm_exporter_image": DCGM}}
+    eks, plain = eks_prod(), prod_config()
+    eks["gpucluster:observability"] = plain["gpucluster:observability"] = observability
+    eks_spec, plain_spec = parse_stack_config(eks, stack="prod"), parse_stack_config(plain, stack="prod")
+    assert all(node_bootstrap(eks_spec, g).metrics is None for g in eks_spec.node_groups)
+    assert all(node_bootstrap(plain_spec, g).metrics is not None for g in plain_spec.node_groups)
+    writes = {"eks": plan_config(eks, stack="prod"), "plain": plan_config(plain, stack="prod")}
+    grants = {k: [r.name for r in p.of_type("aws:iam/rolePolicy:RolePolicy") if "-metrics-write-" in r.name]
+              for k, p in writes.items()}
+    assert grants["eks"] == [] and len(grants["plain"]) == len(plain_spec.node_groups)
+    releases = {r.inputs["name"] for r in writes["eks"].of_type("kubernetes:helm.sh/v3:Release")}
+    assert {"dcgm-exporter", "prometheus-agent"} <= releases
+
+
+def test_the_node_collector_s_images_are_refused_on_eks_in_one_line_each() -> None:
+    config = eks_prod()
+    config["gpucluster:observability"] = {"prometheus": {
+        "enabled": True, "dcgm_exporter_image": DCGM,
+        "prometheus_image": "quay.io/prometheus/prometheus:v3@sha256:" + "cd" * 32,
+        "node_exporter_image": "quay.io/prometheus/node-exporter:v1@sha256:" + "ef" * 32}}
+    with pytest.raises(SpecError) as err:
+        parse_stack_config(config, stack="prod")
+    assert [f.path for f in err.value.findings] == ["observability.prometheus.prometheus_image",
+                                                    "observability.prometheus.node_exporter_image"]
+    assert all("not used on an EKS stack" in f.message for f in err.value.findings)

@@ -419,7 +419,9 @@ class GpuCluster(pulumi.ComponentResource):
                 identity = self.node_identities[group.name] = NodeIdentity(
                     node_identity_name(name, group.name, first=i == 0),
                     children.node_identity_args(spec, parts.grants, self.node_scripts.source), opts=child)
-                if self.metrics is not None:
+                # Nodes write their own metrics, except on EKS, where the cluster's Prometheus agent
+                # writes through its own pod role (aws/eks_software.py): the node role gets no aps: grant.
+                if self.metrics is not None and not spec.scheduler.eks:
                     self.metrics.grant_write(group.name, identity.role_name)
                 network = self.network.groups[group.name]
                 # A Slurm stack's nodes also carry the Slurm security group, on every interface.

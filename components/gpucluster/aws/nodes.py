@@ -606,7 +606,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             script = render_user_data(group_bootstrap(
                 m.node_group, stack=m.identity, cluster=m.cluster_name, region=m.region, spot=m.spot,
                 data_mounts=mounts, autostop=m.autostop, notify_topic_arn=topic or "",
-                metrics=group_metrics(m.observability, m.region, url or None),
+                metrics=None if eks is not None else group_metrics(m.observability, m.region, url or None),
                 baked=baked_ami(m) is not None, eks_cluster=eks.cluster_name if eks is not None else ""),
                 scripts_source(bucket, owner) if bucket else None)
             if m.scheduler == "slurm":

@@ -240,7 +240,9 @@ def node_bootstrap(spec: StackSpec, group: NodeGroupConfig, data_mounts: Sequenc
     return group_bootstrap(group, stack=spec.identity, cluster=spec.cluster.name, region=spec.region,
                            spot=spec.spot, data_mounts=data_mounts, autostop=spec.autostop,
                            notify_topic_arn=notify_topic_arn,
-                           metrics=group_metrics(spec.observability, spec.region),
+                           # on EKS the cluster's charts collect (spec/observability.py)
+                           metrics=None if spec.scheduler.eks else group_metrics(spec.observability,
+                                                                                 spec.region),
                            baked=launches_baked(spec.images, group), slurm=spec.scheduler.slurm,
                            eks_cluster=eks_cluster if spec.scheduler.eks else "")
 

@@ -213,7 +213,9 @@ def _ami_findings(spec: StackSpec, subject: str, ami: AmiFacts) -> Iterable[Doct
         yield DoctorFinding("ok", "ami", subject, f"{what} boots {ami.os}: supported; jobs run as "
                             f"{ami.job_user}")
         p = spec.observability.prometheus
-        if ami.os == "Amazon Linux 2023" and p.active and not p.containers and subject != "login":
+        # (not on EKS: there the cluster's charts collect, not the nodes)
+        if (ami.os == "Amazon Linux 2023" and p.active and not p.containers and subject != "login"
+                and not spec.scheduler.eks):
             yield DoctorFinding("warning", "ami", subject, "observability.prometheus: Amazon Linux 2023 has "
                                 "no Prometheus package, so these nodes send no metrics to AMP until "
                                 "observability.prometheus.prometheus_image and "

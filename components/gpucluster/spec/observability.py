@@ -44,11 +44,18 @@ def observability_rules(spec: StackSpec) -> Iterable[Finding]:
     o = spec.observability
     if o.active and not has_gpus(spec):
         yield Finding(PATH, "no node group has GPUs to measure: remove observability or add a GPU node group")
-    yield from prometheus_findings(o, spec.region)
+    yield from prometheus_findings(o, spec.region, eks=spec.scheduler.eks)
     yield from grafana_findings(o)
 
 
-def prometheus_findings(o: ObservabilityConfig, stack_region: str) -> Iterable[Finding]:
+# The node-level collector (node/metrics.sh), which an EKS stack's nodes do not run: there the cluster's
+# dcgm-exporter chart (on dcgm_exporter_image) and Prometheus agent chart collect (aws/eks_software.py), and
+# a second exporter per node would double every GPU series written to the workspace. So these two keys,
+# which only the node-level collector reads, have nothing to do on EKS.
+NODE_COLLECTOR_KEYS = ("prometheus_image", "node_exporter_image")
+
+
+def prometheus_findings(o: ObservabilityConfig, stack_region: str, eks: bool = False) -> Iterable[Finding]:
     p, path = o.prometheus, f"{PATH}.prometheus"
     if p.enabled and p.remote_write_url is not None:
         yield Finding(f"{path}.remote_write_url", "set either enabled (a workspace of this stack) or "
@@ -78,7 +85,13 @@ def prometheus_findings(o: ObservabilityConfig, stack_region: str) -> Iterable[F
         elif not DIGEST.fullmatch(p.dcgm_exporter_image):
             yield Finding(f"{path}.dcgm_exporter_image", "must be pinned by digest (...@sha256:<64 hex>), "
                           "so every node runs the same exporter")
-        yield from collector_image_findings(o)
+        if eks:
+            for key in NODE_COLLECTOR_KEYS:
+                if getattr(p, key) is not None:
+                    yield Finding(f"{path}.{key}", "not used on an EKS stack: the cluster's Prometheus agent "
+                                  "chart collects there, not the nodes; remove it")
+        else:
+            yield from collector_image_findings(o)
 
 
 # The collector as containers instead of the OS's packages (Amazon Linux 2023 has none): key -> what it runs.

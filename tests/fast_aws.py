@@ -1,4 +1,4 @@
-"""botocore's and moto's per-client and per-request work that gives the same result every time, done once per process.
+"""botocore's and moto's per-client and per-request work with the same result every time, done once a process.
 
 A third of the suite's CPU went to building boto3 clients and answering them in moto (measured with a
 per-test CPU plugin: `tests/test_verify.py` alone made 1,572 clients and 4,946 calls for 58 CPU-seconds).

@@ -40,6 +40,7 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 # the suite's time); no test reads them (launch templates name an AMI moto does not check).
 os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
 
+import fast_aws
 import shipped
 from base_config import BASE_CONFIG
 from gpucluster.cli import common
@@ -80,6 +81,7 @@ def _loader_per_process(search_path_string: str | None = None) -> botocore.loade
 
 
 botocore.session.create_loader = _loader_per_process
+fast_aws.install()  # client methods per service model, moto's action lookup per class, KMS keys when read
 
 class _SysKeepingRewrites(types.ModuleType):
     """`sys` as pytest's assert rewriter sees it: bytecode writing on, everything else as it is.

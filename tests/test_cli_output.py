@@ -226,7 +226,11 @@ def test_spinner_only_for_slow_calls_on_a_terminal(monkeypatch: pytest.MonkeyPat
         pass  # quick: nothing shown
     assert terminal.getvalue() == ""
     with render.progress("asking AWS", delay=0.02):
-        time.sleep(0.3)
+        # a call that outlasts the delay: it ends once the spinner shows (polled; a fixed 0.3 s wait
+        # failed on a loaded machine, where the timer thread's first import of rich took longer)
+        deadline = time.monotonic() + 30
+        while "asking AWS" not in terminal.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert "asking AWS" in terminal.getvalue()
     render.use_json(True)
     try:

@@ -247,7 +247,7 @@ def test_no_command_or_an_unknown_one_gets_the_whole_app(args: list[str]) -> Non
 # `gpucluster plan dev` (no observability, no Slurm, no EKS), then the loaded modules of features it does not
 # use (pulumi_aws puts a lazy stub of every service package in sys.modules: a loaded one has submodules).
 PLAN_DEV_FEATURES = """
-import sys
+import json, sys
 from gpucluster.cli import entry
 try:
     entry.main(["plan", "dev"])
@@ -255,16 +255,57 @@ except SystemExit:
     features = ("gpucluster.aws.prometheus", "gpucluster.aws.grafana_dashboards", "gpucluster.dashboards",
                 "gpucluster.ops.dashboards", "gpucluster.aws.pcs", "pulumi_aws.grafana.", "pulumi_aws.amp.",
                 "pulumi_aws_native", "pulumi_kubernetes", "kubernetes", "matplotlib", "boto3")
+    print(json.dumps(sorted(m for m in sys.modules if m.startswith("gpucluster"))), file=sys.stderr)
     print(sorted(m for m in sys.modules if m.startswith(features)), "gpucluster.aws.cluster" in sys.modules,
           file=sys.stderr)
     raise
 """
+# Every gpucluster module a plan of dev loads (issue 38). A module new here is import time every command
+# pays: if a plan of dev needs it, add it; if not, import it where it is used (a command of its own, a
+# feature the stack turns on). `gpucluster.cli.entry` imports only the invoked command's module.
+DEV_PLAN_MODULES = frozenset({
+    "gpucluster", "gpucluster.aws", "gpucluster.aws.amis", "gpucluster.aws.args", "gpucluster.aws.children",
+    "gpucluster.aws.cluster", "gpucluster.aws.datasets", "gpucluster.aws.guardrail_budget",
+    "gpucluster.aws.guardrail_events", "gpucluster.aws.guardrail_lambda", "gpucluster.aws.guardrail_spend",
+    "gpucluster.aws.guardrail_state", "gpucluster.aws.guardrails", "gpucluster.aws.health",
+    "gpucluster.aws.iam", "gpucluster.aws.images", "gpucluster.aws.network", "gpucluster.aws.nics",
+    "gpucluster.aws.nodes", "gpucluster.aws.nodescripts", "gpucluster.aws.observability",
+    "gpucluster.aws.sdk", "gpucluster.aws.settings", "gpucluster.catalog", "gpucluster.catalog.eks",
+    "gpucluster.cli", "gpucluster.cli.common", "gpucluster.cli.entry", "gpucluster.cli.planning",
+    "gpucluster.cli.render", "gpucluster.conformance", "gpucluster.conformance.cfnschema",
+    "gpucluster.conformance.crdschema", "gpucluster.conformance.findings",
+    "gpucluster.conformance.sdktypes", "gpucluster.costdiff", "gpucluster.eks", "gpucluster.eks.crds",
+    "gpucluster.fleet", "gpucluster.fleet.deployment", "gpucluster.fleet.jobnames",
+    "gpucluster.fleet.nodepaths", "gpucluster.fleet.tags", "gpucluster.guardcost", "gpucluster.ledger",
+    "gpucluster.names", "gpucluster.node", "gpucluster.node.bake", "gpucluster.node.bundle",
+    "gpucluster.node.metrics", "gpucluster.node.multipart", "gpucluster.node.userdata",
+    "gpucluster.noderole", "gpucluster.parts", "gpucluster.plan", "gpucluster.policy",
+    "gpucluster.policy.cloudcontrol", "gpucluster.policy.offline", "gpucluster.policy.records",
+    "gpucluster.policy.rules", "gpucluster.policy.rules.buckets", "gpucluster.policy.rules.capacity",
+    "gpucluster.policy.rules.efa", "gpucluster.policy.rules.eks", "gpucluster.policy.rules.groups",
+    "gpucluster.policy.rules.guardrails", "gpucluster.policy.rules.iam", "gpucluster.policy.rules.network",
+    "gpucluster.policy.rules.nodes", "gpucluster.policy.rules.pcs", "gpucluster.policy.rules.registry",
+    "gpucluster.policy.rules.tagging", "gpucluster.policy.rules.tokens", "gpucluster.policy.settings",
+    "gpucluster.preflight", "gpucluster.pricing", "gpucluster.program", "gpucluster.project",
+    "gpucluster.schedule", "gpucluster.spec", "gpucluster.spec.autostop", "gpucluster.spec.budget",
+    "gpucluster.spec.checks", "gpucluster.spec.datasets", "gpucluster.spec.decode",
+    "gpucluster.spec.fields", "gpucluster.spec.files", "gpucluster.spec.findings", "gpucluster.spec.images",
+    "gpucluster.spec.models", "gpucluster.spec.network", "gpucluster.spec.node_groups",
+    "gpucluster.spec.notifications", "gpucluster.spec.observability", "gpucluster.spec.scheduler",
+    "gpucluster.stack", "gpucluster.stackfile", "gpucluster.subnets", "gpucluster.warmpool",
+})
 
 
 def test_plan_loads_no_module_of_a_feature_the_stack_does_not_use() -> None:
     """Issue 38: a plan of dev (no observability, no Slurm, no EKS) loaded the Grafana provisioner, its HTTP
-    client and the dashboards' renderer through `dashboards` and `aws.prometheus`; none of them now."""
+    client and the dashboards' renderer through `dashboards` and `aws.prometheus`; none of them now, nor the
+    other commands' modules (job backends, capacity, images: `cli.entry` imports the invoked one only), and
+    the gpucluster modules it loads are the pinned ones."""
     done = subprocess.run([sys.executable, "-c", PLAN_DEV_FEATURES], cwd=REPO, capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "[] True"
+    loaded = set(json.loads(done.stderr.strip().splitlines()[-2]))
+    assert (sorted(loaded - DEV_PLAN_MODULES), sorted(DEV_PLAN_MODULES - loaded)) == ([], []), \
+        "(new on a plan of dev, no longer loaded): update DEV_PLAN_MODULES or move the import"
+    assert not any(m.startswith("gpucluster.ops") for m in loaded), "no day-2 operation on a plan's path"

@@ -175,11 +175,18 @@ def test_each_aws_calling_pod_gets_its_role_by_pod_identity() -> None:
              for r in of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")}
     assert set(found) == {charts.AUTOSCALER_SA, charts.TERMINATION_HANDLER_SA, charts.METRICS_AGENT_SA}
     assert all(r.inputs["clusterName"] == "gpucluster-t" for r in found.values())
+    cluster = f"arn:aws:eks:us-east-1:{ACCOUNT}:cluster/gpucluster-t"
+    trusted = set()
     for role in of_type("aws:iam/role:Role"):
         trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
         assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
-        cluster = f"arn:aws:eks:us-east-1:{ACCOUNT}:cluster/gpucluster-t"
-        assert trust["Condition"]["ArnEquals"] == {"aws:SourceArn": cluster}
+        assert trust["Action"] == ["sts:AssumeRole", "sts:TagSession"]
+        # the session tags EKS Pod Identity sends (EKS user guide): this cluster, one service account
+        tags = trust["Condition"]["StringEquals"]
+        assert tags["aws:RequestTag/eks-cluster-arn"] == cluster
+        trusted.add((tags["aws:RequestTag/kubernetes-namespace"],
+                     tags["aws:RequestTag/kubernetes-service-account"]))
+    assert trusted == set(found)  # each role trusts only the service account its association names
     write = policy_of("metrics-agent")["Statement"][0]
     assert write["Action"] == ["aps:RemoteWrite"] and write["Resource"] == [WORKSPACE_ARN]
     releases = {r.inputs["name"]: r for r in of_type(RELEASE)}

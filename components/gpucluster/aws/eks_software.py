@@ -62,10 +62,8 @@ class ClusterSoftware(pulumi.ComponentResource):
         self.partition = aws.get_partition_output(opts=invoke).partition
         self.account = aws.get_caller_identity_output(opts=invoke).account_id
         self.cluster_name = pulumi.Output.from_input(cluster_name)
-        cluster_arn = pulumi.Output.concat("arn:", self.partition, ":eks:", spec.region, ":", self.account,
-                                           ":cluster/", self.cluster_name)
-        self.trust = pulumi.Output.all(self.account, cluster_arn).apply(
-            lambda v: json.dumps(policies.pod_identity_trust(v[0], v[1])))
+        self.cluster_arn = pulumi.Output.concat("arn:", self.partition, ":eks:", spec.region, ":",
+                                                self.account, ":cluster/", self.cluster_name)
         groups = [g.name for g in spec.node_groups]
         arns = pulumi.Output.all(*[asg_arns[g] for g in groups])
         names = pulumi.Output.all(*[asg_names[g] for g in groups])
@@ -132,8 +130,10 @@ class ClusterSoftware(pulumi.ComponentResource):
     def _pod_role(self, part: str, account: tuple[str, str], policy: pulumi.Output[str],
                   child: pulumi.ResourceOptions) -> aws.eks.PodIdentityAssociation:
         name, boundary = f"{self.base_name}-{part}", self.spec.cluster.permissions_boundary
+        trust = self.cluster_arn.apply(
+            lambda arn: json.dumps(policies.pod_identity_trust(arn, account[0], account[1])))
         role = aws.iam.Role(
-            name, assume_role_policy=self.trust, description=f"gpucluster {self.spec.identity}: {part} pods "
+            name, assume_role_policy=trust, description=f"gpucluster {self.spec.identity}: {part} pods "
             "(EKS Pod Identity)", tags=self.tags, opts=child,
             permissions_boundary=boundary_arn(self.partition, self.account, boundary) if boundary else None)
         aws.iam.RolePolicy(name, role=role.id, policy=policy, opts=child)

@@ -1,9 +1,11 @@
 """The IAM documents of the pods on an EKS stack that call AWS (each role taken by EKS Pod Identity),
 and the termination handler's queue policy and EventBridge patterns, as plain dicts.
 
-- Trust: only the EKS Pod Identity service principal, for this account's cluster (EKS user guide,
-  "Assign an IAM role to a Kubernetes service account" with Pod Identity: `sts:AssumeRole` and
-  `sts:TagSession`; the aws:SourceAccount/aws:SourceArn conditions: ledger: eks-pod-identity-conditions).
+- Trust: only the EKS Pod Identity service principal, only for this cluster's one service account in its
+  namespace, by the session tags EKS Pod Identity sends (EKS user guide, "Create IAM role with trust
+  policy required by EKS Pod Identity": `sts:AssumeRole` and `sts:TagSession`, the request tags
+  eks-cluster-arn, kubernetes-namespace and kubernetes-service-account, and its example trust policy
+  conditioned on `aws:RequestTag/...`; ledger: eks-pod-identity-conditions).
 - cluster-autoscaler: the autoscaler's own "minimum" policy (its AWS README, "IAM Policy"), with the
   writes (SetDesiredCapacity, TerminateInstanceInAutoScalingGroup) only on the stack's Auto Scaling
   groups and only while they carry the stack tag (Service Authorization Reference, "Amazon EC2 Auto
@@ -23,12 +25,15 @@ VERSION = "2012-10-17"
 EKS_PODS_PRINCIPAL = "pods.eks.amazonaws.com"
 
 
-def pod_identity_trust(account: str, cluster_arn: str) -> dict[str, Any]:
+def pod_identity_trust(cluster_arn: str, namespace: str, service_account: str) -> dict[str, Any]:
+    """Only pods of `service_account` in `namespace` on this cluster, as EKS Pod Identity tags the session
+    (a role per service account: another pod of the cluster cannot take it)."""
     return {"Version": VERSION, "Statement": [{
-        "Sid": "EksPodIdentityOfThisCluster", "Effect": "Allow",
+        "Sid": "EksPodIdentityOfThisServiceAccount", "Effect": "Allow",
         "Principal": {"Service": EKS_PODS_PRINCIPAL}, "Action": ["sts:AssumeRole", "sts:TagSession"],
-        "Condition": {"StringEquals": {"aws:SourceAccount": account},
-                      "ArnEquals": {"aws:SourceArn": cluster_arn}}}]}
+        "Condition": {"StringEquals": {"aws:RequestTag/eks-cluster-arn": cluster_arn,
+                                       "aws:RequestTag/kubernetes-namespace": namespace,
+                                       "aws:RequestTag/kubernetes-service-account": service_account}}}]}
 
 
 def _own_groups(asg_arns: Sequence[str], identity: str) -> dict[str, Any]:

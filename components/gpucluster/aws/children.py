@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpucluster import catalog
 from gpucluster.catalog import eks as eks_catalog
-from gpucluster.eks.queues import mig_strategy
 from gpucluster.noderole import run_log_group_name
 from gpucluster.parts import S3Grant
 from gpucluster.pricing import guard_prices
@@ -361,6 +360,8 @@ def eks_node(spec: StackSpec, *, cluster_name: str, endpoint: Any, certificate_a
     settings: EksNodeSettings = {"cluster_name": cluster_name, "endpoint": endpoint,
                                  "certificate_authority": certificate_authority,
                                  "service_cidr": service_cidr, "kubernetes_version": kubernetes_version(spec)}
+    from gpucluster.eks.queues import mig_strategy  # only an EKS stack loads gpucluster.eks
+
     strategy = mig_strategy(spec)
     if strategy is not None:
         settings["mig_strategy"] = strategy

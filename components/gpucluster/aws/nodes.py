@@ -54,8 +54,6 @@ from gpucluster.aws.settings import (
     SpotSettings,
 )
 from gpucluster.catalog import eks as eks_catalog
-from gpucluster.eks.labels import EFA_RESOURCE
-from gpucluster.eks.queues import node_gpu_resources
 from gpucluster.fleet.tags import MAX_NODES_TAG, NODE_GROUP_TAG
 from gpucluster.node.bundle import scripts_source
 from gpucluster.node.metrics import group_metrics
@@ -299,6 +297,10 @@ def eks_asg_tags(group: NodeGroupConfig, cluster: str, mig_strategy: str | None 
     group's first type), so it scales a group up from zero nodes. A MIG group's GPU resources are what the
     GPU Operator's device plugin will advertise under the stack's `mig_strategy` (`queues.mig_strategy`),
     the same figures Kueue's quota counts (`queues.node_gpu_resources`)."""
+    # Imported here: only an EKS stack loads gpucluster.eks (tests/test_speed.py pins a dev plan's modules).
+    from gpucluster.eks.labels import EFA_RESOURCE
+    from gpucluster.eks.queues import node_gpu_resources
+
     first = group.types[0]
     template = f"{AUTOSCALER_TAG}/node-template"
     tags = {f"kubernetes.io/cluster/{cluster}": "owned", f"{AUTOSCALER_TAG}/enabled": "true",

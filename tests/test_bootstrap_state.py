@@ -29,6 +29,9 @@ BUCKET = "acme-gpucluster-state"
 STATE = f"arn:aws:s3:::{BUCKET}"
 # moto knows AWS managed policies only when asked to load them
 MANAGED = {"iam": {"load_aws_managed_policies": True}}
+# Role names as Pulumi makes them (`<resource name>-<7 hex>`): a GPU node role, an EKS cluster's role.
+NODE_ROLE = f"{IAM}:role/gpu-prod-node-identity-role-4950fcc"
+EKS_CLUSTER_ROLE = f"{IAM}:role/gpu-prod-eks-role-0a1b2c3"
 
 
 def _module() -> Any:
@@ -356,7 +359,22 @@ def plans() -> list[Any]:
     baked["gpucluster:node_groups"][1].update({"capacity": {"spot_percent": 0}, "warm_pool": {"min_size": 1}})
     from test_pcs import slurm_prod  # and a Slurm prod: the PCS cluster (Cloud Control), node groups, queues
     return [*(shipped_plan(stack) for stack in ("dev", "staging", "prod")), plan_config(baked, "prod"),
-            plan_config(slurm_prod(), "prod")]
+            plan_config(slurm_prod(), "prod"), *eks_plans()]
+
+
+def eks_plans() -> list[Any]:
+    """prod on EKS (issue 36): the cluster, add-ons, access entries, system node group, pod roles, the
+    termination handler's queue and rules, charts and objects; again without NAT (the private cluster's
+    interface endpoints) and with Prometheus (the metrics agent's pod role)."""
+    from base_config import plan_config
+    from test_eks import eks_prod
+    from test_prometheus_stack import DIGEST
+
+    no_nat = eks_prod()
+    no_nat["gpucluster:network"]["nat_gateway"] = False
+    metrics = eks_prod()
+    metrics["gpucluster:observability"] = {"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST}}
+    return [plan_config(config, "prod") for config in (eks_prod(), no_nat, metrics)]
 
 
 def test_every_resource_type_the_program_creates_is_granted(plans: list[Any], roles: dict[str, Role]) -> None:
@@ -406,12 +424,15 @@ def test_the_workload_boundary_keeps_what_the_program_s_roles_are_granted(plans:
     resources, passes the boundary: the boundary caps, it never breaks a cluster."""
     iam = made[0].client("iam")
     boundary = managed_document(iam, WORKLOAD)
-    documents = [json.loads(r.inputs["policy"]) for plan in plans
+    # Each document with the role that holds it (aws:PrincipalArn: the boundary allows the EKS cluster role's
+    # AmazonEKSClusterPolicy only to that role); a managed policy on the role the program attaches it to.
+    documents = [(json.loads(r.inputs["policy"]), f"{IAM}:role/{r.inputs['role']}") for plan in plans
                  for r in plan.of_type("aws:iam/rolePolicy:RolePolicy")]
-    documents += [managed_document(iam,
-                                   f"arn:aws:iam::aws:policy/{n}") for n in bootstrap_state.MANAGED_POLICIES]
+    holder = {"AmazonEKSClusterPolicy": EKS_CLUSTER_ROLE}
+    documents += [(managed_document(iam, f"arn:aws:iam::aws:policy/{n}"), holder.get(n, NODE_ROLE))
+                  for n in bootstrap_state.MANAGED_POLICIES]
     checked = 0
-    for document in documents:
+    for document, principal in documents:
         for statement in document["Statement"]:
             if statement["Effect"] != "Allow":
                 continue
@@ -421,7 +442,8 @@ def test_the_workload_boundary_keeps_what_the_program_s_roles_are_granted(plans:
                 for resource in resources if isinstance(resources, list) else [resources]:
                     # The request as the grant allows it: the values its own conditions ask for (e.g. a
                     # PassRole only to PCS carries iam:PassedToService), beside the stack's tag.
-                    context = {"ssm:resourceTag/gpucluster:stack": "prod", **granted_context(statement)}
+                    context = {"ssm:resourceTag/gpucluster:stack": "prod", "aws:PrincipalArn": principal,
+                               **granted_context(statement)}
                     everything = {"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
                     assert allowed([everything], boundary, action, resource, **context), (action, resource)
                     checked += 1

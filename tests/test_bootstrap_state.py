@@ -906,7 +906,8 @@ def test_a_deploy_role_runs_eks_only_on_the_stacks_tagged_clusters(roles: dict[s
     for action, resource in (("eks:DescribeCluster", EKS_CLUSTER), ("eks:DeleteCluster", EKS_CLUSTER),
                              ("eks:UpdateClusterVersion", EKS_CLUSTER), ("eks:CreateAddon", EKS_CLUSTER),
                              ("eks:CreateAccessEntry", EKS_CLUSTER), ("eks:CreateNodegroup", EKS_CLUSTER),
-                             ("eks:CreatePodIdentityAssociation", EKS_CLUSTER), ("eks:DeleteAddon", EKS_ADDON)):
+                             ("eks:CreatePodIdentityAssociation", EKS_CLUSTER),
+                             ("eks:DeleteAddon", EKS_ADDON)):
         assert deploy.can(action, resource, **TAGGED), action
         assert not deploy.can(action, resource), action  # untagged: not a stack's
         assert not deploy.can(action, EKS_FOREIGN, **TAGGED), action  # not the stacks' names
@@ -916,7 +917,8 @@ def test_a_deploy_role_runs_eks_only_on_the_stacks_tagged_clusters(roles: dict[s
     # the cluster's control-plane log group, its secrets key's grant, EKS's service-linked roles
     assert deploy.can("logs:CreateLogGroup",
                       f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/aws/eks/gpu-prod-0960e8ea/cluster")
-    assert not deploy.can("logs:CreateLogGroup", f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/aws/eks/x/cluster")
+    assert not deploy.can("logs:CreateLogGroup",
+                          f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/aws/eks/x/cluster")
     assert deploy.can("kms:CreateGrant", f"arn:aws:kms:us-east-1:{ACCOUNT}:key/k", **TAGGED)
     assert not deploy.can("kms:CreateGrant", f"arn:aws:kms:us-east-1:{ACCOUNT}:key/k")  # not a stack's key
     for service in ("eks.amazonaws.com", "eks-nodegroup.amazonaws.com"):

@@ -64,8 +64,8 @@ PASSED_TO = ["ec2.amazonaws.com", "lambda.amazonaws.com", "scheduler.amazonaws.c
              # EKS: the cluster role (CreateCluster), the system and GPU node roles (CreateNodegroup, and an
              # EC2_LINUX access entry: "the IAM principal creating the access entry must have the
              # iam:PassRole permission", EKS user guide "Create access entries"), the pod roles
-             # (CreatePodIdentityAssociation). Which service name each call passes to is unverified
-             # (eks.amazonaws.com, pods.eks.amazonaws.com; ledger: eks-deploy-permissions)
+             # (CreatePodIdentityAssociation). The service names each call passes to (eks.amazonaws.com,
+             # pods.eks.amazonaws.com) are unverified (ledger: eks-deploy-permissions)
              "eks.amazonaws.com", "pods.eks.amazonaws.com"]
 # The AWS managed policies the program attaches (components/gpucluster/aws/iam.py MANAGED_POLICIES);
 # attaching any other managed policy is refused (`iam:PolicyARN`).
@@ -164,7 +164,8 @@ WORKLOAD_ACTIONS = [
     # image build instances: EC2InstanceProfileForImageBuilder (its snapshot and tag actions carry
     # its own CreatedBy conditions), and the image test's tags on the stack's own AMIs
     # (gpucluster.aws.images.build_policy_document)
-    "imagebuilder:GetComponent", "imagebuilder:GetMarketplaceResource", "ec2:CreateSnapshot", "ec2:CreateTags",
+    "imagebuilder:GetComponent", "imagebuilder:GetMarketplaceResource", "ec2:CreateSnapshot",
+    "ec2:CreateTags",
     # the autostop Lambda reads its idle alarm again before a stop (lambdas/autostop.py alarm_state_now)
     "cloudwatch:DescribeAlarms",
     # the spend guard's and the spend report's reads (lambdas/spend_guard.py, lambdas/report.py)
@@ -184,7 +185,8 @@ WORKLOAD_ACTIONS = [
     *EKS_NODE_ACTIONS,
     # EKS pods (eks/policies.py), each role taken through EKS Pod Identity: the termination handler receives
     # from its queue (on the stacks' queues only: `eks_workload_caps`), the autoscaler reads images and
-    # instance requirements (the autoscaler's own minimum policy); their Auto Scaling writes: `eks_workload_caps`
+    # instance requirements (the autoscaler's own minimum policy); their Auto Scaling writes:
+    # `eks_workload_caps`
     "ec2:GetInstanceTypesFromInstanceRequirements",
 ]
 
@@ -452,8 +454,8 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
         "sqs:DeleteQueue", "sqs:TagQueue", "sqs:UntagQueue", "sqs:ListQueueTags"],
     "aws:sqs/queuePolicy:QueuePolicy": ["sqs:SetQueueAttributes", "sqs:GetQueueAttributes"],
 }
-# What an EKS stack deploys through the cluster's Kubernetes API, not through AWS: the charts (helm.v3.Release)
-# and the typed objects (aws/eks_software.py). IAM authorises none of it: the deploy role administers the
+# What an EKS stack deploys through the cluster's Kubernetes API, not through AWS: the charts
+# (helm.v3.Release) and the typed objects (aws/eks_software.py). IAM authorises none of it: the deploy role administers the
 # cluster because it created it (aws/eks.py: bootstrap_cluster_creator_admin_permissions=True), and reaches
 # it with a token `aws eks get-token` presigns from sts:GetCallerIdentity, which IAM does not authorise
 # (ledger: eks-token-format); it needs only eks:DescribeCluster (the endpoint and CA), granted above.
@@ -503,7 +505,8 @@ EKS_TAG_ACTIONS = ["eks:TagResource", "eks:UntagResource", "eks:ListTagsForResou
 # cluster list (no resource type).
 EKS_READS = ["eks:DescribeCluster", "eks:DescribeAddon", "eks:DescribeAccessEntry", "eks:DescribeNodegroup",
              "eks:DescribePodIdentityAssociation", "eks:DescribeUpdate", "eks:ListTagsForResource",
-             "eks:ListAddons", "eks:ListAccessEntries", "eks:ListNodegroups", "eks:ListPodIdentityAssociations"]
+             "eks:ListAddons", "eks:ListAccessEntries", "eks:ListNodegroups",
+             "eks:ListPodIdentityAssociations"]
 EKS_LISTS = ["eks:ListClusters"]
 # pcs:ListTagsForResource has no resource type and no condition keys (same sources): neither an ARN nor a
 # tag condition can ever match it, so it is granted alone, unconditioned, on "*" (it reads tags only).
@@ -589,10 +592,12 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
         "pcs": [f"arn:{p}:pcs:*:{a}:cluster/*"],
         "cloudformation": ["*"],  # CLOUD_CONTROL: no resource type
         # EKS: the stacks' clusters (aws/eks.py eks_cluster_name: `<cluster name>-<hash>`) and what lies
-        # under one (<kind>/<cluster name>/...: the shape after the kind is unverified; ledger:
-        # eks-deploy-permissions), narrowed by the stack tag (`eks_statements`)
-        "eks": [f"arn:{p}:eks:*:{a}:cluster/{prefix}*", *(f"arn:{p}:eks:*:{a}:{kind}/{prefix}*/*" for kind in (
-            "addon", "access-entry", "nodegroup", "podidentityassociation"))],
+        # under one, narrowed by the stack tag (`eks_statements`); that an add-on's, access entry's, node
+        # group's and association's ARN is <kind>/<cluster name>/... is unverified
+        # (ledger: eks-deploy-permissions)
+        "eks": [f"arn:{p}:eks:*:{a}:cluster/{prefix}*",
+                *(f"arn:{p}:eks:*:{a}:{kind}/{prefix}*/*"
+                  for kind in ("addon", "access-entry", "nodegroup", "podidentityassociation"))],
         # the termination handler's queue (Pulumi names it `<cluster name>-nth-<suffix>`)
         "sqs": [f"arn:{p}:sqs:*:{a}:{prefix}*"],
         # the cluster's Slurm key; its name pattern is the PCS guide's (ledger: pcs-slurm-key-secret-name)
@@ -811,7 +816,8 @@ def eks_workload_caps(partition: str, account: str, prefix: str) -> list[dict[st
     key's grants) only to a role named as aws/eks.py names the cluster role, with ELB's service-linked role;
     the autoscaler's and termination handler's Auto Scaling writes only on a stack's tagged groups; the
     termination handler's receive and delete only on the stacks' queues (eks/policies.py)."""
-    cluster_role = {"ArnLike": {"aws:PrincipalArn": f"arn:{partition}:iam::{account}:role/{prefix}*-eks-role-*"}}
+    cluster_role = {"ArnLike": {
+        "aws:PrincipalArn": f"arn:{partition}:iam::{account}:role/{prefix}*-eks-role-*"}}
     return [
         {"Sid": "EksClusterRole", "Effect": "Allow", "Action": EKS_CLUSTER_ROLE_ACTIONS, "Resource": "*",
          "Condition": cluster_role},
@@ -822,7 +828,8 @@ def eks_workload_caps(partition: str, account: str, prefix: str) -> list[dict[st
          "Action": ["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"],
          "Resource": f"arn:{partition}:autoscaling:*:{account}:*",
          "Condition": {"Null": {f"aws:ResourceTag/{STACK_TAG}": "false"}}},
-        {"Sid": "EksTerminationQueues", "Effect": "Allow", "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage"],
+        {"Sid": "EksTerminationQueues", "Effect": "Allow",
+         "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage"],
          "Resource": f"arn:{partition}:sqs:*:{account}:{prefix}*"},
     ]
 

@@ -455,10 +455,11 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
     "aws:sqs/queuePolicy:QueuePolicy": ["sqs:SetQueueAttributes", "sqs:GetQueueAttributes"],
 }
 # What an EKS stack deploys through the cluster's Kubernetes API, not through AWS: the charts
-# (helm.v3.Release) and the typed objects (aws/eks_software.py). IAM authorises none of it: the deploy role administers the
-# cluster because it created it (aws/eks.py: bootstrap_cluster_creator_admin_permissions=True), and reaches
-# it with a token `aws eks get-token` presigns from sts:GetCallerIdentity, which IAM does not authorise
-# (ledger: eks-token-format); it needs only eks:DescribeCluster (the endpoint and CA), granted above.
+# (helm.v3.Release) and the typed objects (aws/eks_software.py). IAM authorises none of it: the deploy
+# role administers the cluster because it created it (aws/eks.py, bootstrap_cluster_creator_admin_permissions
+# is True), reaching it with the token `aws eks get-token` makes, a presigned sts:GetCallerIdentity (ledger:
+# eks-token-format), which needs no permission (STS API reference, GetCallerIdentity); of IAM it needs
+# only eks:DescribeCluster (the endpoint and CA), granted above.
 KUBERNETES_TYPES = [
     "kubernetes:helm.sh/v3:Release", "kubernetes:core/v1:Namespace",
     # Kueue's objects (apiextensions.CustomResource: typed by their apiVersion and kind; eks/queues.py)

@@ -457,9 +457,9 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
 # What an EKS stack deploys through the cluster's Kubernetes API, not through AWS: the charts
 # (helm.v3.Release) and the typed objects (aws/eks_software.py). IAM authorises none of it: the deploy
 # role administers the cluster because it created it (aws/eks.py, bootstrap_cluster_creator_admin_permissions
-# is True), reaching it with the token `aws eks get-token` makes, a presigned sts:GetCallerIdentity (ledger:
-# eks-token-format), which needs no permission (STS API reference, GetCallerIdentity); of IAM it needs
-# only eks:DescribeCluster (the endpoint and CA), granted above.
+# is True), reaching it with the token `aws eks get-token` makes, a presigned sts:GetCallerIdentity
+# (ledger: eks-token-format), which needs no permission (STS API reference, GetCallerIdentity); of IAM
+# it needs only eks:DescribeCluster (the endpoint and CA), granted above.
 KUBERNETES_TYPES = [
     "kubernetes:helm.sh/v3:Release", "kubernetes:core/v1:Namespace",
     # Kueue's objects (apiextensions.CustomResource: typed by their apiVersion and kind; eks/queues.py)
@@ -594,8 +594,7 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
         "cloudformation": ["*"],  # CLOUD_CONTROL: no resource type
         # EKS: the stacks' clusters (aws/eks.py eks_cluster_name: `<cluster name>-<hash>`) and what lies
         # under one, narrowed by the stack tag (`eks_statements`); that an add-on's, access entry's, node
-        # group's and association's ARN is <kind>/<cluster name>/... is unverified
-        # (ledger: eks-deploy-permissions)
+        # group's and association's ARN is <kind>/<cluster>/...: unverified (ledger: eks-deploy-permissions)
         "eks": [f"arn:{p}:eks:*:{a}:cluster/{prefix}*",
                 *(f"arn:{p}:eks:*:{a}:{kind}/{prefix}*/*"
                   for kind in ("addon", "access-entry", "nodegroup", "podidentityassociation"))],

@@ -903,7 +903,7 @@ def test_a_deploy_role_runs_eks_only_on_the_stacks_tagged_clusters(roles: dict[s
     # CreateCluster has no resource type: on "*", only with the stack tag in the request
     assert deploy.can("eks:CreateCluster", "*", **{"aws:RequestTag/gpucluster:stack": "prod"})
     assert not deploy.can("eks:CreateCluster", "*")
-    for action, resource in (("eks:DescribeCluster", EKS_CLUSTER), ("eks:DeleteCluster", EKS_CLUSTER),
+    for action, resource in (("eks:UpdateClusterConfig", EKS_CLUSTER), ("eks:DeleteCluster", EKS_CLUSTER),
                              ("eks:UpdateClusterVersion", EKS_CLUSTER), ("eks:CreateAddon", EKS_CLUSTER),
                              ("eks:CreateAccessEntry", EKS_CLUSTER), ("eks:CreateNodegroup", EKS_CLUSTER),
                              ("eks:CreatePodIdentityAssociation", EKS_CLUSTER),
@@ -912,6 +912,11 @@ def test_a_deploy_role_runs_eks_only_on_the_stacks_tagged_clusters(roles: dict[s
         assert not deploy.can(action, resource), action  # untagged: not a stack's
         assert not deploy.can(action, EKS_FOREIGN, **TAGGED), action  # not the stacks' names
     assert deploy.can("eks:TagResource", EKS_CLUSTER) and not deploy.can("eks:TagResource", EKS_FOREIGN)
+    # `doctor`'s EKS checks, in the deploy workflow's gate, before the cluster exists (no tag to read)
+    from gpucluster.ops.doctor import EKS_ACTIONS
+    assert deploy.can("eks:DescribeClusterVersions", "*") and "eks:DescribeClusterVersions" in EKS_ACTIONS
+    assert deploy.can("eks:DescribeCluster", EKS_CLUSTER) and "eks:DescribeCluster" in EKS_ACTIONS
+    assert not deploy.can("eks:DescribeCluster", EKS_FOREIGN)
     assert not deploy.can("eks:AssociateAccessPolicy", EKS_CLUSTER, **TAGGED)  # nothing the program does not
     assert not deploy.can("eks:AccessKubernetesApi", EKS_CLUSTER, **TAGGED)
     # the cluster's control-plane log group, its secrets key's grant, EKS's service-linked roles

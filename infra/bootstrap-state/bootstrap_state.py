@@ -499,8 +499,11 @@ PCS_READS = ["pcs:GetCluster", "pcs:GetComputeNodeGroup", "pcs:GetQueue"]
 CREATES_WITHOUT_RESOURCE_TYPE = ["aps:CreateWorkspace", "grafana:CreateWorkspace", "pcs:CreateCluster",
                                  "eks:CreateCluster"]
 # EKS actions not narrowed by the stack tag on the resource (`eks_statements`): tagging and reading tags
-# (eks:TagResource's tag-on-create form has no resource tag to read yet).
-EKS_TAG_ACTIONS = ["eks:TagResource", "eks:UntagResource", "eks:ListTagsForResource"]
+# (eks:TagResource's tag-on-create form has no resource tag to read yet), and DescribeCluster, which the
+# deploy workflow's `gpucluster doctor` gate asks before the cluster exists (gpucluster.ops.doctor
+# EKS_ACTIONS: a name no cluster has answers ResourceNotFoundException only to a caller allowed to ask;
+# ledger: eks-describe-authz).
+EKS_BY_NAME = ["eks:TagResource", "eks:UntagResource", "eks:ListTagsForResource", "eks:DescribeCluster"]
 # What a preview reads of an EKS stack: the cluster and what is under it, by name (no wildcard: eks:Describe*
 # would take in DescribeAddonVersions and DescribeClusterVersions, which have no resource type), and the
 # cluster list (no resource type).
@@ -543,6 +546,8 @@ UNSCOPED_ACTIONS = ["ec2:Describe*", "autoscaling:Describe*", "fsx:Describe*", "
                     "servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota",
                     "ce:ListCostAllocationTags",
                     "sns:Unsubscribe", "sns:GetSubscriptionAttributes", "sns:SetSubscriptionAttributes",
+                    # `doctor`'s supported-version check on an EKS stack (no resource type)
+                    "eks:DescribeClusterVersions",
                     *PCS_LISTS]
 # What rewrites a bucket's settings (policy, ACL, lifecycle, public access, encryption, replication):
 # never allowed on the state bucket nor on existing dataset buckets.
@@ -1019,15 +1024,16 @@ def pcs_statements(partition: str, account: str, actions: Sequence[str]) -> list
 def eks_statements(scope: Sequence[str], actions: Sequence[str]) -> list[dict[str, Any]]:
     """The EKS deploy actions on the stacks' clusters and what lies under them (the eks scope: by name),
     each only on a resource that carries the stack tag (every cluster, add-on, access entry, node group
-    and association the program makes is tagged: tests/test_bootstrap_state.py), but the tag actions."""
+    and association the program makes is tagged: tests/test_bootstrap_state.py), but the tag actions and
+    DescribeCluster (EKS_BY_NAME)."""
     if not actions:
         return []
     return [
         {"Sid": "StackEksTagged", "Effect": "Allow", "Resource": list(scope),
-         "Action": [a for a in actions if a not in EKS_TAG_ACTIONS],
+         "Action": [a for a in actions if a not in EKS_BY_NAME],
          "Condition": {"Null": {f"aws:ResourceTag/{STACK_TAG}": "false"}}},
-        {"Sid": "StackEksTags", "Effect": "Allow", "Resource": list(scope),
-         "Action": [a for a in actions if a in EKS_TAG_ACTIONS]},
+        {"Sid": "StackEksByName", "Effect": "Allow", "Resource": list(scope),
+         "Action": [a for a in actions if a in EKS_BY_NAME]},
     ]
 
 

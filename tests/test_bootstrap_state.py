@@ -29,6 +29,9 @@ BUCKET = "acme-gpucluster-state"
 STATE = f"arn:aws:s3:::{BUCKET}"
 # moto knows AWS managed policies only when asked to load them
 MANAGED = {"iam": {"load_aws_managed_policies": True}}
+# Role names as Pulumi makes them (`<resource name>-<7 hex>`): a GPU node role, an EKS cluster's role.
+NODE_ROLE = f"{IAM}:role/gpu-prod-node-identity-role-4950fcc"
+EKS_CLUSTER_ROLE = f"{IAM}:role/gpu-prod-eks-role-0a1b2c3"
 
 
 def _module() -> Any:
@@ -356,7 +359,22 @@ def plans() -> list[Any]:
     baked["gpucluster:node_groups"][1].update({"capacity": {"spot_percent": 0}, "warm_pool": {"min_size": 1}})
     from test_pcs import slurm_prod  # and a Slurm prod: the PCS cluster (Cloud Control), node groups, queues
     return [*(shipped_plan(stack) for stack in ("dev", "staging", "prod")), plan_config(baked, "prod"),
-            plan_config(slurm_prod(), "prod")]
+            plan_config(slurm_prod(), "prod"), *eks_plans()]
+
+
+def eks_plans() -> list[Any]:
+    """prod on EKS (issue 36): the cluster, add-ons, access entries, system node group, pod roles, the
+    termination handler's queue and rules, charts and objects; again without NAT (the private cluster's
+    interface endpoints) and with Prometheus (the metrics agent's pod role)."""
+    from base_config import plan_config
+    from test_eks import eks_prod
+    from test_prometheus_stack import DIGEST
+
+    no_nat = eks_prod()
+    no_nat["gpucluster:network"]["nat_gateway"] = False
+    metrics = eks_prod()
+    metrics["gpucluster:observability"] = {"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST}}
+    return [plan_config(config, "prod") for config in (eks_prod(), no_nat, metrics)]
 
 
 def test_every_resource_type_the_program_creates_is_granted(plans: list[Any], roles: dict[str, Role]) -> None:
@@ -406,12 +424,15 @@ def test_the_workload_boundary_keeps_what_the_program_s_roles_are_granted(plans:
     resources, passes the boundary: the boundary caps, it never breaks a cluster."""
     iam = made[0].client("iam")
     boundary = managed_document(iam, WORKLOAD)
-    documents = [json.loads(r.inputs["policy"]) for plan in plans
+    # Each document with the role that holds it (aws:PrincipalArn: the boundary allows the EKS cluster role's
+    # AmazonEKSClusterPolicy only to that role); a managed policy on the role the program attaches it to.
+    documents = [(json.loads(r.inputs["policy"]), f"{IAM}:role/{r.inputs['role']}") for plan in plans
                  for r in plan.of_type("aws:iam/rolePolicy:RolePolicy")]
-    documents += [managed_document(iam,
-                                   f"arn:aws:iam::aws:policy/{n}") for n in bootstrap_state.MANAGED_POLICIES]
+    holder = {"AmazonEKSClusterPolicy": EKS_CLUSTER_ROLE}
+    documents += [(managed_document(iam, f"arn:aws:iam::aws:policy/{n}"), holder.get(n, NODE_ROLE))
+                  for n in bootstrap_state.MANAGED_POLICIES]
     checked = 0
-    for document in documents:
+    for document, principal in documents:
         for statement in document["Statement"]:
             if statement["Effect"] != "Allow":
                 continue
@@ -421,7 +442,8 @@ def test_the_workload_boundary_keeps_what_the_program_s_roles_are_granted(plans:
                 for resource in resources if isinstance(resources, list) else [resources]:
                     # The request as the grant allows it: the values its own conditions ask for (e.g. a
                     # PassRole only to PCS carries iam:PassedToService), beside the stack's tag.
-                    context = {"ssm:resourceTag/gpucluster:stack": "prod", **granted_context(statement)}
+                    context = {"ssm:resourceTag/gpucluster:stack": "prod", "aws:PrincipalArn": principal,
+                               **granted_context(statement)}
                     everything = {"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
                     assert allowed([everything], boundary, action, resource, **context), (action, resource)
                     checked += 1
@@ -867,3 +889,114 @@ def test_every_network_resource_the_program_deletes_by_tag_carries_it() -> None:
                 tags = r.inputs.get("tags") or {}
                 assert tags.get(bootstrap_state.STACK_TAG) == plan.spec.identity, r.name
     assert seen == kinds, sorted(kinds - seen)  # the check saw each kind it vouches for
+
+
+# ------------------------------------------------------------------ Amazon EKS (issue 36)
+
+EKS_CLUSTER = f"arn:aws:eks:us-east-1:{ACCOUNT}:cluster/gpu-prod-0960e8ea"
+EKS_ADDON = f"arn:aws:eks:us-east-1:{ACCOUNT}:addon/gpu-prod-0960e8ea/vpc-cni/0a1b"
+EKS_FOREIGN = f"arn:aws:eks:us-east-1:{ACCOUNT}:cluster/someone-elses"
+
+
+def test_a_deploy_role_runs_eks_only_on_the_stacks_tagged_clusters(roles: dict[str, Role]) -> None:
+    deploy = roles["deploy-prod"]
+    # CreateCluster has no resource type: on "*", only with the stack tag in the request
+    assert deploy.can("eks:CreateCluster", "*", **{"aws:RequestTag/gpucluster:stack": "prod"})
+    assert not deploy.can("eks:CreateCluster", "*")
+    for action, resource in (("eks:UpdateClusterConfig", EKS_CLUSTER), ("eks:DeleteCluster", EKS_CLUSTER),
+                             ("eks:UpdateClusterVersion", EKS_CLUSTER), ("eks:CreateAddon", EKS_CLUSTER),
+                             ("eks:CreateAccessEntry", EKS_CLUSTER), ("eks:CreateNodegroup", EKS_CLUSTER),
+                             ("eks:CreatePodIdentityAssociation", EKS_CLUSTER),
+                             ("eks:DeleteAddon", EKS_ADDON)):
+        assert deploy.can(action, resource, **TAGGED), action
+        assert not deploy.can(action, resource), action  # untagged: not a stack's
+        assert not deploy.can(action, EKS_FOREIGN, **TAGGED), action  # not the stacks' names
+    assert deploy.can("eks:TagResource", EKS_CLUSTER) and not deploy.can("eks:TagResource", EKS_FOREIGN)
+    # `doctor`'s EKS checks, in the deploy workflow's gate, before the cluster exists (no tag to read)
+    from gpucluster.ops.doctor import EKS_ACTIONS
+    assert deploy.can("eks:DescribeClusterVersions", "*") and "eks:DescribeClusterVersions" in EKS_ACTIONS
+    assert deploy.can("eks:DescribeCluster", EKS_CLUSTER) and "eks:DescribeCluster" in EKS_ACTIONS
+    assert not deploy.can("eks:DescribeCluster", EKS_FOREIGN)
+    assert not deploy.can("eks:AssociateAccessPolicy", EKS_CLUSTER, **TAGGED)  # nothing the program does not
+    assert not deploy.can("eks:AccessKubernetesApi", EKS_CLUSTER, **TAGGED)
+    # the cluster's control-plane log group, its secrets key's grant, EKS's service-linked roles
+    assert deploy.can("logs:CreateLogGroup",
+                      f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/aws/eks/gpu-prod-0960e8ea/cluster")
+    assert not deploy.can("logs:CreateLogGroup",
+                          f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/aws/eks/x/cluster")
+    assert deploy.can("kms:CreateGrant", f"arn:aws:kms:us-east-1:{ACCOUNT}:key/k", **TAGGED)
+    assert not deploy.can("kms:CreateGrant", f"arn:aws:kms:us-east-1:{ACCOUNT}:key/k")  # not a stack's key
+    for service in ("eks.amazonaws.com", "eks-nodegroup.amazonaws.com"):
+        assert deploy.can("iam:CreateServiceLinkedRole", f"{IAM}:role/aws-service-role/{service}/X",
+                          **{"iam:AWSServiceName": service}), service
+    # the termination handler's queue
+    queue = f"arn:aws:sqs:us-east-1:{ACCOUNT}:gpu-prod-software-nth-1a2b3c4"
+    assert deploy.can("sqs:CreateQueue", queue) and deploy.can("sqs:SetQueueAttributes", queue)
+    assert not deploy.can("sqs:SetQueueAttributes", f"arn:aws:sqs:us-east-1:{ACCOUNT}:orders")
+    assert not deploy.can("sqs:SendMessage", queue) and not deploy.can("sqs:ReceiveMessage", queue)
+
+
+def test_a_deploy_role_passes_stack_roles_to_eks_and_its_pods_only(roles: dict[str, Role]) -> None:
+    deploy = roles["deploy-prod"]
+    for role in (EKS_CLUSTER_ROLE, NODE_ROLE, f"{IAM}:role/gpu-prod-software-autoscaler-1a2b3c4"):
+        for service in ("eks.amazonaws.com", "pods.eks.amazonaws.com"):
+            assert deploy.can("iam:PassRole", role, **{"iam:PassedToService": service}), (role, service)
+    assert not deploy.can("iam:PassRole", f"{IAM}:role/admin", **{"iam:PassedToService": "eks.amazonaws.com"})
+    assert not deploy.can("iam:PassRole", NODE_ROLE, **{"iam:PassedToService": "eks-fargate.amazonaws.com"})
+
+
+def test_the_preview_role_reads_eks_and_changes_nothing(roles: dict[str, Role]) -> None:
+    preview = roles["preview"]
+    for action, resource in (("eks:DescribeCluster", EKS_CLUSTER), ("eks:DescribeAddon", EKS_ADDON),
+                             ("eks:ListAddons", EKS_CLUSTER), ("eks:ListClusters", "*")):
+        assert preview.can(action, resource), action
+    assert not preview.can("eks:DescribeCluster", EKS_FOREIGN)
+    for action in ("eks:CreateCluster", "eks:DeleteCluster", "eks:UpdateClusterConfig", "eks:CreateAddon",
+                   "eks:CreateAccessEntry", "eks:TagResource", "eks:CreatePodIdentityAssociation"):
+        assert not preview.can(action, EKS_CLUSTER, **TAGGED), action
+        assert not preview.can(action, "*", **{"aws:RequestTag/gpucluster:stack": "prod"}), action
+
+
+def test_the_workload_boundary_lets_eks_roles_work_and_keeps_the_cluster_policy_to_the_cluster_role(
+        made: Any) -> None:
+    boundary = managed_document(made[0].client("iam"), WORKLOAD)
+    anything = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+
+    def can(action: str, resource: str = "*", **context: str) -> bool:
+        return allowed([anything], boundary, action, resource, **context)
+
+    # a node: join, pod credentials, the VPC CNI, ECR reads
+    for action in ("eks:DescribeCluster", "eks-auth:AssumeRoleForPodIdentity", "ec2:AssignPrivateIpAddresses",
+                   "ec2:CreateNetworkInterface", "ecr:DescribeImages"):
+        assert can(action, **{"aws:PrincipalArn": NODE_ROLE}), action
+    # the control plane's cloud provider: only the cluster role
+    for action in ("elasticloadbalancing:CreateLoadBalancer", "ec2:CreateSecurityGroup", "ec2:AttachVolume",
+                   "kms:CreateGrant"):
+        assert can(action, **{"aws:PrincipalArn": EKS_CLUSTER_ROLE}), action
+        assert not can(action, **{"aws:PrincipalArn": NODE_ROLE}), action
+        assert not can(action), action
+    assert can("iam:CreateServiceLinkedRole", **{"aws:PrincipalArn": EKS_CLUSTER_ROLE,
+                                                 "iam:AWSServiceName": "elasticloadbalancing.amazonaws.com"})
+    assert not can("iam:CreateServiceLinkedRole", **{"aws:PrincipalArn": EKS_CLUSTER_ROLE,
+                                                     "iam:AWSServiceName": "eks.amazonaws.com"})
+    assert not can("iam:CreateRole", **{"aws:PrincipalArn": EKS_CLUSTER_ROLE})
+    # the autoscaler's and termination handler's writes: a stack's tagged groups, the stacks' queues
+    group = f"arn:aws:autoscaling:us-east-1:{ACCOUNT}:autoScalingGroup:1:autoScalingGroupName/gpu-prod-x"
+    assert can("autoscaling:SetDesiredCapacity", group, **TAGGED)
+    assert not can("autoscaling:SetDesiredCapacity", group)
+    assert not can("autoscaling:TerminateInstanceInAutoScalingGroup", group)
+    assert can("sqs:ReceiveMessage", f"arn:aws:sqs:us-east-1:{ACCOUNT}:gpu-prod-software-nth-1a2b3c4")
+    assert not can("sqs:ReceiveMessage", f"arn:aws:sqs:us-east-1:{ACCOUNT}:orders")
+    assert not can("sqs:SendMessage", f"arn:aws:sqs:us-east-1:{ACCOUNT}:gpu-prod-software-nth-1a2b3c4")
+
+
+def test_every_eks_resource_the_program_makes_carries_the_stack_tag(plans: list[Any]) -> None:
+    """StackEksTagged acts only on EKS resources with the stack tag, CreateCluster only with it in the
+    request: every cluster, add-on, access entry, node group and association planned carries it."""
+    seen = set()
+    for plan in plans:
+        for r in plan.resources:
+            if r.type.startswith("aws:eks/"):
+                seen.add(r.type)
+                assert r.inputs["tags"][bootstrap_state.STACK_TAG] == plan.spec.identity, r.name
+    assert seen == {t for t in bootstrap_state.DEPLOY_ACTIONS if t.startswith("aws:eks/")}

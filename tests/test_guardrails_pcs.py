@@ -7,6 +7,7 @@ compared byte for byte by the snapshot, and test_guardrails covers them).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from typing import Any
 
@@ -159,7 +160,9 @@ def test_the_workload_boundary_lets_the_guardrails_act_on_pcs() -> None:
     allowed = {a for s in boundary["Statement"] if s["Effect"] == "Allow"
                for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
     needed = {a for actions in PCS_IAM_ACTIONS.values() for a in actions}
-    assert needed - allowed == set()
+    # as IAM matches actions: case-insensitive, with wildcards (the boundary lists EC2's describes as
+    # ec2:Describe*, to fit its 6,144 characters)
+    assert {a for a in needed if not any(fnmatch.fnmatchcase(a.lower(), p.lower()) for p in allowed)} == set()
 
 
 def test_an_update_s_launch_uses_any_image_and_subnet_but_only_the_stack_s_templates(

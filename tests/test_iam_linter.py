@@ -54,6 +54,13 @@ TRIAGED: dict[tuple[str, str, str], str] = {
     ("workload-boundary", "RESOURCE_STAR", "ClusterWorkloads"):
         "a permissions boundary caps actions; each role's own policy names the resources (a boundary "
         "with '*' grants nothing by itself)",
+    ("workload-boundary", "RESOURCE_STAR", "EksClusterRole"):
+        "a boundary caps: AmazonEKSClusterPolicy itself grants these on '*' (EC2 and load balancer ids are "
+        "AWS's), and the boundary allows them only to a principal named as the EKS cluster role "
+        "(aws:PrincipalArn; infra/bootstrap-state EKS_CLUSTER_ROLE_ACTIONS)",
+    ("workload-boundary", "RESOURCE_STAR", "EksClusterRoleElb"):
+        "AmazonEKSClusterPolicy's own form: iam:CreateServiceLinkedRole on '*' with iam:AWSServiceName "
+        "elasticloadbalancing.amazonaws.com; here also only to the EKS cluster role (aws:PrincipalArn)",
     ("workload-boundary", "RESOURCE_MISMATCH",
      "LaunchFromAStacksResources|LaunchOnlyWithAStackTag|LaunchWithImagesAndSubnets"):
         "three statements that together cover every resource type of RunInstances/CreateFleet (the "

@@ -49,19 +49,33 @@ PREVIEW_ENVIRONMENT = "preview"
 SERVICE_LINKED = ["autoscaling.amazonaws.com", "spot.amazonaws.com", "fsx.amazonaws.com",
                   "s3.data-source.lustre.fsx.amazonaws.com",
                   # EC2 Image Builder user guide, "Using service-linked roles for Image Builder"
-                  "imagebuilder.amazonaws.com"]
+                  "imagebuilder.amazonaws.com",
+                  # Amazon EKS makes AWSServiceRoleForAmazonEKS at the first CreateCluster and
+                  # AWSServiceRoleForAmazonEKSNodegroup at the first managed node group (EKS user guide,
+                  # "Using service-linked roles for Amazon EKS"; ledger: eks-deploy-permissions)
+                  "eks.amazonaws.com", "eks-nodegroup.amazonaws.com"]
 # The services the stacks' roles are passed to: EC2 (node instance profile), Lambda (guardrail
 # functions), EventBridge Scheduler (the autostop and spend guard schedules' roles), VPC Flow Logs
 # (the flow-log delivery role: CreateFlowLogs passes it, VPC user guide "IAM role for publishing
 # flow logs to CloudWatch Logs").
 PASSED_TO = ["ec2.amazonaws.com", "lambda.amazonaws.com", "scheduler.amazonaws.com",
              "vpc-flow-logs.amazonaws.com",
-             "grafana.amazonaws.com"]  # the last: observability.grafana's workspace role
+             "grafana.amazonaws.com",  # observability.grafana's workspace role
+             # EKS: the cluster role (CreateCluster), the system and GPU node roles (CreateNodegroup, and an
+             # EC2_LINUX access entry: "the IAM principal creating the access entry must have the
+             # iam:PassRole permission", EKS user guide "Create access entries"), the pod roles
+             # (CreatePodIdentityAssociation). The service names each call passes to (eks.amazonaws.com,
+             # pods.eks.amazonaws.com) are unverified (ledger: eks-deploy-permissions)
+             "eks.amazonaws.com", "pods.eks.amazonaws.com"]
 # The AWS managed policies the program attaches (components/gpucluster/aws/iam.py MANAGED_POLICIES);
 # attaching any other managed policy is refused (`iam:PolicyARN`).
 MANAGED_POLICIES = ["AmazonSSMManagedInstanceCore",
                     # the image build instances' (components/gpucluster/aws/images.py BUILD_MANAGED_POLICIES)
-                    "EC2InstanceProfileForImageBuilder"]
+                    "EC2InstanceProfileForImageBuilder",
+                    # EKS: the nodes' (aws/iam.py EKS_NODE_POLICIES) and the cluster role's (aws/eks.py
+                    # CLUSTER_POLICIES)
+                    "AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly",
+                    "AmazonEKSClusterPolicy"]
 # Public SSM parameters the program reads (the Deep Learning AMI id, nodes.py DEFAULT_AMI_PARAMETER).
 PUBLIC_PARAMETERS = "parameter/aws/service/*"
 STACK_TAG = "gpucluster:stack"
@@ -75,15 +89,50 @@ DEFAULT_IAM_PREFIX = "gpu-"
 DATA_DELETION = ["s3:DeleteObjectVersion", "s3:DeleteBucket", "fsx:DeleteFileSystem", "fsx:DeleteBackup",
                  "dynamodb:DeleteTable"]
 
+# What an EKS node's role does, through the AWS managed policies the program attaches to it (aws/iam.py
+# EKS_NODE_POLICIES: AmazonEKSWorkerNodePolicy, AmazonEKS_CNI_Policy, AmazonEC2ContainerRegistryReadOnly),
+# as moto 5.2.5 ships their documents (tests compare them with the boundary): join the cluster, let the pod
+# identity agent fetch the pods' credentials, run the VPC CNI's interfaces and addresses, read ECR. The CNI's
+# interface writes are on "*" in its policy: the boundary cannot narrow them by name (EC2 ids are AWS's).
+EKS_NODE_ACTIONS = [
+    "eks:DescribeCluster", "eks-auth:AssumeRoleForPodIdentity",
+    "ec2:AssignPrivateIpAddresses", "ec2:UnassignPrivateIpAddresses", "ec2:AttachNetworkInterface",
+    "ec2:DetachNetworkInterface", "ec2:CreateNetworkInterface", "ec2:DeleteNetworkInterface",
+    "ec2:ModifyNetworkInterfaceAttribute",
+    # AmazonEC2ContainerRegistryReadOnly's reads beyond the image pulls below (all Describe/List/Get)
+    "ecr:Describe*", "ecr:List*", "ecr:GetRepositoryPolicy", "ecr:GetLifecyclePolicy*",
+]
+# What AmazonEKSClusterPolicy lets the EKS control plane's role do (the in-tree cloud provider's volumes,
+# security groups, routes and Classic/Network Load Balancers; moto 5.2.5's copy of the policy), beyond
+# EKS_NODE_ACTIONS and WORKLOAD_ACTIONS (its autoscaling, CreateTags, EC2 describes and kms:DescribeKey are
+# there). The cluster role carries the workload boundary like every stack role (the deploy boundary refuses
+# any other), so the boundary allows these only to a role named as
+# aws/eks.py names it (`eks_workload_caps`: the EksCluster component's `<cluster>-eks-role-*`, plus the
+# secrets key's grants). A deploy role could give another role that name: the cap is then these actions,
+# still no IAM but ELB's service-linked role, no data deletion.
+EKS_CLUSTER_ROLE_ACTIONS = [
+    "ec2:AttachVolume", "ec2:AuthorizeSecurityGroupIngress", "ec2:CreateRoute", "ec2:CreateSecurityGroup",
+    "ec2:CreateVolume", "ec2:DeleteRoute", "ec2:DeleteSecurityGroup", "ec2:DeleteVolume", "ec2:DetachVolume",
+    "ec2:ModifyInstanceAttribute", "ec2:ModifyVolume", "ec2:RevokeSecurityGroupIngress",
+    # its 31 Classic and v2 load balancer actions as one wildcard: the boundary holds at most 6,144 characters
+    "elasticloadbalancing:*",
+    # the secrets key's envelope encryption (aws/eks.py secrets_key_policy)
+    "kms:ListGrants", "kms:CreateGrant",
+]
+EKS_CLUSTER_ROLE_SERVICE_LINKED = "elasticloadbalancing.amazonaws.com"
+
 # What the stacks' own roles may ever do (the workload boundary's allow list): the union of the
 # node role (SSM agent, CloudWatch agent, dataset reads and checkpoint writes) and the guardrail
 # Lambda and Scheduler roles (components/gpucluster/aws/guardrail_*.py). Sources: the AWS managed
 # policies AmazonSSMManagedInstanceCore and CloudWatchAgentServerPolicy (tests compare them).
 WORKLOAD_ACTIONS = [
+    # Every EC2 describe (read-only metadata) as one wildcard, as autoscaling's: the node role's (its agents,
+    # the EKS managed policies), the guardrail Lambdas' (instances, spot prices, Capacity Blocks, PCS
+    # updates), the EKS cluster role's and pods' (eks/policies.py); the boundary holds 6,144 characters.
+    "ec2:Describe*",
     "autoscaling:Describe*", "autoscaling:UpdateAutoScalingGroup", "autoscaling:CreateOrUpdateTags",
     "autoscaling:DeleteTags", "autoscaling:CompleteLifecycleAction",
     "autoscaling:RecordLifecycleActionHeartbeat", "autoscaling:SetInstanceHealth",
-    "ec2:DescribeInstances", "ec2:DescribeTags", "ec2:DescribeVolumes",
     "cloudwatch:PutMetricData",
     "logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams",
     "logs:DescribeLogGroups", "logs:PutRetentionPolicy",
@@ -115,14 +164,14 @@ WORKLOAD_ACTIONS = [
     # image build instances: EC2InstanceProfileForImageBuilder (its snapshot and tag actions carry
     # its own CreatedBy conditions), and the image test's tags on the stack's own AMIs
     # (gpucluster.aws.images.build_policy_document)
-    "imagebuilder:GetComponent", "imagebuilder:GetMarketplaceResource", "ec2:DescribeSnapshots",
-    "ec2:CreateSnapshot", "ec2:CreateTags",
+    "imagebuilder:GetComponent", "imagebuilder:GetMarketplaceResource", "ec2:CreateSnapshot",
+    "ec2:CreateTags",
     # the autostop Lambda reads its idle alarm again before a stop (lambdas/autostop.py alarm_state_now)
     "cloudwatch:DescribeAlarms",
     # the spend guard's and the spend report's reads (lambdas/spend_guard.py, lambdas/report.py)
-    "ce:GetCostAndUsage", "ce:GetCostForecast", "cloudwatch:GetMetricData", "ec2:DescribeSpotPriceHistory",
-    # ...a Capacity Block's upfront fee, from its reservation (fleet/capacityblocks.py; status too)
-    "ec2:DescribeCapacityReservations",
+    # (spot prices: ec2:Describe* above), a Capacity Block's upfront fee from its reservation
+    # (fleet/capacityblocks.py; status too: ec2:Describe*)
+    "ce:GetCostAndUsage", "ce:GetCostForecast", "cloudwatch:GetMetricData",
     # ...and the spend guard's price of a type its table lacks (the AWS Price List: no resource types)
     "pricing:GetProducts",
     # AWS PCS (scheduler type slurm): a node registers with its compute node group ("IAM instance profiles
@@ -131,10 +180,14 @@ WORKLOAD_ACTIONS = [
     "pcs:RegisterComputeNodeGroupInstance", "pcs:GetCluster", "pcs:GetComputeNodeGroup",
     "pcs:ListComputeNodeGroups", "pcs:UpdateComputeNodeGroup",
     # ...and the EC2 describes the PCS guide's minimum permissions list for UpdateComputeNodeGroup
-    # (gpucluster.fleet.deployment.PCS_UPDATE_DESCRIBES; its launches and role passing: `pcs_update_caps`)
-    "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplates",
-    "ec2:DescribeLaunchTemplateVersions", "ec2:DescribeSecurityGroups", "ec2:DescribeSubnets",
-    "ec2:DescribeVpcs",
+    # (gpucluster.fleet.deployment.PCS_UPDATE_DESCRIBES: ec2:Describe* above; its launches and role passing:
+    # `pcs_update_caps`)
+    *EKS_NODE_ACTIONS,
+    # EKS pods (eks/policies.py), each role taken through EKS Pod Identity: the termination handler receives
+    # from its queue (on the stacks' queues only: `eks_workload_caps`), the autoscaler reads images and
+    # instance requirements (the autoscaler's own minimum policy); their Auto Scaling writes:
+    # `eks_workload_caps`
+    "ec2:GetInstanceTypesFromInstanceRequirements",
 ]
 
 # What each resource type the program creates needs from the deploy role (create, read, update,
@@ -362,7 +415,62 @@ DEPLOY_ACTIONS: dict[str, list[str]] = {
     "aws-native:pcs:Queue": [
         "pcs:CreateQueue", "pcs:GetQueue", "pcs:UpdateQueue", "pcs:DeleteQueue", "pcs:TagResource",
         "pcs:UntagResource", "pcs:ListTagsForResource"],
+    # Amazon EKS (gpucluster:scheduler type eks: aws/eks.py, aws/eks_software.py). Resource types from the
+    # Service Authorization Reference (cfn-lint 1.58's Policies.json; condition keys: parliament 1.6.4's
+    # copy): CreateCluster has none (CREATES_WITHOUT_RESOURCE_TYPE: "*", only with the stack tag in the
+    # request); CreateAddon, CreateAccessEntry, CreateNodegroup and CreatePodIdentityAssociation act on the
+    # cluster, the rest on the cluster or the add-on, access entry, node group or association under it
+    # (`eks_statements`: the stacks' names, and the stack tag on the resource). DescribeUpdate: the provider
+    # waits on the update an Update* call starts. CreateCluster passes the cluster role (PASSED_TO) and
+    # makes EKS's service-linked role (SERVICE_LINKED); with secrets encryption the caller needs the key's
+    # kms:DescribeKey and kms:CreateGrant (ledger: eks-deploy-permissions); the subnets' and security
+    # groups' describes are ec2:Describe* (UNSCOPED_ACTIONS).
+    "aws:eks/cluster:Cluster": [
+        "eks:CreateCluster", "eks:DescribeCluster", "eks:UpdateClusterConfig", "eks:UpdateClusterVersion",
+        "eks:DeleteCluster", "eks:DescribeUpdate", "eks:TagResource", "eks:UntagResource",
+        "eks:ListTagsForResource", "kms:DescribeKey", "kms:CreateGrant"],
+    "aws:eks/addon:Addon": [
+        "eks:CreateAddon", "eks:DescribeAddon", "eks:UpdateAddon", "eks:DeleteAddon", "eks:DescribeUpdate",
+        "eks:TagResource", "eks:UntagResource", "eks:ListTagsForResource"],
+    # An EC2_LINUX entry passes the node role ("the IAM principal creating the access entry must have the
+    # iam:PassRole permission", EKS user guide, "Create access entries"). ListTagsForResource has no
+    # access-entry or association resource type: their tags come back with Describe*.
+    "aws:eks/accessEntry:AccessEntry": [
+        "eks:CreateAccessEntry", "eks:DescribeAccessEntry", "eks:UpdateAccessEntry", "eks:DeleteAccessEntry",
+        "eks:TagResource", "eks:UntagResource", "iam:PassRole"],
+    "aws:eks/podIdentityAssociation:PodIdentityAssociation": [
+        "eks:CreatePodIdentityAssociation", "eks:DescribePodIdentityAssociation",
+        "eks:UpdatePodIdentityAssociation", "eks:DeletePodIdentityAssociation", "eks:TagResource",
+        "eks:UntagResource", "iam:PassRole", "iam:GetRole"],
+    # The system node group: EKS launches it through its node group service-linked role; the caller
+    # passes the node role.
+    "aws:eks/nodeGroup:NodeGroup": [
+        "eks:CreateNodegroup", "eks:DescribeNodegroup", "eks:UpdateNodegroupConfig",
+        "eks:UpdateNodegroupVersion", "eks:DeleteNodegroup", "eks:DescribeUpdate", "eks:TagResource",
+        "eks:UntagResource", "eks:ListTagsForResource", "iam:PassRole"],
+    # The node termination handler's queue (aws/eks_software.py) and its policy (a queue attribute).
+    "aws:sqs/queue:Queue": [
+        "sqs:CreateQueue", "sqs:GetQueueAttributes", "sqs:SetQueueAttributes", "sqs:GetQueueUrl",
+        "sqs:DeleteQueue", "sqs:TagQueue", "sqs:UntagQueue", "sqs:ListQueueTags"],
+    "aws:sqs/queuePolicy:QueuePolicy": ["sqs:SetQueueAttributes", "sqs:GetQueueAttributes"],
 }
+# What an EKS stack deploys through the cluster's Kubernetes API, not through AWS: the charts
+# (helm.v3.Release) and the typed objects (aws/eks_software.py). IAM authorises none of it: the deploy
+# role administers the cluster because it created it (aws/eks.py, bootstrap_cluster_creator_admin_permissions
+# is True), reaching it with the token `aws eks get-token` makes, a presigned sts:GetCallerIdentity
+# (ledger: eks-token-format), which needs no permission (STS API reference, GetCallerIdentity); of IAM
+# it needs only eks:DescribeCluster (the endpoint and CA), granted above.
+KUBERNETES_TYPES = [
+    "kubernetes:helm.sh/v3:Release", "kubernetes:core/v1:Namespace",
+    # Kueue's objects (apiextensions.CustomResource: typed by their apiVersion and kind; eks/queues.py)
+    "kubernetes:kueue.x-k8s.io/v1beta1:ResourceFlavor", "kubernetes:kueue.x-k8s.io/v1beta1:ClusterQueue",
+    "kubernetes:kueue.x-k8s.io/v1beta1:LocalQueue",
+    "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy",
+    "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding",
+    "kubernetes:rbac.authorization.k8s.io/v1:ClusterRole",
+    "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding"]
+for _token in KUBERNETES_TYPES:
+    DEPLOY_ACTIONS[_token] = []
 # The Cloud Control API, through which pulumi-aws-native creates, reads, updates and deletes (AWS Cloud
 # Control API user guide, "Identity and access management": it acts with the caller's permissions for the
 # resource type's own service). Its actions have no resource type (Service Authorization Reference,
@@ -388,7 +496,22 @@ PCS_READS = ["pcs:GetCluster", "pcs:GetComputeNodeGroup", "pcs:GetQueue"]
 # Creates with no resource type (Service Authorization Reference, "Actions defined by Amazon Managed Service
 # for Prometheus / Amazon Managed Grafana / AWS PCS"; cfn-lint's bundled IAM data lists no resource for
 # them): an ARN never matches them, so they are granted on "*", only with the stack tag in the request.
-CREATES_WITHOUT_RESOURCE_TYPE = ["aps:CreateWorkspace", "grafana:CreateWorkspace", "pcs:CreateCluster"]
+CREATES_WITHOUT_RESOURCE_TYPE = ["aps:CreateWorkspace", "grafana:CreateWorkspace", "pcs:CreateCluster",
+                                 "eks:CreateCluster"]
+# EKS actions not narrowed by the stack tag on the resource (`eks_statements`): tagging and reading tags
+# (eks:TagResource's tag-on-create form has no resource tag to read yet), and DescribeCluster, which the
+# deploy workflow's `gpucluster doctor` gate asks before the cluster exists (gpucluster.ops.doctor
+# EKS_ACTIONS: a name no cluster has answers ResourceNotFoundException only to a caller allowed to ask;
+# ledger: eks-describe-authz).
+EKS_BY_NAME = ["eks:TagResource", "eks:UntagResource", "eks:ListTagsForResource", "eks:DescribeCluster"]
+# What a preview reads of an EKS stack: the cluster and what is under it, by name (no wildcard: eks:Describe*
+# would take in DescribeAddonVersions and DescribeClusterVersions, which have no resource type), and the
+# cluster list (no resource type).
+EKS_READS = ["eks:DescribeCluster", "eks:DescribeAddon", "eks:DescribeAccessEntry", "eks:DescribeNodegroup",
+             "eks:DescribePodIdentityAssociation", "eks:DescribeUpdate", "eks:ListTagsForResource",
+             "eks:ListAddons", "eks:ListAccessEntries", "eks:ListNodegroups",
+             "eks:ListPodIdentityAssociations"]
+EKS_LISTS = ["eks:ListClusters"]
 # pcs:ListTagsForResource has no resource type and no condition keys (same sources): neither an ARN nor a
 # tag condition can ever match it, so it is granted alone, unconditioned, on "*" (it reads tags only).
 PCS_TAG_READS = ["pcs:ListTagsForResource"]
@@ -423,6 +546,8 @@ UNSCOPED_ACTIONS = ["ec2:Describe*", "autoscaling:Describe*", "fsx:Describe*", "
                     "servicequotas:GetServiceQuota", "servicequotas:GetAWSDefaultServiceQuota",
                     "ce:ListCostAllocationTags",
                     "sns:Unsubscribe", "sns:GetSubscriptionAttributes", "sns:SetSubscriptionAttributes",
+                    # `doctor`'s supported-version check on an EKS stack (no resource type)
+                    "eks:DescribeClusterVersions",
                     *PCS_LISTS]
 # What rewrites a bucket's settings (policy, ACL, lifecycle, public access, encryption, replication):
 # never allowed on the state bucket nor on existing dataset buckets.
@@ -447,7 +572,9 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
         "sns": [f"arn:{p}:sns:*:{a}:{prefix}*"],
         # the Lambdas' log groups, and the run log group /gpucluster/<org>/<project>/<stack>/<cluster>/run
         "logs": [f"arn:{p}:logs:*:{a}:log-group:/aws/lambda/{prefix}*",
-                 f"arn:{p}:logs:*:{a}:log-group:/gpucluster/*/{prefix}*"],
+                 f"arn:{p}:logs:*:{a}:log-group:/gpucluster/*/{prefix}*",
+                 # an EKS cluster's control-plane logs (aws/eks.py: /aws/eks/<EKS cluster name>/cluster)
+                 f"arn:{p}:logs:*:{a}:log-group:/aws/eks/{prefix}*"],
         # Dashboards are global: their ARN has no region (CloudWatch, "Actions, resources, and
         # condition keys").
         "cloudwatch": [f"arn:{p}:cloudwatch:*:{a}:alarm:{prefix}*",
@@ -470,6 +597,14 @@ def scopes(partition: str, account: str, prefix: str, buckets: Sequence[str]) ->
         # AWS PCS: every cluster and what lies under it, narrowed by the stack tag (`pcs_statements`)
         "pcs": [f"arn:{p}:pcs:*:{a}:cluster/*"],
         "cloudformation": ["*"],  # CLOUD_CONTROL: no resource type
+        # EKS: the stacks' clusters (aws/eks.py eks_cluster_name: `<cluster name>-<hash>`) and what lies
+        # under one, narrowed by the stack tag (`eks_statements`); that an add-on's, access entry's, node
+        # group's and association's ARN is <kind>/<cluster>/...: unverified (ledger: eks-deploy-permissions)
+        "eks": [f"arn:{p}:eks:*:{a}:cluster/{prefix}*",
+                *(f"arn:{p}:eks:*:{a}:{kind}/{prefix}*/*"
+                  for kind in ("addon", "access-entry", "nodegroup", "podidentityassociation"))],
+        # the termination handler's queue (Pulumi names it `<cluster name>-nth-<suffix>`)
+        "sqs": [f"arn:{p}:sqs:*:{a}:{prefix}*"],
         # the cluster's Slurm key; its name pattern is the PCS guide's (ledger: pcs-slurm-key-secret-name)
         "secretsmanager": [f"arn:{p}:secretsmanager:*:{a}:secret:pcs!*"],
     }
@@ -681,6 +816,29 @@ def pcs_update_caps(partition: str, account: str, prefix: str) -> list[dict[str,
     ]
 
 
+def eks_workload_caps(partition: str, account: str, prefix: str) -> list[dict[str, Any]]:
+    """The workload boundary's EKS statements: the cluster role's AmazonEKSClusterPolicy (and its secrets
+    key's grants) only to a role named as aws/eks.py names the cluster role, with ELB's service-linked role;
+    the autoscaler's and termination handler's Auto Scaling writes only on a stack's tagged groups; the
+    termination handler's receive and delete only on the stacks' queues (eks/policies.py)."""
+    cluster_role = {"ArnLike": {
+        "aws:PrincipalArn": f"arn:{partition}:iam::{account}:role/{prefix}*-eks-role-*"}}
+    return [
+        {"Sid": "EksClusterRole", "Effect": "Allow", "Action": EKS_CLUSTER_ROLE_ACTIONS, "Resource": "*",
+         "Condition": cluster_role},
+        {"Sid": "EksClusterRoleElb", "Effect": "Allow", "Action": "iam:CreateServiceLinkedRole",
+         "Resource": "*", "Condition": {**cluster_role, "StringEquals": {
+             "iam:AWSServiceName": EKS_CLUSTER_ROLE_SERVICE_LINKED}}},
+        {"Sid": "EksScaleStackGroups", "Effect": "Allow",
+         "Action": ["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"],
+         "Resource": f"arn:{partition}:autoscaling:*:{account}:*",
+         "Condition": {"Null": {f"aws:ResourceTag/{STACK_TAG}": "false"}}},
+        {"Sid": "EksTerminationQueues", "Effect": "Allow",
+         "Action": ["sqs:ReceiveMessage", "sqs:DeleteMessage"],
+         "Resource": f"arn:{partition}:sqs:*:{account}:{prefix}*"},
+    ]
+
+
 def workload_boundary(partition: str, account: str, break_glass_role: str,
                       prefix: str = DEFAULT_IAM_PREFIX) -> dict[str, Any]:
     """The most any role a deploy role creates can ever do: no IAM but passing the stacks' PCS node roles
@@ -689,6 +847,7 @@ def workload_boundary(partition: str, account: str, break_glass_role: str,
     return _document([
         {"Sid": "ClusterWorkloads", "Effect": "Allow", "Action": WORKLOAD_ACTIONS, "Resource": "*"},
         *pcs_update_caps(partition, account, prefix),
+        *eks_workload_caps(partition, account, prefix),
         {"Sid": "RunShellDocument", "Effect": "Allow", "Action": "ssm:SendCommand",
          "Resource": f"arn:{partition}:ssm:*::document/AWS-RunShellScript"},
         {"Sid": "OnStackInstances", "Effect": "Allow", "Action": "ssm:SendCommand",
@@ -754,8 +913,8 @@ def iam_statements(partition: str, account: str, prefix: str, workload_arn: str)
     managed = [f"arn:{partition}:iam::aws:policy/{name}" for name in MANAGED_POLICIES]
     conditioned = {"iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy", "iam:AttachRolePolicy",
                    "iam:DetachRolePolicy", "iam:PutRolePermissionsBoundary", "iam:PassRole"}
-    plain = sorted({a for t, actions in DEPLOY_ACTIONS.items() if t.startswith("aws:iam/")
-                    for a in actions} - conditioned)
+    plain = sorted({a for actions in DEPLOY_ACTIONS.values() for a in actions if a.startswith("iam:")}
+                   - conditioned)
     fsx_s3_role = f"{iam}:role/aws-service-role/s3.data-source.lustre.fsx.amazonaws.com/*"
     return [
         {"Sid": "StackRolesAndProfiles", "Effect": "Allow", "Action": plain,
@@ -791,7 +950,8 @@ def deploy_statements(partition: str, account: str, prefix: str,
         if token.startswith("aws:iam/"):
             continue
         for action in actions:
-            by_service.setdefault(action.split(":")[0], set()).add(action)
+            if not action.startswith("iam:"):  # an EKS type's PassRole: `iam_statements`, with conditions
+                by_service.setdefault(action.split(":")[0], set()).add(action)
     unscoped_creates = {a for actions in by_service.values() for a in actions} & set(
         CREATES_WITHOUT_RESOURCE_TYPE)
     scope = scopes(partition, account, prefix, buckets)
@@ -799,7 +959,7 @@ def deploy_statements(partition: str, account: str, prefix: str,
     statements = [{"Sid": f"Stack{service.capitalize()}", "Effect": "Allow",
                    "Action": sorted(actions - unscoped_creates - tag_scoped),
                    "Resource": scope[service]} for service, actions in sorted(by_service.items())
-                  if service != "pcs"]
+                  if service not in ("pcs", "eks")]
     # EC2 ids are AWS's, so EC2 has no name scope: what deletes, releases or rewrites a network
     # resource is allowed only on one that carries a stack's tag (every EC2 resource the program makes
     # is tagged at create; tests/test_bootstrap_state.py checks the plans).
@@ -808,6 +968,7 @@ def deploy_statements(partition: str, account: str, prefix: str,
                        "Resource": f"arn:{partition}:ec2:*:{account}:*",
                        "Condition": {"Null": {f"aws:ResourceTag/{STACK_TAG}": "false"}}})
     statements += pcs_statements(partition, account, sorted(by_service.get("pcs", set()) - unscoped_creates))
+    statements += eks_statements(scope["eks"], sorted(by_service.get("eks", set()) - unscoped_creates))
     bucket_objects = [f"{b}/*" for b in scope["s3"]]
     statements += [
         # Creates with no resource type: on "*", only when the request tags the new resource with a stack.
@@ -857,6 +1018,33 @@ def pcs_statements(partition: str, account: str, actions: Sequence[str]) -> list
          "Action": [a for a in actions if a not in PCS_CREATES + PCS_TAG_READS or a == "pcs:TagResource"],
          "Condition": {"Null": {tag.format("Resource"): "false"}}},
         *([pcs_tag_reads()] if set(actions) & set(PCS_TAG_READS) else []),
+    ]
+
+
+def eks_statements(scope: Sequence[str], actions: Sequence[str]) -> list[dict[str, Any]]:
+    """The EKS deploy actions on the stacks' clusters and what lies under them (the eks scope: by name),
+    each only on a resource that carries the stack tag (every cluster, add-on, access entry, node group
+    and association the program makes is tagged: tests/test_bootstrap_state.py), but the tag actions and
+    DescribeCluster (EKS_BY_NAME)."""
+    if not actions:
+        return []
+    return [
+        {"Sid": "StackEksTagged", "Effect": "Allow", "Resource": list(scope),
+         "Action": [a for a in actions if a not in EKS_BY_NAME],
+         "Condition": {"Null": {f"aws:ResourceTag/{STACK_TAG}": "false"}}},
+        {"Sid": "StackEksByName", "Effect": "Allow", "Resource": list(scope),
+         "Action": [a for a in actions if a in EKS_BY_NAME]},
+    ]
+
+
+def eks_read_statements(partition: str, account: str, prefix: str) -> list[dict[str, Any]]:
+    """What a preview may read of EKS: the stacks' clusters and what lies under them, and the cluster list;
+    nothing that creates or changes. (The charts and objects a preview diffs come from the state: the
+    preview role has no access entry on the cluster.)"""
+    return [
+        {"Sid": "EksReadsOfStacks", "Effect": "Allow", "Action": EKS_READS,
+         "Resource": scopes(partition, account, prefix, [])["eks"]},
+        {"Sid": "EksLists", "Effect": "Allow", "Action": EKS_LISTS, "Resource": "*"},
     ]
 
 
@@ -1023,7 +1211,8 @@ def bootstrap(session: Any, bucket: str, region: str, github_repo: str, environm
         "pulumi-state": state_access_policy(bucket, key_arn, region, pulumi_project, environments,
                                             write=False,
                                             partition=partition),
-        "preview": _document([public_parameters(partition), *pcs_read_statements(partition, account)])})
+        "preview": _document([public_parameters(partition), *pcs_read_statements(partition, account),
+                              *eks_read_statements(partition, account, iam_prefix)])})
     result = Bootstrap(bucket, region, key_arn, key_alias, provider, preview, github_repo,
                        arns["workload"], arns["deploy"])
     for env in environments:

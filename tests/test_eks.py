@@ -29,6 +29,7 @@ from base_config import base, plan_config
 from gpucluster.aws import eks as eks_component
 from gpucluster.catalog import eks as eks_catalog
 from gpucluster.cli import app
+from gpucluster.eks.naming import eks_cluster_name
 from gpucluster.node.multipart import (
     BOUNDARY,
     EKS_NODE_CONFIG_BYTES,
@@ -94,7 +95,7 @@ def test_the_cluster_is_private_api_authenticated_encrypted_and_logs_everything(
     cluster = one(plan, CLUSTER)
     spec = plan.spec
     inputs = cluster.inputs
-    assert inputs["name"] == eks_component.eks_cluster_name("gpu-prod", spec.identity)
+    assert inputs["name"] == eks_cluster_name("gpu-prod", spec.identity)
     assert inputs["version"] == eks_catalog.default_version(eks_catalog.today()).version
     assert inputs["vpcConfig"]["endpointPrivateAccess"] is True
     assert inputs["vpcConfig"]["endpointPublicAccess"] is False

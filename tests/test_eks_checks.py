@@ -103,6 +103,29 @@ def test_doctor_says_when_the_caller_may_not_describe_the_cluster(
     assert found[1].level == level and words in found[1].message
 
 
+def test_doctor_asks_for_the_cluster_by_the_name_the_stack_gives_it(spec: StackSpec) -> None:
+    """The probe names the stack's own EKS cluster (`eks_cluster_name`: the cluster name and the identity's
+    hash), the one ARN the deploy role's DescribeCluster grant covers, not the bare cluster name."""
+    from gpucluster.eks.naming import eks_cluster_name
+
+    name = eks_cluster_name(spec.cluster.name, spec.identity)
+    assert name != spec.cluster.name
+    eks, stub = stubbed()
+    stub.add_client_error("describe_cluster", "ResourceNotFoundException", http_status_code=404,
+                          expected_params={"name": name})
+    with stub:
+        found = list(doctor.check_eks(spec, eks))
+    assert (found[1].check, found[1].subject, found[1].level) == ("eks-access", name, "ok")
+    stub.assert_no_pending_responses()
+
+
+def test_the_operator_policy_allows_what_finding_an_eks_cluster_and_verifying_it_call() -> None:
+    from gpucluster.ops.permissions import allowed_actions, operator_policy
+
+    assert {"eks:ListClusters", "eks:DescribeCluster", "eks:ListAddons", "eks:DescribeAddon"} <= (
+        allowed_actions(operator_policy("k8s")))
+
+
 def test_doctor_cannot_ask_for_the_version_is_a_warning() -> None:
     spec = parse_stack_config(eks_config_with_version("1.33"), "k8s")
     eks, stub = stubbed()

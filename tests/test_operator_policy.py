@@ -79,6 +79,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     boto3.DEFAULT_SESSION = None
 
 
+EKS_ACTIONS = {"eks:ListClusters", "eks:DescribeCluster", "eks:ListAddons", "eks:DescribeAddon"}
 IMAGE_BUILD_ACTIONS = {"imagebuilder:ListImagePipelines", "imagebuilder:StartImagePipelineExecution",
                        "imagebuilder:GetImage", "ec2:DescribeImages"}
 
@@ -101,9 +102,10 @@ def test_every_call_the_commands_make_is_allowed(calls: list[str]) -> None:
     # image build: Image Builder is not in moto; tests/test_image_build.py checks its calls are allowed;
     # DescribeSpotPriceHistory: status prices spot nodes at the spot price; these nodes are on-demand;
     # DescribeCapacityReservations: status reads a Capacity Block's fee; this stack buys none;
-    # verify: tests/test_verify.py checks every call it makes is allowed)
+    # verify: tests/test_verify.py checks every call it makes is allowed;
+    # EKS: this stack is not one; tests/test_eks_checks.py checks what finding its cluster calls)
     assert allowed - set(calls) <= {"ssm:CancelCommand", "logs:GetLogEvents", "logs:FilterLogEvents",
                                     "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "kms:Decrypt",
                                     "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey",
                                     "ec2:DescribeSpotPriceHistory", "ec2:DescribeCapacityReservations",
-                                    *IMAGE_BUILD_ACTIONS, *VERIFY_ACTIONS}
+                                    *IMAGE_BUILD_ACTIONS, *VERIFY_ACTIONS, *EKS_ACTIONS}

@@ -291,7 +291,7 @@ def eks_node(spec: StackSpec, eks: "EksCluster | None") -> Any:
     """What a GPU node group of an EKS stack is told of its cluster (None on other stacks)."""
     if eks is None:
         return None
-    from gpucluster.aws.eks import eks_cluster_name
+    from gpucluster.eks.naming import eks_cluster_name
 
     return children.eks_node(spec, cluster_name=eks_cluster_name(spec.cluster.name, spec.identity),
                              endpoint=eks.endpoint, certificate_authority=eks.certificate_authority,

@@ -30,7 +30,6 @@ are in the ledger: eks-cluster-role-policies, eks-addon-names, eks-vpc-cni-warm-
 eks-access-entry-ec2-linux, eks-control-plane-log-group.
 """
 
-import hashlib
 import json
 from typing import NotRequired, TypedDict
 
@@ -41,6 +40,7 @@ import pulumi_kubernetes as k8s
 from gpucluster.aws.args import component_options, owned_tags, type_token
 from gpucluster.aws.guardrail_lambda import LOG_RETENTION_DAYS
 from gpucluster.aws.iam import EKS_NODE_POLICIES
+from gpucluster.eks.naming import eks_cluster_name
 
 OLD_TYPE = "gpucluster:eks:EksCluster"
 # Every control-plane log type EKS has (the EKS user guide, "Send control plane logs to CloudWatch Logs";
@@ -63,13 +63,6 @@ SYSTEM_LABEL = ("gpucluster.io/role", "system")
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"  # pulumi-aws 7 NodeGroupArgs.ami_type (EKS's AMI types)
 ACCESS_ENTRY_EC2_LINUX = "EC2_LINUX"  # self-managed Linux nodes (ledger: eks-access-entry-ec2-linux)
 TOKEN_API = "client.authentication.k8s.io/v1beta1"  # what `aws eks get-token` prints
-
-
-def eks_cluster_name(cluster_name: str, identity: str) -> str:
-    """The EKS cluster's name: unique per account and region, as EKS names are, so the identity's hash keeps
-    two stacks with the same cluster name apart (as the PCS cluster's). At most 24 + 9 characters: within
-    EKS's 100 (`[0-9A-Za-z][A-Za-z0-9\\-_]*`, pulumi-aws 7 ClusterArgs.name)."""
-    return f"{cluster_name}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
 
 
 def kubeconfig_command(name: str, region: str) -> str:

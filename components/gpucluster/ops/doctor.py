@@ -261,18 +261,21 @@ def check_eks(spec: StackSpec, eks: Any) -> Iterable[DoctorFinding]:
                             "the catalog's newest version in standard support")
     else:
         yield eks_version_finding(spec, version, eks)
+    from gpucluster.eks.naming import eks_cluster_name
+
+    name = eks_cluster_name(spec.cluster.name, spec.identity)  # the name the stack gives its cluster
     try:
-        eks.describe_cluster(name=spec.cluster.name)
-        yield DoctorFinding("ok", "eks-access", spec.cluster.name, "may call eks:DescribeCluster")
+        eks.describe_cluster(name=name)
+        yield DoctorFinding("ok", "eks-access", name, "may call eks:DescribeCluster")
     except ClientError as err:
         if _error_code(err) == "ResourceNotFoundException":
-            yield DoctorFinding("ok", "eks-access", spec.cluster.name, "may call eks:DescribeCluster")
+            yield DoctorFinding("ok", "eks-access", name, "may call eks:DescribeCluster")
         elif _error_code(err) in ("AccessDeniedException", "AccessDenied", "UnauthorizedOperation"):
-            yield DoctorFinding("warning", "eks-access", spec.cluster.name, (
+            yield DoctorFinding("warning", "eks-access", name, (
                 "may not call eks:DescribeCluster: `run`, `jobs`, `logs`, `cancel` and `verify` find the "
                 "cluster with it; grant eks:ListClusters and eks:DescribeCluster"))
         else:
-            yield _not_checked("eks-access", spec.cluster.name, err)
+            yield _not_checked("eks-access", name, err)
 
 
 def check_offerings(spec: StackSpec, ec2: Any) -> Iterable[DoctorFinding]:

@@ -71,7 +71,10 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
                     # status: spend so far, as the spend guard measures it (no resource types either;
                     # a Capacity Block's fee from its reservation)
                     "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory",
-                    "ec2:DescribeCapacityReservations"]},
+                    "ec2:DescribeCapacityReservations",
+                    # an EKS stack: run, jobs, logs, cancel and verify find its cluster by its stack tag
+                    # (ListClusters, DescribeCluster: ops/eksapi.py) and verify reads its add-ons
+                    "eks:ListClusters", "eks:DescribeCluster", "eks:ListAddons", "eks:DescribeAddon"]},
         {"Sid": "RunShellDocument", "Effect": "Allow", "Action": ["ssm:SendCommand"],
          "Resource": [f"arn:{partition}:ssm:{region}::document/{RUN_SHELL_DOCUMENT}"]},
         {"Sid": "OnThisStacksInstances", "Effect": "Allow", "Action": ["ssm:SendCommand"],

@@ -252,6 +252,8 @@ def test_status_overview_finds_the_grafana_workspace_only_when_the_stack_has_one
 
     monkeypatch.setattr(nodegroups, "stack_fleet", lambda *a, **k: None)
     monkeypatch.setattr(status, "stack_status", lambda *a, **k: [])
+    import gpucluster.ops.stopstart as stopstart
+    monkeypatch.setattr(stopstart, "start_maxima", lambda *a, **k: [])  # the fleet read is stubbed out
     monkeypatch.setattr(doctor, "cost_tag_warning", lambda *a, **k: None)
     import gpucluster.ops.boottimes as boottimes
     monkeypatch.setattr(boottimes, "stack_boot_times", lambda *a, **k: ([], None))

@@ -14,7 +14,7 @@ from moto import mock_aws
 from typer.testing import CliRunner
 
 from gpucluster.cli import app
-from gpucluster.ops.permissions import VERIFY_ACTIONS, allowed_actions, operator_policy
+from gpucluster.ops.permissions import EKS_ACTIONS, VERIFY_ACTIONS, allowed_actions, operator_policy
 from gpucluster.plan import load_stack
 from moto_groups import create_stack_groups, tag_node_group
 
@@ -79,7 +79,6 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     boto3.DEFAULT_SESSION = None
 
 
-EKS_ACTIONS = {"eks:ListClusters", "eks:DescribeCluster", "eks:ListAddons", "eks:DescribeAddon"}
 IMAGE_BUILD_ACTIONS = {"imagebuilder:ListImagePipelines", "imagebuilder:StartImagePipelineExecution",
                        "imagebuilder:GetImage", "ec2:DescribeImages"}
 

@@ -21,6 +21,7 @@ from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutErr
 from botocore.stub import Stubber
 from test_guardstate import DownSNS, create_table, record
 from test_spend_guard import G5, PRICES, cost_explorer, launched
+from test_spend_guard import guard as guard_clock  # noqa: F401 (the `guard` fixture, named here)
 
 from conftest import STACK, shared_client
 from gpucluster import pricing
@@ -227,15 +228,11 @@ BLOCK_PRICES = {**PRICES, "on_demand": {**PRICES["on_demand"], "p5.48xlarge": P5
 
 
 @pytest.fixture
-def block_guard(cluster, recorded, monkeypatch) -> datetime:
+def block_guard(guard_clock, monkeypatch) -> datetime:  # noqa: F811 (a fixture argument)
+    """test_spend_guard's guard (its clock and environment) with a limit and prices for a p5 block."""
     monkeypatch.setenv("LIMIT_USD", "5000")
     monkeypatch.setenv("PRICES_JSON", json.dumps(BLOCK_PRICES))
-    monkeypatch.setenv("CHECK_MINUTES", "5")
-    monkeypatch.delenv("MAX_USD_PER_HOUR", raising=False)
-    real_now = datetime.now(UTC)
-    now = min(real_now + timedelta(hours=2), real_now.replace(hour=23, minute=59))
-    monkeypatch.setattr(runtime.RUNTIME, "now", lambda: now)
-    return now
+    return guard_clock
 
 
 def test_a_settled_blocks_hours_are_not_added_again(cluster, recorded, block_guard) -> None:

@@ -103,7 +103,7 @@ def stack_overview(spec: StackSpec, *, clients: Clients, ce: Any,
     with progress(f"reading {spec.stack}'s Auto Scaling groups and GPU metrics in {spec.region}"):
         fleet = stack_fleet(spec, clients)
         groups = stack_status(fleet, health=True, metric_namespace=gpu_metric_namespace(spec.cluster.name))
-        maxima = start_maxima(fleet) if spec.scheduler.eks else []  # only EKS maxima can differ
+        maxima = start_maxima(fleet)
     with progress("checking the budget's cost-allocation tag"):
         warning = cost_tag_warning(spec, ce)
     grafana = None

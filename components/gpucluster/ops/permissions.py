@@ -37,6 +37,10 @@ VERIFY_ACTIONS = ("lambda:GetFunctionConfiguration", "iam:SimulatePrincipalPolic
                   # Slurm's ports against the stack's security groups (ops/verifyslurm.py)
                   "ec2:DescribeSecurityGroups", "ec2:DescribeSecurityGroupRules")
 # (dynamodb:DescribeTable of the guard-state table: FindGuardState below.)
+# An EKS stack: run, jobs, logs, cancel and verify find its cluster by its stack tag (ListClusters,
+# DescribeCluster: ops/eksapi.py) and verify reads its add-ons (no resource narrower than the account's
+# clusters: the tag is only known once described).
+EKS_ACTIONS = ("eks:ListClusters", "eks:DescribeCluster", "eks:ListAddons", "eks:DescribeAddon")
 # What `verify`'s launch-template check (RunInstances with DryRun) needs beyond them, and is NOT in the
 # operator policy: EC2 authorises a DryRun as the real call, and no IAM condition key this code knows of
 # limits ec2:RunInstances to dry runs (ledger: ec2-dry-run-permissions), so it would let an operator launch
@@ -71,10 +75,7 @@ def operator_policy(identity: str, region: str = "REGION", account: str = "ACCOU
                     # status: spend so far, as the spend guard measures it (no resource types either;
                     # a Capacity Block's fee from its reservation)
                     "ce:GetCostAndUsage", "ec2:DescribeSpotPriceHistory",
-                    "ec2:DescribeCapacityReservations",
-                    # an EKS stack: run, jobs, logs, cancel and verify find its cluster by its stack tag
-                    # (ListClusters, DescribeCluster: ops/eksapi.py) and verify reads its add-ons
-                    "eks:ListClusters", "eks:DescribeCluster", "eks:ListAddons", "eks:DescribeAddon"]},
+                    "ec2:DescribeCapacityReservations", *EKS_ACTIONS]},
         {"Sid": "RunShellDocument", "Effect": "Allow", "Action": ["ssm:SendCommand"],
          "Resource": [f"arn:{partition}:ssm:{region}::document/{RUN_SHELL_DOCUMENT}"]},
         {"Sid": "OnThisStacksInstances", "Effect": "Allow", "Action": ["ssm:SendCommand"],

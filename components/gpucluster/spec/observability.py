@@ -48,13 +48,6 @@ def observability_rules(spec: StackSpec) -> Iterable[Finding]:
     yield from grafana_findings(o)
 
 
-# The node-level collector (node/metrics.sh), which an EKS stack's nodes do not run: there the cluster's
-# dcgm-exporter chart (on dcgm_exporter_image) and Prometheus agent chart collect (aws/eks_software.py), and
-# a second exporter per node would double every GPU series written to the workspace. So these two keys,
-# which only the node-level collector reads, have nothing to do on EKS.
-NODE_COLLECTOR_KEYS = ("prometheus_image", "node_exporter_image")
-
-
 def prometheus_findings(o: ObservabilityConfig, stack_region: str, eks: bool = False) -> Iterable[Finding]:
     p, path = o.prometheus, f"{PATH}.prometheus"
     if p.enabled and p.remote_write_url is not None:
@@ -86,7 +79,11 @@ def prometheus_findings(o: ObservabilityConfig, stack_region: str, eks: bool = F
             yield Finding(f"{path}.dcgm_exporter_image", "must be pinned by digest (...@sha256:<64 hex>), "
                           "so every node runs the same exporter")
         if eks:
-            for key in NODE_COLLECTOR_KEYS:
+            # An EKS stack's nodes run no collector of their own: the cluster's dcgm-exporter chart (on
+            # dcgm_exporter_image) and Prometheus agent chart collect (aws/eks_software.py), and a second
+            # exporter per node would double every GPU series. So the keys only that collector reads
+            # have nothing to do there.
+            for key in COLLECTOR_IMAGES:
                 if getattr(p, key) is not None:
                     yield Finding(f"{path}.{key}", "not used on an EKS stack: the cluster's Prometheus agent "
                                   "chart collects there, not the nodes; remove it")

@@ -13,7 +13,8 @@ from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
 LOCKS = ["requirements.lock", "requirements-dev.lock", "requirements-lowest.lock"]
-HASHED_INSTALL = re.compile(r"pip install -q (?:--no-compile )?--require-hashes -r (requirements(?:-dev|-lowest)?\.lock)")
+HASHED_INSTALL = re.compile(
+    r"pip install -q (?:--no-compile )?--require-hashes -r (requirements(?:-dev|-lowest)?\.lock)")
 SELF_INSTALL = "pip install -q --no-deps --no-build-isolation -e ."
 # The release workflow tests the wheel it built (after the hashed lock), nothing from an index.
 WHEEL_INSTALL = "pip install -q --no-deps --no-index dist/gpucluster-*.whl"

@@ -15,6 +15,7 @@ and `cli_plans_once` for CLI tests); pytest's assert rewrites are kept as byteco
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import gc
 import os
 import sys
@@ -54,6 +55,7 @@ os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
 import fast_aws
 import shipped
 from base_config import BASE_CONFIG
+from gpucluster.catalog import eks as eks_catalog
 from gpucluster.cli import common
 from gpucluster.plan import PlanMocks
 
@@ -122,6 +124,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Freeze what the tests left: pytest's last full collection (unraisable-exception check) then
     looks at nothing (it took seconds walking every object the session ever kept)."""
     gc.freeze()
+
+
+# The day EKS support is judged on in every test (`gpucluster.catalog.eks.today`): the real date would
+# fail the tests that plan an EKS stack at its default version, or price a version in extended
+# support, the day a catalogued version's support ends (1.35's standard support: 2027-03-27), though
+# nothing in gpucluster changed. Tests of a given day pass their own.
+EKS_SUPPORT_DAY = dt.date(2026, 11, 29)
+
+
+@pytest.fixture(autouse=True)
+def eks_support_day(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(eks_catalog, "today", lambda: EKS_SUPPORT_DAY)
 
 
 @pytest.fixture

@@ -22,6 +22,10 @@ makes each one compute once and hand out what it computed (nothing a test can ch
   and the key: kept per those (the shapes are the service model's, one object each per process).
 - botocore rebuilds and sanitises the User-Agent header on every request: the sanitising, a pure
   function of a string and a flag, is kept per (string, flag) (2 million generator steps a module).
+- botocore looks through every operation of a client's service model (830 for EC2, each made into an
+  `OperationModel`) for the endpoint-discovery one, for every client it creates: which operation that is
+  depends only on the loader's service description, so its name is kept per description and each client's
+  own model still makes and hands out its own `OperationModel`.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from typing import Any
 
 import botocore
 import botocore.client
+import botocore.model
 import botocore.useragent
+import botocore.utils
 import moto.core.responses
 import moto.core.serialize
 import moto.kms.utils
@@ -46,6 +52,7 @@ def install() -> None:
     moto.core.responses.method_names_from_class = functools.cache(moto.core.responses.method_names_from_class)
     moto.kms.utils.rsa = _LazyRsa(moto.kms.utils.rsa)  # type: ignore[attr-defined]
     _keep_possible_keys()
+    _keep_discovery_operation()
     botocore.useragent.sanitize_user_agent_string_component = functools.lru_cache(maxsize=4096)(
         botocore.useragent.sanitize_user_agent_string_component)
 
@@ -128,6 +135,24 @@ def _keep_possible_keys() -> None:
 
     get_possible_keys.__wrapped__ = original  # type: ignore[attr-defined]  # for the test that compares them
     picker.get_possible_keys = get_possible_keys  # type: ignore[method-assign]
+
+
+def _keep_discovery_operation() -> None:
+    model = botocore.model.ServiceModel
+    original = model.__dict__["endpoint_discovery_operation"]._fget
+    kept: dict[int, tuple[Any, str | None]] = {}  # the description is kept alive, so its id is never reused
+
+    def endpoint_discovery_operation(self: Any) -> Any:
+        description = self._service_description
+        found = kept.get(id(description))
+        if found is None or found[0] is not description:
+            operation = original(self)
+            found = kept[id(description)] = (description, None if operation is None else operation.name)
+        return None if found[1] is None else self.operation_model(found[1])
+
+    endpoint_discovery_operation.__wrapped__ = original  # type: ignore[attr-defined]  # for the test
+    model.endpoint_discovery_operation = botocore.utils.CachedProperty(  # type: ignore[method-assign]
+        endpoint_discovery_operation)
 
 
 class _LazyKey:

@@ -6,6 +6,8 @@ import types
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+import botocore.model
+import botocore.session
 import botocore.useragent
 import moto.core.serialize
 from moto.core.utils import get_service_model
@@ -90,3 +92,20 @@ def test_user_agent_components_are_sanitised_as_botocore_does() -> None:
         for allow_hash in (True, False):
             assert kept(raw, allow_hash) == original(raw, allow_hash)
             assert kept(raw, allow_hash) == original(raw, allow_hash)
+
+
+def test_the_endpoint_discovery_operation_is_the_one_botocore_finds() -> None:
+    fast_aws.install()
+    loader = botocore.session.get_session().get_component("data_loader")
+    kept = botocore.model.ServiceModel.__dict__["endpoint_discovery_operation"]._fget
+    original = kept.__wrapped__
+    found = []
+    for service in ("ec2", "dynamodb", "timestream-query", "iam", "dynamodb"):
+        description = loader.load_service_model(service, "service-2")
+        expected = original(botocore.model.ServiceModel(description, service_name=service))
+        model = botocore.model.ServiceModel(description, service_name=service)
+        answer = model.endpoint_discovery_operation
+        assert (answer and answer.name) == (expected and expected.name), service
+        assert answer is None or answer is model.operation_model(answer.name)  # the client's own model's
+        found.append(answer and answer.name)
+    assert found == [None, "DescribeEndpoints", "DescribeEndpoints", None, "DescribeEndpoints"]

@@ -2,7 +2,7 @@
 
 A third of the suite's CPU went to building boto3 clients and answering them in moto (measured with a
 per-test CPU plugin: `tests/test_verify.py` alone made 1,572 clients and 4,946 calls for 58 CPU-seconds).
-Three pieces of that work are pure functions of inputs that never change in a test process; `install()`
+These pieces of that work are pure functions of inputs that never change in a test process; `install()`
 makes each one compute once and hand out what it computed (nothing a test can change is shared):
 
 - botocore builds a client class's methods, one closure and docstring object per operation (830 for
@@ -15,6 +15,17 @@ makes each one compute once and hand out what it computed (nothing a test can ch
 - moto's KMS generates a 2048-bit RSA private key for every key it creates, symmetric ones included,
   where only Sign, Verify and GetPublicKey (asymmetric keys) ever read it: 50-90 ms a key. The key is
   generated the first time it is read, so each key still gets its own.
+- moto's response serializer asks its attribute picker, for every member of every response shape, which
+  names to try on the result object (3 to 10 alias providers each, 380,000 times in
+  `tests/lambdas/test_guardstate.py`). Except the object's own `Meta.serialization_aliases`, which is
+  still read on every call, the names depend only on the object's class, the shape, the shape's parent
+  and the key: kept per those (the shapes are the service model's, one object each per process).
+- botocore rebuilds and sanitises the User-Agent header on every request: the sanitising, a pure
+  function of a string and a flag, is kept per (string, flag) (2 million generator steps a module).
+- botocore looks through every operation of a client's service model (830 for EC2, each made into an
+  `OperationModel`) for the endpoint-discovery one, for every client it creates: which operation that is
+  depends only on the loader's service description, so its name is kept per description and each client's
+  own model still makes and hands out its own `OperationModel`.
 """
 
 from __future__ import annotations
@@ -23,18 +34,27 @@ import functools
 import types
 from typing import Any
 
+import botocore
 import botocore.client
+import botocore.model
+import botocore.useragent
+import botocore.utils
 import moto.core.responses
+import moto.core.serialize
 import moto.kms.utils
 
 
 def install() -> None:
-    """Patch the three places above, once per process."""
+    """Patch the places above, once per process."""
     if getattr(botocore.client.ClientCreator, "_gpucluster_methods_kept", False):
         return
     _keep_client_methods()
     moto.core.responses.method_names_from_class = functools.cache(moto.core.responses.method_names_from_class)
     moto.kms.utils.rsa = _LazyRsa(moto.kms.utils.rsa)  # type: ignore[attr-defined]
+    _keep_possible_keys()
+    _keep_discovery_operation()
+    botocore.useragent.sanitize_user_agent_string_component = functools.lru_cache(maxsize=4096)(
+        botocore.useragent.sanitize_user_agent_string_component)
 
 
 def _keep_client_methods() -> None:
@@ -60,6 +80,79 @@ def _keep_client_methods() -> None:
     creator._create_methods = methods  # type: ignore[method-assign]
     creator._create_name_mapping = name_mapping  # type: ignore[method-assign]
     creator._gpucluster_methods_kept = True  # type: ignore[attr-defined]
+
+
+_EXPLICIT = object()  # where in a kept list of names the object's own Meta alias goes, read per call
+_PURE_PROVIDERS = frozenset({
+    moto.core.serialize.ShapeNameAlias, moto.core.serialize.NoAlias, moto.core.serialize.ShapePrefixAlias,
+    moto.core.serialize.ClassPrefixAlias, moto.core.serialize.ModelAlias,
+})  # each reads only the key, the shape (its name, type, serialization, parent) and the object's class
+
+
+def _keep_possible_keys() -> None:
+    picker = moto.core.serialize.XFormedAttributePicker
+    original = picker.get_possible_keys
+    explicit, xform_name = moto.core.serialize.ExplicitAlias, botocore.xform_name
+    kept: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def plan(self: Any, context: Any, providers: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        names: list[Any] = []
+        for provider in providers:
+            if provider is explicit:
+                names.append(_EXPLICIT)
+            elif provider in _PURE_PROVIDERS:
+                alias_provider = provider(context)
+                if alias_provider.has_alias(context.key):
+                    alias = alias_provider.get_alias(context.key)
+                    names += [alias, xform_name(alias)]
+            else:
+                return None  # a provider this cache does not know: asked every time, as moto does
+        return tuple(names)
+
+    def get_possible_keys(self: Any, context: Any) -> Any:
+        providers, shape = tuple(self.alias_providers), context.shape
+        # The shape and its parent are keys by identity, and `kept` holds them, so no id is reused.
+        k = (type(self), providers, context.obj.__class__, shape, getattr(shape, "parent", None), context.key)
+        names = kept.get(k)
+        if names is None:
+            try:
+                names = plan(self, context, providers)
+            except Exception:  # moto's own generator raises it at the same point, lazily, below
+                names = None
+            if names is None:
+                yield from original(self, context)
+                return
+            kept[k] = names
+        for name in names:
+            if name is _EXPLICIT:
+                alias_provider = explicit(context)
+                if alias_provider.has_alias(context.key):
+                    alias = alias_provider.get_alias(context.key)
+                    yield alias
+                    yield xform_name(alias)
+            else:
+                yield name
+
+    get_possible_keys.__wrapped__ = original  # type: ignore[attr-defined]  # for the test that compares them
+    picker.get_possible_keys = get_possible_keys  # type: ignore[method-assign]
+
+
+def _keep_discovery_operation() -> None:
+    model = botocore.model.ServiceModel
+    original = model.__dict__["endpoint_discovery_operation"]._fget
+    kept: dict[int, tuple[Any, str | None]] = {}  # the description is kept alive, so its id is never reused
+
+    def endpoint_discovery_operation(self: Any) -> Any:
+        description = self._service_description
+        found = kept.get(id(description))
+        if found is None or found[0] is not description:
+            operation = original(self)
+            found = kept[id(description)] = (description, None if operation is None else operation.name)
+        return None if found[1] is None else self.operation_model(found[1])
+
+    endpoint_discovery_operation.__wrapped__ = original  # type: ignore[attr-defined]  # for the test
+    model.endpoint_discovery_operation = botocore.utils.CachedProperty(  # type: ignore[method-assign]
+        endpoint_discovery_operation)
 
 
 class _LazyKey:

@@ -239,13 +239,27 @@ def scripts_policy(bucket: str) -> str:
     )
 
 
+_DEPLOYING: dict[tuple[str, str | None, frozenset[tuple[str, str]]], Any] = {}
+
+
+def deploying(service: str, region: str | None = REGION) -> Any:
+    """The client `deploy` makes its resources with: one per service, region and AWS_* environment a
+    process (a client is a third of a deploy's CPU, 9 a test). Only `deploy` uses them, and it adds no
+    handler or stub to them, so each test's account is made by the same calls as with fresh clients; moto's
+    answers come from the backends of the `mock_aws` in force, whichever made the client."""
+    key = (service, region, frozenset((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    if key not in _DEPLOYING:
+        _DEPLOYING[key] = boto3.client(service, region_name=region)  # type: ignore[call-overload]
+    return _DEPLOYING[key]
+
+
 def deploy(spec: StackSpec) -> dict[str, Any]:
     """What `pulumi up` leaves of the base stack: the node group's template, group, role and bucket,
     the notify topic (encrypted, one confirmed subscription), the job and spot handlers with their
     rules and alarms. Returns what the tests change."""
     identity, c = spec.identity, spec.cluster.name
     tags = [{"Key": "gpucluster:stack", "Value": identity}, {"Key": "gpucluster:node-group", "Value": "gpu"}]
-    ec2, iam = boto3.client("ec2", region_name=REGION), boto3.client("iam")
+    ec2, iam = deploying("ec2"), deploying("iam", None)
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20", AvailabilityZone="us-east-1a")["Subnet"][
         "SubnetId"
@@ -260,7 +274,7 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
     )
     iam.create_role(RoleName="test-node-identity-role-1a2b3c4", AssumeRolePolicyDocument=trust)
     bucket = generated_bucket_prefix(c, "node-scripts") + "20261129000000000000000001"
-    boto3.client("s3", region_name=REGION).create_bucket(Bucket=bucket)
+    deploying("s3").create_bucket(Bucket=bucket)
     iam.put_role_policy(
         RoleName="test-node-identity-role-1a2b3c4",
         PolicyName="scripts",
@@ -278,7 +292,7 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
         },
         TagSpecifications=[{"ResourceType": "launch-template", "Tags": tags}],
     )["LaunchTemplate"]
-    boto3.client("autoscaling", region_name=REGION).create_auto_scaling_group(
+    deploying("autoscaling").create_auto_scaling_group(
         AutoScalingGroupName="test-gpu-asg-1a2b3c4",
         MinSize=0,
         MaxSize=2,
@@ -295,12 +309,12 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
             for t in tags
         ],
     )
-    key = boto3.client("kms", region_name=REGION).create_key()["KeyMetadata"]
-    sns = boto3.client("sns", region_name=REGION)
+    key = deploying("kms").create_key()["KeyMetadata"]
+    sns = deploying("sns")
     topic = sns.create_topic(Name=f"{c}-guardrails", Attributes={"KmsMasterKeyId": key["KeyId"]})["TopicArn"]
     sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=f"arn:aws:sqs:{REGION}:{ACCOUNT}:notices")
     functions = {"job_restart": f"{c}-job-restart", "spot_interruption": f"{c}-spot-interruption"}
-    lam = boto3.client("lambda", region_name=REGION)
+    lam = deploying("lambda")
     trust_lambda = trust.replace("ec2.amazonaws.com", "lambda.amazonaws.com")
     for module, function in functions.items():
         role = iam.create_role(RoleName=f"{function}-role-1a2b3c4", AssumeRolePolicyDocument=trust_lambda)[
@@ -323,11 +337,11 @@ def deploy(spec: StackSpec) -> dict[str, Any]:
             Environment={"Variables": environment},
         )
     names = [(n.physical.type, n.physical.name) for n in expected_names(spec)]
-    events = boto3.client("events", region_name=REGION)
+    events = deploying("events")
     for type_, name in names:
         if type_ == "aws:cloudwatch/eventRule:EventRule":
             events.put_rule(Name=name, EventPattern=json.dumps({"source": ["aws.ec2"]}), State="ENABLED")
-    cloudwatch = boto3.client("cloudwatch", region_name=REGION)
+    cloudwatch = deploying("cloudwatch")
     alarms = [name for type_, name in names if type_ == "aws:cloudwatch/metricAlarm:MetricAlarm"]
     for name in alarms:
         cloudwatch.put_metric_alarm(

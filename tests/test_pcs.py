@@ -42,6 +42,7 @@ from gpucluster.plan import Plan, PlannedResource
 from gpucluster.preflight import parse_stack_config
 from gpucluster.slurm.ports import SLURMCTLD_PORT, SLURMD_PORT, SLURMDBD_PORT, SRUN_PORTS, slurm_rules
 from gpucluster.spec import SpecError
+from shipped import planned_config
 
 REPO = Path(__file__).resolve().parent.parent
 AMI = "ami-0123456789abcdef0"
@@ -65,7 +66,7 @@ def slurm_prod() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def plan() -> Plan:
-    return plan_config(slurm_prod(), stack="prod")
+    return planned_config(slurm_prod(), stack="prod")
 
 
 def cluster_of(plan: Plan) -> tuple[PlannedResource, dict[str, Any]]:
@@ -449,7 +450,8 @@ def test_gpucluster_pcs_is_none_without_slurm_and_the_contract_with_it() -> None
 # ------------------------------------------------------------------ the CLI, the import
 
 
-def test_gpucluster_plan_prints_the_pcs_resources_and_no_policy_violation(write_stack: Any) -> None:
+def test_gpucluster_plan_prints_the_pcs_resources_and_no_policy_violation(write_stack: Any,
+                                                                            cli_plans_once: None) -> None:
     path = write_stack(slurm_prod(), "prod")
     result = CliRunner().invoke(app, ["plan", str(path), "--tree"])
     assert result.exit_code == 0, result.output

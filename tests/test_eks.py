@@ -14,8 +14,6 @@ import base64
 import datetime as dt
 import email
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+import fresh_plans
 from base_config import base, plan_config
 from gpucluster.aws import eks as eks_component
 from gpucluster.catalog import eks as eks_catalog
@@ -559,23 +558,15 @@ def test_a_system_type_without_a_price_is_a_pricing_error() -> None:
         price_stack(parse_stack_config(config, stack="t"))
 
 
-LOADED = """
-import json, sys
-sys.path.insert(0, {tests!r})
-from base_config import base, plan_config
-plan_config(json.loads(sys.argv[1]))
-print(int("pulumi_kubernetes" in sys.modules), int("gpucluster.aws.eks" in sys.modules))
-"""
-
-
 @pytest.mark.parametrize(("scheduler", "loaded"), [("none", "0 0"), ("eks", "1 1")])
 def test_only_an_eks_stack_loads_pulumi_kubernetes(scheduler: str, loaded: str) -> None:
-    config = {**base(), "gpucluster:scheduler": {"type": scheduler}}
-    code = LOADED.format(tests=str(REPO / "tests"))
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True,
-                          cwd=REPO, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == loaded
+    """In a fresh process (one for every case of tests/fresh_plans.py, which plans them in turn)."""
+    case = {"none": "scheduler none", "eks": "eks"}[scheduler]
+    assert fresh_plans.CASES[case] == {**base(), "gpucluster:scheduler": {"type": scheduler}}
+    seen = fresh_plans.loaded(case)
+    modules = ("pulumi_kubernetes", "gpucluster.aws.eks")
+    assert not seen.before & set(modules)  # what is loaded after the plan is what the plan loaded
+    assert " ".join(str(int(m in seen.after)) for m in modules) == loaded
 
 
 ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"

@@ -1,19 +1,29 @@
-"""Stack files planned once per test process: the shipped stacks (stacks/Pulumi.<name>.yaml) and any other.
+"""Plans made once per test process: shipped stacks (stacks/Pulumi.<name>.yaml), other stack files, configs.
 
-Planning a stack runs the whole program under the mock engine; most tests of a
-stack only read the result. `shipped_plan` and `planned_once` run each stack file
-once per process (each pytest-xdist worker is one) and hand out deep copies, keyed
-by the file's content, so an edited stack file is planned again.
+Planning a stack runs the whole program under the mock engine (0.3-1 CPU-s); most tests of a
+stack only read the result, and many modules plan the same stack or config. `shipped_plan`,
+`planned_once` (a stack file) and `planned_config` (a config map) share one cache, keyed by
+what a plan depends on: the stack's name, its config (content, not object) and the project's
+name. Each process (each pytest-xdist worker is one) plans a key once; every caller gets a
+deep copy, so no test sees another's changes, and an edited config or file is planned again.
+
+Only for tests that run the program as it is: a test that changes what the program does (a
+patched function, a changed script) must plan for itself (`gpucluster.plan.run_plan`,
+`base_config.plan_config`), or the cache would hand its plan to the others.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from base_config import plan_config
 from gpucluster.plan import Plan, run_plan, stack_file, stack_name
-from gpucluster.project import project_name
+from gpucluster.project import project_name, read_stack_config
+from gpucluster.spec import PROJECT
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"
 _PLANS: dict[tuple[str, str, str], Plan] = {}
@@ -45,17 +55,25 @@ def shipped_plan(stack: str) -> Plan:
 
 
 def planned_once(stack: str) -> Plan:
-    """A deep copy of the plan of any stack file, planned on first use in this process.
+    """A deep copy of the plan of any stack file (`gpucluster plan`'s), planned on first use in this process.
 
-    Keyed by what a plan depends on: the stack's name, the file's content and the project's name
-    (the deployment's identity), so an edited or renamed stack file is planned again. For tests
-    that only read the plan; a test that changes what the program does (a patched function)
-    must plan for itself.
+    A stack file that cannot be read or is not valid gets the command's own error, every time.
     """
     path = stack_file(stack)
-    if not path.is_file():
-        return run_plan(stack)  # the command's own error (no such stack)
-    key = (stack_name(path), hashlib.sha256(path.read_bytes()).hexdigest(), project_name(path))
+    try:
+        config = read_stack_config(path)
+    except (OSError, ValueError):  # StackFileError, SpecError
+        return run_plan(stack)  # raises what the command says
+    return _once(stack_name(path), config, project_name(path) or PROJECT, lambda: run_plan(str(path)))
+
+
+def planned_config(config: dict[str, Any], stack: str = "t") -> Plan:
+    """A deep copy of `plan_config(config, stack)`, planned on first use in this process."""
+    return _once(stack, config, PROJECT, lambda: plan_config(config, stack))
+
+
+def _once(stack: str, config: dict[str, Any], project: str, plan: Callable[[], Plan]) -> Plan:
+    key = (stack, json.dumps(config, sort_keys=True), project)
     if key not in _PLANS:
-        _PLANS[key] = run_plan(str(path))
+        _PLANS[key] = plan()
     return copy.deepcopy(_PLANS[key])

@@ -351,22 +351,21 @@ def test_the_preview_role_reads_state_writes_only_locks_and_reads_nothing_else(r
 
 @pytest.fixture(scope="module")
 def plans() -> list[Any]:
-    from base_config import plan_config
-    from shipped import shipped_plan
+    from shipped import planned_config, shipped_plan
     from test_images import baked_prod
     # and prod baked, with a warm pool: the Image Builder resources and the build role
     baked = baked_prod()
     baked["gpucluster:node_groups"][1].update({"capacity": {"spot_percent": 0}, "warm_pool": {"min_size": 1}})
     from test_pcs import slurm_prod  # and a Slurm prod: the PCS cluster (Cloud Control), node groups, queues
-    return [*(shipped_plan(stack) for stack in ("dev", "staging", "prod")), plan_config(baked, "prod"),
-            plan_config(slurm_prod(), "prod"), *eks_plans()]
+    return [*(shipped_plan(stack) for stack in ("dev", "staging", "prod")), planned_config(baked, "prod"),
+            planned_config(slurm_prod(), "prod"), *eks_plans()]
 
 
 def eks_plans() -> list[Any]:
     """prod on EKS (issue 36): the cluster, add-ons, access entries, system node group, pod roles, the
     termination handler's queue and rules, charts and objects; again without NAT (the private cluster's
     interface endpoints) and with Prometheus (the metrics agent's pod role)."""
-    from base_config import plan_config
+    from shipped import planned_config
     from test_eks import eks_prod
     from test_prometheus_stack import DIGEST
 
@@ -374,7 +373,7 @@ def eks_plans() -> list[Any]:
     no_nat["gpucluster:network"]["nat_gateway"] = False
     metrics = eks_prod()
     metrics["gpucluster:observability"] = {"prometheus": {"enabled": True, "dcgm_exporter_image": DIGEST}}
-    return [plan_config(config, "prod") for config in (eks_prod(), no_nat, metrics)]
+    return [planned_config(config, "prod") for config in (eks_prod(), no_nat, metrics)]
 
 
 def test_every_resource_type_the_program_creates_is_granted(plans: list[Any], roles: dict[str, Role]) -> None:
@@ -872,8 +871,7 @@ def test_ec2_deletes_and_rewrites_only_on_a_stack_s_resources(roles: dict[str, R
 def test_every_network_resource_the_program_deletes_by_tag_carries_it() -> None:
     """What Ec2ChangesOnlyOnStackResources lets the deploy role delete must be tagged when the program makes
     it, or `pulumi destroy` (and every replacement) would be refused: shipped dev and prod, Slurm prod."""
-    from base_config import plan_config
-    from shipped import shipped_plan
+    from shipped import planned_config, shipped_plan
     from test_pcs import slurm_prod
 
     kinds = {"aws:ec2/vpc:Vpc", "aws:ec2/subnet:Subnet", "aws:ec2/securityGroup:SecurityGroup",
@@ -882,7 +880,7 @@ def test_every_network_resource_the_program_deletes_by_tag_carries_it() -> None:
              "aws:ec2/launchTemplate:LaunchTemplate", "aws:ec2/vpcEndpoint:VpcEndpoint",
              "aws:ec2/flowLog:FlowLog"}
     seen = set()
-    for plan in (shipped_plan("dev"), shipped_plan("prod"), plan_config(slurm_prod(), stack="prod")):
+    for plan in (shipped_plan("dev"), shipped_plan("prod"), planned_config(slurm_prod(), stack="prod")):
         for r in plan.resources:
             if r.type in kinds:
                 seen.add(r.type)

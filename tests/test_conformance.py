@@ -23,12 +23,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from base_config import base, plan_config
+from base_config import base
 from gpucluster.cli import app
 from gpucluster.conformance import Finding, cfnschema, check_resources
 from gpucluster.conformance.findings import Computed
 from gpucluster.plan import Plan, PlannedResource, run_program_file
-from shipped import planned_once, shipped_plan
+from shipped import planned_config, planned_once, shipped_plan
 
 REPO = Path(__file__).resolve().parent.parent
 AMI = "ami-0123456789abcdef0"
@@ -118,16 +118,17 @@ PLANS: dict[str, tuple[bool, Callable[[Path], Planned]]] = {
     "init --scheduler none": (False, lambda root: of(planned_once(str(scaffold("none", root))))),
     "init --scheduler slurm": (True, lambda root: of(planned_once(str(scaffold("slurm", root))))),
     "init --scheduler eks": (False, lambda root: of(planned_once(str(scaffold("eks", root))))),
-    "prod with observability": (False, lambda _: of(plan_config(
+    "prod with observability": (False, lambda _: of(planned_config(
         with_(prod(), observability=OBSERVABILITY), "prod"))),
-    "observability, an existing workspace": (False, lambda _: of(plan_config(
+    "observability, an existing workspace": (False, lambda _: of(planned_config(
         with_(base(), observability=EXISTING_WORKSPACE)))),
-    "prod baked": (False, lambda _: of(plan_config(baked(prod()), "prod"))),
-    "prod on Slurm": (True, lambda _: of(plan_config(
+    "prod baked": (False, lambda _: of(planned_config(baked(prod()), "prod"))),
+    "prod on Slurm": (True, lambda _: of(planned_config(
         with_(prod(), scheduler={"type": "slurm", "ami_id": AMI}), "prod"))),
-    "prod on Kubernetes": (False, lambda _: of(plan_config(eks_prod(), "prod"))),
-    "Slurm, two groups, no accounting": (True, lambda _: of(plan_config(two_slurm_groups(accounting=False)))),
-    "Slurm with observability": (True, lambda _: of(plan_config(
+    "prod on Kubernetes": (False, lambda _: of(planned_config(eks_prod(), "prod"))),
+    "Slurm, two groups, no accounting": (True, lambda _: of(planned_config(
+        two_slurm_groups(accounting=False)))),
+    "Slurm with observability": (True, lambda _: of(planned_config(
         with_(two_slurm_groups(), autostop={"idle_minutes": 30}, observability=OBSERVABILITY)))),
 }
 
@@ -171,7 +172,7 @@ def test_every_aws_native_and_cloudcontrol_type_planned_has_its_schema(
     assert sorted(t for t in types if cfnschema.schema(t) is None) == []
 
 
-def test_the_plan_of_the_slurm_example_has_no_conformance_violation() -> None:
+def test_the_plan_of_the_slurm_example_has_no_conformance_violation(cli_plans_once: None) -> None:
     result = CliRunner().invoke(app, ["plan", str(REPO / "examples/slurm-stack/Pulumi.slurm.yaml"), "--json"])
     assert result.exit_code == 0, result.output
     assert [v for v in json.loads(result.stdout)["violations"] if v["policy"] == "provider-conformance"] == []

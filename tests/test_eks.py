@@ -14,8 +14,6 @@ import base64
 import datetime as dt
 import email
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+import fresh_plans
 from base_config import base, plan_config
 from gpucluster.aws import eks as eks_component
 from gpucluster.catalog import eks as eks_catalog
@@ -48,6 +47,7 @@ from gpucluster.preflight import parse_stack_config
 from gpucluster.pricing import HOURS_PER_MONTH, PricingError, price_stack
 from gpucluster.spec import SpecError
 from gpucluster.spec.scheduler import eks_version_findings
+from shipped import planned_config
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = "aws:eks/cluster:Cluster"
@@ -75,7 +75,7 @@ def eks_prod() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def plan() -> Plan:
-    return plan_config(eks_prod(), stack="prod")
+    return planned_config(eks_prod(), stack="prod")
 
 
 def one(plan: Plan, typ: str) -> PlannedResource:
@@ -484,7 +484,7 @@ def test_a_launcher_stack_pays_no_eks_fee() -> None:
     assert not [c for c in price_stack(spec).other if c.kind == "eks"]
 
 
-def test_plan_shows_the_cluster_and_its_cost(tmp_path: Path) -> None:
+def test_plan_shows_the_cluster_and_its_cost(tmp_path: Path, cli_plans_once: None) -> None:
     stack = tmp_path / "Pulumi.prod.yaml"
     stack.write_text(yaml.safe_dump({"config": eks_prod()}))
     result = CliRunner().invoke(app, ["plan", str(stack), "--json"])
@@ -495,7 +495,7 @@ def test_plan_shows_the_cluster_and_its_cost(tmp_path: Path) -> None:
     assert any(n.startswith("EKS control plane") for n in names) and "EKS system nodes" in names
     assert doc["violations"] == []  # no policy violation, no provider-conformance finding
     text = " ".join(CliRunner().invoke(app, ["plan", str(stack)]).output.split())
-    name = one(plan_config(eks_prod(), stack="prod"), CLUSTER).inputs["name"]
+    name = one(planned_config(eks_prod(), stack="prod"), CLUSTER).inputs["name"]
     version = eks_catalog.default_version(eks_catalog.today()).version
     assert (f"eks: EKS cluster {name}, Kubernetes {version}, private endpoint; add-ons coredns, "
             "eks-node-monitoring-agent, eks-pod-identity-agent, kube-proxy, vpc-cni; system nodes 2 x "
@@ -558,23 +558,15 @@ def test_a_system_type_without_a_price_is_a_pricing_error() -> None:
         price_stack(parse_stack_config(config, stack="t"))
 
 
-LOADED = """
-import json, sys
-sys.path.insert(0, {tests!r})
-from base_config import base, plan_config
-plan_config(json.loads(sys.argv[1]))
-print(int("pulumi_kubernetes" in sys.modules), int("gpucluster.aws.eks" in sys.modules))
-"""
-
-
 @pytest.mark.parametrize(("scheduler", "loaded"), [("none", "0 0"), ("eks", "1 1")])
 def test_only_an_eks_stack_loads_pulumi_kubernetes(scheduler: str, loaded: str) -> None:
-    config = {**base(), "gpucluster:scheduler": {"type": scheduler}}
-    code = LOADED.format(tests=str(REPO / "tests"))
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True,
-                          cwd=REPO, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == loaded
+    """In a fresh process (one for every case of tests/fresh_plans.py, which plans them in turn)."""
+    case = {"none": "scheduler none", "eks": "eks"}[scheduler]
+    assert fresh_plans.CASES[case] == {**base(), "gpucluster:scheduler": {"type": scheduler}}
+    seen = fresh_plans.loaded(case)
+    modules = ("pulumi_kubernetes", "gpucluster.aws.eks")
+    assert not seen.before & set(modules)  # what is loaded after the plan is what the plan loaded
+    assert " ".join(str(int(m in seen.after)) for m in modules) == loaded
 
 
 ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
@@ -594,7 +586,7 @@ def test_an_eks_stack_without_nat_gets_the_private_cluster_endpoints_priced_and_
     assert warning.level == "warning" and "nvcr.io" in warning.message and "\n" not in str(warning)
     assert len(str(warning)) <= 200  # one line, as every finding (spec/findings.py MAX_LINE_CHARS)
     planned = {r.inputs["serviceName"].removeprefix("com.amazonaws.us-east-1."): r.inputs
-               for r in plan_config(config, stack="prod").of_type(ENDPOINT)}
+               for r in planned_config(config, stack="prod").of_type(ENDPOINT)}
     eks_needs = {"ec2", "ecr.api", "ecr.dkr", "sts", "logs", "eks", "eks-auth", "autoscaling", "sqs"}
     assert eks_needs <= set(planned) and planned["s3"]["vpcEndpointType"] == "Gateway"
     for service in eks_needs:
@@ -624,7 +616,7 @@ def test_eks_nodes_leave_gpu_metrics_to_the_cluster_s_charts() -> None:
     eks_spec, plain_spec = parse_stack_config(eks, stack="prod"), parse_stack_config(plain, stack="prod")
     assert all(node_bootstrap(eks_spec, g).metrics is None for g in eks_spec.node_groups)
     assert all(node_bootstrap(plain_spec, g).metrics is not None for g in plain_spec.node_groups)
-    writes = {"eks": plan_config(eks, stack="prod"), "plain": plan_config(plain, stack="prod")}
+    writes = {"eks": planned_config(eks, stack="prod"), "plain": planned_config(plain, stack="prod")}
     grants = {k: [r.name for r in p.of_type("aws:iam/rolePolicy:RolePolicy") if "-metrics-write-" in r.name]
               for k, p in writes.items()}
     assert grants["eks"] == [] and len(grants["plain"]) == len(plain_spec.node_groups)

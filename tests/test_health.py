@@ -18,7 +18,7 @@ from gpucluster.node.userdata import LAUNCH_HOOK_NAME
 from gpucluster.noderole import longest_health_policy, policy_chars
 from gpucluster.plan import MOCK_ACCOUNT, Plan, PlannedResource
 from iam_eval import allowed
-from shipped import shipped_plan
+from shipped import planned_config, shipped_plan
 
 ASG = "aws:autoscaling/group:Group"
 HOOK = "aws:autoscaling/lifecycleHook:LifecycleHook"
@@ -185,7 +185,7 @@ def test_nodes_publish_only_to_their_stacks_topic() -> None:
     Lambda's): the health policy names that one topic and nothing else."""
     config = copy.deepcopy(BASE_CONFIG)
     config["gpucluster:node_groups"][0]["capacity"] = {"spot_percent": 0}
-    plan = plan_config(config)
+    plan = planned_config(config)
     [topic] = plan.of_type(TOPIC)
     docs = role_documents(plan, group_role(plan, "gpu"))
     publish = [s["Resource"] for d in docs for s in d["Statement"] if "sns:Publish" in s["Action"]]

@@ -26,7 +26,7 @@ from gpucluster.plan import Plan
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import SpecError, generated_bucket_prefix
 from iam_eval import allowed
-from shipped import shipped_plan
+from shipped import planned_config, shipped_plan
 
 POLICY = "aws:iam/rolePolicy:RolePolicy"
 ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
@@ -252,7 +252,7 @@ def test_metric_namespace_of_agent_role_and_alarm_is_one(prod: Plan) -> None:
 
 
 def test_without_a_boundary_key_no_role_carries_one() -> None:
-    plan = plan_config(base())
+    plan = planned_config(base())
     assert plan.of_type(ROLE) and all("permissionsBoundary" not in r.inputs for r in plan.of_type(ROLE))
 
 

@@ -5,7 +5,6 @@ user data that installs, downloads and pulls nothing at launch)."""
 from __future__ import annotations
 
 import base64
-import copy
 import gzip
 import json
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from gpucluster.cli import app
 from gpucluster.node.bake import IMAGE_TAGS, BakeSettings, component_document
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import SpecError
+from shipped import planned_config
 
 REPO = Path(__file__).parent.parent
 runner = CliRunner()
@@ -150,7 +150,7 @@ def test_an_ecr_image_logs_in_to_its_own_registry() -> None:
 
 @pytest.fixture(scope="module")
 def baked_plan() -> Any:
-    return plan_config(baked_prod(), stack="prod")
+    return planned_config(baked_prod(), stack="prod")
 
 
 def by_type(plan: Any, token: str) -> list[Any]:
@@ -226,7 +226,7 @@ def test_a_baked_group_without_a_pin_yet_keeps_the_unbaked_path() -> None:
 def test_shipped_stacks_plan_no_image_builder() -> None:
     for stack in ("dev", "staging", "prod"):
         config = yaml.safe_load((REPO / f"stacks/Pulumi.{stack}.yaml").read_text())["config"]
-        plan = plan_config(copy.deepcopy(config), stack=stack)
+        plan = planned_config(config, stack=stack)
         assert not [r for r in plan.resources if r.type.startswith("aws:imagebuilder")], stack
         assert not [r for r in plan.resources if r.type == "aws:autoscaling/group:Group"
                     and r.inputs.get("warmPool")], stack
@@ -267,7 +267,8 @@ def test_warm_pool_ebs_and_image_builds_are_in_the_cost_model() -> None:
     assert not [o for o in unbaked.other if o.kind in ("warm_pool", "images")]
 
 
-def test_plan_says_which_image_each_group_launches_from(write_stack: Callable[..., Path]) -> None:
+def test_plan_says_which_image_each_group_launches_from(write_stack: Callable[..., Path],
+                                                        cli_plans_once: None) -> None:
     result = runner.invoke(app, ["plan", str(write_stack(baked_prod(), "prod"))])
     assert result.exit_code == 0, result.output
     tail = result.output[result.output.index("images (EC2 Image Builder):"):]

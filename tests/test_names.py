@@ -21,7 +21,7 @@ from gpucluster.names import NAME_RULES, autoname, expected_names, physical_name
 from gpucluster.plan import Plan
 from gpucluster.preflight import parse_stack_config
 from gpucluster.spec import SpecError
-from shipped import shipped_plan
+from shipped import planned_config, shipped_plan
 
 # Every part of the program that names something: created (named and unnamed) and existing buckets,
 # FSx, an EFA group with a placement group, a Capacity Block, a spot group, every guardrail.
@@ -149,7 +149,7 @@ def test_the_specs_names_are_the_programs(case: str, request: pytest.FixtureRequ
     elif case in ("full", "longest"):
         plan = request.getfixturevalue(f"{case}_plan")
     else:
-        plan = plan_config(copy.deepcopy({"base": BASE_CONFIG, "existing-vpc": EXISTING_VPC}[case]))
+        plan = planned_config(copy.deepcopy({"base": BASE_CONFIG, "existing-vpc": EXISTING_VPC}[case]))
     assert sorted((e.physical.type, e.physical.name) for e in expected_names(plan.spec)) == planned(plan)
     assert too_long(plan) == []
 

@@ -39,7 +39,7 @@ from gpucluster.plan import (
 from gpucluster.policy.offline import check_plan
 from gpucluster.spec import SpecError
 from gpucluster.stack import cluster_args
-from shipped import shipped_plan
+from shipped import planned_config, shipped_plan
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"
@@ -76,7 +76,7 @@ def group_config(instance_type: str, **group: Any) -> dict[str, Any]:
 
 @cache
 def type_plan(instance_type: str) -> Plan:
-    return plan_config(group_config(instance_type))
+    return planned_config(group_config(instance_type))
 
 
 @cache
@@ -152,7 +152,7 @@ def test_reserved_efa_groups_get_a_placement_group_only_when_it_helps(
     group: dict[str, Any] = {"min_nodes": 0, "capacity": capacity}
     if asked is not None:
         group["placement_group"] = asked
-    plan = plan_config(group_config("p5.48xlarge", **group))
+    plan = planned_config(group_config("p5.48xlarge", **group))
     asg = one(plan, ASG).inputs
     assert len(asg["vpcZoneIdentifiers"]) == 1  # EFA: one subnet all the same
     assert (len(plan.of_type(PG)), "placementGroup" in asg) == ((1, True) if placed else (0, False))
@@ -238,7 +238,7 @@ def test_pure_capacity_mapping_matches_the_spec() -> None:
 
 
 def test_capacity_block_uses_market_options_and_no_mixed_policy() -> None:
-    plan = plan_config(group_config("p5.48xlarge", min_nodes=0, capacity={
+    plan = planned_config(group_config("p5.48xlarge", min_nodes=0, capacity={
         "market": "capacity_block", "capacity_reservation_id": "cr-0123456789abcdef0"}))
     lt, asg = one(plan, LT).inputs, one(plan, ASG).inputs
     assert lt["instanceMarketOptions"] == {"marketType": "capacity-block"}

@@ -20,7 +20,7 @@ from gpucluster.names import dashboard_url, physical_name
 from gpucluster.node.userdata import HEALTH_METRICS, cloudwatch_agent_config
 from gpucluster.noderole import gpu_metric_namespace
 from gpucluster.plan import Plan, PlannedResource, record_resources
-from shipped import shipped_plan
+from shipped import planned_config, shipped_plan
 
 ALARM = "aws:cloudwatch/metricAlarm:MetricAlarm"
 COMPOSITE = "aws:cloudwatch/compositeAlarm:CompositeAlarm"
@@ -137,7 +137,7 @@ def test_budget_and_alarms_are_on_the_dashboard(prod: Plan) -> None:
 def test_a_stack_without_guardrails_still_gets_its_dashboard() -> None:
     config = copy.deepcopy(BASE_CONFIG)
     config["gpucluster:node_groups"][0]["capacity"] = {"spot_percent": 0}
-    plan = plan_config(config)
+    plan = planned_config(config)
     titles = [w["properties"].get("title") for w in body(plan)["widgets"]]
     assert "GPU utilisation" in titles and not any(t and t.startswith("Guardrail") for t in titles)
     assert plan.of_type(FILTER) == [] and not any(w["type"] == "alarm" for w in body(plan)["widgets"])

@@ -16,7 +16,6 @@ import hashlib
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+import fresh_plans
 from base_config import base, plan_config
 from gpucluster.aws.children import pcs_purchase_option
 from gpucluster.aws.pcs import cluster_slurm_configuration, pcs_cluster_name
@@ -42,6 +42,7 @@ from gpucluster.plan import Plan, PlannedResource
 from gpucluster.preflight import parse_stack_config
 from gpucluster.slurm.ports import SLURMCTLD_PORT, SLURMD_PORT, SLURMDBD_PORT, SRUN_PORTS, slurm_rules
 from gpucluster.spec import SpecError
+from shipped import planned_config
 
 REPO = Path(__file__).resolve().parent.parent
 AMI = "ami-0123456789abcdef0"
@@ -65,7 +66,7 @@ def slurm_prod() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def plan() -> Plan:
-    return plan_config(slurm_prod(), stack="prod")
+    return planned_config(slurm_prod(), stack="prod")
 
 
 def cluster_of(plan: Plan) -> tuple[PlannedResource, dict[str, Any]]:
@@ -449,7 +450,8 @@ def test_gpucluster_pcs_is_none_without_slurm_and_the_contract_with_it() -> None
 # ------------------------------------------------------------------ the CLI, the import
 
 
-def test_gpucluster_plan_prints_the_pcs_resources_and_no_policy_violation(write_stack: Any) -> None:
+def test_gpucluster_plan_prints_the_pcs_resources_and_no_policy_violation(write_stack: Any,
+                                                                            cli_plans_once: None) -> None:
     path = write_stack(slurm_prod(), "prod")
     result = CliRunner().invoke(app, ["plan", str(path), "--tree"])
     assert result.exit_code == 0, result.output
@@ -463,24 +465,14 @@ def test_gpucluster_plan_prints_the_pcs_resources_and_no_policy_violation(write_
     assert "autoscaling.Group" not in out
 
 
-LOADED = """
-import json, sys
-sys.path.insert(0, {tests!r})
-from base_config import base, plan_config
-config = json.loads(sys.argv[1])
-plan_config(config)
-print(int("pulumi_aws_native" in sys.modules))
-"""
-
-
 @pytest.mark.parametrize(("slurm", "loaded"), [(False, "0"), (True, "1")])
 def test_only_a_slurm_stack_loads_pulumi_aws_native(slurm: bool, loaded: str) -> None:
-    config = slurm_base() if slurm else base()
-    code = LOADED.format(tests=str(REPO / "tests"))
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True,
-                          cwd=REPO, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == loaded
+    """In a fresh process (one for every case of tests/fresh_plans.py, which plans them in turn)."""
+    case = "slurm" if slurm else "plain"
+    assert fresh_plans.CASES[case] == (slurm_base() if slurm else base())
+    seen = fresh_plans.loaded(case)
+    assert "pulumi_aws_native" not in seen.before  # what is loaded after the plan is what the plan loaded
+    assert str(int("pulumi_aws_native" in seen.after)) == loaded
 
 
 def test_the_guardrails_act_on_this_pcs_cluster_and_nothing_of_auto_scaling(plan: Plan) -> None:

@@ -18,6 +18,7 @@ from gpucluster import scaffold
 from gpucluster.aws.pcs import PCS_CLUSTER_TYPE, cluster_attribute, cluster_document
 from gpucluster.plan import Plan
 from gpucluster.policy.offline import check_plan
+from shipped import planned_config
 
 REPO = Path(__file__).resolve().parent.parent
 AMI = "ami-0123456789abcdef0"
@@ -97,7 +98,7 @@ def test_name_networking_and_size_are_what_cloudformation_makes_create_only() ->
     ids=["prod-slurm", "example", "init-scaffold"])
 def test_every_slurm_plan_gives_a_valid_document_with_accounting_and_idle_scale_down(
         config: Any, stack: str, idle_seconds: int) -> None:
-    plan = plan_config(config(), stack=stack)
+    plan = planned_config(config(), stack=stack)
     document = document_of(plan)
     assert problems(shaped_ids(document)) == []
     assert document["SlurmConfiguration"]["Accounting"] == {"Mode": "STANDARD"}

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
-from base_config import base, plan_config
+from base_config import base
 from gpucluster.policy.offline import check_plan
 from gpucluster.preflight import parse_stack_config
 from gpucluster.pricing import price_stack
 from gpucluster.spec import SpecError
+from shipped import planned_config
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "slurm-stack" / "Pulumi.slurm.yaml"
 
@@ -39,7 +40,7 @@ def test_the_example_prices_the_pcs_fees_as_their_own_lines() -> None:
 
 
 def test_the_example_plans_with_no_mandatory_policy_violation() -> None:
-    plan = plan_config(example(), stack="slurm")
+    plan = planned_config(example(), stack="slurm")
     assert [str(v) for v in check_plan(plan) if v.mandatory] == []
 
 

@@ -393,7 +393,8 @@ def test_doctor_against_a_moto_server(cli_child: CliChild, moto_endpoint: str, b
 
 
 def test_a_budget_below_one_hour_of_burn_is_a_plan_warning(base_config: dict[str, Any],
-                                                           write_stack: Callable[..., Path]) -> None:
+                                                           write_stack: Callable[..., Path],
+                                                           cli_plans_once: None) -> None:
     """Issue 35 item 5: said with the verdict and in --json's warnings, exit 0 (valid, against advice)."""
     policy_clean(base_config)
     base_config["gpucluster:node_groups"][0].update(instance_types=["g5.48xlarge"], desired_nodes=1,

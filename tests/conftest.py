@@ -55,6 +55,7 @@ os.environ.setdefault("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
 import fast_aws
 import shipped
 from base_config import BASE_CONFIG
+from cli_child import CliChild
 from gpucluster.catalog import eks as eks_catalog
 from gpucluster.cli import common
 from gpucluster.plan import PlanMocks
@@ -182,3 +183,11 @@ def moto_endpoint() -> Iterator[str]:
     server.start()
     yield f"http://127.0.0.1:{port}"
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def cli_child() -> Iterator[CliChild]:
+    """`gpucluster` commands for a module's tests, each run as its own process would, by one child."""
+    child = CliChild()
+    yield child
+    child.close()

@@ -19,6 +19,7 @@ from botocore.stub import Stubber
 from typer.testing import CliRunner
 
 from base_config import policy_clean
+from cli_child import CliChild
 from cli_text import joined_lines
 from gpucluster.chart import chart_series, draw_chart
 from gpucluster.cli import app
@@ -337,17 +338,17 @@ def test_recommend_nothing_fits_exits_1() -> None:
 # ---------------------------------------------------------------------- doctor
 
 
-def run_doctor(stack: str, endpoint: str) -> subprocess.CompletedProcess[str]:
+def run_doctor(child: CliChild, stack: str, endpoint: str) -> subprocess.CompletedProcess[str]:
+    """`gpucluster doctor STACK` as its own process would run it (`cli_child.py`)."""
     env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1"}
-    return subprocess.run([sys.executable, "-m", "gpucluster.cli", "doctor", stack], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return child.run(["doctor", stack], env=env, cwd=REPO_ROOT, timeout=60)
 
 
-def test_doctor_against_a_moto_server(moto_endpoint: str, base_config: dict[str, Any],
+def test_doctor_against_a_moto_server(cli_child: CliChild, moto_endpoint: str, base_config: dict[str, Any],
                                       write_stack: Callable[..., Path]) -> None:
     # prod names a permissions boundary and a break-glass role: before they exist, the boundary blocks
-    missing = run_doctor("prod", moto_endpoint)
+    missing = run_doctor(cli_child, "prod", moto_endpoint)
     assert missing.returncode == 1, missing.stdout + missing.stderr
     rows = [" ".join(line.split()) for line in joined_lines(missing.stdout)[2:-1]]
     assert any(r.startswith("blocker boundary gpucluster-workload-boundary gpucluster:cluster.permissions_"
@@ -364,7 +365,7 @@ def test_doctor_against_a_moto_server(moto_endpoint: str, base_config: dict[str,
         "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
                                                 "Principal": {"AWS": "arn:aws:iam::123456789012:root"}}]}))
 
-    prod = run_doctor("prod", moto_endpoint)
+    prod = run_doctor(cli_child, "prod", moto_endpoint)
     assert prod.returncode == 0, prod.stdout + prod.stderr
     rows = [" ".join(line.split()) for line in joined_lines(prod.stdout)[2:-1]]
     assert "ok efa p5.48xlarge 32 EFA interfaces, 32 network cards, as the catalog says" in rows
@@ -385,14 +386,15 @@ def test_doctor_against_a_moto_server(moto_endpoint: str, base_config: dict[str,
     # (doctor's own offering blocker, for an account whose zones differ, is in tests/test_doctor.py).
     base_config["gpucluster:network"]["availability_zones"] = ["us-east-1a"]
     base_config["gpucluster:node_groups"][0]["instance_types"] = ["p4de.24xlarge"]
-    refused = run_doctor(str(write_stack(base_config, name="p4de")), moto_endpoint)
+    refused = run_doctor(cli_child, str(write_stack(base_config, name="p4de")), moto_endpoint)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert ("node_groups[0].instance_types[0]: p4de.24xlarge is not offered in us-east-1a; in us-east-1 "
             "it is offered in us-east-1b, us-east-1c") in refused.stderr
 
 
 def test_a_budget_below_one_hour_of_burn_is_a_plan_warning(base_config: dict[str, Any],
-                                                           write_stack: Callable[..., Path]) -> None:
+                                                           write_stack: Callable[..., Path],
+                                                           cli_plans_once: None) -> None:
     """Issue 35 item 5: said with the verdict and in --json's warnings, exit 0 (valid, against advice)."""
     policy_clean(base_config)
     base_config["gpucluster:node_groups"][0].update(instance_types=["g5.48xlarge"], desired_nodes=1,

@@ -158,11 +158,14 @@ def run_page(lines: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 SHELL_ONLY = {";", "||", "&", ">", "<", ">>", "|&", "(", ")"}
+PLAIN_WORD = re.compile(r"[\w./=:,@%+-]+")
+"""A word bash passes on as it is (nothing to expand, quote or glob): `rm -rf demo`."""
 
 
 def steps_of(line: str) -> list[list[str]] | None:
-    """The `&&`-separated commands of a line as words, when every one is `cd DIR`, the activation or
-    a `gpucluster` command (piped at most once); None for any other shape (bash runs it)."""
+    """The `&&`-separated commands of a line as words, when every one is `cd DIR`, the activation, a
+    `gpucluster` command (piped at most once) or another command of plain words (bash runs that one);
+    None for any other shape (bash runs the whole line)."""
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     steps: list[list[str]] = [[]]
@@ -174,7 +177,9 @@ def steps_of(line: str) -> list[list[str]] | None:
     for step in steps:
         if (not step or set(step) & SHELL_ONLY or (step[0] == "cd" and len(step) != 2)
                 or (step[0] != "gpucluster" and "|" in step) or step.count("|") > 1
-                or (step[0] not in ("cd", "gpucluster") and step != ["source", ".venv/bin/activate"])):
+                or (step[0] not in ("cd", "gpucluster", "source")
+                    and not all(map(PLAIN_WORD.fullmatch, step)))
+                or (step[0] == "source" and step != ["source", ".venv/bin/activate"])):
             return None
     return steps
 
@@ -186,8 +191,9 @@ def run_lines(lines: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> s
     CliRunner shows the same way (arguments, exit code, output). The process is kept where it is
     the point: the activation runs in bash with the venv hidden from PATH and must make bare
     `gpucluster --version` work there (the installed entry point); what a `gpucluster` command's
-    output is piped into runs in bash on that output; a line of another shape (`steps_of`) runs in
-    bash as a whole. Returns what the page prints on stdout.
+    output is piped into runs in bash on that output, and so does another command of an `&&` chain
+    (`rm -rf demo`), in the venv once the page activated it; a line of another shape (`steps_of`)
+    runs in bash as a whole. Returns what the page prints on stdout.
     """
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("NO_COLOR", "1")
@@ -207,8 +213,12 @@ def run_lines(lines: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> s
                 activation = [shlex.join(["source", str(Path.cwd() / step[1])])]
             elif step[0] == "cd":
                 os.chdir(step[1])
-            else:
+            elif step[0] == "gpucluster":
                 printed.append(run_gpucluster(line, step))
+            else:
+                done = run_page([*activation, shlex.join(step)], Path.cwd())
+                assert done.returncode == 0, (line, done.stderr[-3000:])
+                printed.append(done.stdout)
     return "".join(printed)
 
 
@@ -240,7 +250,10 @@ def test_a_failing_page_command_fails_the_run(tmp_path: Path, monkeypatch: pytes
     """In process, in bash, and in what a command is piped into: a failure is not swallowed."""
     assert steps_of("gpucluster init demo && cd demo") == [["gpucluster", "init", "demo"], ["cd", "demo"]]
     assert steps_of("gpucluster plan dev > out.txt") is None
-    for n, line in enumerate(("gpucluster plan nosuch", "false; true", "gpucluster --version | grep -q no")):
+    assert steps_of("cd .. && rm -rf demo") == [["cd", ".."], ["rm", "-rf", "demo"]]
+    assert steps_of("rm -rf demo*") is None and steps_of("echo $HOME") is None  # bash expands those
+    for n, line in enumerate(("gpucluster plan nosuch", "false; true", "gpucluster --version | grep -q no",
+                              "gpucluster --version && false")):
         (tmp_path / str(n)).mkdir()
         with pytest.raises(AssertionError):
             run_lines([line], scratch_project(tmp_path / str(n)), monkeypatch)

@@ -2,9 +2,12 @@
 
 The Python examples are copied to a temporary directory and planned under Pulumi's
 mock engine by the wheel venv's interpreter (`gpucluster.plan.run_program_file`,
-with the example's own `Pulumi.dev.yaml` as config). The YAML example cannot run
-without the Pulumi CLI; its properties are checked against the schema Pulumi
-infers from the components (the same analyzer `pulumi package add` runs).
+with the example's own `Pulumi.dev.yaml` as config), each in its own directory, one
+after the other by one process: `record_resources` gives each program a fresh root
+stack and config, and a second interpreter (pulumi_aws imported again) cost more
+than a plan. The YAML example cannot run without the Pulumi CLI; its properties are
+checked against the schema Pulumi infers from the components (the same analyzer
+`pulumi package add` runs).
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,26 +24,35 @@ from wheel_venv import REPO, Venv, clean_env
 
 EXAMPLES = REPO / "examples"
 
+PYTHON_EXAMPLES = ("node-group-in-existing-vpc", "guard-existing-asgs")
 PLAN_SCRIPT = """
-import json, sys, yaml
+import json, os, sys, yaml
 from pathlib import Path
 from gpucluster.plan import run_program_file
-project = yaml.safe_load(Path("Pulumi.yaml").read_text())["name"]
-config = yaml.safe_load(Path("Pulumi.dev.yaml").read_text())["config"]
-resources, outputs = run_program_file(Path("__main__.py"), config, project=project, stack="dev",
-                                      region=config["aws:region"])
-print(json.dumps({"resources": [r.as_json() for r in resources], "outputs": outputs}))
+plans = {}
+for workdir in sys.argv[1:]:
+    os.chdir(workdir)
+    project = yaml.safe_load(Path("Pulumi.yaml").read_text())["name"]
+    config = yaml.safe_load(Path("Pulumi.dev.yaml").read_text())["config"]
+    resources, outputs = run_program_file(Path("__main__.py"), config, project=project, stack="dev",
+                                          region=config["aws:region"])
+    plans[Path(workdir).name] = {"resources": [r.as_json() for r in resources], "outputs": outputs}
+print(json.dumps(plans))
 """
 
 
-def plan_example(name: str, venv: Venv, tmp_path: Path) -> dict[str, Any]:
-    workdir = tmp_path / name
-    shutil.copytree(EXAMPLES / name, workdir)
-    assert not workdir.is_relative_to(REPO)
-    done = subprocess.run([venv.python, "-c", PLAN_SCRIPT], cwd=workdir, capture_output=True, text=True,
-                          env=clean_env(), timeout=120, check=False)
+@pytest.fixture(scope="module")
+def example_plans(venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Each Python example's plan, planned in a copy of its directory outside the repository."""
+    workdirs = [tmp_path_factory.mktemp("examples") / name for name in PYTHON_EXAMPLES]
+    for workdir in workdirs:
+        shutil.copytree(EXAMPLES / workdir.name, workdir)
+        assert not workdir.is_relative_to(REPO)
+    done = subprocess.run([venv.python, "-c", PLAN_SCRIPT, *map(str, workdirs)], cwd=workdirs[0],
+                          capture_output=True, text=True, env=clean_env(), timeout=240, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+    plans: dict[str, dict[str, Any]] = json.loads(done.stdout)
+    return plans
 
 
 def example_config(name: str) -> dict[str, Any]:
@@ -52,8 +63,8 @@ def of_type(plan: dict[str, Any], token: str) -> list[dict[str, Any]]:
     return [r for r in plan["resources"] if r["type"] == token]
 
 
-def test_node_group_drops_into_an_existing_vpc(venv: Venv, tmp_path: Path) -> None:
-    plan = plan_example("node-group-in-existing-vpc", venv, tmp_path)
+def test_node_group_drops_into_an_existing_vpc(example_plans: dict[str, dict[str, Any]]) -> None:
+    plan = example_plans["node-group-in-existing-vpc"]
     config = example_config("node-group-in-existing-vpc")
     assert not of_type(plan, "aws:ec2/vpc:Vpc") and not of_type(plan, "aws:ec2/subnet:Subnet")
     assert not of_type(plan, "aws:ec2/securityGroup:SecurityGroup"), "the security group is the user's"
@@ -81,8 +92,8 @@ def test_node_group_drops_into_an_existing_vpc(venv: Venv, tmp_path: Path) -> No
     assert set(plan["outputs"]) == {"asg_name", "launch_template_id", "node_role_arn"}
 
 
-def test_guardrails_guard_groups_gpucluster_did_not_create(venv: Venv, tmp_path: Path) -> None:
-    plan = plan_example("guard-existing-asgs", venv, tmp_path)
+def test_guardrails_guard_groups_gpucluster_did_not_create(example_plans: dict[str, dict[str, Any]]) -> None:
+    plan = example_plans["guard-existing-asgs"]
     config = example_config("guard-existing-asgs")
     (group,) = config["gpu-guardrails:groups"]
     assert not of_type(plan, "aws:autoscaling/group:Group"), "the groups exist already"

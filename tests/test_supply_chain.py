@@ -12,10 +12,13 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
-LOCKS = ["requirements.lock", "requirements-dev.lock", "requirements-lowest.lock"]
-HASHED_INSTALL = re.compile(
-    r"pip install -q (?:--no-compile )?--require-hashes -r (requirements(?:-dev|-lowest)?\.lock)")
-SELF_INSTALL = "pip install -q --no-deps --no-build-isolation -e ."
+LOCKS = ["requirements.lock", "requirements-dev.lock", "requirements-lowest.lock", "requirements-uv.lock"]
+# Every install starts with pip installing the installer, uv, from its own hashed lock; uv then installs a
+# lock in hash-checking mode into the venv it is told (never one an activated shell happens to name).
+INSTALLER_INSTALL = ".venv/bin/pip install -q --require-hashes -r requirements-uv.lock"
+UV = ".venv/bin/uv pip install -q --python .venv/bin/python"
+HASHED_INSTALL = re.compile(re.escape(UV) + r" --require-hashes -r (requirements(?:-dev|-lowest)?\.lock)$")
+SELF_INSTALL = UV + " --no-deps --no-build-isolation -e ."
 # The release workflow tests the wheel it built (after the hashed lock), nothing from an index.
 WHEEL_INSTALL = "pip install -q --no-deps --no-index dist/gpucluster-*.whl"
 
@@ -47,7 +50,10 @@ def unpinned_or_unhashed(text: str) -> list[str]:
 @pytest.mark.parametrize("lock", LOCKS)
 def test_every_locked_dependency_is_pinned_and_hashed(lock: str) -> None:
     text = (REPO / lock).read_text()
-    assert len(requirements(text)) > 30
+    if lock == "requirements-uv.lock":
+        assert set(requirements(text)) == {"uv"}, "the installer's lock holds the installer alone"
+    else:
+        assert len(requirements(text)) > 30
     assert unpinned_or_unhashed(text) == []
     assert "--generate-hashes" in text.splitlines()[1], "regenerate with the command in the header"
 
@@ -62,10 +68,12 @@ def test_the_check_catches_an_unpinned_or_unhashed_line() -> None:
 
 def _declared() -> list[tuple[str, Requirement]]:
     """Every dependency pyproject declares, with its group ("" for the runtime ones)."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = pyproject["project"]
     found = [("", Requirement(d)) for d in project["dependencies"]]
     found += [(group, Requirement(d))
               for group, deps in project["optional-dependencies"].items() for d in deps]
+    found += [(group, Requirement(d)) for group, deps in pyproject["dependency-groups"].items() for d in deps]
     return found
 
 
@@ -82,8 +90,10 @@ def test_pyproject_declares_ranges_not_pins() -> None:
 def test_the_locks_pin_versions_inside_pyprojects_ranges() -> None:
     runtime = requirements((REPO / "requirements.lock").read_text())
     dev = requirements((REPO / "requirements-dev.lock").read_text())
+    installer = requirements((REPO / "requirements-uv.lock").read_text())
+    assert {group for group, _ in _declared()} == {"", "dev", "chart", "docs", "installer"}
     for group, req in _declared():
-        lock = runtime if group == "" else dev
+        lock = runtime if group == "" else installer if group == "installer" else dev
         for where in ([runtime, dev] if group == "" else [lock]):
             pinned = where[req.name.lower()][0].split()[0].split("==")[1]
             assert req.specifier.contains(pinned), (str(req), pinned)
@@ -116,7 +126,7 @@ def _commands() -> list[tuple[str, str]]:
     found = []
     for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
         for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.DOTALL):
-            block = re.sub(r"\\\n\s*", " ", block)  # a command wrapped with `\` is one line
+            block = re.sub(r"\s*\\\n\s*", " ", block)  # a command wrapped with `\` is one line
             # Installing gpucluster itself into a user's own program (a wheel, a git tag, the
             # requirements.txt `init` writes) is that program's to pin, not this repository's
             # environment: those lines are the one exception.
@@ -139,7 +149,19 @@ def test_every_install_checks_hashes_then_installs_the_project_without_dependenc
     for where, command in commands:
         installs = [part.strip() for part in re.split(r"&&|\n", command) if "pip install" in part]
         assert installs, (where, command)
-        for part in installs:
+        assert installs[0].endswith(INSTALLER_INSTALL), f"{where}: the hashed installer comes first"
+        assert len(installs) > 1 and HASHED_INSTALL.search(installs[1]), f"{where}: then the locked set"
+        for part in installs[1:]:
             assert (HASHED_INSTALL.search(part) or part.endswith(SELF_INSTALL)
                     or (where == "release.yml" and part.endswith(WHEEL_INSTALL))), (where, part)
-        assert HASHED_INSTALL.search(installs[0]), f"{where}: the locked set comes first"
+
+
+def test_the_install_check_refuses_an_unhashed_or_untargeted_install() -> None:
+    """The command check above is only as good as its patterns: what they must refuse, they do."""
+    assert HASHED_INSTALL.search(f"{UV} --require-hashes -r requirements-dev.lock")
+    for part in (".venv/bin/uv pip install -q -r requirements-dev.lock",  # no hash check
+                 ".venv/bin/uv pip install -q --require-hashes -r requirements-dev.lock",  # into any venv
+                 f"{UV} --require-hashes -r requirements-dev.lock moto",  # one more, unpinned
+                 ".venv/bin/pip install -q --require-hashes -r requirements-dev.lock"):  # not the installer
+        assert not HASHED_INSTALL.search(part), part
+    assert not f"{UV} --no-deps -e .".endswith(SELF_INSTALL)

@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import urllib.request
 import zipfile
@@ -32,6 +31,7 @@ from botocore.validate import validate_parameters
 from moto import mock_aws
 from typer.testing import CliRunner
 
+from cli_child import CliChild
 from gpucluster.cli.entry import app
 from gpucluster.fleet.jobnames import jobs_parameter_path
 from gpucluster.fleet.tags import NODE_GROUP_TAG, STACK_TAG
@@ -894,7 +894,8 @@ def test_aws_out_of_reach_is_an_error_not_a_checklist(spec: StackSpec, account: 
 # ---------------------------------------------------------------------------- the command
 
 
-def run_verify(path: Path, endpoint: str, *more: str) -> subprocess.CompletedProcess[str]:
+def run_verify(child: CliChild, path: Path, endpoint: str, *more: str) -> subprocess.CompletedProcess[str]:
+    """`gpucluster verify PATH` as its own process would run it (`cli_child.py`)."""
     env = {
         **os.environ,
         "AWS_ENDPOINT_URL": endpoint,
@@ -903,22 +904,15 @@ def run_verify(path: Path, endpoint: str, *more: str) -> subprocess.CompletedPro
         "AWS_MAX_ATTEMPTS": "1",
     }
     env.pop("AWS_PROFILE", None)
-    return subprocess.run(
-        [sys.executable, "-m", "gpucluster.cli", "verify", str(path), *more],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return child.run(["verify", str(path), *more], env=env, cwd=REPO_ROOT, timeout=120)
 
 
 def test_verify_against_a_moto_server(
-    moto_endpoint: str, base_config: dict[str, Any], write_stack: Callable[..., Path]
+    cli_child: CliChild, moto_endpoint: str, base_config: dict[str, Any], write_stack: Callable[..., Path]
 ) -> None:
     """Nothing deployed: every check fails or cannot run (moto has no simulator, no Cost Explorer), exit 1."""
     path = write_stack(base_config, "t")
-    done = run_verify(path, moto_endpoint, "--json")
+    done = run_verify(cli_child, path, moto_endpoint, "--json")
     assert done.returncode == 1, done.stdout + done.stderr
     document = json.loads(done.stdout)
     assert set(document) == {"stack", "region", "identity", "account", "checks", "counts", "passed"}
@@ -928,23 +922,24 @@ def test_verify_against_a_moto_server(
     by_id = {c["id"]: c for c in document["checks"]}
     assert by_id["launch-template.gpu"]["result"] == "fail" and by_id["launch-template.gpu"]["remedy"]
     assert by_id["cost-tag"]["result"] == "unknown" and by_id["cost-tag"]["remedy"] is None
-    text = run_verify(path, moto_endpoint)
+    text = run_verify(cli_child, path, moto_endpoint)
     assert text.returncode == 1 and "remedy: run `pulumi up` for this stack" in text.stdout
     assert "could not be checked" in text.stdout.splitlines()[-1]
     assert max(len(line) for line in text.stdout.splitlines()) <= 100
 
 
-def test_verify_without_aws_exits_2(base_config: dict[str, Any], write_stack: Callable[..., Path]) -> None:
+def test_verify_without_aws_exits_2(cli_child: CliChild, base_config: dict[str, Any],
+                                    write_stack: Callable[..., Path]) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
-    done = run_verify(write_stack(base_config, "t"), closed, "--json")
+    done = run_verify(cli_child, write_stack(base_config, "t"), closed, "--json")
     assert done.returncode == 2, done.stdout + done.stderr
     assert json.loads(done.stdout)["errors"][0]["message"].startswith("cannot reach AWS")
 
 
-def test_verify_of_a_bad_stack_exits_2(tmp_path: Path) -> None:
-    done = run_verify(tmp_path / "Pulumi.none.yaml", "http://127.0.0.1:9")
+def test_verify_of_a_bad_stack_exits_2(cli_child: CliChild, tmp_path: Path) -> None:
+    done = run_verify(cli_child, tmp_path / "Pulumi.none.yaml", "http://127.0.0.1:9")
     assert done.returncode == 2 and "Traceback" not in done.stderr
 
 

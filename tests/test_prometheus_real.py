@@ -45,7 +45,7 @@ NODES = [("h100-clean", "train", "i-0a1b2c3d4e5f60001", "p5.48xlarge"),
 SETTINGS = MetricsSettings(
     identity=IDENTITY,
     groups=(GroupMetrics("train"), GroupMetrics("batch"), GroupMetrics("infer", mig_instances_per_gpu=2)),
-    idle_threshold_percent=5, idle_minutes=0.1, gpus_by_type={"p5.48xlarge": 8, "p4d.24xlarge": 8},
+    idle_threshold_percent=5, idle_minutes=0.05, gpus_by_type={"p5.48xlarge": 8, "p4d.24xlarge": 8},
     gpu_hour_usd_by_type={"p5.48xlarge": PRICE_H100}, evaluation_seconds=1, exporter_down_minutes=1)
 ALL_GPUS = 24
 MIG_INSTANCES = 16

@@ -720,10 +720,9 @@ def test_the_workload_boundary_lets_pcs_nodes_register_and_the_guard_scale(made:
 def _resource_types() -> dict[str, dict[str, list[str]]]:
     """Each IAM action's resource types, from cfn-lint's bundled copy of the Service Authorization
     Reference (service prefix -> lower-case action name -> resource types; none: only "*" matches)."""
-    import cfnlint
+    from cfnlint_data import service_authorization
 
-    path = Path(cfnlint.__file__).parent / "data" / "AdditionalSpecs" / "Policies.json"
-    data = json.loads(path.read_text())
+    data = service_authorization()
     return {service: {a: spec.get("Resources", []) for a, spec in body["Actions"].items()}
             for service, body in data.items()}
 

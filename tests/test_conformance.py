@@ -11,7 +11,6 @@ cfn-lint's copies byte for byte.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 from collections.abc import Callable
@@ -24,6 +23,7 @@ import yaml
 from typer.testing import CliRunner
 
 from base_config import base
+from cfnlint_data import resource_schema_path
 from gpucluster.cli import app
 from gpucluster.conformance import Finding, cfnschema, check_resources
 from gpucluster.conformance.findings import Computed
@@ -183,11 +183,7 @@ def test_the_plan_of_the_slurm_example_has_no_conformance_violation(cli_plans_on
 
 def cfnlint_copy(type_name: str) -> Path:
     """cfn-lint's bundled schema of `type_name` in the region the shipped copies come from."""
-    spec = importlib.util.find_spec("cfnlint")
-    assert spec is not None and spec.origin, "cfn-lint (requirements-dev.lock) is not installed"
-    schemas = Path(spec.origin).parent / "data" / "schemas"
-    index = json.loads((schemas / "providers" / f"{cfnschema.SOURCE_REGION}.json").read_text())
-    return schemas / "resources" / f"{index[type_name]}.json"
+    return resource_schema_path(type_name, cfnschema.SOURCE_REGION)
 
 
 def test_the_shipped_schemas_are_cfn_lints_byte_for_byte() -> None:

@@ -11,9 +11,9 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from cfnlint.schema import PROVIDER_SCHEMA_MANAGER
 
 from base_config import plan_config
+from cfnlint_data import resource_schema
 from gpucluster import scaffold
 from gpucluster.aws.pcs import PCS_CLUSTER_TYPE, cluster_attribute, cluster_document
 from gpucluster.plan import Plan
@@ -27,8 +27,7 @@ SUBNET, GROUP = "subnet-0123456789abcdef0", "sg-0123456789abcdef0"
 
 
 def schema() -> dict[str, Any]:
-    found: dict[str, Any] = PROVIDER_SCHEMA_MANAGER.get_resource_schema("us-east-1", PCS_CLUSTER_TYPE).schema
-    return found
+    return resource_schema(PCS_CLUSTER_TYPE)
 
 
 def problems(document: dict[str, Any]) -> list[str]:

@@ -223,10 +223,10 @@ def test_the_spend_guard_handler_looks_up_through_the_price_list(monkeypatch: py
 
 def test_the_spend_guard_role_may_ask_the_price_list_and_nothing_more() -> None:
     """pricing:GetProducts has no resource types (cfn-lint's Service Authorization data): Resource "*"."""
-    cfn = Path(__import__("cfnlint").__file__).parent / "data" / "AdditionalSpecs" / "Policies.json"
-    if cfn.is_file():
-        service = json.loads(cfn.read_text())["pricing"]
-        assert service["Resources"] == {} and service["Actions"]["getproducts"] == {}
+    from cfnlint_data import service_authorization
+
+    service = service_authorization()["pricing"]
+    assert service["Resources"] == {} and service["Actions"]["getproducts"] == {}
     from gpucluster.aws.guardrail_spend import SPEND_GUARD_READS
     from gpucluster.fleet.deployment import IAM_ACTIONS
 

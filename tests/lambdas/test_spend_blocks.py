@@ -171,12 +171,10 @@ def test_the_guards_price_table_names_the_groups_blocks() -> None:
 def test_the_guards_role_may_read_reservations_on_any_resource() -> None:
     """DescribeCapacityReservations lists no resource types (cfn-lint's copy of the Service
     Authorization Reference), so Resource "*" is all a grant can name."""
-    import cfnlint
-
+    from cfnlint_data import service_authorization
     from gpucluster.aws.guardrail_spend import SPEND_GUARD_READS
 
-    path = __import__("pathlib").Path(cfnlint.__file__).parent / "data/AdditionalSpecs/Policies.json"
-    actions = json.loads(path.read_text())["ec2"]["Actions"]
+    actions = service_authorization()["ec2"]["Actions"]
     assert actions["describecapacityreservations"] == {}
     assert actions["purchasecapacityblock"] != {}  # the control: an action with a resource type
     assert "ec2:DescribeCapacityReservations" in SPEND_GUARD_READS

@@ -131,7 +131,7 @@ def write_bytecode(commands: list[list[str]]) -> None:
 
     Each command runs once with bytecode writing on, even where PYTHONDONTWRITEBYTECODE is set: the
     package's own modules (an editable install writes them on first use) and the dependencies'
-    (the test command installs them with `pip install --no-compile`, so a venv may have none, and a
+    (the test command installs them with uv, which does not compile them, so a venv may have none, and a
     plan that compiles what it imports takes about twice as long).
     """
     writing = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}

@@ -2,8 +2,8 @@
 Authorization Reference (each IAM action's resource types and condition keys).
 
 The tests need only these files. Importing `cfnlint` runs its package `__init__`, which loads its rules
-and, with them, sympy and networkx: 0.75 s for each test process that does it, and about 5 s more in a
-fresh checkout, whose test command installs without compiling (sympy's bytecode alone is 14 MB). So the
+and, with them, sympy, networkx and mpmath: 0.75 s for each test process that does it, and 21 MB of
+their bytecode to compile in a fresh checkout, whose test command installs without compiling. So the
 package is located (`find_spec` runs nothing) and its files are read.
 """
 
@@ -23,11 +23,16 @@ def data_dir() -> Path:
     return Path(spec.origin).parent / "data"
 
 
+@cache
+def _region_index(region: str) -> dict[str, str]:
+    """Type name -> the name of its schema file, as `region` has it."""
+    found: dict[str, str] = json.loads((data_dir() / "schemas" / "providers" / f"{region}.json").read_text())
+    return found
+
+
 def resource_schema_path(type_name: str, region: str = "us-east-1") -> Path:
     """The file of cfn-lint's schema of `type_name` (`AWS::PCS::Cluster`) as `region` has it."""
-    schemas = data_dir() / "schemas"
-    index = json.loads((schemas / "providers" / f"{region}.json").read_text())
-    return schemas / "resources" / f"{index[type_name]}.json"
+    return data_dir() / "schemas" / "resources" / f"{_region_index(region)[type_name]}.json"
 
 
 def resource_schema(type_name: str, region: str = "us-east-1") -> dict[str, Any]:

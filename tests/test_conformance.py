@@ -181,18 +181,13 @@ def test_the_plan_of_the_slurm_example_has_no_conformance_violation(cli_plans_on
 # ---------------------------------------------------------------- the schemas shipped
 
 
-def cfnlint_copy(type_name: str) -> Path:
-    """cfn-lint's bundled schema of `type_name` in the region the shipped copies come from."""
-    return resource_schema_path(type_name, cfnschema.SOURCE_REGION)
-
-
 def test_the_shipped_schemas_are_cfn_lints_byte_for_byte() -> None:
     shipped = sorted(cfnschema.SCHEMAS.glob("*.json"))
     assert shipped
     for path in shipped:
         type_name = path.stem.replace("-", "::")
         assert json.loads(path.read_text())["typeName"] == type_name
-        source = cfnlint_copy(type_name)
+        source = resource_schema_path(type_name, cfnschema.SOURCE_REGION)  # where the copies come from
         assert path.read_bytes() == source.read_bytes(), f"refresh it: cp {source} {path}"
 
 

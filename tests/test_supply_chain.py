@@ -93,7 +93,7 @@ def test_the_locks_pin_versions_inside_pyprojects_ranges() -> None:
     installer = requirements((REPO / "requirements-uv.lock").read_text())
     assert {group for group, _ in _declared()} == {"", "dev", "chart", "docs", "installer"}
     for group, req in _declared():
-        lock = runtime if group == "" else installer if group == "installer" else dev
+        lock = {"": runtime, "installer": installer}.get(group, dev)
         for where in ([runtime, dev] if group == "" else [lock]):
             pinned = where[req.name.lower()][0].split()[0].split("==")[1]
             assert req.specifier.contains(pinned), (str(req), pinned)
